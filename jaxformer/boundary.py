@@ -1,0 +1,155 @@
+"""What crosses the public boundary: the output container and the host-side input checks.
+
+JAX clamps out-of-range gathers silently, so every public entry validates its inputs here before
+anything is traced. Shape checks always run; value checks (id ranges) run whenever the arrays are
+concrete, i.e. outside a user's own ``jax.jit``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxformer.config import ModelConfig
+
+
+@struct.dataclass
+class ModelOutput:
+    """Hugging Face's output conventions, as a pytree (so it can leave a jitted function)."""
+
+    logits: jax.Array | None = None
+    last_hidden_state: jax.Array | None = None
+    hidden_states: tuple[jax.Array, ...] | None = None
+    encoder_last_hidden_state: jax.Array | None = None
+    encoder_hidden_states: tuple[jax.Array, ...] | None = None
+    pooler_output: jax.Array | None = None
+    nsp_logits: jax.Array | None = None  # BERT pretraining head: next-sentence prediction
+    start_logits: jax.Array | None = None  # extractive question answering
+    end_logits: jax.Array | None = None
+    aux_loss: jax.Array | None = None  # MoE load-balancing loss (times router_aux_loss_coef)
+    cache: Any = None
+
+
+def _concrete(x: Any) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(np.shape(x))
+
+
+def check_ids(ids: Any, vocab_size: int, name: str = "input_ids") -> None:
+    if ids is None:
+        raise ValueError(f"{name} is required")
+    shape = _shape(ids)
+    if len(shape) != 2:
+        raise ValueError(f"{name} must have shape [batch, length], got {shape}")
+    if shape[1] == 0:
+        raise ValueError(f"{name} is empty along the sequence axis; need at least one token")
+    if not np.issubdtype(np.asarray(ids).dtype if _concrete(ids) else ids.dtype, np.integer):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype}")
+    if _concrete(ids):
+        values = np.asarray(ids)
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"{name} holds token id {bad}; valid ids lie in [0, {vocab_size})")
+
+
+def check_mask(mask: Any, like_shape: tuple[int, ...], name: str, like: str) -> None:
+    if mask is None:
+        return
+    if _shape(mask) != tuple(like_shape):
+        raise ValueError(f"{name} has shape {_shape(mask)} but {like} has shape {tuple(like_shape)}; they must match")
+    if _concrete(mask):
+        values = np.asarray(mask)
+        if not np.isin(values, (0, 1)).all():
+            raise ValueError(f"{name} must hold only 0 (padding) and 1 (token)")
+
+
+def check_embeds(embeds: Any, cfg: ModelConfig, name: str) -> None:
+    shape = _shape(embeds)
+    if len(shape) != 3 or shape[-1] != cfg.d_model or shape[1] == 0:
+        raise ValueError(f"{name} must have shape [batch, length, {cfg.d_model}], got {shape}")
+
+
+def check_length(length: int, cfg: ModelConfig, name: str) -> None:
+    """Absolute position schemes have a table of ``max_positions`` rows; beyond it JAX would clamp."""
+    if cfg.position in ("learned", "sinusoidal") and length > cfg.max_positions:
+        raise ValueError(
+            f"{name} has length {length} but {cfg.name!r} has {cfg.max_positions} positions "
+            f"({cfg.position}); valid lengths are 1..{cfg.max_positions}")
+
+
+def check_positions(position_ids: Any, shape: tuple[int, ...], cfg: ModelConfig, name: str = "position_ids") -> None:
+    if position_ids is None:
+        return
+    if _shape(position_ids) != tuple(shape):
+        raise ValueError(f"{name} has shape {_shape(position_ids)}; expected {tuple(shape)}")
+    if _concrete(position_ids):
+        values = np.asarray(position_ids)
+        limit = cfg.max_positions if cfg.position in ("learned", "sinusoidal") else None
+        if values.min() < 0 or (limit is not None and values.max() >= limit):
+            raise ValueError(f"{name} holds {int(values.min())}..{int(values.max())}; valid positions lie in "
+                             f"[0, {limit if limit is not None else 'inf'})")
+
+
+def check_token_types(token_type_ids: Any, shape: tuple[int, ...], cfg: ModelConfig) -> None:
+    if token_type_ids is None:
+        return
+    if not cfg.type_vocab_size:
+        raise ValueError(f"token_type_ids given but {cfg.name!r} has no token-type embeddings (type_vocab_size=0)")
+    if _shape(token_type_ids) != tuple(shape):
+        raise ValueError(f"token_type_ids has shape {_shape(token_type_ids)} but input_ids has shape {tuple(shape)}")
+    if _concrete(token_type_ids):
+        values = np.asarray(token_type_ids)
+        if values.min() < 0 or values.max() >= cfg.type_vocab_size:
+            raise ValueError(f"token_type_ids hold {int(values.min())}..{int(values.max())}; valid types lie in "
+                             f"[0, {cfg.type_vocab_size})")
+
+
+def check_prefix_lengths(prefix_lengths: Any, cfg: ModelConfig, batch: int, length: int) -> None:
+    if cfg.attention != "prefix":
+        if prefix_lengths is not None:
+            raise ValueError(f"prefix_lengths given but {cfg.name!r} uses attention={cfg.attention!r}, not 'prefix'")
+        return
+    if prefix_lengths is None:
+        raise ValueError("attention='prefix' needs prefix_lengths: an int array [batch] of bidirectional prefix sizes")
+    if _shape(prefix_lengths) != (batch,):
+        raise ValueError(f"prefix_lengths has shape {_shape(prefix_lengths)}; expected ({batch},)")
+    if _concrete(prefix_lengths):
+        values = np.asarray(prefix_lengths)
+        if values.min() < 0 or values.max() > length:
+            raise ValueError(f"prefix_lengths hold {int(values.min())}..{int(values.max())}; valid: 0..{length}")
+
+
+def embed_inputs(model: Any, embeddings: Any, input_ids, inputs_embeds, attention_mask,
+                 position_ids, token_type_ids=None, key=None, names=("input_ids", "attention_mask")):
+    """Validate one token stream and embed it; shared by every family's front end.
+
+    Returns (x [B,T,D], positions [B,T], key validity [B,T] or None).
+    """
+    cfg: ModelConfig = model.config
+    ids_name, mask_name = names
+    if inputs_embeds is not None:
+        if input_ids is not None:
+            raise ValueError(f"give either {ids_name} or its embeddings, not both")
+        check_embeds(inputs_embeds, cfg, ids_name.replace("ids", "embeds"))
+        shape = tuple(inputs_embeds.shape[:2])
+    else:
+        check_ids(input_ids, cfg.vocab_size, ids_name)
+        shape = tuple(input_ids.shape)
+    check_mask(attention_mask, shape, mask_name, ids_name)
+    check_positions(position_ids, shape, cfg)
+    check_token_types(token_type_ids, shape, cfg)
+    check_length(shape[1], cfg, ids_name)
+
+    tokens = inputs_embeds.astype(model.embed.dtype) if inputs_embeds is not None else model.embed(input_ids)
+    positions = (jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape) if position_ids is None
+                 else jnp.asarray(position_ids, jnp.int32))
+    x = embeddings(tokens, positions, token_type_ids, key)
+    return x, positions, attention_mask

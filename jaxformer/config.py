@@ -1,0 +1,304 @@
+"""ModelConfig: one frozen, validated description of every architecture jaxformer builds.
+
+Components are chosen by fields, not by subclasses: a BERT, a GPT-2, a LLaMA, a T5 and the 2017
+Transformer differ only in the values below. Every check runs in ``__post_init__`` so that a bad
+config fails where it is written, naming the field, the value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+FAMILIES = ("encoder", "decoder", "encoder_decoder")
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")
+POSITIONS = ("sinusoidal", "learned", "rope", "relative")
+ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
+ROPE_SCALINGS = ("linear", "llama3")
+HEADS = (
+    "none",  # base model: hidden states only
+    "lm",  # next-token logits (decoder and encoder-decoder)
+    "mlm",  # BERT/RoBERTa masked-LM head
+    "pretraining",  # BERT MLM + next-sentence prediction
+    "sequence_classification",
+    "token_classification",
+    "question_answering",
+)
+ENCODER_HEADS = ("none", "mlm", "pretraining", "sequence_classification", "token_classification",
+                 "question_answering")
+REMAT_POLICIES = ("none", "full", "dots", "qkv_mlp")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _one_of(field: str, value: Any, valid: tuple) -> None:
+    if value not in valid:
+        raise ValueError(f"ModelConfig.{field}={value!r} is not valid; expected one of {valid}")
+
+
+def _positive(field: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"ModelConfig.{field}={value!r} must be a positive integer")
+
+
+def _non_negative(field: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"ModelConfig.{field}={value!r} must be a non-negative integer")
+
+
+def _rate(field: str, value: float) -> None:
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"ModelConfig.{field}={value!r} must lie in [0, 1)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Context extension for rotary embeddings, as in Hugging Face's ``rope_scaling``.
+
+    ``linear`` divides every frequency by ``factor``; ``llama3`` divides only the low frequencies
+    and blends the band between ``low_freq_factor`` and ``high_freq_factor`` (Llama 3.1).
+    """
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    def __post_init__(self):
+        if self.kind not in ROPE_SCALINGS:
+            raise ValueError(f"RopeScaling.kind={self.kind!r} is not valid; expected one of {ROPE_SCALINGS}")
+        if not self.factor > 0:
+            raise ValueError(f"RopeScaling.factor={self.factor!r} must be > 0")
+        if self.kind == "llama3":
+            if not 0 < self.low_freq_factor < self.high_freq_factor:
+                raise ValueError(
+                    f"RopeScaling low_freq_factor={self.low_freq_factor!r} and high_freq_factor="
+                    f"{self.high_freq_factor!r} must satisfy 0 < low < high")
+            _positive("rope_scaling.original_max_positions", self.original_max_positions)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture, numerics and compilation choices of one model.
+
+    Layer counts: an encoder uses ``encoder_layers``, a decoder ``decoder_layers``, an
+    encoder-decoder both. ``attention`` is the self-attention pattern of the decoder side; encoder
+    self-attention is always bidirectional.
+    """
+
+    family: str = "decoder"
+    name: str = "custom"
+    vocab_size: int = 32000
+    d_model: int = 512
+    num_heads: int = 8
+    num_kv_heads: int | None = None  # None: as many as num_heads (MHA); 1: MQA; between: GQA
+    head_dim: int | None = None  # None: d_model // num_heads
+    d_ff: int = 2048
+    encoder_layers: int = 0
+    decoder_layers: int = 6
+
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    norm_eps: float = 1e-5
+    norm_bias: bool = True  # layernorm only; rmsnorm has no bias
+    embedding_norm: bool = False  # a norm right after the embeddings (BERT, BART)
+    final_norm: bool = True  # a norm after the last block (pre-norm stacks)
+
+    activation: str = "gelu"
+
+    position: str = "learned"
+    max_positions: int = 1024  # longest sequence; learned/sinusoidal tables hold this many rows
+    position_offset: int = 0  # rows before position 0 in a learned table (RoBERTa, BART use 2)
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    relative_buckets: int = 32  # T5 relative position bias
+    relative_max_distance: int = 128
+
+    attention: str = "causal"
+    window_size: int | None = None  # sliding and alternating-local attention: keys in (t - w, t]
+    attention_scale: float | None = None  # None: head_dim ** -0.5 (T5 uses 1.0)
+
+    qkv_bias: bool = True
+    out_bias: bool = True
+    mlp_bias: bool = True
+
+    tie_embeddings: bool = True  # output projection shares the token embedding
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (2017, some BART)
+    scale_tied_logits: bool = False  # T5 v1.0: decoder output * d_model**-0.5 before tied head
+    type_vocab_size: int = 0  # token-type (segment) embeddings; 0 for none
+
+    head: str = "lm"
+    pooler: bool = False  # BERT pooler: tanh(dense(h[:, 0]))
+    num_labels: int = 2
+
+    dropout_rate: float = 0.0
+    attention_dropout_rate: float = 0.0
+
+    num_experts: int = 0  # 0: dense FFN; >0: top-k mixture of experts (Mixtral)
+    experts_per_token: int = 2
+    router_aux_loss_coef: float = 0.0
+
+    dtype: str = "float32"  # compute dtype; softmax, norms and losses always run in float32
+    param_dtype: str = "float32"
+    scan_layers: bool = True
+    remat: str = "none"
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        _one_of("family", self.family, FAMILIES)
+        for field in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions", "num_labels"):
+            _positive(field, getattr(self, field))
+        _non_negative("encoder_layers", self.encoder_layers)
+        _non_negative("decoder_layers", self.decoder_layers)
+        _non_negative("position_offset", self.position_offset)
+        _non_negative("type_vocab_size", self.type_vocab_size)
+        need_encoder = self.family in ("encoder", "encoder_decoder")
+        need_decoder = self.family in ("decoder", "encoder_decoder")
+        if need_encoder != (self.encoder_layers > 0):
+            raise ValueError(
+                f"ModelConfig.encoder_layers={self.encoder_layers} does not fit family={self.family!r}: "
+                f"{'must be > 0' if need_encoder else 'must be 0'}")
+        if need_decoder != (self.decoder_layers > 0):
+            raise ValueError(
+                f"ModelConfig.decoder_layers={self.decoder_layers} does not fit family={self.family!r}: "
+                f"{'must be > 0' if need_decoder else 'must be 0'}")
+
+        if self.head_dim is None:
+            if self.d_model % self.num_heads:
+                raise ValueError(
+                    f"ModelConfig.num_heads={self.num_heads} does not divide d_model={self.d_model}; "
+                    "choose a divisor or set head_dim explicitly")
+        else:
+            _positive("head_dim", self.head_dim)
+        if self.num_kv_heads is not None:
+            _positive("num_kv_heads", self.num_kv_heads)
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(
+                    f"ModelConfig.num_kv_heads={self.num_kv_heads} does not divide num_heads="
+                    f"{self.num_heads}; valid: a divisor of {self.num_heads}")
+
+        _one_of("norm", self.norm, NORMS)
+        _one_of("norm_position", self.norm_position, NORM_POSITIONS)
+        if not self.norm_eps > 0:
+            raise ValueError(f"ModelConfig.norm_eps={self.norm_eps!r} must be > 0")
+        _one_of("activation", self.activation, ACTIVATIONS)
+        _one_of("position", self.position, POSITIONS)
+        if self.position == "rope":
+            if self.head_dim_ % 2:
+                raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim_}")
+            if not self.rope_theta > 0:
+                raise ValueError(f"ModelConfig.rope_theta={self.rope_theta!r} must be > 0")
+        if self.rope_scaling is not None:
+            if self.position != "rope":
+                raise ValueError(f"ModelConfig.rope_scaling is set but position={self.position!r}, not 'rope'")
+            if isinstance(self.rope_scaling, dict):  # YAML and JSON hand us plain mappings
+                object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+            if not isinstance(self.rope_scaling, RopeScaling):
+                raise ValueError(f"ModelConfig.rope_scaling={self.rope_scaling!r} must be a RopeScaling")
+        if self.position == "relative":
+            _positive("relative_buckets", self.relative_buckets)
+            _positive("relative_max_distance", self.relative_max_distance)
+            if self.relative_buckets < 4:
+                raise ValueError(f"ModelConfig.relative_buckets={self.relative_buckets} must be >= 4")
+
+        _one_of("attention", self.attention, ATTENTION_PATTERNS)
+        if self.family == "encoder" and self.attention != "bidirectional":
+            raise ValueError(
+                f"ModelConfig.attention={self.attention!r} does not fit family='encoder'; "
+                "encoders attend 'bidirectional'")
+        if self.family != "encoder" and self.attention == "bidirectional":
+            raise ValueError(
+                f"ModelConfig.attention='bidirectional' does not fit family={self.family!r}; valid: "
+                "'causal', 'prefix', 'sliding', 'alternating'")
+        if self.family == "encoder_decoder" and self.attention not in ("causal", "sliding"):
+            raise ValueError(
+                f"ModelConfig.attention={self.attention!r} does not fit family='encoder_decoder'; "
+                "the decoder attends 'causal' or 'sliding'")
+        if self.attention in ("sliding", "alternating"):
+            if self.window_size is None:
+                raise ValueError(f"ModelConfig.attention={self.attention!r} needs window_size (a positive int)")
+            _positive("window_size", self.window_size)
+        elif self.window_size is not None:
+            raise ValueError(
+                f"ModelConfig.window_size={self.window_size} is set but attention={self.attention!r}; "
+                "set attention='sliding' or 'alternating', or window_size=None")
+        if self.attention_scale is not None and not self.attention_scale > 0:
+            raise ValueError(f"ModelConfig.attention_scale={self.attention_scale!r} must be > 0")
+
+        _one_of("head", self.head, HEADS)
+        if self.family == "encoder":
+            if self.head not in ENCODER_HEADS:
+                raise ValueError(f"ModelConfig.head={self.head!r} does not fit family='encoder'; "
+                                 f"expected one of {ENCODER_HEADS}")
+            if self.head in ("pretraining", "sequence_classification") and not self.pooler:
+                raise ValueError(f"ModelConfig.head={self.head!r} reads the pooled output; set pooler=True")
+        elif self.head not in ("none", "lm"):
+            raise ValueError(f"ModelConfig.head={self.head!r} does not fit family={self.family!r}; "
+                             "expected 'lm' or 'none'")
+        if self.pooler and self.family != "encoder":
+            raise ValueError(f"ModelConfig.pooler=True needs family='encoder', not {self.family!r}")
+        if self.scale_tied_logits and not (self.tie_embeddings and self.head == "lm"):
+            raise ValueError("ModelConfig.scale_tied_logits=True needs tie_embeddings=True and head='lm'")
+
+        _rate("dropout_rate", self.dropout_rate)
+        _rate("attention_dropout_rate", self.attention_dropout_rate)
+
+        _non_negative("num_experts", self.num_experts)
+        if self.num_experts:
+            if self.family != "decoder":
+                raise ValueError(f"ModelConfig.num_experts={self.num_experts} is supported for "
+                                 f"family='decoder', not {self.family!r}")
+            if not 1 <= self.experts_per_token <= self.num_experts:
+                raise ValueError(
+                    f"ModelConfig.experts_per_token={self.experts_per_token} must lie in "
+                    f"[1, num_experts={self.num_experts}]")
+        if self.router_aux_loss_coef < 0:
+            raise ValueError(f"ModelConfig.router_aux_loss_coef={self.router_aux_loss_coef!r} must be >= 0")
+
+        _one_of("dtype", self.dtype, DTYPES)
+        _one_of("param_dtype", self.param_dtype, DTYPES)
+        _one_of("remat", self.remat, REMAT_POLICIES)
+        if not self.init_std > 0:
+            raise ValueError(f"ModelConfig.init_std={self.init_std!r} must be > 0")
+
+    # Derived sizes: properties, so there is one source of truth and replace() never goes stale.
+    @property
+    def head_dim_(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
+    @property
+    def gated(self) -> bool:
+        return self.activation in GATED_ACTIVATIONS
+
+    @property
+    def scale(self) -> float:
+        return self.attention_scale if self.attention_scale is not None else 1.0 / math.sqrt(self.head_dim_)
+
+    @property
+    def num_layers(self) -> int:
+        return self.encoder_layers + self.decoder_layers
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ValueError(f"ModelConfig has no field(s) {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"ModelConfig has no field(s) {sorted(unknown)}")
+        return cls(**data)

@@ -1,0 +1,50 @@
+"""Decoder-only family (GPT-2, GPT-3, LLaMA, Mistral, Qwen2, Mixtral): embeddings, causal blocks, LM head."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.boundary import ModelOutput, check_prefix_lengths, embed_inputs
+from jaxformer.config import ModelConfig
+from jaxformer.layers import Dense, Embed, Embeddings, Stack, load_balancing_loss, split_key
+
+Array = jax.Array
+
+
+def lm_logits(x: Array, embed: Embed, lm_head: Dense | None, cfg: ModelConfig) -> Array:
+    """Next-token logits from the tied embedding or a separate [D, V] projection."""
+    if lm_head is not None:
+        return lm_head(x)
+    if cfg.scale_tied_logits:  # T5 v1.0 rescales before reusing the input embedding
+        x = x * jnp.asarray(cfg.d_model ** -0.5, x.dtype)
+    return embed.attend(x)
+
+
+class Decoder(nnx.Module):
+    """The decoder-only model: token (+ position) embeddings, a causal stack, an LM head."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs)
+        self.embeddings = Embeddings(cfg, rngs=rngs)
+        self.decoder = Stack(cfg, cfg.decoder_layers, pattern=cfg.attention, rngs=rngs)
+        self.lm_head = (Dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs, bias=False)
+                        if cfg.head == "lm" and not cfg.tie_embeddings else None)
+
+    def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
+                 position_ids: Array | None = None, *, prefix_lengths: Array | None = None,
+                 inputs_embeds: Array | None = None, output_hidden_states: bool = False,
+                 dropout_key: Array | None = None) -> ModelOutput:
+        cfg = self.config
+        keys = split_key(dropout_key, 2)
+        x, positions, key_valid = embed_inputs(self, self.embeddings, input_ids, inputs_embeds, attention_mask,
+                                               position_ids, key=keys[0])
+        check_prefix_lengths(prefix_lengths, cfg, x.shape[0], x.shape[1])
+        h, hidden, _, stats = self.decoder(x, positions, key_valid=key_valid, prefix_lengths=prefix_lengths,
+                                           collect_hidden=output_hidden_states, key=keys[1])
+        logits = lm_logits(h, self.embed, self.lm_head, cfg) if cfg.head == "lm" else None
+        aux = (cfg.router_aux_loss_coef * load_balancing_loss(stats, cfg.num_experts)
+               if stats is not None else None)
+        return ModelOutput(logits=logits, last_hidden_state=h, hidden_states=hidden, aux_loss=aux)

@@ -1,0 +1,72 @@
+"""Encoder-only family (BERT, RoBERTa): embeddings, bidirectional blocks, task heads."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.boundary import ModelOutput, embed_inputs
+from jaxformer.config import ModelConfig
+from jaxformer.layers import Dense, Embed, Norm, Embeddings, Stack, activate, dropout, param, split_key
+
+Array = jax.Array
+
+
+class MaskedLMHead(nnx.Module):
+    """BERT/RoBERTa: dense -> activation -> norm -> vocabulary projection (tied) + bias."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.activation = cfg.activation
+        self.transform = Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs)
+        self.norm = Norm(cfg, rngs=rngs)
+        self.decoder = (None if cfg.tie_embeddings else
+                        Dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs, bias=False))
+        self.bias = param(rngs, (cfg.vocab_size,), ("vocab",), cfg, init="zeros")
+
+    def __call__(self, x: Array, embed: Embed) -> Array:
+        h = self.norm(activate(self.activation, self.transform(x)))
+        logits = embed.attend(h) if self.decoder is None else self.decoder(h)
+        return logits + self.bias[...].astype(logits.dtype)
+
+
+class Encoder(nnx.Module):
+    """The encoder-only model: embeddings, a bidirectional stack, and the head named by ``config.head``."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.config = cfg
+        self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs)
+        self.embeddings = Embeddings(cfg, rngs=rngs, token_types=True)
+        self.encoder = Stack(cfg, cfg.encoder_layers, pattern="bidirectional", rngs=rngs)
+        self.pooler = Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs) if cfg.pooler else None
+        self.mlm = MaskedLMHead(cfg, rngs=rngs) if cfg.head in ("mlm", "pretraining") else None
+        self.nsp = Dense(cfg, cfg.d_model, 2, ("embed", "labels"), rngs=rngs) if cfg.head == "pretraining" else None
+        label_count = {"sequence_classification": cfg.num_labels, "token_classification": cfg.num_labels,
+                       "question_answering": 2}.get(cfg.head)
+        self.classifier = (Dense(cfg, cfg.d_model, label_count, ("embed", "labels"), rngs=rngs)
+                           if label_count else None)
+
+    def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
+                 token_type_ids: Array | None = None, position_ids: Array | None = None, *,
+                 inputs_embeds: Array | None = None, output_hidden_states: bool = False,
+                 dropout_key: Array | None = None) -> ModelOutput:
+        cfg = self.config
+        keys = split_key(dropout_key, 3)
+        x, positions, key_valid = embed_inputs(self, self.embeddings, input_ids, inputs_embeds, attention_mask,
+                                               position_ids, token_type_ids, keys[0])
+        h, hidden, _, _ = self.encoder(x, positions, key_valid=key_valid, collect_hidden=output_hidden_states,
+                                       key=keys[1])
+        pooled = jnp.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None
+        out = dict(last_hidden_state=h, hidden_states=hidden, pooler_output=pooled)
+        if self.mlm is not None:
+            out["logits"] = self.mlm(h, self.embed)
+        if self.nsp is not None:
+            out["nsp_logits"] = self.nsp(pooled)
+        if cfg.head == "sequence_classification":
+            out["logits"] = self.classifier(dropout(pooled, cfg.dropout_rate, keys[2]))
+        elif cfg.head == "token_classification":
+            out["logits"] = self.classifier(dropout(h, cfg.dropout_rate, keys[2]))
+        elif cfg.head == "question_answering":
+            span = self.classifier(h)
+            out["start_logits"], out["end_logits"] = span[..., 0], span[..., 1]
+        return ModelOutput(**out)

@@ -1,0 +1,610 @@
+"""Shared math of the three families: parameters with logical axes, norms, feed-forwards, mixture of
+experts, positions, masks, attention, the transformer block and the layer-stack runner.
+
+Modules here hold parameters only. Randomness (dropout) arrives as explicit PRNG keys, and caches
+arrive and leave as values, so every forward pass is a pure function of (params, inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxformer.config import ModelConfig
+
+Array = jax.Array
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def dtype_of(name: str):
+    return DTYPES[name]
+
+
+# --------------------------------------------------------------------------------------------------
+# Parameters
+
+
+def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], cfg: ModelConfig,
+          init: str = "normal") -> nnx.Param:
+    """A parameter carrying its logical axis names (one per dimension) in the ``axes`` metadata."""
+    if len(axes) != len(shape):
+        raise ValueError(f"parameter of shape {shape} needs {len(shape)} axis names, got {axes}")
+    dtype = dtype_of(cfg.param_dtype)
+    if init == "normal":
+        value = cfg.init_std * jax.random.normal(rngs.params(), shape, jnp.float32)
+    elif init == "zeros":
+        value = jnp.zeros(shape, jnp.float32)
+    elif init == "ones":
+        value = jnp.ones(shape, jnp.float32)
+    else:
+        raise ValueError(f"unknown init {init!r}")
+    return nnx.Param(value.astype(dtype), axes=axes)
+
+
+def logical_axes(module: nnx.Module) -> dict[str, tuple[str, ...]]:
+    """Map '/'-joined parameter path -> logical axis names, for every nnx.Param in ``module``."""
+    return {"/".join(map(str, path)): var.get_metadata()["axes"]
+            for path, var in nnx.iter_graph(module) if isinstance(var, nnx.Param)}
+
+
+class Dense(nnx.Module):
+    """y = x W (+ b) over the last axis, for heads and poolers; W carries the given logical axes."""
+
+    def __init__(self, cfg: ModelConfig, d_in: int, d_out: int, axes: tuple[str, str], *, rngs: nnx.Rngs,
+                 bias: bool = True):
+        self.dtype = dtype_of(cfg.dtype)
+        self.kernel = param(rngs, (d_in, d_out), axes, cfg)
+        self.bias = param(rngs, (d_out,), axes[1:], cfg, init="zeros") if bias else None
+
+    def __call__(self, x: Array) -> Array:
+        y = jnp.einsum("...D,DF->...F", x, self.kernel[...].astype(self.dtype))
+        return y if self.bias is None else y + self.bias[...].astype(self.dtype)
+
+
+def dropout(x: Array, rate: float, key: Array | None) -> Array:
+    """Inverted dropout; the identity when ``key`` is None (evaluation) or the rate is 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+def split_key(key: Array | None, n: int) -> list[Array | None]:
+    return [None] * n if key is None else list(jax.random.split(key, n))
+
+
+# --------------------------------------------------------------------------------------------------
+# Norms and activations
+
+
+class Norm(nnx.Module):
+    """LayerNorm or RMSNorm over the last axis, computed in float32 whatever the compute dtype."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.kind, self.eps, self.dtype = cfg.norm, cfg.norm_eps, dtype_of(cfg.dtype)
+        self.scale = param(rngs, (cfg.d_model,), ("embed",), cfg, init="ones")
+        self.bias = (param(rngs, (cfg.d_model,), ("embed",), cfg, init="zeros")
+                     if cfg.norm == "layernorm" and cfg.norm_bias else None)
+
+    def __call__(self, x: Array) -> Array:
+        x = x.astype(jnp.float32)
+        if self.kind == "layernorm":
+            x = x - jnp.mean(x, axis=-1, keepdims=True)
+        x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
+        x = x * self.scale[...].astype(jnp.float32)
+        if self.bias is not None:
+            x = x + self.bias[...].astype(jnp.float32)
+        return x.astype(self.dtype)
+
+
+def activate(name: str, x: Array) -> Array:
+    if name == "relu":
+        return jax.nn.relu(x)
+    if name == "gelu":
+        return jax.nn.gelu(x, approximate=False)
+    if name in ("gelu_tanh", "geglu"):  # T5 v1.1's gated GELU uses the tanh form ("gelu_new")
+        return jax.nn.gelu(x, approximate=True)
+    if name in ("silu", "swiglu"):
+        return jax.nn.silu(x)
+    raise ValueError(f"unknown activation {name!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Feed-forward: dense and mixture of experts
+
+
+class MLP(nnx.Module):
+    """Position-wise feed-forward: wo(act(wi x)), or wo(act(wi_gate x) * wi x) when gated."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, F = cfg.d_model, cfg.d_ff
+        self.activation, self.dtype = cfg.activation, dtype_of(cfg.dtype)
+        self.dropout_rate = cfg.dropout_rate
+        self.wi = param(rngs, (D, F), ("embed", "mlp"), cfg)
+        self.wi_gate = param(rngs, (D, F), ("embed", "mlp"), cfg) if cfg.gated else None
+        self.wo = param(rngs, (F, D), ("mlp", "embed"), cfg)
+        self.bi = param(rngs, (F,), ("mlp",), cfg, init="zeros") if cfg.mlp_bias else None
+        self.bo = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.mlp_bias else None
+
+    def __call__(self, x: Array, key: Array | None = None) -> Array:
+        dt = self.dtype
+        h = jnp.einsum("BTD,DF->BTF", x, self.wi[...].astype(dt))
+        if self.bi is not None:
+            h = h + self.bi[...].astype(dt)
+        if self.wi_gate is not None:
+            h = activate(self.activation, jnp.einsum("BTD,DF->BTF", x, self.wi_gate[...].astype(dt))) * h
+        else:
+            h = activate(self.activation, h)
+        h = checkpoint_name(dropout(h, self.dropout_rate, key), "mlp")
+        y = jnp.einsum("BTF,FD->BTD", h, self.wo[...].astype(dt))
+        if self.bo is not None:
+            y = y + self.bo[...].astype(dt)
+        return y
+
+
+class MoE(nnx.Module):
+    """Top-k mixture of gated experts with softmax-then-top-k routing (Mixtral).
+
+    Every expert runs on every token and the top-k weights (zero elsewhere) combine the results.
+    That is exact and shards over the ``experts`` axis, at E/k times the FLOPs of a sparse dispatch.
+    Returns the output and the per-expert (token fraction, mean router probability) used by the
+    Switch/Mixtral load-balancing loss.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        E, D, F = cfg.num_experts, cfg.d_model, cfg.d_ff
+        self.k, self.activation, self.dtype = cfg.experts_per_token, cfg.activation, dtype_of(cfg.dtype)
+        self.router = param(rngs, (D, E), ("embed", "experts"), cfg)
+        self.wi = param(rngs, (E, D, F), ("experts", "embed", "mlp"), cfg)
+        self.wi_gate = param(rngs, (E, D, F), ("experts", "embed", "mlp"), cfg) if cfg.gated else None
+        self.wo = param(rngs, (E, F, D), ("experts", "mlp", "embed"), cfg)
+
+    def __call__(self, x: Array, token_mask: Array | None = None) -> tuple[Array, Array]:
+        dt = self.dtype
+        E = self.router.shape[-1]
+        logits = jnp.einsum("BTD,DE->BTE", x, self.router[...].astype(dt))
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        top_p, top_i = jax.lax.top_k(probs, self.k)
+        top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+        chosen = jax.nn.one_hot(top_i, E, dtype=jnp.float32)  # BTkE
+        combine = jnp.einsum("BTk,BTkE->BTE", top_p, chosen).astype(dt)
+
+        h = jnp.einsum("BTD,EDF->BTEF", x, self.wi[...].astype(dt))
+        if self.wi_gate is not None:
+            h = activate(self.activation, jnp.einsum("BTD,EDF->BTEF", x, self.wi_gate[...].astype(dt))) * h
+        else:
+            h = activate(self.activation, h)
+        y = jnp.einsum("BTEF,EFD,BTE->BTD", checkpoint_name(h, "mlp"), self.wo[...].astype(dt), combine)
+
+        w = jnp.ones(x.shape[:2], jnp.float32) if token_mask is None else token_mask.astype(jnp.float32)
+        denom = jnp.maximum(jnp.sum(w), 1.0)
+        token_fraction = jnp.einsum("BT,BTkE->E", w, chosen) / denom
+        router_prob = jnp.einsum("BT,BTE->E", w, probs) / denom
+        return y, jnp.stack([token_fraction, router_prob])
+
+
+def load_balancing_loss(stats: Array, num_experts: int) -> Array:
+    """Mixtral's auxiliary loss from per-layer stats [L, 2, E]: E * sum_e f_e * p_e over all layers."""
+    token_fraction = jnp.mean(stats[:, 0], axis=0)
+    router_prob = jnp.mean(stats[:, 1], axis=0)
+    return num_experts * jnp.sum(token_fraction * router_prob)
+
+
+# --------------------------------------------------------------------------------------------------
+# Embeddings and positions
+
+
+class Embed(nnx.Module):
+    """Token embedding table [V, D]; ``attend`` reuses it as the tied output projection."""
+
+    def __init__(self, num: int, cfg: ModelConfig, *, rngs: nnx.Rngs, axes=("vocab", "embed")):
+        self.table = param(rngs, (num, cfg.d_model), axes, cfg)
+        self.dtype = dtype_of(cfg.dtype)
+
+    def __call__(self, ids: Array) -> Array:
+        return jnp.take(self.table[...], ids, axis=0).astype(self.dtype)
+
+    def attend(self, x: Array) -> Array:
+        return jnp.einsum("BTD,VD->BTV", x, self.table[...].astype(self.dtype))
+
+
+def sinusoids(positions: Array, d_model: int) -> Array:
+    """The 2017 encoding [B, T, D]: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same)."""
+    inv_freq = np.power(10000.0, -np.arange(0, d_model, 2, dtype=np.float64) / d_model).astype(np.float32)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, -1)
+    return pe[..., :d_model]
+
+
+class Positions(nnx.Module):
+    """Absolute positions added to the token embeddings: a learned table, sinusoids, or nothing
+    (rotary and relative schemes act inside attention instead)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.kind, self.offset, self.dtype = cfg.position, cfg.position_offset, dtype_of(cfg.dtype)
+        self.d_model = cfg.d_model
+        self.table = (param(rngs, (cfg.max_positions + cfg.position_offset, cfg.d_model), ("positions", "embed"), cfg)
+                      if cfg.position == "learned" else None)
+
+    def __call__(self, positions: Array) -> Array | None:
+        if self.kind == "learned":
+            return jnp.take(self.table[...], positions + self.offset, axis=0).astype(self.dtype)
+        if self.kind == "sinusoidal":
+            return sinusoids(positions, self.d_model).astype(self.dtype)
+        return None
+
+
+def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
+    """Inverse frequencies [H/2] in float32, as Hugging Face computes them (with rope scaling)."""
+    H = cfg.head_dim_
+    inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, H, 2, dtype=np.float32) / np.float32(H))))
+    inv_freq = inv_freq.astype(np.float32)
+    s = cfg.rope_scaling
+    if s is None:
+        return inv_freq
+    if s.kind == "linear":
+        return (inv_freq / np.float32(s.factor)).astype(np.float32)
+    # llama3: keep high frequencies, divide low ones by factor, blend the band in between.
+    low_wavelen = s.original_max_positions / s.low_freq_factor
+    high_wavelen = s.original_max_positions / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_positions / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, blended, scaled).astype(np.float32)
+
+
+def rope_angles(inv_freq: np.ndarray, positions: Array) -> tuple[Array, Array]:
+    """cos and sin [B, T, H] for positions [B, T] (the half-split layout of Hugging Face)."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+    """Rotate [B, T, N, H] by the angles [B, T, H]: x * cos + rotate_half(x) * sin."""
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+def relative_position_buckets(relative: Array, bidirectional: bool, num_buckets: int,
+                              max_distance: int) -> Array:
+    """T5's bucketing of key - query distances: exact for small distances, logarithmic beyond."""
+    bucket = jnp.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (relative > 0).astype(relative.dtype) * num_buckets
+        distance = jnp.abs(relative)
+    else:
+        distance = jnp.maximum(-relative, 0)
+    max_exact = num_buckets // 2
+    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(relative.dtype)
+    large = jnp.minimum(large, num_buckets - 1)
+    return bucket + jnp.where(distance < max_exact, distance, large)
+
+
+class RelativeBias(nnx.Module):
+    """T5 relative position bias: one learned scalar per (bucket, head), shared by all layers."""
+
+    def __init__(self, cfg: ModelConfig, *, bidirectional: bool, rngs: nnx.Rngs):
+        self.bidirectional = bidirectional
+        self.num_buckets, self.max_distance = cfg.relative_buckets, cfg.relative_max_distance
+        self.table = param(rngs, (cfg.relative_buckets, cfg.num_heads), ("buckets", "heads"), cfg)
+
+    def __call__(self, q_positions: Array, k_positions: Array) -> Array:
+        """Bias [B, N, T, S] from query positions [B, T] and key positions [B, S]."""
+        relative = k_positions[:, None, :] - q_positions[:, :, None]
+        buckets = relative_position_buckets(relative, self.bidirectional, self.num_buckets, self.max_distance)
+        bias = jnp.take(self.table[...].astype(jnp.float32), buckets, axis=0)  # BTSN
+        return jnp.transpose(bias, (0, 3, 1, 2))
+
+
+# --------------------------------------------------------------------------------------------------
+# Masks
+
+
+def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_valid: Array | None = None,
+                   *, window: int | None = None, prefix_lengths: Array | None = None) -> Array:
+    """Boolean [B, 1, T, S]: may query t attend to key s?
+
+    Built from positions rather than indices so the same function serves full sequences, KV caches
+    and left padding. ``k_valid`` [B, S] removes padded keys. Patterns: bidirectional; causal
+    (s <= t); sliding (t - window < s <= t); prefix (causal, plus every key inside the prefix).
+    Alternating layers call this with 'causal' or 'sliding'.
+    """
+    q = q_positions[:, :, None]
+    k = k_positions[:, None, :]
+    if pattern == "bidirectional":
+        allowed = jnp.ones(jnp.broadcast_shapes(q.shape, k.shape), bool)
+    elif pattern == "causal":
+        allowed = k <= q
+    elif pattern == "sliding":
+        allowed = (k <= q) & (k > q - window)
+    elif pattern == "prefix":
+        allowed = (k <= q) | (k < prefix_lengths[:, None, None])
+    else:
+        raise ValueError(f"unknown attention pattern {pattern!r}")
+    if k_valid is not None:
+        allowed = allowed & k_valid[:, None, :].astype(bool)
+    return allowed[:, None, :, :]
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention
+
+
+def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, bias: Array | None, scale: float,
+                          dropout_rate: float = 0.0, key: Array | None = None) -> Array:
+    """Grouped-query attention. q [B,T,N,H], k/v [B,S,K,H], mask [B|1,1,T,S], bias [B|1,N,T,S].
+
+    Scores, bias and softmax are float32. A row with every key masked (a padded query) gets a
+    uniform distribution instead of NaN, like the additive-minimum masks of PyTorch references.
+    """
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, T, K, N // K, H)
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32) * scale
+    if bias is not None:
+        scores = scores + bias.reshape(bias.shape[0], K, N // K, *bias.shape[2:])
+    scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
+    probs = dropout(jax.nn.softmax(scores, axis=-1), dropout_rate, key)
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs.astype(v.dtype), v)
+    return out.reshape(B, T, N, H)
+
+
+class Attention(nnx.Module):
+    """Multi-head attention with separate kv heads (MHA, GQA, MQA), self or cross.
+
+    Projections are einsum kernels with explicit head axes: q [D,N,H], k/v [D,K,H], o [N,H,D].
+    ``cache`` is the KV-cache hook: a dict {"k", "v": [B, S_max, K, H], "index": int32} holding
+    keys/values already computed; the new ones are written at ``index`` and the updated cache is
+    returned next to the output. With no cache the second result is None.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim_
+        self.dtype, self.scale = dtype_of(cfg.dtype), cfg.scale
+        self.dropout_rate = cfg.attention_dropout_rate
+        self.q = param(rngs, (D, N, H), ("embed", "heads", "head_dim"), cfg)
+        self.k = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), cfg)
+        self.v = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), cfg)
+        self.o = param(rngs, (N, H, D), ("heads", "head_dim", "embed"), cfg)
+        if cfg.qkv_bias:
+            self.q_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg, init="zeros")
+            self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
+            self.v_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
+        else:
+            self.q_bias = self.k_bias = self.v_bias = None
+        self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
+
+    def _project(self, x: Array, kernel: nnx.Param, bias: nnx.Param | None) -> Array:
+        y = jnp.einsum("BTD,DNH->BTNH", x, kernel[...].astype(self.dtype))
+        return y if bias is None else y + bias[...].astype(self.dtype)
+
+    def __call__(self, x: Array, kv_input: Array | None = None, *, mask: Array, bias: Array | None = None,
+                 rope: tuple[Array, Array] | None = None, cache: dict | None = None,
+                 key: Array | None = None) -> tuple[Array, dict | None]:
+        source = x if kv_input is None else kv_input
+        q = checkpoint_name(self._project(x, self.q, self.q_bias), "qkv")
+        k = checkpoint_name(self._project(source, self.k, self.k_bias), "qkv")
+        v = checkpoint_name(self._project(source, self.v, self.v_bias), "qkv")
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            index = cache["index"]
+            k = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), index, axis=1)
+            v = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), index, axis=1)
+            cache = {"k": k, "v": v, "index": index + x.shape[1]}
+        out = dot_product_attention(q, k, v, mask, bias, self.scale, self.dropout_rate, key)
+        y = jnp.einsum("BTNH,NHD->BTD", out, self.o[...].astype(self.dtype))
+        if self.o_bias is not None:
+            y = y + self.o_bias[...].astype(self.dtype)
+        return y, cache
+
+
+# --------------------------------------------------------------------------------------------------
+# The block
+
+
+class Block(nnx.Module):
+    """One transformer layer: self-attention, optional cross-attention, feed-forward (or MoE).
+
+    Pre-norm:  x = x + f(norm(x))       (GPT-2, LLaMA, T5)
+    Post-norm: x = norm(x + f(x))       (2017 Transformer, BERT, BART)
+    """
+
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, rngs: nnx.Rngs):
+        self.pre_norm = cfg.norm_position == "pre"
+        self.dropout_rate = cfg.dropout_rate
+        self.attn_norm = Norm(cfg, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        if cross_attention:
+            self.cross_norm = Norm(cfg, rngs=rngs)
+            self.cross_attn = Attention(cfg, rngs=rngs)
+        else:
+            self.cross_norm = self.cross_attn = None
+        self.mlp_norm = Norm(cfg, rngs=rngs)
+        self.mlp = MoE(cfg, rngs=rngs) if cfg.num_experts else MLP(cfg, rngs=rngs)
+
+    def _residual(self, x: Array, norm: Norm, f: Callable[[Array], Array], key: Array | None) -> Array:
+        if self.pre_norm:
+            return x + dropout(f(norm(x)), self.dropout_rate, key)
+        return norm(x + dropout(f(x), self.dropout_rate, key))
+
+    def __call__(self, x: Array, *, mask: Array, bias: Array | None = None, rope=None,
+                 encoder_out: Array | None = None, cross_mask: Array | None = None,
+                 token_mask: Array | None = None, cache: dict | None = None,
+                 key: Array | None = None) -> tuple[Array, dict | None, Array | None]:
+        keys = split_key(key, 6)
+        new_cache = None
+
+        def self_attention(h):
+            nonlocal new_cache
+            y, new_cache = self.attn(h, mask=mask, bias=bias, rope=rope, cache=cache, key=keys[0])
+            return y
+
+        x = self._residual(x, self.attn_norm, self_attention, keys[1])
+        if self.cross_attn is not None:
+            x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(
+                h, encoder_out, mask=cross_mask, key=keys[2])[0], keys[3])
+        router_stats = None
+        if isinstance(self.mlp, MoE):
+            def mlp(h):
+                nonlocal router_stats
+                y, router_stats = self.mlp(h, token_mask)
+                return y
+        else:
+            def mlp(h):
+                return self.mlp(h, keys[4])
+        x = self._residual(x, self.mlp_norm, mlp, keys[5])
+        return x, new_cache, router_stats
+
+
+def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_attention: bool = False) -> Block:
+    """``num_layers`` Blocks as one Block whose parameters have a leading 'layers' axis.
+
+    The parameter layout is the same whether the forward pass scans or unrolls, so checkpoints do
+    not depend on ``scan_layers``.
+    """
+
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers", "axes": "layers"})
+    def make(rngs: nnx.Rngs) -> Block:
+        return Block(cfg, cross_attention=cross_attention, rngs=rngs)
+
+    return make(rngs)
+
+
+REMAT_POLICIES: dict[str, Any] = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "qkv_mlp": jax.checkpoint_policies.save_only_these_names("qkv", "mlp"),
+}
+
+
+def run_stack(blocks: Block, x: Array, layer_fn: Callable, per_layer: Any, cfg: ModelConfig) -> tuple[Array, Any]:
+    """Apply stacked blocks in order: ``x, out = layer_fn(block, x, per_layer_slice)`` per layer.
+
+    Scans (one compiled body for all layers) when ``cfg.scan_layers``, else unrolls a Python loop
+    over the same stacked parameters; both return the per-layer outputs stacked on axis 0.
+    ``cfg.remat`` wraps the body in ``jax.checkpoint`` with the named policy.
+    """
+    graphdef, params = nnx.split(blocks)
+
+    def body(carry, inputs):
+        layer_params, extra = inputs
+        return layer_fn(nnx.merge(graphdef, layer_params), carry, extra)
+
+    if cfg.remat != "none":
+        body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+    if cfg.scan_layers:
+        return jax.lax.scan(body, x, (params, per_layer))
+    num_layers = jax.tree.leaves(params)[0].shape[0]
+    outputs = []
+    for i in range(num_layers):
+        x, out = body(x, jax.tree.map(lambda a: a[i], (params, per_layer)))
+        outputs.append(out)
+    return x, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Embedding front end and layer stack, shared by the three families
+
+
+class Embeddings(nnx.Module):
+    """Token embeddings (looked up by the caller, who may share the table) -> optional sqrt(D)
+    scale -> absolute positions -> token types -> optional norm -> dropout."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, token_types: bool = False):
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else None
+        self.positions = Positions(cfg, rngs=rngs)
+        self.token_types = (Embed(cfg.type_vocab_size, cfg, rngs=rngs, axes=("types", "embed"))
+                            if token_types and cfg.type_vocab_size else None)
+        self.norm = Norm(cfg, rngs=rngs) if cfg.embedding_norm else None
+        self.dropout_rate = cfg.dropout_rate
+
+    def __call__(self, tokens: Array, positions: Array, token_type_ids: Array | None = None,
+                 key: Array | None = None) -> Array:
+        x = tokens if self.scale is None else tokens * jnp.asarray(self.scale, tokens.dtype)
+        absolute = self.positions(positions)
+        if absolute is not None:
+            x = x + absolute
+        if self.token_types is not None:
+            x = x + self.token_types(jnp.zeros_like(positions) if token_type_ids is None else token_type_ids)
+        if self.norm is not None:
+            x = self.norm(x)
+        return dropout(x, self.dropout_rate, key)
+
+
+class Stack(nnx.Module):
+    """A stack of blocks with one attention pattern, its final norm, and the position machinery
+    that acts inside attention (rotary angles, T5 relative bias), computed once per stack."""
+
+    def __init__(self, cfg: ModelConfig, num_layers: int, *, pattern: str, cross_attention: bool = False,
+                 rngs: nnx.Rngs):
+        self.config, self.pattern, self.num_layers = cfg, pattern, num_layers
+        self.blocks = stacked_blocks(cfg, num_layers, rngs=rngs, cross_attention=cross_attention)
+        self.final_norm = Norm(cfg, rngs=rngs) if cfg.final_norm else None
+        self.relative_bias = (RelativeBias(cfg, bidirectional=pattern == "bidirectional", rngs=rngs)
+                              if cfg.position == "relative" else None)
+
+    def __call__(self, x: Array, q_positions: Array, *, key_valid: Array | None = None,
+                 k_positions: Array | None = None, prefix_lengths: Array | None = None,
+                 encoder_out: Array | None = None, cross_mask: Array | None = None,
+                 cache: dict | None = None, collect_hidden: bool = False,
+                 key: Array | None = None) -> tuple[Array, tuple[Array, ...] | None, dict | None, Array | None]:
+        """Returns (output, hidden states or None, updated cache or None, MoE router stats or None).
+
+        Hidden states follow Hugging Face: the input, then every layer's output, the last one
+        after the final norm. ``cache`` holds per-layer stacked k/v [L, B, S, K, H] and an index.
+        """
+        cfg = self.config
+        k_positions = q_positions if k_positions is None else k_positions
+        local_pattern = "sliding" if self.pattern == "alternating" else None
+        base_pattern = "causal" if self.pattern == "alternating" else self.pattern
+        mask = visibility_mask(base_pattern, q_positions, k_positions, key_valid, window=cfg.window_size,
+                              prefix_lengths=prefix_lengths)
+        local_mask = (visibility_mask(local_pattern, q_positions, k_positions, key_valid, window=cfg.window_size)
+                      if local_pattern else None)
+        bias = self.relative_bias(q_positions, k_positions) if self.relative_bias is not None else None
+        rope = rope_angles(rope_frequencies(cfg), q_positions) if cfg.position == "rope" else None
+        token_mask = None
+        if key_valid is not None and cache is None:
+            token_mask = key_valid  # MoE load statistics count real tokens only
+
+        per_layer = {
+            # GPT-3 style: even layers dense, odd layers locally banded.
+            "local": jnp.arange(self.num_layers) % 2 == 1,
+            "key": None if key is None else jax.random.split(key, self.num_layers),
+            "cache": None if cache is None else {"k": cache["k"], "v": cache["v"]},
+        }
+
+        def layer(block: Block, h: Array, extra: dict):
+            layer_mask = mask if local_mask is None else jnp.where(extra["local"], local_mask, mask)
+            layer_cache = None if cache is None else {**extra["cache"], "index": cache["index"]}
+            h, new_cache, stats = block(h, mask=layer_mask, bias=bias, rope=rope, encoder_out=encoder_out,
+                                        cross_mask=cross_mask, token_mask=token_mask, cache=layer_cache,
+                                        key=extra["key"])
+            kv = None if new_cache is None else {"k": new_cache["k"], "v": new_cache["v"]}
+            return h, (h if collect_hidden else None, kv, stats)
+
+        out, (hidden, kv, stats) = run_stack(self.blocks, x, layer, per_layer, cfg)
+        if self.final_norm is not None:
+            out = self.final_norm(out)
+        hidden_states = None
+        if collect_hidden:
+            hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], out)
+        new_cache = None if cache is None else {**kv, "index": cache["index"] + x.shape[1]}
+        return out, hidden_states, new_cache, stats

@@ -1,0 +1,117 @@
+"""Named configurations: the published architectures, and tiny ones for tests and demos.
+
+Each published preset equals the architecture of its checkpoint (sizes from the paper or the
+released config.json); its parameter count matches Hugging Face's exactly (tests/test_presets.py).
+"""
+
+from __future__ import annotations
+
+from jaxformer.config import ModelConfig
+
+
+def _transformer_2017(d_model: int, heads: int, d_ff: int, dropout: float) -> dict:
+    # Vaswani et al. 2017: post-norm, ReLU, sinusoids, embeddings * sqrt(d_model), one 37000-token
+    # vocabulary shared by source, target and the pre-softmax projection; no final norms.
+    return dict(family="encoder_decoder", vocab_size=37000, d_model=d_model, num_heads=heads, d_ff=d_ff,
+                encoder_layers=6, decoder_layers=6, norm="layernorm", norm_position="post", norm_eps=1e-6,
+                final_norm=False, activation="relu", position="sinusoidal", max_positions=1024,
+                scale_embeddings=True, tie_embeddings=True, dropout_rate=dropout)
+
+
+def _bert(d_model: int, layers: int, heads: int, vocab: int = 30522, **kw) -> dict:
+    # Post-norm, GELU, learned positions, token types, a LayerNorm on the embeddings, pooler.
+    base = dict(family="encoder", vocab_size=vocab, d_model=d_model, num_heads=heads, d_ff=4 * d_model,
+                encoder_layers=layers, decoder_layers=0, norm_position="post", norm_eps=1e-12,
+                embedding_norm=True, final_norm=False, activation="gelu", position="learned",
+                max_positions=512, type_vocab_size=2, attention="bidirectional", head="none", pooler=True,
+                dropout_rate=0.1, attention_dropout_rate=0.1)
+    return {**base, **kw}
+
+
+def _gpt2(d_model: int, layers: int, heads: int, max_positions: int = 1024, **kw) -> dict:
+    # Pre-norm with a final LayerNorm, tanh-GELU, learned positions, LM head tied to the embedding.
+    base = dict(family="decoder", vocab_size=50257, d_model=d_model, num_heads=heads, d_ff=4 * d_model,
+                decoder_layers=layers, norm_eps=1e-5, activation="gelu_tanh", position="learned",
+                max_positions=max_positions, attention="causal", dropout_rate=0.1, attention_dropout_rate=0.1)
+    return {**base, **kw}
+
+
+def _t5(d_model: int, d_ff: int, layers: int, heads: int, head_dim: int = 64, v1_1: bool = False) -> dict:
+    # Pre-norm RMSNorm without bias, no biases anywhere, relative position bias shared across layers,
+    # unscaled attention logits. v1.0: ReLU and a tied LM head on d_model**-0.5-scaled outputs;
+    # v1.1: gated GELU and a separate LM head.
+    return dict(family="encoder_decoder", vocab_size=32128, d_model=d_model, num_heads=heads, head_dim=head_dim,
+                d_ff=d_ff, encoder_layers=layers, decoder_layers=layers, norm="rmsnorm", norm_eps=1e-6,
+                norm_bias=False, activation="geglu" if v1_1 else "relu", position="relative",
+                max_positions=512, relative_buckets=32, relative_max_distance=128, attention_scale=1.0,
+                qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=not v1_1,
+                scale_tied_logits=not v1_1, dropout_rate=0.1)
+
+
+def _llama(d_model: int, layers: int, heads: int, kv_heads: int, d_ff: int, vocab: int, theta: float,
+           max_positions: int, **kw) -> dict:
+    # Pre-norm RMSNorm, SwiGLU, rotary positions, grouped-query attention, no biases, untied head.
+    base = dict(family="decoder", vocab_size=vocab, d_model=d_model, num_heads=heads, num_kv_heads=kv_heads,
+                d_ff=d_ff, decoder_layers=layers, norm="rmsnorm", norm_eps=1e-5, norm_bias=False,
+                activation="swiglu", position="rope", rope_theta=theta, max_positions=max_positions,
+                attention="causal", qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=False)
+    return {**base, **kw}
+
+
+_PRESETS: dict[str, dict] = {
+    "transformer-base": _transformer_2017(512, 8, 2048, 0.1),
+    "transformer-big": _transformer_2017(1024, 16, 4096, 0.3),
+    "bert-base-uncased": _bert(768, 12, 12),
+    "bert-large-uncased": _bert(1024, 24, 16),
+    # RoBERTa: BERT's architecture, byte-level BPE vocabulary, one token type, positions offset by 2.
+    "roberta-base": _bert(768, 12, 12, vocab=50265, type_vocab_size=1, position_offset=2, norm_eps=1e-5),
+    "gpt2": _gpt2(768, 12, 12),
+    "gpt2-medium": _gpt2(1024, 24, 16),
+    "gpt2-large": _gpt2(1280, 36, 20),
+    "gpt2-xl": _gpt2(1600, 48, 25),
+    # GPT-3 175B (Brown et al. 2020, table 2.1): GPT-2's architecture at 96 x 12288 with 2048 positions,
+    # alternating dense and locally banded attention. The paper does not give the band width; 256 is
+    # the local window of GPT-Neo, the open replication.
+    "gpt3-175b": _gpt2(12288, 96, 96, max_positions=2048, attention="alternating", window_size=256),
+    "t5-small": _t5(512, 2048, 6, 8),
+    "t5-base": _t5(768, 3072, 12, 12),
+    "t5-large": _t5(1024, 4096, 24, 16),
+    "t5-3b": _t5(1024, 16384, 24, 32, head_dim=128),
+    "t5-11b": _t5(1024, 65536, 24, 128, head_dim=128),
+    "t5-v1_1-base": _t5(768, 2048, 12, 12, v1_1=True),
+    # BART: post-norm, GELU, learned positions offset by 2 in separate encoder and decoder tables, a
+    # LayerNorm on each side's embeddings, one embedding shared by encoder, decoder and LM head.
+    "bart-base": dict(family="encoder_decoder", vocab_size=50265, d_model=768, num_heads=12, d_ff=3072,
+                      encoder_layers=6, decoder_layers=6, norm_position="post", norm_eps=1e-5, embedding_norm=True,
+                      final_norm=False, activation="gelu", position="learned", max_positions=1024,
+                      position_offset=2, tie_embeddings=True, dropout_rate=0.1),
+    "llama-3-8b": _llama(4096, 32, 32, 8, 14336, 128256, 500000.0, 8192),
+    "llama-3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 500000.0, 8192),
+    "mistral-7b": _llama(4096, 32, 32, 8, 14336, 32000, 10000.0, 32768, attention="sliding", window_size=4096),
+    "mixtral-8x7b": _llama(4096, 32, 32, 8, 14336, 32000, 1e6, 32768, num_experts=8, experts_per_token=2,
+                           router_aux_loss_coef=0.02),
+    "qwen2-7b": _llama(3584, 28, 28, 4, 18944, 152064, 1e6, 32768, qkv_bias=True, norm_eps=1e-6),
+    # Tiny configs: same component choices as their families, small enough to run in a second on CPU.
+    "tiny-bert": _bert(64, 2, 4, vocab=256, d_ff=128, max_positions=128, dropout_rate=0.0,
+                       attention_dropout_rate=0.0),
+    "tiny-gpt": _gpt2(64, 2, 4, vocab_size=256, d_ff=128, max_positions=128, dropout_rate=0.0,
+                      attention_dropout_rate=0.0),
+    "tiny-llama": _llama(64, 2, 4, 2, 128, 256, 10000.0, 128),
+    "tiny-mixtral": _llama(64, 2, 4, 2, 128, 256, 1e6, 128, num_experts=4, experts_per_token=2,
+                           router_aux_loss_coef=0.02),
+    "tiny-t5": {**_t5(64, 128, 2, 4, head_dim=16), "vocab_size": 256, "dropout_rate": 0.0},
+    "tiny-transformer": {**_transformer_2017(64, 4, 128, 0.0), "vocab_size": 256, "max_positions": 128,
+                         "encoder_layers": 2, "decoder_layers": 2},
+}
+
+
+def presets() -> list[str]:
+    """Names of every preset, in a stable order (published models first, then tiny ones)."""
+    return list(_PRESETS)
+
+
+def config(name: str) -> ModelConfig:
+    """The frozen ModelConfig of a preset; ``.replace(...)`` derives variants."""
+    if name not in _PRESETS:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(_PRESETS)}")
+    return ModelConfig(name=name, **_PRESETS[name])

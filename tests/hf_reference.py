@@ -1,0 +1,270 @@
+"""Reference architecture configs of published Hugging Face checkpoints.
+
+``HF_REFERENCE`` maps a jaxformer preset name to ``(transformers model class
+name, config kwargs)``. The kwargs are the architecture-relevant fields of the
+published ``config.json`` (written with argument names accepted by
+transformers 5.x, e.g. ``rope_parameters`` instead of ``rope_theta``).
+
+``hf_param_count(name)`` builds the PyTorch model on the meta device (no memory
+is allocated) and returns its parameter count, tied weights counted once.
+
+torch and transformers are imported lazily, so importing this module does not
+require them.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HF_REFERENCE", "hf_param_count"]
+
+
+def _bert(hidden: int, layers: int, heads: int, intermediate: int) -> dict:
+    return dict(
+        vocab_size=30522,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        hidden_act="gelu",
+        max_position_embeddings=512,
+        type_vocab_size=2,
+        layer_norm_eps=1e-12,
+        pad_token_id=0,
+    )
+
+
+def _gpt2(n_embd: int, n_layer: int, n_head: int, n_positions: int = 1024) -> dict:
+    return dict(
+        vocab_size=50257,
+        n_positions=n_positions,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_inner=None,  # 4 * n_embd
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+    )
+
+
+def _t5(d_model: int, d_ff: int, d_kv: int, layers: int, heads: int) -> dict:
+    # T5 v1.0: relu FFN, lm_head tied to the shared embedding (and decoder
+    # output rescaled by d_model**-0.5 before the lm_head).
+    return dict(
+        vocab_size=32128,
+        d_model=d_model,
+        d_ff=d_ff,
+        d_kv=d_kv,
+        num_layers=layers,
+        num_decoder_layers=layers,
+        num_heads=heads,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        feed_forward_proj="relu",
+        layer_norm_epsilon=1e-6,
+        tie_word_embeddings=True,
+    )
+
+
+def _rope(theta: float) -> dict:
+    return {"rope_type": "default", "rope_theta": theta}
+
+
+HF_REFERENCE: dict[str, tuple[str, dict]] = {
+    # --- encoders -------------------------------------------------------------
+    "bert-base-uncased": ("BertModel", _bert(768, 12, 12, 3072)),
+    "bert-large-uncased": ("BertModel", _bert(1024, 24, 16, 4096)),
+    "roberta-base": (
+        "RobertaModel",
+        dict(
+            vocab_size=50265,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            hidden_act="gelu",
+            max_position_embeddings=514,
+            type_vocab_size=1,
+            layer_norm_eps=1e-5,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+        ),
+    ),
+    # --- GPT-2 family (tied lm_head) -----------------------------------------
+    "gpt2": ("GPT2LMHeadModel", _gpt2(768, 12, 12)),
+    "gpt2-medium": ("GPT2LMHeadModel", _gpt2(1024, 24, 16)),
+    "gpt2-large": ("GPT2LMHeadModel", _gpt2(1280, 36, 20)),
+    "gpt2-xl": ("GPT2LMHeadModel", _gpt2(1600, 48, 25)),
+    # GPT-3 175B is architecturally GPT-2 at these sizes (dense layers only).
+    "gpt3-175b": ("GPT2LMHeadModel", _gpt2(12288, 96, 96, n_positions=2048)),
+    # --- T5 v1.0 ---------------------------------------------------------------
+    "t5-small": ("T5ForConditionalGeneration", _t5(512, 2048, 64, 6, 8)),
+    "t5-base": ("T5ForConditionalGeneration", _t5(768, 3072, 64, 12, 12)),
+    "t5-large": ("T5ForConditionalGeneration", _t5(1024, 4096, 64, 24, 16)),
+    "t5-3b": ("T5ForConditionalGeneration", _t5(1024, 16384, 128, 24, 32)),
+    "t5-11b": ("T5ForConditionalGeneration", _t5(1024, 65536, 128, 24, 128)),
+    # --- T5 v1.1 (gated-gelu, untied lm_head, no output rescale) ---------------
+    "t5-v1_1-base": (
+        "T5ForConditionalGeneration",
+        dict(
+            vocab_size=32128,
+            d_model=768,
+            d_ff=2048,
+            d_kv=64,
+            num_layers=12,
+            num_decoder_layers=12,
+            num_heads=12,
+            relative_attention_num_buckets=32,
+            relative_attention_max_distance=128,
+            feed_forward_proj="gated-gelu",
+            layer_norm_epsilon=1e-6,
+            tie_word_embeddings=False,
+        ),
+    ),
+    # --- BART ------------------------------------------------------------------
+    "bart-base": (
+        "BartForConditionalGeneration",
+        dict(
+            vocab_size=50265,
+            d_model=768,
+            encoder_layers=6,
+            decoder_layers=6,
+            encoder_attention_heads=12,
+            decoder_attention_heads=12,
+            encoder_ffn_dim=3072,
+            decoder_ffn_dim=3072,
+            max_position_embeddings=1024,
+            activation_function="gelu",
+            scale_embedding=False,
+            pad_token_id=1,
+            bos_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+            tie_word_embeddings=True,
+        ),
+    ),
+    # --- decoder-only LLMs -----------------------------------------------------
+    "llama-3-8b": (
+        "LlamaForCausalLM",
+        dict(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            hidden_act="silu",
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+            rope_parameters=_rope(500000.0),
+            attention_bias=False,
+            mlp_bias=False,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "llama-3-70b": (
+        "LlamaForCausalLM",
+        dict(
+            vocab_size=128256,
+            hidden_size=8192,
+            intermediate_size=28672,
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            head_dim=128,
+            hidden_act="silu",
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+            rope_parameters=_rope(500000.0),
+            attention_bias=False,
+            mlp_bias=False,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "mistral-7b": (
+        "MistralForCausalLM",
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            hidden_act="silu",
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-5,
+            rope_parameters=_rope(10000.0),
+            sliding_window=4096,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "mixtral-8x7b": (
+        "MixtralForCausalLM",
+        dict(
+            vocab_size=32000,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            hidden_act="silu",
+            max_position_embeddings=32768,
+            rms_norm_eps=1e-5,
+            rope_parameters=_rope(1000000.0),
+            sliding_window=None,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            tie_word_embeddings=False,
+        ),
+    ),
+    "qwen2-7b": (
+        "Qwen2ForCausalLM",
+        dict(
+            vocab_size=152064,
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            hidden_act="silu",
+            max_position_embeddings=131072,
+            rms_norm_eps=1e-6,
+            rope_parameters=_rope(1000000.0),
+            use_sliding_window=False,
+            sliding_window=131072,
+            max_window_layers=28,
+            tie_word_embeddings=False,
+        ),
+    ),
+}
+
+
+def hf_param_count(name: str) -> int:
+    """Parameter count of the HF PyTorch model for preset ``name``.
+
+    The model is instantiated under ``torch.device("meta")`` so no memory is
+    allocated; tied weights are counted once (as ``model.parameters()`` does).
+    """
+    import torch
+    import transformers
+
+    model_cls_name, kwargs = HF_REFERENCE[name]
+    model_cls = getattr(transformers, model_cls_name)
+    config = model_cls.config_class(**kwargs)
+    with torch.device("meta"):
+        model = model_cls(config)
+
+        # transformers 5.x quirk: T5Config pops `tie_word_embeddings` (using it
+        # only to decide `scale_decoder_outputs`) and forces it back to True,
+        # so a freshly built v1.1 model ties lm_head to `shared`. The real
+        # v1.1 checkpoints carry a separate lm_head (from_pretrained unties it
+        # because both tensors are present and differ), so untie it here.
+        if (
+            model_cls_name == "T5ForConditionalGeneration"
+            and kwargs.get("tie_word_embeddings") is False
+            and model.lm_head.weight is model.shared.weight
+        ):
+            model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.shared.weight))
+
+    return sum(p.numel() for p in model.parameters())
