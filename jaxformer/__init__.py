@@ -26,7 +26,7 @@ from jaxformer.encoder_decoder import EncoderDecoder
 from jaxformer.presets import config, presets
 
 __all__ = ["ModelConfig", "RopeScaling", "ModelOutput", "Encoder", "Decoder", "EncoderDecoder", "build",
-           "config", "presets", "split", "merge", "abstract_params", "param_count"]
+           "config", "presets", "split", "merge", "abstract_params", "param_count", "from_pretrained"]
 
 _FAMILY_CLASSES = {"encoder": Encoder, "decoder": Decoder, "encoder_decoder": EncoderDecoder}
 
@@ -59,6 +59,13 @@ def abstract_params(name_or_config: str | ModelConfig) -> nnx.State:
 def param_count(name_or_config: str | ModelConfig) -> int:
     """Number of parameters, counted from abstract shapes (works for 175B on a laptop)."""
     return sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params(name_or_config)))
+
+
+def from_pretrained(path, dtype: str | None = None, allow_pickle: bool = False):
+    """Load a Hugging Face checkpoint folder (config.json + safetensors); no torch needed."""
+    from jaxformer.interop.hf import from_pretrained as load
+
+    return load(path, dtype=dtype, allow_pickle=allow_pickle)
 
 
 split = nnx.split

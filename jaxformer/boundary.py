@@ -17,6 +17,16 @@ from flax import struct
 from jaxformer.config import ModelConfig
 
 
+class PretrainedMixin:
+    """Methods every family shares at the edge: export to the Hugging Face format."""
+
+    def save_pretrained(self, path) -> None:
+        """Write config.json + model.safetensors that transformers' from_pretrained loads."""
+        from jaxformer.interop.hf import save_pretrained  # the interop edge imports the families
+
+        save_pretrained(self, path)
+
+
 @struct.dataclass
 class ModelOutput:
     """Hugging Face's output conventions, as a pytree (so it can leave a jitted function)."""
@@ -149,7 +159,13 @@ def embed_inputs(model: Any, embeddings: Any, input_ids, inputs_embeds, attentio
     check_length(shape[1], cfg, ids_name)
 
     tokens = inputs_embeds.astype(model.embed.dtype) if inputs_embeds is not None else model.embed(input_ids)
-    positions = (jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape) if position_ids is None
-                 else jnp.asarray(position_ids, jnp.int32))
+    if position_ids is not None:
+        positions = jnp.asarray(position_ids, jnp.int32)
+    elif cfg.pad_aware_positions and input_ids is not None:
+        # RoBERTa counts real tokens only; a pad sits on table row pad_token_id (position -offset+pad).
+        real = (jnp.asarray(input_ids) != cfg.pad_token_id).astype(jnp.int32)
+        positions = jnp.cumsum(real, axis=1) * real + (cfg.pad_token_id - cfg.position_offset)
+    else:
+        positions = jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
     x = embeddings(tokens, positions, token_type_ids, key)
     return x, positions, attention_mask

@@ -113,6 +113,7 @@ class ModelConfig:
     position: str = "learned"
     max_positions: int = 1024  # longest sequence; learned/sinusoidal tables hold this many rows
     position_offset: int = 0  # rows before position 0 in a learned table (RoBERTa, BART use 2)
+    pad_aware_positions: bool = False  # RoBERTa: positions count non-pad tokens; pads use row pad_token_id
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
     relative_buckets: int = 32  # T5 relative position bias
@@ -130,6 +131,7 @@ class ModelConfig:
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (2017, some BART)
     scale_tied_logits: bool = False  # T5 v1.0: decoder output * d_model**-0.5 before tied head
     type_vocab_size: int = 0  # token-type (segment) embeddings; 0 for none
+    logits_bias: bool = False  # a fixed (non-trained) bias on the LM logits (BART's final_logits_bias)
 
     head: str = "lm"
     pooler: bool = False  # BERT pooler: tanh(dense(h[:, 0]))
@@ -141,6 +143,11 @@ class ModelConfig:
     num_experts: int = 0  # 0: dense FFN; >0: top-k mixture of experts (Mixtral)
     experts_per_token: int = 2
     router_aux_loss_coef: float = 0.0
+
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    decoder_start_token_id: int | None = None  # first decoder token of encoder-decoder generation
 
     dtype: str = "float32"  # compute dtype; softmax, norms and losses always run in float32
     param_dtype: str = "float32"
@@ -258,6 +265,22 @@ class ModelConfig:
                     f"[1, num_experts={self.num_experts}]")
         if self.router_aux_loss_coef < 0:
             raise ValueError(f"ModelConfig.router_aux_loss_coef={self.router_aux_loss_coef!r} must be >= 0")
+
+        for field in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
+            value = getattr(self, field)
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"ModelConfig.{field}={value} must lie in [0, vocab_size={self.vocab_size})")
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        eos = self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
+        if any(e is not None and not 0 <= e < self.vocab_size for e in eos):
+            raise ValueError(f"ModelConfig.eos_token_id={self.eos_token_id} must lie in [0, vocab_size={self.vocab_size})")
+        if self.pad_aware_positions and (self.pad_token_id is None or self.position != "learned"
+                                         or self.position_offset <= self.pad_token_id):
+            raise ValueError("ModelConfig.pad_aware_positions=True needs learned positions, a pad_token_id, and "
+                             "position_offset > pad_token_id (RoBERTa: pad_token_id=1, position_offset=2)")
+        if self.logits_bias and self.head != "lm":
+            raise ValueError("ModelConfig.logits_bias=True needs head='lm'")
 
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("param_dtype", self.param_dtype, DTYPES)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.boundary import ModelOutput, embed_inputs
+from jaxformer.boundary import ModelOutput, PretrainedMixin, embed_inputs
 from jaxformer.config import ModelConfig
 from jaxformer.layers import Dense, Embed, Norm, Embeddings, Stack, activate, dropout, param, split_key
 
@@ -30,7 +30,7 @@ class MaskedLMHead(nnx.Module):
         return logits + self.bias[...].astype(logits.dtype)
 
 
-class Encoder(nnx.Module):
+class Encoder(PretrainedMixin, nnx.Module):
     """The encoder-only model: embeddings, a bidirectional stack, and the head named by ``config.head``."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):

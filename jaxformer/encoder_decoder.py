@@ -7,15 +7,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.boundary import ModelOutput, embed_inputs
+from jaxformer.boundary import ModelOutput, PretrainedMixin, embed_inputs
 from jaxformer.config import ModelConfig
-from jaxformer.decoder import lm_logits
-from jaxformer.layers import Dense, Embed, Embeddings, Stack, split_key, visibility_mask
+from jaxformer.decoder import lm_logits, make_lm_head
+from jaxformer.layers import Embed, Embeddings, Stack, split_key, visibility_mask
 
 Array = jax.Array
 
 
-class EncoderDecoder(nnx.Module):
+class EncoderDecoder(PretrainedMixin, nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.config = cfg
         self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs)
@@ -23,8 +23,7 @@ class EncoderDecoder(nnx.Module):
         self.encoder = Stack(cfg, cfg.encoder_layers, pattern="bidirectional", rngs=rngs)
         self.decoder_embeddings = Embeddings(cfg, rngs=rngs)
         self.decoder = Stack(cfg, cfg.decoder_layers, pattern=cfg.attention, cross_attention=True, rngs=rngs)
-        self.lm_head = (Dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs, bias=False)
-                        if cfg.head == "lm" and not cfg.tie_embeddings else None)
+        self.lm_head, self.logits_bias = make_lm_head(cfg, rngs)
 
     def encode(self, input_ids: Array | None = None, attention_mask: Array | None = None, *,
                inputs_embeds: Array | None = None, output_hidden_states: bool = False,
@@ -67,6 +66,6 @@ class EncoderDecoder(nnx.Module):
         h, hidden = self.decode(decoder_input_ids, enc, attention_mask, decoder_attention_mask,
                                 decoder_inputs_embeds=decoder_inputs_embeds,
                                 output_hidden_states=output_hidden_states, dropout_key=keys[1])
-        logits = lm_logits(h, self.embed, self.lm_head, cfg) if cfg.head == "lm" else None
+        logits = lm_logits(h, self) if cfg.head == "lm" else None
         return ModelOutput(logits=logits, last_hidden_state=h, hidden_states=hidden,
                            encoder_last_hidden_state=enc, encoder_hidden_states=enc_hidden)

@@ -48,6 +48,10 @@ def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str, ...], cfg: Mo
     return nnx.Param(value.astype(dtype), axes=axes)
 
 
+class Buffer(nnx.Variable):
+    """A fixed array that is part of a checkpoint but not trained (BART's final_logits_bias)."""
+
+
 def logical_axes(module: nnx.Module) -> dict[str, tuple[str, ...]]:
     """Map '/'-joined parameter path -> logical axis names, for every nnx.Param in ``module``."""
     return {"/".join(map(str, path)): var.get_metadata()["axes"]

@@ -1,0 +1,128 @@
+"""Per-layer parity against the PyTorch reference (transformers), on the same checkpoint and input.
+
+Needs the ``compare`` extra (torch + transformers). Both sides run the checkpoint as stored; rows are
+the embeddings, every layer's hidden state, the final hidden state and each head's outputs.
+Positions whose attention_mask is 0 are excluded: what a model computes for padding is not defined
+by either library (RoBERTa even gives pads their own position), and no caller may read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from jaxformer.interop.files import _read_json
+from jaxformer.interop.hf import architecture_of
+
+
+@dataclasses.dataclass
+class Row:
+    name: str
+    max_abs: float
+    max_rel: float
+    worst: str  # the position (batch, token, feature) of the largest absolute difference
+
+
+def _row(name: str, ref: np.ndarray, ours: np.ndarray, valid: np.ndarray | None) -> Row:
+    ref, ours = np.asarray(ref, np.float64), np.asarray(ours, np.float64)
+    if ref.shape != ours.shape:
+        raise ValueError(f"{name}: reference shape {ref.shape} differs from jaxformer shape {ours.shape}")
+    diff = np.abs(ref - ours)
+    if valid is not None and diff.ndim >= 2 and diff.shape[:2] == valid.shape:
+        diff = diff * valid.reshape(valid.shape + (1,) * (diff.ndim - 2))
+    worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else ()
+    rel = diff / np.maximum(np.abs(ref), 1e-6)
+    if valid is not None and rel.ndim >= 2 and rel.shape[:2] == valid.shape:
+        rel = rel * valid.reshape(valid.shape + (1,) * (rel.ndim - 2))
+    return Row(name, float(diff.max(initial=0.0)), float(rel.max(initial=0.0)), str(tuple(int(i) for i in worst)))
+
+
+def reference_model(path: str | Path, dtype: str = "float32"):
+    """The transformers model named by the checkpoint's ``architectures``, eager attention, eval mode."""
+    import torch
+    import transformers
+
+    hf = _read_json(Path(path) / "config.json")
+    _, arch = architecture_of(hf)
+    model = getattr(transformers, arch).from_pretrained(str(path), dtype=getattr(torch, dtype),
+                                                        attn_implementation="eager")
+    return model.eval()
+
+
+def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
+            decoder_input_ids: np.ndarray | None = None, token_type_ids: np.ndarray | None = None,
+            dtype: str = "float32", model=None, reference=None) -> list[Row]:
+    """Run both implementations and return one Row per compared tensor."""
+    import torch
+
+    import jaxformer as jf
+
+    reference = reference if reference is not None else reference_model(path, dtype)
+    model = model if model is not None else jf.from_pretrained(path, dtype=dtype)
+    cfg = model.config
+    input_ids = np.asarray(input_ids)
+    mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
+    t = lambda x: None if x is None else torch.as_tensor(np.asarray(x))  # noqa: E731
+    kwargs = dict(input_ids=t(input_ids), attention_mask=t(mask), output_hidden_states=True)
+    ours_kwargs = dict(attention_mask=mask, output_hidden_states=True)
+    if cfg.family == "encoder_decoder":
+        if decoder_input_ids is None:
+            start = cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else 0
+            decoder_input_ids = np.concatenate([np.full((input_ids.shape[0], 1), start), input_ids[:, :-1]], 1)
+        kwargs["decoder_input_ids"] = t(decoder_input_ids)
+        ours_kwargs["decoder_input_ids"] = np.asarray(decoder_input_ids)
+    if token_type_ids is not None:
+        kwargs["token_type_ids"] = t(token_type_ids)
+        ours_kwargs["token_type_ids"] = np.asarray(token_type_ids)
+    with torch.no_grad():
+        ref = reference(**kwargs)
+    out = model(input_ids, **ours_kwargs)
+
+    def f(x):
+        return x.float().numpy() if hasattr(x, "float") else np.asarray(x, np.float32)
+
+    rows: list[Row] = []
+    if cfg.family == "encoder_decoder":
+        enc_valid = mask
+        for i, (r, o) in enumerate(zip(ref.encoder_hidden_states, out.encoder_hidden_states)):
+            rows.append(_row("encoder embeddings" if i == 0 else f"encoder layer {i}", f(r), o, enc_valid))
+        rows.append(_row("encoder output", f(ref.encoder_last_hidden_state), out.encoder_last_hidden_state, enc_valid))
+        hidden, label = ref.decoder_hidden_states, "decoder"
+    else:
+        hidden, label = ref.hidden_states, "layer"
+    if len(hidden) != len(out.hidden_states):
+        raise ValueError(f"reference has {len(hidden)} hidden states, jaxformer {len(out.hidden_states)}")
+    valid = mask if cfg.family != "encoder_decoder" else None
+    for i, (r, o) in enumerate(zip(hidden, out.hidden_states)):
+        name = ("decoder embeddings" if label == "decoder" else "embeddings") if i == 0 else f"{label} {i}"
+        rows.append(_row(name, f(r), o, valid))
+    if getattr(ref, "last_hidden_state", None) is not None:
+        rows.append(_row("last hidden state", f(ref.last_hidden_state), out.last_hidden_state, valid))
+    if getattr(ref, "pooler_output", None) is not None:
+        rows.append(_row("pooler", f(ref.pooler_output), out.pooler_output, None))
+    ref_logits = getattr(ref, "logits", None)
+    if ref_logits is None:
+        ref_logits = getattr(ref, "prediction_logits", None)
+    if ref_logits is not None:
+        per_token = cfg.head != "sequence_classification"
+        rows.append(_row("logits", f(ref_logits), out.logits, valid if per_token else None))
+    if getattr(ref, "seq_relationship_logits", None) is not None:
+        rows.append(_row("nsp logits", f(ref.seq_relationship_logits), out.nsp_logits, None))
+    if getattr(ref, "start_logits", None) is not None:
+        rows.append(_row("start logits", f(ref.start_logits)[..., None], np.asarray(out.start_logits)[..., None], valid))
+        rows.append(_row("end logits", f(ref.end_logits)[..., None], np.asarray(out.end_logits)[..., None], valid))
+    return rows
+
+
+def format_table(rows: list[Row], tolerance: float) -> str:
+    width = max(len(r.name) for r in rows)
+    lines = [f"{'tensor':<{width}}  {'max abs':>10}  {'max rel':>10}  {'worst at':<16} ok",
+             "-" * (width + 46)]
+    for r in rows:
+        ok = "yes" if r.max_abs <= tolerance else "NO"
+        lines.append(f"{r.name:<{width}}  {r.max_abs:>10.3e}  {r.max_rel:>10.3e}  {r.worst:<16} {ok}")
+    worst = max(rows, key=lambda r: r.max_abs)
+    lines.append(f"worst row: {worst.name} ({worst.max_abs:.3e}); tolerance {tolerance:.0e}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Edges to other formats: Hugging Face checkpoints, torch.nn.Transformer state dicts, tokenizers."""

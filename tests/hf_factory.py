@@ -1,0 +1,91 @@
+"""Tiny random Hugging Face checkpoints, built from configs (no hub) and saved in the real format.
+
+Every supported model_type and head has an entry; the variants cover GQA, MQA, rope scaling, an
+explicit head_dim, a sliding window shorter than the test sequences, Qwen2's QKV bias, Mixtral's
+top-2 routing, T5 v1.0 and v1.1, BART and BERT token types. The init std is raised (0.2 instead of
+0.02) so that layer outputs are far from zero and differences cannot hide in tiny activations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+STD = 0.2
+_BERT = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+             max_position_embeddings=40, type_vocab_size=2, initializer_range=STD, pad_token_id=0)
+_ROBERTA = {**_BERT, "max_position_embeddings": 42, "type_vocab_size": 1, "pad_token_id": 1, "bos_token_id": 0,
+            "eos_token_id": 2, "layer_norm_eps": 1e-5}
+_GPT2 = dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=40, initializer_range=STD,
+             bos_token_id=1, eos_token_id=2)
+_LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64, initializer_range=STD, bos_token_id=1,
+              eos_token_id=2, rms_norm_eps=1e-6)
+_T5 = dict(vocab_size=97, d_model=32, d_ff=48, d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=4,
+           relative_attention_num_buckets=8, relative_attention_max_distance=20, initializer_factor=1.0,
+           pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+_BART = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+             decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40,
+             init_std=STD, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+             forced_eos_token_id=2)
+
+# name -> (config class, model class, config kwargs)
+CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
+    "bert": ("BertConfig", "BertModel", _BERT),
+    "bert-mlm": ("BertConfig", "BertForMaskedLM", _BERT),
+    "bert-pretraining": ("BertConfig", "BertForPreTraining", _BERT),
+    "bert-seqcls": ("BertConfig", "BertForSequenceClassification", {**_BERT, "num_labels": 3}),
+    "bert-tokcls": ("BertConfig", "BertForTokenClassification", {**_BERT, "num_labels": 5}),
+    "bert-qa": ("BertConfig", "BertForQuestionAnswering", _BERT),
+    "roberta": ("RobertaConfig", "RobertaModel", _ROBERTA),
+    "roberta-mlm": ("RobertaConfig", "RobertaForMaskedLM", _ROBERTA),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
+    "gpt2-base": ("GPT2Config", "GPT2Model", _GPT2),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA),
+    "llama-base": ("LlamaConfig", "LlamaModel", _LLAMA),
+    "llama-mqa-headdim": ("LlamaConfig", "LlamaForCausalLM", {**_LLAMA, "num_key_value_heads": 1, "head_dim": 12}),
+    "llama-rope-linear": ("LlamaConfig", "LlamaForCausalLM",
+                          {**_LLAMA, "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}}),
+    "llama-rope-llama3": ("LlamaConfig", "LlamaForCausalLM",
+                          {**_LLAMA, "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
+                                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                         "original_max_position_embeddings": 16}}),
+    "llama-attn-bias-tied": ("LlamaConfig", "LlamaForCausalLM",
+                             {**_LLAMA, "attention_bias": True, "tie_word_embeddings": True}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {**_LLAMA, "sliding_window": 4}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {**_LLAMA, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    "t5": ("T5Config", "T5ForConditionalGeneration", _T5),
+    "t5-v1_1": ("T5Config", "T5ForConditionalGeneration",
+                {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}),
+    "t5-encoder": ("T5Config", "T5EncoderModel", _T5),
+    "bart": ("BartConfig", "BartForConditionalGeneration", _BART),
+    "bart-base": ("BartConfig", "BartModel", _BART),
+}
+
+
+def build_reference(name: str, seed: int = 0):
+    """The transformers model of a CHECKPOINTS entry, freshly initialised with a fixed seed."""
+    import torch
+    import transformers
+
+    config_class, model_class, kwargs = CHECKPOINTS[name]
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_class)(**kwargs)
+    model = getattr(transformers, model_class)(config).eval()
+    # T5's own init (initializer_factor=1.0) already gives O(1) activations: embeddings have std 1.
+    if name.startswith("bart"):  # final_logits_bias starts at zero; give it values so the test sees it
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_(0, STD)
+    with torch.no_grad():  # norms start at exactly 1 and 0; perturb them so their mapping is tested
+        for n, p in model.named_parameters():
+            if p.dim() == 1 and ("norm" in n.lower() or n.endswith(".bias")):
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def save_checkpoint(name: str, folder: Path, seed: int = 0, dtype=None) -> Path:
+    model = build_reference(name, seed)
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(str(folder))
+    return folder
