@@ -26,7 +26,8 @@ from jaxformer.encoder_decoder import EncoderDecoder
 from jaxformer.presets import config, presets
 
 __all__ = ["ModelConfig", "RopeScaling", "ModelOutput", "Encoder", "Decoder", "EncoderDecoder", "build",
-           "config", "presets", "split", "merge", "abstract_params", "param_count", "from_pretrained"]
+           "config", "presets", "split", "merge", "abstract_params", "param_count", "from_pretrained",
+           "load_tokenizer"]
 
 _FAMILY_CLASSES = {"encoder": Encoder, "decoder": Decoder, "encoder_decoder": EncoderDecoder}
 
@@ -66,6 +67,13 @@ def from_pretrained(path, dtype: str | None = None, allow_pickle: bool = False):
     from jaxformer.interop.hf import from_pretrained as load
 
     return load(path, dtype=dtype, allow_pickle=allow_pickle)
+
+
+def load_tokenizer(path):
+    """The tokenizer.json of a checkpoint folder, as batches of ids ready for the model."""
+    from jaxformer.interop.tokenizer import load_tokenizer as load
+
+    return load(path)
 
 
 split = nnx.split

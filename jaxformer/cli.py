@@ -1,4 +1,4 @@
-"""The ``jaxformer`` command line: ``jaxformer info [NAME] [--json]``."""
+"""The ``jaxformer`` command line: info, compare, convert."""
 
 from __future__ import annotations
 
@@ -44,6 +44,49 @@ def info(args: argparse.Namespace) -> int:
     return 0
 
 
+def compare(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from jaxformer.compare import compare as run_compare
+    from jaxformer.compare import format_table
+
+    if args.input_ids:
+        try:
+            ids = np.array([[int(t) for t in args.input_ids.split(",")]])
+        except ValueError:
+            raise ValueError(f"--input-ids {args.input_ids!r} must be comma-separated integers") from None
+    else:
+        from jaxformer.interop.tokenizer import load_tokenizer
+
+        ids = load_tokenizer(args.path)(args.text)["input_ids"]
+    rows = run_compare(args.path, ids, dtype=args.dtype)
+    print(format_table(rows, args.tolerance))
+    return 0 if all(r.max_abs <= args.tolerance for r in rows) else 1
+
+
+def convert(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from jaxformer.checkpoint import is_checkpoint, load_model, save_model
+    from jaxformer.interop.hf import from_pretrained
+
+    source = Path(args.source)
+    target = args.to or ("hf" if is_checkpoint(source) else "jaxformer")
+    if target == "hf":
+        model = load_model(source) if is_checkpoint(source) else from_pretrained(source)
+        model.save_pretrained(args.output)
+    else:
+        save_model(from_pretrained(source, dtype=args.dtype), args.output)
+    print(f"wrote {target} checkpoint {args.output} ({model_summary(args.output, target)})")
+    return 0
+
+
+def model_summary(path, kind: str) -> str:
+    from pathlib import Path
+
+    return "config.json + model.safetensors" if kind == "hf" else f"{Path(path) / 'jaxformer.json'} + Orbax params"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jaxformer", description="The three Transformer families in JAX/Flax.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -51,6 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name", nargs="?", help="a preset name; omit to list every preset")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=info)
+
+    p = commands.add_parser("compare", help="per-layer parity of a HF checkpoint: transformers vs jaxformer")
+    p.add_argument("path", help="a Hugging Face checkpoint folder")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", help="text to tokenize with the folder's tokenizer.json")
+    source.add_argument("--input-ids", help="comma-separated token ids, e.g. 1,2,3")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--tolerance", type=float, default=1e-5, help="max abs difference allowed (exit 1 above)")
+    p.set_defaults(run=compare)
+
+    p = commands.add_parser("convert", help="Hugging Face folder <-> jaxformer checkpoint (Orbax)")
+    p.add_argument("source", help="a Hugging Face folder or a jaxformer checkpoint folder")
+    p.add_argument("output", help="the folder to write")
+    p.add_argument("--to", choices=["hf", "jaxformer"], help="target format (default: the other one)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="parameter dtype when importing")
+    p.set_defaults(run=convert)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

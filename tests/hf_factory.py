@@ -73,6 +73,11 @@ def build_reference(name: str, seed: int = 0):
     config = getattr(transformers, config_class)(**kwargs)
     model = getattr(transformers, model_class)(config).eval()
     # T5's own init (initializer_factor=1.0) already gives O(1) activations: embeddings have std 1.
+    # Its untied v1.1 head starts at std 1 too, which puts logits near 30 where float32 rounding alone
+    # reaches 1e-5; a quarter of that keeps logits O(5) and the 1e-5 standard meaningful.
+    if name == "t5-v1_1":
+        with torch.no_grad():
+            model.lm_head.weight.mul_(0.25)
     if name.startswith("bart"):  # final_logits_bias starts at zero; give it values so the test sees it
         if hasattr(model, "final_logits_bias"):
             model.final_logits_bias.normal_(0, STD)

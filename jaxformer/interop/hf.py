@@ -9,7 +9,9 @@ Saving runs the same rules backwards, so HF -> jaxformer -> HF returns the same 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 import json
 import os
 import warnings
@@ -489,6 +491,8 @@ def _bart_rules(cfg: ModelConfig, prefix: str) -> tuple[list[Rule], dict[str, st
 
 _BASE_PREFIX = {"bert": "bert.", "roberta": "roberta.", "gpt2": "transformer.", "llama": "model.",
                 "mistral": "model.", "qwen2": "model.", "mixtral": "model.", "bart": "model.", "t5": ""}
+_BASE_MODELS = {"BertModel", "RobertaModel", "GPT2Model", "LlamaModel", "MistralModel", "Qwen2Model", "MixtralModel",
+                "BartModel", "T5Model", "T5EncoderModel"}
 # Non-parameter tensors older checkpoints carry; they hold nothing a model needs.
 _IGNORABLE = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq", "embeddings.position_ids")
 
@@ -496,8 +500,8 @@ _IGNORABLE = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq", "embedd
 def _prefix(model_type: str, arch: str, names: set[str] | None) -> str:
     """Head models nest the base model under a prefix; base models saved alone do not."""
     prefix = _BASE_PREFIX[model_type]
-    if names is None:  # saving: use the layout transformers writes for this architecture
-        return "" if arch.endswith("Model") and model_type != "bart" else prefix
+    if names is None:  # saving: base models are written unprefixed, head models nest them
+        return "" if arch in _BASE_MODELS else prefix
     return prefix if any(n.startswith(prefix) for n in names) else ""
 
 
@@ -519,56 +523,52 @@ def rules_for(cfg: ModelConfig, model_type: str, arch: str, names: set[str] | No
 # Loading
 
 
-def _abstract_model(cfg: ModelConfig):
+@functools.lru_cache(maxsize=8)
+def _abstract_split(cfg: ModelConfig):
+    """(graphdef, abstract state) of a config; tracing the constructor is the slow part, so keep a few."""
     from jaxformer import _FAMILY_CLASSES  # the public builder's table; imported late to avoid a cycle
-    return nnx.eval_shape(lambda: _FAMILY_CLASSES[cfg.family](cfg, rngs=nnx.Rngs(0)))
+    return nnx.split(nnx.eval_shape(lambda: _FAMILY_CLASSES[cfg.family](cfg, rngs=nnx.Rngs(0))))
 
 
-def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pickle: bool = False):
-    """Load a Hugging Face checkpoint folder (config.json + safetensors) as a jaxformer model."""
-    folder = Path(path)
-    if not (folder / "config.json").exists():
-        raise ValueError(f"{folder} has no config.json; expected a Hugging Face checkpoint folder")
-    hf = _read_json(folder / "config.json")
-    architecture_of(hf)  # refuse unsupported types before touching any tensor file
-    files = TensorFiles(folder, allow_pickle=allow_pickle)
-    names = set(files.names)
-    extra = list(iter_json(folder, "generation_config.json"))
-    cfg = config_from_hf(hf, names, extra, dtype)
-    model_type, arch = architecture_of(hf)
-    rules, aliases = rules_for(cfg, model_type, arch, names)
-
-    abstract = _abstract_model(cfg)
-    graphdef, state = nnx.split(abstract)
+def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, str], names: set[str],
+                       get: Callable[[str], np.ndarray], source: str):
+    """Build the model of ``cfg`` from named tensors through ``rules``, or raise one ValueError that
+    lists every missing, unexpected and mis-shaped tensor. Nothing is built until all of them check."""
+    graphdef, state = _abstract_split(cfg)
     expected = {tuple(map(str, p)): v for p, v in nnx.to_flat_state(state)}
     num_layers = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
 
+    param_dtype = np.dtype(jnp.dtype(cfg.param_dtype))
     missing, mismatched, loaded, used = [], [], {}, set()
+    copies: list[tuple[np.ndarray, Any, np.ndarray]] = []  # (destination, index, source view)
     for rule in rules:
-        layers = num_layers[rule.paths[0][0]] if rule.per_layer else 0
-        per_layer_names = [[n.format(i=i) for n in rule.names] for i in range(max(layers, 1))]
-        absent = [n for group in per_layer_names for n in group if n not in names]
+        layers = num_layers[rule.paths[0][0]] if rule.per_layer else 1
+        groups = [[n.format(i=i) for n in rule.names] for i in range(layers)]
+        absent = [n for group in groups for n in group if n not in names]
         if absent:
             missing += absent
             continue
-        outputs = []
-        for group in per_layer_names:
-            used.update(group)
-            outputs.append(rule.load([files.get(n) for n in group]))
-        arrays = [np.stack(parts) if rule.per_layer else parts[0] for parts in zip(*outputs)]
-        for p, array in zip(rule.paths, arrays):
-            if p not in expected:
-                raise AssertionError(f"rule targets unknown parameter {p}")  # a bug in the tables, not input
-            want = tuple(expected[p].shape)
-            if tuple(array.shape) != want:
-                mismatched.append(f"{'/'.join(p)} from {rule.names[0]}: file gives {tuple(array.shape)}, "
-                                  f"config needs {want}")
-            loaded[p] = array
-    for alias, source in aliases.items():
+        used.update(n for group in groups for n in group)
+        buffers = None
+        for i, group in enumerate(groups):
+            parts = rule.load([get(n) for n in group])  # views into the mapped file where possible
+            shapes = [((layers,) if rule.per_layer else ()) + tuple(part.shape) for part in parts]
+            bad = [f"{'/'.join(p)} from {group[0]}: file gives {shape}, config needs {tuple(expected[p].shape)}"
+                   for p, shape in zip(rule.paths, shapes) if shape != tuple(expected[p].shape)]
+            if bad:
+                mismatched += bad
+                buffers = None
+                break
+            if buffers is None:
+                buffers = [_aligned_empty(shape, param_dtype) for shape in shapes]
+            copies += [(buffer, i if rule.per_layer else ..., part) for buffer, part in zip(buffers, parts)]
+        if buffers is not None:
+            loaded.update(zip(rule.paths, buffers))
+    for alias, target in aliases.items():
         if alias in names:
             used.add(alias)
-            if source in names and not np.array_equal(files.get(alias), files.get(source)):
-                mismatched.append(f"{alias} should be tied to {source} but differs")
+            if target in names and not np.array_equal(get(alias), get(target)):
+                mismatched.append(f"{alias} should be tied to {target} but differs")
     unexpected = sorted(n for n in names - used if not n.endswith(_IGNORABLE))
     not_covered = sorted("/".join(p) for p in expected if p not in loaded)
     if missing or unexpected or mismatched or not_covered:
@@ -581,14 +581,49 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pic
             parts.append(f"mis-shaped tensors ({len(mismatched)}): {mismatched[:20]}")
         if not_covered and not missing:
             parts.append(f"parameters with no source: {not_covered[:20]}")
-        raise ValueError(f"{folder} does not match {arch} ({model_type}); nothing was loaded.\n  " + "\n  ".join(parts))
+        raise ValueError(f"{source}; nothing was loaded.\n  " + "\n  ".join(parts))
 
-    param_dtype = jnp.dtype(cfg.param_dtype)
-    flat = []
-    for p, var in nnx.to_flat_state(state):
-        flat.append((p, var.replace(jnp.asarray(loaded[tuple(map(str, p))], dtype=param_dtype))))
-    model = nnx.merge(graphdef, nnx.from_flat_state(flat))
-    model.hf_config = json.dumps(hf, sort_keys=True)
+    def copy(task):  # the one copy (and cast) per byte; numpy releases the GIL, so threads overlap
+        destination, index, source_view = task
+        destination[index] = source_view
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(copy, copies))
+    flat = [(p, var.replace(_to_device(loaded[tuple(map(str, p))]))) for p, var in nnx.to_flat_state(state)]
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:
+    """An uninitialised host array whose data is 64-byte aligned, so XLA's CPU backend can adopt it."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + alignment, np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _to_device(array: np.ndarray) -> jax.Array:
+    """Hand an assembled host array to JAX; on CPU, DLPack adopts the aligned buffer without a copy."""
+    if jax.default_backend() == "cpu":
+        try:
+            return jax.dlpack.from_dlpack(array)
+        except Exception:  # a layout the backend will not adopt (e.g. bfloat16 on old jaxlib): copy
+            pass
+    return jnp.asarray(array)
+
+
+def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pickle: bool = False):
+    """Load a Hugging Face checkpoint folder (config.json + safetensors) as a jaxformer model."""
+    folder = Path(path)
+    if not (folder / "config.json").exists():
+        raise ValueError(f"{folder} has no config.json; expected a Hugging Face checkpoint folder")
+    hf = _read_json(folder / "config.json")
+    model_type, arch = architecture_of(hf)  # refuse unsupported types before touching any tensor file
+    files = TensorFiles(folder, allow_pickle=allow_pickle)
+    names = set(files.names)
+    cfg = config_from_hf(hf, names, list(iter_json(folder, "generation_config.json")), dtype)
+    rules, aliases = rules_for(cfg, model_type, arch, names)
+    model = build_from_tensors(cfg, rules, aliases, names, files.get, f"{folder} does not match {arch} ({model_type})")
+    model.hf_config = json.dumps(hf, sort_keys=True)  # kept so save_pretrained writes the fields we do not model
     return model
 
 
@@ -701,6 +736,23 @@ def config_to_hf(cfg: ModelConfig, base: dict | None = None) -> dict:
     return out
 
 
+def export_with_rules(model, rules: list[Rule]) -> dict[str, np.ndarray]:
+    """Run ``rules`` backwards: the model's parameters as named numpy arrays (layers unstacked)."""
+    cfg: ModelConfig = model.config
+    flat = {tuple(map(str, p)): v for p, v in nnx.to_flat_state(nnx.state(model))}
+    num_layers = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
+    tensors: dict[str, np.ndarray] = {}
+    for rule in rules:
+        arrays = [np.asarray(jax.device_get(flat[p][...])) for p in rule.paths]
+        if rule.per_layer:
+            for i in range(num_layers[rule.paths[0][0]]):
+                for name, t in zip(rule.names, rule.save([a[i] for a in arrays])):
+                    tensors[name.format(i=i)] = np.ascontiguousarray(t)
+        else:
+            tensors.update((name, np.ascontiguousarray(t)) for name, t in zip(rule.names, rule.save(arrays)))
+    return tensors
+
+
 def to_hf_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     """The model's parameters as HF-named numpy arrays, plus the HF config dict."""
     cfg: ModelConfig = model.config
@@ -711,17 +763,7 @@ def to_hf_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     else:
         hf = config_to_hf(cfg)
     rules, _ = rules_for(cfg, model_type, arch)
-    flat = {tuple(map(str, p)): v for p, v in nnx.to_flat_state(nnx.state(model))}
-    num_layers = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
-    tensors: dict[str, np.ndarray] = {}
-    for rule in rules:
-        arrays = [np.asarray(jax.device_get(flat[p][...])) for p in rule.paths]
-        if rule.per_layer:
-            for i in range(num_layers[rule.paths[0][0]]):
-                for name, t in zip(rule.names, rule.save([a[i] for a in arrays])):
-                    tensors[name.format(i=i)] = t
-        else:
-            tensors.update(zip(rule.names, rule.save(arrays)))
+    tensors = export_with_rules(model, rules)
     return tensors, hf
 
 

@@ -1,0 +1,74 @@
+"""Tokenizers: Hugging Face ``tokenizers`` (tokenizer.json) behind a small batch-encoding interface."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+class Tokenizer:
+    """Text -> padded id batches ready for a model, and ids -> text."""
+
+    def __init__(self, tokenizer, pad_token_id: int | None = None):
+        self.tokenizer = tokenizer
+        self.pad_token_id = pad_token_id
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def __call__(self, texts: str | list[str], *, max_length: int | None = None, padding_side: str = "right",
+                 add_special_tokens: bool = True) -> dict[str, np.ndarray]:
+        """Encode a batch: {"input_ids", "attention_mask"} as int32 [B, T], padded to the longest row.
+
+        Rows longer than ``max_length`` raise (silent truncation would change what the model sees).
+        """
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side={padding_side!r}; valid: 'left', 'right'")
+        rows = [self.encode(t, add_special_tokens) for t in ([texts] if isinstance(texts, str) else texts)]
+        if not rows or min(len(r) for r in rows) == 0:
+            raise ValueError("every text must encode to at least one token")
+        longest = max(len(r) for r in rows)
+        if max_length is not None and longest > max_length:
+            raise ValueError(f"a text encodes to {longest} tokens, more than max_length={max_length}")
+        pad = self.pad_token_id if self.pad_token_id is not None else 0
+        ids = np.full((len(rows), longest), pad, np.int32)
+        mask = np.zeros((len(rows), longest), np.int32)
+        for i, row in enumerate(rows):
+            span = slice(longest - len(row), longest) if padding_side == "left" else slice(0, len(row))
+            ids[i, span], mask[i, span] = row, 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load ``tokenizer.json`` from a checkpoint folder (or the file itself)."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = Path(path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.exists():
+        raise ValueError(f"{file} does not exist; jaxformer reads the fast-tokenizer format tokenizer.json")
+    try:
+        tokenizer = HFTokenizer.from_file(str(file))
+    except Exception as err:
+        raise ValueError(f"{file} is not a valid tokenizer.json: {err}") from None
+    pad_id = None
+    folder = file.parent
+    for name, key in (("tokenizer_config.json", "pad_token"), ("special_tokens_map.json", "pad_token")):
+        if pad_id is None and (folder / name).exists():
+            token = json.loads((folder / name).read_text(encoding="utf-8")).get(key)
+            token = token.get("content") if isinstance(token, dict) else token
+            pad_id = tokenizer.token_to_id(token) if token else None
+    if pad_id is None and tokenizer.padding is not None:
+        pad_id = tokenizer.padding.get("pad_id")
+    if pad_id is None and (folder / "config.json").exists():
+        pad_id = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("pad_token_id")
+    return Tokenizer(tokenizer, pad_id)
