@@ -131,7 +131,10 @@ def _load_pickle(path: Path) -> dict[str, np.ndarray]:
         import torch
     except ImportError:
         raise ValueError(f"reading {path} needs torch (pip install torch); safetensors files need nothing") from None
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    try:  # weights_only: the unpickler accepts tensors and plain containers, never arbitrary objects
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise ValueError(f"{path} could not be read as a plain state dict (weights_only=True): {err}") from None
     if not isinstance(state, dict):
         raise ValueError(f"{path} does not hold a state dict")
     out = {}

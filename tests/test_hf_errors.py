@@ -1,0 +1,196 @@
+"""Bad checkpoints get one clear ValueError, and nothing partial is ever loaded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+import jaxformer as jf
+from jaxformer.interop.files import TensorFiles
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from hf_factory import save_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    return save_checkpoint("gpt2", tmp_path_factory.mktemp("gpt2"))
+
+
+@pytest.fixture
+def copy(gpt2_dir, tmp_path):
+    target = tmp_path / "ckpt"
+    shutil.copytree(gpt2_dir, target)
+    return target
+
+
+def _tensors(folder):
+    files = TensorFiles(folder)
+    return {n: np.array(files.get(n)) for n in files.names}
+
+
+def _rewrite(folder, tensors):
+    (folder / "model.safetensors").unlink()
+    safetensors.numpy.save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def test_missing_unexpected_and_misshaped_are_listed_together(copy):
+    tensors = _tensors(copy)
+    del tensors["transformer.h.1.mlp.c_fc.bias"]
+    tensors["transformer.h.0.attn.extra.weight"] = np.zeros((2, 2), np.float32)
+    tensors["transformer.ln_f.weight"] = np.zeros((31,), np.float32)
+    _rewrite(copy, tensors)
+    with pytest.raises(ValueError) as err:
+        jf.from_pretrained(copy)
+    text = str(err.value)
+    assert "nothing was loaded" in text
+    assert "missing" in text and "transformer.h.1.mlp.c_fc.bias" in text
+    assert "unexpected" in text and "transformer.h.0.attn.extra.weight" in text
+    assert "mis-shaped" in text and "transformer.ln_f.weight" in text and "(31,)" in text
+
+
+def test_tied_copy_that_differs_is_refused(copy):
+    tensors = _tensors(copy)
+    tensors["lm_head.weight"] = tensors["transformer.wte.weight"] + 1.0
+    _rewrite(copy, tensors)
+    with pytest.raises(ValueError, match="should be tied"):
+        jf.from_pretrained(copy)
+
+
+def test_old_buffers_are_ignored(copy):
+    """Pre-v4 GPT-2 files carry attn.bias / attn.masked_bias buffers; they are not parameters."""
+    tensors = _tensors(copy)
+    tensors["transformer.h.0.attn.bias"] = np.tril(np.ones((1, 1, 40, 40), np.float32))
+    tensors["transformer.h.0.attn.masked_bias"] = np.array(-1e4, np.float32)
+    _rewrite(copy, tensors)
+    jf.from_pretrained(copy)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "gptj"}, "model_type 'gptj' is not supported; supported: "),
+    ({"architectures": ["GPT2ForTokenClassification"]}, "architecture 'GPT2ForTokenClassification' is not supported"),
+    ({"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+    ({"add_cross_attention": True}, "add_cross_attention"),
+    ({"activation_function": "quick_gelu"}, "activation 'quick_gelu'"),
+])
+def test_unsupported_configs_name_what_is_supported(copy, change, message):
+    config = json.loads((copy / "config.json").read_text())
+    config.update(change)
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        jf.from_pretrained(copy)
+
+
+@pytest.mark.parametrize("rope, message", [
+    ({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}, "rope type 'yarn' is not supported"),
+    ({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}, "rope type 'dynamic' is not supported"),
+])
+def test_unsupported_rope_scaling_is_refused(tmp_path, rope, message):
+    save_checkpoint("llama", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_parameters"] = rope
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message):
+        jf.from_pretrained(tmp_path)
+
+
+def test_qwen2_mixed_sliding_layers_are_refused(tmp_path):
+    save_checkpoint("qwen2", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.update(use_sliding_window=True, sliding_window=4, layer_types=["full_attention", "sliding_attention"])
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="mix of sliding and full"):
+        jf.from_pretrained(tmp_path)
+
+
+def _header_file(path, header: dict, data: bytes, declared_len: int | None = None):
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw) if declared_len is None else declared_len) + raw + data)
+
+
+@pytest.mark.parametrize("case", ["header_too_long", "overlapping", "out_of_range", "wrong_byte_count", "truncated",
+                                  "bad_json"])
+def test_corrupt_safetensors_raise_cleanly(copy, case):
+    target = copy / "model.safetensors"
+    f32 = {"dtype": "F32", "shape": [2]}
+    if case == "header_too_long":
+        _header_file(target, {"a": {**f32, "data_offsets": [0, 8]}}, b"\0" * 8, declared_len=10**9)
+    elif case == "overlapping":
+        _header_file(target, {"a": {**f32, "data_offsets": [0, 8]}, "b": {**f32, "data_offsets": [4, 12]}}, b"\0" * 12)
+    elif case == "out_of_range":
+        _header_file(target, {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8)
+    elif case == "wrong_byte_count":
+        _header_file(target, {"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8)
+    elif case == "truncated":
+        target.write_bytes(target.read_bytes()[:-100])
+    else:
+        target.write_bytes(struct.pack("<Q", 5) + b"{abc}")
+    with pytest.raises(ValueError, match="not a valid safetensors file"):
+        jf.from_pretrained(copy)
+
+
+def test_pickle_is_refused_unless_allowed(gpt2_dir, tmp_path):
+    model = jf.from_pretrained(gpt2_dir)
+    reference = {n: torch.from_numpy(np.array(a)) for n, a in _tensors(gpt2_dir).items()}
+    shutil.copy(gpt2_dir / "config.json", tmp_path / "config.json")
+    torch.save(reference, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="pickle"):
+        jf.from_pretrained(tmp_path)
+    loaded = jf.from_pretrained(tmp_path, allow_pickle=True)
+    ids = np.array([[5, 6, 7, 8]])
+    np.testing.assert_array_equal(np.asarray(loaded(ids).logits), np.asarray(model(ids).logits))
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_pickle_with_code_is_refused_even_when_allowed(gpt2_dir, tmp_path):
+    shutil.copy(gpt2_dir / "config.json", tmp_path / "config.json")
+    torch.save({"x": _Payload()}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="weights_only=True"):
+        jf.from_pretrained(tmp_path, allow_pickle=True)
+
+
+def test_auto_map_never_executes_code(copy, tmp_path):
+    marker = tmp_path / "executed"
+    (copy / "modeling_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    (copy / "configuration_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    config = json.loads((copy / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "configuration_evil.EvilConfig", "AutoModelForCausalLM": "modeling_evil.Evil"}
+    (copy / "config.json").write_text(json.dumps(config))
+    jf.from_pretrained(copy)
+    assert not marker.exists()
+
+
+def test_sharded_checkpoint_loads(gpt2_dir, tmp_path):
+    tensors = _tensors(gpt2_dir)
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    weight_map = {}
+    for shard, members in shards.items():
+        safetensors.numpy.save_file({n: tensors[n] for n in members}, str(tmp_path / shard), metadata={"format": "pt"})
+        weight_map.update({n: shard for n in members})
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    shutil.copy(gpt2_dir / "config.json", tmp_path / "config.json")
+    ids = np.array([[5, 6, 7]])
+    expected = jf.from_pretrained(gpt2_dir)(ids).logits
+    np.testing.assert_array_equal(np.asarray(jf.from_pretrained(tmp_path)(ids).logits), np.asarray(expected))
+
+
+def test_missing_folder_pieces(tmp_path):
+    with pytest.raises(ValueError, match="no config.json"):
+        jf.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 10, "n_embd": 8,
+                                                      "n_layer": 1, "n_head": 2, "n_positions": 8}))
+    with pytest.raises(ValueError, match="holds no model.safetensors"):
+        jf.from_pretrained(tmp_path)
