@@ -18,13 +18,19 @@ from jaxformer.config import ModelConfig
 
 
 class PretrainedMixin:
-    """Methods every family shares at the edge: export to the Hugging Face format."""
+    """Methods every family shares at the edge: export to the Hugging Face format, generation."""
 
     def save_pretrained(self, path) -> None:
         """Write config.json + model.safetensors that transformers' from_pretrained loads."""
         from jaxformer.interop.hf import save_pretrained  # the interop edge imports the families
 
         save_pretrained(self, path)
+
+    def generate(self, input_ids, attention_mask=None, **kwargs):
+        """Greedy, sampled or beam-search generation under jit; see jaxformer.generate.generate."""
+        from jaxformer.generate import generate
+
+        return generate(self, input_ids, attention_mask, **kwargs)
 
 
 @struct.dataclass

@@ -371,9 +371,11 @@ class Attention(nnx.Module):
     """Multi-head attention with separate kv heads (MHA, GQA, MQA), self or cross.
 
     Projections are einsum kernels with explicit head axes: q [D,N,H], k/v [D,K,H], o [N,H,D].
-    ``cache`` is the KV-cache hook: a dict {"k", "v": [B, S_max, K, H], "index": int32} holding
-    keys/values already computed; the new ones are written at ``index`` and the updated cache is
-    returned next to the output. With no cache the second result is None.
+    Two hooks serve generation:
+    - ``cache`` {"k", "v": [B, S, K, H], "index"}: keys/values of earlier tokens. The new ones are
+      placed at ``index`` for this call's attention, and returned (only the new [B, T, K, H] ones)
+      so the caller writes them into its cache in place.
+    - ``kv`` (k, v) [B, S, K, H]: precomputed keys/values (cross-attention to a fixed encoder output).
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -396,26 +398,30 @@ class Attention(nnx.Module):
         y = jnp.einsum("BTD,DNH->BTNH", x, kernel[...].astype(self.dtype))
         return y if bias is None else y + bias[...].astype(self.dtype)
 
-    def __call__(self, x: Array, kv_input: Array | None = None, *, mask: Array, bias: Array | None = None,
-                 rope: tuple[Array, Array] | None = None, cache: dict | None = None,
-                 key: Array | None = None) -> tuple[Array, dict | None]:
-        source = x if kv_input is None else kv_input
-        q = checkpoint_name(self._project(x, self.q, self.q_bias), "qkv")
+    def key_values(self, source: Array) -> tuple[Array, Array]:
+        """Keys and values [B, S, K, H] of ``source`` (computed once per encoder output when cached)."""
         k = checkpoint_name(self._project(source, self.k, self.k_bias), "qkv")
         v = checkpoint_name(self._project(source, self.v, self.v_bias), "qkv")
+        return k, v
+
+    def __call__(self, x: Array, kv_input: Array | None = None, *, mask: Array, bias: Array | None = None,
+                 rope: tuple[Array, Array] | None = None, cache: dict | None = None,
+                 kv: tuple[Array, Array] | None = None, key: Array | None = None) -> tuple[Array, dict | None]:
+        q = checkpoint_name(self._project(x, self.q, self.q_bias), "qkv")
+        k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input)
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        new_kv = None
         if cache is not None:
-            index = cache["index"]
-            k = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), index, axis=1)
-            v = jax.lax.dynamic_update_slice_in_dim(cache["v"], v.astype(cache["v"].dtype), index, axis=1)
-            cache = {"k": k, "v": v, "index": index + x.shape[1]}
+            new_kv = {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
+            k = jax.lax.dynamic_update_slice_in_dim(cache["k"], new_kv["k"], cache["index"], axis=1)
+            v = jax.lax.dynamic_update_slice_in_dim(cache["v"], new_kv["v"], cache["index"], axis=1)
         out = dot_product_attention(q, k, v, mask, bias, self.scale, self.dropout_rate, key)
         y = jnp.einsum("BTNH,NHD->BTD", out, self.o[...].astype(self.dtype))
         if self.o_bias is not None:
             y = y + self.o_bias[...].astype(self.dtype)
-        return y, cache
+        return y, new_kv
 
 
 # --------------------------------------------------------------------------------------------------
@@ -449,20 +455,20 @@ class Block(nnx.Module):
 
     def __call__(self, x: Array, *, mask: Array, bias: Array | None = None, rope=None,
                  encoder_out: Array | None = None, cross_mask: Array | None = None,
-                 token_mask: Array | None = None, cache: dict | None = None,
-                 key: Array | None = None) -> tuple[Array, dict | None, Array | None]:
+                 cross_kv: tuple[Array, Array] | None = None, token_mask: Array | None = None,
+                 cache: dict | None = None, key: Array | None = None) -> tuple[Array, dict | None, Array | None]:
         keys = split_key(key, 6)
-        new_cache = None
+        new_kv = None
 
         def self_attention(h):
-            nonlocal new_cache
-            y, new_cache = self.attn(h, mask=mask, bias=bias, rope=rope, cache=cache, key=keys[0])
+            nonlocal new_kv
+            y, new_kv = self.attn(h, mask=mask, bias=bias, rope=rope, cache=cache, key=keys[0])
             return y
 
         x = self._residual(x, self.attn_norm, self_attention, keys[1])
         if self.cross_attn is not None:
             x = self._residual(x, self.cross_norm, lambda h: self.cross_attn(
-                h, encoder_out, mask=cross_mask, key=keys[2])[0], keys[3])
+                h, encoder_out, mask=cross_mask, kv=cross_kv, key=keys[2])[0], keys[3])
         router_stats = None
         if isinstance(self.mlp, MoE):
             def mlp(h):
@@ -473,7 +479,7 @@ class Block(nnx.Module):
             def mlp(h):
                 return self.mlp(h, keys[4])
         x = self._residual(x, self.mlp_norm, mlp, keys[5])
-        return x, new_cache, router_stats
+        return x, new_kv, router_stats
 
 
 def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_attention: bool = False) -> Block:
@@ -564,51 +570,71 @@ class Stack(nnx.Module):
         self.relative_bias = (RelativeBias(cfg, bidirectional=pattern == "bidirectional", rngs=rngs)
                               if cfg.position == "relative" else None)
 
+    def cross_key_values(self, encoder_out: Array) -> tuple[Array, Array]:
+        """Every layer's cross-attention keys and values [L, B, S, K, H] of a fixed encoder output:
+        computed once per generation instead of once per decoded token."""
+        graphdef, params = nnx.split(self.blocks)
+        return jax.vmap(lambda p: nnx.merge(graphdef, p).cross_attn.key_values(encoder_out))(params)
+
     def __call__(self, x: Array, q_positions: Array, *, key_valid: Array | None = None,
                  k_positions: Array | None = None, prefix_lengths: Array | None = None,
                  encoder_out: Array | None = None, cross_mask: Array | None = None,
-                 cache: dict | None = None, collect_hidden: bool = False,
-                 key: Array | None = None) -> tuple[Array, tuple[Array, ...] | None, dict | None, Array | None]:
+                 cross_kv: tuple[Array, Array] | None = None, cache: dict | None = None,
+                 collect_hidden: bool = False, key: Array | None = None
+                 ) -> tuple[Array, tuple[Array, ...] | None, dict | None, Array | None]:
         """Returns (output, hidden states or None, updated cache or None, MoE router stats or None).
 
         Hidden states follow Hugging Face: the input, then every layer's output, the last one
-        after the final norm. ``cache`` holds per-layer stacked k/v [L, B, S, K, H] and an index.
+        after the final norm. ``cache`` = {"k", "v": [L, B, S, K, H], "index"}: this call's keys and
+        values are written at ``index`` (in place inside the layer loop) and ``index`` advances.
+        ``k_positions`` / ``key_valid`` [B, S] then describe every cache slot.
         """
         cfg = self.config
         k_positions = q_positions if k_positions is None else k_positions
         local_pattern = "sliding" if self.pattern == "alternating" else None
         base_pattern = "causal" if self.pattern == "alternating" else self.pattern
         mask = visibility_mask(base_pattern, q_positions, k_positions, key_valid, window=cfg.window_size,
-                              prefix_lengths=prefix_lengths)
+                               prefix_lengths=prefix_lengths)
         local_mask = (visibility_mask(local_pattern, q_positions, k_positions, key_valid, window=cfg.window_size)
                       if local_pattern else None)
         bias = self.relative_bias(q_positions, k_positions) if self.relative_bias is not None else None
         rope = rope_angles(rope_frequencies(cfg), q_positions) if cfg.position == "rope" else None
-        token_mask = None
-        if key_valid is not None and cache is None:
-            token_mask = key_valid  # MoE load statistics count real tokens only
+        # MoE load statistics count real tokens only.
+        token_mask = key_valid if key_valid is not None and cache is None else None
 
         per_layer = {
+            "layer": jnp.arange(self.num_layers),
             # GPT-3 style: even layers dense, odd layers locally banded.
             "local": jnp.arange(self.num_layers) % 2 == 1,
             "key": None if key is None else jax.random.split(key, self.num_layers),
-            "cache": None if cache is None else {"k": cache["k"], "v": cache["v"]},
+            "cross_kv": cross_kv,
         }
 
-        def layer(block: Block, h: Array, extra: dict):
+        def layer(block: Block, carry, extra: dict):
+            h, cache_k, cache_v = carry if cache is not None else (carry, None, None)
             layer_mask = mask if local_mask is None else jnp.where(extra["local"], local_mask, mask)
-            layer_cache = None if cache is None else {**extra["cache"], "index": cache["index"]}
-            h, new_cache, stats = block(h, mask=layer_mask, bias=bias, rope=rope, encoder_out=encoder_out,
-                                        cross_mask=cross_mask, token_mask=token_mask, cache=layer_cache,
-                                        key=extra["key"])
-            kv = None if new_cache is None else {"k": new_cache["k"], "v": new_cache["v"]}
-            return h, (h if collect_hidden else None, kv, stats)
+            layer_cache = None
+            if cache is not None:
+                layer_cache = {"k": cache_k[extra["layer"]], "v": cache_v[extra["layer"]], "index": cache["index"]}
+            h, new_kv, stats = block(h, mask=layer_mask, bias=bias, rope=rope, encoder_out=encoder_out,
+                                     cross_mask=cross_mask, cross_kv=extra["cross_kv"], token_mask=token_mask,
+                                     cache=layer_cache, key=extra["key"])
+            if cache is None:
+                return h, (h if collect_hidden else None, stats)
+            at = (extra["layer"], 0, cache["index"], 0, 0)
+            cache_k = jax.lax.dynamic_update_slice(cache_k, new_kv["k"][None], at)
+            cache_v = jax.lax.dynamic_update_slice(cache_v, new_kv["v"][None], at)
+            return (h, cache_k, cache_v), (h if collect_hidden else None, stats)
 
-        out, (hidden, kv, stats) = run_stack(self.blocks, x, layer, per_layer, cfg)
+        carry = x if cache is None else (x, cache["k"], cache["v"])
+        carry, (hidden, stats) = run_stack(self.blocks, carry, layer, per_layer, cfg)
+        out, new_cache = carry, None
+        if cache is not None:
+            out, k, v = carry
+            new_cache = {"k": k, "v": v, "index": cache["index"] + x.shape[1]}
         if self.final_norm is not None:
             out = self.final_norm(out)
         hidden_states = None
         if collect_hidden:
             hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], out)
-        new_cache = None if cache is None else {**kv, "index": cache["index"] + x.shape[1]}
         return out, hidden_states, new_cache, stats

@@ -1,0 +1,383 @@
+"""Generation under jit: one prefill, then a ``jax.lax.while_loop`` of cached decode steps.
+
+The KV cache is preallocated for prompt + new tokens ([L, B, S, K, H]; only the kv heads), written in
+place at each step, and described by two per-slot arrays: the position of the token in each slot and
+whether the slot holds a real token. Visibility is computed from positions, so left padding, sliding
+windows longer or shorter than the sequence, prefix-LM and alternating layers all work unchanged.
+Encoder-decoder models run the encoder once and compute every layer's cross-attention keys and values
+once. Greedy, sampling (temperature, top-k, top-p) and beam search follow transformers' semantics;
+greedy and beam search are token-identical to it.
+
+``generate_tokens(graphdef, state, input_ids, attention_mask, key, config)`` is the pure form (jit,
+shard or vmap it yourself); ``generate(model, ...)`` validates on the host, runs the compiled loop and
+trims the output the way transformers does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxformer import boundary
+from jaxformer.config import ModelConfig
+from jaxformer.decoder import lm_logits
+from jaxformer.layers import dtype_of, visibility_mask
+
+Array = jax.Array
+NEG = -1.0e9  # transformers' "very large negative" for beam bookkeeping
+
+TRACE_COUNT = {"generate": 0}  # incremented each time the loop is traced (tests check it stays put)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 32
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int = 0
+    decoder_start_token_id: int | None = None
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | None = None
+
+    def validate(self, cfg: ModelConfig) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be an integer >= 1")
+        if not isinstance(self.num_beams, int) or self.num_beams < 1:
+            raise ValueError(f"num_beams={self.num_beams!r} must be an integer >= 1")
+        if self.do_sample:
+            if self.num_beams > 1:
+                raise ValueError("do_sample=True with num_beams > 1 (beam sampling) is not supported")
+            if not self.temperature > 0:
+                raise ValueError(f"temperature={self.temperature!r} must be > 0 when sampling")
+            if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+                raise ValueError(f"top_k={self.top_k!r} must be an integer >= 1")
+            if self.top_p is not None and not 0 < self.top_p <= 1:
+                raise ValueError(f"top_p={self.top_p!r} must lie in (0, 1]")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping={self.early_stopping!r}; valid: True, False, 'never'")
+        for name in ("pad_token_id", "decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < cfg.vocab_size:
+                raise ValueError(f"{name}={value} must lie in [0, {cfg.vocab_size})")
+        for eos in self.eos_token_ids:
+            if not 0 <= eos < cfg.vocab_size:
+                raise ValueError(f"eos_token_id={eos} must lie in [0, {cfg.vocab_size})")
+        if cfg.head != "lm":
+            raise ValueError(f"generation needs an LM head; {cfg.name!r} has head={cfg.head!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Cache and cached forward passes
+
+
+def init_slots(cfg: ModelConfig, batch: int, length: int) -> dict:
+    """An empty cache for ``length`` tokens: k/v [L, B, S, K, H], slot positions and validity [B, S]."""
+    shape = (cfg.decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim_)
+    dtype = dtype_of(cfg.dtype)
+    return {"cache": {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "index": jnp.int32(0)},
+            "positions": jnp.zeros((batch, length), jnp.int32), "valid": jnp.zeros((batch, length), bool)}
+
+
+def cache_axes() -> dict:
+    """Logical axis names of the cache, for sharding it like the model."""
+    kv = ("layers", "batch", "length", "kv_heads", "head_dim")
+    return {"cache": {"k": kv, "v": kv, "index": ()}, "positions": ("batch", "length"), "valid": ("batch", "length")}
+
+
+def decode_step(model, ids: Array, positions: Array, valid: Array, slots: dict, *, encoder: dict | None = None,
+                prefix_lengths: Array | None = None) -> tuple[Array, dict]:
+    """Run ``ids`` [B, T] at ``positions`` through the decoder stack with the cache; returns the logits
+    of the last position [B, V] and the updated slots. ``encoder`` holds the encoder side of an
+    encoder-decoder: {"kv": cross keys/values, "mask": [B, S_enc], "positions": [B, S_enc]}."""
+    cfg: ModelConfig = model.config
+    index = slots["cache"]["index"]
+    if isinstance(index, (int, np.integer)) and index + ids.shape[1] > slots["valid"].shape[1]:
+        raise ValueError(f"decoding {ids.shape[1]} tokens at cache index {index} overflows a cache of "
+                         f"{slots['valid'].shape[1]} slots")
+    k_positions = jax.lax.dynamic_update_slice_in_dim(slots["positions"], positions.astype(jnp.int32), index, axis=1)
+    k_valid = jax.lax.dynamic_update_slice_in_dim(slots["valid"], valid.astype(bool), index, axis=1)
+    embeddings = model.decoder_embeddings if cfg.family == "encoder_decoder" else model.embeddings
+    x = embeddings(model.embed(ids), positions)
+    cross = {}
+    if encoder is not None:
+        cross = dict(cross_kv=encoder["kv"],
+                     cross_mask=visibility_mask("bidirectional", positions, encoder["positions"], encoder["mask"]))
+    h, _, cache, _ = model.decoder(x, positions, key_valid=k_valid, k_positions=k_positions,
+                                   prefix_lengths=prefix_lengths, cache=slots["cache"], **cross)
+    logits = lm_logits(h[:, -1:], model)[:, 0].astype(jnp.float32)
+    return logits, {"cache": cache, "positions": k_positions, "valid": k_valid}
+
+
+# --------------------------------------------------------------------------------------------------
+# Choosing tokens
+
+
+def process_logits(scores: Array, step: Array, max_steps: int, gc: GenerationConfig) -> Array:
+    """Forced BOS/EOS (transformers' ForcedBOS/ForcedEOSTokenLogitsProcessor) on [..., V] scores."""
+    vocab = scores.shape[-1]
+    if gc.forced_bos_token_id is not None:
+        forced = jnp.where(jnp.arange(vocab) == gc.forced_bos_token_id, 0.0, -jnp.inf)
+        scores = jnp.where(step == 0, forced, scores)
+    if gc.forced_eos_token_id is not None:
+        forced = jnp.where(jnp.arange(vocab) == gc.forced_eos_token_id, 0.0, -jnp.inf)
+        scores = jnp.where(step == max_steps - 1, forced, scores)
+    return scores
+
+
+def sample_logits(logits: Array, key: Array, gc: GenerationConfig) -> Array:
+    """Temperature, then top-k, then top-p (nucleus) filtering, then a categorical draw [B]."""
+    logits = logits / gc.temperature
+    if gc.top_k is not None:
+        kth = jax.lax.top_k(logits, min(gc.top_k, logits.shape[-1]))[0][..., -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if gc.top_p is not None and gc.top_p < 1.0:
+        order = jnp.argsort(logits, axis=-1)  # ascending, as transformers' TopPLogitsWarper
+        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+        cumulative = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+        remove_sorted = cumulative <= 1.0 - gc.top_p
+        remove_sorted = remove_sorted.at[..., -1].set(False)  # always keep the most likely token
+        remove = jnp.zeros_like(remove_sorted).at[jnp.arange(logits.shape[0])[:, None], order].set(remove_sorted)
+        logits = jnp.where(remove, -jnp.inf, logits)
+    return jax.random.categorical(key, logits, axis=-1)
+
+
+def _is_eos(tokens: Array, gc: GenerationConfig) -> Array:
+    if not gc.eos_token_ids:
+        return jnp.zeros(tokens.shape, bool)
+    return jnp.isin(tokens, jnp.asarray(gc.eos_token_ids))
+
+
+# --------------------------------------------------------------------------------------------------
+# The loops
+
+
+def _prompt(model, input_ids: Array, attention_mask: Array, gc: GenerationConfig, batch_repeat: int):
+    """Prefill inputs: (first decoder ids, their positions, validity, encoder side or None, decoder
+    prefix length for prefix-LM), with every row repeated ``batch_repeat`` times for beams."""
+    cfg: ModelConfig = model.config
+    rep = lambda a: None if a is None else jnp.repeat(a, batch_repeat, axis=0)  # noqa: E731
+    mask = attention_mask.astype(jnp.int32)
+    if cfg.family == "encoder_decoder":
+        encoder_out, _ = model.encode(input_ids, mask)
+        kv = model.decoder.cross_key_values(rep(encoder_out))
+        B, S = encoder_out.shape[:2]
+        encoder = {"kv": kv, "mask": rep(mask), "positions": rep(jnp.broadcast_to(jnp.arange(S), (B, S)))}
+        ids = jnp.full((B * batch_repeat, 1), gc.decoder_start_token_id, jnp.int32)
+        positions = jnp.zeros_like(ids)
+        return ids, positions, jnp.ones_like(ids, bool), encoder, None
+    positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)  # left padding: count real tokens only
+    prefix = jnp.sum(mask, axis=1) if cfg.attention == "prefix" else None
+    return rep(input_ids), rep(positions), rep(mask.astype(bool)), None, rep(prefix)
+
+
+def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfig):
+    cfg: ModelConfig = model.config
+    ids, positions, valid, encoder, prefix = _prompt(model, input_ids, attention_mask, gc, 1)
+    B, T = ids.shape
+    N = gc.max_new_tokens
+    slots = init_slots(cfg, B, T + N - 1)  # the last chosen token is never fed back
+    logits, slots = decode_step(model, ids, positions, valid, slots, encoder=encoder, prefix_lengths=prefix)
+    next_position = positions[:, -1] + 1
+
+    def choose(logits, step, key):
+        scores = process_logits(logits, step, N, gc)
+        if gc.do_sample:
+            return sample_logits(scores, key, gc).astype(jnp.int32)
+        return jnp.argmax(scores, axis=-1).astype(jnp.int32)
+
+    key, sub = jax.random.split(key)
+    first = choose(logits, 0, sub)
+    tokens = jnp.full((B, N), gc.pad_token_id, jnp.int32).at[:, 0].set(first)
+    finished = _is_eos(first, gc)
+
+    def cond(state):
+        step, _, _, _, finished, _ = state
+        return (step < N) & ~jnp.all(finished)
+
+    def body(state):
+        step, slots, tokens, previous, finished, key = state
+        logits, slots = decode_step(model, previous[:, None], (next_position + step - 1)[:, None],
+                                    jnp.ones((B, 1), bool), slots, encoder=encoder, prefix_lengths=prefix)
+        key, sub = jax.random.split(key)
+        token = jnp.where(finished, gc.pad_token_id, choose(logits, step, sub))
+        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], step, axis=1)
+        return step + 1, slots, tokens, token, finished | _is_eos(token, gc), key
+
+    steps, _, tokens, _, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(1), slots, tokens, first, finished, key))
+    return tokens, steps
+
+
+def _gather_beams(x: Array, indices: Array) -> Array:
+    """x [B, beams, ...] gathered along the beam axis by indices [B, K]."""
+    return jnp.take_along_axis(x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
+    """transformers' vectorised beam search (length penalty, early stopping True/False/'never')."""
+    cfg: ModelConfig = model.config
+    nb, N = gc.num_beams, gc.max_new_tokens
+    ids, positions, valid, encoder, prefix = _prompt(model, input_ids, attention_mask, gc, nb)
+    B = ids.shape[0] // nb
+    slots = init_slots(cfg, B * nb, ids.shape[1] + N - 1)
+    logits, slots = decode_step(model, ids, positions, valid, slots, encoder=encoder, prefix_lengths=prefix)
+    next_position = positions[:, -1] + 1
+    keep = max(2, 1 + len(gc.eos_token_ids)) * nb
+    top_mask = jnp.arange(keep) < nb
+    fill = gc.pad_token_id or (gc.eos_token_ids[0] if gc.eos_token_ids else gc.pad_token_id)
+    lp = gc.length_penalty
+
+    state = dict(
+        step=jnp.int32(0), logits=logits, slots=slots,
+        running=jnp.full((B, nb, N), fill, jnp.int32),
+        running_scores=jnp.zeros((B, nb), jnp.float32).at[:, 1:].set(NEG),
+        sequences=jnp.full((B, nb, N), fill, jnp.int32),
+        scores=jnp.full((B, nb), NEG, jnp.float32),
+        lengths=jnp.zeros((B, nb), jnp.int32),
+        finished=jnp.zeros((B, nb), bool),
+        improvable=jnp.ones((B, 1), bool),
+        going=jnp.bool_(True),
+    )
+
+    def body(s):
+        step = s["step"]
+        V = s["logits"].shape[-1]
+        log_probs = process_logits(jax.nn.log_softmax(s["logits"], axis=-1), step, N, gc).reshape(B, nb, V)
+        log_probs = (log_probs + s["running_scores"][:, :, None]).reshape(B, nb * V)
+        top_scores, top_index = jax.lax.top_k(log_probs, keep)
+        source_beam, token = top_index // V, (top_index % V).astype(jnp.int32)
+        candidates = _gather_beams(s["running"], source_beam).at[:, :, step].set(token)
+        hits = _is_eos(token, gc) | (step + 1 >= N)
+
+        # The best `nb` candidates that did not stop keep running.
+        running_scores_k = top_scores + hits.astype(jnp.float32) * NEG
+        next_index = jax.lax.top_k(running_scores_k, nb)[1]
+        running = _gather_beams(candidates, next_index)
+        running_scores = _gather_beams(running_scores_k, next_index)
+        parents = _gather_beams(source_beam, next_index)
+
+        # Candidates among the top `nb` that stopped join the finished set if they beat it.
+        just_finished = hits & top_mask[None, :]
+        finish_scores = top_scores / ((step + 1).astype(jnp.float32) ** lp)
+        full = jnp.all(s["finished"], axis=-1, keepdims=True) & (gc.early_stopping is True)
+        finish_scores += full.astype(jnp.float32) * NEG + (~s["improvable"]).astype(jnp.float32) * NEG
+        finish_scores += (~just_finished).astype(jnp.float32) * NEG
+        merged_scores = jnp.concatenate([s["scores"], finish_scores], axis=1)
+        best = jax.lax.top_k(merged_scores, nb)[1]
+        sequences = _gather_beams(jnp.concatenate([s["sequences"], candidates], axis=1), best)
+        scores = _gather_beams(merged_scores, best)
+        lengths = _gather_beams(jnp.concatenate([s["lengths"], jnp.full((B, keep), step + 1)], axis=1), best)
+        finished = _gather_beams(jnp.concatenate([s["finished"], just_finished], axis=1), best)
+
+        step = step + 1
+        best_length = N if (gc.early_stopping == "never" and lp > 0) else step
+        best_possible = running_scores[:, :1] / (jnp.asarray(best_length, jnp.float32) ** lp)
+        worst_finished = jnp.where(finished, jnp.min(scores, axis=1, keepdims=True), NEG)
+        improvable = s["improvable"] & jnp.any(best_possible > worst_finished, axis=-1, keepdims=True)
+        going = (jnp.any(improvable) & ~(jnp.all(finished) & (gc.early_stopping is True)) & ~jnp.all(hits)
+                 & (step < N))
+
+        def advance(slots):
+            rows = (jnp.arange(B)[:, None] * nb + parents).reshape(-1)
+            cache = slots["cache"]
+            slots = {**slots, "cache": {"k": cache["k"][:, rows], "v": cache["v"][:, rows], "index": cache["index"]}}
+            return decode_step(model, running[:, :, step - 1].reshape(-1, 1),
+                               (next_position + step - 1)[:, None], jnp.ones((B * nb, 1), bool), slots,
+                               encoder=encoder, prefix_lengths=prefix)
+
+        logits, slots = jax.lax.cond(going, advance, lambda slots: (s["logits"], slots), s["slots"])
+        return dict(step=step, logits=logits, slots=slots, running=running, running_scores=running_scores,
+                    sequences=sequences, scores=scores, lengths=lengths, finished=finished, improvable=improvable,
+                    going=going)
+
+    final = jax.lax.while_loop(lambda s: s["going"], body, state)
+    return final["sequences"][:, 0], jnp.max(final["lengths"][:, 0])
+
+
+def generate_tokens(graphdef, state, input_ids: Array, attention_mask: Array, key: Array,
+                    config: GenerationConfig) -> tuple[Array, Array]:
+    """Pure generation: returns new tokens [B, max_new_tokens] (padded after EOS) and how many
+    columns are meaningful (transformers trims its output to that many). Jit with
+    ``static_argnames=("graphdef", "config")``."""
+    TRACE_COUNT["generate"] += 1
+    model = nnx.merge(graphdef, state)
+    if config.num_beams > 1:
+        return _beam_search(model, input_ids, attention_mask, config)
+    return _greedy_or_sample(model, input_ids, attention_mask, key, config)
+
+
+_compiled = jax.jit(generate_tokens, static_argnames=("graphdef", "config"))
+
+
+# --------------------------------------------------------------------------------------------------
+# The eager entry point
+
+
+def _config_from_kwargs(model, kwargs: dict[str, Any]) -> GenerationConfig:
+    cfg: ModelConfig = model.config
+    eos = kwargs.pop("eos_token_id", None)
+    eos = cfg.eos_token_id if eos is None else eos
+    eos_ids = tuple(eos) if isinstance(eos, (tuple, list)) else (() if eos is None else (int(eos),))
+    pad = kwargs.pop("pad_token_id", None)
+    pad = cfg.pad_token_id if pad is None else pad
+    pad = (eos_ids[0] if eos_ids else 0) if pad is None else pad  # transformers' fallback: pad with EOS
+    start = kwargs.pop("decoder_start_token_id", None)
+    start = cfg.decoder_start_token_id if start is None else start
+    if cfg.family == "encoder_decoder" and start is None:
+        raise ValueError("encoder-decoder generation needs decoder_start_token_id (in the config or as an argument)")
+    return GenerationConfig(eos_token_ids=eos_ids, pad_token_id=int(pad), decoder_start_token_id=start, **kwargs)
+
+
+def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, do_sample: bool = False,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, num_beams: int = 1,
+             length_penalty: float = 1.0, early_stopping: bool | str = False, eos_token_id=None,
+             pad_token_id: int | None = None, decoder_start_token_id: int | None = None,
+             forced_bos_token_id: int | None = None, forced_eos_token_id: int | None = None,
+             seed: int = 0) -> np.ndarray:
+    """Hugging Face's ``generate`` contract: decoder-only returns prompt + new tokens, encoder-decoder
+    the decoder sequence starting with the decoder start token; rows are padded after EOS and the
+    output is trimmed to the last step any row needed."""
+    cfg: ModelConfig = model.config
+    gc = _config_from_kwargs(model, dict(
+        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=float(temperature), top_k=top_k,
+        top_p=None if top_p is None else float(top_p), num_beams=num_beams, length_penalty=float(length_penalty),
+        early_stopping=early_stopping, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+        decoder_start_token_id=decoder_start_token_id, forced_bos_token_id=forced_bos_token_id,
+        forced_eos_token_id=forced_eos_token_id))
+    gc.validate(cfg)
+    ids = np.asarray(input_ids)
+    boundary.check_ids(ids, cfg.vocab_size)
+    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
+    boundary.check_mask(mask, ids.shape, "attention_mask", "input_ids")
+    if cfg.family == "decoder":
+        if not mask[:, -1].all():
+            raise ValueError("decoder-only generation needs left padding: every row's last token must be real "
+                             "(attention_mask[:, -1] == 1); pad on the left")
+        longest = int(mask.sum(axis=1).max()) + gc.max_new_tokens
+    else:
+        boundary.check_length(ids.shape[1], cfg, "input_ids")
+        longest = 1 + gc.max_new_tokens
+    if cfg.position in ("learned", "sinusoidal") and longest > cfg.max_positions:
+        raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} has "
+                         f"{cfg.max_positions}; lower max_new_tokens to at most {cfg.max_positions - longest + gc.max_new_tokens}")
+    graphdef, state = nnx.split(model)
+    tokens, steps = _compiled(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
+                              jax.random.key(seed), gc)
+    tokens = np.asarray(tokens)[:, : int(steps)]
+    if cfg.family == "encoder_decoder":
+        start = np.full((ids.shape[0], 1), gc.decoder_start_token_id, np.int64)
+        out = np.concatenate([start, tokens], axis=1)
+    else:
+        out = np.concatenate([ids, tokens], axis=1)
+    return out
+
