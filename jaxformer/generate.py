@@ -66,13 +66,13 @@ class GenerationConfig:
                 raise ValueError(f"top_p={self.top_p!r} must lie in (0, 1]")
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"early_stopping={self.early_stopping!r}; valid: True, False, 'never'")
+        for eos in self.eos_token_ids:  # first: the pad id defaults to it
+            if not 0 <= eos < cfg.vocab_size:
+                raise ValueError(f"eos_token_id={eos} must lie in [0, {cfg.vocab_size})")
         for name in ("pad_token_id", "decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < cfg.vocab_size:
                 raise ValueError(f"{name}={value} must lie in [0, {cfg.vocab_size})")
-        for eos in self.eos_token_ids:
-            if not 0 <= eos < cfg.vocab_size:
-                raise ValueError(f"eos_token_id={eos} must lie in [0, {cfg.vocab_size})")
         if cfg.head != "lm":
             raise ValueError(f"generation needs an LM head; {cfg.name!r} has head={cfg.head!r}")
 

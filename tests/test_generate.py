@@ -1,0 +1,258 @@
+"""Generation: cache == no cache, token identity with transformers, sampling properties, one trace,
+and every bad input refused before compilation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import jaxformer as jf
+from jaxformer import generate as gen
+
+TOL = 1e-5
+
+
+def _decoder_case(name, **changes):
+    return jf.config(name).replace(init_std=0.2, **changes)
+
+
+CACHE_CASES = {
+    "gpt-causal": _decoder_case("tiny-gpt"),
+    "llama-gqa": _decoder_case("tiny-llama"),
+    "llama-sliding-3": _decoder_case("tiny-llama", attention="sliding", window_size=3),
+    "gpt-alternating-2": _decoder_case("tiny-gpt", attention="alternating", window_size=2, decoder_layers=3),
+    "llama-prefix": _decoder_case("tiny-llama", attention="prefix"),
+    "mixtral": _decoder_case("tiny-mixtral"),
+    "t5": jf.config("tiny-t5").replace(init_std=0.1),
+    "transformer-2017": jf.config("tiny-transformer").replace(init_std=0.2),
+    "bart-like": jf.config("bart-base").replace(vocab_size=64, d_model=32, num_heads=4, d_ff=48, encoder_layers=2,
+                                                decoder_layers=2, max_positions=40, init_std=0.2, dropout_rate=0.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CACHE_CASES))
+def test_cache_equals_no_cache(case):
+    """Prefill 3 tokens, then decode one at a time: each step's logits equal the full forward's."""
+    cfg = CACHE_CASES[case]
+    model = jf.build(cfg, seed=1)
+    rng = np.random.default_rng(0)
+    B, T, prefill = 2, 9, 3
+    ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+    slots = gen.init_slots(cfg, B, T)
+    encoder, prefix, extra = None, None, {}
+    if cfg.family == "encoder_decoder":
+        source = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, 7)), jnp.int32)
+        source_mask = jnp.ones((B, 7), jnp.int32).at[1, 5:].set(0)
+        full = model(source, source_mask, decoder_input_ids=ids).logits
+        encoder_out, _ = model.encode(source, source_mask)
+        encoder = {"kv": model.decoder.cross_key_values(encoder_out), "mask": source_mask,
+                   "positions": jnp.broadcast_to(jnp.arange(7), (B, 7))}
+    else:
+        if cfg.attention == "prefix":
+            prefix = jnp.array([2, 3])  # decoding one token at a time needs the whole prefix prefilled
+            extra = {"prefix_lengths": prefix}
+        full = model(ids, **extra).logits
+    logits, slots = gen.decode_step(model, ids[:, :prefill], positions[:, :prefill], jnp.ones((B, prefill), bool),
+                                    slots, encoder=encoder, prefix_lengths=prefix)
+    np.testing.assert_allclose(logits, full[:, prefill - 1], atol=TOL, rtol=0)
+    step = jax.jit(lambda m, i, p, s: gen.decode_step(m, i, p, jnp.ones(i.shape, bool), s, encoder=encoder,
+                                                      prefix_lengths=prefix))
+    for t in range(prefill, T):
+        logits, slots = step(model, ids[:, t:t + 1], positions[:, t:t + 1], slots)
+        np.testing.assert_allclose(logits, full[:, t], atol=TOL, rtol=0, err_msg=f"{case} position {t}")
+    assert int(slots["cache"]["index"]) == T
+
+
+def test_decode_past_the_cache_is_refused():
+    cfg = jf.config("tiny-llama")
+    model = jf.build(cfg)
+    slots = gen.init_slots(cfg, 1, 4)
+    ids = jnp.ones((1, 3), jnp.int32)
+    _, slots = gen.decode_step(model, ids, jnp.arange(3)[None], jnp.ones((1, 3), bool), slots)
+    slots = {**slots, "cache": {**slots["cache"], "index": int(slots["cache"]["index"])}}
+    with pytest.raises(ValueError, match="overflows a cache of 4 slots"):
+        gen.decode_step(model, ids[:, :2], jnp.arange(3, 5)[None], jnp.ones((1, 2), bool), slots)
+
+
+def test_gqa_cache_holds_only_kv_heads():
+    cfg = jf.config("tiny-llama")
+    slots = gen.init_slots(cfg, 2, 10)
+    assert slots["cache"]["k"].shape == (cfg.decoder_layers, 2, 10, cfg.kv_heads, cfg.head_dim_)
+    assert cfg.kv_heads < cfg.num_heads
+
+
+# --------------------------------------------------------------------------------------------------
+# Sampling and greedy properties (reference-free)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return jf.build(jf.config("tiny-llama").replace(init_std=0.2), seed=2)
+
+
+PROMPT = np.array([[5, 17, 42, 9], [0, 0, 33, 8]])
+PROMPT_MASK = np.array([[1, 1, 1, 1], [0, 0, 1, 1]])
+
+
+def test_same_seed_same_tokens_and_seeds_differ(llama):
+    a = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=12, do_sample=True, seed=1)
+    b = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=12, do_sample=True, seed=1)
+    c = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=12, do_sample=True, seed=2)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def _step_logits(model, sequences, mask, prompt_len):
+    """Logits that chose each generated token, recomputed by a full forward with left-pad positions."""
+    full_mask = np.concatenate([mask, np.ones((mask.shape[0], sequences.shape[1] - mask.shape[1]), int)], axis=1)
+    positions = np.maximum(np.cumsum(full_mask, axis=1) - 1, 0)
+    logits = np.asarray(model(sequences, full_mask, positions).logits)
+    return logits[:, prompt_len - 1:-1]
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_top_k_never_leaves_the_top_k(llama, top_k):
+    for seed in range(4):
+        out = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=6, do_sample=True, top_k=top_k, seed=seed)
+        logits = _step_logits(llama, out, PROMPT_MASK, PROMPT.shape[1])
+        chosen = out[:, PROMPT.shape[1]:]
+        top = np.argsort(-logits, axis=-1)[..., :top_k]
+        assert (chosen[..., None] == top).any(-1).all()
+
+
+def test_top_p_never_leaves_the_nucleus(llama):
+    top_p = 0.6
+    for seed in range(4):
+        out = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=6, do_sample=True, top_p=top_p, seed=seed)
+        logits = _step_logits(llama, out, PROMPT_MASK, PROMPT.shape[1])
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        chosen = out[:, PROMPT.shape[1]:]
+        p_chosen = np.take_along_axis(probs, chosen[..., None], -1)
+        # Inside the nucleus: the probability mass strictly above the chosen token is below top_p.
+        mass_above = np.where(probs > p_chosen, probs, 0).sum(-1)
+        assert (mass_above < top_p + 1e-6).all()
+
+
+def test_temperature_to_zero_is_greedy(llama):
+    greedy = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=10)
+    cold = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=10, do_sample=True, temperature=1e-5, seed=7)
+    np.testing.assert_array_equal(greedy, cold)
+
+
+def test_left_padded_row_generates_what_it_would_alone(llama):
+    batch = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=8)
+    alone = llama.generate(PROMPT[1:, 2:], max_new_tokens=8)
+    np.testing.assert_array_equal(batch[1, 2:], alone[0])
+
+
+def test_eos_stops_and_pads(llama):
+    free = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=10)
+    eos = int(free[0, PROMPT.shape[1] + 1])  # row 0 emits it at its second new token
+    out = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=10, eos_token_id=eos, pad_token_id=0)
+    row = out[0, PROMPT.shape[1]:]
+    first = int(np.argmax(row == eos))
+    assert (row[first + 1:] == 0).all()
+    both_stop = llama.generate(PROMPT[:1], PROMPT_MASK[:1], max_new_tokens=10, eos_token_id=eos)
+    assert both_stop.shape[1] == PROMPT.shape[1] + 2  # the loop ended early and the output is trimmed
+
+
+def test_one_trace_per_shape(llama):
+    llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=5)
+    traces = gen.TRACE_COUNT["generate"]
+    for _ in range(3):
+        llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=5)
+    other_prompt = (PROMPT + 1) % 256
+    llama.generate(other_prompt, PROMPT_MASK, max_new_tokens=5)
+    assert gen.TRACE_COUNT["generate"] == traces
+    llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=6)
+    assert gen.TRACE_COUNT["generate"] == traces + 1
+
+
+def test_pure_function_form_jits_and_vmaps(llama):
+    graphdef, state = jf.split(llama)
+    config = gen.GenerationConfig(max_new_tokens=4, pad_token_id=0)
+    tokens, steps = jax.jit(gen.generate_tokens, static_argnames=("graphdef", "config"))(
+        graphdef, state, jnp.asarray(PROMPT), jnp.asarray(PROMPT_MASK), jax.random.key(0), config)
+    np.testing.assert_array_equal(np.asarray(tokens), llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=4)[:, 4:])
+    assert int(steps) == 4
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_new_tokens": 200}, "positions"),
+    ({"num_beams": 0}, "num_beams"),
+    ({"do_sample": True, "top_p": 0.0}, "top_p"),
+    ({"do_sample": True, "top_p": 1.5}, "top_p"),
+    ({"do_sample": True, "temperature": 0.0}, "temperature"),
+    ({"do_sample": True, "top_k": 0}, "top_k"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"eos_token_id": 999}, "eos_token_id"),
+    ({"early_stopping": "sometimes"}, "early_stopping"),
+])
+def test_bad_generation_arguments(kwargs, message):
+    model = jf.build("tiny-gpt")  # 128 learned positions
+    traces = gen.TRACE_COUNT["generate"]
+    with pytest.raises(ValueError, match=message):
+        model.generate(np.ones((1, 4), int), **kwargs)
+    assert gen.TRACE_COUNT["generate"] == traces  # refused before anything was traced
+
+
+def test_right_padding_is_refused_for_decoder_only():
+    model = jf.build("tiny-gpt")
+    with pytest.raises(ValueError, match="left padding"):
+        model.generate(np.ones((2, 4), int), np.array([[1, 1, 1, 1], [1, 1, 0, 0]]), max_new_tokens=2)
+
+
+def test_encoder_decoder_needs_a_start_token():
+    with pytest.raises(ValueError, match="decoder_start_token_id"):
+        jf.build("tiny-t5").generate(np.ones((1, 4), int), max_new_tokens=2)
+    out = jf.build("tiny-t5").generate(np.ones((1, 4), int), max_new_tokens=3, decoder_start_token_id=0)
+    assert out.shape == (1, 4) and out[0, 0] == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# Token identity with transformers
+
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from hf_factory import save_checkpoint  # noqa: E402
+from jaxformer.compare import reference_model  # noqa: E402
+
+
+def _batch(family, rng):
+    ids = rng.integers(3, 97, (3, 7))
+    mask = np.ones_like(ids)
+    if family == "decoder":  # left padding
+        mask[1, :2], mask[2, :4] = 0, 0
+    else:  # the encoder takes right padding
+        mask[1, 5:], mask[2, 3:] = 0, 0
+    return ids * mask, mask
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "mistral", "t5", "bart"])
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_token_identical_to_transformers(name, num_beams, tmp_path):
+    save_checkpoint(name, tmp_path)
+    model, reference = jf.from_pretrained(tmp_path), reference_model(tmp_path)
+    ids, mask = _batch(model.config.family, np.random.default_rng(0))
+    kwargs = dict(max_new_tokens=10, num_beams=num_beams, do_sample=False, length_penalty=1.0)
+    if name == "bart":
+        kwargs["forced_eos_token_id"] = 2
+    # Make EOS happen: take a token the free run emits early, so stopping, padding and (for beams)
+    # finished hypotheses are all exercised.
+    free = model.generate(ids, mask, **kwargs)
+    start = ids.shape[1] if model.config.family == "decoder" else 1
+    kwargs["eos_token_id"] = int(free[0, start + 2])
+    for early_stopping in ([False, True, "never"] if num_beams > 1 else [False]):
+        ours = model.generate(ids, mask, early_stopping=early_stopping, **kwargs)
+        with torch.no_grad():
+            theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                                        early_stopping=early_stopping, **kwargs).numpy()
+        assert ours.shape == theirs.shape, (early_stopping, ours, theirs)
+        np.testing.assert_array_equal(ours, theirs, err_msg=f"early_stopping={early_stopping}")
