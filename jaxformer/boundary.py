@@ -143,18 +143,14 @@ def check_prefix_lengths(prefix_lengths: Any, cfg: ModelConfig, batch: int, leng
             raise ValueError(f"prefix_lengths hold {int(values.min())}..{int(values.max())}; valid: 0..{length}")
 
 
-def embed_inputs(model: Any, embeddings: Any, input_ids, inputs_embeds, attention_mask,
-                 position_ids, token_type_ids=None, key=None, names=("input_ids", "attention_mask")):
-    """Validate one token stream and embed it; shared by every family's front end.
-
-    Returns (x [B,T,D], positions [B,T], key validity [B,T] or None).
-    """
-    cfg: ModelConfig = model.config
+def check_inputs(cfg: ModelConfig, input_ids, inputs_embeds, attention_mask, position_ids=None, token_type_ids=None,
+                 names=("input_ids", "attention_mask")) -> tuple[int, int]:
+    """Every host-side check of one token stream; returns its (batch, length)."""
     ids_name, mask_name = names
     if inputs_embeds is not None:
         if input_ids is not None:
             raise ValueError(f"give either {ids_name} or its embeddings, not both")
-        check_embeds(inputs_embeds, cfg, ids_name.replace("ids", "embeds"))
+        check_embeds(inputs_embeds, cfg, ids_name.replace("input_ids", "inputs_embeds"))
         shape = tuple(inputs_embeds.shape[:2])
     else:
         check_ids(input_ids, cfg.vocab_size, ids_name)
@@ -163,7 +159,17 @@ def embed_inputs(model: Any, embeddings: Any, input_ids, inputs_embeds, attentio
     check_positions(position_ids, shape, cfg)
     check_token_types(token_type_ids, shape, cfg)
     check_length(shape[1], cfg, ids_name)
+    return shape
 
+
+def embed_inputs(model: Any, embeddings: Any, input_ids, inputs_embeds, attention_mask,
+                 position_ids, token_type_ids=None, key=None, names=("input_ids", "attention_mask")):
+    """Validate one token stream and embed it; shared by every family's front end.
+
+    Returns (x [B,T,D], positions [B,T], key validity [B,T] or None).
+    """
+    cfg: ModelConfig = model.config
+    shape = check_inputs(cfg, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids, names)
     tokens = inputs_embeds.astype(model.embed.dtype) if inputs_embeds is not None else model.embed(input_ids)
     if position_ids is not None:
         positions = jnp.asarray(position_ids, jnp.int32)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.boundary import ModelOutput, PretrainedMixin, check_prefix_lengths, embed_inputs
+from jaxformer.boundary import ModelOutput, PretrainedMixin, check_inputs, check_prefix_lengths, embed_inputs
 from jaxformer.config import ModelConfig
 from jaxformer.layers import Buffer, Dense, Embed, Embeddings, Stack, dtype_of, load_balancing_loss, split_key
 
@@ -49,10 +49,11 @@ class Decoder(PretrainedMixin, nnx.Module):
                  inputs_embeds: Array | None = None, output_hidden_states: bool = False,
                  dropout_key: Array | None = None) -> ModelOutput:
         cfg = self.config
+        shape = check_inputs(cfg, input_ids, inputs_embeds, attention_mask, position_ids)
+        check_prefix_lengths(prefix_lengths, cfg, *shape)
         keys = split_key(dropout_key, 2)
         x, positions, key_valid = embed_inputs(self, self.embeddings, input_ids, inputs_embeds, attention_mask,
                                                position_ids, key=keys[0])
-        check_prefix_lengths(prefix_lengths, cfg, x.shape[0], x.shape[1])
         h, hidden, _, stats = self.decoder(x, positions, key_valid=key_valid, prefix_lengths=prefix_lengths,
                                            collect_hidden=output_hidden_states, key=keys[1])
         logits = lm_logits(h, self) if cfg.head == "lm" else None

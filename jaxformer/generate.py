@@ -26,7 +26,7 @@ from flax import nnx
 from jaxformer import boundary
 from jaxformer.config import ModelConfig
 from jaxformer.decoder import lm_logits
-from jaxformer.layers import dtype_of, visibility_mask
+from jaxformer.layers import dtype_of, split_layers, visibility_mask
 
 Array = jax.Array
 NEG = -1.0e9  # transformers' "very large negative" for beam bookkeeping
@@ -96,26 +96,28 @@ def cache_axes() -> dict:
 
 
 def decode_step(model, ids: Array, positions: Array, valid: Array, slots: dict, *, encoder: dict | None = None,
-                prefix_lengths: Array | None = None) -> tuple[Array, dict]:
+                prefix_lengths: Array | None = None, layer_states: tuple | None = None) -> tuple[Array, dict]:
     """Run ``ids`` [B, T] at ``positions`` through the decoder stack with the cache; returns the logits
     of the last position [B, V] and the updated slots. ``encoder`` holds the encoder side of an
-    encoder-decoder: {"kv": cross keys/values, "mask": [B, S_enc], "positions": [B, S_enc]}."""
+    encoder-decoder: {"kv": cross keys/values, "mask": [B, S_enc], "positions": [B, S_enc]}.
+    ``layer_states`` are the decoder's pre-sliced layers (``layers.split_layers``), for loops on CPU."""
     cfg: ModelConfig = model.config
     index = slots["cache"]["index"]
     if isinstance(index, (int, np.integer)) and index + ids.shape[1] > slots["valid"].shape[1]:
         raise ValueError(f"decoding {ids.shape[1]} tokens at cache index {index} overflows a cache of "
                          f"{slots['valid'].shape[1]} slots")
-    k_positions = jax.lax.dynamic_update_slice_in_dim(slots["positions"], positions.astype(jnp.int32), index, axis=1)
-    k_valid = jax.lax.dynamic_update_slice_in_dim(slots["valid"], valid.astype(bool), index, axis=1)
     embeddings = model.decoder_embeddings if cfg.family == "encoder_decoder" else model.embeddings
     x = embeddings(model.embed(ids), positions)
     cross = {}
     if encoder is not None:
         cross = dict(cross_kv=encoder["kv"],
                      cross_mask=visibility_mask("bidirectional", positions, encoder["positions"], encoder["mask"]))
-    h, _, cache, _ = model.decoder(x, positions, key_valid=k_valid, k_positions=k_positions,
-                                   prefix_lengths=prefix_lengths, cache=slots["cache"], **cross)
+    h, _, cache, _ = model.decoder(x, positions, key_valid=slots["valid"], k_positions=slots["positions"],
+                                   prefix_lengths=prefix_lengths, cache=slots["cache"], token_valid=valid,
+                                   layer_states=layer_states, **cross)
     logits = lm_logits(h[:, -1:], model)[:, 0].astype(jnp.float32)
+    k_positions = jax.lax.dynamic_update_slice_in_dim(slots["positions"], positions.astype(jnp.int32), index, axis=1)
+    k_valid = jax.lax.dynamic_update_slice_in_dim(slots["valid"], valid.astype(bool), index, axis=1)
     return logits, {"cache": cache, "positions": k_positions, "valid": k_valid}
 
 
@@ -201,6 +203,8 @@ def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfi
     tokens = jnp.full((B, N), gc.pad_token_id, jnp.int32).at[:, 0].set(first)
     finished = _is_eos(first, gc)
 
+    layers = _loop_layers(model)
+
     def cond(state):
         step, _, _, _, finished, _ = state
         return (step < N) & ~jnp.all(finished)
@@ -208,7 +212,8 @@ def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfi
     def body(state):
         step, slots, tokens, previous, finished, key = state
         logits, slots = decode_step(model, previous[:, None], (next_position + step - 1)[:, None],
-                                    jnp.ones((B, 1), bool), slots, encoder=encoder, prefix_lengths=prefix)
+                                    jnp.ones((B, 1), bool), slots, encoder=encoder, prefix_lengths=prefix,
+                                    layer_states=layers)
         key, sub = jax.random.split(key)
         token = jnp.where(finished, gc.pad_token_id, choose(logits, step, sub))
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], step, axis=1)
@@ -216,6 +221,12 @@ def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfi
 
     steps, _, tokens, _, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(1), slots, tokens, first, finished, key))
     return tokens, steps
+
+
+def _loop_layers(model) -> tuple | None:
+    """On CPU, slice the decoder's stacked layers once, before the loop: XLA's CPU backend would
+    otherwise copy every layer's weights out of the stack at every step (see layers.split_layers)."""
+    return split_layers(model.decoder.blocks) if jax.default_backend() == "cpu" else None
 
 
 def _gather_beams(x: Array, indices: Array) -> Array:
@@ -232,6 +243,7 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
     slots = init_slots(cfg, B * nb, ids.shape[1] + N - 1)
     logits, slots = decode_step(model, ids, positions, valid, slots, encoder=encoder, prefix_lengths=prefix)
     next_position = positions[:, -1] + 1
+    layers = _loop_layers(model)
     keep = max(2, 1 + len(gc.eos_token_ids)) * nb
     top_mask = jnp.arange(keep) < nb
     fill = gc.pad_token_id or (gc.eos_token_ids[0] if gc.eos_token_ids else gc.pad_token_id)
@@ -293,7 +305,7 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
             slots = {**slots, "cache": {"k": cache["k"][:, rows], "v": cache["v"][:, rows], "index": cache["index"]}}
             return decode_step(model, running[:, :, step - 1].reshape(-1, 1),
                                (next_position + step - 1)[:, None], jnp.ones((B * nb, 1), bool), slots,
-                               encoder=encoder, prefix_lengths=prefix)
+                               encoder=encoder, prefix_lengths=prefix, layer_states=layers)
 
         logits, slots = jax.lax.cond(going, advance, lambda slots: (s["logits"], slots), s["slots"])
         return dict(step=step, logits=logits, slots=slots, running=running, running_scores=running_scores,
@@ -338,15 +350,14 @@ def _config_from_kwargs(model, kwargs: dict[str, Any]) -> GenerationConfig:
     return GenerationConfig(eos_token_ids=eos_ids, pad_token_id=int(pad), decoder_start_token_id=start, **kwargs)
 
 
-def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, do_sample: bool = False,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, num_beams: int = 1,
-             length_penalty: float = 1.0, early_stopping: bool | str = False, eos_token_id=None,
-             pad_token_id: int | None = None, decoder_start_token_id: int | None = None,
-             forced_bos_token_id: int | None = None, forced_eos_token_id: int | None = None,
-             seed: int = 0) -> np.ndarray:
-    """Hugging Face's ``generate`` contract: decoder-only returns prompt + new tokens, encoder-decoder
-    the decoder sequence starting with the decoder start token; rows are padded after EOS and the
-    output is trimmed to the last step any row needed."""
+def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, do_sample: bool = False,
+            temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, num_beams: int = 1,
+            length_penalty: float = 1.0, early_stopping: bool | str = False, eos_token_id=None,
+            pad_token_id: int | None = None, decoder_start_token_id: int | None = None,
+            forced_bos_token_id: int | None = None, forced_eos_token_id: int | None = None,
+            seed: int = 0) -> tuple[tuple, GenerationConfig]:
+    """Validate everything on the host and return the arguments of ``generate_tokens`` (after the
+    static config) and the config. Nothing is traced or compiled here."""
     cfg: ModelConfig = model.config
     gc = _config_from_kwargs(model, dict(
         max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=float(temperature), top_k=top_k,
@@ -369,15 +380,26 @@ def generate(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32,
         longest = 1 + gc.max_new_tokens
     if cfg.position in ("learned", "sinusoidal") and longest > cfg.max_positions:
         raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} has "
-                         f"{cfg.max_positions}; lower max_new_tokens to at most {cfg.max_positions - longest + gc.max_new_tokens}")
+                         f"{cfg.max_positions}; lower max_new_tokens to at most "
+                         f"{cfg.max_positions - longest + gc.max_new_tokens}")
     graphdef, state = nnx.split(model)
-    tokens, steps = _compiled(graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
-                              jax.random.key(seed), gc)
-    tokens = np.asarray(tokens)[:, : int(steps)]
-    if cfg.family == "encoder_decoder":
-        start = np.full((ids.shape[0], 1), gc.decoder_start_token_id, np.int64)
-        out = np.concatenate([start, tokens], axis=1)
-    else:
-        out = np.concatenate([ids, tokens], axis=1)
-    return out
+    args = (graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), jax.random.key(seed))
+    return args, gc
 
+
+def assemble(model, input_ids, tokens, steps, gc: GenerationConfig) -> np.ndarray:
+    """transformers' output layout from the loop's fixed-size result."""
+    tokens = np.asarray(tokens)[:, : int(steps)]
+    if model.config.family == "encoder_decoder":
+        start = np.full((tokens.shape[0], 1), gc.decoder_start_token_id, tokens.dtype)
+        return np.concatenate([start, tokens], axis=1)
+    return np.concatenate([np.asarray(input_ids).astype(tokens.dtype), tokens], axis=1)
+
+
+def generate(model, input_ids, attention_mask=None, **kwargs) -> np.ndarray:
+    """Hugging Face's ``generate`` contract: decoder-only returns prompt + new tokens, encoder-decoder
+    the decoder sequence starting with the decoder start token; rows are padded after EOS and the
+    output is trimmed to the last step any row needed. Keyword arguments: see ``prepare``."""
+    args, gc = prepare(model, input_ids, attention_mask, **kwargs)
+    tokens, steps = _compiled(*args, config=gc)
+    return assemble(model, input_ids, tokens, steps, gc)

@@ -348,22 +348,33 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
 # Attention
 
 
-def dot_product_attention(q: Array, k: Array, v: Array, mask: Array, bias: Array | None, scale: float,
-                          dropout_rate: float = 0.0, key: Array | None = None) -> Array:
-    """Grouped-query attention. q [B,T,N,H], k/v [B,S,K,H], mask [B|1,1,T,S], bias [B|1,N,T,S].
+def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate: float = 0.0,
+                          key: Array | None = None) -> Array:
+    """Grouped-query attention. q [B,T,N,H], k/v [B,S,K,H], mask [B|1,1,T,S], bias [B|1,N,T,S] or None.
 
-    Scores, bias and softmax are float32. A row with every key masked (a padded query) gets a
-    uniform distribution instead of NaN, like the additive-minimum masks of PyTorch references.
+    k, v, mask and bias may also be tuples of segments along S (a KV cache and this call's new
+    keys): the softmax runs over all segments together, so the cache is read where it lies instead
+    of being copied to append the new keys. Scores, bias and softmax are float32. A row with every key
+    masked (a padded query) gets a uniform distribution instead of NaN, like the additive-minimum
+    masks of PyTorch references.
     """
+    ks, vs, masks = (k, v, mask) if isinstance(k, tuple) else ((k,), (v,), (mask,))
+    biases = bias if isinstance(bias, tuple) else (bias,) * len(ks)
     B, T, N, H = q.shape
-    K = k.shape[2]
+    K = ks[0].shape[2]
     q = q.reshape(B, T, K, N // K, H)
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32) * scale
-    if bias is not None:
-        scores = scores + bias.reshape(bias.shape[0], K, N // K, *bias.shape[2:])
-    scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
-    probs = dropout(jax.nn.softmax(scores, axis=-1), dropout_rate, key)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs.astype(v.dtype), v)
+    scores = []
+    for k_seg, m_seg, b_seg in zip(ks, masks, biases):
+        s = jnp.einsum("BTKGH,BSKH->BKGTS", q, k_seg, preferred_element_type=jnp.float32) * scale
+        if b_seg is not None:
+            s = s + b_seg.reshape(b_seg.shape[0], K, N // K, *b_seg.shape[2:])
+        scores.append(jnp.where(m_seg[:, :, None], s, jnp.finfo(jnp.float32).min))
+    probs = dropout(jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1), dropout_rate, key)
+    out, start = 0.0, 0
+    for v_seg in vs:
+        p_seg = jax.lax.slice_in_dim(probs, start, start + v_seg.shape[1], axis=-1)
+        out = out + jnp.einsum("BKGTS,BSKH->BTKGH", p_seg.astype(v_seg.dtype), v_seg)
+        start += v_seg.shape[1]
     return out.reshape(B, T, N, H)
 
 
@@ -372,9 +383,9 @@ class Attention(nnx.Module):
 
     Projections are einsum kernels with explicit head axes: q [D,N,H], k/v [D,K,H], o [N,H,D].
     Two hooks serve generation:
-    - ``cache`` {"k", "v": [B, S, K, H], "index"}: keys/values of earlier tokens. The new ones are
-      placed at ``index`` for this call's attention, and returned (only the new [B, T, K, H] ones)
-      so the caller writes them into its cache in place.
+    - ``cache`` {"k", "v": [B, S, K, H]}: keys/values of earlier tokens, attended in place next to
+      this call's own (``mask`` and ``bias`` are then (cache part, new part) pairs); the new keys and
+      values [B, T, K, H] are returned so the caller writes them into its cache.
     - ``kv`` (k, v) [B, S, K, H]: precomputed keys/values (cross-attention to a fixed encoder output).
     """
 
@@ -415,8 +426,7 @@ class Attention(nnx.Module):
         new_kv = None
         if cache is not None:
             new_kv = {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
-            k = jax.lax.dynamic_update_slice_in_dim(cache["k"], new_kv["k"], cache["index"], axis=1)
-            v = jax.lax.dynamic_update_slice_in_dim(cache["v"], new_kv["v"], cache["index"], axis=1)
+            k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])
         out = dot_product_attention(q, k, v, mask, bias, self.scale, self.dropout_rate, key)
         y = jnp.einsum("BTNH,NHD->BTD", out, self.o[...].astype(self.dtype))
         if self.o_bias is not None:
@@ -504,11 +514,25 @@ REMAT_POLICIES: dict[str, Any] = {
 }
 
 
-def run_stack(blocks: Block, x: Array, layer_fn: Callable, per_layer: Any, cfg: ModelConfig) -> tuple[Array, Any]:
+def split_layers(blocks: Block) -> tuple:
+    """Per-layer parameter states of stacked blocks, sliced once.
+
+    XLA's CPU backend copies a layer's weights out of the stacked array at every slice (it does not
+    fuse slices into dots, unlike the GPU and TPU backends). A decode loop that runs thousands of
+    steps therefore slices once, outside the loop, and passes these to ``run_stack``.
+    """
+    params = nnx.state(blocks)
+    num_layers = jax.tree.leaves(params)[0].shape[0]
+    return tuple(jax.tree.map(lambda a: a[i], params) for i in range(num_layers))
+
+
+def run_stack(blocks: Block, x: Array, layer_fn: Callable, per_layer: Any, cfg: ModelConfig,
+              layer_states: tuple | None = None) -> tuple[Array, Any]:
     """Apply stacked blocks in order: ``x, out = layer_fn(block, x, per_layer_slice)`` per layer.
 
     Scans (one compiled body for all layers) when ``cfg.scan_layers``, else unrolls a Python loop
     over the same stacked parameters; both return the per-layer outputs stacked on axis 0.
+    ``layer_states`` (from ``split_layers``) unrolls over already-sliced parameters instead.
     ``cfg.remat`` wraps the body in ``jax.checkpoint`` with the named policy.
     """
     graphdef, params = nnx.split(blocks)
@@ -519,12 +543,13 @@ def run_stack(blocks: Block, x: Array, layer_fn: Callable, per_layer: Any, cfg: 
 
     if cfg.remat != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
-    if cfg.scan_layers:
+    if cfg.scan_layers and layer_states is None:
         return jax.lax.scan(body, x, (params, per_layer))
     num_layers = jax.tree.leaves(params)[0].shape[0]
     outputs = []
     for i in range(num_layers):
-        x, out = body(x, jax.tree.map(lambda a: a[i], (params, per_layer)))
+        layer_params = layer_states[i] if layer_states is not None else jax.tree.map(lambda a: a[i], params)
+        x, out = body(x, (layer_params, jax.tree.map(lambda a: a[i], per_layer)))
         outputs.append(out)
     return x, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
 
@@ -580,58 +605,69 @@ class Stack(nnx.Module):
                  k_positions: Array | None = None, prefix_lengths: Array | None = None,
                  encoder_out: Array | None = None, cross_mask: Array | None = None,
                  cross_kv: tuple[Array, Array] | None = None, cache: dict | None = None,
-                 collect_hidden: bool = False, key: Array | None = None
+                 token_valid: Array | None = None, collect_hidden: bool = False, key: Array | None = None,
+                 layer_states: tuple | None = None
                  ) -> tuple[Array, tuple[Array, ...] | None, dict | None, Array | None]:
         """Returns (output, hidden states or None, updated cache or None, MoE router stats or None).
 
         Hidden states follow Hugging Face: the input, then every layer's output, the last one
-        after the final norm. ``cache`` = {"k", "v": [L, B, S, K, H], "index"}: this call's keys and
-        values are written at ``index`` (in place inside the layer loop) and ``index`` advances.
-        ``k_positions`` / ``key_valid`` [B, S] then describe every cache slot.
+        after the final norm. ``cache`` = {"k", "v": [L, B, S, K, H], "index"} holds earlier tokens,
+        whose slots ``k_positions`` / ``key_valid`` [B, S] describe; this call's tokens (real where
+        ``token_valid`` [B, T]) are attended next to it and written at ``index`` once, after the
+        layer loop.
         """
         cfg = self.config
-        k_positions = q_positions if k_positions is None else k_positions
+        window = cfg.window_size
         local_pattern = "sliding" if self.pattern == "alternating" else None
         base_pattern = "causal" if self.pattern == "alternating" else self.pattern
-        mask = visibility_mask(base_pattern, q_positions, k_positions, key_valid, window=cfg.window_size,
-                               prefix_lengths=prefix_lengths)
-        local_mask = (visibility_mask(local_pattern, q_positions, k_positions, key_valid, window=cfg.window_size)
-                      if local_pattern else None)
-        bias = self.relative_bias(q_positions, k_positions) if self.relative_bias is not None else None
+
+        def masks(pattern):
+            if pattern is None:
+                return None
+            own = visibility_mask(pattern, q_positions, q_positions if cache is not None or k_positions is None
+                                  else k_positions, key_valid if cache is None else token_valid, window=window,
+                                  prefix_lengths=prefix_lengths)
+            if cache is None:
+                return own
+            cached = visibility_mask(pattern, q_positions, k_positions, key_valid, window=window,
+                                     prefix_lengths=prefix_lengths)
+            return cached, own
+
+        mask, local_mask = masks(base_pattern), masks(local_pattern)
+        bias = None
+        if self.relative_bias is not None:
+            bias = self.relative_bias(q_positions, q_positions if k_positions is None or cache is not None
+                                      else k_positions)
+            if cache is not None:
+                bias = (self.relative_bias(q_positions, k_positions), bias)
         rope = rope_angles(rope_frequencies(cfg), q_positions) if cfg.position == "rope" else None
         # MoE load statistics count real tokens only.
         token_mask = key_valid if key_valid is not None and cache is None else None
 
         per_layer = {
-            "layer": jnp.arange(self.num_layers),
             # GPT-3 style: even layers dense, odd layers locally banded.
             "local": jnp.arange(self.num_layers) % 2 == 1,
             "key": None if key is None else jax.random.split(key, self.num_layers),
             "cross_kv": cross_kv,
+            "cache": None if cache is None else {"k": cache["k"], "v": cache["v"]},
         }
 
-        def layer(block: Block, carry, extra: dict):
-            h, cache_k, cache_v = carry if cache is not None else (carry, None, None)
-            layer_mask = mask if local_mask is None else jnp.where(extra["local"], local_mask, mask)
-            layer_cache = None
-            if cache is not None:
-                layer_cache = {"k": cache_k[extra["layer"]], "v": cache_v[extra["layer"]], "index": cache["index"]}
+        def layer(block: Block, h: Array, extra: dict):
+            layer_mask = mask
+            if local_mask is not None:
+                layer_mask = jax.tree.map(lambda local, dense: jnp.where(extra["local"], local, dense), local_mask, mask)
             h, new_kv, stats = block(h, mask=layer_mask, bias=bias, rope=rope, encoder_out=encoder_out,
                                      cross_mask=cross_mask, cross_kv=extra["cross_kv"], token_mask=token_mask,
-                                     cache=layer_cache, key=extra["key"])
-            if cache is None:
-                return h, (h if collect_hidden else None, stats)
-            at = (extra["layer"], 0, cache["index"], 0, 0)
-            cache_k = jax.lax.dynamic_update_slice(cache_k, new_kv["k"][None], at)
-            cache_v = jax.lax.dynamic_update_slice(cache_v, new_kv["v"][None], at)
-            return (h, cache_k, cache_v), (h if collect_hidden else None, stats)
+                                     cache=extra["cache"], key=extra["key"])
+            return h, (h if collect_hidden else None, stats, new_kv)
 
-        carry = x if cache is None else (x, cache["k"], cache["v"])
-        carry, (hidden, stats) = run_stack(self.blocks, carry, layer, per_layer, cfg)
-        out, new_cache = carry, None
-        if cache is not None:
-            out, k, v = carry
-            new_cache = {"k": k, "v": v, "index": cache["index"] + x.shape[1]}
+        out, (hidden, stats, new_kv) = run_stack(self.blocks, x, layer, per_layer, cfg, layer_states)
+        new_cache = None
+        if cache is not None:  # one in-place write of every layer's new keys and values
+            at = (0, 0, cache["index"], 0, 0)
+            new_cache = {"k": jax.lax.dynamic_update_slice(cache["k"], new_kv["k"], at),
+                         "v": jax.lax.dynamic_update_slice(cache["v"], new_kv["v"], at),
+                         "index": cache["index"] + x.shape[1]}
         if self.final_norm is not None:
             out = self.final_norm(out)
         hidden_states = None

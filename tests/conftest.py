@@ -1,0 +1,149 @@
+"""Shared helpers for the jaxformer test-suite (import them: `from conftest import tiny_model`).
+
+Everything here runs on one CPU device in float32 (unless a test asks for bfloat16). Models are
+built from the tiny-* presets; ``tiny_model`` caches one instance per (preset, overrides) for the
+whole session, so tests must not mutate the models it returns (edit a copy of ``nnx.state(model)``
+instead, or build a new one with ``jf.build``). Forward passes go through ``jitted``: eager calls of
+a whole model cost far more than one compilation of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import jaxformer as jf
+
+TESTS_DIR = Path(__file__).resolve().parent
+if str(TESTS_DIR) not in sys.path:  # so tests can `import hf_reference`
+    sys.path.insert(0, str(TESTS_DIR))
+
+TINY = [name for name in jf.presets() if name.startswith("tiny-")]
+
+
+def tiny_config(name: str, **changes) -> jf.ModelConfig:
+    cfg = jf.config(name)
+    return cfg.replace(**changes) if changes else cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_model(name: str, changes: tuple, seed: int):
+    return jf.build(tiny_config(name, **dict(changes)), seed=seed)
+
+
+def tiny_model(name: str, seed: int = 0, **changes):
+    """A (cached, shared: do not mutate) model of preset ``name`` with config overrides."""
+    return _cached_model(name, tuple(sorted(changes.items())), seed)
+
+
+def token_ids(batch: int, length: int, vocab: int = 256, seed: int = 0, low: int = 0) -> jax.Array:
+    """Deterministic int32 token ids in [low, vocab)."""
+    rng = np.random.RandomState(seed)
+    return jnp.asarray(rng.randint(low, vocab, size=(batch, length)), jnp.int32)
+
+
+def embeds(batch: int, length: int, d_model: int, seed: int = 0) -> jax.Array:
+    return jax.random.normal(jax.random.key(seed), (batch, length, d_model), jnp.float32)
+
+
+def jitted(model):
+    """``model`` as a jitted pure function (split once, merge inside jit), same call signature.
+
+    Eager calls of a whole model re-trace the layer scan every time (~0.5-1 s each on CPU); under
+    jit a tiny model compiles once per input shape and then runs in microseconds. One wrapper is
+    kept per model object so repeated calls with the same shapes hit the compilation cache.
+    """
+    key = id(model)
+    if key not in _JITTED or _JITTED[key][0] is not model:
+        graphdef, state = nnx.split(model)
+
+        @functools.partial(jax.jit, static_argnames=("output_hidden_states",))
+        def run(state, args, kwargs, output_hidden_states=False):
+            return nnx.merge(graphdef, state)(*args, output_hidden_states=output_hidden_states, **kwargs)
+
+        def forward(*args, output_hidden_states=False, **kwargs):
+            return run(state, args, kwargs, output_hidden_states=output_hidden_states)
+
+        forward.config = model.config
+        _JITTED[key] = (model, forward)
+    return _JITTED[key][1]
+
+
+_JITTED: dict[int, tuple] = {}
+
+
+def call(model, ids, mask=None, dec_ids=None, dec_mask=None, *, jit: bool = True, **kwargs):
+    """Call any family with one token stream (plus a decoder stream for encoder-decoders; the
+    encoder ids are reused when ``dec_ids`` is None). Jitted unless ``jit=False``."""
+    fn = jitted(model) if jit else model
+    if model.config.family == "encoder_decoder":
+        return fn(ids, mask, ids if dec_ids is None else dec_ids, dec_mask, **kwargs)
+    return fn(ids, mask, **kwargs)
+
+
+_DEPENDENCY: dict[tuple, tuple] = {}
+
+
+def dependency(model, fn, inputs, *args, state=None):
+    """Who-sees-whom by derivatives: max |d out[b, t] / d in[b, t']| as [B, T_out, T_in] matrices.
+
+    ``fn(model, *inputs, *args)`` returns one array [B, T_out, D'] or a tuple of them; ``inputs`` is
+    one float array [B, T_in, D] or a tuple of them (all are differentiated). The result is one
+    matrix for one input and one output, else ``result[output][input]``. ``state`` (the model's
+    nnx state, possibly edited) replaces the model's own parameters. Each (model, fn) pair is
+    compiled once; later calls with the same shapes reuse it.
+
+    Forward mode, one tangent per input position (b', t'), pointing along a fixed random feature
+    direction (a non-zero Jacobian block maps it to zero with probability 0): B * T_in
+    Jacobian-vector products, cheaper to compile than reverse mode. Masked attention gives exact
+    zeros (masked scores are float32-min, whose softmax weight underflows to exactly 0), so "no
+    dependency" is == 0. Rows of a batch must never see each other: the cross-row blocks are
+    asserted to be exactly zero here.
+    """
+    single_in = not isinstance(inputs, tuple)
+    inputs = (inputs,) if single_in else inputs
+    key = (id(model), fn)
+    if key not in _DEPENDENCY or _DEPENDENCY[key][0] is not model:
+        graphdef = nnx.graphdef(model)
+
+        def jacobians(state, xs, args):
+            def outputs(*es):
+                outs = fn(nnx.merge(graphdef, state), *es, *args)
+                return tuple(o.astype(jnp.float32) for o in (outs if isinstance(outs, tuple) else (outs,)))
+
+            per_input = []
+            for j, x in enumerate(xs):
+                B, T, D = x.shape
+                u = jax.random.normal(jax.random.key(1234 + j), (D,), x.dtype)
+                tangents = jnp.eye(B * T, dtype=x.dtype).reshape(B * T, B, T, 1) * u  # [B*T, B, T, D]
+
+                def push(t, j=j):
+                    zeros = [jnp.zeros_like(e) for e in xs]
+                    zeros[j] = t
+                    return jax.jvp(outputs, xs, tuple(zeros))[1]
+
+                per_input.append(jax.vmap(push)(tangents))  # per output: [B_in*T_in, B, T_out, D']
+            return per_input
+
+        _DEPENDENCY[key] = (model, jax.jit(jacobians))
+    per_input = _DEPENDENCY[key][1](nnx.state(model) if state is None else state, inputs, args)
+    result = []
+    for i in range(len(per_input[0])):
+        row = []
+        for j, x in enumerate(inputs):
+            B, T_in = x.shape[:2]
+            d = np.abs(np.asarray(per_input[j][i])).max(axis=-1)  # [B_in*T_in, B_out, T_out]
+            d = d.reshape(B, T_in, B, d.shape[-1]).transpose(2, 3, 0, 1)  # [B_out, T_out, B_in, T_in]
+            for b in range(B):
+                for c in range(B):
+                    if b != c:
+                        assert not d[b, :, c].any(), f"batch row {b} depends on row {c}"
+            row.append(np.stack([d[b, :, b] for b in range(B)]))
+        result.append(row)
+    return result[0][0] if single_in and len(result) == 1 else result

@@ -1,0 +1,150 @@
+"""Every parameter carries logical axis names: one per dimension, from one vocabulary, consistent
+sizes per name, and a leading 'layers' axis on stacked block parameters."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import pytest
+from flax import nnx
+
+import jaxformer as jf
+from jaxformer.layers import Buffer, logical_axes, param
+from conftest import TINY, tiny_config, tiny_model
+
+AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
+              "positions", "types", "buckets", "labels"}
+
+VARIANTS = {
+    "untied-lm-head": ("tiny-gpt", dict(tie_embeddings=False)),
+    "decoder-no-head": ("tiny-gpt", dict(head="none")),
+    "unrolled": ("tiny-gpt", dict(scan_layers=False)),
+    "mlm-tied": ("tiny-bert", dict(head="mlm")),
+    "mlm-untied": ("tiny-bert", dict(head="mlm", tie_embeddings=False)),
+    "pretraining": ("tiny-bert", dict(head="pretraining")),
+    "sequence-classification": ("tiny-bert", dict(head="sequence_classification", num_labels=3)),
+    "token-classification": ("tiny-bert", dict(head="token_classification", num_labels=5)),
+    "question-answering": ("tiny-bert", dict(head="question_answering", pooler=False)),
+    "roberta-like": ("tiny-bert", dict(type_vocab_size=1, position_offset=2)),
+    "moe-qkv-bias": ("tiny-mixtral", dict(qkv_bias=True, num_experts=3, experts_per_token=1)),
+    "llama-qkv-bias": ("tiny-llama", dict(qkv_bias=True, num_kv_heads=1)),
+    "t5-v1_1-untied": ("tiny-t5", dict(tie_embeddings=False, scale_tied_logits=False, activation="geglu")),
+    "t5-uneven-stacks": ("tiny-t5", dict(encoder_layers=3, decoder_layers=1)),
+    "bart-logits-bias": ("tiny-transformer", dict(logits_bias=True)),  # a Buffer, not a Param
+}
+
+CASES = [pytest.param(name, {}, id=name) for name in TINY] + [
+    pytest.param(base, changes, id=variant) for variant, (base, changes) in VARIANTS.items()]
+
+
+def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
+    """The length each logical axis name must have in a model of ``cfg``."""
+    return {
+        "embed": {cfg.d_model}, "embed_out": {cfg.d_model}, "heads": {cfg.num_heads}, "kv_heads": {cfg.kv_heads},
+        "head_dim": {cfg.head_dim_}, "mlp": {cfg.d_ff}, "vocab": {cfg.vocab_size}, "experts": {cfg.num_experts},
+        "positions": {cfg.max_positions + cfg.position_offset}, "types": {cfg.type_vocab_size},
+        "buckets": {cfg.relative_buckets},
+        "labels": {cfg.num_labels, 2},  # classifiers: num_labels; NSP and QA spans: 2
+    }
+
+
+def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], object]]) -> None:
+    """``flat``: parameter path -> (shape, axes metadata)."""
+    sizes = _expected_sizes(cfg)
+    stack_layers = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
+    assert flat, "no parameters found"
+    for path, (shape, axes) in flat.items():
+        where = "/".join(map(str, path))
+        assert isinstance(axes, tuple) and all(isinstance(a, str) for a in axes), f"{where}: axes={axes!r}"
+        assert len(axes) == len(shape), f"{where}: shape {shape} but axes {axes}"
+        assert set(axes) <= AXIS_NAMES, f"{where}: unknown axis names {set(axes) - AXIS_NAMES}"
+        assert len(set(axes)) == len(axes), f"{where}: repeated axis name in {axes} (unshardable)"
+        stacked = "blocks" in path
+        if stacked:
+            assert axes[0] == "layers", f"{where}: stacked block parameter must lead with 'layers', got {axes}"
+            assert shape[0] == stack_layers[path[0]], f"{where}: {shape[0]} layers in stack {path[0]!r}"
+        else:
+            assert "layers" not in axes, f"{where}: 'layers' on a parameter outside the block stack"
+        for size, name in zip(shape[1:] if stacked else shape, axes[1:] if stacked else axes):
+            assert size in sizes[name], f"{where}: axis {name!r} has size {size}, expected {sizes[name]}"
+
+
+def _abstract_model(cfg: jf.ModelConfig):
+    """The model as built by jf.build, traced abstractly (same parameters and metadata, no compute)."""
+    return nnx.eval_shape(lambda: jf.build(cfg))
+
+
+@pytest.mark.parametrize("base, changes", CASES)
+def test_every_parameter_has_axes(base, changes):
+    cfg = tiny_config(base, **changes)
+    model = _abstract_model(cfg)
+    axes = logical_axes(model)
+    params = {path: var for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    # logical_axes covers every parameter, and only parameters
+    assert sorted(axes) == sorted("/".join(map(str, p)) for p in params)
+    _check_axes(cfg, {p: (var.shape, axes["/".join(map(str, p))]) for p, var in params.items()})
+    assert sum(math.prod(v.shape) for v in params.values()) == jf.param_count(cfg)
+    # Non-trained arrays that travel with the checkpoint (buffers) are sharded too: same rules.
+    buffers = {path: (var.shape, var.get_metadata().get("axes"))
+               for path, var in nnx.to_flat_state(nnx.state(model, Buffer))}
+    if buffers:
+        _check_axes(cfg, buffers)
+    if cfg.logits_bias:
+        assert buffers[("logits_bias",)] == ((cfg.vocab_size,), ("vocab",))
+
+
+@pytest.mark.parametrize("name", [n for n in jf.presets() if not n.startswith("tiny-")])
+def test_every_parameter_of_real_preset_has_axes(name):
+    # Real sizes through abstract evaluation: nothing allocated. Parameters and buffers alike.
+    model = _abstract_model(jf.config(name))
+    flat = {path: (var.shape, var.get_metadata().get("axes"))
+            for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    flat.update({path: (var.shape, var.get_metadata().get("axes"))
+                 for path, var in nnx.to_flat_state(nnx.state(model, Buffer))})
+    _check_axes(jf.config(name), flat)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_built_model_axes_equal_abstract_axes(name):
+    model = tiny_model(name)
+    axes = logical_axes(model)
+    assert axes == logical_axes(_abstract_model(model.config))
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        assert len(axes["/".join(map(str, path))]) == var.ndim
+
+
+def test_head_parameters_present_with_expected_axes():
+    # The variants above must really contain the heads they are meant to cover.
+    def axes_of(base, **changes):
+        return logical_axes(_abstract_model(tiny_config(base, **changes)))
+
+    assert axes_of("tiny-gpt", tie_embeddings=False)["lm_head/kernel"] == ("embed", "vocab")
+    assert "lm_head/kernel" not in axes_of("tiny-gpt")
+    mlm = axes_of("tiny-bert", head="pretraining", tie_embeddings=False)
+    assert mlm["mlm/decoder/kernel"] == ("embed", "vocab")
+    assert mlm["mlm/bias"] == ("vocab",)
+    assert mlm["mlm/transform/kernel"] == ("embed", "embed_out")
+    assert mlm["nsp/kernel"] == ("embed", "labels")
+    assert mlm["pooler/kernel"] == ("embed", "embed_out")
+    assert mlm["embeddings/token_types/table"] == ("types", "embed")
+    qa = axes_of("tiny-bert", head="question_answering")
+    assert qa["classifier/kernel"] == ("embed", "labels")
+    moe = axes_of("tiny-mixtral")
+    assert moe["decoder/blocks/mlp/wi"] == ("layers", "experts", "embed", "mlp")
+    assert moe["decoder/blocks/mlp/router"] == ("layers", "embed", "experts")
+    t5 = axes_of("tiny-t5")
+    assert t5["encoder/relative_bias/table"] == ("buckets", "heads")
+    assert t5["decoder/blocks/cross_attn/k"] == ("layers", "embed", "kv_heads", "head_dim")
+
+
+def test_param_rejects_axes_of_wrong_rank():
+    with pytest.raises(ValueError, match="axis names"):
+        param(nnx.Rngs(0), (4, 8), ("embed",), jf.config("tiny-gpt"))
+
+
+def test_axes_survive_split_and_merge():
+    model = tiny_model("tiny-llama")
+    graphdef, state = jf.split(model)
+    merged = jf.merge(graphdef, jax.tree.map(lambda x: x, state))
+    assert logical_axes(merged) == logical_axes(model)

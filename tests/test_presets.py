@@ -1,0 +1,174 @@
+"""Presets: exact parameter counts (published numbers and Hugging Face's), the `jaxformer info` CLI,
+and real-size shapes from abstract evaluation (nothing allocated)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import pytest
+from flax import nnx
+
+import jaxformer as jf
+from jaxformer.cli import main as cli_main
+from hf_reference import HF_REFERENCE, hf_param_count
+
+EXACT = {
+    "bert-base-uncased": 109_482_240,
+    "gpt2": 124_439_808,
+    "llama-3-8b": 8_030_261_248,
+    "t5-base": 222_903_552,
+    "gpt3-175b": 174_604_259_328,
+    # Vaswani et al. 2017 with one shared 37000-token vocabulary (source, target, softmax)
+    "transformer-base": 63_082_496,
+    "transformer-big": 214_245_376,
+}
+
+
+def _info_json(capsys, name: str) -> dict:
+    assert cli_main(["info", name, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("name", jf.presets())
+def test_info_json_every_preset(capsys, name):
+    record = _info_json(capsys, name)
+    assert {"name", "family", "params"} <= set(record)
+    cfg = jf.config(name)
+    assert record["name"] == name
+    assert record["family"] == cfg.family
+    assert isinstance(record["params"], int) and record["params"] > 0
+    assert record["params"] == jf.param_count(name)
+    if "config" in record:  # the full config travels too, and it is the preset's
+        assert jf.ModelConfig.from_dict(record["config"]) == cfg
+
+
+@pytest.mark.parametrize("name, expected", sorted(EXACT.items()))
+def test_exact_parameter_counts(capsys, name, expected):
+    assert jf.param_count(name) == expected
+    assert _info_json(capsys, name)["params"] == expected
+
+
+@pytest.mark.parametrize("name", sorted(HF_REFERENCE))
+def test_param_count_matches_hugging_face(name):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    assert jf.param_count(name) == hf_param_count(name)
+
+
+def test_every_published_non_2017_preset_has_an_hf_reference():
+    # A new published preset without a reference config would silently escape the check above.
+    published = [n for n in jf.presets() if not n.startswith(("tiny-", "transformer-"))]
+    assert sorted(published) == sorted(HF_REFERENCE)
+
+
+@pytest.mark.parametrize("name, paper", [("transformer-base", 65_000_000), ("transformer-big", 213_000_000)])
+def test_2017_transformer_close_to_paper(name, paper):
+    # The paper's 65M / 213M depend on its exact vocabulary (~37000 BPE tokens, not stated to the
+    # token), so allow a vocabulary difference of up to 5000 rows of the d_model-wide shared table.
+    count = jf.param_count(name)
+    assert count == EXACT[name]
+    d_model = jf.config(name).d_model
+    assert abs(count - paper) <= d_model * 5000
+
+
+def test_info_without_name_lists_every_preset(capsys):
+    assert cli_main(["info"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in out.splitlines()[2:] if line.strip()}
+    assert list(rows) == jf.presets()
+    for name in ("gpt2", "llama-3-8b", "transformer-base"):
+        assert f"{EXACT[name]:,}" in rows[name]
+        assert jf.config(name).family in rows[name]
+
+
+def test_info_without_name_json(capsys):
+    assert cli_main(["info", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == jf.presets()
+    by_name = {r["name"]: r for r in rows}
+    for name, expected in EXACT.items():
+        assert by_name[name]["params"] == expected
+
+
+def test_info_unknown_preset_fails_listing_valid_names(capsys):
+    assert cli_main(["info", "gpt-5"]) != 0
+    err = capsys.readouterr().err
+    assert "gpt-5" in err
+    assert "gpt2" in err and "tiny-llama" in err
+
+
+def _console_script() -> list[str]:
+    script = Path(sys.executable).with_name("jaxformer")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("jaxformer")
+    if found is None:
+        pytest.fail("the `jaxformer` console script is not installed (pip install -e .)")
+    return [found]
+
+
+def test_console_script_reports_gpt3_quickly():
+    # One real process: the 175B count must come from abstract shapes, so it is fast and small.
+    start = time.perf_counter()
+    result = subprocess.run([*_console_script(), "info", "gpt3-175b", "--json"], capture_output=True, text=True,
+                            timeout=60)
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    record = json.loads(result.stdout)
+    assert record["name"] == "gpt3-175b"
+    assert record["family"] == "decoder"
+    assert record["params"] == 174_604_259_328
+    assert elapsed < 30, f"`jaxformer info gpt3-175b` took {elapsed:.1f}s"
+
+
+# Real-size shapes from jax.eval_shape: parameter path -> (shape, logical axes).
+REAL_SHAPES = {
+    "llama-3-8b": {
+        ("embed", "table"): ((128256, 4096), ("vocab", "embed")),
+        ("decoder", "blocks", "attn", "q"): ((32, 4096, 32, 128), ("layers", "embed", "heads", "head_dim")),
+        ("decoder", "blocks", "attn", "k"): ((32, 4096, 8, 128), ("layers", "embed", "kv_heads", "head_dim")),
+        ("decoder", "blocks", "attn", "o"): ((32, 32, 128, 4096), ("layers", "heads", "head_dim", "embed")),
+        ("decoder", "blocks", "mlp", "wi_gate"): ((32, 4096, 14336), ("layers", "embed", "mlp")),
+        ("decoder", "blocks", "mlp", "wo"): ((32, 14336, 4096), ("layers", "mlp", "embed")),
+        ("decoder", "final_norm", "scale"): ((4096,), ("embed",)),
+        ("lm_head", "kernel"): ((4096, 128256), ("embed", "vocab")),
+    },
+    "gpt3-175b": {
+        ("embeddings", "positions", "table"): ((2048, 12288), ("positions", "embed")),
+        ("decoder", "blocks", "attn", "q"): ((96, 12288, 96, 128), ("layers", "embed", "heads", "head_dim")),
+        ("decoder", "blocks", "mlp", "wi"): ((96, 12288, 49152), ("layers", "embed", "mlp")),
+    },
+    "mixtral-8x7b": {
+        ("decoder", "blocks", "mlp", "router"): ((32, 4096, 8), ("layers", "embed", "experts")),
+        ("decoder", "blocks", "mlp", "wi"): ((32, 8, 4096, 14336), ("layers", "experts", "embed", "mlp")),
+    },
+    "t5-11b": {
+        ("encoder", "blocks", "attn", "q"): ((24, 1024, 128, 128), ("layers", "embed", "heads", "head_dim")),
+        ("decoder", "blocks", "cross_attn", "k"): ((24, 1024, 128, 128),
+                                                   ("layers", "embed", "kv_heads", "head_dim")),
+        ("decoder", "blocks", "mlp", "wi"): ((24, 1024, 65536), ("layers", "embed", "mlp")),
+        ("encoder", "relative_bias", "table"): ((32, 128), ("buckets", "heads")),
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(REAL_SHAPES))
+def test_real_size_abstract_shapes(name):
+    live_before = sum(a.nbytes for a in jax.live_arrays())
+    params = jf.abstract_params(name)
+    flat = dict(nnx.to_flat_state(params))
+    leaves = jax.tree.leaves(params)
+    assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+    for path, (shape, axes) in REAL_SHAPES[name].items():
+        var = flat[path]
+        assert var.shape == shape, path
+        assert var.get_metadata()["axes"] == axes, path
+    # billions of abstract parameters, and no device memory taken for them
+    assert sum(x.size for x in leaves) == jf.param_count(name)
+    assert sum(a.nbytes for a in jax.live_arrays()) - live_before < 1 << 20
