@@ -1,4 +1,4 @@
-"""The ``jaxformer`` command line: info, compare, convert."""
+"""The ``jaxformer`` command line: info, compare, convert, generate."""
 
 from __future__ import annotations
 
@@ -81,6 +81,45 @@ def convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def generate(args: argparse.Namespace) -> int:
+    import json as json_module
+    import time
+    from pathlib import Path
+
+    import jax
+
+    import jaxformer as jf
+    from jaxformer import generate as gen
+
+    model = jf.from_pretrained(args.path, dtype=args.dtype)
+    tokenizer = jf.load_tokenizer(args.path)
+    batch = tokenizer(args.prompt, padding_side="left")
+    defaults = {}
+    generation_config = Path(args.path) / "generation_config.json"
+    if generation_config.exists():  # forced BOS/EOS are part of how the checkpoint is meant to decode
+        saved = json_module.loads(generation_config.read_text(encoding="utf-8"))
+        defaults = {k: saved[k] for k in ("forced_bos_token_id", "forced_eos_token_id") if saved.get(k) is not None}
+    call_args, gc = gen.prepare(model, batch["input_ids"], batch["attention_mask"], max_new_tokens=args.max_new_tokens,
+                                do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, num_beams=args.num_beams, seed=args.seed, **defaults)
+    start = time.perf_counter()
+    compiled = gen._compiled.lower(*call_args, config=gc).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    tokens, steps = jax.block_until_ready(compiled(*call_args[1:]))
+    elapsed = time.perf_counter() - start
+    out = gen.assemble(model, batch["input_ids"], tokens, steps, gc)
+    for prompt, row, mask in zip(args.prompt, out, batch["attention_mask"]):
+        if model.config.family == "decoder":
+            print(prompt + tokenizer.decode(row[len(mask):]))
+        else:
+            print(tokenizer.decode(row))
+    new = int(steps) * len(args.prompt)
+    print(f"[{new} new tokens in {elapsed:.2f} s: {new / elapsed:.1f} tokens/s; compile {compile_s:.1f} s]",
+          file=sys.stderr)
+    return 0
+
+
 def model_summary(path, kind: str) -> str:
     from pathlib import Path
 
@@ -110,6 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--to", choices=["hf", "jaxformer"], help="target format (default: the other one)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="parameter dtype when importing")
     p.set_defaults(run=convert)
+
+    p = commands.add_parser("generate", help="generate text from a Hugging Face checkpoint folder (with tokenizer.json)")
+    p.add_argument("path", help="checkpoint folder: config.json, model.safetensors, tokenizer.json")
+    p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--do-sample", action="store_true")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--num-beams", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.set_defaults(run=generate)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

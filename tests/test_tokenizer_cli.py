@@ -74,3 +74,14 @@ def test_convert_both_directions(llama_dir, tmp_path, capsys):
     for name in before.names:
         assert before.get(name).tobytes() == after.get(name).tobytes(), name
     assert main(["convert", str(llama_dir), str(native)]) == 2  # refuses to overwrite
+
+
+def test_generate_command(llama_dir, capsys):
+    assert main(["generate", str(llama_dir), "--prompt", "w1 w2 w3", "--prompt", "w4", "--max-new-tokens", "5"]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("w1 w2 w3") and lines[1].startswith("w4")
+    assert "tokens/s" in captured.err and "compile" in captured.err
+    assert main(["generate", str(llama_dir), "--prompt", "w1", "--num-beams", "2", "--max-new-tokens", "3"]) == 0
+    capsys.readouterr()
+    assert main(["generate", str(llama_dir), "--prompt", "w1", "--do-sample", "--top-p", "1.5"]) == 2
