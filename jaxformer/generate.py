@@ -89,12 +89,6 @@ def init_slots(cfg: ModelConfig, batch: int, length: int) -> dict:
             "positions": jnp.zeros((batch, length), jnp.int32), "valid": jnp.zeros((batch, length), bool)}
 
 
-def cache_axes() -> dict:
-    """Logical axis names of the cache, for sharding it like the model."""
-    kv = ("layers", "batch", "length", "kv_heads", "head_dim")
-    return {"cache": {"k": kv, "v": kv, "index": ()}, "positions": ("batch", "length"), "valid": ("batch", "length")}
-
-
 def decode_step(model, ids: Array, positions: Array, valid: Array, slots: dict, *, encoder: dict | None = None,
                 prefix_lengths: Array | None = None, layer_states: tuple | None = None) -> tuple[Array, dict]:
     """Run ``ids`` [B, T] at ``positions`` through the decoder stack with the cache; returns the logits

@@ -303,6 +303,16 @@ def _attention(cfg: ModelConfig, path, q, k, v, o, q_bias=None, k_bias=None, v_b
     return rules
 
 
+def _lm_head(cfg: ModelConfig, embedding: str) -> tuple[list[Rule], dict[str, str]]:
+    """The LM head: an alias of the token embedding when tied (older files may still carry a
+    copy, which must then equal it), else its own [V, D] tensor."""
+    if cfg.head != "lm":
+        return [], {}
+    if cfg.tie_embeddings:
+        return [], {"lm_head.weight": embedding}
+    return [_linear(("lm_head", "kernel"), "lm_head.weight")], {}
+
+
 def _bert_rules(cfg: ModelConfig, model_type: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
     p, L = prefix, ("encoder", "blocks")
     ln = cfg.norm == "layernorm" and cfg.norm_bias
@@ -374,13 +384,8 @@ def _gpt2_rules(cfg: ModelConfig, prefix: str) -> tuple[list[Rule], dict[str, st
         _copy(L + ("mlp", "bo"), f"{layer}.mlp.c_proj.bias"),
         *_norm(("decoder", "final_norm"), f"{p}ln_f", True),
     ]
-    aliases = {}
-    if cfg.head == "lm":
-        if cfg.tie_embeddings:
-            aliases["lm_head.weight"] = f"{p}wte.weight"
-        else:
-            rules.append(_linear(("lm_head", "kernel"), "lm_head.weight"))
-    return rules, aliases
+    head, aliases = _lm_head(cfg, f"{p}wte.weight")
+    return rules + head, aliases
 
 
 def _llama_rules(cfg: ModelConfig, prefix: str) -> tuple[list[Rule], dict[str, str]]:
@@ -411,13 +416,8 @@ def _llama_rules(cfg: ModelConfig, prefix: str) -> tuple[list[Rule], dict[str, s
         if cfg.mlp_bias:
             # jaxformer's gated MLP has one input bias (on the up projection); HF has one on each.
             raise ValueError("llama: mlp_bias=True is not supported")
-    aliases = {}
-    if cfg.head == "lm":
-        if cfg.tie_embeddings:
-            aliases["lm_head.weight"] = f"{p}embed_tokens.weight"
-        else:
-            rules.append(_linear(("lm_head", "kernel"), "lm_head.weight"))
-    return rules, aliases
+    head, aliases = _lm_head(cfg, f"{p}embed_tokens.weight")
+    return rules + head, aliases
 
 
 def _t5_rules(cfg: ModelConfig) -> tuple[list[Rule], dict[str, str]]:
@@ -447,11 +447,9 @@ def _t5_rules(cfg: ModelConfig) -> tuple[list[Rule], dict[str, str]]:
     rules += stack("encoder", False)
     if cfg.family == "encoder_decoder":
         rules += stack("decoder", True)
-        if cfg.head == "lm":
-            if cfg.tie_embeddings:
-                aliases["lm_head.weight"] = "shared.weight"
-            else:
-                rules.append(_linear(("lm_head", "kernel"), "lm_head.weight"))
+        head, head_aliases = _lm_head(cfg, "shared.weight")
+        rules += head
+        aliases.update(head_aliases)
     else:
         aliases.pop("decoder.embed_tokens.weight")
     return rules, aliases
@@ -479,11 +477,10 @@ def _bart_rules(cfg: ModelConfig, prefix: str) -> tuple[list[Rule], dict[str, st
         if side == "decoder":
             rules += [*attention(L + ("cross_attn",), f"{layer}.encoder_attn"),
                       *_norm(L + ("cross_norm",), f"{layer}.encoder_attn_layer_norm", True)]
-    if cfg.head == "lm":
-        if cfg.tie_embeddings:
-            aliases["lm_head.weight"] = f"{p}shared.weight"
-        else:
-            rules.append(_linear(("lm_head", "kernel"), "lm_head.weight"))
+    head, head_aliases = _lm_head(cfg, f"{p}shared.weight")
+    rules += head
+    aliases.update(head_aliases)
+    if cfg.logits_bias:
         rules.append(Rule((("logits_bias",),), ("final_logits_bias",), lambda t: [t[0].reshape(-1)],
                           lambda ps: [ps[0].reshape(1, -1)]))
     return rules, aliases
