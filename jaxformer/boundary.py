@@ -7,14 +7,44 @@ concrete, i.e. outside a user's own ``jax.jit``.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import struct
+from flax import nnx, struct
 
 from jaxformer.config import ModelConfig
+
+
+def compiled_when_concrete(method):
+    """Public model calls: checked on the host, then run as one compiled function.
+
+    Called with concrete arrays, the inputs are validated (id ranges and all) by the model's
+    ``validate`` and the forward pass runs under ``jax.jit``, compiled once per input shape;
+    eager op-by-op execution of a scanned stack would re-trace it on every call. Called inside a
+    user's own transformation (tracers), the method runs as written.
+    """
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+            return method(self, *args, **kwargs)
+        as_array = lambda x: x if x is None or isinstance(x, jax.Array) else np.asarray(x)  # noqa: E731
+        args = tuple(as_array(a) for a in args)
+        kwargs = {k: (v if k == "output_hidden_states" else as_array(v)) for k, v in kwargs.items()}
+        self.validate(*args, **kwargs)
+        hidden = bool(kwargs.pop("output_hidden_states", False))
+        graphdef, state = nnx.split(self)
+        return _run_compiled(graphdef, state, method, args, kwargs, hidden)
+
+    return call
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "method", "output_hidden_states"))
+def _run_compiled(graphdef, state, method, args, kwargs, output_hidden_states):
+    return method(nnx.merge(graphdef, state), *args, output_hidden_states=output_hidden_states, **kwargs)
 
 
 class PretrainedMixin:

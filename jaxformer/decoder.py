@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.boundary import ModelOutput, PretrainedMixin, check_inputs, check_prefix_lengths, embed_inputs
+from jaxformer.boundary import (ModelOutput, PretrainedMixin, check_inputs, check_prefix_lengths,
+                                compiled_when_concrete, embed_inputs)
 from jaxformer.config import ModelConfig
 from jaxformer.layers import Buffer, Dense, Embed, Embeddings, Stack, dtype_of, load_balancing_loss, split_key
 
@@ -44,13 +45,19 @@ class Decoder(PretrainedMixin, nnx.Module):
         self.decoder = Stack(cfg, cfg.decoder_layers, pattern=cfg.attention, rngs=rngs)
         self.lm_head, self.logits_bias = make_lm_head(cfg, rngs)
 
+    def validate(self, input_ids=None, attention_mask=None, position_ids=None, *, prefix_lengths=None,
+                 inputs_embeds=None, **_) -> None:
+        shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids)
+        check_prefix_lengths(prefix_lengths, self.config, *shape)
+
+    @compiled_when_concrete
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  position_ids: Array | None = None, *, prefix_lengths: Array | None = None,
                  inputs_embeds: Array | None = None, output_hidden_states: bool = False,
                  dropout_key: Array | None = None) -> ModelOutput:
         cfg = self.config
-        shape = check_inputs(cfg, input_ids, inputs_embeds, attention_mask, position_ids)
-        check_prefix_lengths(prefix_lengths, cfg, *shape)
+        self.validate(input_ids, attention_mask, position_ids, prefix_lengths=prefix_lengths,
+                      inputs_embeds=inputs_embeds)
         keys = split_key(dropout_key, 2)
         x, positions, key_valid = embed_inputs(self, self.embeddings, input_ids, inputs_embeds, attention_mask,
                                                position_ids, key=keys[0])

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.boundary import ModelOutput, PretrainedMixin, embed_inputs
+from jaxformer.boundary import ModelOutput, PretrainedMixin, check_inputs, compiled_when_concrete, embed_inputs
 from jaxformer.config import ModelConfig
 from jaxformer.layers import Dense, Embed, Norm, Embeddings, Stack, activate, dropout, param, split_key
 
@@ -46,6 +46,11 @@ class Encoder(PretrainedMixin, nnx.Module):
         self.classifier = (Dense(cfg, cfg.d_model, label_count, ("embed", "labels"), rngs=rngs)
                            if label_count else None)
 
+    def validate(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, *,
+                 inputs_embeds=None, **_) -> None:
+        check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
+
+    @compiled_when_concrete
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  token_type_ids: Array | None = None, position_ids: Array | None = None, *,
                  inputs_embeds: Array | None = None, output_hidden_states: bool = False,

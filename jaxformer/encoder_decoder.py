@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.boundary import ModelOutput, PretrainedMixin, check_inputs, embed_inputs
+from jaxformer.boundary import ModelOutput, PretrainedMixin, check_inputs, compiled_when_concrete, embed_inputs
 from jaxformer.config import ModelConfig
 from jaxformer.decoder import lm_logits, make_lm_head
 from jaxformer.layers import Embed, Embeddings, Stack, split_key, visibility_mask
@@ -52,20 +52,26 @@ class EncoderDecoder(PretrainedMixin, nnx.Module):
                                        cross_mask=cross_mask, collect_hidden=output_hidden_states, key=keys[1])
         return h, hidden
 
+    def validate(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None, *,
+                 inputs_embeds=None, decoder_inputs_embeds=None, **_) -> None:
+        """Both streams are checked before either runs: a bad decoder input fails before the encoder."""
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError("an encoder-decoder model needs decoder_input_ids (or decoder_inputs_embeds); "
+                             "for generation use model.generate")
+        encoder_shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask)
+        decoder_shape = check_inputs(self.config, decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask,
+                                     names=("decoder_input_ids", "decoder_attention_mask"))
+        if encoder_shape[0] != decoder_shape[0]:
+            raise ValueError(f"decoder batch {decoder_shape[0]} differs from encoder batch {encoder_shape[0]}")
+
+    @compiled_when_concrete
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  decoder_input_ids: Array | None = None, decoder_attention_mask: Array | None = None, *,
                  inputs_embeds: Array | None = None, decoder_inputs_embeds: Array | None = None,
                  output_hidden_states: bool = False, dropout_key: Array | None = None) -> ModelOutput:
-        if decoder_input_ids is None and decoder_inputs_embeds is None:
-            raise ValueError("an encoder-decoder model needs decoder_input_ids (or decoder_inputs_embeds); "
-                             "for generation use model.generate")
         cfg = self.config
-        # Both streams are checked before either runs: a bad decoder input fails before the encoder.
-        encoder_shape = check_inputs(cfg, input_ids, inputs_embeds, attention_mask)
-        decoder_shape = check_inputs(cfg, decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask,
-                                     names=("decoder_input_ids", "decoder_attention_mask"))
-        if encoder_shape[0] != decoder_shape[0]:
-            raise ValueError(f"decoder batch {decoder_shape[0]} differs from encoder batch {encoder_shape[0]}")
+        self.validate(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
+                      inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds)
         keys = split_key(dropout_key, 2)
         enc, enc_hidden = self.encode(input_ids, attention_mask, inputs_embeds=inputs_embeds,
                                       output_hidden_states=output_hidden_states, dropout_key=keys[0])
