@@ -1,0 +1,16 @@
+"""Train a model: ``python train.py [configs/X.yaml] [section.key=value ...]``.
+
+With no arguments it runs configs/default.yaml: a small GPT trained on English text shipped with
+Python, on whatever devices are present, ending with a generated sample.
+"""
+
+import sys
+
+from jaxformer.train.loop import main
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except ValueError as err:  # configuration errors: say what and where, no traceback
+        print(f"train.py: error: {err}", file=sys.stderr)
+        sys.exit(2)
