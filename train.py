@@ -14,3 +14,6 @@ if __name__ == "__main__":
     except ValueError as err:  # configuration errors: say what and where, no traceback
         print(f"train.py: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except FloatingPointError as err:  # a non-finite loss under train.on_nan=stop
+        print(f"train.py: stopped: {err}", file=sys.stderr)
+        sys.exit(3)

@@ -66,7 +66,7 @@ def test_training_loss_falls_and_is_reproducible(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert {"step", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(records[0])
     assert "eval_loss" in records[-1] and records[-1]["step"] == 30
-    again = train(cfg, progress=False)
+    again = train(run_config.load(None, TINY + [f"run.dir={tmp_path / 'again'}"]), progress=False)
     assert [r["loss"] for r in again["history"]] == losses  # same seed, same batches, same losses
     text = sample(first["model"], "The ", 10)
     assert text.startswith("The ") and len(text.encode()) >= 4
@@ -78,3 +78,75 @@ def test_command_line_entry(tmp_path, capsys):
     assert "held-out loss" in out and "sample: The " in out
     with pytest.raises(ValueError, match="encoder"):
         main(TINY + [f"run.dir={tmp_path}", "model.preset=tiny-bert"])
+
+
+def _tiny_yaml(tmp_path, steps: int) -> str:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(
+        "model: {preset: tiny-gpt}\n"
+        f"train: {{steps: {steps}, batch_size: 8, seq_len: 32, log_every: 5, sample_tokens: 0}}\n"
+        "eval: {every: 50, batches: 1}\n"
+        "optim: {warmup_steps: 5}\n"
+        "checkpoint: {every: 10, keep: 2}\n")
+    return str(path)
+
+
+def _losses(run_dir) -> dict[int, float]:
+    """The last logged loss of every step (a resumed run may log a step twice)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records}
+
+
+def test_kill_9_then_rerun_resumes_bit_exactly(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = _tiny_yaml(tmp_path, steps=300)
+    crashed, clean = tmp_path / "crashed", tmp_path / "clean"
+    command = [sys.executable, "train.py", config]
+    process = subprocess.Popen(command + [f"run.dir={crashed}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (crashed / "checkpoints" / "20").is_dir():
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert process.returncode == -signal.SIGKILL
+    # A half-written checkpoint left by a crash must not break the next run.
+    (crashed / "checkpoints" / "990.orbax-checkpoint-tmp-123").mkdir(exist_ok=True)
+    resumed = subprocess.run(command + [f"run.dir={crashed}"], capture_output=True, text=True, check=True)
+    assert "resumed at step" in resumed.stdout
+    subprocess.run(command + [f"run.dir={clean}"], capture_output=True, text=True, check=True)
+    reference, after_crash = _losses(clean), _losses(crashed)
+    assert max(reference) == 300
+    assert {step: after_crash[step] for step in reference} == reference  # bit for bit, every logged step
+
+
+def test_restoring_into_a_different_model_fails_clearly(tmp_path):
+    config = _tiny_yaml(tmp_path, steps=10)
+    main([config, f"run.dir={tmp_path / 'run'}"])
+    with pytest.raises(ValueError, match="does not match this model"):
+        main([config, f"run.dir={tmp_path / 'run'}", "train.steps=20", "model.overrides.d_model=32"])
+
+
+def test_non_finite_loss_stops_or_skips(tmp_path):
+    base = TINY + ["checkpoint.every=10"]
+    # A learning rate this large blows the weights up within a few steps.
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        main(base + [f"run.dir={tmp_path / 'stop'}", "optim.lr=1e12", "optim.clip_norm=0"])
+    cfg = run_config.load(None, base + [f"run.dir={tmp_path / 'skip'}", "optim.lr=1e12", "optim.clip_norm=0",
+                                        "train.on_nan=skip"])
+    result = train(cfg, progress=False)
+    assert any("skipped_steps" in r for r in result["history"])
+    params = [np.asarray(x) for x in __import__("jax").tree.leaves(__import__("flax").nnx.state(result["model"]))]
+    assert all(np.isfinite(p).all() for p in params)  # dropped updates never reached the weights
+
+
+def test_values_take_their_field_types():
+    assert run_config.load(None, ["optim.lr=1e12"]).optim.lr == 1e12
+    with pytest.raises(ValueError, match="train.steps='many' must be int"):
+        run_config.load(None, ["train.steps=many"])

@@ -4,7 +4,6 @@ train state donated, a loop that reads metrics back only when it logs, and a clo
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -77,11 +76,18 @@ def make_steps(graphdef, rest, optimizer):
         return causal_lm_loss(logits, batch[:, 1:])
 
     def train_step(state, batch, key):
-        params, opt_state, step = state
+        params, opt_state, step, bad_steps = state
         loss, grads = jax.value_and_grad(loss_fn)(params, batch, jax.random.fold_in(key, step))
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return (params, opt_state, step + 1), {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+        grad_norm = optax.tree.norm(grads)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        # A non-finite loss or gradient never reaches the parameters or the optimizer state: the step
+        # is dropped and counted, and the loop acts on the count (stop or skip) at its next sync.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        state = (keep(new_params, params), keep(new_opt_state, opt_state), step + 1,
+                 bad_steps + (~finite).astype(jnp.int32))
+        return state, {"loss": loss, "grad_norm": grad_norm}
 
     def eval_step(params, batch):
         return loss_fn(params, batch, None)
@@ -89,48 +95,94 @@ def make_steps(graphdef, rest, optimizer):
     return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
 
 
+def _checkpoint_manager(cfg: RunConfig):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=cfg.checkpoint.keep, enable_async_checkpointing=True)
+    return ocp.CheckpointManager(Path(cfg.run.dir).absolute() / "checkpoints", options=options)
+
+
+def _restore(manager, state):
+    """Resume from the newest finalized checkpoint (Orbax ignores half-written ones), if any."""
+    import orbax.checkpoint as ocp
+
+    step = manager.latest_step()
+    if step is None:
+        return state, 0
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    try:
+        restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    except (ValueError, KeyError) as err:
+        raise ValueError(f"the checkpoint at step {step} in {manager.directory} does not match this model and "
+                         f"optimizer; start a new run.dir or restore the original config ({err})") from None
+    return restored, step
+
+
 def train(cfg: RunConfig, progress: bool = True) -> dict:
-    """Train, evaluate on the held-out split, write metrics.jsonl, and return the final metrics."""
+    """Train (resuming from run.dir's newest checkpoint), evaluate on the held-out split, append to
+    metrics.jsonl, and return the history, the trained model and the wall time."""
+    import orbax.checkpoint as ocp
+
     windows = ByteWindows(load_corpus(cfg.data.corpus), cfg.train.seq_len, cfg.data.eval_fraction, cfg.run.seed)
     model = build_model(cfg)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     optimizer, schedule = make_optimizer(cfg, params)
     train_step, eval_step = make_steps(graphdef, rest, optimizer)
-    state = (params, optimizer.init(params), jnp.int32(0))
-    key = jax.random.key(cfg.run.seed)
-    eval_batches = windows.eval_batches(cfg.eval.batches, cfg.train.batch_size)
+    state = (params, optimizer.init(params), jnp.int32(0), jnp.int32(0))
     run_dir = Path(cfg.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    manager = _checkpoint_manager(cfg) if cfg.checkpoint.every else None
+    start_step = 0
+    if manager is not None:
+        state, start_step = _restore(manager, state)
+    key = jax.random.key(cfg.run.seed)  # per-step keys are fold_in(key, step): nothing else to save
+    eval_batches = windows.eval_batches(cfg.eval.batches, cfg.train.batch_size)
     tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
     history = []
-    bar = tqdm(total=cfg.train.steps, desc="train", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=cfg.train.steps, initial=start_step, desc="train", disable=not progress, dynamic_ncols=True)
     started = time.perf_counter()
-    last_time, last_step = started, 0
-    with open(run_dir / "metrics.jsonl", "w", encoding="utf-8") as log:
-        for step in range(cfg.train.steps):
-            state, metrics = train_step(state, jnp.asarray(windows.batch(step, cfg.train.batch_size)), key)
-            done = step + 1
-            if done % cfg.train.log_every and done % cfg.eval.every and done != cfg.train.steps:
-                continue
-            jax.block_until_ready(state)  # the only host sync in the loop: at logging steps
-            now = time.perf_counter()
-            record = {"step": done, "loss": float(metrics["loss"]), "lr": float(schedule(step)),
-                      "grad_norm": float(metrics["grad_norm"]),
-                      "tokens_per_s": round(tokens_per_step * (done - last_step) / (now - last_time), 1)}
-            if not math.isfinite(record["loss"]):
-                raise FloatingPointError(f"loss became {record['loss']} at step {done}; stopping")
-            if done % cfg.eval.every == 0 or done == cfg.train.steps:
-                losses = [float(eval_step(state[0], jnp.asarray(b))) for b in eval_batches]
-                record["eval_loss"] = float(np.mean(losses))
-            history.append(record)
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-            bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
-            bar.update(done - last_step)
-            last_time, last_step = time.perf_counter(), done
-    bar.close()
+    last_time, last_step, skipped = started, start_step, int(state[3])
+    try:
+        with open(run_dir / "metrics.jsonl", "a" if start_step else "w", encoding="utf-8") as log:
+            for step in range(start_step, cfg.train.steps):
+                state, metrics = train_step(state, jnp.asarray(windows.batch(step, cfg.train.batch_size)), key)
+                done = step + 1
+                save = manager is not None and (done % cfg.checkpoint.every == 0 or done == cfg.train.steps)
+                if done % cfg.train.log_every and done % cfg.eval.every and done != cfg.train.steps and not save:
+                    continue
+                jax.block_until_ready(state)  # the only host sync in the loop: at logging and saving steps
+                bad = int(state[3])
+                if bad > skipped and cfg.train.on_nan == "stop":
+                    raise FloatingPointError(
+                        f"a non-finite loss or gradient occurred between steps {last_step + 1} and {done}; the run "
+                        f"stopped and nothing from those steps was saved (train.on_nan=skip drops such updates)")
+                if save:
+                    manager.save(done, args=ocp.args.StandardSave(state))
+                if done % cfg.train.log_every and done % cfg.eval.every and done != cfg.train.steps:
+                    continue
+                now = time.perf_counter()
+                record = {"step": done, "loss": float(metrics["loss"]), "lr": float(schedule(step)),
+                          "grad_norm": float(metrics["grad_norm"]),
+                          "tokens_per_s": round(tokens_per_step * (done - last_step) / (now - last_time), 1)}
+                if bad > skipped:
+                    record["skipped_steps"] = bad
+                skipped = bad
+                if done % cfg.eval.every == 0 or done == cfg.train.steps:
+                    losses = [float(eval_step(state[0], jnp.asarray(b))) for b in eval_batches]
+                    record["eval_loss"] = float(np.mean(losses))
+                history.append(record)
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+                bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                bar.update(done - last_step)
+                last_time, last_step = time.perf_counter(), done
+    finally:  # a stop (or any error) still waits for checkpoints in flight
+        bar.close()
+        if manager is not None:
+            manager.wait_until_finished()
+            manager.close()
     nnx.update(model, state[0])
-    return {"history": history, "model": model, "seconds": time.perf_counter() - started}
+    return {"history": history, "model": model, "seconds": time.perf_counter() - started, "start_step": start_step}
 
 
 def sample(model, prompt: str, max_new_tokens: int, seed: int = 0) -> str:
@@ -150,8 +202,12 @@ def main(argv: list[str]) -> int:
         config_path = "configs/default.yaml"
     cfg = load(config_path, overrides)
     result = train(cfg)
+    if not result["history"]:
+        print(f"{cfg.run.dir} already holds a finished run of {cfg.train.steps} steps; nothing to do")
+        return 0
     first, last = result["history"][0], result["history"][-1]
-    print(f"trained {cfg.train.steps} steps in {result['seconds']:.0f} s: loss {first['loss']:.3f} -> "
+    resumed = f" (resumed at step {result['start_step']})" if result["start_step"] else ""
+    print(f"trained {cfg.train.steps} steps{resumed} in {result['seconds']:.0f} s: loss {first['loss']:.3f} -> "
           f"{last['loss']:.3f}, held-out loss {last['eval_loss']:.3f}; metrics in {Path(cfg.run.dir) / 'metrics.jsonl'}")
     if cfg.train.sample_tokens:
         print("sample:", sample(result["model"], "The ", cfg.train.sample_tokens, cfg.run.seed))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,13 @@ class TrainSection:
     seq_len: int = 128
     log_every: int = 10
     sample_tokens: int = 120
+    on_nan: str = "stop"  # stop: end the run with an error; skip: drop that update and go on
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    every: int = 100  # steps between checkpoints; 0 turns checkpointing off
+    keep: int = 3  # the newest N finalized checkpoints are kept
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +71,7 @@ class RunConfig:
     train: TrainSection = TrainSection()
     eval: EvalSection = EvalSection()
     optim: OptimSection = OptimSection()
+    checkpoint: CheckpointSection = CheckpointSection()
 
     def __post_init__(self):
         for field in ("steps", "batch_size", "seq_len", "log_every"):
@@ -70,6 +79,10 @@ class RunConfig:
                 raise ValueError(f"train.{field}={getattr(self.train, field)} must be >= 1")
         if self.train.sample_tokens < 0:
             raise ValueError(f"train.sample_tokens={self.train.sample_tokens} must be >= 0")
+        if self.train.on_nan not in ("stop", "skip"):
+            raise ValueError(f"train.on_nan={self.train.on_nan!r}; valid: 'stop', 'skip'")
+        if self.checkpoint.every < 0 or self.checkpoint.keep < 1:
+            raise ValueError("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
         if self.eval.every < 1 or self.eval.batches < 1:
             raise ValueError("eval.every and eval.batches must be >= 1")
         if not 0 < self.data.eval_fraction < 1:
@@ -86,7 +99,7 @@ class RunConfig:
 
 
 SECTIONS = {"run": RunSection, "model": ModelSection, "data": DataSection, "train": TrainSection,
-            "eval": EvalSection, "optim": OptimSection}
+            "eval": EvalSection, "optim": OptimSection, "checkpoint": CheckpointSection}
 
 
 def _valid_keys() -> list[str]:
@@ -94,11 +107,28 @@ def _valid_keys() -> list[str]:
 
 
 def _parse_value(text: str) -> Any:
-    """``key=value`` values are YAML scalars: 3e-4 -> float, 200 -> int, true -> bool, else str."""
-    value = yaml.safe_load(text)
-    if isinstance(value, str) and text.strip().lower().replace(".", "", 1).replace("e-", "", 1).isdigit():
-        return float(text)  # YAML 1.1 reads "3e-4" as a string
-    return value
+    """``key=value`` values are YAML scalars (200 -> int, true -> bool, text -> str); numbers in
+    scientific notation such as 1e12 are floats (YAML 1.1 would read them as strings)."""
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return yaml.safe_load(text)
+
+
+def _coerce(section: str, field: str, value: Any, kind: Any) -> Any:
+    """Values take their field's type; an int where a float is wanted is fine, anything else is not."""
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind is float and isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise ValueError(f"{section}.{field}={value!r} must be {kind.__name__}")
 
 
 def _set(tree: dict, dotted: str, value: Any) -> None:
@@ -138,8 +168,6 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
         _set(tree, key.strip(), _parse_value(text))
     built = {}
     for name, fields in tree.items():
-        try:
-            built[name] = SECTIONS[name](**fields)
-        except TypeError as err:
-            raise ValueError(f"section {name!r}: {err}") from None
+        kinds = typing.get_type_hints(SECTIONS[name])
+        built[name] = SECTIONS[name](**{k: _coerce(name, k, v, kinds[k]) for k, v in fields.items()})
     return RunConfig(**built)
