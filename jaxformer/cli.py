@@ -1,4 +1,4 @@
-"""The ``jaxformer`` command line: info, compare, convert, generate."""
+"""The ``jaxformer`` command line: info, train, compare, convert, generate."""
 
 from __future__ import annotations
 
@@ -127,8 +127,21 @@ def model_summary(path, kind: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # train.py's own argument grammar: [CONFIG.yaml] [section.key=value ...]
+        from jaxformer.train.loop import main as train_main
+
+        try:
+            return train_main(argv[1:])
+        except ValueError as err:
+            print(f"jaxformer: error: {err}", file=sys.stderr)
+            return 2
+        except FloatingPointError as err:
+            print(f"jaxformer: stopped: {err}", file=sys.stderr)
+            return 3
     parser = argparse.ArgumentParser(prog="jaxformer", description="The three Transformer families in JAX/Flax.")
     commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("train", help="train a model: jaxformer train [CONFIG.yaml] [section.key=value ...]")
     p = commands.add_parser("info", help="list presets, or describe one (parameter count from abstract shapes)")
     p.add_argument("name", nargs="?", help="a preset name; omit to list every preset")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -66,6 +66,10 @@ def test_training_loss_falls_and_is_reproducible(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert {"step", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(records[0])
     assert "eval_loss" in records[-1] and records[-1]["step"] == 30
+    png = (tmp_path / "loss.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    events = list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1 and b"eval_loss" in events[0].read_bytes()
     again = train(run_config.load(None, TINY + [f"run.dir={tmp_path / 'again'}"]), progress=False)
     assert [r["loss"] for r in again["history"]] == losses  # same seed, same batches, same losses
     text = sample(first["model"], "The ", 10)
@@ -78,6 +82,10 @@ def test_command_line_entry(tmp_path, capsys):
     assert "held-out loss" in out and "sample: The " in out
     with pytest.raises(ValueError, match="encoder"):
         main(TINY + [f"run.dir={tmp_path}", "model.preset=tiny-bert"])
+    from jaxformer.cli import main as cli_main
+
+    assert cli_main(["train", *TINY, f"run.dir={tmp_path / 'cli'}"]) == 0
+    assert cli_main(["train", "train.stepz=3"]) == 2
 
 
 def _tiny_yaml(tmp_path, steps: int) -> str:

@@ -142,6 +142,9 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
     bar = tqdm(total=cfg.train.steps, initial=start_step, desc="train", disable=not progress, dynamic_ncols=True)
     started = time.perf_counter()
     last_time, last_step, skipped = started, start_step, int(state[3])
+    from tensorboardX import SummaryWriter
+
+    events = SummaryWriter(str(run_dir / "tensorboard"))
     try:
         with open(run_dir / "metrics.jsonl", "a" if start_step else "w", encoding="utf-8") as log:
             for step in range(start_step, cfg.train.steps):
@@ -173,16 +176,42 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
                 history.append(record)
                 log.write(json.dumps(record) + "\n")
                 log.flush()
+                for name, value in record.items():
+                    if name != "step":
+                        events.add_scalar(name, value, done)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
                 bar.update(done - last_step)
                 last_time, last_step = time.perf_counter(), done
     finally:  # a stop (or any error) still waits for checkpoints in flight
         bar.close()
+        events.close()
         if manager is not None:
             manager.wait_until_finished()
             manager.close()
     nnx.update(model, state[0])
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    if logged:
+        plot_losses(logged, run_dir / "loss.png")
     return {"history": history, "model": model, "seconds": time.perf_counter() - started, "start_step": start_step}
+
+
+def plot_losses(history: list[dict], path: Path) -> None:
+    """run.dir/loss.png: training loss at every logged step and held-out loss where evaluated."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    axes.plot([r["step"] for r in history], [r["loss"] for r in history], label="train")
+    held_out = [r for r in history if "eval_loss" in r]
+    axes.plot([r["step"] for r in held_out], [r["eval_loss"] for r in held_out], "o-", label="held-out")
+    axes.set(xlabel="step", ylabel="loss (nats / token)", title="training loss")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
 
 
 def sample(model, prompt: str, max_new_tokens: int, seed: int = 0) -> str:
