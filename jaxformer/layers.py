@@ -611,33 +611,34 @@ class Stack(nnx.Module):
         """Returns (output, hidden states or None, updated cache or None, MoE router stats or None).
 
         Hidden states follow Hugging Face: the input, then every layer's output, the last one
-        after the final norm. ``cache`` = {"k", "v": [L, B, S, K, H], "index"} holds earlier tokens,
-        whose slots ``k_positions`` / ``key_valid`` [B, S] describe; this call's tokens (real where
-        ``token_valid`` [B, T]) are attended next to it and written at ``index`` once, after the
-        layer loop.
+        after the final norm. Without a cache, ``key_valid`` [B, T] marks this call's real tokens.
+        ``cache`` = {"k", "v": [L, B, S, K, H], "index"} holds earlier tokens, whose slots
+        ``k_positions`` / ``key_valid`` [B, S] describe; this call's tokens (real where ``token_valid``
+        [B, T]) are attended next to it and written at ``index`` once, after the layer loop.
         """
         cfg = self.config
         window = cfg.window_size
         local_pattern = "sliding" if self.pattern == "alternating" else None
         base_pattern = "causal" if self.pattern == "alternating" else self.pattern
 
+        # This call's own tokens are always keys (real where key_valid says, or token_valid when a cache
+        # is given); with a cache, its slots (k_positions, key_valid) are keys too, attended in place.
+        own_valid = key_valid if cache is None else token_valid
+
         def masks(pattern):
             if pattern is None:
                 return None
-            own = visibility_mask(pattern, q_positions, q_positions if cache is not None or k_positions is None
-                                  else k_positions, key_valid if cache is None else token_valid, window=window,
+            own = visibility_mask(pattern, q_positions, q_positions, own_valid, window=window,
                                   prefix_lengths=prefix_lengths)
             if cache is None:
                 return own
-            cached = visibility_mask(pattern, q_positions, k_positions, key_valid, window=window,
-                                     prefix_lengths=prefix_lengths)
-            return cached, own
+            return visibility_mask(pattern, q_positions, k_positions, key_valid, window=window,
+                                   prefix_lengths=prefix_lengths), own
 
         mask, local_mask = masks(base_pattern), masks(local_pattern)
         bias = None
         if self.relative_bias is not None:
-            bias = self.relative_bias(q_positions, q_positions if k_positions is None or cache is not None
-                                      else k_positions)
+            bias = self.relative_bias(q_positions, q_positions)
             if cache is not None:
                 bias = (self.relative_bias(q_positions, k_positions), bias)
         rope = rope_angles(rope_frequencies(cfg), q_positions) if cfg.position == "rope" else None

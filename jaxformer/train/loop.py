@@ -34,7 +34,7 @@ def decay_mask(params: nnx.State) -> nnx.State:
                         params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
-def make_optimizer(cfg: RunConfig, params: nnx.State) -> optax.GradientTransformation:
+def make_optimizer(cfg: RunConfig, params: nnx.State) -> tuple[optax.GradientTransformation, optax.Schedule]:
     o, steps = cfg.optim, cfg.train.steps
     if o.schedule == "cosine":
         schedule = optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, steps, end_value=o.lr * 0.1)
