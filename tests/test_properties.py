@@ -20,7 +20,7 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer.layers import Attention, MoE, apply_rope, dropout, rope_angles, rope_frequencies, visibility_mask
-from conftest import TINY, call, dependency, embeds, jitted, tiny_config, tiny_model, token_ids
+from conftest import call, dependency, embeds, jitted, tiny_config, tiny_model, token_ids
 
 TOL = dict(atol=1e-6, rtol=1e-6)
 

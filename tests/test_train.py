@@ -31,7 +31,7 @@ def test_overrides_are_typed_and_unknown_keys_suggest_the_closest(tmp_path):
     with pytest.raises(ValueError, match="did you mean 'train.steps'"):
         run_config.load(yaml_file)
     yaml_file.write_text("!!python/object/apply:os.system ['echo pwned']\n")
-    with pytest.raises(Exception):  # safe_load refuses to construct Python objects
+    with pytest.raises(ValueError, match="not plain YAML data"):  # safe_load builds no Python objects
         run_config.load(yaml_file)
 
 

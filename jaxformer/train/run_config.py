@@ -149,7 +149,10 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
     tree: dict = {}
     if path is not None:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
+            try:  # safe_load: plain data only, never a Python object (no configuration executes code)
+                data = yaml.safe_load(f) or {}
+            except yaml.YAMLError as err:
+                raise ValueError(f"{path} is not plain YAML data: {err}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path} must hold a mapping of sections (run, model, data, train, eval, optim)")
         for section, fields in data.items():
