@@ -1,0 +1,182 @@
+"""Training-step throughput: jaxformer (jitted step, donated state, optax AdamW) vs transformers'
+PyTorch models in eager mode (torch.optim.AdamW), float32, same architecture, same machine, one run.
+
+Shapes (as the training issue states them): a GPT-2 architecture with 6 layers, d_model 512, 8 heads,
+vocab 8192, sequence 256, batch 8; a BERT-base-shaped encoder with its MLM head (sequence 128, batch 8);
+a T5-small-shaped encoder-decoder (source 128, target 32, batch 8). Each side runs a few warm-up steps,
+then ``--steps`` timed steps; the median step time gives tokens/s (T5 counts source + target tokens).
+MFU is model FLOPs over the float32 matmul peak that this script measures (the faster of XLA and PyTorch
+on a 2048^3 matmul). Model FLOPs use the dense estimate 6 x parameters x tokens; for the encoder-decoder
+each side counts its own tokens (encoder parameters x source tokens, decoder parameters and the tied
+embedding/head x target tokens). Attention's own FLOPs are left out, as in the 6N rule.
+
+    python benchmarks/train.py [--steps 5] [--json] [--only gpt,bert,t5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+
+def measure_peak_flops(jax, jnp, torch) -> float:
+    n = 2048
+    a = jnp.ones((n, n), jnp.float32)
+    mm = jax.jit(lambda x: x @ x)
+    mm(a).block_until_ready()
+    best_jax = min(_timed(lambda: mm(a).block_until_ready()) for _ in range(5))
+    t = torch.ones(n, n)
+    best_torch = min(_timed(lambda: t @ t) for _ in range(5))
+    return 2 * n**3 / min(best_jax, best_torch)
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def jaxformer_step(cfg, family: str, batch, jax, jnp, optax, nnx, jf):
+    """A jitted train step over (params, opt_state) with the state donated, and its initial state."""
+    model = jf.build(cfg)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    optimizer = optax.adamw(1e-4, weight_decay=0.01)
+
+    def loss_fn(params, batch):
+        model = nnx.merge(graphdef, params, rest)
+        if family == "t5":
+            logits = model(batch["source"], decoder_input_ids=batch["target"][:, :-1]).logits
+            labels = batch["target"][:, 1:]
+        elif family == "bert":
+            logits, labels = model(batch["tokens"]).logits, batch["labels"]
+        else:
+            logits, labels = model(batch["tokens"][:, :-1]).logits, batch["tokens"][:, 1:]
+        return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
+
+    def step(state, batch):
+        params, opt_state = state
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state), loss
+
+    def count(tree):
+        return sum(x.size for x in jax.tree.leaves(tree))
+
+    if family == "t5":  # each side's parameters see only that side's tokens
+        source, target = batch["source"].shape[1], batch["target"].shape[1] - 1
+        flops_per_example = 6 * (count(params["encoder"]) * source
+                                 + (count(params["decoder"]) + count(params["embed"])) * target)
+        tokens_per_example = source + target
+    else:
+        tokens_per_example = batch["tokens"].shape[1] - (0 if family == "bert" else 1)
+        flops_per_example = 6 * count(params) * tokens_per_example
+    return (jax.jit(step, donate_argnums=0), (params, optimizer.init(params)), count(params),
+            flops_per_example / tokens_per_example)
+
+
+def torch_step(model, family: str, batch, torch):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        if family == "t5":
+            logits = model(input_ids=batch["source"], decoder_input_ids=batch["target"][:, :-1]).logits
+            labels = batch["target"][:, 1:]
+        elif family == "bert":
+            logits, labels = model(input_ids=batch["tokens"]).logits, batch["labels"]
+        else:
+            logits, labels = model(input_ids=batch["tokens"][:, :-1]).logits, batch["tokens"][:, 1:]
+        loss = loss_fn(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--only", default="gpt,bert,t5")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    import torch
+    import transformers
+    from flax import nnx
+
+    import jaxformer as jf
+
+    transformers.logging.set_verbosity_error()
+    rng = np.random.default_rng(0)
+    batch_size = 8
+    setups = {
+        "gpt": (jf.config("gpt2").replace(d_model=512, num_heads=8, d_ff=2048, decoder_layers=6, vocab_size=8192,
+                                         max_positions=256, dropout_rate=0.0, attention_dropout_rate=0.0),
+                lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                    n_embd=512, n_layer=6, n_head=8, vocab_size=8192, n_positions=256, resid_pdrop=0.0,
+                    embd_pdrop=0.0, attn_pdrop=0.0)),
+                {"tokens": rng.integers(0, 8192, (batch_size, 257))}, batch_size * 256),
+        "bert": (jf.config("bert-base-uncased").replace(head="mlm", pooler=False, dropout_rate=0.0,
+                                                        attention_dropout_rate=0.0),
+                 lambda: transformers.BertForMaskedLM(transformers.BertConfig(
+                     hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)),
+                 {"tokens": rng.integers(0, 30522, (batch_size, 128)),
+                  "labels": rng.integers(0, 30522, (batch_size, 128))}, batch_size * 128),
+        "t5": (jf.config("t5-small").replace(dropout_rate=0.0),
+               lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
+                   d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8, vocab_size=32128, dropout_rate=0.0)),
+               {"source": rng.integers(0, 32128, (batch_size, 128)), "target": rng.integers(0, 32128, (batch_size, 33))},
+               batch_size * (128 + 32)),
+    }
+    peak = measure_peak_flops(jax, jnp, torch)
+    results = {}
+    for name in args.only.split(","):
+        cfg, make_torch, batch, tokens = setups[name]
+        step, state, params, flops_per_token = jaxformer_step(cfg, name, batch, jax, jnp, optax, nnx, jf)
+        jax_batch = {k: jnp.asarray(v) for k, v in batch.items()}
+        start = time.perf_counter()
+        state, loss = step(state, jax_batch)
+        loss.block_until_ready()
+        compile_s = time.perf_counter() - start
+        torch_model = make_torch().train()
+        run_torch = torch_step(torch_model, name, {k: torch.as_tensor(v) for k, v in batch.items()}, torch)
+        for _ in range(args.warmup):
+            state, loss = step(state, jax_batch)
+            run_torch()
+        loss.block_until_ready()
+        times = {"jaxformer": [], "torch": []}
+        for _ in range(args.steps):  # alternate, so both sides see the same machine load
+            start = time.perf_counter()
+            state, loss = step(state, jax_batch)
+            loss.block_until_ready()
+            times["jaxformer"].append(time.perf_counter() - start)
+            times["torch"].append(_timed(run_torch))
+        ours = tokens / statistics.median(times["jaxformer"])
+        theirs = tokens / statistics.median(times["torch"])
+        results[name] = {"jaxformer_tok_s": round(ours, 1), "torch_tok_s": round(theirs, 1),
+                         "ratio": round(ours / theirs, 3), "mfu": round(flops_per_token * ours / peak, 3),
+                         "compile_s": round(compile_s, 1), "params": int(params)}
+        del torch_model, state
+    if args.json:
+        print(json.dumps(results))
+        return
+    print(f"float32 train steps, median of {args.steps}; matmul peak measured here: {peak / 1e9:.0f} GFLOP/s")
+    print(f"{'model':<6} {'params':>12} {'jaxformer tok/s':>16} {'torch tok/s':>12} {'ratio':>7} {'MFU':>6} {'compile':>8}")
+    for name, r in results.items():
+        print(f"{name:<6} {r['params']:>12,} {r['jaxformer_tok_s']:>16.0f} {r['torch_tok_s']:>12.0f} "
+              f"{r['ratio']:>6.2f}x {r['mfu']:>6.1%} {r['compile_s']:>7.1f}s")
+
+
+if __name__ == "__main__":
+    main()
