@@ -77,7 +77,8 @@ def convert(args: argparse.Namespace) -> int:
         model.save_pretrained(args.output)
     else:
         save_model(from_pretrained(source, dtype=args.dtype), args.output)
-    print(f"wrote {target} checkpoint {args.output} ({model_summary(args.output, target)})")
+    contents = "config.json + model.safetensors" if target == "hf" else "jaxformer.json + Orbax params"
+    print(f"wrote {target} checkpoint {args.output} ({contents})")
     return 0
 
 
@@ -118,12 +119,6 @@ def generate(args: argparse.Namespace) -> int:
     print(f"[{new} new tokens in {elapsed:.2f} s: {new / elapsed:.1f} tokens/s; compile {compile_s:.1f} s]",
           file=sys.stderr)
     return 0
-
-
-def model_summary(path, kind: str) -> str:
-    from pathlib import Path
-
-    return "config.json + model.safetensors" if kind == "hf" else f"{Path(path) / 'jaxformer.json'} + Orbax params"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,12 +30,11 @@ def _row(name: str, ref: np.ndarray, ours: np.ndarray, valid: np.ndarray | None)
     if ref.shape != ours.shape:
         raise ValueError(f"{name}: reference shape {ref.shape} differs from jaxformer shape {ours.shape}")
     diff = np.abs(ref - ours)
-    if valid is not None and diff.ndim >= 2 and diff.shape[:2] == valid.shape:
-        diff = diff * valid.reshape(valid.shape + (1,) * (diff.ndim - 2))
-    worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else ()
     rel = diff / np.maximum(np.abs(ref), 1e-6)
-    if valid is not None and rel.ndim >= 2 and rel.shape[:2] == valid.shape:
-        rel = rel * valid.reshape(valid.shape + (1,) * (rel.ndim - 2))
+    if valid is not None and diff.ndim >= 2 and diff.shape[:2] == valid.shape:
+        keep = valid.reshape(valid.shape + (1,) * (diff.ndim - 2))
+        diff, rel = diff * keep, rel * keep
+    worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.size else ()
     return Row(name, float(diff.max(initial=0.0)), float(rel.max(initial=0.0)), str(tuple(int(i) for i in worst)))
 
 

@@ -24,7 +24,7 @@ PICKLE = "pytorch_model.bin"
 
 
 class TensorFiles:
-    """Read-only view over a checkpoint folder's tensors: ``names``, ``get(name)``, ``shape(name)``."""
+    """Read-only view over a checkpoint folder's tensors: ``names`` and ``get(name)``."""
 
     def __init__(self, folder: str | os.PathLike, allow_pickle: bool = False):
         folder = Path(folder)
@@ -71,14 +71,6 @@ class TensorFiles:
     def names(self) -> list[str]:
         return sorted(self._pickled) if self._pickled is not None else sorted(self._where)
 
-    def __contains__(self, name: str) -> bool:
-        return name in (self._pickled if self._pickled is not None else self._where)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        if self._pickled is not None:
-            return tuple(self._pickled[name].shape)
-        return self._handles[self._where[name]].shape(name)
-
     def get(self, name: str) -> np.ndarray:
         if self._pickled is not None:
             return self._pickled[name]
@@ -103,9 +95,6 @@ class _MappedSafetensors:
         self._header = header
         self._data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + header_len) if header else None
         self.path = path
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._header[name]["shape"])
 
     def get(self, name: str) -> np.ndarray:
         entry = self._header[name]

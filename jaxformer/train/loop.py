@@ -150,8 +150,11 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
             for step in range(start_step, cfg.train.steps):
                 state, metrics = train_step(state, jnp.asarray(windows.batch(step, cfg.train.batch_size)), key)
                 done = step + 1
-                save = manager is not None and (done % cfg.checkpoint.every == 0 or done == cfg.train.steps)
-                if done % cfg.train.log_every and done % cfg.eval.every and done != cfg.train.steps and not save:
+                last = done == cfg.train.steps
+                evaluate = done % cfg.eval.every == 0 or last
+                log_now = done % cfg.train.log_every == 0 or evaluate
+                save = manager is not None and (done % cfg.checkpoint.every == 0 or last)
+                if not (log_now or save):
                     continue
                 jax.block_until_ready(state)  # the only host sync in the loop: at logging and saving steps
                 bad = int(state[3])
@@ -161,7 +164,7 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
                         f"stopped and nothing from those steps was saved (train.on_nan=skip drops such updates)")
                 if save:
                     manager.save(done, args=ocp.args.StandardSave(state))
-                if done % cfg.train.log_every and done % cfg.eval.every and done != cfg.train.steps:
+                if not log_now:
                     continue
                 now = time.perf_counter()
                 record = {"step": done, "loss": float(metrics["loss"]), "lr": float(schedule(step)),
@@ -170,7 +173,7 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
                 if bad > skipped:
                     record["skipped_steps"] = bad
                 skipped = bad
-                if done % cfg.eval.every == 0 or done == cfg.train.steps:
+                if evaluate:
                     losses = [float(eval_step(state[0], jnp.asarray(b))) for b in eval_batches]
                     record["eval_loss"] = float(np.mean(losses))
                 history.append(record)
