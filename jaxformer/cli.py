@@ -1,4 +1,4 @@
-"""The ``jaxformer`` command line: info, train, compare, convert, generate."""
+"""The ``jaxformer`` command line: info, train, eval, compare, convert, generate."""
 
 from __future__ import annotations
 
@@ -64,13 +64,37 @@ def compare(args: argparse.Namespace) -> int:
     return 0 if all(r.max_abs <= args.tolerance for r in rows) else 1
 
 
+def evaluate(args: argparse.Namespace) -> int:
+    from jaxformer.train.loop import evaluate as run_evaluation
+
+    metrics = run_evaluation(args.run_dir, args.step, tuple(args.overrides))
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        print(f"{args.run_dir} step {metrics.pop('step')}: "
+              + ", ".join(f"{k.removeprefix('eval_')} {v:.6g}" for k, v in metrics.items()))
+    return 0
+
+
 def convert(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from jaxformer.checkpoint import is_checkpoint, load_model, save_model
     from jaxformer.interop.hf import from_pretrained
+    from jaxformer.train.loop import CONFIG_FILE, export_hf
 
     source = Path(args.source)
+    if (source / CONFIG_FILE).exists():  # a training run folder: its newest (or --step) checkpoint
+        output = args.to_hf or args.output
+        if output is None or args.to == "jaxformer":
+            raise ValueError(f"{source} is a training run; write it as a Hugging Face folder with --to-hf OUT")
+        step = export_hf(source, output, args.step)
+        print(f"wrote hf checkpoint {output} from step {step} of {source} (config.json + model.safetensors)")
+        return 0
+    if args.to_hf:
+        args.output, args.to = args.to_hf, "hf"
+    if args.output is None:
+        raise ValueError("convert needs an output folder (OUTPUT or --to-hf OUT)")
     target = args.to or ("hf" if is_checkpoint(source) else "jaxformer")
     if target == "hf":
         model = load_model(source) if is_checkpoint(source) else from_pretrained(source)
@@ -151,10 +175,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=float, default=1e-5, help="max abs difference allowed (exit 1 above)")
     p.set_defaults(run=compare)
 
-    p = commands.add_parser("convert", help="Hugging Face folder <-> jaxformer checkpoint (Orbax)")
-    p.add_argument("source", help="a Hugging Face folder or a jaxformer checkpoint folder")
-    p.add_argument("output", help="the folder to write")
+    p = commands.add_parser("eval", help="metrics of a training run's checkpoint on held-out (or given) data")
+    p.add_argument("run_dir", help="a train.py run folder (run.dir)")
+    p.add_argument("overrides", nargs="*", help="data.*, eval.* or mesh.* overrides, e.g. data.eval=test.jsonl")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=evaluate)
+
+    p = commands.add_parser("convert", help="Hugging Face folder <-> jaxformer checkpoint (Orbax), or a "
+                                            "training run -> Hugging Face folder")
+    p.add_argument("source", help="a Hugging Face folder, a jaxformer checkpoint folder or a training run folder")
+    p.add_argument("output", nargs="?", help="the folder to write")
     p.add_argument("--to", choices=["hf", "jaxformer"], help="target format (default: the other one)")
+    p.add_argument("--to-hf", metavar="OUT", help="write a Hugging Face folder OUT")
+    p.add_argument("--step", type=int, help="training runs: the checkpoint's step (default: the newest)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="parameter dtype when importing")
     p.set_defaults(run=convert)
 

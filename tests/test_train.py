@@ -7,9 +7,13 @@ import json
 import numpy as np
 import pytest
 
+import jax
+import optax
+
 from jaxformer.train import run_config
-from jaxformer.train.data import ByteWindows, load_corpus
-from jaxformer.train.loop import causal_lm_loss, main, sample, train
+from jaxformer.train.data import ByteTokenizer
+from jaxformer.train.loop import main, sample, train
+from jaxformer.train.objectives import IGNORE, make_objective, ratio, token_cross_entropy
 
 TINY = ["train.steps=30", "train.batch_size=8", "train.seq_len=32", "train.log_every=5", "eval.every=15",
         "eval.batches=2", "optim.warmup_steps=5", "train.sample_tokens=0"]
@@ -41,21 +45,37 @@ def test_default_config_file_is_valid():
 
 
 def test_batches_are_a_function_of_the_step():
-    windows = ByteWindows(load_corpus("python-docs"), 16, 0.1, seed=3)
-    np.testing.assert_array_equal(windows.batch(7, 4), windows.batch(7, 4))
-    assert not np.array_equal(windows.batch(7, 4), windows.batch(8, 4))
-    assert windows.batch(0, 4).shape == (4, 17)
-    held_out = windows.eval_batches(2, 4)
-    assert len(held_out) == 2 and all(b.max() < 256 for b in held_out)
+    cfg = run_config.load(None, ["train.seq_len=16"])
+    objective = make_objective(cfg, ByteTokenizer())
+    np.testing.assert_array_equal(objective.batch(7, 4)["input_ids"], objective.batch(7, 4)["input_ids"])
+    assert not np.array_equal(objective.batch(7, 4)["input_ids"], objective.batch(8, 4)["input_ids"])
+    batch = objective.batch(0, 4)
+    assert batch["input_ids"].shape == batch["labels"].shape == (4, 16)
+    np.testing.assert_array_equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])  # shifted by one
+    held_out = objective.eval_batches(2, 4)
+    assert len(held_out) == 2 and all(b["input_ids"].max() < 256 for b in held_out)
 
 
 def test_masked_loss_ignores_masked_positions():
     logits = np.random.default_rng(0).normal(size=(2, 3, 5)).astype(np.float32)
-    targets = np.array([[1, 2, 3], [4, 0, 1]])
-    mask = np.array([[1, 1, 0], [1, 0, 0]])
-    full = causal_lm_loss(logits, targets, mask)
-    changed = causal_lm_loss(logits, np.array([[1, 2, 0], [4, 3, 3]]), mask)
-    assert float(full) == pytest.approx(float(changed))
+    labels = np.array([[1, 2, IGNORE], [4, IGNORE, IGNORE]])
+    sums = token_cross_entropy(logits, labels)
+    changed = np.where(labels == IGNORE, IGNORE, labels)
+    assert float(sums["loss"][1]) == 3.0 and float(ratio(sums["loss"])) == float(ratio(token_cross_entropy(
+        logits, changed)["loss"]))
+    log_p = jax.nn.log_softmax(logits)
+    expected = -(log_p[0, 0, 1] + log_p[0, 1, 2] + log_p[1, 0, 4]) / 3
+    assert float(ratio(sums["loss"])) == pytest.approx(float(expected), abs=1e-6)
+
+
+def test_label_smoothing_matches_smoothed_one_hot_targets():
+    logits = np.random.default_rng(1).normal(size=(2, 4, 7)).astype(np.float32)
+    labels = np.array([[1, 2, 3, IGNORE], [0, 6, IGNORE, IGNORE]])
+    valid = labels != IGNORE
+    targets = optax.smooth_labels(jax.nn.one_hot(np.where(valid, labels, 0), 7), 0.1)
+    expected = (optax.softmax_cross_entropy(logits, targets) * valid).sum() / valid.sum()
+    got = ratio(token_cross_entropy(logits, labels, smoothing=0.1)["loss"])
+    assert float(got) == pytest.approx(float(expected), abs=1e-6)
 
 
 def test_training_loss_falls_and_is_reproducible(tmp_path):
@@ -64,7 +84,7 @@ def test_training_loss_falls_and_is_reproducible(tmp_path):
     losses = [r["loss"] for r in first["history"]]
     assert losses[-1] < losses[0] - 0.5, losses
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s"} <= set(records[0])
+    assert {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu"} <= set(records[0])
     assert "eval_loss" in records[-1] and records[-1]["step"] == 30
     png = (tmp_path / "loss.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 10_000
@@ -72,7 +92,7 @@ def test_training_loss_falls_and_is_reproducible(tmp_path):
     assert len(events) == 1 and b"eval_loss" in events[0].read_bytes()
     again = train(run_config.load(None, TINY + [f"run.dir={tmp_path / 'again'}"]), progress=False)
     assert [r["loss"] for r in again["history"]] == losses  # same seed, same batches, same losses
-    text = sample(first["model"], "The ", 10)
+    text = sample(first["model"], first["objective"], 10)
     assert text.startswith("The ") and len(text.encode()) >= 4
 
 
@@ -158,3 +178,149 @@ def test_values_take_their_field_types():
     assert run_config.load(None, ["optim.lr=1e12"]).optim.lr == 1e12
     with pytest.raises(ValueError, match="train.steps='many' must be int"):
         run_config.load(None, ["train.steps=many"])
+
+
+# --------------------------------------------------------------------------------------------------
+# Every objective's config, and what a finished run is used for
+
+
+QUICK = ["train.steps=40", "train.batch_size=8", "train.log_every=5", "eval.every=40", "eval.batches=2",
+         "optim.warmup_steps=5", "train.sample_tokens=0", "checkpoint.every=20"]
+
+
+@pytest.mark.parametrize("config", ["default", "bert_mlm", "t5_span", "transformer_seq2seq", "bert_classification"])
+def test_each_objective_config_trains_and_its_loss_falls(tmp_path, config):
+    cfg = run_config.load(f"configs/{config}.yaml", QUICK + ["train.seq_len=64", f"run.dir={tmp_path}"])
+    history = train(cfg, progress=False)["history"]
+    first, last = history[0]["loss"], np.mean([r["loss"] for r in history[-2:]])
+    assert last < first - 0.1, [r["loss"] for r in history]
+    assert np.isfinite(history[-1]["eval_loss"])
+
+
+def test_mixture_of_experts_trains_with_its_load_balancing_loss(tmp_path):
+    cfg = run_config.load(None, TINY + ["model.preset=tiny-mixtral", f"run.dir={tmp_path}"])
+    history = train(cfg, progress=False)["history"]
+    assert all(r["aux_loss"] > 0 for r in history) and history[-1]["loss"] < history[0]["loss"] - 0.3
+
+
+def test_eval_reproduces_the_logged_metrics_and_convert_gives_a_transformers_folder(tmp_path, capsys):
+    import torch
+    import transformers
+
+    from jaxformer.cli import main as cli_main
+
+    run_dir = tmp_path / "run"
+    cfg = run_config.load("configs/bert_mlm.yaml", QUICK + ["train.seq_len=64", "eval.every=20",
+                                                            f"run.dir={run_dir}"])
+    history = train(cfg, progress=False)["history"]
+    logged = {r["step"]: r for r in history if "eval_loss" in r}
+    assert sorted(logged) == [20, 40]
+    for step in (20, None):
+        assert cli_main(["eval", str(run_dir), "--json"] + (["--step", str(step)] if step else [])) == 0
+        metrics = json.loads(capsys.readouterr().out)
+        expected = logged[step or 40]
+        assert {k: v for k, v in metrics.items() if k != "step"} == {k: v for k, v in expected.items()
+                                                                    if k.startswith("eval_")}
+    assert cli_main(["convert", str(run_dir), "--to-hf", str(tmp_path / "hf")]) == 0
+    reference = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    from jaxformer.train.loop import restore_run
+
+    run, _ = restore_run(run_dir)
+    batch = run.objective.eval_batches(1, 4)[0]
+    ours = run.model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    with torch.no_grad():
+        theirs = reference(**{k: torch.as_tensor(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")})
+    np.testing.assert_allclose(np.asarray(ours.logits), theirs.prediction_logits.numpy(), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(np.asarray(ours.nsp_logits), theirs.seq_relationship_logits.numpy(), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="only data"):
+        cli_main(["eval", str(run_dir), "model.preset=tiny-gpt"]) and None
+    assert cli_main(["eval", str(run_dir), "--step", "7"]) == 2  # no such checkpoint: a clear error
+
+
+def test_fine_tuning_a_hugging_face_checkpoint_for_classification(tmp_path, capsys):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    hf_config = transformers.BertConfig(vocab_size=360, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=128, max_position_embeddings=64, pad_token_id=256)
+    transformers.BertForMaskedLM(hf_config).save_pretrained(tmp_path / "bert")  # a pretrained MLM, no classifier
+    cfg = run_config.load("configs/bert_classification.yaml", [
+        f"model.init_from=hf:{tmp_path / 'bert'}", "train.steps=60", "eval.every=60", "train.log_every=10",
+        f"run.dir={tmp_path / 'run'}", "train.sample_tokens=0", "checkpoint.every=0"])
+    result = train(cfg, progress=False)
+    assert "freshly initialised" in capsys.readouterr().out  # the new pooler and classifier are named
+    assert result["history"][-1]["eval_accuracy"] > 0.8  # two balanced classes: chance is 0.5
+    model = result["model"]
+    assert model.config.head == "sequence_classification" and model.config.num_labels == 2
+
+
+def test_gradient_accumulation_equals_one_big_batch(tmp_path):
+    whole = train(run_config.load(None, TINY + [f"run.dir={tmp_path / 'a'}"]), progress=False)["history"]
+    split = train(run_config.load(None, TINY + [f"run.dir={tmp_path / 'b'}", "train.grad_accum=4"]),
+                  progress=False)["history"]
+    # Same batches and same mean gradient, summed in another order: float32 rounding only.
+    np.testing.assert_allclose([r["loss"] for r in split], [r["loss"] for r in whole], rtol=1e-4)
+
+
+def test_bfloat16_compute_keeps_float32_parameters_and_trains(tmp_path):
+    result = train(run_config.load(None, TINY + [f"run.dir={tmp_path}", "train.compute_dtype=bfloat16"]),
+                   progress=False)
+    losses = [r["loss"] for r in result["history"]]
+    assert losses[-1] < losses[0] - 0.5
+    params = jax.tree.leaves(__import__("flax").nnx.state(result["model"], __import__("flax").nnx.Param))
+    assert {p.dtype for p in params} == {np.dtype("float32")} and result["model"].config.dtype == "bfloat16"
+
+
+def test_a_non_finite_gradient_leaves_parameters_and_optimizer_state_unchanged():
+    from flax import nnx
+
+    from jaxformer.train.loop import Run, make_optimizer, make_steps
+
+    cfg = run_config.load(None, TINY + ["train.on_nan=skip"])
+    run = Run.build(cfg)
+    graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
+    optimizer, _ = make_optimizer(cfg, params)
+    train_step, _ = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh)
+    params["embed"]["embedding"].value = params["embed"]["embedding"].value.at[0, 0].set(np.nan)
+    state = {"params": params, "opt_state": optimizer.init(params), "step": np.int32(0), "skipped": np.int32(0),
+             "key": jax.random.PRNGKey(0)}
+    before = jax.tree.map(np.array, state)
+    after, _ = train_step(state, run.objective.batch(0, 8))
+    assert int(after["skipped"]) == 1 and int(after["step"]) == 1
+    for old, new in zip(jax.tree.leaves((before["params"], before["opt_state"])),
+                        jax.tree.leaves((after["params"], after["opt_state"]))):
+        np.testing.assert_array_equal(np.asarray(new), old)  # NaN where it was NaN, every other value kept
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model.overrides.num_heads=5"], "num_heads"),
+    (["train.seq_len=200"], "train.seq_len=200 exceeds the model's position table"),
+    (["mesh.data=2"], "mesh .* holds 2 devices; there are 1"),
+    (["train.grad_accum=3"], "train.grad_accum=3 must be >= 1 and divide train.batch_size=8"),
+    (["train.objective=mlm"], "trains encoder models"),
+    (["model.preset=tiny-bert", "train.objective=mlm"], "vocab_size=256 cannot hold"),
+    (["mesh.tensor=-1", "mesh.data=-1"], "only one mesh axis may be -1"),
+])
+def test_config_errors_name_the_field_before_anything_compiles(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        train(run_config.load(None, TINY + [f"run.dir={tmp_path}"] + overrides), progress=False)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_data_parallel_over_four_devices_matches_one_device(tmp_path):
+    """The same run on four simulated devices (mesh.data=4): the batch is split, the losses are not."""
+    import subprocess
+    import sys
+
+    one = train(run_config.load(None, TINY + [f"run.dir={tmp_path / 'one'}"]), progress=False)["history"]
+    env = {**__import__("os").environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    subprocess.run([sys.executable, "train.py", *TINY, f"run.dir={tmp_path / 'four'}", "mesh.data=4"], env=env,
+                   check=True, capture_output=True)
+    four = [json.loads(line) for line in (tmp_path / "four" / "metrics.jsonl").read_text().splitlines()]
+    # A psum over devices adds the per-device partial sums in another order: float32 rounding only.
+    np.testing.assert_allclose([r["loss"] for r in four], [r["loss"] for r in one], rtol=1e-5)
+    failed = subprocess.run([sys.executable, "train.py", *TINY, f"run.dir={tmp_path / 'bad'}", "mesh.data=4",
+                             "train.batch_size=6"], env=env, capture_output=True, text=True)
+    assert failed.returncode == 2
+    assert "6 rows per micro-batch do not divide over the data-parallel size mesh.data x mesh.fsdp = 4" in failed.stderr

@@ -1,57 +1,199 @@
-"""Text for causal-LM training, with nothing downloaded: bytes of a corpus as token ids (vocabulary
-256), cut into fixed-length windows chosen by (seed, step) alone, so the batch of any step can be
-recomputed exactly (a resumed run sees the batches an uninterrupted one would have seen)."""
+"""Training data with nothing downloaded: tokenizers, text and JSONL sources, and step-indexed sampling.
+
+Every batch is a pure function of (seed, step): the pipeline's position *is* the step, which the
+checkpoint holds, so a resumed run sees exactly the batches an uninterrupted one would have seen, on
+any number of processes. Shapes are static: text is packed into fixed windows, records are padded
+to fixed lengths.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 
 BYTE_VOCAB = 256
+DEFAULT_CORPUS = "python-docs"
 
 
-def default_corpus() -> str:
+class ByteTokenizer:
+    """UTF-8 bytes are ids 0-255; then <pad>, <s> (also [CLS]), </s> (also [SEP]), [MASK]; then 100
+    T5 sentinels at the top of the vocabulary, <extra_id_0> the highest id, as in T5."""
+
+    SPECIALS = {"pad": 256, "bos": 257, "eos": 258, "mask": 259}
+    SENTINELS = 100
+    vocab_size = BYTE_VOCAB + len(SPECIALS) + SENTINELS
+    regular_vocab = BYTE_VOCAB  # what MLM's random replacements draw from: real bytes, not specials
+    name = "bytes"
+    document_separator = np.frombuffer(b"\n\n", np.uint8).astype(np.int32)  # packed text reads as text
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < BYTE_VOCAB).decode("utf-8", errors="replace")
+
+    def special(self, role: str) -> int | None:
+        if role == "sentinel":
+            return self.vocab_size - 1
+        return self.SPECIALS.get(role)
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizers`` tokenizer.json; specials are found by their usual spellings."""
+
+    SPELLINGS = {"pad": ("[PAD]", "<pad>"), "bos": ("[CLS]", "<s>", "<|begin_of_text|>", "<|endoftext|>"),
+                 "eos": ("[SEP]", "</s>", "<|end_of_text|>", "<|endoftext|>"), "mask": ("[MASK]", "<mask>"),
+                 "sentinel": ("<extra_id_0>",)}
+
+    def __init__(self, path: str):
+        from jaxformer.interop.tokenizer import load_tokenizer
+
+        self.name = path
+        self.tokenizer = load_tokenizer(path).tokenizer
+        self.vocab_size = self.regular_vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        eos = self.special("eos")
+        self.document_separator = None if eos is None else np.array([eos], np.int32)
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
+
+    def encode_many(self, texts: list[str]) -> list[np.ndarray]:
+        return [np.asarray(e.ids, np.int32) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def special(self, role: str) -> int | None:
+        for spelling in self.SPELLINGS[role]:
+            found = self.tokenizer.token_to_id(spelling)
+            if found is not None:
+                return found
+        return None
+
+
+def make_tokenizer(spec: str) -> ByteTokenizer | HFTokenizer:
+    return ByteTokenizer() if spec == "bytes" else HFTokenizer(spec)
+
+
+def require(tokenizer, *roles: str) -> dict[str, int]:
+    """The ids of the special tokens an objective needs, or a ValueError naming what is missing."""
+    found = {role: tokenizer.special(role) for role in roles}
+    missing = [role for role, value in found.items() if value is None]
+    if missing:
+        spellings = {role: HFTokenizer.SPELLINGS[role] for role in missing}
+        raise ValueError(f"data.tokenizer={tokenizer.name!r} has no {', '.join(missing)} token (looked for "
+                         f"{spellings}); this objective needs them")
+    return found
+
+
+def default_documents() -> list[str]:
     """English prose and code shipped with every Python install: the pydoc topics (about 460 KB)."""
     from pydoc_data import topics
 
-    return "\n\n".join(topics.topics[name] for name in sorted(topics.topics))
+    return [topics.topics[name] for name in sorted(topics.topics)]
 
 
-def load_corpus(name: str) -> np.ndarray:
-    text = default_corpus() if name == "python-docs" else None
-    if text is None:
-        path = Path(name)
-        if not path.is_file():
-            raise ValueError(f"data.corpus={name!r} is neither 'python-docs' nor a readable text file")
-        text = path.read_text(encoding="utf-8")
-    return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32)
+def read_documents(source: str) -> list[str]:
+    """``python-docs``, a .txt file (documents separated by blank lines) or a .jsonl file of {"text": ...}."""
+    if source == DEFAULT_CORPUS:
+        return default_documents()
+    if source.endswith(".jsonl"):
+        return [record_field(r, "text", source, i) for i, r in enumerate(read_jsonl(source))]
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"data source {source!r} is neither {DEFAULT_CORPUS!r} nor a readable file")
+    return [doc for doc in path.read_text(encoding="utf-8").split("\n\n") if doc.strip()]
 
 
-class ByteWindows:
-    """Train and held-out splits of one corpus; ``batch(step)`` is a pure function of the step."""
-
-    def __init__(self, tokens: np.ndarray, seq_len: int, eval_fraction: float, seed: int):
-        split = int(len(tokens) * (1 - eval_fraction))
-        self.train, self.held_out = tokens[:split], tokens[split:]
-        self.seq_len, self.seed = seq_len, seed
-        for name, part in (("training", self.train), ("held-out", self.held_out)):
-            if len(part) <= seq_len + 1:
-                raise ValueError(f"the {name} split has {len(part)} tokens, too few for train.seq_len={seq_len}")
-
-    def _windows(self, source: np.ndarray, starts: np.ndarray) -> np.ndarray:
-        return np.stack([source[s:s + self.seq_len + 1] for s in starts])  # inputs and shifted targets
-
-    def batch(self, step: int, batch_size: int) -> np.ndarray:
-        rng = np.random.default_rng((self.seed, step))
-        return self._windows(self.train, rng.integers(0, len(self.train) - self.seq_len - 1, batch_size))
-
-    def eval_batches(self, count: int, batch_size: int) -> list[np.ndarray]:
-        """Fixed, evenly spaced held-out windows: the same every time they are evaluated."""
-        total = count * batch_size
-        starts = np.linspace(0, len(self.held_out) - self.seq_len - 1, total).astype(int)
-        return [self._windows(self.held_out, starts[i * batch_size:(i + 1) * batch_size]) for i in range(count)]
+def read_jsonl(source: str) -> list[dict]:
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"data source {source!r} is not a readable JSONL file")
+    records = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{source}:{number} is not JSON: {err}") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{source}:{number} must be a JSON object")
+        records.append(record)
+    if not records:
+        raise ValueError(f"{source} holds no records")
+    return records
 
 
-def decode_bytes(ids) -> str:
-    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+def record_field(record: dict, key: str, source: str, index: int):
+    if key not in record:
+        raise ValueError(f"{source}: record {index + 1} has no {key!r} field (it has {sorted(record)})")
+    return record[key]
+
+
+def split_held_out(items: list, eval_source: str, eval_fraction: float, reader) -> tuple[list, list]:
+    """Training items and held-out items: ``data.eval`` when given, else the last ``eval_fraction``."""
+    if eval_source:
+        return items, reader(eval_source)
+    cut = int(round(len(items) * (1 - eval_fraction)))
+    if cut == len(items) or cut == 0:
+        raise ValueError(f"data.eval_fraction={eval_fraction} of {len(items)} items leaves an empty split; "
+                         "give more data or a data.eval file")
+    return items[:cut], items[cut:]
+
+
+def step_rng(seed: int, step: int, stream: int = 0) -> np.random.Generator:
+    """The host random stream of one step (``stream`` separates independent uses in one step)."""
+    return np.random.default_rng((seed, step, stream))
+
+
+def epoch_indices(count: int, seed: int, step: int, batch_size: int) -> np.ndarray:
+    """Rows of step ``step`` when ``count`` records are visited in a fresh seeded order every epoch."""
+    positions = np.arange(step * batch_size, (step + 1) * batch_size)
+    epochs, offsets = np.divmod(positions, count)
+    orders = {int(e): np.random.default_rng((seed, int(e))).permutation(count) for e in np.unique(epochs)}
+    return np.array([orders[int(e)][o] for e, o in zip(epochs, offsets)])
+
+
+class PackedStream:
+    """Documents tokenized and packed end to end (``separator`` between them) into one stream; a step's
+    batch is ``batch_size`` windows of ``length`` tokens at seeded offsets; held-out windows are fixed."""
+
+    def __init__(self, tokens: np.ndarray, length: int, name: str):
+        if len(tokens) <= length:
+            raise ValueError(f"the {name} split has {len(tokens)} tokens, too few for windows of {length} "
+                             "(lower train.seq_len or give more text)")
+        self.tokens, self.length = tokens, length
+
+    @classmethod
+    def from_documents(cls, tokenizer, documents: list[str], length: int, name: str,
+                       separator: np.ndarray | None = None):
+        pieces = []
+        for ids in tokenizer.encode_many(documents):
+            pieces.append(ids)
+            if separator is not None:
+                pieces.append(separator)
+        return cls(np.concatenate(pieces) if pieces else np.zeros(0, np.int32), length, name)
+
+    def windows(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        starts = rng.integers(0, len(self.tokens) - self.length + 1, count)
+        return np.stack([self.tokens[s:s + self.length] for s in starts])
+
+    def fixed_windows(self, count: int) -> np.ndarray:
+        """``count`` windows evenly spaced over the stream: the same every time."""
+        starts = np.linspace(0, len(self.tokens) - self.length, count).astype(int)
+        return np.stack([self.tokens[s:s + self.length] for s in starts])
+
+
+def pad_rows(rows: list[np.ndarray], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows right-padded to ``length`` as int32 [B, length], with the mask of real tokens."""
+    ids = np.full((len(rows), length), pad, np.int32)
+    mask = np.zeros((len(rows), length), np.int32)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], mask[i, :len(row)] = row, 1
+    return ids, mask

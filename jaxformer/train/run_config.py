@@ -22,22 +22,44 @@ class RunSection:
 class ModelSection:
     preset: str = "tiny-gpt"
     overrides: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields to replace
+    init_from: str = ""  # "hf:PATH" (a Hugging Face folder) or "jaxformer:PATH" starts from its weights
 
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
-    corpus: str = "python-docs"  # English text shipped with Python (pydoc topics), or a path to a .txt file
-    eval_fraction: float = 0.1  # the held-out tail of the corpus
+    train: str = "python-docs"  # python-docs (English text shipped with Python), a .txt or a .jsonl file
+    eval: str = ""  # a held-out file; empty: the last eval_fraction of the training documents or records
+    eval_fraction: float = 0.1
+    tokenizer: str = "auto"  # bytes | a tokenizer.json (or its folder) | auto: init_from's tokenizer, else bytes
+    target_len: int = 0  # seq2seq target length; 0: train.seq_len
+    nsp: bool = True  # mlm: next-sentence prediction as in BERT (false: MLM alone, as RoBERTa)
+    mask_probability: float = 0.15  # mlm: fraction of tokens predicted
+    noise_density: float = 0.15  # span_corruption: fraction of tokens hidden
+    mean_span_length: float = 3.0  # span_corruption
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+    """Device mesh axis sizes; -1 takes the devices left over. The batch is split over data x fsdp."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    expert: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
+    objective: str = "causal_lm"  # causal_lm | mlm | span_corruption | seq2seq | classification
     steps: int = 300
     batch_size: int = 16
     seq_len: int = 128
     log_every: int = 10
     sample_tokens: int = 120
     on_nan: str = "stop"  # stop: end the run with an error; skip: drop that update and go on
+    grad_accum: int = 1  # micro-batches per step: batch_size / grad_accum rows each, gradients averaged
+    compute_dtype: str = "float32"  # float32 | bfloat16 (parameters and optimizer state stay float32)
+    label_smoothing: float = 0.0  # the 2017 Transformer used 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +78,7 @@ class EvalSection:
 class OptimSection:
     lr: float = 3e-3
     warmup_steps: int = 30
-    schedule: str = "cosine"  # cosine | linear | constant
+    schedule: str = "cosine"  # cosine | linear | constant | inverse_sqrt (the 2017 Transformer's)
     weight_decay: float = 0.1
     clip_norm: float = 1.0
     b1: float = 0.9
@@ -72,8 +94,30 @@ class RunConfig:
     eval: EvalSection = EvalSection()
     optim: OptimSection = OptimSection()
     checkpoint: CheckpointSection = CheckpointSection()
+    mesh: MeshSection = MeshSection()
 
     def __post_init__(self):
+        from jaxformer.train.objectives import OBJECTIVES
+
+        if self.train.objective not in OBJECTIVES:
+            raise ValueError(f"train.objective={self.train.objective!r}; valid: {', '.join(map(repr, OBJECTIVES))}")
+        if self.train.grad_accum < 1 or self.train.batch_size % self.train.grad_accum:
+            raise ValueError(f"train.grad_accum={self.train.grad_accum} must be >= 1 and divide train.batch_size="
+                             f"{self.train.batch_size}")
+        if self.train.compute_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"train.compute_dtype={self.train.compute_dtype!r}; valid: 'float32', 'bfloat16'")
+        if not 0 <= self.train.label_smoothing < 1:
+            raise ValueError(f"train.label_smoothing={self.train.label_smoothing} must lie in [0, 1)")
+        if not 0 < self.data.mask_probability < 1 or not 0 < self.data.noise_density < 1:
+            raise ValueError("data.mask_probability and data.noise_density must lie in (0, 1)")
+        if self.data.mean_span_length < 1 or self.data.target_len < 0:
+            raise ValueError("data.mean_span_length must be >= 1 and data.target_len >= 0")
+        if self.model.init_from and not self.model.init_from.startswith(("hf:", "jaxformer:")):
+            raise ValueError(f"model.init_from={self.model.init_from!r} must be hf:PATH or jaxformer:PATH")
+        for axis in ("data", "fsdp", "tensor", "expert"):
+            size = getattr(self.mesh, axis)
+            if size == 0 or size < -1:
+                raise ValueError(f"mesh.{axis}={size} must be a positive size or -1 (the devices left over)")
         for field in ("steps", "batch_size", "seq_len", "log_every"):
             if getattr(self.train, field) < 1:
                 raise ValueError(f"train.{field}={getattr(self.train, field)} must be >= 1")
@@ -87,8 +131,9 @@ class RunConfig:
             raise ValueError("eval.every and eval.batches must be >= 1")
         if not 0 < self.data.eval_fraction < 1:
             raise ValueError(f"data.eval_fraction={self.data.eval_fraction} must lie in (0, 1)")
-        if self.optim.schedule not in ("cosine", "linear", "constant"):
-            raise ValueError(f"optim.schedule={self.optim.schedule!r}; valid: 'cosine', 'linear', 'constant'")
+        if self.optim.schedule not in ("cosine", "linear", "constant", "inverse_sqrt"):
+            raise ValueError(f"optim.schedule={self.optim.schedule!r}; valid: 'cosine', 'linear', 'constant', "
+                             "'inverse_sqrt'")
         if not self.optim.lr > 0:
             raise ValueError(f"optim.lr={self.optim.lr} must be > 0")
         if not 0 <= self.optim.warmup_steps < self.train.steps:
@@ -99,7 +144,7 @@ class RunConfig:
 
 
 SECTIONS = {"run": RunSection, "model": ModelSection, "data": DataSection, "train": TrainSection,
-            "eval": EvalSection, "optim": OptimSection, "checkpoint": CheckpointSection}
+            "eval": EvalSection, "optim": OptimSection, "checkpoint": CheckpointSection, "mesh": MeshSection}
 
 
 def _valid_keys() -> list[str]:
@@ -154,7 +199,7 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
             except yaml.YAMLError as err:
                 raise ValueError(f"{path} is not plain YAML data: {err}") from None
         if not isinstance(data, dict):
-            raise ValueError(f"{path} must hold a mapping of sections (run, model, data, train, eval, optim)")
+            raise ValueError(f"{path} must hold a mapping of sections ({', '.join(SECTIONS)})")
         for section, fields in data.items():
             if not isinstance(fields, dict):
                 raise ValueError(f"{path}: section {section!r} must be a mapping")
@@ -174,3 +219,8 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
         kinds = typing.get_type_hints(SECTIONS[name])
         built[name] = SECTIONS[name](**{k: _coerce(name, k, v, kinds[k]) for k, v in fields.items()})
     return RunConfig(**built)
+
+
+def dump(cfg: RunConfig) -> str:
+    """The config as YAML that ``load`` reads back to an equal config."""
+    return yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False)
