@@ -57,3 +57,110 @@ def test_span_corruption_reassembles_to_the_original():
             rebuilt += spans.pop(int(token)) if token >= 32000 else [int(token)]
         assert not spans
         np.testing.assert_array_equal(rebuilt, original)
+
+
+# --------------------------------------------------------------------------------------------------
+# The objectives' batches: static shapes, the conventions of each paper, and nothing lost
+
+
+def _objective(name: str, *overrides: str):
+    from jaxformer.train import run_config
+    from jaxformer.train.data import ByteTokenizer
+    from jaxformer.train.objectives import make_objective
+
+    cfg = run_config.load(None, [f"train.objective={name}", *overrides])
+    return make_objective(cfg, ByteTokenizer())
+
+
+def test_mlm_batches_hold_two_segments_and_balanced_next_sentence_labels():
+    from jaxformer.train.data import ByteTokenizer
+
+    objective = _objective("mlm", "train.seq_len=96")
+    batch = objective.batch(3, 256)
+    ids, types, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+    assert ids.shape == types.shape == mask.shape == (256, 96)
+    assert (ids[:, 0] == ByteTokenizer.SPECIALS["bos"]).all()  # [CLS] first, never masked
+    sep = ByteTokenizer.SPECIALS["eos"]
+    for row_ids, row_types, row_mask, row_labels in zip(ids, types, mask, batch["labels"]):
+        length = row_mask.sum()
+        originals = np.where(row_labels != IGNORE, row_labels, row_ids)[:length]
+        assert (np.flatnonzero(originals == sep) == [np.flatnonzero(row_types)[0] - 1, length - 1]).all()
+        assert (row_ids[length:] == ByteTokenizer.SPECIALS["pad"]).all() and (row_labels[length:] == IGNORE).all()
+    assert abs(batch["nsp_labels"].mean() - 0.5) < 0.1
+    assert abs((batch["labels"] != IGNORE).sum() / (mask.sum() - 3 * 256) - 0.15) < 0.02
+
+
+def test_span_corruption_batches_have_static_shapes_and_t5_targets():
+    from jaxformer.train.data import ByteTokenizer
+
+    objective = _objective("span_corruption", "train.seq_len=64")
+    top = ByteTokenizer.vocab_size - 1  # <extra_id_0>
+    first, second = objective.batch(0, 8), objective.batch(1, 8)
+    for batch in (first, second):
+        assert batch["input_ids"].shape == (8, 64) and batch["labels"].shape == (8, objective.target_len)
+        assert (batch["labels"][:, 0] == top).all() and (batch["labels"][:, -1] == ByteTokenizer.SPECIALS["eos"]).all()
+        np.testing.assert_array_equal(batch["decoder_input_ids"][:, 1:], batch["labels"][:, :-1])
+        assert (batch["decoder_input_ids"][:, 0] == ByteTokenizer.SPECIALS["pad"]).all()  # T5 starts with pad
+    assert objective.raw_length > 64  # the corrupted input is shorter than the text it came from
+
+
+def test_record_batches_visit_every_record_once_per_epoch():
+    from jaxformer.train.data import epoch_indices
+
+    seen = np.concatenate([epoch_indices(10, 0, step, 4) for step in range(5)])  # two epochs of 10
+    assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:20]) == list(range(10))
+    assert not np.array_equal(seen[:10], seen[10:20])  # a new order every epoch
+
+
+def test_seq2seq_and_classification_batches(tmp_path):
+    from jaxformer.train.data import ByteTokenizer
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(f'{{"source": "source {i}", "target": "target number {i}"}}\n' for i in range(20)))
+    objective = _objective("seq2seq", f"data.train={pairs}", "train.seq_len=16", "data.target_len=12")
+    objective.decoder_start = 257
+    batch = objective.batch(0, 4)
+    eos = ByteTokenizer.SPECIALS["eos"]
+    for labels, decoder_in, decoder_mask in zip(batch["labels"], batch["decoder_input_ids"],
+                                                batch["decoder_attention_mask"]):
+        kept = labels[labels != IGNORE]
+        assert kept[-1] == eos and len(kept) == 12 and ByteTokenizer().decode(kept) == "target numb"  # cut, EOS kept
+        assert decoder_in[0] == 257 and (decoder_in[1:len(kept)] == kept[:-1]).all()
+        assert decoder_mask.sum() == len(kept)
+    assert "were cut" in " ".join(objective.notes)  # "target number 12" + EOS is 17 > 12 tokens
+
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text("".join(f'{{"text": "text {i}", "label": "{"ab"[i % 2]}"}}\n' for i in range(30)))
+    objective = _objective("classification", f"data.train={labelled}", "train.seq_len=16")
+    assert objective.label_names == ["a", "b"]
+    held_out = objective.eval_batches(1, 4)  # 3 held-out records: one batch, one filler row
+    assert len(held_out) == 1 and list(held_out[0]["labels"][3:]) == [IGNORE]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "x"}\n')
+    with pytest.raises(ValueError, match="record 1 has no 'label' field"):
+        _objective("classification", f"data.train={bad}")
+
+
+def test_training_with_a_hugging_face_tokenizer(tmp_path):
+    """A BPE tokenizer.json trained here (tokenizers, no download) drives a LLaMA-style causal LM run."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from jaxformer.train import run_config
+    from jaxformer.train.data import default_documents
+    from jaxformer.train.loop import train
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel()
+    tokenizer.train_from_iterator(default_documents(), trainers.BpeTrainer(vocab_size=500,
+                                                                           special_tokens=["<pad>", "</s>"]))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    cfg = run_config.load(None, ["model.preset=tiny-llama", "model.overrides.vocab_size=512", "train.steps=30",
+                                 "train.batch_size=8", "train.seq_len=32", "train.log_every=5", "eval.every=30",
+                                 "eval.batches=1", "optim.warmup_steps=5", f"data.tokenizer={tmp_path}",
+                                 f"run.dir={tmp_path / 'run'}", "checkpoint.every=30"])
+    history = train(cfg, progress=False)["history"]
+    assert history[-1]["loss"] < history[0]["loss"] - 0.5
+    assert (tmp_path / "run" / "tokenizer.json").exists()  # the run folder is self-contained
+    with pytest.raises(ValueError, match="vocab_size=256 cannot hold"):
+        train(run_config.load(None, [f"data.tokenizer={tmp_path}", f"run.dir={tmp_path / 'small'}",
+                                     "model.preset=tiny-llama"]), progress=False)

@@ -184,7 +184,7 @@ def test_values_take_their_field_types():
 # Every objective's config, and what a finished run is used for
 
 
-QUICK = ["train.steps=40", "train.batch_size=8", "train.log_every=5", "eval.every=40", "eval.batches=2",
+QUICK = ["train.steps=40", "train.log_every=5", "eval.every=40", "eval.batches=2",
          "optim.warmup_steps=5", "train.sample_tokens=0", "checkpoint.every=20"]
 
 
@@ -192,7 +192,7 @@ QUICK = ["train.steps=40", "train.batch_size=8", "train.log_every=5", "eval.ever
 def test_each_objective_config_trains_and_its_loss_falls(tmp_path, config):
     cfg = run_config.load(f"configs/{config}.yaml", QUICK + ["train.seq_len=64", f"run.dir={tmp_path}"])
     history = train(cfg, progress=False)["history"]
-    first, last = history[0]["loss"], np.mean([r["loss"] for r in history[-2:]])
+    first, last = np.mean([r["loss"] for r in history[:2]]), np.mean([r["loss"] for r in history[-2:]])
     assert last < first - 0.1, [r["loss"] for r in history]
     assert np.isfinite(history[-1]["eval_loss"])
 
@@ -232,9 +232,10 @@ def test_eval_reproduces_the_logged_metrics_and_convert_gives_a_transformers_fol
         theirs = reference(**{k: torch.as_tensor(batch[k]) for k in ("input_ids", "attention_mask", "token_type_ids")})
     np.testing.assert_allclose(np.asarray(ours.logits), theirs.prediction_logits.numpy(), atol=1e-5, rtol=0)
     np.testing.assert_allclose(np.asarray(ours.nsp_logits), theirs.seq_relationship_logits.numpy(), atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="only data"):
-        cli_main(["eval", str(run_dir), "model.preset=tiny-gpt"]) and None
-    assert cli_main(["eval", str(run_dir), "--step", "7"]) == 2  # no such checkpoint: a clear error
+    assert cli_main(["eval", str(run_dir), "model.preset=tiny-gpt"]) == 2
+    assert "only data.*, eval.* and mesh.* can change" in capsys.readouterr().err
+    assert cli_main(["eval", str(run_dir), "--step", "7"]) == 2
+    assert "no checkpoint of step 7" in capsys.readouterr().err
 
 
 def test_fine_tuning_a_hugging_face_checkpoint_for_classification(tmp_path, capsys):
@@ -255,12 +256,28 @@ def test_fine_tuning_a_hugging_face_checkpoint_for_classification(tmp_path, caps
     assert model.config.head == "sequence_classification" and model.config.num_labels == 2
 
 
-def test_gradient_accumulation_equals_one_big_batch(tmp_path):
-    whole = train(run_config.load(None, TINY + [f"run.dir={tmp_path / 'a'}"]), progress=False)["history"]
-    split = train(run_config.load(None, TINY + [f"run.dir={tmp_path / 'b'}", "train.grad_accum=4"]),
-                  progress=False)["history"]
-    # Same batches and same mean gradient, summed in another order: float32 rounding only.
-    np.testing.assert_allclose([r["loss"] for r in split], [r["loss"] for r in whole], rtol=1e-4)
+def test_gradient_accumulation_equals_one_big_batch():
+    """One step with the batch in four micro-batches: the same loss and, through SGD with learning rate 1
+    (so the update is the gradient itself), the same gradient as one big batch, to float32 rounding."""
+    from flax import nnx
+
+    from jaxformer.train.loop import Run, make_steps
+
+    results = []
+    for accumulate in (1, 4):
+        cfg = run_config.load(None, TINY + [f"train.grad_accum={accumulate}"])
+        run = Run.build(cfg)
+        graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
+        optimizer = optax.sgd(1.0)
+        train_step, _ = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh)
+        state = {"params": params, "opt_state": optimizer.init(params), "step": np.int32(0),
+                 "skipped": np.int32(0), "key": jax.random.PRNGKey(0)}
+        after, metrics = train_step(state, run.objective.batch(0, 8))
+        results.append((float(ratio(metrics["sums"]["loss"])), jax.tree.leaves(after["params"])))
+    (loss_one, params_one), (loss_four, params_four) = results
+    assert loss_four == pytest.approx(loss_one, rel=1e-6)
+    for a, b in zip(params_one, params_four):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=0)
 
 
 def test_bfloat16_compute_keeps_float32_parameters_and_trains(tmp_path):
@@ -282,7 +299,7 @@ def test_a_non_finite_gradient_leaves_parameters_and_optimizer_state_unchanged()
     graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
     optimizer, _ = make_optimizer(cfg, params)
     train_step, _ = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh)
-    params["embed"]["embedding"].value = params["embed"]["embedding"].value.at[0, 0].set(np.nan)
+    params["embed"]["table"].value = params["embed"]["table"].value.at[0, 0].set(np.nan)
     state = {"params": params, "opt_state": optimizer.init(params), "step": np.int32(0), "skipped": np.int32(0),
              "key": jax.random.PRNGKey(0)}
     before = jax.tree.map(np.array, state)
@@ -313,12 +330,15 @@ def test_data_parallel_over_four_devices_matches_one_device(tmp_path):
     import subprocess
     import sys
 
-    one = train(run_config.load(None, TINY + [f"run.dir={tmp_path / 'one'}"]), progress=False)["history"]
+    short = TINY + ["train.steps=6", "train.log_every=1", "eval.every=6"]
+    one = train(run_config.load("configs/default.yaml", short + [f"run.dir={tmp_path / 'one'}"]),
+                progress=False)["history"]
     env = {**__import__("os").environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    subprocess.run([sys.executable, "train.py", *TINY, f"run.dir={tmp_path / 'four'}", "mesh.data=4"], env=env,
+    subprocess.run([sys.executable, "train.py", *short, f"run.dir={tmp_path / 'four'}", "mesh.data=4"], env=env,
                    check=True, capture_output=True)
     four = [json.loads(line) for line in (tmp_path / "four" / "metrics.jsonl").read_text().splitlines()]
-    # A psum over devices adds the per-device partial sums in another order: float32 rounding only.
+    # The gradient's sum over devices adds partial sums in another order: float32 rounding, which a few
+    # steps of training amplify only slightly.
     np.testing.assert_allclose([r["loss"] for r in four], [r["loss"] for r in one], rtol=1e-5)
     failed = subprocess.run([sys.executable, "train.py", *TINY, f"run.dir={tmp_path / 'bad'}", "mesh.data=4",
                              "train.batch_size=6"], env=env, capture_output=True, text=True)

@@ -1,16 +1,13 @@
 """Writes the two small JSONL sets the seq2seq and classification configs train on (deterministic;
-run it again to recreate them). Nothing is downloaded: the text comes from Python's own pydoc topics.
+run it again to recreate them). Nothing is downloaded.
 
-    reverse_words.jsonl  {"source": "five words of python docs", "target": "docs python of words five"}
+    numbers.jsonl        {"source": "40213", "target": "forty thousand two hundred thirteen"}
     sentiment.jsonl      {"text": "the parser was clear and reliable", "label": "positive"}
 """
 
 import json
 import random
-import re
 from pathlib import Path
-
-from pydoc_data import topics
 
 HERE = Path(__file__).parent
 POSITIVE = ["clear", "fast", "reliable", "helpful", "elegant", "simple", "robust", "friendly", "precise", "great"]
@@ -19,17 +16,28 @@ SUBJECTS = ["parser", "compiler", "library", "module", "interpreter", "debugger"
             "release", "installer", "shell", "editor", "profiler", "test suite"]
 
 
-def phrases(rng: random.Random) -> list[str]:
-    words = re.findall(r"[a-z]+", " ".join(topics.topics[name] for name in sorted(topics.topics)).lower())
-    return [" ".join(words[i:i + rng.randint(3, 6)]) for i in range(0, len(words) - 6, 7)]
+ONES = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+        "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+
+
+def in_words(n: int) -> str:
+    """English words of 0 <= n < 1,000,000."""
+    if n < 20:
+        return ONES[n]
+    if n < 100:
+        return TENS[n // 10] + ("" if n % 10 == 0 else " " + ONES[n % 10])
+    if n < 1000:
+        return ONES[n // 100] + " hundred" + ("" if n % 100 == 0 else " " + in_words(n % 100))
+    return in_words(n // 1000) + " thousand" + ("" if n % 1000 == 0 else " " + in_words(n % 1000))
 
 
 def main() -> None:
     rng = random.Random(0)
-    pairs = phrases(rng)[:4000]
-    with open(HERE / "reverse_words.jsonl", "w", encoding="utf-8") as f:
-        for phrase in pairs:
-            f.write(json.dumps({"source": phrase, "target": " ".join(reversed(phrase.split()))}) + "\n")
+    with open(HERE / "numbers.jsonl", "w", encoding="utf-8") as f:
+        for _ in range(4000):
+            n = rng.randrange(10 ** rng.randint(1, 5))
+            f.write(json.dumps({"source": str(n), "target": in_words(n)}) + "\n")
     with open(HERE / "sentiment.jsonl", "w", encoding="utf-8") as f:
         for _ in range(2000):
             label = rng.choice(["positive", "negative"])

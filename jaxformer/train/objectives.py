@@ -313,12 +313,17 @@ class MaskedLM(Objective):
 class _EncoderDecoderObjective(Objective):
     family = "encoder_decoder"
 
+    def __init__(self, run, tokenizer):
+        super().__init__(run, tokenizer)
+        # The first decoder token: T5 starts from <pad>, the 2017 Transformer from <s>. A loaded model's
+        # own decoder_start_token_id replaces it in ``adapt``.
+        self.decoder_start = tokenizer.special("pad" if self.name == "span_corruption" else "bos")
+
     def adapt(self, cfg, fresh):
         cfg = super().adapt(cfg, fresh)
         if fresh:
-            start = self.tokenizer.special("bos") if self.name == "seq2seq" else self.tokenizer.special("pad")
             cfg = cfg.replace(pad_token_id=self.tokenizer.special("pad"), eos_token_id=self.tokenizer.special("eos"),
-                              decoder_start_token_id=start)
+                              decoder_start_token_id=self.decoder_start)
         if cfg.decoder_start_token_id is None:
             raise ValueError(f"model {cfg.name!r} has no decoder_start_token_id; set model.overrides."
                              "decoder_start_token_id")
