@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from jaxformer.sharding import constrain_activations
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer.config import ModelConfig
@@ -539,7 +541,7 @@ def run_stack(blocks: Block, x: Array, layer_fn: Callable, per_layer: Any, cfg: 
 
     def body(carry, inputs):
         layer_params, extra = inputs
-        return layer_fn(nnx.merge(graphdef, layer_params), carry, extra)
+        return layer_fn(nnx.merge(graphdef, layer_params), constrain_activations(carry), extra)
 
     if cfg.remat != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)

@@ -261,7 +261,7 @@ def test_gradient_accumulation_equals_one_big_batch():
     (so the update is the gradient itself), the same gradient as one big batch, to float32 rounding."""
     from flax import nnx
 
-    from jaxformer.train.loop import Run, make_steps
+    from jaxformer.train.loop import Run, init_state, make_steps, shardings_of
 
     results = []
     for accumulate in (1, 4):
@@ -269,9 +269,8 @@ def test_gradient_accumulation_equals_one_big_batch():
         run = Run.build(cfg)
         graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
         optimizer = optax.sgd(1.0)
-        train_step, _ = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh)
-        state = {"params": params, "opt_state": optimizer.init(params), "step": np.int32(0),
-                 "skipped": np.int32(0), "key": jax.random.PRNGKey(0)}
+        state = init_state(cfg, run.model, optimizer)
+        train_step, _ = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh, shardings_of(state))
         after, metrics = train_step(state, run.objective.batch(0, 8))
         results.append((float(ratio(metrics["sums"]["loss"])), jax.tree.leaves(after["params"])))
     (loss_one, params_one), (loss_four, params_four) = results
@@ -292,16 +291,16 @@ def test_bfloat16_compute_keeps_float32_parameters_and_trains(tmp_path):
 def test_a_non_finite_gradient_leaves_parameters_and_optimizer_state_unchanged():
     from flax import nnx
 
-    from jaxformer.train.loop import Run, make_optimizer, make_steps
+    from jaxformer.train.loop import Run, init_state, make_optimizer, make_steps, shardings_of
 
     cfg = run_config.load(None, TINY + ["train.on_nan=skip"])
     run = Run.build(cfg)
     graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
     optimizer, _ = make_optimizer(cfg, params)
-    train_step, _ = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh)
-    params["embed"]["table"].value = params["embed"]["table"].value.at[0, 0].set(np.nan)
-    state = {"params": params, "opt_state": optimizer.init(params), "step": np.int32(0), "skipped": np.int32(0),
-             "key": jax.random.PRNGKey(0)}
+    state = init_state(cfg, run.model, optimizer)
+    train_step, _ = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh, shardings_of(state))
+    table = state["params"]["embed"]["table"]
+    table.value = table.value.at[0, 0].set(np.nan)
     before = jax.tree.map(np.array, state)
     after, _ = train_step(state, run.objective.batch(0, 8))
     assert int(after["skipped"]) == 1 and int(after["step"]) == 1

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
 import jaxformer as jf
-from jaxformer import flops
+from jaxformer import flops, sharding
 from jaxformer.train import data
 from jaxformer.train.objectives import Objective, make_objective, ratio
 from jaxformer.train.run_config import RunConfig, dump, load
@@ -75,23 +75,23 @@ def _load_pretrained(source: str):
     return load_model(path)
 
 
-def build_model(cfg: RunConfig, objective: Objective):
-    """The model ``objective`` trains: a preset with overrides, or ``model.init_from``'s weights with
-    the objective's head (a head the checkpoint lacks is freshly initialised, and said so)."""
+def build_model(cfg: RunConfig, objective: Objective, mesh):
+    """The model ``objective`` trains, laid out on ``mesh`` by the sharding rules: a preset with
+    overrides (created already sharded), or ``model.init_from``'s weights with the objective's head (a
+    head the checkpoint lacks is freshly initialised, and said so)."""
     if not cfg.model.init_from:
         model_cfg = jf.config(cfg.model.preset)
         if cfg.model.overrides:
             model_cfg = model_cfg.replace(**cfg.model.overrides)
         model_cfg = objective.adapt(model_cfg.replace(dtype=cfg.train.compute_dtype), fresh=True)
         check_lengths(cfg, objective, model_cfg)
-        return jf.build(model_cfg, seed=cfg.run.seed), []
+        return sharding.sharded_build(lambda: jf.build(model_cfg, seed=cfg.run.seed), mesh), []
     loaded = _load_pretrained(cfg.model.init_from)
     wanted = loaded.config.replace(dtype=cfg.train.compute_dtype, **cfg.model.overrides)
     wanted = objective.adapt(wanted, fresh=False)
     check_lengths(cfg, objective, wanted)
-    if wanted == loaded.config:
-        return loaded, []
-    return transplant(loaded, wanted, cfg.run.seed)
+    model, fresh = (loaded, []) if wanted == loaded.config else transplant(loaded, wanted, cfg.run.seed)
+    return sharding.shard_model(model, mesh), fresh
 
 
 def transplant(loaded, wanted_cfg, seed: int):
@@ -129,52 +129,44 @@ def check_lengths(cfg: RunConfig, objective: Objective, model_cfg) -> None:
 
 
 def make_mesh(cfg: RunConfig) -> jax.sharding.Mesh:
-    """The device mesh of ``mesh.*``; the batch is split over data x fsdp, so it must divide."""
-    sizes = {axis: getattr(cfg.mesh, axis) for axis in ("data", "fsdp", "tensor", "expert")}
-    devices = jax.devices()
-    rest = [axis for axis, size in sizes.items() if size == -1]
-    if len(rest) > 1:
-        raise ValueError(f"only one mesh axis may be -1; got {', '.join('mesh.' + a for a in rest)}")
-    known = int(np.prod([size for size in sizes.values() if size != -1]))
-    if rest:
-        if len(devices) % known:
-            raise ValueError(f"mesh sizes {sizes} leave no whole size for mesh.{rest[0]} on {len(devices)} devices")
-        sizes[rest[0]] = len(devices) // known
-    if int(np.prod(list(sizes.values()))) != len(devices):
-        raise ValueError(f"mesh {sizes} holds {int(np.prod(list(sizes.values())))} devices; there are {len(devices)}")
-    for axis in ("fsdp", "tensor", "expert"):
-        if sizes[axis] > 1:
-            raise ValueError(f"mesh.{axis}={sizes[axis]}: parameter sharding is not built yet; train.py runs "
-                             "data-parallel (mesh.data) for now")
-    data_parallel = sizes["data"] * sizes["fsdp"]
+    """The device mesh of ``mesh.*``; every micro-batch must split over data x fsdp."""
+    mesh = sharding.make_mesh({axis: getattr(cfg.mesh, axis) for axis in sharding.MESH_AXES})
     micro = cfg.train.batch_size // cfg.train.grad_accum
-    if micro % data_parallel:
-        raise ValueError(f"train.batch_size={cfg.train.batch_size} / train.grad_accum={cfg.train.grad_accum} = "
-                         f"{micro} rows per micro-batch do not divide over the data-parallel size "
-                         f"mesh.data x mesh.fsdp = {data_parallel}")
-    # Auto axes: the compiler propagates shardings from the jit boundary (model code carries no specs).
-    auto = (jax.sharding.AxisType.Auto,) * len(sizes)
-    return jax.make_mesh(tuple(sizes.values()), tuple(sizes), axis_types=auto, devices=devices)
+    sharding.check_batch(micro, mesh, f"train.batch_size={cfg.train.batch_size} / train.grad_accum="
+                                      f"{cfg.train.grad_accum}: a micro-batch")
+    return mesh
 
 
 def batch_sharding(mesh) -> NamedSharding:
-    return NamedSharding(mesh, P(("data", "fsdp")))
-
-
-def to_device(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
-    """A global batch from the rows this process owns (all of them in a one-process run)."""
-    count, index = jax.process_count(), jax.process_index()
-    rows = len(next(iter(batch.values())))
-    local = slice(index * rows // count, (index + 1) * rows // count)
-    return {k: jax.make_array_from_process_local_data(sharding, v[local], v.shape) for k, v in batch.items()}
+    return NamedSharding(mesh, P(sharding.BATCH_AXES))
 
 
 # --------------------------------------------------------------------------------------------------
 # The steps
 
 
-def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, mesh):
-    """The pure train and eval steps, jitted with explicit shardings; the train state is donated."""
+def init_state(cfg: RunConfig, model, optimizer) -> dict:
+    """The train state of a (sharded) model: the optimizer state takes its parameters' shardings."""
+    params = nnx.state(model, nnx.Param)
+    mesh = jax.tree.leaves(params)[0].sharding.mesh
+    replicated = NamedSharding(mesh, P())
+    # Each moment takes its parameter's sharding (so FSDP splits the optimizer state too); the rest
+    # (Adam's step count) is replicated. Created in place, like the parameters.
+    opt_shardings = optax.tree_map_params(optimizer, lambda _, param_sharding: param_sharding,
+                                          jax.eval_shape(optimizer.init, params), shardings_of(params),
+                                          transform_non_params=lambda _: replicated)
+    opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
+    progress = {"step": jnp.int32(0), "skipped": jnp.int32(0), "key": jax.random.PRNGKey(cfg.run.seed)}
+    return {"params": params, "opt_state": opt_state, **jax.device_put(progress, replicated)}
+
+
+def shardings_of(tree):
+    return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, mesh, state_shardings: dict):
+    """The pure train and eval steps, jitted with explicit in/out shardings (those of ``state_shardings``
+    for the state, rows over data x fsdp for the batch); the train state is donated."""
     accumulate = cfg.train.grad_accum
 
     def loss_fn(params, batch, key):
@@ -219,10 +211,18 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
     def eval_step(params, batch):
         return loss_fn(params, batch, None)[1]
 
-    replicated = NamedSharding(mesh, P())
-    rows = batch_sharding(mesh)
-    train = jax.jit(train_step, donate_argnums=0, in_shardings=(replicated, rows), out_shardings=replicated)
-    evaluate = jax.jit(eval_step, in_shardings=(replicated, rows), out_shardings=replicated)
+    def under_mesh(step):  # traced with the mesh in context, so block boundaries get their constraints
+        def traced(*args):
+            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+                return step(*args)
+
+        return traced
+
+    replicated, rows = NamedSharding(mesh, P()), batch_sharding(mesh)
+    train = jax.jit(under_mesh(train_step), donate_argnums=0, in_shardings=(state_shardings, rows),
+                    out_shardings=(state_shardings, replicated))
+    evaluate = jax.jit(under_mesh(eval_step), in_shardings=(state_shardings["params"], rows),
+                       out_shardings=replicated)
     return train, evaluate
 
 
@@ -232,10 +232,10 @@ def finish_metrics(objective: Objective, sums: dict) -> dict[str, float]:
     return dict(sorted(values.items(), key=lambda item: item[0] != "loss"))  # the loss first, for people
 
 
-def run_eval(eval_step, objective: Objective, params, batches: list[dict], sharding) -> dict[str, float]:
+def run_eval(eval_step, objective: Objective, params, batches: list[dict], rows) -> dict[str, float]:
     total = None
     for batch in batches:
-        sums = jax.device_get(eval_step(params, to_device(batch, sharding)))
+        sums = jax.device_get(eval_step(params, sharding.to_device(batch, rows)))
         total = sums if total is None else jax.tree.map(lambda a, b: np.float64(a) + b, total, sums)
     return {f"eval_{name}": value for name, value in finish_metrics(objective, total).items()}
 
@@ -252,8 +252,10 @@ def checkpoint_manager(run_dir: Path, keep: int, read_only: bool = False):
     return ocp.CheckpointManager(run_dir.absolute() / "checkpoints", options=options)
 
 
-def _abstract(tree, sharding):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), tree)
+def _abstract(tree):
+    """The restore target: shapes, dtypes and the shardings the arrays have now (so a checkpoint saved
+    under one mesh restores onto another)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def save_checkpoint(manager, state: dict, data_position: dict) -> None:
@@ -265,9 +267,9 @@ def save_checkpoint(manager, state: dict, data_position: dict) -> None:
         progress=ocp.args.StandardSave(progress), data=ocp.args.JsonSave(data_position)))
 
 
-def restore(manager, state: dict, sharding, step: int | None = None, params_only: bool = False):
+def restore(manager, state: dict, step: int | None = None, params_only: bool = False):
     """The checkpoint at ``step`` (default: the newest finalized one; Orbax never lists a half-written
-    one) restored onto ``sharding``; a tree that does not match the model is a ValueError."""
+    one) restored with the shardings of ``state``; a tree that does not match the model is a ValueError."""
     import orbax.checkpoint as ocp
 
     step = manager.latest_step() if step is None else step
@@ -275,11 +277,11 @@ def restore(manager, state: dict, sharding, step: int | None = None, params_only
         return None
     if step not in manager.all_steps():
         raise ValueError(f"no checkpoint of step {step} in {manager.directory}; there are {manager.all_steps()}")
-    items = {"params": ocp.args.StandardRestore(_abstract(state["params"], sharding))}
+    items = {"params": ocp.args.StandardRestore(_abstract(state["params"]))}
     if not params_only:
         progress = {k: state[k] for k in ("step", "skipped", "key")}
-        items |= {"opt_state": ocp.args.StandardRestore(_abstract(state["opt_state"], sharding)),
-                  "progress": ocp.args.StandardRestore(_abstract(progress, sharding)), "data": ocp.args.JsonRestore()}
+        items |= {"opt_state": ocp.args.StandardRestore(_abstract(state["opt_state"])),
+                  "progress": ocp.args.StandardRestore(_abstract(progress)), "data": ocp.args.JsonRestore()}
     try:
         restored = manager.restore(step, args=ocp.args.Composite(**items))
     except (ValueError, KeyError) as err:
@@ -309,16 +311,18 @@ class Run:
     tokenizer_file: Path | None  # the tokenizer.json the data is read with; None for bytes
 
     @classmethod
-    def build(cls, cfg: RunConfig, trained: jf.ModelConfig | None = None) -> Run:
+    def build(cls, cfg: RunConfig, trained: jf.ModelConfig | None = None, mesh=None) -> Run:
         """The run of ``cfg``; with ``trained`` (a finished run's model config) the model is built from it
-        (to restore a checkpoint into) rather than from the preset or ``model.init_from``."""
-        mesh = make_mesh(cfg)  # mesh and batch errors first: they need no data and no model
+        (to restore a checkpoint into) rather than from the preset or ``model.init_from``. ``mesh``
+        replaces the mesh of ``mesh.*`` (the experiments runner compares meshes of other devices)."""
+        mesh = mesh or make_mesh(cfg)  # mesh and batch errors first: they need no data and no model
         tokenizer_file = _tokenizer_file(cfg)
         objective = make_objective(cfg, data.make_tokenizer(str(tokenizer_file) if tokenizer_file else "bytes"))
         if trained is not None:
-            model, fresh = jf.build(objective.adapt(trained, fresh=False), seed=cfg.run.seed), []
+            trained = objective.adapt(trained, fresh=False)
+            model, fresh = sharding.sharded_build(lambda: jf.build(trained, seed=cfg.run.seed), mesh), []
         else:
-            model, fresh = build_model(cfg, objective)
+            model, fresh = build_model(cfg, objective, mesh)
         return cls(cfg, objective, model, mesh, fresh, tokenizer_file)
 
 
@@ -339,6 +343,7 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
     metrics.jsonl, and return the history, the trained model and the wall time."""
     import shutil
 
+    sharding.initialize_distributed(cfg.mesh.coordinator, cfg.mesh.num_processes, cfg.mesh.process_id)
     run = Run.build(cfg)
     objective, model, mesh = run.objective, run.model, run.mesh
     log_here = jax.process_index() == 0
@@ -354,14 +359,13 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
             print(f"note: {note}")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     optimizer, schedule = make_optimizer(cfg, params)
-    train_step, eval_step = make_steps(graphdef, rest, optimizer, objective, cfg, mesh)
-    replicated, rows = NamedSharding(mesh, P()), batch_sharding(mesh)
-    state = jax.device_put({"params": params, "opt_state": optimizer.init(params), "step": jnp.int32(0),
-                            "skipped": jnp.int32(0), "key": jax.random.PRNGKey(cfg.run.seed)}, replicated)
+    state = init_state(cfg, model, optimizer)
+    train_step, eval_step = make_steps(graphdef, rest, optimizer, objective, cfg, mesh, shardings_of(state))
+    rows = batch_sharding(mesh)
     manager = checkpoint_manager(run_dir, cfg.checkpoint.keep) if cfg.checkpoint.every else None
     start_step = 0
     if manager is not None:
-        restored = restore(manager, state, replicated)
+        restored = restore(manager, state)
         if restored is not None:
             state, start_step = restored
     eval_batches = objective.eval_batches(cfg.eval.batches, cfg.train.batch_size)
@@ -381,7 +385,7 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
     log = open(run_dir / "metrics.jsonl", "a" if start_step else "w", encoding="utf-8") if log_here else None
     try:
         for step in range(start_step, cfg.train.steps):
-            state, metrics = train_step(state, to_device(objective.batch(step, cfg.train.batch_size), rows))
+            state, metrics = train_step(state, sharding.to_device(objective.batch(step, cfg.train.batch_size), rows))
             done = step + 1
             last = done == cfg.train.steps
             evaluate = done % cfg.eval.every == 0 or last
@@ -452,14 +456,17 @@ def restore_run(run_dir: str | Path, step: int | None = None, overrides: tuple[s
         if not item.startswith(("data.", "eval.", "mesh.")):
             raise ValueError(f"override {item!r}: only data.*, eval.* and mesh.* can change after training")
     own_tokenizer = [f"data.tokenizer={run_dir / TOKENIZER_FILE}"] if (run_dir / TOKENIZER_FILE).exists() else []
-    cfg = load(run_dir / CONFIG_FILE, own_tokenizer + list(overrides) + [f"run.dir={run_dir}"])
+    # The devices present now, not the training run's mesh: data parallel over all of them unless
+    # mesh.* overrides say otherwise. One process: a finished run is evaluated and exported alone.
+    here = ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", "mesh.expert=1", "mesh.coordinator="]
+    cfg = load(run_dir / CONFIG_FILE, own_tokenizer + here + list(overrides) + [f"run.dir={run_dir}"])
     trained = jf.ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8")))
     run = Run.build(cfg, trained)  # the model as trained, even if model.init_from's folder is gone by now
     manager = checkpoint_manager(run_dir, cfg.checkpoint.keep, read_only=True)
     if manager.latest_step() is None:
         raise ValueError(f"{run_dir / 'checkpoints'} holds no finished checkpoint")
     params = nnx.state(run.model, nnx.Param)
-    restored, step = restore(manager, {"params": params}, NamedSharding(run.mesh, P()), step, params_only=True)
+    restored, step = restore(manager, {"params": params}, step, params_only=True)
     manager.close()
     nnx.update(run.model, restored)
     return run, step
@@ -469,7 +476,8 @@ def evaluate(run_dir: str | Path, step: int | None = None, overrides: tuple[str,
     """The objective's held-out metrics of a checkpoint, computed exactly as the training run logs them."""
     run, step = restore_run(run_dir, step, overrides)
     graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
-    _, eval_step = make_steps(graphdef, rest, optax.identity(), run.objective, run.cfg, run.mesh)
+    _, eval_step = make_steps(graphdef, rest, optax.identity(), run.objective, run.cfg, run.mesh,
+                              {"params": shardings_of(params)})
     batches = run.objective.eval_batches(run.cfg.eval.batches, run.cfg.train.batch_size)
     return {"step": step, **run_eval(eval_step, run.objective, params, batches, batch_sharding(run.mesh))}
 

@@ -136,6 +136,7 @@ class Objective:
     name = ""
     family = ""
     target_len = 0  # encoder-decoder objectives: decoder tokens per row
+    loss_terms = ("loss",)  # the loss is the sum of these metrics' ratios (explicit data parallelism needs it)
 
     def __init__(self, run, tokenizer):
         self.run, self.tokenizer = run, tokenizer
@@ -226,6 +227,7 @@ class MaskedLM(Objective):
     Segments are the non-empty lines of each document. With ``data.nsp=false`` only the MLM loss runs."""
 
     name, family = "mlm", "encoder"
+    loss_terms = ("mlm_loss", "nsp_loss")
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)

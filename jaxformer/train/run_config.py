@@ -46,6 +46,11 @@ class MeshSection:
     fsdp: int = 1
     tensor: int = 1
     expert: int = 1
+    # Multi-process runs (jax.distributed): "host:port" of process 0, or "auto" (Cloud TPU, SLURM);
+    # empty: the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment, else one process.
+    coordinator: str = ""
+    num_processes: int = 0
+    process_id: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +123,8 @@ class RunConfig:
             size = getattr(self.mesh, axis)
             if size == 0 or size < -1:
                 raise ValueError(f"mesh.{axis}={size} must be a positive size or -1 (the devices left over)")
+        if self.mesh.num_processes < 0:
+            raise ValueError(f"mesh.num_processes={self.mesh.num_processes} must be >= 0")
         for field in ("steps", "batch_size", "seq_len", "log_every"):
             if getattr(self.train, field) < 1:
                 raise ValueError(f"train.{field}={getattr(self.train, field)} must be >= 1")
@@ -154,6 +161,8 @@ def _valid_keys() -> list[str]:
 def _parse_value(text: str) -> Any:
     """``key=value`` values are YAML scalars (200 -> int, true -> bool, text -> str); numbers in
     scientific notation such as 1e12 are floats (YAML 1.1 would read them as strings)."""
+    if not text:
+        return ""  # key= : the empty string (YAML would read it as null)
     for number in (int, float):
         try:
             return number(text)

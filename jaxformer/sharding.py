@@ -1,0 +1,165 @@
+"""Sharding: one table from logical axes to mesh axes, the mesh from a config, parameters created already
+sharded, the activation constraint at block boundaries, and multi-process start-up.
+
+A strategy is a mesh shape, not a second table: mesh axes of size 1 shard nothing, so the same rules give
+data parallelism (``data=N``), FSDP (``fsdp=N``: matrices split along ``embed``, the batch split too),
+tensor parallelism (``tensor=N``: heads, MLP width and vocabulary split, Megatron-style), both at once,
+and expert parallelism (``expert=N``: each device holds a slice of the experts).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
+BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both: FSDP is data parallelism too
+
+# Logical axis -> mesh axis. Unlisted axes (layers, head_dim, embed_out, positions, types, buckets,
+# labels) are never split. Vectors (norm scales, biases: one axis besides ``layers``) stay replicated:
+# they are tiny, and gathering them would cost a collective per use.
+RULES = {"embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor",
+         "experts": "expert"}
+
+# Mesh shapes of the named strategies on ``n`` devices; ``tensor`` (and ``expert``) take the largest
+# size that divides both ``n`` and what they split, the rest of the devices do data parallelism.
+STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp", "ep")
+
+
+def mesh_sizes(sizes: dict[str, int], device_count: int) -> dict[str, int]:
+    """Resolve -1 (the devices left over) and check that the mesh holds exactly the devices present."""
+    sizes = {axis: int(sizes.get(axis, 1)) for axis in MESH_AXES}
+    rest = [axis for axis, size in sizes.items() if size == -1]
+    if len(rest) > 1:
+        raise ValueError(f"only one mesh axis may be -1; got {', '.join('mesh.' + a for a in rest)}")
+    for axis, size in sizes.items():
+        if size == 0 or size < -1:
+            raise ValueError(f"mesh.{axis}={size} must be a positive size or -1 (the devices left over)")
+    known = math.prod(size for size in sizes.values() if size != -1)
+    if rest:
+        if device_count % known:
+            raise ValueError(f"mesh sizes {sizes} leave no whole size for mesh.{rest[0]} on {device_count} devices")
+        sizes[rest[0]] = device_count // known
+    if math.prod(sizes.values()) != device_count:
+        raise ValueError(f"mesh {sizes} holds {math.prod(sizes.values())} devices; there are {device_count}")
+    return sizes
+
+
+def make_mesh(sizes: dict[str, int], devices=None) -> jax.sharding.Mesh:
+    devices = jax.devices() if devices is None else devices
+    sizes = mesh_sizes(sizes, len(devices))
+    # Auto axes: the compiler propagates shardings from the jit boundary and the block-boundary constraints.
+    return jax.make_mesh(tuple(sizes.values()), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 4,
+                         devices=devices)
+
+
+def data_parallel_size(mesh) -> int:
+    return math.prod(mesh.shape[axis] for axis in BATCH_AXES)
+
+
+def check_batch(batch_size: int, mesh, what: str = "the batch") -> None:
+    size = data_parallel_size(mesh)
+    if batch_size % size:
+        raise ValueError(f"{what} of {batch_size} rows does not divide over the data-parallel size mesh.data x "
+                         f"mesh.fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']} = {size}")
+
+
+def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh, name: str = "a parameter") -> P:
+    """The PartitionSpec of a parameter with logical ``axes``; a mesh axis that does not divide the
+    dimension it would split is a ValueError naming both."""
+    if len([a for a in axes if a != "layers"]) <= 1:
+        return P()
+    spec = []
+    for axis, dim in zip(axes, shape):
+        mesh_axis = RULES.get(axis)
+        if mesh_axis is None or mesh.shape[mesh_axis] == 1:
+            spec.append(None)
+            continue
+        if dim % mesh.shape[mesh_axis]:
+            raise ValueError(f"{name}: logical axis {axis!r} of size {dim} does not divide over mesh axis "
+                             f"{mesh_axis!r} of size {mesh.shape[mesh_axis]}")
+        spec.append(mesh_axis)
+    return P(*spec)
+
+
+def state_shardings(state: nnx.State, mesh) -> nnx.State:
+    """NamedShardings for a model state (parameters by the rules; other variables replicated)."""
+
+    def one(path, variable):
+        axes = variable.get_metadata().get("axes") if isinstance(variable, nnx.Param) else None
+        spec = spec_for(axes, variable.shape, mesh, ".".join(map(str, path))) if axes else P()
+        return variable.replace(NamedSharding(mesh, spec))
+
+    return nnx.map_state(one, state)
+
+
+def sharded_build(build, mesh):
+    """``build()`` (a function returning a model) run under jit with the rules' out_shardings: every
+    parameter is created in place on its devices, never whole on one device."""
+    abstract = nnx.eval_shape(build)
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = state_shardings(abstract_state, mesh)
+    state = jax.jit(lambda: nnx.split(build())[1], out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+
+def shard_model(model, mesh):
+    """An existing model (loaded from a checkpoint) moved onto the mesh by the rules."""
+    graphdef, state = nnx.split(model)
+    return nnx.merge(graphdef, jax.device_put(state, state_shardings(state, mesh)))
+
+
+def constrain_activations(x: jax.Array) -> jax.Array:
+    """At block boundaries under a mesh (``jax.set_mesh``): rows split over data x fsdp, the rest
+    replicated (tensor parallelism gathers its partial sums here, as Megatron does). No mesh: unchanged."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
+        return x
+    return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *([None] * (x.ndim - 1))))
+
+
+def bytes_per_device(tree) -> int:
+    """Bytes of a tree's arrays held by the first device (every device holds as much under these rules)."""
+    device = jax.devices()[0]
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        total += sum(shard.data.nbytes for shard in leaf.addressable_shards if shard.device == device)
+    return total
+
+
+def initialize_distributed(coordinator: str = "", num_processes: int = 0, process_id: int = -1) -> bool:
+    """Start JAX's multi-controller runtime when asked: by the arguments (from ``mesh.coordinator``
+    etc.), else by the environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID), and
+    ``coordinator="auto"`` lets JAX detect the cluster (Cloud TPU pods, SLURM). Returns whether it ran."""
+    coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS", "")
+    if not coordinator or jax.distributed.is_initialized():
+        return False
+    if coordinator == "auto":
+        jax.distributed.initialize()
+        return True
+    num_processes = num_processes or int(os.environ.get("JAX_NUM_PROCESSES", "0"))
+    process_id = process_id if process_id >= 0 else int(os.environ.get("JAX_PROCESS_ID", "-1"))
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+        raise ValueError(f"a multi-process run at {coordinator} needs mesh.num_processes >= 1 and mesh.process_id "
+                         f"in [0, num_processes); got {num_processes} and {process_id}")
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU processes talk over gloo
+    jax.distributed.initialize(coordinator, num_processes, process_id)
+    return True
+
+
+def local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The rows of a global batch that this process feeds (all of them in a one-process run)."""
+    count, index = jax.process_count(), jax.process_index()
+    rows = len(next(iter(batch.values())))
+    return {k: v[index * rows // count:(index + 1) * rows // count] for k, v in batch.items()}
+
+
+def to_device(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    """A global batch assembled from each process's own rows."""
+    return {k: jax.make_array_from_process_local_data(sharding, v, (len(v) * jax.process_count(), *v.shape[1:]))
+            for k, v in local_rows(batch).items()}

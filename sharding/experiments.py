@@ -1,0 +1,222 @@
+"""The same training step under each parallelism strategy, against the single-device run.
+
+    python sharding/experiments.py [--model tiny-gpt] [--strategies single,pmap,shard_map,dp,fsdp,tp,fsdp_tp]
+                                   [--devices 8] [--steps 5] [--json]
+
+Strategies (n devices):
+    single     one device, jit
+    pmap       explicit data parallelism: jax.pmap, gradients summed with psum
+    shard_map  explicit data parallelism: jax.shard_map over a 1-D mesh, gradients summed with psum
+    dp         jit with shardings, mesh data=n (parameters replicated, batch split)
+    fsdp       jit with shardings, mesh fsdp=n (parameters and optimizer state split along `embed`)
+    tp         jit with shardings, mesh tensor=t x data=n/t (heads, MLP width, vocabulary split)
+    fsdp_tp    jit with shardings, mesh fsdp=n/t x tensor=t
+    ep         jit with shardings, mesh expert=e x data=n/e (MoE experts split; MoE models only)
+t (e) is the largest divisor of n, at most n/2 for fsdp_tp, that divides every dimension it splits.
+
+Every strategy starts from the same parameters and takes the same batch; after one step it reports the max
+abs difference of the loss and of the updated parameters against `single`, then times ``--steps`` more.
+The model trains with its family's objective (causal LM, BERT MLM + NSP, T5 span corruption) and AdamW.
+``--devices N`` simulates N CPU devices when no accelerator is present (it must come before JAX starts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+OBJECTIVES = {"decoder": "causal_lm", "encoder": "mlm", "encoder_decoder": "span_corruption"}
+ALL = ("single", "pmap", "shard_map", "dp", "fsdp", "tp", "fsdp_tp", "ep")
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="tiny-gpt", help="a preset (tiny-gpt, tiny-bert, tiny-t5, tiny-mixtral...)")
+    parser.add_argument("--strategies", default="single,pmap,shard_map,dp,fsdp,tp,fsdp_tp",
+                        help=f"comma-separated, from {','.join(ALL)}")
+    parser.add_argument("--devices", type=int, help="simulate this many CPU devices (default: the devices present)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps after the compared one")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--json", action="store_true", help="print one JSON list")
+    args = parser.parse_args(argv)
+    args.strategies = args.strategies.split(",")
+    unknown = [s for s in args.strategies if s not in ALL]
+    if unknown:
+        parser.error(f"unknown strategies {unknown}; valid: {', '.join(ALL)}")
+    if "single" not in args.strategies:
+        args.strategies.insert(0, "single")  # the reference of every diff
+    return args
+
+
+def largest_divisor(n: int, dims: list[int], cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0 and all(x % d == 0 for x in dims))
+
+
+def mesh_shape(strategy: str, n: int, cfg) -> dict[str, int]:
+    split_by_tensor = [cfg.num_heads, cfg.kv_heads, cfg.d_ff, cfg.vocab_size]
+    if strategy in ("single",):
+        return {"data": 1}
+    if strategy in ("dp", "pmap", "shard_map"):
+        return {"data": n}
+    if strategy == "fsdp":
+        return {"fsdp": n}
+    if strategy == "tp":
+        tensor = largest_divisor(n, split_by_tensor, n)
+        return {"data": n // tensor, "tensor": tensor}
+    if strategy == "fsdp_tp":
+        tensor = largest_divisor(n, split_by_tensor, max(n // 2, 1))
+        return {"fsdp": n // tensor, "tensor": tensor}
+    if not cfg.num_experts:
+        raise ValueError(f"strategy 'ep' needs a mixture-of-experts model; {cfg.name} has none")
+    expert = largest_divisor(n, [cfg.num_experts], n)
+    return {"data": n // expert, "expert": expert}
+
+
+def main(argv=None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.devices:
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}".strip()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import jaxformer as jf
+    from jaxformer import sharding
+    from jaxformer.train import run_config
+    from jaxformer.train.loop import Run, init_state, make_optimizer, make_steps, shardings_of
+
+    devices = jax.devices()
+    n = len(devices)
+    model_cfg = jf.config(args.model)
+    overrides = [f"model.preset={args.model}", f"train.objective={OBJECTIVES[model_cfg.family]}",
+                 f"train.batch_size={args.batch_size}", f"train.seq_len={args.seq_len}", "optim.warmup_steps=0",
+                 "optim.lr=1e-3", "optim.clip_norm=1.0", "run.seed=0"]
+    if model_cfg.family != "decoder":
+        overrides.append("model.overrides.vocab_size=360")  # room for the byte tokenizer's specials
+    cfg = run_config.load(None, overrides)
+    if args.batch_size % n:
+        raise ValueError(f"--batch-size {args.batch_size} does not divide over {n} devices")
+
+    def one_strategy(strategy: str, batch: dict) -> dict:
+        shape = mesh_shape(strategy, n, model_cfg)
+        mesh = sharding.make_mesh(shape, devices[:1] if strategy == "single" else devices)
+        run = Run.build(cfg, mesh=mesh)
+        graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
+        optimizer, _ = make_optimizer(cfg, params)
+        state = init_state(cfg, run.model, optimizer)
+        if strategy in ("pmap", "shard_map"):
+            step, state, batch_in = explicit_data_parallel(strategy, graphdef, rest, optimizer, run.objective,
+                                                           state, batch, devices)
+        else:
+            train_step, _ = make_steps(graphdef, rest, optimizer, run.objective, cfg, mesh, shardings_of(state))
+            batch_in = sharding.to_device(batch, NamedSharding(mesh, P(sharding.BATCH_AXES)))
+            step = train_step
+        start = time.perf_counter()
+        compiled = step.lower(state, batch_in).compile()
+        compile_s = time.perf_counter() - start
+        weights = {"params": state["params"], "opt_state": state["opt_state"]}
+        # pmap takes host arrays with a leading device axis: each device holds one whole replica.
+        held = (sum(np.asarray(x).nbytes for x in jax.tree.leaves(weights)) // n if strategy == "pmap"
+                else sharding.bytes_per_device(weights))
+        state, metrics = compiled(state, batch_in)
+        if "loss" in metrics:  # explicit data parallelism: the all-reduced loss (one copy per device under pmap)
+            loss = float(np.asarray(metrics["loss"]).reshape(-1)[0])
+        else:
+            loss = run.objective.finish({k: float(v[0] / max(v[1], 1.0))
+                                         for k, v in jax.device_get(metrics["sums"]).items()})["loss"]
+        grad_norm = float(np.asarray(metrics["grad_norm"]).reshape(-1)[0])
+        params_after = [np.asarray(x[0] if strategy == "pmap" else x) for x in
+                        jax.tree.leaves(jax.device_get(state["params"]))]
+        times = []
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            state, metrics = compiled(state, batch_in)
+            jax.block_until_ready(state)
+            times.append(time.perf_counter() - start)
+        specs = {".".join(map(str, path)): str(v.get_value().sharding.spec) for path, v in
+                 nnx.to_flat_state(state["params"] if strategy != "pmap" else nnx.state(run.model, nnx.Param))}
+        return {"strategy": strategy, "mesh": shape, "step_ms": round(1000 * statistics.median(times), 2) if times
+                else None, "compile_s": round(compile_s, 2), "bytes_per_device": int(held), "loss": loss,
+                "grad_norm": grad_norm, "params": params_after, "specs": specs}
+
+    def explicit_data_parallel(strategy, graphdef, rest, optimizer, objective, state, batch, devices):
+        """A train step written with explicit collectives: each device's loss is its share of the
+        global mean (numerators over the all-reduced denominators), so the summed gradient equals the
+        single-device one."""
+
+        def local_loss(params, rows):
+            model = nnx.merge(graphdef, params, rest)
+            _, sums = objective.loss(model, rows, None)
+            total = sum(sums[term][0] / jax.lax.psum(jax.lax.stop_gradient(sums[term][1]), "data")
+                        for term in objective.loss_terms if term in sums)
+            return total
+
+        def step(state, rows):
+            loss, grads = jax.value_and_grad(local_loss)(state["params"], rows)
+            grads, loss = jax.lax.psum((grads, loss), "data")
+            updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+            params = optax.apply_updates(state["params"], updates)
+            metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+            return {**state, "params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+
+        host_state = jax.device_get(state)
+        if strategy == "pmap":
+            per_device = jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
+            replicated = jax.tree.map(lambda x: np.broadcast_to(x, (n, *np.shape(x))), host_state)
+            return jax.pmap(step, axis_name="data", donate_argnums=0), replicated, per_device
+        mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+        # check_vma=False: gradients of the replicated parameters stay per-device, so the psum above is
+        # the all-reduce (with varying-value checks on, shard_map's autodiff would insert it itself).
+        mapped = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(P(), P("data")), out_specs=(P(), P()),
+                                       check_vma=False), donate_argnums=0)
+        placed = jax.device_put(host_state, NamedSharding(mesh, P()))
+        return mapped, placed, jax.device_put(batch, NamedSharding(mesh, P("data")))
+
+    run0 = Run.build(cfg, mesh=sharding.make_mesh({"data": 1}, devices[:1]))
+    batch = run0.objective.batch(0, cfg.train.batch_size)
+    if model_cfg.num_experts:
+        # Explicit data parallelism computes the MoE load-balancing loss per device, which is not the
+        # loss of the whole batch; compare it only where the step sees the whole batch.
+        args.strategies = [s for s in args.strategies if s not in ("pmap", "shard_map")]
+    results = [one_strategy(s, batch) for s in args.strategies]
+    reference = results[0]
+    rows = []
+    for r in results:
+        param_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(r["params"], reference["params"]))
+        rows.append({"strategy": r["strategy"], "mesh": r["mesh"], "step_ms": r["step_ms"], "compile_s": r["compile_s"],
+                     "bytes_per_device": r["bytes_per_device"], "loss_diff": abs(r["loss"] - reference["loss"]),
+                     "param_diff": param_diff,
+                     # Adam's first update is nearly lr * sign(g): blind to a wrongly scaled gradient, which this is not.
+                     "grad_norm_rel_diff": abs(r["grad_norm"] / reference["grad_norm"] - 1), "specs": r["specs"]})
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{args.model}: {n} {devices[0].platform} devices, batch {args.batch_size} x {args.seq_len}, "
+          f"{OBJECTIVES[model_cfg.family]}, AdamW; diffs after one step against 'single'")
+    header = (f"{'strategy':<10} {'mesh':<28} {'step ms':>9} {'compile s':>10} {'bytes/device':>13} {'loss diff':>10} "
+              f"{'param diff':>11} {'|g| rel diff':>13}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
+        print(f"{r['strategy']:<10} {mesh:<28} {r['step_ms'] or float('nan'):>9.2f} {r['compile_s']:>10.2f} "
+              f"{r['bytes_per_device']:>13,} {r['loss_diff']:>10.2e} {r['param_diff']:>11.2e} "
+              f"{r['grad_norm_rel_diff']:>13.2e}")
+    return 0 if all(max(r["loss_diff"], r["param_diff"], r["grad_norm_rel_diff"]) < 1e-5 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
