@@ -84,7 +84,7 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh, name: str = "a
             raise ValueError(f"{name}: logical axis {axis!r} of size {dim} does not divide over mesh axis "
                              f"{mesh_axis!r} of size {mesh.shape[mesh_axis]}")
         spec.append(mesh_axis)
-    return P(*spec)
+    return P(*spec) if any(spec) else P()
 
 
 def state_shardings(state: nnx.State, mesh) -> nnx.State:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -87,7 +86,6 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
     import jax
-    import jax.numpy as jnp
     import numpy as np
     import optax
     from flax import nnx

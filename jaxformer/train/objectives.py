@@ -137,6 +137,7 @@ class Objective:
     family = ""
     target_len = 0  # encoder-decoder objectives: decoder tokens per row
     loss_terms = ("loss",)  # the loss is the sum of these metrics' ratios (explicit data parallelism needs it)
+    _cut = 0  # records cut to length since the last note
 
     def __init__(self, run, tokenizer):
         self.run, self.tokenizer = run, tokenizer
@@ -172,14 +173,14 @@ class Objective:
     def _fixed_length(self, ids: np.ndarray, length: int, tail: list[int]) -> np.ndarray:
         """A record cut to ``length`` tokens with its closing tokens kept; cuts are counted for the notes."""
         if len(ids) + len(tail) > length:
-            self._cut = getattr(self, "_cut", 0) + 1
+            self._cut += 1
             ids = ids[:length - len(tail)]
         return np.concatenate([ids, np.asarray(tail, np.int32)]).astype(np.int32)
 
     def _note_cuts(self, what: str, total: int, length_key: str, length: int) -> None:
-        cut = getattr(self, "_cut", 0)
-        if cut:
-            self.notes.append(f"{cut} of {total} {what} were longer than {length_key}={length} tokens and were cut")
+        if self._cut:
+            self.notes.append(f"{self._cut} of {total} {what} were longer than {length_key}={length} tokens and "
+                              "were cut")
         self._cut = 0
 
 
