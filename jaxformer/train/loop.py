@@ -354,8 +354,8 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
         (run_dir / MODEL_FILE).write_text(json.dumps(model.config.to_dict(), indent=1) + "\n", encoding="utf-8")
         if run.tokenizer_file is not None and run.tokenizer_file.resolve() != (run_dir / TOKENIZER_FILE).resolve():
             shutil.copy(run.tokenizer_file, run_dir / TOKENIZER_FILE)
-    for note in objective.notes + ([f"freshly initialised: {', '.join(run.fresh_params)}"] if run.fresh_params else []):
-        if log_here:
+        for note in objective.notes + ([f"freshly initialised: {', '.join(run.fresh_params)}"]
+                                       if run.fresh_params else []):
             print(f"note: {note}")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     optimizer, schedule = make_optimizer(cfg, params)
