@@ -429,20 +429,27 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     biases = bias if isinstance(bias, tuple) else (bias,) * len(ks)
     B, T, N, H = q.shape
     K = ks[0].shape[2]
-    q = q.reshape(B, T, K, N // K, H)
+    G = N // K
+    # Head-major operands (explicit transposes of the [.., H]-sized inputs), with a kv head's G query
+    # heads stacked along the rows (M = G*T), make each attention matmul one plain batched GEMM. Left
+    # to itself XLA CPU picked layouts that transposed the [.., T, S] scores and probabilities
+    # instead, forward and backward.
+    q = q.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
     scores = []
     for k_seg, m_seg, b_seg in zip(ks, masks, biases):
-        s = jnp.einsum("BTKGH,BSKH->BKGTS", q, k_seg, preferred_element_type=jnp.float32) * scale
+        s = jnp.einsum("BKMH,BKSH->BKMS", q, k_seg.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32)
+        s = s.reshape(B, K, G, T, -1) * scale
         if b_seg is not None:
-            s = s + b_seg.reshape(b_seg.shape[0], K, N // K, *b_seg.shape[2:])
+            s = s + b_seg.reshape(b_seg.shape[0], K, G, *b_seg.shape[2:])
         scores.append(jnp.where(m_seg[:, :, None], s, jnp.finfo(jnp.float32).min))
     probs = dropout(softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]), dropout_rate, key)
     out, start = 0.0, 0
     for v_seg in vs:
         p_seg = probs if len(vs) == 1 else jax.lax.slice_in_dim(probs, start, start + v_seg.shape[1], axis=-1)
-        out = out + jnp.einsum("BKGTS,BSKH->BTKGH", p_seg.astype(v_seg.dtype), v_seg)
+        p_seg = p_seg.astype(v_seg.dtype).reshape(B, K, G * T, -1)
+        out = out + jnp.einsum("BKMS,BKSH->BKMH", p_seg, v_seg.transpose(0, 2, 1, 3))
         start += v_seg.shape[1]
-    return out.reshape(B, T, N, H)
+    return out.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
 class Attention(nnx.Module):
