@@ -7,6 +7,7 @@ arrive and leave as values, so every forward pass is a pure function of (params,
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -90,6 +91,34 @@ def split_key(key: Array | None, n: int) -> list[Array | None]:
 # Norms and activations
 
 
+def _normalize(x: Array, scale: Array, bias: Array | None, kind: str, eps: float) -> tuple[Array, Array, Array]:
+    if kind == "layernorm":
+        x = x - jnp.mean(x, axis=-1, keepdims=True)
+    inv = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps)
+    normed = x * inv
+    y = normed * scale
+    return (y if bias is None else y + bias), normed, inv
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def normalize(x: Array, scale: Array, bias: Array | None, kind: str, eps: float) -> Array:
+    """LayerNorm / RMSNorm over the last axis. The hand-written JVP refers only to the normalized
+    input and 1/std, so a backward pass keeps just those (autodiff of the forward kept four [.., D]
+    intermediates per norm and spread the backward over a dozen small reductions)."""
+    return _normalize(x, scale, bias, kind, eps)[0]
+
+
+@normalize.defjvp
+def _normalize_jvp(kind, eps, primals, tangents):
+    (x, scale, bias), (dx, dscale, dbias) = primals, tangents
+    y, normed, inv = _normalize(x, scale, bias, kind, eps)
+    if kind == "layernorm":
+        dx = dx - jnp.mean(dx, axis=-1, keepdims=True)
+    dnormed = inv * (dx - normed * jnp.mean(normed * dx, axis=-1, keepdims=True))
+    dy = dnormed * scale + normed * dscale
+    return y, (dy if bias is None else dy + dbias)
+
+
 class Norm(nnx.Module):
     """LayerNorm or RMSNorm over the last axis, computed in float32 whatever the compute dtype."""
 
@@ -100,26 +129,50 @@ class Norm(nnx.Module):
                      if cfg.norm == "layernorm" and cfg.norm_bias else None)
 
     def __call__(self, x: Array) -> Array:
-        x = x.astype(jnp.float32)
-        if self.kind == "layernorm":
-            x = x - jnp.mean(x, axis=-1, keepdims=True)
-        x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
-        x = x * self.scale[...].astype(jnp.float32)
-        if self.bias is not None:
-            x = x + self.bias[...].astype(jnp.float32)
-        return x.astype(self.dtype)
+        bias = None if self.bias is None else self.bias[...].astype(jnp.float32)
+        y = normalize(x.astype(jnp.float32), self.scale[...].astype(jnp.float32), bias, self.kind, self.eps)
+        return y.astype(self.dtype)
+
+
+def _with_derivative(f: Callable[[Array], Array], df: Callable[[Array], Array]) -> Callable[[Array], Array]:
+    """``f`` whose JVP is ``df(x) * t``: autodiff saves one [.., F] residual (the derivative) instead
+    of every intermediate of f's formula (tanh, cube, erf, ...)."""
+    g = jax.custom_jvp(f)
+    g.defjvp(lambda primals, tangents: (f(primals[0]), df(primals[0]) * tangents[0]))
+    return g
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh_derivative(x: Array) -> Array:
+    t = jnp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x ** 3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_OVER_PI * (1 + 3 * 0.044715 * x * x)
+
+
+def _gelu_derivative(x: Array) -> Array:
+    return 0.5 * (1 + jax.lax.erf(x * (1 / math.sqrt(2)))) + x * jnp.exp(-0.5 * x * x) * (1 / math.sqrt(2 * math.pi))
+
+
+def _silu_derivative(x: Array) -> Array:
+    s = jax.nn.sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
+_ACTIVATIONS = {
+    "relu": jax.nn.relu,
+    "gelu": _with_derivative(lambda x: jax.nn.gelu(x, approximate=False), _gelu_derivative),
+    # T5 v1.1's gated GELU uses the tanh form ("gelu_new")
+    "gelu_tanh": _with_derivative(lambda x: jax.nn.gelu(x, approximate=True), _gelu_tanh_derivative),
+    "silu": _with_derivative(jax.nn.silu, _silu_derivative),
+}
+_ACTIVATIONS.update(geglu=_ACTIVATIONS["gelu_tanh"], swiglu=_ACTIVATIONS["silu"])
 
 
 def activate(name: str, x: Array) -> Array:
-    if name == "relu":
-        return jax.nn.relu(x)
-    if name == "gelu":
-        return jax.nn.gelu(x, approximate=False)
-    if name in ("gelu_tanh", "geglu"):  # T5 v1.1's gated GELU uses the tanh form ("gelu_new")
-        return jax.nn.gelu(x, approximate=True)
-    if name in ("silu", "swiglu"):
-        return jax.nn.silu(x)
-    raise ValueError(f"unknown activation {name!r}")
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}")
+    return _ACTIVATIONS[name](x)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,6 +403,20 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
 # Attention
 
 
+@jax.custom_jvp
+def softmax(x: Array) -> Array:
+    """Softmax over the last axis whose JVP uses the output alone: autodiff saves one [.., S] array,
+    not the unnormalized exponentials and the squared sums as well (jax.nn.softmax's default rule)."""
+    unnormalized = jnp.exp(x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True)))
+    return unnormalized / jnp.sum(unnormalized, axis=-1, keepdims=True)
+
+
+@softmax.defjvp
+def _softmax_jvp(primals, tangents):
+    y = softmax(primals[0])
+    return y, y * (tangents[0] - jnp.sum(y * tangents[0], axis=-1, keepdims=True))
+
+
 def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate: float = 0.0,
                           key: Array | None = None) -> Array:
     """Grouped-query attention. q [B,T,N,H], k/v [B,S,K,H], mask [B|1,1,T,S], bias [B|1,N,T,S] or None.
@@ -364,20 +431,27 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     biases = bias if isinstance(bias, tuple) else (bias,) * len(ks)
     B, T, N, H = q.shape
     K = ks[0].shape[2]
-    q = q.reshape(B, T, K, N // K, H)
+    G = N // K
+    # Head-major operands (explicit transposes of the [.., H]-sized inputs), with a kv head's G query
+    # heads stacked along the rows (M = G*T), make each attention matmul one plain batched GEMM. Left
+    # to itself XLA CPU picked layouts that transposed the [.., T, S] scores and probabilities
+    # instead, forward and backward.
+    q = q.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
     scores = []
     for k_seg, m_seg, b_seg in zip(ks, masks, biases):
-        s = jnp.einsum("BTKGH,BSKH->BKGTS", q, k_seg, preferred_element_type=jnp.float32) * scale
+        s = jnp.einsum("BKMH,BKSH->BKMS", q, k_seg.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32)
+        s = s.reshape(B, K, G, T, -1) * scale
         if b_seg is not None:
-            s = s + b_seg.reshape(b_seg.shape[0], K, N // K, *b_seg.shape[2:])
+            s = s + b_seg.reshape(b_seg.shape[0], K, G, *b_seg.shape[2:])
         scores.append(jnp.where(m_seg[:, :, None], s, jnp.finfo(jnp.float32).min))
-    probs = dropout(jax.nn.softmax(jnp.concatenate(scores, axis=-1), axis=-1), dropout_rate, key)
+    probs = dropout(softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]), dropout_rate, key)
     out, start = 0.0, 0
     for v_seg in vs:
-        p_seg = jax.lax.slice_in_dim(probs, start, start + v_seg.shape[1], axis=-1)
-        out = out + jnp.einsum("BKGTS,BSKH->BTKGH", p_seg.astype(v_seg.dtype), v_seg)
+        p_seg = probs if len(vs) == 1 else jax.lax.slice_in_dim(probs, start, start + v_seg.shape[1], axis=-1)
+        p_seg = p_seg.astype(v_seg.dtype).reshape(B, K, G * T, -1)
+        out = out + jnp.einsum("BKMS,BKSH->BKMH", p_seg, v_seg.transpose(0, 2, 1, 3))
         start += v_seg.shape[1]
-    return out.reshape(B, T, N, H)
+    return out.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
 
 
 class Attention(nnx.Module):
