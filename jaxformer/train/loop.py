@@ -437,7 +437,7 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
     nnx.update(model, state["params"])
     if log_here and (run_dir / "metrics.jsonl").stat().st_size:
         logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
-        plot_losses(logged, run_dir / "loss.png")
+        plot_losses(logged, run_dir / "loss.png", objective.name)
     return {"history": history, "model": model, "objective": objective, "seconds": time.perf_counter() - started,
             "start_step": start_step}
 
@@ -498,7 +498,7 @@ def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None) 
 # What a person sees
 
 
-def plot_losses(history: list[dict], path: Path) -> None:
+def plot_losses(history: list[dict], path: Path, objective: str = "causal_lm") -> None:
     """run.dir/loss.png: training loss at every logged step and held-out loss where evaluated."""
     import matplotlib
 
@@ -509,7 +509,7 @@ def plot_losses(history: list[dict], path: Path) -> None:
     axes.plot([r["step"] for r in history], [r["loss"] for r in history], label="train")
     held_out = [r for r in history if "eval_loss" in r]
     axes.plot([r["step"] for r in held_out], [r["eval_loss"] for r in held_out], "o-", label="held-out")
-    axes.set(xlabel="step", ylabel="loss (nats / token)", title="training loss")
+    axes.set(xlabel="step", ylabel="loss (nats)", title=f"{objective} loss")
     axes.grid(alpha=0.3)
     axes.legend()
     figure.tight_layout()
