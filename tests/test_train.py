@@ -342,4 +342,5 @@ def test_data_parallel_over_four_devices_matches_one_device(tmp_path):
     failed = subprocess.run([sys.executable, "train.py", *TINY, f"run.dir={tmp_path / 'bad'}", "mesh.data=4",
                              "train.batch_size=6"], env=env, capture_output=True, text=True)
     assert failed.returncode == 2
-    assert "6 rows per micro-batch do not divide over the data-parallel size mesh.data x mesh.fsdp = 4" in failed.stderr
+    assert ("train.batch_size=6 / train.grad_accum=1: a micro-batch of 6 rows does not divide over the "
+            "data-parallel size mesh.data x mesh.fsdp = 4 x 1 = 4") in failed.stderr
