@@ -164,17 +164,37 @@ def shardings_of(tree):
     return jax.tree.map(lambda x: x.sharding, tree)
 
 
-def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, mesh, state_shardings: dict):
-    """The pure train and eval steps, jitted with explicit in/out shardings (those of ``state_shardings``
-    for the state, rows over data x fsdp for the batch); the train state is donated."""
-    accumulate = cfg.train.grad_accum
-
+def _loss_fn(graphdef, rest, objective: Objective):
     def loss_fn(params, batch, key):
         model = nnx.merge(graphdef, params, rest)
         dropout = model.config.dropout_rate or model.config.attention_dropout_rate
         return objective.loss(model, batch, key if dropout else None)
 
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    return loss_fn
+
+
+def _under_mesh(step, mesh):
+    """``step`` traced with the mesh in context, so block boundaries get their sharding constraints."""
+
+    def traced(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return step(*args)
+
+    return traced
+
+
+def make_eval_step(graphdef, rest, objective: Objective, mesh, params_shardings):
+    """The jitted eval step: the objective's metric sums of one batch, without dropout."""
+    loss_fn = _loss_fn(graphdef, rest, objective)
+    return jax.jit(_under_mesh(lambda params, batch: loss_fn(params, batch, None)[1], mesh),
+                   in_shardings=(params_shardings, batch_sharding(mesh)), out_shardings=NamedSharding(mesh, P()))
+
+
+def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, mesh, state_shardings: dict):
+    """The pure train and eval steps, jitted with explicit in/out shardings (those of ``state_shardings``
+    for the state, rows over data x fsdp for the batch); the train state is donated."""
+    accumulate = cfg.train.grad_accum
+    grad_fn = jax.value_and_grad(_loss_fn(graphdef, rest, objective), has_aux=True)
 
     def grads_and_sums(params, batch, key):
         if accumulate == 1:
@@ -208,22 +228,10 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
                  "key": state["key"]}
         return state, {"sums": sums, "grad_norm": grad_norm}
 
-    def eval_step(params, batch):
-        return loss_fn(params, batch, None)[1]
-
-    def under_mesh(step):  # traced with the mesh in context, so block boundaries get their constraints
-        def traced(*args):
-            with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-                return step(*args)
-
-        return traced
-
-    replicated, rows = NamedSharding(mesh, P()), batch_sharding(mesh)
-    train = jax.jit(under_mesh(train_step), donate_argnums=0, in_shardings=(state_shardings, rows),
-                    out_shardings=(state_shardings, replicated))
-    evaluate = jax.jit(under_mesh(eval_step), in_shardings=(state_shardings["params"], rows),
-                       out_shardings=replicated)
-    return train, evaluate
+    train = jax.jit(_under_mesh(train_step, mesh), donate_argnums=0,
+                    in_shardings=(state_shardings, batch_sharding(mesh)),
+                    out_shardings=(state_shardings, NamedSharding(mesh, P())))
+    return train, make_eval_step(graphdef, rest, objective, mesh, state_shardings["params"])
 
 
 def finish_metrics(objective: Objective, sums: dict) -> dict[str, float]:
@@ -476,8 +484,7 @@ def evaluate(run_dir: str | Path, step: int | None = None, overrides: tuple[str,
     """The objective's held-out metrics of a checkpoint, computed exactly as the training run logs them."""
     run, step = restore_run(run_dir, step, overrides)
     graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
-    _, eval_step = make_steps(graphdef, rest, optax.identity(), run.objective, run.cfg, run.mesh,
-                              {"params": shardings_of(params)})
+    eval_step = make_eval_step(graphdef, rest, run.objective, run.mesh, shardings_of(params))
     batches = run.objective.eval_batches(run.cfg.eval.batches, run.cfg.train.batch_size)
     return {"step": step, **run_eval(eval_step, run.objective, params, batches, batch_sharding(run.mesh))}
 
