@@ -30,7 +30,8 @@ HEADS = (
 )
 ENCODER_HEADS = ("none", "mlm", "pretraining", "sequence_classification", "token_classification",
                  "question_answering")
-REMAT_POLICIES = ("none", "full", "dots", "qkv_mlp")
+REMAT_POLICIES = ("none", "full", "dots", "qkv_mlp", "offload")
+ATTENTION_BACKENDS = ("auto", "xla", "cudnn", "splash")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -122,6 +123,7 @@ class ModelConfig:
     attention: str = "causal"
     window_size: int | None = None  # sliding and alternating-local attention: keys in (t - w, t]
     attention_scale: float | None = None  # None: head_dim ** -0.5 (T5 uses 1.0)
+    attention_backend: str = "auto"  # auto | xla | cudnn | splash (jaxformer/kernels.py)
 
     qkv_bias: bool = True
     out_bias: bool = True
@@ -233,6 +235,7 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.window_size={self.window_size} is set but attention={self.attention!r}; "
                 "set attention='sliding' or 'alternating', or window_size=None")
+        _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         if self.attention_scale is not None and not self.attention_scale > 0:
             raise ValueError(f"ModelConfig.attention_scale={self.attention_scale!r} must be > 0")
 

@@ -62,7 +62,8 @@ class Decoder(PretrainedMixin, nnx.Module):
         x, positions, key_valid = embed_inputs(self, self.embeddings, input_ids, inputs_embeds, attention_mask,
                                                position_ids, key=keys[0])
         h, hidden, _, stats = self.decoder(x, positions, key_valid=key_valid, prefix_lengths=prefix_lengths,
-                                           collect_hidden=output_hidden_states, key=keys[1])
+                                           collect_hidden=output_hidden_states, key=keys[1],
+                                           index_positions=position_ids is None and not cfg.pad_aware_positions)
         logits = lm_logits(h, self) if cfg.head == "lm" else None
         aux = (cfg.router_aux_loss_coef * load_balancing_loss(stats, cfg.num_experts)
                if stats is not None else None)

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer import kernels
 from jaxformer.boundary import ModelOutput, PretrainedMixin, check_inputs, compiled_when_concrete, embed_inputs
 from jaxformer.config import ModelConfig
 from jaxformer.decoder import lm_logits, make_lm_head
@@ -47,9 +48,12 @@ class EncoderDecoder(PretrainedMixin, nnx.Module):
             raise ValueError(f"decoder batch {x.shape[0]} differs from encoder batch {encoder_out.shape[0]}")
         B, S = encoder_out.shape[:2]
         enc_positions = jnp.broadcast_to(jnp.arange(S), (B, S))
-        cross_mask = visibility_mask("bidirectional", positions, enc_positions, attention_mask)
+        cross_mask = kernels.fused_mask(self.config, visibility_mask("bidirectional", positions, enc_positions,
+                                                                     attention_mask),
+                                        "bidirectional", key_valid=attention_mask)
         h, hidden, _, _ = self.decoder(x, positions, key_valid=key_valid, encoder_out=encoder_out,
-                                       cross_mask=cross_mask, collect_hidden=output_hidden_states, key=keys[1])
+                                       cross_mask=cross_mask, collect_hidden=output_hidden_states, key=keys[1],
+                                       index_positions=True)
         return h, hidden
 
     def validate(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None, *,

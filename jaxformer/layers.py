@@ -16,10 +16,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.sharding import constrain_activations
 from jax.ad_checkpoint import checkpoint_name
 
+from jaxformer import kernels
 from jaxformer.config import ModelConfig
+from jaxformer.sharding import constrain_activations
 
 Array = jax.Array
 
@@ -503,11 +504,19 @@ class Attention(nnx.Module):
         if cache is not None:
             new_kv = {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
             k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])
+        if isinstance(mask, kernels.FusedMask):
+            if cache is None and (key is None or self.dropout_rate == 0.0):
+                out = kernels.attend(q, k, v, mask, bias, self.scale)
+                return self._output(out), new_kv
+            mask = mask.dense  # attention dropout runs on XLA
         out = dot_product_attention(q, k, v, mask, bias, self.scale, self.dropout_rate, key)
+        return self._output(out), new_kv
+
+    def _output(self, out: Array) -> Array:
         y = jnp.einsum("BTNH,NHD->BTD", out, self.o[...].astype(self.dtype))
         if self.o_bias is not None:
             y = y + self.o_bias[...].astype(self.dtype)
-        return y, new_kv
+        return y
 
 
 # --------------------------------------------------------------------------------------------------
@@ -584,9 +593,16 @@ def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_a
 
 
 REMAT_POLICIES: dict[str, Any] = {
+    # recompute the whole layer in the backward pass: the least memory, about a third more FLOPs
     "full": jax.checkpoint_policies.nothing_saveable,
+    # keep the weight matmuls' outputs (no batch dims: not the attention scores), recompute the rest
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # keep the named q/k/v projections and the MLP's hidden activation, recompute the rest
     "qkv_mlp": jax.checkpoint_policies.save_only_these_names("qkv", "mlp"),
+    # the same names, moved to host memory during the forward pass and back for the backward
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["qkv", "mlp"],
+        offload_src="device", offload_dst="pinned_host"),
 }
 
 
@@ -682,7 +698,7 @@ class Stack(nnx.Module):
                  encoder_out: Array | None = None, cross_mask: Array | None = None,
                  cross_kv: tuple[Array, Array] | None = None, cache: dict | None = None,
                  token_valid: Array | None = None, collect_hidden: bool = False, key: Array | None = None,
-                 layer_states: tuple | None = None
+                 layer_states: tuple | None = None, index_positions: bool = False
                  ) -> tuple[Array, tuple[Array, ...] | None, dict | None, Array | None]:
         """Returns (output, hidden states or None, updated cache or None, MoE router stats or None).
 
@@ -691,6 +707,8 @@ class Stack(nnx.Module):
         ``cache`` = {"k", "v": [L, B, S, K, H], "index"} holds earlier tokens, whose slots
         ``k_positions`` / ``key_valid`` [B, S] describe; this call's tokens (real where ``token_valid``
         [B, T]) are attended next to it and written at ``index`` once, after the layer loop.
+        ``index_positions`` says the positions are the token indices (no ``position_ids`` given), so
+        a fused kernel's index-based causal and sliding masks see what the position-based mask sees.
         """
         cfg = self.config
         window = cfg.window_size
@@ -717,6 +735,9 @@ class Stack(nnx.Module):
             bias = self.relative_bias(q_positions, q_positions)
             if cache is not None:
                 bias = (self.relative_bias(q_positions, k_positions), bias)
+        if cache is None and local_mask is None and (index_positions or self.pattern == "bidirectional"):
+            mask = kernels.fused_mask(cfg, mask, self.pattern, key_valid=key_valid, query_valid=key_valid,
+                                      has_bias=bias is not None)
         rope = rope_angles(rope_frequencies(cfg), q_positions) if cfg.position == "rope" else None
         # MoE load statistics count real tokens only.
         token_mask = key_valid if key_valid is not None and cache is None else None

@@ -1,0 +1,104 @@
+"""Forward (inference) throughput on CPU: jaxformer vs transformers' PyTorch models, float32, one run.
+
+A BERT-base-shaped encoder (sequence 128) and a T5-small-shaped encoder-decoder (source 128, target 32),
+random weights, batch 8, no padding. jaxformer runs one jitted forward pass (compiled before timing);
+PyTorch runs its eager model under ``torch.inference_mode`` with its default attention (SDPA). Both
+sides alternate call by call so they see the same machine load; tokens/s come from the median time.
+The target the accelerator issue sets is at least 1.0x on each, aiming for 1.1x.
+
+    python benchmarks/forward.py [--repeats 20] [--batch 8] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--only", default="bert,t5")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+
+    import jax
+    import numpy as np
+    import torch
+    import transformers
+
+    import jaxformer as jf
+
+    transformers.logging.set_verbosity_error()
+    rng = np.random.default_rng(0)
+    B = args.batch
+    setups = {
+        "bert": (jf.config("bert-base-uncased").replace(dropout_rate=0.0, attention_dropout_rate=0.0),
+                 lambda: transformers.BertModel(transformers.BertConfig()),
+                 {"input_ids": rng.integers(0, 30522, (B, 128))}, B * 128),
+        "t5": (jf.config("t5-small").replace(dropout_rate=0.0),
+               lambda: transformers.T5ForConditionalGeneration(transformers.T5Config(
+                   d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8, vocab_size=32128)),
+               {"input_ids": rng.integers(0, 32128, (B, 128)), "decoder_input_ids": rng.integers(0, 32128, (B, 32))},
+               B * (128 + 32)),
+    }
+    results = {}
+    for name in args.only.split(","):
+        cfg, make_torch, batch, tokens = setups[name]
+        graphdef, state = jf.split(jf.build(cfg))
+
+        def forward(state, batch, graphdef=graphdef):
+            out = jf.merge(graphdef, state)(**batch)
+            return out.logits if out.logits is not None else out.last_hidden_state
+
+        forward = jax.jit(forward)
+        jax_batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
+        start = time.perf_counter()
+        forward(state, jax_batch).block_until_ready()
+        compile_s = time.perf_counter() - start
+        torch_model = make_torch().eval()
+        torch_batch = {k: torch.as_tensor(v) for k, v in batch.items()}
+
+        def run_torch():
+            with torch.inference_mode():
+                torch_model(**torch_batch)
+
+        def run_jax():
+            forward(state, jax_batch).block_until_ready()
+
+        for _ in range(args.warmup):
+            run_jax()
+            run_torch()
+        times = {"jaxformer": [], "torch": []}
+        for _ in range(args.repeats):
+            times["jaxformer"].append(_timed(run_jax))
+            times["torch"].append(_timed(run_torch))
+        ours = tokens / statistics.median(times["jaxformer"])
+        theirs = tokens / statistics.median(times["torch"])
+        results[name] = {"jaxformer_tok_s": round(ours, 1), "torch_tok_s": round(theirs, 1),
+                         "ratio": round(ours / theirs, 3), "compile_s": round(compile_s, 2)}
+        del torch_model, state
+    if args.json:
+        print(json.dumps(results))
+        return
+    print(f"float32 forward passes, batch {B}, median of {args.repeats}")
+    print(f"{'model':<6} {'jaxformer tok/s':>16} {'torch tok/s':>12} {'ratio':>7} {'compile':>8}")
+    for name, r in results.items():
+        print(f"{name:<6} {r['jaxformer_tok_s']:>16.0f} {r['torch_tok_s']:>12.0f} {r['ratio']:>6.2f}x "
+              f"{r['compile_s']:>7.1f}s")
+
+
+if __name__ == "__main__":
+    main()
