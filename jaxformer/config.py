@@ -89,6 +89,16 @@ class ModelConfig:
     Layer counts: an encoder uses ``encoder_layers``, a decoder ``decoder_layers``, an
     encoder-decoder both. ``attention`` is the self-attention pattern of the decoder side; encoder
     self-attention is always bidirectional.
+
+    Precision policy (the one place it is stated; layers.py follows it):
+    - ``param_dtype`` is how parameters are stored; optimizer state follows the parameters.
+      Training keeps float32 master parameters (``train.compute_dtype`` changes ``dtype`` only).
+    - ``dtype`` is the compute dtype: weights are cast to it where they are used, and matmul
+      inputs and activations between layers are in it.
+    - Always float32, whatever ``dtype``: attention scores, bias and softmax (matmuls accumulate into
+      float32), norms, rotary angles, the MoE router's softmax, logits' loss (the objectives cast).
+    - Inference in bfloat16 or float16 sets both (``jf.from_pretrained(path, dtype="bfloat16")``,
+      ``jf.build(name, dtype=..., param_dtype=...)``), halving the bytes a decode step reads.
     """
 
     family: str = "decoder"
@@ -151,7 +161,7 @@ class ModelConfig:
     eos_token_id: int | tuple[int, ...] | None = None
     decoder_start_token_id: int | None = None  # first decoder token of encoder-decoder generation
 
-    dtype: str = "float32"  # compute dtype; softmax, norms and losses always run in float32
+    dtype: str = "float32"  # compute dtype; softmax, norms and losses always run in float32 (see above)
     param_dtype: str = "float32"
     scan_layers: bool = True
     remat: str = "none"
