@@ -89,7 +89,6 @@ def main() -> None:
         theirs = tokens / statistics.median(times["torch"])
         results[name] = {"jaxformer_tok_s": round(ours, 1), "torch_tok_s": round(theirs, 1),
                          "ratio": round(ours / theirs, 3), "compile_s": round(compile_s, 2)}
-        del torch_model, state
     if args.json:
         print(json.dumps(results))
         return
