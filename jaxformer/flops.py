@@ -1,4 +1,5 @@
-"""Model FLOPs of a training step, and the peak FLOP/s of the devices it runs on: the two halves of MFU.
+"""Model FLOPs of a training step and the peak FLOP/s of the devices it runs on (the two halves of MFU);
+the bytes a decode step must read and the memory bandwidth (the two halves of decoding's bound).
 
 Model FLOPs count the matmuls the model needs, not what an implementation does (remat's recomputation
 is not counted): 6 x (parameters a token passes through) per token, the forward's 2 plus the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 
 import jax
@@ -20,10 +22,30 @@ import jax.numpy as jnp
 
 from jaxformer.config import ModelConfig
 
-# Dense bf16 peaks per chip (vendor datasheets). float32 matmuls on these chips run at about half of it:
-# TF32 tensor cores on NVIDIA (JAX's default precision), bf16 passes on TPU.
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12, "TPU v6": 918e12,
-                   "TPU v5p": 459e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12, "TPU v4": 275e12}
+# Per-chip datasheet figures, keyed by what ``device.device_kind`` reports (matched by ``chip_value``).
+# Dense bf16 peaks; float32 matmuls on these chips run at about half of it: TF32 tensor cores on NVIDIA
+# (JAX's default precision), bf16 passes on TPU. v5e reports "TPU v5 lite", v5p "TPU v5" (or "TPU v5p"),
+# v6e "TPU v6 lite" (or "TPU v6e").
+PEAK_BF16_FLOPS = {"H100": 989e12, "H100 PCIe": 756e12, "H200": 989e12, "A100": 312e12, "L4": 121e12,
+                   "TPU v4": 275e12, "TPU v5": 459e12, "TPU v5p": 459e12, "TPU v5 lite": 197e12, "TPU v5e": 197e12,
+                   "TPU v6 lite": 918e12, "TPU v6e": 918e12}
+# HBM bandwidth per chip, bytes/s. The A100 kinds name their memory: 40 GB parts 1.555e12, 80 GB SXM 2.039e12.
+HBM_BYTES_PER_S = {"H100": 3.35e12, "H100 PCIe": 2.0e12, "H200": 4.8e12, "A100": 1.555e12,
+                   "A100-SXM4-80GB": 2.039e12, "A100 80GB PCIe": 1.935e12, "L4": 300e9, "TPU v4": 1.2e12,
+                   "TPU v5": 2.765e12, "TPU v5p": 2.765e12, "TPU v5 lite": 819e9, "TPU v5e": 819e9,
+                   "TPU v6 lite": 1.64e12, "TPU v6e": 1.64e12}
+
+
+def chip_value(table: dict[str, float], device_kind: str) -> float | None:
+    """The entry of ``table`` for a ``device_kind`` string, or None when no key names it.
+
+    A key matches when it occurs in the kind as whole words (case-insensitive), so "L4" does not match
+    an "L40S"; of several matches the longest key wins, so "TPU v5 lite" beats "TPU v5" and
+    "A100-SXM4-80GB" beats "A100".
+    """
+    kind = device_kind.lower()
+    found = [key for key in table if re.search(rf"(?<![a-z0-9]){re.escape(key.lower())}(?![a-z0-9])", kind)]
+    return table[max(found, key=len)] if found else None
 
 
 def _stack_params(cfg: ModelConfig, stack: str) -> float:
@@ -76,26 +98,88 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
 
 
 @functools.cache
+def _decode_weight_bytes(cfg: ModelConfig, batch_size: int) -> float:
+    """Bytes of the weights one decode step reads: the decoder stack and the LM head, in their dtype.
+    Embedding tables are read one row per token (left out) unless tied, when the head reads all of it;
+    cross-attention key/value projections run once, on the encoder output, before decoding. A MoE
+    layer reads the experts its tokens are routed to, at most all of them."""
+    import jaxformer as jf
+
+    from flax import nnx
+
+    read = {"decoder", "lm_head"} | ({"embed"} if cfg.tie_embeddings and cfg.head == "lm" else set())
+    experts_read = min(cfg.num_experts, batch_size * cfg.experts_per_token) / max(cfg.num_experts, 1)
+    total = 0.0
+    for path, leaf in nnx.to_flat_state(jf.abstract_params(cfg)):
+        once = "cross_attn" in path and path[-1] in ("k", "v", "k_bias", "v_bias")
+        if path[0] in read and not once:
+            size = math.prod(leaf.shape) * leaf.dtype.itemsize
+            total += size * (experts_read if "experts" in leaf.get_metadata().get("axes", ()) else 1)
+    return total
+
+
+def decode_bytes_per_step(cfg: ModelConfig, batch_size: int, cache_length: int, source_length: int = 0) -> float:
+    """Bytes one cached decode step must read from memory: every weight it uses once (in
+    ``cfg.param_dtype``) and the keys and values of ``cache_length`` tokens per row in every layer (in
+    ``cfg.dtype``; a sliding window reads at most its window), plus an encoder-decoder's cross-attention
+    keys and values of ``source_length`` tokens. Dividing by the memory bandwidth gives the step's lower
+    bound on time, which small batches come close to."""
+    if cfg.family == "encoder":
+        raise ValueError(f"decode_bytes_per_step needs a decoder; {cfg.name!r} is an encoder")
+    visible = min(cache_length, cfg.window_size) if cfg.attention == "sliding" else cache_length
+    kv_bytes_per_token = 2 * cfg.decoder_layers * cfg.kv_heads * cfg.head_dim_ * jnp.dtype(cfg.dtype).itemsize
+    return _decode_weight_bytes(cfg, batch_size) + batch_size * kv_bytes_per_token * (visible + source_length)
+
+
+def _best_time(fn, repeats: int = 5) -> float:
+    fn()  # compile and warm up
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@functools.cache
 def peak_flops(dtype: str = "float32") -> tuple[float, str]:
     """Peak FLOP/s of all local devices together, and how it was obtained.
 
-    Accelerators: the datasheet table above times the device count. CPUs: measured, the best of a few
-    jitted 1024^3 matmuls in ``dtype`` (simulated CPU devices share one machine's cores, so they count once).
+    Accelerators: the datasheet table above times the device count (NaN for a chip it lacks). CPUs:
+    measured, the best of a few jitted 1024^3 matmuls in ``dtype`` (simulated CPU devices share one
+    machine's cores, so they count once).
     """
     device = jax.local_devices()[0]
     if device.platform != "cpu":
-        for name, bf16 in PEAK_BF16_FLOPS.items():
-            if name.lower() in device.device_kind.lower():
-                per_chip = bf16 if dtype != "float32" else bf16 / 2
-                return per_chip * jax.local_device_count(), f"{device.device_kind} datasheet x {jax.local_device_count()}"
-        return float("nan"), f"unknown peak for {device.device_kind}"
+        bf16 = chip_value(PEAK_BF16_FLOPS, device.device_kind)
+        if bf16 is None:
+            return float("nan"), f"no datasheet peak for {device.device_kind!r}"
+        per_chip = bf16 if dtype != "float32" else bf16 / 2
+        count = jax.local_device_count()
+        return per_chip * count, f"{device.device_kind} datasheet {dtype} x {count}"
     n = 1024
     a = jnp.ones((n, n), dtype)
     matmul = jax.jit(lambda x: x @ x)
-    matmul(a).block_until_ready()
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        matmul(a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best, f"measured {dtype} {n}^3 matmul on this CPU"
+    return 2 * n**3 / _best_time(lambda: matmul(a).block_until_ready()), f"measured {dtype} {n}^3 matmul on this CPU"
+
+
+def measure_bandwidth(megabytes: int = 256) -> float:
+    """Bytes per second for reading a float32 array once with a jitted reduction (best of 5). 256 MiB
+    is well past a CPU's last-level cache and takes a fraction of a second."""
+    x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
+    total = jax.jit(lambda a: jnp.sum(a, dtype=jnp.float32))
+    return megabytes * 2**20 / _best_time(lambda: total(x).block_until_ready())
+
+
+@functools.cache
+def peak_bandwidth() -> tuple[float, str]:
+    """Memory bandwidth of one device in bytes/s, and how it was obtained: the HBM datasheet table on
+    accelerators (NaN for a chip it lacks), measured on CPU. One device's, because a decode step
+    reads the weights from the memory of the device it runs on."""
+    device = jax.local_devices()[0]
+    if device.platform != "cpu":
+        per_chip = chip_value(HBM_BYTES_PER_S, device.device_kind)
+        if per_chip is None:
+            return float("nan"), f"no datasheet bandwidth for {device.device_kind!r}"
+        return per_chip, f"{device.device_kind} datasheet, one device"
+    return measure_bandwidth(), "measured: jitted reduction over 256 MiB on this CPU"
