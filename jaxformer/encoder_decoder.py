@@ -33,7 +33,7 @@ class EncoderDecoder(PretrainedMixin, nnx.Module):
         x, positions, key_valid = embed_inputs(self, self.encoder_embeddings, input_ids, inputs_embeds,
                                                attention_mask, None, key=keys[0])
         h, hidden, _, _ = self.encoder(x, positions, key_valid=key_valid, collect_hidden=output_hidden_states,
-                                       key=keys[1])
+                                       key=keys[1], index_positions=True)
         return h, hidden
 
     def decode(self, decoder_input_ids: Array | None, encoder_out: Array, attention_mask: Array | None = None,

@@ -739,7 +739,9 @@ class Stack(nnx.Module):
         mask, local_mask = masks(base_pattern), masks(local_pattern)
         bias = None
         if self.relative_bias is not None:
-            bias = self.relative_bias(q_positions, q_positions)
+            # Index positions are the same in every row: one [1, N, T, S] bias, broadcast over the batch.
+            rows = q_positions[:1] if index_positions and cache is None else q_positions
+            bias = self.relative_bias(rows, rows)
             if cache is not None:
                 bias = (self.relative_bias(q_positions, k_positions), bias)
         if cache is None and local_mask is None and (index_positions or self.pattern == "bidirectional"):
