@@ -194,3 +194,23 @@ print(max(float(jnp.abs(x - y).max()) for x, y in zip(jax.tree.leaves(a), jax.tr
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+@pytest.mark.parametrize("here, changes, pattern, has_bias, length, expected", [
+    ("gpu", {"dtype": "bfloat16"}, "causal", False, 128, "cudnn"),
+    ("gpu", {"dtype": "bfloat16"}, "bidirectional", True, 128, "cudnn"),  # T5: bias goes in as a bias
+    ("gpu", {"dtype": "bfloat16"}, "causal", True, 127, "xla"),  # cuDNN's biased backward needs even lengths
+    ("gpu", {}, "causal", False, 128, "xla"),  # float32 compute: cuDNN refuses it
+    ("gpu", {"dtype": "bfloat16"}, "prefix", False, 128, "xla"),
+    ("tpu", {}, "causal", False, 256, "splash"),
+    ("tpu", {}, "sliding", False, 128, "splash"),
+    ("tpu", {}, "bidirectional", True, 128, "xla"),  # splash takes no additive bias
+    ("tpu", {}, "causal", False, 100, "xla"),  # not a multiple of its 128-wide blocks
+    ("cpu", {"dtype": "bfloat16"}, "causal", False, 128, "xla"),
+])
+def test_auto_picks_the_kernel_of_the_platform(monkeypatch, here, changes, pattern, has_bias, length, expected):
+    monkeypatch.setattr(kernels, "platform", lambda: here)
+    cfg = jf.config("gpt2").replace(**changes)  # head_dim 64: within cuDNN's limits
+    if pattern == "sliding":
+        cfg = cfg.replace(attention="sliding", window_size=32)
+    assert kernels.fused_backend(cfg, pattern, length, length, has_bias=has_bias) == expected
