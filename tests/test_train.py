@@ -317,6 +317,8 @@ def test_a_non_finite_gradient_leaves_parameters_and_optimizer_state_unchanged()
     (["train.objective=mlm"], "trains encoder models"),
     (["model.preset=tiny-bert", "train.objective=mlm"], "vocab_size=256 cannot hold"),
     (["mesh.tensor=-1", "mesh.data=-1"], "only one mesh axis may be -1"),
+    pytest.param(["model.overrides.attention_backend=cudnn"], "attention_backend='cudnn' needs an NVIDIA GPU",
+                 marks=pytest.mark.skipif(jax.default_backend() == "gpu", reason="a GPU can serve cudnn")),
 ])
 def test_config_errors_name_the_field_before_anything_compiles(tmp_path, overrides, message):
     with pytest.raises(ValueError, match=message):

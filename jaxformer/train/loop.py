@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm import tqdm
 
 import jaxformer as jf
-from jaxformer import flops, sharding
+from jaxformer import flops, kernels, sharding
 from jaxformer.train import data
 from jaxformer.train.objectives import Objective, make_objective, ratio
 from jaxformer.train.run_config import RunConfig, dump, load
@@ -181,6 +181,17 @@ def _under_mesh(step, mesh):
             return step(*args)
 
     return traced
+
+
+def attention_note(model_cfg: jf.ModelConfig, seq_len: int) -> str:
+    """Which attention kernel the training step's self-attention runs on (an explicit backend this
+    machine cannot serve fails here, before compiling)."""
+    pattern = "bidirectional" if model_cfg.family == "encoder" else model_cfg.attention
+    backend = kernels.fused_backend(model_cfg, pattern, seq_len, seq_len, has_bias=model_cfg.position == "relative")
+    note = f"self-attention runs on {backend} (attention_backend={model_cfg.attention_backend!r}, {kernels.platform()})"
+    if backend != "xla" and model_cfg.attention_dropout_rate > 0:
+        note += "; attention dropout is on, so training steps use xla (model.overrides.attention_dropout_rate=0 fuses)"
+    return note
 
 
 def make_eval_step(graphdef, rest, objective: Objective, mesh, params_shardings):
@@ -363,7 +374,7 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
         if run.tokenizer_file is not None and run.tokenizer_file.resolve() != (run_dir / TOKENIZER_FILE).resolve():
             shutil.copy(run.tokenizer_file, run_dir / TOKENIZER_FILE)
         for note in objective.notes + ([f"freshly initialised: {', '.join(run.fresh_params)}"]
-                                       if run.fresh_params else []):
+                                       if run.fresh_params else []) + [attention_note(model.config, cfg.train.seq_len)]:
             print(f"note: {note}")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     optimizer, schedule = make_optimizer(cfg, params)
