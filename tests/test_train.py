@@ -215,6 +215,7 @@ def test_eval_reproduces_the_logged_metrics_and_convert_gives_a_transformers_fol
     history = train(cfg, progress=False)["history"]
     logged = {r["step"]: r for r in history if "eval_loss" in r}
     assert sorted(logged) == [20, 40]
+    capsys.readouterr()  # the run's own notes
     for step in (20, None):
         assert cli_main(["eval", str(run_dir), "--json"] + (["--step", str(step)] if step else [])) == 0
         metrics = json.loads(capsys.readouterr().out)
