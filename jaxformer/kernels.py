@@ -204,7 +204,8 @@ def _sharded(run, q, k, v, *segments):
     if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
         return run(q, k, v, *segments)
     P = jax.sharding.PartitionSpec
-    heads = "tensor" if q.shape[1] % mesh.shape["tensor"] == 0 else None
+    tensor = dict(mesh.shape).get("tensor", 1)
+    heads = "tensor" if tensor > 1 and q.shape[1] % tensor == 0 else None
     qkv = P(BATCH_AXES, heads)
     return jax.shard_map(run, mesh=mesh, in_specs=(qkv, qkv, qkv, *([P(BATCH_AXES)] * len(segments))),
                          out_specs=qkv, check_vma=False)(q, k, v, *segments)
