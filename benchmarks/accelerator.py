@@ -167,22 +167,13 @@ def bench_train(work: Workload, steps: int, warmup: int, peak: float) -> dict:
     del model
     optimizer = optax.adamw(1e-4, weight_decay=0.01)
     replicated = NamedSharding(mesh, P())
-    param_shardings = jax.tree.map(lambda x: x.sharding, params)
-    # Adam's moments take their parameter's sharding (FSDP splits them too); its step count is replicated.
-    opt_shardings = optax.tree_map_params(optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, params),
-                                          param_shardings, transform_non_params=lambda _: replicated)
-    state = (params, jax.jit(optimizer.init, out_shardings=opt_shardings)(params))
-    state_shardings = (param_shardings, opt_shardings)
+    state = (params, sharding.sharded_optimizer_state(optimizer, params))  # FSDP splits the moments too
+    state_shardings = sharding.shardings_of(state)
     rows_sharding = NamedSharding(mesh, P(sharding.BATCH_AXES))
     batch = jax.device_put(random_batch(work, rows), rows_sharding)
 
     train_step = make_train_step(graphdef, rest, optimizer, cfg.family)
-
-    def under_mesh(state, batch):  # block-boundary constraints and the splash kernel's shard_map need it
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            return train_step(state, batch)
-
-    step = jax.jit(under_mesh, donate_argnums=0, in_shardings=(state_shardings, rows_sharding),
+    step = jax.jit(sharding.under_mesh(train_step, mesh), donate_argnums=0, in_shardings=(state_shardings, rows_sharding),
                    out_shardings=(state_shardings, replicated))
     note(f"  compiling ({rows} x {work.length}{f' + {work.target}' if work.target else ''}, remat {work.remat})")
     start = time.perf_counter()

@@ -124,11 +124,9 @@ def attend(q: Array, k: Array, v: Array, mask: FusedMask, bias: Array | None, sc
 
 
 def _cudnn(q, k, v, mask: FusedMask, bias, scale, implementation):
-    dense = None
-    if mask.key_valid is not None:
-        # cuDNN's own padding mask assumes right padding; a [B, 1, T, S] mask is exact for any layout
-        # (jax turns it into an additive bias). The packed batches of the LM objectives have none.
-        dense = mask.dense
+    # cuDNN's own padding mask assumes right padding; a [B, 1, T, S] mask is exact for any layout (jax
+    # turns it into an additive bias). The packed batches of the LM objectives have no padding.
+    dense = None if mask.key_valid is None else mask.dense
     window = (mask.window - 1, 0) if mask.pattern == "sliding" else None
     if bias is not None:
         bias = bias.astype(q.dtype)

@@ -511,10 +511,9 @@ class Attention(nnx.Module):
         if cache is not None:
             new_kv = {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
             k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])
-        if isinstance(mask, kernels.FusedMask):
-            if cache is None and (key is None or self.dropout_rate == 0.0):
-                out = kernels.attend(q, k, v, mask, bias, self.scale)
-                return self._output(out), new_kv
+        if isinstance(mask, kernels.FusedMask):  # full-sequence calls only: Stack gives none with a cache
+            if key is None or self.dropout_rate == 0.0:
+                return self._output(kernels.attend(q, k, v, mask, bias, self.scale)), new_kv
             mask = mask.dense  # attention dropout runs on XLA
         out = dot_product_attention(q, k, v, mask, bias, self.scale, self.dropout_rate, key)
         return self._output(out), new_kv

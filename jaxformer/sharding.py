@@ -114,6 +114,34 @@ def shard_model(model, mesh):
     return nnx.merge(graphdef, jax.device_put(state, state_shardings(state, mesh)))
 
 
+def shardings_of(tree):
+    return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def sharded_optimizer_state(optimizer, params):
+    """``optimizer.init(params)`` created in place: each moment takes its parameter's sharding (so FSDP
+    splits the optimizer state too), the rest (Adam's step count) is replicated."""
+    import optax
+
+    mesh = jax.tree.leaves(params)[0].sharding.mesh
+    replicated = NamedSharding(mesh, P())
+    shardings = optax.tree_map_params(optimizer, lambda _, param_sharding: param_sharding,
+                                      jax.eval_shape(optimizer.init, params), shardings_of(params),
+                                      transform_non_params=lambda _: replicated)
+    return jax.jit(optimizer.init, out_shardings=shardings)(params)
+
+
+def under_mesh(step, mesh):
+    """``step`` traced with the mesh in context, so block boundaries get their sharding constraints
+    (and Pallas kernels their shard_map)."""
+
+    def traced(*args):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return step(*args)
+
+    return traced
+
+
 def constrain_activations(x: jax.Array) -> jax.Array:
     """At block boundaries under a mesh (``jax.set_mesh``): rows split over data x fsdp, the rest
     replicated (tensor parallelism gathers its partial sums here, as Megatron does). No mesh: unchanged."""

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 import jaxformer as jf
 from jaxformer import flops, kernels, sharding
+from jaxformer.sharding import shardings_of
 from jaxformer.train import data
 from jaxformer.train.objectives import Objective, make_objective, ratio
 from jaxformer.train.run_config import RunConfig, dump, load
@@ -148,20 +149,10 @@ def batch_sharding(mesh) -> NamedSharding:
 def init_state(cfg: RunConfig, model, optimizer) -> dict:
     """The train state of a (sharded) model: the optimizer state takes its parameters' shardings."""
     params = nnx.state(model, nnx.Param)
-    mesh = jax.tree.leaves(params)[0].sharding.mesh
-    replicated = NamedSharding(mesh, P())
-    # Each moment takes its parameter's sharding (so FSDP splits the optimizer state too); the rest
-    # (Adam's step count) is replicated. Created in place, like the parameters.
-    opt_shardings = optax.tree_map_params(optimizer, lambda _, param_sharding: param_sharding,
-                                          jax.eval_shape(optimizer.init, params), shardings_of(params),
-                                          transform_non_params=lambda _: replicated)
-    opt_state = jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
+    replicated = NamedSharding(jax.tree.leaves(params)[0].sharding.mesh, P())
     progress = {"step": jnp.int32(0), "skipped": jnp.int32(0), "key": jax.random.PRNGKey(cfg.run.seed)}
-    return {"params": params, "opt_state": opt_state, **jax.device_put(progress, replicated)}
-
-
-def shardings_of(tree):
-    return jax.tree.map(lambda x: x.sharding, tree)
+    return {"params": params, "opt_state": sharding.sharded_optimizer_state(optimizer, params),
+            **jax.device_put(progress, replicated)}
 
 
 def _loss_fn(graphdef, rest, objective: Objective):
@@ -171,16 +162,6 @@ def _loss_fn(graphdef, rest, objective: Objective):
         return objective.loss(model, batch, key if dropout else None)
 
     return loss_fn
-
-
-def _under_mesh(step, mesh):
-    """``step`` traced with the mesh in context, so block boundaries get their sharding constraints."""
-
-    def traced(*args):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            return step(*args)
-
-    return traced
 
 
 def attention_note(model_cfg: jf.ModelConfig, seq_len: int) -> str:
@@ -197,7 +178,7 @@ def attention_note(model_cfg: jf.ModelConfig, seq_len: int) -> str:
 def make_eval_step(graphdef, rest, objective: Objective, mesh, params_shardings):
     """The jitted eval step: the objective's metric sums of one batch, without dropout."""
     loss_fn = _loss_fn(graphdef, rest, objective)
-    return jax.jit(_under_mesh(lambda params, batch: loss_fn(params, batch, None)[1], mesh),
+    return jax.jit(sharding.under_mesh(lambda params, batch: loss_fn(params, batch, None)[1], mesh),
                    in_shardings=(params_shardings, batch_sharding(mesh)), out_shardings=NamedSharding(mesh, P()))
 
 
@@ -239,7 +220,7 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
                  "key": state["key"]}
         return state, {"sums": sums, "grad_norm": grad_norm}
 
-    train = jax.jit(_under_mesh(train_step, mesh), donate_argnums=0,
+    train = jax.jit(sharding.under_mesh(train_step, mesh), donate_argnums=0,
                     in_shardings=(state_shardings, batch_sharding(mesh)),
                     out_shardings=(state_shardings, NamedSharding(mesh, P())))
     return train, make_eval_step(graphdef, rest, objective, mesh, state_shardings["params"])
