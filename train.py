@@ -6,7 +6,7 @@ Python, on whatever devices are present, ending with a generated sample.
 
 import sys
 
-from jaxformer.train.loop import main
+from jaxformer.train.run import main
 
 if __name__ == "__main__":
     try:

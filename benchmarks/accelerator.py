@@ -213,7 +213,7 @@ def bench_decode(cfg: jf.ModelConfig, prompt: int, new_tokens: int, bandwidth: f
         args, gc = gen.prepare(model, ids, max_new_tokens=new_tokens)
         note(f"  decode batch {batch}: compiling")
         start = time.perf_counter()
-        compiled = gen._compiled.lower(*args, config=gc).compile()
+        compiled = gen.generate_tokens_jit.lower(*args, config=gc).compile()
         compile_s = time.perf_counter() - start
 
         def run():

@@ -54,7 +54,7 @@ def main() -> None:
         ids = np.random.default_rng(batch).integers(0, config.vocab_size, (batch, args.prompt))
         call_args, gc = gen.prepare(model, ids, max_new_tokens=args.new_tokens)
         start = time.perf_counter()
-        compiled = gen._compiled.lower(*call_args, config=gc).compile()
+        compiled = gen.generate_tokens_jit.lower(*call_args, config=gc).compile()
         compile_s += time.perf_counter() - start
 
         def run_jaxformer():

@@ -14,6 +14,7 @@ import jax
 from flax import nnx
 
 from jaxformer.config import ModelConfig
+from jaxformer.models import abstract_model
 
 CONFIG_FILE = "jaxformer.json"
 PARAMS_DIR = "params"
@@ -42,14 +43,12 @@ def save_model(model, path: str | os.PathLike) -> None:
 def load_model(path: str | os.PathLike):
     import orbax.checkpoint as ocp
 
-    import jaxformer as jf
-
     folder = Path(path).absolute()
     if not is_checkpoint(folder):
         raise ValueError(f"{folder} is not a jaxformer checkpoint (no {CONFIG_FILE})")
     meta = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
     cfg = ModelConfig.from_dict(meta["config"])
-    abstract = nnx.eval_shape(lambda: jf.build(cfg))
+    abstract = abstract_model(cfg)
     graphdef, target = nnx.split(abstract)
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding), target)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from jaxformer import param_count
+from jaxformer.models import param_count
 from jaxformer.presets import config, presets
 
 
@@ -65,7 +65,7 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    from jaxformer.train.loop import evaluate as run_evaluation
+    from jaxformer.train.evaluate import evaluate as run_evaluation
 
     metrics = run_evaluation(args.run_dir, args.step, tuple(args.overrides))
     if args.json:
@@ -81,7 +81,8 @@ def convert(args: argparse.Namespace) -> int:
 
     from jaxformer.checkpoint import is_checkpoint, load_model, save_model
     from jaxformer.interop.hf import from_pretrained
-    from jaxformer.train.loop import CONFIG_FILE, export_hf
+    from jaxformer.train.evaluate import export_hf
+    from jaxformer.train.run import CONFIG_FILE
 
     source = Path(args.source)
     if (source / CONFIG_FILE).exists():  # a training run folder: its newest (or --step) checkpoint
@@ -113,11 +114,12 @@ def generate(args: argparse.Namespace) -> int:
 
     import jax
 
-    import jaxformer as jf
+    from jaxformer.interop.hf import from_pretrained
+    from jaxformer.interop.tokenizer import load_tokenizer
     from jaxformer import generate as gen
 
-    model = jf.from_pretrained(args.path, dtype=args.dtype)
-    tokenizer = jf.load_tokenizer(args.path)
+    model = from_pretrained(args.path, dtype=args.dtype)
+    tokenizer = load_tokenizer(args.path)
     batch = tokenizer(args.prompt, padding_side="left")
     defaults = {}
     generation_config = Path(args.path) / "generation_config.json"
@@ -128,7 +130,7 @@ def generate(args: argparse.Namespace) -> int:
                                 do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, num_beams=args.num_beams, seed=args.seed, **defaults)
     start = time.perf_counter()
-    compiled = gen._compiled.lower(*call_args, config=gc).compile()
+    compiled = gen.generate_tokens_jit.lower(*call_args, config=gc).compile()
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
     tokens, steps = jax.block_until_ready(compiled(*call_args[1:]))
@@ -148,7 +150,7 @@ def generate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # train.py's own argument grammar: [CONFIG.yaml] [section.key=value ...]
-        from jaxformer.train.loop import main as train_main
+        from jaxformer.train.run import main as train_main
 
         try:
             return train_main(argv[1:])

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.interop.files import _read_json
-from jaxformer.interop.hf import architecture_of
+from jaxformer.interop.files import read_json
+from jaxformer.interop.hf import architecture_of, from_pretrained
 
 
 @dataclasses.dataclass
@@ -43,7 +43,7 @@ def reference_model(path: str | Path, dtype: str = "float32"):
     import torch
     import transformers
 
-    hf = _read_json(Path(path) / "config.json")
+    hf = read_json(Path(path) / "config.json")
     _, arch = architecture_of(hf)
     model = getattr(transformers, arch).from_pretrained(str(path), dtype=getattr(torch, dtype),
                                                         attn_implementation="eager")
@@ -56,10 +56,8 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
     """Run both implementations and return one Row per compared tensor."""
     import torch
 
-    import jaxformer as jf
-
     reference = reference if reference is not None else reference_model(path, dtype)
-    model = model if model is not None else jf.from_pretrained(path, dtype=dtype)
+    model = model if model is not None else from_pretrained(path, dtype=dtype)
     cfg = model.config
     input_ids = np.asarray(input_ids)
     mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)

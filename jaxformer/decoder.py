@@ -1,20 +1,37 @@
-"""Decoder-only family (GPT-2, GPT-3, LLaMA, Mistral, Qwen2, Mixtral): embeddings, causal blocks, LM head."""
+"""Decoder-only family (GPT-2, GPT-3, LLaMA, Mistral, Qwen2, Mixtral): embeddings, causal blocks, LM head.
+
+One forward pass (``forward``) serves training and evaluation (``__call__``, whole sequences) and
+generation (``step``, over a ``DecodeState``; a prefill is a step over an empty cache).
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.boundary import (ModelOutput, PretrainedMixin, check_inputs, check_prefix_lengths,
-                                compiled_when_concrete, embed_inputs)
+from jaxformer import kernels
+from jaxformer.cache import DecodeState, KVCache
+from jaxformer.checks import check_inputs, check_prefix_lengths, public_call
 from jaxformer.config import ModelConfig
-from jaxformer.layers import Buffer, Dense, Embed, Embeddings, Stack, dtype_of, load_balancing_loss, split_key
+from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
+                              load_balancing_loss, split_key)
+from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
 
 
-def lm_logits(x: Array, model: nnx.Module) -> Array:
+def make_lm_head(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Dense | None, Buffer | None]:
+    """The LM head's own parameters: a [D, V] projection unless tied, and BART's fixed logits bias."""
+    lm_head = (Dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs, bias=False)
+               if cfg.head == "lm" and not cfg.tie_embeddings else None)
+    bias = Buffer(jnp.zeros((cfg.vocab_size,), dtype_of(cfg.param_dtype)), axes=("vocab",)) if cfg.logits_bias else None
+    return lm_head, bias
+
+
+def lm_logits(model: nnx.Module, x: Array) -> Array:
     """Next-token logits from the tied embedding or a separate [D, V] projection (+ a fixed bias)."""
     cfg: ModelConfig = model.config
     if model.lm_head is not None:
@@ -28,14 +45,22 @@ def lm_logits(x: Array, model: nnx.Module) -> Array:
     return logits
 
 
-def make_lm_head(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Dense | None, Buffer | None]:
-    lm_head = (Dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs, bias=False)
-               if cfg.head == "lm" and not cfg.tie_embeddings else None)
-    bias = Buffer(jnp.zeros((cfg.vocab_size,), dtype_of(cfg.param_dtype)), axes=("vocab",)) if cfg.logits_bias else None
-    return lm_head, bias
+def last_token_logits(model: nnx.Module, h: Array) -> Array:
+    """A cached step's output: float32 logits [B, V] of the last position only."""
+    return lm_logits(model, h[:, -1:])[:, 0].astype(jnp.float32)
 
 
-class Decoder(PretrainedMixin, nnx.Module):
+def unstacked_decoder(model: nnx.Module) -> nnx.Module:
+    """``model`` for a loop of many cached steps: on CPU a copy whose decoder layers are sliced out of
+    the stack once (``Stack.unstacked``), elsewhere the model itself."""
+    if not kernels.unstack_decode_loops():
+        return model
+    copy = nnx.merge(*nnx.split(model))
+    copy.decoder = model.decoder.unstacked()
+    return copy
+
+
+class Decoder(nnx.Module):
     """The decoder-only model: token (+ position) embeddings, a causal stack, an LM head."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -50,21 +75,50 @@ class Decoder(PretrainedMixin, nnx.Module):
         shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids)
         check_prefix_lengths(prefix_lengths, self.config, *shape)
 
-    @compiled_when_concrete
+    def forward(self, input_ids: Array | None, *, inputs_embeds: Array | None = None, valid: Array | None = None,
+                positions: Array | None = None, prefix_lengths: Array | None = None, cache: KVCache | None = None,
+                collect_hidden: bool = False, key: Array | None = None) -> StackOutput:
+        """The one forward pass: embeddings, then the causal stack over ``cache`` (if any)."""
+        keys = split_key(key, 2)
+        x, at = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=positions, key=keys[0])
+        indexed = positions is None and cache is None and not self.config.pad_aware_positions
+        return self.decoder(x, Tokens(at, valid, prefix_lengths, indexed), cache=cache, collect_hidden=collect_hidden,
+                            key=keys[1])
+
+    @public_call
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  position_ids: Array | None = None, *, prefix_lengths: Array | None = None,
                  inputs_embeds: Array | None = None, output_hidden_states: bool = False,
                  dropout_key: Array | None = None) -> ModelOutput:
         cfg = self.config
-        self.validate(input_ids, attention_mask, position_ids, prefix_lengths=prefix_lengths,
-                      inputs_embeds=inputs_embeds)
-        keys = split_key(dropout_key, 2)
-        x, positions, key_valid = embed_inputs(self, self.embeddings, input_ids, inputs_embeds, attention_mask,
-                                               position_ids, key=keys[0])
-        h, hidden, _, stats = self.decoder(x, positions, key_valid=key_valid, prefix_lengths=prefix_lengths,
-                                           collect_hidden=output_hidden_states, key=keys[1],
-                                           index_positions=position_ids is None and not cfg.pad_aware_positions)
-        logits = lm_logits(h, self) if cfg.head == "lm" else None
-        aux = (cfg.router_aux_loss_coef * load_balancing_loss(stats, cfg.num_experts)
-               if stats is not None else None)
-        return ModelOutput(logits=logits, last_hidden_state=h, hidden_states=hidden, aux_loss=aux)
+        out = self.forward(input_ids, inputs_embeds=inputs_embeds, valid=attention_mask, positions=position_ids,
+                           prefix_lengths=prefix_lengths, collect_hidden=output_hidden_states, key=dropout_key)
+        logits = lm_logits(self, out.hidden) if cfg.head == "lm" else None
+        aux = (cfg.router_aux_loss_coef * load_balancing_loss(out.router_stats, cfg.num_experts)
+               if out.router_stats is not None else None)
+        return ModelOutput(logits=logits, last_hidden_state=out.hidden, hidden_states=out.hidden_states, aux_loss=aux)
+
+    def init_cache(self, batch: int, length: int, prefix_lengths: Array | None = None) -> DecodeState:
+        """An empty state for ``length`` tokens per row (only the kv heads are cached)."""
+        cfg = self.config
+        kv = KVCache.empty(cfg.decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype_of(cfg.dtype))
+        return DecodeState(kv, prefix_lengths=prefix_lengths)
+
+    def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState) -> tuple[Array, DecodeState]:
+        """Run ``ids`` [B, T] at ``positions`` (real where ``valid``) over the cache: float32 logits of
+        the last position [B, V] and the state with these tokens written."""
+        check_cache_room(state.kv, ids.shape[1])
+        out = self.forward(ids, valid=valid, positions=positions, prefix_lengths=state.prefix_lengths, cache=state.kv)
+        return last_token_logits(self, out.hidden), dataclasses.replace(state, kv=out.cache)
+
+    def for_decode_loop(self) -> Decoder:
+        return unstacked_decoder(self)
+
+
+def check_cache_room(cache: KVCache, count: int) -> None:
+    """A step that would write past the cache is refused when the index is known on the host (JAX
+    would clamp the write silently)."""
+    index = cache.index
+    if not isinstance(index, jax.core.Tracer) and int(index) + count > cache.length:
+        raise ValueError(f"decoding {count} tokens at cache index {int(index)} overflows a cache of "
+                         f"{cache.length} slots")

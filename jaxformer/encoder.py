@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.boundary import ModelOutput, PretrainedMixin, check_inputs, compiled_when_concrete, embed_inputs
+from jaxformer.checks import check_inputs, public_call
 from jaxformer.config import ModelConfig
-from jaxformer.layers import Dense, Embed, Norm, Embeddings, Stack, activate, dropout, param, split_key
+from jaxformer.layers import Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, param, split_key
+from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
 
@@ -30,7 +31,7 @@ class MaskedLMHead(nnx.Module):
         return logits + self.bias[...].astype(logits.dtype)
 
 
-class Encoder(PretrainedMixin, nnx.Module):
+class Encoder(nnx.Module):
     """The encoder-only model: embeddings, a bidirectional stack, and the head named by ``config.head``."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -50,17 +51,18 @@ class Encoder(PretrainedMixin, nnx.Module):
                  inputs_embeds=None, **_) -> None:
         check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
 
-    @compiled_when_concrete
+    @public_call
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  token_type_ids: Array | None = None, position_ids: Array | None = None, *,
                  inputs_embeds: Array | None = None, output_hidden_states: bool = False,
                  dropout_key: Array | None = None) -> ModelOutput:
         cfg = self.config
         keys = split_key(dropout_key, 3)
-        x, positions, key_valid = embed_inputs(self, self.embeddings, input_ids, inputs_embeds, attention_mask,
-                                               position_ids, token_type_ids, keys[0])
-        h, hidden, _, _ = self.encoder(x, positions, key_valid=key_valid, collect_hidden=output_hidden_states,
-                                       key=keys[1])
+        x, positions = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=position_ids,
+                                       token_type_ids=token_type_ids, key=keys[0])
+        indexed = position_ids is None and not cfg.pad_aware_positions
+        h, hidden, _, _ = self.encoder(x, Tokens(positions, attention_mask, indexed=indexed),
+                                       collect_hidden=output_hidden_states, key=keys[1])
         pooled = jnp.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None
         out = dict(last_hidden_state=h, hidden_states=hidden, pooler_output=pooled)
         if self.mlm is not None:

@@ -1,22 +1,29 @@
 """Encoder-decoder family (the 2017 Transformer, T5, BART): a bidirectional encoder, a causal decoder
-that cross-attends to it, and an LM head. One token embedding is shared by both sides."""
+that cross-attends to it, and an LM head. One token embedding is shared by both sides.
+
+The decoder's one forward pass (``decode``) serves whole sequences (``__call__``) and cached steps
+(``step``, over a ``DecodeState`` holding every layer's cross-attention keys and values, computed once
+per source by ``init_cache``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer import kernels
-from jaxformer.boundary import ModelOutput, PretrainedMixin, check_inputs, compiled_when_concrete, embed_inputs
+from jaxformer.cache import DecodeState, EncoderKV, KVCache
+from jaxformer.checks import check_inputs, public_call
 from jaxformer.config import ModelConfig
-from jaxformer.decoder import lm_logits, make_lm_head
-from jaxformer.layers import Embed, Embeddings, Stack, split_key, visibility_mask
+from jaxformer.decoder import check_cache_room, last_token_logits, lm_logits, make_lm_head, unstacked_decoder
+from jaxformer.layers import Embed, Embeddings, EncoderOutput, Stack, StackOutput, Tokens, dtype_of, split_key
+from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
 
 
-class EncoderDecoder(PretrainedMixin, nnx.Module):
+class EncoderDecoder(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.config = cfg
         self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs)
@@ -26,35 +33,25 @@ class EncoderDecoder(PretrainedMixin, nnx.Module):
         self.decoder = Stack(cfg, cfg.decoder_layers, pattern=cfg.attention, cross_attention=True, rngs=rngs)
         self.lm_head, self.logits_bias = make_lm_head(cfg, rngs)
 
-    def encode(self, input_ids: Array | None = None, attention_mask: Array | None = None, *,
-               inputs_embeds: Array | None = None, output_hidden_states: bool = False,
-               dropout_key: Array | None = None) -> tuple[Array, tuple[Array, ...] | None]:
-        keys = split_key(dropout_key, 2)
-        x, positions, key_valid = embed_inputs(self, self.encoder_embeddings, input_ids, inputs_embeds,
-                                               attention_mask, None, key=keys[0])
-        h, hidden, _, _ = self.encoder(x, positions, key_valid=key_valid, collect_hidden=output_hidden_states,
-                                       key=keys[1], index_positions=True)
-        return h, hidden
+    def encode(self, input_ids: Array | None, attention_mask: Array | None = None, *,
+               inputs_embeds: Array | None = None, collect_hidden: bool = False,
+               key: Array | None = None) -> StackOutput:
+        """The encoder pass (inputs unchecked: ``__call__`` and generation check them first)."""
+        keys = split_key(key, 2)
+        x, positions = self.encoder_embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, key=keys[0])
+        return self.encoder(x, Tokens(positions, attention_mask, indexed=True), collect_hidden=collect_hidden,
+                            key=keys[1])
 
-    def decode(self, decoder_input_ids: Array | None, encoder_out: Array, attention_mask: Array | None = None,
-               decoder_attention_mask: Array | None = None, *, decoder_inputs_embeds: Array | None = None,
-               output_hidden_states: bool = False, dropout_key: Array | None = None
-               ) -> tuple[Array, tuple[Array, ...] | None]:
-        keys = split_key(dropout_key, 2)
-        x, positions, key_valid = embed_inputs(self, self.decoder_embeddings, decoder_input_ids,
-                                               decoder_inputs_embeds, decoder_attention_mask, None, key=keys[0],
-                                               names=("decoder_input_ids", "decoder_attention_mask"))
-        if encoder_out.shape[0] != x.shape[0]:
-            raise ValueError(f"decoder batch {x.shape[0]} differs from encoder batch {encoder_out.shape[0]}")
-        B, S = encoder_out.shape[:2]
-        enc_positions = jnp.broadcast_to(jnp.arange(S), (B, S))
-        cross_mask = kernels.fused_mask(self.config, visibility_mask("bidirectional", positions, enc_positions,
-                                                                     attention_mask),
-                                        "bidirectional", key_valid=attention_mask)
-        h, hidden, _, _ = self.decoder(x, positions, key_valid=key_valid, encoder_out=encoder_out,
-                                       cross_mask=cross_mask, collect_hidden=output_hidden_states, key=keys[1],
-                                       index_positions=True)
-        return h, hidden
+    def decode(self, decoder_input_ids: Array | None, source: EncoderOutput | EncoderKV, *,
+               inputs_embeds: Array | None = None, valid: Array | None = None, positions: Array | None = None,
+               cache: KVCache | None = None, collect_hidden: bool = False, key: Array | None = None) -> StackOutput:
+        """The one decoder pass: embeddings, then the causal stack cross-attending to ``source`` (an
+        encoder output, or its precomputed keys and values), over ``cache`` (if any)."""
+        keys = split_key(key, 2)
+        x, at = self.decoder_embeddings(self.embed, decoder_input_ids, inputs_embeds=inputs_embeds,
+                                        positions=positions, key=keys[0])
+        tokens = Tokens(at, valid, indexed=positions is None and cache is None)
+        return self.decoder(x, tokens, cache=cache, cross=source, collect_hidden=collect_hidden, key=keys[1])
 
     def validate(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None, *,
                  inputs_embeds=None, decoder_inputs_embeds=None, **_) -> None:
@@ -68,20 +65,35 @@ class EncoderDecoder(PretrainedMixin, nnx.Module):
         if encoder_shape[0] != decoder_shape[0]:
             raise ValueError(f"decoder batch {decoder_shape[0]} differs from encoder batch {encoder_shape[0]}")
 
-    @compiled_when_concrete
+    @public_call
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  decoder_input_ids: Array | None = None, decoder_attention_mask: Array | None = None, *,
                  inputs_embeds: Array | None = None, decoder_inputs_embeds: Array | None = None,
                  output_hidden_states: bool = False, dropout_key: Array | None = None) -> ModelOutput:
-        cfg = self.config
-        self.validate(input_ids, attention_mask, decoder_input_ids, decoder_attention_mask,
-                      inputs_embeds=inputs_embeds, decoder_inputs_embeds=decoder_inputs_embeds)
         keys = split_key(dropout_key, 2)
-        enc, enc_hidden = self.encode(input_ids, attention_mask, inputs_embeds=inputs_embeds,
-                                      output_hidden_states=output_hidden_states, dropout_key=keys[0])
-        h, hidden = self.decode(decoder_input_ids, enc, attention_mask, decoder_attention_mask,
-                                decoder_inputs_embeds=decoder_inputs_embeds,
-                                output_hidden_states=output_hidden_states, dropout_key=keys[1])
-        logits = lm_logits(h, self) if cfg.head == "lm" else None
-        return ModelOutput(logits=logits, last_hidden_state=h, hidden_states=hidden,
-                           encoder_last_hidden_state=enc, encoder_hidden_states=enc_hidden)
+        encoded = self.encode(input_ids, attention_mask, inputs_embeds=inputs_embeds,
+                              collect_hidden=output_hidden_states, key=keys[0])
+        decoded = self.decode(decoder_input_ids, EncoderOutput(encoded.hidden, attention_mask),
+                              inputs_embeds=decoder_inputs_embeds, valid=decoder_attention_mask,
+                              collect_hidden=output_hidden_states, key=keys[1])
+        logits = lm_logits(self, decoded.hidden) if self.config.head == "lm" else None
+        return ModelOutput(logits=logits, last_hidden_state=decoded.hidden, hidden_states=decoded.hidden_states,
+                           encoder_last_hidden_state=encoded.hidden, encoder_hidden_states=encoded.hidden_states)
+
+    def init_cache(self, source: EncoderOutput, length: int) -> DecodeState:
+        """An empty state for ``length`` decoder tokens per row, holding every decoder layer's
+        cross-attention keys and values of ``source`` (computed here, once)."""
+        cfg = self.config
+        batch = source.hidden.shape[0]
+        kv = KVCache.empty(cfg.decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype_of(cfg.dtype))
+        return DecodeState(kv, encoder=self.decoder.cross_key_values(source))
+
+    def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState) -> tuple[Array, DecodeState]:
+        """Run decoder ``ids`` [B, T] at ``positions`` over the cache: float32 logits of the last
+        position [B, V] and the state with these tokens written."""
+        check_cache_room(state.kv, ids.shape[1])
+        out = self.decode(ids, state.encoder, valid=valid, positions=positions, cache=state.kv)
+        return last_token_logits(self, out.hidden), dataclasses.replace(state, kv=out.cache)
+
+    def for_decode_loop(self) -> EncoderDecoder:
+        return unstacked_decoder(self)

@@ -20,7 +20,10 @@ import time
 import jax
 import jax.numpy as jnp
 
+from flax import nnx
+
 from jaxformer.config import ModelConfig
+from jaxformer.models import abstract_params
 
 # Per-chip datasheet figures, keyed by what ``device.device_kind`` reports (matched by ``chip_value``).
 # Dense bf16 peaks; float32 matmuls on these chips run at about half of it: TF32 tensor cores on NVIDIA
@@ -50,12 +53,8 @@ def chip_value(table: dict[str, float], device_kind: str) -> float | None:
 
 def _stack_params(cfg: ModelConfig, stack: str) -> float:
     """Parameters one token passes through in a stack of blocks (MoE: the routed experts only)."""
-    import jaxformer as jf
-
-    from flax import nnx
-
     total = 0.0
-    for path, leaf in nnx.to_flat_state(jf.abstract_params(cfg)):
+    for path, leaf in nnx.to_flat_state(abstract_params(cfg)):
         if path[0] != stack:
             continue
         size = math.prod(leaf.shape)
@@ -103,14 +102,10 @@ def _decode_weight_bytes(cfg: ModelConfig, batch_size: int) -> float:
     Embedding tables are read one row per token (left out) unless tied, when the head reads all of it;
     cross-attention key/value projections run once, on the encoder output, before decoding. A MoE
     layer reads the experts its tokens are routed to, at most all of them."""
-    import jaxformer as jf
-
-    from flax import nnx
-
     read = {"decoder", "lm_head"} | ({"embed"} if cfg.tie_embeddings and cfg.head == "lm" else set())
     experts_read = min(cfg.num_experts, batch_size * cfg.experts_per_token) / max(cfg.num_experts, 1)
     total = 0.0
-    for path, leaf in nnx.to_flat_state(jf.abstract_params(cfg)):
+    for path, leaf in nnx.to_flat_state(abstract_params(cfg)):
         once = "cross_attn" in path and path[-1] in ("k", "v", "k_bias", "v_bias")
         if path[0] in read and not once:
             size = math.prod(leaf.shape) * leaf.dtype.itemsize

@@ -1,12 +1,12 @@
 """Generation under jit: one prefill, then a ``jax.lax.while_loop`` of cached decode steps.
 
-The KV cache is preallocated for prompt + new tokens ([L, B, S, K, H]; only the kv heads), written in
-place at each step, and described by two per-slot arrays: the position of the token in each slot and
-whether the slot holds a real token. Visibility is computed from positions, so left padding, sliding
-windows longer or shorter than the sequence, prefix-LM and alternating layers all work unchanged.
-Encoder-decoder models run the encoder once and compute every layer's cross-attention keys and values
-once. Greedy, sampling (temperature, top-k, top-p) and beam search follow transformers' semantics;
-greedy and beam search are token-identical to it.
+This module holds the loop, the samplers, beam search and the host-side API, and nothing of a model's
+forward pass: it calls the family's ``init_cache`` and ``step`` (and an encoder-decoder's ``encode``)
+and moves the state they return, whatever its type (``jaxformer.cache``), reordering it for beams with
+the state's own ``reorder``. The cache is preallocated for prompt + new tokens and written in place;
+visibility follows positions, so left padding, sliding windows, prefix-LM and alternating layers need
+nothing here. Greedy, sampling (temperature, top-k, top-p) and beam search follow transformers'
+semantics; greedy and beam search are token-identical to it.
 
 ``generate_tokens(graphdef, state, input_ids, attention_mask, key, config)`` is the pure form (jit,
 shard or vmap it yourself); ``generate(model, ...)`` validates on the host, runs the compiled loop and
@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer import boundary
+from jaxformer import checks
+from jaxformer.cache import DecodeState
 from jaxformer.config import ModelConfig
-from jaxformer.decoder import lm_logits
-from jaxformer.layers import dtype_of, split_layers, visibility_mask
+from jaxformer.layers import EncoderOutput
 
 Array = jax.Array
 NEG = -1.0e9  # transformers' "very large negative" for beam bookkeeping
@@ -78,44 +78,6 @@ class GenerationConfig:
 
 
 # --------------------------------------------------------------------------------------------------
-# Cache and cached forward passes
-
-
-def init_slots(cfg: ModelConfig, batch: int, length: int) -> dict:
-    """An empty cache for ``length`` tokens: k/v [L, B, S, K, H], slot positions and validity [B, S]."""
-    shape = (cfg.decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim_)
-    dtype = dtype_of(cfg.dtype)
-    return {"cache": {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype), "index": jnp.int32(0)},
-            "positions": jnp.zeros((batch, length), jnp.int32), "valid": jnp.zeros((batch, length), bool)}
-
-
-def decode_step(model, ids: Array, positions: Array, valid: Array, slots: dict, *, encoder: dict | None = None,
-                prefix_lengths: Array | None = None, layer_states: tuple | None = None) -> tuple[Array, dict]:
-    """Run ``ids`` [B, T] at ``positions`` through the decoder stack with the cache; returns the logits
-    of the last position [B, V] and the updated slots. ``encoder`` holds the encoder side of an
-    encoder-decoder: {"kv": cross keys/values, "mask": [B, S_enc], "positions": [B, S_enc]}.
-    ``layer_states`` are the decoder's pre-sliced layers (``layers.split_layers``), for loops on CPU."""
-    cfg: ModelConfig = model.config
-    index = slots["cache"]["index"]
-    if isinstance(index, (int, np.integer)) and index + ids.shape[1] > slots["valid"].shape[1]:
-        raise ValueError(f"decoding {ids.shape[1]} tokens at cache index {index} overflows a cache of "
-                         f"{slots['valid'].shape[1]} slots")
-    embeddings = model.decoder_embeddings if cfg.family == "encoder_decoder" else model.embeddings
-    x = embeddings(model.embed(ids), positions)
-    cross = {}
-    if encoder is not None:
-        cross = dict(cross_kv=encoder["kv"],
-                     cross_mask=visibility_mask("bidirectional", positions, encoder["positions"], encoder["mask"]))
-    h, _, cache, _ = model.decoder(x, positions, key_valid=slots["valid"], k_positions=slots["positions"],
-                                   prefix_lengths=prefix_lengths, cache=slots["cache"], token_valid=valid,
-                                   layer_states=layer_states, **cross)
-    logits = lm_logits(h[:, -1:], model)[:, 0].astype(jnp.float32)
-    k_positions = jax.lax.dynamic_update_slice_in_dim(slots["positions"], positions.astype(jnp.int32), index, axis=1)
-    k_valid = jax.lax.dynamic_update_slice_in_dim(slots["valid"], valid.astype(bool), index, axis=1)
-    return logits, {"cache": cache, "positions": k_positions, "valid": k_valid}
-
-
-# --------------------------------------------------------------------------------------------------
 # Choosing tokens
 
 
@@ -158,34 +120,32 @@ def _is_eos(tokens: Array, gc: GenerationConfig) -> Array:
 # The loops
 
 
-def _prompt(model, input_ids: Array, attention_mask: Array, gc: GenerationConfig, batch_repeat: int):
-    """Prefill inputs: (first decoder ids, their positions, validity, encoder side or None, decoder
-    prefix length for prefix-LM), with every row repeated ``batch_repeat`` times for beams."""
+def _prefill_inputs(model, input_ids: Array, attention_mask: Array, gc: GenerationConfig, batch_repeat: int,
+                    max_new_tokens: int) -> tuple[Array, Array, Array, DecodeState]:
+    """The first step's inputs (decoder ids, their positions and validity) and the empty state it
+    runs over, every row repeated ``batch_repeat`` times (beams)."""
     cfg: ModelConfig = model.config
     rep = lambda a: None if a is None else jnp.repeat(a, batch_repeat, axis=0)  # noqa: E731
     mask = attention_mask.astype(jnp.int32)
     if cfg.family == "encoder_decoder":
-        encoder_out, _ = model.encode(input_ids, mask)
-        kv = model.decoder.cross_key_values(rep(encoder_out))
-        B, S = encoder_out.shape[:2]
-        encoder = {"kv": kv, "mask": rep(mask), "positions": rep(jnp.broadcast_to(jnp.arange(S), (B, S)))}
-        ids = jnp.full((B * batch_repeat, 1), gc.decoder_start_token_id, jnp.int32)
-        positions = jnp.zeros_like(ids)
-        return ids, positions, jnp.ones_like(ids, bool), encoder, None
+        source = EncoderOutput(rep(model.encode(input_ids, mask).hidden), rep(mask))
+        ids = jnp.full((source.hidden.shape[0], 1), gc.decoder_start_token_id, jnp.int32)
+        state = model.init_cache(source, max_new_tokens)  # the last chosen token is never fed back
+        return ids, jnp.zeros_like(ids), jnp.ones_like(ids, bool), state
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)  # left padding: count real tokens only
     prefix = jnp.sum(mask, axis=1) if cfg.attention == "prefix" else None
-    return rep(input_ids), rep(positions), rep(mask.astype(bool)), None, rep(prefix)
+    ids = rep(input_ids)
+    state = model.init_cache(ids.shape[0], ids.shape[1] + max_new_tokens - 1, rep(prefix))
+    return ids, rep(positions), rep(mask.astype(bool)), state
 
 
 def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfig):
-    cfg: ModelConfig = model.config
-    ids, positions, valid, encoder, prefix = _prompt(model, input_ids, attention_mask, gc, 1)
-    B, T = ids.shape
     N = gc.max_new_tokens
-    slots = init_slots(cfg, B, T + N - 1)  # the last chosen token is never fed back
-    logits, slots = decode_step(model, ids, positions, valid, slots, encoder=encoder, prefix_lengths=prefix)
+    ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, N)
+    B = ids.shape[0]
+    logits, state = model.step(ids, positions, valid, state)
     next_position = positions[:, -1] + 1
-    layers = _loop_layers(model)
+    looping = model.for_decode_loop()  # the one-off prefill keeps the scanned stack (faster to compile)
 
     def choose(logits, step, key):
         scores = process_logits(logits, step, N, gc)
@@ -198,29 +158,21 @@ def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfi
     tokens = jnp.full((B, N), gc.pad_token_id, jnp.int32).at[:, 0].set(first)
     finished = _is_eos(first, gc)
 
-    def cond(state):
-        step, _, _, _, finished, _ = state
+    def cond(carry):
+        step, _, _, _, finished, _ = carry
         return (step < N) & ~jnp.all(finished)
 
-    def body(state):
-        step, slots, tokens, previous, finished, key = state
-        logits, slots = decode_step(model, previous[:, None], (next_position + step - 1)[:, None],
-                                    jnp.ones((B, 1), bool), slots, encoder=encoder, prefix_lengths=prefix,
-                                    layer_states=layers)
+    def body(carry):
+        step, state, tokens, previous, finished, key = carry
+        logits, state = looping.step(previous[:, None], (next_position + step - 1)[:, None], jnp.ones((B, 1), bool),
+                                     state)
         key, sub = jax.random.split(key)
         token = jnp.where(finished, gc.pad_token_id, choose(logits, step, sub))
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], step, axis=1)
-        return step + 1, slots, tokens, token, finished | _is_eos(token, gc), key
+        return step + 1, state, tokens, token, finished | _is_eos(token, gc), key
 
-    steps, _, tokens, _, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(1), slots, tokens, first, finished, key))
+    steps, _, tokens, _, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(1), state, tokens, first, finished, key))
     return tokens, steps
-
-
-def _loop_layers(model) -> tuple | None:
-    """On CPU, slice the decoder's stacked layers once, before the loop: XLA's CPU backend would
-    otherwise copy every layer's weights out of the stack at every step (see layers.split_layers).
-    The one-off prefill keeps the scanned stack: unrolling it doubled compile time for no gain."""
-    return split_layers(model.decoder.blocks) if jax.default_backend() == "cpu" else None
 
 
 def _gather_beams(x: Array, indices: Array) -> Array:
@@ -230,21 +182,19 @@ def _gather_beams(x: Array, indices: Array) -> Array:
 
 def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
     """transformers' vectorised beam search (length penalty, early stopping True/False/'never')."""
-    cfg: ModelConfig = model.config
     nb, N = gc.num_beams, gc.max_new_tokens
-    ids, positions, valid, encoder, prefix = _prompt(model, input_ids, attention_mask, gc, nb)
+    ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, nb, N)
     B = ids.shape[0] // nb
-    slots = init_slots(cfg, B * nb, ids.shape[1] + N - 1)
-    logits, slots = decode_step(model, ids, positions, valid, slots, encoder=encoder, prefix_lengths=prefix)
+    logits, state = model.step(ids, positions, valid, state)
     next_position = positions[:, -1] + 1
-    layers = _loop_layers(model)
+    looping = model.for_decode_loop()
     keep = max(2, 1 + len(gc.eos_token_ids)) * nb
     top_mask = jnp.arange(keep) < nb
     fill = gc.pad_token_id or (gc.eos_token_ids[0] if gc.eos_token_ids else gc.pad_token_id)
     lp = gc.length_penalty
 
     state = dict(
-        step=jnp.int32(0), logits=logits, slots=slots,
+        step=jnp.int32(0), logits=logits, decode_state=state,
         running=jnp.full((B, nb, N), fill, jnp.int32),
         running_scores=jnp.zeros((B, nb), jnp.float32).at[:, 1:].set(NEG),
         sequences=jnp.full((B, nb, N), fill, jnp.int32),
@@ -293,16 +243,13 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
         going = (jnp.any(improvable) & ~(jnp.all(finished) & (gc.early_stopping is True)) & ~jnp.all(hits)
                  & (step < N))
 
-        def advance(slots):
+        def advance(state):
             rows = (jnp.arange(B)[:, None] * nb + parents).reshape(-1)
-            cache = slots["cache"]
-            slots = {**slots, "cache": {"k": cache["k"][:, rows], "v": cache["v"][:, rows], "index": cache["index"]}}
-            return decode_step(model, running[:, :, step - 1].reshape(-1, 1),
-                               (next_position + step - 1)[:, None], jnp.ones((B * nb, 1), bool), slots,
-                               encoder=encoder, prefix_lengths=prefix, layer_states=layers)
+            return looping.step(running[:, :, step - 1].reshape(-1, 1), (next_position + step - 1)[:, None],
+                                jnp.ones((B * nb, 1), bool), state.reorder(rows))
 
-        logits, slots = jax.lax.cond(going, advance, lambda slots: (s["logits"], slots), s["slots"])
-        return dict(step=step, logits=logits, slots=slots, running=running, running_scores=running_scores,
+        logits, state = jax.lax.cond(going, advance, lambda state: (s["logits"], state), s["decode_state"])
+        return dict(step=step, logits=logits, decode_state=state, running=running, running_scores=running_scores,
                     sequences=sequences, scores=scores, lengths=lengths, finished=finished, improvable=improvable,
                     going=going)
 
@@ -322,7 +269,7 @@ def generate_tokens(graphdef, state, input_ids: Array, attention_mask: Array, ke
     return _greedy_or_sample(model, input_ids, attention_mask, key, config)
 
 
-_compiled = jax.jit(generate_tokens, static_argnames=("graphdef", "config"))
+generate_tokens_jit = jax.jit(generate_tokens, static_argnames=("graphdef", "config"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -361,16 +308,16 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
         forced_eos_token_id=forced_eos_token_id))
     gc.validate(cfg)
     ids = np.asarray(input_ids)
-    boundary.check_ids(ids, cfg.vocab_size)
+    checks.check_ids(ids, cfg.vocab_size)
     mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
-    boundary.check_mask(mask, ids.shape, "attention_mask", "input_ids")
+    checks.check_mask(mask, ids.shape, "attention_mask", "input_ids")
     if cfg.family == "decoder":
         if not mask[:, -1].all():
             raise ValueError("decoder-only generation needs left padding: every row's last token must be real "
                              "(attention_mask[:, -1] == 1); pad on the left")
         longest = int(mask.sum(axis=1).max()) + gc.max_new_tokens
     else:
-        boundary.check_length(ids.shape[1], cfg, "input_ids")
+        checks.check_length(ids.shape[1], cfg, "input_ids")
         longest = 1 + gc.max_new_tokens
     if cfg.position in ("learned", "sinusoidal") and longest > cfg.max_positions:
         raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} has "
@@ -395,5 +342,5 @@ def generate(model, input_ids, attention_mask=None, **kwargs) -> np.ndarray:
     the decoder sequence starting with the decoder start token; rows are padded after EOS and the
     output is trimmed to the last step any row needed. Keyword arguments: see ``prepare``."""
     args, gc = prepare(model, input_ids, attention_mask, **kwargs)
-    tokens, steps = _compiled(*args, config=gc)
+    tokens, steps = generate_tokens_jit(*args, config=gc)
     return assemble(model, input_ids, tokens, steps, gc)

@@ -94,7 +94,9 @@ def main(argv=None) -> int:
     import jaxformer as jf
     from jaxformer import sharding
     from jaxformer.train import run_config
-    from jaxformer.train.loop import Run, init_state, make_optimizer, make_steps, shardings_of
+    from jaxformer.sharding import shardings_of
+    from jaxformer.train.run import Run
+    from jaxformer.train.steps import init_state, make_optimizer, make_steps
 
     devices = jax.devices()
     n = len(devices)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 import jaxformer as jf
 from jaxformer import generate as gen
+from jaxformer.layers import EncoderOutput
 
 TOL = 1e-5
 
@@ -35,53 +36,49 @@ CACHE_CASES = {
 
 @pytest.mark.parametrize("case", sorted(CACHE_CASES))
 def test_cache_equals_no_cache(case):
-    """Prefill 3 tokens, then decode one at a time: each step's logits equal the full forward's."""
+    """Prefill 3 tokens with the family's step, then step one token at a time: each step's logits
+    equal the full forward's."""
     cfg = CACHE_CASES[case]
     model = jf.build(cfg, seed=1)
     rng = np.random.default_rng(0)
     B, T, prefill = 2, 9, 3
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(T), (B, T))
-    slots = gen.init_slots(cfg, B, T)
-    encoder, prefix, extra = None, None, {}
     if cfg.family == "encoder_decoder":
         source = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, 7)), jnp.int32)
         source_mask = jnp.ones((B, 7), jnp.int32).at[1, 5:].set(0)
         full = model(source, source_mask, decoder_input_ids=ids).logits
-        encoder_out, _ = model.encode(source, source_mask)
-        encoder = {"kv": model.decoder.cross_key_values(encoder_out), "mask": source_mask,
-                   "positions": jnp.broadcast_to(jnp.arange(7), (B, 7))}
+        state = model.init_cache(EncoderOutput(model.encode(source, source_mask).hidden, source_mask), T)
     else:
+        prefix, extra = None, {}
         if cfg.attention == "prefix":
             prefix = jnp.array([2, 3])  # decoding one token at a time needs the whole prefix prefilled
             extra = {"prefix_lengths": prefix}
         full = model(ids, **extra).logits
-    logits, slots = gen.decode_step(model, ids[:, :prefill], positions[:, :prefill], jnp.ones((B, prefill), bool),
-                                    slots, encoder=encoder, prefix_lengths=prefix)
+        state = model.init_cache(B, T, prefix)
+    logits, state = model.step(ids[:, :prefill], positions[:, :prefill], jnp.ones((B, prefill), bool), state)
     np.testing.assert_allclose(logits, full[:, prefill - 1], atol=TOL, rtol=0)
-    step = jax.jit(lambda m, i, p, s: gen.decode_step(m, i, p, jnp.ones(i.shape, bool), s, encoder=encoder,
-                                                      prefix_lengths=prefix))
+    step = jax.jit(lambda m, i, p, s: m.for_decode_loop().step(i, p, jnp.ones(i.shape, bool), s))
     for t in range(prefill, T):
-        logits, slots = step(model, ids[:, t:t + 1], positions[:, t:t + 1], slots)
+        logits, state = step(model, ids[:, t:t + 1], positions[:, t:t + 1], state)
         np.testing.assert_allclose(logits, full[:, t], atol=TOL, rtol=0, err_msg=f"{case} position {t}")
-    assert int(slots["cache"]["index"]) == T
+    assert int(state.kv.index) == T
+    np.testing.assert_array_equal(state.kv.positions, positions)
 
 
 def test_decode_past_the_cache_is_refused():
-    cfg = jf.config("tiny-llama")
-    model = jf.build(cfg)
-    slots = gen.init_slots(cfg, 1, 4)
+    model = jf.build("tiny-llama")
+    state = model.init_cache(1, 4)
     ids = jnp.ones((1, 3), jnp.int32)
-    _, slots = gen.decode_step(model, ids, jnp.arange(3)[None], jnp.ones((1, 3), bool), slots)
-    slots = {**slots, "cache": {**slots["cache"], "index": int(slots["cache"]["index"])}}
+    _, state = model.step(ids, jnp.arange(3)[None], jnp.ones((1, 3), bool), state)
     with pytest.raises(ValueError, match="overflows a cache of 4 slots"):
-        gen.decode_step(model, ids[:, :2], jnp.arange(3, 5)[None], jnp.ones((1, 2), bool), slots)
+        model.step(ids[:, :2], jnp.arange(3, 5)[None], jnp.ones((1, 2), bool), state)
 
 
 def test_gqa_cache_holds_only_kv_heads():
     cfg = jf.config("tiny-llama")
-    slots = gen.init_slots(cfg, 2, 10)
-    assert slots["cache"]["k"].shape == (cfg.decoder_layers, 2, 10, cfg.kv_heads, cfg.head_dim_)
+    state = jf.build(cfg).init_cache(2, 10)
+    assert state.kv.k.shape == (cfg.decoder_layers, 2, 10, cfg.kv_heads, cfg.head_dim_)
     assert cfg.kv_heads < cfg.num_heads
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxformer.train.objectives import IGNORE, mask_tokens, random_spans_noise_mask, span_corrupt
+from jaxformer.train.data import IGNORE, mask_tokens, random_spans_noise_mask, span_corrupt
 
 
 def test_mlm_masking_statistics():
@@ -147,7 +147,7 @@ def test_training_with_a_hugging_face_tokenizer(tmp_path):
 
     from jaxformer.train import run_config
     from jaxformer.train.data import default_documents
-    from jaxformer.train.loop import train
+    from jaxformer.train.run import train
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel()

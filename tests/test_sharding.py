@@ -131,7 +131,8 @@ def test_a_checkpoint_restores_onto_another_mesh(tmp_path):
 import json, numpy as np, jax
 from flax import nnx
 from jaxformer.train import run_config
-from jaxformer.train.loop import train, restore_run
+from jaxformer.train.run import train
+from jaxformer.train.evaluate import restore_run
 cfg = run_config.load(None, {TRAIN!r} + ["run.dir={tmp_path / 'run'}", "mesh.data=1", "mesh.fsdp=4"])
 trained = train(cfg, progress=False)["model"]
 reference = [np.asarray(x) for x in jax.tree.leaves(nnx.state(trained, nnx.Param))]

@@ -12,8 +12,10 @@ import optax
 
 from jaxformer.train import run_config
 from jaxformer.train.data import ByteTokenizer
-from jaxformer.train.loop import main, sample, train
-from jaxformer.train.objectives import IGNORE, make_objective, ratio, token_cross_entropy
+from jaxformer.train.report import sample
+from jaxformer.train.run import main, train
+from jaxformer.train.data import IGNORE
+from jaxformer.train.objectives import make_objective, ratio, token_cross_entropy
 
 TINY = ["train.steps=30", "train.batch_size=8", "train.seq_len=32", "train.log_every=5", "eval.every=15",
         "eval.batches=2", "optim.warmup_steps=5", "train.sample_tokens=0"]
@@ -224,7 +226,7 @@ def test_eval_reproduces_the_logged_metrics_and_convert_gives_a_transformers_fol
                                                                     if k.startswith("eval_")}
     assert cli_main(["convert", str(run_dir), "--to-hf", str(tmp_path / "hf")]) == 0
     reference = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
-    from jaxformer.train.loop import restore_run
+    from jaxformer.train.evaluate import restore_run
 
     run, _ = restore_run(run_dir)
     batch = run.objective.eval_batches(1, 4)[0]
@@ -262,7 +264,9 @@ def test_gradient_accumulation_equals_one_big_batch():
     (so the update is the gradient itself), the same gradient as one big batch, to float32 rounding."""
     from flax import nnx
 
-    from jaxformer.train.loop import Run, init_state, make_steps, shardings_of
+    from jaxformer.sharding import shardings_of
+    from jaxformer.train.run import Run
+    from jaxformer.train.steps import init_state, make_steps
 
     results = []
     for accumulate in (1, 4):
@@ -292,7 +296,9 @@ def test_bfloat16_compute_keeps_float32_parameters_and_trains(tmp_path):
 def test_a_non_finite_gradient_leaves_parameters_and_optimizer_state_unchanged():
     from flax import nnx
 
-    from jaxformer.train.loop import Run, init_state, make_optimizer, make_steps, shardings_of
+    from jaxformer.sharding import shardings_of
+    from jaxformer.train.run import Run
+    from jaxformer.train.steps import init_state, make_optimizer, make_steps
 
     cfg = run_config.load(None, TINY + ["train.on_nan=skip"])
     run = Run.build(cfg)

@@ -32,7 +32,7 @@ class TensorFiles:
         self._where: dict[str, str] = {}
         self._pickled: dict[str, np.ndarray] | None = None
         if (folder / SAFETENSORS_INDEX).exists():
-            index = _read_json(folder / SAFETENSORS_INDEX)
+            index = read_json(folder / SAFETENSORS_INDEX)
             weight_map = index.get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ValueError(f"{folder / SAFETENSORS_INDEX} has no 'weight_map' object")
@@ -104,7 +104,7 @@ class _MappedSafetensors:
         return self._data[begin:end].view(self._DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
 
-def _read_json(path: Path) -> dict:
+def read_json(path: Path) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -147,4 +147,4 @@ def write_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -
 def iter_json(folder: Path, *names: str) -> Iterator[dict]:
     for name in names:
         if (folder / name).exists():
-            yield _read_json(folder / name)
+            yield read_json(folder / name)

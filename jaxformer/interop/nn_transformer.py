@@ -14,7 +14,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.hf import Rule, _copy, _linear, build_from_tensors, export_with_rules
+from jaxformer.models import build
+from jaxformer.interop.rules import Rule, build_from_tensors, copy, export_with_rules, linear
 
 
 def config_for(d_model: int, nhead: int, num_encoder_layers: int, num_decoder_layers: int,
@@ -39,7 +40,7 @@ def _attention_rules(cfg: ModelConfig, path: tuple[str, ...], name: str) -> list
              lambda ps: [np.concatenate([b.reshape(-1) for b in ps])]),
         Rule((path + ("o",),), (f"{name}.out_proj.weight",), lambda t: [t[0].T.reshape(N, H, D)],
              lambda ps: [ps[0].reshape(N * H, D).T]),
-        _copy(path + ("o_bias",), f"{name}.out_proj.bias"),
+        copy(path + ("o_bias",), f"{name}.out_proj.bias"),
     ]
 
 
@@ -51,12 +52,12 @@ def rules(cfg: ModelConfig) -> list[Rule]:
         out += _attention_rules(cfg, L + ("attn",), f"{layer}.self_attn")
         if side == "decoder":
             out += _attention_rules(cfg, L + ("cross_attn",), f"{layer}.multihead_attn")
-        out += [_linear(L + ("mlp", "wi"), f"{layer}.linear1.weight"), _copy(L + ("mlp", "bi"), f"{layer}.linear1.bias"),
-                _linear(L + ("mlp", "wo"), f"{layer}.linear2.weight"), _copy(L + ("mlp", "bo"), f"{layer}.linear2.bias")]
+        out += [linear(L + ("mlp", "wi"), f"{layer}.linear1.weight"), copy(L + ("mlp", "bi"), f"{layer}.linear1.bias"),
+                linear(L + ("mlp", "wo"), f"{layer}.linear2.weight"), copy(L + ("mlp", "bo"), f"{layer}.linear2.bias")]
         for k, norm in enumerate(norms, start=1):
-            out += [_copy(L + (norm, "scale"), f"{layer}.norm{k}.weight"), _copy(L + (norm, "bias"), f"{layer}.norm{k}.bias")]
-        out += [_copy((side, "final_norm", "scale"), f"{side}.norm.weight"),
-                _copy((side, "final_norm", "bias"), f"{side}.norm.bias")]
+            out += [copy(L + (norm, "scale"), f"{layer}.norm{k}.weight"), copy(L + (norm, "bias"), f"{layer}.norm{k}.bias")]
+        out += [copy((side, "final_norm", "scale"), f"{side}.norm.weight"),
+                copy((side, "final_norm", "bias"), f"{side}.norm.bias")]
     return out
 
 
@@ -76,10 +77,9 @@ def from_state_dict(state_dict: Mapping[str, Any], cfg: ModelConfig, embedding: 
                          "build the config with jaxformer.interop.nn_transformer.config_for")
     tensors = _numpy_state(state_dict)
     if embedding is None:
-        import jaxformer as jf
-        embedding = np.asarray(jf.build(cfg, seed=seed).embed.table[...])
+        embedding = np.asarray(build(cfg, seed=seed).embed.table[...])
     tensors["embedding"] = np.asarray(embedding)
-    table = [_copy(("embed", "table"), "embedding"), *rules(cfg)]
+    table = [copy(("embed", "table"), "embedding"), *rules(cfg)]
     return build_from_tensors(cfg, table, {}, set(tensors), tensors.__getitem__,
                               "state dict does not match torch.nn.Transformer with this config")
 

@@ -1,8 +1,9 @@
-"""What crosses the public boundary: the output container and the host-side input checks.
+"""Host-side checks of model inputs, run once per public call before anything is traced.
 
-JAX clamps out-of-range gathers silently, so every public entry validates its inputs here before
-anything is traced. Shape checks always run; value checks (id ranges) run whenever the arrays are
-concrete, i.e. outside a user's own ``jax.jit``.
+JAX clamps out-of-range gathers silently, so every public entry validates here first. Shape checks
+always run; value checks (id ranges, mask values) run whenever the arrays are concrete, i.e. outside a
+user's own ``jax.jit``. ``public_call`` is how a family's ``__call__`` gets both: checked once on the
+host, then run as one compiled function.
 """
 
 from __future__ import annotations
@@ -11,25 +12,25 @@ import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx, struct
+from flax import nnx
 
 from jaxformer.config import ModelConfig
 
 
-def compiled_when_concrete(method):
-    """Public model calls: checked on the host, then run as one compiled function.
+def public_call(method):
+    """A family's ``__call__``: inputs checked once by the model's ``validate``, then run compiled.
 
-    Called with concrete arrays, the inputs are validated (id ranges and all) by the model's
-    ``validate`` and the forward pass runs under ``jax.jit``, compiled once per input shape;
-    eager op-by-op execution of a scanned stack would re-trace it on every call. Called inside a
-    user's own transformation (tracers), the method runs as written.
+    Called with concrete arrays, the inputs are validated (id ranges and all) and the forward pass
+    runs under ``jax.jit``, compiled once per input shape: eager op-by-op execution of a scanned
+    stack would re-trace it on every call. Called inside a user's own transformation (tracers), the
+    shape checks run and then the method, as written.
     """
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+            self.validate(*args, **kwargs)
             return method(self, *args, **kwargs)
         as_array = lambda x: x if x is None or isinstance(x, jax.Array) else np.asarray(x)  # noqa: E731
         args = tuple(as_array(a) for a in args)
@@ -45,39 +46,6 @@ def compiled_when_concrete(method):
 @functools.partial(jax.jit, static_argnames=("graphdef", "method", "output_hidden_states"))
 def _run_compiled(graphdef, state, method, args, kwargs, output_hidden_states):
     return method(nnx.merge(graphdef, state), *args, output_hidden_states=output_hidden_states, **kwargs)
-
-
-class PretrainedMixin:
-    """Methods every family shares at the edge: export to the Hugging Face format, generation."""
-
-    def save_pretrained(self, path) -> None:
-        """Write config.json + model.safetensors that transformers' from_pretrained loads."""
-        from jaxformer.interop.hf import save_pretrained  # the interop edge imports the families
-
-        save_pretrained(self, path)
-
-    def generate(self, input_ids, attention_mask=None, **kwargs):
-        """Greedy, sampled or beam-search generation under jit; see jaxformer.generate.generate."""
-        from jaxformer.generate import generate
-
-        return generate(self, input_ids, attention_mask, **kwargs)
-
-
-@struct.dataclass
-class ModelOutput:
-    """Hugging Face's output conventions, as a pytree (so it can leave a jitted function)."""
-
-    logits: jax.Array | None = None
-    last_hidden_state: jax.Array | None = None
-    hidden_states: tuple[jax.Array, ...] | None = None
-    encoder_last_hidden_state: jax.Array | None = None
-    encoder_hidden_states: tuple[jax.Array, ...] | None = None
-    pooler_output: jax.Array | None = None
-    nsp_logits: jax.Array | None = None  # BERT pretraining head: next-sentence prediction
-    start_logits: jax.Array | None = None  # extractive question answering
-    end_logits: jax.Array | None = None
-    aux_loss: jax.Array | None = None  # MoE load-balancing loss (times router_aux_loss_coef)
-    cache: Any = None
 
 
 def _concrete(x: Any) -> bool:
@@ -190,24 +158,3 @@ def check_inputs(cfg: ModelConfig, input_ids, inputs_embeds, attention_mask, pos
     check_token_types(token_type_ids, shape, cfg)
     check_length(shape[1], cfg, ids_name)
     return shape
-
-
-def embed_inputs(model: Any, embeddings: Any, input_ids, inputs_embeds, attention_mask,
-                 position_ids, token_type_ids=None, key=None, names=("input_ids", "attention_mask")):
-    """Validate one token stream and embed it; shared by every family's front end.
-
-    Returns (x [B,T,D], positions [B,T], key validity [B,T] or None).
-    """
-    cfg: ModelConfig = model.config
-    shape = check_inputs(cfg, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids, names)
-    tokens = inputs_embeds.astype(model.embed.dtype) if inputs_embeds is not None else model.embed(input_ids)
-    if position_ids is not None:
-        positions = jnp.asarray(position_ids, jnp.int32)
-    elif cfg.pad_aware_positions and input_ids is not None:
-        # RoBERTa counts real tokens only; a pad sits on table row pad_token_id (position -offset+pad).
-        real = (jnp.asarray(input_ids) != cfg.pad_token_id).astype(jnp.int32)
-        positions = jnp.cumsum(real, axis=1) * real + (cfg.pad_token_id - cfg.position_offset)
-    else:
-        positions = jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
-    x = embeddings(tokens, positions, token_type_ids, key)
-    return x, positions, attention_mask

@@ -1,0 +1,80 @@
+"""BART (``bart``: BartModel, BartForConditionalGeneration): post-norm encoder-decoder with learned
+positions offset by 2 and embedding norms; config and tensor rules, both directions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxformer.config import ModelConfig
+from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, linear,
+                                     lm_head, norm, refuse)
+
+CLASSES = {"bart": ("BartModel", "BartForConditionalGeneration")}
+
+
+def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    refuse(hf["encoder_attention_heads"] != hf["decoder_attention_heads"] or
+           hf["encoder_ffn_dim"] != hf["decoder_ffn_dim"],
+           "bart: different encoder and decoder widths or head counts are not supported")
+    refuse(hf.get("encoder_layerdrop", 0.0) > 0 or hf.get("decoder_layerdrop", 0.0) > 0,
+           "bart: layerdrop > 0 is not supported")
+    refuse(hf.get("normalize_before", False) or hf.get("add_final_layer_norm", False),
+           "bart: pre-norm variants (normalize_before / add_final_layer_norm) are not supported")
+    lm = arch == "BartForConditionalGeneration"
+    return dict(family="encoder_decoder", d_model=hf["d_model"], num_heads=hf["encoder_attention_heads"],
+                d_ff=hf["encoder_ffn_dim"], encoder_layers=hf["encoder_layers"], decoder_layers=hf["decoder_layers"],
+                norm_position="post", norm_eps=1e-5, embedding_norm=True, final_norm=False,
+                activation=activation(hf.get("activation_function", "gelu"), False, "bart"), position="learned",
+                max_positions=hf["max_position_embeddings"], position_offset=2,
+                scale_embeddings=bool(hf.get("scale_embedding", False)),
+                tie_embeddings=hf.get("tie_word_embeddings", True), head="lm" if lm else "none", logits_bias=lm,
+                dropout_rate=hf.get("dropout", 0.1), attention_dropout_rate=hf.get("attention_dropout", 0.0))
+
+
+def target(cfg: ModelConfig) -> tuple[str, str] | None:
+    if cfg.family != "encoder_decoder" or cfg.position != "learned":
+        return None
+    return "bart", "BartForConditionalGeneration" if cfg.head == "lm" else "BartModel"
+
+
+def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
+    out.update(d_model=cfg.d_model, encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
+               encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
+               encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=INVERSE_ACTIVATIONS[cfg.activation],
+               max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
+               dropout=cfg.dropout_rate, attention_dropout=cfg.attention_dropout_rate,
+               tie_word_embeddings=cfg.tie_embeddings, is_encoder_decoder=True)
+
+
+def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
+    p = prefix
+    out = [copy(("embed", "table"), f"{p}shared.weight")]
+    aliases = {f"{p}encoder.embed_tokens.weight": f"{p}shared.weight",
+               f"{p}decoder.embed_tokens.weight": f"{p}shared.weight"}
+
+    def projections(path, name):
+        return attention(cfg, path, *(f"{name}.{n}_proj.weight" for n in "qkv"), f"{name}.out_proj.weight",
+                         *(f"{name}.{n}_proj.bias" for n in "qkv"), f"{name}.out_proj.bias")
+
+    for side in ("encoder", "decoder"):
+        L, layer = (side, "blocks"), f"{p}{side}.layers.{{i}}"
+        out += [copy((f"{side}_embeddings", "positions", "table"), f"{p}{side}.embed_positions.weight"),
+                *norm((f"{side}_embeddings", "norm"), f"{p}{side}.layernorm_embedding", True),
+                *projections(L + ("attn",), f"{layer}.self_attn"),
+                *norm(L + ("attn_norm",), f"{layer}.self_attn_layer_norm", True),
+                linear(L + ("mlp", "wi"), f"{layer}.fc1.weight"), copy(L + ("mlp", "bi"), f"{layer}.fc1.bias"),
+                linear(L + ("mlp", "wo"), f"{layer}.fc2.weight"), copy(L + ("mlp", "bo"), f"{layer}.fc2.bias"),
+                *norm(L + ("mlp_norm",), f"{layer}.final_layer_norm", True)]
+        if side == "decoder":
+            out += [*projections(L + ("cross_attn",), f"{layer}.encoder_attn"),
+                    *norm(L + ("cross_norm",), f"{layer}.encoder_attn_layer_norm", True)]
+    head, head_aliases = lm_head(cfg, f"{p}shared.weight")
+    out += head
+    aliases.update(head_aliases)
+    if cfg.logits_bias:
+        out.append(Rule((("logits_bias",),), ("final_logits_bias",), lambda t: [t[0].reshape(-1)],
+                        lambda ps: [ps[0].reshape(1, -1)]))
+    return out, aliases
+
+
+ARCHITECTURE = Architecture(CLASSES, {"bart": "model."}, ("BartModel",), config_from_hf, target, config_to_hf, rules)

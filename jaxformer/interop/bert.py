@@ -1,0 +1,104 @@
+"""BERT and RoBERTa (``bert``, ``roberta``): config and tensor rules, both directions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxformer.config import ModelConfig
+from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, dense,
+                                     linear, norm, refuse)
+
+_HEADS = {"Model": "none", "ForMaskedLM": "mlm", "ForPreTraining": "pretraining",
+          "ForSequenceClassification": "sequence_classification", "ForTokenClassification": "token_classification",
+          "ForQuestionAnswering": "question_answering"}
+CLASSES = {"bert": tuple(f"Bert{suffix}" for suffix in _HEADS), "roberta": ("RobertaModel", "RobertaForMaskedLM")}
+
+
+def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    refuse(hf.get("is_decoder", False) or hf.get("add_cross_attention", False),
+           f"{model_type}: decoder/cross-attention variants are not supported")
+    refuse(hf.get("position_embedding_type", "absolute") != "absolute",
+           f"{model_type}: position_embedding_type={hf.get('position_embedding_type')!r} is not supported")
+    offset = hf["pad_token_id"] + 1 if model_type == "roberta" else 0
+    head = _HEADS[arch.removeprefix("Bert").removeprefix("Roberta")]
+    # A base model has a pooler when its file does (add_pooling_layer is not in config.json).
+    pooler = head in ("pretraining", "sequence_classification") or (
+        head == "none" and (not tensor_names or any(n.endswith("pooler.dense.weight") for n in tensor_names)))
+    num_labels = len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels", 2))
+    return dict(family="encoder", d_model=hf["hidden_size"], num_heads=hf["num_attention_heads"],
+                d_ff=hf["intermediate_size"], encoder_layers=hf["num_hidden_layers"], decoder_layers=0,
+                norm_position="post", norm_eps=hf.get("layer_norm_eps", 1e-12), embedding_norm=True,
+                final_norm=False, activation=activation(hf.get("hidden_act", "gelu"), False, model_type),
+                position="learned", max_positions=hf["max_position_embeddings"] - offset,
+                position_offset=offset, pad_aware_positions=model_type == "roberta",
+                type_vocab_size=hf.get("type_vocab_size", 2), attention="bidirectional", head=head,
+                pooler=pooler, num_labels=num_labels, dropout_rate=hf.get("hidden_dropout_prob", 0.1),
+                attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
+                tie_embeddings=hf.get("tie_word_embeddings", True))
+
+
+def target(cfg: ModelConfig) -> tuple[str, str] | None:
+    if cfg.family != "encoder" or cfg.position != "learned":
+        return None
+    model_type = "roberta" if cfg.pad_aware_positions else "bert"
+    arch = ("Roberta" if model_type == "roberta" else "Bert") + {v: k for k, v in _HEADS.items()}[cfg.head]
+    refuse(arch not in CLASSES[model_type], f"{arch} is not a supported export target")
+    return model_type, arch
+
+
+def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
+    out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, intermediate_size=cfg.d_ff,
+               num_hidden_layers=cfg.encoder_layers, layer_norm_eps=cfg.norm_eps,
+               hidden_act=INVERSE_ACTIVATIONS[cfg.activation],
+               max_position_embeddings=cfg.max_positions + cfg.position_offset,
+               type_vocab_size=cfg.type_vocab_size, hidden_dropout_prob=cfg.dropout_rate,
+               attention_probs_dropout_prob=cfg.attention_dropout_rate, tie_word_embeddings=cfg.tie_embeddings)
+    if cfg.head in ("sequence_classification", "token_classification"):
+        out.setdefault("id2label", {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)})
+        out.setdefault("label2id", {f"LABEL_{i}": i for i in range(cfg.num_labels)})
+
+
+def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
+    p, L = prefix, ("encoder", "blocks")
+    ln = cfg.norm == "layernorm" and cfg.norm_bias
+    out = [copy(("embed", "table"), f"{p}embeddings.word_embeddings.weight"),
+           copy(("embeddings", "positions", "table"), f"{p}embeddings.position_embeddings.weight"),
+           *norm(("embeddings", "norm"), f"{p}embeddings.LayerNorm", ln)]
+    if cfg.type_vocab_size:
+        out.append(copy(("embeddings", "token_types", "table"), f"{p}embeddings.token_type_embeddings.weight"))
+    layer = f"{p}encoder.layer.{{i}}"
+    out += attention(cfg, L + ("attn",), *(f"{layer}.attention.self.{n}.weight" for n in ("query", "key", "value")),
+                     f"{layer}.attention.output.dense.weight",
+                     *(f"{layer}.attention.self.{n}.bias" for n in ("query", "key", "value")),
+                     f"{layer}.attention.output.dense.bias")
+    out += norm(L + ("attn_norm",), f"{layer}.attention.output.LayerNorm", ln)
+    out += [linear(L + ("mlp", "wi"), f"{layer}.intermediate.dense.weight"),
+            copy(L + ("mlp", "bi"), f"{layer}.intermediate.dense.bias"),
+            linear(L + ("mlp", "wo"), f"{layer}.output.dense.weight"),
+            copy(L + ("mlp", "bo"), f"{layer}.output.dense.bias"),
+            *norm(L + ("mlp_norm",), f"{layer}.output.LayerNorm", ln)]
+    if cfg.pooler:
+        out += dense(("pooler",), f"{p}pooler.dense")
+    aliases = {}
+    if cfg.head in ("mlm", "pretraining"):
+        head = "cls.predictions" if model_type == "bert" else "lm_head"
+        transform = f"{head}.transform.dense" if model_type == "bert" else f"{head}.dense"
+        head_norm = f"{head}.transform.LayerNorm" if model_type == "bert" else f"{head}.layer_norm"
+        out += [*dense(("mlm", "transform"), transform), *norm(("mlm", "norm"), head_norm, ln),
+                copy(("mlm", "bias"), f"{head}.bias")]
+        if cfg.tie_embeddings:
+            aliases[f"{head}.decoder.weight"] = f"{p}embeddings.word_embeddings.weight"
+        else:
+            out.append(linear(("mlm", "decoder", "kernel"), f"{head}.decoder.weight"))
+        aliases[f"{head}.decoder.bias"] = f"{head}.bias"
+    if cfg.head == "pretraining":
+        out += dense(("nsp",), "cls.seq_relationship")
+    if cfg.head in ("sequence_classification", "token_classification"):
+        out += dense(("classifier",), "classifier")
+    if cfg.head == "question_answering":
+        out += dense(("classifier",), "qa_outputs")
+    return out, aliases
+
+
+ARCHITECTURE = Architecture(CLASSES, {"bert": "bert.", "roberta": "roberta."}, ("BertModel", "RobertaModel"),
+                            config_from_hf, target, config_to_hf, rules)

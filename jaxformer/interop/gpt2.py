@@ -1,0 +1,78 @@
+"""GPT-2 (``gpt2``): config and tensor rules, both directions. Its Conv1D weights are stored
+input-major ([in, out]), and q, k, v share one fused ``c_attn`` tensor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxformer.config import ModelConfig
+from jaxformer.interop.rules import INVERSE_ACTIVATIONS, Architecture, Rule, activation, copy, lm_head, norm, refuse
+
+CLASSES = {"gpt2": ("GPT2Model", "GPT2LMHeadModel")}
+
+
+def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    refuse(hf.get("scale_attn_by_inverse_layer_idx", False), "gpt2: scale_attn_by_inverse_layer_idx=True is not supported")
+    refuse(hf.get("add_cross_attention", False), "gpt2: add_cross_attention=True is not supported")
+    # reorder_and_upcast_attn only changes where float32 is used; jaxformer's scores are float32 anyway.
+    return dict(family="decoder", d_model=hf["n_embd"], num_heads=hf["n_head"],
+                d_ff=hf.get("n_inner") or 4 * hf["n_embd"], decoder_layers=hf["n_layer"],
+                norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                activation=activation(hf.get("activation_function", "gelu_new"), False, model_type),
+                position="learned", max_positions=hf["n_positions"], attention="causal",
+                attention_scale=None if hf.get("scale_attn_weights", True) else 1.0,
+                head="none" if arch == "GPT2Model" else "lm", tie_embeddings=hf.get("tie_word_embeddings", True),
+                dropout_rate=hf.get("resid_pdrop", 0.1), attention_dropout_rate=hf.get("attn_pdrop", 0.1))
+
+
+def target(cfg: ModelConfig) -> tuple[str, str] | None:
+    if cfg.family != "decoder" or cfg.position != "learned":
+        return None
+    return "gpt2", "GPT2LMHeadModel" if cfg.head == "lm" else "GPT2Model"
+
+
+def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
+    out.update(n_embd=cfg.d_model, n_head=cfg.num_heads, n_inner=cfg.d_ff, n_layer=cfg.decoder_layers,
+               n_positions=cfg.max_positions, layer_norm_epsilon=cfg.norm_eps,
+               activation_function=INVERSE_ACTIVATIONS[cfg.activation], scale_attn_weights=cfg.attention_scale is None,
+               tie_word_embeddings=cfg.tie_embeddings, resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate,
+               attn_pdrop=cfg.attention_dropout_rate)
+
+
+def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
+    p, L = prefix, ("decoder", "blocks")
+    N, H, D = cfg.num_heads, cfg.head_dim_, cfg.d_model
+    layer = f"{p}h.{{i}}"
+
+    def split_qkv(t):  # Conv1D [D, 3D] (input-major) -> three [D, N, H]
+        return [w.reshape(D, N, H) for w in np.split(t[0], 3, axis=1)]
+
+    def join_qkv(ps):
+        return [np.concatenate([w.reshape(D, N * H) for w in ps], axis=1)]
+
+    out = [
+        copy(("embed", "table"), f"{p}wte.weight"),
+        copy(("embeddings", "positions", "table"), f"{p}wpe.weight"),
+        Rule(tuple(L + ("attn", n) for n in "qkv"), (f"{layer}.attn.c_attn.weight",), split_qkv, join_qkv),
+        Rule(tuple(L + ("attn", f"{n}_bias") for n in "qkv"), (f"{layer}.attn.c_attn.bias",),
+             lambda t: [b.reshape(N, H) for b in np.split(t[0], 3)],
+             lambda ps: [np.concatenate([b.reshape(-1) for b in ps])]),
+        Rule((L + ("attn", "o"),), (f"{layer}.attn.c_proj.weight",), lambda t: [t[0].reshape(N, H, D)],
+             lambda ps: [ps[0].reshape(N * H, D)]),
+        copy(L + ("attn", "o_bias"), f"{layer}.attn.c_proj.bias"),
+        *norm(L + ("attn_norm",), f"{layer}.ln_1", True),
+        *norm(L + ("mlp_norm",), f"{layer}.ln_2", True),
+        copy(L + ("mlp", "wi"), f"{layer}.mlp.c_fc.weight"),  # Conv1D is already [in, out]
+        copy(L + ("mlp", "bi"), f"{layer}.mlp.c_fc.bias"),
+        copy(L + ("mlp", "wo"), f"{layer}.mlp.c_proj.weight"),
+        copy(L + ("mlp", "bo"), f"{layer}.mlp.c_proj.bias"),
+        *norm(("decoder", "final_norm"), f"{p}ln_f", True),
+    ]
+    head, aliases = lm_head(cfg, f"{p}wte.weight")
+    return out + head, aliases
+
+
+ARCHITECTURE = Architecture(CLASSES, {"gpt2": "transformer."}, ("GPT2Model",), config_from_hf, target,
+                            config_to_hf, rules)

@@ -1,0 +1,122 @@
+"""LLaMA and its relatives (``llama``, ``mistral``, ``qwen2``, ``mixtral``): RMSNorm, rotary positions,
+gated MLPs (Mixtral: experts), GQA; config and tensor rules, both directions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxformer.config import ModelConfig
+from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
+                                     rope_from_hf, rope_to_hf)
+
+STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "mixtral": "Mixtral"}
+CLASSES = {model_type: (f"{stem}Model", f"{stem}ForCausalLM") for model_type, stem in STEMS.items()}
+
+
+def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    theta, scaling = rope_from_hf(hf)
+    heads = hf["num_attention_heads"]
+    pattern, window = "causal", None
+    if model_type in ("mistral", "mixtral") and hf.get("sliding_window") is not None:
+        pattern, window = "sliding", int(hf["sliding_window"])
+    if model_type == "qwen2":
+        kinds = set(hf.get("layer_types") or ["full_attention"])
+        if hf.get("use_sliding_window", False) and hf.get("sliding_window") is not None:
+            kinds = set(hf.get("layer_types") or ["sliding_attention"])
+        refuse(len(kinds) > 1, "qwen2: a mix of sliding and full attention layers is not supported")
+        if kinds == {"sliding_attention"}:
+            pattern, window = "sliding", int(hf["sliding_window"])
+    refuse(model_type == "mixtral" and hf.get("router_jitter_noise", 0.0) > 0,
+           "mixtral: router_jitter_noise > 0 is not supported")
+    bias = bool(hf.get("attention_bias", False))
+    cfg = dict(family="decoder", d_model=hf["hidden_size"], num_heads=heads,
+               num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=hf.get("head_dim"),
+               d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"], norm="rmsnorm",
+               norm_eps=hf.get("rms_norm_eps", 1e-6), norm_bias=False,
+               activation=activation(hf.get("hidden_act", "silu"), True, model_type), position="rope",
+               rope_theta=theta, rope_scaling=scaling, max_positions=hf.get("max_position_embeddings", 2048),
+               attention=pattern, window_size=window, qkv_bias=True if model_type == "qwen2" else bias,
+               out_bias=False if model_type == "qwen2" else bias, mlp_bias=bool(hf.get("mlp_bias", False)),
+               tie_embeddings=hf.get("tie_word_embeddings", False),
+               head="none" if arch.endswith("Model") else "lm",
+               attention_dropout_rate=hf.get("attention_dropout", 0.0))
+    if model_type == "mixtral":
+        cfg.update(num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
+                   router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.0))
+    return cfg
+
+
+def target(cfg: ModelConfig) -> tuple[str, str] | None:
+    if cfg.family != "decoder" or cfg.position != "rope":
+        return None
+    if cfg.num_experts:
+        model_type = "mixtral"
+    elif cfg.qkv_bias and not cfg.out_bias:
+        model_type = "qwen2"
+    elif cfg.attention == "sliding":
+        model_type = "mistral"
+    else:
+        model_type = "llama"
+    return model_type, STEMS[model_type] + ("ForCausalLM" if cfg.head == "lm" else "Model")
+
+
+def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
+    out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
+               head_dim=cfg.head_dim_, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.decoder_layers,
+               rms_norm_eps=cfg.norm_eps, hidden_act="silu" if cfg.activation == "swiglu" else "gelu_pytorch_tanh",
+               max_position_embeddings=cfg.max_positions, rope_parameters=rope_to_hf(cfg),
+               tie_word_embeddings=cfg.tie_embeddings, attention_dropout=cfg.attention_dropout_rate)
+    out.pop("rope_theta", None)
+    out.pop("rope_scaling", None)
+    if model_type == "llama":
+        out.update(attention_bias=cfg.qkv_bias, mlp_bias=False)
+    if model_type in ("mistral", "mixtral", "qwen2"):
+        out["sliding_window"] = cfg.window_size
+    if model_type == "qwen2":
+        sliding = cfg.attention == "sliding"
+        out.update(use_sliding_window=sliding,
+                   layer_types=["sliding_attention" if sliding else "full_attention"] * cfg.decoder_layers)
+        if sliding:
+            out["max_window_layers"] = 0
+    if model_type == "mixtral":
+        out.update(num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
+                   router_aux_loss_coef=cfg.router_aux_loss_coef, router_jitter_noise=0.0)
+
+
+def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
+    p, L = prefix, ("decoder", "blocks")
+    layer = f"{p}layers.{{i}}"
+    a = f"{layer}.self_attn"
+    out = [copy(("embed", "table"), f"{p}embed_tokens.weight"),
+           *attention(cfg, L + ("attn",), f"{a}.q_proj.weight", f"{a}.k_proj.weight", f"{a}.v_proj.weight",
+                      f"{a}.o_proj.weight", f"{a}.q_proj.bias", f"{a}.k_proj.bias", f"{a}.v_proj.bias",
+                      f"{a}.o_proj.bias"),
+           copy(L + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
+           copy(L + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight"),
+           copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
+    if cfg.num_experts:
+        E = cfg.num_experts
+        moe = f"{layer}.block_sparse_moe"
+
+        def experts(w: str, path: str) -> Rule:
+            return Rule((L + ("mlp", path),), tuple(f"{moe}.experts.{e}.{w}.weight" for e in range(E)),
+                        lambda ts: [np.stack([t.T for t in ts])], lambda ps: [w_.T for w_ in ps[0]])
+
+        out += [linear(L + ("mlp", "router"), f"{moe}.gate.weight"),
+                experts("w1", "wi_gate"), experts("w3", "wi"), experts("w2", "wo")]
+    else:
+        out += [linear(L + ("mlp", "wi_gate"), f"{layer}.mlp.gate_proj.weight"),
+                linear(L + ("mlp", "wi"), f"{layer}.mlp.up_proj.weight"),
+                linear(L + ("mlp", "wo"), f"{layer}.mlp.down_proj.weight")]
+        if cfg.mlp_bias:
+            # jaxformer's gated MLP has one input bias (on the up projection); HF has one on each.
+            raise ValueError("llama: mlp_bias=True is not supported")
+    head, aliases = lm_head(cfg, f"{p}embed_tokens.weight")
+    return out + head, aliases
+
+
+ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in STEMS},
+                            tuple(f"{stem}Model" for stem in STEMS.values()), config_from_hf, target, config_to_hf,
+                            rules)

@@ -1,0 +1,96 @@
+"""T5 v1.0 and v1.1 (``t5``: T5Model, T5ForConditionalGeneration, T5EncoderModel): relative position
+bias, RMSNorm, plain or gated feed-forward; config and tensor rules, both directions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxformer.config import ModelConfig
+from jaxformer.interop.rules import GATED, Architecture, Rule, activation, attention, copy, linear, lm_head, refuse
+
+CLASSES = {"t5": ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel")}
+
+
+def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    proj = hf.get("feed_forward_proj", "relu")
+    gated = proj.startswith("gated-")
+    act = proj.removeprefix("gated-")
+    act = "gelu_new" if proj == "gated-gelu" else act
+    refuse(gated and act not in GATED, f"t5: feed_forward_proj={proj!r} is not supported")
+    # transformers 5 always ties in the config and records the v1.0 output scaling separately;
+    # an lm_head tensor in the file means the head is untied (v1.1).
+    scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
+    tied = "lm_head.weight" not in tensor_names if tensor_names else hf.get("tie_word_embeddings", True)
+    encoder_only = arch == "T5EncoderModel"
+    return dict(family="encoder" if encoder_only else "encoder_decoder", d_model=hf["d_model"],
+                num_heads=hf["num_heads"], head_dim=hf["d_kv"], d_ff=hf["d_ff"], encoder_layers=hf["num_layers"],
+                decoder_layers=0 if encoder_only else (hf.get("num_decoder_layers") or hf["num_layers"]),
+                norm="rmsnorm", norm_eps=hf.get("layer_norm_epsilon", 1e-6), norm_bias=False,
+                activation=activation(act, gated, "t5"), position="relative",
+                max_positions=hf.get("n_positions", 512),
+                relative_buckets=hf.get("relative_attention_num_buckets", 32),
+                relative_max_distance=hf.get("relative_attention_max_distance", 128), attention_scale=1.0,
+                attention="bidirectional" if encoder_only else "causal", qkv_bias=False, out_bias=False,
+                mlp_bias=False, tie_embeddings=tied, scale_tied_logits=bool(scale and tied and not encoder_only),
+                head="none" if arch != "T5ForConditionalGeneration" else "lm",
+                dropout_rate=hf.get("dropout_rate", 0.1))
+
+
+def target(cfg: ModelConfig) -> tuple[str, str] | None:
+    if cfg.position != "relative":
+        return None
+    if cfg.family == "encoder":
+        return "t5", "T5EncoderModel"
+    return "t5", "T5ForConditionalGeneration" if cfg.head == "lm" else "T5Model"
+
+
+def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
+    act = {"relu": "relu", "gelu": "gelu", "geglu": "gated-gelu", "swiglu": "gated-silu"}[cfg.activation]
+    out.update(d_model=cfg.d_model, num_heads=cfg.num_heads, d_kv=cfg.head_dim_, d_ff=cfg.d_ff,
+               num_layers=cfg.encoder_layers, num_decoder_layers=cfg.decoder_layers or cfg.encoder_layers,
+               layer_norm_epsilon=cfg.norm_eps, feed_forward_proj=act, relative_attention_num_buckets=cfg.relative_buckets,
+               relative_attention_max_distance=cfg.relative_max_distance, dropout_rate=cfg.dropout_rate,
+               tie_word_embeddings=cfg.tie_embeddings, scale_decoder_outputs=cfg.scale_tied_logits,
+               is_encoder_decoder=cfg.family == "encoder_decoder")
+
+
+def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
+    out = [copy(("embed", "table"), "shared.weight")]
+    aliases = {"encoder.embed_tokens.weight": "shared.weight", "decoder.embed_tokens.weight": "shared.weight"}
+    ff = "wi_1" if cfg.gated else "wi"
+
+    def stack(side: str, cross: bool) -> list[Rule]:
+        L, block = (side, "blocks"), f"{side}.block.{{i}}.layer"
+        att = f"{block}.0.SelfAttention"
+        rules = [*attention(cfg, L + ("attn",), f"{att}.q.weight", f"{att}.k.weight", f"{att}.v.weight",
+                            f"{att}.o.weight"),
+                 copy(L + ("attn_norm", "scale"), f"{block}.0.layer_norm.weight"),
+                 copy((side, "relative_bias", "table"),
+                      f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+                 copy((side, "final_norm", "scale"), f"{side}.final_layer_norm.weight")]
+        f = 2 if cross else 1
+        if cross:
+            x = f"{block}.1.EncDecAttention"
+            rules += [*attention(cfg, L + ("cross_attn",), f"{x}.q.weight", f"{x}.k.weight", f"{x}.v.weight",
+                                 f"{x}.o.weight"),
+                      copy(L + ("cross_norm", "scale"), f"{block}.1.layer_norm.weight")]
+        rules += [linear(L + ("mlp", "wi"), f"{block}.{f}.DenseReluDense.{ff}.weight"),
+                  linear(L + ("mlp", "wo"), f"{block}.{f}.DenseReluDense.wo.weight"),
+                  copy(L + ("mlp_norm", "scale"), f"{block}.{f}.layer_norm.weight")]
+        if cfg.gated:
+            rules.append(linear(L + ("mlp", "wi_gate"), f"{block}.{f}.DenseReluDense.wi_0.weight"))
+        return rules
+
+    out += stack("encoder", False)
+    if cfg.family == "encoder_decoder":
+        out += stack("decoder", True)
+        head, head_aliases = lm_head(cfg, "shared.weight")
+        out += head
+        aliases.update(head_aliases)
+    else:
+        aliases.pop("decoder.embed_tokens.weight")
+    return out, aliases
+
+
+# T5 names its tensors the same with or without a head: nothing is nested.
+ARCHITECTURE = Architecture(CLASSES, {"t5": ""}, CLASSES["t5"], config_from_hf, target, config_to_hf, rules)

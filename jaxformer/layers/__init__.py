@@ -1,0 +1,26 @@
+"""Shared math of the three families, one concern a file:
+
+    core         parameters with logical axes, dense projections, dropout, norms, activations
+    feedforward  the MLP (plain or gated) and the mixture of experts
+    positions    the embedding front end, absolute positions, rotary angles, T5's relative bias
+    attention    visibility masks from positions, grouped-query attention, the attention layer
+    stack        the block, the scanned stack, and what a stack call is told (Tokens, caches)
+
+Modules here hold parameters only. Randomness (dropout) arrives as explicit PRNG keys, and caches
+arrive and leave as values (``jaxformer.cache``), so every forward pass is a pure function of
+(params, inputs).
+"""
+
+from jaxformer.layers.attention import Attention, dot_product_attention, softmax, visibility_mask
+from jaxformer.layers.core import (Buffer, Dense, Norm, activate, dropout, dtype_of, logical_axes, normalize,
+                                   param, split_key)
+from jaxformer.layers.feedforward import MLP, MoE, load_balancing_loss
+from jaxformer.layers.positions import (Embed, Embeddings, Positions, RelativeBias, apply_rope, rope_angles,
+                                        rope_frequencies, sinusoids)
+from jaxformer.layers.stack import REMAT_POLICIES, Block, EncoderOutput, Stack, StackOutput, Tokens, run_stack
+
+__all__ = ["Attention", "dot_product_attention", "softmax", "visibility_mask", "Buffer", "Dense", "Norm", "activate",
+           "dropout", "dtype_of", "logical_axes", "normalize", "param", "split_key", "MLP", "MoE",
+           "load_balancing_loss", "Embed", "Embeddings", "Positions", "RelativeBias", "apply_rope", "rope_angles",
+           "rope_frequencies", "sinusoids", "REMAT_POLICIES", "Block", "EncoderOutput", "Stack", "StackOutput",
+           "Tokens", "run_stack"]

@@ -1,0 +1,166 @@
+"""Who sees whom (visibility masks built from positions) and attention itself: grouped-query
+dot-product attention over a KV cache or a fused kernel, and the multi-head attention layer."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+from jaxformer import kernels
+from jaxformer.config import ModelConfig
+from jaxformer.layers.core import dropout, dtype_of, param
+from jaxformer.layers.positions import apply_rope
+
+Array = jax.Array
+
+
+def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_valid: Array | None = None,
+                   *, window: int | None = None, prefix_lengths: Array | None = None) -> Array:
+    """Boolean [B, 1, T, S]: may query t attend to key s?
+
+    Built from positions rather than indices so the same function serves full sequences, KV caches
+    and left padding. ``k_valid`` [B, S] removes padded keys. Patterns: bidirectional; causal
+    (s <= t); sliding (t - window < s <= t); prefix (causal, plus every key inside the prefix).
+    Alternating layers call this with 'causal' or 'sliding'.
+    """
+    q = q_positions[:, :, None]
+    k = k_positions[:, None, :]
+    if pattern == "bidirectional":
+        allowed = jnp.ones(jnp.broadcast_shapes(q.shape, k.shape), bool)
+    elif pattern == "causal":
+        allowed = k <= q
+    elif pattern == "sliding":
+        allowed = (k <= q) & (k > q - window)
+    elif pattern == "prefix":
+        allowed = (k <= q) | (k < prefix_lengths[:, None, None])
+    else:
+        raise ValueError(f"unknown attention pattern {pattern!r}")
+    if k_valid is not None:
+        allowed = allowed & k_valid[:, None, :].astype(bool)
+    return allowed[:, None, :, :]
+
+
+# --------------------------------------------------------------------------------------------------
+# Attention
+
+
+@jax.custom_jvp
+def softmax(x: Array) -> Array:
+    """Softmax over the last axis whose JVP uses the output alone: autodiff saves one [.., S] array,
+    not the unnormalized exponentials and the squared sums as well (jax.nn.softmax's default rule)."""
+    unnormalized = jnp.exp(x - jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True)))
+    return unnormalized / jnp.sum(unnormalized, axis=-1, keepdims=True)
+
+
+@softmax.defjvp
+def _softmax_jvp(primals, tangents):
+    y = softmax(primals[0])
+    return y, y * (tangents[0] - jnp.sum(y * tangents[0], axis=-1, keepdims=True))
+
+
+def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate: float = 0.0,
+                          key: Array | None = None) -> Array:
+    """Grouped-query attention. q [B,T,N,H], k/v [B,S,K,H], mask [B|1,1,T,S], bias [B|1,N,T,S] or None.
+
+    k, v, mask and bias may also be tuples of segments along S (a KV cache and this call's new
+    keys): the softmax runs over all segments together, so the cache is read where it lies instead
+    of being copied to append the new keys. Scores, bias and softmax are float32. A row with every key
+    masked (a padded query) gets a uniform distribution instead of NaN, like the additive-minimum
+    masks of PyTorch references.
+    """
+    ks, vs, masks = (k, v, mask) if isinstance(k, tuple) else ((k,), (v,), (mask,))
+    biases = bias if isinstance(bias, tuple) else (bias,) * len(ks)
+    B, T, N, H = q.shape
+    K = ks[0].shape[2]
+    G = N // K
+    # Head-major operands (explicit transposes of the [.., H]-sized inputs), with a kv head's G query
+    # heads stacked along the rows (M = G*T), make each attention matmul one plain batched GEMM. Left
+    # to itself XLA CPU picked layouts that transposed the [.., T, S] scores and probabilities
+    # instead, forward and backward.
+    # Scale q [.., H] rather than the scores [.., S] (float32 only: a bfloat16 q would round the scale in).
+    fold_scale = scale != 1.0 and q.dtype == jnp.float32
+    if fold_scale:
+        q = q * jnp.asarray(scale, q.dtype)
+    q = q.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
+    # Without grouping (G == 1) the scores stay 4-D: the [B,K,1,T,S] view made XLA CPU copy the scores.
+    scores = []
+    for k_seg, m_seg, b_seg in zip(ks, masks, biases):
+        s = jnp.einsum("BKMH,BKSH->BKMS", q, k_seg.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32)
+        s = s if G == 1 else s.reshape(B, K, G, T, -1)
+        s = s if fold_scale else s * scale
+        if b_seg is not None:
+            s = s + (b_seg if G == 1 else b_seg.reshape(b_seg.shape[0], K, G, *b_seg.shape[2:]))
+        scores.append(jnp.where(m_seg if G == 1 else m_seg[:, :, None], s, jnp.finfo(jnp.float32).min))
+    probs = dropout(softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]), dropout_rate, key)
+    out, start = 0.0, 0
+    for v_seg in vs:
+        p_seg = probs if len(vs) == 1 else jax.lax.slice_in_dim(probs, start, start + v_seg.shape[1], axis=-1)
+        p_seg = p_seg.astype(v_seg.dtype).reshape(B, K, G * T, -1)
+        out = out + jnp.einsum("BKMS,BKSH->BKMH", p_seg, v_seg.transpose(0, 2, 1, 3))
+        start += v_seg.shape[1]
+    return out.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
+
+
+class Attention(nnx.Module):
+    """Multi-head attention with separate kv heads (MHA, GQA, MQA), self or cross.
+
+    Projections are einsum kernels with explicit head axes: q [D,N,H], k/v [D,K,H], o [N,H,D].
+    Two hooks serve generation:
+    - ``cache`` {"k", "v": [B, S, K, H]}: keys/values of earlier tokens, attended in place next to
+      this call's own (``mask`` and ``bias`` are then (cache part, new part) pairs); the new keys and
+      values [B, T, K, H] are returned so the caller writes them into its cache.
+    - ``kv`` (k, v) [B, S, K, H]: precomputed keys/values (cross-attention to a fixed encoder output).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim_
+        self.dtype, self.scale = dtype_of(cfg.dtype), cfg.scale
+        self.dropout_rate = cfg.attention_dropout_rate
+        self.q = param(rngs, (D, N, H), ("embed", "heads", "head_dim"), cfg)
+        self.k = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), cfg)
+        self.v = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), cfg)
+        self.o = param(rngs, (N, H, D), ("heads", "head_dim", "embed"), cfg)
+        if cfg.qkv_bias:
+            self.q_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg, init="zeros")
+            self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
+            self.v_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
+        else:
+            self.q_bias = self.k_bias = self.v_bias = None
+        self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
+
+    def _project(self, x: Array, kernel: nnx.Param, bias: nnx.Param | None) -> Array:
+        y = jnp.einsum("BTD,DNH->BTNH", x, kernel[...].astype(self.dtype))
+        return y if bias is None else y + bias[...].astype(self.dtype)
+
+    def key_values(self, source: Array) -> tuple[Array, Array]:
+        """Keys and values [B, S, K, H] of ``source`` (computed once per encoder output when cached)."""
+        k = checkpoint_name(self._project(source, self.k, self.k_bias), "qkv")
+        v = checkpoint_name(self._project(source, self.v, self.v_bias), "qkv")
+        return k, v
+
+    def __call__(self, x: Array, kv_input: Array | None = None, *, mask: Array, bias: Array | None = None,
+                 rope: tuple[Array, Array] | None = None, cache: dict | None = None,
+                 kv: tuple[Array, Array] | None = None, key: Array | None = None) -> tuple[Array, dict | None]:
+        q = checkpoint_name(self._project(x, self.q, self.q_bias), "qkv")
+        k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input)
+        if rope is not None:
+            cos, sin = rope
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        new_kv = None
+        if cache is not None:
+            new_kv = {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
+            k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])
+        if isinstance(mask, kernels.FusedMask):  # full-sequence calls only: Stack gives none with a cache
+            if key is None or self.dropout_rate == 0.0:
+                return self._output(kernels.attend(q, k, v, mask, bias, self.scale)), new_kv
+            mask = mask.dense  # attention dropout runs on XLA
+        out = dot_product_attention(q, k, v, mask, bias, self.scale, self.dropout_rate, key)
+        return self._output(out), new_kv
+
+    def _output(self, out: Array) -> Array:
+        y = jnp.einsum("BTNH,NHD->BTD", out, self.o[...].astype(self.dtype))
+        if self.o_bias is not None:
+            y = y + self.o_bias[...].astype(self.dtype)
+        return y

@@ -1,0 +1,166 @@
+"""Token embeddings and positions: the embedding front end, absolute tables and sinusoids, rotary
+angles, and T5's relative position bias."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxformer.config import ModelConfig
+from jaxformer.layers.core import Norm, dropout, dtype_of, param
+
+Array = jax.Array
+
+
+class Embed(nnx.Module):
+    """Token embedding table [V, D]; ``attend`` reuses it as the tied output projection."""
+
+    def __init__(self, num: int, cfg: ModelConfig, *, rngs: nnx.Rngs, axes=("vocab", "embed")):
+        self.table = param(rngs, (num, cfg.d_model), axes, cfg)
+        self.dtype = dtype_of(cfg.dtype)
+
+    def __call__(self, ids: Array) -> Array:
+        return jnp.take(self.table[...], ids, axis=0).astype(self.dtype)
+
+    def attend(self, x: Array) -> Array:
+        return jnp.einsum("BTD,VD->BTV", x, self.table[...].astype(self.dtype))
+
+
+def sinusoids(positions: Array, d_model: int) -> Array:
+    """The 2017 encoding [B, T, D]: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same)."""
+    inv_freq = np.power(10000.0, -np.arange(0, d_model, 2, dtype=np.float64) / d_model).astype(np.float32)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, -1)
+    return pe[..., :d_model]
+
+
+class Positions(nnx.Module):
+    """Absolute positions added to the token embeddings: a learned table, sinusoids, or nothing
+    (rotary and relative schemes act inside attention instead)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.kind, self.offset, self.dtype = cfg.position, cfg.position_offset, dtype_of(cfg.dtype)
+        self.d_model = cfg.d_model
+        self.table = (param(rngs, (cfg.max_positions + cfg.position_offset, cfg.d_model), ("positions", "embed"), cfg)
+                      if cfg.position == "learned" else None)
+
+    def __call__(self, positions: Array) -> Array | None:
+        if self.kind == "learned":
+            return jnp.take(self.table[...], positions + self.offset, axis=0).astype(self.dtype)
+        if self.kind == "sinusoidal":
+            return sinusoids(positions, self.d_model).astype(self.dtype)
+        return None
+
+
+def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
+    """Inverse frequencies [H/2] in float32, as Hugging Face computes them (with rope scaling)."""
+    H = cfg.head_dim_
+    inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, H, 2, dtype=np.float32) / np.float32(H))))
+    inv_freq = inv_freq.astype(np.float32)
+    s = cfg.rope_scaling
+    if s is None:
+        return inv_freq
+    if s.kind == "linear":
+        return (inv_freq / np.float32(s.factor)).astype(np.float32)
+    # llama3: keep high frequencies, divide low ones by factor, blend the band in between.
+    low_wavelen = s.original_max_positions / s.low_freq_factor
+    high_wavelen = s.original_max_positions / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_positions / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, blended, scaled).astype(np.float32)
+
+
+def rope_angles(inv_freq: np.ndarray, positions: Array) -> tuple[Array, Array]:
+    """cos and sin [B, T, H] for positions [B, T] (the half-split layout of Hugging Face)."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+    """Rotate [B, T, N, H] by the angles [B, T, H]: x * cos + rotate_half(x) * sin."""
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    return (x.astype(jnp.float32) * cos + rotated.astype(jnp.float32) * sin).astype(x.dtype)
+
+
+def relative_position_buckets(relative: Array, bidirectional: bool, num_buckets: int,
+                              max_distance: int) -> Array:
+    """T5's bucketing of key - query distances: exact for small distances, logarithmic beyond."""
+    bucket = jnp.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (relative > 0).astype(relative.dtype) * num_buckets
+        distance = jnp.abs(relative)
+    else:
+        distance = jnp.maximum(-relative, 0)
+    max_exact = num_buckets // 2
+    log_ratio = jnp.log(jnp.maximum(distance, 1).astype(jnp.float32) / max_exact) / math.log(max_distance / max_exact)
+    large = max_exact + (log_ratio * (num_buckets - max_exact)).astype(relative.dtype)
+    large = jnp.minimum(large, num_buckets - 1)
+    return bucket + jnp.where(distance < max_exact, distance, large)
+
+
+class RelativeBias(nnx.Module):
+    """T5 relative position bias: one learned scalar per (bucket, head), shared by all layers."""
+
+    def __init__(self, cfg: ModelConfig, *, bidirectional: bool, rngs: nnx.Rngs):
+        self.bidirectional = bidirectional
+        self.num_buckets, self.max_distance = cfg.relative_buckets, cfg.relative_max_distance
+        self.table = param(rngs, (cfg.relative_buckets, cfg.num_heads), ("buckets", "heads"), cfg)
+
+    def __call__(self, q_positions: Array, k_positions: Array) -> Array:
+        """Bias [B, N, T, S] from query positions [B, T] and key positions [B, S]."""
+        relative = k_positions[:, None, :] - q_positions[:, :, None]
+        buckets = relative_position_buckets(relative, self.bidirectional, self.num_buckets, self.max_distance)
+        bias = jnp.take(self.table[...].astype(jnp.float32), buckets, axis=0)  # BTSN
+        return jnp.transpose(bias, (0, 3, 1, 2))
+
+
+class Embeddings(nnx.Module):
+    """A stack's front end: token vectors (from a table the family may share between stacks) ->
+    optional sqrt(D) scale -> absolute positions -> token types -> optional norm -> dropout."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, token_types: bool = False):
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else None
+        self.positions = Positions(cfg, rngs=rngs)
+        self.token_types = (Embed(cfg.type_vocab_size, cfg, rngs=rngs, axes=("types", "embed"))
+                            if token_types and cfg.type_vocab_size else None)
+        self.norm = Norm(cfg, rngs=rngs) if cfg.embedding_norm else None
+        self.dropout_rate = cfg.dropout_rate
+        # RoBERTa counts real tokens only; a pad sits on table row pad_token_id.
+        self.pad_aware_positions, self.pad_token_id = cfg.pad_aware_positions, cfg.pad_token_id
+        self.position_offset = cfg.position_offset
+
+    def default_positions(self, input_ids: Array | None, shape: tuple[int, int]) -> Array:
+        """Positions [B, T] when none are given: 0..T-1 in every row, or RoBERTa's count of real tokens."""
+        if self.pad_aware_positions and input_ids is not None:
+            real = (jnp.asarray(input_ids) != self.pad_token_id).astype(jnp.int32)
+            return jnp.cumsum(real, axis=1) * real + (self.pad_token_id - self.position_offset)
+        return jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
+
+    def __call__(self, table: Embed, input_ids: Array | None = None, *, inputs_embeds: Array | None = None,
+                 positions: Array | None = None, token_type_ids: Array | None = None,
+                 key: Array | None = None) -> tuple[Array, Array]:
+        """x [B, T, D] and the positions [B, T] it was embedded at (``positions`` if given)."""
+        tokens = table(input_ids) if inputs_embeds is None else inputs_embeds.astype(table.dtype)
+        if positions is None:
+            positions = self.default_positions(input_ids, tokens.shape[:2])
+        positions = jnp.asarray(positions, jnp.int32)
+        x = tokens if self.scale is None else tokens * jnp.asarray(self.scale, tokens.dtype)
+        absolute = self.positions(positions)
+        if absolute is not None:
+            x = x + absolute
+        if self.token_types is not None:
+            x = x + self.token_types(jnp.zeros_like(positions) if token_type_ids is None else token_type_ids)
+        if self.norm is not None:
+            x = self.norm(x)
+        return dropout(x, self.dropout_rate, key), positions

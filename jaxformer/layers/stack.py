@@ -1,0 +1,330 @@
+"""The transformer block and the stack of blocks every family runs: one code path for a full pass
+(training, evaluation), a prefill and each cached decode step.
+
+A stack call takes the hidden states, one ``Tokens`` (where this call's tokens sit and which are real),
+and optionally a ``KVCache`` of earlier tokens and a cross-attention source. It builds the masks, the
+rotary angles and T5's relative bias once, then runs its blocks (scanned by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer import kernels
+from jaxformer.cache import EncoderKV, KVCache
+from jaxformer.config import ModelConfig
+from jaxformer.layers.attention import Attention, visibility_mask
+from jaxformer.layers.core import Norm, dropout, split_key
+from jaxformer.layers.feedforward import MLP, MoE
+from jaxformer.layers.positions import RelativeBias, rope_angles, rope_frequencies
+from jaxformer.sharding import constrain_activations
+
+Array = jax.Array
+
+
+# --------------------------------------------------------------------------------------------------
+# What a stack call is told about its tokens and what it attends to
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["positions", "valid", "prefix_lengths"],
+                   meta_fields=["indexed"])
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    """This call's tokens as attention sees them: positions [B, T], which are real [B, T] (None: all),
+    prefix-LM prefix sizes [B] (None unless the pattern is 'prefix'). ``indexed`` says the positions
+    are 0..T-1 in every row (no position_ids, no cache), so a fused kernel's index-based causal and
+    sliding masks equal the position-based ones, and T5's bias is one [1, N, T, S] array."""
+
+    positions: Array
+    valid: Array | None = None
+    prefix_lengths: Array | None = None
+    indexed: bool = False
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class EncoderOutput:
+    """Cross-attention's source in a full pass: the encoder output [B, S, D], projected by each
+    layer, and its validity [B, S] (None: no padding). Cached steps read ``cache.EncoderKV`` instead."""
+
+    hidden: Array
+    valid: Array | None = None
+
+
+class StackOutput(NamedTuple):
+    hidden: Array  # [B, T, D], after the final norm
+    hidden_states: tuple[Array, ...] | None  # the input, then every layer's output (when collected)
+    cache: KVCache | None  # the cache with this call's keys and values written
+    router_stats: Array | None  # MoE [L, 2, E]: per layer, token fraction and mean router probability
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerInputs:
+    """What one block's sublayers read besides x: self-attention's mask (a [B, 1, T, S] array, a
+    (cache, own) pair, or a ``kernels.FusedMask``), bias and rotary angles, this layer's cache slice;
+    cross-attention's mask and source (an encoder output, or this layer's precomputed keys and values);
+    and which tokens are real, for MoE load statistics."""
+
+    mask: Any
+    bias: Any = None
+    rope: tuple[Array, Array] | None = None
+    cache: dict | None = None
+    cross_mask: Any = None
+    cross_source: Array | None = None
+    cross_kv: tuple[Array, Array] | None = None
+    token_mask: Array | None = None
+
+
+# --------------------------------------------------------------------------------------------------
+# The block
+
+
+class BlockKeys(NamedTuple):
+    """Dropout keys of one block: inside each sublayer and on each residual branch."""
+
+    attn: Array | None
+    attn_out: Array | None
+    cross: Array | None
+    cross_out: Array | None
+    mlp: Array | None
+    mlp_out: Array | None
+
+
+class Block(nnx.Module):
+    """One transformer layer: self-attention, optional cross-attention, feed-forward (or MoE)."""
+
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, rngs: nnx.Rngs):
+        self.pre_norm = cfg.norm_position == "pre"
+        self.dropout_rate = cfg.dropout_rate
+        self.attn_norm = Norm(cfg, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        if cross_attention:
+            self.cross_norm = Norm(cfg, rngs=rngs)
+            self.cross_attn = Attention(cfg, rngs=rngs)
+        else:
+            self.cross_norm = self.cross_attn = None
+        self.mlp_norm = Norm(cfg, rngs=rngs)
+        self.mlp = MoE(cfg, rngs=rngs) if cfg.num_experts else MLP(cfg, rngs=rngs)
+
+    def __call__(self, x: Array, inputs: LayerInputs, key: Array | None = None
+                 ) -> tuple[Array, dict | None, Array | None]:
+        """Returns x, this call's new keys and values (for the caller's cache), MoE router stats."""
+        keys = BlockKeys(*split_key(key, 6))
+        drop = lambda h, key: dropout(h, self.dropout_rate, key)  # noqa: E731
+        if self.pre_norm:  # GPT-2, LLaMA, T5: x = x + f(norm(x))
+            h, new_kv = self.self_attention(self.attn_norm(x), inputs, keys.attn)
+            x = x + drop(h, keys.attn_out)
+            if self.cross_attn is not None:
+                x = x + drop(self.cross_attention(self.cross_norm(x), inputs, keys.cross), keys.cross_out)
+            h, stats = self.feed_forward(self.mlp_norm(x), inputs, keys.mlp)
+            x = x + drop(h, keys.mlp_out)
+        else:  # the 2017 Transformer, BERT, BART: x = norm(x + f(x))
+            h, new_kv = self.self_attention(x, inputs, keys.attn)
+            x = self.attn_norm(x + drop(h, keys.attn_out))
+            if self.cross_attn is not None:
+                x = self.cross_norm(x + drop(self.cross_attention(x, inputs, keys.cross), keys.cross_out))
+            h, stats = self.feed_forward(x, inputs, keys.mlp)
+            x = self.mlp_norm(x + drop(h, keys.mlp_out))
+        return x, new_kv, stats
+
+    def self_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None]:
+        return self.attn(h, mask=inputs.mask, bias=inputs.bias, rope=inputs.rope, cache=inputs.cache, key=key)
+
+    def cross_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> Array:
+        return self.cross_attn(h, inputs.cross_source, mask=inputs.cross_mask, kv=inputs.cross_kv, key=key)[0]
+
+    def feed_forward(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, Array | None]:
+        if isinstance(self.mlp, MoE):
+            return self.mlp(h, inputs.token_mask)
+        return self.mlp(h, key), None
+
+
+def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_attention: bool = False) -> Block:
+    """``num_layers`` Blocks as one Block whose parameters have a leading 'layers' axis.
+
+    The parameter layout is the same whether the forward pass scans or unrolls, so checkpoints do
+    not depend on ``scan_layers``.
+    """
+
+    @nnx.split_rngs(splits=num_layers)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers", "axes": "layers"})
+    def make(rngs: nnx.Rngs) -> Block:
+        return Block(cfg, cross_attention=cross_attention, rngs=rngs)
+
+    return make(rngs)
+
+
+REMAT_POLICIES: dict[str, Any] = {
+    # recompute the whole layer in the backward pass: the least memory, about a third more FLOPs
+    "full": jax.checkpoint_policies.nothing_saveable,
+    # keep the weight matmuls' outputs (no batch dims: not the attention scores), recompute the rest
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # keep the named q/k/v projections and the MLP's hidden activation, recompute the rest
+    "qkv_mlp": jax.checkpoint_policies.save_only_these_names("qkv", "mlp"),
+    # the same names, moved to host memory during the forward pass and back for the backward
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[], names_which_can_be_offloaded=["qkv", "mlp"],
+        offload_src="device", offload_dst="pinned_host"),
+}
+
+
+def run_stack(blocks: Block | tuple[Block, ...], x: Array, layer_fn: Callable, per_layer: Any,
+              cfg: ModelConfig) -> tuple[Array, Any]:
+    """Apply blocks in order: ``x, out = layer_fn(block, x, per_layer_slice)`` per layer.
+
+    Stacked blocks are scanned (one compiled body for all layers) when ``cfg.scan_layers``, else
+    unrolled over slices of the same stacked parameters; a tuple of blocks (``Stack.unstacked``) is
+    unrolled as it is. Per-layer outputs come back stacked on axis 0. ``cfg.remat`` wraps the body in
+    ``jax.checkpoint`` with the named policy.
+    """
+    if isinstance(blocks, tuple):
+        graphdef = nnx.graphdef(blocks[0])
+        layer_params = [nnx.state(block) for block in blocks]
+    else:
+        graphdef, params = nnx.split(blocks)
+        layer_params = None
+
+    def body(carry, inputs):
+        params, extra = inputs
+        return layer_fn(nnx.merge(graphdef, params), constrain_activations(carry), extra)
+
+    if cfg.remat != "none":
+        body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+    if layer_params is None and cfg.scan_layers:
+        return jax.lax.scan(body, x, (params, per_layer))
+    if layer_params is None:
+        layer_params = [jax.tree.map(lambda a: a[i], params) for i in range(jax.tree.leaves(params)[0].shape[0])]
+    outputs = []
+    for i, params_i in enumerate(layer_params):
+        x, out = body(x, (params_i, jax.tree.map(lambda a: a[i], per_layer)))
+        outputs.append(out)
+    return x, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
+
+
+# --------------------------------------------------------------------------------------------------
+# The stack
+
+
+class Stack(nnx.Module):
+    """A stack of blocks with one attention pattern, its final norm, and the position machinery
+    that acts inside attention (rotary angles, T5 relative bias), computed once per stack call."""
+
+    def __init__(self, cfg: ModelConfig, num_layers: int, *, pattern: str, cross_attention: bool = False,
+                 rngs: nnx.Rngs):
+        self.config, self.pattern, self.num_layers = cfg, pattern, num_layers
+        self.blocks = stacked_blocks(cfg, num_layers, rngs=rngs, cross_attention=cross_attention)
+        self.final_norm = Norm(cfg, rngs=rngs) if cfg.final_norm else None
+        self.relative_bias = (RelativeBias(cfg, bidirectional=pattern == "bidirectional", rngs=rngs)
+                              if cfg.position == "relative" else None)
+
+    def cross_key_values(self, encoder: EncoderOutput) -> EncoderKV:
+        """Every layer's cross-attention keys and values [L, B, S, K, H] of a fixed encoder output:
+        computed once per generation instead of once per decoded token."""
+        graphdef, params = nnx.split(self.blocks)
+        k, v = jax.vmap(lambda p: nnx.merge(graphdef, p).cross_attn.key_values(encoder.hidden))(params)
+        return EncoderKV(k, v, encoder.valid)
+
+    def unstacked(self) -> Stack:
+        """This stack with its layers sliced out of the stacked parameters once, as separate blocks.
+
+        XLA's CPU backend copies a layer's weights out of a stacked array at every slice (it does not
+        fuse slices into dots, unlike the GPU and TPU backends), so a decode loop of thousands of steps
+        runs an unstacked copy, made once before the loop (``kernels.unstack_decode_loops``).
+        """
+        graphdef, params = nnx.split(self.blocks)
+        copy = nnx.merge(*nnx.split(self))
+        copy.blocks = tuple(nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params)) for i in range(self.num_layers))
+        return copy
+
+    def __call__(self, x: Array, tokens: Tokens, *, cache: KVCache | None = None,
+                 cross: EncoderOutput | EncoderKV | None = None, collect_hidden: bool = False,
+                 key: Array | None = None) -> StackOutput:
+        """Run the blocks over x [B, T, D] at ``tokens``. With a ``cache``, its slots are keys too,
+        attended where they lie next to this call's own, and this call's keys and values are written
+        into it once, after the layer loop. Hidden states follow Hugging Face: the input, then every
+        layer's output, the last one after the final norm."""
+        cfg = self.config
+        mask, local_mask, bias = self._self_attention_masks(tokens, cache)
+        rope = rope_angles(rope_frequencies(cfg), tokens.positions) if cfg.position == "rope" else None
+        cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
+        per_layer = {
+            # GPT-3 style: even layers dense, odd layers locally banded.
+            "local": jnp.arange(self.num_layers) % 2 == 1,
+            "key": None if key is None else jax.random.split(key, self.num_layers),
+            "cross_kv": cross_kv,
+            "cache": None if cache is None else {"k": cache.k, "v": cache.v},
+        }
+
+        def layer(block: Block, h: Array, extra: dict):
+            layer_mask = mask
+            if local_mask is not None:
+                layer_mask = jax.tree.map(lambda local, dense: jnp.where(extra["local"], local, dense), local_mask, mask)
+            inputs = LayerInputs(layer_mask, bias, rope, extra["cache"], cross_mask, cross_source, extra["cross_kv"],
+                                 # MoE load statistics count real tokens only
+                                 token_mask=tokens.valid if cache is None else None)
+            h, new_kv, stats = block(h, inputs, extra["key"])
+            return h, (h if collect_hidden else None, stats, new_kv)
+
+        out, (hidden, stats, new_kv) = run_stack(self.blocks, x, layer, per_layer, cfg)
+        if cache is not None:
+            valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
+            cache = cache.write(new_kv["k"], new_kv["v"], tokens.positions, valid)
+        if self.final_norm is not None:
+            out = self.final_norm(out)
+        hidden_states = None
+        if collect_hidden:
+            hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], out)
+        return StackOutput(out, hidden_states, cache, stats)
+
+    def _self_attention_masks(self, tokens: Tokens, cache: KVCache | None):
+        """(mask, mask of the local layers or None, relative bias or None) for self-attention. With a
+        cache each is a (cache slots, this call's tokens) pair; a full pass that a fused kernel can take
+        gets a ``kernels.FusedMask``."""
+        cfg = self.config
+        local_pattern = "sliding" if self.pattern == "alternating" else None
+        base_pattern = "causal" if self.pattern == "alternating" else self.pattern
+        q = tokens.positions
+
+        def masks(pattern):
+            if pattern is None:
+                return None
+            own = visibility_mask(pattern, q, q, tokens.valid, window=cfg.window_size,
+                                  prefix_lengths=tokens.prefix_lengths)
+            if cache is None:
+                return own
+            return visibility_mask(pattern, q, cache.positions, cache.valid, window=cfg.window_size,
+                                   prefix_lengths=tokens.prefix_lengths), own
+
+        mask, local_mask = masks(base_pattern), masks(local_pattern)
+        bias = None
+        if self.relative_bias is not None:
+            # Index positions are the same in every row: one [1, N, T, S] bias, broadcast over the batch.
+            rows = q[:1] if tokens.indexed and cache is None else q
+            bias = self.relative_bias(rows, rows)
+            if cache is not None:
+                bias = (self.relative_bias(q, cache.positions), bias)
+        if cache is None and local_mask is None and (tokens.indexed or self.pattern == "bidirectional"):
+            mask = kernels.fused_mask(cfg, mask, self.pattern, key_valid=tokens.valid, query_valid=tokens.valid,
+                                      has_bias=bias is not None)
+        return mask, local_mask, bias
+
+    def _cross_attention_inputs(self, tokens: Tokens, cache: KVCache | None,
+                                cross: EncoderOutput | EncoderKV | None):
+        """(mask, encoder output or None, per-layer keys and values or None) for cross-attention."""
+        if cross is None:
+            return None, None, None
+        source_length = (cross.hidden if isinstance(cross, EncoderOutput) else cross.k[0]).shape[1]
+        batch = tokens.positions.shape[0]
+        source_positions = jnp.broadcast_to(jnp.arange(source_length), (batch, source_length))
+        mask = visibility_mask("bidirectional", tokens.positions, source_positions, cross.valid)
+        if cache is None:
+            mask = kernels.fused_mask(self.config, mask, "bidirectional", key_valid=cross.valid)
+        if isinstance(cross, EncoderKV):
+            return mask, None, (cross.k, cross.v)
+        return mask, cross.hidden, None

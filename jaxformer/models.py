@@ -1,0 +1,56 @@
+"""The family registry and the builders: a model from a preset name or a ModelConfig.
+
+Every module that needs a model of a config (the package face, interop, checkpoints, FLOPs) builds it
+here, so none of them imports the package face.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+from flax import nnx
+
+from jaxformer.config import ModelConfig
+from jaxformer.decoder import Decoder
+from jaxformer.encoder import Encoder
+from jaxformer.encoder_decoder import EncoderDecoder
+from jaxformer.presets import config
+
+FAMILIES = {"encoder": Encoder, "decoder": Decoder, "encoder_decoder": EncoderDecoder}
+Model = Encoder | Decoder | EncoderDecoder
+
+
+def resolve(name_or_config: str | ModelConfig, dtype: str | None = None, param_dtype: str | None = None) -> ModelConfig:
+    """The ModelConfig of a preset name or a config, with the dtypes replaced where given."""
+    if isinstance(name_or_config, str):
+        cfg = config(name_or_config)
+    elif isinstance(name_or_config, ModelConfig):
+        cfg = name_or_config
+    else:
+        raise ValueError(f"build() takes a preset name or a ModelConfig, got {type(name_or_config).__name__}")
+    changes = {k: v for k, v in (("dtype", dtype), ("param_dtype", param_dtype)) if v is not None}
+    return cfg.replace(**changes) if changes else cfg
+
+
+def build(name_or_config: str | ModelConfig, seed: int = 0, dtype: str | None = None,
+          param_dtype: str | None = None) -> Model:
+    """A freshly initialised model of a preset or config; ``model.config`` is its ModelConfig."""
+    cfg = resolve(name_or_config, dtype, param_dtype)
+    return FAMILIES[cfg.family](cfg, rngs=nnx.Rngs(seed))
+
+
+def abstract_model(name_or_config: str | ModelConfig) -> Model:
+    """The model with abstract arrays (``nnx.eval_shape``): shapes and dtypes, nothing allocated."""
+    cfg = resolve(name_or_config)
+    return nnx.eval_shape(lambda: FAMILIES[cfg.family](cfg, rngs=nnx.Rngs(0)))
+
+
+def abstract_params(name_or_config: str | ModelConfig) -> nnx.State:
+    """Parameter shapes and dtypes of a model, traced with ``nnx.eval_shape``: nothing is allocated."""
+    return nnx.state(abstract_model(name_or_config), nnx.Param)
+
+
+def param_count(name_or_config: str | ModelConfig) -> int:
+    """Number of parameters, counted from abstract shapes (works for 175B on a laptop)."""
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params(name_or_config)))

@@ -1,0 +1,23 @@
+"""What a model call returns: Hugging Face's output conventions, as a pytree that can leave a jit."""
+
+from __future__ import annotations
+
+
+import jax
+from flax import struct
+
+
+@struct.dataclass
+class ModelOutput:
+    """``hidden_states`` holds the embedding output plus one entry per layer, as in transformers."""
+
+    logits: jax.Array | None = None
+    last_hidden_state: jax.Array | None = None
+    hidden_states: tuple[jax.Array, ...] | None = None
+    encoder_last_hidden_state: jax.Array | None = None
+    encoder_hidden_states: tuple[jax.Array, ...] | None = None
+    pooler_output: jax.Array | None = None
+    nsp_logits: jax.Array | None = None  # BERT pretraining head: next-sentence prediction
+    start_logits: jax.Array | None = None  # extractive question answering
+    end_logits: jax.Array | None = None
+    aux_loss: jax.Array | None = None  # MoE load-balancing loss (times router_aux_loss_coef)

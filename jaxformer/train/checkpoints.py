@@ -1,0 +1,59 @@
+"""Run checkpoints (Orbax): params, optimizer state, progress (step, skipped, key) and the data
+position, saved asynchronously and restored onto whatever mesh the state has now."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+
+
+def checkpoint_manager(run_dir: Path, keep: int, read_only: bool = False):
+    import orbax.checkpoint as ocp
+
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=not read_only,
+                                           read_only=read_only, create=not read_only)
+    return ocp.CheckpointManager(run_dir.absolute() / "checkpoints", options=options)
+
+
+def _abstract(tree):
+    """The restore target: shapes, dtypes and the shardings the arrays have now (so a checkpoint saved
+    under one mesh restores onto another)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def save_checkpoint(manager, state: dict, data_position: dict) -> None:
+    import orbax.checkpoint as ocp
+
+    progress = {k: state[k] for k in ("step", "skipped", "key")}
+    manager.save(int(data_position["step"]), args=ocp.args.Composite(
+        params=ocp.args.StandardSave(state["params"]), opt_state=ocp.args.StandardSave(state["opt_state"]),
+        progress=ocp.args.StandardSave(progress), data=ocp.args.JsonSave(data_position)))
+
+
+def restore(manager, state: dict, step: int | None = None, params_only: bool = False):
+    """The checkpoint at ``step`` (default: the newest finalized one; Orbax never lists a half-written
+    one) restored with the shardings of ``state``; a tree that does not match the model is a ValueError."""
+    import orbax.checkpoint as ocp
+
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        return None
+    if step not in manager.all_steps():
+        raise ValueError(f"no checkpoint of step {step} in {manager.directory}; there are {manager.all_steps()}")
+    items = {"params": ocp.args.StandardRestore(_abstract(state["params"]))}
+    if not params_only:
+        progress = {k: state[k] for k in ("step", "skipped", "key")}
+        items |= {"opt_state": ocp.args.StandardRestore(_abstract(state["opt_state"])),
+                  "progress": ocp.args.StandardRestore(_abstract(progress)), "data": ocp.args.JsonRestore()}
+    try:
+        restored = manager.restore(step, args=ocp.args.Composite(**items))
+    except (ValueError, KeyError) as err:
+        raise ValueError(f"the checkpoint at step {step} in {manager.directory} does not match this model and "
+                         f"optimizer; start a new run.dir or restore the original config ({err})") from None
+    if params_only:
+        return restored["params"], step
+    if restored["data"]["step"] != step or int(restored["progress"]["step"]) != step:
+        raise ValueError(f"the checkpoint at step {step} in {manager.directory} is inconsistent: "
+                         f"data position {restored['data']}, train step {int(restored['progress']['step'])}")
+    return {"params": restored["params"], "opt_state": restored["opt_state"], **restored["progress"]}, step

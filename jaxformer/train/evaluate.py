@@ -1,0 +1,62 @@
+"""After a run: the held-out metrics of a checkpoint (``jaxformer eval``) and its export as a Hugging
+Face folder (``jaxformer convert``), on whatever devices are present."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from flax import nnx
+
+from jaxformer.config import ModelConfig
+from jaxformer.sharding import shardings_of
+from jaxformer.train.checkpoints import checkpoint_manager, restore
+from jaxformer.train.run import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, Run
+from jaxformer.train.run_config import load
+from jaxformer.train.steps import batch_sharding, make_eval_step, run_eval
+
+
+def restore_run(run_dir: str | Path, step: int | None = None, overrides: tuple[str, ...] = ()) -> tuple[Run, int]:
+    """The run's model with the parameters of checkpoint ``step`` (default: the newest), on the devices
+    present now. ``overrides`` may change data.* (evaluate other data), never the model."""
+    run_dir = Path(run_dir)
+    if not (run_dir / CONFIG_FILE).exists():
+        raise ValueError(f"{run_dir} is not a training run folder (no {CONFIG_FILE})")
+    for item in overrides:
+        if not item.startswith(("data.", "eval.", "mesh.")):
+            raise ValueError(f"override {item!r}: only data.*, eval.* and mesh.* can change after training")
+    own_tokenizer = [f"data.tokenizer={run_dir / TOKENIZER_FILE}"] if (run_dir / TOKENIZER_FILE).exists() else []
+    # The devices present now, not the training run's mesh: data parallel over all of them unless
+    # mesh.* overrides say otherwise. One process: a finished run is evaluated and exported alone.
+    here = ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", "mesh.expert=1", "mesh.coordinator="]
+    cfg = load(run_dir / CONFIG_FILE, own_tokenizer + here + list(overrides) + [f"run.dir={run_dir}"])
+    trained = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8")))
+    run = Run.build(cfg, trained)  # the model as trained, even if model.init_from's folder is gone by now
+    manager = checkpoint_manager(run_dir, cfg.checkpoint.keep, read_only=True)
+    if manager.latest_step() is None:
+        raise ValueError(f"{run_dir / 'checkpoints'} holds no finished checkpoint")
+    params = nnx.state(run.model, nnx.Param)
+    restored, step = restore(manager, {"params": params}, step, params_only=True)
+    manager.close()
+    nnx.update(run.model, restored)
+    return run, step
+
+
+def evaluate(run_dir: str | Path, step: int | None = None, overrides: tuple[str, ...] = ()) -> dict[str, float]:
+    """The objective's held-out metrics of a checkpoint, computed exactly as the training run logs them."""
+    run, step = restore_run(run_dir, step, overrides)
+    graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
+    eval_step = make_eval_step(graphdef, rest, run.objective, run.mesh, shardings_of(params))
+    batches = run.objective.eval_batches(run.cfg.eval.batches, run.cfg.train.batch_size)
+    return {"step": step, **run_eval(eval_step, run.objective, params, batches, batch_sharding(run.mesh))}
+
+
+def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None) -> int:
+    """Write a checkpoint of a run as a Hugging Face folder (config.json + model.safetensors), with the
+    run's tokenizer.json when it used one."""
+    run, step = restore_run(run_dir, step)
+    run.model.save_pretrained(output)
+    if run.tokenizer_file is not None:
+        shutil.copy(run.tokenizer_file, Path(output) / TOKENIZER_FILE)
+    return step

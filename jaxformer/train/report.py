@@ -1,0 +1,133 @@
+"""What a person sees of a run: notes, a progress bar, metrics.jsonl, TensorBoard events, the loss
+plot, and a closing sample."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import jax
+from tqdm import tqdm
+
+from jaxformer import flops, kernels
+from jaxformer.config import ModelConfig
+from jaxformer.train.objectives import Objective
+from jaxformer.train.run_config import RunConfig
+from jaxformer.train.steps import finish_metrics
+
+
+def attention_note(model_cfg: ModelConfig, seq_len: int) -> str:
+    """Which attention kernel the training step's self-attention runs on (an explicit backend this
+    machine cannot serve fails here, before compiling)."""
+    pattern = "bidirectional" if model_cfg.family == "encoder" else model_cfg.attention
+    backend = kernels.fused_backend(model_cfg, pattern, seq_len, seq_len, has_bias=model_cfg.position == "relative")
+    note = f"self-attention runs on {backend} (attention_backend={model_cfg.attention_backend!r}, {kernels.platform()})"
+    if backend != "xla" and model_cfg.attention_dropout_rate > 0:
+        note += "; attention dropout is on, so training steps use xla (model.overrides.attention_dropout_rate=0 fuses)"
+    return note
+
+
+def plot_losses(history: list[dict], path: Path, objective: str = "causal_lm") -> None:
+    """run.dir/loss.png: training loss at every logged step and held-out loss where evaluated."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4))
+    axes.plot([r["step"] for r in history], [r["loss"] for r in history], label="train")
+    held_out = [r for r in history if "eval_loss" in r]
+    axes.plot([r["step"] for r in held_out], [r["eval_loss"] for r in held_out], "o-", label="held-out")
+    axes.set(xlabel="step", ylabel="loss (nats)", title=f"{objective} loss")
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def sample(model, objective: Objective, max_new_tokens: int, seed: int = 0) -> str | None:
+    """A short generation after training: text after "The " for causal LMs, the first held-out
+    source's output for seq2seq; None for objectives that do not generate."""
+    tokenizer = objective.tokenizer
+    if objective.name == "causal_lm":
+        ids = tokenizer.encode("The ")[None]
+        limit = model.config.max_positions - ids.shape[1] if model.config.position == "learned" else max_new_tokens
+        out = model.generate(ids, max_new_tokens=min(max_new_tokens, limit), do_sample=True, temperature=0.8,
+                             top_k=40, seed=seed)
+        return tokenizer.decode(out[0])
+    if objective.name == "seq2seq":
+        source = objective.held_out_examples[0][0][None]
+        out = model.generate(source, max_new_tokens=min(max_new_tokens, objective.target_len))
+        return f"{tokenizer.decode(source[0])!r} -> {tokenizer.decode(out[0])!r}"
+    return None
+
+
+class Report:
+    """The logging of one run: a progress bar with loss, tokens/s and MFU; one metrics.jsonl record
+    and TensorBoard scalars per logged step (process 0 writes them); the non-finite-step check."""
+
+    def __init__(self, cfg: RunConfig, objective: Objective, model_cfg: ModelConfig, schedule, start_step: int,
+                 skipped: int, progress: bool = True):
+        self.cfg, self.objective, self.schedule = cfg, objective, schedule
+        self.here = jax.process_index() == 0
+        self.metrics_file = Path(cfg.run.dir) / "metrics.jsonl"
+        self.tokens_per_step = cfg.train.batch_size * (cfg.train.seq_len + objective.target_len)
+        self.step_flops = flops.train_flops_per_step(model_cfg, cfg.train.batch_size, cfg.train.seq_len,
+                                                     objective.target_len)
+        self.peak, _ = flops.peak_flops(cfg.train.compute_dtype)
+        self.history: list[dict] = []
+        self.bar = tqdm(total=cfg.train.steps, initial=start_step, desc="train", disable=not (progress and self.here),
+                        dynamic_ncols=True)
+        self.last_time, self.last_step, self.skipped = time.perf_counter(), start_step, skipped
+        self.events = self.log_file = None
+        if self.here:
+            from tensorboardX import SummaryWriter
+
+            self.events = SummaryWriter(str(Path(cfg.run.dir) / "tensorboard"))
+            self.log_file = open(self.metrics_file, "a" if start_step else "w", encoding="utf-8")
+
+    def check_finite(self, skipped: int, done: int) -> None:
+        """Under train.on_nan=stop, a step dropped for a non-finite loss or gradient ends the run."""
+        if skipped > self.skipped and self.cfg.train.on_nan == "stop":
+            raise FloatingPointError(
+                f"a non-finite loss or gradient occurred between steps {self.last_step + 1} and {done}; the run "
+                f"stopped and nothing from those steps was saved (train.on_nan=skip drops such updates)")
+
+    def log(self, done: int, metrics: dict, skipped: int, held_out=None) -> None:
+        """One record: the step's metrics, lr, gradient norm, throughput since the last record, and the
+        held-out metrics when ``held_out`` (a function, not timed) is given."""
+        seconds_per_step = (time.perf_counter() - self.last_time) / (done - self.last_step)
+        record = {"step": done, **finish_metrics(self.objective, jax.device_get(metrics["sums"])),
+                  "lr": float(self.schedule(done - 1)), "grad_norm": float(metrics["grad_norm"]),
+                  "tokens_per_s": round(self.tokens_per_step / seconds_per_step, 1),
+                  "mfu": round(self.step_flops / seconds_per_step / self.peak, 4)}
+        if skipped > self.skipped:
+            record["skipped_steps"] = skipped
+        self.skipped = skipped
+        if held_out is not None:
+            record |= held_out()
+        self.history.append(record)
+        if self.here:
+            self.log_file.write(json.dumps(record) + "\n")
+            self.log_file.flush()
+            for name, value in record.items():
+                if name != "step":
+                    self.events.add_scalar(name, value, done)
+        self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}",
+                             mfu=f"{100 * record['mfu']:.0f}%")
+        self.bar.update(done - self.last_step)
+        self.last_time, self.last_step = time.perf_counter(), done
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.here:
+            self.events.close()
+            self.log_file.close()
+
+    def plot(self) -> None:
+        """run.dir/loss.png from every record in metrics.jsonl (a resumed run's earlier ones too)."""
+        if self.here and self.metrics_file.stat().st_size:
+            logged = [json.loads(line) for line in self.metrics_file.read_text(encoding="utf-8").splitlines()]
+            plot_losses(logged, self.metrics_file.parent / "loss.png", self.objective.name)

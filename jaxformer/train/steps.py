@@ -1,0 +1,134 @@
+"""The optimizer and the pure steps of a run: ``train_step(state, batch) -> (state, metrics)`` and the
+eval step, jitted with explicit shardings (the train state donated), and the metric arithmetic.
+
+The train state is a dict: params, opt_state, step, skipped (non-finite steps dropped) and the PRNG key.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxformer import sharding
+from jaxformer.train.objectives import Objective, ratio
+from jaxformer.train.run_config import RunConfig
+
+
+def decay_mask(params: nnx.State) -> nnx.State:
+    """Weight decay on matrices and embeddings only: not on norms and biases (vectors per layer)."""
+    return jax.tree.map(lambda v: v.replace(len([a for a in v.get_metadata()["axes"] if a != "layers"]) >= 2),
+                        params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def make_schedule(cfg: RunConfig) -> optax.Schedule:
+    o, steps = cfg.optim, cfg.train.steps
+    warmup = optax.linear_schedule(0.0, o.lr, max(o.warmup_steps, 1))
+    if o.schedule == "cosine":
+        return optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, steps, end_value=o.lr * 0.1)
+    if o.schedule == "linear":
+        return optax.join_schedules([warmup, optax.linear_schedule(o.lr, 0.0, steps - o.warmup_steps)],
+                                    [o.warmup_steps])
+    if o.schedule == "inverse_sqrt":  # Vaswani et al.: linear warmup to lr, then lr * sqrt(warmup / step)
+        peak_at = max(o.warmup_steps, 1)
+        return optax.join_schedules([warmup, lambda s: o.lr * jnp.sqrt(peak_at / jnp.maximum(s + peak_at, 1))],
+                                    [o.warmup_steps])
+    return optax.join_schedules([warmup, optax.constant_schedule(o.lr)], [o.warmup_steps])
+
+
+def make_optimizer(cfg: RunConfig, params: nnx.State) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    o = cfg.optim
+    schedule = make_schedule(cfg)
+    chain = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm else []
+    chain.append(optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay, mask=decay_mask(params)))
+    return optax.chain(*chain), schedule
+
+
+def batch_sharding(mesh) -> NamedSharding:
+    return NamedSharding(mesh, P(sharding.BATCH_AXES))
+
+
+def init_state(cfg: RunConfig, model, optimizer) -> dict:
+    """The train state of a (sharded) model: the optimizer state takes its parameters' shardings."""
+    params = nnx.state(model, nnx.Param)
+    replicated = NamedSharding(jax.tree.leaves(params)[0].sharding.mesh, P())
+    progress = {"step": jnp.int32(0), "skipped": jnp.int32(0), "key": jax.random.PRNGKey(cfg.run.seed)}
+    return {"params": params, "opt_state": sharding.sharded_optimizer_state(optimizer, params),
+            **jax.device_put(progress, replicated)}
+
+
+def _loss_fn(graphdef, rest, objective: Objective):
+    def loss_fn(params, batch, key):
+        model = nnx.merge(graphdef, params, rest)
+        dropout = model.config.dropout_rate or model.config.attention_dropout_rate
+        return objective.loss(model, batch, key if dropout else None)
+
+    return loss_fn
+
+
+def make_eval_step(graphdef, rest, objective: Objective, mesh, params_shardings):
+    """The jitted eval step: the objective's metric sums of one batch, without dropout."""
+    loss_fn = _loss_fn(graphdef, rest, objective)
+    return jax.jit(sharding.under_mesh(lambda params, batch: loss_fn(params, batch, None)[1], mesh),
+                   in_shardings=(params_shardings, batch_sharding(mesh)), out_shardings=NamedSharding(mesh, P()))
+
+
+def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, mesh, state_shardings: dict):
+    """The pure train and eval steps, jitted with explicit in/out shardings (those of ``state_shardings``
+    for the state, rows over data x fsdp for the batch); the train state is donated."""
+    accumulate = cfg.train.grad_accum
+    grad_fn = jax.value_and_grad(_loss_fn(graphdef, rest, objective), has_aux=True)
+
+    def grads_and_sums(params, batch, key):
+        if accumulate == 1:
+            (loss, sums), grads = grad_fn(params, batch, key)
+            return loss, sums, grads
+        # Micro-batch j takes rows j, j + k, j + 2k, ...: each device's rows split evenly over micro-batches.
+        micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // accumulate, accumulate, *x.shape[1:]).swapaxes(0, 1),
+                             batch)
+        first = jax.tree.map(lambda x: x[0], micro)
+        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, first, key))
+
+        def add(total, i_batch):
+            i, one = i_batch
+            return jax.tree.map(jnp.add, total, grad_fn(params, one, jax.random.fold_in(key, i))), None
+
+        ((loss, sums), grads), _ = jax.lax.scan(add, zeros, (jnp.arange(accumulate), micro))
+        return loss / accumulate, sums, jax.tree.map(lambda g: g / accumulate, grads)
+
+    def train_step(state, batch):
+        params, opt_state = state["params"], state["opt_state"]
+        loss, sums, grads = grads_and_sums(params, batch, jax.random.fold_in(state["key"], state["step"]))
+        grad_norm = optax.tree.norm(grads)
+        updates, new_opt_state = optimizer.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        # A non-finite loss or gradient never reaches the parameters or the optimizer state: the step
+        # is dropped and counted, and the loop acts on the count (stop or skip) at its next sync.
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
+        state = {"params": keep(new_params, params), "opt_state": keep(new_opt_state, opt_state),
+                 "step": state["step"] + 1, "skipped": state["skipped"] + (~finite).astype(jnp.int32),
+                 "key": state["key"]}
+        return state, {"sums": sums, "grad_norm": grad_norm}
+
+    train = jax.jit(sharding.under_mesh(train_step, mesh), donate_argnums=0,
+                    in_shardings=(state_shardings, batch_sharding(mesh)),
+                    out_shardings=(state_shardings, NamedSharding(mesh, P())))
+    return train, make_eval_step(graphdef, rest, objective, mesh, state_shardings["params"])
+
+
+def finish_metrics(objective: Objective, sums: dict) -> dict[str, float]:
+    """Metric values from (numerator, denominator) sums that may have been added over batches."""
+    values = objective.finish({name: float(ratio(pair)) for name, pair in sums.items()})
+    return dict(sorted(values.items(), key=lambda item: item[0] != "loss"))  # the loss first, for people
+
+
+def run_eval(eval_step, objective: Objective, params, batches: list[dict], rows) -> dict[str, float]:
+    total = None
+    for batch in batches:
+        sums = jax.device_get(eval_step(params, sharding.to_device(batch, rows)))
+        total = sums if total is None else jax.tree.map(lambda a, b: np.float64(a) + b, total, sums)
+    return {f"eval_{name}": value for name, value in finish_metrics(objective, total).items()}
