@@ -163,3 +163,22 @@ def test_generation_runs_the_forward_pass_it_is_given(case, monkeypatch):
     finally:
         monkeypatch.undo()
         jax.clear_caches()
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-bert", "tiny-t5"])
+def test_a_public_call_checks_its_inputs_once(name, monkeypatch):
+    """Concrete calls (checked on the host, then compiled) and calls inside a user's jit alike."""
+    from jaxformer import checks, decoder, encoder, encoder_decoder
+
+    calls = []
+    for module in (decoder, encoder, encoder_decoder):
+        monkeypatch.setattr(module, "check_inputs", lambda *a, _f=checks.check_inputs, **k: calls.append(1) or _f(*a, **k))
+    model = jf.build(name)
+    ids = np.ones((2, 4), np.int32)
+    kwargs = {"decoder_input_ids": ids} if model.config.family == "encoder_decoder" else {}
+    streams = 2 if kwargs else 1  # an encoder-decoder checks its two token streams, each once
+    model(ids, **kwargs)
+    assert len(calls) == streams
+    calls.clear()
+    jax.jit(lambda ids: model(ids, **kwargs).last_hidden_state)(ids)
+    assert len(calls) == streams
