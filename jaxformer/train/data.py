@@ -1,4 +1,5 @@
-"""Training data with nothing downloaded: tokenizers, text and JSONL sources, and step-indexed sampling.
+"""Training data with nothing downloaded: tokenizers, text and JSONL sources, step-indexed sampling, and
+the host-side corruptions objectives apply to it (BERT's masking, T5's span corruption).
 
 Every batch is a pure function of (seed, step): the pipeline's position *is* the step, which the
 checkpoint holds, so a resumed run sees exactly the batches an uninterrupted one would have seen, on
