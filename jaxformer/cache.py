@@ -1,7 +1,7 @@
 """What a cached step carries from one call to the next: small typed pytrees.
 
-A family's ``step`` takes one of these and returns its successor; the generation loop knows only
-``step``, ``reorder`` and the type. A new kind of carried state (MLA's latent cache, Transformer-XL's
+A family's ``step`` takes one of these and returns its successor; the generation loop asks the family
+for an empty one (``init_cache``) and otherwise knows only ``step`` and the state's ``reorder``. A new kind of carried state (MLA's latent cache, Transformer-XL's
 segment memory) is a new type or field here, never a second forward pass.
 
 - ``KVCache``: every layer's keys and values of earlier tokens (only the kv heads), with each slot's
@@ -43,9 +43,12 @@ class KVCache:
     def length(self) -> int:
         return self.valid.shape[1]
 
-    def layer(self, i) -> dict[str, Array]:
-        """Layer ``i``'s keys and values [B, S, K, H], as attention reads them."""
-        return {"k": self.k[i], "v": self.v[i]}
+    def check_room(self, count: int) -> None:
+        """A step that would write past the cache is refused when the index is known on the host (JAX
+        would clamp the write silently); under jit the caller sized the cache."""
+        if not isinstance(self.index, jax.core.Tracer) and int(self.index) + count > self.length:
+            raise ValueError(f"decoding {count} tokens at cache index {int(self.index)} overflows a cache of "
+                             f"{self.length} slots")
 
     def write(self, k: Array, v: Array, positions: Array, valid: Array) -> KVCache:
         """The cache with T new tokens written at ``index``: k, v [L, B, T, K, H], positions and

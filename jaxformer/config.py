@@ -90,7 +90,7 @@ class ModelConfig:
     encoder-decoder both. ``attention`` is the self-attention pattern of the decoder side; encoder
     self-attention is always bidirectional.
 
-    Precision policy (the one place it is stated; layers.py follows it):
+    Precision policy (the one place it is stated; jaxformer.layers follows it):
     - ``param_dtype`` is how parameters are stored; optimizer state follows the parameters.
       Training keeps float32 master parameters (``train.compute_dtype`` changes ``dtype`` only).
     - ``dtype`` is the compute dtype: weights are cast to it where they are used, and matmul

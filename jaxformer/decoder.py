@@ -107,18 +107,10 @@ class Decoder(nnx.Module):
     def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState) -> tuple[Array, DecodeState]:
         """Run ``ids`` [B, T] at ``positions`` (real where ``valid``) over the cache: float32 logits of
         the last position [B, V] and the state with these tokens written."""
-        check_cache_room(state.kv, ids.shape[1])
+        state.kv.check_room(ids.shape[1])
         out = self.forward(ids, valid=valid, positions=positions, prefix_lengths=state.prefix_lengths, cache=state.kv)
         return last_token_logits(self, out.hidden), dataclasses.replace(state, kv=out.cache)
 
     def for_decode_loop(self) -> Decoder:
         return unstacked_decoder(self)
 
-
-def check_cache_room(cache: KVCache, count: int) -> None:
-    """A step that would write past the cache is refused when the index is known on the host (JAX
-    would clamp the write silently)."""
-    index = cache.index
-    if not isinstance(index, jax.core.Tracer) and int(index) + count > cache.length:
-        raise ValueError(f"decoding {count} tokens at cache index {int(index)} overflows a cache of "
-                         f"{cache.length} slots")

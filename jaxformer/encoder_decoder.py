@@ -16,7 +16,7 @@ from flax import nnx
 from jaxformer.cache import DecodeState, EncoderKV, KVCache
 from jaxformer.checks import check_inputs, public_call
 from jaxformer.config import ModelConfig
-from jaxformer.decoder import check_cache_room, last_token_logits, lm_logits, make_lm_head, unstacked_decoder
+from jaxformer.decoder import last_token_logits, lm_logits, make_lm_head, unstacked_decoder
 from jaxformer.layers import Embed, Embeddings, EncoderOutput, Stack, StackOutput, Tokens, dtype_of, split_key
 from jaxformer.outputs import ModelOutput
 
@@ -33,10 +33,18 @@ class EncoderDecoder(nnx.Module):
         self.decoder = Stack(cfg, cfg.decoder_layers, pattern=cfg.attention, cross_attention=True, rngs=rngs)
         self.lm_head, self.logits_bias = make_lm_head(cfg, rngs)
 
-    def encode(self, input_ids: Array | None, attention_mask: Array | None = None, *,
-               inputs_embeds: Array | None = None, collect_hidden: bool = False,
-               key: Array | None = None) -> StackOutput:
-        """The encoder pass (inputs unchecked: ``__call__`` and generation check them first)."""
+    def encode(self, input_ids: Array | None = None, attention_mask: Array | None = None, *,
+               inputs_embeds: Array | None = None) -> EncoderOutput:
+        """The source's encoding, checked like a model call: what ``init_cache`` (and cross-attention)
+        reads. Generation encodes once per source with it."""
+        check_inputs(self.config, input_ids, inputs_embeds, attention_mask)
+        hidden = self.encoder_pass(input_ids, attention_mask, inputs_embeds=inputs_embeds).hidden
+        return EncoderOutput(hidden, attention_mask)
+
+    def encoder_pass(self, input_ids: Array | None, attention_mask: Array | None = None, *,
+                     inputs_embeds: Array | None = None, collect_hidden: bool = False,
+                     key: Array | None = None) -> StackOutput:
+        """The encoder's one forward pass, on inputs already checked (by ``__call__`` or ``encode``)."""
         keys = split_key(key, 2)
         x, positions = self.encoder_embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, key=keys[0])
         return self.encoder(x, Tokens(positions, attention_mask, indexed=True), collect_hidden=collect_hidden,
@@ -71,8 +79,8 @@ class EncoderDecoder(nnx.Module):
                  inputs_embeds: Array | None = None, decoder_inputs_embeds: Array | None = None,
                  output_hidden_states: bool = False, dropout_key: Array | None = None) -> ModelOutput:
         keys = split_key(dropout_key, 2)
-        encoded = self.encode(input_ids, attention_mask, inputs_embeds=inputs_embeds,
-                              collect_hidden=output_hidden_states, key=keys[0])
+        encoded = self.encoder_pass(input_ids, attention_mask, inputs_embeds=inputs_embeds,
+                                    collect_hidden=output_hidden_states, key=keys[0])
         decoded = self.decode(decoder_input_ids, EncoderOutput(encoded.hidden, attention_mask),
                               inputs_embeds=decoder_inputs_embeds, valid=decoder_attention_mask,
                               collect_hidden=output_hidden_states, key=keys[1])
@@ -82,7 +90,7 @@ class EncoderDecoder(nnx.Module):
 
     def init_cache(self, source: EncoderOutput, length: int) -> DecodeState:
         """An empty state for ``length`` decoder tokens per row, holding every decoder layer's
-        cross-attention keys and values of ``source`` (computed here, once)."""
+        cross-attention keys and values of ``source`` (``encode``'s output; computed here, once)."""
         cfg = self.config
         batch = source.hidden.shape[0]
         kv = KVCache.empty(cfg.decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype_of(cfg.dtype))
@@ -91,7 +99,7 @@ class EncoderDecoder(nnx.Module):
     def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState) -> tuple[Array, DecodeState]:
         """Run decoder ``ids`` [B, T] at ``positions`` over the cache: float32 logits of the last
         position [B, V] and the state with these tokens written."""
-        check_cache_room(state.kv, ids.shape[1])
+        state.kv.check_room(ids.shape[1])
         out = self.decode(ids, state.encoder, valid=valid, positions=positions, cache=state.kv)
         return last_token_logits(self, out.hidden), dataclasses.replace(state, kv=out.cache)
 

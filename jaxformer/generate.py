@@ -26,7 +26,6 @@ from flax import nnx
 from jaxformer import checks
 from jaxformer.cache import DecodeState
 from jaxformer.config import ModelConfig
-from jaxformer.layers import EncoderOutput
 
 Array = jax.Array
 NEG = -1.0e9  # transformers' "very large negative" for beam bookkeeping
@@ -128,8 +127,8 @@ def _prefill_inputs(model, input_ids: Array, attention_mask: Array, gc: Generati
     rep = lambda a: None if a is None else jnp.repeat(a, batch_repeat, axis=0)  # noqa: E731
     mask = attention_mask.astype(jnp.int32)
     if cfg.family == "encoder_decoder":
-        source = EncoderOutput(rep(model.encode(input_ids, mask).hidden), rep(mask))
-        ids = jnp.full((source.hidden.shape[0], 1), gc.decoder_start_token_id, jnp.int32)
+        source = jax.tree.map(rep, model.encode(input_ids, mask))
+        ids = jnp.full((input_ids.shape[0] * batch_repeat, 1), gc.decoder_start_token_id, jnp.int32)
         state = model.init_cache(source, max_new_tokens)  # the last chosen token is never fed back
         return ids, jnp.zeros_like(ids), jnp.ones_like(ids, bool), state
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)  # left padding: count real tokens only
@@ -176,7 +175,7 @@ def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfi
 
 
 def _gather_beams(x: Array, indices: Array) -> Array:
-    """x [B, beams, ...] gathered along the beam axis by indices [B, K]."""
+    """x [B, beams, ...] gathered along the beam axis by indices [B, kept]."""
     return jnp.take_along_axis(x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
 
 

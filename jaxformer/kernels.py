@@ -209,8 +209,6 @@ def _sharded(run, q, k, v, *segments):
                          out_specs=qkv, check_vma=False)(q, k, v, *segments)
 
 
-
-
 def unstack_decode_loops() -> bool:
     """Whether a decode loop should run on layers sliced out of the stack once (``Stack.unstacked``):
     on CPU, where XLA copies a layer's weights out of the stacked array at every slice. GPU and TPU

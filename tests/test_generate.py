@@ -11,7 +11,6 @@ import jax.numpy as jnp
 
 import jaxformer as jf
 from jaxformer import generate as gen
-from jaxformer.layers import EncoderOutput
 
 TOL = 1e-5
 
@@ -48,7 +47,7 @@ def test_cache_equals_no_cache(case):
         source = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, 7)), jnp.int32)
         source_mask = jnp.ones((B, 7), jnp.int32).at[1, 5:].set(0)
         full = model(source, source_mask, decoder_input_ids=ids).logits
-        state = model.init_cache(EncoderOutput(model.encode(source, source_mask).hidden, source_mask), T)
+        state = model.init_cache(model.encode(source, source_mask), T)
     else:
         prefix, extra = None, {}
         if cfg.attention == "prefix":

@@ -194,3 +194,15 @@ def test_missing_folder_pieces(tmp_path):
                                                       "n_layer": 1, "n_head": 2, "n_positions": 8}))
     with pytest.raises(ValueError, match="holds no model.safetensors"):
         jf.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("changes", [dict(family="decoder", decoder_layers=2, encoder_layers=0),
+                                     dict(family="encoder", encoder_layers=2, decoder_layers=0, position="sinusoidal",
+                                          head="none", attention="bidirectional", scale_tied_logits=False)], ids=["relative-decoder", "sinusoidal-encoder"])
+def test_configs_no_transformers_architecture_holds_are_refused_on_export(tmp_path, changes):
+    """Each architecture file claims only what it can write: a decoder with T5's relative positions is no
+    T5, and an encoder with sinusoids is no BERT."""
+    cfg = jf.config("tiny-t5").replace(**changes)
+    with pytest.raises(ValueError, match="has no Hugging Face architecture"):
+        jf.build(cfg).save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()

@@ -303,7 +303,7 @@ class JitEqualsEagerTest(chex.TestCase):
 
 @pytest.mark.parametrize("name", ["tiny-bert", "tiny-llama", "tiny-t5"])
 def test_op_by_op_equals_compiled(name):
-    """A concrete call compiles the forward (compiled_when_concrete); under jax.disable_jit the same
+    """A concrete call compiles the forward (public_call); under jax.disable_jit the same
     call runs op by op. Both must agree."""
     model = tiny_model(name)
     ids = token_ids(2, 6, seed=19)

@@ -37,7 +37,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if cfg.position != "relative":
+    if cfg.position != "relative" or cfg.family == "decoder":
         return None
     if cfg.family == "encoder":
         return "t5", "T5EncoderModel"

@@ -131,6 +131,7 @@ class Attention(nnx.Module):
         self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
 
     def _project(self, x: Array, kernel: nnx.Param, bias: nnx.Param | None) -> Array:
+        # N here is the kernel's head count: query heads for q, kv heads (K) for k and v
         y = jnp.einsum("BTD,DNH->BTNH", x, kernel[...].astype(self.dtype))
         return y if bias is None else y + bias[...].astype(self.dtype)
 
