@@ -39,6 +39,9 @@ def test_overrides_are_typed_and_unknown_keys_suggest_the_closest(tmp_path):
     yaml_file.write_text("!!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(ValueError, match="not plain YAML data"):  # safe_load builds no Python objects
         run_config.load(yaml_file)
+    yaml_file.write_bytes("train:\n  steps: 5 # caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"bad.yaml is not UTF-8 text \(byte 23\)"):
+        run_config.load(yaml_file)
 
 
 def test_default_config_file_is_valid():
@@ -122,8 +125,11 @@ def _tiny_yaml(tmp_path, steps: int) -> str:
 
 
 def _losses(run_dir) -> dict[int, float]:
-    """The last logged loss of every step (a resumed run may log a step twice)."""
+    """The logged loss of every step; a resumed run logs each step once (its replayed steps' records from
+    before the crash are dropped)."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records]
+    assert len(steps) == len(set(steps)) and steps == sorted(steps), steps
     return {r["step"]: r["loss"] for r in records}
 
 
@@ -159,8 +165,33 @@ def test_kill_9_then_rerun_resumes_bit_exactly(tmp_path):
 def test_restoring_into_a_different_model_fails_clearly(tmp_path):
     config = _tiny_yaml(tmp_path, steps=10)
     main([config, f"run.dir={tmp_path / 'run'}"])
-    with pytest.raises(ValueError, match="does not match this model"):
-        main([config, f"run.dir={tmp_path / 'run'}", "train.steps=20", "model.overrides.d_model=32"])
+    with pytest.raises(ValueError, match="model d_model: 64 -> 32"):
+        main([config, f"run.dir={tmp_path / 'run'}", "model.overrides.d_model=32"])
+
+
+def test_a_resume_that_would_change_the_computation_is_refused_and_writes_nothing(tmp_path):
+    """Same shapes, another function (activation, norm position), or another batch, length, schedule or
+    precision: refused with the list of differences, and the run folder keeps its files byte for byte;
+    train.resume=force resumes and puts the differences on the record in metrics.jsonl."""
+    config, run_dir = _tiny_yaml(tmp_path, steps=10), tmp_path / "run"
+    main([config, f"run.dir={run_dir}"])
+    kept = {name: (run_dir / name).read_bytes() for name in ("config.yaml", "model.json", "metrics.jsonl")}
+    changes = ["train.steps=20", "model.overrides.activation=relu", "model.overrides.norm_position=post",
+               "train.batch_size=4", "train.compute_dtype=bfloat16"]
+    with pytest.raises(ValueError) as refused:
+        main([config, f"run.dir={run_dir}", *changes])
+    for difference in ("train.steps: 10 -> 20", "model activation: 'gelu_tanh' -> 'relu'",
+                       "model norm_position: 'pre' -> 'post'", "train.batch_size: 8 -> 4",
+                       "train.compute_dtype: 'float32' -> 'bfloat16'", "train.resume=force"):
+        assert difference in str(refused.value)
+    assert {name: (run_dir / name).read_bytes() for name in kept} == kept
+    # What only changes reporting, evaluation or checkpointing resumes as it is.
+    main([config, f"run.dir={run_dir}", "train.steps=10", "train.log_every=2", "eval.batches=2"])
+    main([config, f"run.dir={run_dir}", "train.steps=20", "train.resume=force"])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    forced = [r for r in records if "resumed_with_changes" in r]
+    assert forced == [{"step": 10, "resumed_with_changes": ["train.steps: 10 -> 20"]}]
+    assert max(r["step"] for r in records) == 20
 
 
 def test_non_finite_loss_stops_or_skips(tmp_path):
@@ -168,12 +199,20 @@ def test_non_finite_loss_stops_or_skips(tmp_path):
     # A learning rate this large blows the weights up within a few steps.
     with pytest.raises(FloatingPointError, match="non-finite"):
         main(base + [f"run.dir={tmp_path / 'stop'}", "optim.lr=1e12", "optim.clip_norm=0"])
-    cfg = run_config.load(None, base + [f"run.dir={tmp_path / 'skip'}", "optim.lr=1e12", "optim.clip_norm=0",
-                                        "train.on_nan=skip"])
+    skip = base + ["optim.lr=1e12", "optim.clip_norm=0", "train.on_nan=skip"]
+    cfg = run_config.load(None, skip + [f"run.dir={tmp_path / 'skip'}", "train.max_skipped_steps=30"])
     result = train(cfg, progress=False)
-    assert any("skipped_steps" in r for r in result["history"])
+    assert any("skipped_steps" in r for r in result["history"]) and result["skipped"] > 0
     params = [np.asarray(x) for x in __import__("jax").tree.leaves(__import__("flax").nnx.state(result["model"]))]
     assert all(np.isfinite(p).all() for p in params)  # dropped updates never reached the weights
+    # A dead run does not go on: past train.max_skipped_steps (default 10) it stops like on_nan=stop, and no
+    # checkpoint after the last good one is written.
+    with pytest.raises(FloatingPointError, match=r"steps had a non-finite loss or gradient and were skipped, "
+                                                 r"more than train.max_skipped_steps=10") as stopped:
+        main(skip + [f"run.dir={tmp_path / 'dead'}"])
+    stop_step = int(str(stopped.value).split("stopped at step ")[1].split()[0])
+    saved = [int(p.name) for p in (tmp_path / "dead" / "checkpoints").iterdir() if p.name.isdigit()]
+    assert stop_step < 30 and all(step < stop_step for step in saved)
 
 
 def test_values_take_their_field_types():
@@ -353,3 +392,21 @@ def test_data_parallel_over_four_devices_matches_one_device(tmp_path):
     assert failed.returncode == 2
     assert ("train.batch_size=6 / train.grad_accum=1: a micro-batch of 6 rows does not divide over the "
             "data-parallel size mesh.data x mesh.fsdp = 4 x 1 = 4") in failed.stderr
+
+
+def test_another_preset_on_the_command_line_drops_the_files_overrides_for_its_own(tmp_path):
+    """The default config's GPT widths must not leak into a BERT: they are dropped, and said so."""
+    with pytest.warns(UserWarning, match=r"model.preset='tiny-bert' replaces configs/default.yaml's 'tiny-gpt', so "
+                                         r"that file's model.overrides for it \(d_model, num_heads, d_ff, "
+                                         r"max_positions\) are not applied"):
+        cfg = run_config.load("configs/default.yaml", ["model.preset=tiny-bert", "model.overrides.decoder_layers=4"])
+    assert cfg.model.overrides == {"decoder_layers": 4}  # given on the command line: kept
+    assert run_config.load("configs/default.yaml", ["train.steps=700"]).model.overrides["d_model"] == 128
+
+
+def test_a_run_shorter_than_the_warmup_warms_up_over_a_tenth_of_it():
+    with pytest.warns(UserWarning, match=r"optim.warmup_steps=50 is not below train.steps=20; warming up over 2"):
+        cfg = run_config.load("configs/default.yaml", ["train.steps=20"])
+    assert cfg.optim.warmup_steps == 2
+    with pytest.raises(ValueError, match="optim.warmup_steps=-1 must be >= 0"):
+        run_config.load(None, ["optim.warmup_steps=-1"])

@@ -3,6 +3,8 @@ position, saved asynchronously and restored onto whatever mesh the state has now
 
 from __future__ import annotations
 
+import errno
+import shutil
 from pathlib import Path
 
 import jax
@@ -23,8 +25,17 @@ def _abstract(tree):
 
 
 def save_checkpoint(manager, state: dict, data_position: dict) -> None:
+    """Start an asynchronous save of ``state`` at the data position's step. A disk without room for it
+    is found out first (an ENOSPC OSError naming the bytes): Orbax's writer threads would otherwise fail
+    one by one, each with its own traceback."""
     import orbax.checkpoint as ocp
 
+    manager.wait_until_finished()  # the previous save's bytes are on disk (Orbax would wait here anyway)
+    needed = sum(x.nbytes for x in jax.tree.leaves((state["params"], state["opt_state"])))
+    free = shutil.disk_usage(manager.directory).free
+    if free < needed:
+        raise OSError(errno.ENOSPC, f"a checkpoint of this run needs about {needed:,} bytes, {free:,} are free",
+                      str(manager.directory))
     progress = {k: state[k] for k in ("step", "skipped", "key")}
     manager.save(int(data_position["step"]), args=ocp.args.Composite(
         params=ocp.args.StandardSave(state["params"]), opt_state=ocp.args.StandardSave(state["opt_state"]),

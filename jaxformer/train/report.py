@@ -4,6 +4,7 @@ plot, and a closing sample."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -64,12 +65,25 @@ def sample(model, objective: Objective, max_new_tokens: int, seed: int = 0) -> s
     return None
 
 
+def keep_records_up_to(path: Path, step: int) -> None:
+    """A resumed run replays the steps after its checkpoint: drop their records from the crashed run, so
+    metrics.jsonl holds each step once. Rewritten atomically (temporary file, then rename)."""
+    if not step or not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) < len(lines):
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(temporary, path)
+
+
 class Report:
     """The logging of one run: a progress bar with loss, tokens/s and MFU; one metrics.jsonl record
     and TensorBoard scalars per logged step (process 0 writes them); the non-finite-step check."""
 
     def __init__(self, cfg: RunConfig, objective: Objective, model_cfg: ModelConfig, schedule, start_step: int,
-                 skipped: int, progress: bool = True):
+                 skipped: int, progress: bool = True, forced_changes: list[str] = ()):
         self.cfg, self.objective, self.schedule = cfg, objective, schedule
         self.here = jax.process_index() == 0
         self.metrics_file = Path(cfg.run.dir) / "metrics.jsonl"
@@ -86,14 +100,23 @@ class Report:
             from tensorboardX import SummaryWriter
 
             self.events = SummaryWriter(str(Path(cfg.run.dir) / "tensorboard"))
+            keep_records_up_to(self.metrics_file, start_step)
             self.log_file = open(self.metrics_file, "a" if start_step else "w", encoding="utf-8")
+            if forced_changes:  # train.resume=force: what changed, on the record
+                self.log_file.write(json.dumps({"step": start_step, "resumed_with_changes": list(forced_changes)}) + "\n")
 
     def check_finite(self, skipped: int, done: int) -> None:
-        """Under train.on_nan=stop, a step dropped for a non-finite loss or gradient ends the run."""
+        """A step dropped for a non-finite loss or gradient ends the run under train.on_nan=stop; under
+        skip, more than train.max_skipped_steps of them do (a dead run must not go on saving)."""
         if skipped > self.skipped and self.cfg.train.on_nan == "stop":
             raise FloatingPointError(
                 f"a non-finite loss or gradient occurred between steps {self.last_step + 1} and {done}; the run "
                 f"stopped and nothing from those steps was saved (train.on_nan=skip drops such updates)")
+        if skipped > self.cfg.train.max_skipped_steps:
+            raise FloatingPointError(
+                f"{skipped} steps had a non-finite loss or gradient and were skipped, more than "
+                f"train.max_skipped_steps={self.cfg.train.max_skipped_steps}; the run stopped at step {done} and "
+                f"nothing from steps {self.last_step + 1}-{done} was saved")
 
     def log(self, done: int, metrics: dict, skipped: int, held_out=None) -> None:
         """One record: the step's metrics, lr, gradient norm, throughput since the last record, and the
@@ -129,5 +152,6 @@ class Report:
     def plot(self) -> None:
         """run.dir/loss.png from every record in metrics.jsonl (a resumed run's earlier ones too)."""
         if self.here and self.metrics_file.stat().st_size:
-            logged = [json.loads(line) for line in self.metrics_file.read_text(encoding="utf-8").splitlines()]
+            logged = [record for line in self.metrics_file.read_text(encoding="utf-8").splitlines()
+                      if "loss" in (record := json.loads(line))]
             plot_losses(logged, self.metrics_file.parent / "loss.png", self.objective.name)

@@ -7,6 +7,7 @@ Batches are a pure function of (seed, step), so the step in the checkpoint is th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -24,6 +25,8 @@ from jaxformer.presets import config as preset_config
 from jaxformer.sharding import shardings_of
 from jaxformer.train import data
 from jaxformer.train.checkpoints import checkpoint_manager, restore, save_checkpoint
+from jaxformer.train.lifecycle import (InterruptRequests, Interrupted, RunDirLock, check_run_dir, disk_full,
+                                       full_disk_error)
 from jaxformer.train.objectives import Objective, make_objective
 from jaxformer.train.report import Report, attention_note, sample
 from jaxformer.train.run_config import RunConfig, dump, load
@@ -153,47 +156,123 @@ def _tokenizer_file(cfg: RunConfig) -> Path | None:
 # The run
 
 
-def write_run_folder(run: Run) -> None:
-    """config.yaml, model.json and the tokenizer: everything eval and convert need later (process 0)."""
+def run_notes(run: Run) -> list[str]:
+    """What a person should know before the run starts (an attention backend this machine cannot serve
+    fails here, before anything is compiled or written)."""
+    fresh = [f"freshly initialised: {', '.join(run.fresh_params)}"] if run.fresh_params else []
+    return run.objective.notes + fresh + [attention_note(run.model.config, run.cfg.train.seq_len)]
+
+
+def write_run_folder(run: Run, notes: list[str]) -> None:
+    """config.yaml, model.json and the tokenizer: everything eval and convert need later (process 0).
+    Written only once the run is accepted (a fresh folder, or a resume that matched)."""
     run_dir = Path(run.cfg.run.dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(dump(run.cfg), encoding="utf-8")
     (run_dir / MODEL_FILE).write_text(json.dumps(run.model.config.to_dict(), indent=1) + "\n", encoding="utf-8")
     if run.tokenizer_file is not None and run.tokenizer_file.resolve() != (run_dir / TOKENIZER_FILE).resolve():
         shutil.copy(run.tokenizer_file, run_dir / TOKENIZER_FILE)
-    fresh = [f"freshly initialised: {', '.join(run.fresh_params)}"] if run.fresh_params else []
-    for note in run.objective.notes + fresh + [attention_note(run.model.config, run.cfg.train.seq_len)]:
+    for note in notes:
         print(f"note: {note}")
+
+
+# What a resumed run may change: how it reports, evaluates, checkpoints and lays itself out on devices;
+# never what a step computes (the model, the data and its order, the objective, batch, lengths, schedule,
+# precision).
+_RESUMABLE_CHANGES = {"run.dir", "model.init_from", "train.log_every", "train.sample_tokens", "train.on_nan",
+                      "train.max_skipped_steps", "train.resume"}
+_RESUMABLE_SECTIONS = ("eval", "checkpoint", "mesh")
+_RESUMABLE_MODEL_FIELDS = {"name", "attention_backend"}  # the same function, another kernel
+
+
+def resume_differences(run: Run) -> list[str]:
+    """Settings of ``run`` that differ from those of the run its run.dir holds, as "key: stored -> new"."""
+    run_dir = Path(run.cfg.run.dir)
+    if not (run_dir / CONFIG_FILE).exists() or not (run_dir / MODEL_FILE).exists():
+        return []  # checkpoints without the settings they were made with: restore checks the shapes
+    stored = load(run_dir / CONFIG_FILE, [f"run.dir={run_dir}"])
+    differences = []
+    for (key, old), (_, new) in zip(_flat(dataclasses.asdict(stored)), _flat(dataclasses.asdict(run.cfg))):
+        if old != new and key not in _RESUMABLE_CHANGES and not key.startswith(_RESUMABLE_SECTIONS):
+            differences.append(f"{key}: {old!r} -> {new!r}")
+    stored_model = json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8"))
+    for key, new in run.model.config.to_dict().items():
+        old = stored_model.get(key)
+        if key not in _RESUMABLE_MODEL_FIELDS and json.dumps(old) != json.dumps(new):
+            differences.append(f"model {key}: {old!r} -> {new!r}")
+    return differences
+
+
+def _flat(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for key, value in sorted(tree.items()):
+        if isinstance(value, dict) and not (prefix == "model." and key == "overrides"):
+            out += _flat(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def accept_resume(run: Run) -> list[str]:
+    """Refuse to resume a run.dir's run with settings that change what a step computes (the list of
+    differences), unless train.resume=force; returns the differences forced through."""
+    differences = resume_differences(run)
+    if differences and run.cfg.train.resume != "force":
+        raise ValueError(f"{run.cfg.run.dir} holds a run with other settings; resuming it with these would "
+                         f"silently change what it computes:\n  " + "\n  ".join(differences) +
+                         "\nUse its settings, a new run.dir, or train.resume=force to resume anyway.")
+    return differences
 
 
 def train(cfg: RunConfig, progress: bool = True) -> dict:
     """Train (resuming from run.dir's newest checkpoint), evaluate on the held-out split, append to
-    metrics.jsonl, and return the history, the trained model and the wall time."""
+    metrics.jsonl, and return the history, the trained model and the wall time. The run folder is
+    checked before anything is built and locked while the run lasts; an interrupt (SIGINT, SIGTERM)
+    ends it at a step boundary with that step saved (``lifecycle.Interrupted``)."""
+    run_dir = check_run_dir(cfg.run.dir)
     sharding.initialize_distributed(cfg.mesh.coordinator, cfg.mesh.num_processes, cfg.mesh.process_id)
+    lock = RunDirLock(run_dir) if jax.process_index() == 0 else contextlib.nullcontext()
+    with lock, InterruptRequests() as interrupts:
+        if getattr(lock, "note", None):
+            print(f"note: {lock.note}")
+        try:
+            return run_training(cfg, interrupts, progress)
+        except Exception as err:  # a full disk, from a save or a log line: one line, not every thread's traceback
+            if disk_full(err):
+                raise full_disk_error(run_dir, err) from None
+            raise
+
+
+def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool = True) -> dict:
+    """The run itself: mesh, sharded state, jitted step, loop, log, evaluate, checkpoint."""
     run = Run.build(cfg)  # the mesh, the objective and its data, the model created sharded
-    if jax.process_index() == 0:
-        write_run_folder(run)
+    notes = run_notes(run)
+    manager = checkpoint_manager(Path(cfg.run.dir), cfg.checkpoint.keep) if cfg.checkpoint.every else None
+    resuming = manager is not None and manager.latest_step() is not None
+    forced = accept_resume(run) if resuming else []  # nothing in run.dir is written before this
     graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
     optimizer, schedule = make_optimizer(cfg, params)
     state = init_state(cfg, run.model, optimizer)
     train_step, eval_step = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh, shardings_of(state))
     rows = batch_sharding(run.mesh)
-    manager = checkpoint_manager(Path(cfg.run.dir), cfg.checkpoint.keep) if cfg.checkpoint.every else None
-    restored = restore(manager, state) if manager is not None else None
-    state, start_step = restored if restored is not None else (state, 0)
+    state, start_step = restore(manager, state) if resuming else (state, 0)
+    if jax.process_index() == 0:
+        write_run_folder(run, notes)
     eval_batches = run.objective.eval_batches(cfg.eval.batches, cfg.train.batch_size)
-    report = Report(cfg, run.objective, run.model.config, schedule, start_step, int(state["skipped"]), progress)
+    report = Report(cfg, run.objective, run.model.config, schedule, start_step, int(state["skipped"]), progress,
+                    forced_changes=forced)
     started = time.perf_counter()
     try:
         for step in range(start_step, cfg.train.steps):
             state, metrics = train_step(state, sharding.to_device(run.objective.batch(step, cfg.train.batch_size), rows))
             done = step + 1
+            interrupted = interrupts.signum is not None
             evaluate = done % cfg.eval.every == 0 or done == cfg.train.steps
             log = evaluate or done % cfg.train.log_every == 0
-            save = manager is not None and (done % cfg.checkpoint.every == 0 or done == cfg.train.steps)
-            if not (log or save):
+            save = manager is not None and (done % cfg.checkpoint.every == 0 or done == cfg.train.steps or interrupted)
+            if not (log or save or interrupted):
                 continue
-            jax.block_until_ready(state)  # the only host sync in the loop: at logging and saving steps
+            jax.block_until_ready(state)  # the only host sync in the loop: at logging, saving and interrupts
             report.check_finite(int(state["skipped"]), done)
             if save:
                 save_checkpoint(manager, state, {"step": done, "seed": cfg.run.seed, "objective": run.objective.name,
@@ -201,6 +280,8 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
             if log:
                 held_out = lambda: run_eval(eval_step, run.objective, state["params"], eval_batches, rows)  # noqa: E731
                 report.log(done, metrics, int(state["skipped"]), held_out if evaluate else None)
+            if interrupted and done < cfg.train.steps:  # the checkpoint is finalized below, before this leaves
+                raise Interrupted(done, interrupts.signum, saved=manager is not None)
     finally:  # a stop (or any error) still waits for checkpoints in flight
         report.close()
         if manager is not None:
@@ -209,7 +290,7 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
     nnx.update(run.model, state["params"])
     report.plot()
     return {"history": report.history, "model": run.model, "objective": run.objective,
-            "seconds": time.perf_counter() - started, "start_step": start_step}
+            "seconds": time.perf_counter() - started, "start_step": start_step, "skipped": int(state["skipped"])}
 
 
 def main(argv: list[str]) -> int:
@@ -227,8 +308,9 @@ def main(argv: list[str]) -> int:
     first, last = result["history"][0], result["history"][-1]
     resumed = f" (resumed at step {result['start_step']})" if result["start_step"] else ""
     held_out = ", ".join(f"{k.removeprefix('eval_')} {v:.3f}" for k, v in last.items() if k.startswith("eval_"))
+    skipped = f"; {result['skipped']} steps skipped (non-finite)" if result["skipped"] else ""
     print(f"trained {cfg.train.steps} steps{resumed} in {result['seconds']:.0f} s: loss {first['loss']:.3f} -> "
-          f"{last['loss']:.3f}; held-out {held_out}; metrics in {Path(cfg.run.dir) / 'metrics.jsonl'}")
+          f"{last['loss']:.3f}; held-out {held_out}{skipped}; metrics in {Path(cfg.run.dir) / 'metrics.jsonl'}")
     if cfg.train.sample_tokens:
         text = sample(result["model"], result["objective"], cfg.train.sample_tokens, cfg.run.seed)
         if text is not None:

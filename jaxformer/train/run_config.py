@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,8 @@ class TrainSection:
     log_every: int = 10
     sample_tokens: int = 120
     on_nan: str = "stop"  # stop: end the run with an error; skip: drop that update and go on
+    max_skipped_steps: int = 10  # on_nan=skip: more dropped steps than this stop the run, as stop does
+    resume: str = "auto"  # auto: resume a run.dir's run only with the settings it had; force: resume anyway
     grad_accum: int = 1  # micro-batches per step: batch_size / grad_accum rows each, gradients averaged
     compute_dtype: str = "float32"  # float32 | bfloat16 (parameters and optimizer state stay float32)
     label_smoothing: float = 0.0  # the 2017 Transformer used 0.1
@@ -132,6 +135,10 @@ class RunConfig:
             raise ValueError(f"train.sample_tokens={self.train.sample_tokens} must be >= 0")
         if self.train.on_nan not in ("stop", "skip"):
             raise ValueError(f"train.on_nan={self.train.on_nan!r}; valid: 'stop', 'skip'")
+        if self.train.resume not in ("auto", "force"):
+            raise ValueError(f"train.resume={self.train.resume!r}; valid: 'auto', 'force'")
+        if self.train.max_skipped_steps < 0:
+            raise ValueError(f"train.max_skipped_steps={self.train.max_skipped_steps} must be >= 0")
         if self.checkpoint.every < 0 or self.checkpoint.keep < 1:
             raise ValueError("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
         if self.eval.every < 1 or self.eval.batches < 1:
@@ -143,9 +150,13 @@ class RunConfig:
                              "'inverse_sqrt'")
         if not self.optim.lr > 0:
             raise ValueError(f"optim.lr={self.optim.lr} must be > 0")
-        if not 0 <= self.optim.warmup_steps < self.train.steps:
-            raise ValueError(f"optim.warmup_steps={self.optim.warmup_steps} must lie in [0, train.steps="
-                             f"{self.train.steps})")
+        if self.optim.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps={self.optim.warmup_steps} must be >= 0")
+        if self.optim.warmup_steps >= self.train.steps:  # a short run under a config's default warmup
+            warmup = self.train.steps // 10
+            warnings.warn(f"optim.warmup_steps={self.optim.warmup_steps} is not below train.steps={self.train.steps}; "
+                          f"warming up over {warmup} steps (a tenth of the run) instead", stacklevel=3)
+            object.__setattr__(self, "optim", dataclasses.replace(self.optim, warmup_steps=warmup))
         if self.optim.clip_norm < 0 or self.optim.weight_decay < 0:
             raise ValueError("optim.clip_norm and optim.weight_decay must be >= 0")
 
@@ -201,14 +212,18 @@ def _set(tree: dict, dotted: str, value: Any) -> None:
 def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """Read ``path`` (YAML, optional) and apply ``key=value`` overrides; validate everything."""
     tree: dict = {}
+    file_model: dict = {}
     if path is not None:
         with open(path, encoding="utf-8") as f:
             try:  # safe_load: plain data only, never a Python object (no configuration executes code)
                 data = yaml.safe_load(f) or {}
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{path} is not UTF-8 text (byte {err.start}); config files must be UTF-8") from None
             except yaml.YAMLError as err:
                 raise ValueError(f"{path} is not plain YAML data: {err}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{path} must hold a mapping of sections ({', '.join(SECTIONS)})")
+        file_model = dict(data.get("model") or {})
         for section, fields in data.items():
             if not isinstance(fields, dict):
                 raise ValueError(f"{path}: section {section!r} must be a mapping")
@@ -218,11 +233,23 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
                         _set(tree, f"model.overrides.{key}", inner)
                 else:
                     _set(tree, f"{section}.{field}", value)
+    from_file = dict(tree.get("model", {}).get("overrides", {}))
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like section.key=value")
         key, _, text = item.partition("=")
         _set(tree, key.strip(), _parse_value(text))
+    given = {item.partition("=")[0].strip().removeprefix("model.overrides.") for item in overrides}
+    preset = tree.get("model", {}).get("preset", ModelSection.preset)
+    file_preset = file_model.get("preset", ModelSection.preset)
+    if from_file and preset != file_preset:  # the file's overrides were written for its own preset
+        overrides_now = tree["model"]["overrides"]
+        dropped = [k for k in from_file if k not in given]
+        for key in dropped:
+            del overrides_now[key]
+        warnings.warn(f"model.preset={preset!r} replaces {path}'s {file_preset!r}, so that file's model.overrides "
+                      f"for it ({', '.join(dropped)}) are not applied; give them as model.overrides.* to keep them",
+                      stacklevel=2)
     built = {}
     for name, fields in tree.items():
         kinds = typing.get_type_hints(SECTIONS[name])

@@ -1,0 +1,155 @@
+"""A run's life at its edges: the run folder checked before anything is built, one run at a time in
+it (a lock naming its owner), and interrupts (Ctrl-C, a scheduler's SIGTERM) that end the run at a step
+boundary with its work saved."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+LOCK_FILE = "run.lock"
+
+
+def check_run_dir(path: str | os.PathLike) -> Path:
+    """run.dir as a folder that exists and can be written, or a ValueError saying why not."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"run.dir={str(path)!r} is a file; it must be a folder (new or a run's)")
+    for parent in folder.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"run.dir={str(path)!r} lies under {parent}, which is a file")
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"run.dir={str(path)!r} cannot be created: {err.strerror}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"run.dir={str(path)!r} is not writable by this user")
+    return folder
+
+
+class RunDirLock:
+    """One run at a time per run folder: ``run.lock`` holds the owner's pid, host and start time, created
+    exclusively. A lock left by a process that no longer exists on this host is stale and taken over; a
+    live owner (or one on another host, which cannot be checked) is named in the error."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / LOCK_FILE
+        self.owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.note = None
+
+    def __enter__(self) -> RunDirLock:
+        for _ in range(2):
+            try:
+                descriptor = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is None or not self._stale(holder):
+                    who = "another run" if holder is None else f"process {holder['pid']} on {holder['host']} " \
+                                                               f"(since {holder['since']})"
+                    raise ValueError(f"run.dir={str(self.path.parent)!r} is in use by {who}; wait for it to end or "
+                                     f"choose another run.dir (if that process is gone, delete {self.path})") from None
+                self.note = f"took over the lock of process {holder['pid']}, which no longer runs"
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(descriptor, "w", encoding="utf-8") as f:
+                json.dump(self.owner, f)
+            return self
+        raise ValueError(f"could not take {self.path}: another run took it at the same moment")
+
+    def __exit__(self, *exc) -> None:
+        if self._holder() == self.owner:
+            self.path.unlink(missing_ok=True)
+
+    def _holder(self) -> dict | None:
+        try:
+            holder = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None  # being written right now, or unreadable: treat as held
+        return holder if isinstance(holder, dict) and {"pid", "host", "since"} <= set(holder) else None
+
+    @staticmethod
+    def _stale(holder: dict) -> bool:
+        if holder["host"] != socket.gethostname():
+            return False
+        try:
+            os.kill(int(holder["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            return False
+        return False
+
+
+class Interrupted(Exception):
+    """The run stopped at a step boundary after an interrupt, with a checkpoint of that step."""
+
+    def __init__(self, step: int, signum: int, saved: bool):
+        self.step, self.signum, self.saved = step, signum, saved
+        self.exit_code = 128 + signum  # 130 for SIGINT, 143 for SIGTERM, as shells report them
+        how = "saved; rerun the same command to resume" if saved else "not saved (checkpoint.every=0)"
+        super().__init__(f"interrupted at step {step}; {how}")
+
+
+class InterruptRequests:
+    """While entered (in the main thread): the first SIGINT or SIGTERM is recorded in ``signum`` and the
+    training loop stops after its current step, saving it; a second one ends the process at once. A
+    checkpoint being written at that moment is left unfinalized, which the next start ignores, so the
+    last finalized checkpoint stays the one resumed from."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            print(f"\ninterrupted again ({signal.Signals(signum).name}): exiting now without saving", file=sys.stderr)
+            os._exit(128 + signum)
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name}: finishing this step and saving (interrupt again to exit now)",
+              file=sys.stderr)
+
+    def __enter__(self) -> InterruptRequests:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+def disk_full(err: BaseException) -> bool:
+    """Whether ``err``, or anything that caused it, is a full disk (an OSError, or TensorStore's report of
+    one inside Orbax's error)."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(seen) or "OS error 28" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def full_disk_error(run_dir: Path, err: BaseException) -> ValueError:
+    """One line for a full disk: the folder, the bytes a checkpoint needs (when the save found it out) or
+    what is free, and what is kept (a failed save never touches a finalized checkpoint)."""
+    folder = Path(run_dir) / "checkpoints"
+    finalized = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+    needs = (err.strerror if isinstance(err, OSError) and err.errno == errno.ENOSPC and err.strerror
+             else f"{shutil.disk_usage(run_dir).free:,} bytes are free")
+    kept = f"checkpoints of steps {finalized} are kept" if finalized else "no checkpoint was kept"
+    return ValueError(f"no space left on the device holding {run_dir}: {needs}; {kept}. Free some space and "
+                      "rerun the same command to resume")
