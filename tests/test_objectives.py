@@ -137,8 +137,34 @@ def test_seq2seq_and_classification_batches(tmp_path):
     assert len(held_out) == 1 and list(held_out[0]["labels"][3:]) == [IGNORE]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "x"}\n')
-    with pytest.raises(ValueError, match="record 1 has no 'label' field"):
+    with pytest.raises(ValueError, match=":1: the record has no 'label' field"):
         _objective("classification", f"data.train={bad}")
+
+
+@pytest.mark.parametrize("objective, record, message", [
+    ("classification", '{"text": null, "label": 1}', "field 'text' must be a string, not null"),
+    ("classification", '{"text": 12345, "label": 1}', "field 'text' must be a string, not 12345"),
+    ("classification", '{"text": "x", "label": true}', "field 'label' must be a string or an integer, not true"),
+    ("classification", '{"text": "x", "label": null}', "field 'label' must be a string or an integer, not null"),
+    ("seq2seq", '{"source": "x", "target": ["y"]}', "field 'target' must be a string, not [\"y\"]"),
+    ("causal_lm", '{"text": {"a": 1}}', "field 'text' must be a string, not {\"a\": 1}"),
+])
+def test_jsonl_fields_of_the_wrong_type_are_refused_with_file_and_line(tmp_path, objective, record, message):
+    """Not trained on as the strings "None" or "12345", and no raw AttributeError: file, line, field."""
+    bad = tmp_path / "bad.jsonl"
+    good = {"classification": '{"text": "fine", "label": 0}', "seq2seq": '{"source": "a", "target": "b"}',
+            "causal_lm": '{"text": "fine"}'}[objective]
+    bad.write_text(f"{good}\n\n{record}\n")  # a blank line between: the line number counts it
+    with pytest.raises(ValueError) as err:
+        _objective(objective, f"data.train={bad}")
+    assert str(err.value) == f"{bad}:3: {message}"
+
+
+def test_training_text_that_is_not_utf8_is_refused_by_name(tmp_path):
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("caf\u00e9 au lait\n\nmore text".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.txt is not UTF-8 text \(byte 3"):
+        _objective("causal_lm", f"data.train={latin}")
 
 
 def test_training_with_a_hugging_face_tokenizer(tmp_path):

@@ -104,19 +104,29 @@ def read_documents(source: str) -> list[str]:
     if source == DEFAULT_CORPUS:
         return default_documents()
     if source.endswith(".jsonl"):
-        return [record_field(r, "text", source, i) for i, r in enumerate(read_jsonl(source))]
+        return [record_field(r, "text", source, line) for line, r in read_jsonl(source)]
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"data source {source!r} is neither {DEFAULT_CORPUS!r} nor a readable file")
-    return [doc for doc in path.read_text(encoding="utf-8").split("\n\n") if doc.strip()]
+    return [doc for doc in read_text(path).split("\n\n") if doc.strip()]
 
 
-def read_jsonl(source: str) -> list[dict]:
+def read_text(path: Path) -> str:
+    """A UTF-8 text file's contents; anything else is a ValueError naming the file and the byte."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start} is {err.object[err.start:err.start + 1]!r}); "
+                         "convert it to UTF-8") from None
+
+
+def read_jsonl(source: str) -> list[tuple[int, dict]]:
+    """The records of a JSONL file with their line numbers (blank lines skipped)."""
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"data source {source!r} is not a readable JSONL file")
     records = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -125,16 +135,26 @@ def read_jsonl(source: str) -> list[dict]:
             raise ValueError(f"{source}:{number} is not JSON: {err}") from None
         if not isinstance(record, dict):
             raise ValueError(f"{source}:{number} must be a JSON object")
-        records.append(record)
+        records.append((number, record))
     if not records:
         raise ValueError(f"{source} holds no records")
     return records
 
 
-def record_field(record: dict, key: str, source: str, index: int):
+# What each JSONL field may hold (JSON true/false are never labels: Python counts them as integers).
+FIELD_TYPES = {"text": (str,), "source": (str,), "target": (str,), "label": (str, int)}
+
+
+def record_field(record: dict, key: str, source: str, line: int):
+    """``record[key]``, refused with file, line and field when absent or of the wrong JSON type (a null or
+    a number where text belongs would otherwise be trained on as the string "None" or "12345")."""
     if key not in record:
-        raise ValueError(f"{source}: record {index + 1} has no {key!r} field (it has {sorted(record)})")
-    return record[key]
+        raise ValueError(f"{source}:{line}: the record has no {key!r} field (it has {sorted(record)})")
+    value, kinds = record[key], FIELD_TYPES.get(key, (str,))
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        wanted = " or ".join({"str": "a string", "int": "an integer"}[k.__name__] for k in kinds)
+        raise ValueError(f"{source}:{line}: field {key!r} must be {wanted}, not {json.dumps(value)[:40]}")
+    return value
 
 
 def split_held_out(items: list, eval_source: str, eval_fraction: float, reader) -> tuple[list, list]:

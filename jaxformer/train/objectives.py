@@ -330,7 +330,7 @@ class _RecordObjective(Objective):
 
     def _load(self, run, fields: tuple[str, ...]) -> None:
         def read(source: str) -> list[tuple]:
-            return [tuple(data.record_field(r, f, source, i) for f in fields) for i, r in enumerate(data.read_jsonl(source))]
+            return [tuple(data.record_field(r, f, source, line) for f in fields) for line, r in data.read_jsonl(source)]
 
         self.train_records, self.held_out_records = data.split_held_out(read(run.data.train), run.data.eval,
                                                                         run.data.eval_fraction, read)
