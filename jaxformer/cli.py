@@ -80,6 +80,7 @@ def convert(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from jaxformer.checkpoint import is_checkpoint, load_model, save_model
+    from jaxformer.interop.files import write_checkpoint_folder
     from jaxformer.interop.hf import from_pretrained
     from jaxformer.train.evaluate import export_hf
     from jaxformer.train.run import CONFIG_FILE
@@ -89,8 +90,10 @@ def convert(args: argparse.Namespace) -> int:
         output = args.to_hf or args.output
         if output is None or args.to == "jaxformer":
             raise ValueError(f"{source} is a training run; write it as a Hugging Face folder with --to-hf OUT")
-        step = export_hf(source, output, args.step)
-        print(f"wrote hf checkpoint {output} from step {step} of {source} (config.json + model.safetensors)")
+        steps = []
+        write_checkpoint_folder(output, lambda folder: steps.append(export_hf(source, folder, args.step)),
+                                args.overwrite)
+        print(f"wrote hf checkpoint {output} from step {steps[0]} of {source} (config.json + model.safetensors)")
         return 0
     if args.to_hf:
         args.output, args.to = args.to_hf, "hf"
@@ -99,9 +102,10 @@ def convert(args: argparse.Namespace) -> int:
     target = args.to or ("hf" if is_checkpoint(source) else "jaxformer")
     if target == "hf":
         model = load_model(source) if is_checkpoint(source) else from_pretrained(source)
-        model.save_pretrained(args.output)
+        write_checkpoint_folder(args.output, model.save_pretrained, args.overwrite)
     else:
-        save_model(from_pretrained(source, dtype=args.dtype), args.output)
+        model = from_pretrained(source, dtype=args.dtype)
+        write_checkpoint_folder(args.output, lambda folder: save_model(model, folder), args.overwrite)
     contents = "config.json + model.safetensors" if target == "hf" else "jaxformer.json + Orbax params"
     print(f"wrote {target} checkpoint {args.output} ({contents})")
     return 0
@@ -133,9 +137,9 @@ def generate(args: argparse.Namespace) -> int:
     compiled = gen.generate_tokens_jit.lower(*call_args, config=gc).compile()
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    tokens, steps = jax.block_until_ready(compiled(*call_args[1:]))
+    tokens, steps, bad_step = jax.block_until_ready(compiled(*call_args[1:]))
     elapsed = time.perf_counter() - start
-    out = gen.assemble(model, batch["input_ids"], tokens, steps, gc)
+    out = gen.assemble(model, batch["input_ids"], tokens, steps, bad_step, gc)
     for prompt, row, mask in zip(args.prompt, out, batch["attention_mask"]):
         if model.config.family == "decoder":
             print(prompt + tokenizer.decode(row[len(mask):]))
@@ -150,10 +154,14 @@ def generate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # train.py's own argument grammar: [CONFIG.yaml] [section.key=value ...]
+        from jaxformer.train.lifecycle import Interrupted
         from jaxformer.train.run import main as train_main
 
         try:
             return train_main(argv[1:])
+        except Interrupted as stop:
+            print(f"jaxformer: {stop}", file=sys.stderr)
+            return stop.exit_code
         except ValueError as err:
             print(f"jaxformer: error: {err}", file=sys.stderr)
             return 2
@@ -192,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--to-hf", metavar="OUT", help="write a Hugging Face folder OUT")
     p.add_argument("--step", type=int, help="training runs: the checkpoint's step (default: the newest)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="parameter dtype when importing")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the checkpoint files of a non-empty output folder (and nothing else in it)")
     p.set_defaults(run=convert)
 
     p = commands.add_parser("generate", help="generate text from a Hugging Face checkpoint folder (with tokenizer.json)")

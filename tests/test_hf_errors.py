@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import warnings
 
 import numpy as np
 import pytest
@@ -206,3 +207,59 @@ def test_configs_no_transformers_architecture_holds_are_refused_on_export(tmp_pa
     with pytest.raises(ValueError, match="has no Hugging Face architecture"):
         jf.build(cfg).save_pretrained(tmp_path)
     assert not (tmp_path / "config.json").exists()
+
+
+def test_non_float_tensors_where_float_weights_belong_are_refused_by_name(copy):
+    tensors = _tensors(copy)
+    tensors["transformer.h.0.mlp.c_fc.weight"] = tensors["transformer.h.0.mlp.c_fc.weight"].astype(np.int8)
+    tensors["transformer.ln_f.bias"] = tensors["transformer.ln_f.bias"].astype(np.int64)
+    tensors["transformer.ln_f.weight"] = tensors["transformer.ln_f.weight"] > 0
+    _rewrite(copy, tensors)
+    with pytest.raises(ValueError) as err:
+        jf.from_pretrained(copy)
+    text = str(err.value)
+    assert "nothing was loaded" in text and "non-float tensors where float weights belong (3)" in text
+    for name, dtype in (("transformer.h.0.mlp.c_fc.weight", "int8"), ("transformer.ln_f.bias", "int64"),
+                        ("transformer.ln_f.weight", "bool")):
+        assert f"{name} ({dtype})" in text
+
+
+def test_weights_holding_nan_or_inf_load_with_a_warning_naming_them(copy):
+    tensors = _tensors(copy)
+    tensors["transformer.h.1.attn.c_proj.weight"][0, 0] = np.nan
+    tensors["transformer.wpe.weight"][3, 1] = -np.inf
+    _rewrite(copy, tensors)
+    with pytest.warns(UserWarning, match=r"NaN or Inf values \(2 tensors\): \['transformer.h.1.attn.c_proj.weight', "
+                                         r"'transformer.wpe.weight'\]"):
+        model = jf.from_pretrained(copy)
+    assert np.isnan(np.asarray(model.decoder.blocks.attn.o[...])[1]).any()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        jf.from_pretrained(save_checkpoint("gpt2", copy.parent / "clean"))
+    assert not [w for w in caught if "NaN" in str(w.message)]  # a clean file says nothing of it
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.pop("n_embd"), "config.json has no 'n_embd' field, which GPT2LMHeadModel (gpt2) needs"),
+    (lambda c: c.update(n_layer="two"), "ModelConfig.decoder_layers must be an integer, not \"two\""),
+    (lambda c: c.update(layer_norm_epsilon=[1e-5]), "ModelConfig.norm_eps must be a number, not [1e-05]"),
+    (lambda c: c.update(vocab_size=None), "must be an integer, not null"),
+], ids=["missing", "string-for-int", "list-for-float", "null-vocab"])
+def test_config_json_fields_missing_or_of_the_wrong_type_are_named(copy, edit, message):
+    config = json.loads((copy / "config.json").read_text())
+    edit(config)
+    (copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as err:
+        jf.from_pretrained(copy)
+    assert message in str(err.value)
+
+
+def test_json_files_that_are_not_utf8_or_index_entries_that_are_not_names(copy):
+    (copy / "config.json").write_bytes((copy / "config.json").read_bytes().replace(b'"gpt2"', b'"gpt\xe92"'))
+    with pytest.raises(ValueError, match=r"config.json is not UTF-8 text \(byte \d+\)"):
+        jf.from_pretrained(copy)
+    index = {"weight_map": {"transformer.wte.weight": 7, "transformer.wpe.weight": None}}
+    (copy / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ValueError, match=r"weight_map entries must name shard files \(strings\); found "
+                                         r"'transformer.wte.weight': 7, 'transformer.wpe.weight': None"):
+        TensorFiles(copy)

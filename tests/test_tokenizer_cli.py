@@ -85,3 +85,25 @@ def test_generate_command(llama_dir, capsys):
     assert main(["generate", str(llama_dir), "--prompt", "w1", "--num-beams", "2", "--max-new-tokens", "3"]) == 0
     capsys.readouterr()
     assert main(["generate", str(llama_dir), "--prompt", "w1", "--do-sample", "--top-p", "1.5"]) == 2
+
+
+def test_convert_into_a_used_folder_refuses_then_replaces_exactly_the_checkpoint(llama_dir, tmp_path, capsys):
+    """A stale index or generation config left in OUT would shadow or change the new model."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "generation_config.json").write_text('{"forced_bos_token_id": 3}')
+    (out / "model.safetensors.index.json").write_text('{"weight_map": {"x": "model-00001-of-00002.safetensors"}}')
+    (out / "model-00001-of-00002.safetensors").write_bytes(b"old shard")
+    (out / "notes.txt").write_text("mine")
+    assert main(["convert", str(llama_dir), "--to-hf", str(out)]) == 2
+    assert "is not empty" in capsys.readouterr().err and not (out / "config.json").exists()
+    assert main(["convert", str(llama_dir), "--to-hf", str(out), "--overwrite"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    source, written = TensorFiles(llama_dir), TensorFiles(out)
+    assert source.names == written.names
+    assert all(source.get(n).tobytes() == written.get(n).tobytes() for n in source.names)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]  # no staging folder left behind
+    capsys.readouterr()
+    (tmp_path / "a_file").write_text("x")
+    assert main(["convert", str(llama_dir), "--to-hf", str(tmp_path / "a_file")]) == 2
+    assert "is a file" in capsys.readouterr().err

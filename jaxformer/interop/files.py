@@ -36,6 +36,10 @@ class TensorFiles:
             weight_map = index.get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ValueError(f"{folder / SAFETENSORS_INDEX} has no 'weight_map' object")
+            odd = [f"{name!r}: {shard!r}" for name, shard in weight_map.items() if not isinstance(shard, str)]
+            if odd:
+                raise ValueError(f"{folder / SAFETENSORS_INDEX}: weight_map entries must name shard files (strings); "
+                                 f"found {', '.join(odd[:5])}")
             for shard in sorted(set(weight_map.values())):
                 if Path(shard).name != shard:
                     raise ValueError(f"{folder / SAFETENSORS_INDEX} names shard {shard!r} outside the folder")
@@ -108,6 +112,8 @@ def read_json(path: Path) -> dict:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}); JSON files must be UTF-8") from None
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{path} is not readable JSON: {err}") from None
     if not isinstance(data, dict):
@@ -148,3 +154,49 @@ def iter_json(folder: Path, *names: str) -> Iterator[dict]:
     for name in names:
         if (folder / name).exists():
             yield read_json(folder / name)
+
+
+# What a checkpoint folder consists of: the files an --overwrite replaces, and no others.
+CHECKPOINT_FILES = ("config.json", "generation_config.json", SAFETENSORS, SAFETENSORS_INDEX, PICKLE,
+                    "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json",
+                    "special_tokens_map.json", "jaxformer.json", "params")
+CHECKPOINT_PATTERNS = ("model-*-of-*.safetensors", "pytorch_model-*-of-*.bin")
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The checkpoint files and folders present in ``folder``."""
+    found = [folder / name for name in CHECKPOINT_FILES if (folder / name).exists()]
+    return found + sorted(p for pattern in CHECKPOINT_PATTERNS for p in folder.glob(pattern))
+
+
+def write_checkpoint_folder(output: str | os.PathLike, write, overwrite: bool = False) -> None:
+    """Run ``write(folder)`` into a fresh temporary folder beside ``output``, then move the result into place.
+
+    A non-empty ``output`` is refused unless ``overwrite``; then exactly the checkpoint files it holds
+    (``CHECKPOINT_FILES``: a stale index or generation config would shadow or change the new model) are
+    removed before the new ones move in, and anything else in it is left alone. A failed write leaves
+    ``output`` as it was.
+    """
+    import shutil
+    import tempfile
+
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"{output} is a file; the output of convert is a folder")
+    if output.is_dir() and any(output.iterdir()) and not overwrite:
+        held = sorted(p.name for p in output.iterdir())
+        raise ValueError(f"{output} is not empty (it holds {', '.join(held[:8])}{', ...' if len(held) > 8 else ''}); "
+                         "choose an empty folder, or pass --overwrite to replace the checkpoint files in it")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))  # same filesystem: renames
+    try:
+        write(staging / "out")
+        if not output.exists():
+            os.replace(staging / "out", output)
+            return
+        for stale in checkpoint_files(output):
+            shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+        for new in (staging / "out").iterdir():
+            os.replace(new, output / new.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

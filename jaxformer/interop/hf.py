@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import typing
 import warnings
 from pathlib import Path
 
@@ -60,10 +61,36 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
     model_type, arch = architecture_of(hf)
     file_dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
     dtype = dtype or (file_dtype if file_dtype in ("float32", "bfloat16", "float16") else "float32")
-    common = dict(name=hf.get("_name_or_path") or model_type, vocab_size=hf["vocab_size"], dtype=dtype,
-                  param_dtype=dtype, init_std=float(hf.get("initializer_range", 0.02)))
-    fields = BY_MODEL_TYPE[model_type].config_from_hf(hf, model_type, arch, tensor_names or set())
-    return ModelConfig(**common, **fields, **_special_ids(hf, extra or [], hf["vocab_size"]))
+    try:
+        common = dict(name=hf.get("_name_or_path") or model_type, vocab_size=hf["vocab_size"], dtype=dtype,
+                      param_dtype=dtype, init_std=float(hf.get("initializer_range", 0.02)))
+        fields = {**common, **BY_MODEL_TYPE[model_type].config_from_hf(hf, model_type, arch, tensor_names or set())}
+        _check_field_types(fields, arch)
+        special = _special_ids(hf, extra or [], hf["vocab_size"])
+    except KeyError as err:
+        raise ValueError(f"config.json has no {err.args[0]!r} field, which {arch} ({model_type}) needs") from None
+    except (TypeError, AttributeError) as err:
+        raise ValueError(f"config.json of {arch} ({model_type}) holds a field of the wrong type: {err}") from None
+    return ModelConfig(**fields, **special)
+
+
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _check_field_types(fields: dict, arch: str) -> None:
+    """Values read from config.json must have their ModelConfig field's type (a string where a width
+    belongs would otherwise fail later, far from its cause)."""
+    hints = typing.get_type_hints(ModelConfig)
+    for name, value in fields.items():
+        allowed = typing.get_args(hints[name]) or (hints[name],)
+        if any(k not in _KINDS and k is not type(None) for k in allowed) or (value is None and type(None) in allowed):
+            continue  # structured fields (rope scaling, id tuples) are built by the interop code itself
+        ok = any(isinstance(value, k) and not (k in (int, float) and isinstance(value, bool))
+                 or (k is float and isinstance(value, int) and not isinstance(value, bool)) for k in allowed)
+        if not ok:
+            wanted = " or ".join(_KINDS[k] for k in allowed if k in _KINDS)
+            raise ValueError(f"config.json of {arch}: the value behind ModelConfig.{name} must be {wanted}, "
+                             f"not {json.dumps(value)}")
 
 
 def hf_target(cfg: ModelConfig) -> tuple[str, str]:

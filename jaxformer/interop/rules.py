@@ -14,6 +14,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import os
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -206,14 +207,15 @@ def _abstract_split(cfg: ModelConfig):
 def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, str], names: set[str],
                        get: Callable[[str], np.ndarray], source: str):
     """Build the model of ``cfg`` from named tensors through ``rules``, or raise one ValueError that
-    lists every missing, unexpected and mis-shaped tensor. Nothing is built until all of them check."""
+    lists every missing, unexpected, mis-shaped and non-float tensor. Nothing is built until all of them
+    check. Weights holding NaN or Inf load, with a warning naming them."""
     graphdef, state = _abstract_split(cfg)
     expected = {tuple(map(str, p)): v for p, v in nnx.to_flat_state(state)}
     num_layers = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
 
     param_dtype = np.dtype(jnp.dtype(cfg.param_dtype))
-    missing, mismatched, loaded, used = [], [], {}, set()
-    copies: list[tuple[np.ndarray, Any, np.ndarray]] = []  # (destination, index, source view)
+    missing, mismatched, not_float, loaded, used = [], [], [], {}, set()
+    copies: list[tuple[np.ndarray, Any, np.ndarray, str]] = []  # (destination, index, source view, tensor name)
     for rule in rules:
         layers = num_layers[rule.paths[0][0]] if rule.per_layer else 1
         groups = [[n.format(i=i) for n in rule.names] for i in range(layers)]
@@ -224,7 +226,10 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
         used.update(n for group in groups for n in group)
         buffers = None
         for i, group in enumerate(groups):
-            parts = rule.load([get(n) for n in group])  # views into the mapped file where possible
+            tensors = [get(n) for n in group]  # views into the mapped file where possible
+            # An int8, int64 or bool tensor would load silently as floats (quantized files are refused).
+            not_float += [f"{n} ({t.dtype})" for n, t in zip(group, tensors) if not jnp.issubdtype(t.dtype, jnp.floating)]
+            parts = rule.load(tensors)
             shapes = [((layers,) if rule.per_layer else ()) + tuple(part.shape) for part in parts]
             bad = [f"{'/'.join(p)} from {group[0]}: file gives {shape}, config needs {tuple(expected[p].shape)}"
                    for p, shape in zip(rule.paths, shapes) if shape != tuple(expected[p].shape)]
@@ -234,7 +239,7 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
                 break
             if buffers is None:
                 buffers = [_aligned_empty(shape, param_dtype) for shape in shapes]
-            copies += [(buffer, i if rule.per_layer else ..., part) for buffer, part in zip(buffers, parts)]
+            copies += [(buffer, i if rule.per_layer else ..., part, group[0]) for buffer, part in zip(buffers, parts)]
         if buffers is not None:
             loaded.update(zip(rule.paths, buffers))
     for alias, target in aliases.items():
@@ -244,7 +249,7 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
                 mismatched.append(f"{alias} should be tied to {target} but differs")
     unexpected = sorted(n for n in names - used if not n.endswith(IGNORABLE))
     not_covered = sorted("/".join(p) for p in expected if p not in loaded)
-    if missing or unexpected or mismatched or not_covered:
+    if missing or unexpected or mismatched or not_float or not_covered:
         parts = []
         if missing:
             parts.append(f"missing tensors ({len(missing)}): {missing[:20]}")
@@ -252,18 +257,37 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
             parts.append(f"unexpected tensors ({len(unexpected)}): {unexpected[:20]}")
         if mismatched:
             parts.append(f"mis-shaped tensors ({len(mismatched)}): {mismatched[:20]}")
+        if not_float:
+            parts.append(f"non-float tensors where float weights belong ({len(not_float)}): {not_float[:20]} "
+                         "(quantized checkpoints are not supported)")
         if not_covered and not missing:
             parts.append(f"parameters with no source: {not_covered[:20]}")
         raise ValueError(f"{source}; nothing was loaded.\n  " + "\n  ".join(parts))
 
-    def copy(task):  # the one copy (and cast) per byte; numpy releases the GIL, so threads overlap
-        destination, index, source_view = task
+    def copy(task) -> str | None:
+        """The one copy (and cast) per byte, then a finiteness check of what was written; numpy releases
+        the GIL, so threads overlap. Returns the tensor's name when it holds NaN or Inf."""
+        destination, index, source_view, name = task
         destination[index] = source_view
+        return None if _finite(destination[index]) else name
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        list(pool.map(copy, copies))
+        non_finite = sorted({name for name in pool.map(copy, copies) if name is not None})
+    if non_finite:
+        warnings.warn(f"{source}: weights hold NaN or Inf values ({len(non_finite)} tensors): {non_finite[:20]}",
+                      stacklevel=3)
     flat = [(p, var.replace(_to_device(loaded[tuple(map(str, p))]))) for p, var in nnx.to_flat_state(state)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _finite(array: np.ndarray) -> bool:
+    """No NaN or Inf in ``array``: both propagate through min and max, two vectorised passes with no
+    temporary array (float32, float16); other float types are checked through float32."""
+    if array.size == 0:
+        return True
+    if array.dtype in (np.float32, np.float16, np.float64):
+        return bool(np.isfinite(array.min()) and np.isfinite(array.max()))
+    return bool(np.isfinite(array.astype(np.float32)).all())
 
 
 def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64) -> np.ndarray:

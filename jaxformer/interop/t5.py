@@ -32,6 +32,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 relative_max_distance=hf.get("relative_attention_max_distance", 128), attention_scale=1.0,
                 attention="bidirectional" if encoder_only else "causal", qkv_bias=False, out_bias=False,
                 mlp_bias=False, tie_embeddings=tied, scale_tied_logits=bool(scale and tied and not encoder_only),
+                clamp_float16=True,
                 head="none" if arch != "T5ForConditionalGeneration" else "lm",
                 dropout_rate=hf.get("dropout_rate", 0.1))
 
