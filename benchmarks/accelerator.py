@@ -217,7 +217,7 @@ def bench_decode(cfg: jf.ModelConfig, prompt: int, new_tokens: int, bandwidth: f
         compile_s = time.perf_counter() - start
 
         def run():
-            tokens, steps = compiled(*args[1:])  # the graphdef is static, compiled in
+            tokens, steps, _ = compiled(*args[1:])  # the graphdef is static, compiled in
             return int(steps)
 
         note(f"  decode batch {batch}: compiled in {compile_s:.1f}s; 1 warm-up + {repeats} timed runs")

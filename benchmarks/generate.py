@@ -58,8 +58,8 @@ def main() -> None:
         compile_s += time.perf_counter() - start
 
         def run_jaxformer():
-            tokens, steps = compiled(*call_args[1:])  # the graphdef is static, baked in
-            return gen.assemble(model, ids, tokens, steps, gc)
+            tokens, steps, bad_step = compiled(*call_args[1:])  # the graphdef is static, baked in
+            return gen.assemble(model, ids, tokens, steps, bad_step, gc)
 
         def run_transformers():
             with torch.no_grad():

@@ -32,15 +32,29 @@ def public_call(method):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
             self.validate(*args, **kwargs)
             return method(self, *args, **kwargs)
-        as_array = lambda x: x if x is None or isinstance(x, jax.Array) else np.asarray(x)  # noqa: E731
-        args = tuple(as_array(a) for a in args)
-        kwargs = {k: (v if k == "output_hidden_states" else as_array(v)) for k, v in kwargs.items()}
+        args = tuple(as_array(a, f"argument {i}") for i, a in enumerate(args))
+        kwargs = {k: (v if k == "output_hidden_states" else as_array(v, k)) for k, v in kwargs.items()}
         self.validate(*args, **kwargs)
         hidden = bool(kwargs.pop("output_hidden_states", False))
         graphdef, state = nnx.split(self)
         return _run_compiled(graphdef, state, method, args, kwargs, hidden)
 
     return call
+
+
+def as_array(x: Any, name: str) -> Any:
+    """A public call's array argument as an array (None and JAX arrays pass through)."""
+    return x if x is None or isinstance(x, jax.Array) else id_array(x, name)
+
+
+def id_array(x: Any, name: str) -> np.ndarray:
+    """``x`` (a nested list, numpy array, ...) as a numpy array; ragged rows are a clear error."""
+    try:
+        return np.asarray(x)
+    except ValueError:
+        shapes = sorted({str(np.shape(row)) for row in x}) if isinstance(x, (list, tuple)) else "?"
+        raise ValueError(f"{name} must be a rectangular [batch, length] array; its rows have shapes "
+                         f"{', '.join(shapes)}. Pad the rows to one length and pass an attention_mask") from None
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "method", "output_hidden_states"))
@@ -62,6 +76,8 @@ def check_ids(ids: Any, vocab_size: int, name: str = "input_ids") -> None:
     shape = _shape(ids)
     if len(shape) != 2:
         raise ValueError(f"{name} must have shape [batch, length], got {shape}")
+    if shape[0] == 0:
+        raise ValueError(f"{name} has no rows (a batch of 0); give at least one sequence")
     if shape[1] == 0:
         raise ValueError(f"{name} is empty along the sequence axis; need at least one token")
     if not np.issubdtype(np.asarray(ids).dtype if _concrete(ids) else ids.dtype, np.integer):

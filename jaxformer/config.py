@@ -142,6 +142,7 @@ class ModelConfig:
     tie_embeddings: bool = True  # output projection shares the token embedding
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (2017, some BART)
     scale_tied_logits: bool = False  # T5 v1.0: decoder output * d_model**-0.5 before tied head
+    clamp_float16: bool = False  # T5: in float16, clamp each sublayer's output into range, as transformers does
     type_vocab_size: int = 0  # token-type (segment) embeddings; 0 for none
     logits_bias: bool = False  # a fixed (non-trained) bias on the LM logits (BART's final_logits_bias)
 

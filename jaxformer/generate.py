@@ -57,8 +57,8 @@ class GenerationConfig:
         if self.do_sample:
             if self.num_beams > 1:
                 raise ValueError("do_sample=True with num_beams > 1 (beam sampling) is not supported")
-            if not self.temperature > 0:
-                raise ValueError(f"temperature={self.temperature!r} must be > 0 when sampling")
+            if not 0 < self.temperature < float("inf"):
+                raise ValueError(f"temperature={self.temperature!r} must be a finite number > 0 when sampling")
             if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
                 raise ValueError(f"top_k={self.top_k!r} must be an integer >= 1")
             if self.top_p is not None and not 0 < self.top_p <= 1:
@@ -93,8 +93,12 @@ def process_logits(scores: Array, step: Array, max_steps: int, gc: GenerationCon
 
 
 def sample_logits(logits: Array, key: Array, gc: GenerationConfig) -> Array:
-    """Temperature, then top-k, then top-p (nucleus) filtering, then a categorical draw [B]."""
-    logits = logits / gc.temperature
+    """Temperature, then top-k, then top-p (nucleus) filtering, then a categorical draw [B].
+
+    The logits are shifted so the largest is 0 before dividing by the temperature (the distribution is
+    unchanged): a temperature so small that logits / T would overflow to Inf (and then NaN) draws the
+    greedy token instead."""
+    logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / gc.temperature
     if gc.top_k is not None:
         kth = jax.lax.top_k(logits, min(gc.top_k, logits.shape[-1]))[0][..., -1:]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
@@ -156,22 +160,30 @@ def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfi
     first = choose(logits, 0, sub)
     tokens = jnp.full((B, N), gc.pad_token_id, jnp.int32).at[:, 0].set(first)
     finished = _is_eos(first, gc)
+    bad = first_non_finite(jnp.int32(-1), logits, 0)
 
     def cond(carry):
-        step, _, _, _, finished, _ = carry
+        step, _, _, _, finished, _, _ = carry
         return (step < N) & ~jnp.all(finished)
 
     def body(carry):
-        step, state, tokens, previous, finished, key = carry
+        step, state, tokens, previous, finished, key, bad = carry
         logits, state = looping.step(previous[:, None], (next_position + step - 1)[:, None], jnp.ones((B, 1), bool),
                                      state)
         key, sub = jax.random.split(key)
         token = jnp.where(finished, gc.pad_token_id, choose(logits, step, sub))
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], step, axis=1)
-        return step + 1, state, tokens, token, finished | _is_eos(token, gc), key
+        return step + 1, state, tokens, token, finished | _is_eos(token, gc), key, first_non_finite(bad, logits, step)
 
-    steps, _, tokens, _, _, _ = jax.lax.while_loop(cond, body, (jnp.int32(1), state, tokens, first, finished, key))
-    return tokens, steps
+    carry = (jnp.int32(1), state, tokens, first, finished, key, bad)
+    steps, _, tokens, _, _, _, bad = jax.lax.while_loop(cond, body, carry)
+    return tokens, steps, bad
+
+
+def first_non_finite(bad: Array, logits: Array, step) -> Array:
+    """The first step whose logits held NaN or Inf (-1 while none has): the host refuses such output
+    rather than return the token 0 that argmax makes of NaN."""
+    return jnp.where((bad < 0) & ~jnp.all(jnp.isfinite(logits)), jnp.int32(step), bad)
 
 
 def _gather_beams(x: Array, indices: Array) -> Array:
@@ -202,11 +214,13 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
         finished=jnp.zeros((B, nb), bool),
         improvable=jnp.ones((B, 1), bool),
         going=jnp.bool_(True),
+        bad=jnp.int32(-1),
     )
 
     def body(s):
         step = s["step"]
         V = s["logits"].shape[-1]
+        bad = first_non_finite(s["bad"], s["logits"], step)
         log_probs = process_logits(jax.nn.log_softmax(s["logits"], axis=-1), step, N, gc).reshape(B, nb, V)
         log_probs = (log_probs + s["running_scores"][:, :, None]).reshape(B, nb * V)
         top_scores, top_index = jax.lax.top_k(log_probs, keep)
@@ -250,17 +264,17 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
         logits, state = jax.lax.cond(going, advance, lambda state: (s["logits"], state), s["decode_state"])
         return dict(step=step, logits=logits, decode_state=state, running=running, running_scores=running_scores,
                     sequences=sequences, scores=scores, lengths=lengths, finished=finished, improvable=improvable,
-                    going=going)
+                    going=going, bad=bad)
 
     final = jax.lax.while_loop(lambda s: s["going"], body, state)
-    return final["sequences"][:, 0], jnp.max(final["lengths"][:, 0])
+    return final["sequences"][:, 0], jnp.max(final["lengths"][:, 0]), final["bad"]
 
 
 def generate_tokens(graphdef, state, input_ids: Array, attention_mask: Array, key: Array,
-                    config: GenerationConfig) -> tuple[Array, Array]:
-    """Pure generation: returns new tokens [B, max_new_tokens] (padded after EOS) and how many
-    columns are meaningful (transformers trims its output to that many). Jit with
-    ``static_argnames=("graphdef", "config")``."""
+                    config: GenerationConfig) -> tuple[Array, Array, Array]:
+    """Pure generation: returns new tokens [B, max_new_tokens] (padded after EOS), how many columns
+    are meaningful (transformers trims its output to that many), and the first step whose logits were
+    not finite (-1: none; the tokens are then meaningless). Jit with ``static_argnames=("graphdef", "config")``."""
     TRACE_COUNT["generate"] += 1
     model = nnx.merge(graphdef, state)
     if config.num_beams > 1:
@@ -295,20 +309,27 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
             length_penalty: float = 1.0, early_stopping: bool | str = False, eos_token_id=None,
             pad_token_id: int | None = None, decoder_start_token_id: int | None = None,
             forced_bos_token_id: int | None = None, forced_eos_token_id: int | None = None,
-            seed: int = 0) -> tuple[tuple, GenerationConfig]:
+            seed: int = 0, allow_beyond_max_positions: bool = False) -> tuple[tuple, GenerationConfig]:
     """Validate everything on the host and return the arguments of ``generate_tokens`` (after the
-    static config) and the config. Nothing is traced or compiled here."""
+    static config) and the config. Nothing is traced, compiled or allocated here.
+
+    Integer arguments may be numpy integers. Prompt + new tokens beyond the model's position table, or
+    beyond ``max_positions`` for rotary and relative models unless ``allow_beyond_max_positions``, are
+    refused, and so is a KV cache larger than the memory free on the device."""
     cfg: ModelConfig = model.config
+    integers = {name: _integer(value, name) for name, value in (("max_new_tokens", max_new_tokens),
+                                                                ("num_beams", num_beams), ("top_k", top_k),
+                                                                ("seed", seed))}
     gc = _config_from_kwargs(model, dict(
-        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=float(temperature), top_k=top_k,
-        top_p=None if top_p is None else float(top_p), num_beams=num_beams, length_penalty=float(length_penalty),
-        early_stopping=early_stopping, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-        decoder_start_token_id=decoder_start_token_id, forced_bos_token_id=forced_bos_token_id,
-        forced_eos_token_id=forced_eos_token_id))
+        max_new_tokens=integers["max_new_tokens"], do_sample=do_sample, temperature=float(temperature),
+        top_k=integers["top_k"], top_p=None if top_p is None else float(top_p), num_beams=integers["num_beams"],
+        length_penalty=float(length_penalty), early_stopping=early_stopping, eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id, decoder_start_token_id=decoder_start_token_id,
+        forced_bos_token_id=forced_bos_token_id, forced_eos_token_id=forced_eos_token_id))
     gc.validate(cfg)
-    ids = np.asarray(input_ids)
+    ids = checks.id_array(input_ids, "input_ids")
     checks.check_ids(ids, cfg.vocab_size)
-    mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask)
+    mask = np.ones_like(ids) if attention_mask is None else checks.id_array(attention_mask, "attention_mask")
     checks.check_mask(mask, ids.shape, "attention_mask", "input_ids")
     if cfg.family == "decoder":
         if not mask[:, -1].all():
@@ -318,17 +339,59 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     else:
         checks.check_length(ids.shape[1], cfg, "input_ids")
         longest = 1 + gc.max_new_tokens
-    if cfg.position in ("learned", "sinusoidal") and longest > cfg.max_positions:
-        raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} has "
-                         f"{cfg.max_positions}; lower max_new_tokens to at most "
-                         f"{cfg.max_positions - longest + gc.max_new_tokens}")
+    if longest > cfg.max_positions and (cfg.position in ("learned", "sinusoidal") or not allow_beyond_max_positions):
+        table = (f"has {cfg.max_positions} positions" if cfg.position in ("learned", "sinusoidal") else
+                 f"was configured for {cfg.max_positions} (max_positions; pass allow_beyond_max_positions=True "
+                 "to generate past it)")
+        raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} {table}; lower "
+                         f"max_new_tokens to at most {cfg.max_positions - longest + gc.max_new_tokens}")
+    check_cache_memory(cfg, ids.shape[0] * gc.num_beams, ids.shape[1] + gc.max_new_tokens - 1
+                       if cfg.family == "decoder" else gc.max_new_tokens)
     graphdef, state = nnx.split(model)
-    args = (graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32), jax.random.key(seed))
+    args = (graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
+            jax.random.key(integers["seed"]))
     return args, gc
 
 
-def assemble(model, input_ids, tokens, steps, gc: GenerationConfig) -> np.ndarray:
-    """transformers' output layout from the loop's fixed-size result."""
+def _integer(value, name: str):
+    """Python or numpy integers as int (None stays None); anything else is left to the validation."""
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def check_cache_memory(cfg: ModelConfig, rows: int, slots: int) -> None:
+    """Refuse, before allocating it, a KV cache larger than the memory free on the device."""
+    itemsize = jnp.dtype(cfg.dtype).itemsize
+    needed = 2 * cfg.decoder_layers * rows * slots * cfg.kv_heads * cfg.head_dim_ * itemsize
+    free = free_memory()
+    if free is not None and needed > free:
+        raise ValueError(f"the KV cache for {rows} rows x {slots} tokens needs {needed / 2**30:.1f} GiB "
+                         f"({needed:,} bytes) but {free / 2**30:.1f} GiB are free on {jax.devices()[0].platform}; "
+                         "lower max_new_tokens, num_beams or the batch")
+
+
+def free_memory() -> int | None:
+    """Bytes free on the default device: its allocator's limit minus what is in use on an accelerator,
+    the host's available memory on a CPU; None when neither can be read."""
+    stats = jax.devices()[0].memory_stats() if jax.default_backend() != "cpu" else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    try:  # MemAvailable counts the page cache the kernel would give back; MemFree does not
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def assemble(model, input_ids, tokens, steps, bad_step, gc: GenerationConfig) -> np.ndarray:
+    """transformers' output layout from the loop's fixed-size result; refused when the model's logits were
+    not finite at some step (argmax would have turned NaN into token 0)."""
+    if int(bad_step) >= 0:
+        raise ValueError(f"the model produced NaN or Inf logits at generation step {int(bad_step)} "
+                         f"({model.config.dtype} compute), so its tokens are meaningless; check the weights for "
+                         "NaN/Inf, or run in float32 if the activations overflow")
     tokens = np.asarray(tokens)[:, : int(steps)]
     if model.config.family == "encoder_decoder":
         start = np.full((tokens.shape[0], 1), gc.decoder_start_token_id, tokens.dtype)
@@ -341,5 +404,5 @@ def generate(model, input_ids, attention_mask=None, **kwargs) -> np.ndarray:
     the decoder sequence starting with the decoder start token; rows are padded after EOS and the
     output is trimmed to the last step any row needed. Keyword arguments: see ``prepare``."""
     args, gc = prepare(model, input_ids, attention_mask, **kwargs)
-    tokens, steps = generate_tokens_jit(*args, config=gc)
-    return assemble(model, input_ids, tokens, steps, gc)
+    tokens, steps, bad_step = generate_tokens_jit(*args, config=gc)
+    return assemble(model, input_ids, tokens, steps, bad_step, gc)

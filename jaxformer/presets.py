@@ -45,7 +45,7 @@ def _t5(d_model: int, d_ff: int, layers: int, heads: int, head_dim: int = 64, v1
                 norm_bias=False, activation="geglu" if v1_1 else "relu", position="relative",
                 max_positions=512, relative_buckets=32, relative_max_distance=128, attention_scale=1.0,
                 qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=not v1_1,
-                scale_tied_logits=not v1_1, dropout_rate=0.1)
+                scale_tied_logits=not v1_1, clamp_float16=True, dropout_rate=0.1)
 
 
 def _llama(d_model: int, layers: int, heads: int, kv_heads: int, d_ff: int, vocab: int, theta: float,

@@ -172,10 +172,10 @@ def test_one_trace_per_shape(llama):
 def test_pure_function_form_jits_and_vmaps(llama):
     graphdef, state = jf.split(llama)
     config = gen.GenerationConfig(max_new_tokens=4, pad_token_id=0)
-    tokens, steps = jax.jit(gen.generate_tokens, static_argnames=("graphdef", "config"))(
+    tokens, steps, bad_step = jax.jit(gen.generate_tokens, static_argnames=("graphdef", "config"))(
         graphdef, state, jnp.asarray(PROMPT), jnp.asarray(PROMPT_MASK), jax.random.key(0), config)
     np.testing.assert_array_equal(np.asarray(tokens), llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=4)[:, 4:])
-    assert int(steps) == 4
+    assert int(steps) == 4 and int(bad_step) == -1
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -254,3 +254,55 @@ def test_token_identical_to_transformers(name, num_beams, tmp_path):
                                         early_stopping=early_stopping, **kwargs).numpy()
         assert ours.shape == theirs.shape, (early_stopping, ours, theirs)
         np.testing.assert_array_equal(ours, theirs, err_msg=f"early_stopping={early_stopping}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Arguments and outputs that would otherwise go wrong silently
+
+
+def test_numpy_integers_are_accepted_as_integer_arguments(llama):
+    expected = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=3, num_beams=2)
+    got = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=np.int64(3), num_beams=np.int32(2), seed=np.int64(0))
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("ids, message", [([[1, 2, 3], [4, 5]], r"rows have shapes \(2,\), \(3,\)"),
+                                          (np.zeros((0, 4), np.int32), "has no rows")], ids=["ragged", "empty"])
+def test_ragged_or_empty_batches_are_refused_before_compiling(llama, ids, message):
+    traces = gen.TRACE_COUNT["generate"]
+    with pytest.raises(ValueError, match=message):
+        llama.generate(ids, max_new_tokens=2)
+    with pytest.raises(ValueError, match=message):
+        llama(ids)
+    assert gen.TRACE_COUNT["generate"] == traces
+
+
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_non_finite_logits_are_refused_not_turned_into_token_0(num_beams):
+    model = jf.build("tiny-llama")
+    model.decoder.final_norm.scale[...] = jnp.full_like(model.decoder.final_norm.scale[...], jnp.nan)
+    with pytest.raises(ValueError, match="NaN or Inf logits at generation step 0"):
+        model.generate(PROMPT, PROMPT_MASK, max_new_tokens=3, num_beams=num_beams)
+
+
+def test_a_temperature_too_small_to_divide_by_samples_the_greedy_token(llama):
+    """Logits / 2e-38 overflow float32 (inf - inf = NaN made every draw token 0); shifted by their max
+    first, the top token stays at 0 and the others go to -inf: the greedy choice."""
+    greedy = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=5)
+    for seed in range(3):
+        sampled = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=5, do_sample=True, temperature=2e-38, seed=seed)
+        np.testing.assert_array_equal(sampled, greedy)
+
+
+def test_unbounded_generation_is_refused_before_anything_is_allocated(llama, monkeypatch):
+    limit = llama.config.max_positions
+    with pytest.raises(ValueError, match=f"needs {4 + 100_000} positions .* configured for {limit} .*"
+                                         "allow_beyond_max_positions=True"):
+        llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=100_000)
+    monkeypatch.setattr(gen, "free_memory", lambda: 2**30)  # 1 GiB free
+    with pytest.raises(ValueError, match=r"the KV cache for 2 rows x 10000003 tokens needs .* GiB \(.* bytes\) but "
+                                         r"1.0 GiB are free"):
+        llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=10_000_000, allow_beyond_max_positions=True)
+    # Allowed and small enough: rotary positions run past max_positions.
+    out = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=limit, allow_beyond_max_positions=True)
+    assert out.shape[1] > limit

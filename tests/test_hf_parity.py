@@ -146,3 +146,35 @@ def test_bfloat16_checkpoint(name, tmp_path):
     assert np.isfinite(ours).all()
     spread = ref[valid].max() - ref[valid].min()
     assert np.abs(ours - ref)[valid].max() <= 0.05 * spread
+
+
+def test_t5_in_float16_clamps_like_transformers_instead_of_overflowing(tmp_path):
+    """transformers keeps float16 T5 finite by clamping each sublayer's output to the float16 range
+    (1000 inside it once anything overflowed); jaxformer does the same, so a feed-forward whose output
+    exceeds 65504 gives the same finite hidden states, and generation runs instead of emitting token 0."""
+    from hf_factory import build_reference
+
+    reference = build_reference("t5", seed=6)
+    with torch.no_grad():
+        for block in reference.encoder.block:
+            block.layer[-1].DenseReluDense.wo.weight.mul_(1e5)
+    reference = reference.half().eval()
+    reference.save_pretrained(str(tmp_path))
+    rng = np.random.default_rng(6)
+    ids, decoder_ids = rng.integers(3, 97, size=(2, 7)), rng.integers(3, 97, size=(2, 4))
+    with torch.no_grad():
+        ref = reference(input_ids=torch.as_tensor(ids), decoder_input_ids=torch.as_tensor(decoder_ids),
+                        output_hidden_states=True)
+    ref_layer = ref.encoder_hidden_states[1].float().numpy()
+    assert np.isfinite(ref_layer).all() and np.abs(ref_layer).max() > 6e4  # clamped, not Inf: the case is real
+    model = jf.from_pretrained(tmp_path)
+    assert model.config.dtype == "float16" and model.config.clamp_float16
+    out = model(ids, decoder_input_ids=decoder_ids, output_hidden_states=True)
+    ours_layer = np.asarray(out.encoder_hidden_states[1], np.float32)
+    assert np.isfinite(ours_layer).all()
+    # The clamped entries agree exactly; float16 rounding (11 bits) bounds the others.
+    np.testing.assert_allclose(ours_layer, ref_layer, rtol=1e-2, atol=1e-2 * np.abs(ref_layer).max())
+    ref_logits, ours_logits = ref.logits.float().numpy(), np.asarray(out.logits, np.float32)
+    assert np.isfinite(ours_logits).all()
+    assert np.abs(ours_logits - ref_logits).max() <= 0.05 * (ref_logits.max() - ref_logits.min())
+    assert model.generate(ids, max_new_tokens=3, decoder_start_token_id=0).shape == (2, 4)

@@ -102,6 +102,7 @@ class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, rngs: nnx.Rngs):
         self.pre_norm = cfg.norm_position == "pre"
         self.dropout_rate = cfg.dropout_rate
+        self.clamp_float16 = cfg.clamp_float16
         self.attn_norm = Norm(cfg, rngs=rngs)
         self.attn = Attention(cfg, rngs=rngs)
         if cross_attention:
@@ -119,11 +120,12 @@ class Block(nnx.Module):
         drop = lambda h, key: dropout(h, self.dropout_rate, key)  # noqa: E731
         if self.pre_norm:  # GPT-2, LLaMA, T5: x = x + f(norm(x))
             h, new_kv = self.self_attention(self.attn_norm(x), inputs, keys.attn)
-            x = x + drop(h, keys.attn_out)
+            x = self.in_range(x + drop(h, keys.attn_out))
             if self.cross_attn is not None:
-                x = x + drop(self.cross_attention(self.cross_norm(x), inputs, keys.cross), keys.cross_out)
+                h = self.cross_attention(self.cross_norm(x), inputs, keys.cross)
+                x = self.in_range(x + drop(h, keys.cross_out))
             h, stats = self.feed_forward(self.mlp_norm(x), inputs, keys.mlp)
-            x = x + drop(h, keys.mlp_out)
+            x = self.in_range(x + drop(h, keys.mlp_out))
         else:  # the 2017 Transformer, BERT, BART: x = norm(x + f(x))
             h, new_kv = self.self_attention(x, inputs, keys.attn)
             x = self.attn_norm(x + drop(h, keys.attn_out))
@@ -132,6 +134,15 @@ class Block(nnx.Module):
             h, stats = self.feed_forward(x, inputs, keys.mlp)
             x = self.mlp_norm(x + drop(h, keys.mlp_out))
         return x, new_kv, stats
+
+    def in_range(self, x: Array) -> Array:
+        """T5 in float16 (``clamp_float16``), as transformers keeps it finite: each sublayer's output is
+        clamped to the float16 range, 1000 inside it when any element has already overflowed."""
+        if not (self.clamp_float16 and x.dtype == jnp.float16):
+            return x
+        top = jnp.finfo(jnp.float16).max
+        limit = jnp.where(jnp.isinf(x).any(), top - 1000, top).astype(jnp.float16)
+        return jnp.clip(x, -limit, limit)
 
     def self_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None]:
         return self.attn(h, mask=inputs.mask, bias=inputs.bias, rope=inputs.rope, cache=inputs.cache, key=key)
