@@ -317,9 +317,8 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     beyond ``max_positions`` for rotary and relative models unless ``allow_beyond_max_positions``, are
     refused, and so is a KV cache larger than the memory free on the device."""
     cfg: ModelConfig = model.config
-    integers = {name: _integer(value, name) for name, value in (("max_new_tokens", max_new_tokens),
-                                                                ("num_beams", num_beams), ("top_k", top_k),
-                                                                ("seed", seed))}
+    integers = {name: _integer(value) for name, value in (("max_new_tokens", max_new_tokens), ("num_beams", num_beams),
+                                                          ("top_k", top_k), ("seed", seed))}
     gc = _config_from_kwargs(model, dict(
         max_new_tokens=integers["max_new_tokens"], do_sample=do_sample, temperature=float(temperature),
         top_k=integers["top_k"], top_p=None if top_p is None else float(top_p), num_beams=integers["num_beams"],
@@ -353,7 +352,7 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     return args, gc
 
 
-def _integer(value, name: str):
+def _integer(value):
     """Python or numpy integers as int (None stays None); anything else is left to the validation."""
     if isinstance(value, np.integer):
         return int(value)

@@ -263,3 +263,13 @@ def test_json_files_that_are_not_utf8_or_index_entries_that_are_not_names(copy):
     with pytest.raises(ValueError, match=r"weight_map entries must name shard files \(strings\); found "
                                          r"'transformer.wte.weight': 7, 'transformer.wpe.weight': None"):
         TensorFiles(copy)
+
+
+def test_one_layers_missing_tensor_leaves_the_other_layers_expected(copy):
+    tensors = _tensors(copy)
+    del tensors["transformer.h.1.mlp.c_fc.weight"]
+    _rewrite(copy, tensors)
+    with pytest.raises(ValueError) as err:
+        jf.from_pretrained(copy)
+    assert "missing tensors (1): ['transformer.h.1.mlp.c_fc.weight']" in str(err.value)
+    assert "unexpected" not in str(err.value)  # h.0's tensor is the model's, not a stray

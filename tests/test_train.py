@@ -410,3 +410,9 @@ def test_a_run_shorter_than_the_warmup_warms_up_over_a_tenth_of_it():
     assert cfg.optim.warmup_steps == 2
     with pytest.raises(ValueError, match="optim.warmup_steps=-1 must be >= 0"):
         run_config.load(None, ["optim.warmup_steps=-1"])
+
+
+def test_a_learning_rate_must_be_finite():
+    for lr in ("inf", "nan", "0"):
+        with pytest.raises(ValueError, match=f"optim.lr={float(lr)} must be a finite number > 0"):
+            run_config.load(None, [f"optim.lr={lr}"])

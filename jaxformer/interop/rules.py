@@ -220,10 +220,10 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
         layers = num_layers[rule.paths[0][0]] if rule.per_layer else 1
         groups = [[n.format(i=i) for n in rule.names] for i in range(layers)]
         absent = [n for group in groups for n in group if n not in names]
+        used.update(n for group in groups for n in group if n in names)  # present, so never "unexpected"
         if absent:
             missing += absent
             continue
-        used.update(n for group in groups for n in group)
         buffers = None
         for i, group in enumerate(groups):
             tensors = [get(n) for n in group]  # views into the mapped file where possible
@@ -274,8 +274,7 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         non_finite = sorted({name for name in pool.map(copy, copies) if name is not None})
     if non_finite:
-        warnings.warn(f"{source}: weights hold NaN or Inf values ({len(non_finite)} tensors): {non_finite[:20]}",
-                      stacklevel=3)
+        warnings.warn(f"weights hold NaN or Inf values ({len(non_finite)} tensors): {non_finite[:20]}", stacklevel=3)
     flat = [(p, var.replace(_to_device(loaded[tuple(map(str, p))]))) for p, var in nnx.to_flat_state(state)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 

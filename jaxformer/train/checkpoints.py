@@ -60,8 +60,10 @@ def restore(manager, state: dict, step: int | None = None, params_only: bool = F
     try:
         restored = manager.restore(step, args=ocp.args.Composite(**items))
     except (ValueError, KeyError) as err:
-        raise ValueError(f"the checkpoint at step {step} in {manager.directory} does not match this model and "
-                         f"optimizer; start a new run.dir or restore the original config ({err})") from None
+        raise ValueError(f"the checkpoint at step {step} in {manager.directory} cannot be restored into this model "
+                         f"and optimizer: it was written by another config, or it is damaged ({err}). Start a new "
+                         f"run.dir, restore the original config, or move step {step} aside to resume from an earlier "
+                         f"one (there are {manager.all_steps()})") from None
     if params_only:
         return restored["params"], step
     if restored["data"]["step"] != step or int(restored["progress"]["step"]) != step:

@@ -104,30 +104,67 @@ class InterruptRequests:
     """While entered (in the main thread): the first SIGINT or SIGTERM is recorded in ``signum`` and the
     training loop stops after its current step, saving it; a second one ends the process at once. A
     checkpoint being written at that moment is left unfinalized, which the next start ignores, so the
-    last finalized checkpoint stays the one resumed from."""
+    last finalized checkpoint stays the one resumed from.
+
+    Python runs signal handlers in the main thread only between bytecodes, so while it sits in a long
+    compile two Ctrl-C would reach the handler as one. Every signal also writes its number to a wakeup
+    pipe; a watcher thread counts them there and ends the process on the second, wherever the main
+    thread is."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
         self.signum: int | None = None
         self._previous: dict = {}
+        self._pipe: tuple[int, int] | None = None
+        self._previous_wakeup = -1
 
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None:
-            print(f"\ninterrupted again ({signal.Signals(signum).name}): exiting now without saving", file=sys.stderr)
-            os._exit(128 + signum)
-        self.signum = signum
-        print(f"\n{signal.Signals(signum).name}: finishing this step and saving (interrupt again to exit now)",
-              file=sys.stderr)
+    def _first(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+            print(f"\n{signal.Signals(signum).name}: finishing this step and saving (interrupt again to exit now)",
+                  file=sys.stderr)
+
+    def _handle(self, signum, frame) -> None:  # the main thread's view; the watcher counts
+        self._first(signum)
+
+    def _watch(self, read_end: int) -> None:
+        seen = 0
+        while True:
+            try:
+                data = os.read(read_end, 64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                if signum not in self.SIGNALS:
+                    continue
+                seen += 1
+                if seen == 1:
+                    self._first(signum)
+                else:
+                    print(f"\ninterrupted again ({signal.Signals(signum).name}): exiting now without saving",
+                          file=sys.stderr)
+                    os._exit(128 + signum)
 
     def __enter__(self) -> InterruptRequests:
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+            read_end, write_end = os.pipe()
+            os.set_blocking(write_end, False)
+            self._pipe = (read_end, write_end)
+            self._previous_wakeup = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+            threading.Thread(target=self._watch, args=(read_end,), daemon=True, name="interrupts").start()
         return self
 
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        if self._pipe is not None:
+            signal.set_wakeup_fd(self._previous_wakeup)
+            os.close(self._pipe[1])  # the watcher reads end-of-file and stops
+            self._pipe = None
 
 
 def disk_full(err: BaseException) -> bool:

@@ -232,7 +232,7 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
     run_dir = check_run_dir(cfg.run.dir)
     sharding.initialize_distributed(cfg.mesh.coordinator, cfg.mesh.num_processes, cfg.mesh.process_id)
     lock = RunDirLock(run_dir) if jax.process_index() == 0 else contextlib.nullcontext()
-    with lock, InterruptRequests() as interrupts:
+    with InterruptRequests() as interrupts, lock:  # handlers first: the lock's presence means they are in place
         if getattr(lock, "note", None):
             print(f"note: {lock.note}")
         try:
@@ -274,12 +274,12 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
                 continue
             jax.block_until_ready(state)  # the only host sync in the loop: at logging, saving and interrupts
             report.check_finite(int(state["skipped"]), done)
+            if log:  # before the save: a crash after it must not leave a saved step without its record
+                held_out = lambda: run_eval(eval_step, run.objective, state["params"], eval_batches, rows)  # noqa: E731
+                report.log(done, metrics, int(state["skipped"]), held_out if evaluate else None)
             if save:
                 save_checkpoint(manager, state, {"step": done, "seed": cfg.run.seed, "objective": run.objective.name,
                                                  "batch_size": cfg.train.batch_size})
-            if log:
-                held_out = lambda: run_eval(eval_step, run.objective, state["params"], eval_batches, rows)  # noqa: E731
-                report.log(done, metrics, int(state["skipped"]), held_out if evaluate else None)
             if interrupted and done < cfg.train.steps:  # the checkpoint is finalized below, before this leaves
                 raise Interrupted(done, interrupts.signum, saved=manager is not None)
     finally:  # a stop (or any error) still waits for checkpoints in flight

@@ -148,8 +148,8 @@ class RunConfig:
         if self.optim.schedule not in ("cosine", "linear", "constant", "inverse_sqrt"):
             raise ValueError(f"optim.schedule={self.optim.schedule!r}; valid: 'cosine', 'linear', 'constant', "
                              "'inverse_sqrt'")
-        if not self.optim.lr > 0:
-            raise ValueError(f"optim.lr={self.optim.lr} must be > 0")
+        if not 0 < self.optim.lr < float("inf"):
+            raise ValueError(f"optim.lr={self.optim.lr} must be a finite number > 0")
         if self.optim.warmup_steps < 0:
             raise ValueError(f"optim.warmup_steps={self.optim.warmup_steps} must be >= 0")
         if self.optim.warmup_steps >= self.train.steps:  # a short run under a config's default warmup
