@@ -6,6 +6,8 @@ segment memory) is a new type or field here, never a second forward pass.
 
 - ``KVCache``: every layer's keys and values of earlier tokens (only the kv heads), with each slot's
   position and validity, so visibility (padding, windows, prefixes) is computed from positions.
+- ``LatentCache``: the same slots for multi-head latent attention, holding each token's compressed
+  latent and shared rotary key instead of per-head keys and values.
 - ``EncoderKV``: an encoder-decoder's cross-attention keys and values, computed once per source.
 - ``DecodeState``: what a decoder's step carries: its KV cache, the encoder side, the prefix sizes.
 """
@@ -13,6 +15,7 @@ segment memory) is a new type or field here, never a second forward pass.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -20,13 +23,61 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
+class _Slots:
+    """What the self-attention caches share: per-layer arrays [L, B, S, ...] named in ``LAYER_FIELDS``,
+    each slot's position and validity [B, S] (padding and unwritten slots are not valid), and the
+    next slot to write. The stack hands each layer its slice of ``layers()`` and writes what the
+    layers return once, after the layer loop."""
+
+    LAYER_FIELDS: ClassVar[tuple[str, ...]]
+    positions: Array
+    valid: Array
+    index: Array
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+    def layers(self) -> dict[str, Array]:
+        return {name: getattr(self, name) for name in self.LAYER_FIELDS}
+
+    def check_room(self, count: int) -> None:
+        """A step that would write past the cache is refused when the index is known on the host (JAX
+        would clamp the write silently); under jit the caller sized the cache."""
+        if not isinstance(self.index, jax.core.Tracer) and int(self.index) + count > self.length:
+            raise ValueError(f"decoding {count} tokens at cache index {int(self.index)} overflows a cache of "
+                             f"{self.length} slots")
+
+    def write(self, new: dict[str, Array], positions: Array, valid: Array):
+        """The cache with T new tokens written at ``index``: ``new`` holds each layer field's [L, B, T, ...],
+        positions and validity are [B, T]. One in-place update per array, after every layer has run."""
+        at = self.index
+        arrays = {}
+        for name in self.LAYER_FIELDS:
+            old = getattr(self, name)
+            arrays[name] = jax.lax.dynamic_update_slice(old, new[name].astype(old.dtype), (0, 0, at) + (0,) * (old.ndim - 3))
+        count = positions.shape[1]
+        return dataclasses.replace(
+            self, **arrays, index=at + count,
+            positions=jax.lax.dynamic_update_slice_in_dim(self.positions, positions.astype(jnp.int32), at, axis=1),
+            valid=jax.lax.dynamic_update_slice_in_dim(self.valid, valid.astype(bool), at, axis=1))
+
+    def reorder(self, rows: Array):
+        """The cache of batch rows ``rows`` (beam search: each surviving beam takes its parent's)."""
+        return dataclasses.replace(self, **{name: getattr(self, name)[:, rows] for name in self.LAYER_FIELDS},
+                                   positions=self.positions[rows], valid=self.valid[rows])
+
+
+def _empty_slots(batch: int, length: int) -> tuple[Array, Array, Array]:
+    return jnp.zeros((batch, length), jnp.int32), jnp.zeros((batch, length), bool), jnp.int32(0)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class KVCache:
-    """Keys and values k, v [L, B, S, K, H] of the tokens written so far; ``positions`` and ``valid``
-    [B, S] say where each slot's token sits and whether it is real (padding and unwritten slots are
-    not); ``index`` is the next slot to write."""
+class KVCache(_Slots):
+    """Keys and values k, v [L, B, S, K, H] of the tokens written so far (only the kv heads)."""
 
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("k", "v")
     k: Array
     v: Array
     positions: Array
@@ -36,34 +87,39 @@ class KVCache:
     @classmethod
     def empty(cls, layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype) -> KVCache:
         shape = (layers, batch, length, kv_heads, head_dim)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, length), jnp.int32),
-                   jnp.zeros((batch, length), bool), jnp.int32(0))
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), *_empty_slots(batch, length))
 
-    @property
-    def length(self) -> int:
-        return self.valid.shape[1]
 
-    def check_room(self, count: int) -> None:
-        """A step that would write past the cache is refused when the index is known on the host (JAX
-        would clamp the write silently); under jit the caller sized the cache."""
-        if not isinstance(self.index, jax.core.Tracer) and int(self.index) + count > self.length:
-            raise ValueError(f"decoding {count} tokens at cache index {int(self.index)} overflows a cache of "
-                             f"{self.length} slots")
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LatentCache(_Slots):
+    """Multi-head latent attention's cache: per token and layer, the normalized key/value latent [C]
+    followed by the rotated key part shared by every head [R], side by side in one array
+    ``latent`` [L, B, S, C + R], so a decode step reads it as one key of width C + R."""
 
-    def write(self, k: Array, v: Array, positions: Array, valid: Array) -> KVCache:
-        """The cache with T new tokens written at ``index``: k, v [L, B, T, K, H], positions and
-        validity [B, T]. One in-place update per array, after every layer has run."""
-        at = self.index
-        return KVCache(jax.lax.dynamic_update_slice(self.k, k.astype(self.k.dtype), (0, 0, at, 0, 0)),
-                       jax.lax.dynamic_update_slice(self.v, v.astype(self.v.dtype), (0, 0, at, 0, 0)),
-                       jax.lax.dynamic_update_slice_in_dim(self.positions, positions.astype(jnp.int32), at, axis=1),
-                       jax.lax.dynamic_update_slice_in_dim(self.valid, valid.astype(bool), at, axis=1),
-                       at + k.shape[2])
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("latent",)
+    latent: Array
+    positions: Array
+    valid: Array
+    index: Array
 
-    def reorder(self, rows: Array) -> KVCache:
-        """The cache of batch rows ``rows`` (beam search: each surviving beam takes its parent's)."""
-        return dataclasses.replace(self, k=self.k[:, rows], v=self.v[:, rows], positions=self.positions[rows],
-                                   valid=self.valid[rows])
+    @classmethod
+    def empty(cls, layers: int, batch: int, length: int, width: int, dtype) -> LatentCache:
+        return cls(jnp.zeros((layers, batch, length, width), dtype), *_empty_slots(batch, length))
+
+
+def empty_cache(cfg, layers: int, batch: int, length: int, dtype) -> KVCache | LatentCache:
+    """The empty self-attention cache a config's layers fill: latents for MLA, else keys and values."""
+    if cfg.mla:
+        return LatentCache.empty(layers, batch, length, cfg.kv_lora_rank + cfg.rope_head_dim, dtype)
+    return KVCache.empty(layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype)
+
+
+def cache_numbers_per_token(cfg) -> int:
+    """Numbers one token adds to a decoder's self-attention cache, all layers: (C + R) per layer for
+    MLA, 2 x kv heads x head size per layer otherwise."""
+    per_layer = cfg.kv_lora_rank + cfg.rope_head_dim if cfg.mla else 2 * cfg.kv_heads * cfg.head_dim_
+    return cfg.decoder_layers * per_layer
 
 
 @jax.tree_util.register_dataclass
@@ -83,7 +139,7 @@ class DecodeState:
     """What a decoder's cached step carries: its self-attention cache, the encoder side of an
     encoder-decoder (None for decoder-only models), and prefix-LM prefix sizes [B] (None otherwise)."""
 
-    kv: KVCache
+    kv: KVCache | LatentCache
     encoder: EncoderKV | None = None
     prefix_lengths: Array | None = None
 

@@ -19,6 +19,9 @@ GATED_ACTIVATIONS = ("swiglu", "geglu")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
 ROPE_SCALINGS = ("linear", "llama3")
+ROUTER_SCORES = ("softmax", "sigmoid")
+ROUTER_AUX_LOSSES = ("batch", "sequence")
+MOE_DISPATCHES = ("auto", "grouped", "dense")
 HEADS = (
     "none",  # base model: hidden states only
     "lm",  # next-token logits (decoder and encoder-decoder)
@@ -135,6 +138,16 @@ class ModelConfig:
     attention_scale: float | None = None  # None: head_dim ** -0.5 (T5 uses 1.0)
     attention_backend: str = "auto"  # auto | xla | cudnn | splash (jaxformer/kernels.py)
 
+    # Multi-head latent attention (DeepSeek-V2/V3), on when kv_lora_rank is set. Keys and values are
+    # expanded per head from one shared latent of kv_lora_rank numbers per token (what a cache holds,
+    # with one shared rotary key of rope_head_dim); head_dim is then the query/key part without
+    # positions (qk_nope_head_dim), and the scale is (head_dim + rope_head_dim) ** -0.5.
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None  # MLA: a low-rank query projection through this width; None: a plain one
+    rope_head_dim: int = 64  # MLA: the rotary part of each query and key head
+    v_head_dim: int | None = None  # MLA: the value head size; None: head_dim
+    rope_interleave: bool = False  # MLA: rotary pairs are adjacent (x0, x1), (x2, x3), as DeepSeek lays them out
+
     qkv_bias: bool = True
     out_bias: bool = True
     mlp_bias: bool = True
@@ -153,9 +166,20 @@ class ModelConfig:
     dropout_rate: float = 0.0
     attention_dropout_rate: float = 0.0
 
-    num_experts: int = 0  # 0: dense FFN; >0: top-k mixture of experts (Mixtral)
+    num_experts: int = 0  # 0: dense FFN; >0: top-k mixture of experts (Mixtral, DeepSeekMoE)
     experts_per_token: int = 2
+    expert_d_ff: int | None = None  # a routed expert's hidden size; None: d_ff
+    shared_experts: int = 0  # always-on experts (DeepSeekMoE): one gated MLP of shared_experts * expert_d_ff
+    dense_layers: int = 0  # the first layers keep a dense MLP of d_ff (DeepSeek's first_k_dense_replace)
+    router_score: str = "softmax"  # softmax over experts (Mixtral, DeepSeek-V2) or per-expert sigmoid (V3)
+    router_groups: int = 1  # experts split into groups; a token first picks router_topk_groups of them
+    router_topk_groups: int = 1  # (group score: best expert under softmax, sum of the best two under sigmoid)
+    router_bias: bool = False  # V3: a per-expert bias added for selection only, moved by balancing, not gradients
+    normalize_router_weights: bool = True  # the k chosen weights are divided by their sum
+    routed_scaling: float = 1.0  # the routed experts' output is scaled by this (DeepSeek routed_scaling_factor)
     router_aux_loss_coef: float = 0.0
+    router_aux_loss: str = "batch"  # batch: Switch/Mixtral over all tokens; sequence: DeepSeek-V3, per row
+    moe_dispatch: str = "auto"  # grouped (sorted tokens, one ragged matmul), dense (every expert), auto: measured
 
     pad_token_id: int | None = None
     bos_token_id: int | None = None
@@ -208,7 +232,7 @@ class ModelConfig:
         _one_of("activation", self.activation, ACTIVATIONS)
         _one_of("position", self.position, POSITIONS)
         if self.position == "rope":
-            if self.head_dim_ % 2:
+            if self.kv_lora_rank is None and self.head_dim_ % 2:
                 raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim_}")
             if not self.rope_theta > 0:
                 raise ValueError(f"ModelConfig.rope_theta={self.rope_theta!r} must be > 0")
@@ -247,6 +271,28 @@ class ModelConfig:
                 f"ModelConfig.window_size={self.window_size} is set but attention={self.attention!r}; "
                 "set attention='sliding' or 'alternating', or window_size=None")
         _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if self.kv_lora_rank is not None:
+            _positive("kv_lora_rank", self.kv_lora_rank)
+            if self.q_lora_rank is not None:
+                _positive("q_lora_rank", self.q_lora_rank)
+            _positive("rope_head_dim", self.rope_head_dim)
+            if self.v_head_dim is not None:
+                _positive("v_head_dim", self.v_head_dim)
+            if self.family != "decoder" or self.position != "rope":
+                raise ValueError("ModelConfig.kv_lora_rank (multi-head latent attention) needs family='decoder' "
+                                 f"and position='rope', not {self.family!r} and {self.position!r}")
+            if self.rope_head_dim % 2:
+                raise ValueError(f"ModelConfig.rope_head_dim={self.rope_head_dim} must be even")
+            if self.kv_heads != self.num_heads:
+                raise ValueError(f"ModelConfig.num_kv_heads={self.num_kv_heads}: multi-head latent attention "
+                                 "expands keys and values for every head; leave num_kv_heads None")
+            if self.qkv_bias:
+                raise ValueError("ModelConfig.qkv_bias=True is not supported with multi-head latent attention")
+        else:
+            for field, off in {"q_lora_rank": None, "v_head_dim": None, "rope_interleave": False}.items():
+                if getattr(self, field) != off:
+                    raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs kv_lora_rank "
+                                     "(multi-head latent attention)")
         if self.attention_scale is not None and not self.attention_scale > 0:
             raise ValueError(f"ModelConfig.attention_scale={self.attention_scale!r} must be > 0")
 
@@ -277,6 +323,40 @@ class ModelConfig:
                 raise ValueError(
                     f"ModelConfig.experts_per_token={self.experts_per_token} must lie in "
                     f"[1, num_experts={self.num_experts}]")
+            for field in ("shared_experts", "dense_layers"):
+                _non_negative(field, getattr(self, field))
+            if self.expert_d_ff is not None:
+                _positive("expert_d_ff", self.expert_d_ff)
+            if self.dense_layers >= self.decoder_layers:
+                raise ValueError(f"ModelConfig.dense_layers={self.dense_layers} must be < decoder_layers="
+                                 f"{self.decoder_layers} (the remaining layers hold the experts)")
+            _one_of("router_score", self.router_score, ROUTER_SCORES)
+            _positive("router_groups", self.router_groups)
+            _positive("router_topk_groups", self.router_topk_groups)
+            if self.num_experts % self.router_groups:
+                raise ValueError(f"ModelConfig.router_groups={self.router_groups} does not divide num_experts="
+                                 f"{self.num_experts}")
+            if self.router_topk_groups > self.router_groups:
+                raise ValueError(f"ModelConfig.router_topk_groups={self.router_topk_groups} must be <= "
+                                 f"router_groups={self.router_groups}")
+            per_group = self.num_experts // self.router_groups
+            if self.router_topk_groups * per_group < self.experts_per_token:
+                raise ValueError(
+                    f"ModelConfig.router_topk_groups={self.router_topk_groups} groups of {per_group} experts "
+                    f"hold fewer than experts_per_token={self.experts_per_token}")
+            if self.router_groups > 1 and self.router_score == "sigmoid" and per_group < 2:
+                raise ValueError("ModelConfig.router_groups: sigmoid routing scores a group by its best two "
+                                 "experts, so each group needs at least 2")
+            if not (isinstance(self.routed_scaling, (int, float)) and math.isfinite(self.routed_scaling)
+                    and self.routed_scaling > 0):
+                raise ValueError(f"ModelConfig.routed_scaling={self.routed_scaling!r} must be a finite number > 0")
+            _one_of("router_aux_loss", self.router_aux_loss, ROUTER_AUX_LOSSES)
+            _one_of("moe_dispatch", self.moe_dispatch, MOE_DISPATCHES)
+        else:
+            moe_only = {"expert_d_ff": None, "shared_experts": 0, "dense_layers": 0, "router_bias": False}
+            for field, off in moe_only.items():
+                if getattr(self, field) != off:
+                    raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs num_experts > 0")
         if self.router_aux_loss_coef < 0:
             raise ValueError(f"ModelConfig.router_aux_loss_coef={self.router_aux_loss_coef!r} must be >= 0")
 
@@ -316,8 +396,27 @@ class ModelConfig:
         return self.activation in GATED_ACTIVATIONS
 
     @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def rope_dim(self) -> int:
+        """Width of the rotated part of a query/key head: all of it, or MLA's rope_head_dim."""
+        return self.rope_head_dim if self.mla else self.head_dim_
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim if self.v_head_dim is not None else self.head_dim_
+
+    @property
+    def expert_width(self) -> int:
+        return self.expert_d_ff if self.expert_d_ff is not None else self.d_ff
+
+    @property
     def scale(self) -> float:
-        return self.attention_scale if self.attention_scale is not None else 1.0 / math.sqrt(self.head_dim_)
+        if self.attention_scale is not None:
+            return self.attention_scale
+        return 1.0 / math.sqrt(self.head_dim_ + (self.rope_head_dim if self.mla else 0))
 
     @property
     def num_layers(self) -> int:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import DecodeState, KVCache
+from jaxformer.cache import DecodeState, KVCache, LatentCache, empty_cache
 from jaxformer.checks import check_inputs, check_prefix_lengths, public_call
 from jaxformer.config import ModelConfig
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
@@ -76,7 +76,8 @@ class Decoder(nnx.Module):
         check_prefix_lengths(prefix_lengths, self.config, *shape)
 
     def forward(self, input_ids: Array | None, *, inputs_embeds: Array | None = None, valid: Array | None = None,
-                positions: Array | None = None, prefix_lengths: Array | None = None, cache: KVCache | None = None,
+                positions: Array | None = None, prefix_lengths: Array | None = None,
+                cache: KVCache | LatentCache | None = None,
                 collect_hidden: bool = False, key: Array | None = None) -> StackOutput:
         """The one forward pass: embeddings, then the causal stack over ``cache`` (if any)."""
         keys = split_key(key, 2)
@@ -94,15 +95,18 @@ class Decoder(nnx.Module):
         out = self.forward(input_ids, inputs_embeds=inputs_embeds, valid=attention_mask, positions=position_ids,
                            prefix_lengths=prefix_lengths, collect_hidden=output_hidden_states, key=dropout_key)
         logits = lm_logits(self, out.hidden) if cfg.head == "lm" else None
-        aux = (cfg.router_aux_loss_coef * load_balancing_loss(out.router_stats, cfg.num_experts)
-               if out.router_stats is not None else None)
-        return ModelOutput(logits=logits, last_hidden_state=out.hidden, hidden_states=out.hidden_states, aux_loss=aux)
+        aux = load = None
+        if out.router_stats is not None:
+            aux = cfg.router_aux_loss_coef * load_balancing_loss(out.router_stats, cfg)
+            load = out.router_stats["load"]
+        return ModelOutput(logits=logits, last_hidden_state=out.hidden, hidden_states=out.hidden_states, aux_loss=aux,
+                           router_load=load)
 
     def init_cache(self, batch: int, length: int, prefix_lengths: Array | None = None) -> DecodeState:
-        """An empty state for ``length`` tokens per row (only the kv heads are cached)."""
+        """An empty state for ``length`` tokens per row (only the kv heads are cached, or MLA's latents)."""
         cfg = self.config
-        kv = KVCache.empty(cfg.decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype_of(cfg.dtype))
-        return DecodeState(kv, prefix_lengths=prefix_lengths)
+        cache = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype))
+        return DecodeState(cache, prefix_lengths=prefix_lengths)
 
     def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState) -> tuple[Array, DecodeState]:
         """Run ``ids`` [B, T] at ``positions`` (real where ``valid``) over the cache: float32 logits of

@@ -13,7 +13,7 @@ import dataclasses
 import jax
 from flax import nnx
 
-from jaxformer.cache import DecodeState, EncoderKV, KVCache
+from jaxformer.cache import DecodeState, EncoderKV, KVCache, empty_cache
 from jaxformer.checks import check_inputs, public_call
 from jaxformer.config import ModelConfig
 from jaxformer.decoder import last_token_logits, lm_logits, make_lm_head, unstacked_decoder
@@ -93,7 +93,7 @@ class EncoderDecoder(nnx.Module):
         cross-attention keys and values of ``source`` (``encode``'s output; computed here, once)."""
         cfg = self.config
         batch = source.hidden.shape[0]
-        kv = KVCache.empty(cfg.decoder_layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype_of(cfg.dtype))
+        kv = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype))
         return DecodeState(kv, encoder=self.decoder.cross_key_values(source))
 
     def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState) -> tuple[Array, DecodeState]:

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from flax import nnx
 
+from jaxformer.cache import cache_numbers_per_token
 from jaxformer.config import ModelConfig
 from jaxformer.models import abstract_params
 
@@ -122,7 +123,7 @@ def decode_bytes_per_step(cfg: ModelConfig, batch_size: int, cache_length: int, 
     if cfg.family == "encoder":
         raise ValueError(f"decode_bytes_per_step needs a decoder; {cfg.name!r} is an encoder")
     visible = min(cache_length, cfg.window_size) if cfg.attention == "sliding" else cache_length
-    kv_bytes_per_token = 2 * cfg.decoder_layers * cfg.kv_heads * cfg.head_dim_ * jnp.dtype(cfg.dtype).itemsize
+    kv_bytes_per_token = cache_numbers_per_token(cfg) * jnp.dtype(cfg.dtype).itemsize
     return _decode_weight_bytes(cfg, batch_size) + batch_size * kv_bytes_per_token * (visible + source_length)
 
 

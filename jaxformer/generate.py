@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import checks
-from jaxformer.cache import DecodeState
+from jaxformer.cache import DecodeState, cache_numbers_per_token
 from jaxformer.config import ModelConfig
 
 Array = jax.Array
@@ -362,7 +362,7 @@ def _integer(value):
 def check_cache_memory(cfg: ModelConfig, rows: int, slots: int) -> None:
     """Refuse, before allocating it, a KV cache larger than the memory free on the device."""
     itemsize = jnp.dtype(cfg.dtype).itemsize
-    needed = 2 * cfg.decoder_layers * rows * slots * cfg.kv_heads * cfg.head_dim_ * itemsize
+    needed = cache_numbers_per_token(cfg) * rows * slots * itemsize
     free = free_memory()
     if free is not None and needed > free:
         raise ValueError(f"the KV cache for {rows} rows x {slots} tokens needs {needed / 2**30:.1f} GiB "

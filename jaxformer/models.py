@@ -15,6 +15,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.decoder import Decoder
 from jaxformer.encoder import Encoder
 from jaxformer.encoder_decoder import EncoderDecoder
+from jaxformer.layers import RouterBias
 from jaxformer.presets import config
 
 FAMILIES = {"encoder": Encoder, "decoder": Decoder, "encoder_decoder": EncoderDecoder}
@@ -52,5 +53,7 @@ def abstract_params(name_or_config: str | ModelConfig) -> nnx.State:
 
 
 def param_count(name_or_config: str | ModelConfig) -> int:
-    """Number of parameters, counted from abstract shapes (works for 175B on a laptop)."""
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params(name_or_config)))
+    """Number of trained parameters, counted from abstract shapes (works for 175B on a laptop); like
+    Hugging Face, DeepSeek-V3's router selection bias (a ``RouterBias``, moved by balancing) is left out."""
+    params = nnx.state(abstract_model(name_or_config), nnx.Param)
+    return sum(math.prod(v.shape) for _, v in nnx.to_flat_state(params) if not isinstance(v, RouterBias))

@@ -20,3 +20,4 @@ class ModelOutput:
     start_logits: jax.Array | None = None  # extractive question answering
     end_logits: jax.Array | None = None
     aux_loss: jax.Array | None = None  # MoE load-balancing loss (times router_aux_loss_coef)
+    router_load: jax.Array | None = None  # MoE [L_moe, E]: each expert's share of the routed tokens, per layer

@@ -58,6 +58,23 @@ def _llama(d_model: int, layers: int, heads: int, kv_heads: int, d_ff: int, voca
     return {**base, **kw}
 
 
+def _deepseek(d_model: int, layers: int, heads: int, d_ff: int, expert_d_ff: int, experts: int, k: int, shared: int,
+              dense: int, vocab: int, *, v3: bool, q_lora_rank: int | None, **kw) -> dict:
+    # Multi-head latent attention (latent 512, rotary 64, no-position 128, values 128), DeepSeekMoE
+    # (fine-grained routed experts + shared ones, the first layers dense). V2 routes by softmax without
+    # renormalising; V3 by sigmoid with a selection bias, in groups, renormalised and scaled. The
+    # released files extend the context with yarn rope scaling, which jaxformer does not model: these
+    # presets keep the 4096 positions the models were pre-trained on.
+    base = dict(family="decoder", vocab_size=vocab, d_model=d_model, num_heads=heads, head_dim=128, rope_head_dim=64,
+                v_head_dim=128, kv_lora_rank=512, q_lora_rank=q_lora_rank, rope_interleave=True, d_ff=d_ff,
+                decoder_layers=layers, norm="rmsnorm", norm_eps=1e-6, norm_bias=False, activation="swiglu",
+                position="rope", rope_theta=10000.0, max_positions=4096, attention="causal", qkv_bias=False,
+                out_bias=False, mlp_bias=False, tie_embeddings=False, num_experts=experts, experts_per_token=k,
+                expert_d_ff=expert_d_ff, shared_experts=shared, dense_layers=dense,
+                router_score="sigmoid" if v3 else "softmax", router_bias=v3, normalize_router_weights=v3)
+    return {**base, **kw}
+
+
 _PRESETS: dict[str, dict] = {
     "transformer-base": _transformer_2017(512, 8, 2048, 0.1),
     "transformer-big": _transformer_2017(1024, 16, 4096, 0.3),
@@ -91,6 +108,10 @@ _PRESETS: dict[str, dict] = {
     "mixtral-8x7b": _llama(4096, 32, 32, 8, 14336, 32000, 1e6, 32768, num_experts=8, experts_per_token=2,
                            router_aux_loss_coef=0.02),
     "qwen2-7b": _llama(3584, 28, 28, 4, 18944, 152064, 1e6, 32768, qkv_bias=True, norm_eps=1e-6),
+    "deepseek-v2-lite": _deepseek(2048, 27, 16, 10944, 1408, 64, 6, 2, 1, 102400, v3=False, q_lora_rank=None,
+                                  bos_token_id=100000, eos_token_id=100001),
+    "deepseek-v3": _deepseek(7168, 61, 128, 18432, 2048, 256, 8, 1, 3, 129280, v3=True, q_lora_rank=1536,
+                             router_groups=8, router_topk_groups=4, routed_scaling=2.5, bos_token_id=0, eos_token_id=1),
     # Tiny configs: same component choices as their families, small enough to run in a second on CPU.
     "tiny-bert": _bert(64, 2, 4, vocab=256, d_ff=128, max_positions=128, dropout_rate=0.0,
                        attention_dropout_rate=0.0),
@@ -99,6 +120,9 @@ _PRESETS: dict[str, dict] = {
     "tiny-llama": _llama(64, 2, 4, 2, 128, 256, 10000.0, 128),
     "tiny-mixtral": _llama(64, 2, 4, 2, 128, 256, 1e6, 128, num_experts=4, experts_per_token=2,
                            router_aux_loss_coef=0.02),
+    "tiny-deepseek": _deepseek(64, 3, 4, 128, 32, 8, 2, 1, 1, 256, v3=True, q_lora_rank=48, head_dim=16,
+                               rope_head_dim=8, v_head_dim=16, kv_lora_rank=32, max_positions=128, router_groups=4,
+                               router_topk_groups=2, routed_scaling=2.5),
     "tiny-t5": {**_t5(64, 128, 2, 4, head_dim=16), "vocab_size": 256, "dropout_rate": 0.0},
     "tiny-transformer": {**_transformer_2017(64, 4, 128, 0.0), "vocab_size": 256, "max_positions": 128,
                          "encoder_layers": 2, "decoder_layers": 2},

@@ -28,6 +28,14 @@ _BART = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, enco
              init_std=STD, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
              forced_eos_token_id=2)
 
+_DEEPSEEK = dict(vocab_size=97, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=12, q_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                 v_head_dim=12, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1,
+                 max_position_embeddings=64, initializer_range=STD, bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6)
+_DEEPSEEK_V2 = {**_DEEPSEEK, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,
+                "routed_scaling_factor": 1.5}
+_DEEPSEEK_V3 = {**_DEEPSEEK, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1}
+
 # name -> (config class, model class, config kwargs)
 CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "bert": ("BertConfig", "BertModel", _BERT),
@@ -54,6 +62,15 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "mistral": ("MistralConfig", "MistralForCausalLM", {**_LLAMA, "sliding_window": 4}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {**_LLAMA, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    # DeepSeek: with and without query compression, grouped and ungrouped routing, both rope layouts
+    "deepseek-v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", _DEEPSEEK_V2),
+    "deepseek-v2-plain": ("DeepseekV2Config", "DeepseekV2ForCausalLM",
+                          {**_DEEPSEEK_V2, "q_lora_rank": None, "topk_method": "greedy", "first_k_dense_replace": 0}),
+    "deepseek-v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", _DEEPSEEK_V3),
+    "deepseek-v3-plain": ("DeepseekV3Config", "DeepseekV3ForCausalLM",
+                          {**_DEEPSEEK_V3, "q_lora_rank": None, "n_group": 1, "topk_group": 1, "rope_interleave": False,
+                           "norm_topk_prob": False, "first_k_dense_replace": 2}),
+    "deepseek-v3-base": ("DeepseekV3Config", "DeepseekV3Model", _DEEPSEEK_V3),
     "t5": ("T5Config", "T5ForConditionalGeneration", _T5),
     "t5-v1_1": ("T5Config", "T5ForConditionalGeneration",
                 {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}),
@@ -81,6 +98,10 @@ def build_reference(name: str, seed: int = 0):
     if name.startswith("bart"):  # final_logits_bias starts at zero; give it values so the test sees it
         if hasattr(model, "final_logits_bias"):
             model.final_logits_bias.normal_(0, STD)
+    with torch.no_grad():  # V3's selection bias starts at zero; random values make it change the choice
+        for n, buffer in model.named_buffers():
+            if n.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.randn_like(buffer) * 0.1)
     with torch.no_grad():  # norms start at exactly 1 and 0; perturb them so their mapping is tested
         for n, p in model.named_parameters():
             if p.dim() == 1 and ("norm" in n.lower() or n.endswith(".bias")):

@@ -10,11 +10,11 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
-from jaxformer.layers import Buffer, logical_axes, param
+from jaxformer.layers import Buffer, RouterBias, logical_axes, param
 from conftest import TINY, tiny_config, tiny_model
 
 AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
-              "positions", "types", "buckets", "labels"}
+              "positions", "types", "buckets", "labels", "latent"}
 
 VARIANTS = {
     "untied-lm-head": ("tiny-gpt", dict(tie_embeddings=False)),
@@ -28,6 +28,7 @@ VARIANTS = {
     "question-answering": ("tiny-bert", dict(head="question_answering", pooler=False)),
     "roberta-like": ("tiny-bert", dict(type_vocab_size=1, position_offset=2)),
     "moe-qkv-bias": ("tiny-mixtral", dict(qkv_bias=True, num_experts=3, experts_per_token=1)),
+    "mla-plain-query": ("tiny-deepseek", dict(q_lora_rank=None, dense_layers=0, shared_experts=0)),
     "llama-qkv-bias": ("tiny-llama", dict(qkv_bias=True, num_kv_heads=1)),
     "t5-v1_1-untied": ("tiny-t5", dict(tie_embeddings=False, scale_tied_logits=False, activation="geglu")),
     "t5-uneven-stacks": ("tiny-t5", dict(encoder_layers=3, decoder_layers=1)),
@@ -42,7 +43,10 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
     """The length each logical axis name must have in a model of ``cfg``."""
     return {
         "embed": {cfg.d_model}, "embed_out": {cfg.d_model}, "heads": {cfg.num_heads}, "kv_heads": {cfg.kv_heads},
-        "head_dim": {cfg.head_dim_}, "mlp": {cfg.d_ff}, "vocab": {cfg.vocab_size}, "experts": {cfg.num_experts},
+        "head_dim": {cfg.head_dim_} | ({cfg.head_dim_ + cfg.rope_head_dim, cfg.value_dim} if cfg.mla else set()),
+        "mlp": {cfg.d_ff, cfg.expert_width, cfg.shared_experts * cfg.expert_width}, "vocab": {cfg.vocab_size},
+        "experts": {cfg.num_experts},
+        "latent": {cfg.kv_lora_rank, cfg.q_lora_rank, cfg.kv_lora_rank + cfg.rope_head_dim} if cfg.mla else set(),
         "positions": {cfg.max_positions + cfg.position_offset}, "types": {cfg.type_vocab_size},
         "buckets": {cfg.relative_buckets},
         "labels": {cfg.num_labels, 2},  # classifiers: num_labels; NSP and QA spans: 2
@@ -52,7 +56,9 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
 def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], object]]) -> None:
     """``flat``: parameter path -> (shape, axes metadata)."""
     sizes = _expected_sizes(cfg)
-    stack_layers = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
+    dense = cfg.dense_layers if cfg.num_experts else 0
+    stack_layers = {("encoder", "blocks"): cfg.encoder_layers, ("decoder", "blocks"): cfg.decoder_layers - dense,
+                    ("decoder", "dense_blocks"): dense}
     assert flat, "no parameters found"
     for path, (shape, axes) in flat.items():
         where = "/".join(map(str, path))
@@ -60,10 +66,10 @@ def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], ob
         assert len(axes) == len(shape), f"{where}: shape {shape} but axes {axes}"
         assert set(axes) <= AXIS_NAMES, f"{where}: unknown axis names {set(axes) - AXIS_NAMES}"
         assert len(set(axes)) == len(axes), f"{where}: repeated axis name in {axes} (unshardable)"
-        stacked = "blocks" in path
+        stacked = "blocks" in path or "dense_blocks" in path
         if stacked:
             assert axes[0] == "layers", f"{where}: stacked block parameter must lead with 'layers', got {axes}"
-            assert shape[0] == stack_layers[path[0]], f"{where}: {shape[0]} layers in stack {path[0]!r}"
+            assert shape[0] == stack_layers[path[:2]], f"{where}: {shape[0]} layers in stack {path[:2]!r}"
         else:
             assert "layers" not in axes, f"{where}: 'layers' on a parameter outside the block stack"
         for size, name in zip(shape[1:] if stacked else shape, axes[1:] if stacked else axes):
@@ -84,7 +90,8 @@ def test_every_parameter_has_axes(base, changes):
     # logical_axes covers every parameter, and only parameters
     assert sorted(axes) == sorted("/".join(map(str, p)) for p in params)
     _check_axes(cfg, {p: (var.shape, axes["/".join(map(str, p))]) for p, var in params.items()})
-    assert sum(math.prod(v.shape) for v in params.values()) == jf.param_count(cfg)
+    trained = [v for v in params.values() if not isinstance(v, RouterBias)]  # HF counts the bias as a buffer
+    assert sum(math.prod(v.shape) for v in trained) == jf.param_count(cfg)
     # Non-trained arrays that travel with the checkpoint (buffers) are sharded too: same rules.
     buffers = {path: (var.shape, var.get_metadata().get("axes"))
                for path, var in nnx.to_flat_state(nnx.state(model, Buffer))}

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints <-> jaxformer, without torch.
 
-Each architecture lives in its own file (``interop/bert.py``, ``gpt2.py``, ``llama.py``, ``t5.py``,
-``bart.py``): how its ``config.json`` maps to a ModelConfig and how each tensor maps to a parameter, in
+Each architecture lives in its own file (``interop/bert.py``, ``gpt2.py``, ``llama.py``, ``deepseek.py``,
+``t5.py``, ``bart.py``): how its ``config.json`` maps to a ModelConfig and how each tensor maps to a parameter, in
 both directions. ``interop.registry`` lists them; this module reads and writes checkpoint folders
 through that table. Loading checks every tensor before anything is built (nothing partial loads);
 saving runs the same rules backwards, so HF -> jaxformer -> HF returns the same bytes per tensor.
@@ -137,6 +137,11 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pic
     model_type, arch = architecture_of(hf)  # refuse unsupported types before touching any tensor file
     files = TensorFiles(folder, allow_pickle=allow_pickle)
     names = set(files.names)
+    if BY_MODEL_TYPE[model_type].ignored is not None:
+        skipped, note = BY_MODEL_TYPE[model_type].ignored(hf, names)
+        if skipped:
+            warnings.warn(note, stacklevel=2)
+            names -= skipped
     cfg = config_from_hf(hf, names, list(iter_json(folder, "generation_config.json")), dtype)
     rules, aliases = rules_for(cfg, model_type, arch, names)
     model = build_from_tensors(cfg, rules, aliases, names, files.get, f"{folder} does not match {arch} ({model_type})")

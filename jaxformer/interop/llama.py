@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
-                                     rope_from_hf, rope_to_hf)
+                                     rope_from_hf, rope_to_hf, stacked_experts)
 
 STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "mixtral": "Mixtral"}
 CLASSES = {model_type: (f"{stem}Model", f"{stem}ForCausalLM") for model_type, stem in STEMS.items()}
@@ -48,8 +46,18 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     return cfg
 
 
+def mixtral_shaped(cfg: ModelConfig) -> bool:
+    """A mixture of experts Mixtral's files can hold: softmax top-k with renormalised weights, experts
+    as wide as d_ff, nothing of DeepSeekMoE's."""
+    return (cfg.router_score == "softmax" and cfg.router_groups == 1 and not cfg.router_bias
+            and cfg.normalize_router_weights and cfg.routed_scaling == 1.0 and not cfg.shared_experts
+            and not cfg.dense_layers and cfg.expert_width == cfg.d_ff and cfg.router_aux_loss == "batch")
+
+
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if cfg.family != "decoder" or cfg.position != "rope":
+    if cfg.family != "decoder" or cfg.position != "rope" or cfg.mla:
+        return None
+    if cfg.num_experts and not mixtral_shaped(cfg):
         return None
     if cfg.num_experts:
         model_type = "mixtral"
@@ -97,12 +105,10 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
            copy(L + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight"),
            copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
     if cfg.num_experts:
-        E = cfg.num_experts
         moe = f"{layer}.block_sparse_moe"
 
         def experts(w: str, path: str) -> Rule:
-            return Rule((L + ("mlp", path),), tuple(f"{moe}.experts.{e}.{w}.weight" for e in range(E)),
-                        lambda ts: [np.stack([t.T for t in ts])], lambda ps: [w_.T for w_ in ps[0]])
+            return stacked_experts(L + ("mlp", path), [f"{moe}.experts.{e}.{w}.weight" for e in range(cfg.num_experts)])
 
         out += [linear(L + ("mlp", "router"), f"{moe}.gate.weight"),
                 experts("w1", "wi_gate"), experts("w3", "wi"), experts("w2", "wo")]

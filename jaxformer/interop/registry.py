@@ -6,12 +6,13 @@ The loader and the exporter both read this table; adding an architecture is a ne
 
 from __future__ import annotations
 
-from jaxformer.interop import bart, bert, gpt2, llama, t5
+from jaxformer.interop import bart, bert, deepseek, gpt2, llama, t5
 from jaxformer.interop.rules import Architecture
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     bert.ARCHITECTURE,
     gpt2.ARCHITECTURE,
+    deepseek.ARCHITECTURE,
     llama.ARCHITECTURE,
     t5.ARCHITECTURE,
     bart.ARCHITECTURE,

@@ -51,6 +51,9 @@ class Architecture:
     target: Callable[[ModelConfig], tuple[str, str] | None]
     config_to_hf: Callable[[ModelConfig, str, dict], None]
     rules: Callable[[ModelConfig, str, str, str], tuple[list[Rule], dict[str, str]]]
+    # ``ignored(hf, tensor_names) -> (names, note)``: tensors a file may carry that the forward pass never
+    # reads (DeepSeek-V3's multi-token-prediction layers); they are skipped with the note as a warning.
+    ignored: Callable[[dict, set[str]], tuple[set[str], str]] | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,18 +119,31 @@ class Rule:
     """jaxformer parameters ``paths`` <-> HF tensors ``names``.
 
     Names may hold ``{i}`` (the layer); such a rule is applied per layer and its jaxformer arrays are
-    stacked on a leading layers axis. ``load`` maps the HF arrays to the jaxformer arrays (one per
-    path), ``save`` is its exact inverse.
+    stacked on a leading layers axis: every layer of the stack, or the layers ``first <= i < end`` of
+    ``layers`` (a stack whose first layers differ, as DeepSeek's dense ones). ``load`` maps the HF arrays
+    to the jaxformer arrays (one per path), ``save`` is its exact inverse.
     """
 
     paths: tuple[tuple[str, ...], ...]
     names: tuple[str, ...]
     load: Callable[[list[np.ndarray]], list[np.ndarray]]
     save: Callable[[list[np.ndarray]], list[np.ndarray]]
+    layers: tuple[int, int] | None = None
 
     @property
     def per_layer(self) -> bool:
         return any("{i}" in n for n in self.names)
+
+    def layer_range(self, cfg: ModelConfig) -> range:
+        """The HF layer indices this rule reads (a single pass, ``range(1)``, when not per layer)."""
+        if not self.per_layer:
+            return range(1)
+        if self.layers is not None:
+            return range(*self.layers)
+        return range({"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}[self.paths[0][0]])
+
+    def in_layers(self, first: int, end: int) -> Rule:
+        return dataclasses.replace(self, layers=(first, end))
 
 
 def copy(path, name) -> Rule:
@@ -181,6 +197,11 @@ def attention(cfg: ModelConfig, path, q, k, v, o, q_bias=None, k_bias=None, v_bi
     return rules
 
 
+def stacked_experts(path, names: list[str]) -> Rule:
+    """One torch Linear [out, in] per expert <-> a kernel [E, in, out]."""
+    return Rule((path,), tuple(names), lambda ts: [np.stack([t.T for t in ts])], lambda ps: [w.T for w in ps[0]])
+
+
 def lm_head(cfg: ModelConfig, embedding: str) -> tuple[list[Rule], dict[str, str]]:
     """The LM head: an alias of the token embedding when tied (older files may still carry a
     copy, which must then equal it), else its own [V, D] tensor."""
@@ -211,14 +232,14 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
     check. Weights holding NaN or Inf load, with a warning naming them."""
     graphdef, state = _abstract_split(cfg)
     expected = {tuple(map(str, p)): v for p, v in nnx.to_flat_state(state)}
-    num_layers = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
 
     param_dtype = np.dtype(jnp.dtype(cfg.param_dtype))
     missing, mismatched, not_float, loaded, used = [], [], [], {}, set()
     copies: list[tuple[np.ndarray, Any, np.ndarray, str]] = []  # (destination, index, source view, tensor name)
     for rule in rules:
-        layers = num_layers[rule.paths[0][0]] if rule.per_layer else 1
-        groups = [[n.format(i=i) for n in rule.names] for i in range(layers)]
+        layer_ids = rule.layer_range(cfg)
+        layers = len(layer_ids)
+        groups = [[n.format(i=i) for n in rule.names] for i in layer_ids]
         absent = [n for group in groups for n in group if n not in names]
         used.update(n for group in groups for n in group if n in names)  # present, so never "unexpected"
         if absent:
@@ -311,13 +332,13 @@ def export_with_rules(model, rules: list[Rule]) -> dict[str, np.ndarray]:
     """Run ``rules`` backwards: the model's parameters as named numpy arrays (layers unstacked)."""
     cfg: ModelConfig = model.config
     flat = {tuple(map(str, p)): v for p, v in nnx.to_flat_state(nnx.state(model))}
-    num_layers = {"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}
     tensors: dict[str, np.ndarray] = {}
     for rule in rules:
         arrays = [np.asarray(jax.device_get(flat[p][...])) for p in rule.paths]
         if rule.per_layer:
-            for i in range(num_layers[rule.paths[0][0]]):
-                for name, t in zip(rule.names, rule.save([a[i] for a in arrays])):
+            layer_ids = rule.layer_range(cfg)
+            for index, i in enumerate(layer_ids):
+                for name, t in zip(rule.names, rule.save([a[index] for a in arrays])):
                     tensors[name.format(i=i)] = np.ascontiguousarray(t)
         else:
             tensors.update((name, np.ascontiguousarray(t)) for name, t in zip(rule.names, rule.save(arrays)))

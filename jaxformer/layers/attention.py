@@ -10,7 +10,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import kernels
 from jaxformer.config import ModelConfig
-from jaxformer.layers.core import dropout, dtype_of, param
+from jaxformer.layers.core import dropout, dtype_of, normalize, param
 from jaxformer.layers.positions import apply_rope
 
 Array = jax.Array
@@ -62,7 +62,8 @@ def _softmax_jvp(primals, tangents):
 
 def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate: float = 0.0,
                           key: Array | None = None) -> Array:
-    """Grouped-query attention. q [B,T,N,H], k/v [B,S,K,H], mask [B|1,1,T,S], bias [B|1,N,T,S] or None.
+    """Grouped-query attention. q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], mask [B|1,1,T,S], bias [B|1,N,T,S]
+    or None; returns [B,T,N,Hv].
 
     k, v, mask and bias may also be tuples of segments along S (a KV cache and this call's new
     keys): the softmax runs over all segments together, so the cache is read where it lies instead
@@ -100,7 +101,8 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
         p_seg = p_seg.astype(v_seg.dtype).reshape(B, K, G * T, -1)
         out = out + jnp.einsum("BKMS,BKSH->BKMH", p_seg, v_seg.transpose(0, 2, 1, 3))
         start += v_seg.shape[1]
-    return out.reshape(B, K, G, T, H).transpose(0, 3, 1, 2, 4).reshape(B, T, N, H)
+    Hv = vs[0].shape[-1]
+    return out.reshape(B, K, G, T, Hv).transpose(0, 3, 1, 2, 4).reshape(B, T, N, Hv)
 
 
 class Attention(nnx.Module):
@@ -165,3 +167,117 @@ class Attention(nnx.Module):
         if self.o_bias is not None:
             y = y + self.o_bias[...].astype(self.dtype)
         return y
+
+
+class LatentAttention(nnx.Module):
+    """Multi-head latent attention (DeepSeek-V2): keys and values come from one compressed latent per
+    token, so a cache holds that latent (and one rotary key shared by the heads), not per-head keys.
+
+    Parameters: the query, plain (q [D, N, Hq]) or low-rank (q_down [D, Cq], its RMSNorm, q_up
+    [Cq, N, Hq]) with Hq = head_dim + rope_head_dim; kv_down [D, C + R] giving the latent and the rotary
+    key; the latent's RMSNorm; k_up [C, N, head_dim] and v_up [C, N, Hv]; o [N, Hv, D].
+
+    Two forms of the same attention, chosen by shape (static): a full pass or a prefill expands each
+    latent into per-head keys and values; a decode step (one new token per row, over a cache) absorbs
+    k_up into the query and v_up into the output instead, so it attends over the cached latents
+    directly, as multi-query attention with one key of width C + R, and never expands the cache.
+    """
+
+    # transformers builds the two latent norms with its RMSNorm default, not the model's eps
+    LATENT_NORM_EPS = 1e-6
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, N, Hn, R, Hv = cfg.d_model, cfg.num_heads, cfg.head_dim_, cfg.rope_head_dim, cfg.value_dim
+        C, Cq = cfg.kv_lora_rank, cfg.q_lora_rank
+        self.dtype, self.scale, self.dropout_rate = dtype_of(cfg.dtype), cfg.scale, cfg.attention_dropout_rate
+        self.rope_interleave, self.latent_width = cfg.rope_interleave, C
+        if Cq is None:
+            self.q = param(rngs, (D, N, Hn + R), ("embed", "heads", "head_dim"), cfg)
+            self.q_down = self.q_norm = self.q_up = None
+        else:
+            self.q = None
+            self.q_down = param(rngs, (D, Cq), ("embed", "latent"), cfg)
+            self.q_norm = param(rngs, (Cq,), ("latent",), cfg, init="ones")
+            self.q_up = param(rngs, (Cq, N, Hn + R), ("latent", "heads", "head_dim"), cfg)
+        self.kv_down = param(rngs, (D, C + R), ("embed", "latent"), cfg)
+        self.kv_norm = param(rngs, (C,), ("latent",), cfg, init="ones")
+        self.k_up = param(rngs, (C, N, Hn), ("latent", "heads", "head_dim"), cfg)
+        self.v_up = param(rngs, (C, N, Hv), ("latent", "heads", "head_dim"), cfg)
+        self.o = param(rngs, (N, Hv, D), ("heads", "head_dim", "embed"), cfg)
+        self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
+
+    def _rms(self, x: Array, scale: nnx.Param) -> Array:
+        y = normalize(x.astype(jnp.float32), scale[...].astype(jnp.float32), None, "rmsnorm", self.LATENT_NORM_EPS)
+        return y.astype(self.dtype)
+
+    def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:
+        """Rotary positions on [B, T, N, R]. DeepSeek rotates adjacent pairs; taking the even then the
+        odd coordinates turns that into the half-split rotation, and attention scores do not depend on
+        the order of coordinates as long as queries and keys share it."""
+        if self.rope_interleave:
+            x = jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+        return apply_rope(x, *rope)
+
+    def queries(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array]:
+        """(the part without positions [B, T, N, head_dim], the rotated part [B, T, N, R])."""
+        dt = self.dtype
+        if self.q is not None:
+            q = jnp.einsum("BTD,DNH->BTNH", x, self.q[...].astype(dt))
+        else:
+            c = self._rms(jnp.einsum("BTD,DC->BTC", x, self.q_down[...].astype(dt)), self.q_norm)
+            q = jnp.einsum("BTC,CNH->BTNH", c, self.q_up[...].astype(dt))
+        q = checkpoint_name(q, "qkv")
+        nope = self.k_up.shape[-1]
+        return q[..., :nope], self._rotate(q[..., nope:], rope)
+
+    def latents(self, x: Array, rope: tuple[Array, Array]) -> Array:
+        """What the cache holds per token [B, T, C + R]: the normalized latent, then the rotated key."""
+        kv = checkpoint_name(jnp.einsum("BTD,DC->BTC", x, self.kv_down[...].astype(self.dtype)), "qkv")
+        C = self.latent_width
+        rope_key = self._rotate(kv[:, :, None, C:], rope)[:, :, 0]
+        return jnp.concatenate([self._rms(kv[..., :C], self.kv_norm), rope_key], axis=-1)
+
+    def expand(self, latents: Array) -> tuple[Array, Array]:
+        """Per-head keys [B, S, N, head_dim + R] and values [B, S, N, Hv] of latents [B, S, C + R]."""
+        dt, C = self.dtype, self.latent_width
+        latent = latents[..., :C].astype(dt)
+        k_nope = jnp.einsum("BSC,CNH->BSNH", latent, self.k_up[...].astype(dt))
+        v = jnp.einsum("BSC,CNH->BSNH", latent, self.v_up[...].astype(dt))
+        rope_key = jnp.broadcast_to(latents[:, :, None, C:].astype(dt), (*k_nope.shape[:3], latents.shape[-1] - C))
+        return jnp.concatenate([k_nope, rope_key], axis=-1), v
+
+    def __call__(self, x: Array, kv_input: Array | None = None, *, mask, bias: Array | None = None,
+                 rope: tuple[Array, Array] | None = None, cache: dict | None = None, kv=None,
+                 key: Array | None = None) -> tuple[Array, dict | None]:
+        """As ``Attention.__call__`` (self-attention only); ``cache`` is {"latent": [B, S, C + R]} and the
+        new tokens' latents come back as {"latent": [B, T, C + R]}."""
+        if kv_input is not None or kv is not None or bias is not None:
+            raise ValueError("multi-head latent attention is self-attention without a position bias")
+        if isinstance(mask, kernels.FusedMask):  # the fused kernels take one head size for q, k and v
+            mask = mask.dense
+        dt = self.dtype
+        q_nope, q_rope = self.queries(x, rope)
+        new = self.latents(x, rope)
+        if cache is None:
+            segments, masks, written = (new,), mask, None
+        else:
+            written = {"latent": new.astype(cache["latent"].dtype)}
+            segments, masks = (cache["latent"], written["latent"]), mask
+        if cache is not None and x.shape[1] == 1:
+            # Absorbed: q_nope k_up^T scores the latent directly, and v_up is applied after the weighted sum.
+            q_latent = jnp.einsum("BTNH,CNH->BTNC", q_nope, self.k_up[...].astype(dt))
+            query = jnp.concatenate([q_latent, q_rope.astype(dt)], axis=-1)
+            keys = tuple(segment[:, :, None, :].astype(dt) for segment in segments)  # one kv head: MQA
+            mixed = dot_product_attention(query, keys, keys, masks, None, self.scale, self.dropout_rate, key)
+            out = jnp.einsum("BTNC,CNH->BTNH", mixed[..., :self.latent_width], self.v_up[...].astype(dt))
+        else:
+            expanded = [self.expand(segment) for segment in segments]
+            keys, values = tuple(k for k, _ in expanded), tuple(v for _, v in expanded)
+            if cache is None:
+                keys, values = keys[0], values[0]
+            query = jnp.concatenate([q_nope, q_rope.astype(dt)], axis=-1)
+            out = dot_product_attention(query, keys, values, masks, None, self.scale, self.dropout_rate, key)
+        y = jnp.einsum("BTNH,NHD->BTD", out, self.o[...].astype(dt))
+        if self.o_bias is not None:
+            y = y + self.o_bias[...].astype(dt)
+        return y, written

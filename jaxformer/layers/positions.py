@@ -57,8 +57,9 @@ class Positions(nnx.Module):
 
 
 def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
-    """Inverse frequencies [H/2] in float32, as Hugging Face computes them (with rope scaling)."""
-    H = cfg.head_dim_
+    """Inverse frequencies [H/2] in float32, as Hugging Face computes them (with rope scaling); H is the
+    rotated width of a head (all of it, or multi-head latent attention's rope part)."""
+    H = cfg.rope_dim
     inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, H, 2, dtype=np.float32) / np.float32(H))))
     inv_freq = inv_freq.astype(np.float32)
     s = cfg.rope_scaling

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import EncoderKV, KVCache
+from jaxformer.cache import EncoderKV, KVCache, LatentCache
 from jaxformer.config import ModelConfig
-from jaxformer.layers.attention import Attention, visibility_mask
+from jaxformer.layers.attention import Attention, LatentAttention, visibility_mask
 from jaxformer.layers.core import Norm, dropout, split_key
 from jaxformer.layers.feedforward import MLP, MoE
 from jaxformer.layers.positions import RelativeBias, rope_angles, rope_frequencies
@@ -60,8 +60,8 @@ class EncoderOutput:
 class StackOutput(NamedTuple):
     hidden: Array  # [B, T, D], after the final norm
     hidden_states: tuple[Array, ...] | None  # the input, then every layer's output (when collected)
-    cache: KVCache | None  # the cache with this call's keys and values written
-    router_stats: Array | None  # MoE [L, 2, E]: per layer, token fraction and mean router probability
+    cache: KVCache | LatentCache | None  # the cache with this call's keys and values (or latents) written
+    router_stats: dict[str, Array] | None  # MoE layers' ``router_statistics``, each [L_moe, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,21 +97,22 @@ class BlockKeys(NamedTuple):
 
 
 class Block(nnx.Module):
-    """One transformer layer: self-attention, optional cross-attention, feed-forward (or MoE)."""
+    """One transformer layer: self-attention (or latent attention), optional cross-attention,
+    feed-forward (or MoE, unless ``dense``: DeepSeek's first layers)."""
 
-    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, dense: bool = False, rngs: nnx.Rngs):
         self.pre_norm = cfg.norm_position == "pre"
         self.dropout_rate = cfg.dropout_rate
         self.clamp_float16 = cfg.clamp_float16
         self.attn_norm = Norm(cfg, rngs=rngs)
-        self.attn = Attention(cfg, rngs=rngs)
+        self.attn = LatentAttention(cfg, rngs=rngs) if cfg.mla else Attention(cfg, rngs=rngs)
         if cross_attention:
             self.cross_norm = Norm(cfg, rngs=rngs)
             self.cross_attn = Attention(cfg, rngs=rngs)
         else:
             self.cross_norm = self.cross_attn = None
         self.mlp_norm = Norm(cfg, rngs=rngs)
-        self.mlp = MoE(cfg, rngs=rngs) if cfg.num_experts else MLP(cfg, rngs=rngs)
+        self.mlp = MoE(cfg, rngs=rngs) if cfg.num_experts and not dense else MLP(cfg, rngs=rngs)
 
     def __call__(self, x: Array, inputs: LayerInputs, key: Array | None = None
                  ) -> tuple[Array, dict | None, Array | None]:
@@ -156,7 +157,8 @@ class Block(nnx.Module):
         return self.mlp(h, key), None
 
 
-def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_attention: bool = False) -> Block:
+def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_attention: bool = False,
+                   dense: bool = False) -> Block:
     """``num_layers`` Blocks as one Block whose parameters have a leading 'layers' axis.
 
     The parameter layout is the same whether the forward pass scans or unrolls, so checkpoints do
@@ -166,7 +168,7 @@ def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_a
     @nnx.split_rngs(splits=num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers", "axes": "layers"})
     def make(rngs: nnx.Rngs) -> Block:
-        return Block(cfg, cross_attention=cross_attention, rngs=rngs)
+        return Block(cfg, cross_attention=cross_attention, dense=dense, rngs=rngs)
 
     return make(rngs)
 
@@ -229,10 +231,20 @@ class Stack(nnx.Module):
     def __init__(self, cfg: ModelConfig, num_layers: int, *, pattern: str, cross_attention: bool = False,
                  rngs: nnx.Rngs):
         self.config, self.pattern, self.num_layers = cfg, pattern, num_layers
-        self.blocks = stacked_blocks(cfg, num_layers, rngs=rngs, cross_attention=cross_attention)
+        # DeepSeek's first layers keep a dense MLP: a separate stack, run before the expert layers.
+        dense = cfg.dense_layers if cfg.num_experts and not cross_attention else 0
+        self.dense_blocks = (stacked_blocks(cfg, dense, rngs=rngs, cross_attention=cross_attention, dense=True)
+                             if dense else None)
+        self.blocks = stacked_blocks(cfg, num_layers - dense, rngs=rngs, cross_attention=cross_attention)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.final_norm else None
         self.relative_bias = (RelativeBias(cfg, bidirectional=pattern == "bidirectional", rngs=rngs)
                               if cfg.position == "relative" else None)
+
+    def groups(self) -> list[tuple[Block | tuple[Block, ...], int, int]]:
+        """(blocks, first layer, end layer) of each run of identical layers, in order."""
+        first = 0 if self.dense_blocks is None else self.config.dense_layers
+        groups = [] if self.dense_blocks is None else [(self.dense_blocks, 0, first)]
+        return groups + [(self.blocks, first, self.num_layers)]
 
     def cross_key_values(self, encoder: EncoderOutput) -> EncoderKV:
         """Every layer's cross-attention keys and values [L, B, S, K, H] of a fixed encoder output:
@@ -248,12 +260,18 @@ class Stack(nnx.Module):
         fuse slices into dots, unlike the GPU and TPU backends), so a decode loop of thousands of steps
         runs an unstacked copy, made once before the loop (``kernels.unstack_decode_loops``).
         """
-        graphdef, params = nnx.split(self.blocks)
+        def separate(blocks: Block) -> tuple[Block, ...]:
+            graphdef, params = nnx.split(blocks)
+            count = jax.tree.leaves(params)[0].shape[0]
+            return tuple(nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params)) for i in range(count))
+
         copy = nnx.merge(*nnx.split(self))
-        copy.blocks = tuple(nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params)) for i in range(self.num_layers))
+        copy.blocks = separate(self.blocks)
+        if self.dense_blocks is not None:
+            copy.dense_blocks = separate(self.dense_blocks)
         return copy
 
-    def __call__(self, x: Array, tokens: Tokens, *, cache: KVCache | None = None,
+    def __call__(self, x: Array, tokens: Tokens, *, cache: KVCache | LatentCache | None = None,
                  cross: EncoderOutput | EncoderKV | None = None, collect_hidden: bool = False,
                  key: Array | None = None) -> StackOutput:
         """Run the blocks over x [B, T, D] at ``tokens``. With a ``cache``, its slots are keys too,
@@ -269,7 +287,7 @@ class Stack(nnx.Module):
             "local": jnp.arange(self.num_layers) % 2 == 1,
             "key": None if key is None else jax.random.split(key, self.num_layers),
             "cross_kv": cross_kv,
-            "cache": None if cache is None else {"k": cache.k, "v": cache.v},
+            "cache": None if cache is None else cache.layers(),
         }
 
         def layer(block: Block, h: Array, extra: dict):
@@ -282,10 +300,16 @@ class Stack(nnx.Module):
             h, new_kv, stats = block(h, inputs, extra["key"])
             return h, (h if collect_hidden else None, stats, new_kv)
 
-        out, (hidden, stats, new_kv) = run_stack(self.blocks, x, layer, per_layer, cfg)
+        out, outputs = x, []
+        for blocks, first, end in self.groups():
+            out, group_outputs = run_stack(blocks, out, layer, jax.tree.map(lambda a: a[first:end], per_layer), cfg)
+            outputs.append(group_outputs)
+        hidden, new_kv = (jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2]) for o in outputs])
+                          if len(outputs) > 1 else (outputs[0][0], outputs[0][2]))
+        stats = outputs[-1][1]  # the expert layers come last
         if cache is not None:
             valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
-            cache = cache.write(new_kv["k"], new_kv["v"], tokens.positions, valid)
+            cache = cache.write(new_kv, tokens.positions, valid)
         if self.final_norm is not None:
             out = self.final_norm(out)
         hidden_states = None

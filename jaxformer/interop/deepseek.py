@@ -1,0 +1,166 @@
+"""DeepSeek-V2 and V3 (``deepseek_v2``, ``deepseek_v3``): multi-head latent attention, DeepSeekMoE
+(routed plus shared experts, dense first layers, grouped routing); config and tensor rules, both directions.
+
+V2 scores experts with a softmax (greedy or group-limited top-k) and does not renormalise the chosen
+weights; V3 scores with a sigmoid, selects with a per-expert correction bias, scores groups by their best
+two experts and may renormalise. V2 always rotates interleaved pairs; V3 when ``rope_interleave``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from jaxformer.config import ModelConfig
+from jaxformer.interop.rules import (Architecture, Rule, activation, copy, heads_in, heads_out, linear, lm_head,
+                                     refuse, rope_from_hf, rope_to_hf, stacked_experts)
+
+CLASSES = {"deepseek_v2": ("DeepseekV2Model", "DeepseekV2ForCausalLM"),
+           "deepseek_v3": ("DeepseekV3Model", "DeepseekV3ForCausalLM")}
+V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
+
+
+def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    v3 = model_type == "deepseek_v3"
+    theta, scaling = rope_from_hf(hf)  # refuses yarn (DeepSeek-V3's long-context files) by name
+    heads = hf["num_attention_heads"]
+    # num_key_value_heads is not read: latent attention expands keys and values for every head (V3's
+    # config class defaults it to 128 whatever the head count).
+    refuse(bool(hf.get("attention_bias", False)), f"{model_type}: attention_bias=true is not supported")
+    refuse(bool(hf.get("mlp_bias", False)), f"{model_type}: mlp_bias=true is not supported")
+    experts = hf.get("n_routed_experts")
+    refuse(not experts, f"{model_type}: n_routed_experts={experts!r}; a DeepSeek model needs routed experts")
+    groups, topk_groups = hf.get("n_group") or 1, hf.get("topk_group") or 1
+    if not v3:
+        method = hf.get("topk_method", "greedy")
+        refuse(method not in V2_TOPK_METHODS,
+               f"deepseek_v2: topk_method={method!r} is not supported; supported: {list(V2_TOPK_METHODS)}")
+        if method == "greedy":
+            groups = topk_groups = 1
+    return dict(
+        family="decoder", d_model=hf["hidden_size"], num_heads=heads, head_dim=hf["qk_nope_head_dim"],
+        rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"], kv_lora_rank=hf["kv_lora_rank"],
+        q_lora_rank=hf.get("q_lora_rank"), rope_interleave=bool(hf.get("rope_interleave", True)) if v3 else True,
+        d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"], norm="rmsnorm",
+        norm_eps=hf.get("rms_norm_eps", 1e-6), norm_bias=False,
+        activation=activation(hf.get("hidden_act", "silu"), True, model_type), position="rope", rope_theta=theta,
+        rope_scaling=scaling, max_positions=hf.get("max_position_embeddings", 2048), attention="causal",
+        qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=hf.get("tie_word_embeddings", False),
+        head="none" if arch.endswith("Model") else "lm", attention_dropout_rate=hf.get("attention_dropout", 0.0),
+        num_experts=experts, experts_per_token=hf["num_experts_per_tok"], expert_d_ff=hf["moe_intermediate_size"],
+        shared_experts=hf.get("n_shared_experts") or 0, dense_layers=hf.get("first_k_dense_replace") or 0,
+        router_score="sigmoid" if v3 else "softmax", router_groups=groups, router_topk_groups=topk_groups,
+        router_bias=v3, normalize_router_weights=bool(hf.get("norm_topk_prob", True)) if v3 else False,
+        routed_scaling=float(hf.get("routed_scaling_factor", 1.0)))
+
+
+def target(cfg: ModelConfig) -> tuple[str, str] | None:
+    """V3 holds sigmoid routing with its correction bias; V2 softmax routing without renormalisation."""
+    if not (cfg.family == "decoder" and cfg.mla and cfg.num_experts and cfg.activation == "swiglu"
+            and cfg.norm == "rmsnorm" and cfg.attention == "causal" and not cfg.out_bias and not cfg.mlp_bias
+            and cfg.router_aux_loss == "batch"):
+        return None
+    suffix = "ForCausalLM" if cfg.head == "lm" else "Model"
+    if cfg.router_score == "sigmoid" and cfg.router_bias:
+        return "deepseek_v3", f"DeepseekV3{suffix}"
+    if cfg.router_score == "softmax" and not cfg.router_bias and not cfg.normalize_router_weights and cfg.rope_interleave:
+        return "deepseek_v2", f"DeepseekV2{suffix}"
+    return None
+
+
+def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
+    out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
+               qk_nope_head_dim=cfg.head_dim_, qk_rope_head_dim=cfg.rope_head_dim, v_head_dim=cfg.value_dim,
+               kv_lora_rank=cfg.kv_lora_rank, q_lora_rank=cfg.q_lora_rank, intermediate_size=cfg.d_ff,
+               moe_intermediate_size=cfg.expert_width, num_hidden_layers=cfg.decoder_layers,
+               rms_norm_eps=cfg.norm_eps, hidden_act="silu", max_position_embeddings=cfg.max_positions,
+               rope_parameters=rope_to_hf(cfg), tie_word_embeddings=cfg.tie_embeddings,
+               attention_dropout=cfg.attention_dropout_rate, attention_bias=False, n_routed_experts=cfg.num_experts,
+               num_experts_per_tok=cfg.experts_per_token, n_shared_experts=cfg.shared_experts,
+               first_k_dense_replace=cfg.dense_layers, n_group=cfg.router_groups, topk_group=cfg.router_topk_groups,
+               routed_scaling_factor=cfg.routed_scaling)
+    out.pop("rope_theta", None)
+    out.pop("rope_scaling", None)
+    if model_type == "deepseek_v3":
+        out.update(norm_topk_prob=cfg.normalize_router_weights, rope_interleave=cfg.rope_interleave)
+        out["num_nextn_predict_layers"] = 0  # no multi-token-prediction layers are written
+    else:
+        out.update(topk_method="group_limited_greedy" if cfg.router_groups > 1 else "greedy", mlp_bias=False)
+
+
+def _latent_up(C: int, N: int, Hn: int, Hv: int) -> tuple:
+    """kv_b_proj [N * (Hn + Hv), C] <-> k_up [C, N, Hn] and v_up [C, N, Hv]."""
+    def load(ts):
+        both = ts[0].T.reshape(C, N, Hn + Hv)
+        return [both[..., :Hn], both[..., Hn:]]
+
+    def save(ps):
+        return [np.concatenate([ps[0], ps[1]], axis=-1).reshape(C, N * (Hn + Hv)).T]
+
+    return load, save
+
+
+def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
+    p = prefix
+    layer = f"{p}layers.{{i}}"
+    a, m = f"{layer}.self_attn", f"{layer}.mlp"
+    N, Hq, Hv = cfg.num_heads, cfg.head_dim_ + cfg.rope_head_dim, cfg.value_dim
+
+    def block_rules(S: tuple[str, ...], moe: bool) -> list[Rule]:
+        A = S + ("attn",)
+        out = [copy(S + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
+               copy(S + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight"),
+               linear(A + ("kv_down",), f"{a}.kv_a_proj_with_mqa.weight"),
+               copy(A + ("kv_norm",), f"{a}.kv_a_layernorm.weight"),
+               Rule((A + ("k_up",), A + ("v_up",)), (f"{a}.kv_b_proj.weight",),
+                    *_latent_up(cfg.kv_lora_rank, N, cfg.head_dim_, Hv)),
+               heads_out(A + ("o",), f"{a}.o_proj.weight", N, Hv)]
+        if cfg.q_lora_rank is None:
+            out.append(heads_in(A + ("q",), f"{a}.q_proj.weight", N, Hq))
+        else:
+            out += [linear(A + ("q_down",), f"{a}.q_a_proj.weight"), copy(A + ("q_norm",), f"{a}.q_a_layernorm.weight"),
+                    heads_in(A + ("q_up",), f"{a}.q_b_proj.weight", N, Hq)]
+        mlp = S + ("mlp",)
+        if not moe:
+            return out + [linear(mlp + ("wi_gate",), f"{m}.gate_proj.weight"), linear(mlp + ("wi",), f"{m}.up_proj.weight"),
+                          linear(mlp + ("wo",), f"{m}.down_proj.weight")]
+        experts = range(cfg.num_experts)
+        out += [linear(mlp + ("router",), f"{m}.gate.weight"),
+                stacked_experts(mlp + ("wi_gate",), [f"{m}.experts.{e}.gate_proj.weight" for e in experts]),
+                stacked_experts(mlp + ("wi",), [f"{m}.experts.{e}.up_proj.weight" for e in experts]),
+                stacked_experts(mlp + ("wo",), [f"{m}.experts.{e}.down_proj.weight" for e in experts])]
+        if cfg.router_bias:
+            out.append(copy(mlp + ("router_bias",), f"{m}.gate.e_score_correction_bias"))
+        if cfg.shared_experts:
+            shared = mlp + ("shared",)
+            out += [linear(shared + ("wi_gate",), f"{m}.shared_experts.gate_proj.weight"),
+                    linear(shared + ("wi",), f"{m}.shared_experts.up_proj.weight"),
+                    linear(shared + ("wo",), f"{m}.shared_experts.down_proj.weight")]
+        return out
+
+    k, L = cfg.dense_layers, cfg.decoder_layers
+    out = [copy(("embed", "table"), f"{p}embed_tokens.weight"), copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
+    if k:
+        out += [rule.in_layers(0, k) for rule in block_rules(("decoder", "dense_blocks"), moe=False)]
+    out += [rule.in_layers(k, L) for rule in block_rules(("decoder", "blocks"), moe=True)]
+    head, aliases = lm_head(cfg, f"{p}embed_tokens.weight")
+    return out + head, aliases
+
+
+def ignored(hf: dict, names: set[str]) -> tuple[set[str], str]:
+    """DeepSeek-V3 files carry their multi-token-prediction modules as layers past num_hidden_layers;
+    ordinary next-token prediction never reads them."""
+    layers = hf.get("num_hidden_layers", 0)
+    mtp = (hf.get("num_nextn_predict_layers") or 0) if hf.get("model_type") == "deepseek_v3" else 0
+    extra = {n for n in names
+             if (found := re.search(r"(?:^|\.)layers\.(\d+)\.", n)) and layers <= int(found.group(1)) < layers + mtp}
+    note = (f"{len(extra)} tensors of multi-token-prediction layers (index >= num_hidden_layers={layers}) are not "
+            "used by jaxformer and were skipped") if extra else ""
+    return extra, note
+
+
+ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLASSES},
+                            ("DeepseekV2Model", "DeepseekV3Model"), config_from_hf, target, config_to_hf, rules,
+                            ignored=ignored)
