@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 from flax import nnx
 
 from jaxformer.config import ModelConfig
