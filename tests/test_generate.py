@@ -26,6 +26,7 @@ CACHE_CASES = {
     "gpt-alternating-2": _decoder_case("tiny-gpt", attention="alternating", window_size=2, decoder_layers=3),
     "llama-prefix": _decoder_case("tiny-llama", attention="prefix"),
     "mixtral": _decoder_case("tiny-mixtral"),
+    "deepseek-mla": _decoder_case("tiny-deepseek"),  # latent cache: prefill expanded, steps absorbed
     "t5": jf.config("tiny-t5").replace(init_std=0.1),
     "transformer-2017": jf.config("tiny-transformer").replace(init_std=0.2),
     "bart-like": jf.config("bart-base").replace(vocab_size=64, d_model=32, num_heads=4, d_ff=48, encoder_layers=2,
@@ -72,6 +73,17 @@ def test_decode_past_the_cache_is_refused():
     _, state = model.step(ids, jnp.arange(3)[None], jnp.ones((1, 3), bool), state)
     with pytest.raises(ValueError, match="overflows a cache of 4 slots"):
         model.step(ids[:, :2], jnp.arange(3, 5)[None], jnp.ones((1, 2), bool), state)
+
+
+def test_latent_cache_holds_latent_and_rope_key_only():
+    """MLA caches C + R numbers per token and layer (the README's table), not per-head keys and values."""
+    cfg = jf.config("tiny-deepseek")
+    state = jf.build(cfg).init_cache(2, 10)
+    width = cfg.kv_lora_rank + cfg.rope_head_dim
+    assert state.kv.latent.shape == (cfg.decoder_layers, 2, 10, width)
+    assert state.kv.latent.nbytes // (2 * 10) == cfg.decoder_layers * width * 4
+    expanded = cfg.decoder_layers * cfg.num_heads * (cfg.head_dim_ + cfg.rope_head_dim + cfg.value_dim)
+    assert gen.cache_numbers_per_token(cfg) == cfg.decoder_layers * width < expanded
 
 
 def test_gqa_cache_holds_only_kv_heads():
@@ -231,7 +243,7 @@ def _batch(family, rng):
     return ids * mask, mask
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "mistral", "t5", "bart"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "mistral", "t5", "bart", "deepseek-v2", "deepseek-v3"])
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_token_identical_to_transformers(name, num_beams, tmp_path):
     save_checkpoint(name, tmp_path)

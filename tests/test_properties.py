@@ -19,7 +19,8 @@ from absl.testing import parameterized
 from flax import nnx
 
 import jaxformer as jf
-from jaxformer.layers import Attention, MoE, apply_rope, dropout, rope_angles, rope_frequencies, visibility_mask
+from jaxformer.layers import (Attention, MoE, Routing, apply_rope, dense_experts, dropout, grouped_experts, rope_angles,
+                              rope_frequencies, route, visibility_mask)
 from conftest import call, dependency, embeds, jitted, tiny_config, tiny_model, token_ids
 
 TOL = dict(atol=1e-6, rtol=1e-6)
@@ -491,6 +492,83 @@ def test_moe_combine_weights_sum_to_one():
     wi, wg, wo = moe.wi[...][0], moe.wi_gate[...][0], moe.wo[...][0]
     expected = (jax.nn.silu(x @ wg) * (x @ wi)) @ wo
     chex.assert_trees_all_close(y, expected, atol=1e-6, rtol=1e-5)
+
+
+def _expert_weights(cfg, seed):
+    moe = MoE(cfg, rngs=nnx.Rngs(seed))
+    return moe, (moe.wi[...], moe.wi_gate[...], moe.wo[...])
+
+
+@pytest.mark.parametrize("preset", ["tiny-mixtral", "tiny-deepseek"])
+def test_grouped_dispatch_equals_dense_experts_forward_and_gradients(preset):
+    """The sorted, ragged-matmul dispatch computes what running every expert computes: outputs and the
+    gradients of x, of every expert weight and of the router (through the routing weights)."""
+    cfg = tiny_config(preset, init_std=0.2)
+    moe, weights = _expert_weights(cfg, seed=30)
+    x = embeds(3, 7, cfg.d_model, seed=31)
+    router = moe.router[...]
+    cotangent = embeds(3, 7, cfg.d_model, seed=36)  # a linear loss: no cancellation in large squares
+
+    def loss(dispatch, x, router, weights):
+        routing = route(cfg, jnp.einsum("BTD,DE->BTE", x, router), None)
+        y = dispatch(x, routing, *weights, cfg.activation)
+        return jnp.sum(y * cotangent), y
+
+    results = {}
+    for dispatch in (grouped_experts, dense_experts):
+        grad_fn = jax.jit(jax.value_and_grad(functools.partial(loss, dispatch), argnums=(0, 1, 2), has_aux=True))
+        results[dispatch] = grad_fn(x, router, weights)
+    (_, y_grouped), grads_grouped = results[grouped_experts]
+    (_, y_dense), grads_dense = results[dense_experts]
+    np.testing.assert_allclose(y_grouped, y_dense, atol=1e-5, rtol=0)
+    # Gradients sum many products in a different order (per expert group vs all experts at once), so
+    # they agree to float32 rounding of their own scale (the router's reach ~10), not to 1e-5 absolute.
+    for grouped, dense in zip(jax.tree.leaves(grads_grouped), jax.tree.leaves(grads_dense)):
+        scale = max(1.0, float(jnp.max(jnp.abs(dense))))
+        np.testing.assert_allclose(grouped, dense, atol=2e-6 * scale, rtol=0)
+
+
+def test_grouped_dispatch_with_repeated_and_idle_experts():
+    """A token may list one expert twice (both shares count) and experts may receive no token at all:
+    the ragged groups then hold two rows of that token, or none."""
+    cfg = tiny_config("tiny-deepseek", init_std=0.2)
+    _, weights = _expert_weights(cfg, seed=32)
+    x = embeds(2, 3, cfg.d_model, seed=33)
+    experts = jnp.array([[[1, 1], [1, 2], [2, 1]], [[1, 1], [2, 2], [1, 2]]])  # experts 0 and 3..7 idle
+    gates = jax.random.uniform(jax.random.PRNGKey(34), experts.shape)
+    routing = Routing(experts, gates, jnp.zeros((2, 3, cfg.num_experts)))
+
+    def both(x, weights):
+        return (grouped_experts(x, routing, *weights, cfg.activation),
+                dense_experts(x, routing, *weights, cfg.activation))
+
+    y_grouped, y_dense = jax.jit(both)(x, weights)
+    np.testing.assert_allclose(y_grouped, y_dense, atol=1e-5, rtol=0)
+    cotangent = embeds(2, 3, cfg.d_model, seed=37)
+    grads = [jax.jit(jax.grad(lambda x, w, i=i: jnp.sum(both(x, w)[i] * cotangent), argnums=(0, 1)))(x, weights)
+             for i in (0, 1)]
+    for grouped, dense in zip(*map(jax.tree.leaves, grads)):
+        np.testing.assert_allclose(grouped, dense, atol=2e-6 * max(1.0, float(jnp.max(jnp.abs(dense)))), rtol=0)
+    idle = jnp.array([0, 3, 4, 5, 6, 7])
+    for w in grads[0][1]:  # idle experts get exactly zero gradient
+        np.testing.assert_array_equal(w[idle], 0.0)
+
+
+def test_deepseek_router_groups_and_bias_select_but_do_not_weigh():
+    """V3 routing: the bias changes which experts are chosen, never their weights (those are the raw
+    sigmoid scores, renormalised and scaled); group-limited selection stays inside the best groups."""
+    cfg = tiny_config("tiny-deepseek")
+    logits = jax.random.normal(jax.random.PRNGKey(35), (2, 5, cfg.num_experts)) * 3
+    bias = jnp.zeros(cfg.num_experts).at[0].set(10.0)  # expert 0 always wins selection
+    plain, biased = route(cfg, logits, None), route(cfg, logits, bias)
+    assert bool(jnp.all(jnp.any(biased.experts == 0, axis=-1)))
+    scores = jax.nn.sigmoid(logits)
+    chosen = jnp.take_along_axis(scores, biased.experts, axis=-1)
+    np.testing.assert_allclose(biased.weights, cfg.routed_scaling * chosen / chosen.sum(-1, keepdims=True), rtol=1e-6)
+    per_group = cfg.num_experts // cfg.router_groups
+    groups = plain.experts // per_group  # at most router_topk_groups distinct groups per token
+    distinct = jnp.sum(jax.nn.one_hot(groups, cfg.router_groups).max(axis=-2), axis=-1)
+    assert int(distinct.max()) <= cfg.router_topk_groups
 
 
 # ==================================================================================================
