@@ -47,8 +47,18 @@ def ratio(sums: tuple) -> jax.Array:
     return numerator / jnp.maximum(denominator, 1.0)
 
 
+# A vector metric of MoE models: (router load [L_moe, E], 1). Summed like the others (over micro-batches),
+# its ratio is the mean load; the train step takes it out of the sums to move DeepSeek-V3's selection
+# bias and to log it (steps.router_load_metrics), so metric consumers only ever see scalars.
+ROUTER_LOAD = "router_load"
+
+
 def with_aux_loss(loss: jax.Array, sums: dict, output) -> tuple[jax.Array, dict]:
-    """Adds a MoE load-balancing loss (already scaled by router_aux_loss_coef) when the model has one."""
+    """Adds a MoE model's load-balancing loss (already scaled by router_aux_loss_coef; of the kind of
+    ``router_aux_loss``: 'batch' for Switch/Mixtral, 'sequence' for DeepSeek-V3's sequence-wise loss)
+    and its router load (``ROUTER_LOAD``); other models' loss and sums pass unchanged."""
+    if output.router_load is not None:
+        sums = {**sums, ROUTER_LOAD: (output.router_load.astype(jnp.float32), jnp.float32(1.0))}
     if output.aux_loss is None:
         return loss, sums
     return loss + output.aux_loss, {**sums, "aux_loss": (output.aux_loss, jnp.float32(1.0))}

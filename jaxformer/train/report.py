@@ -15,7 +15,7 @@ from jaxformer import flops, kernels
 from jaxformer.config import ModelConfig
 from jaxformer.train.objectives import Objective
 from jaxformer.train.run_config import RunConfig
-from jaxformer.train.steps import finish_metrics
+from jaxformer.train.steps import finish_metrics, router_load_metrics
 
 
 def attention_note(model_cfg: ModelConfig, seq_len: int) -> str:
@@ -120,12 +120,16 @@ class Report:
 
     def log(self, done: int, metrics: dict, skipped: int, held_out=None) -> None:
         """One record: the step's metrics, lr, gradient norm, throughput since the last record, and the
-        held-out metrics when ``held_out`` (a function, not timed) is given."""
+        held-out metrics when ``held_out`` (a function, not timed) is given. MoE models add the step's
+        router load: ``expert_load`` (each expert's share of the routed tokens, averaged over MoE layers)
+        and ``max_load`` (busiest expert over mean, worst layer); see ``steps.router_load_metrics``."""
         seconds_per_step = (time.perf_counter() - self.last_time) / (done - self.last_step)
         record = {"step": done, **finish_metrics(self.objective, jax.device_get(metrics["sums"])),
                   "lr": float(self.schedule(done - 1)), "grad_norm": float(metrics["grad_norm"]),
                   "tokens_per_s": round(self.tokens_per_step / seconds_per_step, 1),
                   "mfu": round(self.step_flops / seconds_per_step / self.peak, 4)}
+        if "router_load" in metrics:  # fetched with the other metrics: no extra host sync
+            record |= router_load_metrics(jax.device_get(metrics["router_load"]))
         if skipped > self.skipped:
             record["skipped_steps"] = skipped
         self.skipped = skipped
@@ -136,7 +140,10 @@ class Report:
             self.log_file.write(json.dumps(record) + "\n")
             self.log_file.flush()
             for name, value in record.items():
-                if name != "step":
+                if isinstance(value, list):  # expert_load: one scalar per expert, expert_load/0, expert_load/1, ...
+                    for i, item in enumerate(value):
+                        self.events.add_scalar(f"{name}/{i}", item, done)
+                elif name != "step":
                     self.events.add_scalar(name, value, done)
         self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}",
                              mfu=f"{100 * record['mfu']:.0f}%")

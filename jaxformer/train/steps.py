@@ -2,6 +2,10 @@
 eval step, jitted with explicit shardings (the train state donated), and the metric arithmetic.
 
 The train state is a dict: params, opt_state, step, skipped (non-finite steps dropped) and the PRNG key.
+
+MoE models with DeepSeek-V3's selection bias (``RouterBias``, ``router_bias=True``) balance their experts
+without an auxiliary loss: the optimizer leaves the bias alone, and after each step every MoE layer's
+bias moves by ``train.router_bias_rate * sign(mean load - load_e)`` (``balance_router_bias``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxformer import sharding
-from jaxformer.train.objectives import Objective, ratio
+from jaxformer.layers import RouterBias
+from jaxformer.train.objectives import ROUTER_LOAD, Objective, ratio
 from jaxformer.train.run_config import RunConfig
 
 
@@ -39,12 +44,61 @@ def make_schedule(cfg: RunConfig) -> optax.Schedule:
     return optax.join_schedules([warmup, optax.constant_schedule(o.lr)], [o.warmup_steps])
 
 
+def _is_variable(x) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def has_router_bias(params: nnx.State) -> bool:
+    return any(isinstance(v, RouterBias) for v in jax.tree.leaves(params, is_leaf=_is_variable))
+
+
 def make_optimizer(cfg: RunConfig, params: nnx.State) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    """AdamW (after global-norm clipping) on every parameter but ``RouterBias``: the balancing rule moves
+    that one, so it gets no Adam moments, no weight decay and a zero update (models without it keep the
+    plain AdamW state, so their checkpoints are unchanged)."""
     o = cfg.optim
     schedule = make_schedule(cfg)
     chain = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm else []
-    chain.append(optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay, mask=decay_mask(params)))
+    adamw = optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay, mask=decay_mask(params))
+    if has_router_bias(params):
+        labels = jax.tree.map(lambda v: v.replace("balanced" if isinstance(v, RouterBias) else "adamw"), params,
+                              is_leaf=_is_variable)
+        adamw = optax.multi_transform({"adamw": adamw, "balanced": optax.set_to_zero()}, labels)
+    chain.append(adamw)
     return optax.chain(*chain), schedule
+
+
+def balance_router_bias(params: nnx.State, load: jax.Array, rate: float) -> nnx.State:
+    """DeepSeek-V3's auxiliary-loss-free balancing (Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing
+    Strategy for Mixture-of-Experts"): each MoE layer's selection bias rises by ``rate`` for an expert
+    that got less than the mean load and falls by ``rate`` for one that got more. ``load`` [L_moe, E] is
+    the step's share of routed tokens per expert; its rows follow the ``RouterBias`` leaves' layers in order."""
+    step = rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
+    start = 0
+
+    def move(v):
+        nonlocal start
+        if not isinstance(v, RouterBias):
+            return v
+        rows = v.shape[0]
+        delta, start = step[start:start + rows], start + rows
+        return v.replace(v.get_value() + delta.reshape(v.shape).astype(v.dtype))
+
+    moved = jax.tree.map(move, params, is_leaf=_is_variable)
+    if start != load.shape[0]:
+        raise ValueError(f"the router load has {load.shape[0]} MoE layers but the RouterBias parameters hold {start}")
+    return moved
+
+
+def router_load_metrics(load) -> dict:
+    """The logged load figures of a router load [L_moe, E] (shares of the routed tokens, each row summing
+    to 1): ``expert_load``, each expert's share averaged over the MoE layers (E numbers summing to 1), and
+    ``max_load``, the busiest expert's load over the mean load in the worst layer (1 = perfectly balanced,
+    E = one expert takes every token): the worst layer, since the busiest expert anywhere sets the pace
+    and an average over layers would hide it."""
+    load = np.asarray(load, np.float64)
+    return {"expert_load": [round(float(x), 6) for x in load.mean(axis=0)],
+            "max_load": round(float(np.max(load.max(axis=-1) / np.maximum(load.mean(axis=-1), 1e-12))), 4)}
 
 
 def batch_sharding(mesh) -> NamedSharding:
@@ -56,8 +110,25 @@ def init_state(cfg: RunConfig, model, optimizer) -> dict:
     params = nnx.state(model, nnx.Param)
     replicated = NamedSharding(jax.tree.leaves(params)[0].sharding.mesh, P())
     progress = {"step": jnp.int32(0), "skipped": jnp.int32(0), "key": jax.random.PRNGKey(cfg.run.seed)}
-    return {"params": params, "opt_state": sharding.sharded_optimizer_state(optimizer, params),
+    return {"params": params, "opt_state": _optimizer_state(optimizer, params, replicated),
             **jax.device_put(progress, replicated)}
+
+
+def _optimizer_state(optimizer, params: nnx.State, replicated: NamedSharding):
+    """``sharding.sharded_optimizer_state``, also for an optimizer that leaves the RouterBias out (its
+    multi_transform state holds an empty MaskedNode, not a moment, in that parameter's place)."""
+    if not has_router_bias(params):
+        return sharding.sharded_optimizer_state(optimizer, params)
+    def masked(x) -> bool:
+        return isinstance(x, optax.MaskedNode)
+
+    def sharding_of(value, param_sharding):
+        return value if masked(value) else param_sharding
+
+    shardings = optax.tree_map_params(optimizer, sharding_of, jax.eval_shape(optimizer.init, params),
+                                      sharding.shardings_of(params), transform_non_params=lambda _: replicated,
+                                      is_leaf=masked)
+    return jax.jit(optimizer.init, out_shardings=shardings)(params)
 
 
 def _loss_fn(graphdef, rest, objective: Objective):
@@ -72,14 +143,21 @@ def _loss_fn(graphdef, rest, objective: Objective):
 def make_eval_step(graphdef, rest, objective: Objective, mesh, params_shardings):
     """The jitted eval step: the objective's metric sums of one batch, without dropout."""
     loss_fn = _loss_fn(graphdef, rest, objective)
-    return jax.jit(sharding.under_mesh(lambda params, batch: loss_fn(params, batch, None)[1], mesh),
+
+    def eval_sums(params, batch):
+        sums = loss_fn(params, batch, None)[1]
+        sums.pop(ROUTER_LOAD, None)  # held-out metrics are the scalar ones
+        return sums
+
+    return jax.jit(sharding.under_mesh(eval_sums, mesh),
                    in_shardings=(params_shardings, batch_sharding(mesh)), out_shardings=NamedSharding(mesh, P()))
 
 
 def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, mesh, state_shardings: dict):
     """The pure train and eval steps, jitted with explicit in/out shardings (those of ``state_shardings``
-    for the state, rows over data x fsdp for the batch); the train state is donated."""
-    accumulate = cfg.train.grad_accum
+    for the state, rows over data x fsdp for the batch); the train state is donated. An MoE model's
+    metrics carry ``router_load`` [L_moe, E], the step's mean router load over its micro-batches."""
+    accumulate, bias_rate = cfg.train.grad_accum, cfg.train.router_bias_rate
     grad_fn = jax.value_and_grad(_loss_fn(graphdef, rest, objective), has_aux=True)
 
     def grads_and_sums(params, batch, key):
@@ -102,9 +180,13 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
     def train_step(state, batch):
         params, opt_state = state["params"], state["opt_state"]
         loss, sums, grads = grads_and_sums(params, batch, jax.random.fold_in(state["key"], state["step"]))
+        load = sums.pop(ROUTER_LOAD, None)
+        load = None if load is None else ratio(load)  # summed over micro-batches: their mean
         grad_norm = optax.tree.norm(grads)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
+        if load is not None and bias_rate and has_router_bias(params):
+            new_params = balance_router_bias(new_params, load, bias_rate)
         # A non-finite loss or gradient never reaches the parameters or the optimizer state: the step
         # is dropped and counted, and the loop acts on the count (stop or skip) at its next sync.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
@@ -112,7 +194,10 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
         state = {"params": keep(new_params, params), "opt_state": keep(new_opt_state, opt_state),
                  "step": state["step"] + 1, "skipped": state["skipped"] + (~finite).astype(jnp.int32),
                  "key": state["key"]}
-        return state, {"sums": sums, "grad_norm": grad_norm}
+        metrics = {"sums": sums, "grad_norm": grad_norm}
+        if load is not None:
+            metrics["router_load"] = load
+        return state, metrics
 
     train = jax.jit(sharding.under_mesh(train_step, mesh), donate_argnums=0,
                     in_shardings=(state_shardings, batch_sharding(mesh)),
