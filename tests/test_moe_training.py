@@ -87,7 +87,7 @@ def test_the_router_bias_moves_by_rate_times_the_sign_of_the_load_gap_and_the_op
     assert [r["step"] for r in records] == [1, 2, 3]
     for record in records:
         assert len(record["expert_load"]) == E and sum(record["expert_load"]) == pytest.approx(1.0, abs=1e-4)
-        assert 1.0 <= record["max_load"] <= E
+        assert 1.0 <= record["max_load"] <= E / 2  # top-2: an expert gets at most half the assignments
     np.testing.assert_allclose(records[-1]["expert_load"], load.mean(0), atol=1e-6)
     assert records[-1]["max_load"] == pytest.approx(float((load.max(-1) * E).max()), abs=1e-4)  # the worst layer
     events = next((tmp_path / "tensorboard").glob("events.out.tfevents.*")).read_bytes()
@@ -141,5 +141,5 @@ def test_a_bad_router_bias_rate_is_an_error_naming_the_field(value):
 
 def test_the_deepseek_config_file_is_valid():
     cfg = run_config.load("configs/deepseek_moe.yaml")
-    assert cfg.model.preset == "tiny-deepseek" and cfg.train.router_bias_rate == 1e-3
+    assert cfg.model.preset == "tiny-deepseek" and cfg.train.router_bias_rate == 1e-2
     assert cfg.model.overrides == {"router_aux_loss": "sequence", "router_aux_loss_coef": 1e-4}

@@ -94,8 +94,8 @@ def router_load_metrics(load) -> dict:
     """The logged load figures of a router load [L_moe, E] (shares of the routed tokens, each row summing
     to 1): ``expert_load``, each expert's share averaged over the MoE layers (E numbers summing to 1), and
     ``max_load``, the busiest expert's load over the mean load in the worst layer (1 = perfectly balanced,
-    E = one expert takes every token): the worst layer, since the busiest expert anywhere sets the pace
-    and an average over layers would hide it."""
+    E/k = every token chooses the same expert): the worst layer, since the busiest expert anywhere sets
+    the pace and an average over layers would hide it."""
     load = np.asarray(load, np.float64)
     return {"expert_load": [round(float(x), 6) for x in load.mean(axis=0)],
             "max_load": round(float(np.max(load.max(axis=-1) / np.maximum(load.mean(axis=-1), 1e-12))), 4)}
