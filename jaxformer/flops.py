@@ -24,6 +24,7 @@ from flax import nnx
 
 from jaxformer.cache import cache_numbers_per_token
 from jaxformer.config import ModelConfig
+from jaxformer.layers import RouterBias
 from jaxformer.models import abstract_params
 
 # Per-chip datasheet figures, keyed by what ``device.device_kind`` reports (matched by ``chip_value``).
@@ -56,7 +57,7 @@ def _stack_params(cfg: ModelConfig, stack: str) -> float:
     """Parameters one token passes through in a stack of blocks (MoE: the routed experts only)."""
     total = 0.0
     for path, leaf in nnx.to_flat_state(abstract_params(cfg)):
-        if path[0] != stack:
+        if path[0] != stack or isinstance(leaf, RouterBias):  # the selection bias is added, not multiplied
             continue
         size = math.prod(leaf.shape)
         axes = leaf.get_metadata().get("axes", ())
@@ -82,7 +83,9 @@ def _keys_seen(pattern: str, queries: int, keys: int, window: int | None) -> flo
 def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_length: int | None = None) -> float:
     """Model FLOPs of one forward + backward pass over a batch (``length`` tokens per row, or source
     and ``target_length`` tokens for an encoder-decoder)."""
-    width = cfg.num_heads * cfg.head_dim_
+    # The two attention products per key: scores over the query/key head size, the weighted sum over the
+    # value head size (they differ under multi-head latent attention); 12 x width counts both.
+    width = cfg.num_heads * (cfg.head_dim_ + (cfg.rope_head_dim if cfg.mla else 0) + cfg.value_dim) / 2
     if cfg.family == "encoder_decoder":
         target = target_length or length
         encoder = 6 * _stack_params(cfg, "encoder") + 12 * cfg.encoder_layers * width * length

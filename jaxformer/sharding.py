@@ -23,8 +23,10 @@ BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both: FSDP is
 # Logical axis -> mesh axis. Unlisted axes (layers, head_dim, embed_out, positions, types, buckets,
 # labels) are never split. Vectors (norm scales, biases: one axis besides ``layers``) stay replicated:
 # they are tiny, and gathering them would cost a collective per use.
+# A mesh axis splits at most one dimension of a parameter, the first that asks for it: MLA's latent
+# width takes FSDP where no `embed` axis does (its up-projections [latent, heads, head_dim]).
 RULES = {"embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor",
-         "experts": "expert"}
+         "experts": "expert", "latent": "fsdp"}
 
 # Mesh shapes of the named strategies on ``n`` devices; ``tensor`` (and ``expert``) take the largest
 # size that divides both ``n`` and what they split, the rest of the devices do data parallelism.
@@ -77,7 +79,7 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh, name: str = "a
     spec = []
     for axis, dim in zip(axes, shape):
         mesh_axis = RULES.get(axis)
-        if mesh_axis is None or mesh.shape[mesh_axis] == 1:
+        if mesh_axis is None or mesh.shape[mesh_axis] == 1 or mesh_axis in spec:
             spec.append(None)
             continue
         if dim % mesh.shape[mesh_axis]:

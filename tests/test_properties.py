@@ -496,14 +496,15 @@ def test_moe_combine_weights_sum_to_one():
 
 def _expert_weights(cfg, seed):
     moe = MoE(cfg, rngs=nnx.Rngs(seed))
-    return moe, (moe.wi[...], moe.wi_gate[...], moe.wo[...])
+    return moe, (moe.wi[...], None if moe.wi_gate is None else moe.wi_gate[...], moe.wo[...])
 
 
-@pytest.mark.parametrize("preset", ["tiny-mixtral", "tiny-deepseek"])
-def test_grouped_dispatch_equals_dense_experts_forward_and_gradients(preset):
-    """The sorted, ragged-matmul dispatch computes what running every expert computes: outputs and the
+@pytest.mark.parametrize("preset, changes", [("tiny-mixtral", {}), ("tiny-deepseek", {}),
+                                             ("tiny-mixtral", {"activation": "gelu", "experts_per_token": 1})])
+def test_grouped_dispatch_equals_dense_experts_forward_and_gradients(preset, changes):
+    """The sorted, block-grouped dispatch computes what running every expert computes: outputs and the
     gradients of x, of every expert weight and of the router (through the routing weights)."""
-    cfg = tiny_config(preset, init_std=0.2)
+    cfg = tiny_config(preset, init_std=0.2, **changes)
     moe, weights = _expert_weights(cfg, seed=30)
     x = embeds(3, 7, cfg.d_model, seed=31)
     router = moe.router[...]

@@ -36,6 +36,7 @@ def _experiments(model: str, strategies: str) -> list[dict]:
     ("tiny-bert", "single,pmap,shard_map,dp,fsdp,tp,fsdp_tp"),
     ("tiny-t5", "single,pmap,shard_map,dp,fsdp,tp,fsdp_tp"),
     ("tiny-mixtral", "single,dp,fsdp,tp,ep"),
+    ("tiny-deepseek", "single,fsdp,tp,ep"),  # latent attention, shared experts, dense first layer, grouped dispatch
 ])
 def test_every_strategy_equals_the_single_device_step(model, strategies):
     rows = {r["strategy"]: r for r in _experiments(model, strategies)}
@@ -55,9 +56,12 @@ def test_every_strategy_equals_the_single_device_step(model, strategies):
         assert rows["fsdp_tp"]["specs"][down] == "P(None, 'tensor', 'fsdp')"
         assert rows["fsdp"]["specs"][norm] == "P()"  # vectors stay replicated
         assert set(rows["dp"]["specs"].values()) == {"P()"}
-    if model == "tiny-mixtral":
+    if model in ("tiny-mixtral", "tiny-deepseek"):
         experts = ["decoder.blocks.mlp.wi", "decoder.blocks.mlp.wi_gate", "decoder.blocks.mlp.wo"]
         assert all(rows["ep"]["specs"][k].startswith("P(None, 'expert'") for k in experts)
+    if model == "tiny-deepseek":  # latent up-projections split by head; the latent width is never split
+        assert rows["tp"]["specs"]["decoder.blocks.attn.k_up"] == "P(None, None, 'tensor', None)"
+        assert rows["tp"]["specs"]["decoder.blocks.attn.kv_down"] == "P()"
     # FSDP over 8 devices: an eighth of the parameters and optimizer state, plus what stays replicated:
     # norms and biases only (nothing with an `embed` axis, the one FSDP splits).
     replicated = _replicated_bytes(model, rows["fsdp"]["specs"])
