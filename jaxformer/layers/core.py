@@ -66,6 +66,35 @@ class Dense(nnx.Module):
         return y if self.bias is None else y + self.bias[...].astype(self.dtype)
 
 
+@jax.custom_vjp
+def linear(x: Array, w: Array) -> Array:
+    """x [..., D] @ w [D, F], whose backward computes the weight gradient from an explicitly transposed
+    copy of the narrower of x and the output gradient.
+
+    Left to autodiff, XLA's CPU backend computed dW = x^T dy by first transposing dy [M, F] to [F, M]
+    inside the elementwise fusion that produces it (the SwiGLU backward), a strided loop that took a
+    third of a LLaMA-shaped train step (d_model 256, d_ff 1024: 0.82 s a step before, 0.52 s after).
+    The optimization barrier keeps XLA from folding the transpose back into the matmul."""
+    return jnp.einsum("...D,DF->...F", x, w)
+
+
+def _linear_forward(x: Array, w: Array):
+    return linear(x, w), (x, w)
+
+
+def _linear_backward(residuals, dy: Array):
+    x, w = residuals
+    rows_x, rows_dy = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    if rows_x.shape[1] <= rows_dy.shape[1]:
+        dw = jax.lax.optimization_barrier(rows_x.T) @ rows_dy
+    else:
+        dw = (jax.lax.optimization_barrier(rows_dy.T) @ rows_x).T
+    return jnp.einsum("...F,DF->...D", dy, w), dw.astype(w.dtype)
+
+
+linear.defvjp(_linear_forward, _linear_backward)
+
+
 def dropout(x: Array, rate: float, key: Array | None) -> Array:
     """Inverted dropout; the identity when ``key`` is None (evaluation) or the rate is 0."""
     if key is None or rate == 0.0:
