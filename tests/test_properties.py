@@ -19,8 +19,8 @@ from absl.testing import parameterized
 from flax import nnx
 
 import jaxformer as jf
-from jaxformer.layers import (Attention, MoE, Routing, apply_rope, dense_experts, dropout, grouped_experts, rope_angles,
-                              rope_frequencies, route, visibility_mask)
+from jaxformer.layers import (Attention, MoE, Routing, apply_rope, dense_experts, dropout, grouped_experts,
+                              ragged_experts, rope_angles, rope_frequencies, route, visibility_mask)
 from conftest import call, dependency, embeds, jitted, tiny_config, tiny_model, token_ids
 
 TOL = dict(atol=1e-6, rtol=1e-6)
@@ -516,17 +516,18 @@ def test_grouped_dispatch_equals_dense_experts_forward_and_gradients(preset, cha
         return jnp.sum(y * cotangent), y
 
     results = {}
-    for dispatch in (grouped_experts, dense_experts):
+    for dispatch in (grouped_experts, ragged_experts, dense_experts):  # ragged: the GPU/TPU path
         grad_fn = jax.jit(jax.value_and_grad(functools.partial(loss, dispatch), argnums=(0, 1, 2), has_aux=True))
         results[dispatch] = grad_fn(x, router, weights)
-    (_, y_grouped), grads_grouped = results[grouped_experts]
     (_, y_dense), grads_dense = results[dense_experts]
-    np.testing.assert_allclose(y_grouped, y_dense, atol=1e-5, rtol=0)
-    # Gradients sum many products in a different order (per expert group vs all experts at once), so
-    # they agree to float32 rounding of their own scale (the router's reach ~10), not to 1e-5 absolute.
-    for grouped, dense in zip(jax.tree.leaves(grads_grouped), jax.tree.leaves(grads_dense)):
-        scale = max(1.0, float(jnp.max(jnp.abs(dense))))
-        np.testing.assert_allclose(grouped, dense, atol=2e-6 * scale, rtol=0)
+    for dispatch in (grouped_experts, ragged_experts):
+        (_, y_grouped), grads_grouped = results[dispatch]
+        np.testing.assert_allclose(y_grouped, y_dense, atol=1e-5, rtol=0)
+        # Gradients sum many products in a different order (per expert group vs all experts at once), so
+        # they agree to float32 rounding of their own scale (the router's reach ~10), not to 1e-5 absolute.
+        for grouped, dense in zip(jax.tree.leaves(grads_grouped), jax.tree.leaves(grads_dense)):
+            scale = max(1.0, float(jnp.max(jnp.abs(dense))))
+            np.testing.assert_allclose(grouped, dense, atol=2e-6 * scale, rtol=0)
 
 
 def test_grouped_dispatch_with_repeated_and_idle_experts():

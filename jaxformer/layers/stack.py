@@ -115,7 +115,7 @@ class Block(nnx.Module):
         self.mlp = MoE(cfg, rngs=rngs) if cfg.num_experts and not dense else MLP(cfg, rngs=rngs)
 
     def __call__(self, x: Array, inputs: LayerInputs, key: Array | None = None
-                 ) -> tuple[Array, dict | None, Array | None]:
+                 ) -> tuple[Array, dict | None, dict | None]:
         """Returns x, this call's new keys and values (for the caller's cache), MoE router stats."""
         keys = BlockKeys(*split_key(key, 6))
         drop = lambda h, key: dropout(h, self.dropout_rate, key)  # noqa: E731
@@ -151,7 +151,7 @@ class Block(nnx.Module):
     def cross_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> Array:
         return self.cross_attn(h, inputs.cross_source, mask=inputs.cross_mask, kv=inputs.cross_kv, key=key)[0]
 
-    def feed_forward(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, Array | None]:
+    def feed_forward(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None]:
         if isinstance(self.mlp, MoE):
             return self.mlp(h, inputs.token_mask)
         return self.mlp(h, key), None
