@@ -273,3 +273,45 @@ def test_one_layers_missing_tensor_leaves_the_other_layers_expected(copy):
         jf.from_pretrained(copy)
     assert "missing tensors (1): ['transformer.h.1.mlp.c_fc.weight']" in str(err.value)
     assert "unexpected" not in str(err.value)  # h.0's tensor is the model's, not a stray
+
+
+@pytest.fixture(scope="module")
+def deepseek_dir(tmp_path_factory):
+    """A tiny DeepSeek-V3 file written by jaxformer (no reference model needed to test refusals)."""
+    folder = tmp_path_factory.mktemp("deepseek")
+    jf.build("tiny-deepseek").save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 40.0, "rope_theta": 10000.0}}, "rope type 'yarn'"),
+    ({"attention_bias": True}, "attention_bias=true is not supported"),
+    ({"model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"], "topk_method": "noaux_tc"},
+     "topk_method='noaux_tc' is not supported"),
+])
+def test_deepseek_options_jaxformer_does_not_model_are_refused_by_name(deepseek_dir, tmp_path, edit, message):
+    shutil.copytree(deepseek_dir, tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps({**config, **edit}))
+    with pytest.raises(ValueError, match=message):
+        jf.from_pretrained(tmp_path / "ckpt")
+
+
+def test_deepseek_v3_multi_token_prediction_layers_are_skipped_with_a_note(deepseek_dir, tmp_path):
+    """V3 files carry their MTP module as layer num_hidden_layers; next-token prediction never reads it.
+    Any other extra layer is still an unexpected tensor."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(deepseek_dir, folder)
+    tensors = _tensors(folder)
+    layers = jf.config("tiny-deepseek").decoder_layers
+    mtp = {k.replace("layers.1.", f"layers.{layers}."): v for k, v in tensors.items() if ".layers.1." in k}
+    _rewrite(folder, {**tensors, **mtp})
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    with pytest.warns(UserWarning, match=f"{len(mtp)} tensors of multi-token-prediction layers"):
+        model = jf.from_pretrained(folder)
+    ids = np.array([[1, 2, 3]])
+    np.testing.assert_array_equal(np.asarray(model(ids).logits), np.asarray(jf.from_pretrained(deepseek_dir)(ids).logits))
+    (folder / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    with pytest.raises(ValueError, match="unexpected tensors"):
+        jf.from_pretrained(folder)
