@@ -122,14 +122,22 @@ def shardings_of(tree):
 
 def sharded_optimizer_state(optimizer, params):
     """``optimizer.init(params)`` created in place: each moment takes its parameter's sharding (so FSDP
-    splits the optimizer state too), the rest (Adam's step count) is replicated."""
+    splits the optimizer state too), the rest (Adam's step count) is replicated. A parameter the
+    optimizer leaves out (``optax.multi_transform`` with ``set_to_zero``: DeepSeek-V3's router bias)
+    has an empty ``MaskedNode`` in its place, which stays as it is."""
     import optax
+
+    def masked(x) -> bool:
+        return isinstance(x, optax.MaskedNode)
 
     mesh = jax.tree.leaves(params)[0].sharding.mesh
     replicated = NamedSharding(mesh, P())
-    shardings = optax.tree_map_params(optimizer, lambda _, param_sharding: param_sharding,
-                                      jax.eval_shape(optimizer.init, params), shardings_of(params),
-                                      transform_non_params=lambda _: replicated)
+    def sharding_of(value, param_sharding):
+        return value if masked(value) else param_sharding
+
+    shardings = optax.tree_map_params(optimizer, sharding_of, jax.eval_shape(optimizer.init, params),
+                                      shardings_of(params), transform_non_params=lambda _: replicated,
+                                      is_leaf=masked)
     return jax.jit(optimizer.init, out_shardings=shardings)(params)
 
 

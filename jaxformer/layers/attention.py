@@ -259,16 +259,16 @@ class LatentAttention(nnx.Module):
         q_nope, q_rope = self.queries(x, rope)
         new = self.latents(x, rope)
         if cache is None:
-            segments, masks, written = (new,), mask, None
-        else:
+            segments, written = (new,), None
+        else:  # mask is then a (cache slots, new tokens) pair, as the segments
             written = {"latent": new.astype(cache["latent"].dtype)}
-            segments, masks = (cache["latent"], written["latent"]), mask
+            segments = (cache["latent"], written["latent"])
         if cache is not None and x.shape[1] == 1:
             # Absorbed: q_nope k_up^T scores the latent directly, and v_up is applied after the weighted sum.
             q_latent = jnp.einsum("BTNH,CNH->BTNC", q_nope, self.k_up[...].astype(dt))
             query = jnp.concatenate([q_latent, q_rope.astype(dt)], axis=-1)
             keys = tuple(segment[:, :, None, :].astype(dt) for segment in segments)  # one kv head: MQA
-            mixed = dot_product_attention(query, keys, keys, masks, None, self.scale, self.dropout_rate, key)
+            mixed = dot_product_attention(query, keys, keys, mask, None, self.scale, self.dropout_rate, key)
             out = jnp.einsum("BTNC,CNH->BTNH", mixed[..., :self.latent_width], self.v_up[...].astype(dt))
         else:
             expanded = [self.expand(segment) for segment in segments]
@@ -276,7 +276,7 @@ class LatentAttention(nnx.Module):
             if cache is None:
                 keys, values = keys[0], values[0]
             query = jnp.concatenate([q_nope, q_rope.astype(dt)], axis=-1)
-            out = dot_product_attention(query, keys, values, masks, None, self.scale, self.dropout_rate, key)
+            out = dot_product_attention(query, keys, values, mask, None, self.scale, self.dropout_rate, key)
         y = jnp.einsum("BTNH,NHD->BTD", out, self.o[...].astype(dt))
         if self.o_bias is not None:
             y = y + self.o_bias[...].astype(dt)

@@ -315,14 +315,15 @@ def router_statistics(cfg: ModelConfig, routing: Routing, token_mask: Array | No
     probs = routing.scores
     if cfg.router_score == "sigmoid":
         probs = probs / (jnp.sum(probs, axis=-1, keepdims=True) + 1e-20)
-    per_row = jnp.maximum(jnp.sum(w, axis=1), 1.0)  # [B]
-    row_load = jnp.einsum("BT,BTE->BE", w, chosen) / (k * per_row[:, None])
-    row_prob = jnp.einsum("BT,BTE->BE", w, probs) / per_row[:, None]
-    rows = jnp.maximum(jnp.sum(jnp.sum(w, axis=1) > 0), 1)
-    sequence_loss = jnp.sum(E * jnp.sum(row_load * row_prob, axis=-1) * (jnp.sum(w, axis=1) > 0)) / rows
-    total = jnp.maximum(jnp.sum(w), 1.0)
-    return {"load": jnp.einsum("BT,BTE->E", w, chosen) / (k * total),
-            "prob": jnp.einsum("BT,BTE->E", w, probs) / total,
+    row_tokens = jnp.sum(w, axis=1)  # [B]
+    row_counts = jnp.einsum("BT,BTE->BE", w, chosen)  # pairs per row and expert
+    row_probs = jnp.einsum("BT,BTE->BE", w, probs)
+    per_row = jnp.maximum(row_tokens, 1.0)[:, None]
+    has_tokens = row_tokens > 0
+    row_terms = E * jnp.sum((row_counts / (k * per_row)) * (row_probs / per_row), axis=-1)
+    sequence_loss = jnp.sum(jnp.where(has_tokens, row_terms, 0.0)) / jnp.maximum(jnp.sum(has_tokens), 1)
+    total = jnp.maximum(jnp.sum(row_tokens), 1.0)
+    return {"load": jnp.sum(row_counts, axis=0) / (k * total), "prob": jnp.sum(row_probs, axis=0) / total,
             "sequence_loss": sequence_loss}
 
 

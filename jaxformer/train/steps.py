@@ -110,25 +110,8 @@ def init_state(cfg: RunConfig, model, optimizer) -> dict:
     params = nnx.state(model, nnx.Param)
     replicated = NamedSharding(jax.tree.leaves(params)[0].sharding.mesh, P())
     progress = {"step": jnp.int32(0), "skipped": jnp.int32(0), "key": jax.random.PRNGKey(cfg.run.seed)}
-    return {"params": params, "opt_state": _optimizer_state(optimizer, params, replicated),
+    return {"params": params, "opt_state": sharding.sharded_optimizer_state(optimizer, params),
             **jax.device_put(progress, replicated)}
-
-
-def _optimizer_state(optimizer, params: nnx.State, replicated: NamedSharding):
-    """``sharding.sharded_optimizer_state``, also for an optimizer that leaves the RouterBias out (its
-    multi_transform state holds an empty MaskedNode, not a moment, in that parameter's place)."""
-    if not has_router_bias(params):
-        return sharding.sharded_optimizer_state(optimizer, params)
-    def masked(x) -> bool:
-        return isinstance(x, optax.MaskedNode)
-
-    def sharding_of(value, param_sharding):
-        return value if masked(value) else param_sharding
-
-    shardings = optax.tree_map_params(optimizer, sharding_of, jax.eval_shape(optimizer.init, params),
-                                      sharding.shardings_of(params), transform_non_params=lambda _: replicated,
-                                      is_leaf=masked)
-    return jax.jit(optimizer.init, out_shardings=shardings)(params)
 
 
 def _loss_fn(graphdef, rest, objective: Objective):
