@@ -8,8 +8,11 @@ segment memory) is a new type or field here, never a second forward pass.
   position and validity, so visibility (padding, windows, prefixes) is computed from positions.
 - ``LatentCache``: the same slots for multi-head latent attention, holding each token's compressed
   latent and shared rotary key instead of per-head keys and values.
+- ``Memory``: Transformer-XL's segment memory, every layer's input hidden states of the last M tokens;
+  a bounded window that rolls forward with each call, so it serves training, evaluation and decoding.
 - ``EncoderKV``: an encoder-decoder's cross-attention keys and values, computed once per source.
-- ``DecodeState``: what a decoder's step carries: its KV cache, the encoder side, the prefix sizes.
+- ``DecodeState``: what a decoder's step carries: its KV cache (or segment memory), the encoder side,
+  the prefix sizes.
 """
 
 from __future__ import annotations
@@ -124,6 +127,46 @@ def cache_numbers_per_token(cfg) -> int:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class Memory:
+    """Transformer-XL's segment memory: the input hidden states of every layer for the last M tokens,
+    ``hidden`` [L, B, M, D], oldest first, and which slots hold a real token ``valid`` [B, M] (padding and
+    slots not yet filled do not). A call attends over its memory and then rolls it forward by its own
+    tokens (``extend``); the window never grows, so generation can run past any segment length with
+    constant state. No gradient flows into a memory: ``extend`` stops it."""
+
+    hidden: Array
+    valid: Array
+
+    @classmethod
+    def empty(cls, layers: int, batch: int, length: int, width: int, dtype) -> Memory:
+        return cls(jnp.zeros((layers, batch, length, width), dtype), jnp.zeros((batch, length), bool))
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+    def extend(self, inputs: Array, valid: Array) -> Memory:
+        """The memory after a call whose layers took ``inputs`` [L, B, T, D] (real where ``valid`` [B, T]):
+        the last M of (memory, inputs), without gradient."""
+        M = self.length
+        hidden = jnp.concatenate([self.hidden, inputs.astype(self.hidden.dtype)], axis=2)[:, :, -M:] if M else self.hidden
+        kept = jnp.concatenate([self.valid, valid.astype(bool)], axis=1)[:, -M:] if M else self.valid
+        return Memory(jax.lax.stop_gradient(hidden), kept)
+
+    def forget(self, rows: Array) -> Memory:
+        """The memory with the rows where ``rows`` [B] is true emptied (a stream that starts over)."""
+        return dataclasses.replace(self, valid=self.valid & ~rows[:, None])
+
+    def reorder(self, rows: Array) -> Memory:
+        """The memory of batch rows ``rows`` (beam search)."""
+        return Memory(self.hidden[:, rows], self.valid[rows])
+
+    def check_room(self, count: int) -> None:
+        """A memory never overflows: it keeps the last M tokens whatever a call adds."""
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class EncoderKV:
     """Cross-attention keys and values of a fixed encoder output, every layer: k, v [L, B, S, K, H];
     ``valid`` [B, S] is the source's attention mask (None: no padding)."""
@@ -136,10 +179,11 @@ class EncoderKV:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class DecodeState:
-    """What a decoder's cached step carries: its self-attention cache, the encoder side of an
-    encoder-decoder (None for decoder-only models), and prefix-LM prefix sizes [B] (None otherwise)."""
+    """What a decoder's cached step carries: its self-attention cache (Transformer-XL: its segment
+    memory), the encoder side of an encoder-decoder (None for decoder-only models), and prefix-LM prefix
+    sizes [B] (None otherwise)."""
 
-    kv: KVCache | LatentCache
+    kv: KVCache | LatentCache | Memory
     encoder: EncoderKV | None = None
     prefix_lengths: Array | None = None
 

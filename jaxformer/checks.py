@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from jaxformer.cache import Memory
 from jaxformer.config import ModelConfig
 
 
@@ -43,8 +44,9 @@ def public_call(method):
 
 
 def as_array(x: Any, name: str) -> Any:
-    """A public call's array argument as an array (None and JAX arrays pass through)."""
-    return x if x is None or isinstance(x, jax.Array) else id_array(x, name)
+    """A public call's array argument as an array (None, JAX arrays and carried state such as a
+    Transformer-XL ``Memory`` pass through)."""
+    return x if x is None or isinstance(x, (jax.Array, Memory)) else id_array(x, name)
 
 
 def id_array(x: Any, name: str) -> np.ndarray:
@@ -131,6 +133,12 @@ def check_positions(position_ids: Any, shape: tuple[int, ...], cfg: ModelConfig,
 def check_token_types(token_type_ids: Any, shape: tuple[int, ...], cfg: ModelConfig) -> None:
     if token_type_ids is None:
         return
+    if cfg.relative_segments:  # XLNet compares types for equality only: any non-negative ids
+        if _shape(token_type_ids) != tuple(shape):
+            raise ValueError(f"token_type_ids has shape {_shape(token_type_ids)} but input_ids has shape {tuple(shape)}")
+        if _concrete(token_type_ids) and np.asarray(token_type_ids).min() < 0:
+            raise ValueError("token_type_ids must be non-negative segment ids")
+        return
     if not cfg.type_vocab_size:
         raise ValueError(f"token_type_ids given but {cfg.name!r} has no token-type embeddings (type_vocab_size=0)")
     if _shape(token_type_ids) != tuple(shape):
@@ -140,6 +148,22 @@ def check_token_types(token_type_ids: Any, shape: tuple[int, ...], cfg: ModelCon
         if values.min() < 0 or values.max() >= cfg.type_vocab_size:
             raise ValueError(f"token_type_ids hold {int(values.min())}..{int(values.max())}; valid types lie in "
                              f"[0, {cfg.type_vocab_size})")
+
+
+def check_memory(memory: Any, cfg: ModelConfig, batch: int) -> None:
+    """A Transformer-XL memory must be one this model made for this batch: [L, B, M, D] hidden states."""
+    if memory is None:
+        return
+    if cfg.position != "xl":
+        raise ValueError(f"memory given but {cfg.name!r} is not a Transformer-XL model (position={cfg.position!r}); "
+                         "only position='xl' models carry a segment memory")
+    if not isinstance(memory, Memory):
+        raise ValueError(f"memory must be a jaxformer.cache.Memory (out.memory of the previous segment, or "
+                         f"model.init_memory(batch)), got {type(memory).__name__}")
+    L, B, M, D = _shape(memory.hidden)
+    if (L, B, D) != (cfg.decoder_layers, batch, cfg.d_model) or _shape(memory.valid) != (batch, M):
+        raise ValueError(f"memory holds hidden states {_shape(memory.hidden)} and validity {_shape(memory.valid)}; this "
+                         f"model and batch need [{cfg.decoder_layers}, {batch}, M, {cfg.d_model}] and [{batch}, M]")
 
 
 def check_prefix_lengths(prefix_lengths: Any, cfg: ModelConfig, batch: int, length: int) -> None:

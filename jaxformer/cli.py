@@ -71,7 +71,8 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(metrics))
     else:
-        print(f"{args.run_dir} step {metrics.pop('step')}: "
+        memory = f" (memory {metrics.pop('memory_len')})" if "memory_len" in metrics else ""
+        print(f"{args.run_dir} step {metrics.pop('step')}{memory}: "
               + ", ".join(f"{k.removeprefix('eval_')} {v:.6g}" for k, v in metrics.items()))
     return 0
 
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = commands.add_parser("eval", help="metrics of a training run's checkpoint on held-out (or given) data")
     p.add_argument("run_dir", help="a train.py run folder (run.dir)")
-    p.add_argument("overrides", nargs="*", help="data.*, eval.* or mesh.* overrides, e.g. data.eval=test.jsonl")
+    p.add_argument("overrides", nargs="*", help="data.*, eval.* or mesh.* overrides, e.g. data.eval=test.jsonl or eval.memory_len=512")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=evaluate)

@@ -62,7 +62,8 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
     input_ids = np.asarray(input_ids)
     mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
     t = lambda x: None if x is None else torch.as_tensor(np.asarray(x))  # noqa: E731
-    kwargs = dict(input_ids=t(input_ids), attention_mask=t(mask), output_hidden_states=True)
+    # no padding, no mask: the same for every reference, and transformers' causal XLNet fails on any mask
+    kwargs = dict(input_ids=t(input_ids), attention_mask=None if mask.all() else t(mask), output_hidden_states=True)
     ours_kwargs = dict(attention_mask=mask, output_hidden_states=True)
     if cfg.family == "encoder_decoder":
         if decoder_input_ids is None:

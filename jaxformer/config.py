@@ -16,7 +16,7 @@ NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
-POSITIONS = ("sinusoidal", "learned", "rope", "relative")
+POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
 ROPE_SCALINGS = ("linear", "llama3")
 ROUTER_SCORES = ("softmax", "sigmoid")
@@ -132,6 +132,12 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     relative_buckets: int = 32  # T5 relative position bias
     relative_max_distance: int = 128
+    # Transformer-XL (position="xl"): sinusoidal encodings of key-query distances inside attention, with
+    # learned global content and position biases (u, v); decoder family only.
+    memory_len: int = 0  # segment memory: each layer's inputs of the last memory_len tokens (0: none)
+    clamp_len: int = 0  # distances beyond clamp_len use clamp_len's encoding (0: no clamp)
+    shared_relative_biases: bool = False  # one u and v for all layers (Transformer-XL) or per layer (XLNet untie_r)
+    relative_segments: bool = False  # XLNet: token types enter attention as same/different-segment biases
 
     attention: str = "causal"
     window_size: int | None = None  # sliding and alternating-local attention: keys in (t - w, t]
@@ -158,6 +164,7 @@ class ModelConfig:
     clamp_float16: bool = False  # T5: in float16, clamp each sublayer's output into range, as transformers does
     type_vocab_size: int = 0  # token-type (segment) embeddings; 0 for none
     logits_bias: bool = False  # a fixed (non-trained) bias on the LM logits (BART's final_logits_bias)
+    lm_head_bias: bool = False  # a trained bias on the LM logits (XLNet's lm_loss.bias)
 
     head: str = "lm"
     pooler: bool = False  # BERT pooler: tanh(dense(h[:, 0]))
@@ -249,15 +256,33 @@ class ModelConfig:
             if self.relative_buckets < 4:
                 raise ValueError(f"ModelConfig.relative_buckets={self.relative_buckets} must be >= 4")
 
+        _non_negative("memory_len", self.memory_len)
+        _non_negative("clamp_len", self.clamp_len)
+        if self.position == "xl":
+            if self.family != "decoder" or self.attention not in ("causal", "bidirectional"):
+                raise ValueError("ModelConfig.position='xl' (Transformer-XL relative attention) needs family='decoder' "
+                                 f"and attention 'causal' or 'bidirectional', not {self.family!r} and {self.attention!r}")
+            if self.num_kv_heads not in (None, self.num_heads) or self.num_experts:
+                raise ValueError("ModelConfig.position='xl' supports multi-head attention with a dense MLP: leave "
+                                 "num_kv_heads None and num_experts 0")
+            if self.type_vocab_size:
+                raise ValueError("ModelConfig.type_vocab_size: Transformer-XL models take token types as relative "
+                                 "segments (relative_segments=True), not as embeddings")
+        else:
+            xl_only = {"memory_len": 0, "clamp_len": 0, "shared_relative_biases": False, "relative_segments": False}
+            for field, off in xl_only.items():
+                if getattr(self, field) != off:
+                    raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs position='xl' "
+                                     "(Transformer-XL relative attention)")
         _one_of("attention", self.attention, ATTENTION_PATTERNS)
         if self.family == "encoder" and self.attention != "bidirectional":
             raise ValueError(
                 f"ModelConfig.attention={self.attention!r} does not fit family='encoder'; "
                 "encoders attend 'bidirectional'")
-        if self.family != "encoder" and self.attention == "bidirectional":
+        if self.family != "encoder" and self.attention == "bidirectional" and self.position != "xl":
             raise ValueError(
                 f"ModelConfig.attention='bidirectional' does not fit family={self.family!r}; valid: "
-                "'causal', 'prefix', 'sliding', 'alternating'")
+                "'causal', 'prefix', 'sliding', 'alternating' (or position='xl': XLNet's bidirectional form)")
         if self.family == "encoder_decoder" and self.attention not in ("causal", "sliding"):
             raise ValueError(
                 f"ModelConfig.attention={self.attention!r} does not fit family='encoder_decoder'; "
@@ -373,8 +398,9 @@ class ModelConfig:
                                          or self.position_offset <= self.pad_token_id):
             raise ValueError("ModelConfig.pad_aware_positions=True needs learned positions, a pad_token_id, and "
                              "position_offset > pad_token_id (RoBERTa: pad_token_id=1, position_offset=2)")
-        if self.logits_bias and self.head != "lm":
-            raise ValueError("ModelConfig.logits_bias=True needs head='lm'")
+        for field in ("logits_bias", "lm_head_bias"):
+            if getattr(self, field) and self.head != "lm":
+                raise ValueError(f"ModelConfig.{field}=True needs head='lm'")
 
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("param_dtype", self.param_dtype, DTYPES)

@@ -1,7 +1,10 @@
-"""Decoder-only family (GPT-2, GPT-3, LLaMA, Mistral, Qwen2, Mixtral): embeddings, causal blocks, LM head.
+"""Decoder-only family (GPT-2, GPT-3, LLaMA, Mistral, Qwen2, Mixtral, DeepSeek, Transformer-XL):
+embeddings, causal blocks, LM head.
 
 One forward pass (``forward``) serves training and evaluation (``__call__``, whole sequences) and
-generation (``step``, over a ``DecodeState``; a prefill is a step over an empty cache).
+generation (``step``, over a ``DecodeState``; a prefill is a step over an empty cache). Transformer-XL's
+segment memory is carried the same way: ``model(ids, memory=mem)`` returns ``out.memory`` for the next
+segment, and a decoding step carries the memory in place of a KV cache.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import DecodeState, KVCache, LatentCache, empty_cache
-from jaxformer.checks import check_inputs, check_prefix_lengths, public_call
+from jaxformer.cache import DecodeState, KVCache, LatentCache, Memory, empty_cache
+from jaxformer.checks import check_inputs, check_memory, check_prefix_lengths, public_call
 from jaxformer.config import ModelConfig
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
                               load_balancing_loss, split_key)
@@ -23,11 +26,14 @@ from jaxformer.outputs import ModelOutput
 Array = jax.Array
 
 
-def make_lm_head(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Dense | None, Buffer | None]:
-    """The LM head's own parameters: a [D, V] projection unless tied, and BART's fixed logits bias."""
+def make_lm_head(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Dense | None, Buffer | nnx.Param | None]:
+    """The LM head's own parameters: a [D, V] projection unless tied, and a logits bias: BART's fixed
+    one or XLNet's trained one."""
     lm_head = (Dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs, bias=False)
                if cfg.head == "lm" and not cfg.tie_embeddings else None)
-    bias = Buffer(jnp.zeros((cfg.vocab_size,), dtype_of(cfg.param_dtype)), axes=("vocab",)) if cfg.logits_bias else None
+    zeros = jnp.zeros((cfg.vocab_size,), dtype_of(cfg.param_dtype))
+    bias = (Buffer(zeros, axes=("vocab",)) if cfg.logits_bias else
+            nnx.Param(zeros, axes=("vocab",)) if cfg.lm_head_bias else None)
     return lm_head, bias
 
 
@@ -71,47 +77,70 @@ class Decoder(nnx.Module):
         self.lm_head, self.logits_bias = make_lm_head(cfg, rngs)
 
     def validate(self, input_ids=None, attention_mask=None, position_ids=None, *, prefix_lengths=None,
-                 inputs_embeds=None, **_) -> None:
-        shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids)
+                 inputs_embeds=None, token_type_ids=None, memory=None, **_) -> None:
+        shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
         check_prefix_lengths(prefix_lengths, self.config, *shape)
+        check_memory(memory, self.config, shape[0])
 
     def forward(self, input_ids: Array | None, *, inputs_embeds: Array | None = None, valid: Array | None = None,
                 positions: Array | None = None, prefix_lengths: Array | None = None,
-                cache: KVCache | LatentCache | None = None,
-                collect_hidden: bool = False, key: Array | None = None) -> StackOutput:
-        """The one forward pass: embeddings, then the causal stack over ``cache`` (if any)."""
+                cache: KVCache | LatentCache | None = None, memory: Memory | None = None,
+                token_types: Array | None = None, collect_hidden: bool = False, key: Array | None = None) -> StackOutput:
+        """The one forward pass: embeddings, then the causal stack over ``cache`` or ``memory`` (if any)."""
         keys = split_key(key, 2)
         x, at = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=positions, key=keys[0])
         indexed = positions is None and cache is None and not self.config.pad_aware_positions
-        return self.decoder(x, Tokens(at, valid, prefix_lengths, indexed), cache=cache, collect_hidden=collect_hidden,
-                            key=keys[1])
+        return self.decoder(x, Tokens(at, valid, prefix_lengths, indexed), cache=cache, memory=memory,
+                            token_types=token_types, collect_hidden=collect_hidden, key=keys[1])
 
     @public_call
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  position_ids: Array | None = None, *, prefix_lengths: Array | None = None,
-                 inputs_embeds: Array | None = None, output_hidden_states: bool = False,
+                 inputs_embeds: Array | None = None, token_type_ids: Array | None = None,
+                 memory: Memory | None = None, output_hidden_states: bool = False,
                  dropout_key: Array | None = None) -> ModelOutput:
+        """Logits of every position. Transformer-XL models (``position='xl'``) also take the ``memory`` of the
+        previous segment (None: start fresh) and return the next one as ``out.memory``; XLNet's
+        ``token_type_ids`` are its relative segments."""
         cfg = self.config
         out = self.forward(input_ids, inputs_embeds=inputs_embeds, valid=attention_mask, positions=position_ids,
-                           prefix_lengths=prefix_lengths, collect_hidden=output_hidden_states, key=dropout_key)
+                           prefix_lengths=prefix_lengths, memory=memory, token_types=token_type_ids,
+                           collect_hidden=output_hidden_states, key=dropout_key)
         logits = lm_logits(self, out.hidden) if cfg.head == "lm" else None
         aux = load = None
         if out.router_stats is not None:
             aux = cfg.router_aux_loss_coef * load_balancing_loss(out.router_stats, cfg)
             load = out.router_stats["load"]
         return ModelOutput(logits=logits, last_hidden_state=out.hidden, hidden_states=out.hidden_states, aux_loss=aux,
-                           router_load=load)
+                           router_load=load, memory=out.memory)
+
+    def init_memory(self, batch: int, length: int | None = None) -> Memory:
+        """An empty Transformer-XL memory of ``length`` tokens per row (None: the config's memory_len); any
+        length works, so evaluation may remember more than training did."""
+        cfg = self.config
+        length = cfg.memory_len if length is None else length
+        if cfg.position != "xl" or isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"init_memory needs a Transformer-XL model (position='xl', not {cfg.position!r}) and a "
+                             f"memory length >= 0, got {length!r}")
+        return Memory.empty(cfg.decoder_layers, batch, length, cfg.d_model, dtype_of(cfg.dtype))
 
     def init_cache(self, batch: int, length: int, prefix_lengths: Array | None = None) -> DecodeState:
-        """An empty state for ``length`` tokens per row (only the kv heads are cached, or MLA's latents)."""
+        """An empty state for ``length`` tokens per row (only the kv heads are cached, or MLA's latents).
+        Transformer-XL carries its segment memory instead: memory_len tokens, whatever ``length`` (all
+        ``length`` when the model has no memory_len)."""
         cfg = self.config
+        if cfg.position == "xl":
+            return DecodeState(self.init_memory(batch, cfg.memory_len or length))
         cache = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype))
         return DecodeState(cache, prefix_lengths=prefix_lengths)
 
     def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState) -> tuple[Array, DecodeState]:
-        """Run ``ids`` [B, T] at ``positions`` (real where ``valid``) over the cache: float32 logits of
-        the last position [B, V] and the state with these tokens written."""
+        """Run ``ids`` [B, T] at ``positions`` (real where ``valid``) over the cache (or memory): float32
+        logits of the last position [B, V] and the state with these tokens written."""
         state.kv.check_room(ids.shape[1])
+        if isinstance(state.kv, Memory):
+            out = self.forward(ids, valid=valid, positions=positions, memory=state.kv)
+            return last_token_logits(self, out.hidden), dataclasses.replace(state, kv=out.memory)
         out = self.forward(ids, valid=valid, positions=positions, prefix_lengths=state.prefix_lengths, cache=state.kv)
         return last_token_logits(self, out.hidden), dataclasses.replace(state, kv=out.cache)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 from flax import struct
 
@@ -21,3 +23,4 @@ class ModelOutput:
     end_logits: jax.Array | None = None
     aux_loss: jax.Array | None = None  # MoE load-balancing loss (times router_aux_loss_coef)
     router_load: jax.Array | None = None  # MoE [L_moe, E]: each expert's share of the routed tokens, per layer
+    memory: Any = None  # Transformer-XL: the ``cache.Memory`` to pass with the next segment

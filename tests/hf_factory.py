@@ -34,6 +34,8 @@ _DEEPSEEK = dict(vocab_size=97, hidden_size=32, intermediate_size=48, moe_interm
                  max_position_embeddings=64, initializer_range=STD, bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-6)
 _DEEPSEEK_V2 = {**_DEEPSEEK, "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,
                 "routed_scaling_factor": 1.5}
+_XLNET = dict(vocab_size=97, d_model=32, n_layer=2, n_head=4, d_inner=48, initializer_range=STD, mem_len=6,
+              dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_type="uni", ff_activation="gelu")
 _DEEPSEEK_V3 = {**_DEEPSEEK, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1}
 
 # name -> (config class, model class, config kwargs)
@@ -77,6 +79,11 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "t5-encoder": ("T5Config", "T5EncoderModel", _T5),
     "bart": ("BartConfig", "BartForConditionalGeneration", _BART),
     "bart-base": ("BartConfig", "BartModel", _BART),
+    # XLNet's content stream = Transformer-XL: causal and bidirectional, gelu and relu, per-layer and shared
+    # u/v biases (untie_r=False: every layer holds the same pair), clamped distances
+    "xlnet": ("XLNetConfig", "XLNetLMHeadModel", _XLNET),
+    "xlnet-bi-relu": ("XLNetConfig", "XLNetModel", {**_XLNET, "attn_type": "bi", "ff_activation": "relu"}),
+    "xlnet-tied-clamped": ("XLNetConfig", "XLNetLMHeadModel", {**_XLNET, "untie_r": False, "clamp_len": 3}),
 }
 
 
@@ -102,6 +109,11 @@ def build_reference(name: str, seed: int = 0):
         for n, buffer in model.named_buffers():
             if n.endswith("e_score_correction_bias"):
                 buffer.copy_(torch.randn_like(buffer) * 0.1)
+    if getattr(config, "untie_r", True) is False:  # XLNet with one u/v pair: every layer holds layer 0's
+        with torch.no_grad():
+            for layer in model.transformer.layer[1:]:
+                layer.rel_attn.r_w_bias.copy_(model.transformer.layer[0].rel_attn.r_w_bias)
+                layer.rel_attn.r_r_bias.copy_(model.transformer.layer[0].rel_attn.r_r_bias)
     with torch.no_grad():  # norms start at exactly 1 and 0; perturb them so their mapping is tested
         for n, p in model.named_parameters():
             if p.dim() == 1 and ("norm" in n.lower() or n.endswith(".bias")):

@@ -25,9 +25,11 @@ def padded_batch(name: str, rng: np.random.Generator, length: int = 9):
     mask[1, length - 3:] = 0
     pad = 1 if name.startswith(("roberta", "bart")) else 0
     ids[1, length - 3:] = pad
+    if name.startswith("xlnet") and CHECKPOINTS[name][2]["attn_type"] == "uni":
+        mask[:] = 1  # transformers' causal XLNet fails on any attention_mask in a batch (an in-place broadcast)
     token_types = np.zeros_like(ids)
     token_types[:, length // 2:] = 1
-    return ids, mask, (token_types if name.startswith("bert") else None)
+    return ids, mask, (token_types if name.startswith(("bert", "xlnet")) else None)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +72,9 @@ def test_round_trip_is_bit_exact_and_transformers_reloads_it(name, checkpoints, 
     model = jf.from_pretrained(source)
     model.save_pretrained(tmp_path)
     before, after = TensorFiles(source), TensorFiles(tmp_path)
-    assert before.names == after.names
-    for tensor in before.names:
+    # XLNet's two-stream query embedding is skipped on load (jaxformer runs the content stream only)
+    assert {n for n in before.names if not n.endswith("mask_emb")} == set(after.names)
+    for tensor in after.names:
         a, b = before.get(tensor), after.get(tensor)
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), tensor
     ids, mask, token_types = padded_batch(name, np.random.default_rng(2))

@@ -6,7 +6,7 @@ The loader and the exporter both read this table; adding an architecture is a ne
 
 from __future__ import annotations
 
-from jaxformer.interop import bart, bert, deepseek, gpt2, llama, t5
+from jaxformer.interop import bart, bert, deepseek, gpt2, llama, t5, xlnet
 from jaxformer.interop.rules import Architecture
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -16,6 +16,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     llama.ARCHITECTURE,
     t5.ARCHITECTURE,
     bart.ARCHITECTURE,
+    xlnet.ARCHITECTURE,
 )
 
 BY_MODEL_TYPE: dict[str, Architecture] = {model_type: arch for arch in ARCHITECTURES for model_type in arch.classes}

@@ -1,5 +1,6 @@
 """Who sees whom (visibility masks built from positions) and attention itself: grouped-query
-dot-product attention over a KV cache or a fused kernel, and the multi-head attention layer."""
+dot-product attention over a KV cache or a fused kernel, the multi-head attention layer, DeepSeek's
+latent attention and Transformer-XL's relative attention over a segment memory."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jaxformer import kernels
 from jaxformer.config import ModelConfig
 from jaxformer.layers.core import dropout, dtype_of, normalize, param
-from jaxformer.layers.positions import apply_rope
+from jaxformer.layers.positions import apply_rope, relative_shift
 
 Array = jax.Array
 
@@ -167,6 +168,54 @@ class Attention(nnx.Module):
         if self.o_bias is not None:
             y = y + self.o_bias[...].astype(self.dtype)
         return y
+
+
+class RelativeAttention(Attention):
+    """Transformer-XL's attention (Dai et al. 2019), as XLNet's content stream runs it: keys and values
+    come from the layer's memory followed by its input, and a score is
+
+        (q_t + u) . k_s  +  (q_t + v) . W_R R(t - s)  [+ (q_t + b_seg) . e(same segment?)]
+
+    times the scale. R are sinusoids of the query-key distance (``xl_distances``), projected per layer
+    (``r`` [D, N, H]) and matched to keys by ``relative_shift``; u and v are global content and position
+    biases [N, H], this layer's own or the stack's shared pair. XLNet's segment term (``relative_segments``)
+    compares token types: memory tokens count as type 0. The position and segment terms enter the shared
+    ``dot_product_attention`` as an additive bias, and u as a shift of the query.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, rngs=rngs)
+        D, N, H = cfg.d_model, cfg.num_heads, cfg.head_dim_
+        self.r = param(rngs, (D, N, H), ("embed", "heads", "head_dim"), cfg)
+        if cfg.shared_relative_biases:
+            self.content_bias = self.position_bias = None
+        else:
+            self.content_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg)
+            self.position_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg)
+        if cfg.relative_segments:
+            self.segment_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg)
+            self.segment_embed = param(rngs, (2, N, H), ("segments", "heads", "head_dim"), cfg)
+        else:
+            self.segment_bias = self.segment_embed = None
+
+    def __call__(self, x: Array, *, mask: Array, relative, memory: Array | None = None,
+                 key: Array | None = None) -> tuple[Array, None]:
+        """x [B, T, D] after ``memory`` [B, M, D] (or none); ``mask`` [B, 1, T, M + T]; ``relative`` the stack's
+        ``XLInputs``."""
+        source = x if memory is None else jnp.concatenate([memory.astype(x.dtype), x], axis=1)
+        q = checkpoint_name(self._project(x, self.q, self.q_bias), "qkv")
+        k, v = self.key_values(source)
+        u, pos_bias = relative.biases if self.content_bias is None else (self.content_bias, self.position_bias)
+        as_q = lambda b: b[...].astype(q.dtype)  # noqa: E731
+        r = jnp.einsum("PD,DNH->PNH", relative.encodings.astype(self.dtype), self.r[...].astype(self.dtype))
+        scores = jnp.einsum("BTNH,PNH->BNTP", q + as_q(pos_bias), r, preferred_element_type=jnp.float32)
+        bias = relative_shift(scores, source.shape[1])
+        if relative.other_segment is not None:
+            per_kind = jnp.einsum("BTNH,GNH->BNTG", q + as_q(self.segment_bias), self.segment_embed[...].astype(q.dtype),
+                                  preferred_element_type=jnp.float32)
+            bias = bias + jnp.where(relative.other_segment[:, None], per_kind[..., 1:], per_kind[..., :1])
+        out = dot_product_attention(q + as_q(u), k, v, mask, bias * self.scale, self.scale, self.dropout_rate, key)
+        return self._output(out), None
 
 
 class LatentAttention(nnx.Module):

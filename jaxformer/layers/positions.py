@@ -1,5 +1,5 @@
 """Token embeddings and positions: the embedding front end, absolute tables and sinusoids, rotary
-angles, and T5's relative position bias."""
+angles, T5's relative position bias, and Transformer-XL's encodings of distances."""
 
 from __future__ import annotations
 
@@ -124,6 +124,35 @@ class RelativeBias(nnx.Module):
         buckets = relative_position_buckets(relative, self.bidirectional, self.num_buckets, self.max_distance)
         bias = jnp.take(self.table[...].astype(jnp.float32), buckets, axis=0)  # BTSN
         return jnp.transpose(bias, (0, 3, 1, 2))
+
+
+def xl_distances(query_length: int, key_length: int, bidirectional: bool, clamp: int) -> np.ndarray:
+    """The key-query distances a Transformer-XL call scores against, largest first: S, S-1, ..., down to
+    0 for causal attention (S + 1 of them) or to 1 - T for bidirectional (S + T), each clamped to
+    [-clamp, clamp] when ``clamp`` > 0. Query t of T sits at index S - T + t of the S keys (memory first),
+    so its distance to key s is S - T + t - s: column T - t + s (``relative_shift``)."""
+    distances = np.arange(key_length, -query_length if bidirectional else -1, -1)
+    return np.clip(distances, -clamp, clamp) if clamp > 0 else distances
+
+
+def xl_encodings(distances: np.ndarray, d_model: int) -> Array:
+    """Sinusoids of distances [P] -> [P, D], sines in the first half and cosines in the second, as
+    Transformer-XL and XLNet lay them out (not interleaved like the 2017 absolute encoding)."""
+    inv_freq = jnp.asarray(1.0 / np.power(10000.0, np.arange(0, d_model, 2, dtype=np.float64) / d_model), jnp.float32)
+    angles = jnp.asarray(distances, jnp.float32)[:, None] * inv_freq
+    return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+
+
+def relative_shift(scores: Array, key_length: int) -> Array:
+    """Scores [..., T, P] of every query against the ``xl_distances`` -> [..., T, S], query t against key s.
+
+    Query t needs column T - t + s, a diagonal band. Read the same T x P numbers as P rows of T, drop the
+    first row and read the rest as T rows of P - 1: row t then starts exactly T - t columns later. Only
+    reshapes and slices (Dai et al. 2019, appendix B); nothing larger than the scores is built.
+    """
+    *lead, T, P = scores.shape
+    shifted = scores.reshape(*lead, P, T)[..., 1:, :].reshape(*lead, T, P - 1)
+    return shifted[..., :key_length]
 
 
 class Embeddings(nnx.Module):

@@ -2,8 +2,9 @@
 (training, evaluation), a prefill and each cached decode step.
 
 A stack call takes the hidden states, one ``Tokens`` (where this call's tokens sit and which are real),
-and optionally a ``KVCache`` of earlier tokens and a cross-attention source. It builds the masks, the
-rotary angles and T5's relative bias once, then runs its blocks (scanned by default).
+and optionally a ``KVCache`` of earlier tokens (or Transformer-XL's segment ``Memory``) and a
+cross-attention source. It builds the masks, the rotary angles, T5's relative bias or Transformer-XL's
+distance encodings once, then runs its blocks (scanned by default).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import EncoderKV, KVCache, LatentCache
+from jaxformer.cache import EncoderKV, KVCache, LatentCache, Memory
 from jaxformer.config import ModelConfig
-from jaxformer.layers.attention import Attention, LatentAttention, visibility_mask
-from jaxformer.layers.core import Norm, dropout, split_key
+from jaxformer.layers.attention import Attention, LatentAttention, RelativeAttention, visibility_mask
+from jaxformer.layers.core import Norm, dropout, param, split_key
 from jaxformer.layers.feedforward import MLP, MoE
-from jaxformer.layers.positions import RelativeBias, rope_angles, rope_frequencies
+from jaxformer.layers.positions import RelativeBias, rope_angles, rope_frequencies, xl_distances, xl_encodings
 from jaxformer.sharding import constrain_activations
 
 Array = jax.Array
@@ -62,6 +63,18 @@ class StackOutput(NamedTuple):
     hidden_states: tuple[Array, ...] | None  # the input, then every layer's output (when collected)
     cache: KVCache | LatentCache | None  # the cache with this call's keys and values (or latents) written
     router_stats: dict[str, Array] | None  # MoE layers' ``router_statistics``, each [L_moe, ...]
+    memory: Memory | None = None  # Transformer-XL: the segment memory rolled forward by this call
+
+
+@dataclasses.dataclass(frozen=True)
+class XLInputs:
+    """What Transformer-XL's attention reads besides its layer's input and memory: the encodings [P, D]
+    of the call's key-query distances, the stack's shared (u, v) biases (None: each layer has its own),
+    and which (query, key) pairs lie in different segments [B, T, S] (XLNet's token types; None: no types)."""
+
+    encodings: Array
+    biases: tuple[nnx.Param, nnx.Param] | None
+    other_segment: Array | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +92,8 @@ class LayerInputs:
     cross_source: Array | None = None
     cross_kv: tuple[Array, Array] | None = None
     token_mask: Array | None = None
+    memory: Array | None = None  # Transformer-XL: this layer's memory [B, M, D]
+    relative: XLInputs | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -97,15 +112,16 @@ class BlockKeys(NamedTuple):
 
 
 class Block(nnx.Module):
-    """One transformer layer: self-attention (or latent attention), optional cross-attention,
-    feed-forward (or MoE, unless ``dense``: DeepSeek's first layers)."""
+    """One transformer layer: self-attention (or latent, or Transformer-XL's relative attention),
+    optional cross-attention, feed-forward (or MoE, unless ``dense``: DeepSeek's first layers)."""
 
     def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, dense: bool = False, rngs: nnx.Rngs):
         self.pre_norm = cfg.norm_position == "pre"
         self.dropout_rate = cfg.dropout_rate
         self.clamp_float16 = cfg.clamp_float16
         self.attn_norm = Norm(cfg, rngs=rngs)
-        self.attn = LatentAttention(cfg, rngs=rngs) if cfg.mla else Attention(cfg, rngs=rngs)
+        attention = LatentAttention if cfg.mla else RelativeAttention if cfg.position == "xl" else Attention
+        self.attn = attention(cfg, rngs=rngs)
         if cross_attention:
             self.cross_norm = Norm(cfg, rngs=rngs)
             self.cross_attn = Attention(cfg, rngs=rngs)
@@ -146,6 +162,11 @@ class Block(nnx.Module):
         return jnp.clip(x, -limit, limit)
 
     def self_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None]:
+        if isinstance(self.attn, RelativeAttention):
+            memory = inputs.memory
+            if memory is not None and self.pre_norm:  # the memory holds layer inputs: normed like this call's
+                memory = self.attn_norm(memory)
+            return self.attn(h, mask=inputs.mask, relative=inputs.relative, memory=memory, key=key)
         return self.attn(h, mask=inputs.mask, bias=inputs.bias, rope=inputs.rope, cache=inputs.cache, key=key)
 
     def cross_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> Array:
@@ -239,6 +260,10 @@ class Stack(nnx.Module):
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.final_norm else None
         self.relative_bias = (RelativeBias(cfg, bidirectional=pattern == "bidirectional", rngs=rngs)
                               if cfg.position == "relative" else None)
+        # Transformer-XL's global content (u) and position (v) biases, when all layers share one pair
+        shared = cfg.position == "xl" and cfg.shared_relative_biases
+        xl_bias = lambda: param(rngs, (cfg.num_heads, cfg.head_dim_), ("heads", "head_dim"), cfg)  # noqa: E731
+        self.content_bias, self.position_bias = (xl_bias(), xl_bias()) if shared else (None, None)
 
     def groups(self) -> list[tuple[Block | tuple[Block, ...], int, int]]:
         """(blocks, first layer, end layer) of each run of identical layers, in order."""
@@ -272,14 +297,24 @@ class Stack(nnx.Module):
         return copy
 
     def __call__(self, x: Array, tokens: Tokens, *, cache: KVCache | LatentCache | None = None,
-                 cross: EncoderOutput | EncoderKV | None = None, collect_hidden: bool = False,
+                 cross: EncoderOutput | EncoderKV | None = None, memory: Memory | None = None,
+                 token_types: Array | None = None, collect_hidden: bool = False,
                  key: Array | None = None) -> StackOutput:
         """Run the blocks over x [B, T, D] at ``tokens``. With a ``cache``, its slots are keys too,
         attended where they lie next to this call's own, and this call's keys and values are written
-        into it once, after the layer loop. Hidden states follow Hugging Face: the input, then every
-        layer's output, the last one after the final norm."""
+        into it once, after the layer loop. Transformer-XL's layers attend over their ``memory`` the same
+        way, and each layer's input is rolled into it after the loop (a model with ``memory_len`` starts
+        an empty one when given none). Hidden states follow Hugging Face: the input, then every layer's
+        output, the last one after the final norm."""
         cfg = self.config
-        mask, local_mask, bias = self._self_attention_masks(tokens, cache)
+        relative = None
+        if cfg.position == "xl":
+            key, encodings_key = split_key(key, 2)
+            mask, relative = self._xl_inputs(tokens, memory, token_types, encodings_key)
+            local_mask = bias = None
+        else:
+            mask, local_mask, bias = self._self_attention_masks(tokens, cache)
+        remember = relative is not None and (memory is not None or cfg.memory_len > 0)
         rope = rope_angles(rope_frequencies(cfg), tokens.positions) if cfg.position == "rope" else None
         cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
         per_layer = {
@@ -288,6 +323,7 @@ class Stack(nnx.Module):
             "key": None if key is None else jax.random.split(key, self.num_layers),
             "cross_kv": cross_kv,
             "cache": None if cache is None else cache.layers(),
+            "memory": None if memory is None else memory.hidden,
         }
 
         def layer(block: Block, h: Array, extra: dict):
@@ -296,26 +332,54 @@ class Stack(nnx.Module):
                 layer_mask = jax.tree.map(lambda local, dense: jnp.where(extra["local"], local, dense), local_mask, mask)
             inputs = LayerInputs(layer_mask, bias, rope, extra["cache"], cross_mask, cross_source, extra["cross_kv"],
                                  # MoE load statistics count real tokens only
-                                 token_mask=tokens.valid if cache is None else None)
+                                 token_mask=tokens.valid if cache is None else None,
+                                 memory=extra["memory"], relative=relative)
+            h_in = h
             h, new_kv, stats = block(h, inputs, extra["key"])
-            return h, (h if collect_hidden else None, stats, new_kv)
+            return h, (h if collect_hidden else None, stats, new_kv, h_in if remember else None)
 
         out, outputs = x, []
         for blocks, first, end in self.groups():
             out, group_outputs = run_stack(blocks, out, layer, jax.tree.map(lambda a: a[first:end], per_layer), cfg)
             outputs.append(group_outputs)
-        hidden, new_kv = (jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2]) for o in outputs])
-                          if len(outputs) > 1 else (outputs[0][0], outputs[0][2]))
+        hidden, new_kv, layer_inputs = (
+            jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3]) for o in outputs])
+            if len(outputs) > 1 else (outputs[0][0], outputs[0][2], outputs[0][3]))
         stats = outputs[-1][1]  # the expert layers come last
+        valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
         if cache is not None:
-            valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
             cache = cache.write(new_kv, tokens.positions, valid)
+        if remember:
+            if memory is None:
+                memory = Memory.empty(self.num_layers, x.shape[0], cfg.memory_len, cfg.d_model, x.dtype)
+            memory = memory.extend(layer_inputs, valid)
         if self.final_norm is not None:
             out = self.final_norm(out)
         hidden_states = None
         if collect_hidden:
             hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], out)
-        return StackOutput(out, hidden_states, cache, stats)
+        return StackOutput(out, hidden_states, cache, stats, memory if remember else None)
+
+    def _xl_inputs(self, tokens: Tokens, memory: Memory | None, token_types: Array | None,
+                   key: Array | None) -> tuple[Array, XLInputs]:
+        """Transformer-XL's self-attention mask [B, 1, T, M + T] (every real memory slot is visible, as it
+        holds earlier tokens; this call's own tokens by the pattern) and its ``XLInputs``."""
+        cfg = self.config
+        q = tokens.positions
+        B, T = q.shape
+        M = 0 if memory is None else memory.length
+        mask = visibility_mask(self.pattern, q, q, tokens.valid)
+        if memory is not None:
+            mask = jnp.concatenate([jnp.broadcast_to(memory.valid[:, None, None, :], (B, 1, T, M)), mask], axis=-1)
+        distances = xl_distances(T, M + T, self.pattern == "bidirectional", cfg.clamp_len)
+        encodings = dropout(xl_encodings(distances, cfg.d_model), cfg.dropout_rate, key)
+        other_segment = None
+        if token_types is not None:  # XLNet: memory tokens count as type 0
+            key_types = token_types if memory is None else jnp.concatenate(
+                [jnp.zeros((B, M), token_types.dtype), token_types], axis=1)
+            other_segment = token_types[:, :, None] != key_types[:, None, :]
+        biases = None if self.content_bias is None else (self.content_bias, self.position_bias)
+        return mask, XLInputs(encodings, biases, other_segment)
 
     def _self_attention_masks(self, tokens: Tokens, cache: KVCache | None):
         """(mask, mask of the local layers or None, relative bias or None) for self-attention. With a
