@@ -120,8 +120,9 @@ def empty_cache(cfg, layers: int, batch: int, length: int, dtype) -> KVCache | L
 
 def cache_numbers_per_token(cfg) -> int:
     """Numbers one token adds to a decoder's self-attention cache, all layers: (C + R) per layer for
-    MLA, 2 x kv heads x head size per layer otherwise."""
-    per_layer = cfg.kv_lora_rank + cfg.rope_head_dim if cfg.mla else 2 * cfg.kv_heads * cfg.head_dim_
+    MLA, the layer's input (D) for Transformer-XL's memory, 2 x kv heads x head size per layer otherwise."""
+    per_layer = (cfg.kv_lora_rank + cfg.rope_head_dim if cfg.mla else cfg.d_model if cfg.position == "xl" else
+                 2 * cfg.kv_heads * cfg.head_dim_)
     return cfg.decoder_layers * per_layer
 
 

@@ -338,14 +338,16 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     else:
         checks.check_length(ids.shape[1], cfg, "input_ids")
         longest = 1 + gc.max_new_tokens
-    if longest > cfg.max_positions and (cfg.position in ("learned", "sinusoidal") or not allow_beyond_max_positions):
+    # Transformer-XL has no position table and a bounded memory: it generates past any length
+    if longest > cfg.max_positions and cfg.position != "xl" and (cfg.position in ("learned", "sinusoidal")
+                                                                 or not allow_beyond_max_positions):
         table = (f"has {cfg.max_positions} positions" if cfg.position in ("learned", "sinusoidal") else
                  f"was configured for {cfg.max_positions} (max_positions; pass allow_beyond_max_positions=True "
                  "to generate past it)")
         raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} {table}; lower "
                          f"max_new_tokens to at most {cfg.max_positions - longest + gc.max_new_tokens}")
-    check_cache_memory(cfg, ids.shape[0] * gc.num_beams, ids.shape[1] + gc.max_new_tokens - 1
-                       if cfg.family == "decoder" else gc.max_new_tokens)
+    slots = ids.shape[1] + gc.max_new_tokens - 1 if cfg.family == "decoder" else gc.max_new_tokens
+    check_cache_memory(cfg, ids.shape[0] * gc.num_beams, cfg.memory_len or slots if cfg.position == "xl" else slots)
     graphdef, state = nnx.split(model)
     args = (graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
             jax.random.key(integers["seed"]))

@@ -75,6 +75,30 @@ def _deepseek(d_model: int, layers: int, heads: int, d_ff: int, expert_d_ff: int
     return {**base, **kw}
 
 
+def _transformer_xl(d_model: int, layers: int, heads: int, d_ff: int, memory_len: int, dropout: float,
+                    attention_dropout: float, **kw) -> dict:
+    # Dai et al. 2019, WikiText-103: post-norm, ReLU, relative attention with one u/v pair shared by all
+    # layers, embeddings * sqrt(d_model), memory of the previous segments. The paper's adaptive input and
+    # softmax (cutoffs 20000, 40000, 200000) are not modelled: here one tied [267735, d_model] table.
+    base = dict(family="decoder", vocab_size=267735, d_model=d_model, num_heads=heads, d_ff=d_ff,
+                decoder_layers=layers, norm="layernorm", norm_position="post", norm_eps=1e-5, final_norm=False,
+                activation="relu", position="xl", attention="causal", memory_len=memory_len,
+                shared_relative_biases=True, qkv_bias=False, out_bias=False, mlp_bias=True, scale_embeddings=True,
+                tie_embeddings=True, dropout_rate=dropout, attention_dropout_rate=attention_dropout)
+    return {**base, **kw}
+
+
+def _xlnet(d_model: int, layers: int, heads: int, **kw) -> dict:
+    # Yang et al. 2019, as transformers loads it: Transformer-XL's relative attention with per-layer u/v
+    # biases and relative segment encodings, bidirectional (the content stream), GELU, a biased tied LM head.
+    base = dict(family="decoder", vocab_size=32000, d_model=d_model, num_heads=heads, d_ff=4 * d_model,
+                decoder_layers=layers, norm="layernorm", norm_position="post", norm_eps=1e-12, final_norm=False,
+                activation="gelu", position="xl", attention="bidirectional", relative_segments=True,
+                qkv_bias=False, out_bias=False, mlp_bias=True, tie_embeddings=True, lm_head_bias=True,
+                dropout_rate=0.1, attention_dropout_rate=0.1, pad_token_id=5, bos_token_id=1, eos_token_id=2)
+    return {**base, **kw}
+
+
 _PRESETS: dict[str, dict] = {
     "transformer-base": _transformer_2017(512, 8, 2048, 0.1),
     "transformer-big": _transformer_2017(1024, 16, 4096, 0.3),
@@ -112,6 +136,11 @@ _PRESETS: dict[str, dict] = {
                                   bos_token_id=100000, eos_token_id=100001),
     "deepseek-v3": _deepseek(7168, 61, 128, 18432, 2048, 256, 8, 1, 3, 129280, v3=True, q_lora_rank=1536,
                              router_groups=8, router_topk_groups=4, routed_scaling=2.5, bos_token_id=0, eos_token_id=1),
+    # Transformer-XL's WikiText-103 models (paper: 151M and 257M with the adaptive softmax; see _transformer_xl)
+    "transformer-xl": _transformer_xl(410, 16, 10, 2100, 150, 0.1, 0.0),
+    "transformer-xl-large": _transformer_xl(1024, 18, 16, 4096, 384, 0.2, 0.2),
+    "xlnet-base-cased": _xlnet(768, 12, 12),
+    "xlnet-large-cased": _xlnet(1024, 24, 16),
     # Tiny configs: same component choices as their families, small enough to run in a second on CPU.
     "tiny-bert": _bert(64, 2, 4, vocab=256, d_ff=128, max_positions=128, dropout_rate=0.0,
                        attention_dropout_rate=0.0),
@@ -123,6 +152,7 @@ _PRESETS: dict[str, dict] = {
     "tiny-deepseek": _deepseek(64, 3, 4, 128, 32, 8, 2, 1, 1, 256, v3=True, q_lora_rank=48, head_dim=16,
                                rope_head_dim=8, v_head_dim=16, kv_lora_rank=32, max_positions=128, router_groups=4,
                                router_topk_groups=2, routed_scaling=2.5),
+    "tiny-transformer-xl": _transformer_xl(64, 2, 4, 128, 32, 0.0, 0.0, vocab_size=256),
     "tiny-t5": {**_t5(64, 128, 2, 4, head_dim=16), "vocab_size": 256, "dropout_rate": 0.0},
     "tiny-transformer": {**_transformer_2017(64, 4, 128, 0.0), "vocab_size": 256, "max_positions": 128,
                          "encoder_layers": 2, "decoder_layers": 2},

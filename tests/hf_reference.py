@@ -70,6 +70,11 @@ def _rope(theta: float) -> dict:
 
 
 HF_REFERENCE: dict[str, tuple[str, dict]] = {
+    # --- XLNet (the content stream: Transformer-XL) ------------------------------
+    "xlnet-base-cased": ("XLNetLMHeadModel", dict(vocab_size=32000, d_model=768, n_layer=12, n_head=12, d_inner=3072,
+                                                  ff_activation="gelu", attn_type="bi")),
+    "xlnet-large-cased": ("XLNetLMHeadModel", dict(vocab_size=32000, d_model=1024, n_layer=24, n_head=16,
+                                                   d_inner=4096, ff_activation="gelu", attn_type="bi")),
     # --- encoders -------------------------------------------------------------
     "bert-base-uncased": ("BertModel", _bert(768, 12, 12, 3072)),
     "bert-large-uncased": ("BertModel", _bert(1024, 24, 16, 4096)),
@@ -319,4 +324,6 @@ def hf_param_count(name: str) -> int:
         ):
             model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.shared.weight))
 
-    return sum(p.numel() for p in model.parameters())
+    # XLNet's two-stream query embedding (mask_emb, d_model numbers) serves permutation pretraining only;
+    # jaxformer runs the content stream and does not hold it
+    return sum(p.numel() for n, p in model.named_parameters() if not n.endswith("mask_emb"))

@@ -27,6 +27,8 @@ EXACT = {
     # Vaswani et al. 2017 with one shared 37000-token vocabulary (source, target, softmax)
     "transformer-base": 63_082_496,
     "transformer-big": 214_245_376,
+    # Dai et al. 2019, WikiText-103 base with one tied softmax table instead of the adaptive one (paper: 151M)
+    "transformer-xl": 150_838_570,
 }
 
 
