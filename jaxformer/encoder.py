@@ -61,8 +61,9 @@ class Encoder(nnx.Module):
         x, positions = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=position_ids,
                                        token_type_ids=token_type_ids, key=keys[0])
         indexed = position_ids is None and not cfg.pad_aware_positions
-        h, hidden, _, _ = self.encoder(x, Tokens(positions, attention_mask, indexed=indexed),
-                                       collect_hidden=output_hidden_states, key=keys[1])
+        encoded = self.encoder(x, Tokens(positions, attention_mask, indexed=indexed),
+                               collect_hidden=output_hidden_states, key=keys[1])
+        h, hidden = encoded.hidden, encoded.hidden_states
         pooled = jnp.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None
         out = dict(last_hidden_state=h, hidden_states=hidden, pooler_output=pooled)
         if self.mlm is not None:

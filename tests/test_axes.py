@@ -14,7 +14,7 @@ from jaxformer.layers import Buffer, RouterBias, logical_axes, param
 from conftest import TINY, tiny_config, tiny_model
 
 AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
-              "positions", "types", "buckets", "labels", "latent"}
+              "positions", "types", "buckets", "labels", "latent", "segments"}
 
 VARIANTS = {
     "untied-lm-head": ("tiny-gpt", dict(tie_embeddings=False)),
@@ -33,6 +33,8 @@ VARIANTS = {
     "t5-v1_1-untied": ("tiny-t5", dict(tie_embeddings=False, scale_tied_logits=False, activation="geglu")),
     "t5-uneven-stacks": ("tiny-t5", dict(encoder_layers=3, decoder_layers=1)),
     "bart-logits-bias": ("tiny-transformer", dict(logits_bias=True)),  # a Buffer, not a Param
+    "xlnet-like": ("tiny-transformer-xl", dict(relative_segments=True, shared_relative_biases=False,
+                                               lm_head_bias=True, attention="bidirectional")),
 }
 
 CASES = [pytest.param(name, {}, id=name) for name in TINY] + [
@@ -50,6 +52,7 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
         "positions": {cfg.max_positions + cfg.position_offset}, "types": {cfg.type_vocab_size},
         "buckets": {cfg.relative_buckets},
         "labels": {cfg.num_labels, 2},  # classifiers: num_labels; NSP and QA spans: 2
+        "segments": {2},  # XLNet's relative segment encodings: same segment, other segment
     }
 
 

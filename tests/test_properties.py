@@ -66,7 +66,7 @@ def _grid(T_out: int, T_in: int | None = None):
     return np.arange(T_out)[:, None], np.arange(T_in or T_out)[None, :]
 
 
-@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-llama"])
+@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-llama", "tiny-transformer-xl"])
 def test_decoder_only_is_causal(name):
     model = tiny_model(name)
     dep = dependency(model, _decoder_logits, embeds(2, 7, model.config.d_model))
@@ -315,7 +315,7 @@ def test_op_by_op_equals_compiled(name):
     chex.assert_trees_all_close(eager.last_hidden_state, compiled.last_hidden_state, **TOL)
 
 
-@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-t5", "tiny-mixtral"])
+@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-t5", "tiny-mixtral", "tiny-transformer-xl"])
 def test_scan_equals_unrolled(name):
     scanned = tiny_model(name)
     unrolled = tiny_model(name, scan_layers=False)
