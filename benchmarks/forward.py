@@ -1,7 +1,9 @@
 """Forward (inference) throughput on CPU: jaxformer vs transformers' PyTorch models, float32, one run.
 
-A BERT-base-shaped encoder (sequence 128) and a T5-small-shaped encoder-decoder (source 128, target 32),
-random weights, batch 8, no padding. jaxformer runs one jitted forward pass (compiled before timing);
+A BERT-base-shaped encoder (sequence 128), a T5-small-shaped encoder-decoder (source 128, target 32) and,
+with ``--only xlnet``, an XLNet-base-shaped Transformer-XL segment (128 tokens over a memory of 128, the
+evaluation workload of a memory model; transformers' ``XLNetLMHeadModel`` with ``mems``), random weights,
+batch 8, no padding. jaxformer runs one jitted forward pass (compiled before timing);
 PyTorch runs its eager model under ``torch.inference_mode`` with its default attention (SDPA). Both
 sides alternate call by call so they see the same machine load; tokens/s come from the median time.
 The target the accelerator issue sets is at least 1.0x on each, aiming for 1.1x.
@@ -44,6 +46,14 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     rng = np.random.default_rng(0)
     B = args.batch
+    def xlnet_memory():
+        """A full memory of 128 tokens, the same numbers on both sides: [L, B, M, D] here, L x [M, B, D] there."""
+        from jaxformer.cache import Memory
+
+        hidden = rng.standard_normal((12, B, 128, 768)).astype(np.float32)
+        return ({"memory": Memory(jax.numpy.asarray(hidden), jax.numpy.ones((B, 128), bool))},
+                {"mems": [torch.as_tensor(h.transpose(1, 0, 2).copy()) for h in hidden], "use_mems": True})
+
     setups = {
         "bert": (jf.config("bert-base-uncased").replace(dropout_rate=0.0, attention_dropout_rate=0.0),
                  lambda: transformers.BertModel(transformers.BertConfig()),
@@ -53,6 +63,10 @@ def main() -> None:
                    d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8, vocab_size=32128)),
                {"input_ids": rng.integers(0, 32128, (B, 128)), "decoder_input_ids": rng.integers(0, 32128, (B, 32))},
                B * (128 + 32)),
+        "xlnet": (jf.config("xlnet-base-cased").replace(dropout_rate=0.0, attention_dropout_rate=0.0, memory_len=128),
+                  lambda: transformers.XLNetLMHeadModel(transformers.XLNetConfig(
+                      d_model=768, n_layer=12, n_head=12, d_inner=3072, mem_len=128, dropout=0.0)),
+                  {"input_ids": rng.integers(0, 32000, (B, 128))}, B * 128),
     }
     results = {}
     for name in args.only.split(","):
@@ -65,11 +79,13 @@ def main() -> None:
 
         forward = jax.jit(forward)
         jax_batch = {k: jax.numpy.asarray(v) for k, v in batch.items()}
+        extra_jax, extra_torch = xlnet_memory() if name == "xlnet" else ({}, {})
+        jax_batch.update(extra_jax)
         start = time.perf_counter()
         forward(state, jax_batch).block_until_ready()
         compile_s = time.perf_counter() - start
         torch_model = make_torch().eval()
-        torch_batch = {k: torch.as_tensor(v) for k, v in batch.items()}
+        torch_batch = {**{k: torch.as_tensor(v) for k, v in batch.items()}, **extra_torch}
 
         def run_torch():
             with torch.inference_mode():
