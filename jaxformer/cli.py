@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = commands.add_parser("eval", help="metrics of a training run's checkpoint on held-out (or given) data")
     p.add_argument("run_dir", help="a train.py run folder (run.dir)")
-    p.add_argument("overrides", nargs="*", help="data.*, eval.* or mesh.* overrides, e.g. data.eval=test.jsonl or eval.memory_len=512")
+    p.add_argument("overrides", nargs="*", help="data.*, eval.* or mesh.* overrides, e.g. data.eval=test.jsonl, "
+                                                "eval.memory_len=512 (Transformer-XL: a longer memory)")
     p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=evaluate)

@@ -1,8 +1,11 @@
-"""Run checkpoints (Orbax): params, optimizer state, progress (step, skipped, key) and the data
-position, saved asynchronously and restored onto whatever mesh the state has now."""
+"""Run checkpoints (Orbax): params, optimizer state, progress (step, skipped, key), the data position
+and, for a model with segment memory, the batch rows' memory (the rows' context at that position, so a
+resumed run computes what an uninterrupted one would), saved asynchronously and restored onto whatever
+mesh the state has now."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import shutil
 from pathlib import Path
@@ -31,15 +34,21 @@ def save_checkpoint(manager, state: dict, data_position: dict) -> None:
     import orbax.checkpoint as ocp
 
     manager.wait_until_finished()  # the previous save's bytes are on disk (Orbax would wait here anyway)
-    needed = sum(x.nbytes for x in jax.tree.leaves((state["params"], state["opt_state"])))
+    needed = sum(x.nbytes for x in jax.tree.leaves((state["params"], state["opt_state"], state.get("memory"))))
     free = shutil.disk_usage(manager.directory).free
     if free < needed:
         raise OSError(errno.ENOSPC, f"a checkpoint of this run needs about {needed:,} bytes, {free:,} are free",
                       str(manager.directory))
     progress = {k: state[k] for k in ("step", "skipped", "key")}
+    memory = {"memory": ocp.args.StandardSave(_fields(state["memory"]))} if "memory" in state else {}
     manager.save(int(data_position["step"]), args=ocp.args.Composite(
         params=ocp.args.StandardSave(state["params"]), opt_state=ocp.args.StandardSave(state["opt_state"]),
-        progress=ocp.args.StandardSave(progress), data=ocp.args.JsonSave(data_position)))
+        progress=ocp.args.StandardSave(progress), data=ocp.args.JsonSave(data_position), **memory))
+
+
+def _fields(memory) -> dict:
+    """A segment memory as the plain dict Orbax stores (its own metadata knows no dataclasses)."""
+    return {field.name: getattr(memory, field.name) for field in dataclasses.fields(memory)}
 
 
 def restore(manager, state: dict, step: int | None = None, params_only: bool = False):
@@ -57,6 +66,8 @@ def restore(manager, state: dict, step: int | None = None, params_only: bool = F
         progress = {k: state[k] for k in ("step", "skipped", "key")}
         items |= {"opt_state": ocp.args.StandardRestore(_abstract(state["opt_state"])),
                   "progress": ocp.args.StandardRestore(_abstract(progress)), "data": ocp.args.JsonRestore()}
+        if "memory" in state:
+            items["memory"] = ocp.args.StandardRestore(_abstract(_fields(state["memory"])))
     try:
         restored = manager.restore(step, args=ocp.args.Composite(**items))
     except (ValueError, KeyError) as err:
@@ -69,4 +80,5 @@ def restore(manager, state: dict, step: int | None = None, params_only: bool = F
     if restored["data"]["step"] != step or int(restored["progress"]["step"]) != step:
         raise ValueError(f"the checkpoint at step {step} in {manager.directory} is inconsistent: "
                          f"data position {restored['data']}, train step {int(restored['progress']['step'])}")
-    return {"params": restored["params"], "opt_state": restored["opt_state"], **restored["progress"]}, step
+    memory = {"memory": dataclasses.replace(state["memory"], **restored["memory"])} if "memory" in state else {}
+    return {"params": restored["params"], "opt_state": restored["opt_state"], **restored["progress"], **memory}, step

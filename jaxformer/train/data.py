@@ -183,13 +183,14 @@ def epoch_indices(count: int, seed: int, step: int, batch_size: int) -> np.ndarr
 
 class PackedStream:
     """Documents tokenized and packed end to end (``separator`` between them) into one stream; a step's
-    batch is ``batch_size`` windows of ``length`` tokens at seeded offsets; held-out windows are fixed."""
+    batch is ``batch_size`` windows of ``length`` tokens at seeded offsets; held-out windows are fixed.
+    Models with segment memory read it in order instead (``row_windows``)."""
 
     def __init__(self, tokens: np.ndarray, length: int, name: str):
         if len(tokens) <= length:
             raise ValueError(f"the {name} split has {len(tokens)} tokens, too few for windows of {length} "
                              "(lower train.seq_len or give more text)")
-        self.tokens, self.length = tokens, length
+        self.tokens, self.length, self.name = tokens, length, name
 
     @classmethod
     def from_documents(cls, tokenizer, documents: list[str], length: int, name: str,
@@ -209,6 +210,23 @@ class PackedStream:
         """``count`` windows evenly spaced over the stream: the same every time."""
         starts = np.linspace(0, len(self.tokens) - self.length, count).astype(int)
         return np.stack([self.tokens[s:s + self.length] for s in starts])
+
+    def row_windows(self, index: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """Transformer-XL's ordered batches: the stream cut into ``rows`` contiguous rows, each read window
+        after window, so a row's segment memory always holds the text just before its window. Batch
+        ``index`` is window ``index mod windows_per_row`` of every row; consecutive windows share one token
+        (a window's last token, its last label, is the next window's first input), so inputs follow each
+        other without a gap and every token is predicted once per pass. Returns the windows [rows, length]
+        and ``fresh`` [rows]: true on a row's first window, where its memory must be emptied."""
+        row_len, advance = len(self.tokens) // rows, self.length - 1
+        per_row = (row_len - 1) // advance
+        if per_row < 1:
+            raise ValueError(f"the {self.name} split has {len(self.tokens)} tokens, too few to cut into {rows} "
+                             f"contiguous rows of windows of {self.length} (lower train.batch_size or "
+                             "train.seq_len, or give more text)")
+        window = index % per_row
+        starts = np.arange(rows) * row_len + window * advance
+        return np.stack([self.tokens[s:s + self.length] for s in starts]), np.full(rows, window == 0)
 
 
 def pad_rows(rows: list[np.ndarray], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:

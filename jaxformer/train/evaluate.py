@@ -12,7 +12,7 @@ from flax import nnx
 from jaxformer.config import ModelConfig
 from jaxformer.sharding import shardings_of
 from jaxformer.train.checkpoints import checkpoint_manager, restore
-from jaxformer.train.run import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, Run
+from jaxformer.train.run import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, Run, held_out_memory
 from jaxformer.train.run_config import load
 from jaxformer.train.steps import batch_sharding, make_eval_step, run_eval
 
@@ -44,12 +44,17 @@ def restore_run(run_dir: str | Path, step: int | None = None, overrides: tuple[s
 
 
 def evaluate(run_dir: str | Path, step: int | None = None, overrides: tuple[str, ...] = ()) -> dict[str, float]:
-    """The objective's held-out metrics of a checkpoint, computed exactly as the training run logs them."""
+    """The objective's held-out metrics of a checkpoint, computed exactly as the training run logs them. A
+    model with segment memory adds ``memory_len`` (the memory evaluated with: eval.memory_len, else its
+    own) and the ``eval_*_no_memory`` metrics of the same windows without earlier context."""
     run, step = restore_run(run_dir, step, overrides)
     graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
-    eval_step = make_eval_step(graphdef, rest, run.objective, run.mesh, shardings_of(params))
+    memory = held_out_memory(run)
+    eval_step = make_eval_step(graphdef, rest, run.objective, run.mesh, shardings_of(params),
+                               None if memory is None else shardings_of(memory))
     batches = run.objective.eval_batches(run.cfg.eval.batches, run.cfg.train.batch_size)
-    return {"step": step, **run_eval(eval_step, run.objective, params, batches, batch_sharding(run.mesh))}
+    metrics = run_eval(eval_step, run.objective, params, batches, batch_sharding(run.mesh), memory)
+    return {"step": step, **({} if memory is None else {"memory_len": memory.length}), **metrics}
 
 
 def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None) -> int:

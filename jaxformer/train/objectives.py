@@ -9,6 +9,9 @@
 
 Losses return ``(loss, sums)``: ``sums`` maps each metric to (numerator, denominator), so metrics over
 several batches (evaluation) are exact token- or example-weighted means, not means of means.
+
+Transformer-XL models (``carries_memory``) train causal_lm on ordered batches: contiguous rows read
+window after window, with each row's segment memory carried from step to step (Dai et al. 2019, 3.2).
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ def ratio(sums: tuple) -> jax.Array:
 # its ratio is the mean load; the train step takes it out of the sums to move DeepSeek-V3's selection
 # bias and to log it (steps.router_load_metrics), so metric consumers only ever see scalars.
 ROUTER_LOAD = "router_load"
+
+
+# What a loss given a segment memory passes out with its sums: the rolled-forward ``cache.Memory``, not a
+# metric. The steps take it out at once (steps._loss_fn), so metric consumers only ever see pairs.
+MEMORY = "memory"
+
+
+def carries_memory(cfg: ModelConfig) -> bool:
+    """Whether a model keeps Transformer-XL's segment memory from one call to the next."""
+    return cfg.position == "xl" and cfg.memory_len > 0
 
 
 def with_aux_loss(loss: jax.Array, sums: dict, output) -> tuple[jax.Array, dict]:
@@ -106,7 +119,9 @@ class Objective:
     def eval_batches(self, count: int, batch_size: int) -> list[dict[str, np.ndarray]]:
         raise NotImplementedError
 
-    def loss(self, model, batch: dict, key) -> tuple[jax.Array, dict]:
+    def loss(self, model, batch: dict, key, memory=None) -> tuple[jax.Array, dict]:
+        """The loss and metric sums of one batch; ``memory`` (models that ``carries_memory``, causal_lm
+        only) is the batch rows' segment memory, and the sums then carry its successor under ``MEMORY``."""
         raise NotImplementedError
 
     def finish(self, values: dict[str, float]) -> dict[str, float]:
@@ -128,9 +143,12 @@ class Objective:
 
 
 class CausalLM(Objective):
-    """Next-token prediction on documents packed into windows of seq_len + 1 tokens."""
+    """Next-token prediction on documents packed into windows of seq_len + 1 tokens: at seeded offsets,
+    or, for a model with segment memory, in order (``PackedStream.row_windows``: row r of a batch goes on
+    where row r of the previous one ended, and ``fresh`` marks the rows that start over)."""
 
     name, family = "causal_lm", "decoder"
+    ordered = False  # set by ``adapt``: the model carries a segment memory, so batches are ordered rows
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
@@ -146,23 +164,33 @@ class CausalLM(Objective):
         cfg = super().adapt(cfg, fresh)
         if cfg.head != "lm":
             cfg = cfg.replace(head="lm")
+        self.ordered = carries_memory(cfg)
         return cfg
 
     @staticmethod
-    def _split(windows: np.ndarray) -> dict[str, np.ndarray]:
-        return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
+    def _split(windows: np.ndarray, fresh: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        batch = {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
+        return batch if fresh is None else {**batch, "fresh": fresh}
 
     def batch(self, step, batch_size):
+        if self.ordered:  # step s reads window s mod windows_per_row of each row: still a function of the step
+            return self._split(*self.train.row_windows(step, batch_size))
         return self._split(self.train.windows(data.step_rng(self.seed, step), batch_size))
 
     def eval_batches(self, count, batch_size):
+        if self.ordered:  # consecutive windows of each held-out row, evaluated in order with the memory carried
+            return [self._split(*self.held_out.row_windows(i, batch_size)) for i in range(count)]
         windows = self.held_out.fixed_windows(count * batch_size)
         return [self._split(windows[i * batch_size:(i + 1) * batch_size]) for i in range(count)]
 
-    def loss(self, model, batch, key):
-        out = model(batch["input_ids"], dropout_key=key)
+    def loss(self, model, batch, key, memory=None):
+        if memory is None:
+            out = model(batch["input_ids"], dropout_key=key)
+        else:  # rows on their first window start over with an empty memory
+            out = model(batch["input_ids"], memory=memory.forget(batch["fresh"]), dropout_key=key)
         sums = token_cross_entropy(out.logits, batch["labels"], self.run.train.label_smoothing)
-        return with_aux_loss(ratio(sums["loss"]), sums, out)
+        loss, sums = with_aux_loss(ratio(sums["loss"]), sums, out)
+        return (loss, sums) if memory is None else (loss, {**sums, MEMORY: out.memory})
 
 
 class MaskedLM(Objective):

@@ -40,6 +40,10 @@ def plot_losses(history: list[dict], path: Path, objective: str = "causal_lm") -
     axes.plot([r["step"] for r in history], [r["loss"] for r in history], label="train")
     held_out = [r for r in history if "eval_loss" in r]
     axes.plot([r["step"] for r in held_out], [r["eval_loss"] for r in held_out], "o-", label="held-out")
+    alone = [r for r in held_out if "eval_loss_no_memory" in r]  # segment-memory models: the same windows alone
+    if alone:
+        axes.plot([r["step"] for r in alone], [r["eval_loss_no_memory"] for r in alone], "s--",
+                  label="held-out, no memory")
     axes.set(xlabel="step", ylabel="loss (nats)", title=f"{objective} loss")
     axes.grid(alpha=0.3)
     axes.legend()

@@ -2,7 +2,9 @@
 one pure ``train_step(state, batch)`` with explicit shardings and the state donated, then loop: step,
 log, evaluate, checkpoint. ``python train.py`` and ``jaxformer train`` run ``main``.
 
-Batches are a pure function of (seed, step), so the step in the checkpoint is the data position too.
+Batches are a pure function of (seed, step), so the step in the checkpoint is the data position too. A
+model with segment memory (Transformer-XL) reads ordered rows instead of seeded windows, still a function
+of the step, and its train state carries the rows' memory, which the checkpoint holds with the step.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from jaxformer.train import data
 from jaxformer.train.checkpoints import checkpoint_manager, restore, save_checkpoint
 from jaxformer.train.lifecycle import (InterruptRequests, Interrupted, RunDirLock, check_run_dir, disk_full,
                                        full_disk_error)
-from jaxformer.train.objectives import Objective, make_objective
+from jaxformer.train.objectives import Objective, carries_memory, make_objective
 from jaxformer.train.report import Report, attention_note, sample
 from jaxformer.train.run_config import RunConfig, dump, load
-from jaxformer.train.steps import batch_sharding, init_state, make_optimizer, make_steps, run_eval
+from jaxformer.train.steps import batch_sharding, empty_memory, init_state, make_optimizer, make_steps, run_eval
 
 # What a run folder holds besides checkpoints/, metrics.jsonl, tensorboard/ and loss.png: the run config,
 # the config of the model as trained, and the tokenizer.json the data used (if not bytes), so that eval
@@ -61,11 +63,13 @@ def build_model(cfg: RunConfig, objective: Objective, mesh):
             model_cfg = model_cfg.replace(**cfg.model.overrides)
         model_cfg = objective.adapt(model_cfg.replace(dtype=cfg.train.compute_dtype), fresh=True)
         check_lengths(cfg, objective, model_cfg)
+        check_memory_settings(cfg, model_cfg)
         return sharding.sharded_build(lambda: build(model_cfg, seed=cfg.run.seed), mesh), []
     loaded = _load_pretrained(cfg.model.init_from)
     wanted = loaded.config.replace(dtype=cfg.train.compute_dtype, **cfg.model.overrides)
     wanted = objective.adapt(wanted, fresh=False)
     check_lengths(cfg, objective, wanted)
+    check_memory_settings(cfg, wanted)
     model, fresh = (loaded, []) if wanted == loaded.config else transplant(loaded, wanted, cfg.run.seed)
     return sharding.shard_model(model, mesh), fresh
 
@@ -104,6 +108,27 @@ def check_lengths(cfg: RunConfig, objective: Objective, model_cfg) -> None:
                              f"{model_cfg.max_positions})")
 
 
+def check_memory_settings(cfg: RunConfig, model_cfg) -> None:
+    """Settings that need, or do not fit, a segment memory fail before anything compiles."""
+    if carries_memory(model_cfg) and cfg.train.grad_accum > 1:
+        # Micro-batches would split the rows whose memories follow their own streams from step to step.
+        raise ValueError(f"train.grad_accum={cfg.train.grad_accum} does not work with a segment memory (model "
+                         f"memory_len={model_cfg.memory_len}): each batch row carries its memory to the next "
+                         "step; use train.grad_accum=1, or model.overrides.memory_len=0 to train without memory")
+    if cfg.eval.memory_len and not carries_memory(model_cfg):
+        raise ValueError(f"eval.memory_len={cfg.eval.memory_len} needs a model with segment memory (position='xl' "
+                         f"and memory_len > 0); model {model_cfg.name!r} has position={model_cfg.position!r} and "
+                         f"memory_len={model_cfg.memory_len}. Leave eval.memory_len=0")
+
+
+def held_out_memory(run: Run):
+    """The empty memory held-out evaluation starts from: eval.memory_len slots (0: the model's memory_len)
+    per row; None for a model without memory."""
+    if not carries_memory(run.model.config):
+        return None
+    return empty_memory(run.model, run.cfg.train.batch_size, run.cfg.eval.memory_len or None, run.mesh)
+
+
 def make_mesh(cfg: RunConfig) -> jax.sharding.Mesh:
     """The device mesh of ``mesh.*``; every micro-batch must split over data x fsdp."""
     mesh = sharding.make_mesh({axis: getattr(cfg.mesh, axis) for axis in sharding.MESH_AXES})
@@ -134,6 +159,7 @@ class Run:
         objective = make_objective(cfg, data.make_tokenizer(str(tokenizer_file) if tokenizer_file else "bytes"))
         if trained is not None:
             trained = objective.adapt(trained, fresh=False)
+            check_memory_settings(cfg, trained)
             model, fresh = sharding.sharded_build(lambda: build(trained, seed=cfg.run.seed), mesh), []
         else:
             model, fresh = build_model(cfg, objective, mesh)
@@ -259,6 +285,7 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
     if jax.process_index() == 0:
         write_run_folder(run, notes)
     eval_batches = run.objective.eval_batches(cfg.eval.batches, cfg.train.batch_size)
+    eval_memory = held_out_memory(run)
     report = Report(cfg, run.objective, run.model.config, schedule, start_step, int(state["skipped"]), progress,
                     forced_changes=forced)
     started = time.perf_counter()
@@ -275,7 +302,8 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
             jax.block_until_ready(state)  # the only host sync in the loop: at logging, saving and interrupts
             report.check_finite(int(state["skipped"]), done)
             if log:  # before the save: a crash after it must not leave a saved step without its record
-                held_out = lambda: run_eval(eval_step, run.objective, state["params"], eval_batches, rows)  # noqa: E731
+                held_out = lambda: run_eval(eval_step, run.objective, state["params"], eval_batches, rows,  # noqa: E731
+                                            eval_memory)
                 report.log(done, metrics, int(state["skipped"]), held_out if evaluate else None)
             if save:
                 save_checkpoint(manager, state, {"step": done, "seed": cfg.run.seed, "objective": run.objective.name,

@@ -84,6 +84,9 @@ class CheckpointSection:
 class EvalSection:
     every: int = 100
     batches: int = 4
+    # Models with segment memory (Transformer-XL): memory slots to evaluate with; 0: the memory_len the
+    # model trained with. Longer than in training is how Dai et al. evaluate (the memory is just state).
+    memory_len: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +152,10 @@ class RunConfig:
             raise ValueError("checkpoint.every must be >= 0 and checkpoint.keep >= 1")
         if self.eval.every < 1 or self.eval.batches < 1:
             raise ValueError("eval.every and eval.batches must be >= 1")
+        memory_len = self.eval.memory_len
+        if not isinstance(memory_len, int) or isinstance(memory_len, bool) or memory_len < 0:
+            raise ValueError(f"eval.memory_len={memory_len!r} must be an integer >= 0 (memory slots to evaluate "
+                             "with; 0: the model's own memory_len)")
         if not 0 < self.data.eval_fraction < 1:
             raise ValueError(f"data.eval_fraction={self.data.eval_fraction} must lie in (0, 1)")
         if self.optim.schedule not in ("cosine", "linear", "constant", "inverse_sqrt"):

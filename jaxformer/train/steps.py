@@ -1,7 +1,10 @@
 """The optimizer and the pure steps of a run: ``train_step(state, batch) -> (state, metrics)`` and the
 eval step, jitted with explicit shardings (the train state donated), and the metric arithmetic.
 
-The train state is a dict: params, opt_state, step, skipped (non-finite steps dropped) and the PRNG key.
+The train state is a dict: params, opt_state, step, skipped (non-finite steps dropped) and the PRNG key;
+a model with Transformer-XL's segment memory adds ``memory``, the ``cache.Memory`` of the batch rows (each
+row a contiguous stream, see ``objectives.CausalLM``), carried from step to step, split along the batch
+like the activations, and saved in the checkpoints with the rest.
 
 MoE models with DeepSeek-V3's selection bias (``RouterBias``, ``router_bias=True``) balance their experts
 without an auxiliary loss: the optimizer leaves the bias alone, and after each step every MoE layer's
@@ -9,6 +12,8 @@ bias moves by ``train.router_bias_rate * sign(mean load - load_e)`` (``balance_r
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxformer import sharding
 from jaxformer.layers import RouterBias
-from jaxformer.train.objectives import ROUTER_LOAD, Objective, ratio
+from jaxformer.train.objectives import MEMORY, ROUTER_LOAD, Objective, carries_memory, ratio
 from jaxformer.train.run_config import RunConfig
 
 
@@ -105,48 +110,84 @@ def batch_sharding(mesh) -> NamedSharding:
     return NamedSharding(mesh, P(sharding.BATCH_AXES))
 
 
+def memory_sharding(memory, mesh):
+    """Where a segment memory's arrays live: split along the batch like activations (hidden [L, B, M, D]
+    on axis 1, valid [B, M] on axis 0), so each device holds the memory of its own rows."""
+    return dataclasses.replace(memory, hidden=NamedSharding(mesh, P(None, sharding.BATCH_AXES)),
+                               valid=NamedSharding(mesh, P(sharding.BATCH_AXES)))
+
+
+def empty_memory(model, batch: int, length: int | None, mesh):
+    """An empty segment memory of ``length`` slots (None: the model's memory_len) for ``batch`` rows, created
+    sharded (each process makes only its own shards)."""
+    make = lambda: model.init_memory(batch, length)  # noqa: E731
+    return jax.jit(make, out_shardings=memory_sharding(jax.eval_shape(make), mesh))()
+
+
 def init_state(cfg: RunConfig, model, optimizer) -> dict:
-    """The train state of a (sharded) model: the optimizer state takes its parameters' shardings."""
+    """The train state of a (sharded) model: the optimizer state takes its parameters' shardings; a model
+    with segment memory starts with an empty one for every batch row."""
     params = nnx.state(model, nnx.Param)
-    replicated = NamedSharding(jax.tree.leaves(params)[0].sharding.mesh, P())
+    mesh = jax.tree.leaves(params)[0].sharding.mesh
     progress = {"step": jnp.int32(0), "skipped": jnp.int32(0), "key": jax.random.PRNGKey(cfg.run.seed)}
-    return {"params": params, "opt_state": sharding.sharded_optimizer_state(optimizer, params),
-            **jax.device_put(progress, replicated)}
+    state = {"params": params, "opt_state": sharding.sharded_optimizer_state(optimizer, params),
+             **jax.device_put(progress, NamedSharding(mesh, P()))}
+    if carries_memory(model.config):
+        state["memory"] = empty_memory(model, cfg.train.batch_size, None, mesh)
+    return state
 
 
 def _loss_fn(graphdef, rest, objective: Objective):
-    def loss_fn(params, batch, key):
+    """``loss_fn(params, batch, key, memory=None) -> (loss, (sums, memory))``: the objective's loss, with the
+    rolled-forward segment memory taken out of its sums (None for models without one)."""
+    def loss_fn(params, batch, key, memory=None):
         model = nnx.merge(graphdef, params, rest)
         dropout = model.config.dropout_rate or model.config.attention_dropout_rate
-        return objective.loss(model, batch, key if dropout else None)
+        key = key if dropout else None
+        if memory is None:
+            loss, sums = objective.loss(model, batch, key)
+            return loss, (sums, None)
+        loss, sums = objective.loss(model, batch, key, memory)
+        sums = dict(sums)
+        return loss, (sums, sums.pop(MEMORY))
 
     return loss_fn
 
 
-def make_eval_step(graphdef, rest, objective: Objective, mesh, params_shardings):
-    """The jitted eval step: the objective's metric sums of one batch, without dropout."""
+def make_eval_step(graphdef, rest, objective: Objective, mesh, params_shardings, memory_shardings=None):
+    """The jitted eval step: the objective's metric sums of one batch, without dropout. With
+    ``memory_shardings`` (a model with segment memory) it takes the rows' memory too and returns
+    ``(sums, memory)``, the memory rolled forward over the batch."""
     loss_fn = _loss_fn(graphdef, rest, objective)
+    replicated = NamedSharding(mesh, P())
 
-    def eval_sums(params, batch):
-        sums = loss_fn(params, batch, None)[1]
+    def eval_sums(params, batch, memory=None):
+        sums, memory = loss_fn(params, batch, None, memory)[1]
         sums.pop(ROUTER_LOAD, None)  # held-out metrics are the scalar ones
-        return sums
+        return sums if memory is None else (sums, memory)
 
+    if memory_shardings is None:
+        return jax.jit(sharding.under_mesh(eval_sums, mesh), in_shardings=(params_shardings, batch_sharding(mesh)),
+                       out_shardings=replicated)
     return jax.jit(sharding.under_mesh(eval_sums, mesh),
-                   in_shardings=(params_shardings, batch_sharding(mesh)), out_shardings=NamedSharding(mesh, P()))
+                   in_shardings=(params_shardings, batch_sharding(mesh), memory_shardings),
+                   out_shardings=(replicated, memory_shardings))
 
 
 def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, mesh, state_shardings: dict):
     """The pure train and eval steps, jitted with explicit in/out shardings (those of ``state_shardings``
     for the state, rows over data x fsdp for the batch); the train state is donated. An MoE model's
-    metrics carry ``router_load`` [L_moe, E], the step's mean router load over its micro-batches."""
+    metrics carry ``router_load`` [L_moe, E], the step's mean router load over its micro-batches. A state
+    with a segment memory passes it through the loss and keeps what comes out for the next step."""
     accumulate, bias_rate = cfg.train.grad_accum, cfg.train.router_bias_rate
     grad_fn = jax.value_and_grad(_loss_fn(graphdef, rest, objective), has_aux=True)
+    if accumulate > 1 and "memory" in state_shardings:  # run.check_memory_settings says so first, by name
+        raise ValueError(f"train.grad_accum={accumulate} with a segment memory: use train.grad_accum=1")
 
-    def grads_and_sums(params, batch, key):
+    def grads_and_sums(params, batch, key, memory):
         if accumulate == 1:
-            (loss, sums), grads = grad_fn(params, batch, key)
-            return loss, sums, grads
+            (loss, (sums, memory)), grads = grad_fn(params, batch, key, memory)
+            return loss, sums, memory, grads
         # Micro-batch j takes rows j, j + k, j + 2k, ...: each device's rows split evenly over micro-batches.
         micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // accumulate, accumulate, *x.shape[1:]).swapaxes(0, 1),
                              batch)
@@ -157,12 +198,13 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
             i, one = i_batch
             return jax.tree.map(jnp.add, total, grad_fn(params, one, jax.random.fold_in(key, i))), None
 
-        ((loss, sums), grads), _ = jax.lax.scan(add, zeros, (jnp.arange(accumulate), micro))
-        return loss / accumulate, sums, jax.tree.map(lambda g: g / accumulate, grads)
+        ((loss, (sums, _)), grads), _ = jax.lax.scan(add, zeros, (jnp.arange(accumulate), micro))
+        return loss / accumulate, sums, None, jax.tree.map(lambda g: g / accumulate, grads)
 
     def train_step(state, batch):
         params, opt_state = state["params"], state["opt_state"]
-        loss, sums, grads = grads_and_sums(params, batch, jax.random.fold_in(state["key"], state["step"]))
+        loss, sums, memory, grads = grads_and_sums(params, batch, jax.random.fold_in(state["key"], state["step"]),
+                                                   state.get("memory"))
         load = sums.pop(ROUTER_LOAD, None)
         load = None if load is None else ratio(load)  # summed over micro-batches: their mean
         grad_norm = optax.tree.norm(grads)
@@ -174,18 +216,22 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
         # is dropped and counted, and the loop acts on the count (stop or skip) at its next sync.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)  # noqa: E731
-        state = {"params": keep(new_params, params), "opt_state": keep(new_opt_state, opt_state),
-                 "step": state["step"] + 1, "skipped": state["skipped"] + (~finite).astype(jnp.int32),
-                 "key": state["key"]}
+        new_state = {"params": keep(new_params, params), "opt_state": keep(new_opt_state, opt_state),
+                     "step": state["step"] + 1, "skipped": state["skipped"] + (~finite).astype(jnp.int32),
+                     "key": state["key"]}
+        if memory is not None:  # the rows read on either way; after a dropped step (its memory may not be
+            # finite) they go on with an empty memory rather than carry the non-finite values forward
+            new_state["memory"] = jax.tree.map(lambda m: jnp.where(finite, m, jnp.zeros_like(m)), memory)
         metrics = {"sums": sums, "grad_norm": grad_norm}
         if load is not None:
             metrics["router_load"] = load
-        return state, metrics
+        return new_state, metrics
 
     train = jax.jit(sharding.under_mesh(train_step, mesh), donate_argnums=0,
                     in_shardings=(state_shardings, batch_sharding(mesh)),
                     out_shardings=(state_shardings, NamedSharding(mesh, P())))
-    return train, make_eval_step(graphdef, rest, objective, mesh, state_shardings["params"])
+    return train, make_eval_step(graphdef, rest, objective, mesh, state_shardings["params"],
+                                 state_shardings.get("memory"))
 
 
 def finish_metrics(objective: Objective, sums: dict) -> dict[str, float]:
@@ -194,9 +240,26 @@ def finish_metrics(objective: Objective, sums: dict) -> dict[str, float]:
     return dict(sorted(values.items(), key=lambda item: item[0] != "loss"))  # the loss first, for people
 
 
-def run_eval(eval_step, objective: Objective, params, batches: list[dict], rows) -> dict[str, float]:
-    total = None
+def _add(total, sums):
+    return sums if total is None else jax.tree.map(lambda a, b: np.float64(a) + b, total, sums)
+
+
+def run_eval(eval_step, objective: Objective, params, batches: list[dict], rows, memory=None) -> dict[str, float]:
+    """The held-out metrics ``eval_*`` of ``batches``. With an empty segment ``memory`` (of the length to
+    evaluate with) the batches are consecutive windows of contiguous rows: ``eval_*`` carries the memory
+    from batch to batch in order, and ``eval_*_no_memory`` scores the same windows each with the empty
+    memory, so the two differ by what the earlier segments are worth."""
+    total = alone = None
+    carried = memory
     for batch in batches:
-        sums = jax.device_get(eval_step(params, sharding.to_device(batch, rows)))
-        total = sums if total is None else jax.tree.map(lambda a, b: np.float64(a) + b, total, sums)
-    return {f"eval_{name}": value for name, value in finish_metrics(objective, total).items()}
+        on_device = sharding.to_device(batch, rows)
+        if memory is None:
+            total = _add(total, jax.device_get(eval_step(params, on_device)))
+            continue
+        sums, carried = eval_step(params, on_device, carried)
+        total = _add(total, jax.device_get(sums))
+        alone = _add(alone, jax.device_get(eval_step(params, on_device, memory)[0]))
+    metrics = {f"eval_{name}": value for name, value in finish_metrics(objective, total).items()}
+    if alone is not None:
+        metrics |= {f"eval_{name}_no_memory": value for name, value in finish_metrics(objective, alone).items()}
+    return metrics
