@@ -77,7 +77,12 @@ class Decoder(nnx.Module):
         self.lm_head, self.logits_bias = make_lm_head(cfg, rngs)
 
     def validate(self, input_ids=None, attention_mask=None, position_ids=None, *, prefix_lengths=None,
-                 inputs_embeds=None, token_type_ids=None, memory=None, **_) -> None:
+                 inputs_embeds=None, token_type_ids=None, memory=None, **others) -> None:
+        two_stream = sorted({"perm_mask", "target_mapping"} & set(others))
+        if two_stream:  # what an XLNet user may pass from transformers' signature
+            raise ValueError(f"{', '.join(two_stream)}: XLNet's two-stream permutation pretraining is not supported; "
+                             "jaxformer runs its content stream (Transformer-XL: causal or bidirectional attention "
+                             "over a segment memory)")
         shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
         check_prefix_lengths(prefix_lengths, self.config, *shape)
         check_memory(memory, self.config, shape[0])

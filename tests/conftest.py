@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+import pytest
+
 import jaxformer as jf
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -147,3 +149,20 @@ def dependency(model, fn, inputs, *args, state=None):
             row.append(np.stack([d[b, :, b] for b in range(B)]))
         result.append(row)
     return result[0][0] if single_in and len(result) == 1 else result
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """``checkpoints(name)``: the folder of the tiny reference checkpoint ``name`` (``hf_factory``), built and
+    saved once for the whole session."""
+    from hf_factory import save_checkpoint
+
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = save_checkpoint(name, tmp_path_factory.mktemp(name))
+        return cache[name]
+
+    return get
+

@@ -32,19 +32,6 @@ def padded_batch(name: str, rng: np.random.Generator, length: int = 9):
     return ids, mask, (token_types if name.startswith(("bert", "xlnet")) else None)
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """Each tiny reference checkpoint is built and saved once for the whole module."""
-    cache = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = save_checkpoint(name, tmp_path_factory.mktemp(name))
-        return cache[name]
-
-    return get
-
-
 @pytest.mark.parametrize("name", sorted(CHECKPOINTS))
 def test_every_layer_matches_transformers(name, checkpoints):
     path = checkpoints(name)

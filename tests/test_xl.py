@@ -16,20 +16,6 @@ from conftest import tiny_model, token_ids
 TOLERANCE = 1e-5
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    from hf_factory import save_checkpoint
-
-    cache = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = save_checkpoint(name, tmp_path_factory.mktemp(name))
-        return cache[name]
-
-    return get
-
-
 @pytest.mark.parametrize("name, token_types", [("xlnet", False), ("xlnet-bi-relu", True), ("xlnet-tied-clamped", True)])
 def test_three_segments_with_memory_match_xlnet(name, token_types, checkpoints):
     """Segments of 4 tokens with mem_len 6: the memory fills (4), then rolls (6 of 8), then rolls again.
@@ -134,6 +120,8 @@ def test_bad_memory_and_config_are_refused():
         xl(ids, memory=xl.init_memory(3))
     with pytest.raises(ValueError, match="must be a jaxformer.cache.Memory"):
         xl(ids, memory=np.zeros((2, 2, 4, 64)))
+    with pytest.raises(ValueError, match="perm_mask: XLNet's two-stream permutation pretraining is not supported"):
+        xl(ids, perm_mask=np.zeros((2, 4, 4)))
     with pytest.raises(ValueError, match="init_memory"):
         gpt.init_memory(2)
     with pytest.raises(ValueError, match="memory_len=4 needs position='xl'"):

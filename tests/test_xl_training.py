@@ -195,3 +195,17 @@ def test_settings_that_do_not_fit_a_segment_memory_are_refused_before_anything_c
     with pytest.raises(ValueError, match=message):
         train(run_config.load(None, TINY + ["train.steps=10", f"run.dir={tmp_path}"] + overrides), progress=False)
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_memory_split_over_four_devices_trains_like_one_device(tmp_path):
+    """Six steps with the rows and their memories split over four simulated devices (mesh.data=4) log
+    the losses of one device: the memory filled and carried from step to step follows its rows."""
+    short = TINY + ["train.steps=6", "train.log_every=1", "eval.every=6", "eval.batches=2"]
+    one = train(run_config.load(None, short + [f"run.dir={tmp_path / 'one'}"]), progress=False)["history"]
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    subprocess.run([sys.executable, "train.py", *short, f"run.dir={tmp_path / 'four'}", "mesh.data=4"], env=env,
+                   cwd=ROOT, check=True, capture_output=True)
+    four = [json.loads(line) for line in (tmp_path / "four" / "metrics.jsonl").read_text().splitlines()]
+    for key in ("loss", "eval_loss", "eval_loss_no_memory"):  # float32 sums in another order only
+        np.testing.assert_allclose([r[key] for r in four if key in r], [r[key] for r in one if key in r], rtol=1e-5)
+
