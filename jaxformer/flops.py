@@ -6,7 +6,10 @@ is not counted): 6 x (parameters a token passes through) per token, the forward'
 backward's 4, and attention's two T x S products, 12 x heads x head_dim x (keys a query sees) per
 token and layer. A causal query sees (T + 1) / 2 keys on average, a sliding one at most its window;
 encoder and decoder tokens are counted separately (cross-attention sees every source token); a MoE
-layer counts only the experts a token is routed to. Embedding lookups, the pooler and classifier
+layer counts only the experts a token is routed to. Transformer-XL's queries also see the segment memory
+(``memory_len`` keys, whose key and value projections run forward and into the weight gradient) and score
+every distance against its projected encoding: one more query-key product over M + T + 1 (causal) or
+M + 2T (bidirectional) columns. Embedding lookups, the pooler and classifier
 heads (one row per sequence) are left out.
 """
 
@@ -95,8 +98,13 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
         return batch_size * (length * encoder + target * decoder)
     stack = "encoder" if cfg.family == "encoder" else "decoder"
     pattern = "bidirectional" if cfg.family == "encoder" else cfg.attention
-    per_token = (6 * (_stack_params(cfg, stack) + _head_params(cfg))
-                 + 12 * cfg.num_layers * width * _keys_seen(pattern, length, length, cfg.window_size))
+    keys = _keys_seen(pattern, length, length, cfg.window_size)
+    per_token = 6 * (_stack_params(cfg, stack) + _head_params(cfg)) + 12 * cfg.num_layers * width * keys
+    if cfg.position == "xl":
+        M, heads = cfg.memory_len, cfg.num_heads * cfg.head_dim_
+        distances = M + length + (length - 1 if pattern == "bidirectional" else 1)
+        per_token += cfg.num_layers * (12 * width * M + 6 * heads * distances
+                                       + 4 * (M / length) * 2 * cfg.d_model * heads)
     return batch_size * length * per_token
 
 

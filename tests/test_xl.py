@@ -140,3 +140,15 @@ def test_xlnet_options_outside_the_content_stream_are_refused(tmp_path):
             config_from_hf({**base, field: value})
     cfg = config_from_hf({**base, "mem_len": None, "clamp_len": -1, "untie_r": False})
     assert (cfg.memory_len, cfg.clamp_len, cfg.shared_relative_biases) == (0, 0, True)
+
+
+def test_training_flops_count_the_memory():
+    """MFU's model FLOPs of tiny-transformer-xl (D 64, 4 x 16 heads, 2 layers, memory 32) over 8 tokens,
+    counted by hand: 6 x (74,752 stack + 16,384 tied head) parameters, causal attention over 4.5 own keys
+    on average, and per layer the 32 memory keys (12 x 64 x 32), the position scores over 41 distances
+    (6 x 64 x 41) and the memory's key/value projections forward and into the weight gradient
+    (4 x 32/8 x 2 x 64 x 64)."""
+    from jaxformer import flops
+
+    per_token = 6 * (74_752 + 16_384) + 12 * 2 * 64 * 4.5 + 2 * (12 * 64 * 32 + 6 * 64 * 41 + 4 * 4 * 2 * 64 * 64)
+    assert flops.train_flops_per_step(jf.config("tiny-transformer-xl"), 1, 8) == 8 * per_token
