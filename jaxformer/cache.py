@@ -9,7 +9,9 @@ segment memory) is a new type or field here, never a second forward pass.
 - ``LatentCache``: the same slots for multi-head latent attention, holding each token's compressed
   latent and shared rotary key instead of per-head keys and values.
 - ``Memory``: Transformer-XL's segment memory, every layer's input hidden states of the last M tokens;
-  a bounded window that rolls forward with each call, so it serves training, evaluation and decoding.
+  a bounded window that rolls forward with each call (training, evaluation, the public call).
+- ``MemoryKV``: the same window as generation carries it, the keys and values those hidden states
+  project to, so a decode step does not project M memory tokens again per layer and token.
 - ``EncoderKV``: an encoder-decoder's cross-attention keys and values, computed once per source.
 - ``DecodeState``: what a decoder's step carries: its KV cache (or segment memory), the encoder side,
   the prefix sizes.
@@ -120,21 +122,60 @@ def empty_cache(cfg, layers: int, batch: int, length: int, dtype) -> KVCache | L
 
 def cache_numbers_per_token(cfg) -> int:
     """Numbers one token adds to a decoder's self-attention cache, all layers: (C + R) per layer for
-    MLA, the layer's input (D) for Transformer-XL's memory, 2 x kv heads x head size per layer otherwise."""
-    per_layer = (cfg.kv_lora_rank + cfg.rope_head_dim if cfg.mla else cfg.d_model if cfg.position == "xl" else
-                 2 * cfg.kv_heads * cfg.head_dim_)
+    MLA, 2 x kv heads x head size per layer otherwise (Transformer-XL's ``MemoryKV`` too)."""
+    per_layer = cfg.kv_lora_rank + cfg.rope_head_dim if cfg.mla else 2 * cfg.kv_heads * cfg.head_dim_
     return cfg.decoder_layers * per_layer
+
+
+class _Window:
+    """What Transformer-XL's two memory forms share: per-layer arrays [L, B, M, ...] named in
+    ``LAYER_FIELDS`` for the last M tokens, oldest first, and which slots hold a real token ``valid`` [B, M]
+    (padding and slots not yet filled do not). A call attends over the window and then rolls it forward by
+    its own tokens (``extend``); it never grows, so generation runs past any length with constant state.
+    No gradient flows into it: ``extend`` stops it."""
+
+    LAYER_FIELDS: ClassVar[tuple[str, ...]]
+    valid: Array
+
+    @property
+    def length(self) -> int:
+        return self.valid.shape[1]
+
+    def layers(self) -> dict[str, Array]:
+        return {name: getattr(self, name) for name in self.LAYER_FIELDS}
+
+    def extend(self, new: dict[str, Array], valid: Array):
+        """The window after a call of T tokens: ``new`` holds each layer field's [L, B, T, ...] (real where
+        ``valid`` [B, T]); the last M of (window, new), without gradient."""
+        M = self.length
+
+        def roll(old, added, axis):
+            return jax.lax.stop_gradient(jnp.concatenate([old, added.astype(old.dtype)], axis=axis)[
+                (slice(None),) * axis + (slice(-M, None) if M else slice(0, 0),)])
+
+        return dataclasses.replace(self, **{name: roll(getattr(self, name), new[name], 2) for name in self.LAYER_FIELDS},
+                                   valid=roll(self.valid, valid.astype(bool), 1))
+
+    def forget(self, rows: Array):
+        """The window with the rows where ``rows`` [B] is true emptied (a stream that starts over)."""
+        return dataclasses.replace(self, valid=self.valid & ~rows[:, None])
+
+    def reorder(self, rows: Array):
+        """The window of batch rows ``rows`` (beam search)."""
+        return dataclasses.replace(self, **{name: getattr(self, name)[:, rows] for name in self.LAYER_FIELDS},
+                                   valid=self.valid[rows])
+
+    def check_room(self, count: int) -> None:
+        """A window never overflows: it keeps the last M tokens whatever a call adds."""
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class Memory:
+class Memory(_Window):
     """Transformer-XL's segment memory: the input hidden states of every layer for the last M tokens,
-    ``hidden`` [L, B, M, D], oldest first, and which slots hold a real token ``valid`` [B, M] (padding and
-    slots not yet filled do not). A call attends over its memory and then rolls it forward by its own
-    tokens (``extend``); the window never grows, so generation can run past any segment length with
-    constant state. No gradient flows into a memory: ``extend`` stops it."""
+    ``hidden`` [L, B, M, D], and their validity [B, M]. What ``model(ids, memory=...)`` takes and returns."""
 
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("hidden",)
     hidden: Array
     valid: Array
 
@@ -142,28 +183,24 @@ class Memory:
     def empty(cls, layers: int, batch: int, length: int, width: int, dtype) -> Memory:
         return cls(jnp.zeros((layers, batch, length, width), dtype), jnp.zeros((batch, length), bool))
 
-    @property
-    def length(self) -> int:
-        return self.valid.shape[1]
 
-    def extend(self, inputs: Array, valid: Array) -> Memory:
-        """The memory after a call whose layers took ``inputs`` [L, B, T, D] (real where ``valid`` [B, T]):
-        the last M of (memory, inputs), without gradient."""
-        M = self.length
-        hidden = jnp.concatenate([self.hidden, inputs.astype(self.hidden.dtype)], axis=2)[:, :, -M:] if M else self.hidden
-        kept = jnp.concatenate([self.valid, valid.astype(bool)], axis=1)[:, -M:] if M else self.valid
-        return Memory(jax.lax.stop_gradient(hidden), kept)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MemoryKV(_Window):
+    """The segment memory as generation carries it: the keys and values k, v [L, B, M, K, H] its hidden
+    states project to. Transformer-XL's keys hold no position (distances enter through the separate
+    position term), so a token's key and value never change while it stays in the window: a decode step
+    reads them, as from a KV cache, instead of projecting M hidden states again in every layer."""
 
-    def forget(self, rows: Array) -> Memory:
-        """The memory with the rows where ``rows`` [B] is true emptied (a stream that starts over)."""
-        return dataclasses.replace(self, valid=self.valid & ~rows[:, None])
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("k", "v")
+    k: Array
+    v: Array
+    valid: Array
 
-    def reorder(self, rows: Array) -> Memory:
-        """The memory of batch rows ``rows`` (beam search)."""
-        return Memory(self.hidden[:, rows], self.valid[rows])
-
-    def check_room(self, count: int) -> None:
-        """A memory never overflows: it keeps the last M tokens whatever a call adds."""
+    @classmethod
+    def empty(cls, layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype) -> MemoryKV:
+        shape = (layers, batch, length, kv_heads, head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, length), bool))
 
 
 @jax.tree_util.register_dataclass
@@ -184,7 +221,7 @@ class DecodeState:
     memory), the encoder side of an encoder-decoder (None for decoder-only models), and prefix-LM prefix
     sizes [B] (None otherwise)."""
 
-    kv: KVCache | LatentCache | Memory
+    kv: KVCache | LatentCache | MemoryKV
     encoder: EncoderKV | None = None
     prefix_lengths: Array | None = None
 

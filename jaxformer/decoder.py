@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import DecodeState, KVCache, LatentCache, Memory, empty_cache
+from jaxformer.cache import DecodeState, KVCache, LatentCache, Memory, MemoryKV, empty_cache
 from jaxformer.checks import check_inputs, check_memory, check_prefix_lengths, public_call
 from jaxformer.config import ModelConfig
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
@@ -131,11 +131,13 @@ class Decoder(nnx.Module):
 
     def init_cache(self, batch: int, length: int, prefix_lengths: Array | None = None) -> DecodeState:
         """An empty state for ``length`` tokens per row (only the kv heads are cached, or MLA's latents).
-        Transformer-XL carries its segment memory instead: memory_len tokens, whatever ``length`` (all
-        ``length`` when the model has no memory_len)."""
+        Transformer-XL carries its segment memory instead, as keys and values (``MemoryKV``): memory_len
+        tokens, whatever ``length`` (all ``length`` when the model has no memory_len)."""
         cfg = self.config
         if cfg.position == "xl":
-            return DecodeState(self.init_memory(batch, cfg.memory_len or length))
+            window = cfg.memory_len or length
+            return DecodeState(MemoryKV.empty(cfg.decoder_layers, batch, window, cfg.kv_heads, cfg.head_dim_,
+                                              dtype_of(cfg.dtype)))
         cache = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype))
         return DecodeState(cache, prefix_lengths=prefix_lengths)
 
@@ -143,7 +145,7 @@ class Decoder(nnx.Module):
         """Run ``ids`` [B, T] at ``positions`` (real where ``valid``) over the cache (or memory): float32
         logits of the last position [B, V] and the state with these tokens written."""
         state.kv.check_room(ids.shape[1])
-        if isinstance(state.kv, Memory):
+        if isinstance(state.kv, MemoryKV):
             out = self.forward(ids, valid=valid, positions=positions, memory=state.kv)
             return last_token_logits(self, out.hidden), dataclasses.replace(state, kv=out.memory)
         out = self.forward(ids, valid=valid, positions=positions, prefix_lengths=state.prefix_lengths, cache=state.kv)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxformer as jf
-from jaxformer.cache import Memory
+from jaxformer.cache import MemoryKV
 from conftest import tiny_model, token_ids
 
 TOLERANCE = 1e-5
@@ -98,10 +98,27 @@ def test_generation_runs_past_the_segment_with_a_memory_of_constant_size():
         tokens.append(jnp.argmax(out.logits[:, -1], -1))
         memory = out.memory
     np.testing.assert_array_equal(generated[:, 5:], np.stack(tokens, axis=1))
-    state = model.init_cache(2, 45)
-    assert isinstance(state.kv, Memory) and state.kv.length == 8
     beams = model.generate(prompt, max_new_tokens=12, num_beams=3)
     assert beams.shape == (2, 17)
+
+
+def test_decoding_reads_the_memory_as_keys_and_values_with_the_logits_of_the_hidden_state_memory():
+    """Generation carries ``MemoryKV`` (keys and values, projected once per token) where the public call
+    carries hidden states: over 30 single-token steps past an 8-token window both give the same logits,
+    and the state keeps 8 slots."""
+    model = tiny_model("tiny-transformer-xl", memory_len=8, seed=3)
+    ids = token_ids(2, 31, seed=4)
+    state = model.init_cache(2, 31)
+    assert isinstance(state.kv, MemoryKV) and state.kv.k.shape == (2, 2, 8, 4, 16)
+    step = jax.jit(model.step)
+    logits, state = step(ids[:, :1], jnp.zeros((2, 1), jnp.int32), jnp.ones((2, 1), bool), state)
+    memory = model(ids[:, :1]).memory
+    for t in range(1, 31):
+        logits, state = step(ids[:, t:t + 1], jnp.full((2, 1), t, jnp.int32), jnp.ones((2, 1), bool), state)
+        out = model(ids[:, t:t + 1], memory=memory)
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(out.logits[:, -1]), atol=TOLERANCE)
+        memory = out.memory
+    assert state.kv.k.shape == (2, 2, 8, 4, 16) and bool(state.kv.valid.all())
 
 
 def test_eval_memory_may_be_longer_than_the_configured_one():

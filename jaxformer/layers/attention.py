@@ -198,24 +198,33 @@ class RelativeAttention(Attention):
         else:
             self.segment_bias = self.segment_embed = None
 
-    def __call__(self, x: Array, *, mask: Array, relative, memory: Array | None = None,
-                 key: Array | None = None) -> tuple[Array, None]:
-        """x [B, T, D] after ``memory`` [B, M, D] (or none); ``mask`` [B, 1, T, M + T]; ``relative`` the stack's
-        ``XLInputs``."""
-        source = x if memory is None else jnp.concatenate([memory.astype(x.dtype), x], axis=1)
+    def __call__(self, x: Array, *, mask: Array, relative, memory: dict | None = None,
+                 key: Array | None = None) -> tuple[Array, dict]:
+        """x [B, T, D] after this layer's ``memory`` (none, its hidden states {"hidden": [B, M, D]} or their
+        keys and values {"k", "v": [B, M, K, H]}); ``mask`` [B, 1, T, M + T]; ``relative`` the stack's
+        ``XLInputs``. Returns the output and this call's own keys and values (what a ``MemoryKV`` keeps)."""
         q = checkpoint_name(self._project(x, self.q, self.q_bias), "qkv")
-        k, v = self.key_values(source)
+        own_k, own_v = self.key_values(x)
+        if memory is None:
+            k, v = own_k, own_v
+        else:
+            past_k, past_v = (self.key_values(memory["hidden"].astype(x.dtype)) if "hidden" in memory
+                              else (memory["k"].astype(own_k.dtype), memory["v"].astype(own_v.dtype)))
+            k, v = jnp.concatenate([past_k, own_k], axis=1), jnp.concatenate([past_v, own_v], axis=1)
         u, pos_bias = relative.biases if self.content_bias is None else (self.content_bias, self.position_bias)
         as_q = lambda b: b[...].astype(q.dtype)  # noqa: E731
-        r = jnp.einsum("PD,DNH->PNH", relative.encodings.astype(self.dtype), self.r[...].astype(self.dtype))
-        scores = jnp.einsum("BTNH,PNH->BNTP", q + as_q(pos_bias), r, preferred_element_type=jnp.float32)
-        bias = relative_shift(scores, source.shape[1])
+        # Position scores (q + v) . W_R R: one contraction whose order follows the shapes (opt_einsum): a
+        # segment projects the P encodings once (P x D x N x H); a decode step (T = 1, P = M + 2) takes its
+        # query back to D instead (N x H x D, then P x N x D), far less than projecting every distance again.
+        scores = jnp.einsum("BTNH,PD,DNH->BNTP", q + as_q(pos_bias), relative.encodings.astype(self.dtype),
+                            self.r[...].astype(self.dtype), preferred_element_type=jnp.float32)
+        bias = relative_shift(scores, k.shape[1])
         if relative.other_segment is not None:
             per_kind = jnp.einsum("BTNH,GNH->BNTG", q + as_q(self.segment_bias), self.segment_embed[...].astype(q.dtype),
                                   preferred_element_type=jnp.float32)
             bias = bias + jnp.where(relative.other_segment[:, None], per_kind[..., 1:], per_kind[..., :1])
         out = dot_product_attention(q + as_q(u), k, v, mask, bias * self.scale, self.scale, self.dropout_rate, key)
-        return self._output(out), None
+        return self._output(out), {"k": own_k, "v": own_v}
 
 
 class LatentAttention(nnx.Module):

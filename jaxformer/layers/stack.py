@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import EncoderKV, KVCache, LatentCache, Memory
+from jaxformer.cache import EncoderKV, KVCache, LatentCache, Memory, MemoryKV
 from jaxformer.config import ModelConfig
 from jaxformer.layers.attention import Attention, LatentAttention, RelativeAttention, visibility_mask
 from jaxformer.layers.core import Norm, dropout, param, split_key
@@ -63,7 +63,7 @@ class StackOutput(NamedTuple):
     hidden_states: tuple[Array, ...] | None  # the input, then every layer's output (when collected)
     cache: KVCache | LatentCache | None  # the cache with this call's keys and values (or latents) written
     router_stats: dict[str, Array] | None  # MoE layers' ``router_statistics``, each [L_moe, ...]
-    memory: Memory | None = None  # Transformer-XL: the segment memory rolled forward by this call
+    memory: Memory | MemoryKV | None = None  # Transformer-XL: the segment memory rolled forward by this call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +92,7 @@ class LayerInputs:
     cross_source: Array | None = None
     cross_kv: tuple[Array, Array] | None = None
     token_mask: Array | None = None
-    memory: Array | None = None  # Transformer-XL: this layer's memory [B, M, D]
+    memory: dict | None = None  # Transformer-XL: this layer's memory, {"hidden"} or {"k", "v"}
     relative: XLInputs | None = None
 
 
@@ -164,8 +164,8 @@ class Block(nnx.Module):
     def self_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None]:
         if isinstance(self.attn, RelativeAttention):
             memory = inputs.memory
-            if memory is not None and self.pre_norm:  # the memory holds layer inputs: normed like this call's
-                memory = self.attn_norm(memory)
+            if memory is not None and "hidden" in memory and self.pre_norm:  # layer inputs: normed like this call's
+                memory = {"hidden": self.attn_norm(memory["hidden"])}
             return self.attn(h, mask=inputs.mask, relative=inputs.relative, memory=memory, key=key)
         return self.attn(h, mask=inputs.mask, bias=inputs.bias, rope=inputs.rope, cache=inputs.cache, key=key)
 
@@ -297,14 +297,14 @@ class Stack(nnx.Module):
         return copy
 
     def __call__(self, x: Array, tokens: Tokens, *, cache: KVCache | LatentCache | None = None,
-                 cross: EncoderOutput | EncoderKV | None = None, memory: Memory | None = None,
+                 cross: EncoderOutput | EncoderKV | None = None, memory: Memory | MemoryKV | None = None,
                  token_types: Array | None = None, collect_hidden: bool = False,
                  key: Array | None = None) -> StackOutput:
         """Run the blocks over x [B, T, D] at ``tokens``. With a ``cache``, its slots are keys too,
         attended where they lie next to this call's own, and this call's keys and values are written
         into it once, after the layer loop. Transformer-XL's layers attend over their ``memory`` the same
-        way, and each layer's input is rolled into it after the loop (a model with ``memory_len`` starts
-        an empty one when given none). Hidden states follow Hugging Face: the input, then every layer's
+        way, and each layer's input (or, for a ``MemoryKV``, its keys and values) is rolled into it after the
+        loop (a model with ``memory_len`` starts an empty ``Memory`` when given none). Hidden states follow Hugging Face: the input, then every layer's
         output, the last one after the final norm."""
         cfg = self.config
         relative = None
@@ -323,7 +323,7 @@ class Stack(nnx.Module):
             "key": None if key is None else jax.random.split(key, self.num_layers),
             "cross_kv": cross_kv,
             "cache": None if cache is None else cache.layers(),
-            "memory": None if memory is None else memory.hidden,
+            "memory": None if memory is None else memory.layers(),
         }
 
         def layer(block: Block, h: Array, extra: dict):
@@ -336,7 +336,10 @@ class Stack(nnx.Module):
                                  memory=extra["memory"], relative=relative)
             h_in = h
             h, new_kv, stats = block(h, inputs, extra["key"])
-            return h, (h if collect_hidden else None, stats, new_kv, h_in if remember else None)
+            if relative is not None and not isinstance(memory, MemoryKV):
+                new_kv = None  # a hidden-state memory keeps the layer's input instead
+            return h, (h if collect_hidden else None, stats, new_kv,
+                       h_in if remember and not isinstance(memory, MemoryKV) else None)
 
         out, outputs = x, []
         for blocks, first, end in self.groups():
@@ -352,7 +355,7 @@ class Stack(nnx.Module):
         if remember:
             if memory is None:
                 memory = Memory.empty(self.num_layers, x.shape[0], cfg.memory_len, cfg.d_model, x.dtype)
-            memory = memory.extend(layer_inputs, valid)
+            memory = memory.extend(new_kv if isinstance(memory, MemoryKV) else {"hidden": layer_inputs}, valid)
         if self.final_norm is not None:
             out = self.final_norm(out)
         hidden_states = None
