@@ -213,11 +213,8 @@ class RelativeAttention(Attention):
             k, v = jnp.concatenate([past_k, own_k], axis=1), jnp.concatenate([past_v, own_v], axis=1)
         u, pos_bias = relative.biases if self.content_bias is None else (self.content_bias, self.position_bias)
         as_q = lambda b: b[...].astype(q.dtype)  # noqa: E731
-        # Position scores (q + v) . W_R R: one contraction whose order follows the shapes (opt_einsum): a
-        # segment projects the P encodings once (P x D x N x H); a decode step (T = 1, P = M + 2) takes its
-        # query back to D instead (N x H x D, then P x N x D), far less than projecting every distance again.
-        scores = jnp.einsum("BTNH,PD,DNH->BNTP", q + as_q(pos_bias), relative.encodings.astype(self.dtype),
-                            self.r[...].astype(self.dtype), preferred_element_type=jnp.float32)
+        r = jnp.einsum("PD,DNH->PNH", relative.encodings.astype(self.dtype), self.r[...].astype(self.dtype))
+        scores = jnp.einsum("BTNH,PNH->BNTP", q + as_q(pos_bias), r, preferred_element_type=jnp.float32)
         bias = relative_shift(scores, k.shape[1])
         if relative.other_segment is not None:
             per_kind = jnp.einsum("BTNH,GNH->BNTG", q + as_q(self.segment_bias), self.segment_embed[...].astype(q.dtype),
