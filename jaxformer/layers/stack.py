@@ -303,9 +303,9 @@ class Stack(nnx.Module):
         """Run the blocks over x [B, T, D] at ``tokens``. With a ``cache``, its slots are keys too,
         attended where they lie next to this call's own, and this call's keys and values are written
         into it once, after the layer loop. Transformer-XL's layers attend over their ``memory`` the same
-        way, and each layer's input (or, for a ``MemoryKV``, its keys and values) is rolled into it after the
-        loop (a model with ``memory_len`` starts an empty ``Memory`` when given none). Hidden states follow Hugging Face: the input, then every layer's
-        output, the last one after the final norm."""
+        way, and each layer's input (or, for a ``MemoryKV``, its keys and values) is rolled into it after
+        the loop (a model with ``memory_len`` starts an empty ``Memory`` when given none). Hidden states
+        follow Hugging Face: the input, then every layer's output, the last one after the final norm."""
         cfg = self.config
         relative = None
         if cfg.position == "xl":
@@ -363,7 +363,7 @@ class Stack(nnx.Module):
             hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], out)
         return StackOutput(out, hidden_states, cache, stats, memory if remember else None)
 
-    def _xl_inputs(self, tokens: Tokens, memory: Memory | None, token_types: Array | None,
+    def _xl_inputs(self, tokens: Tokens, memory: Memory | MemoryKV | None, token_types: Array | None,
                    key: Array | None) -> tuple[Array, XLInputs]:
         """Transformer-XL's self-attention mask [B, 1, T, M + T] (every real memory slot is visible, as it
         holds earlier tokens; this call's own tokens by the pattern) and its ``XLInputs``."""
