@@ -28,16 +28,12 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-class _Slots:
-    """What the self-attention caches share: per-layer arrays [L, B, S, ...] named in ``LAYER_FIELDS``,
-    each slot's position and validity [B, S] (padding and unwritten slots are not valid), and the
-    next slot to write. The stack hands each layer its slice of ``layers()`` and writes what the
-    layers return once, after the layer loop."""
+class _PerLayer:
+    """What every carried attention state shares: per-layer arrays [L, B, S, ...] named in
+    ``LAYER_FIELDS`` and each slot's validity [B, S]. The stack hands each layer its slice of ``layers()``."""
 
     LAYER_FIELDS: ClassVar[tuple[str, ...]]
-    positions: Array
     valid: Array
-    index: Array
 
     @property
     def length(self) -> int:
@@ -45,6 +41,20 @@ class _Slots:
 
     def layers(self) -> dict[str, Array]:
         return {name: getattr(self, name) for name in self.LAYER_FIELDS}
+
+    def reorder(self, rows: Array):
+        """The state of batch rows ``rows`` (beam search: each surviving beam takes its parent's)."""
+        return dataclasses.replace(self, **{name: getattr(self, name)[:, rows] for name in self.LAYER_FIELDS},
+                                   valid=self.valid[rows])
+
+
+class _Slots(_PerLayer):
+    """What the self-attention caches share besides: each slot's position [B, S] (padding and unwritten
+    slots are not valid), and the next slot to write. The stack writes what the layers return once,
+    after the layer loop."""
+
+    positions: Array
+    index: Array
 
     def check_room(self, count: int) -> None:
         """A step that would write past the cache is refused when the index is known on the host (JAX
@@ -68,9 +78,7 @@ class _Slots:
             valid=jax.lax.dynamic_update_slice_in_dim(self.valid, valid.astype(bool), at, axis=1))
 
     def reorder(self, rows: Array):
-        """The cache of batch rows ``rows`` (beam search: each surviving beam takes its parent's)."""
-        return dataclasses.replace(self, **{name: getattr(self, name)[:, rows] for name in self.LAYER_FIELDS},
-                                   positions=self.positions[rows], valid=self.valid[rows])
+        return dataclasses.replace(super().reorder(rows), positions=self.positions[rows])
 
 
 def _empty_slots(batch: int, length: int) -> tuple[Array, Array, Array]:
@@ -127,22 +135,12 @@ def cache_numbers_per_token(cfg) -> int:
     return cfg.decoder_layers * per_layer
 
 
-class _Window:
-    """What Transformer-XL's two memory forms share: per-layer arrays [L, B, M, ...] named in
-    ``LAYER_FIELDS`` for the last M tokens, oldest first, and which slots hold a real token ``valid`` [B, M]
-    (padding and slots not yet filled do not). A call attends over the window and then rolls it forward by
-    its own tokens (``extend``); it never grows, so generation runs past any length with constant state.
-    No gradient flows into it: ``extend`` stops it."""
-
-    LAYER_FIELDS: ClassVar[tuple[str, ...]]
-    valid: Array
-
-    @property
-    def length(self) -> int:
-        return self.valid.shape[1]
-
-    def layers(self) -> dict[str, Array]:
-        return {name: getattr(self, name) for name in self.LAYER_FIELDS}
+class _Window(_PerLayer):
+    """What Transformer-XL's two memory forms share: the layer arrays hold the last M tokens, oldest
+    first, and ``valid`` says which slots hold a real token (padding and slots not yet filled do not). A
+    call attends over the window and then rolls it forward by its own tokens (``extend``); it never
+    grows, so generation runs past any length with constant state. No gradient flows into it: ``extend``
+    stops it."""
 
     def extend(self, new: dict[str, Array], valid: Array):
         """The window after a call of T tokens: ``new`` holds each layer field's [L, B, T, ...] (real where
@@ -150,8 +148,9 @@ class _Window:
         M = self.length
 
         def roll(old, added, axis):
-            return jax.lax.stop_gradient(jnp.concatenate([old, added.astype(old.dtype)], axis=axis)[
-                (slice(None),) * axis + (slice(-M, None) if M else slice(0, 0),)])
+            joined = jnp.concatenate([old, added.astype(old.dtype)], axis=axis)
+            return jax.lax.stop_gradient(jax.lax.slice_in_dim(joined, joined.shape[axis] - M, joined.shape[axis],
+                                                              axis=axis))
 
         return dataclasses.replace(self, **{name: roll(getattr(self, name), new[name], 2) for name in self.LAYER_FIELDS},
                                    valid=roll(self.valid, valid.astype(bool), 1))
@@ -159,11 +158,6 @@ class _Window:
     def forget(self, rows: Array):
         """The window with the rows where ``rows`` [B] is true emptied (a stream that starts over)."""
         return dataclasses.replace(self, valid=self.valid & ~rows[:, None])
-
-    def reorder(self, rows: Array):
-        """The window of batch rows ``rows`` (beam search)."""
-        return dataclasses.replace(self, **{name: getattr(self, name)[:, rows] for name in self.LAYER_FIELDS},
-                                   valid=self.valid[rows])
 
     def check_room(self, count: int) -> None:
         """A window never overflows: it keeps the last M tokens whatever a call adds."""

@@ -347,7 +347,9 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
         raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} {table}; lower "
                          f"max_new_tokens to at most {cfg.max_positions - longest + gc.max_new_tokens}")
     slots = ids.shape[1] + gc.max_new_tokens - 1 if cfg.family == "decoder" else gc.max_new_tokens
-    check_cache_memory(cfg, ids.shape[0] * gc.num_beams, cfg.memory_len or slots if cfg.position == "xl" else slots)
+    if cfg.position == "xl":  # the memory holds memory_len tokens (all of them when it has no memory_len)
+        slots = cfg.memory_len or slots
+    check_cache_memory(cfg, ids.shape[0] * gc.num_beams, slots)
     graphdef, state = nnx.split(model)
     args = (graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
             jax.random.key(integers["seed"]))

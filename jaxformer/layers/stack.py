@@ -315,6 +315,7 @@ class Stack(nnx.Module):
         else:
             mask, local_mask, bias = self._self_attention_masks(tokens, cache)
         remember = relative is not None and (memory is not None or cfg.memory_len > 0)
+        keeps_kv = isinstance(memory, MemoryKV)  # generation's memory rolls keys and values, not layer inputs
         rope = rope_angles(rope_frequencies(cfg), tokens.positions) if cfg.position == "rope" else None
         cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
         per_layer = {
@@ -336,10 +337,9 @@ class Stack(nnx.Module):
                                  memory=extra["memory"], relative=relative)
             h_in = h
             h, new_kv, stats = block(h, inputs, extra["key"])
-            if relative is not None and not isinstance(memory, MemoryKV):
+            if relative is not None and not keeps_kv:
                 new_kv = None  # a hidden-state memory keeps the layer's input instead
-            return h, (h if collect_hidden else None, stats, new_kv,
-                       h_in if remember and not isinstance(memory, MemoryKV) else None)
+            return h, (h if collect_hidden else None, stats, new_kv, h_in if remember and not keeps_kv else None)
 
         out, outputs = x, []
         for blocks, first, end in self.groups():
@@ -355,7 +355,7 @@ class Stack(nnx.Module):
         if remember:
             if memory is None:
                 memory = Memory.empty(self.num_layers, x.shape[0], cfg.memory_len, cfg.d_model, x.dtype)
-            memory = memory.extend(new_kv if isinstance(memory, MemoryKV) else {"hidden": layer_inputs}, valid)
+            memory = memory.extend(new_kv if keeps_kv else {"hidden": layer_inputs}, valid)
         if self.final_norm is not None:
             out = self.final_norm(out)
         hidden_states = None
