@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from flax import nnx
 
+from jaxformer.adapt import adapt
 from jaxformer.config import ModelConfig, RopeScaling
 from jaxformer.decoder import Decoder
 from jaxformer.encoder import Encoder
@@ -32,7 +33,7 @@ from jaxformer.presets import config, presets
 
 __all__ = ["ModelConfig", "RopeScaling", "ModelOutput", "Encoder", "Decoder", "EncoderDecoder", "build",
            "config", "presets", "split", "merge", "abstract_params", "param_count", "from_pretrained",
-           "load_tokenizer"]
+           "load_tokenizer", "adapt"]
 
 
 # The edges' operations as model methods. Model code imports no edge module; the face binds them.
