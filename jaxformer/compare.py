@@ -70,6 +70,8 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
             start = cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else 0
             decoder_input_ids = np.concatenate([np.full((input_ids.shape[0], 1), start), input_ids[:, :-1]], 1)
         kwargs["decoder_input_ids"] = t(decoder_input_ids)
+        # every decoder token is real: said explicitly, since T5Gemma would otherwise mask ids equal to its pad
+        kwargs["decoder_attention_mask"] = t(np.ones_like(decoder_input_ids))
         ours_kwargs["decoder_input_ids"] = np.asarray(decoder_input_ids)
     if token_type_ids is not None:
         kwargs["token_type_ids"] = t(token_type_ids)

@@ -18,6 +18,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
+LAYER_TYPES = ("full", "sliding")
 ROPE_SCALINGS = ("linear", "llama3")
 ROUTER_SCORES = ("softmax", "sigmoid")
 ROUTER_AUX_LOSSES = ("batch", "sequence")
@@ -119,6 +120,8 @@ class ModelConfig:
     norm_position: str = "pre"
     norm_eps: float = 1e-5
     norm_bias: bool = True  # layernorm only; rmsnorm has no bias
+    norm_scale_offset: float = 0.0  # the norm multiplies by (offset + scale): Gemma stores scale - 1 (offset 1.0)
+    sandwich_norm: bool = False  # pre-norm plus a norm of each sublayer's output before the residual (Gemma 2/3)
     embedding_norm: bool = False  # a norm right after the embeddings (BERT, BART)
     final_norm: bool = True  # a norm after the last block (pre-norm stacks)
 
@@ -130,6 +133,7 @@ class ModelConfig:
     pad_aware_positions: bool = False  # RoBERTa: positions count non-pad tokens; pads use row pad_token_id
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
+    local_rope_theta: float | None = None  # sliding-window layers' own rotary base, unscaled (Gemma 3); None: rope_theta
     relative_buckets: int = 32  # T5 relative position bias
     relative_max_distance: int = 128
     # Transformer-XL (position="xl"): sinusoidal encodings of key-query distances inside attention, with
@@ -141,8 +145,13 @@ class ModelConfig:
 
     attention: str = "causal"
     window_size: int | None = None  # sliding and alternating-local attention: keys in (t - w, t]
+    # 'alternating': which layers are 'full' and which 'sliding' (Gemma: layer_types); None: GPT-3's, odd layers
+    # sliding. An encoder-decoder's encoder follows the same list with keys within w of the query either side.
+    layer_types: tuple[str, ...] | None = None
     attention_scale: float | None = None  # None: head_dim ** -0.5 (T5 uses 1.0)
     attention_backend: str = "auto"  # auto | xla | cudnn | splash (jaxformer/kernels.py)
+    attention_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
+    qk_norm: bool = False  # RMSNorm over each query and key head before rotary positions (Gemma 3, Qwen3)
 
     # Multi-head latent attention (DeepSeek-V2/V3), on when kv_lora_rank is set. Keys and values are
     # expanded per head from one shared latent of kv_lora_rank numbers per token (what a cache holds,
@@ -159,12 +168,14 @@ class ModelConfig:
     mlp_bias: bool = True
 
     tie_embeddings: bool = True  # output projection shares the token embedding
-    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) (2017, some BART)
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) in the compute dtype (2017, Gemma)
+    shared_embeddings: bool = True  # encoder-decoder: one token table for both sides (False: T5Gemma's two)
     scale_tied_logits: bool = False  # T5 v1.0: decoder output * d_model**-0.5 before tied head
     clamp_float16: bool = False  # T5: in float16, clamp each sublayer's output into range, as transformers does
     type_vocab_size: int = 0  # token-type (segment) embeddings; 0 for none
     logits_bias: bool = False  # a fixed (non-trained) bias on the LM logits (BART's final_logits_bias)
     lm_head_bias: bool = False  # a trained bias on the LM logits (XLNet's lm_loss.bias)
+    logits_softcap: float | None = None  # LM logits -> cap * tanh(logits / cap) (Gemma 2)
 
     head: str = "lm"
     pooler: bool = False  # BERT pooler: tanh(dense(h[:, 0]))
@@ -233,6 +244,11 @@ class ModelConfig:
                     f"{self.num_heads}; valid: a divisor of {self.num_heads}")
 
         _one_of("norm", self.norm, NORMS)
+        if self.norm_scale_offset not in (0.0, 1.0):
+            raise ValueError(f"ModelConfig.norm_scale_offset={self.norm_scale_offset!r} must be 0.0 or 1.0 (Gemma)")
+        if self.sandwich_norm and self.norm_position != "pre":
+            raise ValueError("ModelConfig.sandwich_norm=True adds output norms to a pre-norm block; set "
+                             f"norm_position='pre', not {self.norm_position!r}")
         _one_of("norm_position", self.norm_position, NORM_POSITIONS)
         if not self.norm_eps > 0:
             raise ValueError(f"ModelConfig.norm_eps={self.norm_eps!r} must be > 0")
@@ -243,6 +259,10 @@ class ModelConfig:
                 raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim_}")
             if not self.rope_theta > 0:
                 raise ValueError(f"ModelConfig.rope_theta={self.rope_theta!r} must be > 0")
+        if self.local_rope_theta is not None:
+            if self.position != "rope" or self.attention != "alternating" or not self.local_rope_theta > 0:
+                raise ValueError(f"ModelConfig.local_rope_theta={self.local_rope_theta!r} is the rotary base of "
+                                 "the sliding layers: it needs position='rope', attention='alternating' and a value > 0")
         if self.rope_scaling is not None:
             if self.position != "rope":
                 raise ValueError(f"ModelConfig.rope_scaling is set but position={self.position!r}, not 'rope'")
@@ -283,10 +303,10 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.attention='bidirectional' does not fit family={self.family!r}; valid: "
                 "'causal', 'prefix', 'sliding', 'alternating' (or position='xl': XLNet's bidirectional form)")
-        if self.family == "encoder_decoder" and self.attention not in ("causal", "sliding"):
+        if self.family == "encoder_decoder" and self.attention not in ("causal", "sliding", "alternating"):
             raise ValueError(
                 f"ModelConfig.attention={self.attention!r} does not fit family='encoder_decoder'; "
-                "the decoder attends 'causal' or 'sliding'")
+                "the decoder attends 'causal', 'sliding' or 'alternating'")
         if self.attention in ("sliding", "alternating"):
             if self.window_size is None:
                 raise ValueError(f"ModelConfig.attention={self.attention!r} needs window_size (a positive int)")
@@ -295,6 +315,29 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.window_size={self.window_size} is set but attention={self.attention!r}; "
                 "set attention='sliding' or 'alternating', or window_size=None")
+        if self.layer_types is not None:
+            if isinstance(self.layer_types, list):  # YAML and JSON hand us lists
+                object.__setattr__(self, "layer_types", tuple(self.layer_types))
+            if self.attention != "alternating":
+                raise ValueError(f"ModelConfig.layer_types is set but attention={self.attention!r}; it lists the "
+                                 "'full' and 'sliding' layers of attention='alternating'")
+            wrong = sorted({t for t in self.layer_types if t not in LAYER_TYPES}, key=str)
+            if wrong:
+                raise ValueError(f"ModelConfig.layer_types holds {wrong}; each entry must be one of {LAYER_TYPES}")
+            counts = {self.decoder_layers} | ({self.encoder_layers} if self.family == "encoder_decoder" else set())
+            if len(counts) > 1 or len(self.layer_types) not in counts:
+                raise ValueError(f"ModelConfig.layer_types has {len(self.layer_types)} entries; it needs one per layer "
+                                 f"({self.decoder_layers}; an encoder-decoder's two stacks share it, so both need "
+                                 "that many layers)")
+        for field in ("attention_softcap", "logits_softcap"):
+            value = getattr(self, field)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"ModelConfig.{field}={value!r} must be a finite number > 0 (or None: no capping)")
+        if self.qk_norm and (self.mla or self.position == "xl"):
+            raise ValueError("ModelConfig.qk_norm=True needs standard attention (not kv_lora_rank or position='xl')")
+        if not self.shared_embeddings and self.family != "encoder_decoder":
+            raise ValueError(f"ModelConfig.shared_embeddings=False (separate encoder and decoder token tables) needs "
+                             f"family='encoder_decoder', not {self.family!r}")
         _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         if self.kv_lora_rank is not None:
             _positive("kv_lora_rank", self.kv_lora_rank)
@@ -416,6 +459,14 @@ class ModelConfig:
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Which layers of an 'alternating' stack attend within the window: ``layer_types``, or GPT-3's odd
+        layers. An encoder-decoder's stacks have equal depth whenever layer_types is given."""
+        if self.layer_types is not None:
+            return tuple(t == "sliding" for t in self.layer_types)
+        return tuple(i % 2 == 1 for i in range(max(self.decoder_layers, self.encoder_layers)))
 
     @property
     def gated(self) -> bool:

@@ -38,7 +38,7 @@ def make_lm_head(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Dense | None, Buffer
 
 
 def lm_logits(model: nnx.Module, x: Array) -> Array:
-    """Next-token logits from the tied embedding or a separate [D, V] projection (+ a fixed bias)."""
+    """Next-token logits from the tied embedding or a separate [D, V] projection (+ a bias, soft-capped)."""
     cfg: ModelConfig = model.config
     if model.lm_head is not None:
         logits = model.lm_head(x)
@@ -48,6 +48,8 @@ def lm_logits(model: nnx.Module, x: Array) -> Array:
         logits = model.embed.attend(x)
     if model.logits_bias is not None:
         logits = logits + model.logits_bias[...].astype(logits.dtype)
+    if cfg.logits_softcap is not None:  # Gemma 2: logits bounded to (-cap, cap)
+        logits = jnp.tanh(logits / cfg.logits_softcap) * cfg.logits_softcap
     return logits
 
 

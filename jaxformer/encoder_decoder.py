@@ -1,5 +1,5 @@
 """Encoder-decoder family (the 2017 Transformer, T5, BART): a bidirectional encoder, a causal decoder
-that cross-attends to it, and an LM head. One token embedding is shared by both sides.
+that cross-attends to it, and an LM head. One token embedding is shared by both sides (T5Gemma: one each).
 
 The decoder's one forward pass (``decode``) serves whole sequences (``__call__``) and cached steps
 (``step``, over a ``DecodeState`` holding every layer's cross-attention keys and values, computed once
@@ -26,7 +26,8 @@ Array = jax.Array
 class EncoderDecoder(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.config = cfg
-        self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs)
+        self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs)  # the decoder's (and the tied head's), and the encoder's
+        self.encoder_embed = None if cfg.shared_embeddings else Embed(cfg.vocab_size, cfg, rngs=rngs)  # T5Gemma's own
         self.encoder_embeddings = Embeddings(cfg, rngs=rngs)
         self.encoder = Stack(cfg, cfg.encoder_layers, pattern="bidirectional", rngs=rngs)
         self.decoder_embeddings = Embeddings(cfg, rngs=rngs)
@@ -46,7 +47,8 @@ class EncoderDecoder(nnx.Module):
                      key: Array | None = None) -> StackOutput:
         """The encoder's one forward pass, on inputs already checked (by ``__call__`` or ``encode``)."""
         keys = split_key(key, 2)
-        x, positions = self.encoder_embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, key=keys[0])
+        table = self.embed if self.encoder_embed is None else self.encoder_embed
+        x, positions = self.encoder_embeddings(table, input_ids, inputs_embeds=inputs_embeds, key=keys[0])
         return self.encoder(x, Tokens(positions, attention_mask, indexed=True), collect_hidden=collect_hidden,
                             key=keys[1])
 

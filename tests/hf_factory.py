@@ -2,7 +2,7 @@
 
 Every supported model_type and head has an entry; the variants cover GQA, MQA, rope scaling, an
 explicit head_dim, a sliding window shorter than the test sequences, Qwen2's QKV bias, Mixtral's
-top-2 routing, T5 v1.0 and v1.1, BART and BERT token types. The init std is raised (0.2 instead of
+top-2 routing, T5 v1.0 and v1.1, BART and BERT token types, Gemma 2/3 and T5Gemma with soft-capping. The init std is raised (0.2 instead of
 0.02) so that layer outputs are far from zero and differences cannot hide in tiny activations.
 """
 
@@ -36,6 +36,17 @@ _DEEPSEEK_V2 = {**_DEEPSEEK, "topk_method": "group_limited_greedy", "n_group": 4
                 "routed_scaling_factor": 1.5}
 _XLNET = dict(vocab_size=97, d_model=32, n_layer=2, n_head=4, d_inner=48, initializer_range=STD, mem_len=6,
               dropout=0.0, pad_token_id=0, bos_token_id=1, eos_token_id=2, attn_type="uni", ff_activation="gelu")
+# Gemma: 3 layers (sliding, full, sliding) with a window of 4, shorter than the test sequences; small soft caps
+# so tanh bends scores and logits; Gemma 3 with its own local rotary base and a linearly scaled global one.
+_GEMMA2 = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=12, max_position_embeddings=64,
+               initializer_range=STD, pad_token_id=0, bos_token_id=1, eos_token_id=2, sliding_window=4,
+               layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+               attn_logit_softcapping=2.0, final_logit_softcapping=3.0, attn_implementation="eager")
+_GEMMA3 = {**_GEMMA2, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+           "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                               "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}
+_T5GEMMA_HALF = {k: v for k, v in _GEMMA2.items() if k != "attn_implementation"}
 _DEEPSEEK_V3 = {**_DEEPSEEK, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1}
 
 # name -> (config class, model class, config kwargs)
@@ -83,6 +94,11 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     # u/v biases (untie_r=False: every layer holds the same pair), clamped distances
     "xlnet": ("XLNetConfig", "XLNetLMHeadModel", _XLNET),
     "xlnet-bi-relu": ("XLNetConfig", "XLNetModel", {**_XLNET, "attn_type": "bi", "ff_activation": "relu"}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", _GEMMA2),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {**_GEMMA3, "attn_logit_softcapping": None}),
+    "gemma3-base": ("Gemma3TextConfig", "Gemma3TextModel", {**_GEMMA3, "attn_logit_softcapping": None}),
+    "t5gemma": ("T5GemmaConfig", "T5GemmaForConditionalGeneration",
+                dict(encoder=_T5GEMMA_HALF, decoder=_T5GEMMA_HALF, vocab_size=97, attn_implementation="eager")),
     "xlnet-tied-clamped": ("XLNetConfig", "XLNetLMHeadModel", {**_XLNET, "untie_r": False, "clamp_len": 3}),
 }
 

@@ -66,12 +66,14 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
                       param_dtype=dtype, init_std=float(hf.get("initializer_range", 0.02)))
         fields = {**common, **BY_MODEL_TYPE[model_type].config_from_hf(hf, model_type, arch, tensor_names or set())}
         _check_field_types(fields, arch)
-        special = _special_ids(hf, extra or [], hf["vocab_size"])
+        # ids the file gives win; where it has none, the architecture may derive one (T5Gemma's decoder start)
+        special = {k: v for k, v in _special_ids(hf, extra or [], hf["vocab_size"]).items()
+                   if v is not None or k not in fields}
     except KeyError as err:
         raise ValueError(f"config.json has no {err.args[0]!r} field, which {arch} ({model_type}) needs") from None
     except (TypeError, AttributeError) as err:
         raise ValueError(f"config.json of {arch} ({model_type}) holds a field of the wrong type: {err}") from None
-    return ModelConfig(**fields, **special)
+    return ModelConfig(**{**fields, **special})
 
 
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}

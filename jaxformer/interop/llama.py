@@ -57,6 +57,10 @@ def mixtral_shaped(cfg: ModelConfig) -> bool:
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
     if cfg.family != "decoder" or cfg.position != "rope" or cfg.mla:
         return None
+    gemma_parts = (cfg.sandwich_norm, cfg.norm_scale_offset, cfg.scale_embeddings, cfg.attention_softcap,
+                   cfg.logits_softcap, cfg.qk_norm, cfg.attention == "alternating", cfg.attention_scale is not None)
+    if any(gemma_parts):  # nothing LLaMA's files can say
+        return None
     if cfg.num_experts and not mixtral_shaped(cfg):
         return None
     if cfg.num_experts:

@@ -6,15 +6,17 @@ The loader and the exporter both read this table; adding an architecture is a ne
 
 from __future__ import annotations
 
-from jaxformer.interop import bart, bert, deepseek, gpt2, llama, t5, xlnet
+from jaxformer.interop import bart, bert, deepseek, gemma, gpt2, llama, t5, t5gemma, xlnet
 from jaxformer.interop.rules import Architecture
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     bert.ARCHITECTURE,
     gpt2.ARCHITECTURE,
     deepseek.ARCHITECTURE,
+    gemma.ARCHITECTURE,
     llama.ARCHITECTURE,
     t5.ARCHITECTURE,
+    t5gemma.ARCHITECTURE,
     bart.ARCHITECTURE,
     xlnet.ARCHITECTURE,
 )

@@ -11,7 +11,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import kernels
 from jaxformer.config import ModelConfig
-from jaxformer.layers.core import dropout, dtype_of, normalize, param
+from jaxformer.layers.core import Norm, dropout, dtype_of, normalize, param
 from jaxformer.layers.positions import apply_rope, relative_shift
 
 Array = jax.Array
@@ -23,8 +23,10 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
 
     Built from positions rather than indices so the same function serves full sequences, KV caches
     and left padding. ``k_valid`` [B, S] removes padded keys. Patterns: bidirectional; causal
-    (s <= t); sliding (t - window < s <= t); prefix (causal, plus every key inside the prefix).
-    Alternating layers call this with 'causal' or 'sliding'.
+    (s <= t); sliding (t - window < s <= t); prefix (causal, plus every key inside the prefix);
+    bidirectional_sliding (|t - s| <= window: the sliding layers of T5Gemma's encoder, bounds inclusive as
+    there). Alternating layers call this with 'causal' or 'sliding' (encoders: 'bidirectional' or
+    'bidirectional_sliding').
     """
     q = q_positions[:, :, None]
     k = k_positions[:, None, :]
@@ -34,6 +36,8 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
         allowed = k <= q
     elif pattern == "sliding":
         allowed = (k <= q) & (k > q - window)
+    elif pattern == "bidirectional_sliding":
+        allowed = jnp.abs(k - q) <= window
     elif pattern == "prefix":
         allowed = (k <= q) | (k < prefix_lengths[:, None, None])
     else:
@@ -62,7 +66,7 @@ def _softmax_jvp(primals, tangents):
 
 
 def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate: float = 0.0,
-                          key: Array | None = None) -> Array:
+                          key: Array | None = None, softcap: float | None = None) -> Array:
     """Grouped-query attention. q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], mask [B|1,1,T,S], bias [B|1,N,T,S]
     or None; returns [B,T,N,Hv].
 
@@ -70,7 +74,8 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     keys): the softmax runs over all segments together, so the cache is read where it lies instead
     of being copied to append the new keys. Scores, bias and softmax are float32. A row with every key
     masked (a padded query) gets a uniform distribution instead of NaN, like the additive-minimum
-    masks of PyTorch references.
+    masks of PyTorch references. ``softcap`` (Gemma 2) bounds each score as cap * tanh(score / cap),
+    after the scale and bias and before the mask, as the reference does.
     """
     ks, vs, masks = (k, v, mask) if isinstance(k, tuple) else ((k,), (v,), (mask,))
     biases = bias if isinstance(bias, tuple) else (bias,) * len(ks)
@@ -94,6 +99,8 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
         s = s if fold_scale else s * scale
         if b_seg is not None:
             s = s + (b_seg if G == 1 else b_seg.reshape(b_seg.shape[0], K, G, *b_seg.shape[2:]))
+        if softcap is not None:
+            s = jnp.tanh(s / softcap) * softcap
         scores.append(jnp.where(m_seg if G == 1 else m_seg[:, :, None], s, jnp.finfo(jnp.float32).min))
     probs = dropout(softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]), dropout_rate, key)
     out, start = 0.0, 0
@@ -119,7 +126,7 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim_
-        self.dtype, self.scale = dtype_of(cfg.dtype), cfg.scale
+        self.dtype, self.scale, self.softcap = dtype_of(cfg.dtype), cfg.scale, cfg.attention_softcap
         self.dropout_rate = cfg.attention_dropout_rate
         self.q = param(rngs, (D, N, H), ("embed", "heads", "head_dim"), cfg)
         self.k = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), cfg)
@@ -132,6 +139,9 @@ class Attention(nnx.Module):
         else:
             self.q_bias = self.k_bias = self.v_bias = None
         self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
+        # Gemma 3: each query and key head is normalised before its rotary positions
+        self.q_norm = Norm(cfg, rngs=rngs, width=H, axis="head_dim") if cfg.qk_norm else None
+        self.k_norm = Norm(cfg, rngs=rngs, width=H, axis="head_dim") if cfg.qk_norm else None
 
     def _project(self, x: Array, kernel: nnx.Param, bias: nnx.Param | None) -> Array:
         # N here is the kernel's head count: query heads for q, kv heads (K) for k and v
@@ -142,12 +152,14 @@ class Attention(nnx.Module):
         """Keys and values [B, S, K, H] of ``source`` (computed once per encoder output when cached)."""
         k = checkpoint_name(self._project(source, self.k, self.k_bias), "qkv")
         v = checkpoint_name(self._project(source, self.v, self.v_bias), "qkv")
-        return k, v
+        return (k if self.k_norm is None else self.k_norm(k)), v
 
     def __call__(self, x: Array, kv_input: Array | None = None, *, mask: Array, bias: Array | None = None,
                  rope: tuple[Array, Array] | None = None, cache: dict | None = None,
                  kv: tuple[Array, Array] | None = None, key: Array | None = None) -> tuple[Array, dict | None]:
         q = checkpoint_name(self._project(x, self.q, self.q_bias), "qkv")
+        if self.q_norm is not None:
+            q = self.q_norm(q)
         k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input)
         if rope is not None:
             cos, sin = rope
@@ -160,7 +172,7 @@ class Attention(nnx.Module):
             if key is None or self.dropout_rate == 0.0:
                 return self._output(kernels.attend(q, k, v, mask, bias, self.scale)), new_kv
             mask = mask.dense  # attention dropout runs on XLA
-        out = dot_product_attention(q, k, v, mask, bias, self.scale, self.dropout_rate, key)
+        out = dot_product_attention(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap)
         return self._output(out), new_kv
 
     def _output(self, out: Array) -> Array:

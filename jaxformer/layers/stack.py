@@ -113,7 +113,8 @@ class BlockKeys(NamedTuple):
 
 class Block(nnx.Module):
     """One transformer layer: self-attention (or latent, or Transformer-XL's relative attention),
-    optional cross-attention, feed-forward (or MoE, unless ``dense``: DeepSeek's first layers)."""
+    optional cross-attention, feed-forward (or MoE, unless ``dense``: DeepSeek's first layers). With
+    ``sandwich_norm`` (Gemma 2/3) each sublayer's output is normed too before it joins the residual."""
 
     def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, dense: bool = False, rngs: nnx.Rngs):
         self.pre_norm = cfg.norm_position == "pre"
@@ -129,20 +130,22 @@ class Block(nnx.Module):
             self.cross_norm = self.cross_attn = None
         self.mlp_norm = Norm(cfg, rngs=rngs)
         self.mlp = MoE(cfg, rngs=rngs) if cfg.num_experts and not dense else MLP(cfg, rngs=rngs)
+        sandwich = lambda present=True: Norm(cfg, rngs=rngs) if cfg.sandwich_norm and present else None  # noqa: E731
+        self.attn_post_norm, self.cross_post_norm, self.mlp_post_norm = sandwich(), sandwich(cross_attention), sandwich()
 
     def __call__(self, x: Array, inputs: LayerInputs, key: Array | None = None
                  ) -> tuple[Array, dict | None, dict | None]:
         """Returns x, this call's new keys and values (for the caller's cache), MoE router stats."""
         keys = BlockKeys(*split_key(key, 6))
         drop = lambda h, key: dropout(h, self.dropout_rate, key)  # noqa: E731
-        if self.pre_norm:  # GPT-2, LLaMA, T5: x = x + f(norm(x))
+        if self.pre_norm:  # GPT-2, LLaMA, T5: x = x + f(norm(x)); Gemma: x = x + norm_out(f(norm(x)))
             h, new_kv = self.self_attention(self.attn_norm(x), inputs, keys.attn)
-            x = self.in_range(x + drop(h, keys.attn_out))
+            x = self.in_range(x + drop(self.sandwiched(h, self.attn_post_norm), keys.attn_out))
             if self.cross_attn is not None:
                 h = self.cross_attention(self.cross_norm(x), inputs, keys.cross)
-                x = self.in_range(x + drop(h, keys.cross_out))
+                x = self.in_range(x + drop(self.sandwiched(h, self.cross_post_norm), keys.cross_out))
             h, stats = self.feed_forward(self.mlp_norm(x), inputs, keys.mlp)
-            x = self.in_range(x + drop(h, keys.mlp_out))
+            x = self.in_range(x + drop(self.sandwiched(h, self.mlp_post_norm), keys.mlp_out))
         else:  # the 2017 Transformer, BERT, BART: x = norm(x + f(x))
             h, new_kv = self.self_attention(x, inputs, keys.attn)
             x = self.attn_norm(x + drop(h, keys.attn_out))
@@ -151,6 +154,10 @@ class Block(nnx.Module):
             h, stats = self.feed_forward(x, inputs, keys.mlp)
             x = self.mlp_norm(x + drop(h, keys.mlp_out))
         return x, new_kv, stats
+
+    @staticmethod
+    def sandwiched(h: Array, post_norm: Norm | None) -> Array:
+        return h if post_norm is None else post_norm(h)
 
     def in_range(self, x: Array) -> Array:
         """T5 in float16 (``clamp_float16``), as transformers keeps it finite: each sublayer's output is
@@ -317,10 +324,14 @@ class Stack(nnx.Module):
         remember = relative is not None and (memory is not None or cfg.memory_len > 0)
         keeps_kv = isinstance(memory, MemoryKV)  # generation's memory rolls keys and values, not layer inputs
         rope = rope_angles(rope_frequencies(cfg), tokens.positions) if cfg.position == "rope" else None
+        local_rope = None
+        if cfg.local_rope_theta is not None:  # Gemma 3: the sliding layers rotate by their own, unscaled base
+            local_rope = rope_angles(rope_frequencies(cfg.replace(rope_theta=cfg.local_rope_theta, rope_scaling=None)),
+                                     tokens.positions)
         cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
         per_layer = {
-            # GPT-3 style: even layers dense, odd layers locally banded.
-            "local": jnp.arange(self.num_layers) % 2 == 1,
+            # alternating attention: which layers are sliding (Gemma's layer_types; GPT-3: the odd ones)
+            "local": jnp.asarray(cfg.sliding_layers[:self.num_layers]),
             "key": None if key is None else jax.random.split(key, self.num_layers),
             "cross_kv": cross_kv,
             "cache": None if cache is None else cache.layers(),
@@ -328,10 +339,10 @@ class Stack(nnx.Module):
         }
 
         def layer(block: Block, h: Array, extra: dict):
-            layer_mask = mask
-            if local_mask is not None:
-                layer_mask = jax.tree.map(lambda local, dense: jnp.where(extra["local"], local, dense), local_mask, mask)
-            inputs = LayerInputs(layer_mask, bias, rope, extra["cache"], cross_mask, cross_source, extra["cross_kv"],
+            pick = lambda local, full: jnp.where(extra["local"], local, full)  # noqa: E731
+            layer_mask = mask if local_mask is None else jax.tree.map(pick, local_mask, mask)
+            layer_rope = rope if local_rope is None else jax.tree.map(pick, local_rope, rope)
+            inputs = LayerInputs(layer_mask, bias, layer_rope, extra["cache"], cross_mask, cross_source, extra["cross_kv"],
                                  # MoE load statistics count real tokens only
                                  token_mask=tokens.valid if cache is None else None,
                                  memory=extra["memory"], relative=relative)
@@ -389,8 +400,11 @@ class Stack(nnx.Module):
         cache each is a (cache slots, this call's tokens) pair; a full pass that a fused kernel can take
         gets a ``kernels.FusedMask``."""
         cfg = self.config
-        local_pattern = "sliding" if self.pattern == "alternating" else None
-        base_pattern = "causal" if self.pattern == "alternating" else self.pattern
+        base_pattern, local_pattern = self.pattern, None
+        if self.pattern == "alternating":
+            base_pattern, local_pattern = "causal", "sliding"
+        elif self.pattern == "bidirectional" and cfg.attention == "alternating":  # an encoder-decoder's encoder
+            local_pattern = "bidirectional_sliding"
         q = tokens.positions
 
         def masks(pattern):

@@ -1,0 +1,146 @@
+"""Gemma 2 and Gemma 3 text (``gemma2``, ``gemma3_text``): RMSNorm scaled by (1 + w), a norm before and
+after each sublayer, GeGLU, embeddings times sqrt(d_model), query_pre_attn_scalar, soft-capped scores
+and logits (Gemma 2), sliding and full layers from ``layer_types``, and Gemma 3's query/key norms and
+local rotary base; config and tensor rules, both directions. T5Gemma (interop/t5gemma.py) reuses the
+block's pieces below."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxformer.config import ModelConfig
+from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
+                                     rope_from_hf, rope_to_hf)
+
+CLASSES = {"gemma2": ("Gemma2Model", "Gemma2ForCausalLM"), "gemma3_text": ("Gemma3TextModel", "Gemma3ForCausalLM")}
+_LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
+
+
+def block_config(hf: dict, model_type: str, causal: bool = True) -> dict[str, Any]:
+    """The ModelConfig fields of a Gemma 2 (or 3) block, whatever model holds it (also T5Gemma's halves)."""
+    heads = hf["num_attention_heads"]
+    kinds = [_LAYER_TYPES.get(t, t) for t in (hf.get("layer_types") or ["full_attention"] * hf["num_hidden_layers"])]
+    refuse(any(t not in _LAYER_TYPES.values() for t in kinds), f"{model_type}: layer_types {sorted(set(kinds))} are not "
+           f"supported; expected {sorted(_LAYER_TYPES)}")
+    refuse(bool(hf.get("use_bidirectional_attention")), f"{model_type}: use_bidirectional_attention is not supported")
+    window = hf.get("sliding_window")
+    pattern, layer_types = "causal", None
+    if "sliding" in kinds:
+        refuse(window is None, f"{model_type}: sliding layers need sliding_window")
+        pattern = "sliding" if set(kinds) == {"sliding"} else "alternating"
+        layer_types = tuple(kinds) if pattern == "alternating" else None
+    rope = hf.get("rope_parameters") or {}
+    local_theta = None
+    if "full_attention" in rope or "sliding_attention" in rope:  # Gemma 3: one rotary setting per layer type
+        theta, scaling = rope_from_hf({"rope_parameters": rope.get("full_attention") or {}})
+        local = rope.get("sliding_attention") or {}
+        refuse(local.get("rope_type", "default") != "default", f"{model_type}: scaled rotary sliding layers are "
+               "not supported")
+        local_theta = float(local.get("rope_theta", 10000.0)) if pattern == "alternating" else None
+        if pattern == "sliding":  # every layer sliding: the local setting is the model's
+            theta, scaling = float(local.get("rope_theta", 10000.0)), None
+    else:
+        theta, scaling = rope_from_hf(hf)
+    bias = bool(hf.get("attention_bias", False))
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    return dict(d_model=hf["hidden_size"], num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
+                head_dim=hf.get("head_dim"), d_ff=hf["intermediate_size"], norm="rmsnorm",
+                norm_eps=hf.get("rms_norm_eps", 1e-6), norm_bias=False, norm_scale_offset=1.0, sandwich_norm=True,
+                activation=activation(act, True, model_type), position="rope", rope_theta=theta,
+                rope_scaling=scaling, local_rope_theta=local_theta,
+                max_positions=hf.get("max_position_embeddings", 8192), attention=pattern,
+                window_size=int(window) if pattern != "causal" else None, layer_types=layer_types,
+                attention_scale=float(hf.get("query_pre_attn_scalar", hf.get("head_dim") or 256)) ** -0.5,
+                # Gemma 3's attention never reads attn_logit_softcapping (transformers' Gemma3Attention passes none)
+                attention_softcap=None if model_type.startswith("gemma3") else hf.get("attn_logit_softcapping"),
+                qk_norm=model_type.startswith("gemma3"),
+                qkv_bias=bias, out_bias=bias, mlp_bias=False, scale_embeddings=True,
+                attention_dropout_rate=float(hf.get("attention_dropout") or 0.0))
+
+
+def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    return dict(family="decoder", decoder_layers=hf["num_hidden_layers"], **block_config(hf, model_type),
+                logits_softcap=hf.get("final_logit_softcapping"), tie_embeddings=hf.get("tie_word_embeddings", True),
+                head="none" if arch.endswith("Model") else "lm")
+
+
+def gemma_block(cfg: ModelConfig) -> bool:
+    """Whether ``cfg``'s blocks are Gemma 2's or 3's (what Gemma files can hold)."""
+    return (cfg.position == "rope" and cfg.norm == "rmsnorm" and cfg.norm_scale_offset == 1.0 and cfg.sandwich_norm
+            and cfg.activation == "geglu" and cfg.scale_embeddings and not cfg.mlp_bias and not cfg.num_experts
+            and not cfg.mla and cfg.qkv_bias == cfg.out_bias and cfg.attention in ("causal", "sliding", "alternating")
+            and round(cfg.scale ** -2) ** -0.5 == cfg.scale)
+
+
+def target(cfg: ModelConfig) -> tuple[str, str] | None:
+    if cfg.family != "decoder" or not gemma_block(cfg):
+        return None
+    if cfg.qk_norm:
+        if cfg.attention_softcap is not None:
+            return None  # Gemma 3 files cannot say it (see block_config)
+        return "gemma3_text", "Gemma3TextModel" if cfg.head == "none" else "Gemma3ForCausalLM"
+    if cfg.local_rope_theta is not None:
+        return None  # Gemma 2 has one rotary base
+    return "gemma2", "Gemma2Model" if cfg.head == "none" else "Gemma2ForCausalLM"
+
+
+def block_to_hf(cfg: ModelConfig, model_type: str, out: dict, layers: int) -> None:
+    """config.json fields of a Gemma block (also each half of a T5Gemma)."""
+    sliding = cfg.sliding_layers[:layers] if cfg.attention == "alternating" else (cfg.attention == "sliding",) * layers
+    out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
+               head_dim=cfg.head_dim_, intermediate_size=cfg.d_ff, num_hidden_layers=layers, rms_norm_eps=cfg.norm_eps,
+               hidden_activation="gelu_pytorch_tanh", max_position_embeddings=cfg.max_positions,
+               query_pre_attn_scalar=round(cfg.scale ** -2), attn_logit_softcapping=cfg.attention_softcap,
+               sliding_window=cfg.window_size or cfg.max_positions, attention_bias=cfg.qkv_bias,
+               layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+               attention_dropout=cfg.attention_dropout_rate)
+    out.pop("hidden_act", None)
+    out.pop("rope_theta", None)
+    out.pop("rope_scaling", None)
+    if model_type.startswith("gemma3"):
+        local = cfg.local_rope_theta if cfg.local_rope_theta is not None else cfg.rope_theta
+        out.update(rope_parameters={"full_attention": rope_to_hf(cfg),
+                                    "sliding_attention": {"rope_type": "default", "rope_theta": local}},
+                   use_bidirectional_attention=False)
+    else:
+        out["rope_parameters"] = rope_to_hf(cfg)
+
+
+def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
+    block_to_hf(cfg, model_type, out, cfg.decoder_layers)
+    out.update(final_logit_softcapping=cfg.logits_softcap, tie_word_embeddings=cfg.tie_embeddings)
+
+
+def block_rules(cfg: ModelConfig, L: tuple[str, str], layer: str, norms: dict[str, str], cross: bool = False) -> list[Rule]:
+    """One stack's per-layer rules: attention (+ Gemma 3's q/k norms), GeGLU MLP, and the norms named by
+    ``norms`` (jaxformer norm -> the file's module name inside the layer)."""
+    out = []
+    for module, name in (("attn", "self_attn"), ("cross_attn", "cross_attn"))[:2 if cross else 1]:
+        a = f"{layer}.{name}"
+        out += attention(cfg, L + (module,), f"{a}.q_proj.weight", f"{a}.k_proj.weight", f"{a}.v_proj.weight",
+                         f"{a}.o_proj.weight", f"{a}.q_proj.bias", f"{a}.k_proj.bias", f"{a}.v_proj.bias",
+                         f"{a}.o_proj.bias")
+        if cfg.qk_norm:
+            out += [copy(L + (module, "q_norm", "scale"), f"{a}.q_norm.weight"),
+                    copy(L + (module, "k_norm", "scale"), f"{a}.k_norm.weight")]
+    out += [linear(L + ("mlp", "wi_gate"), f"{layer}.mlp.gate_proj.weight"),
+            linear(L + ("mlp", "wi"), f"{layer}.mlp.up_proj.weight"),
+            linear(L + ("mlp", "wo"), f"{layer}.mlp.down_proj.weight")]
+    out += [copy(L + (ours, "scale"), f"{layer}.{theirs}.weight") for ours, theirs in norms.items()]
+    return out
+
+
+def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
+    p = prefix
+    norms = {"attn_norm": "input_layernorm", "attn_post_norm": "post_attention_layernorm",
+             "mlp_norm": "pre_feedforward_layernorm", "mlp_post_norm": "post_feedforward_layernorm"}
+    out = [copy(("embed", "table"), f"{p}embed_tokens.weight"),
+           *block_rules(cfg, ("decoder", "blocks"), f"{p}layers.{{i}}", norms),
+           copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
+    head, aliases = lm_head(cfg, f"{p}embed_tokens.weight")
+    return out + head, aliases
+
+
+ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLASSES},
+                            tuple(classes[0] for classes in CLASSES.values()), config_from_hf, target, config_to_hf,
+                            rules)
