@@ -6,7 +6,8 @@ Zhang et al. 2025) or into a prefix-LM.
 
 The encoder-decoder's encoder and decoder layers are copies of the decoder-only layers (the same
 tensors), its cross-attention starts as a copy of each layer's self-attention (norms included), and the
-token embedding, positions and final norm are copied to both sides. Only what the new family adds
+token embedding (one table per side, as T5Gemma has), positions and final norm are copied to both sides. A
+Gemma 2 model adapts into exactly T5Gemma's architecture and saves in its format. Only what the new family adds
 (nothing, for these blocks) would be freshly initialised, and a tensor without a source is an error.
 """
 
@@ -45,9 +46,10 @@ def adapted_config(cfg: ModelConfig, kind: str) -> ModelConfig:
     start = cfg.decoder_start_token_id
     if start is None:  # T5Gemma's decoder starts from <bos>, as the decoder-only model began its documents
         start = cfg.bos_token_id if cfg.bos_token_id is not None else cfg.pad_token_id
+    # T5Gemma keeps one token table per side, both starting as the decoder-only model's
     return cfg.replace(family="encoder_decoder", name=f"{cfg.name}-encoder-decoder", encoder_layers=cfg.decoder_layers,
                        attention="causal" if cfg.attention == "prefix" else cfg.attention, head="lm",
-                       decoder_start_token_id=start)
+                       decoder_start_token_id=start, shared_embeddings=False)
 
 
 def _source_path(path: tuple) -> tuple:

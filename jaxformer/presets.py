@@ -99,6 +99,33 @@ def _xlnet(d_model: int, layers: int, heads: int, **kw) -> dict:
     return {**base, **kw}
 
 
+def _gemma(d_model: int, layers: int, heads: int, kv_heads: int, d_ff: int, vocab: int, window: int, every: int,
+           max_positions: int, *, gemma3: bool, **kw) -> dict:
+    # Gemma 2 (Gemma Team 2024) and Gemma 3 text (2025): RMSNorm scaled by (1 + w) before and after each
+    # sublayer, GeGLU (tanh GELU), head_dim 256 with query_pre_attn_scalar 256, embeddings * sqrt(d_model),
+    # tied head, sliding-window layers with a full one every ``every`` layers (Gemma 2: 1 in 2, 3: 1 in 6).
+    # Gemma 2 soft-caps scores (50) and logits (30); Gemma 3 normalises queries and keys instead, and its
+    # sliding layers rotate with base 10^4 while the full ones use 10^6.
+    base = dict(family="decoder", vocab_size=vocab, d_model=d_model, num_heads=heads, num_kv_heads=kv_heads,
+                head_dim=256, d_ff=d_ff, decoder_layers=layers, norm="rmsnorm", norm_eps=1e-6, norm_bias=False,
+                norm_scale_offset=1.0, sandwich_norm=True, activation="geglu", position="rope",
+                rope_theta=1e6 if gemma3 else 10000.0, local_rope_theta=10000.0 if gemma3 else None,
+                max_positions=max_positions, attention="alternating", window_size=window,
+                layer_types=tuple("full" if (i + 1) % every == 0 else "sliding" for i in range(layers)),
+                attention_scale=256 ** -0.5, attention_softcap=None if gemma3 else 50.0,
+                logits_softcap=None if gemma3 else 30.0, qk_norm=gemma3, qkv_bias=False, out_bias=False,
+                mlp_bias=False, scale_embeddings=True, tie_embeddings=True, pad_token_id=0, eos_token_id=1,
+                bos_token_id=2)
+    return {**base, **kw}
+
+
+def _t5gemma(gemma: dict, **kw) -> dict:
+    # T5Gemma (Zhang et al. 2025): a Gemma 2 block on both sides, one token table each, the decoder starting
+    # from <bos>; the encoder's sliding layers see the window on both sides.
+    return {**gemma, "family": "encoder_decoder", "encoder_layers": gemma["decoder_layers"], "shared_embeddings": False,
+            "decoder_start_token_id": gemma["bos_token_id"], **kw}
+
+
 _PRESETS: dict[str, dict] = {
     "transformer-base": _transformer_2017(512, 8, 2048, 0.1),
     "transformer-big": _transformer_2017(1024, 16, 4096, 0.3),
@@ -136,6 +163,12 @@ _PRESETS: dict[str, dict] = {
                                   bos_token_id=100000, eos_token_id=100001),
     "deepseek-v3": _deepseek(7168, 61, 128, 18432, 2048, 256, 8, 1, 3, 129280, v3=True, q_lora_rank=1536,
                              router_groups=8, router_topk_groups=4, routed_scaling=2.5, bos_token_id=0, eos_token_id=1),
+    "gemma-2-2b": _gemma(2304, 26, 8, 4, 9216, 256000, 4096, 2, 8192, gemma3=False),
+    "gemma-2-9b": _gemma(3584, 42, 16, 8, 14336, 256000, 4096, 2, 8192, gemma3=False),
+    "gemma-3-1b": _gemma(1152, 26, 4, 1, 6912, 262144, 512, 6, 32768, gemma3=True),
+    "gemma-3-4b": _gemma(2560, 34, 8, 4, 10240, 262208, 1024, 6, 131072, gemma3=True,
+                         rope_scaling={"kind": "linear", "factor": 8.0}),
+    "t5gemma-2b-2b": _t5gemma(_gemma(2304, 26, 8, 4, 9216, 256000, 4096, 2, 8192, gemma3=False)),
     # Transformer-XL's WikiText-103 models (paper: 151M and 257M with the adaptive softmax; see _transformer_xl)
     "transformer-xl": _transformer_xl(410, 16, 10, 2100, 150, 0.1, 0.0),
     "transformer-xl-large": _transformer_xl(1024, 18, 16, 4096, 384, 0.2, 0.2),
@@ -153,6 +186,10 @@ _PRESETS: dict[str, dict] = {
                                rope_head_dim=8, v_head_dim=16, kv_lora_rank=32, max_positions=128, router_groups=4,
                                router_topk_groups=2, routed_scaling=2.5),
     "tiny-transformer-xl": _transformer_xl(64, 2, 4, 128, 32, 0.0, 0.0, vocab_size=256),
+    "tiny-gemma": _gemma(64, 3, 4, 2, 128, 256, 8, 2, 128, gemma3=False, head_dim=16, attention_scale=16 ** -0.5),
+    "tiny-gemma3": _gemma(64, 3, 4, 2, 128, 256, 8, 3, 128, gemma3=True, head_dim=16, attention_scale=16 ** -0.5),
+    "tiny-t5gemma": _t5gemma(_gemma(64, 2, 4, 2, 128, 256, 8, 2, 128, gemma3=False, head_dim=16,
+                                    attention_scale=16 ** -0.5)),
     "tiny-t5": {**_t5(64, 128, 2, 4, head_dim=16), "vocab_size": 256, "dropout_rate": 0.0},
     "tiny-transformer": {**_transformer_2017(64, 4, 128, 0.0), "vocab_size": 256, "max_positions": 128,
                          "encoder_layers": 2, "decoder_layers": 2},

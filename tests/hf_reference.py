@@ -69,7 +69,20 @@ def _rope(theta: float) -> dict:
     return {"rope_type": "default", "rope_theta": theta}
 
 
+def _gemma(hidden: int, layers: int, heads: int, kv: int, intermediate: int, vocab: int, **kw) -> dict:
+    return dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv, head_dim=256, intermediate_size=intermediate, **kw)
+
+
 HF_REFERENCE: dict[str, tuple[str, dict]] = {
+    # --- Gemma (tied head) and T5Gemma (one table per side, the head tied to the decoder's) ---
+    "gemma-2-2b": ("Gemma2ForCausalLM", _gemma(2304, 26, 8, 4, 9216, 256000)),
+    "gemma-2-9b": ("Gemma2ForCausalLM", _gemma(3584, 42, 16, 8, 14336, 256000)),
+    "gemma-3-1b": ("Gemma3ForCausalLM", _gemma(1152, 26, 4, 1, 6912, 262144, sliding_window=512)),
+    "gemma-3-4b": ("Gemma3ForCausalLM", _gemma(2560, 34, 8, 4, 10240, 262208, sliding_window=1024)),
+    "t5gemma-2b-2b": ("T5GemmaForConditionalGeneration",
+                      dict(encoder=_gemma(2304, 26, 8, 4, 9216, 256000), decoder=_gemma(2304, 26, 8, 4, 9216, 256000),
+                           vocab_size=256000)),
     # --- XLNet (the content stream: Transformer-XL) ------------------------------
     "xlnet-base-cased": ("XLNetLMHeadModel", dict(vocab_size=32000, d_model=768, n_layer=12, n_head=12, d_inner=3072,
                                                   ff_activation="gelu", attn_type="bi")),

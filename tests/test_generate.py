@@ -27,6 +27,10 @@ CACHE_CASES = {
     "llama-prefix": _decoder_case("tiny-llama", attention="prefix"),
     "mixtral": _decoder_case("tiny-mixtral"),
     "deepseek-mla": _decoder_case("tiny-deepseek"),  # latent cache: prefill expanded, steps absorbed
+    # Gemma: sliding and full layers with a window of 2, soft caps (2), Gemma 3's local rotary base; T5Gemma
+    "gemma2": _decoder_case("tiny-gemma", window_size=2, attention_softcap=2.0, logits_softcap=3.0),
+    "gemma3": _decoder_case("tiny-gemma3", window_size=2),
+    "t5gemma": jf.config("tiny-t5gemma").replace(init_std=0.2, window_size=2, attention_softcap=2.0),
     "t5": jf.config("tiny-t5").replace(init_std=0.1),
     "transformer-2017": jf.config("tiny-transformer").replace(init_std=0.2),
     "bart-like": jf.config("bart-base").replace(vocab_size=64, d_model=32, num_heads=4, d_ff=48, encoder_layers=2,
@@ -244,7 +248,8 @@ def _batch(family, rng):
 
 
 @pytest.mark.parametrize("name, num_beams", [(name, beams) for name in ["gpt2", "llama", "mistral", "t5", "bart"]
-                                             for beams in (1, 3)] + [("deepseek-v2", 1), ("deepseek-v3", 3)])
+                                             for beams in (1, 3)] + [("deepseek-v2", 1), ("deepseek-v3", 3),
+                                                                     ("gemma2", 1), ("gemma3", 3), ("t5gemma", 1)])
 def test_token_identical_to_transformers(name, num_beams, tmp_path):
     save_checkpoint(name, tmp_path)
     model, reference = jf.from_pretrained(tmp_path), reference_model(tmp_path)

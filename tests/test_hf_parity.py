@@ -75,6 +75,9 @@ EXPORTABLE = {
     "tiny-mixtral": "mixtral",
     "tiny-t5": "t5",
     "tiny-bert": "bert",
+    "tiny-gemma": "gemma2",
+    "tiny-gemma3": "gemma3_text",
+    "tiny-t5gemma": "t5gemma",
 }
 
 
