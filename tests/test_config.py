@@ -91,6 +91,17 @@ INVALID = [
     # combinations
     _invalid("rope", dict(scale_tied_logits=True), "scale_tied_logits", "tie_embeddings"),
     _invalid("encoder", dict(logits_bias=True), "logits_bias", "head"),
+    # Gemma's parts
+    _invalid("rope", dict(norm_scale_offset=0.5), "norm_scale_offset", "0.5"),
+    _invalid("decoder", dict(norm_position="post", sandwich_norm=True), "sandwich_norm", "post"),
+    _invalid("rope", dict(attention="alternating", window_size=2, layer_types=("full", "local")), "layer_types",
+             "local", "sliding"),
+    _invalid("rope", dict(attention="alternating", window_size=2, layer_types=("full",)), "layer_types", "1 entries"),
+    _invalid("rope", dict(layer_types=("full", "sliding")), "layer_types", "causal"),
+    _invalid("rope", dict(attention_softcap=0.0), "attention_softcap", "0.0"),
+    _invalid("rope", dict(logits_softcap=float("inf")), "logits_softcap", "inf"),
+    _invalid("rope", dict(local_rope_theta=100.0), "local_rope_theta", "alternating"),
+    _invalid("decoder", dict(shared_embeddings=False), "shared_embeddings", "encoder_decoder"),
     # special token ids must be valid ids
     _invalid("decoder", dict(pad_token_id=256), "pad_token_id", "256", "vocab_size=256"),
     _invalid("decoder", dict(bos_token_id=-1), "bos_token_id", "-1"),
