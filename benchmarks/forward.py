@@ -1,7 +1,8 @@
 """Forward (inference) throughput on CPU: jaxformer vs transformers' PyTorch models, float32, one run.
 
-A BERT-base-shaped encoder (sequence 128), a T5-small-shaped encoder-decoder (source 128, target 32) and,
-with ``--only xlnet``, an XLNet-base-shaped Transformer-XL segment (128 tokens over a memory of 128, the
+A BERT-base-shaped encoder (sequence 128), a T5-small-shaped encoder-decoder (source 128, target 32); with
+``--only gemma,t5gemma`` Gemma 2 and T5Gemma blocks at that size (sliding windows and soft caps on); with
+``--only xlnet``, an XLNet-base-shaped Transformer-XL segment (128 tokens over a memory of 128, the
 evaluation workload of a memory model; transformers' ``XLNetLMHeadModel`` with ``mems``), random weights,
 batch 8, no padding. jaxformer runs one jitted forward pass (compiled before timing);
 PyTorch runs its eager model under ``torch.inference_mode`` with its default attention (SDPA). Both
@@ -54,6 +55,11 @@ def main() -> None:
         return ({"memory": Memory(jax.numpy.asarray(hidden), jax.numpy.ones((B, 128), bool))},
                 {"mems": [torch.as_tensor(h.transpose(1, 0, 2).copy()) for h in hidden], "use_mems": True})
 
+    gemma_shape = dict(vocab_size=32000, d_model=768, num_heads=8, num_kv_heads=4, head_dim=96, d_ff=3072,
+                       window_size=64, attention_scale=96 ** -0.5, max_positions=512)
+    gemma_types = lambda n: tuple("full" if i % 2 else "sliding" for i in range(n))  # noqa: E731
+    gemma_hf = dict(vocab_size=32000, hidden_size=768, num_attention_heads=8, num_key_value_heads=4, head_dim=96,
+                    intermediate_size=3072, sliding_window=64, query_pre_attn_scalar=96, max_position_embeddings=512)
     setups = {
         "bert": (jf.config("bert-base-uncased").replace(dropout_rate=0.0, attention_dropout_rate=0.0),
                  lambda: transformers.BertModel(transformers.BertConfig()),
@@ -63,6 +69,20 @@ def main() -> None:
                    d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8, vocab_size=32128)),
                {"input_ids": rng.integers(0, 32128, (B, 128)), "decoder_input_ids": rng.integers(0, 32128, (B, 32))},
                B * (128 + 32)),
+        # Gemma 2's block at about BERT-base size (12 x 768, 8/4 heads of 96, GeGLU 3072, vocab 32000): sliding
+        # window 64 under 128 tokens on alternate layers, soft caps on; transformers runs it eagerly (its SDPA
+        # path has no soft-capping). T5Gemma: the same block, 6 + 6 layers, source 128 and target 32.
+        "gemma": (jf.config("tiny-gemma").replace(**gemma_shape, decoder_layers=12, layer_types=gemma_types(12)),
+                  lambda: transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+                      **gemma_hf, num_hidden_layers=12, attn_implementation="eager")),
+                  {"input_ids": rng.integers(0, 32000, (B, 128))}, B * 128),
+        "t5gemma": (jf.config("tiny-t5gemma").replace(**gemma_shape, encoder_layers=6, decoder_layers=6,
+                                                      layer_types=gemma_types(6)),
+                    lambda: transformers.T5GemmaForConditionalGeneration(transformers.T5GemmaConfig(
+                        encoder={**gemma_hf, "num_hidden_layers": 6}, decoder={**gemma_hf, "num_hidden_layers": 6},
+                        vocab_size=32000, attn_implementation="eager")),
+                    {"input_ids": rng.integers(0, 32000, (B, 128)), "decoder_input_ids": rng.integers(0, 32000, (B, 32))},
+                    B * (128 + 32)),
         "xlnet": (jf.config("xlnet-base-cased").replace(dropout_rate=0.0, attention_dropout_rate=0.0, memory_len=128),
                   lambda: transformers.XLNetLMHeadModel(transformers.XLNetConfig(
                       d_model=768, n_layer=12, n_head=12, d_inner=3072, mem_len=128, dropout=0.0)),
