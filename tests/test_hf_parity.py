@@ -111,7 +111,7 @@ def test_bart_style_config_exports(tmp_path):
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
 
 
-@pytest.mark.parametrize("name", ["llama", "bert-mlm", "t5"])
+@pytest.mark.parametrize("name", ["llama", "bert-mlm", "t5", "gemma2"])
 def test_bfloat16_checkpoint(name, tmp_path):
     """A bf16 file loads as bf16 (dtype from config.json) and as exact float32 on request."""
     save_checkpoint(name, tmp_path, dtype=torch.bfloat16)
