@@ -416,3 +416,18 @@ def test_a_learning_rate_must_be_finite():
     for lr in ("inf", "nan", "0"):
         with pytest.raises(ValueError, match=f"optim.lr={float(lr)} must be a finite number > 0"):
             run_config.load(None, [f"optim.lr={lr}"])
+
+
+# --------------------------------------------------------------------------------------------------
+# The prefix LM
+
+
+def test_prefix_lm_config_trains_and_its_loss_falls(tmp_path):
+    cfg = run_config.load("configs/prefix_lm.yaml", QUICK + ["train.steps=20", "eval.every=20", "train.seq_len=32",
+                                                             "train.batch_size=8", "checkpoint.every=0",
+                                                             f"run.dir={tmp_path}"])
+    result = train(cfg, progress=False)
+    history = result["history"]
+    assert np.mean([r["loss"] for r in history[-2:]]) < np.mean([r["loss"] for r in history[:2]]) - 0.1
+    assert np.isfinite(history[-1]["eval_loss"]) and result["model"].config.attention == "prefix"
+

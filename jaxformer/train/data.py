@@ -1,5 +1,6 @@
 """Training data with nothing downloaded: tokenizers, text and JSONL sources, step-indexed sampling, and
-the host-side corruptions objectives apply to it (BERT's masking, T5's span corruption).
+the host-side corruptions objectives apply to it (BERT's masking, T5's span corruption, the prefix-LM
+split and UL2's mixture of denoisers).
 
 Every batch is a pure function of (seed, step): the pipeline's position *is* the step, which the
 checkpoint holds, so a resumed run sees exactly the batches an uninterrupted one would have seen, on
@@ -9,6 +10,7 @@ to fixed lengths.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -20,11 +22,17 @@ DEFAULT_CORPUS = "python-docs"
 
 class ByteTokenizer:
     """UTF-8 bytes are ids 0-255; then <pad>, <s> (also [CLS]), </s> (also [SEP]), [MASK]; then 100
-    T5 sentinels at the top of the vocabulary, <extra_id_0> the highest id, as in T5."""
+    T5 sentinels at the top of the vocabulary, <extra_id_0> the highest id, as in T5.
+
+    UL2's mode tokens [R], [X], [S] are the last three sentinels (<extra_id_97>, <extra_id_98>,
+    <extra_id_99>: ids 262, 261, 260), so the vocabulary keeps its 360 ids; under UL2 spans then count
+    down from <extra_id_0> through <extra_id_96> only (``sentinel_budget``)."""
 
     SPECIALS = {"pad": 256, "bos": 257, "eos": 258, "mask": 259}
     SENTINELS = 100
     vocab_size = BYTE_VOCAB + len(SPECIALS) + SENTINELS
+    MODES = {"mode_R": vocab_size - 98, "mode_X": vocab_size - 99, "mode_S": vocab_size - 100}
+    sentinel_count = SENTINELS
     regular_vocab = BYTE_VOCAB  # what MLM's random replacements draw from: real bytes, not specials
     name = "bytes"
     document_separator = np.frombuffer(b"\n\n", np.uint8).astype(np.int32)  # packed text reads as text
@@ -41,7 +49,7 @@ class ByteTokenizer:
     def special(self, role: str) -> int | None:
         if role == "sentinel":
             return self.vocab_size - 1
-        return self.SPECIALS.get(role)
+        return self.SPECIALS.get(role, self.MODES.get(role))
 
 
 class HFTokenizer:
@@ -49,7 +57,9 @@ class HFTokenizer:
 
     SPELLINGS = {"pad": ("[PAD]", "<pad>"), "bos": ("[CLS]", "<s>", "<|begin_of_text|>", "<|endoftext|>"),
                  "eos": ("[SEP]", "</s>", "<|end_of_text|>", "<|endoftext|>"), "mask": ("[MASK]", "<mask>"),
-                 "sentinel": ("<extra_id_0>",)}
+                 "sentinel": ("<extra_id_0>",),
+                 # UL2's mode tokens: the paper's names, then those of Google's released UL2 checkpoint
+                 "mode_R": ("[R]", "[NLU]"), "mode_X": ("[X]", "[NLG]"), "mode_S": ("[S]", "[S2S]")}
 
     def __init__(self, path: str):
         from jaxformer.interop.tokenizer import load_tokenizer
@@ -59,6 +69,10 @@ class HFTokenizer:
         self.vocab_size = self.regular_vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
         eos = self.special("eos")
         self.document_separator = None if eos is None else np.array([eos], np.int32)
+        top, count = self.special("sentinel"), 0  # <extra_id_i> is <extra_id_0> - i, as T5 numbers them
+        while top is not None and self.tokenizer.token_to_id(f"<extra_id_{count}>") == top - count:
+            count += 1
+        self.sentinel_count = count
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, np.int32)
@@ -181,6 +195,16 @@ def epoch_indices(count: int, seed: int, step: int, batch_size: int) -> np.ndarr
     return np.array([orders[int(e)][o] for e, o in zip(epochs, offsets)])
 
 
+def pack(tokenizer, documents: list[str], separator: np.ndarray | None = None) -> np.ndarray:
+    """The documents' tokens end to end, ``separator`` after each: one int32 stream."""
+    pieces = []
+    for ids in tokenizer.encode_many(documents):
+        pieces.append(ids)
+        if separator is not None:
+            pieces.append(separator)
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+
+
 class PackedStream:
     """Documents tokenized and packed end to end (``separator`` between them) into one stream; a step's
     batch is ``batch_size`` windows of ``length`` tokens at seeded offsets; held-out windows are fixed.
@@ -195,12 +219,7 @@ class PackedStream:
     @classmethod
     def from_documents(cls, tokenizer, documents: list[str], length: int, name: str,
                        separator: np.ndarray | None = None):
-        pieces = []
-        for ids in tokenizer.encode_many(documents):
-            pieces.append(ids)
-            if separator is not None:
-                pieces.append(separator)
-        return cls(np.concatenate(pieces) if pieces else np.zeros(0, np.int32), length, name)
+        return cls(pack(tokenizer, documents, separator), length, name)
 
     def windows(self, rng: np.random.Generator, count: int) -> np.ndarray:
         starts = rng.integers(0, len(self.tokens) - self.length + 1, count)
@@ -261,13 +280,18 @@ def mask_tokens(ids: np.ndarray, rng: np.random.Generator, *, vocab_size: int, m
     return inputs.astype(ids.dtype), labels
 
 
+def span_counts(length: int, noise_density: float, mean_span_length: float) -> tuple[int, int]:
+    """(noise tokens, noise spans) of T5's noise mask over ``length`` tokens: the same for every row of that
+    length, so the lengths of corrupted inputs and targets are known before any row is drawn."""
+    noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    return noise, max(int(round(noise / mean_span_length)), 1)
+
+
 def random_spans_noise_mask(length: int, rng: np.random.Generator, noise_density: float = 0.15,
                             mean_span_length: float = 3.0) -> np.ndarray:
     """T5's noise mask: about ``noise_density`` of ``length`` tokens in spans of mean length
     ``mean_span_length``, alternating with kept spans and starting with a kept one."""
-    noise = int(round(length * noise_density))
-    noise = min(max(noise, 1), length - 1)
-    spans = max(int(round(noise / mean_span_length)), 1)
+    noise, spans = span_counts(length, noise_density, mean_span_length)
     kept = length - noise
 
     def partition(total: int) -> np.ndarray:  # `spans` positive parts summing to total, uniformly
@@ -308,3 +332,118 @@ def _run_length(mask: np.ndarray, start: int) -> int:
     while end < len(mask) and mask[end]:
         end += 1
     return end - start
+
+
+def prefix_range(length: int, target_fraction: float) -> tuple[int, int]:
+    """The shortest and longest prefix of a ``length``-token split whose target (the suffix) averages
+    ``target_fraction`` of it: the prefix is uniform over [max(1, (1 - 2 f)(length - 1)), length - 1], so the
+    target runs from 1 to about 2 f length tokens (f = 0.5: a split point uniform over the window, as T5's
+    prefix LM; f = 0.25: UL2's S-denoiser, the rule of T5's random_prefix_noise_mask generalised below 0.5)."""
+    if not 0 < target_fraction <= 0.5:
+        raise ValueError(f"target_fraction={target_fraction} must lie in (0, 0.5]")
+    longest = length - 1
+    return min(longest, max(1, int(round((1 - 2 * target_fraction) * longest)))), longest
+
+
+def random_prefix_length(length: int, rng: np.random.Generator, target_fraction: float) -> int:
+    shortest, longest = prefix_range(length, target_fraction)
+    return int(rng.integers(shortest, longest + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Denoiser:
+    """One task of UL2's mixture of denoisers (Tay et al. 2022, "UL2: Unifying Language Learning
+    Paradigms"). Modes "R" (regular) and "X" (extreme) are T5's span corruption: ``rate`` of a window's
+    tokens hidden in spans of mean length ``mean_span``, each span one sentinel in the input, the target
+    spelling the spans out. Mode "S" is the prefix LM: the target is a suffix of mean length ``rate`` of
+    the window (``prefix_range``). ``weight``: how often an example draws this denoiser, relative to the rest.
+    The mode names the mode token the input starts with."""
+
+    mode: str
+    rate: float
+    mean_span: float = 0.0
+    weight: float = 1.0
+
+    def lengths(self, raw: int) -> tuple[int, int, int]:
+        """The longest input, the longest target and the longest input + target made of ``raw`` tokens
+        (no mode token, no EOS). Span corruption's are exact; the S split trades one for the other."""
+        if self.mode == "S":
+            return raw - 1, raw - prefix_range(raw, self.rate)[0], raw
+        noise, spans = span_counts(raw, self.rate, self.mean_span)
+        return raw - noise + spans, noise + spans + 1, raw + 2 * spans + 1
+
+    def sentinels(self, raw: int) -> int:
+        """Sentinel ids one row of ``raw`` tokens uses (its spans and the closing one)."""
+        return 0 if self.mode == "S" else span_counts(raw, self.rate, self.mean_span)[1] + 1
+
+    def apply(self, row: np.ndarray, rng: np.random.Generator, sentinel_start: int | None) -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
+        """(input, target) of one row of tokens."""
+        if self.mode == "S":
+            cut = random_prefix_length(len(row), rng, self.rate)
+            return row[:cut], row[cut:]
+        inputs, targets = span_corrupt(row[None], rng, sentinel_start=sentinel_start, noise_density=self.rate,
+                                       mean_span_length=self.mean_span)
+        return inputs[0], targets[0]
+
+
+# UL2's seven denoisers (Tay et al. 2022, section 3.1.2), each drawn equally often by default.
+UL2_DENOISERS = ({"mode": "R", "mean_span": 3, "rate": 0.15}, {"mode": "R", "mean_span": 8, "rate": 0.15},
+                 {"mode": "X", "mean_span": 3, "rate": 0.5}, {"mode": "X", "mean_span": 8, "rate": 0.5},
+                 {"mode": "X", "mean_span": 64, "rate": 0.15}, {"mode": "X", "mean_span": 64, "rate": 0.5},
+                 {"mode": "S", "rate": 0.25})
+
+
+def parse_denoisers(items, key: str = "data.denoisers") -> tuple[Denoiser, ...]:
+    """Denoisers from config data (a list of {mode, rate, mean_span, weight} mappings); each fault is a
+    ValueError naming the entry and the key, e.g. ``data.denoisers[2].rate``."""
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(f"{key} must be a non-empty list of {{mode, rate, mean_span, weight}} mappings, not "
+                         f"{items!r}")
+    fields = ("mode", "rate", "mean_span", "weight")
+    denoisers = []
+    for i, item in enumerate(items):
+        where = f"{key}[{i}]"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where} must be a mapping with keys {', '.join(fields)}, not {item!r}")
+        unknown = sorted(set(item) - set(fields))
+        if unknown:
+            raise ValueError(f"{where} has unknown keys {unknown}; valid: {', '.join(fields)}")
+        mode = item.get("mode")
+        if mode not in ("R", "X", "S"):
+            raise ValueError(f"{where}.mode={mode!r}; valid: 'R', 'X', 'S'")
+        rate, weight = _number(item, "rate", where), _number(item, "weight", where, 1.0)
+        if mode == "S":
+            if "mean_span" in item:
+                raise ValueError(f"{where}.mean_span: an S-denoiser (prefix LM) has no spans; leave it out")
+            if not 0 < rate <= 0.5:
+                raise ValueError(f"{where}.rate={rate} (the S-denoiser's mean target fraction) must lie in (0, 0.5]")
+            mean_span = 0.0
+        else:
+            mean_span = _number(item, "mean_span", where)
+            if not 0 < rate < 1:
+                raise ValueError(f"{where}.rate={rate} (the fraction of tokens hidden) must lie in (0, 1)")
+            if mean_span < 1:
+                raise ValueError(f"{where}.mean_span={mean_span} must be >= 1")
+        if weight <= 0:
+            raise ValueError(f"{where}.weight={weight} must be > 0")
+        denoisers.append(Denoiser(mode, rate, mean_span, weight))
+    return tuple(denoisers)
+
+
+def _number(item: dict, name: str, where: str, default: float | None = None) -> float:
+    value = item.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        raise ValueError(f"{where}.{name}={value!r} must be a finite number")
+    return float(value)
+
+
+def sentinel_budget(tokenizer, reserved: tuple[int, ...] = ()) -> int:
+    """How many sentinel ids count down from <extra_id_0> before the tokenizer's sentinels end or a
+    ``reserved`` id (a mode token kept among them, as ByteTokenizer's) is reached."""
+    top = tokenizer.special("sentinel")
+    budget = 0 if top is None else tokenizer.sentinel_count
+    for token in reserved:
+        if top is not None and top - budget < token <= top:
+            budget = top - token
+    return budget

@@ -6,6 +6,10 @@
     span_corruption  T5's span corruption (noise density 0.15, mean span 3, sentinels from <extra_id_0> down)
     seq2seq          supervised source -> target pairs from JSONL (the 2017 Transformer, T5, BART)
     classification   sequence classification from JSONL text/label (BERT fine-tuning)
+    prefix_lm        a window split into a bidirectional prefix and a target continuing it (T5's prefix LM),
+                     for encoder-decoders and for decoders with attention='prefix'
+    ul2              UL2's mixture of denoisers: span corruption at regular and extreme rates and the prefix
+                     LM, each input led by its mode token [R], [X] or [S] (Tay et al. 2022); both families
 
 Losses return ``(loss, sums)``: ``sums`` maps each metric to (numerator, denominator), so metrics over
 several batches (evaluation) are exact token- or example-weighted means, not means of means.
@@ -162,6 +166,9 @@ class CausalLM(Objective):
 
     def adapt(self, cfg: ModelConfig, fresh: bool) -> ModelConfig:
         cfg = super().adapt(cfg, fresh)
+        if cfg.attention == "prefix":
+            raise ValueError(f"model {cfg.name!r} has attention='prefix', which needs prefix lengths that "
+                             "train.objective='causal_lm' does not give; use train.objective=prefix_lm or ul2")
         if cfg.head != "lm":
             cfg = cfg.replace(head="lm")
         self.ordered = carries_memory(cfg)
@@ -286,18 +293,20 @@ class MaskedLM(Objective):
 
 class _EncoderDecoderObjective(Objective):
     family = "encoder_decoder"
+    decoder_start_role = "bos"  # the first decoder token: T5 (and UL2) start from <pad>, the 2017 Transformer <s>
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
-        # The first decoder token: T5 starts from <pad>, the 2017 Transformer from <s>. A loaded model's
-        # own decoder_start_token_id replaces it in ``adapt``.
-        self.decoder_start = tokenizer.special("pad" if self.name == "span_corruption" else "bos")
+        # A loaded model's own decoder_start_token_id replaces the tokenizer's in ``adapt``.
+        self.decoder_start = tokenizer.special(self.decoder_start_role)
 
     def adapt(self, cfg, fresh):
         cfg = super().adapt(cfg, fresh)
-        if fresh:
-            cfg = cfg.replace(pad_token_id=self.tokenizer.special("pad"), eos_token_id=self.tokenizer.special("eos"),
-                              decoder_start_token_id=self.decoder_start)
+        # Special-token ids: a fresh model takes the tokenizer's; a loaded one keeps its own and takes the
+        # tokenizer's only where it has none (a decoder-only model adapted into an encoder-decoder, say).
+        ids = {"pad_token_id": self.tokenizer.special("pad"), "eos_token_id": self.tokenizer.special("eos"),
+               "decoder_start_token_id": self.decoder_start}
+        cfg = cfg.replace(**{field: value for field, value in ids.items() if fresh or getattr(cfg, field) is None})
         if cfg.decoder_start_token_id is None:
             raise ValueError(f"model {cfg.name!r} has no decoder_start_token_id; set model.overrides."
                              "decoder_start_token_id")
@@ -308,6 +317,16 @@ class _EncoderDecoderObjective(Objective):
         """Teacher forcing: the decoder reads the start token, then the target shifted right."""
         shifted = np.where(targets == IGNORE, self.pad, targets)[:, :-1]
         return np.concatenate([np.full((len(targets), 1), self.decoder_start, np.int32), shifted], axis=1)
+
+    def _collate(self, examples: list[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+        """(source, target) pairs, each already ending in EOS: the source padded to train.seq_len, the target
+        to target_len; padding carries no loss, and the decoder reads the start token, then the target."""
+        source, mask = data.pad_rows([s for s, _ in examples], self.seq_len, self.pad)
+        labels, label_mask = data.pad_rows([t for _, t in examples], self.target_len, self.pad)
+        labels = np.where(label_mask == 1, labels, IGNORE).astype(np.int32)
+        decoder_mask = np.concatenate([np.ones((len(examples), 1), np.int32), label_mask[:, :-1]], axis=1)
+        return {"input_ids": source, "attention_mask": mask, "decoder_input_ids": self._decoder_inputs(labels),
+                "decoder_attention_mask": decoder_mask, "labels": labels}
 
     def loss(self, model, batch, key):
         out = model(batch["input_ids"], batch["attention_mask"], batch["decoder_input_ids"],
@@ -321,7 +340,7 @@ class SpanCorruption(_EncoderDecoderObjective):
     tokens in spans of mean length 3 to sentinels; the target spells out the spans. ``raw_length`` is
     the longest window whose corrupted input (with EOS) fits train.seq_len, so every shape is static."""
 
-    name = "span_corruption"
+    name, decoder_start_role = "span_corruption", "pad"
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
@@ -339,8 +358,7 @@ class SpanCorruption(_EncoderDecoderObjective):
 
     def _lengths(self, raw: int) -> tuple[int, int]:
         """(input, target) lengths with EOS, for a window of ``raw`` tokens (as random_spans_noise_mask counts)."""
-        noise = min(max(int(round(raw * self.density)), 1), raw - 1)
-        spans = max(int(round(noise / self.mean_span)), 1)
+        noise, spans = data.span_counts(raw, self.density, self.mean_span)
         return raw - noise + spans + 1, noise + spans + 2
 
     def _corrupt(self, windows: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -416,14 +434,6 @@ class Seq2Seq(_RecordObjective, _EncoderDecoderObjective):
     def _blank(example):
         return (example[0], np.zeros(0, np.int32))  # no target tokens: no loss
 
-    def _collate(self, examples):
-        source, mask = data.pad_rows([s for s, _ in examples], self.seq_len, self.pad)
-        labels, label_mask = data.pad_rows([t for _, t in examples], self.target_len, self.pad)
-        labels = np.where(label_mask == 1, labels, IGNORE).astype(np.int32)
-        decoder_mask = np.concatenate([np.ones((len(examples), 1), np.int32), label_mask[:, :-1]], axis=1)
-        return {"input_ids": source, "attention_mask": mask, "decoder_input_ids": self._decoder_inputs(labels),
-                "decoder_attention_mask": decoder_mask, "labels": labels}
-
 
 class Classification(_RecordObjective):
     """Sequence classification from {"text": ..., "label": ...}: [CLS] text [SEP] padded to seq_len.
@@ -479,7 +489,163 @@ class Classification(_RecordObjective):
         return ratio(sums["loss"]), sums
 
 
-OBJECTIVES = {cls.name: cls for cls in (CausalLM, MaskedLM, SpanCorruption, Seq2Seq, Classification)}
+class _Denoising(_EncoderDecoderObjective):
+    """Objectives whose examples are (input, target) pairs that one of ``denoisers`` (``data.Denoiser``: span
+    corruption or the prefix-LM split) makes of a window of packed text, in one of two model families:
+
+    - an encoder-decoder reads the input (after the denoiser's mode token, ``with_modes``) and EOS in its
+      encoder and predicts the target and EOS by teacher forcing, as span_corruption and seq2seq do;
+    - a decoder with attention='prefix' reads input then target as one row of train.seq_len + 1 tokens,
+      shifted by one: the input is its bidirectional prefix (``prefix_lengths`` [B]) and only the target's
+      tokens carry loss. A causal decoder is switched to attention='prefix' (said in a note).
+
+    Shapes are static and nothing is cut: each denoiser reads the longest window whose worst case fits
+    (input within train.seq_len and target within ``target_len``, the longest target any denoiser makes;
+    or the whole row within train.seq_len + 1), and shorter rows are padded. Which family is known once
+    ``adapt`` has seen the model's config, so the windows are laid out there."""
+
+    families = ("encoder_decoder", "decoder")
+    decoder_start_role = "pad"  # as T5, whose span corruption UL2 extends
+    with_modes = False
+
+    def __init__(self, run, tokenizer, denoisers: tuple[data.Denoiser, ...]):
+        super().__init__(run, tokenizer)
+        self.denoisers = denoisers
+        weights = np.array([d.weight for d in denoisers])
+        self.weights = weights / weights.sum()
+        self.modes = data.require(tokenizer, *sorted({f"mode_{d.mode}" for d in denoisers})) if self.with_modes else {}
+        documents = data.read_documents(run.data.train)
+        train_docs, held_out = data.split_held_out(documents, run.data.eval, run.data.eval_fraction,
+                                                   data.read_documents)
+        separator = tokenizer.document_separator
+        self.tokens = {"training": data.pack(tokenizer, train_docs, separator),
+                       "held-out": data.pack(tokenizer, held_out, separator)}
+        self.raw_lengths: list[int] = []  # per denoiser, set by ``adapt``
+
+    def adapt(self, cfg, fresh):
+        if cfg.family not in self.families:
+            raise ValueError(f"train.objective={self.name!r} trains encoder-decoder models and decoders; model "
+                             f"{cfg.name!r} is an {cfg.family} model")
+        self.family = cfg.family
+        if cfg.family == "encoder_decoder":
+            self._layout()
+            return super().adapt(cfg, fresh)
+        if cfg.attention not in ("causal", "prefix") or cfg.position == "xl":
+            raise ValueError(f"train.objective={self.name!r} reads each input as a bidirectional prefix "
+                             f"(attention='prefix'); model {cfg.name!r} has attention={cfg.attention!r} and "
+                             f"position={cfg.position!r}, whose window or segment memory a prefix would drop")
+        if cfg.attention == "causal":
+            self.notes.append(f"train.objective={self.name!r}: model {cfg.name!r} attends with a bidirectional "
+                              "prefix (attention 'causal' -> 'prefix'), the targets causally")
+            cfg = cfg.replace(attention="prefix")
+        self._layout()
+        cfg = Objective.adapt(self, cfg, fresh)
+        return cfg.replace(head="lm") if cfg.head != "lm" else cfg
+
+    def _layout(self) -> None:
+        """Window length per denoiser, target length, the ids the rows use and the vocabulary they need."""
+        enc_dec, mode = self.family == "encoder_decoder", int(self.with_modes)
+        seq_len = self.seq_len
+
+        def fits(denoiser: data.Denoiser, raw: int) -> bool:
+            longest_input, _, longest_row = denoiser.lengths(raw)
+            return mode + longest_input + 1 <= seq_len if enc_dec else mode + longest_row <= seq_len + 1
+
+        self.raw_lengths = []
+        for i, denoiser in enumerate(self.denoisers):
+            if not fits(denoiser, 2):
+                raise ValueError(f"train.seq_len={seq_len} is too short for {self._describe(i)}")
+            raw = 2
+            while fits(denoiser, raw + 1):
+                raw += 1
+            self.raw_lengths.append(raw)
+        lengths = [d.lengths(raw) for d, raw in zip(self.denoisers, self.raw_lengths)]
+        self.target_len = max(target + 1 for _, target, _ in lengths) if enc_dec else 0
+        roles = ["eos"] if enc_dec else []
+        if enc_dec or any(mode + row < seq_len + 1 for _, _, row in lengths):
+            roles.append("pad")  # rows shorter than their length are padded
+        spans = [i for i, d in enumerate(self.denoisers) if d.mode != "S"]
+        self.ids = data.require(self.tokenizer, *roles, *(["sentinel"] if spans else []))
+        self.pad = self.ids.get("pad", 0)  # 0 is never written when no row is short
+        budget = data.sentinel_budget(self.tokenizer, tuple(self.modes.values()))
+        for i in spans:
+            needed = self.denoisers[i].sentinels(self.raw_lengths[i])
+            if needed > budget:
+                raise ValueError(f"{self._describe(i)} needs {needed} sentinel ids for windows of "
+                                 f"{self.raw_lengths[i]} tokens (train.seq_len={seq_len}); data.tokenizer="
+                                 f"{self.tokenizer.name!r} has {budget} besides the mode tokens: lower "
+                                 "train.seq_len, the rate or raise the mean_span")
+        window = max(self.raw_lengths)
+        self.train = data.PackedStream(self.tokens["training"], window, "training")
+        self.held_out = data.PackedStream(self.tokens["held-out"], window, "held-out")
+        used = [*self.ids.values(), *self.modes.values(), *(t.max() for t in self.tokens.values() if len(t))]
+        self.vocab_needed = int(max(used)) + 1
+
+    def _describe(self, i: int) -> str:
+        d = self.denoisers[i]
+        what = f"rate {d.rate}" if d.mode == "S" else f"mean_span {d.mean_span:g}, rate {d.rate}"
+        return f"denoiser {i} ({d.mode}: {what})" if self.with_modes else f"train.objective={self.name!r}"
+
+    def _examples(self, windows: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        if not self.raw_lengths:
+            raise RuntimeError(f"{type(self).__name__}.adapt(model_config) lays out the batches; call it first")
+        chosen = rng.choice(len(self.denoisers), size=len(windows), p=self.weights)
+        pairs = []
+        for window, i in zip(windows, chosen):
+            denoiser = self.denoisers[i]
+            source, target = denoiser.apply(window[:self.raw_lengths[i]], rng, self.ids.get("sentinel"))
+            if self.with_modes:
+                source = np.concatenate([[self.modes[f"mode_{denoiser.mode}"]], source])
+            pairs.append((source.astype(np.int32), target.astype(np.int32)))
+        if self.family == "encoder_decoder":
+            eos = [self.ids["eos"]]
+            return self._collate([(np.concatenate([s, eos]), np.concatenate([t, eos])) for s, t in pairs])
+        rows, prefix = [np.concatenate(pair) for pair in pairs], np.array([len(s) for s, _ in pairs], np.int32)
+        ids, real = data.pad_rows(rows, self.seq_len + 1, self.pad)
+        predicted = np.arange(1, self.seq_len + 1)  # the label of position t is token t + 1
+        labels = np.where((predicted >= prefix[:, None]) & (real[:, 1:] == 1), ids[:, 1:], IGNORE)
+        return {"input_ids": ids[:, :-1], "labels": labels.astype(np.int32), "prefix_lengths": prefix}
+
+    def batch(self, step, batch_size):
+        rng = data.step_rng(self.seed, step)
+        return self._examples(self.train.windows(rng, batch_size), rng)
+
+    def eval_batches(self, count, batch_size):
+        windows = self.held_out.fixed_windows(count * batch_size)
+        return [self._examples(windows[i * batch_size:(i + 1) * batch_size], data.step_rng(self.seed, i, stream=1))
+                for i in range(count)]
+
+    def loss(self, model, batch, key):
+        if model.config.family == "encoder_decoder":
+            return super().loss(model, batch, key)
+        out = model(batch["input_ids"], prefix_lengths=batch["prefix_lengths"], dropout_key=key)
+        sums = token_cross_entropy(out.logits, batch["labels"], self.run.train.label_smoothing)
+        return with_aux_loss(ratio(sums["loss"]), sums, out)
+
+
+class PrefixLM(_Denoising):
+    """The prefix LM (Raffel et al. 2020, 3.3; UL2's S-denoiser): each window of packed text is split into a
+    prefix, read bidirectionally, and the target that continues it; the target averages
+    data.target_fraction of the window (0.5: the split point uniform over it, as T5's prefix LM)."""
+
+    name = "prefix_lm"
+
+    def __init__(self, run, tokenizer):
+        super().__init__(run, tokenizer, (data.Denoiser("S", run.data.target_fraction),))
+
+
+class UL2(_Denoising):
+    """UL2's mixture of denoisers (data.denoisers, default the paper's seven, drawn uniformly): each example
+    draws one, and its input starts with that denoiser's mode token. Sentinels count down from <extra_id_0>
+    as in span_corruption; with the byte tokenizer the mode tokens are its last three sentinels."""
+
+    name, with_modes = "ul2", True
+
+    def __init__(self, run, tokenizer):
+        super().__init__(run, tokenizer, data.parse_denoisers(run.data.denoisers))
+
+
+OBJECTIVES = {cls.name: cls for cls in (CausalLM, MaskedLM, SpanCorruption, Seq2Seq, Classification, PrefixLM, UL2)}
 
 
 def make_objective(run, tokenizer) -> Objective:

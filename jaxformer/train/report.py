@@ -53,10 +53,11 @@ def plot_losses(history: list[dict], path: Path, objective: str = "causal_lm") -
 
 
 def sample(model, objective: Objective, max_new_tokens: int, seed: int = 0) -> str | None:
-    """A short generation after training: text after "The " for causal LMs, the first held-out
-    source's output for seq2seq; None for objectives that do not generate."""
+    """A short generation after training: text after "The " for causal LMs and prefix-LM decoders (the
+    prompt their prefix), the first held-out source's output for seq2seq; None for objectives that do not
+    generate."""
     tokenizer = objective.tokenizer
-    if objective.name == "causal_lm":
+    if objective.name == "causal_lm" or (objective.name == "prefix_lm" and model.config.family == "decoder"):
         ids = tokenizer.encode("The ")[None]
         limit = model.config.max_positions - ids.shape[1] if model.config.position == "learned" else max_new_tokens
         out = model.generate(ids, max_new_tokens=min(max_new_tokens, limit), do_sample=True, temperature=0.8,

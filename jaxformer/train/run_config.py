@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from jaxformer.train.data import UL2_DENOISERS, parse_denoisers
+
 
 @dataclasses.dataclass(frozen=True)
 class RunSection:
@@ -37,6 +39,9 @@ class DataSection:
     mask_probability: float = 0.15  # mlm: fraction of tokens predicted
     noise_density: float = 0.15  # span_corruption: fraction of tokens hidden
     mean_span_length: float = 3.0  # span_corruption
+    target_fraction: float = 0.5  # prefix_lm: mean target share of a window (0.5: split point uniform), <= 0.5
+    # ul2: the mixture of denoisers, each {mode: R | X | S, rate, mean_span (R, X), weight (default 1)}
+    denoisers: list = dataclasses.field(default_factory=lambda: [dict(d) for d in UL2_DENOISERS])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +61,7 @@ class MeshSection:
 
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
-    objective: str = "causal_lm"  # causal_lm | mlm | span_corruption | seq2seq | classification
+    objective: str = "causal_lm"  # causal_lm | mlm | span_corruption | seq2seq | classification | prefix_lm | ul2
     steps: int = 300
     batch_size: int = 16
     seq_len: int = 128
@@ -131,6 +136,10 @@ class RunConfig:
             raise ValueError("data.mean_span_length must be >= 1 and data.target_len >= 0")
         if self.model.init_from and not self.model.init_from.startswith(("hf:", "jaxformer:")):
             raise ValueError(f"model.init_from={self.model.init_from!r} must be hf:PATH or jaxformer:PATH")
+        if not 0 < self.data.target_fraction <= 0.5:
+            raise ValueError(f"data.target_fraction={self.data.target_fraction} must lie in (0, 0.5] (the mean share "
+                             "of a window that is target; 0.5 splits it at a uniformly random point)")
+        parse_denoisers(self.data.denoisers)
         for axis in ("data", "fsdp", "tensor", "expert"):
             size = getattr(self.mesh, axis)
             if size == 0 or size < -1:
