@@ -211,7 +211,11 @@ def test_bad_denoisers_are_refused_by_key(denoisers, message):
         run_config.load(None, ["train.objective=ul2", f"data.denoisers={denoisers}"])
 
 
-def test_settings_that_do_not_fit_are_refused_before_anything_compiles():
+def test_settings_that_do_not_fit_are_refused_before_anything_compiles(tmp_path):
+    from jaxformer.train.run import train
+
+    with pytest.raises(ValueError, match=r"model.adapt='t5'; valid: '' \(none\), 'encoder_decoder', 'prefix_lm'"):
+        run_config.load(None, ["model.adapt=t5"])
     with pytest.raises(ValueError, match=r"data.target_fraction=0.75 must lie in \(0, 0.5\]"):
         run_config.load(None, ["data.target_fraction=0.75"])
     with pytest.raises(ValueError, match=r"denoiser 2 \(X: mean_span 3, rate 0.5\) needs 128 sentinel ids"):
@@ -222,6 +226,10 @@ def test_settings_that_do_not_fit_are_refused_before_anything_compiles():
         _objective("prefix_lm", jf.config("tiny-gpt").replace(attention="sliding", window_size=4))
     with pytest.raises(ValueError, match="use train.objective=prefix_lm or ul2"):
         _objective("causal_lm", jf.config("tiny-gpt").replace(attention="prefix"))
+    with pytest.raises(ValueError, match=r"model.adapt='encoder_decoder': adapt\(\) takes a decoder-only model"):
+        train(run_config.load(None, ["model.preset=tiny-bert", "model.adapt=encoder_decoder",
+                                     f"run.dir={tmp_path}"]), progress=False)
+    assert not (tmp_path / "checkpoints").exists()
 
 
 def test_ul2_with_a_hugging_face_tokenizer_needs_its_mode_tokens(tmp_path):

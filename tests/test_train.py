@@ -419,7 +419,7 @@ def test_a_learning_rate_must_be_finite():
 
 
 # --------------------------------------------------------------------------------------------------
-# The prefix LM
+# The prefix LM, UL2, and a decoder run adapted into an encoder-decoder (T5Gemma-style)
 
 
 def test_prefix_lm_config_trains_and_its_loss_falls(tmp_path):
@@ -431,3 +431,30 @@ def test_prefix_lm_config_trains_and_its_loss_falls(tmp_path):
     assert np.mean([r["loss"] for r in history[-2:]]) < np.mean([r["loss"] for r in history[:2]]) - 0.1
     assert np.isfinite(history[-1]["eval_loss"]) and result["model"].config.attention == "prefix"
 
+
+def test_a_decoder_run_adapted_into_an_encoder_decoder_trains_ul2_then_seq2seq(tmp_path, capsys):
+    """configs/t5gemma_adapt.yaml from a tiny decoder run's folder (model.adapt=encoder_decoder, the byte
+    vocabulary grown to 360 ids), then configs/t5gemma_numbers.yaml from that run; both losses fall."""
+    from jaxformer.train.run import load_run_model
+
+    short = ["train.steps=20", "train.log_every=5", "eval.every=20", "eval.batches=1", "optim.warmup_steps=2",
+             "train.sample_tokens=0", "checkpoint.every=20", "train.batch_size=8"]
+    decoder, adapted, numbers = tmp_path / "decoder", tmp_path / "adapted", tmp_path / "numbers"
+    train(run_config.load(None, short + ["train.seq_len=32", f"run.dir={decoder}"]), progress=False)
+    result = train(run_config.load("configs/t5gemma_adapt.yaml", short + [
+        "train.seq_len=32", f"model.init_from=jaxformer:{decoder}", f"run.dir={adapted}"]), progress=False)
+    assert "embed.table rows 256..359" in capsys.readouterr().out  # the vocabulary grew
+    model, losses = result["model"], [r["loss"] for r in result["history"]]
+    assert model.config.family == "encoder_decoder" and model.config.encoder_layers == 2
+    assert losses[-1] < losses[0] - 0.2, losses
+    result = train(run_config.load("configs/t5gemma_numbers.yaml", short + [
+        f"model.init_from=jaxformer:{adapted}", f"run.dir={numbers}"]), progress=False)
+    losses = [r["loss"] for r in result["history"]]
+    assert losses[-1] < losses[0] - 0.2, losses
+    assert load_run_model(numbers).config == result["model"].config  # a run folder is a model to start from
+    unsaved = tmp_path / "unsaved"  # a run folder whose run saved no checkpoint
+    unsaved.mkdir()
+    for name in ("config.yaml", "model.json"):
+        (unsaved / name).write_bytes((decoder / name).read_bytes())
+    with pytest.raises(ValueError, match="unsaved/checkpoints holds no finished checkpoint to start from"):
+        load_run_model(unsaved)

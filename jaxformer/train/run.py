@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import sharding
+from jaxformer.adapt import adapt, adapted_config
 from jaxformer.config import ModelConfig
 from jaxformer.interop.hf import from_pretrained
 from jaxformer.models import build
@@ -45,27 +47,66 @@ CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE = "config.yaml", "model.json", "tokenize
 
 
 def _load_pretrained(source: str):
+    """The model of ``hf:PATH`` (a Hugging Face folder) or ``jaxformer:PATH`` (a native checkpoint, or a
+    training run's folder: its newest checkpoint)."""
     kind, _, path = source.partition(":")
     if kind == "hf":
         return from_pretrained(path)
+    if (Path(path) / MODEL_FILE).exists() and (Path(path) / CONFIG_FILE).exists():
+        return load_run_model(Path(path))
     from jaxformer.checkpoint import load_model
 
     return load_model(path)
 
 
+def load_run_model(run_dir: Path):
+    """The model a training run folder trained (model.json) with its newest checkpoint's parameters."""
+    model = build(ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8"))))
+    restored = None
+    if (run_dir / "checkpoints").is_dir():
+        manager = checkpoint_manager(run_dir, 1, read_only=True)
+        restored = restore(manager, {"params": nnx.state(model, nnx.Param)}, params_only=True)
+        manager.close()
+    if restored is None:
+        raise ValueError(f"{run_dir / 'checkpoints'} holds no finished checkpoint to start from")
+    nnx.update(model, restored[0])
+    return model
+
+
+def adapted(source, kind: str, seed: int):
+    """model.adapt: a loaded decoder model made into ``kind``'s family by ``jf.adapt`` (T5Gemma-style: every
+    tensor copied), or, given a preset's config, that family's config (its model freshly initialised)."""
+    try:
+        if isinstance(source, ModelConfig):
+            return adapted_config(source, kind)
+        model = adapt(source, kind, seed=seed)
+    except ValueError as err:
+        raise ValueError(f"model.adapt={kind!r}: {err}") from None
+    # jf.adapt copies by reference (encoder and decoder start as the same arrays); the train step donates
+    # its state, which needs one buffer per parameter.
+    nnx.update(model, jax.tree.map(jnp.array, nnx.state(model)))
+    return model
+
+
 def build_model(cfg: RunConfig, objective: Objective, mesh):
     """The model ``objective`` trains, laid out on ``mesh`` by the sharding rules: a preset with
     overrides (created already sharded), or ``model.init_from``'s weights with the objective's head (a
-    head the checkpoint lacks is freshly initialised, and said so)."""
+    head the checkpoint lacks is freshly initialised, and said so). ``model.adapt`` turns the decoder
+    loaded (or the preset) into an encoder-decoder or a prefix-LM first; overrides apply to a preset
+    before that, to a loaded model after it (model.overrides.vocab_size may grow a loaded vocabulary)."""
     if not cfg.model.init_from:
         model_cfg = preset_config(cfg.model.preset)
         if cfg.model.overrides:
             model_cfg = model_cfg.replace(**cfg.model.overrides)
+        if cfg.model.adapt:
+            model_cfg = adapted(model_cfg, cfg.model.adapt, cfg.run.seed)
         model_cfg = objective.adapt(model_cfg.replace(dtype=cfg.train.compute_dtype), fresh=True)
         check_lengths(cfg, objective, model_cfg)
         check_memory_settings(cfg, model_cfg)
         return sharding.sharded_build(lambda: build(model_cfg, seed=cfg.run.seed), mesh), []
     loaded = _load_pretrained(cfg.model.init_from)
+    if cfg.model.adapt:
+        loaded = adapted(loaded, cfg.model.adapt, cfg.run.seed)
     wanted = loaded.config.replace(dtype=cfg.train.compute_dtype, **cfg.model.overrides)
     wanted = objective.adapt(wanted, fresh=False)
     check_lengths(cfg, objective, wanted)
@@ -76,26 +117,41 @@ def build_model(cfg: RunConfig, objective: Objective, mesh):
 
 def transplant(loaded, wanted_cfg, seed: int):
     """A model of ``wanted_cfg`` holding every parameter of ``loaded`` that it has (all of the backbone);
-    the rest (a new head) keeps its fresh initialisation. A shared parameter whose shape differs is an
-    error, never a silent re-initialisation."""
+    the rest (a new head) keeps its fresh initialisation. A larger vocabulary keeps the loaded rows and
+    initialises the new ones (the ids of sentinels or mode tokens a byte-level model never saw, say).
+    Any other shared parameter whose shape differs is an error, never a silent re-initialisation."""
     model = build(wanted_cfg, seed=seed)
     source = dict(nnx.to_flat_state(nnx.state(loaded, nnx.Param)))
     target = nnx.state(model, nnx.Param)
     fresh, mismatched = [], []
     for path, variable in nnx.to_flat_state(target):
-        if path not in source:
-            fresh.append(".".join(map(str, path)))
-        elif source[path].shape != variable.shape:
-            mismatched.append(f"{'.'.join(map(str, path))}: checkpoint {source[path].shape}, model {variable.shape}")
+        name, old = ".".join(map(str, path)), source.get(path)
+        if old is None:
+            fresh.append(name)
+        elif old.shape == variable.shape:
+            variable[...] = old[...].astype(variable.dtype)
+        elif (axis := _grown_vocab_axis(old, variable)) is not None:
+            variable[(slice(None),) * axis + (slice(0, old.shape[axis]),)] = old[...].astype(variable.dtype)
+            fresh.append(f"{name} rows {old.shape[axis]}..{variable.shape[axis] - 1}")
         else:
-            variable[...] = source[path][...].astype(variable.dtype)
+            mismatched.append(f"{name}: checkpoint {old.shape}, model {variable.shape}")
     if mismatched:
-        raise ValueError("model.init_from does not fit this model (a changed size in model.overrides?): "
-                         + "; ".join(mismatched))
+        raise ValueError("model.init_from does not fit this model (a changed size in model.overrides? only "
+                         "vocab_size may grow): " + "; ".join(mismatched))
     nnx.update(model, target)
     if hasattr(loaded, "hf_config"):
         model.hf_config = None  # the head changed: export writes the config of this model, not the loaded one
     return model, fresh
+
+
+def _grown_vocab_axis(old, new) -> int | None:
+    """The vocabulary axis along which ``new`` holds more rows than ``old`` and which alone differs, if any."""
+    axes = tuple(new.get_metadata().get("axes") or ())
+    if "vocab" not in axes or len(old.shape) != len(new.shape):
+        return None
+    axis = axes.index("vocab")
+    same_elsewhere = all(a == b for i, (a, b) in enumerate(zip(old.shape, new.shape)) if i != axis)
+    return axis if same_elsewhere and old.shape[axis] < new.shape[axis] else None
 
 
 def check_lengths(cfg: RunConfig, objective: Objective, model_cfg) -> None:
@@ -170,7 +226,7 @@ def _tokenizer_file(cfg: RunConfig) -> Path | None:
     spec = cfg.data.tokenizer
     if spec == "auto":
         folder = Path(cfg.model.init_from.partition(":")[2])
-        own = cfg.model.init_from.startswith("hf:") and (folder / TOKENIZER_FILE).exists()
+        own = bool(cfg.model.init_from) and (folder / TOKENIZER_FILE).exists()
         return folder / TOKENIZER_FILE if own else None
     if spec == "bytes":
         return None

@@ -25,7 +25,10 @@ class RunSection:
 class ModelSection:
     preset: str = "tiny-gpt"
     overrides: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields to replace
-    init_from: str = ""  # "hf:PATH" (a Hugging Face folder) or "jaxformer:PATH" starts from its weights
+    init_from: str = ""  # "hf:PATH" (a Hugging Face folder) or "jaxformer:PATH" (a checkpoint or run folder)
+    # "" | encoder_decoder | prefix_lm: jf.adapt the init_from decoder into that family (T5Gemma-style); with
+    # no init_from, the preset's adapted architecture freshly initialised (the from-scratch control)
+    adapt: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +139,8 @@ class RunConfig:
             raise ValueError("data.mean_span_length must be >= 1 and data.target_len >= 0")
         if self.model.init_from and not self.model.init_from.startswith(("hf:", "jaxformer:")):
             raise ValueError(f"model.init_from={self.model.init_from!r} must be hf:PATH or jaxformer:PATH")
+        if self.model.adapt not in ("", "encoder_decoder", "prefix_lm"):
+            raise ValueError(f"model.adapt={self.model.adapt!r}; valid: '' (none), 'encoder_decoder', 'prefix_lm'")
         if not 0 < self.data.target_fraction <= 0.5:
             raise ValueError(f"data.target_fraction={self.data.target_fraction} must lie in (0, 0.5] (the mean share "
                              "of a window that is target; 0.5 splits it at a uniformly random point)")
