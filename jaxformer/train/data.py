@@ -376,9 +376,9 @@ class Denoiser:
         """Sentinel ids one row of ``raw`` tokens uses (its spans and the closing one)."""
         return 0 if self.mode == "S" else span_counts(raw, self.rate, self.mean_span)[1] + 1
 
-    def apply(self, row: np.ndarray, rng: np.random.Generator, sentinel_start: int | None) -> tuple[np.ndarray,
-                                                                                                  np.ndarray]:
-        """(input, target) of one row of tokens."""
+    def apply(self, row: np.ndarray, rng: np.random.Generator,
+              sentinel_start: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(input, target) of one row of tokens; span sentinels count down from ``sentinel_start``."""
         if self.mode == "S":
             cut = random_prefix_length(len(row), rng, self.rate)
             return row[:cut], row[cut:]
@@ -387,23 +387,23 @@ class Denoiser:
         return inputs[0], targets[0]
 
 
-# UL2's seven denoisers (Tay et al. 2022, section 3.1.2), each drawn equally often by default.
+# UL2's seven denoisers (Tay et al. 2022), each drawn equally often by default.
 UL2_DENOISERS = ({"mode": "R", "mean_span": 3, "rate": 0.15}, {"mode": "R", "mean_span": 8, "rate": 0.15},
                  {"mode": "X", "mean_span": 3, "rate": 0.5}, {"mode": "X", "mean_span": 8, "rate": 0.5},
                  {"mode": "X", "mean_span": 64, "rate": 0.15}, {"mode": "X", "mean_span": 64, "rate": 0.5},
                  {"mode": "S", "rate": 0.25})
 
 
-def parse_denoisers(items, key: str = "data.denoisers") -> tuple[Denoiser, ...]:
-    """Denoisers from config data (a list of {mode, rate, mean_span, weight} mappings); each fault is a
+def parse_denoisers(items) -> tuple[Denoiser, ...]:
+    """Denoisers from data.denoisers (a list of {mode, rate, mean_span, weight} mappings); each fault is a
     ValueError naming the entry and the key, e.g. ``data.denoisers[2].rate``."""
     if not isinstance(items, (list, tuple)) or not items:
-        raise ValueError(f"{key} must be a non-empty list of {{mode, rate, mean_span, weight}} mappings, not "
-                         f"{items!r}")
+        raise ValueError("data.denoisers must be a non-empty list of {mode, rate, mean_span, weight} mappings, "
+                         f"not {items!r}")
     fields = ("mode", "rate", "mean_span", "weight")
     denoisers = []
     for i, item in enumerate(items):
-        where = f"{key}[{i}]"
+        where = f"data.denoisers[{i}]"
         if not isinstance(item, dict):
             raise ValueError(f"{where} must be a mapping with keys {', '.join(fields)}, not {item!r}")
         unknown = sorted(set(item) - set(fields))
