@@ -437,8 +437,8 @@ def test_a_decoder_run_adapted_into_an_encoder_decoder_trains_ul2_then_seq2seq(t
     vocabulary grown to 360 ids), then configs/t5gemma_numbers.yaml from that run; both losses fall."""
     from jaxformer.train.run import load_run_model
 
-    short = ["train.steps=20", "train.log_every=5", "eval.every=20", "eval.batches=1", "optim.warmup_steps=2",
-             "train.sample_tokens=0", "checkpoint.every=20", "train.batch_size=8"]
+    short = ["train.steps=12", "train.log_every=4", "eval.every=12", "eval.batches=1", "optim.warmup_steps=2",
+             "train.sample_tokens=0", "checkpoint.every=12", "train.batch_size=8"]
     decoder, adapted, numbers = tmp_path / "decoder", tmp_path / "adapted", tmp_path / "numbers"
     train(run_config.load(None, short + ["train.seq_len=32", f"run.dir={decoder}"]), progress=False)
     result = train(run_config.load("configs/t5gemma_adapt.yaml", short + [
