@@ -218,7 +218,7 @@ def test_settings_that_do_not_fit_are_refused_before_anything_compiles(tmp_path)
         run_config.load(None, ["model.adapt=t5"])
     with pytest.raises(ValueError, match=r"data.target_fraction=0.75 must lie in \(0, 0.5\]"):
         run_config.load(None, ["data.target_fraction=0.75"])
-    with pytest.raises(ValueError, match=r"denoiser 2 \(X: mean_span 3, rate 0.5\) needs 128 sentinel ids"):
+    with pytest.raises(ValueError, match=r"data.denoisers\[2\] \(X: mean_span 3, rate 0.5\) needs 128 sentinel ids"):
         _objective("ul2", T5, "train.seq_len=512")  # the byte tokenizer has 97 besides the mode tokens
     with pytest.raises(ValueError, match="trains encoder-decoder models and decoders; model 'tiny-bert' is an encoder"):
         _objective("prefix_lm", jf.config("tiny-bert"))

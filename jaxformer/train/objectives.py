@@ -584,7 +584,7 @@ class _Denoising(_EncoderDecoderObjective):
     def _describe(self, i: int) -> str:
         d = self.denoisers[i]
         what = f"rate {d.rate}" if d.mode == "S" else f"mean_span {d.mean_span:g}, rate {d.rate}"
-        return f"denoiser {i} ({d.mode}: {what})" if self.with_modes else f"train.objective={self.name!r}"
+        return f"data.denoisers[{i}] ({d.mode}: {what})" if self.with_modes else f"train.objective={self.name!r}"
 
     def _examples(self, windows: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
         if not self.raw_lengths:
