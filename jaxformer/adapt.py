@@ -13,6 +13,7 @@ Gemma 2 model adapts into exactly T5Gemma's architecture and saves in its format
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import ModelConfig
@@ -85,7 +86,8 @@ def adapt(model: Model, kind: str, *, seed: int = 0) -> Model:
             mismatched.append(f"{'.'.join(map(str, path))} {variable.shape} from {'.'.join(map(str, origin))} "
                               f"{source[origin].shape}")
         else:
-            variable[...] = source[origin][...].astype(variable.dtype)
+            # a copy per destination: encoder and decoder share no buffer, so a train step may donate both
+            variable[...] = jnp.array(source[origin][...], dtype=variable.dtype, copy=True)
             used.add(origin)
     unused = [".".join(map(str, p)) for p in source if p not in used]
     if missing or mismatched or unused:

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer import sharding
@@ -79,13 +78,9 @@ def adapted(source, kind: str, seed: int):
     try:
         if isinstance(source, ModelConfig):
             return adapted_config(source, kind)
-        model = adapt(source, kind, seed=seed)
+        return adapt(source, kind, seed=seed)
     except ValueError as err:
         raise ValueError(f"model.adapt={kind!r}: {err}") from None
-    # jf.adapt copies by reference (encoder and decoder start as the same arrays); the train step donates
-    # its state, which needs one buffer per parameter.
-    nnx.update(model, jax.tree.map(jnp.array, nnx.state(model)))
-    return model
 
 
 def build_model(cfg: RunConfig, objective: Objective, mesh):
