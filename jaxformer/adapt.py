@@ -70,8 +70,8 @@ def _source_path(path: tuple) -> tuple:
 def adapt(model: Model, kind: str, *, seed: int = 0) -> Model:
     """``model`` (decoder-only) as an encoder-decoder or prefix-LM whose every tensor is copied from it.
 
-    ``seed`` only initialises what the new model has and the old lacks; for the blocks jaxformer adapts
-    there is nothing, and a missing source raises instead. The result is a new model; ``model`` is unchanged.
+    ``seed`` seeds the new model's construction, whose every value is then overwritten (a tensor without a
+    source raises instead). The result is a new model; ``model`` is unchanged.
     """
     cfg = adapted_config(model.config, kind)
     adapted = build(cfg, seed=seed)
