@@ -75,7 +75,7 @@ def adapt(model: Model, kind: str, *, seed: int = 0) -> Model:
     """
     cfg = adapted_config(model.config, kind)
     adapted = build(cfg, seed=seed)
-    source = {path: variable for path, variable in nnx.to_flat_state(nnx.state(model))}
+    source = dict(nnx.to_flat_state(nnx.state(model)))
     target = nnx.state(adapted)
     used, missing, mismatched = set(), [], []
     for path, variable in nnx.to_flat_state(target):

@@ -101,6 +101,13 @@ def test_models_built_here_export_to_transformers(preset, tmp_path):
     np.testing.assert_array_equal(np.asarray(again(ids, mask, **extra).logits), np.asarray(model(ids, mask, **extra).logits))
 
 
+def test_a_gemma_config_without_an_explicit_scale_exports_as_gemma():
+    """head_dim 12 and no attention_scale: 1 / sqrt(12) is not bit-equal to 12 ** -0.5, yet it is Gemma's scale."""
+    from jaxformer.interop.hf import hf_target
+
+    assert hf_target(jf.config("tiny-gemma").replace(head_dim=12, attention_scale=None)) == ("gemma2", "Gemma2ForCausalLM")
+
+
 def test_bart_style_config_exports(tmp_path):
     cfg = jf.config("bart-base").replace(vocab_size=97, d_model=32, num_heads=4, d_ff=48, encoder_layers=2,
                                          decoder_layers=2, max_positions=40, init_std=0.2, dropout_rate=0.0,
