@@ -27,19 +27,21 @@ from jaxformer.encoder_decoder import EncoderDecoder
 from jaxformer import generate as generation  # the module: `jaxformer.generate` stays the module
 from jaxformer.interop.hf import from_pretrained, save_pretrained
 from jaxformer.interop.tokenizer import load_tokenizer
+from jaxformer.lora import merge_adapter, quantized, with_lora
 from jaxformer.models import abstract_params, build, param_count
 from jaxformer.outputs import ModelOutput
 from jaxformer.presets import config, presets
 
 __all__ = ["ModelConfig", "RopeScaling", "ModelOutput", "Encoder", "Decoder", "EncoderDecoder", "build",
            "config", "presets", "split", "merge", "abstract_params", "param_count", "from_pretrained",
-           "load_tokenizer", "adapt"]
+           "load_tokenizer", "adapt", "with_lora", "quantized"]
 
 
 # The edges' operations as model methods. Model code imports no edge module; the face binds them.
 for _family in (Encoder, Decoder, EncoderDecoder):
     _family.save_pretrained = save_pretrained
     _family.generate = generation.generate
+    _family.merge_adapter = merge_adapter
 del _family, generation
 
 split = nnx.split

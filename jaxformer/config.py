@@ -37,6 +37,10 @@ ENCODER_HEADS = ("none", "mlm", "pretraining", "sequence_classification", "token
 REMAT_POLICIES = ("none", "full", "dots", "qkv_mlp", "offload")
 ATTENTION_BACKENDS = ("auto", "xla", "cudnn", "splash")
 DTYPES = ("float32", "bfloat16", "float16")
+# LoRA targets: a projection's name, alone or after its sublayer's ("attn.q" spares cross-attention's q)
+LORA_PROJECTIONS = ("q", "k", "v", "o", "q_down", "q_up", "kv_down", "wi", "wi_gate", "wo")
+LORA_SUBLAYERS = ("attn", "cross_attn", "mlp", "experts", "shared_experts")
+QUANTIZATIONS = ("int8", "int8_dynamic")
 
 
 def _one_of(field: str, value: Any, valid: tuple) -> None:
@@ -209,6 +213,16 @@ class ModelConfig:
     scan_layers: bool = True
     remat: str = "none"
     init_std: float = 0.02
+
+    # LoRA adapters (jaxformer/layers/weights.py): rank 0 builds none
+    lora_rank: int = 0
+    lora_alpha: float = 8.0
+    lora_targets: tuple[str, ...] = ()  # LORA_PROJECTIONS, alone or as "sublayer.name" (LORA_SUBLAYERS)
+    lora_dropout: float = 0.0  # on the adapter's input only
+    lora_rslora: bool = False  # scale by alpha / sqrt(rank) instead of alpha / rank
+    lora_trainable: tuple[str, ...] = ()  # parameter paths ('/'-joined) trained in full with the adapters (PEFT's modules_to_save)
+    # int8 projection kernels: 'int8' multiplies in dtype (weight-only), 'int8_dynamic' in int8 (CPU)
+    quantize: str | None = None
 
     def __post_init__(self):
         _one_of("family", self.family, FAMILIES)
@@ -450,6 +464,34 @@ class ModelConfig:
         _one_of("remat", self.remat, REMAT_POLICIES)
         if not self.init_std > 0:
             raise ValueError(f"ModelConfig.init_std={self.init_std!r} must be > 0")
+        self._check_adapters()
+
+    def _check_adapters(self) -> None:
+        for field in ("lora_targets", "lora_trainable"):
+            if isinstance(getattr(self, field), (list, str)):  # YAML and JSON hand us lists
+                value = getattr(self, field)
+                object.__setattr__(self, field, (value,) if isinstance(value, str) else tuple(value))
+        _non_negative("lora_rank", self.lora_rank)
+        _rate("lora_dropout", self.lora_dropout)
+        if self.lora_rank and not self.lora_targets:
+            raise ValueError(f"ModelConfig.lora_rank={self.lora_rank} needs lora_targets: projection names from "
+                             f"{LORA_PROJECTIONS}, alone or as sublayer.name with a sublayer from {LORA_SUBLAYERS}")
+        if self.lora_targets and not self.lora_rank:
+            raise ValueError("ModelConfig.lora_targets is set but lora_rank=0; give the adapters a rank > 0")
+        for target in self.lora_targets:
+            sublayer, _, name = target.rpartition(".")
+            if name not in LORA_PROJECTIONS or (sublayer and sublayer not in LORA_SUBLAYERS):
+                raise ValueError(f"ModelConfig.lora_targets entry {target!r} names no projection; use one of "
+                                 f"{LORA_PROJECTIONS}, alone or as sublayer.name with a sublayer from {LORA_SUBLAYERS}")
+        if self.lora_rank and not self.lora_alpha > 0:
+            raise ValueError(f"ModelConfig.lora_alpha={self.lora_alpha!r} must be > 0")
+        expert_targets = [t for t in self.lora_targets if t in ("wi", "wi_gate", "wo") or t.startswith("experts.")]
+        if self.lora_dropout and self.num_experts and expert_targets:
+            raise ValueError(f"ModelConfig.lora_dropout={self.lora_dropout} cannot reach the experts' adapters "
+                             f"(merged into each expert's kernel for the dispatch), which lora_targets {expert_targets} "
+                             "name; use lora_dropout=0 or target 'mlp.*' / 'shared_experts.*' only")
+        if self.quantize is not None:
+            _one_of("quantize", self.quantize, QUANTIZATIONS)
 
     # Derived sizes: properties, so there is one source of truth and replace() never goes stale.
     @property

@@ -13,6 +13,7 @@ from jaxformer import kernels
 from jaxformer.config import ModelConfig
 from jaxformer.layers.core import Norm, dropout, dtype_of, normalize, param
 from jaxformer.layers.positions import apply_rope, relative_shift
+from jaxformer.layers.weights import kernel, project, projection
 
 Array = jax.Array
 
@@ -49,6 +50,12 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
 
 # --------------------------------------------------------------------------------------------------
 # Attention
+
+
+def _lora_keys(key: Array | None) -> list[Array | None]:
+    """Keys for LoRA dropout on the q, k, v, o adapters' inputs, derived from the attention's own key
+    (attention-probability dropout keeps using ``key`` itself)."""
+    return [None] * 4 if key is None else [jax.random.fold_in(key, 1000 + i) for i in range(4)]
 
 
 @jax.custom_jvp
@@ -124,14 +131,14 @@ class Attention(nnx.Module):
     - ``kv`` (k, v) [B, S, K, H]: precomputed keys/values (cross-attention to a fixed encoder output).
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, role: str = "attn"):
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim_
         self.dtype, self.scale, self.softcap = dtype_of(cfg.dtype), cfg.scale, cfg.attention_softcap
         self.dropout_rate = cfg.attention_dropout_rate
-        self.q = param(rngs, (D, N, H), ("embed", "heads", "head_dim"), cfg)
-        self.k = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), cfg)
-        self.v = param(rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), cfg)
-        self.o = param(rngs, (N, H, D), ("heads", "head_dim", "embed"), cfg)
+        projection(self, "q", cfg, rngs, (D, N, H), ("embed", "heads", "head_dim"), role=role)
+        projection(self, "k", cfg, rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), role=role)
+        projection(self, "v", cfg, rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), role=role)
+        projection(self, "o", cfg, rngs, (N, H, D), ("heads", "head_dim", "embed"), inputs=2, role=role)
         if cfg.qkv_bias:
             self.q_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg, init="zeros")
             self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
@@ -143,24 +150,26 @@ class Attention(nnx.Module):
         self.q_norm = Norm(cfg, rngs=rngs, width=H, axis="head_dim") if cfg.qk_norm else None
         self.k_norm = Norm(cfg, rngs=rngs, width=H, axis="head_dim") if cfg.qk_norm else None
 
-    def _project(self, x: Array, kernel: nnx.Param, bias: nnx.Param | None) -> Array:
+    def _project(self, x: Array, name: str, bias: nnx.Param | None, key: Array | None = None) -> Array:
         # N here is the kernel's head count: query heads for q, kv heads (K) for k and v
-        y = jnp.einsum("BTD,DNH->BTNH", x, kernel[...].astype(self.dtype))
+        y = project(self, name, x, "BTD,DNH->BTNH", self.dtype, key=key)
         return y if bias is None else y + bias[...].astype(self.dtype)
 
-    def key_values(self, source: Array) -> tuple[Array, Array]:
-        """Keys and values [B, S, K, H] of ``source`` (computed once per encoder output when cached)."""
-        k = checkpoint_name(self._project(source, self.k, self.k_bias), "qkv")
-        v = checkpoint_name(self._project(source, self.v, self.v_bias), "qkv")
+    def key_values(self, source: Array, key: Array | None = None) -> tuple[Array, Array]:
+        """Keys and values [B, S, K, H] of ``source`` (computed once per encoder output when cached).
+        ``key`` drives LoRA dropout on the adapters' inputs."""
+        keys = _lora_keys(key)
+        k = checkpoint_name(self._project(source, "k", self.k_bias, keys[1]), "qkv")
+        v = checkpoint_name(self._project(source, "v", self.v_bias, keys[2]), "qkv")
         return (k if self.k_norm is None else self.k_norm(k)), v
 
     def __call__(self, x: Array, kv_input: Array | None = None, *, mask: Array, bias: Array | None = None,
                  rope: tuple[Array, Array] | None = None, cache: dict | None = None,
                  kv: tuple[Array, Array] | None = None, key: Array | None = None) -> tuple[Array, dict | None]:
-        q = checkpoint_name(self._project(x, self.q, self.q_bias), "qkv")
+        q = checkpoint_name(self._project(x, "q", self.q_bias, _lora_keys(key)[0]), "qkv")
         if self.q_norm is not None:
             q = self.q_norm(q)
-        k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input)
+        k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input, key)
         if rope is not None:
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -170,13 +179,13 @@ class Attention(nnx.Module):
             k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])
         if isinstance(mask, kernels.FusedMask):  # full-sequence calls only: Stack gives none with a cache
             if key is None or self.dropout_rate == 0.0:
-                return self._output(kernels.attend(q, k, v, mask, bias, self.scale)), new_kv
+                return self._output(kernels.attend(q, k, v, mask, bias, self.scale), key), new_kv
             mask = mask.dense  # attention dropout runs on XLA
         out = dot_product_attention(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap)
-        return self._output(out), new_kv
+        return self._output(out, key), new_kv
 
-    def _output(self, out: Array) -> Array:
-        y = jnp.einsum("BTNH,NHD->BTD", out, self.o[...].astype(self.dtype))
+    def _output(self, out: Array, key: Array | None = None) -> Array:
+        y = project(self, "o", out, "BTNH,NHD->BTD", self.dtype, key=_lora_keys(key)[3])
         if self.o_bias is not None:
             y = y + self.o_bias[...].astype(self.dtype)
         return y
@@ -215,12 +224,12 @@ class RelativeAttention(Attention):
         """x [B, T, D] after this layer's ``memory`` (none, its hidden states {"hidden": [B, M, D]} or their
         keys and values {"k", "v": [B, M, K, H]}); ``mask`` [B, 1, T, M + T]; ``relative`` the stack's
         ``XLInputs``. Returns the output and this call's own keys and values (what a ``MemoryKV`` keeps)."""
-        q = checkpoint_name(self._project(x, self.q, self.q_bias), "qkv")
-        own_k, own_v = self.key_values(x)
+        q = checkpoint_name(self._project(x, "q", self.q_bias, _lora_keys(key)[0]), "qkv")
+        own_k, own_v = self.key_values(x, key)
         if memory is None:
             k, v = own_k, own_v
         else:
-            past_k, past_v = (self.key_values(memory["hidden"].astype(x.dtype)) if "hidden" in memory
+            past_k, past_v = (self.key_values(memory["hidden"].astype(x.dtype), key) if "hidden" in memory
                               else (memory["k"].astype(own_k.dtype), memory["v"].astype(own_v.dtype)))
             k, v = jnp.concatenate([past_k, own_k], axis=1), jnp.concatenate([past_v, own_v], axis=1)
         u, pos_bias = relative.biases if self.content_bias is None else (self.content_bias, self.position_bias)
@@ -233,7 +242,7 @@ class RelativeAttention(Attention):
                                   preferred_element_type=jnp.float32)
             bias = bias + jnp.where(relative.other_segment[:, None], per_kind[..., 1:], per_kind[..., :1])
         out = dot_product_attention(q + as_q(u), k, v, mask, bias * self.scale, self.scale, self.dropout_rate, key)
-        return self._output(out), {"k": own_k, "v": own_v}
+        return self._output(out, key), {"k": own_k, "v": own_v}
 
 
 class LatentAttention(nnx.Module):
@@ -259,18 +268,19 @@ class LatentAttention(nnx.Module):
         self.dtype, self.scale, self.dropout_rate = dtype_of(cfg.dtype), cfg.scale, cfg.attention_dropout_rate
         self.rope_interleave, self.latent_width = cfg.rope_interleave, C
         if Cq is None:
-            self.q = param(rngs, (D, N, Hn + R), ("embed", "heads", "head_dim"), cfg)
+            projection(self, "q", cfg, rngs, (D, N, Hn + R), ("embed", "heads", "head_dim"), role="attn")
             self.q_down = self.q_norm = self.q_up = None
         else:
             self.q = None
-            self.q_down = param(rngs, (D, Cq), ("embed", "latent"), cfg)
+            projection(self, "q_down", cfg, rngs, (D, Cq), ("embed", "latent"), role="attn")
             self.q_norm = param(rngs, (Cq,), ("latent",), cfg, init="ones")
-            self.q_up = param(rngs, (Cq, N, Hn + R), ("latent", "heads", "head_dim"), cfg)
-        self.kv_down = param(rngs, (D, C + R), ("embed", "latent"), cfg)
+            projection(self, "q_up", cfg, rngs, (Cq, N, Hn + R), ("latent", "heads", "head_dim"), role="attn")
+        projection(self, "kv_down", cfg, rngs, (D, C + R), ("embed", "latent"), role="attn")
         self.kv_norm = param(rngs, (C,), ("latent",), cfg, init="ones")
-        self.k_up = param(rngs, (C, N, Hn), ("latent", "heads", "head_dim"), cfg)
-        self.v_up = param(rngs, (C, N, Hv), ("latent", "heads", "head_dim"), cfg)
-        self.o = param(rngs, (N, Hv, D), ("heads", "head_dim", "embed"), cfg)
+        # read whole (absorbed into the query and output of a decode step): int8 but never LoRA targets
+        projection(self, "k_up", cfg, rngs, (C, N, Hn), ("latent", "heads", "head_dim"))
+        projection(self, "v_up", cfg, rngs, (C, N, Hv), ("latent", "heads", "head_dim"))
+        projection(self, "o", cfg, rngs, (N, Hv, D), ("heads", "head_dim", "embed"), inputs=2, role="attn")
         self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
 
     def _rms(self, x: Array, scale: nnx.Param) -> Array:
@@ -289,17 +299,17 @@ class LatentAttention(nnx.Module):
         """(the part without positions [B, T, N, head_dim], the rotated part [B, T, N, R])."""
         dt = self.dtype
         if self.q is not None:
-            q = jnp.einsum("BTD,DNH->BTNH", x, self.q[...].astype(dt))
+            q = project(self, "q", x, "BTD,DNH->BTNH", dt)
         else:
-            c = self._rms(jnp.einsum("BTD,DC->BTC", x, self.q_down[...].astype(dt)), self.q_norm)
-            q = jnp.einsum("BTC,CNH->BTNH", c, self.q_up[...].astype(dt))
+            c = self._rms(project(self, "q_down", x, "BTD,DC->BTC", dt), self.q_norm)
+            q = project(self, "q_up", c, "BTC,CNH->BTNH", dt)
         q = checkpoint_name(q, "qkv")
         nope = self.k_up.shape[-1]
         return q[..., :nope], self._rotate(q[..., nope:], rope)
 
     def latents(self, x: Array, rope: tuple[Array, Array]) -> Array:
         """What the cache holds per token [B, T, C + R]: the normalized latent, then the rotated key."""
-        kv = checkpoint_name(jnp.einsum("BTD,DC->BTC", x, self.kv_down[...].astype(self.dtype)), "qkv")
+        kv = checkpoint_name(project(self, "kv_down", x, "BTD,DC->BTC", self.dtype), "qkv")
         C = self.latent_width
         rope_key = self._rotate(kv[:, :, None, C:], rope)[:, :, 0]
         return jnp.concatenate([self._rms(kv[..., :C], self.kv_norm), rope_key], axis=-1)
@@ -308,8 +318,8 @@ class LatentAttention(nnx.Module):
         """Per-head keys [B, S, N, head_dim + R] and values [B, S, N, Hv] of latents [B, S, C + R]."""
         dt, C = self.dtype, self.latent_width
         latent = latents[..., :C].astype(dt)
-        k_nope = jnp.einsum("BSC,CNH->BSNH", latent, self.k_up[...].astype(dt))
-        v = jnp.einsum("BSC,CNH->BSNH", latent, self.v_up[...].astype(dt))
+        k_nope = project(self, "k_up", latent, "BSC,CNH->BSNH", dt)
+        v = project(self, "v_up", latent, "BSC,CNH->BSNH", dt)
         rope_key = jnp.broadcast_to(latents[:, :, None, C:].astype(dt), (*k_nope.shape[:3], latents.shape[-1] - C))
         return jnp.concatenate([k_nope, rope_key], axis=-1), v
 
@@ -332,11 +342,11 @@ class LatentAttention(nnx.Module):
             segments = (cache["latent"], written["latent"])
         if cache is not None and x.shape[1] == 1:
             # Absorbed: q_nope k_up^T scores the latent directly, and v_up is applied after the weighted sum.
-            q_latent = jnp.einsum("BTNH,CNH->BTNC", q_nope, self.k_up[...].astype(dt))
+            q_latent = jnp.einsum("BTNH,CNH->BTNC", q_nope, kernel(self, "k_up", dt))
             query = jnp.concatenate([q_latent, q_rope.astype(dt)], axis=-1)
             keys = tuple(segment[:, :, None, :].astype(dt) for segment in segments)  # one kv head: MQA
             mixed = dot_product_attention(query, keys, keys, mask, None, self.scale, self.dropout_rate, key)
-            out = jnp.einsum("BTNC,CNH->BTNH", mixed[..., :self.latent_width], self.v_up[...].astype(dt))
+            out = jnp.einsum("BTNC,CNH->BTNH", mixed[..., :self.latent_width], kernel(self, "v_up", dt))
         else:
             expanded = [self.expand(segment) for segment in segments]
             keys, values = tuple(k for k, _ in expanded), tuple(v for _, v in expanded)
@@ -344,7 +354,7 @@ class LatentAttention(nnx.Module):
                 keys, values = keys[0], values[0]
             query = jnp.concatenate([q_nope, q_rope.astype(dt)], axis=-1)
             out = dot_product_attention(query, keys, values, mask, None, self.scale, self.dropout_rate, key)
-        y = jnp.einsum("BTNH,NHD->BTD", out, self.o[...].astype(dt))
+        y = project(self, "o", out, "BTNH,NHD->BTD", dt)
         if self.o_bias is not None:
             y = y + self.o_bias[...].astype(dt)
         return y, written

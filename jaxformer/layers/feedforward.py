@@ -12,6 +12,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer.config import ModelConfig
 from jaxformer.layers.core import activate, dropout, dtype_of, linear, param
+from jaxformer.layers.weights import kernel, project, projection
 
 Array = jax.Array
 
@@ -20,28 +21,36 @@ class MLP(nnx.Module):
     """Position-wise feed-forward: wo(act(wi x)), or wo(act(wi_gate x) * wi x) when gated. ``width`` and
     ``bias`` default to the config's d_ff and mlp_bias (DeepSeek's shared experts are one wider MLP)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, bias: bool | None = None):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, bias: bool | None = None,
+                 role: str = "mlp"):
         D, F = cfg.d_model, width or cfg.d_ff
         bias = cfg.mlp_bias if bias is None else bias
         self.activation, self.dtype = cfg.activation, dtype_of(cfg.dtype)
         self.dropout_rate = cfg.dropout_rate
-        self.wi = param(rngs, (D, F), ("embed", "mlp"), cfg)
-        self.wi_gate = param(rngs, (D, F), ("embed", "mlp"), cfg) if cfg.gated else None
-        self.wo = param(rngs, (F, D), ("mlp", "embed"), cfg)
+        projection(self, "wi", cfg, rngs, (D, F), ("embed", "mlp"), role=role)
+        if cfg.gated:
+            projection(self, "wi_gate", cfg, rngs, (D, F), ("embed", "mlp"), role=role)
+        else:
+            self.wi_gate = None
+        projection(self, "wo", cfg, rngs, (F, D), ("mlp", "embed"), role=role)
         self.bi = param(rngs, (F,), ("mlp",), cfg, init="zeros") if bias else None
         self.bo = param(rngs, (D,), ("embed",), cfg, init="zeros") if bias else None
 
     def __call__(self, x: Array, key: Array | None = None) -> Array:
         dt = self.dtype
-        h = linear(x, self.wi[...].astype(dt))  # "BTD,DF->BTF", with a faster weight gradient on CPU
+        # LoRA dropout keys of wi, wi_gate, wo: derived, so the hidden dropout keeps using ``key`` itself
+        lora_keys = [None] * 3 if key is None else [jax.random.fold_in(key, 1000 + i) for i in range(3)]
+        # linear: "BTD,DF->BTF" with a faster weight gradient on CPU
+        h = project(self, "wi", x, "BTD,DF->BTF", dt, key=lora_keys[0], dense=linear)
         if self.bi is not None:
             h = h + self.bi[...].astype(dt)
         if self.wi_gate is not None:
-            h = activate(self.activation, linear(x, self.wi_gate[...].astype(dt))) * h
+            h = activate(self.activation, project(self, "wi_gate", x, "BTD,DF->BTF", dt, key=lora_keys[1],
+                                                  dense=linear)) * h
         else:
             h = activate(self.activation, h)
         h = checkpoint_name(dropout(h, self.dropout_rate, key), "mlp")
-        y = linear(h, self.wo[...].astype(dt))
+        y = project(self, "wo", h, "BTF,FD->BTD", dt, key=lora_keys[2], dense=linear)
         if self.bo is not None:
             y = y + self.bo[...].astype(dt)
         return y
@@ -282,10 +291,14 @@ class MoE(nnx.Module):
         # Moved between steps by the balancing rule (train.router_bias_rate), never by gradients.
         self.router_bias = (RouterBias(jnp.zeros((E,), dtype_of(cfg.param_dtype)), axes=("experts",))
                             if cfg.router_bias else None)
-        self.wi = param(rngs, (E, D, F), ("experts", "embed", "mlp"), cfg)
-        self.wi_gate = param(rngs, (E, D, F), ("experts", "embed", "mlp"), cfg) if cfg.gated else None
-        self.wo = param(rngs, (E, F, D), ("experts", "mlp", "embed"), cfg)
-        self.shared = (MLP(cfg, rngs=rngs, width=cfg.shared_experts * F, bias=False)
+        # Expert kernels are read whole by the dispatch (dequantized, LoRA merged per expert: ``kernel``).
+        projection(self, "wi", cfg, rngs, (E, D, F), ("experts", "embed", "mlp"), batch=1, role="experts")
+        if cfg.gated:
+            projection(self, "wi_gate", cfg, rngs, (E, D, F), ("experts", "embed", "mlp"), batch=1, role="experts")
+        else:
+            self.wi_gate = None
+        projection(self, "wo", cfg, rngs, (E, F, D), ("experts", "mlp", "embed"), batch=1, role="experts")
+        self.shared = (MLP(cfg, rngs=rngs, width=cfg.shared_experts * F, bias=False, role="shared_experts")
                        if cfg.shared_experts else None)
 
     def __call__(self, x: Array, token_mask: Array | None = None) -> tuple[Array, dict[str, Array]]:
@@ -294,8 +307,8 @@ class MoE(nnx.Module):
         logits = jnp.einsum("BTD,DE->BTE", x.astype(jnp.float32), self.router[...].astype(jnp.float32))
         bias = None if self.router_bias is None else jax.lax.stop_gradient(self.router_bias[...])
         routing = route(cfg, logits, bias)
-        weights = (self.wi[...].astype(dt), None if self.wi_gate is None else self.wi_gate[...].astype(dt),
-                   self.wo[...].astype(dt))
+        weights = (kernel(self, "wi", dt, batch=1), None if self.wi_gate is None else kernel(self, "wi_gate", dt, batch=1),
+                   kernel(self, "wo", dt, batch=1))
         experts = grouped_experts if use_grouped_dispatch(cfg) else dense_experts
         y = experts(x, routing, *weights, cfg.activation)
         if self.shared is not None:

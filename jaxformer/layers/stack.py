@@ -125,7 +125,7 @@ class Block(nnx.Module):
         self.attn = attention(cfg, rngs=rngs)
         if cross_attention:
             self.cross_norm = Norm(cfg, rngs=rngs)
-            self.cross_attn = Attention(cfg, rngs=rngs)
+            self.cross_attn = Attention(cfg, rngs=rngs, role="cross_attn")
         else:
             self.cross_norm = self.cross_attn = None
         self.mlp_norm = Norm(cfg, rngs=rngs)

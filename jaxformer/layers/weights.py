@@ -1,0 +1,201 @@
+"""How a projection holds and applies its weight: a float kernel, or an int8 kernel with per-output-channel
+scales (``quantize``), and in either case an optional LoRA adapter beside it (``lora_rank``).
+
+A module creates each projection with ``projection(self, "q", ...)``, which sets ``self.q`` and, where the
+config asks, ``self.q_scale`` (int8) and ``self.q_lora`` (the adapter), and applies it with
+``project(self, "q", x, "BTD,DNH->BTNH")``. The kernel keeps its name, shape and logical axes whatever its
+form, so the Hugging Face tensor rules, sharding and checkpoints see the same parameter tree.
+
+LoRA (Hu et al. 2021) adds scale * (dropout(x) A) B to the projection's output: A [in.., R] and
+B [R, out..] (R the rank) carry the kernel's own input and output axes, so they shard with it, and are
+stacked along ``layers`` like every block parameter. The update is applied factored, never merged into the
+kernel, so backpropagation computes gradients for A and B only (R x (in + out) per kernel) and the frozen
+kernel needs none. Initialisation is PEFT's: A Kaiming-uniform (bound 1/sqrt(fan_in)), B zeros.
+
+int8 kernels are symmetric per output channel: w = q * scale, q in [-127, 127], one scale per output unit
+(every index of the kernel's non-input axes). ``quantize='int8'`` multiplies in the compute dtype with the
+kernel converted there (weight-only; on GPU and TPU XLA fuses the conversion into the matmul).
+``'int8_dynamic'`` also rounds each row of activations to int8 with its own scale and multiplies int8 by
+int8 into int32, as PyTorch's dynamic quantization does on CPU: XLA's CPU backend does not fuse the
+conversion, so the weight-only form there reads the kernel as float anyway and runs slower than float32
+(benchmarks/generate.py measures both).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.config import ModelConfig
+from jaxformer.layers.core import dropout, dtype_of, param
+
+Array = jax.Array
+
+
+class LoraParam(nnx.Param):
+    """A LoRA factor (A or B): the only parameters a LoRA fine-tune trains (with any the config lists in
+    ``lora_trainable``); the base kernels stay frozen."""
+
+
+class Quantized(nnx.Variable):
+    """An int8 kernel or its float scales: stored, sharded (by its ``axes``) and checkpointed like a
+    parameter, never trained."""
+
+
+def lora_scaling(cfg: ModelConfig) -> float:
+    """alpha / rank, or alpha / sqrt(rank) with rsLoRA (Kalajdzievski 2023), as PEFT scales."""
+    return cfg.lora_alpha / (math.sqrt(cfg.lora_rank) if cfg.lora_rslora else cfg.lora_rank)
+
+
+def targeted(cfg: ModelConfig, role: str, name: str) -> bool:
+    """Does ``lora_targets`` name this projection: by its name alone ('q') or with its sublayer ('attn.q')?"""
+    return cfg.lora_rank > 0 and (name in cfg.lora_targets or f"{role}.{name}" in cfg.lora_targets)
+
+
+class LoRA(nnx.Module):
+    """The low-rank update of one kernel of shape batch + inputs + outputs (batch: the experts axis of an
+    expert kernel, each expert its own adapter): A [batch.., in.., R], B [batch.., R, out..]."""
+
+    def __init__(self, cfg: ModelConfig, shape: tuple[int, ...], axes: tuple[str, ...], batch: int, inputs: int,
+                 *, rngs: nnx.Rngs):
+        R, dtype = cfg.lora_rank, dtype_of(cfg.param_dtype)
+        lead, ins, outs = shape[:batch], shape[batch:batch + inputs], shape[batch + inputs:]
+        lead_axes, in_axes, out_axes = axes[:batch], axes[batch:batch + inputs], axes[batch + inputs:]
+        bound = 1.0 / math.sqrt(math.prod(ins))  # kaiming_uniform_(a=sqrt(5)) over fan_in, as PEFT
+        a = jax.random.uniform(rngs.params(), (*lead, *ins, R), jnp.float32, -bound, bound)
+        self.a = LoraParam(a.astype(dtype), axes=(*lead_axes, *in_axes, "lora_rank"))
+        self.b = LoraParam(jnp.zeros((*lead, R, *outs), dtype), axes=(*lead_axes, "lora_rank", *out_axes))
+        self.scaling, self.dropout_rate = lora_scaling(cfg), cfg.lora_dropout
+
+    def __call__(self, x: Array, equation: str, dtype, key: Array | None) -> Array:
+        """scaling * (dropout(x) A) B for a projection written as ``equation`` ('BTD,DNH->BTNH')."""
+        x_spec, w_spec, y_spec = _parse(equation)
+        r = next(c for c in "RZYXW" if c not in equation)
+        ins = "".join(c for c in w_spec if c in x_spec)
+        outs = w_spec[len(ins):] if w_spec.startswith(ins) else None
+        if outs is None:
+            raise ValueError(f"LoRA needs the kernel's input axes first in {equation!r}")
+        rows = "".join(c for c in x_spec if c not in ins)
+        h = jnp.einsum(f"{x_spec},{ins}{r}->{rows}{r}", dropout(x, self.dropout_rate, key), self.a[...].astype(dtype))
+        y = jnp.einsum(f"{rows}{r},{r}{outs}->{y_spec}", h, self.b[...].astype(dtype))
+        return y * jnp.asarray(self.scaling, dtype)
+
+    def delta(self, batch: int) -> Array:
+        """The dense update scaling * A B in float32 and the kernel's shape (merging, expert kernels); the
+        first ``batch`` axes (experts; also layers, for a stacked adapter) pair A with B one to one."""
+        a, b = self.a[...].astype(jnp.float32), self.b[...].astype(jnp.float32)
+        product = jnp.matmul(a.reshape(*a.shape[:batch], -1, a.shape[-1]), b.reshape(*b.shape[:batch + 1], -1))
+        return (product * self.scaling).reshape(*a.shape[:-1], *b.shape[batch + 1:])
+
+
+def _parse(equation: str) -> tuple[str, str, str]:
+    operands, y_spec = equation.split("->")
+    x_spec, w_spec = operands.split(",")
+    return x_spec, w_spec, y_spec
+
+
+def projection(module: nnx.Module, name: str, cfg: ModelConfig, rngs: nnx.Rngs, shape: tuple[int, ...],
+               axes: tuple[str, ...], *, inputs: int = 1, batch: int = 0, role: str = "") -> None:
+    """Create ``module.<name>``: a kernel of ``shape`` = batch + inputs + outputs dims (float, or int8 with
+    ``<name>_scale`` over batch + outputs) and, when ``lora_targets`` names it, ``<name>_lora``."""
+    kernel = param(rngs, shape, axes, cfg)
+    if cfg.quantize is None:
+        setattr(module, name, kernel)
+    else:
+        q, scale = quantize_kernel(kernel[...], batch, inputs)
+        setattr(module, name, Quantized(q, axes=axes, dynamic=cfg.quantize == "int8_dynamic"))
+        setattr(module, f"{name}_scale", Quantized(scale.astype(dtype_of(cfg.param_dtype)),
+                                                   axes=axes[:batch] + axes[batch + inputs:]))
+    setattr(module, f"{name}_lora", LoRA(cfg, shape, axes, batch, inputs, rngs=rngs)
+            if targeted(cfg, role, name) else None)
+
+
+def quantize_kernel(w: Array, batch: int, inputs: int) -> tuple[Array, Array]:
+    """Symmetric per-output-channel int8: (q int8 of w's shape, scale of w's batch + output dims)."""
+    w = w.astype(jnp.float32)
+    reduce = tuple(range(batch, batch + inputs))
+    scale = jnp.max(jnp.abs(w), axis=reduce, keepdims=True) / 127.0
+    scale = jnp.where(scale == 0, 1.0, scale)
+    q = jnp.clip(jnp.round(w / scale), -127, 127).astype(jnp.int8)
+    return q, jnp.squeeze(scale, axis=reduce)
+
+
+def kernel(module: nnx.Module, name: str, dtype, inputs: int = 1, batch: int = 0) -> Array:
+    """``module.<name>`` as a dense array in ``dtype``: dequantized if int8, with its LoRA update merged. For
+    the uses that need the whole kernel (expert dispatch, latent attention's absorbed form, merging)."""
+    w = getattr(module, name)
+    if isinstance(w, Quantized):
+        scale = getattr(module, f"{name}_scale")[...].astype(jnp.float32)
+        w = w[...].astype(jnp.float32) * jnp.expand_dims(scale, tuple(range(batch, batch + inputs)))
+    else:
+        w = w[...]
+    lora = getattr(module, f"{name}_lora", None)
+    if lora is not None:
+        w = w.astype(jnp.float32) + lora.delta(batch)
+    return w.astype(dtype)
+
+
+def layout(module: nnx.Module, name: str) -> tuple[int, int] | None:
+    """(input axes, leading batch axes) of the kernel ``module.<name>`` as stored (outside a scan: stacked
+    layers count as batch), read from its scale or adapter; None for a plain float kernel."""
+    w = getattr(module, name)
+    lora = getattr(module, f"{name}_lora", None)
+    if lora is not None:
+        axes_a, axes_b = lora.a.get_metadata()["axes"], lora.b.get_metadata()["axes"]
+        batch = axes_b.index("lora_rank")
+        return len(axes_a) - 1 - batch, batch
+    if isinstance(w, Quantized):
+        axes, scale_axes = w.get_metadata()["axes"], getattr(module, f"{name}_scale").get_metadata()["axes"]
+        batch = next(i for i, a in enumerate(axes) if i >= len(scale_axes) or a != scale_axes[i])
+        return len(axes) - len(scale_axes), batch
+    return None
+
+
+def project(module: nnx.Module, name: str, x: Array, equation: str, dtype, *, key: Array | None = None,
+            dense=None) -> Array:
+    """x through the kernel ``module.<name>`` as ``equation`` (its operands: x, then the kernel, inputs
+    first), in ``dtype``, plus its LoRA update. ``dense(x, w)`` replaces the einsum for a float kernel
+    (the MLP's ``linear``, whose weight gradient is faster on CPU)."""
+    w = getattr(module, name)
+    if isinstance(w, Quantized):
+        y = _int8_matmul(x, w[...], getattr(module, f"{name}_scale")[...], equation, dtype,
+                         w.get_metadata().get("dynamic", False))
+    elif dense is not None:
+        y = dense(x, w[...].astype(dtype))
+    else:
+        y = jnp.einsum(equation, x, w[...].astype(dtype))
+    lora = getattr(module, f"{name}_lora", None)
+    return y if lora is None else y + lora(x, equation, dtype, key)
+
+
+def _aligned(a: Array, a_spec: str, y_spec: str) -> Array:
+    """``a`` with axes ``a_spec`` (a subset of ``y_spec``'s) transposed and reshaped to broadcast against y."""
+    order = [c for c in y_spec if c in a_spec]
+    a = jnp.transpose(a, [a_spec.index(c) for c in order])
+    return a.reshape([a.shape[order.index(c)] if c in a_spec else 1 for c in y_spec])
+
+
+def _int8_matmul(x: Array, q: Array, scale: Array, equation: str, dtype, dynamic: bool) -> Array:
+    x_spec, w_spec, y_spec = _parse(equation)
+    scale = _aligned(scale.astype(jnp.float32), "".join(c for c in w_spec if c in y_spec), y_spec)
+    if not dynamic:
+        return (jnp.einsum(equation, x, q.astype(dtype)).astype(jnp.float32) * scale).astype(dtype)
+    # Dynamic: each row of x (every index of its non-contracted axes) rounded to int8 with its own scale.
+    contracted = tuple(i for i, c in enumerate(x_spec) if c in w_spec)
+    x32 = x.astype(jnp.float32)
+    row_scale = jnp.max(jnp.abs(x32), axis=contracted) / 127.0
+    row_scale = jnp.where(row_scale == 0, 1.0, row_scale)
+    row_spec = "".join(c for c in x_spec if c not in w_spec)
+    xq = jnp.round(x32 / _aligned(row_scale, row_spec, x_spec)).astype(jnp.int8)
+    # XLA CPU multiplies an int8 matrix by a single int8 row with a slow generic loop; two rows take its
+    # int8 GEMM (measured 3-6x faster), so a lone row (one decode step at batch 1) is padded to two.
+    pad = math.prod(row_scale.shape) == 1
+    if pad:
+        xq = jnp.concatenate([xq, jnp.zeros_like(xq)], axis=0)
+    y = jnp.einsum(equation, xq, q, preferred_element_type=jnp.int32)
+    if pad:
+        y = y[:1]
+    return (y.astype(jnp.float32) * _aligned(row_scale, row_spec, y_spec) * scale).astype(dtype)

@@ -1,0 +1,136 @@
+"""LoRA adapters and int8 kernels on a built model, keeping its weights.
+
+    lora = jf.with_lora(model, rank=8, alpha=16, targets=("q", "v"))   # same base tensors, new adapters
+    lora.merge_adapter()                                                 # a plain model: W + scale * A B
+    jf.quantized(model, "int8")                                          # int8 projection kernels
+
+Adapters and int8 kernels are configuration (``ModelConfig.lora_*``, ``quantize``), so a model with them is
+built, sharded, scanned and checkpointed like any other; these functions move a model's values across such a
+change of config. The layer math is in ``jaxformer/layers/weights.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxformer.config import ModelConfig
+from jaxformer.layers.weights import LoraParam, LoRA, Quantized, kernel, layout, quantize_kernel
+from jaxformer.models import FAMILIES, Model
+
+
+def _build(cfg: ModelConfig, seed: int) -> Model:
+    return FAMILIES[cfg.family](cfg, rngs=nnx.Rngs(seed))
+
+
+def _rebuilt(cfg: ModelConfig, values: dict[tuple, Any], seed: int = 0) -> Model:
+    """A model of ``cfg`` whose variables take ``values`` (flat path -> array) where given; the rest (new
+    adapters) are initialised as ``build(cfg, seed)`` would, without materialising the base twice."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: _build(cfg, seed)))
+    flat = list(nnx.to_flat_state(abstract))
+    missing = {_key(p) for p, _ in flat if p not in values}
+    # Only the missing variables leave the jitted build; XLA drops the rest of the initialisation.
+    fresh = jax.jit(lambda: {_key(p): v[...] for p, v in nnx.to_flat_state(nnx.state(_build(cfg, seed)))
+                             if _key(p) in missing})() if missing else {}
+    leaves = []
+    for path, variable in flat:
+        value = values[path] if path in values else fresh[_key(path)]
+        if tuple(value.shape) != tuple(variable.shape):
+            raise ValueError(f"{_key(path)}: a value of shape {tuple(value.shape)} where {cfg.name!r} has "
+                             f"{tuple(variable.shape)}")
+        leaves.append((path, variable.replace(jnp.asarray(value, variable.dtype))))
+    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+def _key(path: tuple) -> str:
+    return "/".join(map(str, path))
+
+
+def _values(model: Model) -> dict[tuple, Any]:
+    return {path: variable[...] for path, variable in nnx.to_flat_state(nnx.state(model))}
+
+
+def with_lora(model: Model, rank: int = 8, alpha: float = 8.0, targets: tuple[str, ...] = ("q", "v"),
+              dropout: float = 0.0, rslora: bool = False, trainable: tuple[str, ...] = (), seed: int = 0) -> Model:
+    """``model`` with LoRA adapters of ``rank`` on the projections ``targets`` names (B zero, so its outputs
+    are unchanged until trained), sharing nothing with the input. An existing adapter is an error."""
+    cfg = model.config
+    if cfg.lora_rank:
+        raise ValueError(f"{cfg.name!r} already has LoRA adapters (rank {cfg.lora_rank}); merge_adapter() first")
+    new = cfg.replace(lora_rank=rank, lora_alpha=alpha, lora_targets=tuple(targets), lora_dropout=dropout,
+                      lora_rslora=rslora, lora_trainable=tuple(trainable))
+    model_paths = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(model))}
+    unknown = [t for t in new.lora_trainable if not any(p == t or p.startswith(t + "/") for p in model_paths)]
+    if unknown:
+        raise ValueError(f"lora_trainable {unknown} match no parameter path of {cfg.name!r}")
+    lora = _rebuilt(new, _values(model), seed)
+    if not any(isinstance(v, LoraParam) for _, v in nnx.to_flat_state(nnx.state(lora))):
+        raise ValueError(f"lora targets {tuple(targets)} name no projection of {cfg.name!r}")
+    return lora
+
+
+def merge_adapter(model: Model) -> Model:
+    """A plain model (no adapters) whose kernels are W + scaling * A B: what PEFT's ``merge_and_unload``
+    gives. The merge runs in float32; an int8 base is dequantized first, so the result is a float model."""
+    cfg = model.config
+    if not cfg.lora_rank:
+        raise ValueError(f"{cfg.name!r} has no LoRA adapters to merge")
+    plain = cfg.replace(lora_rank=0, lora_targets=(), lora_dropout=0.0, lora_rslora=False, lora_trainable=(),
+                        quantize=None)
+    return _rebuilt(plain, _dense_values(model, jnp.dtype(cfg.param_dtype)))
+
+
+def _dense_values(model: Model, dtype) -> dict[tuple, Any]:
+    """Every variable of ``model`` that a plain float model has, each kernel dequantized and merged."""
+    values = {}
+    for path, module in nnx.iter_graph(model):
+        if not isinstance(module, nnx.Module) or isinstance(module, LoRA):
+            continue
+        for name, value in vars(module).items():
+            if not isinstance(value, nnx.Variable) or isinstance(value, LoraParam) or \
+                    (name.endswith("_scale") and isinstance(value, Quantized)):
+                continue
+            shape = layout(module, name)
+            values[(*path, name)] = value[...] if shape is None else kernel(module, name, dtype, *shape)
+    return values
+
+
+def quantized(model: Model, kind: str = "int8") -> Model:
+    """``model`` with int8 projection kernels (symmetric, per output channel) and everything else as it was.
+    An adapter stays as it is, in float, on top of the int8 kernel (QLoRA's arrangement)."""
+    cfg = model.config
+    if cfg.quantize is not None:
+        raise ValueError(f"{cfg.name!r} is already quantized ({cfg.quantize})")
+    target = cfg.replace(quantize=kind)
+    abstract = nnx.eval_shape(lambda: _build(target, 0))
+    values = _values(model)
+    for path, module in nnx.iter_graph(abstract):
+        if not isinstance(module, nnx.Module):
+            continue
+        for name, value in vars(module).items():
+            if isinstance(value, Quantized) and not name.endswith("_scale"):
+                inputs, batch = layout(module, name)
+                q, scale = quantize_kernel(values[(*path, name)], batch, inputs)
+                values[(*path, name)], values[(*path, f"{name}_scale")] = q, scale
+    return _rebuilt(target, values)
+
+
+def trainable(cfg: ModelConfig) -> nnx.filterlib.Filter:
+    """The variables a LoRA fine-tune trains: the adapters and the paths ``lora_trainable`` lists (a
+    classification head, say). Everything else stays frozen."""
+    prefixes = tuple(cfg.lora_trainable)
+
+    def listed(path, variable) -> bool:
+        joined = "/".join(map(str, path))
+        return isinstance(variable, nnx.Param) and any(joined == p or joined.startswith(p + "/") for p in prefixes)
+
+    return nnx.Any(LoraParam, listed)
+
+
+def adapter_paths(model: Model) -> list[str]:
+    """'/'-joined paths of the adapter factors, for reports."""
+    return ["/".join(map(str, p)) for p, v in nnx.to_flat_state(nnx.state(model, LoraParam))]
+
