@@ -90,10 +90,11 @@ def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh, name: str = "a
 
 
 def state_shardings(state: nnx.State, mesh) -> nnx.State:
-    """NamedShardings for a model state (parameters by the rules; other variables replicated)."""
+    """NamedShardings for a model state: parameters, and every other variable that names its logical axes
+    (int8 kernels and their scales), by the rules; the rest replicated."""
 
     def one(path, variable):
-        axes = variable.get_metadata().get("axes") if isinstance(variable, nnx.Param) else None
+        axes = variable.get_metadata().get("axes")
         spec = spec_for(axes, variable.shape, mesh, ".".join(map(str, path))) if axes else P()
         return variable.replace(NamedSharding(mesh, spec))
 
