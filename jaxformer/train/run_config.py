@@ -108,6 +108,67 @@ class OptimSection:
     b2: float = 0.95
 
 
+LORA_BASE_DTYPES = ("float", "int8")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSection:
+    """finetune.lora.*: train LoRA adapters (Hu et al. 2021) on a frozen base instead of every parameter."""
+
+    rank: int = 0  # 0: a full fine-tune (no adapters)
+    alpha: float = 16.0  # the update is scaled by alpha / rank (alpha / sqrt(rank) with rslora)
+    targets: Any = ("q", "v")  # projection names (ModelConfig.lora_targets): a list, or "q,v"
+    dropout: float = 0.0  # on the adapters' input, in training only
+    rslora: bool = False
+    # Parameter paths ('/'-joined prefixes) trained in full beside the adapters (PEFT's modules_to_save);
+    # "auto": the objective's head where it is created fresh (sequence classification's), else nothing.
+    trainable: Any = "auto"
+    base_dtype: str = "float"  # float | int8: the frozen base's projection kernels stored int8 (QLoRA)
+
+    def __post_init__(self):
+        for field in ("targets", "trainable"):  # "q,v" on a command line means ["q", "v"]
+            value = getattr(self, field)
+            if isinstance(value, str) and not (field == "trainable" and value == "auto"):
+                object.__setattr__(self, field, [v.strip() for v in value.split(",") if v.strip()])
+            elif isinstance(value, tuple):
+                object.__setattr__(self, field, list(value))
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 0:
+            raise ValueError(f"finetune.lora.rank={self.rank!r} must be an integer >= 0 (0: no adapters)")
+        if not 0 < self.alpha < float("inf"):
+            raise ValueError(f"finetune.lora.alpha={self.alpha!r} must be a finite number > 0")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"finetune.lora.dropout={self.dropout!r} must lie in [0, 1)")
+        if not isinstance(self.rslora, bool):
+            raise ValueError(f"finetune.lora.rslora={self.rslora!r} must be true or false")
+        if self.base_dtype not in LORA_BASE_DTYPES:
+            raise ValueError(f"finetune.lora.base_dtype={self.base_dtype!r}; valid: 'float', 'int8' (QLoRA)")
+        for field in ("targets", "trainable"):
+            value = getattr(self, field)
+            if not (field == "trainable" and value == "auto") and not (
+                    isinstance(value, list) and all(isinstance(v, str) and v for v in value)):
+                raise ValueError(f"finetune.lora.{field}={value!r} must be a list of names"
+                                 + (" or 'auto'" if field == "trainable" else ""))
+        if self.rank:
+            from jaxformer.config import LORA_PROJECTIONS, LORA_SUBLAYERS
+
+            if not self.targets:
+                raise ValueError("finetune.lora.targets is empty; name the projections to adapt, e.g. [q, v]")
+            for target in self.targets:
+                sublayer, _, name = target.rpartition(".")
+                if name not in LORA_PROJECTIONS or (sublayer and sublayer not in LORA_SUBLAYERS):
+                    raise ValueError(f"finetune.lora.targets entry {target!r} names no projection; valid: "
+                                     f"{', '.join(LORA_PROJECTIONS)}, alone or as sublayer.name with a sublayer "
+                                     f"from {', '.join(LORA_SUBLAYERS)}")
+        elif self.base_dtype != "float":
+            raise ValueError(f"finetune.lora.base_dtype={self.base_dtype!r} needs finetune.lora.rank > 0 (an int8 base "
+                             "is frozen, so only adapters could train)")
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneSection:
+    lora: LoraSection = LoraSection()
+
+
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     run: RunSection = RunSection()
@@ -118,6 +179,7 @@ class RunConfig:
     optim: OptimSection = OptimSection()
     checkpoint: CheckpointSection = CheckpointSection()
     mesh: MeshSection = MeshSection()
+    finetune: FinetuneSection = FinetuneSection()
 
     def __post_init__(self):
         from jaxformer.train.objectives import OBJECTIVES
@@ -189,11 +251,18 @@ class RunConfig:
 
 
 SECTIONS = {"run": RunSection, "model": ModelSection, "data": DataSection, "train": TrainSection,
-            "eval": EvalSection, "optim": OptimSection, "checkpoint": CheckpointSection, "mesh": MeshSection}
+            "eval": EvalSection, "optim": OptimSection, "checkpoint": CheckpointSection, "mesh": MeshSection,
+            "finetune": FinetuneSection}
+NESTED = {"finetune.lora": LoraSection}  # sections inside a section: finetune.lora.rank
 
 
 def _valid_keys() -> list[str]:
-    return [f"{name}.{f.name}" for name, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+    keys = []
+    for name, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            inner = NESTED.get(f"{name}.{f.name}")
+            keys += [f"{name}.{f.name}.{g.name}" for g in dataclasses.fields(inner)] if inner else [f"{name}.{f.name}"]
+    return keys
 
 
 def _parse_value(text: str) -> Any:
@@ -223,6 +292,12 @@ def _coerce(section: str, field: str, value: Any, kind: Any) -> Any:
     raise ValueError(f"{section}.{field}={value!r} must be {kind.__name__}")
 
 
+def _nested(name: str, fields: dict):
+    cls = NESTED[name]
+    kinds = typing.get_type_hints(cls)
+    return cls(**{k: v if kinds[k] is Any else _coerce(name, k, v, kinds[k]) for k, v in fields.items()})
+
+
 def _set(tree: dict, dotted: str, value: Any) -> None:
     valid = _valid_keys()
     section, _, field = dotted.partition(".")
@@ -232,6 +307,9 @@ def _set(tree: dict, dotted: str, value: Any) -> None:
         raise ValueError(f"unknown config key {dotted!r}{hint}")
     if field.startswith("overrides."):
         tree.setdefault(section, {}).setdefault("overrides", {})[field.removeprefix("overrides.")] = value
+    elif "." in field:  # a nested section's key (finetune.lora.rank)
+        inner, _, key = field.partition(".")
+        tree.setdefault(section, {}).setdefault(inner, {})[key] = value
     else:
         tree.setdefault(section, {})[field] = value
 
@@ -258,6 +336,11 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
                 if section == "model" and field == "overrides":
                     for key, inner in (value or {}).items():
                         _set(tree, f"model.overrides.{key}", inner)
+                elif f"{section}.{field}" in NESTED:
+                    if not isinstance(value, dict):
+                        raise ValueError(f"{path}: section {section}.{field} must be a mapping")
+                    for key, inner in value.items():
+                        _set(tree, f"{section}.{field}.{key}", inner)
                 else:
                     _set(tree, f"{section}.{field}", value)
     from_file = dict(tree.get("model", {}).get("overrides", {}))
@@ -280,7 +363,8 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
     built = {}
     for name, fields in tree.items():
         kinds = typing.get_type_hints(SECTIONS[name])
-        built[name] = SECTIONS[name](**{k: _coerce(name, k, v, kinds[k]) for k, v in fields.items()})
+        built[name] = SECTIONS[name](**{k: _nested(f"{name}.{k}", v) if f"{name}.{k}" in NESTED else
+                                        _coerce(name, k, v, kinds[k]) for k, v in fields.items()})
     return RunConfig(**built)
 
 
