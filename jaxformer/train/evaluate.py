@@ -14,7 +14,8 @@ from jaxformer.sharding import shardings_of
 from jaxformer.train.checkpoints import checkpoint_manager, restore
 from jaxformer.train.run import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, Run, held_out_memory
 from jaxformer.train.run_config import load
-from jaxformer.train.steps import batch_sharding, make_eval_step, run_eval
+from jaxformer.train.steps import (batch_sharding, frozen_filter, make_eval_step, run_eval, split_model,
+                                   trained_filter)
 
 
 def restore_run(run_dir: str | Path, step: int | None = None, overrides: tuple[str, ...] = ()) -> tuple[Run, int]:
@@ -36,8 +37,8 @@ def restore_run(run_dir: str | Path, step: int | None = None, overrides: tuple[s
     manager = checkpoint_manager(run_dir, cfg.checkpoint.keep, read_only=True)
     if manager.latest_step() is None:
         raise ValueError(f"{run_dir / 'checkpoints'} holds no finished checkpoint")
-    params = nnx.state(run.model, nnx.Param)
-    restored, step = restore(manager, {"params": params}, step, params_only=True)
+    params = nnx.state(run.model, trained_filter(run.model.config))  # a LoRA run: adapters (and head) only
+    restored, step = restore(manager, {"params": params}, step, params_only=True, base=run.base)
     manager.close()
     nnx.update(run.model, restored)
     return run, step
@@ -48,7 +49,9 @@ def evaluate(run_dir: str | Path, step: int | None = None, overrides: tuple[str,
     model with segment memory adds ``memory_len`` (the memory evaluated with: eval.memory_len, else its
     own) and the ``eval_*_no_memory`` metrics of the same windows without earlier context."""
     run, step = restore_run(run_dir, step, overrides)
-    graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
+    graphdef, params, rest = split_model(run.model)
+    if run.model.config.lora_rank:  # the frozen base is read by the step, not baked into it
+        params = (params, nnx.state(run.model, frozen_filter(run.model.config)))
     memory = held_out_memory(run)
     eval_step = make_eval_step(graphdef, rest, run.objective, run.mesh, shardings_of(params),
                                None if memory is None else shardings_of(memory))
@@ -57,11 +60,18 @@ def evaluate(run_dir: str | Path, step: int | None = None, overrides: tuple[str,
     return {"step": step, **({} if memory is None else {"memory_len": memory.length}), **metrics}
 
 
-def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None) -> int:
+def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None, merge: bool = False) -> int:
     """Write a checkpoint of a run as a Hugging Face folder (config.json + model.safetensors), with the
-    run's tokenizer.json when it used one."""
+    run's tokenizer.json when it used one. A LoRA run needs ``merge``: its adapters merged into the base
+    (dequantized, for an int8 one) as a plain model (``merge_adapter``)."""
     run, step = restore_run(run_dir, step)
-    run.model.save_pretrained(output)
+    model = run.model
+    if model.config.lora_rank and not merge:
+        raise ValueError(f"{run_dir} is a LoRA fine-tune: write it merged into its base with --to-hf OUT --merge, or "
+                         "its adapters alone with --to-peft OUT")
+    if merge and not model.config.lora_rank:
+        raise ValueError(f"{run_dir} has no LoRA adapters to merge; leave out --merge")
+    (model.merge_adapter() if merge else model).save_pretrained(output)
     if run.tokenizer_file is not None:
         shutil.copy(run.tokenizer_file, Path(output) / TOKENIZER_FILE)
     return step

@@ -5,6 +5,11 @@ log, evaluate, checkpoint. ``python train.py`` and ``jaxformer train`` run ``mai
 Batches are a pure function of (seed, step), so the step in the checkpoint is the data position too. A
 model with segment memory (Transformer-XL) reads ordered rows instead of seeded windows, still a function
 of the step, and its train state carries the rows' memory, which the checkpoint holds with the step.
+
+``finetune.lora.rank > 0`` makes it a LoRA fine-tune: the model (preset or ``model.init_from``) gets fresh
+adapters (``jaxformer.lora.with_lora``; with ``base_dtype=int8`` its projection kernels become int8,
+``jaxformer.lora.quantized``), only the adapters and the listed head train, and the checkpoints refer to
+the base by source and fingerprint instead of holding it.
 """
 
 from __future__ import annotations
@@ -23,17 +28,19 @@ from jaxformer import sharding
 from jaxformer.adapt import adapt, adapted_config
 from jaxformer.config import ModelConfig
 from jaxformer.interop.hf import from_pretrained
+from jaxformer.lora import quantized, trainable, with_lora
 from jaxformer.models import build
 from jaxformer.presets import config as preset_config
 from jaxformer.sharding import shardings_of
 from jaxformer.train import data
-from jaxformer.train.checkpoints import checkpoint_manager, restore, save_checkpoint
+from jaxformer.train.checkpoints import checkpoint_manager, fingerprint, restore, save_checkpoint
 from jaxformer.train.lifecycle import (InterruptRequests, Interrupted, RunDirLock, check_run_dir, disk_full,
                                        full_disk_error)
 from jaxformer.train.objectives import Objective, carries_memory, make_objective
 from jaxformer.train.report import Report, attention_note, sample
 from jaxformer.train.run_config import RunConfig, dump, load
-from jaxformer.train.steps import batch_sharding, empty_memory, init_state, make_optimizer, make_steps, run_eval
+from jaxformer.train.steps import (batch_sharding, empty_memory, eval_weights, init_state, make_optimizer, make_steps,
+                                   run_eval, split_model)
 
 # What a run folder holds besides checkpoints/, metrics.jsonl, tensorboard/ and loss.png: the run config,
 # the config of the model as trained, and the tokenizer.json the data used (if not bytes), so that eval
@@ -60,7 +67,11 @@ def _load_pretrained(source: str):
 
 def load_run_model(run_dir: Path):
     """The model a training run folder trained (model.json) with its newest checkpoint's parameters."""
-    model = build(ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8"))))
+    trained = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8")))
+    if trained.lora_rank:
+        raise ValueError(f"{run_dir} is a LoRA fine-tune (its checkpoints hold adapters, not a model); write it out "
+                         f"merged with `jaxformer convert {run_dir} --to-hf OUT --merge` and use model.init_from=hf:OUT")
+    model = build(trained)
     restored = None
     if (run_dir / "checkpoints").is_dir():
         manager = checkpoint_manager(run_dir, 1, read_only=True)
@@ -88,26 +99,61 @@ def build_model(cfg: RunConfig, objective: Objective, mesh):
     overrides (created already sharded), or ``model.init_from``'s weights with the objective's head (a
     head the checkpoint lacks is freshly initialised, and said so). ``model.adapt`` turns the decoder
     loaded (or the preset) into an encoder-decoder or a prefix-LM first; overrides apply to a preset
-    before that, to a loaded model after it (model.overrides.vocab_size may grow a loaded vocabulary)."""
+    before that, to a loaded model after it (model.overrides.vocab_size may grow a loaded vocabulary).
+    Returns ``(model, fresh, head)``: head the '/'-joined paths of the parameters the objective adds (a
+    classification head), what a LoRA fine-tune trains beside its adapters by default."""
     if not cfg.model.init_from:
         model_cfg = preset_config(cfg.model.preset)
         if cfg.model.overrides:
             model_cfg = model_cfg.replace(**cfg.model.overrides)
         if cfg.model.adapt:
             model_cfg = adapted(model_cfg, cfg.model.adapt, cfg.run.seed)
+        before = model_cfg.replace(dtype=cfg.train.compute_dtype)
         model_cfg = objective.adapt(model_cfg.replace(dtype=cfg.train.compute_dtype), fresh=True)
         check_lengths(cfg, objective, model_cfg)
         check_memory_settings(cfg, model_cfg)
-        return sharding.sharded_build(lambda: build(model_cfg, seed=cfg.run.seed), mesh), []
+        head = added_params(before, model_cfg) if cfg.finetune.lora.rank else []
+        return sharding.sharded_build(lambda: build(model_cfg, seed=cfg.run.seed), mesh), [], head
     loaded = _load_pretrained(cfg.model.init_from)
     if cfg.model.adapt:
         loaded = adapted(loaded, cfg.model.adapt, cfg.run.seed)
-    wanted = loaded.config.replace(dtype=cfg.train.compute_dtype, **cfg.model.overrides)
-    wanted = objective.adapt(wanted, fresh=False)
+    before = loaded.config.replace(dtype=cfg.train.compute_dtype, **cfg.model.overrides)
+    wanted = objective.adapt(before, fresh=False)
     check_lengths(cfg, objective, wanted)
     check_memory_settings(cfg, wanted)
+    head = added_params(loaded.config, wanted) if cfg.finetune.lora.rank else []
     model, fresh = (loaded, []) if wanted == loaded.config else transplant(loaded, wanted, cfg.run.seed)
-    return sharding.shard_model(model, mesh), fresh
+    return sharding.shard_model(model, mesh), fresh, head
+
+
+def added_params(before: ModelConfig, after: ModelConfig) -> list[str]:
+    """'/'-joined paths of the parameters a model of ``after`` has and one of ``before`` lacks (from
+    abstract shapes: nothing is built)."""
+    def paths(model_cfg):
+        abstract = nnx.eval_shape(lambda: build(model_cfg))
+        return {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(abstract, nnx.Param))}
+
+    return sorted(paths(after) - paths(before))
+
+
+def with_adapters(cfg: RunConfig, model, head: list[str], mesh):
+    """finetune.lora: ``model`` with fresh LoRA adapters (and, for base_dtype=int8, int8 projection kernels)
+    on ``mesh``, and the reference to its frozen base that the checkpoints hold: the source and a
+    fingerprint of the float base tensors (before int8 rounding, so it does not depend on the backend)."""
+    lo = cfg.finetune.lora
+    train_also = head if lo.trainable == "auto" else lo.trainable
+    try:
+        model = with_lora(model, lo.rank, lo.alpha, tuple(lo.targets), lo.dropout, lo.rslora, tuple(train_also),
+                          seed=cfg.run.seed)
+    except ValueError as err:  # the model's own words, under the keys that were set
+        raise ValueError(f"finetune.lora (rank={lo.rank}, targets={lo.targets}, trainable={lo.trainable!r}): "
+                         f"{err}") from None
+    base = nnx.state(model, nnx.All(nnx.Param, nnx.Not(trainable(model.config))))
+    reference = {"source": cfg.model.init_from or f"preset:{cfg.model.preset}", "fingerprint": fingerprint(base),
+                 "tensors": len(nnx.to_flat_state(base))}
+    if lo.base_dtype == "int8":
+        model = quantized(model, "int8")
+    return sharding.shard_model(model, mesh), reference
 
 
 def transplant(loaded, wanted_cfg, seed: int):
@@ -199,22 +245,28 @@ class Run:
     mesh: jax.sharding.Mesh
     fresh_params: list[str]
     tokenizer_file: Path | None  # the tokenizer.json the data is read with; None for bytes
+    base: dict | None = None  # a LoRA fine-tune's reference to its frozen base: source and fingerprint
 
     @classmethod
     def build(cls, cfg: RunConfig, trained: ModelConfig | None = None, mesh=None) -> Run:
         """The run of ``cfg``; with ``trained`` (a finished run's model config) the model is built from it
-        (to restore a checkpoint into) rather than from the preset or ``model.init_from``. ``mesh``
-        replaces the mesh of ``mesh.*`` (the experiments runner compares meshes of other devices)."""
+        (to restore a checkpoint into) rather than from the preset or ``model.init_from``, except for a
+        LoRA fine-tune, whose frozen base is loaded from its source again (its checkpoints hold only the
+        adapters). ``mesh`` replaces the mesh of ``mesh.*`` (the experiments runner compares meshes of
+        other devices)."""
         mesh = mesh or make_mesh(cfg)  # mesh and batch errors first: they need no data and no model
         tokenizer_file = _tokenizer_file(cfg)
         objective = make_objective(cfg, data.make_tokenizer(str(tokenizer_file) if tokenizer_file else "bytes"))
-        if trained is not None:
+        base = None
+        if trained is not None and not cfg.finetune.lora.rank:
             trained = objective.adapt(trained, fresh=False)
             check_memory_settings(cfg, trained)
             model, fresh = sharding.sharded_build(lambda: build(trained, seed=cfg.run.seed), mesh), []
         else:
-            model, fresh = build_model(cfg, objective, mesh)
-        return cls(cfg, objective, model, mesh, fresh, tokenizer_file)
+            model, fresh, head = build_model(cfg, objective, mesh)
+            if cfg.finetune.lora.rank:
+                model, base = with_adapters(cfg, model, head, mesh)
+        return cls(cfg, objective, model, mesh, fresh, tokenizer_file, base)
 
 
 def _tokenizer_file(cfg: RunConfig) -> Path | None:
@@ -237,7 +289,28 @@ def run_notes(run: Run) -> list[str]:
     """What a person should know before the run starts (an attention backend this machine cannot serve
     fails here, before anything is compiled or written)."""
     fresh = [f"freshly initialised: {', '.join(run.fresh_params)}"] if run.fresh_params else []
-    return run.objective.notes + fresh + [attention_note(run.model.config, run.cfg.train.seq_len)]
+    return run.objective.notes + fresh + lora_notes(run) + [attention_note(run.model.config, run.cfg.train.seq_len)]
+
+
+def lora_notes(run: Run) -> list[str]:
+    """What a LoRA fine-tune trains, and a freshly initialised parameter that it leaves frozen."""
+    model_cfg = run.model.config
+    if not model_cfg.lora_rank:
+        return []
+    params = nnx.state(run.model, trainable(model_cfg))
+    count = sum(x.size for x in jax.tree.leaves(params))
+    total = count + sum(x.size for x in jax.tree.leaves(nnx.state(run.model, nnx.Not(trainable(model_cfg)))))
+    also = f" and {', '.join(model_cfg.lora_trainable)}" if model_cfg.lora_trainable else ""
+    int8 = ", base int8 (QLoRA)" if model_cfg.quantize else ""
+    notes = [f"LoRA r={model_cfg.lora_rank} on {', '.join(model_cfg.lora_targets)}{int8}: training the adapters{also}, "
+             f"{count:,} of {total:,} numbers ({100 * count / total:.2f}%); base {run.base['source']} "
+             f"(sha256 {run.base['fingerprint'][:12]})"]
+    frozen_fresh = [name for name in run.fresh_params
+                    if not any(name.replace(".", "/").startswith(p) for p in model_cfg.lora_trainable)]
+    if frozen_fresh:
+        notes.append(f"freshly initialised but frozen under LoRA: {', '.join(frozen_fresh)}; list them in "
+                     "finetune.lora.trainable to train them")
+    return notes
 
 
 def write_run_folder(run: Run, notes: list[str]) -> None:
@@ -327,12 +400,12 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
     manager = checkpoint_manager(Path(cfg.run.dir), cfg.checkpoint.keep) if cfg.checkpoint.every else None
     resuming = manager is not None and manager.latest_step() is not None
     forced = accept_resume(run) if resuming else []  # nothing in run.dir is written before this
-    graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
+    graphdef, params, rest = split_model(run.model)
     optimizer, schedule = make_optimizer(cfg, params)
     state = init_state(cfg, run.model, optimizer)
     train_step, eval_step = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh, shardings_of(state))
     rows = batch_sharding(run.mesh)
-    state, start_step = restore(manager, state) if resuming else (state, 0)
+    state, start_step = restore(manager, state, base=run.base) if resuming else (state, 0)
     if jax.process_index() == 0:
         write_run_folder(run, notes)
     eval_batches = run.objective.eval_batches(cfg.eval.batches, cfg.train.batch_size)
@@ -353,12 +426,12 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
             jax.block_until_ready(state)  # the only host sync in the loop: at logging, saving and interrupts
             report.check_finite(int(state["skipped"]), done)
             if log:  # before the save: a crash after it must not leave a saved step without its record
-                held_out = lambda: run_eval(eval_step, run.objective, state["params"], eval_batches, rows,  # noqa: E731
+                held_out = lambda: run_eval(eval_step, run.objective, eval_weights(state), eval_batches, rows,  # noqa: E731
                                             eval_memory)
                 report.log(done, metrics, int(state["skipped"]), held_out if evaluate else None)
             if save:
                 save_checkpoint(manager, state, {"step": done, "seed": cfg.run.seed, "objective": run.objective.name,
-                                                 "batch_size": cfg.train.batch_size})
+                                                 "batch_size": cfg.train.batch_size}, run.base)
             if interrupted and done < cfg.train.steps:  # the checkpoint is finalized below, before this leaves
                 raise Interrupted(done, interrupts.signum, saved=manager is not None)
     finally:  # a stop (or any error) still waits for checkpoints in flight
@@ -366,7 +439,7 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
         if manager is not None:
             manager.wait_until_finished()
             manager.close()
-    nnx.update(run.model, state["params"])
+    nnx.update(run.model, state["params"], *([state["frozen"]] if "frozen" in state else []))
     report.plot()
     return {"history": report.history, "model": run.model, "objective": run.objective,
             "seconds": time.perf_counter() - started, "start_step": start_step, "skipped": int(state["skipped"])}

@@ -9,6 +9,12 @@ like the activations, and saved in the checkpoints with the rest.
 MoE models with DeepSeek-V3's selection bias (``RouterBias``, ``router_bias=True``) balance their experts
 without an auxiliary loss: the optimizer leaves the bias alone, and after each step every MoE layer's
 bias moves by ``train.router_bias_rate * sign(mean load - load_e)`` (``balance_router_bias``).
+
+A LoRA fine-tune (``finetune.lora.rank > 0``, a model with ``lora_rank``) trains only what
+``jaxformer.lora.trainable`` selects (the adapters and any ``lora_trainable`` head): those are ``params``,
+differentiated and seen by the optimizer; the frozen base (its float or int8 kernels, norms, embeddings)
+rides along in the state as ``frozen``, an argument of the step that is never differentiated, updated or
+checkpointed (the checkpoint holds a reference to it instead, see ``checkpoints``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxformer import sharding
 from jaxformer.layers import RouterBias
+from jaxformer.layers.weights import Quantized
+from jaxformer.lora import trainable
 from jaxformer.train.objectives import MEMORY, ROUTER_LOAD, Objective, carries_memory, ratio
 from jaxformer.train.run_config import RunConfig
 
@@ -124,26 +132,51 @@ def empty_memory(model, batch: int, length: int | None, mesh):
     return jax.jit(make, out_shardings=memory_sharding(jax.eval_shape(make), mesh))()
 
 
+def trained_filter(model_cfg):
+    """What a run differentiates and optimizes: every parameter, or with LoRA adapters only what
+    ``jaxformer.lora.trainable`` selects."""
+    return trainable(model_cfg) if model_cfg.lora_rank else nnx.Param
+
+
+def frozen_filter(model_cfg):
+    """The frozen weights of a LoRA fine-tune: every parameter and int8 kernel that does not train."""
+    return nnx.All(nnx.Any(nnx.Param, Quantized), nnx.Not(trainable(model_cfg)))
+
+
+def split_model(model):
+    """``(graphdef, params, rest)`` for the steps: the parameters that train, and the rest of the model's
+    variables (buffers, RNG state) closed over; a LoRA model's frozen base is in neither (``init_state``
+    puts it in the train state, so it is an argument of the step rather than a constant baked into it)."""
+    if not model.config.lora_rank:
+        return nnx.split(model, nnx.Param, ...)
+    graphdef, params, _, rest = nnx.split(model, trained_filter(model.config), frozen_filter(model.config), ...)
+    return graphdef, params, rest
+
+
 def init_state(cfg: RunConfig, model, optimizer) -> dict:
     """The train state of a (sharded) model: the optimizer state takes its parameters' shardings; a model
-    with segment memory starts with an empty one for every batch row."""
-    params = nnx.state(model, nnx.Param)
+    with segment memory starts with an empty one for every batch row; a LoRA model's frozen base is
+    ``frozen`` (the optimizer never sees it)."""
+    params = nnx.state(model, trained_filter(model.config))
     mesh = jax.tree.leaves(params)[0].sharding.mesh
     progress = {"step": jnp.int32(0), "skipped": jnp.int32(0), "key": jax.random.PRNGKey(cfg.run.seed)}
     state = {"params": params, "opt_state": sharding.sharded_optimizer_state(optimizer, params),
              **jax.device_put(progress, NamedSharding(mesh, P()))}
+    if model.config.lora_rank:
+        state["frozen"] = nnx.state(model, frozen_filter(model.config))
     if carries_memory(model.config):
         state["memory"] = empty_memory(model, cfg.train.batch_size, None, mesh)
     return state
 
 
 def _loss_fn(graphdef, rest, objective: Objective):
-    """``loss_fn(params, batch, key, memory=None) -> (loss, (sums, memory))``: the objective's loss, with the
-    rolled-forward segment memory taken out of its sums (None for models without one)."""
-    def loss_fn(params, batch, key, memory=None):
-        model = nnx.merge(graphdef, params, rest)
-        dropout = model.config.dropout_rate or model.config.attention_dropout_rate
-        key = key if dropout else None
+    """``loss_fn(params, batch, key, memory=None, frozen=None) -> (loss, (sums, memory))``: the objective's
+    loss, with the rolled-forward segment memory taken out of its sums (None for models without one).
+    ``frozen`` is a LoRA model's base: read, never differentiated (the gradient is taken of ``params``)."""
+    def loss_fn(params, batch, key, memory=None, frozen=None):
+        model = nnx.merge(graphdef, params, rest) if frozen is None else nnx.merge(graphdef, params, frozen, rest)
+        c = model.config
+        key = key if c.dropout_rate or c.attention_dropout_rate or c.lora_dropout else None
         if memory is None:
             loss, sums = objective.loss(model, batch, key)
             return loss, (sums, None)
@@ -154,15 +187,22 @@ def _loss_fn(graphdef, rest, objective: Objective):
     return loss_fn
 
 
+def eval_weights(state: dict):
+    """What the eval step reads of a train state: its params, or a LoRA run's (params, frozen)."""
+    return (state["params"], state["frozen"]) if "frozen" in state else state["params"]
+
+
 def make_eval_step(graphdef, rest, objective: Objective, mesh, params_shardings, memory_shardings=None):
-    """The jitted eval step: the objective's metric sums of one batch, without dropout. With
+    """The jitted eval step: the objective's metric sums of one batch, without dropout. Its weights are
+    ``eval_weights(state)`` (``params_shardings`` theirs: a LoRA run's a (params, frozen) pair). With
     ``memory_shardings`` (a model with segment memory) it takes the rows' memory too and returns
     ``(sums, memory)``, the memory rolled forward over the batch."""
     loss_fn = _loss_fn(graphdef, rest, objective)
     replicated = NamedSharding(mesh, P())
 
-    def eval_sums(params, batch, memory=None):
-        sums, memory = loss_fn(params, batch, None, memory)[1]
+    def eval_sums(weights, batch, memory=None):
+        params, frozen = weights if isinstance(weights, tuple) else (weights, None)
+        sums, memory = loss_fn(params, batch, None, memory, frozen)[1]
         sums.pop(ROUTER_LOAD, None)  # held-out metrics are the scalar ones
         return sums if memory is None else (sums, memory)
 
@@ -184,19 +224,19 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
     if accumulate > 1 and "memory" in state_shardings:  # run.check_memory_settings says so first, by name
         raise ValueError(f"train.grad_accum={accumulate} with a segment memory: use train.grad_accum=1")
 
-    def grads_and_sums(params, batch, key, memory):
+    def grads_and_sums(params, batch, key, memory, frozen):
         if accumulate == 1:
-            (loss, (sums, memory)), grads = grad_fn(params, batch, key, memory)
+            (loss, (sums, memory)), grads = grad_fn(params, batch, key, memory, frozen)
             return loss, sums, memory, grads
         # Micro-batch j takes rows j, j + k, j + 2k, ...: each device's rows split evenly over micro-batches.
         micro = jax.tree.map(lambda x: x.reshape(x.shape[0] // accumulate, accumulate, *x.shape[1:]).swapaxes(0, 1),
                              batch)
         first = jax.tree.map(lambda x: x[0], micro)
-        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, first, key))
+        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, first, key, None, frozen))
 
         def add(total, i_batch):
             i, one = i_batch
-            return jax.tree.map(jnp.add, total, grad_fn(params, one, jax.random.fold_in(key, i))), None
+            return jax.tree.map(jnp.add, total, grad_fn(params, one, jax.random.fold_in(key, i), None, frozen)), None
 
         ((loss, (sums, _)), grads), _ = jax.lax.scan(add, zeros, (jnp.arange(accumulate), micro))
         return loss / accumulate, sums, None, jax.tree.map(lambda g: g / accumulate, grads)
@@ -204,7 +244,7 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
     def train_step(state, batch):
         params, opt_state = state["params"], state["opt_state"]
         loss, sums, memory, grads = grads_and_sums(params, batch, jax.random.fold_in(state["key"], state["step"]),
-                                                   state.get("memory"))
+                                                   state.get("memory"), state.get("frozen"))
         load = sums.pop(ROUTER_LOAD, None)
         load = None if load is None else ratio(load)  # summed over micro-batches: their mean
         grad_norm = optax.tree.norm(grads)
@@ -219,6 +259,8 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
         new_state = {"params": keep(new_params, params), "opt_state": keep(new_opt_state, opt_state),
                      "step": state["step"] + 1, "skipped": state["skipped"] + (~finite).astype(jnp.int32),
                      "key": state["key"]}
+        if "frozen" in state:
+            new_state["frozen"] = state["frozen"]  # the base passes through untouched (donated, so not copied)
         if memory is not None:  # the rows read on either way; after a dropped step (its memory may not be
             # finite) they go on with an empty memory rather than carry the non-finite values forward
             new_state["memory"] = jax.tree.map(lambda m: jnp.where(finite, m, jnp.zeros_like(m)), memory)
@@ -230,7 +272,7 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
     train = jax.jit(sharding.under_mesh(train_step, mesh), donate_argnums=0,
                     in_shardings=(state_shardings, batch_sharding(mesh)),
                     out_shardings=(state_shardings, NamedSharding(mesh, P())))
-    return train, make_eval_step(graphdef, rest, objective, mesh, state_shardings["params"],
+    return train, make_eval_step(graphdef, rest, objective, mesh, eval_weights(state_shardings),
                                  state_shardings.get("memory"))
 
 
