@@ -88,14 +88,19 @@ def convert(args: argparse.Namespace) -> int:
 
     source = Path(args.source)
     if (source / CONFIG_FILE).exists():  # a training run folder: its newest (or --step) checkpoint
+        if args.to_peft:
+            return _run_to_peft(source, args)
         output = args.to_hf or args.output
         if output is None or args.to == "jaxformer":
             raise ValueError(f"{source} is a training run; write it as a Hugging Face folder with --to-hf OUT")
         steps = []
-        write_checkpoint_folder(output, lambda folder: steps.append(export_hf(source, folder, args.step)),
+        write_checkpoint_folder(output, lambda folder: steps.append(export_hf(source, folder, args.step, args.merge)),
                                 args.overwrite)
-        print(f"wrote hf checkpoint {output} from step {steps[0]} of {source} (config.json + model.safetensors)")
+        merged = " (LoRA merged)" if args.merge else ""
+        print(f"wrote hf checkpoint {output} from step {steps[0]} of {source}{merged} (config.json + model.safetensors)")
         return 0
+    if args.to_peft or args.merge:
+        raise ValueError(f"--to-peft and --merge read a LoRA training run folder (with {CONFIG_FILE}); {source} is not one")
     if args.to_hf:
         args.output, args.to = args.to_hf, "hf"
     if args.output is None:
@@ -109,6 +114,22 @@ def convert(args: argparse.Namespace) -> int:
         write_checkpoint_folder(args.output, lambda folder: save_model(model, folder), args.overwrite)
     contents = "config.json + model.safetensors" if target == "hf" else "jaxformer.json + Orbax params"
     print(f"wrote {target} checkpoint {args.output} ({contents})")
+    return 0
+
+
+def _run_to_peft(source, args: argparse.Namespace) -> int:
+    """A LoRA training run's adapters (and trained head) as a PEFT adapter folder, for the base it names."""
+    from jaxformer.interop.files import write_checkpoint_folder
+    from jaxformer.interop.peft import save_adapter
+    from jaxformer.train.evaluate import restore_run
+
+    if args.to_hf or args.output or args.merge:
+        raise ValueError("--to-peft OUT writes the adapters alone; give no other output (--to-hf, OUTPUT, --merge)")
+    run, step = restore_run(source, args.step)
+    if not run.model.config.lora_rank:
+        raise ValueError(f"{source} is a full fine-tune (no LoRA adapters); write it with --to-hf OUT")
+    write_checkpoint_folder(args.to_peft, lambda folder: save_adapter(run.model, folder), args.overwrite)
+    print(f"wrote PEFT adapter {args.to_peft} from step {step} of {source} (base {run.base['source']})")
     return 0
 
 
@@ -200,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("output", nargs="?", help="the folder to write")
     p.add_argument("--to", choices=["hf", "jaxformer"], help="target format (default: the other one)")
     p.add_argument("--to-hf", metavar="OUT", help="write a Hugging Face folder OUT")
+    p.add_argument("--to-peft", metavar="OUT", help="LoRA training runs: write the adapters as a PEFT folder OUT")
+    p.add_argument("--merge", action="store_true",
+                   help="LoRA training runs with --to-hf: merge the adapters into the base (W + scale * A B)")
     p.add_argument("--step", type=int, help="training runs: the checkpoint's step (default: the newest)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="parameter dtype when importing")
     p.add_argument("--overwrite", action="store_true",
