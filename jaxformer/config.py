@@ -223,6 +223,7 @@ class ModelConfig:
     lora_trainable: tuple[str, ...] = ()  # parameter paths ('/'-joined) trained in full with the adapters (PEFT's modules_to_save)
     # int8 projection kernels: 'int8' multiplies in dtype (weight-only), 'int8_dynamic' in int8 (CPU)
     quantize: str | None = None
+    quantize_embeddings: bool = False  # the token table (and so a tied LM head) int8 too, per vocab row
 
     def __post_init__(self):
         _one_of("family", self.family, FAMILIES)
@@ -492,6 +493,9 @@ class ModelConfig:
                              "name; use lora_dropout=0 or target 'mlp.*' / 'shared_experts.*' only")
         if self.quantize is not None:
             _one_of("quantize", self.quantize, QUANTIZATIONS)
+        if self.quantize_embeddings and self.quantize is None:
+            raise ValueError("ModelConfig.quantize_embeddings=True needs quantize set (one of "
+                             f"{QUANTIZATIONS}): the table takes that kind, not None")
 
     # Derived sizes: properties, so there is one source of truth and replace() never goes stale.
     @property
