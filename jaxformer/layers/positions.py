@@ -12,21 +12,37 @@ from flax import nnx
 
 from jaxformer.config import ModelConfig
 from jaxformer.layers.core import Norm, dropout, dtype_of, param
+from jaxformer.layers.weights import Quantized, project, quantize_kernel
 
 Array = jax.Array
 
 
 class Embed(nnx.Module):
-    """Token embedding table [V, D]; ``attend`` reuses it as the tied output projection."""
+    """Token embedding table [V, D]; ``attend`` reuses it as the tied output projection. With
+    ``quantize_embeddings`` a token table (axes vocab, embed) is int8 with one scale per vocab row
+    (``table_scale``): a lookup dequantizes the rows it gathers, ``attend`` is an int8 projection whose
+    output channels are the rows."""
 
     def __init__(self, num: int, cfg: ModelConfig, *, rngs: nnx.Rngs, axes=("vocab", "embed")):
-        self.table = param(rngs, (num, cfg.d_model), axes, cfg)
+        table = param(rngs, (num, cfg.d_model), axes, cfg)
+        if cfg.quantize_embeddings and axes[0] == "vocab":
+            q, scale = quantize_kernel(table[...], 1, 1)
+            self.table = Quantized(q, axes=axes, dynamic=cfg.quantize == "int8_dynamic")
+            self.table_scale = Quantized(scale.astype(dtype_of(cfg.param_dtype)), axes=axes[:1])
+        else:
+            self.table = table
         self.dtype = dtype_of(cfg.dtype)
 
     def __call__(self, ids: Array) -> Array:
-        return jnp.take(self.table[...], ids, axis=0).astype(self.dtype)
+        rows = jnp.take(self.table[...], ids, axis=0)
+        if isinstance(self.table, Quantized):
+            scale = jnp.take(self.table_scale[...], ids, axis=0).astype(jnp.float32)
+            return (rows.astype(jnp.float32) * scale[..., None]).astype(self.dtype)
+        return rows.astype(self.dtype)
 
     def attend(self, x: Array) -> Array:
+        if isinstance(self.table, Quantized):
+            return project(self, "table", x, "BTD,VD->BTV", self.dtype)
         return jnp.einsum("BTD,VD->BTV", x, self.table[...].astype(self.dtype))
 
 
