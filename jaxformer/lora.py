@@ -79,7 +79,7 @@ def merge_adapter(model: Model) -> Model:
     if not cfg.lora_rank:
         raise ValueError(f"{cfg.name!r} has no LoRA adapters to merge")
     plain = cfg.replace(lora_rank=0, lora_targets=(), lora_dropout=0.0, lora_rslora=False, lora_trainable=(),
-                        quantize=None)
+                        quantize=None, quantize_embeddings=False)
     return _rebuilt(plain, _dense_values(model, jnp.dtype(cfg.param_dtype)))
 
 
@@ -98,13 +98,14 @@ def _dense_values(model: Model, dtype) -> dict[tuple, Any]:
     return values
 
 
-def quantized(model: Model, kind: str = "int8") -> Model:
-    """``model`` with int8 projection kernels (symmetric, per output channel) and everything else as it was.
+def quantized(model: Model, kind: str = "int8", embeddings: bool = False) -> Model:
+    """``model`` with int8 projection kernels (symmetric, per output channel) and everything else as it was;
+    ``embeddings`` makes the token table (and so a tied LM head) int8 too, one scale per vocab row.
     An adapter stays as it is, in float, on top of the int8 kernel (QLoRA's arrangement)."""
     cfg = model.config
     if cfg.quantize is not None:
         raise ValueError(f"{cfg.name!r} is already quantized ({cfg.quantize})")
-    target = cfg.replace(quantize=kind)
+    target = cfg.replace(quantize=kind, quantize_embeddings=bool(embeddings))
     abstract = nnx.eval_shape(lambda: _build(target, 0))
     values = _values(model)
     for path, module in nnx.iter_graph(abstract):
