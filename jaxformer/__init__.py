@@ -42,6 +42,7 @@ for _family in (Encoder, Decoder, EncoderDecoder):
     _family.save_pretrained = save_pretrained
     _family.generate = generation.generate
     _family.merge_adapter = merge_adapter
+    _family.save_adapter = interop.peft.save_adapter  # bound by the interop.hf import above
 del _family, generation
 
 split = nnx.split

@@ -19,8 +19,10 @@ import numpy as np
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
+from jaxformer.interop import peft
 from jaxformer.interop.registry import ARCHITECTURES, BY_MODEL_TYPE, SUPPORTED
 from jaxformer.interop.rules import Rule, build_from_tensors, export_with_rules
+from jaxformer.lora import quantized
 
 
 def architecture_of(hf: dict) -> tuple[str, str]:
@@ -130,13 +132,19 @@ def rules_for(cfg: ModelConfig, model_type: str, arch: str, names: set[str] | No
     return architecture.rules(cfg, model_type, arch, prefix)
 
 
-def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pickle: bool = False):
-    """Load a Hugging Face checkpoint folder (config.json + safetensors) as a jaxformer model."""
+def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pickle: bool = False,
+                    adapter: str | os.PathLike | None = None, quantize: str | None = None):
+    """Load a Hugging Face checkpoint folder (config.json + safetensors) as a jaxformer model; with ``adapter``,
+    a PEFT LoRA adapter folder on top (``interop/peft.py``); with ``quantize`` ('int8' or 'int8_dynamic'),
+    int8 projection kernels under it (QLoRA's arrangement: the adapter stays float)."""
     folder = Path(path)
     if not (folder / "config.json").exists():
         raise ValueError(f"{folder} has no config.json; expected a Hugging Face checkpoint folder")
+    if quantize not in (None, "int8", "int8_dynamic"):
+        raise ValueError(f"quantize={quantize!r} is not supported; use None, 'int8' or 'int8_dynamic'")
     hf = read_json(folder / "config.json")
     model_type, arch = architecture_of(hf)  # refuse unsupported types before touching any tensor file
+    adapter_config = peft.read_config(adapter) if adapter is not None else None  # refuse its options early too
     files = TensorFiles(folder, allow_pickle=allow_pickle)
     names = set(files.names)
     if BY_MODEL_TYPE[model_type].ignored is not None:
@@ -148,6 +156,11 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pic
     rules, aliases = rules_for(cfg, model_type, arch, names)
     model = build_from_tensors(cfg, rules, aliases, names, files.get, f"{folder} does not match {arch} ({model_type})")
     model.hf_config = json.dumps(hf, sort_keys=True)  # kept so save_pretrained writes the fields we do not model
+    if adapter is not None:
+        model = peft.load_adapter(model, adapter, names, adapter_config)
+    if quantize is not None:
+        hf_config, model = model.hf_config, quantized(model, quantize)
+        model.hf_config = hf_config
     return model
 
 
