@@ -130,8 +130,9 @@ def _kernels(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[int, int]]:
     return out
 
 
-def _modules(cfg: ModelConfig, rules: list[Rule]) -> tuple[dict[str, _Module], dict[str, str]]:
-    """The torch modules (weight name with {i}) whose rule maps them cleanly onto our projection kernels, and
+def _modules(cfg: ModelConfig, rules: list[Rule]) -> tuple[dict[tuple, _Module], dict[str, str]]:
+    """The torch modules ((weight name with {i}, the rule's layers): one name may cover two stacks, as DeepSeek's
+    dense and MoE layers) whose rule maps them cleanly onto our projection kernels, and
     for the other weights that rules read, why an adapter on them is not supported."""
     kernels = _kernels(cfg)
     shapes = {tuple(map(str, p)): tuple(v.shape) for p, v in nnx.to_flat_state(nnx.state(abstract_model(cfg)))}
@@ -193,7 +194,7 @@ def _modules(cfg: ModelConfig, rules: list[Rule]) -> tuple[dict[str, _Module], d
         if fail:
             refused[name] = fail
             continue
-        clean[name] = _Module(rule, name, tuple(pieces), in_features, out_features, conv1d)
+        clean[(name, rule.layers)] = _Module(rule, name, tuple(pieces), in_features, out_features, conv1d)
     return clean, refused
 
 
@@ -303,10 +304,10 @@ def load_adapter(model, path: str | os.PathLike, names: set[str] | None = None, 
             key = weight.format(i=i).removesuffix(".weight")
             if not _targeted(config, key):
                 continue
-            if weight not in modules:
+            if (weight, rule.layers) not in modules:
                 problems.append(f"{key}: {refused.get(weight, 'not a projection jaxformer adapts')}")
                 continue
-            m = modules[weight]
+            m = modules[(weight, rule.layers)]
             rank = int(_pattern(config.get("rank_pattern"), key, r))
             a = _pattern(config.get("alpha_pattern"), key, alpha)
             adapted[key] = (m, i, rank, scaling(rank, a))
@@ -424,7 +425,7 @@ def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     R, alpha = cfg.lora_rank, cfg.lora_alpha
     tensors, rank_pattern, alpha_pattern, exported = {}, {}, {}, set()
     covered = set()
-    for weight, m in modules.items():
+    for m in modules.values():
         paths = [p.path for p in m.pieces]
         if not any(p in adapters for p in paths):
             continue
@@ -482,8 +483,7 @@ def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     config = {"peft_type": "LORA", "task_type": None, "base_model_name_or_path": _base_name(model), "r": R,
               "lora_alpha": alpha, "target_modules": _target_modules(exported, rules, cfg),
               "use_rslora": cfg.lora_rslora, "lora_dropout": cfg.lora_dropout,
-              "fan_in_fan_out": any(modules[w].conv1d for w in modules
-                                    if any(p.path in covered for p in modules[w].pieces)),
+              "fan_in_fan_out": any(m.conv1d for m in modules.values() if any(p.path in covered for p in m.pieces)),
               "bias": "none", "use_dora": False, "init_lora_weights": True, "inference_mode": True,
               "modules_to_save": sorted(saved_modules) or None, "rank_pattern": rank_pattern,
               "alpha_pattern": alpha_pattern, "layers_to_transform": None, "layers_pattern": None}
