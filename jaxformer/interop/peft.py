@@ -414,11 +414,9 @@ def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     cfg: ModelConfig = model.config
     if not cfg.lora_rank:
         raise ValueError(f"{cfg.name!r} has no LoRA adapters to save")
-    if cfg.quantize:
-        raise ValueError(f"{cfg.name!r} has int8 kernels; PEFT's adapter would not meet the same base weights. "
-                         "Save the adapter of the float model")
     _, arch, rules, _ = _rules_of(model)
-    plain = cfg.replace(lora_rank=0, lora_targets=(), lora_trainable=(), lora_dropout=0.0, lora_rslora=False)
+    plain = cfg.replace(lora_rank=0, lora_targets=(), lora_trainable=(), lora_dropout=0.0, lora_rslora=False,
+                        quantize=None)  # an int8 base (QLoRA) saves the same float adapter
     modules, refused = _modules(plain, rules)
     flat = {tuple(map(str, p)): np.asarray(v[...], np.float32) for p, v in nnx.to_flat_state(nnx.state(model))}
     adapters = {p[:-2] + (p[-2].removesuffix("_lora"),) for p in flat if p[-1] in ("a", "b") and p[-2].endswith("_lora")}
