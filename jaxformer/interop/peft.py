@@ -39,7 +39,6 @@ from jaxformer.config import LORA_PROJECTIONS, ModelConfig
 from jaxformer.interop.files import read_json, write_safetensors
 from jaxformer.interop.rules import Rule
 from jaxformer.layers.weights import LoraParam
-from jaxformer.lora import with_lora
 from jaxformer.models import abstract_model
 
 CONFIG, WEIGHTS, PREFIX = "adapter_config.json", "adapter_model.safetensors", "base_model.model."
@@ -372,21 +371,25 @@ def load_adapter(model, path: str | os.PathLike, names: set[str] | None = None, 
            for rule in rules):
         raise ValueError(f"{folder / CONFIG}: modules_to_save inside the layer stack are not supported")
 
-    targets = tuple(sorted({_role(p) for p in factors}))
-    lora = with_lora(model, rank=R, alpha=model_alpha, targets=targets, dropout=float(config.get("lora_dropout", 0.0)),
-                     rslora=rslora, trainable=tuple(trainable))
-    state = nnx.state(lora)
+    # Every variable of the adapted model is known (base, factors, zeros), so it is assembled, not initialised.
+    adapted_cfg = cfg.replace(lora_rank=R, lora_alpha=model_alpha, lora_targets=tuple(sorted({_role(p) for p in factors})),
+                              lora_dropout=float(config.get("lora_dropout", 0.0)), lora_rslora=rslora,
+                              lora_trainable=tuple(trainable))
+    graphdef, abstract = nnx.split(abstract_model(adapted_cfg))
     flat = []
-    for path, variable in nnx.to_flat_state(state):
+    for path, variable in nnx.to_flat_state(abstract):
         key = tuple(map(str, path))
+        kernel = key[:-2] + (key[-2].removesuffix("_lora"),)
         if isinstance(variable, LoraParam):
-            kernel = key[:-2] + (key[-2].removesuffix("_lora"),)
             value = factors[kernel][0 if key[-1] == "a" else 1] if kernel in factors else np.zeros(variable.shape)
-            variable = variable.replace(jnp.asarray(value, variable.dtype))
-        elif key in replaced:
-            variable = variable.replace(jnp.asarray(replaced[key], variable.dtype))
-        flat.append((path, variable))
-    nnx.update(lora, nnx.from_flat_state(flat))
+        else:
+            value = replaced.get(key, base[key])
+        flat.append((path, variable.replace(jnp.asarray(value, variable.dtype))))
+    have = {tuple(map(str, p)) for p, v in flat if isinstance(v, LoraParam)}
+    missing = sorted("/".join(k) for k in factors if k[:-1] + (k[-1] + "_lora", "a") not in have)
+    if missing:  # a sublayer _role misreads; never expected
+        raise ValueError(f"adapter targets {adapted_cfg.lora_targets} leave {missing} without an adapter")
+    lora = nnx.merge(graphdef, nnx.from_flat_state(flat))
     if getattr(model, "hf_config", None):
         lora.hf_config = model.hf_config
     return lora
