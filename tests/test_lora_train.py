@@ -181,6 +181,10 @@ def test_a_lora_checkpoint_refers_to_its_base_resumes_and_converts(tmp_path):
     np.testing.assert_allclose(np.asarray(nnx.jit(lambda m, x: m(x).logits)(merged, ids)), np.asarray(lora_logits),
                                atol=1e-5)
     assert cli(["convert", str(run_dir), "--to-hf", str(tmp_path / "plain")]) == 2  # a LoRA run needs --merge
+    assert cli(["convert", str(run_dir), "--to-peft", str(tmp_path / "peft")]) == 0
+    with_adapter = jf.from_pretrained(base, adapter=tmp_path / "peft")
+    np.testing.assert_allclose(np.asarray(nnx.jit(lambda m, x: m(x).logits)(with_adapter, ids)),
+                               np.asarray(lora_logits), atol=1e-5)
 
     shutil.rmtree(base)  # another model where the base was
     _save_tiny_gpt(base, seed=4)
