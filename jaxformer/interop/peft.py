@@ -283,10 +283,11 @@ def load_adapter(model, path: str | os.PathLike, names: set[str] | None = None, 
         raise ValueError(f"{cfg.name!r} already has adapters or int8 kernels; load the adapter onto the float base")
     if not (folder / WEIGHTS).exists():
         raise ValueError(f"{folder} has no {WEIGHTS} (pickled adapter_model.bin files are not read)")
-    import safetensors.numpy
+    import safetensors
 
-    try:
-        tensors = safetensors.numpy.load_file(str(folder / WEIGHTS))
+    try:  # through JAX, which (unlike numpy) holds bfloat16
+        with safetensors.safe_open(str(folder / WEIGHTS), framework="flax") as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
     except Exception as err:  # SafetensorError has no stable import path
         raise ValueError(f"{folder / WEIGHTS} is not a readable safetensors file: {err}") from None
     _, arch, rules, _ = _rules_of(model, names)
@@ -315,13 +316,12 @@ def load_adapter(model, path: str | os.PathLike, names: set[str] | None = None, 
     if problems:
         raise ValueError(f"{folder / CONFIG}: target_modules match modules jaxformer cannot adapt: {problems[:20]}")
     saved = _saved_modules(cfg, rules, config.get("modules_to_save") or ())
-    for name, path_ in saved.items():
-        expected[PREFIX + name] = None  # shape checked by the rule below
+    expected.update((PREFIX + name, None) for name in saved)  # shapes checked against the base below
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     misshaped = [f"{k}: {tuple(tensors[k].shape)}, expected {expected[k]}" for k in sorted(expected)
                  if k in tensors and expected[k] is not None and tuple(tensors[k].shape) != expected[k]]
-    non_float = [f"{k} ({tensors[k].dtype})" for k in sorted(tensors) if not np.issubdtype(tensors[k].dtype, np.floating)]
+    non_float = [f"{k} ({tensors[k].dtype})" for k in sorted(tensors) if not jnp.issubdtype(tensors[k].dtype, jnp.floating)]
     if missing or unexpected or misshaped or non_float or not adapted:
         parts = [f"{label} ({len(items)}): {items[:20]}" for label, items in
                  (("missing tensors", missing), ("unexpected tensors", unexpected), ("mis-shaped tensors", misshaped),
@@ -359,17 +359,18 @@ def load_adapter(model, path: str | os.PathLike, names: set[str] | None = None, 
     # modules_to_save: their tensors replace the base's, and they train in full.
     trainable, replaced = [], {}
     for rule in rules:
-        if rule.names and all(n.format(i=0) in saved or n in saved for n in rule.names) and not rule.per_layer:
-            parts = rule.load([np.asarray(tensors[PREFIX + n]) for n in rule.names])
+        held = [n.format(i=i) in saved for n in rule.names for i in rule.layer_range(cfg)]
+        if any(held) and (rule.per_layer or not all(held)):
+            raise ValueError(f"{folder / CONFIG}: modules_to_save {config['modules_to_save']} cover {rule.names[0]}, "
+                             "a module inside the layer stack or part of a fused tensor, which is not supported")
+        if any(held):
+            parts = rule.load([np.asarray(tensors[PREFIX + n], np.float32) for n in rule.names])
             for p, part in zip(rule.paths, parts):
                 if tuple(part.shape) != tuple(base[p].shape):
                     raise ValueError(f"{folder / WEIGHTS}: {rule.names} give {'/'.join(p)} the shape "
                                      f"{tuple(part.shape)}, the base has {tuple(base[p].shape)}; nothing was loaded")
                 replaced[p] = part
                 trainable.append("/".join(p))
-    if any(rule.per_layer and any(n.format(i=i) in saved for n in rule.names for i in rule.layer_range(cfg))
-           for rule in rules):
-        raise ValueError(f"{folder / CONFIG}: modules_to_save inside the layer stack are not supported")
 
     # Every variable of the adapted model is known (base, factors, zeros), so it is assembled, not initialised.
     adapted_cfg = cfg.replace(lora_rank=R, lora_alpha=model_alpha, lora_targets=tuple(sorted({_role(p) for p in factors})),
@@ -402,9 +403,8 @@ def _saved_modules(cfg: ModelConfig, rules: list[Rule], modules_to_save) -> dict
         for i in rule.layer_range(cfg):
             for n in rule.names:
                 name = n.format(i=i)
-                module = name.rsplit(".", 1)[0]
-                if any(re.match(rf"(^|.*\.){m}$", module) for m in modules_to_save):
-                    out[name] = module
+                if any(re.match(rf"(^|.*\.){m}\..*", name) for m in modules_to_save):  # the module or one inside it
+                    out[name] = name.rsplit(".", 1)[0]
     return out
 
 
