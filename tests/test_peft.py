@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
-from hf_factory import build_reference  # noqa: E402
+from hf_factory import build_reference
 
 TOL = 1e-5
 LLAMA_ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -76,7 +76,7 @@ def case(checkpoints, tmp_path_factory):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_adapter_matches_peft_and_round_trips(case, tmp_path, name):
-    base, folder, model, want, plain = case(name)
+    base, folder, _, want, plain = case(name)
     assert np.abs(want - plain).max() > 1e-2, "the adapter should change the logits"
     ours = jf.from_pretrained(base, adapter=folder)
     got = _jax_logits(ours, _ids())

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
 from jaxformer.interop import peft
+from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
 from jaxformer.interop.registry import ARCHITECTURES, BY_MODEL_TYPE, SUPPORTED
 from jaxformer.interop.rules import Rule, build_from_tensors, export_with_rules
 from jaxformer.lora import quantized

@@ -130,9 +130,9 @@ def _kernels(cfg: ModelConfig) -> dict[tuple[str, ...], tuple[int, int]]:
 
 
 def _modules(cfg: ModelConfig, rules: list[Rule]) -> tuple[dict[tuple, _Module], dict[str, str]]:
-    """The torch modules ((weight name with {i}, the rule's layers): one name may cover two stacks, as DeepSeek's
-    dense and MoE layers) whose rule maps them cleanly onto our projection kernels, and
-    for the other weights that rules read, why an adapter on them is not supported."""
+    """The torch modules whose rule maps them cleanly onto our projection kernels, keyed by (weight name with
+    {i}, the rule's layers: one name may cover two stacks, as DeepSeek's dense and MoE layers), and for the
+    other weights that rules read, why an adapter on them is not supported."""
     kernels = _kernels(cfg)
     shapes = {tuple(map(str, p)): tuple(v.shape) for p, v in nnx.to_flat_state(nnx.state(abstract_model(cfg)))}
     clean, refused = {}, {}
@@ -145,8 +145,8 @@ def _modules(cfg: ModelConfig, rules: list[Rule]) -> tuple[dict[tuple, _Module],
             refused.update((n, "not a projection jaxformer adapts") for n in weights)
             continue
         if len(rule.names) != 1:
-            refused.update((n, "an expert kernel stacked from many torch weights (PEFT adapts experts through "
-                               "target_parameters)") for n in weights)
+            refused.update((n, ("an expert kernel stacked from many torch weights (PEFT adapts experts "
+                                "through target_parameters)")) for n in weights)
             continue
         layered = rule.per_layer
         pieces, fail = [], None
@@ -204,11 +204,6 @@ def _role(path: tuple[str, ...]) -> str:
     return f"{sub}.{path[-1]}"
 
 
-def _layer_names(cfg: ModelConfig, module: _Module) -> list[str]:
-    """The torch module names of every layer of ``module`` ('model.layers.3.self_attn.q_proj')."""
-    return [module.name.format(i=i).removesuffix(".weight") for i in module.rule.layer_range(cfg)]
-
-
 # --------------------------------------------------------------------------------------------------
 # PEFT's matching of module names (peft.tuners.tuners_utils.check_target_module_exists)
 
@@ -261,7 +256,11 @@ def _pattern(patterns: dict, key: str, default):
 def _rules_of(model, names: set[str] | None = None):
     """(model_type, arch, rules, aliases) of a model, as ``from_pretrained`` read it or ``save_pretrained``
     writes it."""
-    from jaxformer.interop.hf import architecture_of, hf_target, rules_for  # hf imports this module
+    from jaxformer.interop.hf import (  # hf imports this module
+        architecture_of,
+        hf_target,
+        rules_for,
+    )
 
     cfg = model.config
     base = json.loads(getattr(model, "hf_config", None) or "{}")
@@ -378,14 +377,14 @@ def load_adapter(model, path: str | os.PathLike, names: set[str] | None = None, 
                               lora_trainable=tuple(trainable))
     graphdef, abstract = nnx.split(abstract_model(adapted_cfg))
     flat = []
-    for path, variable in nnx.to_flat_state(abstract):
-        key = tuple(map(str, path))
+    for where, variable in nnx.to_flat_state(abstract):
+        key = tuple(map(str, where))
         kernel = key[:-2] + (key[-2].removesuffix("_lora"),)
         if isinstance(variable, LoraParam):
             value = factors[kernel][0 if key[-1] == "a" else 1] if kernel in factors else np.zeros(variable.shape)
         else:
             value = replaced.get(key, base[key])
-        flat.append((path, variable.replace(jnp.asarray(value, variable.dtype))))
+        flat.append((where, variable.replace(jnp.asarray(value, variable.dtype))))
     have = {tuple(map(str, p)) for p, v in flat if isinstance(v, LoraParam)}
     missing = sorted("/".join(k) for k in factors if k[:-1] + (k[-1] + "_lora", "a") not in have)
     if missing:  # a sublayer _role misreads; never expected
