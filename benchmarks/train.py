@@ -20,7 +20,14 @@ dropout off) train step, compiled ahead of time from abstract shapes (``lower().
 ``ShapeDtypeStruct`` arguments, so nothing is allocated) before anything else, as a user's first step
 would be; the target is under 30 s.
 
-    python benchmarks/train.py [--steps 5] [--json] [--only gpt,bert,t5,mixtral,mixtral_eager] [--skip-compile]
+``lora`` compares fine-tune steps of the same GPT-2 shape inside jaxformer: the full fine-tune step
+(every parameter differentiated, AdamW over all of them) against LoRA rank 8 on q and v (only the
+adapters differentiated and optimized, the base an undonated step argument, as train.py's
+``finetune.lora``) and QLoRA (the same with int8 projection kernels), timed interleaved (full, LoRA,
+QLoRA, full, ...), with each one's training memory computed from shapes: weights + gradients + AdamW
+moments, in bytes.
+
+    python benchmarks/train.py [--steps 5] [--json] [--only gpt,bert,t5,mixtral,mixtral_eager,lora] [--skip-compile]
 """
 
 from __future__ import annotations
@@ -95,6 +102,64 @@ def gpt2_compile_seconds(jax, jnp, optax, nnx, jf, batch_size: int = 8) -> float
     return time.perf_counter() - start
 
 
+def lora_steps(cfg, batch, jax, jnp, optax, nnx, jf) -> dict:
+    """Full, LoRA (r=8 on q, v) and QLoRA fine-tune steps of ``cfg`` on a causal-LM batch: for each, the
+    jitted step ``(state, frozen, batch) -> (state, loss)`` (state donated), its arguments, and the bytes
+    of weights, gradients and AdamW moments from shapes."""
+    from jaxformer.layers.weights import Quantized
+    from jaxformer.lora import trainable
+
+    def nbytes(tree):
+        return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+    out = {}
+    for name, changes in (("full", {}), ("lora", {"lora_rank": 8, "lora_alpha": 16.0, "lora_targets": ("q", "v")}),
+                          ("qlora", {"lora_rank": 8, "lora_alpha": 16.0, "lora_targets": ("q", "v"),
+                                     "quantize": "int8"})):
+        model_cfg = cfg.replace(**changes)
+        model = jf.build(model_cfg)
+        train_filter = trainable(model_cfg) if model_cfg.lora_rank else nnx.Param
+        frozen_filter = nnx.All(nnx.Any(nnx.Param, Quantized), nnx.Not(train_filter))
+        graphdef, params, frozen, rest = nnx.split(model, train_filter, frozen_filter, ...)
+        optimizer = optax.adamw(1e-4, weight_decay=0.01)
+
+        def loss_fn(params, frozen, batch, graphdef=graphdef, rest=rest):
+            logits = nnx.merge(graphdef, params, frozen, rest)(batch["tokens"][:, :-1]).logits
+            return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32),
+                                                                   batch["tokens"][:, 1:]).mean()
+
+        def step(state, frozen, batch, loss_fn=loss_fn, optimizer=optimizer):
+            params, opt_state = state
+            loss, grads = jax.value_and_grad(loss_fn)(params, frozen, batch)  # d/d params only
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), loss
+
+        opt_state = optimizer.init(params)
+        memory = {"weights": nbytes(params) + nbytes(frozen), "grads": nbytes(params), "adam": nbytes(opt_state)}
+        out[name] = {"step": jax.jit(step, donate_argnums=0), "state": (params, opt_state), "frozen": frozen,
+                     "trained": sum(x.size for x in jax.tree.leaves(params)), "memory": memory}
+    return out
+
+
+def lora_comparison(cfg, batch, steps: int, warmup: int, jax, jnp, optax, nnx, jf) -> dict:
+    """Median step times of the full, LoRA and QLoRA fine-tunes, timed interleaved, and their memory."""
+    runs = lora_steps(cfg, batch, jax, jnp, optax, nnx, jf)
+    jax_batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    times = {name: [] for name in runs}
+    for i in range(warmup + steps):
+        for name, r in runs.items():  # full, lora, qlora, full, ...: all see the same machine load
+            start = time.perf_counter()
+            r["state"], loss = r["step"](r["state"], r["frozen"], jax_batch)
+            loss.block_until_ready()
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    full = statistics.median(times["full"])
+    return {name: {"step_s": round(statistics.median(times[name]), 4),
+                   "speedup_vs_full": round(full / statistics.median(times[name]), 3),
+                   "trained_params": int(r["trained"]), **{f"{k}_bytes": int(v) for k, v in r["memory"].items()},
+                   "total_bytes": int(sum(r["memory"].values()))} for name, r in runs.items()}
+
+
 def torch_step(model, family: str, batch, torch):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -120,7 +185,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--only", default="gpt,bert,t5,mixtral,mixtral_eager")
+    parser.add_argument("--only", default="gpt,bert,t5,mixtral,mixtral_eager,lora")
     parser.add_argument("--skip-compile", action="store_true", help="skip the full-size gpt2 compile time")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -173,8 +238,12 @@ def main() -> None:
     peak, peak_source = peak_flops("float32")
     # first, cold, as a user's first compile
     gpt2_compile_s = None if args.skip_compile else gpt2_compile_seconds(jax, jnp, optax, nnx, jf)
-    results = {}
+    results, lora = {}, None
     for name in args.only.split(","):
+        if name == "lora":
+            cfg, _, batch, _ = setups["gpt"]
+            lora = lora_comparison(cfg, batch, args.steps, args.warmup, jax, jnp, optax, nnx, jf)
+            continue
         cfg, make_torch, batch, tokens = setups[name]
         step, state, params, flops_per_token = jaxformer_step(cfg, name, batch, jax, jnp, optax, nnx, jf)
         jax_batch = {k: jnp.asarray(v) for k, v in batch.items()}
@@ -202,13 +271,24 @@ def main() -> None:
                          "compile_s": round(compile_s, 1), "params": int(params)}
         del torch_model, state
     if args.json:
-        print(json.dumps({**results, "gpt2_124m_compile_s": gpt2_compile_s and round(gpt2_compile_s, 1)}))
+        print(json.dumps({**results, "gpt2_124m_compile_s": gpt2_compile_s and round(gpt2_compile_s, 1),
+                          **({"lora": lora} if lora else {})}))
         return
-    print(f"float32 train steps, median of {args.steps}; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})")
-    print(f"{'model':<14} {'params':>12} {'jaxformer tok/s':>16} {'torch tok/s':>12} {'ratio':>7} {'MFU':>6} {'compile':>8}")
+    if results:
+        print(f"float32 train steps, median of {args.steps}; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})")
+        print(f"{'model':<14} {'params':>12} {'jaxformer tok/s':>16} {'torch tok/s':>12} {'ratio':>7} {'MFU':>6} {'compile':>8}")
     for name, r in results.items():
         print(f"{name:<14} {r['params']:>12,} {r['jaxformer_tok_s']:>16.0f} {r['torch_tok_s']:>12.0f} "
               f"{r['ratio']:>6.2f}x {r['mfu']:>6.1%} {r['compile_s']:>7.1f}s")
+    if lora:
+        print(f"fine-tune steps of the gpt shape, median of {args.steps}, interleaved; memory = weights + grads + "
+              "AdamW moments, from shapes")
+        print(f"{'step':<8} {'trained':>12} {'step s':>8} {'vs full':>8} {'weights MB':>11} {'grads MB':>9} "
+              f"{'adam MB':>8} {'total MB':>9}")
+        for name, r in lora.items():
+            print(f"{name:<8} {r['trained_params']:>12,} {r['step_s']:>8.3f} {r['speedup_vs_full']:>7.2f}x "
+                  f"{r['weights_bytes'] / 1e6:>11.1f} {r['grads_bytes'] / 1e6:>9.2f} {r['adam_bytes'] / 1e6:>8.2f} "
+                  f"{r['total_bytes'] / 1e6:>9.1f}")
     if gpt2_compile_s is not None:
         print(f"compile of a full-size gpt2 (124M, 8 x 1024, scanned) train step, ahead of time: "
               f"{gpt2_compile_s:.1f} s (target: under 30 s)")
