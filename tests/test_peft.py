@@ -34,6 +34,9 @@ CASES = {
     "gpt2-c_attn": ("gpt2", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True)),
     "bert-classifier": ("bert-seqcls", dict(r=4, lora_alpha=8, target_modules=["query", "value"], task_type="SEQ_CLS")),
     "t5-q-v": ("t5", dict(r=4, lora_alpha=16, target_modules=["q", "v"])),
+    # latent attention: the query's down and up projections, the shared key-value latent, the output
+    "deepseek-mla": ("deepseek-v2", dict(r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+                                                                             "o_proj"])),
 }
 
 
