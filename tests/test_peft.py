@@ -95,21 +95,27 @@ def test_adapter_matches_peft_and_round_trips(case, tmp_path, name):
         assert json.loads((tmp_path / "adapter_config.json").read_text())["fan_in_fan_out"] is True
 
 
-def test_gpt2_trained_qkv_adapters_go_out_as_one_rank_3r_adapter(case, tmp_path):
+@pytest.mark.parametrize("trained, rank", [("qkv", 12), ("q", 4)])
+def test_gpt2_trained_qkv_adapters_go_out_through_c_attn(case, tmp_path, trained, rank):
     """Three different A's on q, k, v (trained here) cannot share c_attn's one A: they go out as rank 3R with a
-    block-diagonal B, and PEFT (and jaxformer again) computes the same logits."""
+    block-diagonal B; with only q's B nonzero, q's A is c_attn's. PEFT (and jaxformer again) computes the same
+    logits."""
     base, folder, _, _, _ = case("gpt2-c_attn")
     lora = jf.from_pretrained(base, adapter=folder)  # q, k, v share c_attn's A until trained
     rng = np.random.RandomState(3)
-    nnx.update(lora, jax.tree.map(lambda v: jnp.asarray(rng.normal(0, 0.3, v.shape), v.dtype), nnx.state(lora, LoraParam)))
+    state = jax.tree.map(lambda v: jnp.asarray(rng.normal(0, 0.3, v.shape), v.dtype), nnx.state(lora, LoraParam))
+    for name in set("qkv") - set(trained):
+        state["decoder"]["blocks"]["attn"][f"{name}_lora"]["b"][...] = 0.0
+    nnx.update(lora, state)
     want = _jax_logits(lora, _ids())
     lora.save_adapter(tmp_path)
     config = json.loads((tmp_path / "adapter_config.json").read_text())
-    assert (config["r"], config["rank_pattern"], config["alpha_pattern"]) == (4, {"c_attn": 12}, {"c_attn": 24.0})
+    patterns = ({"c_attn": 12}, {"c_attn": 24.0}) if rank == 12 else ({}, {})
+    assert (config["r"], config["rank_pattern"], config["alpha_pattern"]) == (4, *patterns)
     reloaded = peft.PeftModel.from_pretrained(build_reference("gpt2"), str(tmp_path)).eval()
     assert np.abs(_torch_logits(reloaded, _ids(), False) - want).max() < TOL
     back = jf.from_pretrained(base, adapter=tmp_path)
-    assert back.config.lora_rank == 12
+    assert back.config.lora_rank == rank
     assert np.abs(_jax_logits(back, _ids()) - want).max() < TOL
 
 

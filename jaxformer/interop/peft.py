@@ -431,15 +431,11 @@ def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
             continue
         covered.update(paths)
         layers = list(m.rule.layer_range(cfg))
-        per_piece = []
-        for piece in m.pieces:
-            if piece.path in adapters:
-                a, b = flat[piece.path[:-1] + (piece.path[-1] + "_lora", "a")], flat[piece.path[:-1] + (piece.path[-1] + "_lora", "b")]
-            else:
-                shape_a = ((len(layers),) if m.rule.per_layer else ()) + (*piece.shape[:piece.inputs], R)
-                shape_b = ((len(layers),) if m.rule.per_layer else ()) + (R, *piece.shape[piece.inputs:])
-                a, b = np.zeros(shape_a, np.float32), np.zeros(shape_b, np.float32)
-            per_piece.append((piece, a, b))
+        # The kernels of this weight that carry an adapter; of those, the ones whose B is not zero (a piece
+        # whose B is zero adds nothing, so it needs no block of its own).
+        lora = [(piece, flat[piece.path[:-1] + (piece.path[-1] + "_lora", "a")],
+                 flat[piece.path[:-1] + (piece.path[-1] + "_lora", "b")]) for piece in m.pieces if piece.path in adapters]
+        per_piece = [x for x in lora if x[2].any()] or lora
         k = len(per_piece)
         shared = k == 1 or all(np.array_equal(per_piece[0][1], a) for _, a, _ in per_piece[1:])
         rank = R if shared else k * R
