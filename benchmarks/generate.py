@@ -8,7 +8,13 @@ and excluded from its tokens/s. The bandwidth bound at batch 1 is ``jaxformer.fl
 decode step must read (``jaxformer.flops.decode_bytes_per_step``: the weights once and the KV cache at
 the run's average length).
 
-    python benchmarks/generate.py [--repeats 3] [--json] [--new-tokens 128]
+With ``--int8`` it instead compares jaxformer with itself: the same gpt2 shape (random weights, built
+directly, no torch needed) in float32 against its int8 forms (``jf.quantized``): weight-only ``int8``
+and ``int8_dynamic``, each with the tied embedding / LM head left float32 or made int8 too
+(``embeddings=True``). Runs interleave float32 and each int8 form; the ratio is int8 tokens/s over
+float32 tokens/s; "agree" is the fraction of generated tokens equal to float32's.
+
+    python benchmarks/generate.py [--repeats 3] [--json] [--new-tokens 128] [--int8]
 """
 
 from __future__ import annotations
@@ -28,8 +34,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--int8", action="store_true", help="float32 vs int8 jaxformer instead of vs transformers")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if args.int8:
+        int8_main(args)
+        return
 
     import numpy as np
     import torch
@@ -99,6 +109,62 @@ def main() -> None:
           f"read per step -> bound {bound_tok_s:.1f} tok/s at batch 1; jaxformer reaches "
           f"{result['bandwidth_fraction_b1']:.0%}")
     print(f"compile (both batch sizes, excluded above): {result['compile_s']:.1f} s")
+
+
+INT8_KINDS = (("int8", False), ("int8", True), ("int8_dynamic", False), ("int8_dynamic", True))
+
+
+def int8_main(args) -> None:
+    import numpy as np
+
+    import jaxformer as jf
+    from jaxformer import generate as gen
+
+    base = jf.build("gpt2", seed=0)
+    models = {"float32": base}
+    for kind, embeddings in INT8_KINDS:
+        models[kind + ("+embed" if embeddings else "")] = jf.quantized(base, kind, embeddings=embeddings)
+    result: dict[str, float] = {}
+    for batch in (1, 8):
+        ids = np.random.default_rng(batch).integers(0, base.config.vocab_size, (batch, args.prompt))
+        runs = {}
+        for name, model in models.items():
+            call_args, gc = gen.prepare(model, ids, max_new_tokens=args.new_tokens)
+            compiled = gen.generate_tokens_jit.lower(*call_args, config=gc).compile()
+            runs[name] = (model, call_args, gc, compiled)
+
+        def run(name):
+            model, call_args, gc, compiled = runs[name]
+            tokens, steps, bad_step = compiled(*call_args[1:])
+            return gen.assemble(model, ids, tokens, steps, bad_step, gc)
+
+        outputs = {name: run(name) for name in runs}  # warm up every form
+        times = {name: [] for name in runs}
+        for _ in range(args.repeats):
+            for name in runs:  # float32, int8, float32, int8+embed, ...: each form beside float32 in time
+                for one in ("float32", name) if name != "float32" else ():
+                    start = time.perf_counter()
+                    run(one)
+                    times[one].append(time.perf_counter() - start)
+        new_tokens = batch * args.new_tokens
+        reference = outputs["float32"][:, args.prompt:]
+        for name in runs:
+            tok_s = new_tokens / statistics.median(times[name])
+            result[f"{name}_tok_s_b{batch}"] = round(tok_s, 2)
+            if name != "float32":
+                result[f"{name}_ratio_b{batch}"] = round(tok_s / result[f"float32_tok_s_b{batch}"], 3)
+                result[f"{name}_agree_b{batch}"] = round(float(np.mean(outputs[name][:, args.prompt:] == reference)), 3)
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"gpt2 shape (124M, random weights) greedy, prompt {args.prompt}, {args.new_tokens} new tokens, "
+          f"median of {args.repeats}; int8 forms vs float32 jaxformer, interleaved")
+    print(f"{'batch':>5} {'form':>19} {'tok/s':>8} {'vs float32':>10} {'agree':>6}")
+    for batch in (1, 8):
+        for name in models:
+            ratio = result.get(f"{name}_ratio_b{batch}", 1.0)
+            agree = result.get(f"{name}_agree_b{batch}", 1.0)
+            print(f"{batch:>5} {name:>19} {result[f'{name}_tok_s_b{batch}']:>8.1f} {ratio:>9.2f}x {agree:>6.2f}")
 
 
 if __name__ == "__main__":
