@@ -57,49 +57,39 @@ def test_lora_settings_are_checked_by_name():
     assert cfg.finetune.lora.targets == ["q", "v", "wi"] and cfg.finetune.lora.dropout == 0.1
 
 
-def test_qlora_trains_only_the_adapters_and_the_optimizer_holds_only_their_state():
-    """Three QLoRA steps with LoRA dropout on: the adapters move, every base tensor (int8 kernels, their
-    scales, embeddings, norms) is bit-identical, and Adam's two moments are exactly the adapters' size.
-    (The float base's bit-identity is checked by the checkpoint test below.)"""
-    base_dtype = "int8"
-    cfg = run_config.load(None, TINY + [f"finetune.lora.base_dtype={base_dtype}", "finetune.lora.dropout=0.1"])
-    run, state, train_step = _steps(cfg)
-    frozen = jax.tree.map(np.array, state["frozen"])
-    adapters = jax.tree.map(np.array, state["params"])
-    assert all(isinstance(v, LoraParam) for v in jax.tree.leaves(state["params"], is_leaf=lambda x: isinstance(
-        x, nnx.Variable)))
-    if base_dtype == "int8":
-        kernels = [v for v in jax.tree.leaves(state["frozen"], is_leaf=lambda x: isinstance(x, nnx.Variable))
-                   if isinstance(v, Quantized) and v.dtype == np.int8]
-        assert len(kernels) == 6  # q, v, wi, ... every projection of the blocks, stacked over layers
-    adapter_size = sum(x.size for x in jax.tree.leaves(state["params"]))
-    moments = [x.size for x in jax.tree.leaves(state["opt_state"]) if x.ndim]  # Adam's count is a scalar
-    assert sum(moments) == 2 * adapter_size
-    base_size = sum(x.size for x in jax.tree.leaves(state["frozen"]))
-    assert adapter_size < 0.2 * base_size
+def _run_steps(run, cfg, steps: int = 3) -> dict:
+    """``steps`` steps of ``run``: the losses, the adapters after, and what the steps did to the state
+    (used inside the subprocess below, where the multi-device runs are)."""
+    _, state, train_step = _steps(cfg, run=run)
+    frozen, adapters = jax.tree.map(np.array, state["frozen"]), jax.tree.map(np.array, state["params"])
+    variables = lambda tree: jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, nnx.Variable))  # noqa: E731
+    facts = {"only_adapters_train": all(isinstance(v, LoraParam) for v in variables(state["params"])),
+             "int8_kernels": sum(isinstance(v, Quantized) and v.dtype == np.int8 for v in variables(state["frozen"])),
+             "adapter_size": sum(x.size for x in jax.tree.leaves(state["params"])),
+             "base_size": sum(x.size for x in jax.tree.leaves(state["frozen"])),
+             "adam_moments": sum(x.size for x in jax.tree.leaves(state["opt_state"]) if x.ndim),  # not the count
+             "q_spec": str(state["frozen"]["decoder"]["blocks"]["attn"]["q"].sharding.spec)}
     losses = []
-    for step in range(3):
-        state, metrics = train_step(state, jax.tree.map(jax.numpy.asarray, run.objective.batch(step, 8)))
+    for step in range(steps):
+        state, metrics = train_step(state, run.objective.batch(step, 8))
         losses.append(float(ratio(metrics["sums"]["loss"])))
-    for old, new in zip(jax.tree.leaves(frozen), jax.tree.leaves(state["frozen"])):
-        assert old.dtype == new.dtype
-        np.testing.assert_array_equal(np.asarray(new), old)
-    moved = [not np.array_equal(np.asarray(new), old)
-             for old, new in zip(jax.tree.leaves(adapters), jax.tree.leaves(state["params"]))]
-    assert all(moved) and np.isfinite(losses).all()
+    facts["base_bit_identical"] = all(
+        old.dtype == new.dtype and np.array_equal(np.asarray(new), old)
+        for old, new in zip(jax.tree.leaves(frozen), jax.tree.leaves(state["frozen"])))
+    facts["every_adapter_moved"] = all(not np.array_equal(np.asarray(new), old)
+                                       for old, new in zip(jax.tree.leaves(adapters), jax.tree.leaves(state["params"])))
+    return {"losses": losses, "adapters": [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(state["params"])],
+            **facts}
 
 
-def test_lora_under_fsdp_and_tensor_parallel_meshes_equals_one_device():
-    """One subprocess with 8 simulated devices: three LoRA steps on fsdp=8, and three QLoRA steps (its int8
-    kernels shard by their logical axes) on data=2 x tensor=4, give one device's losses and adapters.
-    Each base is built once, on one device, and moved onto the other mesh (the same tensors)."""
-    script = """
-import dataclasses, json, numpy as np, jax
+MESH_SCRIPT = """
+import dataclasses, json, sys, numpy as np, jax
 from flax import nnx
 from jaxformer import sharding
 from jaxformer.train import run_config
-__import__("sys").path.insert(0, "tests")
-from test_lora_train import TINY, _steps
+from jaxformer.train.run import Run
+sys.path.insert(0, "tests")
+from test_lora_train import TINY, _run_steps
 out = {}
 for base, name, sizes in [("float", "fsdp", {"fsdp": 8}), ("int8", "tp", {"data": 2, "tensor": 4})]:
     cfg = run_config.load(None, TINY + [f"finetune.lora.base_dtype={base}", "finetune.lora.dropout=0.1"])
@@ -108,27 +98,41 @@ for base, name, sizes in [("float", "fsdp", {"fsdp": 8}), ("int8", "tp", {"data"
     graphdef, tensors = nnx.split(single.model)  # a host copy: the single-device steps donate their buffers
     copy = nnx.merge(graphdef, jax.tree.map(np.array, tensors))
     other = dataclasses.replace(single, model=sharding.shard_model(copy, mesh), mesh=mesh)
-    for label, run in [(base + "_single", single), (base + "_" + name, other)]:
-        _, state, step = _steps(cfg, run=run)
-        if label == "int8_tp":
-            q = state["frozen"]["decoder"]["blocks"]["attn"]["q"]
-            assert q.dtype == np.int8 and "tensor" in str(q.sharding.spec), q.sharding
-        losses = []
-        for i in range(3):
-            state, m = step(state, run.objective.batch(i, 8))
-            losses.append(float(m["sums"]["loss"][0] / m["sums"]["loss"][1]))
-        out[label] = {"losses": losses,
-                      "adapters": [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(state["params"])]}
+    out[base + "_single"] = _run_steps(single, cfg)
+    out[base + "_" + name] = _run_steps(other, cfg)
 print(json.dumps(out))
-""".replace("from jaxformer.train import run_config", "from jaxformer.train import run_config\nfrom jaxformer.train.run import Run")
+"""
+
+
+@pytest.fixture(scope="module")
+def mesh_runs():
+    """One subprocess with 8 simulated devices: three LoRA steps on one device and on fsdp=8, three QLoRA
+    steps on one device and on data=2 x tensor=4, LoRA dropout on. Each base is built once, on one
+    device, and copied onto the other mesh (the same tensors)."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", MESH_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_only_the_adapters_train_the_base_stays_bit_identical_and_adam_holds_only_their_state(mesh_runs):
+    """LoRA and QLoRA: the adapters alone are differentiated and all move; every base tensor (float, or
+    int8 kernels with their scales, embeddings, norms) is bit-identical after the steps, on every mesh;
+    Adam's two moments are exactly the adapters' size."""
+    for label, facts in mesh_runs.items():
+        assert facts["only_adapters_train"] and facts["every_adapter_moved"] and facts["base_bit_identical"], label
+        assert facts["adam_moments"] == 2 * facts["adapter_size"], label
+        assert facts["adapter_size"] < 0.2 * facts["base_size"] and np.isfinite(facts["losses"]).all()
+        assert facts["int8_kernels"] == (6 if label.startswith("int8") else 0), label  # q k v o wi wo (stacked)
+
+
+def test_lora_under_fsdp_and_qlora_under_tensor_parallel_equal_one_device(mesh_runs):
+    assert "tensor" in mesh_runs["int8_tp"]["q_spec"]  # the int8 kernels shard by their logical axes
+    assert "fsdp" in mesh_runs["float_fsdp"]["q_spec"]
     for name, reference in [("float_fsdp", "float_single"), ("int8_tp", "int8_single")]:
-        np.testing.assert_allclose(out[name]["losses"], out[reference]["losses"], rtol=1e-5)
-        for a, b in zip(out[name]["adapters"], out[reference]["adapters"]):
+        np.testing.assert_allclose(mesh_runs[name]["losses"], mesh_runs[reference]["losses"], rtol=1e-5)
+        for a, b in zip(mesh_runs[name]["adapters"], mesh_runs[reference]["adapters"]):
             np.testing.assert_allclose(a, b, atol=1e-5)
 
 
