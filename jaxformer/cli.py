@@ -97,10 +97,12 @@ def convert(args: argparse.Namespace) -> int:
         write_checkpoint_folder(output, lambda folder: steps.append(export_hf(source, folder, args.step, args.merge)),
                                 args.overwrite)
         merged = " (LoRA merged)" if args.merge else ""
-        print(f"wrote hf checkpoint {output} from step {steps[0]} of {source}{merged} (config.json + model.safetensors)")
+        print(f"wrote hf checkpoint {output} from step {steps[0]} of {source}{merged} "
+              "(config.json + model.safetensors)")
         return 0
     if args.to_peft or args.merge:
-        raise ValueError(f"--to-peft and --merge read a LoRA training run folder (with {CONFIG_FILE}); {source} is not one")
+        raise ValueError(f"--to-peft and --merge read a LoRA training run folder (with {CONFIG_FILE}); {source} is "
+                         "not one")
     if args.to_hf:
         args.output, args.to = args.to_hf, "hf"
     if args.output is None:

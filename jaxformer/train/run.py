@@ -69,8 +69,8 @@ def load_run_model(run_dir: Path):
     """The model a training run folder trained (model.json) with its newest checkpoint's parameters."""
     trained = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8")))
     if trained.lora_rank:
-        raise ValueError(f"{run_dir} is a LoRA fine-tune (its checkpoints hold adapters, not a model); write it out "
-                         f"merged with `jaxformer convert {run_dir} --to-hf OUT --merge` and use model.init_from=hf:OUT")
+        raise ValueError(f"{run_dir} is a LoRA fine-tune (its checkpoints hold adapters, not a model); write it "
+                         f"out merged with `jaxformer convert {run_dir} --to-hf OUT --merge`, then init_from=hf:OUT")
     model = build(trained)
     restored = None
     if (run_dir / "checkpoints").is_dir():
@@ -426,7 +426,8 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
             jax.block_until_ready(state)  # the only host sync in the loop: at logging, saving and interrupts
             report.check_finite(int(state["skipped"]), done)
             if log:  # before the save: a crash after it must not leave a saved step without its record
-                held_out = lambda: run_eval(eval_step, run.objective, eval_weights(state), eval_batches, rows,  # noqa: E731
+                weights = eval_weights(state)
+                held_out = lambda: run_eval(eval_step, run.objective, weights, eval_batches, rows,  # noqa: E731
                                             eval_memory)
                 report.log(done, metrics, int(state["skipped"]), held_out if evaluate else None)
             if save:
