@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.interop.files import read_json
-from jaxformer.interop.hf import architecture_of, from_pretrained
+from jaxformer.interop.hf import from_pretrained
+from jaxformer.interop.registry import architecture_of
 
 
 @dataclasses.dataclass

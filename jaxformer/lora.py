@@ -11,6 +11,8 @@ change of config. The layer math is in ``jaxformer/layers/weights.py``.
 
 from __future__ import annotations
 
+import math
+import zlib
 from typing import Any
 
 import jax
@@ -26,23 +28,36 @@ def _build(cfg: ModelConfig, seed: int) -> Model:
     return FAMILIES[cfg.family](cfg, rngs=nnx.Rngs(seed))
 
 
-def _rebuilt(cfg: ModelConfig, values: dict[tuple, Any], seed: int = 0) -> Model:
-    """A model of ``cfg`` whose variables take ``values`` (flat path -> array) where given; the rest (new
-    adapters) are initialised as ``build(cfg, seed)`` would, without materialising the base twice."""
+def _rebuilt(cfg: ModelConfig, values: dict[tuple, Any], seed: int = 0, source: Model | None = None) -> Model:
+    """A model of ``cfg`` whose variables take ``values`` (flat path -> array). The only variables that may
+    be missing are adapter factors, made fresh as PEFT initialises them (A Kaiming-uniform, B zero) from
+    ``seed`` and their path, without running (or compiling) the model's initialisation. ``source``'s
+    ``hf_config`` (the Hugging Face fields the model does not hold) carries over."""
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: _build(cfg, seed)))
-    flat = list(nnx.to_flat_state(abstract))
-    missing = {_key(p) for p, _ in flat if p not in values}
-    # Only the missing variables leave the jitted build; XLA drops the rest of the initialisation.
-    fresh = jax.jit(lambda: {_key(p): v[...] for p, v in nnx.to_flat_state(nnx.state(_build(cfg, seed)))
-                             if _key(p) in missing})() if missing else {}
     leaves = []
-    for path, variable in flat:
-        value = values[path] if path in values else fresh[_key(path)]
+    for path, variable in nnx.to_flat_state(abstract):
+        value = values[path] if path in values else _fresh_factor(path, variable, cfg, seed)
         if tuple(value.shape) != tuple(variable.shape):
             raise ValueError(f"{_key(path)}: a value of shape {tuple(value.shape)} where {cfg.name!r} has "
                              f"{tuple(variable.shape)}")
         leaves.append((path, variable.replace(jnp.asarray(value, variable.dtype))))
-    return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+    model = nnx.merge(graphdef, nnx.from_flat_state(leaves))
+    if getattr(source, "hf_config", None) is not None:
+        model.hf_config = source.hf_config
+    return model
+
+
+def _fresh_factor(path: tuple, variable, cfg: ModelConfig, seed: int) -> jax.Array:
+    if not isinstance(variable, LoraParam):
+        raise ValueError(f"{_key(path)}: no value for this {type(variable).__name__} of {cfg.name!r}")
+    if path[-1] == "b":
+        return jnp.zeros(variable.shape, variable.dtype)
+    # A [(layers,) (experts,) in.., R]: kaiming_uniform_(a=sqrt(5)) over fan_in, bound 1/sqrt(fan_in)
+    axes = variable.get_metadata()["axes"]
+    fan_in = math.prod(n for n, axis in zip(variable.shape[:-1], axes[:-1]) if axis not in ("layers", "experts"))
+    key = jax.random.fold_in(jax.random.key(seed), zlib.crc32(_key(path).encode()))
+    bound = 1.0 / math.sqrt(fan_in)
+    return jax.random.uniform(key, variable.shape, jnp.float32, -bound, bound)
 
 
 def _key(path: tuple) -> str:
@@ -66,7 +81,7 @@ def with_lora(model: Model, rank: int = 8, alpha: float = 8.0, targets: tuple[st
     unknown = [t for t in new.lora_trainable if not any(p == t or p.startswith(t + "/") for p in model_paths)]
     if unknown:
         raise ValueError(f"lora_trainable {unknown} match no parameter path of {cfg.name!r}")
-    lora = _rebuilt(new, _values(model), seed)
+    lora = _rebuilt(new, _values(model), seed, source=model)
     if not any(isinstance(v, LoraParam) for _, v in nnx.to_flat_state(nnx.state(lora))):
         raise ValueError(f"lora targets {tuple(targets)} name no projection of {cfg.name!r}")
     return lora
@@ -80,7 +95,7 @@ def merge_adapter(model: Model) -> Model:
         raise ValueError(f"{cfg.name!r} has no LoRA adapters to merge")
     plain = cfg.replace(lora_rank=0, lora_targets=(), lora_dropout=0.0, lora_rslora=False, lora_trainable=(),
                         quantize=None, quantize_embeddings=False)
-    return _rebuilt(plain, _dense_values(model, jnp.dtype(cfg.param_dtype)))
+    return _rebuilt(plain, _dense_values(model, jnp.dtype(cfg.param_dtype)), source=model)
 
 
 def _dense_values(model: Model, dtype) -> dict[tuple, Any]:
@@ -114,9 +129,13 @@ def quantized(model: Model, kind: str = "int8", embeddings: bool = False) -> Mod
         for name, value in vars(module).items():
             if isinstance(value, Quantized) and not name.endswith("_scale"):
                 inputs, batch = layout(module, name)
-                q, scale = quantize_kernel(values[(*path, name)], batch, inputs)
+                q, scale = _quantize_kernel(values[(*path, name)], batch, inputs)
                 values[(*path, name)], values[(*path, f"{name}_scale")] = q, scale
-    return _rebuilt(target, values)
+    return _rebuilt(target, values, source=model)
+
+
+# compiled once per kernel shape (eagerly, each of its few operations compiled alone, for every kernel)
+_quantize_kernel = jax.jit(quantize_kernel, static_argnums=(1, 2))
 
 
 def trainable(cfg: ModelConfig) -> nnx.filterlib.Filter:

@@ -103,7 +103,7 @@ def test_models_built_here_export_to_transformers(preset, tmp_path):
 
 def test_a_gemma_config_without_an_explicit_scale_exports_as_gemma():
     """head_dim 12 and no attention_scale: 1 / sqrt(12) is not bit-equal to 12 ** -0.5, yet it is Gemma's scale."""
-    from jaxformer.interop.hf import hf_target
+    from jaxformer.interop.registry import hf_target
 
     assert hf_target(jf.config("tiny-gemma").replace(head_dim=12, attention_scale=None)) == ("gemma2", "Gemma2ForCausalLM")
 

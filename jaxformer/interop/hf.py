@@ -20,22 +20,9 @@ import numpy as np
 from jaxformer.config import ModelConfig
 from jaxformer.interop import peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
-from jaxformer.interop.registry import ARCHITECTURES, BY_MODEL_TYPE, SUPPORTED
-from jaxformer.interop.rules import Rule, build_from_tensors, export_with_rules
+from jaxformer.interop.registry import BY_MODEL_TYPE, architecture_of, hf_target, rules_for
+from jaxformer.interop.rules import build_from_tensors, export_with_rules
 from jaxformer.lora import quantized
-
-
-def architecture_of(hf: dict) -> tuple[str, str]:
-    """(model_type, transformers class) of a config.json, refusing what no architecture file supports."""
-    model_type = hf.get("model_type")
-    if model_type not in SUPPORTED:
-        raise ValueError(f"model_type {model_type!r} is not supported; supported: {sorted(SUPPORTED)}")
-    archs = hf.get("architectures") or [SUPPORTED[model_type][0]]
-    arch = archs[0]
-    if arch not in SUPPORTED[model_type]:
-        raise ValueError(f"architecture {arch!r} is not supported for model_type {model_type!r}; "
-                         f"supported: {list(SUPPORTED[model_type])}")
-    return model_type, arch
 
 
 def _special_ids(hf: dict, extra: list[dict], vocab: int) -> dict:
@@ -97,16 +84,6 @@ def _check_field_types(fields: dict, arch: str) -> None:
                              f"not {json.dumps(value)}")
 
 
-def hf_target(cfg: ModelConfig) -> tuple[str, str]:
-    """The transformers model_type and class that hold exactly this configuration."""
-    for architecture in ARCHITECTURES:
-        found = architecture.target(cfg)
-        if found is not None:
-            return found
-    raise ValueError(f"{cfg.name!r} ({cfg.family}, {cfg.position} positions) has no Hugging Face architecture; "
-                     "the 2017 Transformer maps to torch.nn.Transformer (jaxformer.interop.nn_transformer)")
-
-
 def config_to_hf(cfg: ModelConfig, base: dict | None = None) -> dict:
     """A transformers config dict for ``cfg``; fields jaxformer does not model are kept from ``base``."""
     model_type, arch = hf_target(cfg)
@@ -117,19 +94,6 @@ def config_to_hf(cfg: ModelConfig, base: dict | None = None) -> dict:
     out.update({k: (list(v) if isinstance(v, tuple) else v) for k, v in ids.items() if v is not None})
     BY_MODEL_TYPE[model_type].config_to_hf(cfg, model_type, out)
     return out
-
-
-def rules_for(cfg: ModelConfig, model_type: str, arch: str, names: set[str] | None = None
-              ) -> tuple[list[Rule], dict[str, str]]:
-    """The tensor rules and aliases of ``arch``. Head classes nest the base model's tensors under a
-    prefix; a file is read with the prefix its tensors have (``names``), and written as the class does."""
-    architecture = BY_MODEL_TYPE[model_type]
-    prefix = architecture.prefix[model_type]
-    if names is None:
-        prefix = "" if arch in architecture.base_classes else prefix
-    elif not any(n.startswith(prefix) for n in names):
-        prefix = ""
-    return architecture.rules(cfg, model_type, arch, prefix)
 
 
 def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pickle: bool = False,
@@ -159,8 +123,7 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pic
     if adapter is not None:
         model = peft.load_adapter(model, adapter, names, adapter_config)
     if quantize is not None:
-        hf_config, model = model.hf_config, quantized(model, quantize)
-        model.hf_config = hf_config
+        model = quantized(model, quantize)
     return model
 
 

@@ -37,6 +37,7 @@ from flax import nnx
 
 from jaxformer.config import LORA_PROJECTIONS, ModelConfig
 from jaxformer.interop.files import read_json, write_safetensors
+from jaxformer.interop.registry import architecture_of, hf_target, rules_for
 from jaxformer.interop.rules import Rule
 from jaxformer.layers.weights import LoraParam
 from jaxformer.models import abstract_model
@@ -256,12 +257,6 @@ def _pattern(patterns: dict, key: str, default):
 def _rules_of(model, names: set[str] | None = None):
     """(model_type, arch, rules, aliases) of a model, as ``from_pretrained`` read it or ``save_pretrained``
     writes it."""
-    from jaxformer.interop.hf import (  # hf imports this module
-        architecture_of,
-        hf_target,
-        rules_for,
-    )
-
     cfg = model.config
     base = json.loads(getattr(model, "hf_config", None) or "{}")
     model_type, arch = architecture_of(base) if base else hf_target(cfg)

@@ -1,13 +1,15 @@
 """Every Hugging Face architecture jaxformer reads and writes: one file each, one line here.
 
 The loader and the exporter both read this table; adding an architecture is a new file under
-``interop`` that defines an ``Architecture``, and its line below.
+``interop`` that defines an ``Architecture``, and its line below. The lookups that every reader of
+Hugging Face folders shares (model weights in ``hf``, PEFT adapters in ``peft``) live here too.
 """
 
 from __future__ import annotations
 
+from jaxformer.config import ModelConfig
 from jaxformer.interop import bart, bert, deepseek, gemma, gpt2, llama, t5, t5gemma, xlnet
-from jaxformer.interop.rules import Architecture
+from jaxformer.interop.rules import Architecture, Rule
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     bert.ARCHITECTURE,
@@ -23,3 +25,39 @@ ARCHITECTURES: tuple[Architecture, ...] = (
 
 BY_MODEL_TYPE: dict[str, Architecture] = {model_type: arch for arch in ARCHITECTURES for model_type in arch.classes}
 SUPPORTED: dict[str, tuple[str, ...]] = {model_type: arch.classes[model_type] for model_type, arch in BY_MODEL_TYPE.items()}
+
+
+def architecture_of(hf: dict) -> tuple[str, str]:
+    """(model_type, transformers class) of a config.json, refusing what no architecture file supports."""
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED:
+        raise ValueError(f"model_type {model_type!r} is not supported; supported: {sorted(SUPPORTED)}")
+    archs = hf.get("architectures") or [SUPPORTED[model_type][0]]
+    arch = archs[0]
+    if arch not in SUPPORTED[model_type]:
+        raise ValueError(f"architecture {arch!r} is not supported for model_type {model_type!r}; "
+                         f"supported: {list(SUPPORTED[model_type])}")
+    return model_type, arch
+
+
+def hf_target(cfg: ModelConfig) -> tuple[str, str]:
+    """The transformers model_type and class that hold exactly this configuration."""
+    for architecture in ARCHITECTURES:
+        found = architecture.target(cfg)
+        if found is not None:
+            return found
+    raise ValueError(f"{cfg.name!r} ({cfg.family}, {cfg.position} positions) has no Hugging Face architecture; "
+                     "the 2017 Transformer maps to torch.nn.Transformer (jaxformer.interop.nn_transformer)")
+
+
+def rules_for(cfg: ModelConfig, model_type: str, arch: str, names: set[str] | None = None
+              ) -> tuple[list[Rule], dict[str, str]]:
+    """The tensor rules and aliases of ``arch``. Head classes nest the base model's tensors under a
+    prefix; a file is read with the prefix its tensors have (``names``), and written as the class does."""
+    architecture = BY_MODEL_TYPE[model_type]
+    prefix = architecture.prefix[model_type]
+    if names is None:
+        prefix = "" if arch in architecture.base_classes else prefix
+    elif not any(n.startswith(prefix) for n in names):
+        prefix = ""
+    return architecture.rules(cfg, model_type, arch, prefix)
