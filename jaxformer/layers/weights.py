@@ -182,6 +182,9 @@ def _int8_matmul(x: Array, q: Array, scale: Array, equation: str, dtype, dynamic
     x_spec, w_spec, y_spec = _parse(equation)
     scale = _aligned(scale.astype(jnp.float32), "".join(c for c in w_spec if c in y_spec), y_spec)
     if not dynamic:
+        # XLA CPU converts the whole kernel before the matmul (a 768x3072 matvec: 2x float32's time). Inside
+        # generate's decode loop the conversion is loop-invariant and XLA hoists it, so weight-only int8
+        # decodes at float32's speed there (benchmarks/generate.py --int8: 0.98-1.01x) with a float copy alive.
         return (jnp.einsum(equation, x, q.astype(dtype)).astype(jnp.float32) * scale).astype(dtype)
     # Dynamic: each row of x (every index of its non-contracted axes) rounded to int8 with its own scale.
     contracted = tuple(i for i, c in enumerate(x_spec) if c in w_spec)
