@@ -3,8 +3,9 @@ family and both kinds, generation runs from the KV cache, a trained model greedy
 float32 self does, bad kinds are refused, and an int8 model shards over a mesh.
 
 The error bound is the relative Frobenius error of the logits, ||int8 - float32|| / ||float32||, on
-random tiny models: per-channel int8 kernels measured 0.5-1.5% here; activations rounded per row
-(int8_dynamic) and an int8 token table add about as much again. The bounds leave 2-3x room.
+random tiny models (seed 0, 2 x 12 tokens). Measured: int8 0.03% (tiny-bert) to 1.6% (tiny-mixtral, whose
+router can pick another expert); int8_dynamic 0.04-2.9% (mixtral again); an int8 token table adds 0.3-1%.
+The bounds leave at least 1.7x room over the worst family.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FAMILIES = [("tiny-bert", {"head": "mlm"}), ("tiny-gpt", {}), ("tiny-llama", {}), ("tiny-mixtral", {}),
             ("tiny-deepseek", {}), ("tiny-t5", {})]
-FORMS = [("int8", False, 0.03), ("int8_dynamic", False, 0.04), ("int8_dynamic", True, 0.05)]
+FORMS = [("int8", False, 0.03), ("int8_dynamic", False, 0.05), ("int8_dynamic", True, 0.05)]
 TIED = ("tiny-bert", "tiny-gpt", "tiny-t5")  # the token table is also the LM head: int8_dynamic takes it too
 
 
