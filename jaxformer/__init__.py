@@ -26,6 +26,7 @@ from jaxformer.encoder import Encoder
 from jaxformer.encoder_decoder import EncoderDecoder
 from jaxformer import generate as generation  # the module: `jaxformer.generate` stays the module
 from jaxformer.interop.hf import from_pretrained, save_pretrained
+from jaxformer.interop.peft import save_adapter
 from jaxformer.interop.tokenizer import load_tokenizer
 from jaxformer.lora import merge_adapter, quantized, with_lora
 from jaxformer.models import abstract_params, build, param_count
@@ -42,7 +43,7 @@ for _family in (Encoder, Decoder, EncoderDecoder):
     _family.save_pretrained = save_pretrained
     _family.generate = generation.generate
     _family.merge_adapter = merge_adapter
-    _family.save_adapter = interop.peft.save_adapter  # bound by the interop.hf import above
+    _family.save_adapter = save_adapter
 del _family, generation
 
 split = nnx.split
