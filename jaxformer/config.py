@@ -58,6 +58,15 @@ def _non_negative(field: str, value: Any) -> None:
         raise ValueError(f"ModelConfig.{field}={value!r} must be a non-negative integer")
 
 
+def check_lora_targets(targets, field: str) -> None:
+    """Each entry names a projection (LORA_PROJECTIONS), alone or as sublayer.name (LORA_SUBLAYERS)."""
+    for target in targets:
+        sublayer, _, name = target.rpartition(".")
+        if name not in LORA_PROJECTIONS or (sublayer and sublayer not in LORA_SUBLAYERS):
+            raise ValueError(f"{field} entry {target!r} names no projection; valid: {', '.join(LORA_PROJECTIONS)}, "
+                             f"alone or as sublayer.name with a sublayer from {', '.join(LORA_SUBLAYERS)}")
+
+
 def _rate(field: str, value: float) -> None:
     if not 0.0 <= value < 1.0:
         raise ValueError(f"ModelConfig.{field}={value!r} must lie in [0, 1)")
@@ -479,11 +488,7 @@ class ModelConfig:
                              f"{LORA_PROJECTIONS}, alone or as sublayer.name with a sublayer from {LORA_SUBLAYERS}")
         if self.lora_targets and not self.lora_rank:
             raise ValueError("ModelConfig.lora_targets is set but lora_rank=0; give the adapters a rank > 0")
-        for target in self.lora_targets:
-            sublayer, _, name = target.rpartition(".")
-            if name not in LORA_PROJECTIONS or (sublayer and sublayer not in LORA_SUBLAYERS):
-                raise ValueError(f"ModelConfig.lora_targets entry {target!r} names no projection; use one of "
-                                 f"{LORA_PROJECTIONS}, alone or as sublayer.name with a sublayer from {LORA_SUBLAYERS}")
+        check_lora_targets(self.lora_targets, "ModelConfig.lora_targets")
         if self.lora_rank and not self.lora_alpha > 0:
             raise ValueError(f"ModelConfig.lora_alpha={self.lora_alpha!r} must be > 0")
         expert_targets = [t for t in self.lora_targets if t in ("wi", "wi_gate", "wo") or t.startswith("experts.")]

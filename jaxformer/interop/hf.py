@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.config import ModelConfig
+from jaxformer.config import QUANTIZATIONS, ModelConfig
 from jaxformer.interop import peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
 from jaxformer.interop.registry import BY_MODEL_TYPE, architecture_of, hf_target, rules_for
@@ -104,8 +104,8 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pic
     folder = Path(path)
     if not (folder / "config.json").exists():
         raise ValueError(f"{folder} has no config.json; expected a Hugging Face checkpoint folder")
-    if quantize not in (None, "int8", "int8_dynamic"):
-        raise ValueError(f"quantize={quantize!r} is not supported; use None, 'int8' or 'int8_dynamic'")
+    if quantize is not None and quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize={quantize!r} is not supported; use None or one of {QUANTIZATIONS}")
     hf = read_json(folder / "config.json")
     model_type, arch = architecture_of(hf)  # refuse unsupported types before touching any tensor file
     adapter_config = peft.read_config(adapter) if adapter is not None else None  # refuse its options early too

@@ -76,11 +76,11 @@ def save_checkpoint(manager, state: dict, data_position: dict, base: dict | None
         raise OSError(errno.ENOSPC, f"a checkpoint of this run needs about {needed:,} bytes, {free:,} are free",
                       str(manager.directory))
     progress = {k: state[k] for k in ("step", "skipped", "key")}
-    memory = {"memory": ocp.args.StandardSave(_fields(state["memory"]))} if "memory" in state else {}
-    memory |= {"base": ocp.args.JsonSave(base)} if base is not None else {}  # a reference, not the base
+    optional = {"memory": ocp.args.StandardSave(_fields(state["memory"]))} if "memory" in state else {}
+    optional |= {"base": ocp.args.JsonSave(base)} if base is not None else {}  # a reference, not the base
     manager.save(int(data_position["step"]), args=ocp.args.Composite(
         params=ocp.args.StandardSave(state["params"]), opt_state=ocp.args.StandardSave(state["opt_state"]),
-        progress=ocp.args.StandardSave(progress), data=ocp.args.JsonSave(data_position), **memory))
+        progress=ocp.args.StandardSave(progress), data=ocp.args.JsonSave(data_position), **optional))
 
 
 def _fields(memory) -> dict:
@@ -124,6 +124,6 @@ def restore(manager, state: dict, step: int | None = None, params_only: bool = F
     if restored["data"]["step"] != step or int(restored["progress"]["step"]) != step:
         raise ValueError(f"the checkpoint at step {step} in {manager.directory} is inconsistent: "
                          f"data position {restored['data']}, train step {int(restored['progress']['step'])}")
-    memory = {"memory": dataclasses.replace(state["memory"], **restored["memory"])} if "memory" in state else {}
-    memory |= {"frozen": state["frozen"]} if "frozen" in state else {}
-    return {"params": restored["params"], "opt_state": restored["opt_state"], **restored["progress"], **memory}, step
+    carried = {"memory": dataclasses.replace(state["memory"], **restored["memory"])} if "memory" in state else {}
+    carried |= {"frozen": state["frozen"]} if "frozen" in state else {}  # the base, loaded from its reference
+    return {"params": restored["params"], "opt_state": restored["opt_state"], **restored["progress"], **carried}, step

@@ -149,16 +149,11 @@ class LoraSection:
                 raise ValueError(f"finetune.lora.{field}={value!r} must be a list of names"
                                  + (" or 'auto'" if field == "trainable" else ""))
         if self.rank:
-            from jaxformer.config import LORA_PROJECTIONS, LORA_SUBLAYERS
+            from jaxformer.config import check_lora_targets
 
             if not self.targets:
                 raise ValueError("finetune.lora.targets is empty; name the projections to adapt, e.g. [q, v]")
-            for target in self.targets:
-                sublayer, _, name = target.rpartition(".")
-                if name not in LORA_PROJECTIONS or (sublayer and sublayer not in LORA_SUBLAYERS):
-                    raise ValueError(f"finetune.lora.targets entry {target!r} names no projection; valid: "
-                                     f"{', '.join(LORA_PROJECTIONS)}, alone or as sublayer.name with a sublayer "
-                                     f"from {', '.join(LORA_SUBLAYERS)}")
+            check_lora_targets(self.targets, "finetune.lora.targets")
         elif self.base_dtype != "float":
             raise ValueError(f"finetune.lora.base_dtype={self.base_dtype!r} needs finetune.lora.rank > 0 (an int8 base "
                              "is frozen, so only adapters could train)")
