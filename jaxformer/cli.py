@@ -1,4 +1,4 @@
-"""The ``jaxformer`` command line: info, train, eval, compare, convert, generate."""
+"""The ``jaxformer`` command line: info, train, eval, compare, convert, generate, predict, embed, viz."""
 
 from __future__ import annotations
 
@@ -175,6 +175,31 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def predict(args: argparse.Namespace) -> int:
+    from jaxformer.train.predict import predict as run_predict
+
+    return run_predict(args)
+
+
+def embed(args: argparse.Namespace) -> int:
+    from jaxformer.embedder import Embedder
+
+    vectors = Embedder.from_pretrained(args.path, dtype=args.dtype).encode(args.text, batch_size=args.batch_size)
+    if args.json:
+        print(json.dumps({"embeddings": vectors.tolist()}))
+        return 0
+    for text, vector in zip(args.text, vectors):
+        shown = " ".join(f"{v:+.4f}" for v in vector[:8])
+        print(f"{text!r}: [{shown}{' ...' if len(vector) > 8 else ''}] ({len(vector)} dims)")
+    return 0
+
+
+def viz(args: argparse.Namespace) -> int:
+    from jaxformer import viz as pictures
+
+    return pictures.masks_command(args) if args.picture == "masks" else pictures.attention_command(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # train.py's own argument grammar: [CONFIG.yaml] [section.key=value ...]
@@ -244,6 +269,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.set_defaults(run=generate)
+
+    p = commands.add_parser("predict", help="a fine-tuned run's predictions: entities (token_classification), "
+                                            "answer spans (question_answering) or labels (classification)")
+    p.add_argument("run_dir", help="a train.py run folder (run.dir)")
+    p.add_argument("--text", action="append", required=True,
+                   help="the text (question answering: the context); repeat for several")
+    p.add_argument("--text-pair", help="classification runs trained on pairs: the second text")
+    p.add_argument("--question", help="question-answering runs: the question asked of each --text")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=predict)
+
+    p = commands.add_parser("embed", help="sentence embeddings from a sentence-transformers folder")
+    p.add_argument("path", help="a sentence-transformers folder: modules.json, the pooling config, the encoder")
+    p.add_argument("--text", action="append", required=True, help="a sentence; repeat for several")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--json", action="store_true", help='print {"embeddings": [[...], ...]}')
+    p.set_defaults(run=embed)
+
+    p = commands.add_parser("viz", help="pictures (PNG): the families' visibility masks, a model's attention maps")
+    pictures = p.add_subparsers(dest="picture", required=True)
+    q = pictures.add_parser("masks", help="one labelled heatmap per visibility pattern, from the models' mask code")
+    q.add_argument("--out", required=True, help="the folder to write the PNGs into")
+    q.add_argument("--length", type=int, default=12, help="tokens per sequence in the pictures")
+    q = pictures.add_parser("attention", help="a model's attention weights on a text, tokens on both axes")
+    q.add_argument("checkpoint", help="a Hugging Face folder (with tokenizer.json) or a train.py run folder")
+    q.add_argument("--text", required=True)
+    q.add_argument("--layer", type=int, help="one layer (default: the last)")
+    q.add_argument("--head", type=int, help="one head (default: a grid of every head)")
+    q.add_argument("--out", required=True, help="the PNG to write")
+    p.set_defaults(run=viz)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -17,6 +17,11 @@ class ModelOutput:
     hidden_states: tuple[jax.Array, ...] | None = None
     encoder_last_hidden_state: jax.Array | None = None
     encoder_hidden_states: tuple[jax.Array, ...] | None = None
+    # output_attentions=True: per layer [B, N, T, S] float32 softmax probabilities, as transformers returns them.
+    # Encoder-decoders: ``attentions`` is the decoder's self-attention (transformers: decoder_attentions).
+    attentions: tuple[jax.Array, ...] | None = None
+    encoder_attentions: tuple[jax.Array, ...] | None = None
+    cross_attentions: tuple[jax.Array, ...] | None = None
     pooler_output: jax.Array | None = None
     nsp_logits: jax.Array | None = None  # BERT pretraining head: next-sentence prediction
     start_logits: jax.Array | None = None  # extractive question answering

@@ -18,7 +18,8 @@ import jaxformer as jf
 from jaxformer import sharding
 from jaxformer.train import run_config
 from jaxformer.train.data import ByteTokenizer
-from jaxformer.train.objectives import make_objective, ratio
+from jaxformer.train.objectives import ratio
+from jaxformer.train.tasks import make_objective
 from jaxformer.train.report import Report
 from jaxformer.train.run import make_mesh
 from jaxformer.train.steps import init_state, make_optimizer, make_steps

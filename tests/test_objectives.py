@@ -66,7 +66,7 @@ def test_span_corruption_reassembles_to_the_original():
 def _objective(name: str, *overrides: str):
     from jaxformer.train import run_config
     from jaxformer.train.data import ByteTokenizer
-    from jaxformer.train.objectives import make_objective
+    from jaxformer.train.tasks import make_objective
 
     cfg = run_config.load(None, [f"train.objective={name}", *overrides])
     return make_objective(cfg, ByteTokenizer())

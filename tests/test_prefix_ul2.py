@@ -13,7 +13,7 @@ import jaxformer as jf
 from conftest import dependency, embeds
 from jaxformer.train import run_config
 from jaxformer.train.data import IGNORE, ByteTokenizer, Denoiser, parse_denoisers
-from jaxformer.train.objectives import make_objective
+from jaxformer.train.tasks import make_objective
 
 TOKENIZER = ByteTokenizer()
 PAD, EOS = TOKENIZER.special("pad"), TOKENIZER.special("eos")

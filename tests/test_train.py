@@ -15,7 +15,8 @@ from jaxformer.train.data import ByteTokenizer
 from jaxformer.train.report import sample
 from jaxformer.train.run import main, train
 from jaxformer.train.data import IGNORE
-from jaxformer.train.objectives import make_objective, ratio, token_cross_entropy
+from jaxformer.train.objectives import ratio, token_cross_entropy
+from jaxformer.train.tasks import make_objective
 
 TINY = ["train.steps=30", "train.batch_size=8", "train.seq_len=32", "train.log_every=5", "eval.every=15",
         "eval.batches=2", "optim.warmup_steps=5", "train.sample_tokens=0"]

@@ -24,7 +24,8 @@ from jaxformer.sharding import BATCH_AXES, shardings_of
 from jaxformer.train import run_config
 from jaxformer.train.checkpoints import checkpoint_manager, restore
 from jaxformer.train.data import ByteTokenizer
-from jaxformer.train.objectives import make_objective, ratio
+from jaxformer.train.objectives import ratio
+from jaxformer.train.tasks import make_objective
 from jaxformer.train.run import train
 from jaxformer.train.steps import batch_sharding, empty_memory, init_state, make_optimizer, make_steps, run_eval
 

@@ -643,10 +643,3 @@ class UL2(_Denoising):
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer, data.parse_denoisers(run.data.denoisers))
-
-
-OBJECTIVES = {cls.name: cls for cls in (CausalLM, MaskedLM, SpanCorruption, Seq2Seq, Classification, PrefixLM, UL2)}
-
-
-def make_objective(run, tokenizer) -> Objective:
-    return OBJECTIVES[run.train.objective](run, tokenizer)

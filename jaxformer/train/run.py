@@ -36,7 +36,8 @@ from jaxformer.train import data
 from jaxformer.train.checkpoints import checkpoint_manager, fingerprint, restore, save_checkpoint
 from jaxformer.train.lifecycle import (InterruptRequests, Interrupted, RunDirLock, check_run_dir, disk_full,
                                        full_disk_error)
-from jaxformer.train.objectives import Objective, carries_memory, make_objective
+from jaxformer.train.objectives import Objective, carries_memory
+from jaxformer.train.tasks import make_objective
 from jaxformer.train.report import Report, attention_note, sample
 from jaxformer.train.run_config import RunConfig, dump, load
 from jaxformer.train.steps import (batch_sharding, empty_memory, eval_weights, init_state, make_optimizer, make_steps,

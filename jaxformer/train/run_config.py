@@ -177,7 +177,7 @@ class RunConfig:
     finetune: FinetuneSection = FinetuneSection()
 
     def __post_init__(self):
-        from jaxformer.train.objectives import OBJECTIVES
+        from jaxformer.train.tasks import OBJECTIVES
 
         if self.train.objective not in OBJECTIVES:
             raise ValueError(f"train.objective={self.train.objective!r}; valid: {', '.join(map(repr, OBJECTIVES))}")

@@ -1,0 +1,17 @@
+"""Every training objective under its ``train.objective`` name: the language-model objectives and
+sequence classification (objectives.py), token classification / NER (tagging.py) and extractive
+question answering (squad.py)."""
+
+from __future__ import annotations
+
+from jaxformer.train.objectives import (UL2, CausalLM, Classification, MaskedLM, Objective, PrefixLM, Seq2Seq,
+                                        SpanCorruption)
+from jaxformer.train.squad import QuestionAnswering
+from jaxformer.train.tagging import TokenClassification
+
+OBJECTIVES = {cls.name: cls for cls in (CausalLM, MaskedLM, SpanCorruption, Seq2Seq, Classification, PrefixLM, UL2,
+                                        TokenClassification, QuestionAnswering)}
+
+
+def make_objective(run, tokenizer) -> Objective:
+    return OBJECTIVES[run.train.objective](run, tokenizer)
