@@ -43,6 +43,11 @@ class ByteTokenizer:
     def encode_many(self, texts: list[str]) -> list[np.ndarray]:
         return [self.encode(t) for t in texts]
 
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and each id's character span [n, 2] in ``text`` (every byte of a character spans it)."""
+        spans = [(i, i + 1) for i, char in enumerate(text) for _ in range(len(char.encode("utf-8")))]
+        return self.encode(text), np.asarray(spans, np.int32).reshape(-1, 2)
+
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids if 0 <= int(i) < BYTE_VOCAB).decode("utf-8", errors="replace")
 
@@ -79,6 +84,11 @@ class HFTokenizer:
 
     def encode_many(self, texts: list[str]) -> list[np.ndarray]:
         return [np.asarray(e.ids, np.int32) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+    def encode_offsets(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """Ids and each id's character span [n, 2] in ``text``, as the tokenizer reports them."""
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        return np.asarray(encoding.ids, np.int32), np.asarray(encoding.offsets, np.int32).reshape(-1, 2)
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
