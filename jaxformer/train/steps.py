@@ -169,12 +169,16 @@ def init_state(cfg: RunConfig, model, optimizer) -> dict:
     return state
 
 
+def _merge(graphdef, rest, params, frozen=None):
+    return nnx.merge(graphdef, params, rest) if frozen is None else nnx.merge(graphdef, params, frozen, rest)
+
+
 def _loss_fn(graphdef, rest, objective: Objective):
     """``loss_fn(params, batch, key, memory=None, frozen=None) -> (loss, (sums, memory))``: the objective's
     loss, with the rolled-forward segment memory taken out of its sums (None for models without one).
     ``frozen`` is a LoRA model's base: read, never differentiated (the gradient is taken of ``params``)."""
     def loss_fn(params, batch, key, memory=None, frozen=None):
-        model = nnx.merge(graphdef, params, rest) if frozen is None else nnx.merge(graphdef, params, frozen, rest)
+        model = _merge(graphdef, rest, params, frozen)
         c = model.config
         key = key if c.dropout_rate or c.attention_dropout_rate or c.lora_dropout else None
         if memory is None:
@@ -192,13 +196,41 @@ def eval_weights(state: dict):
     return (state["params"], state["frozen"]) if "frozen" in state else state["params"]
 
 
+def has_host_outputs(objective: Objective) -> bool:
+    """Whether an objective's held-out metrics need per-row outputs on the host (span decoding, entity
+    matching: metrics that are not sums). Such an objective defines two methods besides ``loss``:
+
+    - ``eval_outputs(model, batch) -> (loss, sums, outputs)``, traced in the eval step (no dropout):
+      ``loss`` and ``sums`` as ``loss`` gives them, and ``outputs`` a dict of arrays whose first axis is
+      the batch's rows (e.g. argmax tags [B, T], start and end logits [B, T]);
+    - ``finish_outputs(outputs) -> dict[str, float]``, on the host: ``outputs`` holds every held-out
+      batch's arrays (numpy) concatenated along the rows in ``eval_batches`` order, the padding rows of
+      a last short batch included; it returns more metrics (named without ``eval_``).
+    """
+    return callable(getattr(objective, "eval_outputs", None))
+
+
 def make_eval_step(graphdef, rest, objective: Objective, mesh, params_shardings, memory_shardings=None):
     """The jitted eval step: the objective's metric sums of one batch, without dropout. Its weights are
     ``eval_weights(state)`` (``params_shardings`` theirs: a LoRA run's a (params, frozen) pair). With
     ``memory_shardings`` (a model with segment memory) it takes the rows' memory too and returns
-    ``(sums, memory)``, the memory rolled forward over the batch."""
+    ``(sums, memory)``, the memory rolled forward over the batch. An objective with host outputs
+    (``has_host_outputs``) gets ``(sums, outputs)``, the outputs whole on every process."""
     loss_fn = _loss_fn(graphdef, rest, objective)
     replicated = NamedSharding(mesh, P())
+
+    if has_host_outputs(objective):
+        if memory_shardings is not None:
+            raise ValueError(f"train.objective={objective.name!r} has host outputs, which a segment memory "
+                             "does not carry; use a model without memory_len")
+
+        def eval_outputs(weights, batch):
+            params, frozen = weights if isinstance(weights, tuple) else (weights, None)
+            _, sums, outputs = objective.eval_outputs(_merge(graphdef, rest, params, frozen), batch)
+            return {k: v for k, v in sums.items() if k != ROUTER_LOAD}, outputs
+
+        return jax.jit(sharding.under_mesh(eval_outputs, mesh),
+                       in_shardings=(params_shardings, batch_sharding(mesh)), out_shardings=replicated)
 
     def eval_sums(weights, batch, memory=None):
         params, frozen = weights if isinstance(weights, tuple) else (weights, None)
@@ -276,9 +308,12 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
                                  state_shardings.get("memory"))
 
 
-def finish_metrics(objective: Objective, sums: dict) -> dict[str, float]:
-    """Metric values from (numerator, denominator) sums that may have been added over batches."""
+def finish_metrics(objective: Objective, sums: dict, outputs: dict | None = None) -> dict[str, float]:
+    """Metric values from (numerator, denominator) sums that may have been added over batches, and those
+    of the per-row host ``outputs`` of all the batches (objectives with ``has_host_outputs``)."""
     values = objective.finish({name: float(ratio(pair)) for name, pair in sums.items()})
+    if outputs is not None:
+        values |= objective.finish_outputs(outputs)
     return dict(sorted(values.items(), key=lambda item: item[0] != "loss"))  # the loss first, for people
 
 
@@ -290,18 +325,24 @@ def run_eval(eval_step, objective: Objective, params, batches: list[dict], rows,
     """The held-out metrics ``eval_*`` of ``batches``. With an empty segment ``memory`` (of the length to
     evaluate with) the batches are consecutive windows of contiguous rows: ``eval_*`` carries the memory
     from batch to batch in order, and ``eval_*_no_memory`` scores the same windows each with the empty
-    memory, so the two differ by what the earlier segments are worth."""
+    memory, so the two differ by what the earlier segments are worth. An objective with host outputs
+    (``has_host_outputs``) gets them from every batch, joined along the rows, for its ``finish_outputs``."""
     total = alone = None
-    carried = memory
+    carried, outputs = memory, []
     for batch in batches:
         on_device = sharding.to_device(batch, rows)
         if memory is None:
-            total = _add(total, jax.device_get(eval_step(params, on_device)))
+            sums = jax.device_get(eval_step(params, on_device))
+            if has_host_outputs(objective):
+                sums, batch_outputs = sums
+                outputs.append(batch_outputs)
+            total = _add(total, sums)
             continue
         sums, carried = eval_step(params, on_device, carried)
         total = _add(total, jax.device_get(sums))
         alone = _add(alone, jax.device_get(eval_step(params, on_device, memory)[0]))
-    metrics = {f"eval_{name}": value for name, value in finish_metrics(objective, total).items()}
+    joined = {k: np.concatenate([o[k] for o in outputs]) for k in outputs[0]} if outputs else None
+    metrics = {f"eval_{name}": value for name, value in finish_metrics(objective, total, joined).items()}
     if alone is not None:
         metrics |= {f"eval_{name}_no_memory": value for name, value in finish_metrics(objective, alone).items()}
     return metrics
