@@ -22,6 +22,7 @@ from flax import nnx
 from jaxformer.adapt import adapt
 from jaxformer.config import ModelConfig, RopeScaling
 from jaxformer.decoder import Decoder
+from jaxformer.embedder import Embedder
 from jaxformer.encoder import Encoder
 from jaxformer.encoder_decoder import EncoderDecoder
 from jaxformer import generate as generation  # the module: `jaxformer.generate` stays the module
@@ -35,7 +36,7 @@ from jaxformer.presets import config, presets
 
 __all__ = ["ModelConfig", "RopeScaling", "ModelOutput", "Encoder", "Decoder", "EncoderDecoder", "build",
            "config", "presets", "split", "merge", "abstract_params", "param_count", "from_pretrained",
-           "load_tokenizer", "adapt", "with_lora", "quantized"]
+           "load_tokenizer", "adapt", "with_lora", "quantized", "Embedder"]
 
 
 # The edges' operations as model methods. Model code imports no edge module; the face binds them.

@@ -1,0 +1,180 @@
+"""Sentence embeddings from a sentence-transformers folder, equal to ``SentenceTransformer(path).encode``.
+
+    emb = jf.Embedder.from_pretrained("path/to/all-MiniLM-L6-v2")
+    vectors = emb.encode(["A man is eating food.", "A man rides a horse."])   # float32 [2, 384]
+
+The folder's options are read and checked by ``interop.sentence_transformers``; this module tokenizes
+(truncating to max_seq_length, as sentence-transformers does), runs the encoder and the pooling, Dense and
+Normalize steps as one jitted function, and returns numpy. Batches are padded to power-of-two widths and
+row counts, so a corpus compiles a handful of shapes instead of one per batch; the encoder is bidirectional
+with masked padding, so the extra padding changes no vector.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxformer.interop.files import read_json
+from jaxformer.interop.hf import from_pretrained
+from jaxformer.interop.sentence_transformers import DenseStep, Pipeline, read_folder
+from jaxformer.interop.tokenizer import load_tokenizer
+
+_SHORTEST_BUCKET = 8
+_DENSE_ACTIVATIONS = {"tanh": jnp.tanh, "identity": lambda x: x, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid,
+                      "gelu": lambda x: jax.nn.gelu(x, approximate=False)}
+
+
+class Embedder:
+    """A sentence-transformers pipeline on a jaxformer encoder: ``encode(texts) -> np.ndarray``."""
+
+    def __init__(self, model, tokenizer, pipeline: Pipeline, max_seq_length: int, pad_token_id: int):
+        self.model = model
+        self.tokenizer = tokenizer            # a `tokenizers.Tokenizer`, truncating to max_seq_length
+        self.pipeline = pipeline
+        self.max_seq_length = max_seq_length
+        self.pad_token_id = pad_token_id
+        self.similarity_fn_name = pipeline.similarity_fn_name
+        dense = [step for step in pipeline.steps if isinstance(step, DenseStep)]
+        self._dense_params = [{k: jnp.asarray(v) for k, v in
+                               dict(w=s.weight, b=s.bias, r=s.residual).items() if v is not None} for s in dense]
+        self._steps = tuple(("dense", s.activation, s.use_residual) if isinstance(s, DenseStep) else ("normalize",)
+                            for s in pipeline.steps)
+        self._graphdef, self._state = nnx.split(model)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None) -> "Embedder":
+        """Load a folder written by ``SentenceTransformer.save`` (modules.json, the Hugging Face encoder, its
+        tokenizer.json, 1_Pooling/config.json, optional Dense and Normalize modules)."""
+        pipeline = read_folder(path)
+        folder = pipeline.transformer_dir
+        model = from_pretrained(folder, dtype=dtype)
+        cfg = model.config
+        if cfg.family != "encoder":
+            raise ValueError(f"{folder}/config.json holds a {cfg.family} model ({cfg.name}); jaxformer embeds with "
+                             "encoder-only models (BERT, RoBERTa). Decoder-only and T5 sentence encoders are not "
+                             "supported yet")
+        if pipeline.embedding_dimension != cfg.d_model:
+            raise ValueError(f"{path}: Pooling's embedding_dimension={pipeline.embedding_dimension} differs from the "
+                             f"encoder's hidden size {cfg.d_model}")
+        wrapped = load_tokenizer(folder)
+        tokenizer = wrapped.tokenizer
+        tokenizer_config = read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").exists() else {}
+        max_seq_length = _max_seq_length(pipeline, tokenizer_config, folder, cfg.max_positions)
+        side = tokenizer_config.get("truncation_side", "right")
+        if side not in ("left", "right"):
+            raise ValueError(f"{folder}/tokenizer_config.json: truncation_side={side!r}; valid: 'left', 'right'")
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_seq_length, strategy="longest_first", direction=side)
+        if pipeline.do_lower_case:
+            _lowercase_first(tokenizer)
+        pad = wrapped.pad_token_id if wrapped.pad_token_id is not None else 0
+        return cls(model, tokenizer, pipeline, max_seq_length, pad)
+
+    def encode(self, texts: str | list[str], batch_size: int = 32, normalize_embeddings: bool = False) -> np.ndarray:
+        """Embeddings as float32 numpy: [N, D] for a list, [D] for one string (as sentence-transformers)."""
+        single = isinstance(texts, str)
+        texts = [texts] if single else list(texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise ValueError("encode takes a string or a list of strings")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r}; expected a positive integer")
+        prompt = self.pipeline.prompt
+        rows = [e.ids for e in self.tokenizer.encode_batch([prompt + t for t in texts])]
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # similar lengths share a batch
+        out = np.zeros((len(rows), self.dimension), np.float32)
+        for start in range(0, len(order), batch_size):
+            chosen = order[start:start + batch_size]
+            ids, mask = self._pad([rows[i] for i in chosen], batch_size)
+            vectors = _embed(self._graphdef, self._state, self._dense_params, ids, mask, pooling=self.pipeline.pooling,
+                             steps=self._steps, normalize=bool(normalize_embeddings))
+            out[chosen] = np.asarray(vectors)[:len(chosen)]
+        return out[0] if single else out
+
+    @property
+    def dimension(self) -> int:
+        dense = [s for s in self.pipeline.steps if isinstance(s, DenseStep)]
+        return dense[-1].weight.shape[0] if dense else self.pipeline.embedding_dimension * len(self.pipeline.pooling)
+
+    def _pad(self, rows: list[list[int]], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Right-pad to a power-of-two width (capped by max_seq_length) and row count (capped by batch_size).
+        Filler rows hold one unmasked pad token so no attention row is empty; their vectors are dropped."""
+        width = min(self.max_seq_length, _next_power_of_two(max(len(r) for r in rows), _SHORTEST_BUCKET))
+        count = min(batch_size, _next_power_of_two(len(rows), 1))
+        ids = np.full((count, width), self.pad_token_id, np.int32)
+        mask = np.zeros((count, width), np.int32)
+        mask[len(rows):, 0] = 1
+        for i, row in enumerate(rows):
+            ids[i, :len(row)], mask[i, :len(row)] = row, 1
+        return ids, mask
+
+
+def _next_power_of_two(n: int, floor: int) -> int:
+    return max(floor, 1 << (n - 1).bit_length())
+
+
+def _max_seq_length(pipeline: Pipeline, tokenizer_config: dict, folder, positions: int) -> int:
+    """sentence-transformers' rule: max_seq_length from sentence_bert_config.json, else the tokenizer's
+    model_max_length capped by max_position_embeddings; here also capped by the position table, past which
+    sentence-transformers itself fails (RoBERTa's 514 counts its two offset rows)."""
+    if pipeline.max_seq_length is not None:
+        limit = pipeline.max_seq_length
+    else:
+        limit = tokenizer_config.get("model_max_length") or positions
+        hf = read_json(folder / "config.json")
+        if isinstance(hf.get("max_position_embeddings"), int) and hf["max_position_embeddings"] != -1:
+            limit = min(limit, hf["max_position_embeddings"])
+    return int(min(limit, positions))
+
+
+def _lowercase_first(tokenizer) -> None:
+    """do_lower_case: put Lowercase before the tokenizer's normalizer unless one is there already."""
+    from tokenizers import normalizers
+
+    current = tokenizer.normalizer
+    parts = list(current) if isinstance(current, normalizers.Sequence) else [] if current is None else [current]
+    if not any(isinstance(p, normalizers.Lowercase) for p in parts):
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *parts])
+
+
+def _pool(h: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
+    """One sentence-transformers pooling mode over right-padded [B, T, D] float32 states."""
+    m = mask[..., None].astype(h.dtype)
+    if mode == "cls":
+        return jnp.take_along_axis(h, jnp.argmax(mask, axis=1)[:, None, None], axis=1)[:, 0]
+    if mode == "max":
+        return jnp.max(jnp.where(m > 0, h, -jnp.inf), axis=1)
+    if mode == "lasttoken":
+        last = mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+        return jnp.take_along_axis(h * m, last[:, None, None], axis=1)[:, 0]
+    if mode == "weightedmean":  # weights 1..T counted from the first real token
+        m = m * (jnp.arange(1, mask.shape[1] + 1, dtype=h.dtype) - jnp.argmax(mask, axis=1)[:, None])[..., None]
+    total = jnp.maximum(jnp.sum(m, axis=1), 1e-9)
+    summed = jnp.sum(h * m, axis=1)
+    return summed / (jnp.sqrt(total) if mode == "mean_sqrt_len_tokens" else total)
+
+
+def _l2_normalize(x: jax.Array) -> jax.Array:
+    return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # torch's F.normalize eps
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "pooling", "steps", "normalize"))
+def _embed(graphdef, state, dense_params, ids, mask, *, pooling, steps, normalize):
+    """The encoder, pooling, Dense and Normalize steps: one compiled function per padded shape."""
+    h = nnx.merge(graphdef, state)(ids, attention_mask=mask).last_hidden_state.astype(jnp.float32)
+    x = jnp.concatenate([_pool(h, mask, mode) for mode in pooling], axis=-1)
+    dense = iter(dense_params)
+    for step in steps:
+        if step[0] == "normalize":
+            x = _l2_normalize(x)
+            continue
+        _, activation, use_residual = step
+        p = next(dense)
+        y = _DENSE_ACTIVATIONS[activation](x @ p["w"].T + (p["b"] if "b" in p else 0))
+        x = y + (x @ p["r"].T if "r" in p else x) if use_residual else y
+    return _l2_normalize(x) if normalize else x

@@ -1,0 +1,146 @@
+"""Sentence embeddings: jf.Embedder on tiny sentence-transformers folders equals SentenceTransformer.encode
+(cosine >= 0.99999 per sentence, 1e-5 absolute in float32), the CLI prints the same vectors, and folder
+options jaxformer cannot honour are refused by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+st = pytest.importorskip("sentence_transformers")
+
+import jaxformer as jf  # noqa: E402
+from jaxformer import cli  # noqa: E402
+
+from hf_factory import save_checkpoint  # noqa: E402
+
+WORDS = ("the a cat dog sat on mat quick brown fox jumps over lazy hello world is blue red sky sun "
+         "man woman eats food rides horse plays guitar music car road fast slow".split())
+# Cased vocabulary (lowercasing changes ids), padded to the factory BERT's 97 entries.
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *(w.capitalize() for w in WORDS), "##s", "##ing"]
+VOCAB += [f"w{i}" for i in range(97 - len(VOCAB))]
+LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 6)  # 54 tokens: past every limit below
+TEXTS = ["the cat sat on the mat", "Hello", "A man rides a horse on the road", LONG, "", "The Sky is blue",
+         "unknownword fast car"]
+# name -> (Pooling mode(s), max_seq_length or None (the tokenizer's 512, capped at 40 positions), extra modules)
+FOLDERS = {
+    "mean-normalize": ("mean", 12, ["normalize"]),
+    "cls": ("cls", None, []),
+    "max": ("max", 16, []),
+    "other-modes-dense": (("mean_sqrt_len_tokens", "weightedmean", "lasttoken"), 20, ["dense", "normalize"]),
+}
+COSINE, ABS = 0.99999, 1e-5
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory):
+    """The factory's tiny random BERT with a cased WordPiece tokenizer, as a Hugging Face folder."""
+    folder = save_checkpoint("bert", tmp_path_factory.mktemp("bert-encoder"))
+    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=False,
+                                               model_max_length=512)
+    tokenizer.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def folders(encoder_dir, tmp_path_factory):
+    """``folders(name)``: a saved SentenceTransformer of FOLDERS[name], built once."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
+
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            mode, length, extra = FOLDERS[name]
+            torch.manual_seed(1)
+            modules = [Transformer(str(encoder_dir), max_seq_length=length), Pooling(32, mode)]
+            width = 32 * (1 if isinstance(mode, str) else len(mode))
+            modules += [Dense(width, 16) if kind == "dense" else Normalize() for kind in extra]
+            cache[name] = tmp_path_factory.mktemp(name)
+            SentenceTransformer(modules=modules, device="cpu").save(str(cache[name]))
+        return cache[name]
+
+    return get
+
+
+def reference(folder, texts, **kwargs):
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(folder), device="cpu").encode(texts, **kwargs)
+
+
+def assert_close(ours, theirs):
+    assert ours.dtype == np.float32 and ours.shape == theirs.shape
+    cosine = (ours * theirs).sum(-1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(theirs, axis=-1)
+    diff = float(np.abs(ours - theirs).max())
+    print(f"min cosine {cosine.min():.8f}, max abs diff {diff:.2e}")
+    assert cosine.min() >= COSINE and diff <= ABS, (cosine, diff)
+
+
+@pytest.mark.parametrize("name", sorted(FOLDERS))
+def test_encode_equals_sentence_transformers(name, folders):
+    folder = folders(name)
+    embedder = jf.Embedder.from_pretrained(folder)
+    ours = embedder.encode(TEXTS, batch_size=3)  # several batches: sorted by length, returned in input order
+    assert_close(ours, reference(folder, TEXTS))
+    assert embedder.max_seq_length == (FOLDERS[name][1] or 40)
+    np.testing.assert_allclose(embedder.encode(TEXTS[2]), ours[2], atol=1e-6)  # one string: one vector
+
+
+def test_legacy_folder_with_lowercasing_and_pooling_booleans(folders, tmp_path):
+    """Pre-v6 files: max_seq_length and do_lower_case in sentence_bert_config.json, pooling_mode_* booleans."""
+    folder = shutil.copytree(folders("cls"), tmp_path / "legacy")
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 10, "do_lower_case": True}))
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+         "pooling_mode_max_tokens": True}))
+    embedder = jf.Embedder.from_pretrained(folder)
+    assert embedder.pipeline.pooling == ("max", "mean") and embedder.max_seq_length == 10
+    ours = embedder.encode(TEXTS, normalize_embeddings=True)
+    assert_close(ours, reference(folder, TEXTS, normalize_embeddings=True))
+
+
+def test_cli_prints_the_encode_vectors(folders, capsys):
+    folder = folders("mean-normalize")
+    assert cli.main(["embed", str(folder), "--text", "the cat sat", "--text", "Hello world", "--json"]) == 0
+    printed = np.asarray(json.loads(capsys.readouterr().out)["embeddings"], np.float32)
+    np.testing.assert_allclose(printed, jf.Embedder.from_pretrained(folder).encode(["the cat sat", "Hello world"]),
+                               atol=1e-7)
+
+
+def _edit(folder, file, change):
+    data = json.loads((folder / file).read_text())
+    (folder / file).write_text(json.dumps(change(data)))
+
+
+@pytest.mark.parametrize("file, change, named", [
+    ("modules.json", lambda m: m + [{"idx": 2, "name": "2", "path": "2_LayerNorm",
+                                     "type": "sentence_transformers.models.LayerNorm"}], "LayerNorm"),
+    ("1_Pooling/config.json", lambda c: {**c, "pooling_mode": "median"}, "median"),
+    ("1_Pooling/config.json", lambda c: {**c, "pooling_mode_attention": True}, "pooling_mode_attention"),
+    ("sentence_bert_config.json", lambda c: {**c, "query_length": 32}, "query_length"),
+    ("config_sentence_transformers.json", lambda c: {**c, "prompts": {"query": "query: "},
+                                                      "default_prompt_name": "query"}, None),
+])
+def test_unsupported_options_are_refused_by_name(folders, tmp_path, file, change, named):
+    folder = shutil.copytree(folders("cls"), tmp_path / "edited")
+    _edit(folder, file, change)
+    if named is None:  # a default prompt is supported: prepended to every text, as sentence-transformers does
+        assert_close(jf.Embedder.from_pretrained(folder).encode(TEXTS[:3]), reference(folder, TEXTS[:3]))
+        _edit(folder, "1_Pooling/config.json", lambda c: {**c, "include_prompt": False})
+        file, named = "1_Pooling/config.json", "include_prompt"
+    with pytest.raises(ValueError, match=named) as err:
+        jf.Embedder.from_pretrained(folder)
+    assert file.split("/")[-1] in str(err.value)
+
+
+def test_folder_without_modules_json_is_refused(encoder_dir):
+    with pytest.raises(ValueError, match="modules.json"):
+        jf.Embedder.from_pretrained(encoder_dir)
