@@ -45,6 +45,12 @@ class DataSection:
     target_fraction: float = 0.5  # prefix_lm: mean target share of a window (0.5: split point uniform), <= 0.5
     # ul2: the mixture of denoisers, each {mode: R | X | S, rate, mean_span (R, X), weight (default 1)}
     denoisers: list = dataclasses.field(default_factory=lambda: [dict(d) for d in UL2_DENOISERS])
+    # question_answering: tokens two windows of one context share (0: a quarter of train.seq_len), the
+    # longest question kept (0: none cut; a question that leaves no room for context is refused) and the
+    # longest answer decoded, in tokens
+    doc_stride: int = 0
+    max_question_len: int = 0
+    max_answer_len: int = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,6 +208,10 @@ class RunConfig:
             raise ValueError(f"data.target_fraction={self.data.target_fraction} must lie in (0, 0.5] (the mean share "
                              "of a window that is target; 0.5 splits it at a uniformly random point)")
         parse_denoisers(self.data.denoisers)
+        if self.data.doc_stride < 0 or self.data.max_question_len < 0 or self.data.max_answer_len < 1:
+            raise ValueError(f"data.doc_stride={self.data.doc_stride} and data.max_question_len="
+                             f"{self.data.max_question_len} must be >= 0 (0: the default), data.max_answer_len="
+                             f"{self.data.max_answer_len} >= 1")
         for axis in ("data", "fsdp", "tensor", "expert"):
             size = getattr(self.mesh, axis)
             if size == 0 or size < -1:
