@@ -88,10 +88,16 @@ def assert_close(ours, theirs):
 def test_encode_equals_sentence_transformers(name, folders):
     folder = folders(name)
     embedder = jf.Embedder.from_pretrained(folder)
-    ours = embedder.encode(TEXTS, batch_size=3)  # several batches: sorted by length, returned in input order
-    assert_close(ours, reference(folder, TEXTS))
+    assert_close(embedder.encode(TEXTS), reference(folder, TEXTS))
     assert embedder.max_seq_length == (FOLDERS[name][1] or 40)
-    np.testing.assert_allclose(embedder.encode(TEXTS[2]), ours[2], atol=1e-6)  # one string: one vector
+
+
+def test_batches_sorted_by_length_come_back_in_input_order(folders):
+    embedder = jf.Embedder.from_pretrained(folders("max"))
+    whole = embedder.encode(TEXTS)
+    np.testing.assert_allclose(embedder.encode(TEXTS, batch_size=4), whole, atol=1e-6)  # widths 16 and 8
+    np.testing.assert_allclose(embedder.encode(TEXTS[3]), whole[3], atol=1e-6)  # one string: one vector [D]
+    assert embedder.encode([]).shape == (0, 32)
 
 
 def test_legacy_folder_with_lowercasing_and_pooling_booleans(folders, tmp_path):
