@@ -29,24 +29,62 @@ def attention_note(model_cfg: ModelConfig, seq_len: int) -> str:
     return note
 
 
+def _held_out_scores(history: list[dict]) -> list[str]:
+    """The eval_* values worth a second panel: scalars other than losses (accuracy, F1, exact match, ...),
+    in the order the records first name them."""
+    names: dict[str, None] = {}
+    for record in history:
+        for name, value in record.items():
+            if name.startswith("eval_") and "loss" not in name and isinstance(value, (int, float)):
+                names[name] = None
+    return list(names)
+
+
 def plot_losses(history: list[dict], path: Path, objective: str = "causal_lm") -> None:
-    """run.dir/loss.png: training loss at every logged step and held-out loss where evaluated."""
+    """run.dir/loss.png: training loss at every logged step and held-out loss where evaluated, the
+    learning rate on a second y-axis, and a second panel of the other held-out metrics when there are
+    any."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(7, 4))
+    scores = _held_out_scores(history)
+    figure, panels = plt.subplots(2 if scores else 1, 1, figsize=(7, 6.5 if scores else 4), sharex=True,
+                                  squeeze=False)
+    axes = panels[0, 0]
     axes.plot([r["step"] for r in history], [r["loss"] for r in history], label="train")
     held_out = [r for r in history if "eval_loss" in r]
-    axes.plot([r["step"] for r in held_out], [r["eval_loss"] for r in held_out], "o-", label="held-out")
+    if held_out:
+        axes.plot([r["step"] for r in held_out], [r["eval_loss"] for r in held_out], "o-", label="held-out")
     alone = [r for r in held_out if "eval_loss_no_memory" in r]  # segment-memory models: the same windows alone
     if alone:
         axes.plot([r["step"] for r in alone], [r["eval_loss_no_memory"] for r in alone], "s--",
                   label="held-out, no memory")
-    axes.set(xlabel="step", ylabel="loss (nats)", title=f"{objective} loss")
+    axes.set(ylabel="loss (nats)", title=f"{objective} loss")
     axes.grid(alpha=0.3)
-    axes.legend()
+    handles, labels = axes.get_legend_handles_labels()
+    scheduled = [r for r in history if "lr" in r]
+    if scheduled:  # the schedule on its own scale: warmup and decay explain bends in the loss
+        rate = axes.twinx()
+        rate.plot([r["step"] for r in scheduled], [r["lr"] for r in scheduled], color="0.5", linestyle=":",
+                  label="learning rate")
+        rate.set_ylabel("learning rate")
+        rate.set_ylim(bottom=0)
+        rate.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
+        more_handles, more_labels = rate.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    axes.legend(handles, labels, loc="upper right")
+    if scores:
+        metrics = panels[1, 0]
+        for name in scores:
+            evaluated = [r for r in history if name in r]
+            metrics.plot([r["step"] for r in evaluated], [r[name] for r in evaluated], "o-",
+                         label=name.removeprefix("eval_"))
+        metrics.set(ylabel="held-out metric", title="held-out metrics")
+        metrics.grid(alpha=0.3)
+        metrics.legend()
+    panels[-1, 0].set_xlabel("step")
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)
