@@ -193,6 +193,7 @@ class ModelConfig:
     head: str = "lm"
     pooler: bool = False  # BERT pooler: tanh(dense(h[:, 0]))
     num_labels: int = 2
+    label_names: tuple[str, ...] = ()  # classification heads: the name of each label id (HF's id2label); () unnamed
 
     dropout_rate: float = 0.0
     attention_dropout_rate: float = 0.0
@@ -398,6 +399,11 @@ class ModelConfig:
         elif self.head not in ("none", "lm"):
             raise ValueError(f"ModelConfig.head={self.head!r} does not fit family={self.family!r}; "
                              "expected 'lm' or 'none'")
+        if isinstance(self.label_names, list):  # JSON hands us a list
+            object.__setattr__(self, "label_names", tuple(self.label_names))
+        if self.label_names and len(self.label_names) != self.num_labels:
+            raise ValueError(f"ModelConfig.label_names holds {len(self.label_names)} names for num_labels="
+                             f"{self.num_labels}; give one name per label, or none")
         if self.pooler and self.family != "encoder":
             raise ValueError(f"ModelConfig.pooler=True needs family='encoder', not {self.family!r}")
         if self.scale_tied_logits and not (self.tie_embeddings and self.head == "lm"):

@@ -25,6 +25,9 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     pooler = head in ("pretraining", "sequence_classification") or (
         head == "none" and (not tensor_names or any(n.endswith("pooler.dense.weight") for n in tensor_names)))
     num_labels = len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels", 2))
+    # transformers' default names (LABEL_0, ...) say nothing a label id does not; other names are kept
+    names = tuple(hf["id2label"][key] for key in sorted(hf.get("id2label") or {}, key=int))
+    label_names = names if any(name != f"LABEL_{i}" for i, name in enumerate(names)) else ()
     return dict(family="encoder", d_model=hf["hidden_size"], num_heads=hf["num_attention_heads"],
                 d_ff=hf["intermediate_size"], encoder_layers=hf["num_hidden_layers"], decoder_layers=0,
                 norm_position="post", norm_eps=hf.get("layer_norm_eps", 1e-12), embedding_norm=True,
@@ -32,7 +35,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 position="learned", max_positions=hf["max_position_embeddings"] - offset,
                 position_offset=offset, pad_aware_positions=model_type == "roberta",
                 type_vocab_size=hf.get("type_vocab_size", 2), attention="bidirectional", head=head,
-                pooler=pooler, num_labels=num_labels, dropout_rate=hf.get("hidden_dropout_prob", 0.1),
+                pooler=pooler, num_labels=num_labels, label_names=label_names,
+                dropout_rate=hf.get("hidden_dropout_prob", 0.1),
                 attention_dropout_rate=hf.get("attention_probs_dropout_prob", 0.1),
                 tie_embeddings=hf.get("tie_word_embeddings", True))
 
@@ -54,8 +58,9 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                type_vocab_size=cfg.type_vocab_size, hidden_dropout_prob=cfg.dropout_rate,
                attention_probs_dropout_prob=cfg.attention_dropout_rate, tie_word_embeddings=cfg.tie_embeddings)
     if cfg.head in ("sequence_classification", "token_classification"):
-        out.setdefault("id2label", {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)})
-        out.setdefault("label2id", {f"LABEL_{i}": i for i in range(cfg.num_labels)})
+        names = cfg.label_names or tuple(f"LABEL_{i}" for i in range(cfg.num_labels))
+        out.setdefault("id2label", {str(i): name for i, name in enumerate(names)})
+        out.setdefault("label2id", {name: i for i, name in enumerate(names)})
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
