@@ -5,7 +5,7 @@
     mlm              BERT's masked LM (15%: 80% [MASK], 10% random, 10% kept), with next-sentence prediction
     span_corruption  T5's span corruption (noise density 0.15, mean span 3, sentinels from <extra_id_0> down)
     seq2seq          supervised source -> target pairs from JSONL (the 2017 Transformer, T5, BART)
-    classification   sequence classification from JSONL text/label (BERT fine-tuning)
+    classification   sequence classification from JSONL text/label, or text/text_pair/label (NLI)
     prefix_lm        a window split into a bidirectional prefix and a target continuing it (T5's prefix LM),
                      for encoder-decoders and for decoders with attention='prefix'
     ul2              UL2's mixture of denoisers: span corruption at regular and extreme rates and the prefix
@@ -435,8 +435,24 @@ class Seq2Seq(_RecordObjective, _EncoderDecoderObjective):
         return (example[0], np.zeros(0, np.int32))  # no target tokens: no loss
 
 
+def longest_first(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """A pair of token rows cut to ``budget`` tokens together as the tokenizers library's longest_first
+    (transformers' default truncation) does: the longer loses tokens from its end until it is no longer than
+    the other, then both are halved (the longer, or on a tie the second, keeping an odd token)."""
+    if len(a) + len(b) <= budget:
+        return a, b
+    short, long = sorted((len(a), len(b)))
+    long = short if short > budget else max(short, budget - short)
+    if short + long > budget:
+        short, long = budget // 2, budget // 2 + budget % 2
+    return (a[:long], b[:short]) if len(a) > len(b) else (a[:short], b[:long])
+
+
 class Classification(_RecordObjective):
-    """Sequence classification from {"text": ..., "label": ...}: [CLS] text [SEP] padded to seq_len.
+    """Sequence classification from {"text": ..., "label": ...}: [CLS] text [SEP] padded to seq_len; or of
+    sentence pairs (NLI) from {"text": ..., "text_pair": ..., "label": ...}: [CLS] text [SEP] text_pair [SEP]
+    with token types 0 up to the first [SEP] and 1 after it, the longer side cut first when the pair does not
+    fit (transformers' truncation='longest_first'). Every record of a run is a pair or none is.
     Labels are integers (0..n-1) or strings (sorted, then numbered); the head gets one output per label."""
 
     name, family = "classification", "encoder"
@@ -444,8 +460,10 @@ class Classification(_RecordObjective):
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
         self.ids = data.require(tokenizer, "pad", "bos", "eos")
-        self._load(run, ("text", "label"))
-        labels = [label for _, label in self.train_records + self.held_out_records]
+        self.train_records, self.held_out_records = data.split_held_out(self._read(run.data.train), run.data.eval,
+                                                                        run.data.eval_fraction, self._read)
+        self.pairs = self._pair_kind(run.data.train, self.train_records, self.held_out_records)
+        labels = [label for _, _, label, _ in self.train_records + self.held_out_records]
         if all(isinstance(label, int) and not isinstance(label, bool) for label in labels):
             if min(labels) < 0:
                 raise ValueError(f"{run.data.train}: integer labels must be >= 0, found {min(labels)}")
@@ -459,32 +477,71 @@ class Classification(_RecordObjective):
         self.train_examples = self._encode(self.train_records, "training")
         self.held_out_examples = self._encode(self.held_out_records, "held-out")
 
+    @staticmethod
+    def _read(source: str) -> list[tuple]:
+        """(text, text_pair or None, label, where) per record; ``where`` (file:line) names it in errors."""
+        def pair(record, line):
+            return data.record_field(record, "text_pair", source, line) if "text_pair" in record else None
+
+        return [(data.record_field(r, "text", source, line), pair(r, line), data.record_field(r, "label", source, line),
+                 f"{source}:{line}") for line, r in data.read_jsonl(source)]
+
+    @staticmethod
+    def _pair_kind(source: str, *splits: list[tuple]) -> bool:
+        """Whether the records are sentence pairs; a mix of pairs and single texts is refused (a single text
+        among pairs is more likely a record missing its text_pair than one meant to be read alone)."""
+        records = [r for split in splits for r in split]
+        pairs = [r for r in records if r[1] is not None]
+        if pairs and len(pairs) < len(records):
+            single = next(r for r in records if r[1] is None)
+            raise ValueError(f"{single[3]}: the record has no 'text_pair' field, but {pairs[0][3]} has one; "
+                             f"sentence-pair classification needs every record to be a pair (or none; in {source} "
+                             f"{len(pairs)} of {len(records)} are)")
+        return bool(pairs)
+
     def _encode(self, records, name):
-        index = {name: i for i, name in enumerate(self.label_names)}
-        texts = self.tokenizer.encode_many([str(t) for t, _ in records])
-        tail = [self.ids["eos"]]
-        examples = [(np.concatenate([[self.ids["bos"]], self._fixed_length(ids, self.seq_len - 1, tail)]),
-                     index[str(label)]) for ids, (_, label) in zip(texts, records)]
-        self._note_cuts(f"{name} texts", len(records), "train.seq_len", self.seq_len)
+        index = {label: i for i, label in enumerate(self.label_names)}
+        cls, sep = self.ids["bos"], self.ids["eos"]
+        firsts = self.tokenizer.encode_many([t for t, _, _, _ in records])
+        seconds = self.tokenizer.encode_many([p for _, p, _, _ in records]) if self.pairs else [None] * len(records)
+        examples = []
+        for a, b, (_, _, label, _) in zip(firsts, seconds, records):
+            if b is None:
+                ids = np.concatenate([[cls], self._fixed_length(a, self.seq_len - 1, [sep])]).astype(np.int32)
+                types = np.zeros(len(ids), np.int32)
+            else:
+                self._cut += len(a) + len(b) > self.seq_len - 3
+                a, b = longest_first(a, b, self.seq_len - 3)
+                ids = np.concatenate([[cls], a, [sep], b, [sep]]).astype(np.int32)
+                types = np.concatenate([np.zeros(len(a) + 2, np.int32), np.ones(len(b) + 1, np.int32)])
+            examples.append((ids, types, index[str(label)]))
+        self._note_cuts(f"{name} {'pairs' if self.pairs else 'texts'}", len(records), "train.seq_len", self.seq_len)
         return examples
 
     def adapt(self, cfg, fresh):
         cfg = super().adapt(cfg, fresh)
-        changes = {"head": "sequence_classification", "pooler": True, "num_labels": len(self.label_names)}
+        changes = {"head": "sequence_classification", "pooler": True, "num_labels": len(self.label_names),
+                   "label_names": tuple(self.label_names)}
         if fresh:
             changes["pad_token_id"] = self.ids["pad"]
+        if self.pairs and cfg.type_vocab_size < 2:
+            raise ValueError(f"sentence-pair classification tells the two texts apart by token types "
+                             f"(type_vocab_size >= 2); model {cfg.name!r} has type_vocab_size={cfg.type_vocab_size}")
         return cfg.replace(**changes)
 
     @staticmethod
     def _blank(example):
-        return (example[0], IGNORE)
+        return (example[0], example[1], IGNORE)
 
     def _collate(self, examples):
-        ids, mask = data.pad_rows([ids for ids, _ in examples], self.seq_len, self.ids["pad"])
-        return {"input_ids": ids, "attention_mask": mask, "labels": np.asarray([y for _, y in examples], np.int32)}
+        ids, mask = data.pad_rows([ids for ids, _, _ in examples], self.seq_len, self.ids["pad"])
+        types, _ = data.pad_rows([types for _, types, _ in examples], self.seq_len, 0)
+        return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types,
+                "labels": np.asarray([y for _, _, y in examples], np.int32)}
 
     def loss(self, model, batch, key):
-        out = model(batch["input_ids"], batch["attention_mask"], dropout_key=key)
+        types = batch["token_type_ids"] if model.config.type_vocab_size else None
+        out = model(batch["input_ids"], batch["attention_mask"], types, dropout_key=key)
         sums = token_cross_entropy(out.logits, batch["labels"])
         return ratio(sums["loss"]), sums
 
