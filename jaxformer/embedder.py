@@ -57,8 +57,8 @@ class Embedder:
         cfg = model.config
         if cfg.family != "encoder":
             raise ValueError(f"{folder}/config.json holds a {cfg.family} model ({cfg.name}); jaxformer embeds with "
-                             "encoder-only models (BERT, RoBERTa). Decoder-only and T5 sentence encoders are not "
-                             "supported yet")
+                             "encoder-only models (BERT, RoBERTa, T5EncoderModel). Decoder-only embedding models "
+                             "and full T5 checkpoints are not supported yet")
         if pipeline.embedding_dimension != cfg.d_model:
             raise ValueError(f"{path}: Pooling's embedding_dimension={pipeline.embedding_dimension} differs from the "
                              f"encoder's hidden size {cfg.d_model}")

@@ -27,42 +27,59 @@ VOCAB += [f"w{i}" for i in range(97 - len(VOCAB))]
 LONG = " ".join(["the quick brown fox jumps over the lazy dog"] * 6)  # 54 tokens: past every limit below
 TEXTS = ["the cat sat on the mat", "Hello", "A man rides a horse on the road", LONG, "", "The Sky is blue",
          "unknownword fast car"]
-# name -> (Pooling mode(s), max_seq_length or None (the tokenizer's 512, capped at 40 positions), extra modules)
+# name -> (encoder, Pooling mode(s), max_seq_length or None (the tokenizer's 512, capped at BERT's 40 positions),
+# modules after pooling); "t5" is sentence-t5's layout: a T5 encoder, mean, a bias-free linear Dense, Normalize.
 FOLDERS = {
-    "mean-normalize": ("mean", 12, ["normalize"]),
-    "cls": ("cls", None, []),
-    "max": ("max", 16, []),
-    "other-modes-dense": (("mean_sqrt_len_tokens", "weightedmean", "lasttoken"), 20, ["dense", "normalize"]),
+    "mean-normalize": ("bert", "mean", 12, ["normalize"]),
+    "cls": ("bert", "cls", None, []),
+    "max": ("bert", "max", 16, []),
+    "other-modes-dense": ("bert", ("mean_sqrt_len_tokens", "weightedmean", "lasttoken"), 20, ["dense", "normalize"]),
+    "t5": ("t5-encoder", "mean", 16, ["linear", "normalize"]),
 }
 COSINE, ABS = 0.99999, 1e-5
 
 
 @pytest.fixture(scope="module")
-def encoder_dir(tmp_path_factory):
-    """The factory's tiny random BERT with a cased WordPiece tokenizer, as a Hugging Face folder."""
-    folder = save_checkpoint("bert", tmp_path_factory.mktemp("bert-encoder"))
-    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
-    tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=False,
-                                               model_max_length=512)
-    tokenizer.save_pretrained(str(folder))
-    return folder
+def encoders(tmp_path_factory):
+    """``encoders(name)``: the factory's tiny random checkpoint ``name`` with a tokenizer over VOCAB: cased
+    WordPiece for BERT, Unigram pieces for T5."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            folder = save_checkpoint(name, tmp_path_factory.mktemp(name))
+            if name == "bert":
+                (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+                tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=False,
+                                                           model_max_length=512)
+            else:
+                pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *((f"\u2581{w}", -1.0) for w in WORDS),
+                          *((c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz\u2581")]
+                tokenizer = transformers.T5TokenizerFast(vocab=pieces, extra_ids=0)
+            tokenizer.save_pretrained(str(folder))
+            cache[name] = folder
+        return cache[name]
+
+    return get
 
 
 @pytest.fixture(scope="module")
-def folders(encoder_dir, tmp_path_factory):
+def folders(encoders, tmp_path_factory):
     """``folders(name)``: a saved SentenceTransformer of FOLDERS[name], built once."""
     from sentence_transformers import SentenceTransformer
-    from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
+    from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 
     cache = {}
 
     def get(name):
         if name not in cache:
-            mode, length, extra = FOLDERS[name]
+            encoder, mode, length, extra = FOLDERS[name]
             torch.manual_seed(1)
-            modules = [Transformer(str(encoder_dir), max_seq_length=length), Pooling(32, mode)]
+            modules = [Transformer(str(encoders(encoder)), max_seq_length=length), Pooling(32, mode)]
             width = 32 * (1 if isinstance(mode, str) else len(mode))
-            modules += [Dense(width, 16) if kind == "dense" else Normalize() for kind in extra]
+            made = {"dense": lambda: Dense(width, 16), "normalize": Normalize,
+                    "linear": lambda: Dense(width, 16, bias=False, activation_function=torch.nn.Identity())}
+            modules += [made[kind]() for kind in extra]
             cache[name] = tmp_path_factory.mktemp(name)
             SentenceTransformer(modules=modules, device="cpu").save(str(cache[name]))
         return cache[name]
@@ -89,7 +106,7 @@ def test_encode_equals_sentence_transformers(name, folders):
     folder = folders(name)
     embedder = jf.Embedder.from_pretrained(folder)
     assert_close(embedder.encode(TEXTS), reference(folder, TEXTS))
-    assert embedder.max_seq_length == (FOLDERS[name][1] or 40)
+    assert embedder.max_seq_length == (FOLDERS[name][2] or 40)
 
 
 def test_batches_sorted_by_length_come_back_in_input_order(folders):
@@ -147,6 +164,13 @@ def test_unsupported_options_are_refused_by_name(folders, tmp_path, file, change
     assert file.split("/")[-1] in str(err.value)
 
 
-def test_folder_without_modules_json_is_refused(encoder_dir):
+def test_folder_without_modules_json_is_refused(encoders):
     with pytest.raises(ValueError, match="modules.json"):
-        jf.Embedder.from_pretrained(encoder_dir)
+        jf.Embedder.from_pretrained(encoders("bert"))
+
+
+def test_decoder_only_encoder_is_refused(folders, tmp_path):
+    folder = shutil.copytree(folders("cls"), tmp_path / "decoder")
+    save_checkpoint("llama-base", folder)  # its config.json and model.safetensors replace BERT's
+    with pytest.raises(ValueError, match="decoder model .* encoder-only models"):
+        jf.Embedder.from_pretrained(folder)
