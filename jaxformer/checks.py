@@ -19,6 +19,10 @@ from jaxformer.cache import Memory
 from jaxformer.config import ModelConfig
 
 
+# Keyword flags that choose what a call returns: static under jit (one compilation per choice)
+OUTPUT_FLAGS = ("output_hidden_states", "output_attentions")
+
+
 def public_call(method):
     """A family's ``__call__``: inputs checked once by the model's ``validate``, then run compiled.
 
@@ -34,11 +38,11 @@ def public_call(method):
             self.validate(*args, **kwargs)
             return method(self, *args, **kwargs)
         args = tuple(as_array(a, f"argument {i}") for i, a in enumerate(args))
-        kwargs = {k: (v if k == "output_hidden_states" else as_array(v, k)) for k, v in kwargs.items()}
+        kwargs = {k: (v if k in OUTPUT_FLAGS else as_array(v, k)) for k, v in kwargs.items()}
         self.validate(*args, **kwargs)
-        hidden = bool(kwargs.pop("output_hidden_states", False))
+        flags = tuple((k, bool(kwargs.pop(k))) for k in OUTPUT_FLAGS if k in kwargs)
         graphdef, state = nnx.split(self)
-        return _run_compiled(graphdef, state, method, args, kwargs, hidden)
+        return _run_compiled(graphdef, state, method, args, kwargs, flags)
 
     return call
 
@@ -59,9 +63,9 @@ def id_array(x: Any, name: str) -> np.ndarray:
                          f"{', '.join(shapes)}. Pad the rows to one length and pass an attention_mask") from None
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "method", "output_hidden_states"))
-def _run_compiled(graphdef, state, method, args, kwargs, output_hidden_states):
-    return method(nnx.merge(graphdef, state), *args, output_hidden_states=output_hidden_states, **kwargs)
+@functools.partial(jax.jit, static_argnames=("graphdef", "method", "flags"))
+def _run_compiled(graphdef, state, method, args, kwargs, flags):
+    return method(nnx.merge(graphdef, state), *args, **dict(flags), **kwargs)
 
 
 def _concrete(x: Any) -> bool:

@@ -1,7 +1,8 @@
 """Per-layer parity against the PyTorch reference (transformers), on the same checkpoint and input.
 
 Needs the ``compare`` extra (torch + transformers). Both sides run the checkpoint as stored; rows are
-the embeddings, every layer's hidden state, the final hidden state and each head's outputs.
+the embeddings, every layer's hidden state, the final hidden state, each head's outputs and every
+layer's attention probabilities (self, and for encoder-decoders the encoder's and cross-attention).
 Positions whose attention_mask is 0 are excluded: what a model computes for padding is not defined
 by either library (RoBERTa even gives pads their own position), and no caller may read it.
 """
@@ -64,8 +65,9 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
     mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
     t = lambda x: None if x is None else torch.as_tensor(np.asarray(x))  # noqa: E731
     # no padding, no mask: the same for every reference, and transformers' causal XLNet fails on any mask
-    kwargs = dict(input_ids=t(input_ids), attention_mask=None if mask.all() else t(mask), output_hidden_states=True)
-    ours_kwargs = dict(attention_mask=mask, output_hidden_states=True)
+    kwargs = dict(input_ids=t(input_ids), attention_mask=None if mask.all() else t(mask), output_hidden_states=True,
+                  output_attentions=True)
+    ours_kwargs = dict(attention_mask=mask, output_hidden_states=True, output_attentions=True)
     if cfg.family == "encoder_decoder":
         if decoder_input_ids is None:
             start = cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else 0
@@ -90,8 +92,12 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
         for i, (r, o) in enumerate(zip(ref.encoder_hidden_states, out.encoder_hidden_states)):
             rows.append(_row("encoder embeddings" if i == 0 else f"encoder layer {i}", f(r), o, enc_valid))
         rows.append(_row("encoder output", f(ref.encoder_last_hidden_state), out.encoder_last_hidden_state, enc_valid))
+        rows += _attention_rows("encoder attention", ref.encoder_attentions, out.encoder_attentions, enc_valid)
+        rows += _attention_rows("decoder attention", ref.decoder_attentions, out.attentions, None)
+        rows += _attention_rows("cross attention", ref.cross_attentions, out.cross_attentions, None)
         hidden, label = ref.decoder_hidden_states, "decoder"
     else:
+        rows += _attention_rows("attention", ref.attentions, out.attentions, mask)
         hidden, label = ref.hidden_states, "layer"
     if len(hidden) != len(out.hidden_states):
         raise ValueError(f"reference has {len(hidden)} hidden states, jaxformer {len(out.hidden_states)}")
@@ -115,6 +121,18 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
         rows.append(_row("start logits", f(ref.start_logits)[..., None], np.asarray(out.start_logits)[..., None], valid))
         rows.append(_row("end logits", f(ref.end_logits)[..., None], np.asarray(out.end_logits)[..., None], valid))
     return rows
+
+
+def _attention_rows(name: str, reference, ours, valid: np.ndarray | None) -> list[Row]:
+    """One row per layer of attention probabilities [B, N, T, S], compared as [B, T, N, S] so that padded
+    query rows are left out (padded keys get probability 0 on both sides). None where the reference
+    returns none."""
+    if reference is None or ours is None:
+        return []
+    if len(reference) != len(ours):
+        raise ValueError(f"{name}: reference has {len(reference)} layers, jaxformer {len(ours)}")
+    as_rows = lambda x: np.swapaxes(x.float().numpy() if hasattr(x, "float") else np.asarray(x), 1, 2)  # noqa: E731
+    return [_row(f"{name} {i}", as_rows(r), as_rows(o), valid) for i, (r, o) in enumerate(zip(reference, ours), 1)]
 
 
 def format_table(rows: list[Row], tolerance: float) -> str:

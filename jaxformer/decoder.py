@@ -92,19 +92,21 @@ class Decoder(nnx.Module):
     def forward(self, input_ids: Array | None, *, inputs_embeds: Array | None = None, valid: Array | None = None,
                 positions: Array | None = None, prefix_lengths: Array | None = None,
                 cache: KVCache | LatentCache | None = None, memory: Memory | None = None,
-                token_types: Array | None = None, collect_hidden: bool = False, key: Array | None = None) -> StackOutput:
+                token_types: Array | None = None, collect_hidden: bool = False, collect_attentions: bool = False,
+                key: Array | None = None) -> StackOutput:
         """The one forward pass: embeddings, then the causal stack over ``cache`` or ``memory`` (if any)."""
         keys = split_key(key, 2)
         x, at = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=positions, key=keys[0])
         indexed = positions is None and cache is None and not self.config.pad_aware_positions
         return self.decoder(x, Tokens(at, valid, prefix_lengths, indexed), cache=cache, memory=memory,
-                            token_types=token_types, collect_hidden=collect_hidden, key=keys[1])
+                            token_types=token_types, collect_hidden=collect_hidden,
+                            collect_attentions=collect_attentions, key=keys[1])
 
     @public_call
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  position_ids: Array | None = None, *, prefix_lengths: Array | None = None,
                  inputs_embeds: Array | None = None, token_type_ids: Array | None = None,
-                 memory: Memory | None = None, output_hidden_states: bool = False,
+                 memory: Memory | None = None, output_hidden_states: bool = False, output_attentions: bool = False,
                  dropout_key: Array | None = None) -> ModelOutput:
         """Logits of every position. Transformer-XL models (``position='xl'``) also take the ``memory`` of the
         previous segment (None: start fresh) and return the next one as ``out.memory``; XLNet's
@@ -112,14 +114,14 @@ class Decoder(nnx.Module):
         cfg = self.config
         out = self.forward(input_ids, inputs_embeds=inputs_embeds, valid=attention_mask, positions=position_ids,
                            prefix_lengths=prefix_lengths, memory=memory, token_types=token_type_ids,
-                           collect_hidden=output_hidden_states, key=dropout_key)
+                           collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=dropout_key)
         logits = lm_logits(self, out.hidden) if cfg.head == "lm" else None
         aux = load = None
         if out.router_stats is not None:
             aux = cfg.router_aux_loss_coef * load_balancing_loss(out.router_stats, cfg)
             load = out.router_stats["load"]
-        return ModelOutput(logits=logits, last_hidden_state=out.hidden, hidden_states=out.hidden_states, aux_loss=aux,
-                           router_load=load, memory=out.memory)
+        return ModelOutput(logits=logits, last_hidden_state=out.hidden, hidden_states=out.hidden_states,
+                           attentions=out.attentions, aux_loss=aux, router_load=load, memory=out.memory)
 
     def init_memory(self, batch: int, length: int | None = None) -> Memory:
         """An empty Transformer-XL memory of ``length`` tokens per row (None: the config's memory_len); any

@@ -55,17 +55,17 @@ class Encoder(nnx.Module):
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  token_type_ids: Array | None = None, position_ids: Array | None = None, *,
                  inputs_embeds: Array | None = None, output_hidden_states: bool = False,
-                 dropout_key: Array | None = None) -> ModelOutput:
+                 output_attentions: bool = False, dropout_key: Array | None = None) -> ModelOutput:
         cfg = self.config
         keys = split_key(dropout_key, 3)
         x, positions = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=position_ids,
                                        token_type_ids=token_type_ids, key=keys[0])
         indexed = position_ids is None and not cfg.pad_aware_positions
         encoded = self.encoder(x, Tokens(positions, attention_mask, indexed=indexed),
-                               collect_hidden=output_hidden_states, key=keys[1])
+                               collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=keys[1])
         h, hidden = encoded.hidden, encoded.hidden_states
         pooled = jnp.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None
-        out = dict(last_hidden_state=h, hidden_states=hidden, pooler_output=pooled)
+        out = dict(last_hidden_state=h, hidden_states=hidden, attentions=encoded.attentions, pooler_output=pooled)
         if self.mlm is not None:
             out["logits"] = self.mlm(h, self.embed)
         if self.nsp is not None:

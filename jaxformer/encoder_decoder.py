@@ -44,24 +44,26 @@ class EncoderDecoder(nnx.Module):
 
     def encoder_pass(self, input_ids: Array | None, attention_mask: Array | None = None, *,
                      inputs_embeds: Array | None = None, collect_hidden: bool = False,
-                     key: Array | None = None) -> StackOutput:
+                     collect_attentions: bool = False, key: Array | None = None) -> StackOutput:
         """The encoder's one forward pass, on inputs already checked (by ``__call__`` or ``encode``)."""
         keys = split_key(key, 2)
         table = self.embed if self.encoder_embed is None else self.encoder_embed
         x, positions = self.encoder_embeddings(table, input_ids, inputs_embeds=inputs_embeds, key=keys[0])
         return self.encoder(x, Tokens(positions, attention_mask, indexed=True), collect_hidden=collect_hidden,
-                            key=keys[1])
+                            collect_attentions=collect_attentions, key=keys[1])
 
     def decode(self, decoder_input_ids: Array | None, source: EncoderOutput | EncoderKV, *,
                inputs_embeds: Array | None = None, valid: Array | None = None, positions: Array | None = None,
-               cache: KVCache | None = None, collect_hidden: bool = False, key: Array | None = None) -> StackOutput:
+               cache: KVCache | None = None, collect_hidden: bool = False, collect_attentions: bool = False,
+               key: Array | None = None) -> StackOutput:
         """The one decoder pass: embeddings, then the causal stack cross-attending to ``source`` (an
         encoder output, or its precomputed keys and values), over ``cache`` (if any)."""
         keys = split_key(key, 2)
         x, at = self.decoder_embeddings(self.embed, decoder_input_ids, inputs_embeds=inputs_embeds,
                                         positions=positions, key=keys[0])
         tokens = Tokens(at, valid, indexed=positions is None and cache is None)
-        return self.decoder(x, tokens, cache=cache, cross=source, collect_hidden=collect_hidden, key=keys[1])
+        return self.decoder(x, tokens, cache=cache, cross=source, collect_hidden=collect_hidden,
+                            collect_attentions=collect_attentions, key=keys[1])
 
     def validate(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None, *,
                  inputs_embeds=None, decoder_inputs_embeds=None, **_) -> None:
@@ -79,16 +81,22 @@ class EncoderDecoder(nnx.Module):
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  decoder_input_ids: Array | None = None, decoder_attention_mask: Array | None = None, *,
                  inputs_embeds: Array | None = None, decoder_inputs_embeds: Array | None = None,
-                 output_hidden_states: bool = False, dropout_key: Array | None = None) -> ModelOutput:
+                 output_hidden_states: bool = False, output_attentions: bool = False,
+                 dropout_key: Array | None = None) -> ModelOutput:
+        """Decoder logits; ``attentions`` are the decoder's self-attention probabilities (transformers:
+        decoder_attentions), with ``encoder_attentions`` and ``cross_attentions``."""
         keys = split_key(dropout_key, 2)
         encoded = self.encoder_pass(input_ids, attention_mask, inputs_embeds=inputs_embeds,
-                                    collect_hidden=output_hidden_states, key=keys[0])
+                                    collect_hidden=output_hidden_states, collect_attentions=output_attentions,
+                                    key=keys[0])
         decoded = self.decode(decoder_input_ids, EncoderOutput(encoded.hidden, attention_mask),
                               inputs_embeds=decoder_inputs_embeds, valid=decoder_attention_mask,
-                              collect_hidden=output_hidden_states, key=keys[1])
+                              collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=keys[1])
         logits = lm_logits(self, decoded.hidden) if self.config.head == "lm" else None
         return ModelOutput(logits=logits, last_hidden_state=decoded.hidden, hidden_states=decoded.hidden_states,
-                           encoder_last_hidden_state=encoded.hidden, encoder_hidden_states=encoded.hidden_states)
+                           encoder_last_hidden_state=encoded.hidden, encoder_hidden_states=encoded.hidden_states,
+                           attentions=decoded.attentions, encoder_attentions=encoded.attentions,
+                           cross_attentions=decoded.cross_attentions)
 
     def init_cache(self, source: EncoderOutput, length: int) -> DecodeState:
         """An empty state for ``length`` decoder tokens per row, holding every decoder layer's

@@ -65,12 +65,13 @@ def jitted(model):
     if key not in _JITTED or _JITTED[key][0] is not model:
         graphdef, state = nnx.split(model)
 
-        @functools.partial(jax.jit, static_argnames=("output_hidden_states",))
-        def run(state, args, kwargs, output_hidden_states=False):
-            return nnx.merge(graphdef, state)(*args, output_hidden_states=output_hidden_states, **kwargs)
+        @functools.partial(jax.jit, static_argnames=("flags",))
+        def run(state, args, kwargs, flags=()):
+            return nnx.merge(graphdef, state)(*args, **dict(flags), **kwargs)
 
-        def forward(*args, output_hidden_states=False, **kwargs):
-            return run(state, args, kwargs, output_hidden_states=output_hidden_states)
+        def forward(*args, output_hidden_states=False, output_attentions=False, **kwargs):
+            flags = (("output_hidden_states", output_hidden_states), ("output_attentions", output_attentions))
+            return run(state, args, kwargs, flags=flags)
 
         forward.config = model.config
         _JITTED[key] = (model, forward)

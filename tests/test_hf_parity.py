@@ -38,6 +38,12 @@ def test_every_layer_matches_transformers(name, checkpoints):
     ids, mask, token_types = padded_batch(name, np.random.default_rng(0))
     rows = compare(path, ids, mask, token_type_ids=token_types)
     assert len(rows) >= 4, "expected embeddings, every layer and the outputs"
+    # output_attentions: every layer's probabilities are compared too (self; encoder-decoders: encoder,
+    # decoder and cross), so a reference that stopped returning them would fail here, not pass quietly
+    layers = [r for r in rows if r.name.startswith(("layer ", "encoder layer ", "decoder "))
+              and r.name.rsplit(" ", 1)[-1].isdigit()]
+    cross = sum(r.name.startswith("decoder ") for r in layers)
+    assert sum("attention" in r.name for r in rows) == len(layers) + cross, [r.name for r in rows]
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
 
 

@@ -418,6 +418,58 @@ def test_hidden_states_follow_hf_convention(name):
     assert call(model, ids, dec_ids=ids[:, :4]).hidden_states is None
 
 
+@pytest.mark.parametrize("name", ["tiny-gpt", "tiny-bert", "tiny-t5", "tiny-gemma"])
+def test_attentions_are_the_visibility_pattern_as_distributions(name):
+    """output_attentions: one [B, N, T, S] float32 array per layer whose valid rows sum to 1 and put no
+    weight where the pattern hides a key (padding, the future, outside the window); asking for them
+    changes nothing else, and the scanned and unrolled stacks return the same weights. (Each family's
+    values are checked against transformers in test_hf_parity.)"""
+    model = tiny_model(name, **({"window_size": 3} if name == "tiny-gemma" else {}))  # a window inside T
+    cfg = model.config
+    ids = token_ids(2, 6, seed=31, low=3)
+    mask = np.ones((2, 6), np.int32)
+    mask[1, 4:] = 0
+    dec_ids = ids[:, :4]
+    out = call(model, ids, mask, dec_ids=dec_ids, output_attentions=True)
+    plain = call(model, ids, mask, dec_ids=dec_ids)
+    chex.assert_trees_all_equal(out.last_hidden_state, plain.last_hidden_state)
+    assert plain.attentions is None and plain.cross_attentions is None
+    T = 4 if cfg.family == "encoder_decoder" else 6
+    layers = cfg.encoder_layers if cfg.family == "encoder" else cfg.decoder_layers
+    assert len(out.attentions) == layers
+    for i, weights in enumerate(out.attentions):
+        chex.assert_shape(weights, (2, cfg.num_heads, T, T))
+        assert weights.dtype == jnp.float32
+        chex.assert_trees_all_close(weights.sum(-1), jnp.ones((2, cfg.num_heads, T)), atol=1e-6)
+        if cfg.family == "encoder":
+            np.testing.assert_array_equal(np.asarray(weights[1, :, :, 4:]), 0.0)  # padded keys
+        else:
+            upper = np.triu(np.ones((T, T), bool), 1)
+            assert not np.asarray(weights)[:, :, upper].any(), "a query attended to a later token"
+            if cfg.attention == "alternating" and cfg.sliding_layers[i]:
+                band = np.tril(np.ones((T, T), bool), -cfg.window_size)
+                assert not np.asarray(weights)[:, :, band].any(), "a sliding layer looked beyond its window"
+    if cfg.family == "encoder_decoder":
+        assert len(out.encoder_attentions) == cfg.encoder_layers and len(out.cross_attentions) == cfg.decoder_layers
+        chex.assert_shape(out.cross_attentions[0], (2, cfg.num_heads, 4, 6))
+        np.testing.assert_array_equal(np.asarray(out.cross_attentions[0][1, :, :, 4:]), 0.0)
+    if name == "tiny-gpt":
+        unrolled = call(jf.build(cfg.replace(scan_layers=False)), ids, mask, output_attentions=True)
+        chex.assert_trees_all_close(unrolled.attentions, out.attentions, atol=1e-6)
+
+
+def test_transformer_xl_attentions_span_memory_and_segment():
+    model = tiny_model("tiny-transformer-xl")
+    cfg = model.config
+    first = model(token_ids(2, 5, seed=32), output_attentions=True)
+    second = model(token_ids(2, 5, seed=33), memory=first.memory, output_attentions=True)
+    M = first.memory.length
+    chex.assert_shape(second.attentions[0], (2, cfg.num_heads, 5, M + 5))
+    assert float(second.attentions[0][..., :M].sum()) > 0, "the second segment ignored its memory"
+    own = np.asarray(second.attentions[0][..., M:])
+    assert not own[:, :, np.triu(np.ones((5, 5), bool), 1)].any()
+
+
 def test_first_hidden_state_is_the_embedding_output():
     model = tiny_model("tiny-gpt")  # learned positions, no embedding norm
     ids = token_ids(2, 6, seed=24)
@@ -601,14 +653,14 @@ def test_attention_kv_cache_equals_full_pass(name, chunks):
         own = visibility_mask("causal", q_pos, q_pos)
         module = nnx.merge(graphdef, state)
         if cache is None:  # the full pass, and its (rotated) keys for comparison
-            y, new_kv = module(x, mask=own, rope=rope)
+            y, new_kv, _ = module(x, mask=own, rope=rope)
             k, _ = module.key_values(x)
             return y, new_kv, k if rope is None else apply_rope(k, *rope)
         # The hook attends over the cache (slots written so far are valid) next to this call's own
         # keys, and hands back only the new keys/values [B, n, K, H]; the caller writes them.
         slots = jnp.broadcast_to(jnp.arange(S), (B, S))
         cached = visibility_mask("causal", q_pos, slots, slots < start)
-        y, new_kv = module(x, mask=(cached, own), rope=rope, cache=cache)
+        y, new_kv, _ = module(x, mask=(cached, own), rope=rope, cache=cache)
         assert new_kv["k"].shape == new_kv["v"].shape == (B, n, K, H)
         cache = {name: jax.lax.dynamic_update_slice_in_dim(cache[name], new_kv[name], start, axis=1)
                  for name in ("k", "v")}

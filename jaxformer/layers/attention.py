@@ -73,9 +73,11 @@ def _softmax_jvp(primals, tangents):
 
 
 def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate: float = 0.0,
-                          key: Array | None = None, softcap: float | None = None) -> Array:
+                          key: Array | None = None, softcap: float | None = None,
+                          with_weights: bool = False) -> Array | tuple[Array, Array]:
     """Grouped-query attention. q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], mask [B|1,1,T,S], bias [B|1,N,T,S]
-    or None; returns [B,T,N,Hv].
+    or None; returns [B,T,N,Hv], and with ``with_weights`` also the attention probabilities [B,N,T,S]
+    (float32, after dropout: what transformers returns as attentions).
 
     k, v, mask and bias may also be tuples of segments along S (a KV cache and this call's new
     keys): the softmax runs over all segments together, so the cache is read where it lies instead
@@ -117,14 +119,23 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
         out = out + jnp.einsum("BKMS,BKSH->BKMH", p_seg, v_seg.transpose(0, 2, 1, 3))
         start += v_seg.shape[1]
     Hv = vs[0].shape[-1]
-    return out.reshape(B, K, G, T, Hv).transpose(0, 3, 1, 2, 4).reshape(B, T, N, Hv)
+    out = out.reshape(B, K, G, T, Hv).transpose(0, 3, 1, 2, 4).reshape(B, T, N, Hv)
+    # query head n is kv head n // G's (n % G)-th: the [B, K, (G,) T, S] probabilities read as [B, N, T, S]
+    return (out, probs.reshape(B, N, T, probs.shape[-1])) if with_weights else out
+
+
+def _attend(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights: bool) -> tuple[Array, Array | None]:
+    """``dot_product_attention`` as an (output, probabilities or None) pair, whichever was asked."""
+    result = dot_product_attention(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights)
+    return result if with_weights else (result, None)
 
 
 class Attention(nnx.Module):
     """Multi-head attention with separate kv heads (MHA, GQA, MQA), self or cross.
 
     Projections are einsum kernels with explicit head axes: q [D,N,H], k/v [D,K,H], o [N,H,D].
-    Two hooks serve generation:
+    Calls return (output, this call's keys and values or None, attention probabilities [B, N, T, S] when
+    ``output_attentions``, else None). Two hooks serve generation:
     - ``cache`` {"k", "v": [B, S, K, H]}: keys/values of earlier tokens, attended in place next to
       this call's own (``mask`` and ``bias`` are then (cache part, new part) pairs); the new keys and
       values [B, T, K, H] are returned so the caller writes them into its cache.
@@ -165,7 +176,8 @@ class Attention(nnx.Module):
 
     def __call__(self, x: Array, kv_input: Array | None = None, *, mask: Array, bias: Array | None = None,
                  rope: tuple[Array, Array] | None = None, cache: dict | None = None,
-                 kv: tuple[Array, Array] | None = None, key: Array | None = None) -> tuple[Array, dict | None]:
+                 kv: tuple[Array, Array] | None = None, key: Array | None = None,
+                 output_attentions: bool = False) -> tuple[Array, dict | None, Array | None]:
         q = checkpoint_name(self._project(x, "q", self.q_bias, _lora_keys(key)[0]), "qkv")
         if self.q_norm is not None:
             q = self.q_norm(q)
@@ -178,11 +190,11 @@ class Attention(nnx.Module):
             new_kv = {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
             k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])
         if isinstance(mask, kernels.FusedMask):  # full-sequence calls only: Stack gives none with a cache
-            if key is None or self.dropout_rate == 0.0:
-                return self._output(kernels.attend(q, k, v, mask, bias, self.scale), key), new_kv
-            mask = mask.dense  # attention dropout runs on XLA
-        out = dot_product_attention(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap)
-        return self._output(out, key), new_kv
+            if (key is None or self.dropout_rate == 0.0) and not output_attentions:
+                return self._output(kernels.attend(q, k, v, mask, bias, self.scale), key), new_kv, None
+            mask = mask.dense  # attention dropout and returned weights run on XLA
+        out, weights = _attend(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap, output_attentions)
+        return self._output(out, key), new_kv, weights
 
     def _output(self, out: Array, key: Array | None = None) -> Array:
         y = project(self, "o", out, "BTNH,NHD->BTD", self.dtype, key=_lora_keys(key)[3])
@@ -220,10 +232,11 @@ class RelativeAttention(Attention):
             self.segment_bias = self.segment_embed = None
 
     def __call__(self, x: Array, *, mask: Array, relative, memory: dict | None = None,
-                 key: Array | None = None) -> tuple[Array, dict]:
+                 key: Array | None = None, output_attentions: bool = False) -> tuple[Array, dict, Array | None]:
         """x [B, T, D] after this layer's ``memory`` (none, its hidden states {"hidden": [B, M, D]} or their
         keys and values {"k", "v": [B, M, K, H]}); ``mask`` [B, 1, T, M + T]; ``relative`` the stack's
-        ``XLInputs``. Returns the output and this call's own keys and values (what a ``MemoryKV`` keeps)."""
+        ``XLInputs``. Returns the output, this call's own keys and values (what a ``MemoryKV`` keeps) and the
+        attention probabilities over [memory + own tokens] when ``output_attentions``."""
         q = checkpoint_name(self._project(x, "q", self.q_bias, _lora_keys(key)[0]), "qkv")
         own_k, own_v = self.key_values(x, key)
         if memory is None:
@@ -241,8 +254,9 @@ class RelativeAttention(Attention):
             per_kind = jnp.einsum("BTNH,GNH->BNTG", q + as_q(self.segment_bias), self.segment_embed[...].astype(q.dtype),
                                   preferred_element_type=jnp.float32)
             bias = bias + jnp.where(relative.other_segment[:, None], per_kind[..., 1:], per_kind[..., :1])
-        out = dot_product_attention(q + as_q(u), k, v, mask, bias * self.scale, self.scale, self.dropout_rate, key)
-        return self._output(out, key), {"k": own_k, "v": own_v}
+        out, weights = _attend(q + as_q(u), k, v, mask, bias * self.scale, self.scale, self.dropout_rate, key, None,
+                               output_attentions)
+        return self._output(out, key), {"k": own_k, "v": own_v}, weights
 
 
 class LatentAttention(nnx.Module):
@@ -325,7 +339,8 @@ class LatentAttention(nnx.Module):
 
     def __call__(self, x: Array, kv_input: Array | None = None, *, mask, bias: Array | None = None,
                  rope: tuple[Array, Array] | None = None, cache: dict | None = None, kv=None,
-                 key: Array | None = None) -> tuple[Array, dict | None]:
+                 key: Array | None = None, output_attentions: bool = False
+                 ) -> tuple[Array, dict | None, Array | None]:
         """As ``Attention.__call__`` (self-attention only); ``cache`` is {"latent": [B, S, C + R]} and the
         new tokens' latents come back as {"latent": [B, T, C + R]}."""
         if kv_input is not None or kv is not None or bias is not None:
@@ -345,7 +360,8 @@ class LatentAttention(nnx.Module):
             q_latent = jnp.einsum("BTNH,CNH->BTNC", q_nope, kernel(self, "k_up", dt))
             query = jnp.concatenate([q_latent, q_rope.astype(dt)], axis=-1)
             keys = tuple(segment[:, :, None, :].astype(dt) for segment in segments)  # one kv head: MQA
-            mixed = dot_product_attention(query, keys, keys, mask, None, self.scale, self.dropout_rate, key)
+            mixed, weights = _attend(query, keys, keys, mask, None, self.scale, self.dropout_rate, key, None,
+                                     output_attentions)
             out = jnp.einsum("BTNC,CNH->BTNH", mixed[..., :self.latent_width], kernel(self, "v_up", dt))
         else:
             expanded = [self.expand(segment) for segment in segments]
@@ -353,8 +369,9 @@ class LatentAttention(nnx.Module):
             if cache is None:
                 keys, values = keys[0], values[0]
             query = jnp.concatenate([q_nope, q_rope.astype(dt)], axis=-1)
-            out = dot_product_attention(query, keys, values, mask, None, self.scale, self.dropout_rate, key)
+            out, weights = _attend(query, keys, values, mask, None, self.scale, self.dropout_rate, key, None,
+                                   output_attentions)
         y = project(self, "o", out, "BTNH,NHD->BTD", dt)
         if self.o_bias is not None:
             y = y + self.o_bias[...].astype(dt)
-        return y, written
+        return y, written, weights

@@ -64,6 +64,8 @@ class StackOutput(NamedTuple):
     cache: KVCache | LatentCache | None  # the cache with this call's keys and values (or latents) written
     router_stats: dict[str, Array] | None  # MoE layers' ``router_statistics``, each [L_moe, ...]
     memory: Memory | MemoryKV | None = None  # Transformer-XL: the segment memory rolled forward by this call
+    attentions: tuple[Array, ...] | None = None  # per layer [B, N, T, S] self-attention probabilities (when collected)
+    cross_attentions: tuple[Array, ...] | None = None  # per layer [B, N, T, S_source] (when collected)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +96,7 @@ class LayerInputs:
     token_mask: Array | None = None
     memory: dict | None = None  # Transformer-XL: this layer's memory, {"hidden"} or {"k", "v"}
     relative: XLInputs | None = None
+    output_attentions: bool = False  # return each sublayer's attention probabilities
 
 
 # --------------------------------------------------------------------------------------------------
@@ -134,26 +137,29 @@ class Block(nnx.Module):
         self.attn_post_norm, self.cross_post_norm, self.mlp_post_norm = sandwich(), sandwich(cross_attention), sandwich()
 
     def __call__(self, x: Array, inputs: LayerInputs, key: Array | None = None
-                 ) -> tuple[Array, dict | None, dict | None]:
-        """Returns x, this call's new keys and values (for the caller's cache), MoE router stats."""
+                 ) -> tuple[Array, dict | None, dict | None, dict]:
+        """Returns x, this call's new keys and values (for the caller's cache), MoE router stats, and the
+        attention probabilities {"self", "cross"} (None unless ``inputs.output_attentions``)."""
         keys = BlockKeys(*split_key(key, 6))
         drop = lambda h, key: dropout(h, self.dropout_rate, key)  # noqa: E731
+        weights = {"self": None, "cross": None}
         if self.pre_norm:  # GPT-2, LLaMA, T5: x = x + f(norm(x)); Gemma: x = x + norm_out(f(norm(x)))
-            h, new_kv = self.self_attention(self.attn_norm(x), inputs, keys.attn)
+            h, new_kv, weights["self"] = self.self_attention(self.attn_norm(x), inputs, keys.attn)
             x = self.in_range(x + drop(self.sandwiched(h, self.attn_post_norm), keys.attn_out))
             if self.cross_attn is not None:
-                h = self.cross_attention(self.cross_norm(x), inputs, keys.cross)
+                h, _, weights["cross"] = self.cross_attention(self.cross_norm(x), inputs, keys.cross)
                 x = self.in_range(x + drop(self.sandwiched(h, self.cross_post_norm), keys.cross_out))
             h, stats = self.feed_forward(self.mlp_norm(x), inputs, keys.mlp)
             x = self.in_range(x + drop(self.sandwiched(h, self.mlp_post_norm), keys.mlp_out))
         else:  # the 2017 Transformer, BERT, BART: x = norm(x + f(x))
-            h, new_kv = self.self_attention(x, inputs, keys.attn)
+            h, new_kv, weights["self"] = self.self_attention(x, inputs, keys.attn)
             x = self.attn_norm(x + drop(h, keys.attn_out))
             if self.cross_attn is not None:
-                x = self.cross_norm(x + drop(self.cross_attention(x, inputs, keys.cross), keys.cross_out))
+                h, _, weights["cross"] = self.cross_attention(x, inputs, keys.cross)
+                x = self.cross_norm(x + drop(h, keys.cross_out))
             h, stats = self.feed_forward(x, inputs, keys.mlp)
             x = self.mlp_norm(x + drop(h, keys.mlp_out))
-        return x, new_kv, stats
+        return x, new_kv, stats, weights
 
     @staticmethod
     def sandwiched(h: Array, post_norm: Norm | None) -> Array:
@@ -168,16 +174,20 @@ class Block(nnx.Module):
         limit = jnp.where(jnp.isinf(x).any(), top - 1000, top).astype(jnp.float16)
         return jnp.clip(x, -limit, limit)
 
-    def self_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None]:
+    def self_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None, Array | None]:
+        weights = inputs.output_attentions
         if isinstance(self.attn, RelativeAttention):
             memory = inputs.memory
             if memory is not None and "hidden" in memory and self.pre_norm:  # layer inputs: normed like this call's
                 memory = {"hidden": self.attn_norm(memory["hidden"])}
-            return self.attn(h, mask=inputs.mask, relative=inputs.relative, memory=memory, key=key)
-        return self.attn(h, mask=inputs.mask, bias=inputs.bias, rope=inputs.rope, cache=inputs.cache, key=key)
+            return self.attn(h, mask=inputs.mask, relative=inputs.relative, memory=memory, key=key,
+                             output_attentions=weights)
+        return self.attn(h, mask=inputs.mask, bias=inputs.bias, rope=inputs.rope, cache=inputs.cache, key=key,
+                         output_attentions=weights)
 
-    def cross_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> Array:
-        return self.cross_attn(h, inputs.cross_source, mask=inputs.cross_mask, kv=inputs.cross_kv, key=key)[0]
+    def cross_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, None, Array | None]:
+        return self.cross_attn(h, inputs.cross_source, mask=inputs.cross_mask, kv=inputs.cross_kv, key=key,
+                               output_attentions=inputs.output_attentions)
 
     def feed_forward(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None]:
         if isinstance(self.mlp, MoE):
@@ -305,14 +315,15 @@ class Stack(nnx.Module):
 
     def __call__(self, x: Array, tokens: Tokens, *, cache: KVCache | LatentCache | None = None,
                  cross: EncoderOutput | EncoderKV | None = None, memory: Memory | MemoryKV | None = None,
-                 token_types: Array | None = None, collect_hidden: bool = False,
+                 token_types: Array | None = None, collect_hidden: bool = False, collect_attentions: bool = False,
                  key: Array | None = None) -> StackOutput:
         """Run the blocks over x [B, T, D] at ``tokens``. With a ``cache``, its slots are keys too,
         attended where they lie next to this call's own, and this call's keys and values are written
         into it once, after the layer loop. Transformer-XL's layers attend over their ``memory`` the same
         way, and each layer's input (or, for a ``MemoryKV``, its keys and values) is rolled into it after
         the loop (a model with ``memory_len`` starts an empty ``Memory`` when given none). Hidden states
-        follow Hugging Face: the input, then every layer's output, the last one after the final norm."""
+        follow Hugging Face: the input, then every layer's output, the last one after the final norm;
+        ``collect_attentions`` returns each layer's attention probabilities too (never through a fused kernel)."""
         cfg = self.config
         relative = None
         if cfg.position == "xl":
@@ -345,20 +356,21 @@ class Stack(nnx.Module):
             inputs = LayerInputs(layer_mask, bias, layer_rope, extra["cache"], cross_mask, cross_source, extra["cross_kv"],
                                  # MoE load statistics count real tokens only
                                  token_mask=tokens.valid if cache is None else None,
-                                 memory=extra["memory"], relative=relative)
+                                 memory=extra["memory"], relative=relative, output_attentions=collect_attentions)
             h_in = h
-            h, new_kv, stats = block(h, inputs, extra["key"])
+            h, new_kv, stats, weights = block(h, inputs, extra["key"])
             if relative is not None and not keeps_kv:
                 new_kv = None  # a hidden-state memory keeps the layer's input instead
-            return h, (h if collect_hidden else None, stats, new_kv, h_in if remember and not keeps_kv else None)
+            return h, (h if collect_hidden else None, stats, new_kv, h_in if remember and not keeps_kv else None,
+                       weights)
 
         out, outputs = x, []
         for blocks, first, end in self.groups():
             out, group_outputs = run_stack(blocks, out, layer, jax.tree.map(lambda a: a[first:end], per_layer), cfg)
             outputs.append(group_outputs)
-        hidden, new_kv, layer_inputs = (
-            jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3]) for o in outputs])
-            if len(outputs) > 1 else (outputs[0][0], outputs[0][2], outputs[0][3]))
+        hidden, new_kv, layer_inputs, weights = (
+            jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3], o[4]) for o in outputs])
+            if len(outputs) > 1 else (outputs[0][0], outputs[0][2], outputs[0][3], outputs[0][4]))
         stats = outputs[-1][1]  # the expert layers come last
         valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
         if cache is not None:
@@ -372,7 +384,9 @@ class Stack(nnx.Module):
         hidden_states = None
         if collect_hidden:
             hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], out)
-        return StackOutput(out, hidden_states, cache, stats, memory if remember else None)
+        per_layer_weights = lambda stacked: None if stacked is None else tuple(stacked)  # noqa: E731
+        return StackOutput(out, hidden_states, cache, stats, memory if remember else None,
+                           per_layer_weights(weights["self"]), per_layer_weights(weights["cross"]))
 
     def _xl_inputs(self, tokens: Tokens, memory: Memory | MemoryKV | None, token_types: Array | None,
                    key: Array | None) -> tuple[Array, XLInputs]:
