@@ -86,6 +86,11 @@ class Embedder:
             raise ValueError(f"batch_size={batch_size!r}; expected a positive integer")
         prompt = self.pipeline.prompt
         rows = [e.ids for e in self.tokenizer.encode_batch([prompt + t for t in texts])]
+        vocab = self.model.config.vocab_size
+        for i, row in enumerate(rows):  # checked here: the jitted forward would clamp a bad id silently
+            if row and not 0 <= min(row) <= max(row) < vocab:
+                raise ValueError(f"text {i} encodes to id {max(row) if max(row) >= vocab else min(row)}, outside the "
+                                 f"model's vocabulary [0, {vocab}): the tokenizer does not belong to this model")
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # similar lengths share a batch
         out = np.zeros((len(rows), self.dimension), np.float32)
         for start in range(0, len(order), batch_size):
@@ -95,6 +100,19 @@ class Embedder:
                              steps=self._steps, normalize=bool(normalize_embeddings))
             out[chosen] = np.asarray(vectors)[:len(chosen)]
         return out[0] if single else out
+
+    def similarity(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Scores [N, M] between two sets of embeddings by the folder's similarity_fn_name, as
+        ``SentenceTransformer.similarity``: cosine, dot, or negative euclidean / manhattan distance."""
+        a = np.atleast_2d(np.asarray(a, np.float32))
+        b = np.atleast_2d(np.asarray(b, np.float32))
+        name = self.similarity_fn_name
+        if name == "cosine":
+            a, b = (x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12) for x in (a, b))
+        if name in ("cosine", "dot"):
+            return a @ b.T
+        gaps = a[:, None, :] - b[None, :, :]
+        return -(np.sqrt((gaps ** 2).sum(-1)) if name == "euclidean" else np.abs(gaps).sum(-1))
 
     @property
     def dimension(self) -> int:

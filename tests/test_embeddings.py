@@ -138,6 +138,17 @@ def test_cli_prints_the_encode_vectors(folders, capsys):
                                atol=1e-7)
 
 
+@pytest.mark.parametrize("name", ["cosine", "dot", "euclidean", "manhattan"])
+def test_similarity_follows_the_folders_function(name, folders):
+    from sentence_transformers.util.similarity import SimilarityFunction
+
+    embedder = jf.Embedder.from_pretrained(folders("cls"))
+    embedder.similarity_fn_name = name
+    a, b = np.random.default_rng(0).normal(size=(2, 3, 32)).astype(np.float32)
+    expected = SimilarityFunction.to_similarity_fn(name)(a, b).numpy()
+    np.testing.assert_allclose(embedder.similarity(a, b), expected, rtol=1e-5, atol=1e-5)
+
+
 def _edit(folder, file, change):
     data = json.loads((folder / file).read_text())
     (folder / file).write_text(json.dumps(change(data)))
