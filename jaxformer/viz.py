@@ -122,8 +122,8 @@ def mask_pictures(length: int = 12) -> list[Picture]:
     target, pads = max(2, (2 * T) // 3), max(1, T // 4)
     source_valid = np.arange(T) < T - pads
     cross = visibility_mask("bidirectional", indexed_positions(1, target), one, jnp.asarray(source_valid)[None])
-    single("cross_attention", f"cross-attention: decoder × encoder, {pads} pads", f"cross-attention, {pads} pads", cross,
-           query_labels=_numbers(target), key_labels=_numbers(T, source_valid))
+    single("cross_attention", f"cross-attention: decoder × encoder, {pads} pads", f"cross-attention, {pads} pads",
+           cross, query_labels=_numbers(target), key_labels=_numbers(T, source_valid))
 
     single("sliding_window", f"sliding window of {window} (Mistral)", f"sliding window {window}",
            visibility_mask("sliding", one, one, window=window))
@@ -335,7 +335,7 @@ def token_labels(tokenizer, ids) -> list[str]:
     for i in ids:
         token = vocabulary.id_to_token(int(i)) if vocabulary is not None else None
         token = token if token is not None else tokenizer.decode([int(i)]) or f"<{int(i)}>"
-        token = token.replace("$", r"\$")  # matplotlib reads $...$ as math
+        token = token.replace("$", r"\$").replace(" ", "␣").replace("\n", "\\n").replace("\t", "\\t")  # $..$ is math
         labels.append(token if len(token) <= 14 else token[:13] + "…")
     return labels
 
@@ -383,8 +383,10 @@ def save_attention(weights: np.ndarray, heads: list[int], query_labels: list[str
     T, S = weights.shape[1:]
     columns = math.ceil(math.sqrt(len(heads)))
     rows = math.ceil(len(heads) / columns)
-    cell = min(7.0, max(2.8, 0.22 * max(T, S)))
-    figure, axes = plt.subplots(rows, columns, figsize=(cell * columns + 1.2, cell * rows + 0.6), squeeze=False)
+    cell = min(7.0, max(3.0 if len(heads) > 1 else 4.0, 0.22 * max(T, S)))
+    height = cell * min(2.0, max(0.5, T / S))  # cross-attention maps are not square
+    figure, axes = plt.subplots(rows, columns, figsize=(cell * columns + 1.2, height * rows + 0.8), squeeze=False,
+                                layout="constrained")
     top = float(weights[heads].max()) or 1.0
     for ax, head in zip(axes.flat, heads):
         image = ax.imshow(weights[head], cmap="viridis", vmin=0.0, vmax=top, interpolation="nearest")
@@ -396,8 +398,7 @@ def save_attention(weights: np.ndarray, heads: list[int], query_labels: list[str
     for ax in list(axes.flat)[len(heads):]:
         ax.axis("off")
     figure.suptitle(title, fontsize=10)
-    figure.tight_layout(rect=(0, 0, 0.92, 0.97))
-    bar = figure.colorbar(image, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02)
+    bar = figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
     bar.set_label("attention probability")
     figure.savefig(path, dpi=90)
     plt.close(figure)
@@ -416,7 +417,7 @@ def attention_command(args: argparse.Namespace) -> int:
     heads = list(range(layer_weights.shape[0])) if head is None else [head]
     what = {"self": "self-attention", "encoder": "encoder self-attention", "decoder": "decoder self-attention",
             "cross": "cross-attention"}[stack]
-    title = f"{Path(args.checkpoint).name}: {what}, layer {layer} of {len(weights)}"
+    title = f"{Path(args.checkpoint).name}: {what}, layer {layer} (of 0-{len(weights) - 1})"
     save_attention(layer_weights, heads, query_labels, key_labels, title, args.out)
     print(args.out)
     return 0
