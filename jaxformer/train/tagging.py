@@ -158,7 +158,8 @@ class TokenClassification(Objective):
 
     def adapt(self, cfg, fresh):
         cfg = super().adapt(cfg, fresh)
-        changes = {"head": "token_classification", "num_labels": len(self.label_names),
+        # No pooler: the tags read every position, not the pooled [CLS] (as BertForTokenClassification)
+        changes = {"head": "token_classification", "pooler": False, "num_labels": len(self.label_names),
                    "label_names": tuple(self.label_names)}
         if fresh:
             changes["pad_token_id"] = self.ids["pad"]
