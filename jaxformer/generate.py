@@ -26,6 +26,7 @@ from flax import nnx
 from jaxformer import checks
 from jaxformer.cache import DecodeState, cache_numbers_per_token
 from jaxformer.config import ModelConfig
+from jaxformer.layers import left_padded_positions
 
 Array = jax.Array
 NEG = -1.0e9  # transformers' "very large negative" for beam bookkeeping
@@ -135,7 +136,7 @@ def _prefill_inputs(model, input_ids: Array, attention_mask: Array, gc: Generati
         ids = jnp.full((input_ids.shape[0] * batch_repeat, 1), gc.decoder_start_token_id, jnp.int32)
         state = model.init_cache(source, max_new_tokens)  # the last chosen token is never fed back
         return ids, jnp.zeros_like(ids), jnp.ones_like(ids, bool), state
-    positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)  # left padding: count real tokens only
+    positions = left_padded_positions(mask)
     prefix = jnp.sum(mask, axis=1) if cfg.attention == "prefix" else None
     ids = rep(input_ids)
     state = model.init_cache(ids.shape[0], ids.shape[1] + max_new_tokens - 1, rep(prefix))

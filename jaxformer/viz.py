@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.cache import Memory
-from jaxformer.layers.attention import visibility_mask
+from jaxformer.layers.attention import (layer_patterns, left_padded_positions, memory_visibility_mask,
+                                        visibility_mask)
 from jaxformer.presets import config as preset_config
 
 MAX_LENGTH = 64  # tokens per picture: beyond this a cell is under a pixel wide and the tick labels collide
@@ -60,33 +61,6 @@ def check_length(length: int) -> int:
 def indexed_positions(batch: int, length: int) -> jnp.ndarray:
     """Positions 0..T-1 in every row: what the embeddings give a full pass without position_ids."""
     return jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-
-
-def left_padded_positions(valid: np.ndarray) -> jnp.ndarray:
-    """Positions of a left-padded batch as generation's prefill gives them (generate.py): each row
-    counts its real tokens only, so its first real token is position 0 whatever the padding."""
-    return jnp.maximum(jnp.cumsum(jnp.asarray(valid, jnp.int32), axis=1) - 1, 0)
-
-
-def layer_pattern(stack_pattern: str, attention: str, sliding: bool) -> str:
-    """The pattern one layer of a stack runs, chosen as ``Stack._self_attention_masks`` chooses it: an
-    'alternating' decoder's sliding layers use 'sliding', the others 'causal'; an encoder stack of an
-    alternating model (T5Gemma) uses 'bidirectional_sliding' on its sliding layers."""
-    if stack_pattern == "alternating":
-        return "sliding" if sliding else "causal"
-    if stack_pattern == "bidirectional" and attention == "alternating" and sliding:
-        return "bidirectional_sliding"
-    return stack_pattern
-
-
-def memory_visibility_mask(pattern: str, positions, valid, memory_valid) -> jnp.ndarray:
-    """Transformer-XL's self-attention mask [B, 1, T, M + T], composed as ``Stack._xl_inputs`` composes
-    it: every real memory slot is visible to every query (it holds earlier tokens), this call's own
-    tokens follow ``pattern``."""
-    own = visibility_mask(pattern, positions, positions, valid)
-    B, _, T, _ = own.shape
-    memory = jnp.broadcast_to(memory_valid[:, None, None, :], (B, 1, T, memory_valid.shape[1]))
-    return jnp.concatenate([memory, own], axis=-1)
 
 
 def _rows(mask, row: int = 0) -> np.ndarray:
@@ -133,7 +107,8 @@ def mask_pictures(length: int = 12) -> list[Picture]:
     panels = []
     for layer in (0, 1):
         banded = gpt3.sliding_layers[layer]
-        pattern = layer_pattern("alternating", gpt3.attention, banded)
+        dense_pattern, banded_pattern = layer_patterns("alternating", gpt3.attention)
+        pattern = banded_pattern if banded else dense_pattern
         mask = visibility_mask(pattern, one, one, window=window)
         kind = f"banded ({pattern}, window {window})" if banded else f"dense ({pattern})"
         panels.append(Panel(f"layer {layer}: {kind}", _rows(mask), plain, plain))
@@ -141,15 +116,16 @@ def mask_pictures(length: int = 12) -> list[Picture]:
                             "GPT-3 alternating"))
 
     t5gemma = preset_config("t5gemma-2b-2b")
-    pattern = layer_pattern("bidirectional", t5gemma.attention, True)
+    pattern = layer_patterns("bidirectional", t5gemma.attention)[1]
     single("bidirectional_sliding", f"T5Gemma encoder, sliding layer: |t - s| <= {window}",
            f"T5Gemma encoder, |t-s| <= {window}", visibility_mask(pattern, one, one, window=window))
 
     # Left padding: a batch of two rows, the second padded on the left, positions as generation gives them.
     pad = max(1, T // 3)
     valid = np.stack([np.ones(T, bool), np.arange(T) >= pad])
-    mask = visibility_mask("causal", left_padded_positions(valid), left_padded_positions(valid), jnp.asarray(valid))
-    positions = np.asarray(left_padded_positions(valid))
+    at = left_padded_positions(jnp.asarray(valid))
+    mask = visibility_mask("causal", at, at, jnp.asarray(valid))
+    positions = np.asarray(at)
     panels = []
     for row, what in ((0, "no padding"), (1, f"left-padded by {pad}")):
         labels = [str(p) if v else "pad" for p, v in zip(positions[row], valid[row])]

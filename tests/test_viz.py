@@ -15,7 +15,7 @@ import jaxformer as jf
 from jaxformer import viz
 from jaxformer.cache import Memory
 from jaxformer.cli import main
-from jaxformer.layers.attention import visibility_mask
+from jaxformer.layers.attention import memory_visibility_mask, visibility_mask
 from jaxformer.train.report import plot_losses
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -115,7 +115,7 @@ def test_memory_mask_composes_like_the_stack():
         {"hidden": jnp.ones((cfg.num_layers, 1, 2, cfg.d_model))}, jnp.ones((1, 2), bool))  # 2 of 4 slots filled
     out = model(jnp.arange(1, 5)[None], memory=memory, output_attentions=True)
     at = jnp.arange(4)[None]
-    mask = viz.memory_visibility_mask("causal", at, None, memory.valid)
+    mask = memory_visibility_mask("causal", at, None, memory.valid)
     weights = np.asarray(out.attentions[0][0])  # [N, T, M + T]
     np.testing.assert_array_equal(weights > 0, np.broadcast_to(np.asarray(mask[0]), weights.shape))
 

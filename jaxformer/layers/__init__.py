@@ -11,8 +11,8 @@ arrive and leave as values (``jaxformer.cache``), so every forward pass is a pur
 (params, inputs).
 """
 
-from jaxformer.layers.attention import (Attention, LatentAttention, dot_product_attention, softmax,
-                                        visibility_mask)
+from jaxformer.layers.attention import (Attention, LatentAttention, dot_product_attention, layer_patterns,
+                                        left_padded_positions, memory_visibility_mask, softmax, visibility_mask)
 from jaxformer.layers.core import (Buffer, Dense, Norm, activate, dropout, dtype_of, logical_axes, normalize,
                                    param, split_key)
 from jaxformer.layers.feedforward import (MLP, MoE, RouterBias, Routing, dense_experts, grouped_experts, load_balancing_loss,
@@ -21,7 +21,8 @@ from jaxformer.layers.positions import (Embed, Embeddings, Positions, RelativeBi
                                         rope_frequencies, sinusoids)
 from jaxformer.layers.stack import REMAT_POLICIES, Block, EncoderOutput, Stack, StackOutput, Tokens, run_stack
 
-__all__ = ["Attention", "LatentAttention", "dot_product_attention", "softmax", "visibility_mask", "Buffer", "Dense",
+__all__ = ["Attention", "LatentAttention", "dot_product_attention", "softmax", "visibility_mask", "layer_patterns",
+           "memory_visibility_mask", "left_padded_positions", "Buffer", "Dense",
            "Norm", "activate", "dropout", "dtype_of", "logical_axes", "normalize", "param", "split_key", "MLP", "MoE",
            "RouterBias", "Routing", "dense_experts", "grouped_experts", "load_balancing_loss", "ragged_experts", "route", "router_statistics", "Embed",
            "Embeddings", "Positions", "RelativeBias", "apply_rope", "rope_angles", "rope_frequencies", "sinusoids",

@@ -48,6 +48,32 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
     return allowed[:, None, :, :]
 
 
+def layer_patterns(stack_pattern: str, attention: str) -> tuple[str, str | None]:
+    """(the pattern of a stack's dense layers, that of its sliding layers or None): an 'alternating'
+    decoder's sliding layers use 'sliding' and the others 'causal'; the encoder of an alternating
+    encoder-decoder (T5Gemma) uses 'bidirectional_sliding' on its sliding layers."""
+    if stack_pattern == "alternating":
+        return "causal", "sliding"
+    if stack_pattern == "bidirectional" and attention == "alternating":
+        return "bidirectional", "bidirectional_sliding"
+    return stack_pattern, None
+
+
+def memory_visibility_mask(pattern: str, positions: Array, valid: Array | None, memory_valid: Array) -> Array:
+    """Transformer-XL's self-attention mask [B, 1, T, M + T]: every real memory slot (``memory_valid``
+    [B, M]) is visible to every query, as it holds earlier tokens; this call's own tokens follow ``pattern``."""
+    own = visibility_mask(pattern, positions, positions, valid)
+    B, _, T, _ = own.shape
+    memory = jnp.broadcast_to(memory_valid[:, None, None, :], (B, 1, T, memory_valid.shape[1]))
+    return jnp.concatenate([memory, own], axis=-1)
+
+
+def left_padded_positions(valid: Array) -> Array:
+    """Positions of a left-padded batch [B, T]: each row counts its real tokens only, so its first real
+    token sits at 0 whatever the padding (as transformers' generation numbers them); pads sit at 0."""
+    return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
+
+
 # --------------------------------------------------------------------------------------------------
 # Attention
 

@@ -20,7 +20,8 @@ from flax import nnx
 from jaxformer import kernels
 from jaxformer.cache import EncoderKV, KVCache, LatentCache, Memory, MemoryKV
 from jaxformer.config import ModelConfig
-from jaxformer.layers.attention import Attention, LatentAttention, RelativeAttention, visibility_mask
+from jaxformer.layers.attention import (Attention, LatentAttention, RelativeAttention, layer_patterns,
+                                        memory_visibility_mask, visibility_mask)
 from jaxformer.layers.core import Norm, dropout, param, split_key
 from jaxformer.layers.feedforward import MLP, MoE
 from jaxformer.layers.positions import RelativeBias, rope_angles, rope_frequencies, xl_distances, xl_encodings
@@ -396,9 +397,8 @@ class Stack(nnx.Module):
         q = tokens.positions
         B, T = q.shape
         M = 0 if memory is None else memory.length
-        mask = visibility_mask(self.pattern, q, q, tokens.valid)
-        if memory is not None:
-            mask = jnp.concatenate([jnp.broadcast_to(memory.valid[:, None, None, :], (B, 1, T, M)), mask], axis=-1)
+        mask = (visibility_mask(self.pattern, q, q, tokens.valid) if memory is None
+                else memory_visibility_mask(self.pattern, q, tokens.valid, memory.valid))
         distances = xl_distances(T, M + T, self.pattern == "bidirectional", cfg.clamp_len)
         encodings = dropout(xl_encodings(distances, cfg.d_model), cfg.dropout_rate, key)
         other_segment = None
@@ -414,11 +414,7 @@ class Stack(nnx.Module):
         cache each is a (cache slots, this call's tokens) pair; a full pass that a fused kernel can take
         gets a ``kernels.FusedMask``."""
         cfg = self.config
-        base_pattern, local_pattern = self.pattern, None
-        if self.pattern == "alternating":
-            base_pattern, local_pattern = "causal", "sliding"
-        elif self.pattern == "bidirectional" and cfg.attention == "alternating":  # an encoder-decoder's encoder
-            local_pattern = "bidirectional_sliding"
+        base_pattern, local_pattern = layer_patterns(self.pattern, cfg.attention)
         q = tokens.positions
 
         def masks(pattern):
