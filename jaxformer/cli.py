@@ -299,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--text", required=True)
     q.add_argument("--layer", type=int, help="one layer (default: the last)")
     q.add_argument("--head", type=int, help="one head (default: a grid of every head)")
+    q.add_argument("--stack", choices=["encoder", "decoder", "cross"],
+                   help="encoder-decoders: which attention to draw (default: the encoder's)")
+    q.add_argument("--target", help="encoder-decoders: the decoder's text after its start token (default: --text)")
     q.add_argument("--out", required=True, help="the PNG to write")
     p.set_defaults(run=viz)
     args = parser.parse_args(argv)

@@ -382,13 +382,13 @@ def save_attention(weights: np.ndarray, heads: list[int], query_labels: list[str
 
 def attention_command(args: argparse.Namespace) -> int:
     """jaxformer viz attention CHECKPOINT --text T [--layer L] [--head H] --out F.png (encoder-decoders:
-    [--stack encoder|decoder|cross] [--target TEXT], read if the CLI passes them)."""
+    [--stack encoder|decoder|cross] [--target TEXT])."""
     model, tokenizer = load_checkpoint(args.checkpoint)
     cfg = model.config
-    stack = getattr(args, "stack", None) or ("encoder" if cfg.family == "encoder_decoder" else "self")
+    stack = args.stack or ("encoder" if cfg.family == "encoder_decoder" else "self")
     layer, head = check_choice(cfg, stack, args.layer, args.head)
     weights, query_labels, key_labels = attention_maps(model, tokenizer, args.text, stack=stack,
-                                                       target=getattr(args, "target", None))
+                                                       target=args.target)
     layer_weights = weights[layer]
     heads = list(range(layer_weights.shape[0])) if head is None else [head]
     what = {"self": "self-attention", "encoder": "encoder self-attention", "decoder": "decoder self-attention",

@@ -163,7 +163,8 @@ def test_attention_maps_are_probabilities(bert_folder):
                                              ({"head": 4}, "--head=4; valid: 0 to 3")])
 def test_attention_choice_out_of_range(bert_folder, tmp_path, choice, message):
     out = tmp_path / "x.png"
-    args = argparse.Namespace(checkpoint=str(bert_folder), text="w1", layer=None, head=None, out=str(out))
+    args = argparse.Namespace(checkpoint=str(bert_folder), text="w1", layer=None, head=None, out=str(out),
+                              stack=None, target=None)
     for name, value in choice.items():
         setattr(args, name, value)
     with pytest.raises(ValueError, match=message):
