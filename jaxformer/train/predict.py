@@ -54,14 +54,18 @@ def load_for_prediction(run_dir: str | Path, step: int | None = None):
         # spans are windowed and decoded by the run's own objective (squad.predict_answers reads it).
         run, _ = restore_run(run_dir, step)
         return run.model, run
-    model = build(trained)
+    # Restored into abstract shapes: building the model first would initialise every weight only to overwrite it
+    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: build(trained)), nnx.Param, ...)
+    if jax.tree.leaves(rest):  # variables a checkpoint does not hold: made as build makes them
+        graphdef, _, rest = nnx.split(build(trained), nnx.Param, ...)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), params)
     manager = checkpoint_manager(run_dir, 1, read_only=True)
     if manager.latest_step() is None:
         raise ValueError(f"{run_dir / 'checkpoints'} holds no finished checkpoint")
-    restored, _ = restore(manager, {"params": nnx.state(model, nnx.Param)}, step, params_only=True)
+    restored, _ = restore(manager, {"params": target}, step, params_only=True)
     manager.close()
-    nnx.update(model, restored)
-    return model, data.make_tokenizer(cfg.data.tokenizer)
+    return nnx.merge(graphdef, restored, rest), data.make_tokenizer(cfg.data.tokenizer)
 
 
 def _label_names(model) -> list[str]:
