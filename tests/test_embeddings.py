@@ -49,9 +49,8 @@ def encoders(tmp_path_factory):
         if name not in cache:
             folder = save_checkpoint(name, tmp_path_factory.mktemp(name))
             if name == "bert":
-                (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
-                tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=False,
-                                                           model_max_length=512)
+                tokenizer = transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(VOCAB)},
+                                                           do_lower_case=False, model_max_length=512)
             else:
                 pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *((f"\u2581{w}", -1.0) for w in WORDS),
                           *((c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz\u2581")]
@@ -107,6 +106,7 @@ def test_encode_equals_sentence_transformers(name, folders):
     embedder = jf.Embedder.from_pretrained(folder)
     assert_close(embedder.encode(TEXTS), reference(folder, TEXTS))
     assert embedder.max_seq_length == (FOLDERS[name][2] or 40)
+    assert len(set(embedder.tokenizer.encode(TEXTS[0]).ids)) >= 6  # real word pieces, not unknowns
 
 
 def test_batches_sorted_by_length_come_back_in_input_order(folders):
@@ -126,6 +126,7 @@ def test_legacy_folder_with_lowercasing_and_pooling_booleans(folders, tmp_path):
          "pooling_mode_max_tokens": True}))
     embedder = jf.Embedder.from_pretrained(folder)
     assert embedder.pipeline.pooling == ("max", "mean") and embedder.max_seq_length == 10
+    assert embedder.tokenizer.encode("The Sky").ids == embedder.tokenizer.encode("the sky").ids  # cased vocabulary
     ours = embedder.encode(TEXTS, normalize_embeddings=True)
     assert_close(ours, reference(folder, TEXTS, normalize_embeddings=True))
 
