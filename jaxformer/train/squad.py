@@ -200,18 +200,24 @@ def best_span(rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]], max_answer_
     best = {"start": 0, "end": 0, "score": float("-inf")}
     for start_logits, end_logits, offsets in rows:
         length = len(offsets)
-        starts = np.argsort(start_logits[:length])[::-1][:N_BEST]
-        ends = np.argsort(end_logits[:length])[::-1][:N_BEST]
-        for s in starts:
-            if offsets[s, 0] < 0:
-                continue
-            for e in ends:
-                if offsets[e, 0] < 0 or e < s or e - s + 1 > max_answer_len:
-                    continue
-                score = float(start_logits[s] + end_logits[e])
-                if score > best["score"]:
-                    best = {"start": int(offsets[s, 0]), "end": int(offsets[e, 1]), "score": score}
+        in_context = offsets[:, 0] >= 0
+        starts, ends = (_top(logits[:length]) & in_context for logits in (start_logits, end_logits))
+        span = np.arange(length)[None, :] - np.arange(length)[:, None]  # end - start
+        allowed = starts[:, None] & ends[None, :] & (span >= 0) & (span < max_answer_len)
+        if not allowed.any():
+            continue
+        scores = np.where(allowed, start_logits[:length, None] + end_logits[None, :length], -np.inf)
+        s, e = np.unravel_index(np.argmax(scores), scores.shape)
+        if scores[s, e] > best["score"]:
+            best = {"start": int(offsets[s, 0]), "end": int(offsets[e, 1]), "score": float(scores[s, e])}
     return best
+
+
+def _top(logits: np.ndarray) -> np.ndarray:
+    """Where the N_BEST highest of ``logits`` are."""
+    chosen = np.zeros(len(logits), bool)
+    chosen[np.argsort(logits)[::-1][:N_BEST]] = True
+    return chosen
 
 
 # --------------------------------------------------------------------------------------------------
