@@ -64,7 +64,8 @@ class Embedder:
                              f"encoder's hidden size {cfg.d_model}")
         wrapped = load_tokenizer(folder)
         tokenizer = wrapped.tokenizer
-        tokenizer_config = read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").exists() else {}
+        config_file = folder / "tokenizer_config.json"
+        tokenizer_config = read_json(config_file) if config_file.exists() else {}
         max_seq_length = _max_seq_length(pipeline, tokenizer_config, folder, cfg.max_positions)
         side = tokenizer_config.get("truncation_side", "right")
         if side not in ("left", "right"):

@@ -106,6 +106,12 @@ def read_folder(path: str | os.PathLike) -> Pipeline:
     pooling, dim, include_prompt = _read_pooling(module_dir(1) / "config.json")
     steps = tuple(_read_dense(module_dir(i)) if kind == "Dense" else _read_normalize(module_dir(i))
                   for i, kind in enumerate(kinds) if i >= 2)
+    width = dim * len(pooling)
+    for i, step in enumerate(steps, start=2):  # each Dense must take the width the step before it gives
+        if isinstance(step, DenseStep):
+            if step.weight.shape[1] != width:
+                raise ValueError(f"{module_dir(i)}: Dense takes {step.weight.shape[1]} features but receives {width}")
+            width = step.weight.shape[0]
     prompt, similarity = _read_model_config(folder / "config_sentence_transformers.json")
     if prompt and not include_prompt:
         _refuse(module_dir(1) / "config.json", "include_prompt", False,
