@@ -6,8 +6,9 @@
 The folder's options are read and checked by ``interop.sentence_transformers``; this module tokenizes
 (truncating to max_seq_length, as sentence-transformers does), runs the encoder and the pooling, Dense and
 Normalize steps as one jitted function, and returns numpy. Batches are padded to power-of-two widths and
-row counts, so a corpus compiles a handful of shapes instead of one per batch; the encoder is bidirectional
-with masked padding, so the extra padding changes no vector.
+row counts, so a corpus compiles a handful of shapes instead of one per batch. The extra padding changes no
+vector: it is masked, and on the left (decoder-only models such as gte-Qwen2 or e5-mistral) it only shifts rotary
+positions, which attention sees as distances.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ _DENSE_ACTIVATIONS = {"tanh": jnp.tanh, "identity": lambda x: x, "relu": jax.nn.
 class Embedder:
     """A sentence-transformers pipeline on a jaxformer encoder: ``encode(texts) -> np.ndarray``."""
 
-    def __init__(self, model, tokenizer, pipeline: Pipeline, max_seq_length: int, pad_token_id: int):
+    def __init__(self, model, tokenizer, pipeline: Pipeline, max_seq_length: int, pad_token_id: int,
+                 padding_side: str = "right"):
         self.model = model
         self.tokenizer = tokenizer            # a `tokenizers.Tokenizer`, truncating to max_seq_length
         self.pipeline = pipeline
         self.max_seq_length = max_seq_length
         self.pad_token_id = pad_token_id
+        self.padding_side = padding_side
         self.similarity_fn_name = pipeline.similarity_fn_name
         dense = [step for step in pipeline.steps if isinstance(step, DenseStep)]
         self._dense_params = [{k: jnp.asarray(v) for k, v in
@@ -55,10 +58,10 @@ class Embedder:
         folder = pipeline.transformer_dir
         model = from_pretrained(folder, dtype=dtype)
         cfg = model.config
-        if cfg.family != "encoder":
-            raise ValueError(f"{folder}/config.json holds a {cfg.family} model ({cfg.name}); jaxformer embeds with "
-                             "encoder-only models (BERT, RoBERTa, T5EncoderModel). Decoder-only embedding models "
-                             "and full T5 checkpoints are not supported yet")
+        if cfg.family == "encoder_decoder" or cfg.position == "xl":
+            raise ValueError(f"{folder}/config.json holds a {cfg.family} model ({cfg.name}, {cfg.position} positions); "
+                             "jaxformer embeds with encoders (BERT, RoBERTa, T5EncoderModel) and decoder-only models "
+                             "(Llama, Mistral, Qwen2, Gemma, GPT-2)")
         if pipeline.embedding_dimension != cfg.d_model:
             raise ValueError(f"{path}: Pooling's embedding_dimension={pipeline.embedding_dimension} differs from the "
                              f"encoder's hidden size {cfg.d_model}")
@@ -67,15 +70,21 @@ class Embedder:
         config_file = folder / "tokenizer_config.json"
         tokenizer_config = read_json(config_file) if config_file.exists() else {}
         max_seq_length = _max_seq_length(pipeline, tokenizer_config, folder, cfg.max_positions)
-        side = tokenizer_config.get("truncation_side", "right")
-        if side not in ("left", "right"):
-            raise ValueError(f"{folder}/tokenizer_config.json: truncation_side={side!r}; valid: 'left', 'right'")
+        sides = {k: tokenizer_config.get(k, "right") for k in ("truncation_side", "padding_side")}
+        for field, side in sides.items():
+            if side not in ("left", "right"):
+                raise ValueError(f"{config_file}: {field}={side!r}; valid: 'left', 'right'")
+        # Left padding moves every position of a row; that changes no vector only under rotary positions with a
+        # causal mask (scores depend on distances), so elsewhere the vectors would depend on the batch.
+        if sides["padding_side"] == "left" and (cfg.family != "decoder" or cfg.position != "rope"):
+            raise ValueError(f"{config_file}: padding_side='left' is supported for decoder-only models with rotary "
+                             f"positions, not a {cfg.family} with {cfg.position} positions")
         tokenizer.no_padding()
-        tokenizer.enable_truncation(max_seq_length, strategy="longest_first", direction=side)
+        tokenizer.enable_truncation(max_seq_length, strategy="longest_first", direction=sides["truncation_side"])
         if pipeline.do_lower_case:
             _lowercase_first(tokenizer)
         pad = wrapped.pad_token_id if wrapped.pad_token_id is not None else 0
-        return cls(model, tokenizer, pipeline, max_seq_length, pad)
+        return cls(model, tokenizer, pipeline, max_seq_length, pad, sides["padding_side"])
 
     def encode(self, texts: str | list[str], batch_size: int = 32, normalize_embeddings: bool = False) -> np.ndarray:
         """Embeddings as float32 numpy: [N, D] for a list, [D] for one string (as sentence-transformers)."""
@@ -121,15 +130,17 @@ class Embedder:
         return dense[-1].weight.shape[0] if dense else self.pipeline.embedding_dimension * len(self.pipeline.pooling)
 
     def _pad(self, rows: list[list[int]], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Right-pad to a power-of-two width (capped by max_seq_length) and row count (capped by batch_size).
-        Filler rows hold one unmasked pad token so no attention row is empty; their vectors are dropped."""
+        """Pad to a power-of-two width (capped by max_seq_length) and row count (capped by batch_size), on the
+        tokenizer's padding side. Filler rows hold one unmasked pad token so no attention row is empty; their
+        vectors are dropped."""
         width = min(self.max_seq_length, _next_power_of_two(max(len(r) for r in rows), _SHORTEST_BUCKET))
         count = min(batch_size, _next_power_of_two(len(rows), 1))
         ids = np.full((count, width), self.pad_token_id, np.int32)
         mask = np.zeros((count, width), np.int32)
-        mask[len(rows):, 0] = 1
+        mask[len(rows):, -1] = 1
         for i, row in enumerate(rows):
-            ids[i, :len(row)], mask[i, :len(row)] = row, 1
+            span = slice(width - len(row), width) if self.padding_side == "left" else slice(0, len(row))
+            ids[i, span], mask[i, span] = row, 1
         return ids, mask
 
 
@@ -162,19 +173,20 @@ def _lowercase_first(tokenizer) -> None:
 
 
 def _pool(h: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
-    """One sentence-transformers pooling mode over right-padded [B, T, D] float32 states."""
+    """One sentence-transformers pooling mode over padded [B, T, D] float32 states (either side)."""
     m = mask[..., None].astype(h.dtype)
+    h = jnp.where(m > 0, h, 0.0)  # padded positions out (a query with no visible key need not be finite)
     if mode == "cls":
         return jnp.take_along_axis(h, jnp.argmax(mask, axis=1)[:, None, None], axis=1)[:, 0]
     if mode == "max":
         return jnp.max(jnp.where(m > 0, h, -jnp.inf), axis=1)
     if mode == "lasttoken":
         last = mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)
-        return jnp.take_along_axis(h * m, last[:, None, None], axis=1)[:, 0]
+        return jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
     if mode == "weightedmean":  # weights 1..T counted from the first real token
         m = m * (jnp.arange(1, mask.shape[1] + 1, dtype=h.dtype) - jnp.argmax(mask, axis=1)[:, None])[..., None]
     total = jnp.maximum(jnp.sum(m, axis=1), 1e-9)
-    summed = jnp.sum(h * m, axis=1)
+    summed = jnp.sum(h * m, axis=1)  # weightedmean's weights ride on m
     return summed / (jnp.sqrt(total) if mode == "mean_sqrt_len_tokens" else total)
 
 

@@ -35,6 +35,7 @@ FOLDERS = {
     "max": ("bert", "max", 16, []),
     "other-modes-dense": ("bert", ("mean_sqrt_len_tokens", "weightedmean", "lasttoken"), 20, ["dense", "normalize"]),
     "t5": ("t5-encoder", "mean", 16, ["linear", "normalize"]),
+    "llama-lasttoken": ("llama-base", "lasttoken", 16, ["normalize"]),  # e5-mistral / gte-Qwen2 layout, left pads
 }
 COSINE, ABS = 0.99999, 1e-5
 
@@ -51,6 +52,16 @@ def encoders(tmp_path_factory):
             if name == "bert":
                 tokenizer = transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(VOCAB)},
                                                            do_lower_case=False, model_max_length=512)
+            elif name == "llama-base":  # word-level, an end-of-text token appended, padded on the left
+                from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+                backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(VOCAB)}, unk_token="[UNK]"))
+                backend.pre_tokenizer = pre_tokenizers.Whitespace()
+                backend.post_processor = processors.TemplateProcessing(single="$A [SEP]",
+                                                                       special_tokens=[("[SEP]", 3)])
+                tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]",
+                                                                 eos_token="[SEP]", unk_token="[UNK]",
+                                                                 padding_side="left", model_max_length=512)
             else:
                 pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *((f"\u2581{w}", -1.0) for w in WORDS),
                           *((c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz\u2581")]
@@ -104,8 +115,12 @@ def assert_close(ours, theirs):
 def test_encode_equals_sentence_transformers(name, folders):
     folder = folders(name)
     embedder = jf.Embedder.from_pretrained(folder)
-    assert_close(embedder.encode(TEXTS), reference(folder, TEXTS))
+    ours = embedder.encode(TEXTS)
+    assert_close(ours, reference(folder, TEXTS))
     assert embedder.max_seq_length == (FOLDERS[name][2] or 40)
+    if name.startswith("llama"):  # rotary positions: how far a row is left-padded changes nothing
+        assert embedder.padding_side == "left"
+        np.testing.assert_allclose(embedder.encode(TEXTS, batch_size=2), ours, atol=1e-5)
     assert len(set(embedder.tokenizer.encode(TEXTS[0]).ids)) >= 6  # real word pieces, not unknowns
 
 
@@ -181,8 +196,9 @@ def test_folder_without_modules_json_is_refused(encoders):
         jf.Embedder.from_pretrained(encoders("bert"))
 
 
-def test_decoder_only_encoder_is_refused(folders, tmp_path):
-    folder = shutil.copytree(folders("cls"), tmp_path / "decoder")
-    save_checkpoint("llama-base", folder)  # its config.json and model.safetensors replace BERT's
-    with pytest.raises(ValueError, match="decoder model .* encoder-only models"):
+def test_left_padding_is_refused_where_it_would_move_learned_positions(folders, tmp_path):
+    folder = shutil.copytree(folders("cls"), tmp_path / "gpt2")
+    save_checkpoint("gpt2-base", folder)  # its config.json and model.safetensors replace BERT's
+    _edit(folder, "tokenizer_config.json", lambda c: {**c, "padding_side": "left"})
+    with pytest.raises(ValueError, match="tokenizer_config.json: padding_side='left' .* decoder with learned"):
         jf.Embedder.from_pretrained(folder)
