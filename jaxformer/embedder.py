@@ -51,12 +51,14 @@ class Embedder:
         self._graphdef, self._state = nnx.split(model)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None) -> "Embedder":
+    def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None,
+                        allow_pickle: bool = False) -> "Embedder":
         """Load a folder written by ``SentenceTransformer.save`` (modules.json, the Hugging Face encoder, its
-        tokenizer.json, 1_Pooling/config.json, optional Dense and Normalize modules)."""
-        pipeline = read_folder(path)
+        tokenizer.json, 1_Pooling/config.json, optional Dense and Normalize modules). Older folders keep
+        weights in pickled pytorch_model.bin files, read only with ``allow_pickle=True`` (weights_only)."""
+        pipeline = read_folder(path, allow_pickle)
         folder = pipeline.transformer_dir
-        model = from_pretrained(folder, dtype=dtype)
+        model = from_pretrained(folder, dtype=dtype, allow_pickle=allow_pickle)
         cfg = model.config
         if cfg.family == "encoder_decoder" or cfg.position == "xl":
             raise ValueError(f"{folder}/config.json holds a {cfg.family} model ({cfg.name}, {cfg.position} positions); "

@@ -191,6 +191,20 @@ def test_unsupported_options_are_refused_by_name(folders, tmp_path, file, change
     assert file.split("/")[-1] in str(err.value)
 
 
+def test_pickled_dense_weights_are_read_only_when_allowed(folders, tmp_path):
+    from jaxformer.interop.sentence_transformers import read_folder
+    from safetensors.torch import load_file
+
+    folder = shutil.copytree(folders("other-modes-dense"), tmp_path / "pickled")
+    dense = folder / "2_Dense"
+    torch.save(load_file(dense / "model.safetensors"), dense / "pytorch_model.bin")
+    (dense / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match="pytorch_model.bin is a pickle file"):
+        jf.Embedder.from_pretrained(folder)
+    step = read_folder(folder, allow_pickle=True).steps[0]
+    assert step.weight.shape == (16, 96) and step.bias.shape == (16,) and step.activation == "tanh"
+
+
 def test_folder_without_modules_json_is_refused(encoders):
     with pytest.raises(ValueError, match="modules.json"):
         jf.Embedder.from_pretrained(encoders("bert"))

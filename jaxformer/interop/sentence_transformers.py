@@ -74,7 +74,7 @@ def _json_list(file: Path) -> list:
     return data
 
 
-def read_folder(path: str | os.PathLike) -> Pipeline:
+def read_folder(path: str | os.PathLike, allow_pickle: bool = False) -> Pipeline:
     folder = Path(path)
     modules_file = folder / "modules.json"
     if not modules_file.exists():
@@ -104,7 +104,7 @@ def read_folder(path: str | os.PathLike) -> Pipeline:
     transformer_dir = module_dir(0)
     max_seq_length, do_lower_case = _read_transformer(transformer_dir)
     pooling, dim, include_prompt = _read_pooling(module_dir(1) / "config.json")
-    steps = tuple(_read_dense(module_dir(i)) if kind == "Dense" else _read_normalize(module_dir(i))
+    steps = tuple(_read_dense(module_dir(i), allow_pickle) if kind == "Dense" else _read_normalize(module_dir(i))
                   for i, kind in enumerate(kinds) if i >= 2)
     width = dim * len(pooling)
     for i, step in enumerate(steps, start=2):  # each Dense must take the width the step before it gives
@@ -180,7 +180,7 @@ def _read_pooling(file: Path) -> tuple[tuple[str, ...], int, bool]:
     return modes, dim, include_prompt
 
 
-def _read_dense(folder: Path) -> DenseStep:
+def _read_dense(folder: Path, allow_pickle: bool) -> DenseStep:
     file = folder / "config.json"
     config = _json(file)
     for field in ("module_input_name", "module_output_name"):
@@ -195,7 +195,7 @@ def _read_dense(folder: Path) -> DenseStep:
     if activation not in ACTIVATIONS:
         _refuse(file, "activation_function", activation, f"supported: {sorted(ACTIVATIONS)}")
     d_in, d_out = config.get("in_features"), config.get("out_features")
-    tensors = TensorFiles(folder)  # safetensors; a pickled pytorch_model.bin is refused there
+    tensors = TensorFiles(folder, allow_pickle)  # a pickled pytorch_model.bin only when asked for
     names = set(tensors.names)
     use_residual = bool(config.get("use_residual", False))
     expected = {"linear.weight"} | ({"linear.bias"} if config.get("bias", True) else set())
