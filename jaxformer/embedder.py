@@ -98,6 +98,7 @@ class Embedder:
             raise ValueError(f"batch_size={batch_size!r}; expected a positive integer")
         prompt = self.pipeline.prompt
         rows = [e.ids for e in self.tokenizer.encode_batch([prompt + t for t in texts])]
+        skipped = self._prompt_length() if prompt and not self.pipeline.include_prompt else 0
         vocab = self.model.config.vocab_size
         for i, row in enumerate(rows):  # checked here: the jitted forward would clamp a bad id silently
             if row and not 0 <= min(row) <= max(row) < vocab:
@@ -108,10 +109,19 @@ class Embedder:
         for start in range(0, len(order), batch_size):
             chosen = order[start:start + batch_size]
             ids, mask = self._pad([rows[i] for i in chosen], batch_size)
-            vectors = _embed(self._graphdef, self._state, self._dense_params, ids, mask, pooling=self.pipeline.pooling,
-                             steps=self._steps, normalize=bool(normalize_embeddings))
+            pooled = mask.copy()  # what pooling reads: the attention mask less the prompt's first tokens
+            first = mask.argmax(axis=1)[:, None]
+            pooled[(np.arange(mask.shape[1]) >= first) & (np.arange(mask.shape[1]) < first + skipped)] = 0
+            vectors = _embed(self._graphdef, self._state, self._dense_params, ids, mask, pooled,
+                             pooling=self.pipeline.pooling, steps=self._steps, normalize=bool(normalize_embeddings))
             out[chosen] = np.asarray(vectors)[:len(chosen)]
         return out[0] if single else out
+
+    def _prompt_length(self) -> int:
+        """The prompt's tokens as sentence-transformers counts them: its encoding less a trailing special token."""
+        ids = self.tokenizer.encode(self.pipeline.prompt).ids
+        special = {i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special}
+        return len(ids) - (1 if ids and ids[-1] in special else 0)
 
     def similarity(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Scores [N, M] between two sets of embeddings by the folder's similarity_fn_name, as
@@ -174,16 +184,17 @@ def _lowercase_first(tokenizer) -> None:
         tokenizer.normalizer = normalizers.Sequence([normalizers.Lowercase(), *parts])
 
 
-def _pool(h: jax.Array, mask: jax.Array, mode: str) -> jax.Array:
-    """One sentence-transformers pooling mode over padded [B, T, D] float32 states (either side)."""
-    m = mask[..., None].astype(h.dtype)
+def _pool(h: jax.Array, mask: jax.Array, pooled: jax.Array, mode: str) -> jax.Array:
+    """One sentence-transformers pooling mode over padded [B, T, D] float32 states (either side): over the
+    ``pooled`` positions; ``mask`` (attention) only places weightedmean's weights, as sentence-transformers."""
+    m = pooled[..., None].astype(h.dtype)
     h = jnp.where(m > 0, h, 0.0)  # padded positions out (a query with no visible key need not be finite)
     if mode == "cls":
-        return jnp.take_along_axis(h, jnp.argmax(mask, axis=1)[:, None, None], axis=1)[:, 0]
+        return jnp.take_along_axis(h, jnp.argmax(pooled, axis=1)[:, None, None], axis=1)[:, 0]
     if mode == "max":
         return jnp.max(jnp.where(m > 0, h, -jnp.inf), axis=1)
     if mode == "lasttoken":
-        last = mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)
+        last = mask.shape[1] - 1 - jnp.argmax(pooled[:, ::-1], axis=1)
         return jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
     if mode == "weightedmean":  # weights 1..T counted from the first real token
         m = m * (jnp.arange(1, mask.shape[1] + 1, dtype=h.dtype) - jnp.argmax(mask, axis=1)[:, None])[..., None]
@@ -197,10 +208,10 @@ def _l2_normalize(x: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "pooling", "steps", "normalize"))
-def _embed(graphdef, state, dense_params, ids, mask, *, pooling, steps, normalize):
+def _embed(graphdef, state, dense_params, ids, mask, pooled, *, pooling, steps, normalize):
     """The encoder, pooling, Dense and Normalize steps: one compiled function per padded shape."""
     h = nnx.merge(graphdef, state)(ids, attention_mask=mask).last_hidden_state.astype(jnp.float32)
-    x = jnp.concatenate([_pool(h, mask, mode) for mode in pooling], axis=-1)
+    x = jnp.concatenate([_pool(h, mask, pooled, mode) for mode in pooling], axis=-1)
     dense = iter(dense_params)
     for step in steps:
         if step[0] == "normalize":

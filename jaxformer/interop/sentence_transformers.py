@@ -53,6 +53,7 @@ class Pipeline:
     embedding_dimension: int
     steps: tuple[DenseStep | str, ...]   # after pooling, in order: DenseStep or "normalize"
     prompt: str                   # the default prompt, prepended to every text ("" for none)
+    include_prompt: bool          # False: pooling skips the prompt's tokens
     similarity_fn_name: str
 
 
@@ -113,10 +114,8 @@ def read_folder(path: str | os.PathLike, allow_pickle: bool = False) -> Pipeline
                 raise ValueError(f"{module_dir(i)}: Dense takes {step.weight.shape[1]} features but receives {width}")
             width = step.weight.shape[0]
     prompt, similarity = _read_model_config(folder / "config_sentence_transformers.json")
-    if prompt and not include_prompt:
-        _refuse(module_dir(1) / "config.json", "include_prompt", False,
-                "pooling that leaves out the default prompt's tokens is not supported")
-    return Pipeline(transformer_dir, max_seq_length, do_lower_case, pooling, dim, steps, prompt, similarity)
+    return Pipeline(transformer_dir, max_seq_length, do_lower_case, pooling, dim, steps, prompt, include_prompt,
+                    similarity)
 
 
 def _read_transformer(folder: Path) -> tuple[int | None, bool]:
