@@ -151,9 +151,10 @@ class TokenClassification(Objective):
             labels[positions] = [index[t] for t, k in zip(tags, kept) if k]
             row = np.concatenate([[self.ids["bos"]], ids, [self.ids["eos"]]]).astype(np.int32)
             examples.append((row, labels, positions, [t for t, k in zip(tags, kept) if k]))
-        if self._cut:
-            self.notes.append(f"the words past the cut of {name} sentences are neither trained on nor scored")
+        cut = self._cut
         self._note_cuts(f"{name} sentences", len(records), "train.seq_len", self.seq_len)
+        if cut:
+            self.notes.append(f"the words past the cut of those {name} sentences are neither trained on nor scored")
         return examples
 
     def adapt(self, cfg, fresh):
