@@ -128,8 +128,8 @@ def parse_record(record: dict, source: str, line: int) -> Example:
 
 @dataclasses.dataclass(frozen=True)
 class Window:
-    """One model row of an example: ``offsets`` [seq_len, 2] holds each context token's character span
-    in the context and -1 for every other position; ``first`` is the row position of its first context
+    """One model row of an example (unpadded): ``offsets`` [len(input_ids), 2] holds each context token's
+    character span in the context and -1 for every other position; ``first`` is the row position of its first context
     token and ``token_start`` that token's index in the whole context."""
 
     input_ids: np.ndarray
