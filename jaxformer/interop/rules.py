@@ -319,13 +319,10 @@ def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype, alignment: int = 64)
 
 
 def _to_device(array: np.ndarray) -> jax.Array:
-    """Hand an assembled host array to JAX; on CPU, DLPack adopts the aligned buffer without a copy."""
-    if jax.default_backend() == "cpu":
-        try:
-            return jax.dlpack.from_dlpack(array)
-        except Exception:  # a layout the backend will not adopt (e.g. bfloat16 on old jaxlib): copy
-            pass
-    return jnp.asarray(array)
+    """Hand an assembled host array to JAX: on CPU ``device_put`` adopts the aligned buffer without a copy.
+    (DLPack adopted it too, but its deleter could run on an XLA thread while Python shut down, and about
+    half the processes that freed a loaded model just before exiting aborted with std::terminate.)"""
+    return jax.device_put(array)
 
 
 def export_with_rules(model, rules: list[Rule]) -> dict[str, np.ndarray]:
