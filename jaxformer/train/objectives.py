@@ -132,6 +132,11 @@ class Objective:
         """Metrics from summed (numerator / denominator) values; objectives add derived ones here."""
         return values
 
+    # Objectives whose held-out metrics are not sums (entity F1, answer spans) define
+    # ``eval_outputs(model, batch) -> (loss, sums, per-row outputs)`` and ``finish_outputs(outputs)``:
+    # the eval step then brings the rows' outputs to the host (steps.has_host_outputs).
+    eval_outputs = None
+
     def _fixed_length(self, ids: np.ndarray, length: int, tail: list[int]) -> np.ndarray:
         """A record cut to ``length`` tokens with its closing tokens kept; cuts are counted for the notes."""
         if len(ids) + len(tail) > length:
@@ -380,7 +385,7 @@ class SpanCorruption(_EncoderDecoderObjective):
                 for i in range(count)]
 
 
-class _RecordObjective(Objective):
+class RecordObjective(Objective):
     """Objectives over JSONL records: each epoch visits every training record once in a seeded order;
     evaluation covers the whole held-out split (its last batch padded with rows that carry no loss)."""
 
@@ -405,7 +410,7 @@ class _RecordObjective(Objective):
         return batches
 
 
-class Seq2Seq(_RecordObjective, _EncoderDecoderObjective):
+class Seq2Seq(RecordObjective, _EncoderDecoderObjective):
     """Supervised pairs {"source": ..., "target": ...}: source + EOS padded to data.source_len
     (default train.seq_len), target + EOS padded to data.target_len; padding carries no loss."""
 
@@ -448,7 +453,7 @@ def longest_first(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[np.ndarray
     return (a[:long], b[:short]) if len(a) > len(b) else (a[:short], b[:long])
 
 
-class Classification(_RecordObjective):
+class Classification(RecordObjective):
     """Sequence classification from {"text": ..., "label": ...}: [CLS] text [SEP] padded to seq_len; or of
     sentence pairs (NLI) from {"text": ..., "text_pair": ..., "label": ...}: [CLS] text [SEP] text_pair [SEP]
     with token types 0 up to the first [SEP] and 1 after it, the longer side cut first when the pair does not

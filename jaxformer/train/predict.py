@@ -155,6 +155,7 @@ def predict(args) -> int:
             print(f"  {result['label']} ({result['probabilities'][result['label']]:.3f})")
         else:
             answer = result["answer"]
-            print(f"  {answer['text']!r} [{answer['start']}, {answer['end']}) score {answer['score']:.3f}")
+            score = "no valid span" if answer["score"] is None else f"score {answer['score']:.3f}"
+            print(f"  {answer['text']!r} [{answer['start']}, {answer['end']}) {score}")
     return 0
 

@@ -349,6 +349,8 @@ def resume_differences(run: Run) -> list[str]:
     stored_model = json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8"))
     for key, new in run.model.config.to_dict().items():
         old = stored_model.get(key)
+        if key == "label_names" and old is None:
+            continue  # a model.json from before label names were kept: same labels, now named
         if key not in _RESUMABLE_MODEL_FIELDS and json.dumps(old) != json.dumps(new):
             differences.append(f"model {key}: {old!r} -> {new!r}")
     return differences

@@ -350,8 +350,9 @@ class QuestionAnswering(Objective):
 
 def predict_answers(run, model, question: str, contexts: list[str]) -> list[dict]:
     """The answer to ``question`` in each of ``contexts``, read by a trained QA model: {"text", "start",
-    "end" (characters [start, end) of the context), "score" (start + end logit)}. ``run`` is the training
-    run the model comes from (``evaluate.restore_run``): its tokenizer and data.* settings window the text."""
+    "end" (characters [start, end) of the context), "score" (start + end logit; None when no span is
+    valid)}. ``run`` is the training run the model comes from (``evaluate.restore_run``): its tokenizer
+    and data.* settings window the text."""
     objective = run.objective
     if not isinstance(objective, QuestionAnswering):
         raise ValueError(f"the run trained train.objective={objective.name!r}, not 'question_answering'")
@@ -376,4 +377,6 @@ def predict_answers(run, model, question: str, contexts: list[str]) -> list[dict
     out = model(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
     start_logits, end_logits = (np.asarray(jax.device_get(x), np.float32) for x in (out.start_logits, out.end_logits))
     features = {"example": np.array(owners), "offsets": offsets}
-    return objective.decode(features, start_logits, end_logits, contexts)
+    answers = objective.decode(features, start_logits, end_logits, contexts)
+    # no valid span in any window: an empty answer whose score is None (JSON has no -Infinity)
+    return [{**a, "score": a["score"] if np.isfinite(a["score"]) else None} for a in answers]

@@ -22,7 +22,7 @@ import numpy as np
 
 from jaxformer.train import data
 from jaxformer.train.data import IGNORE
-from jaxformer.train.objectives import Objective, ratio, token_cross_entropy
+from jaxformer.train.objectives import RecordObjective, ratio, token_cross_entropy
 
 PREFIXES = ("B", "I", "E", "S")  # BIO uses the first two, BIOES all four
 WORD = re.compile(r"\w+|[^\w\s]")  # how raw text is cut into words at predict time: words and punctuation marks
@@ -98,7 +98,7 @@ def word_spans(text: str) -> list[tuple[int, int]]:
     return [m.span() for m in WORD.finditer(text)]
 
 
-class TokenClassification(Objective):
+class TokenClassification(RecordObjective):
     """NER from {"tokens", "tags"} records: [CLS] subwords [SEP] padded to seq_len, one label per word on its
     first subword. Labels: "O" first (id 0), then the other tags of the data sorted."""
 
@@ -166,18 +166,9 @@ class TokenClassification(Objective):
             changes["pad_token_id"] = self.ids["pad"]
         return cfg.replace(**changes)
 
-    def batch(self, step, batch_size):  # each epoch visits every training sentence once, in a seeded order
-        rows = data.epoch_indices(len(self.train_examples), self.seed, step, batch_size)
-        return self._collate([self.train_examples[i] for i in rows])
-
-    def eval_batches(self, count, batch_size):
-        """The whole held-out split (``count`` is not needed): the last batch is filled with rows that carry
-        no label, which ``finish_outputs`` leaves out."""
-        examples = self.held_out_examples
-        blank = (examples[0][0], np.full(len(examples[0][1]), IGNORE, np.int32))
-        return [self._collate(examples[start:start + batch_size]
-                              + [blank] * max(0, start + batch_size - len(examples)))
-                for start in range(0, len(examples), batch_size)]
+    @staticmethod
+    def _blank(example):  # a filler row of the last held-out batch: no label, so no loss and no entities
+        return (example[0], np.full(len(example[1]), IGNORE, np.int32))
 
     def _collate(self, examples):
         ids, mask = data.pad_rows([e[0] for e in examples], self.seq_len, self.ids["pad"])
