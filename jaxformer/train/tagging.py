@@ -66,8 +66,9 @@ def entity_scores(gold: list[list[str]], predicted: list[list[str]]) -> dict[str
     true_total = found_total = correct = 0
     for g, p in zip(gold, predicted):
         true_set, found_set = set(entities(g)), set(entities(p))
-        true_total, found_total, correct = true_total + len(true_set), found_total + len(found_set), \
-            correct + len(true_set & found_set)
+        true_total += len(true_set)
+        found_total += len(found_set)
+        correct += len(true_set & found_set)
     precision = correct / found_total if found_total else 0.0
     recall = correct / true_total if true_total else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
