@@ -41,7 +41,7 @@ def test_every_layer_matches_transformers(name, checkpoints):
     # output_attentions: every layer's probabilities are compared too (self; encoder-decoders: encoder,
     # decoder and cross), so a reference that stopped returning them would fail here, not pass quietly
     layers = [r for r in rows if r.name.startswith(("layer ", "encoder layer ", "decoder "))
-              and r.name.rsplit(" ", 1)[-1].isdigit()]
+              and r.name.rsplit(" ", 1)[-1].isdigit() and "attention" not in r.name]
     cross = sum(r.name.startswith("decoder ") for r in layers)
     assert sum("attention" in r.name for r in rows) == len(layers) + cross, [r.name for r in rows]
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
