@@ -15,15 +15,12 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from flax import nnx
 
 from jaxformer.config import ModelConfig
-from jaxformer.models import build
 from jaxformer.train import data, squad
-from jaxformer.train.checkpoints import checkpoint_manager, restore
 from jaxformer.train.objectives import longest_first
 from jaxformer.train.evaluate import restore_run
-from jaxformer.train.run import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, Run
+from jaxformer.train.run import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, Run, load_run_model
 from jaxformer.train.run_config import load
 from jaxformer.train.tagging import entities, word_spans, word_starts
 
@@ -54,18 +51,7 @@ def load_for_prediction(run_dir: str | Path, step: int | None = None):
         # spans are windowed and decoded by the run's own objective (squad.predict_answers reads it).
         run, _ = restore_run(run_dir, step)
         return run.model, run
-    # Restored into abstract shapes: building the model first would initialise every weight only to overwrite it
-    graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: build(trained)), nnx.Param, ...)
-    if jax.tree.leaves(rest):  # variables a checkpoint does not hold: made as build makes them
-        graphdef, _, rest = nnx.split(build(trained), nnx.Param, ...)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), params)
-    manager = checkpoint_manager(run_dir, 1, read_only=True)
-    if manager.latest_step() is None:
-        raise ValueError(f"{run_dir / 'checkpoints'} holds no finished checkpoint")
-    restored, _ = restore(manager, {"params": target}, step, params_only=True)
-    manager.close()
-    return nnx.merge(graphdef, restored, rest), data.make_tokenizer(cfg.data.tokenizer)
+    return load_run_model(run_dir, step), data.make_tokenizer(cfg.data.tokenizer)
 
 
 def _label_names(model) -> list[str]:
