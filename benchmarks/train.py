@@ -185,7 +185,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--only", default="gpt,bert,t5,mixtral,mixtral_eager,lora")
+    parser.add_argument("--only", default="gpt,bert,t5,llama,gpt_deep,mixtral,mixtral_eager,lora")
     parser.add_argument("--skip-compile", action="store_true", help="skip the full-size gpt2 compile time")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -224,6 +224,18 @@ def main() -> None:
                {"source": rng.integers(0, 32128, (batch_size, 128)), "target": rng.integers(0, 32128, (batch_size, 33))},
                batch_size * (128 + 32)),
     }
+    setups["llama"] = (
+        jf.config("tiny-llama").replace(d_model=512, num_heads=8, num_kv_heads=2, d_ff=1408, decoder_layers=6,
+                                        vocab_size=8192, max_positions=256),
+        lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            hidden_size=512, intermediate_size=1408, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=2,
+            vocab_size=8192, max_position_embeddings=256, rope_theta=10000.0)),
+        {"tokens": rng.integers(0, 8192, (batch_size, 257))}, batch_size * 256)
+    gpt, gpt_torch, gpt_batch, gpt_tokens = setups["gpt"]
+    setups["gpt_deep"] = (gpt.replace(d_model=256, num_heads=4, d_ff=1024, decoder_layers=12),
+                          lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config(
+                              n_embd=256, n_layer=12, n_head=4, vocab_size=8192, n_positions=256, resid_pdrop=0.0,
+                              embd_pdrop=0.0, attn_pdrop=0.0)), gpt_batch, gpt_tokens)
     mixtral = jf.config("tiny-mixtral").replace(d_model=256, num_heads=8, num_kv_heads=2, d_ff=512, decoder_layers=4,
                                                 vocab_size=8192, max_positions=256, num_experts=8, experts_per_token=2,
                                                 router_aux_loss_coef=0.0)

@@ -126,23 +126,26 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     if fold_scale:
         q = q * jnp.asarray(scale, q.dtype)
     q = q.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
-    # Without grouping (G == 1) the scores stay 4-D: the [B,K,1,T,S] view made XLA CPU copy the scores.
+    # Scores, mask and bias all stay 4-D [B, K, G*T, S] (the mask and bias repeated over the G rows of a
+    # group): a [B,K,G,T,S] view made XLA CPU copy the scores, and under autodiff the softmax output and
+    # the probabilities the PV product saves became two arrays, both kept for the backward pass.
     scores = []
     for k_seg, m_seg, b_seg in zip(ks, masks, biases):
         s = jnp.einsum("BKMH,BKSH->BKMS", q, k_seg.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32)
-        s = s if G == 1 else s.reshape(B, K, G, T, -1)
         s = s if fold_scale else s * scale
         if b_seg is not None:
-            s = s + (b_seg if G == 1 else b_seg.reshape(b_seg.shape[0], K, G, *b_seg.shape[2:]))
+            s = s + (b_seg if G == 1 else b_seg.reshape(b_seg.shape[0], K, G * T, b_seg.shape[-1]))
         if softcap is not None:
             s = jnp.tanh(s / softcap) * softcap
-        scores.append(jnp.where(m_seg if G == 1 else m_seg[:, :, None], s, jnp.finfo(jnp.float32).min))
+        if G > 1:  # query row g*T + t of a group is query t
+            m_seg = jnp.broadcast_to(m_seg[:, :, None], (m_seg.shape[0], 1, G, T, m_seg.shape[-1]))
+            m_seg = m_seg.reshape(m_seg.shape[0], 1, G * T, -1)
+        scores.append(jnp.where(m_seg, s, jnp.finfo(jnp.float32).min))
     probs = dropout(softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]), dropout_rate, key)
     out, start = 0.0, 0
     for v_seg in vs:
         p_seg = probs if len(vs) == 1 else jax.lax.slice_in_dim(probs, start, start + v_seg.shape[1], axis=-1)
-        p_seg = p_seg.astype(v_seg.dtype).reshape(B, K, G * T, -1)
-        out = out + jnp.einsum("BKMS,BKSH->BKMH", p_seg, v_seg.transpose(0, 2, 1, 3))
+        out = out + jnp.einsum("BKMS,BKSH->BKMH", p_seg.astype(v_seg.dtype), v_seg.transpose(0, 2, 1, 3))
         start += v_seg.shape[1]
     Hv = vs[0].shape[-1]
     out = out.reshape(B, K, G, T, Hv).transpose(0, 3, 1, 2, 4).reshape(B, T, N, Hv)
