@@ -191,7 +191,8 @@ def bench_train(work: Workload, steps: int, warmup: int, peak: float) -> dict:
     if not math.isfinite(loss):
         raise FloatingPointError(f"the loss is {loss}")
     step_flops = flops.train_flops_per_step(cfg, rows, work.length, work.target or None)
-    mfu = step_flops / step_s / peak if math.isfinite(peak) else None
+    peak_dtype = "float32" if jax.default_backend() == "cpu" else "bfloat16"  # as main() chose it
+    mfu = flops.utilization(step_flops / step_s, peak_dtype) if math.isfinite(peak) else None
     return {"params": jf.param_count(cfg), "batch": rows, "length": work.length, "target_length": work.target,
             "remat": work.remat, "step_s": step_s, "tokens_per_s": rows * (work.length + work.target) / step_s,
             "flops_per_step": step_flops, "mfu": mfu, "compile_s": compile_s, "loss": loss}

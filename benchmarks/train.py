@@ -8,8 +8,9 @@ a T5-small-shaped encoder-decoder (source 128, target 32, batch 8); a Mixtral-sh
 against MixtralForCausalLM with transformers' default kernels (``mixtral``: sdpa attention, grouped_mm
 experts) and with its eager ones (``mixtral_eager``: a Python loop over the experts that got tokens). Each side runs a few warm-up steps,
 then ``--steps`` timed steps; the median step time gives tokens/s (T5 counts source + target tokens).
-MFU is model FLOPs over the float32 peak of ``jaxformer.flops.peak_flops`` (measured on a CPU, the
-datasheet on an accelerator). Model FLOPs use the dense estimate 6 x parameters x tokens; for the
+MFU is ``jaxformer.flops.utilization``: model FLOPs over the float32 peak of ``jaxformer.flops.peak_flops``
+(on a CPU the best of several square matmul sizes, measured once per process and raised if a step runs
+faster, so MFU cannot pass 100%; the datasheet on an accelerator). Model FLOPs use the dense estimate 6 x parameters x tokens; for the
 encoder-decoder each side counts its own tokens (encoder parameters x source tokens, decoder parameters
 and the tied embedding/head x target tokens). Attention's own FLOPs are left out, as in the 6N rule.
 The mixture of experts counts only the experts a token is routed to (``jaxformer.flops``, which also
@@ -200,7 +201,7 @@ def main() -> None:
     from flax import nnx
 
     import jaxformer as jf
-    from jaxformer.flops import peak_flops
+    from jaxformer.flops import peak_flops, utilization
 
     transformers.logging.set_verbosity_error()
     rng = np.random.default_rng(0)
@@ -279,11 +280,12 @@ def main() -> None:
         ours = tokens / statistics.median(times["jaxformer"])
         theirs = tokens / statistics.median(times["torch"])
         results[name] = {"jaxformer_tok_s": round(ours, 1), "torch_tok_s": round(theirs, 1),
-                         "ratio": round(ours / theirs, 3), "mfu": round(flops_per_token * ours / peak, 3),
+                         "ratio": round(ours / theirs, 3), "mfu": round(utilization(flops_per_token * ours, "float32"), 3),
                          "compile_s": round(compile_s, 1), "params": int(params)}
         del torch_model, state
+    peak, peak_source = peak_flops("float32")  # as raised by any step that outran the probe
     if args.json:
-        print(json.dumps({**results, "gpt2_124m_compile_s": gpt2_compile_s and round(gpt2_compile_s, 1),
+        print(json.dumps({**results, "peak_flops": round(peak), "peak_source": peak_source, "gpt2_124m_compile_s": gpt2_compile_s and round(gpt2_compile_s, 1),
                           **({"lora": lora} if lora else {})}))
         return
     if results:

@@ -148,26 +148,64 @@ def _best_time(fn, repeats: int = 5) -> float:
     return best
 
 
-@functools.cache
+# Square matmul sizes of the CPU peak probe: small ones fit the caches, large ones amortise the threading;
+# which is fastest depends on the machine, so the probe takes the best of all of them.
+PROBE_SIZES = (512, 1024, 2048)
+_peaks: dict[str, tuple[float, str]] = {}  # per process: the probe runs once per dtype
+
+
+def probe_matmul_flops(dtype: str = "float32", repeats: int = 5) -> float:
+    """FLOP/s of the fastest jitted square matmul in ``dtype`` over ``PROBE_SIZES``, each the best of
+    ``repeats`` runs: an upper bound on what a step's matmuls reach on this device."""
+    best = 0.0
+    for n in PROBE_SIZES:
+        a = jnp.ones((n, n), dtype)
+        matmul = jax.jit(lambda x: x @ x)
+        best = max(best, 2 * n**3 / _best_time(lambda: matmul(a).block_until_ready(), repeats))
+    return best
+
+
 def peak_flops(dtype: str = "float32") -> tuple[float, str]:
     """Peak FLOP/s of all local devices together, and how it was obtained.
 
     Accelerators: the datasheet table above times the device count (NaN for a chip it lacks). CPUs:
-    measured, the best of a few jitted 1024^3 matmuls in ``dtype`` (simulated CPU devices share one
-    machine's cores, so they count once).
+    measured once per process and dtype by ``probe_matmul_flops`` (simulated CPU devices share one
+    machine's cores, so they count once), and raised by ``utilization`` when a step runs faster.
     """
+    if dtype in _peaks:
+        return _peaks[dtype]
     device = jax.local_devices()[0]
     if device.platform != "cpu":
         bf16 = chip_value(PEAK_BF16_FLOPS, device.device_kind)
         if bf16 is None:
             return float("nan"), f"no datasheet peak for {device.device_kind!r}"
-        per_chip = bf16 if dtype != "float32" else bf16 / 2
         count = jax.local_device_count()
-        return per_chip * count, f"{device.device_kind} datasheet {dtype} x {count}"
-    n = 1024
-    a = jnp.ones((n, n), dtype)
-    matmul = jax.jit(lambda x: x @ x)
-    return 2 * n**3 / _best_time(lambda: matmul(a).block_until_ready()), f"measured {dtype} {n}^3 matmul on this CPU"
+        _peaks[dtype] = ((bf16 if dtype != "float32" else bf16 / 2) * count,
+                         f"{device.device_kind} datasheet {dtype} x {count}")
+    else:
+        sizes = "/".join(map(str, PROBE_SIZES))
+        _peaks[dtype] = probe_matmul_flops(dtype), f"measured: best {dtype} {sizes}-square matmul on this CPU"
+    return _peaks[dtype]
+
+
+def utilization(flops_per_s: float, dtype: str = "float32") -> float:
+    """Model FLOPs utilization of a step running ``flops_per_s`` model FLOP/s, at most 1 on a CPU.
+
+    A CPU step faster than the probed peak means the probe read low (the cores were shared while it
+    ran), so the probe runs again with more repetitions and the peak becomes the largest of the two
+    probes and the step's own rate: the step is evidence of what the machine can do.
+    """
+    peak, source = peak_flops(dtype)
+    if flops_per_s > peak and jax.local_devices()[0].platform == "cpu":
+        peak = max(peak, probe_matmul_flops(dtype, repeats=10), flops_per_s)
+        _peaks[dtype] = peak, source + ", raised by a faster step" if peak == flops_per_s else source
+    return flops_per_s / peak
+
+
+def forget_peaks() -> None:
+    """Drop the cached peaks and bandwidth (the next call measures or looks them up again)."""
+    _peaks.clear()
+    peak_bandwidth.cache_clear()
 
 
 def measure_bandwidth(megabytes: int = 256) -> float:

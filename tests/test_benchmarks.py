@@ -48,8 +48,7 @@ def test_chips_missing_from_the_tables_get_no_figure(kind):
 
 
 def _forget_peaks():
-    flops.peak_flops.cache_clear()
-    flops.peak_bandwidth.cache_clear()
+    flops.forget_peaks()
 
 
 def test_accelerator_peaks_come_from_the_datasheet_per_chip(monkeypatch):
@@ -104,3 +103,19 @@ def test_accelerator_benchmark_small_run_reports_every_row():
         assert "error" not in row, row
         assert row["tokens_per_s"] > 0 and row["compile_s"] > 0, row
         assert 0 < row["bandwidth_fraction"] <= 1.5, row
+
+
+def test_cpu_utilization_never_passes_one(monkeypatch):
+    """A step measured faster than the CPU probe raises the peak (after a second probe) instead of
+    reporting more than 100%; the raised peak is what later calls see."""
+    _forget_peaks()
+    try:
+        peak, source = flops.peak_flops("float32")
+        assert peak > 0 and "square matmul" in source
+        monkeypatch.setattr(flops, "probe_matmul_flops", lambda dtype, repeats=5: peak)  # the re-probe reads low too
+        assert flops.utilization(peak / 2) == pytest.approx(0.5)
+        assert flops.utilization(3 * peak) == 1.0
+        assert flops.peak_flops("float32")[0] == 3 * peak and "raised" in flops.peak_flops("float32")[1]
+        assert flops.utilization(1.5 * peak) == pytest.approx(0.5)
+    finally:
+        _forget_peaks()

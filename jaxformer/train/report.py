@@ -133,7 +133,7 @@ class Report:
         self.tokens_per_step = cfg.train.batch_size * (cfg.train.seq_len + objective.target_len)
         self.step_flops = flops.train_flops_per_step(model_cfg, cfg.train.batch_size, cfg.train.seq_len,
                                                      objective.target_len)
-        self.peak, _ = flops.peak_flops(cfg.train.compute_dtype)
+        self.compute_dtype = cfg.train.compute_dtype
         self.history: list[dict] = []
         self.bar = tqdm(total=cfg.train.steps, initial=start_step, desc="train", disable=not (progress and self.here),
                         dynamic_ncols=True)
@@ -170,7 +170,7 @@ class Report:
         record = {"step": done, **finish_metrics(self.objective, jax.device_get(metrics["sums"])),
                   "lr": float(self.schedule(done - 1)), "grad_norm": float(metrics["grad_norm"]),
                   "tokens_per_s": round(self.tokens_per_step / seconds_per_step, 1),
-                  "mfu": round(self.step_flops / seconds_per_step / self.peak, 4)}
+                  "mfu": round(flops.utilization(self.step_flops / seconds_per_step, self.compute_dtype), 4)}
         if "router_load" in metrics:  # fetched with the other metrics: no extra host sync
             record |= router_load_metrics(jax.device_get(metrics["router_load"]))
         if skipped > self.skipped:
