@@ -2,8 +2,11 @@
 PyTorch models in eager mode (torch.optim.AdamW), float32, same architecture, same machine, one run.
 
 Shapes (as the training issue states them): a GPT-2 architecture with 6 layers, d_model 512, 8 heads,
-vocab 8192, sequence 256, batch 8; a BERT-base-shaped encoder with its MLM head (sequence 128, batch 8);
-a T5-small-shaped encoder-decoder (source 128, target 32, batch 8); a Mixtral-shaped mixture of experts
+vocab 8192, sequence 256, batch 8 (``gpt``; ``gpt_deep``: 12 layers of d_model 256, 4 heads); a
+LLaMA-shaped decoder (``llama``: 6 layers, d_model 512, GQA 8/2, SwiGLU 1408, RoPE, RMSNorm, untied head,
+vocab 8192, sequence 256, batch 8) against ``LlamaForCausalLM`` with its default (SDPA) attention; a
+BERT-base-shaped encoder with its MLM head (sequence 128, batch 8); a T5-small-shaped encoder-decoder
+(source 128, target 32, batch 8); a Mixtral-shaped mixture of experts
 (4 layers, d_model 256, 8 experts top-2 of width 512, GQA 8/2, vocab 8192, sequence 256, batch 8),
 against MixtralForCausalLM with transformers' default kernels (``mixtral``: sdpa attention, grouped_mm
 experts) and with its eager ones (``mixtral_eager``: a Python loop over the experts that got tokens). Each side runs a few warm-up steps,
@@ -28,7 +31,8 @@ adapters differentiated and optimized, the base an undonated step argument, as t
 QLoRA, full, ...), with each one's training memory computed from shapes: weights + gradients + AdamW
 moments, in bytes.
 
-    python benchmarks/train.py [--steps 5] [--json] [--only gpt,bert,t5,mixtral,mixtral_eager,lora] [--skip-compile]
+    python benchmarks/train.py [--steps 5] [--json] [--only gpt,bert,t5,llama,gpt_deep,mixtral,mixtral_eager,lora]
+        [--skip-compile]
 """
 
 from __future__ import annotations
@@ -182,30 +186,9 @@ def torch_step(model, family: str, batch, torch):
     return step
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--only", default="gpt,bert,t5,llama,gpt_deep,mixtral,mixtral_eager,lora")
-    parser.add_argument("--skip-compile", action="store_true", help="skip the full-size gpt2 compile time")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
-
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import optax
-    import torch
-    import transformers
-    from flax import nnx
-
-    import jaxformer as jf
-    from jaxformer.flops import peak_flops, utilization
-
-    transformers.logging.set_verbosity_error()
-    rng = np.random.default_rng(0)
-    batch_size = 8
+def workloads(jf, transformers, rng, batch_size: int = 8) -> dict:
+    """name -> (jaxformer config, a builder of the transformers model, a batch of numpy arrays, tokens per
+    step) for every training shape this benchmark knows."""
     setups = {
         "gpt": (jf.config("gpt2").replace(d_model=512, num_heads=8, d_ff=2048, decoder_layers=6, vocab_size=8192,
                                          max_positions=256, dropout_rate=0.0, attention_dropout_rate=0.0),
@@ -248,6 +231,32 @@ def main() -> None:
                                        num_local_experts=8, num_experts_per_tok=2, rope_theta=1e6,
                                        router_aux_loss_coef=0.0), **kernels),
             {"tokens": rng.integers(0, 8192, (batch_size, 257))}, batch_size * 256)
+    return setups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--only", default="gpt,bert,t5,llama,gpt_deep,mixtral,mixtral_eager,lora")
+    parser.add_argument("--skip-compile", action="store_true", help="skip the full-size gpt2 compile time")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    import torch
+    import transformers
+    from flax import nnx
+
+    import jaxformer as jf
+    from jaxformer.flops import peak_flops, utilization
+
+    transformers.logging.set_verbosity_error()
+    setups = workloads(jf, transformers, np.random.default_rng(0))
     peak, peak_source = peak_flops("float32")
     # first, cold, as a user's first compile
     gpt2_compile_s = None if args.skip_compile else gpt2_compile_seconds(jax, jnp, optax, nnx, jf)
