@@ -93,7 +93,7 @@ def test_latent_cache_holds_latent_and_rope_key_only():
 def test_gqa_cache_holds_only_kv_heads():
     cfg = jf.config("tiny-llama")
     state = jf.build(cfg).init_cache(2, 10)
-    assert state.kv.k.shape == (cfg.decoder_layers, 2, 10, cfg.kv_heads, cfg.head_dim_)
+    assert state.kv.k.shape == (cfg.decoder_layers, 2, cfg.kv_heads, 10, cfg.head_dim_)  # head-major
     assert cfg.kv_heads < cfg.num_heads
 
 

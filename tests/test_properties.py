@@ -657,27 +657,27 @@ def test_attention_kv_cache_equals_full_pass(name, chunks):
             k, _ = module.key_values(x)
             return y, new_kv, k if rope is None else apply_rope(k, *rope)
         # The hook attends over the cache (slots written so far are valid) next to this call's own
-        # keys, and hands back only the new keys/values [B, n, K, H]; the caller writes them.
+        # keys, and hands back only the new keys/values, head-major [B, K, n, H]; the caller writes them.
         slots = jnp.broadcast_to(jnp.arange(S), (B, S))
         cached = visibility_mask("causal", q_pos, slots, slots < start)
         y, new_kv, _ = module(x, mask=(cached, own), rope=rope, cache=cache)
-        assert new_kv["k"].shape == new_kv["v"].shape == (B, n, K, H)
-        cache = {name: jax.lax.dynamic_update_slice_in_dim(cache[name], new_kv[name], start, axis=1)
+        assert new_kv["k"].shape == new_kv["v"].shape == (B, K, n, H)
+        cache = {name: jax.lax.dynamic_update_slice_in_dim(cache[name], new_kv[name], start, axis=2)
                  for name in ("k", "v")}
         return y, cache, None
 
     full, no_kv, full_keys = run(state, x, 0, None)
     assert no_kv is None
 
-    cache = {"k": jnp.zeros((B, S, K, H)), "v": jnp.zeros((B, S, K, H))}
+    cache = {"k": jnp.zeros((B, K, S, H)), "v": jnp.zeros((B, K, S, H))}
     outputs, start, x_host = [], 0, np.asarray(x)
     for n in chunks:
         y, cache, _ = run(state, x_host[:, start:start + n], start, cache)
         outputs.append(y)
         start += n
     chex.assert_trees_all_close(jnp.concatenate(outputs, axis=1), full, **TOL)
-    chex.assert_trees_all_close(cache["k"][:, :T], full_keys, **TOL)
-    np.testing.assert_array_equal(np.asarray(cache["k"][:, T:]), 0.0)  # slots beyond T never written
+    chex.assert_trees_all_close(cache["k"][:, :, :T], full_keys.transpose(0, 2, 1, 3), **TOL)
+    np.testing.assert_array_equal(np.asarray(cache["k"][:, :, T:]), 0.0)  # slots beyond T never written
 
 
 # ==================================================================================================

@@ -100,14 +100,15 @@ def _softmax_jvp(primals, tangents):
 
 def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate: float = 0.0,
                           key: Array | None = None, softcap: float | None = None,
-                          with_weights: bool = False) -> Array | tuple[Array, Array]:
+                          with_weights: bool = False, head_major: bool = False) -> Array | tuple[Array, Array]:
     """Grouped-query attention. q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], mask [B|1,1,T,S], bias [B|1,N,T,S]
     or None; returns [B,T,N,Hv], and with ``with_weights`` also the attention probabilities [B,N,T,S]
     (float32, after dropout: what transformers returns as attentions).
 
     k, v, mask and bias may also be tuples of segments along S (a KV cache and this call's new
     keys): the softmax runs over all segments together, so the cache is read where it lies instead
-    of being copied to append the new keys. Scores, bias and softmax are float32. A row with every key
+    of being copied to append the new keys. ``head_major``: k and v (every segment) are laid out
+    [B, K, S, H], as a ``KVCache`` holds them. Scores, bias and softmax are float32. A row with every key
     masked (a padded query) gets a uniform distribution instead of NaN, like the additive-minimum
     masks of PyTorch references. ``softcap`` (Gemma 2) bounds each score as cap * tanh(score / cap),
     after the scale and bias and before the mask, as the reference does.
@@ -115,7 +116,7 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     ks, vs, masks = (k, v, mask) if isinstance(k, tuple) else ((k,), (v,), (mask,))
     biases = bias if isinstance(bias, tuple) else (bias,) * len(ks)
     B, T, N, H = q.shape
-    K = ks[0].shape[2]
+    K = ks[0].shape[1 if head_major else 2]
     G = N // K
     # Head-major operands (explicit transposes of the [.., H]-sized inputs), with a kv head's G query
     # heads stacked along the rows (M = G*T), make each attention matmul one plain batched GEMM. Left
@@ -126,12 +127,14 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     if fold_scale:
         q = q * jnp.asarray(scale, q.dtype)
     q = q.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4).reshape(B, K, G * T, H)
+    if not head_major:
+        ks, vs = tuple(k.transpose(0, 2, 1, 3) for k in ks), tuple(v.transpose(0, 2, 1, 3) for v in vs)
     # Scores, mask and bias all stay 4-D [B, K, G*T, S] (the mask and bias repeated over the G rows of a
     # group): a [B,K,G,T,S] view made XLA CPU copy the scores, and under autodiff the softmax output and
     # the probabilities the PV product saves became two arrays, both kept for the backward pass.
     scores = []
     for k_seg, m_seg, b_seg in zip(ks, masks, biases):
-        s = jnp.einsum("BKMH,BKSH->BKMS", q, k_seg.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32)
+        s = jnp.einsum("BKMH,BKSH->BKMS", q, k_seg, preferred_element_type=jnp.float32)
         s = s if fold_scale else s * scale
         if b_seg is not None:
             s = s + (b_seg if G == 1 else b_seg.reshape(b_seg.shape[0], K, G * T, b_seg.shape[-1]))
@@ -144,18 +147,19 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     probs = dropout(softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]), dropout_rate, key)
     out, start = 0.0, 0
     for v_seg in vs:
-        p_seg = probs if len(vs) == 1 else jax.lax.slice_in_dim(probs, start, start + v_seg.shape[1], axis=-1)
-        out = out + jnp.einsum("BKMS,BKSH->BKMH", p_seg.astype(v_seg.dtype), v_seg.transpose(0, 2, 1, 3))
-        start += v_seg.shape[1]
+        p_seg = probs if len(vs) == 1 else jax.lax.slice_in_dim(probs, start, start + v_seg.shape[2], axis=-1)
+        out = out + jnp.einsum("BKMS,BKSH->BKMH", p_seg.astype(v_seg.dtype), v_seg)
+        start += v_seg.shape[2]
     Hv = vs[0].shape[-1]
     out = out.reshape(B, K, G, T, Hv).transpose(0, 3, 1, 2, 4).reshape(B, T, N, Hv)
     # query head n is kv head n // G's (n % G)-th: the [B, K, (G,) T, S] probabilities read as [B, N, T, S]
     return (out, probs.reshape(B, N, T, probs.shape[-1])) if with_weights else out
 
 
-def _attend(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights: bool) -> tuple[Array, Array | None]:
+def _attend(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights: bool,
+            head_major: bool = False) -> tuple[Array, Array | None]:
     """``dot_product_attention`` as an (output, probabilities or None) pair, whichever was asked."""
-    result = dot_product_attention(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights)
+    result = dot_product_attention(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights, head_major)
     return result if with_weights else (result, None)
 
 
@@ -165,9 +169,10 @@ class Attention(nnx.Module):
     Projections are einsum kernels with explicit head axes: q [D,N,H], k/v [D,K,H], o [N,H,D].
     Calls return (output, this call's keys and values or None, attention probabilities [B, N, T, S] when
     ``output_attentions``, else None). Two hooks serve generation:
-    - ``cache`` {"k", "v": [B, S, K, H]}: keys/values of earlier tokens, attended in place next to
-      this call's own (``mask`` and ``bias`` are then (cache part, new part) pairs); the new keys and
-      values [B, T, K, H] are returned so the caller writes them into its cache.
+    - ``cache`` {"k", "v": [B, K, S, H]}: keys/values of earlier tokens (head-major, a ``KVCache``
+      layer's slice), attended in place next to this call's own (``mask`` and ``bias`` are then
+      (cache part, new part) pairs); the new keys and values [B, K, T, H] are returned so the caller
+      writes them into its cache.
     - ``kv`` (k, v) [B, S, K, H]: precomputed keys/values (cross-attention to a fixed encoder output).
     """
 
@@ -215,14 +220,16 @@ class Attention(nnx.Module):
             cos, sin = rope
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         new_kv = None
-        if cache is not None:
-            new_kv = {"k": k.astype(cache["k"].dtype), "v": v.astype(cache["v"].dtype)}
+        if cache is not None:  # this call's keys and values head-major [B, K, T, H], as the cache holds them
+            new_kv = {"k": k.astype(cache["k"].dtype).transpose(0, 2, 1, 3),
+                      "v": v.astype(cache["v"].dtype).transpose(0, 2, 1, 3)}
             k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])
         if isinstance(mask, kernels.FusedMask):  # full-sequence calls only: Stack gives none with a cache
             if (key is None or self.dropout_rate == 0.0) and not output_attentions:
                 return self._output(kernels.attend(q, k, v, mask, bias, self.scale), key), new_kv, None
             mask = mask.dense  # attention dropout and returned weights run on XLA
-        out, weights = _attend(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap, output_attentions)
+        out, weights = _attend(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap, output_attentions,
+                               head_major=cache is not None)
         return self._output(out, key), new_kv, weights
 
     def _output(self, out: Array, key: Array | None = None) -> Array:
