@@ -29,7 +29,8 @@ Array = jax.Array
 
 
 class _PerLayer:
-    """What every carried attention state shares: per-layer arrays [L, B, S, ...] named in
+    """What every carried attention state shares: per-layer arrays [L, B, ...] (the token axis at
+    ``SEQUENCE_AXIS`` for the caches, at 2 for the memories) named in
     ``LAYER_FIELDS`` and each slot's validity [B, S]. The stack hands each layer its slice of ``layers()``."""
 
     LAYER_FIELDS: ClassVar[tuple[str, ...]]
