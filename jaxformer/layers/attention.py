@@ -152,7 +152,7 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
         start += v_seg.shape[2]
     Hv = vs[0].shape[-1]
     out = out.reshape(B, K, G, T, Hv).transpose(0, 3, 1, 2, 4).reshape(B, T, N, Hv)
-    # query head n is kv head n // G's (n % G)-th: the [B, K, (G,) T, S] probabilities read as [B, N, T, S]
+    # query head n is kv head n // G's (n % G)-th: the [B, K, G*T, S] probabilities read as [B, N, T, S]
     return (out, probs.reshape(B, N, T, probs.shape[-1])) if with_weights else out
 
 
