@@ -152,6 +152,8 @@ def _best_time(fn, repeats: int = 5) -> float:
 # which is fastest depends on the machine, so the probe takes the best of all of them.
 PROBE_SIZES = (512, 1024, 2048)
 _peaks: dict[str, tuple[float, str]] = {}  # per process: the probe runs once per dtype
+_reprobed: set[str] = set()  # dtypes whose probe ``utilization`` already ran a second time
+RAISED = ", raised by a faster step"  # how a peak's source says a step's own rate replaced the probe
 
 
 def probe_matmul_flops(dtype: str = "float32", repeats: int = 5) -> float:
@@ -192,19 +194,25 @@ def utilization(flops_per_s: float, dtype: str = "float32") -> float:
     """Model FLOPs utilization of a step running ``flops_per_s`` model FLOP/s, at most 1 on a CPU.
 
     A CPU step faster than the probed peak means the probe read low (the cores were shared while it
-    ran), so the probe runs again with more repetitions and the peak becomes the largest of the two
-    probes and the step's own rate: the step is evidence of what the machine can do.
+    ran), so the probe runs again with more repetitions (once per process: a training loop logging
+    fast steps does not stall on it twice) and the peak becomes the largest of the probes and the
+    step's own rate: the step is evidence of what the machine can do.
     """
     peak, source = peak_flops(dtype)
     if flops_per_s > peak and jax.local_devices()[0].platform == "cpu":
-        peak = max(peak, probe_matmul_flops(dtype, repeats=10), flops_per_s)
-        _peaks[dtype] = peak, source + ", raised by a faster step" if peak == flops_per_s else source
+        if dtype not in _reprobed:
+            _reprobed.add(dtype)
+            peak = max(peak, probe_matmul_flops(dtype, repeats=10))
+        if flops_per_s > peak:
+            peak, source = flops_per_s, source.removesuffix(RAISED) + RAISED
+        _peaks[dtype] = peak, source
     return flops_per_s / peak
 
 
 def forget_peaks() -> None:
     """Drop the cached peaks and bandwidth (the next call measures or looks them up again)."""
     _peaks.clear()
+    _reprobed.clear()
     peak_bandwidth.cache_clear()
 
 

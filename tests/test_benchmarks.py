@@ -112,10 +112,14 @@ def test_cpu_utilization_never_passes_one(monkeypatch):
     try:
         peak, source = flops.peak_flops("float32")
         assert peak > 0 and "square matmul" in source
-        monkeypatch.setattr(flops, "probe_matmul_flops", lambda dtype, repeats=5: peak)  # the re-probe reads low too
-        assert flops.utilization(peak / 2) == pytest.approx(0.5)
-        assert flops.utilization(3 * peak) == 1.0
+        probes = []
+        monkeypatch.setattr(flops, "probe_matmul_flops",  # the re-probe reads low too
+                            lambda dtype, repeats=5: probes.append(repeats) or peak)
+        assert flops.utilization(peak / 2) == pytest.approx(0.5) and probes == []
+        assert flops.utilization(3 * peak) == 1.0 and probes == [10]
         assert flops.peak_flops("float32")[0] == 3 * peak and "raised" in flops.peak_flops("float32")[1]
         assert flops.utilization(1.5 * peak) == pytest.approx(0.5)
+        assert flops.utilization(4 * peak) == 1.0 and probes == [10]  # re-probed once per process, not per step
+        assert flops.peak_flops("float32")[1].count("raised") == 1
     finally:
         _forget_peaks()
