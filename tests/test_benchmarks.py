@@ -85,7 +85,7 @@ def test_accelerator_benchmark_small_run_reports_every_row():
     # Unoptimised XLA code compiles in about half the time; this checks the report, not the speed.
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
     out = subprocess.run([sys.executable, "benchmarks/accelerator.py", "--small", "--json"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     machine = report["machine"]

@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -115,18 +114,23 @@ def _console_script() -> list[str]:
     return [found]
 
 
-def test_console_script_reports_gpt3_quickly():
-    # One real process: the 175B count must come from abstract shapes, so it is fast and small.
-    start = time.perf_counter()
+def test_console_script_reports_gpt3_from_abstract_shapes():
+    """One real process: the 175B count must come from abstract shapes, so it needs no memory for the
+    weights (700 GB in float32). Measured by the process's peak memory, not its time, which a loaded
+    machine stretches."""
     result = subprocess.run([*_console_script(), "info", "gpt3-175b", "--json"], capture_output=True, text=True,
-                            timeout=60)
-    elapsed = time.perf_counter() - start
+                            timeout=600)
     assert result.returncode == 0, result.stderr
     record = json.loads(result.stdout)
     assert record["name"] == "gpt3-175b"
     assert record["family"] == "decoder"
     assert record["params"] == 174_604_259_328
-    assert elapsed < 30, f"`jaxformer info gpt3-175b` took {elapsed:.1f}s"
+    peak = subprocess.run([sys.executable, "-c", "import resource, sys; from jaxformer.cli import main; "
+                           "code = main(['info', 'gpt3-175b', '--json']); "
+                           "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(code)"],
+                          capture_output=True, text=True, timeout=600)
+    kib = int(peak.stderr.strip().splitlines()[-1])
+    assert peak.returncode == 0 and kib < 3 * 2**20, f"`jaxformer info gpt3-175b` peaked at {kib / 2**20:.1f} GiB"
 
 
 # Real-size shapes from jax.eval_shape: parameter path -> (shape, logical axes).

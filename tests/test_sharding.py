@@ -38,8 +38,9 @@ def _experiments(model: str, strategies: str) -> list[dict]:
     ("tiny-bert", "single,fsdp,fsdp_tp"),
     ("tiny-t5", "single,fsdp,fsdp_tp"),
     # The mixture of experts (grouped dispatch, experts split over `expert`), with latent attention, shared
-    # experts and a dense first layer besides; Mixtral's MoE is the same code.
-    ("tiny-deepseek", "single,fsdp,tp,ep"),
+    # experts and a dense first layer besides; Mixtral's MoE is the same code. Its attention and dense
+    # layers run fsdp and tp together (fsdp_tp); each alone is the same rules, shown on tiny-gpt.
+    ("tiny-deepseek", "single,fsdp_tp,ep"),
 ])
 def test_every_strategy_equals_the_single_device_step(model, strategies):
     rows = {r["strategy"]: r for r in _experiments(model, strategies)}
@@ -61,17 +62,18 @@ def test_every_strategy_equals_the_single_device_step(model, strategies):
         assert rows["fsdp_tp"]["specs"][down] == "P(None, 'tensor', 'fsdp')"
         assert rows["fsdp"]["specs"][norm] == "P()"  # vectors stay replicated
         assert set(rows["dp"]["specs"].values()) == {"P()"}
-    if model == "tiny-deepseek":  # experts split over `expert`; latent up-projections by head under tp
+    if model == "tiny-deepseek":  # experts split over `expert`; latent up-projections by latent and head
         experts = ["decoder.blocks.mlp.wi", "decoder.blocks.mlp.wi_gate", "decoder.blocks.mlp.wo"]
         assert all(rows["ep"]["specs"][k].startswith("P(None, 'expert'") for k in experts)
-        assert rows["tp"]["specs"]["decoder.blocks.attn.k_up"] == "P(None, None, 'tensor', None)"
-        assert rows["tp"]["specs"]["decoder.blocks.attn.kv_down"] == "P()"
-    # FSDP over 8 devices: an eighth of the parameters and optimizer state, plus what stays replicated:
-    # norms and biases only (nothing with an `embed` axis, the one FSDP splits).
-    replicated = _replicated_bytes(model, rows["fsdp"]["specs"])
-    total = rows["single"]["bytes_per_device"]
-    assert rows["fsdp"]["bytes_per_device"] <= (total - 3 * replicated) / 8 + 3 * replicated + 64  # + Adam's count
-    assert replicated < 0.05 * total / 3
+        assert rows["fsdp_tp"]["specs"]["decoder.blocks.attn.k_up"] == "P(None, 'fsdp', 'tensor', None)"
+        assert rows["fsdp_tp"]["specs"]["decoder.blocks.attn.kv_down"] == "P(None, 'fsdp', None)"
+    if "fsdp" in rows:
+        # FSDP over 8 devices: an eighth of the parameters and optimizer state, plus what stays replicated:
+        # norms and biases only (nothing with an `embed` axis, the one FSDP splits).
+        replicated = _replicated_bytes(model, rows["fsdp"]["specs"])
+        total = rows["single"]["bytes_per_device"]
+        assert rows["fsdp"]["bytes_per_device"] <= (total - 3 * replicated) / 8 + 3 * replicated + 64  # + Adam's
+        assert replicated < 0.05 * total / 3
 
 
 def _replicated_bytes(model: str, specs: dict[str, str]) -> int:
@@ -160,15 +162,16 @@ for mesh in (["mesh.data=2", "mesh.tensor=2"], ["mesh.data=1", "mesh.fsdp=4"]):
 
 def test_generation_on_a_sharded_model_is_token_identical():
     """Greedy and beam search over parameters split by fsdp=2 x tensor=4 (the compiled loop follows the
-    parameters' shardings) give the single-device tokens."""
+    parameters' shardings) give the single-device tokens. The same weights on both sides (``shard_model``):
+    a build jitted under the mesh draws its random floats through other fused code, equal only to the last
+    bit, which is not what this compares."""
     script = """
 import numpy as np, jaxformer as jf
 from jaxformer import sharding
 mesh = sharding.make_mesh({"fsdp": 2, "tensor": 4})
 ids = np.array([[5, 6, 7, 8], [9, 10, 11, 12]])
 for name, kwargs in (("tiny-gpt", {}), ("tiny-t5", {"num_beams": 2, "decoder_start_token_id": 0})):
-    split = sharding.sharded_build(lambda: jf.build(name), mesh)
-    whole = jf.build(name)
+    split, whole = sharding.shard_model(jf.build(name), mesh), jf.build(name)
     assert np.array_equal(split.generate(ids, max_new_tokens=6, **kwargs), whole.generate(ids, max_new_tokens=6, **kwargs))
 print("ok")
 """
