@@ -110,7 +110,8 @@ def test_command_line_entry(tmp_path, capsys):
         main(TINY + [f"run.dir={tmp_path}", "model.preset=tiny-bert"])
     from jaxformer.cli import main as cli_main
 
-    assert cli_main(["train", *TINY, f"run.dir={tmp_path / 'cli'}"]) == 0
+    assert cli_main(["train", *TINY, f"run.dir={tmp_path}"]) == 0  # the same run, finished: nothing to train
+    assert "already holds a finished run of 30 steps" in capsys.readouterr().out
     assert cli_main(["train", "train.stepz=3"]) == 2
 
 
@@ -145,7 +146,7 @@ def test_kill_9_then_rerun_resumes_bit_exactly(tmp_path):
     crashed, clean = tmp_path / "crashed", tmp_path / "clean"
     command = [sys.executable, "train.py", config]
     process = subprocess.Popen(command + [f"run.dir={crashed}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
+    deadline = time.time() + 600  # only bounds a hung run: a loaded machine is slow
     while not (crashed / "checkpoints" / "20").is_dir():
         assert process.poll() is None, "the run ended before it could be killed"
         assert time.time() < deadline, "no checkpoint appeared"
@@ -157,6 +158,8 @@ def test_kill_9_then_rerun_resumes_bit_exactly(tmp_path):
     (crashed / "checkpoints" / "990.orbax-checkpoint-tmp-123").mkdir(exist_ok=True)
     resumed = subprocess.run(command + [f"run.dir={crashed}"], capture_output=True, text=True, check=True)
     assert "resumed at step" in resumed.stdout
+    assert "note: discarded the partial checkpoint checkpoints/990.orbax-checkpoint-tmp-123" in resumed.stdout
+    assert not (crashed / "checkpoints" / "990.orbax-checkpoint-tmp-123").exists()
     subprocess.run(command + [f"run.dir={clean}"], capture_output=True, text=True, check=True)
     reference, after_crash = _losses(clean), _losses(crashed)
     assert max(reference) == 300
@@ -193,6 +196,23 @@ def test_a_resume_that_would_change_the_computation_is_refused_and_writes_nothin
     forced = [r for r in records if "resumed_with_changes" in r]
     assert forced == [{"step": 10, "resumed_with_changes": ["train.steps: 10 -> 20"]}]
     assert max(r["step"] for r in records) == 20
+
+
+def test_resume_compares_the_tokenizer_it_resolves_to_not_its_spelling(tmp_path):
+    """data.tokenizer=auto without a model folder resolves to bytes: a rerun that says bytes resumes the
+    same run; a tokenizer.json (or another file under the same name) is a different computation."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    config, run_dir = _tiny_yaml(tmp_path, steps=10), tmp_path / "run"
+    main([config, f"run.dir={run_dir}", "data.tokenizer=auto"])
+    assert main([config, f"run.dir={run_dir}", "data.tokenizer=bytes"]) == 0  # finished: nothing to do
+    words = Tokenizer(models.WordLevel({"<pad>": 0, "<unk>": 1, "the": 2}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.save(str(tmp_path / "words.json"))
+    # The accepted rerun wrote its own spelling into the folder's config.yaml, as every resume does.
+    with pytest.raises(ValueError, match=r"data.tokenizer: 'bytes' \(bytes\) -> '.*words.json' "
+                                         r"\(a tokenizer.json of [\d,]+ bytes\)"):
+        main([config, f"run.dir={run_dir}", f"data.tokenizer={tmp_path / 'words.json'}"])
 
 
 def test_non_finite_loss_stops_or_skips(tmp_path):
@@ -403,6 +423,12 @@ def test_another_preset_on_the_command_line_drops_the_files_overrides_for_its_ow
         cfg = run_config.load("configs/default.yaml", ["model.preset=tiny-bert", "model.overrides.decoder_layers=4"])
     assert cfg.model.overrides == {"decoder_layers": 4}  # given on the command line: kept
     assert run_config.load("configs/default.yaml", ["train.steps=700"]).model.overrides["d_model"] == 128
+    # A checkpoint to start from replaces the file's preset just as well (the README's QLoRA command).
+    with pytest.warns(UserWarning, match=r"model.init_from='hf:some/llama' replaces configs/default.yaml's preset "
+                                         r"'tiny-gpt', so that file's model.overrides for it \(d_model, num_heads, "
+                                         r"d_ff, decoder_layers, max_positions\) are not applied"):
+        cfg = run_config.load("configs/default.yaml", ["model.init_from=hf:some/llama"])
+    assert cfg.model.overrides == {}
 
 
 def test_a_run_shorter_than_the_warmup_warms_up_over_a_tenth_of_it():

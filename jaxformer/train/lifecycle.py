@@ -13,6 +13,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 LOCK_FILE = "run.lock"
@@ -67,6 +68,9 @@ class RunDirLock:
         raise ValueError(f"could not take {self.path}: another run took it at the same moment")
 
     def __exit__(self, *exc) -> None:
+        self.release()
+
+    def release(self) -> None:
         if self._holder() == self.owner:
             self.path.unlink(missing_ok=True)
 
@@ -102,9 +106,13 @@ class Interrupted(Exception):
 
 class InterruptRequests:
     """While entered (in the main thread): the first SIGINT or SIGTERM is recorded in ``signum`` and the
-    training loop stops after its current step, saving it; a second one ends the process at once. A
-    checkpoint being written at that moment is left unfinalized, which the next start ignores, so the
-    last finalized checkpoint stays the one resumed from.
+    training loop stops after its current step, saving it. A second one ends the process, but never cuts
+    off a checkpoint whose write began before it: it waits for that write to be finalized, then exits (a
+    third exits at once). Either way it says which step the next start resumes from, and releases the run
+    folder's lock (``before_exit``).
+
+    The training loop tells it what is on disk: ``writing()`` is the step of a checkpoint being written
+    (None when no write is in flight) and ``finalized()`` the newest finished one (None if there is none).
 
     Python runs signal handlers in the main thread only between bytecodes, so while it sits in a long
     compile two Ctrl-C would reach the handler as one. Every signal also writes its number to a wakeup
@@ -115,6 +123,9 @@ class InterruptRequests:
 
     def __init__(self):
         self.signum: int | None = None
+        self.writing: Callable[[], int | None] = lambda: None
+        self.finalized: Callable[[], int | None] = lambda: None
+        self.before_exit: list[Callable[[], None]] = []
         self._previous: dict = {}
         self._pipe: tuple[int, int] | None = None
         self._previous_wakeup = -1
@@ -143,10 +154,28 @@ class InterruptRequests:
                 seen += 1
                 if seen == 1:
                     self._first(signum)
-                else:
-                    print(f"\ninterrupted again ({signal.Signals(signum).name}): exiting now without saving",
-                          file=sys.stderr)
-                    os._exit(128 + signum)
+                    continue
+                name = signal.Signals(signum).name
+                step = self.writing() if seen == 2 else None
+                if step is None:
+                    self._exit(signum, f"interrupted again ({name}): exiting now without saving")
+                print(f"\ninterrupted again ({name}): the checkpoint of step {step} is being written; exiting once "
+                      "it is finalized (interrupt again to exit now and lose it)", file=sys.stderr)
+                threading.Thread(target=self._exit_after_write, args=(signum,), daemon=True).start()
+
+    def _exit_after_write(self, signum: int) -> None:
+        while self.writing() is not None:
+            time.sleep(0.05)
+        self._exit(signum, "the checkpoint was finalized; exiting now")
+
+    def _exit(self, signum: int, what: str) -> None:
+        step = self.finalized()
+        kept = (f"the newest finalized checkpoint is step {step}; rerun the same command to resume there"
+                if step is not None else "no checkpoint was finalized; a rerun starts at step 0")
+        print(f"{what}; {kept}", file=sys.stderr, flush=True)
+        for release in self.before_exit:
+            release()
+        os._exit(128 + signum)
 
     def __enter__(self) -> InterruptRequests:
         if threading.current_thread() is threading.main_thread():
@@ -167,6 +196,24 @@ class InterruptRequests:
             self._pipe = None
 
 
+def finalized_steps(run_dir: Path) -> list[int]:
+    """The steps of the finished checkpoints in ``run_dir`` (Orbax renames a checkpoint's folder to its
+    step only once every byte of it is written)."""
+    folder = Path(run_dir) / "checkpoints"
+    return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+
+
+def discard_partial_checkpoints(run_dir: Path) -> list[str]:
+    """Remove the checkpoint folders whose writing was cut off (a crash, a second interrupt): Orbax never
+    restores them, and a person looking at the folder should not take one for a checkpoint. Returns what
+    was removed, for the run to say."""
+    folder = Path(run_dir) / "checkpoints"
+    partial = sorted(folder.glob("*.orbax-checkpoint-tmp*")) if folder.is_dir() else []
+    for path in partial:
+        shutil.rmtree(path, ignore_errors=True)
+    return [path.name for path in partial]
+
+
 def disk_full(err: BaseException) -> bool:
     """Whether ``err``, or anything that caused it, is a full disk (an OSError, or TensorStore's report of
     one inside Orbax's error)."""
@@ -183,8 +230,7 @@ def disk_full(err: BaseException) -> bool:
 def full_disk_error(run_dir: Path, err: BaseException) -> ValueError:
     """One line for a full disk: the folder, the bytes a checkpoint needs (when the save found it out) or
     what is free, and what is kept (a failed save never touches a finalized checkpoint)."""
-    folder = Path(run_dir) / "checkpoints"
-    finalized = sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit()) if folder.is_dir() else []
+    finalized = finalized_steps(run_dir)
     needs = (err.strerror if isinstance(err, OSError) and err.errno == errno.ENOSPC and err.strerror
              else f"{shutil.disk_usage(run_dir).free:,} bytes are free")
     kept = f"checkpoints of steps {finalized} are kept" if finalized else "no checkpoint was kept"

@@ -34,8 +34,8 @@ from jaxformer.presets import config as preset_config
 from jaxformer.sharding import shardings_of
 from jaxformer.train import data
 from jaxformer.train.checkpoints import checkpoint_manager, fingerprint, restore, save_checkpoint
-from jaxformer.train.lifecycle import (InterruptRequests, Interrupted, RunDirLock, check_run_dir, disk_full,
-                                       full_disk_error)
+from jaxformer.train.lifecycle import (InterruptRequests, Interrupted, RunDirLock, check_run_dir,
+                                       discard_partial_checkpoints, disk_full, finalized_steps, full_disk_error)
 from jaxformer.train.objectives import Objective, carries_memory
 from jaxformer.train.tasks import make_objective
 from jaxformer.train.report import Report, attention_note, sample
@@ -128,7 +128,9 @@ def build_model(cfg: RunConfig, objective: Objective, mesh):
     check_lengths(cfg, objective, wanted)
     check_memory_settings(cfg, wanted)
     head = added_params(loaded.config, wanted) if cfg.finetune.lora.rank else []
-    model, fresh = (loaded, []) if wanted == loaded.config else transplant(loaded, wanted, cfg.run.seed)
+    if wanted == loaded.config:
+        return sharding.shard_model(loaded, mesh), [], head
+    model, fresh = transplant(loaded, wanted, cfg.run.seed, cfg.model.overrides)
     return sharding.shard_model(model, mesh), fresh, head
 
 
@@ -162,11 +164,12 @@ def with_adapters(cfg: RunConfig, model, head: list[str], mesh):
     return sharding.shard_model(model, mesh), reference
 
 
-def transplant(loaded, wanted_cfg, seed: int):
+def transplant(loaded, wanted_cfg, seed: int, overrides: dict | None = None):
     """A model of ``wanted_cfg`` holding every parameter of ``loaded`` that it has (all of the backbone);
     the rest (a new head) keeps its fresh initialisation. A larger vocabulary keeps the loaded rows and
     initialises the new ones (the ids of sentinels or mode tokens a byte-level model never saw, say).
-    Any other shared parameter whose shape differs is an error, never a silent re-initialisation."""
+    Any other shared parameter whose shape differs is an error, never a silent re-initialisation; it names
+    the ``overrides`` (the run's model.overrides) that changed the shape."""
     model = build(wanted_cfg, seed=seed)
     source = dict(nnx.to_flat_state(nnx.state(loaded, nnx.Param)))
     target = nnx.state(model, nnx.Param)
@@ -183,8 +186,8 @@ def transplant(loaded, wanted_cfg, seed: int):
         else:
             mismatched.append(f"{name}: checkpoint {old.shape}, model {variable.shape}")
     if mismatched:
-        raise ValueError("model.init_from does not fit this model (a changed size in model.overrides? only "
-                         "vocab_size may grow): " + "; ".join(mismatched))
+        raise ValueError(f"model.init_from does not fit the model of this run (model.overrides = {overrides or {}}: a "
+                         "changed size? only vocab_size may grow): " + "; ".join(mismatched))
     nnx.update(model, target)
     if hasattr(loaded, "hf_config"):
         model.hf_config = None  # the head changed: export writes the config of this model, not the loaded one
@@ -336,7 +339,8 @@ def write_run_folder(run: Run, notes: list[str]) -> None:
 # never what a step computes (the model, the data and its order, the objective, batch, lengths, schedule,
 # precision).
 _RESUMABLE_CHANGES = {"run.dir", "model.init_from", "train.log_every", "train.sample_tokens", "train.on_nan",
-                      "train.max_skipped_steps", "train.resume"}
+                      "train.max_skipped_steps", "train.resume",
+                      "data.tokenizer"}  # compared by what it resolves to: _tokenizer_difference
 _RESUMABLE_SECTIONS = ("eval", "checkpoint", "mesh")
 _RESUMABLE_MODEL_FIELDS = {"name", "attention_backend"}  # the same function, another kernel
 
@@ -351,6 +355,7 @@ def resume_differences(run: Run) -> list[str]:
     for (key, old), (_, new) in zip(_flat(dataclasses.asdict(stored)), _flat(dataclasses.asdict(run.cfg))):
         if old != new and key not in _RESUMABLE_CHANGES and not key.startswith(_RESUMABLE_SECTIONS):
             differences.append(f"{key}: {old!r} -> {new!r}")
+    differences += _tokenizer_difference(run, stored.data.tokenizer)
     stored_model = json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8"))
     for key, new in run.model.config.to_dict().items():
         old = stored_model.get(key)
@@ -359,6 +364,24 @@ def resume_differences(run: Run) -> list[str]:
         if key not in _RESUMABLE_MODEL_FIELDS and json.dumps(old) != json.dumps(new):
             differences.append(f"model {key}: {old!r} -> {new!r}")
     return differences
+
+
+def _tokenizer_difference(run: Run, stored_spec: str) -> list[str]:
+    """data.tokenizer compared by what it resolves to, not by how it is spelled ('auto' that found no
+    tokenizer.json means bytes; a path means its file's contents): the run folder keeps a copy of the
+    tokenizer.json its run read with, and none for bytes."""
+    kept = Path(run.cfg.run.dir) / TOKENIZER_FILE
+    stored = kept.read_bytes() if kept.exists() else None
+    new = run.tokenizer_file.read_bytes() if run.tokenizer_file is not None else None
+    if stored == new:
+        return []
+
+    def resolved(contents: bytes | None) -> str:
+        return "bytes" if contents is None else f"a tokenizer.json of {len(contents):,} bytes"
+
+    other = ", another file" if stored is not None and new is not None else ""
+    return [f"data.tokenizer: {stored_spec!r} ({resolved(stored)}) -> {run.cfg.data.tokenizer!r} "
+            f"({resolved(new)}{other})"]
 
 
 def _flat(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
@@ -382,6 +405,21 @@ def accept_resume(run: Run) -> list[str]:
     return differences
 
 
+def start_notes(run_dir: Path, manager) -> list[str]:
+    """What a start found in its run folder and where it starts: checkpoints whose write was cut off (by a
+    crash or a second interrupt) are removed and named; a run folder that has been used before says which
+    step it resumes from, or that none was finished."""
+    discarded = discard_partial_checkpoints(run_dir)
+    notes = [f"discarded the partial checkpoint checkpoints/{name}: its write was cut off before it was "
+             "finalized" for name in discarded]
+    step = manager.latest_step() if manager is not None else None
+    if step is not None:
+        notes.append(f"resuming at step {step} from checkpoints/{step}")
+    elif discarded or (run_dir / "metrics.jsonl").exists():
+        notes.append("starting at step 0: no finished checkpoint in " + str(run_dir / "checkpoints"))
+    return notes
+
+
 def train(cfg: RunConfig, progress: bool = True) -> dict:
     """Train (resuming from run.dir's newest checkpoint), evaluate on the held-out split, append to
     metrics.jsonl, and return the history, the trained model and the wall time. The run folder is
@@ -391,6 +429,9 @@ def train(cfg: RunConfig, progress: bool = True) -> dict:
     sharding.initialize_distributed(cfg.mesh.coordinator, cfg.mesh.num_processes, cfg.mesh.process_id)
     lock = RunDirLock(run_dir) if jax.process_index() == 0 else contextlib.nullcontext()
     with InterruptRequests() as interrupts, lock:  # handlers first: the lock's presence means they are in place
+        interrupts.finalized = lambda: (finalized_steps(run_dir) or [None])[-1]
+        if isinstance(lock, RunDirLock):
+            interrupts.before_exit.append(lock.release)  # an exit on a second interrupt leaves no stale lock
         if getattr(lock, "note", None):
             print(f"note: {lock.note}")
         try:
@@ -408,6 +449,8 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
     manager = checkpoint_manager(Path(cfg.run.dir), cfg.checkpoint.keep) if cfg.checkpoint.every else None
     resuming = manager is not None and manager.latest_step() is not None
     forced = accept_resume(run) if resuming else []  # nothing in run.dir is written before this
+    if jax.process_index() == 0:
+        notes += start_notes(Path(cfg.run.dir), manager)
     graphdef, params, rest = split_model(run.model)
     optimizer, schedule = make_optimizer(cfg, params)
     state = init_state(cfg, run.model, optimizer)
@@ -441,12 +484,14 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
             if save:
                 save_checkpoint(manager, state, {"step": done, "seed": cfg.run.seed, "objective": run.objective.name,
                                                  "batch_size": cfg.train.batch_size}, run.base)
+                interrupts.writing = lambda step=done: step if manager.is_saving_in_progress() else None
             if interrupted and done < cfg.train.steps:  # the checkpoint is finalized below, before this leaves
                 raise Interrupted(done, interrupts.signum, saved=manager is not None)
     finally:  # a stop (or any error) still waits for checkpoints in flight
         report.close()
         if manager is not None:
             manager.wait_until_finished()
+            interrupts.writing = lambda: None
             manager.close()
     nnx.update(run.model, state["params"], *([state["frozen"]] if "frozen" in state else []))
     report.plot()
@@ -454,12 +499,18 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
             "seconds": time.perf_counter() - started, "start_step": start_step, "skipped": int(state["skipped"])}
 
 
-def main(argv: list[str]) -> int:
+def command_line_config(argv: list[str]) -> RunConfig:
+    """train.py's arguments, ``[CONFIG.yaml] [section.key=value ...]``, as a RunConfig; without a file,
+    configs/default.yaml where it exists."""
     config_path = argv[0] if argv and "=" not in argv[0] and argv[0].endswith((".yaml", ".yml")) else None
     overrides = argv[1:] if config_path else argv
     if config_path is None and Path("configs/default.yaml").exists():
         config_path = "configs/default.yaml"
-    cfg = load(config_path, overrides)
+    return load(config_path, overrides)
+
+
+def main(argv: list[str]) -> int:
+    cfg = command_line_config(argv)
     result = train(cfg)
     if jax.process_index() != 0:
         return 0
