@@ -202,3 +202,10 @@ def check_inputs(cfg: ModelConfig, input_ids, inputs_embeds, attention_mask, pos
     check_token_types(token_type_ids, shape, cfg)
     check_length(shape[1], cfg, ids_name)
     return shape
+
+
+def require_text(text: str | None, flag: str) -> None:
+    """Text a command was given to read: empty or only whitespace is refused (a model would still
+    answer, from its special tokens alone, an answer about nothing). None means not given."""
+    if text is not None and not text.strip():
+        raise ValueError(f"{flag}={text!r} is empty; give some text")

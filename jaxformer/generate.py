@@ -16,6 +16,7 @@ trims the output the way transformers does.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import jax
@@ -64,6 +65,13 @@ class GenerationConfig:
                 raise ValueError(f"top_k={self.top_k!r} must be an integer >= 1")
             if self.top_p is not None and not 0 < self.top_p <= 1:
                 raise ValueError(f"top_p={self.top_p!r} must lie in (0, 1]")
+        else:  # as transformers: sampling settings without sampling are ignored, with a warning
+            unused = {"temperature": self.temperature if self.temperature != 1.0 else None, "top_k": self.top_k,
+                      "top_p": self.top_p if self.top_p != 1.0 else None}
+            for name, value in unused.items():
+                if value is not None:
+                    warnings.warn(f"do_sample is not set, so {name}={value!r} is ignored (it is only used when "
+                                  f"sampling); set do_sample=True or leave {name} out", UserWarning, stacklevel=4)
         if self.early_stopping not in (True, False, "never"):
             raise ValueError(f"early_stopping={self.early_stopping!r}; valid: True, False, 'never'")
         for eos in self.eos_token_ids:  # first: the pad id defaults to it
@@ -340,12 +348,17 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
         checks.check_length(ids.shape[1], cfg, "input_ids")
         longest = 1 + gc.max_new_tokens
     # Transformer-XL has no position table and a bounded memory: it generates past any length
-    if longest > cfg.max_positions and cfg.position != "xl" and (cfg.position in ("learned", "sinusoidal")
-                                                                 or not allow_beyond_max_positions):
-        table = (f"has {cfg.max_positions} positions" if cfg.position in ("learned", "sinusoidal") else
+    table = cfg.position in ("learned", "sinusoidal")
+    if longest > cfg.max_positions and cfg.position != "xl" and (table or not allow_beyond_max_positions):
+        limit = (f"has {cfg.max_positions} positions" if table else
                  f"was configured for {cfg.max_positions} (max_positions; pass allow_beyond_max_positions=True "
                  "to generate past it)")
-        raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} {table}; lower "
+        prompt = longest - gc.max_new_tokens
+        if cfg.family == "decoder" and prompt >= cfg.max_positions:  # no max_new_tokens would help
+            raise ValueError(f"the prompt itself ({prompt} tokens) {'fills' if prompt == cfg.max_positions else 'exceeds'} "
+                             f"the positions of {cfg.name!r}, which {limit}; shorten it to at most "
+                             f"{cfg.max_positions - 1} tokens (its last ones, say) to generate")
+        raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} {limit}; lower "
                          f"max_new_tokens to at most {cfg.max_positions - longest + gc.max_new_tokens}")
     slots = ids.shape[1] + gc.max_new_tokens - 1 if cfg.family == "decoder" else gc.max_new_tokens
     if cfg.position == "xl":  # the memory holds memory_len tokens (all of them when it has no memory_len)

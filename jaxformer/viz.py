@@ -15,6 +15,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer import checks
 from jaxformer.cache import Memory
 from jaxformer.layers.attention import (layer_patterns, left_padded_positions, memory_visibility_mask,
                                         visibility_mask)
@@ -383,6 +384,8 @@ def save_attention(weights: np.ndarray, heads: list[int], query_labels: list[str
 def attention_command(args: argparse.Namespace) -> int:
     """jaxformer viz attention CHECKPOINT --text T [--layer L] [--head H] --out F.png (encoder-decoders:
     [--stack encoder|decoder|cross] [--target TEXT])."""
+    checks.require_text(args.text, "--text")
+    checks.require_text(args.target, "--target")
     model, tokenizer = load_checkpoint(args.checkpoint)
     cfg = model.config
     stack = args.stack or ("encoder" if cfg.family == "encoder_decoder" else "self")

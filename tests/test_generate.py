@@ -311,6 +311,30 @@ def test_a_temperature_too_small_to_divide_by_samples_the_greedy_token(llama):
         np.testing.assert_array_equal(sampled, greedy)
 
 
+def test_a_prompt_longer_than_the_model_is_named_as_the_problem():
+    """No max_new_tokens helps a prompt that already fills the position table: the error says so, not
+    'lower max_new_tokens to at most -N'."""
+    gpt = jf.build("tiny-gpt")  # learned positions: 128
+    for length, verb in ((130, "exceeds"), (128, "fills")):
+        with pytest.raises(ValueError, match=rf"the prompt itself \({length} tokens\) {verb} the positions of "
+                                             r"'tiny-gpt', which has 128 positions; shorten it to at most 127"):
+            gpt.generate(np.ones((1, length), np.int32), max_new_tokens=4)
+    with pytest.raises(ValueError, match="needs 131 positions but 'tiny-gpt' has 128 positions; lower "
+                                         "max_new_tokens to at most 3"):
+        gpt.generate(np.ones((1, 125), np.int32), max_new_tokens=6)
+
+
+def test_sampling_settings_without_sampling_are_ignored_with_a_warning(llama):
+    """As transformers: temperature, top_k and top_p are only read when sampling; given without it they
+    change nothing, and the caller is told."""
+    greedy = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=3)
+    with pytest.warns(UserWarning, match=r"do_sample is not set, so \w+=\S+ is ignored") as caught:
+        ignored = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=3, temperature=-1, top_k=5, top_p=0.5)
+    assert {str(w.message).split(" is ignored")[0].split("so ")[1] for w in caught} == {
+        "temperature=-1.0", "top_k=5", "top_p=0.5"}
+    np.testing.assert_array_equal(ignored, greedy)
+
+
 def test_unbounded_generation_is_refused_before_anything_is_allocated(llama, monkeypatch):
     limit = llama.config.max_positions
     with pytest.raises(ValueError, match=f"needs {4 + 100_000} positions .* configured for {limit} .*"

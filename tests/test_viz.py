@@ -174,6 +174,20 @@ def test_attention_choice_out_of_range(bert_folder, tmp_path, choice, message):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("text", ["", "  \n"], ids=["empty", "whitespace"])
+def test_empty_text_is_refused_by_viz_and_predict_alike(bert_folder, tmp_path, capsys, text):
+    """Before anything is loaded: a BERT tokenizer would turn '' into [CLS] [SEP] and both commands would
+    answer about nothing."""
+    out = tmp_path / "x.png"
+    assert main(["viz", "attention", str(bert_folder), "--text", text, "--out", str(out)]) == 2
+    assert main(["predict", str(tmp_path / "no_run_yet"), "--text", "fine", "--text", text]) == 2
+    assert main(["predict", str(tmp_path / "no_run_yet"), "--text", "fine", "--question", text]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert errors == [f"jaxformer: error: --text={text!r} is empty; give some text"] * 2 + [
+        f"jaxformer: error: --question={text!r} is empty; give some text"]
+    assert not out.exists()
+
+
 def _history(with_eval: bool) -> list[dict]:
     records = []
     for step in range(10, 110, 10):

@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxformer import checks
 from jaxformer.config import ModelConfig
 from jaxformer.train import data, squad
 from jaxformer.train.objectives import longest_first
@@ -106,6 +107,10 @@ def classify(model, tokenizer, seq_len: int, text: str, text_pair: str | None) -
 
 
 def predict(args) -> int:
+    for text in args.text:
+        checks.require_text(text, "--text")
+    checks.require_text(args.text_pair, "--text-pair")
+    checks.require_text(args.question, "--question")
     cfg = run_settings(args.run_dir)
     objective, seq_len = cfg.train.objective, cfg.train.seq_len
     if args.text_pair is not None and objective != "classification":
