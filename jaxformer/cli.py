@@ -217,6 +217,29 @@ def main(argv: list[str] | None = None) -> int:
         except FloatingPointError as err:
             print(f"jaxformer: stopped: {err}", file=sys.stderr)
             return 3
+    args = parse(argv)
+    try:
+        return args.run(args)
+    except ValueError as err:
+        print(f"jaxformer: error: {err}", file=sys.stderr)
+        return 2
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments of every subcommand but ``train``. ``key=value`` overrides (eval's) may stand after
+    flags too, as in ``jaxformer eval RUN --step 200 data.eval=other.txt``, which argparse alone refuses
+    (its positionals end at the first flag)."""
+    top = argument_parser()
+    args, extra = top.parse_known_args(argv)
+    if extra and hasattr(args, "overrides") and all("=" in word and not word.startswith("-") for word in extra):
+        args.overrides += extra
+    elif extra:
+        top.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """Every subcommand but ``train``, whose arguments are train.py's own grammar."""
     parser = argparse.ArgumentParser(prog="jaxformer", description="The three Transformer families in JAX/Flax.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("train", help="train a model: jaxformer train [CONFIG.yaml] [section.key=value ...]")
@@ -304,12 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--target", help="encoder-decoders: the decoder's text after its start token (default: --text)")
     q.add_argument("--out", required=True, help="the PNG to write")
     p.set_defaults(run=viz)
-    args = parser.parse_args(argv)
-    try:
-        return args.run(args)
-    except ValueError as err:
-        print(f"jaxformer: error: {err}", file=sys.stderr)
-        return 2
+    return parser
 
 
 if __name__ == "__main__":

@@ -355,16 +355,20 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
         key, _, text = item.partition("=")
         _set(tree, key.strip(), _parse_value(text))
     given = {item.partition("=")[0].strip().removeprefix("model.overrides.") for item in overrides}
-    preset = tree.get("model", {}).get("preset", ModelSection.preset)
+    # The file's overrides were written for its own preset: another preset, or a checkpoint to start from
+    # given on the command line, replaces the model they were written for (a file that names its own
+    # init_from wrote them for that checkpoint).
+    preset, init_from = (tree.get("model", {}).get(key, getattr(ModelSection, key)) for key in ("preset", "init_from"))
     file_preset = file_model.get("preset", ModelSection.preset)
-    if from_file and preset != file_preset:  # the file's overrides were written for its own preset
-        overrides_now = tree["model"]["overrides"]
-        dropped = [k for k in from_file if k not in given]
+    replaced = (f"model.preset={preset!r} replaces {path}'s {file_preset!r}" if preset != file_preset else
+                f"model.init_from={init_from!r} replaces {path}'s preset {file_preset!r}"
+                if init_from and not file_model.get("init_from") else None)
+    dropped = [k for k in from_file if k not in given]
+    if replaced and dropped:
         for key in dropped:
-            del overrides_now[key]
-        warnings.warn(f"model.preset={preset!r} replaces {path}'s {file_preset!r}, so that file's model.overrides "
-                      f"for it ({', '.join(dropped)}) are not applied; give them as model.overrides.* to keep them",
-                      stacklevel=2)
+            del tree["model"]["overrides"][key]
+        warnings.warn(f"{replaced}, so that file's model.overrides for it ({', '.join(dropped)}) are not applied; "
+                      "give them as model.overrides.* to keep them", stacklevel=2)
     built = {}
     for name, fields in tree.items():
         kinds = typing.get_type_hints(SECTIONS[name])
