@@ -125,16 +125,17 @@ CASES = {
 
 
 def _greedy_by_full_forward(model, prompt: np.ndarray, steps: int) -> np.ndarray:
-    """Greedy tokens from repeated uncached forward passes over the whole sequence so far."""
+    """Greedy tokens from repeated uncached forward passes over the whole sequence so far. The sequence is
+    held at its final length (the tokens not chosen yet are 0), which causal attention cannot see from
+    the position read: one compilation instead of one per length."""
     if model.config.family == "encoder_decoder":
-        out = np.zeros((prompt.shape[0], 1), np.int32)  # decoder_start_token_id=0
-        for _ in range(steps):
-            logits = model(prompt, decoder_input_ids=out).logits
-            out = np.concatenate([out, np.argmax(logits[:, -1], -1)[:, None].astype(np.int32)], axis=1)
+        out = np.zeros((prompt.shape[0], steps + 1), np.int32)  # decoder_start_token_id=0, then the choices
+        for i in range(steps):
+            out[:, i + 1] = np.argmax(model(prompt, decoder_input_ids=out).logits[:, i], -1)
         return out
-    out = prompt
-    for _ in range(steps):
-        out = np.concatenate([out, np.argmax(model(out).logits[:, -1], -1)[:, None].astype(out.dtype)], axis=1)
+    out = np.concatenate([prompt, np.zeros((prompt.shape[0], steps), prompt.dtype)], axis=1)
+    for i in range(prompt.shape[1], prompt.shape[1] + steps):
+        out[:, i] = np.argmax(model(out).logits[:, i - 1], -1)
     return out
 
 
