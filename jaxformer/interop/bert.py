@@ -106,4 +106,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, {"bert": "bert.", "roberta": "roberta."}, ("BertModel", "RobertaModel"),
-                            config_from_hf, target, config_to_hf, rules)
+                            config_from_hf, target, config_to_hf, rules, harmless=dict.fromkeys(
+                                ("directionality", "pooler_fc_size", "pooler_num_attention_heads",
+                                 "pooler_num_fc_layers", "pooler_size_per_head", "pooler_type"),
+                                "the original TensorFlow release's settings, which transformers' BERT never reads"))

@@ -26,15 +26,18 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     v3 = model_type == "deepseek_v3"
     theta, scaling = rope_from_hf(hf)  # refuses yarn (DeepSeek-V3's long-context files) by name
     heads = hf["num_attention_heads"]
-    # num_key_value_heads is not read: latent attention expands keys and values for every head (V3's
-    # config class defaults it to 128 whatever the head count).
+    # Latent attention expands keys and values for every head; transformers' attention still repeats them
+    # num_attention_heads // num_key_value_heads times, which only a count equal to the heads leaves alone.
+    kv_heads = hf.get("num_key_value_heads")
+    refuse(kv_heads not in (None, heads), f"{model_type}: num_key_value_heads={kv_heads} differs from "
+           f"num_attention_heads={heads}; latent attention has one key per query head")
     refuse(bool(hf.get("attention_bias", False)), f"{model_type}: attention_bias=true is not supported")
     refuse(bool(hf.get("mlp_bias", False)), f"{model_type}: mlp_bias=true is not supported")
     experts = hf.get("n_routed_experts")
     refuse(not experts, f"{model_type}: n_routed_experts={experts!r}; a DeepSeek model needs routed experts")
     groups, topk_groups = hf.get("n_group") or 1, hf.get("topk_group") or 1
+    method = hf.get("topk_method", "greedy")  # V3's ('noaux_tc') is the remote code's; transformers' V3 ignores it
     if not v3:
-        method = hf.get("topk_method", "greedy")
         refuse(method not in V2_TOPK_METHODS,
                f"deepseek_v2: topk_method={method!r} is not supported; supported: {list(V2_TOPK_METHODS)}")
         if method == "greedy":
@@ -163,4 +166,12 @@ def ignored(hf: dict, names: set[str]) -> tuple[set[str], str]:
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLASSES},
                             ("DeepseekV2Model", "DeepseekV3Model"), config_from_hf, target, config_to_hf, rules,
-                            ignored=ignored)
+                            ignored=ignored, harmless={
+                                **dict.fromkeys(("head_dim", "qk_head_dim"), "derived from qk_rope_head_dim and "
+                                                "qk_nope_head_dim by the config class, whatever the file says"),
+                                "pretraining_tp": "transformers 5 never reads it",
+                                "norm_topk_prob": "V2's MoE ignores it (jaxformer reads it for V3, as transformers does)",
+                                "num_nextn_predict_layers": "V3's multi-token-prediction layers, skipped with a note",
+                                **dict.fromkeys(("aux_loss_alpha", "ep_size", "moe_layer_freq", "scoring_func", "seq_aux"),
+                                                "the released remote code's settings, which transformers' DeepSeek "
+                                                "never reads")})

@@ -11,57 +11,98 @@ from typing import Any
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
-                                     rope_from_hf, rope_to_hf)
+                                     rope_from_hf, rope_spec, rope_to_hf, with_defaults)
 
 CLASSES = {"gemma2": ("Gemma2Model", "Gemma2ForCausalLM"), "gemma3_text": ("Gemma3TextModel", "Gemma3ForCausalLM")}
 _LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
 
+# What a file that leaves a key out means: transformers' config-class defaults (Gemma2Config,
+# Gemma3TextConfig, T5GemmaModuleConfig for each half of a T5Gemma), checked against the classes' own
+# fields by tests/test_config_reading.py.
+_GEMMA2_DEFAULTS = dict(num_key_value_heads=4, head_dim=256, max_position_embeddings=8192, rms_norm_eps=1e-6,
+                        query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                        final_logit_softcapping=30.0, attention_bias=False, attention_dropout=0.0,
+                        tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh")
+DEFAULTS = {"gemma2": _GEMMA2_DEFAULTS, "t5gemma": _GEMMA2_DEFAULTS,
+            "gemma3_text": {**_GEMMA2_DEFAULTS, "max_position_embeddings": 131072, "attn_logit_softcapping": None,
+                            "final_logit_softcapping": None}}
+
+
+def layer_kinds(hf: dict, model_type: str) -> list[str]:
+    """'full' or 'sliding' per layer: ``layer_types``, or for files without it (as published) what the
+    config class derives: Gemma 3 every ``sliding_window_pattern``-th layer full (default 6), Gemma 2 and
+    T5Gemma every second."""
+    types, pattern = hf.get("layer_types"), hf.get("sliding_window_pattern", 6)  # read, like transformers, in any case
+    if not types:
+        period = pattern if model_type.startswith("gemma3") else 2
+        types = ["sliding_attention" if (i + 1) % period else "full_attention" for i in range(hf["num_hidden_layers"])]
+    kinds = [_LAYER_TYPES.get(t, t) for t in types]
+    refuse(any(t not in _LAYER_TYPES.values() for t in kinds), f"{model_type}: layer_types {sorted(set(kinds))} are not "
+           f"supported; expected {sorted(_LAYER_TYPES)}")
+    return kinds
+
+
+def _rotary(hf: dict, model_type: str) -> tuple[tuple, tuple | None]:
+    """((theta, scaling) of the full layers, (theta, scaling) of the sliding ones, None when they share
+    it) as transformers reads them. Gemma 3 has one setting per layer type: ``rope_parameters`` nested by
+    type, or in published files ``rope_theta`` (default 1e6) with ``rope_scaling`` for the full layers and
+    ``rope_local_base_freq`` (default 1e4) for the sliding ones. Gemma 2 and T5Gemma have one setting."""
+    rope = hf.get("rope_parameters") or {}
+    if not (model_type.startswith("gemma3") or "full_attention" in rope or "sliding_attention" in rope):
+        return rope_from_hf(hf), None
+    refuse(bool(rope) and not {"full_attention", "sliding_attention"} & set(rope), f"{model_type}: rope_parameters "
+           f"must be given per layer type (full_attention, sliding_attention); got {sorted(rope)}")
+    full = dict(rope.get("full_attention") or {"rope_type": "default"})
+    full.update(hf.get("rope_scaling") or {})
+    full.setdefault("rope_theta", hf.get("rope_theta", 1e6))
+    local = dict(rope.get("sliding_attention") or {"rope_type": "default"})
+    local.setdefault("rope_theta", hf.get("rope_local_base_freq", 1e4))
+    return rope_spec(full), rope_spec(local)
+
 
 def block_config(hf: dict, model_type: str, causal: bool = True) -> dict[str, Any]:
     """The ModelConfig fields of a Gemma 2 (or 3) block, whatever model holds it (also T5Gemma's halves)."""
+    hf = with_defaults(hf, DEFAULTS[model_type])
     heads = hf["num_attention_heads"]
-    kinds = [_LAYER_TYPES.get(t, t) for t in (hf.get("layer_types") or ["full_attention"] * hf["num_hidden_layers"])]
-    refuse(any(t not in _LAYER_TYPES.values() for t in kinds), f"{model_type}: layer_types {sorted(set(kinds))} are not "
-           f"supported; expected {sorted(_LAYER_TYPES)}")
+    kinds = layer_kinds(hf, model_type)
     refuse(bool(hf.get("use_bidirectional_attention")), f"{model_type}: use_bidirectional_attention is not supported")
-    window = hf.get("sliding_window")
+    window = hf["sliding_window"]
     pattern, layer_types = "causal", None
     if "sliding" in kinds:
         refuse(window is None, f"{model_type}: sliding layers need sliding_window")
         pattern = "sliding" if set(kinds) == {"sliding"} else "alternating"
         layer_types = tuple(kinds) if pattern == "alternating" else None
-    rope = hf.get("rope_parameters") or {}
+    (theta, scaling), local = _rotary(hf, model_type)
     local_theta = None
-    if "full_attention" in rope or "sliding_attention" in rope:  # Gemma 3: one rotary setting per layer type
-        theta, scaling = rope_from_hf({"rope_parameters": rope.get("full_attention") or {}})
-        local = rope.get("sliding_attention") or {}
-        refuse(local.get("rope_type", "default") != "default", f"{model_type}: scaled rotary sliding layers are "
-               "not supported")
-        local_theta = float(local.get("rope_theta", 10000.0)) if pattern == "alternating" else None
+    if local is not None:
+        refuse(local[1] is not None, f"{model_type}: scaled rotary sliding layers are not supported")
         if pattern == "sliding":  # every layer sliding: the local setting is the model's
-            theta, scaling = float(local.get("rope_theta", 10000.0)), None
-    else:
-        theta, scaling = rope_from_hf(hf)
-    bias = bool(hf.get("attention_bias", False))
-    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
-    return dict(d_model=hf["hidden_size"], num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
-                head_dim=hf.get("head_dim"), d_ff=hf["intermediate_size"], norm="rmsnorm",
-                norm_eps=hf.get("rms_norm_eps", 1e-6), norm_bias=False, norm_scale_offset=1.0, sandwich_norm=True,
+            theta, scaling = local
+        elif pattern == "alternating":
+            local_theta = local[0]
+    bias = bool(hf["attention_bias"])
+    softcap = hf["attn_logit_softcapping"]
+    if model_type.startswith("gemma3"):  # its attention never applies it (transformers' Gemma3Attention passes none)
+        softcap = None
+    act = hf["hidden_activation"] or "gelu_pytorch_tanh"
+    return dict(d_model=hf["hidden_size"], num_heads=heads, num_kv_heads=hf["num_key_value_heads"] or heads,
+                head_dim=hf["head_dim"], d_ff=hf["intermediate_size"], norm="rmsnorm",
+                norm_eps=hf["rms_norm_eps"], norm_bias=False, norm_scale_offset=1.0, sandwich_norm=True,
                 activation=activation(act, True, model_type), position="rope", rope_theta=theta,
                 rope_scaling=scaling, local_rope_theta=local_theta,
-                max_positions=hf.get("max_position_embeddings", 8192), attention=pattern,
+                max_positions=hf["max_position_embeddings"], attention=pattern,
                 window_size=int(window) if pattern != "causal" else None, layer_types=layer_types,
-                attention_scale=float(hf.get("query_pre_attn_scalar", hf.get("head_dim") or 256)) ** -0.5,
-                # Gemma 3's attention never reads attn_logit_softcapping (transformers' Gemma3Attention passes none)
-                attention_softcap=None if model_type.startswith("gemma3") else hf.get("attn_logit_softcapping"),
+                attention_scale=float(hf["query_pre_attn_scalar"]) ** -0.5,
+                attention_softcap=softcap,
                 qk_norm=model_type.startswith("gemma3"),
                 qkv_bias=bias, out_bias=bias, mlp_bias=False, scale_embeddings=True,
-                attention_dropout_rate=float(hf.get("attention_dropout") or 0.0))
+                attention_dropout_rate=float(hf["attention_dropout"] or 0.0))
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    full = with_defaults(hf, DEFAULTS[model_type])
     return dict(family="decoder", decoder_layers=hf["num_hidden_layers"], **block_config(hf, model_type),
-                logits_softcap=hf.get("final_logit_softcapping"), tie_embeddings=hf.get("tie_word_embeddings", True),
+                logits_softcap=full["final_logit_softcapping"], tie_embeddings=full["tie_word_embeddings"],
                 head="none" if arch.endswith("Model") else "lm")
 
 
@@ -145,4 +186,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLASSES},
                             tuple(classes[0] for classes in CLASSES.values()), config_from_hf, target, config_to_hf,
-                            rules)
+                            rules, harmless={"_sliding_window_pattern": "a private copy; layer_types decides",
+                                             "hidden_act": "Gemma's MLP reads hidden_activation",
+                                             "sliding_window_size": "an older copy of sliding_window, which "
+                                                                    "transformers never reads"})

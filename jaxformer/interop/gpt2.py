@@ -75,4 +75,9 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, {"gpt2": "transformer."}, ("GPT2Model",), config_from_hf, target,
-                            config_to_hf, rules)
+                            config_to_hf, rules, harmless={
+                                **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation",
+                                                 "summary_proj_to_labels"), "GPT2DoubleHeadsModel's head only"),
+                                "reorder_and_upcast_attn": "scores and softmax in float32, which jaxformer computes "
+                                                           "whatever the dtype",
+                                "n_ctx": "transformers' GPT-2 never reads it; n_positions sizes the table"})

@@ -21,7 +21,7 @@ from jaxformer.config import QUANTIZATIONS, ModelConfig
 from jaxformer.interop import peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
 from jaxformer.interop.registry import BY_MODEL_TYPE, architecture_of, hf_target, rules_for
-from jaxformer.interop.rules import build_from_tensors, export_with_rules
+from jaxformer.interop.rules import ConfigReader, account_for_every_key, build_from_tensors, export_with_rules
 from jaxformer.lora import quantized
 
 
@@ -48,6 +48,7 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
                    dtype: str | None = None) -> ModelConfig:
     """Map a transformers config (as a dict) to a ModelConfig, refusing options jaxformer cannot honour."""
     model_type, arch = architecture_of(hf)
+    hf = ConfigReader(hf)
     file_dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
     dtype = dtype or (file_dtype if file_dtype in ("float32", "bfloat16", "float16") else "float32")
     try:
@@ -62,6 +63,7 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
         raise ValueError(f"config.json has no {err.args[0]!r} field, which {arch} ({model_type}) needs") from None
     except (TypeError, AttributeError) as err:
         raise ValueError(f"config.json of {arch} ({model_type}) holds a field of the wrong type: {err}") from None
+    account_for_every_key(hf, BY_MODEL_TYPE[model_type], f"{arch} ({model_type})")
     return ModelConfig(**{**fields, **special})
 
 

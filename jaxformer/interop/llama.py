@@ -7,42 +7,70 @@ from typing import Any
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
-                                     rope_from_hf, rope_to_hf, stacked_experts)
+                                     rope_from_hf, rope_to_hf, stacked_experts, with_defaults)
 
 STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "mixtral": "Mixtral"}
 CLASSES = {model_type: (f"{stem}Model", f"{stem}ForCausalLM") for model_type, stem in STEMS.items()}
 
 
+# What a file that leaves a key out means: transformers' config-class defaults for the keys read below
+# (checked against the classes' own fields by tests/test_config_reading.py); the rotary base too.
+_COMMON = dict(hidden_act="silu", tie_word_embeddings=False, attention_dropout=0.0)
+DEFAULTS = {
+    "llama": dict(_COMMON, num_key_value_heads=None, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                  attention_bias=False, mlp_bias=False),
+    "mistral": dict(_COMMON, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-6,
+                    sliding_window=4096),
+    "mixtral": dict(_COMMON, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                    sliding_window=None, num_local_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.001,
+                    router_jitter_noise=0.0),
+    "qwen2": dict(_COMMON, num_key_value_heads=32, max_position_embeddings=32768, rms_norm_eps=1e-6,
+                  use_sliding_window=False, sliding_window=4096, max_window_layers=28),
+}
+DEFAULT_THETA = {"mixtral": 1e6}
+
+
+def _qwen2_layer_types(hf: dict) -> tuple[list[str], int | None]:
+    """Qwen2's layer types and window as its config class derives them: the window exists only under
+    use_sliding_window (default 4096), and without layer_types the layers from max_window_layers (default
+    28) on are the sliding ones."""
+    window, first_sliding = hf["sliding_window"], hf["max_window_layers"]
+    window = window if hf["use_sliding_window"] else None
+    kinds = hf.get("layer_types") or ["sliding_attention" if window is not None and i >= first_sliding
+                                      else "full_attention" for i in range(hf["num_hidden_layers"])]
+    return kinds, window
+
+
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-    theta, scaling = rope_from_hf(hf)
+    hf = with_defaults(hf, DEFAULTS[model_type])
+    theta, scaling = rope_from_hf(hf, DEFAULT_THETA.get(model_type, 1e4))
     heads = hf["num_attention_heads"]
     pattern, window = "causal", None
     if model_type in ("mistral", "mixtral") and hf.get("sliding_window") is not None:
         pattern, window = "sliding", int(hf["sliding_window"])
     if model_type == "qwen2":
-        kinds = set(hf.get("layer_types") or ["full_attention"])
-        if hf.get("use_sliding_window", False) and hf.get("sliding_window") is not None:
-            kinds = set(hf.get("layer_types") or ["sliding_attention"])
-        refuse(len(kinds) > 1, "qwen2: a mix of sliding and full attention layers is not supported")
-        if kinds == {"sliding_attention"}:
-            pattern, window = "sliding", int(hf["sliding_window"])
-    refuse(model_type == "mixtral" and hf.get("router_jitter_noise", 0.0) > 0,
-           "mixtral: router_jitter_noise > 0 is not supported")
+        kinds, qwen_window = _qwen2_layer_types(hf)
+        refuse(len(set(kinds)) > 1, f"qwen2: a mix of sliding and full attention layers is not supported "
+               f"(layer_types {kinds})")
+        refuse(kinds[0] == "sliding_attention" and qwen_window is None, "qwen2: sliding layers need "
+               "use_sliding_window=true and a sliding_window")
+        if kinds[0] == "sliding_attention":
+            pattern, window = "sliding", int(qwen_window)
+    refuse(model_type == "mixtral" and hf["router_jitter_noise"] > 0, "mixtral: router_jitter_noise > 0 is not supported")
     bias = bool(hf.get("attention_bias", False))
     cfg = dict(family="decoder", d_model=hf["hidden_size"], num_heads=heads,
-               num_kv_heads=hf.get("num_key_value_heads") or heads, head_dim=hf.get("head_dim"),
+               num_kv_heads=hf["num_key_value_heads"] or heads, head_dim=hf.get("head_dim"),
                d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"], norm="rmsnorm",
-               norm_eps=hf.get("rms_norm_eps", 1e-6), norm_bias=False,
-               activation=activation(hf.get("hidden_act", "silu"), True, model_type), position="rope",
-               rope_theta=theta, rope_scaling=scaling, max_positions=hf.get("max_position_embeddings", 2048),
+               norm_eps=hf["rms_norm_eps"], norm_bias=False,
+               activation=activation(hf["hidden_act"], True, model_type), position="rope",
+               rope_theta=theta, rope_scaling=scaling, max_positions=hf["max_position_embeddings"],
                attention=pattern, window_size=window, qkv_bias=True if model_type == "qwen2" else bias,
                out_bias=False if model_type == "qwen2" else bias, mlp_bias=bool(hf.get("mlp_bias", False)),
-               tie_embeddings=hf.get("tie_word_embeddings", False),
-               head="none" if arch.endswith("Model") else "lm",
-               attention_dropout_rate=hf.get("attention_dropout", 0.0))
+               tie_embeddings=hf["tie_word_embeddings"], head="none" if arch.endswith("Model") else "lm",
+               attention_dropout_rate=hf["attention_dropout"])
     if model_type == "mixtral":
         cfg.update(num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
-                   router_aux_loss_coef=hf.get("router_aux_loss_coef", 0.0))
+                   router_aux_loss_coef=hf["router_aux_loss_coef"])
     return cfg
 
 
@@ -129,4 +157,4 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in STEMS},
                             tuple(f"{stem}Model" for stem in STEMS.values()), config_from_hf, target, config_to_hf,
-                            rules)
+                            rules, harmless={"pretraining_tp": "transformers 5 never reads it"})

@@ -54,10 +54,117 @@ class Architecture:
     # ``ignored(hf, tensor_names) -> (names, note)``: tensors a file may carry that the forward pass never
     # reads (DeepSeek-V3's multi-token-prediction layers); they are skipped with the note as a warning.
     ignored: Callable[[dict, set[str]], tuple[set[str], str]] | None = None
+    # config.json keys (by path: 'decoder.is_decoder') that change no number of this architecture's forward
+    # pass, each with the reason; any other key its config_from_hf does not read is refused at load.
+    harmless: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------
 # Config helpers
+
+
+class ConfigReader(dict):
+    """A config.json (or one of its sub-configs, T5Gemma's ``encoder``) that records every key an
+    architecture reads, so that a key nothing read can be refused instead of dropped (``unread``). Keys
+    are recorded by path ('encoder.sliding_window'); ``with_defaults`` and ``sub`` share the record."""
+
+    def __init__(self, data: dict, read: set[str] | None = None, prefix: str = ""):
+        super().__init__(data)
+        self.read = set() if read is None else read
+        self.prefix = prefix
+        self.subs: list[ConfigReader] = []
+
+    def _note(self, key) -> None:
+        self.read.add(f"{self.prefix}{key}")
+
+    def __getitem__(self, key):
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self._note(key)
+        return super().get(key, default)
+
+    def __contains__(self, key) -> bool:
+        self._note(key)
+        return super().__contains__(key)
+
+    def sub(self, key: str) -> ConfigReader:
+        """The sub-config under ``key``, itself recorded key by key."""
+        reader = ConfigReader(self[key], self.read, f"{self.prefix}{key}.")
+        self.subs.append(reader)
+        return reader
+
+    def unread(self) -> list[str]:
+        """Paths of the keys this config holds that nothing read (sub-configs' keys by their own paths)."""
+        opened = {reader.prefix[:-1] for reader in self.subs}
+        keys = [f"{self.prefix}{k}" for k in dict.keys(self) if f"{self.prefix}{k}" not in self.read | opened]
+        return keys + [key for reader in self.subs for key in reader.unread()]
+
+
+# Keys of any config.json that change no number jaxformer computes (by their last path component).
+HARMLESS = {
+    **dict.fromkeys(("architectures", "model_type", "transformers_version", "_name_or_path", "auto_map",
+                     "_attn_implementation_autoset", "attn_implementation", "torchscript", "tokenizer_class",
+                     "task_specific_params", "finetuning_task", "prefix"), "bookkeeping"),
+    **dict.fromkeys(("use_cache", "output_past", "output_attentions", "output_hidden_states", "return_dict",
+                     "use_return_dict", "output_router_logits"), "what a call returns, chosen per call here"),
+    "gradient_checkpointing": "memory of a training step, not its numbers",
+    "cache_implementation": "how transformers lays out its KV cache, not what it holds",
+    **dict.fromkeys(("id2label", "label2id", "problem_type", "_num_labels"),
+                    "label names (num_labels comes from the head's tensors)"),
+    **dict.fromkeys(("initializer_range", "initializer_factor", "init_std"), "initialisation of new weights only"),
+    **dict.fromkeys(("classifier_dropout", "classifier_dropout_rate", "activation_dropout", "embd_pdrop",
+                     "summary_first_dropout", "summary_last_dropout"),
+                    "training-time dropout jaxformer does not model (no effect in evaluation)"),
+}
+# Generation defaults older config.json files carry: transformers' generate() applies them when no
+# generation_config.json says otherwise; jaxformer's generate takes its settings as arguments, so loading
+# names them in a warning rather than dropping them in silence.
+GENERATION_KEYS = ("max_length", "min_length", "num_beams", "early_stopping", "no_repeat_ngram_size",
+                   "length_penalty", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
+                   "num_return_sequences", "bad_words_ids", "forced_bos_token_id", "forced_eos_token_id",
+                   "diversity_penalty", "num_beam_groups", "typical_p", "encoder_no_repeat_ngram_size",
+                   "suppress_tokens", "begin_suppress_tokens", "remove_invalid_values", "max_new_tokens",
+                   "exponential_decay_length_penalty", "sep_token_id", "output_scores", "return_dict_in_generate")
+
+
+def account_for_every_key(hf: ConfigReader, arch: Architecture, where: str) -> None:
+    """After an architecture read ``hf``: refuse any key nothing read that is not harmless (a field that
+    changes the numbers and is dropped makes the user's comparison look like a PyTorch difference), and
+    name the generation defaults jaxformer's generate does not apply."""
+    unread = [key for key in hf.unread() if key.rsplit(".", 1)[-1] not in HARMLESS and key not in arch.harmless]
+    generation = [key for key in unread if key.rsplit(".", 1)[-1] in GENERATION_KEYS]
+    refused = [key for key in unread if key not in generation]
+
+    def value(path: str):
+        tree = dict(hf)
+        for part in path.split("."):
+            tree = tree[part]
+        return tree
+
+    if refused:
+        raise ValueError(f"{where}: config.json sets {', '.join(f'{k}={value(k)!r}' for k in refused)}, which "
+                         "jaxformer does not read; such a setting may change the numbers, so the load is refused rather "
+                         "than the setting dropped")
+    if generation:
+        warnings.warn(f"{where}: config.json holds generation defaults "
+                      f"({', '.join(f'{k}={value(k)!r}' for k in generation)}) that transformers' generate() applies "
+                      "when no generation_config.json overrides them; jaxformer's generate takes them as arguments",
+                      stacklevel=4)
+
+
+def sub_config(hf: dict, key: str) -> dict:
+    """The sub-config under ``key`` (T5Gemma's encoder and decoder), recorded when ``hf`` is a reader."""
+    return hf.sub(key) if isinstance(hf, ConfigReader) else hf[key]
+
+
+def with_defaults(hf: dict, defaults: dict) -> dict:
+    """``hf`` over its config class's defaults (what a file that leaves a key out means), still recording
+    what is read when ``hf`` is a ConfigReader."""
+    if isinstance(hf, ConfigReader):
+        return ConfigReader({**defaults, **dict(hf.items())}, hf.read, hf.prefix)  # recorded under the same paths
+    return {**defaults, **hf}
 
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu"}
@@ -77,20 +184,49 @@ def activation(name: str, gated: bool, model_type: str) -> str:
     return table[name]
 
 
-def rope_from_hf(hf: dict) -> tuple[float, RopeScaling | None]:
-    """(theta, scaling) from transformers 5's ``rope_parameters`` or the older ``rope_theta``/``rope_scaling``."""
-    params = hf.get("rope_parameters") or {}
-    legacy = hf.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
-    kind = params.get("rope_type") or legacy.get("rope_type") or legacy.get("type") or "default"
-    spec = {**legacy, **params}
+def rope_from_hf(hf: dict, default_theta: float = 10000.0) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) of a config.json as transformers 5 reads it: a ``rope_scaling`` entry (older files,
+    or one added to a transformers-5 file for long context) replaces ``rope_parameters`` whole, and the
+    base comes from the chosen dict, else the file's top-level ``rope_theta``, else the config class's
+    default (``default_theta``: 1e6 for Mixtral, 1e4 for most)."""
+    scaling, parameters = hf.get("rope_scaling"), hf.get("rope_parameters")  # both read: the first replaces the other
+    params = dict(scaling or parameters or {})
+    params.setdefault("rope_theta", hf.get("rope_theta", default_theta))
+    if params.get("rope_type", params.get("type")) in ("llama3", "yarn", "longrope"):  # the pretraining length
+        if "original_max_position_embeddings" in hf:  # Phi-3 keeps it beside the rope dict, and it wins
+            params["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+        params.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings"))
+    return rope_spec(params)
+
+
+# The keys each rotary kind reads, beside rope_type / type and rope_theta.
+ROPE_KEYS = {"default": (), "linear": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def rope_spec(params: dict) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) of one resolved rotary dict (``rope_type``, or the older ``type``; ``rope_theta``).
+    A key its kind does not read is refused by name (it would change the angles: a partial_rotary_factor,
+    a yarn attention_factor)."""
+    theta = float(params["rope_theta"])
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in ROPE_KEYS:
+        extra = sorted(set(params) - {"rope_type", "type", "rope_theta", *ROPE_KEYS[kind]})
+        if params.get("partial_rotary_factor") == 1.0:  # every dimension rotates: what jaxformer does
+            extra.remove("partial_rotary_factor")
+        refuse(bool(extra), f"rope settings {', '.join(f'{k}={params[k]!r}' for k in extra)} are not supported "
+               f"for rope type {kind!r}")
     if kind == "default":
         return theta, None
     if kind == "linear":
-        return theta, RopeScaling("linear", float(spec["factor"]))
+        refuse(params.get("factor") is None, "rope type 'linear' needs factor in its rope settings")
+        return theta, RopeScaling("linear", float(params["factor"]))
     if kind == "llama3":
-        return theta, RopeScaling("llama3", float(spec["factor"]), float(spec["low_freq_factor"]),
-                                  float(spec["high_freq_factor"]), int(spec["original_max_position_embeddings"]))
+        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+                   if params.get(k) is None]
+        refuse(bool(missing), f"rope type 'llama3' needs {', '.join(missing)} in its rope settings")
+        return theta, RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
+                                  float(params["high_freq_factor"]), int(params["original_max_position_embeddings"]))
     raise ValueError(f"rope type {kind!r} is not supported; supported: 'default', 'linear', 'llama3'")
 
 

@@ -13,15 +13,19 @@ CLASSES = {"t5": ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel")}
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     proj = hf.get("feed_forward_proj", "relu")
-    gated = proj.startswith("gated-")
-    act = proj.removeprefix("gated-")
-    act = "gelu_new" if proj == "gated-gelu" else act
-    refuse(gated and act not in GATED, f"t5: feed_forward_proj={proj!r} is not supported")
+    # The config class derives these two from feed_forward_proj, then lets the file's own (which it also
+    # writes) win.
+    gated = bool(hf.get("is_gated_act", proj.startswith("gated-")))
+    act = hf.get("dense_act_fn", "gelu_new" if proj == "gated-gelu" else proj.removeprefix("gated-"))
+    refuse(gated and act not in GATED, f"t5: feed_forward_proj={proj!r} (dense_act_fn={act!r}, gated) is not supported")
     # transformers 5 always ties in the config and records the v1.0 output scaling separately;
     # an lm_head tensor in the file means the head is untied (v1.1).
     scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
     tied = "lm_head.weight" not in tensor_names if tensor_names else hf.get("tie_word_embeddings", True)
     encoder_only = arch == "T5EncoderModel"
+    both_stacks = hf.get("is_encoder_decoder", True)  # False in T5EncoderModel's files, as it should be
+    refuse(not encoder_only and both_stacks is False,
+           f"t5: is_encoder_decoder=false on {arch}, an encoder-decoder, is not supported")
     return dict(family="encoder" if encoder_only else "encoder_decoder", d_model=hf["d_model"],
                 num_heads=hf["num_heads"], head_dim=hf["d_kv"], d_ff=hf["d_ff"], encoder_layers=hf["num_layers"],
                 decoder_layers=0 if encoder_only else (hf.get("num_decoder_layers") or hf["num_layers"]),
@@ -94,4 +98,6 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 # T5 names its tensors the same with or without a head: nothing is nested.
-ARCHITECTURE = Architecture(CLASSES, {"t5": ""}, CLASSES["t5"], config_from_hf, target, config_to_hf, rules)
+ARCHITECTURE = Architecture(CLASSES, {"t5": ""}, CLASSES["t5"], config_from_hf, target, config_to_hf, rules, harmless={
+    "is_decoder": "the class decides which stack is which",
+    "num_decoder_layers": "read for models with a decoder; T5EncoderModel has none"})

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.gemma import block_config, block_rules, block_to_hf, gemma_block
-from jaxformer.interop.rules import Architecture, Rule, copy, linear, refuse
+from jaxformer.interop.gemma import DEFAULTS, block_config, block_rules, block_to_hf, gemma_block
+from jaxformer.interop.rules import Architecture, Rule, copy, linear, refuse, sub_config, with_defaults
 
 CLASSES = {"t5gemma": ("T5GemmaForConditionalGeneration", "T5GemmaModel")}
 _NORMS = {"attn_norm": "pre_self_attn_layernorm", "attn_post_norm": "post_self_attn_layernorm",
@@ -18,8 +18,11 @@ _CROSS_NORMS = {"cross_norm": "pre_cross_attn_layernorm", "cross_post_norm": "po
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-    encoder, decoder = hf["encoder"], hf["decoder"]
+    encoder, decoder = sub_config(hf, "encoder"), sub_config(hf, "decoder")
     block = block_config(decoder, model_type)
+    cross = decoder.get("cross_attention_hidden_size")
+    refuse(cross not in (None, encoder["hidden_size"]), f"t5gemma: decoder.cross_attention_hidden_size={cross} differs "
+           f"from the encoder's hidden_size={encoder['hidden_size']}; jaxformer's cross-attention reads the encoder's width")
     refuse(block_config(encoder, model_type) != block or encoder.get("layer_types") != decoder.get("layer_types"),
            "t5gemma: an encoder and a decoder of different shapes or layer types (e.g. 9B-2B) are not supported; "
            "jaxformer builds both stacks from one block configuration")
@@ -29,7 +32,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         block.update(attention="alternating", layer_types=("sliding",) * decoder["num_hidden_layers"])
     return dict(family="encoder_decoder", encoder_layers=encoder["num_hidden_layers"],
                 decoder_layers=decoder["num_hidden_layers"], **block,
-                logits_softcap=decoder.get("final_logit_softcapping"), shared_embeddings=False,
+                logits_softcap=with_defaults(decoder, DEFAULTS[model_type])["final_logit_softcapping"], shared_embeddings=False,
                 tie_embeddings=hf.get("tie_word_embeddings", True), decoder_start_token_id=decoder.get("bos_token_id"),
                 dropout_rate=float(hf.get("dropout_rate") or 0.0),
                 head="lm" if arch == "T5GemmaForConditionalGeneration" else "none")
@@ -73,4 +76,13 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, {"t5gemma": "model."}, ("T5GemmaModel",), config_from_hf, target, config_to_hf,
-                            rules)
+                            rules, harmless={
+                                "is_encoder_decoder": "the class decides", "attention_dropout": "training-time dropout",
+                                **{f"{half}.{key}": why for half in ("encoder", "decoder") for key, why in (
+                                    ("is_decoder", "the class decides which half is which"),
+                                    ("dropout_rate", "training-time dropout (the top-level dropout_rate is read)"),
+                                    ("tie_word_embeddings", "the top-level tie_word_embeddings is read"),
+                                    ("vocab_size", "each token table's shape is checked against its tensor"),
+                                    ("bos_token_id", "token ids: the top level's and generation_config's are read"),
+                                    ("eos_token_id", "token ids: the top level's and generation_config's are read"),
+                                    ("pad_token_id", "token ids: the top level's and generation_config's are read"))}})

@@ -120,4 +120,9 @@ def ignored(hf: dict, tensor_names: set[str]) -> tuple[set[str], str]:
 
 
 ARCHITECTURE = Architecture(CLASSES, {"xlnet": "transformer."}, ("XLNetModel",), config_from_hf, target,
-                            config_to_hf, rules, ignored)
+                            config_to_hf, rules, ignored, harmless={
+                                **dict.fromkeys(("start_n_top", "end_n_top", "summary_type", "summary_use_proj",
+                                                 "summary_activation"), "the QA and sequence-summary heads only"),
+                                **dict.fromkeys(("use_mems_eval", "use_mems_train"),
+                                                "whether transformers carries memory between calls; here the caller "
+                                                "passes it")})

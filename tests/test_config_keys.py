@@ -1,0 +1,158 @@
+"""No config.json key that changes the numbers is dropped: each key of every supported architecture's
+tiny checkpoint, changed one at a time to another value, either changes the ModelConfig jaxformer
+derives, or is refused at load, or leaves transformers' own logits unchanged (a torch forward of the
+changed config over the same weights; no JAX compile). A key that changed transformers' numbers and
+nothing of jaxformer's is exactly the silent drop this guards against."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from jaxformer.interop.hf import config_from_hf  # noqa: E402
+from jaxformer.interop.registry import BY_MODEL_TYPE  # noqa: E402
+from jaxformer.interop.rules import GENERATION_KEYS, HARMLESS  # noqa: E402
+
+# One tiny checkpoint per model_type, with its LM head where it has one (hf_factory's names).
+CHECKPOINTS = {"bert": "bert-mlm", "roberta": "roberta-mlm", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
+               "qwen2": "qwen2", "mixtral": "mixtral", "deepseek_v2": "deepseek-v2", "deepseek_v3": "deepseek-v3",
+               "gemma2": "gemma2", "gemma3_text": "gemma3", "t5": "t5", "bart": "bart", "t5gemma": "t5gemma",
+               "xlnet": "xlnet"}
+# Changed string values: another valid choice where the key has choices, so the change means something.
+OTHER_STRING = {"gelu": "relu", "relu": "gelu", "silu": "gelu", "gelu_new": "relu", "gelu_pytorch_tanh": "silu",
+                "float32": "bfloat16", "gated-gelu": "relu", "absolute": "relative_key", "uni": "bi",
+                "last": "first", "tanh": "relu", "greedy": "group_limited_greedy", "noaux_tc": "greedy",
+                "sliding_attention": "full_attention", "full_attention": "sliding_attention"}
+
+
+def _changed(key: str, value):
+    """Another value of the same kind, or None when there is no sensible other value to try."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return value * 2 + 0.25
+    if isinstance(value, str):
+        return OTHER_STRING.get(value, value + "_other")
+    if value is None:
+        return 3.0 if key.endswith(("softcapping", "_scale", "factor")) else 2
+    if isinstance(value, list) and value:
+        return [_changed(key, value[0]), *value[1:]]
+    if isinstance(value, dict) and "rope_theta" in value:
+        return {**value, "rope_theta": value["rope_theta"] * 2}
+    if isinstance(value, dict) and key in ("id2label", "label2id"):
+        return {**value, "extra": 9} if key == "label2id" else {**value, "9": "extra"}
+    return None
+
+
+def _keys(hf: dict, prefix: str = ""):
+    for key, value in hf.items():
+        if isinstance(value, dict) and "model_type" in value:  # a sub-config (T5Gemma's halves)
+            yield from _keys(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _with(hf: dict, path: str, value) -> dict:
+    out = json.loads(json.dumps(hf))
+    *parents, last = path.split(".")
+    node = out
+    for part in parents:
+        node = node[part]
+    node[last] = value
+    return out
+
+
+REFUSED = "transformers refuses it"
+
+
+def _torch_logits(arch: str, hf: dict, source, folder, ids, encoder_decoder: bool, tied: set[str] | None = None):
+    """(transformers' logits (or last hidden state) of config ``hf`` over the weights of ``source``, the
+    parameters the file does not hold: tied ones), loaded as from_pretrained loads a folder (``folder``:
+    the changed config.json beside a link to the weights). REFUSED when transformers cannot build, load
+    or run it (no real file says that); None when the changed config holds other parameters than the
+    original (``tied``): a changed structure, which changes the numbers."""
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(hf))
+    if not (folder / "model.safetensors").exists():
+        (folder / "model.safetensors").symlink_to(source / "model.safetensors")
+    try:
+        model, info = getattr(transformers, arch).from_pretrained(folder, attn_implementation="eager",
+                                                                  output_loading_info=True)
+        missing = set(info["missing_keys"])
+        if info["unexpected_keys"] or (tied is not None and missing != tied):
+            return None
+        with torch.no_grad():
+            out = model.eval()(input_ids=ids, **({"decoder_input_ids": ids} if encoder_decoder else {}))
+    except Exception:  # noqa: BLE001 - whatever transformers refuses is no file a user has
+        return REFUSED
+    return (out.logits if hasattr(out, "logits") else out.last_hidden_state).numpy(), missing
+
+
+@pytest.mark.parametrize("model_type", sorted(CHECKPOINTS))
+def test_every_key_is_read_refused_or_harmless(model_type, checkpoints, tmp_path):
+    assert set(CHECKPOINTS) == set(BY_MODEL_TYPE)  # a new architecture joins this test
+    source = checkpoints(CHECKPOINTS[model_type])
+    hf = json.loads((source / "config.json").read_text())
+    arch = hf["architectures"][0]
+    ids = torch.as_tensor(np.random.default_rng(0).integers(3, 90, (1, 9)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        baseline = config_from_hf(hf)
+        encoder_decoder = baseline.family == "encoder_decoder"
+        reference, tied = _torch_logits(arch, hf, source, tmp_path, ids, encoder_decoder)
+    unchanged = []
+    for path, value in _keys(hf):
+        if path in ("model_type", "architectures", "transformers_version"):
+            continue  # which reader and class: refused or another head, tested elsewhere
+        new = _changed(path, value)
+        if new is None:
+            continue
+        changed = _with(hf, path, new)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                derived = config_from_hf(changed)
+            except ValueError:
+                continue  # refused: not silent
+            if derived != baseline:
+                continue  # read into the config
+            logits = _torch_logits(arch, changed, source, tmp_path, ids, encoder_decoder, tied)
+        if logits is REFUSED:
+            continue
+        if logits is None or not np.allclose(logits[0], reference, atol=1e-6, rtol=0):
+            unchanged.append(f"{path}: {value!r} -> {new!r}")
+    assert not unchanged, (f"{model_type}: these changes alter transformers' numbers but not jaxformer's config "
+                           f"(dropped): {unchanged}")
+
+
+# transformers' modeling file of each model_type, where a key said to be "never read" must not be read.
+MODELING = {"bert": "bert", "roberta": "roberta", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral", "qwen2": "qwen2",
+            "mixtral": "mixtral", "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3", "gemma2": "gemma2",
+            "gemma3_text": "gemma3", "t5": "t5", "bart": "bart", "t5gemma": "t5gemma", "xlnet": "xlnet"}
+
+
+def test_keys_said_never_read_are_not_read_by_transformers():
+    """The harmless keys whose reason is that transformers never reads them (older files' settings, the
+    original releases' ones): its modeling code has no ``config.<key>``."""
+    import re
+    from pathlib import Path
+
+    for model_type, name in MODELING.items():
+        source = (Path(transformers.__file__).parent / "models" / name / f"modeling_{name}.py").read_text()
+        read = set(re.findall(r"config\.(\w+)", source))
+        said = [key for key, why in BY_MODEL_TYPE[model_type].harmless.items() if "never read" in why]
+        assert not set(said) & read, (model_type, set(said) & read)
+
+
+def test_harmless_keys_are_named_with_a_reason():
+    for arch in {id(a): a for a in BY_MODEL_TYPE.values()}.values():
+        assert all(isinstance(why, str) and why for why in arch.harmless.values())
+    assert all(why for why in HARMLESS.values()) and not set(GENERATION_KEYS) & set(HARMLESS)
