@@ -355,8 +355,9 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
                  "to generate past it)")
         prompt = longest - gc.max_new_tokens
         if cfg.family == "decoder" and prompt >= cfg.max_positions:  # no max_new_tokens would help
-            raise ValueError(f"the prompt itself ({prompt} tokens) {'fills' if prompt == cfg.max_positions else 'exceeds'} "
-                             f"the positions of {cfg.name!r}, which {limit}; shorten it to at most "
+            verb = "fills" if prompt == cfg.max_positions else "exceeds"
+            raise ValueError(f"the prompt itself ({prompt} tokens) {verb} the positions of {cfg.name!r}, which {limit}; "
+                             f"shorten it to at most "
                              f"{cfg.max_positions - 1} tokens (its last ones, say) to generate")
         raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} {limit}; lower "
                          f"max_new_tokens to at most {cfg.max_positions - longest + gc.max_new_tokens}")

@@ -134,8 +134,9 @@ def test_every_key_is_read_refused_or_harmless(model_type, checkpoints, tmp_path
 
 
 # transformers' modeling file of each model_type, where a key said to be "never read" must not be read.
-MODELING = {"bert": "bert", "roberta": "roberta", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral", "qwen2": "qwen2",
-            "mixtral": "mixtral", "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3", "gemma2": "gemma2",
+MODELING = {"bert": "bert", "roberta": "roberta", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
+            "qwen2": "qwen2", "mixtral": "mixtral", "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3",
+            "gemma2": "gemma2",
             "gemma3_text": "gemma3", "t5": "t5", "bart": "bart", "t5gemma": "t5gemma", "xlnet": "xlnet"}
 
 

@@ -80,7 +80,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 ARCHITECTURE = Architecture(CLASSES, {"bart": "model."}, ("BartModel",), config_from_hf, target, config_to_hf, rules,
                             harmless={**dict.fromkeys(("is_decoder", "is_encoder_decoder"),
                                                       "the class decides which stack is which"),
-                                      **dict.fromkeys(("add_bias_logits", "normalize_embedding", "static_position_embeddings",
-                                                       "extra_pos_embeddings", "force_bos_token_to_be_generated",
-                                                       "classif_dropout", "num_hidden_layers"),
+                                      **dict.fromkeys(("add_bias_logits", "normalize_embedding",
+                                                       "static_position_embeddings", "extra_pos_embeddings",
+                                                       "force_bos_token_to_be_generated", "classif_dropout",
+                                                       "num_hidden_layers"),
                                                       "older files' settings, which transformers 5's BART never reads")})

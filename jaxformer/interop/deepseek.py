@@ -164,14 +164,17 @@ def ignored(hf: dict, names: set[str]) -> tuple[set[str], str]:
     return extra, note
 
 
+# config.json keys that change no number of transformers' DeepSeek, with the reason (see rules.Architecture).
+HARMLESS = {
+    **dict.fromkeys(("head_dim", "qk_head_dim"),
+                    "derived from qk_rope_head_dim and qk_nope_head_dim by the config class, whatever the file says"),
+    "pretraining_tp": "transformers 5 never reads it",
+    "norm_topk_prob": "V2's MoE ignores it (jaxformer reads it for V3, as transformers does)",
+    "num_nextn_predict_layers": "V3's multi-token-prediction layers, skipped with a note",
+    **dict.fromkeys(("aux_loss_alpha", "ep_size", "moe_layer_freq", "scoring_func", "seq_aux"),
+                    "the released remote code's settings, which transformers' DeepSeek never reads"),
+}
+
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLASSES},
                             ("DeepseekV2Model", "DeepseekV3Model"), config_from_hf, target, config_to_hf, rules,
-                            ignored=ignored, harmless={
-                                **dict.fromkeys(("head_dim", "qk_head_dim"), "derived from qk_rope_head_dim and "
-                                                "qk_nope_head_dim by the config class, whatever the file says"),
-                                "pretraining_tp": "transformers 5 never reads it",
-                                "norm_topk_prob": "V2's MoE ignores it (jaxformer reads it for V3, as transformers does)",
-                                "num_nextn_predict_layers": "V3's multi-token-prediction layers, skipped with a note",
-                                **dict.fromkeys(("aux_loss_alpha", "ep_size", "moe_layer_freq", "scoring_func", "seq_aux"),
-                                                "the released remote code's settings, which transformers' DeepSeek "
-                                                "never reads")})
+                            ignored=ignored, harmless=HARMLESS)

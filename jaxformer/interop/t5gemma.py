@@ -21,8 +21,9 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     encoder, decoder = sub_config(hf, "encoder"), sub_config(hf, "decoder")
     block = block_config(decoder, model_type)
     cross = decoder.get("cross_attention_hidden_size")
-    refuse(cross not in (None, encoder["hidden_size"]), f"t5gemma: decoder.cross_attention_hidden_size={cross} differs "
-           f"from the encoder's hidden_size={encoder['hidden_size']}; jaxformer's cross-attention reads the encoder's width")
+    refuse(cross not in (None, encoder["hidden_size"]), f"t5gemma: decoder.cross_attention_hidden_size={cross} "
+           f"differs from the encoder's hidden_size={encoder['hidden_size']}; jaxformer's cross-attention reads the "
+           "encoder's width")
     refuse(block_config(encoder, model_type) != block or encoder.get("layer_types") != decoder.get("layer_types"),
            "t5gemma: an encoder and a decoder of different shapes or layer types (e.g. 9B-2B) are not supported; "
            "jaxformer builds both stacks from one block configuration")
@@ -32,7 +33,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         block.update(attention="alternating", layer_types=("sliding",) * decoder["num_hidden_layers"])
     return dict(family="encoder_decoder", encoder_layers=encoder["num_hidden_layers"],
                 decoder_layers=decoder["num_hidden_layers"], **block,
-                logits_softcap=with_defaults(decoder, DEFAULTS[model_type])["final_logit_softcapping"], shared_embeddings=False,
+                logits_softcap=with_defaults(decoder, DEFAULTS[model_type])["final_logit_softcapping"],
+                shared_embeddings=False,
                 tie_embeddings=hf.get("tie_word_embeddings", True), decoder_start_token_id=decoder.get("bos_token_id"),
                 dropout_rate=float(hf.get("dropout_rate") or 0.0),
                 head="lm" if arch == "T5GemmaForConditionalGeneration" else "none")
