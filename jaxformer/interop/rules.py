@@ -166,6 +166,7 @@ def with_defaults(hf: dict, defaults: dict) -> dict:
         return ConfigReader({**defaults, **dict(hf.items())}, hf.read, hf.prefix)  # recorded under the same paths
     return {**defaults, **hf}
 
+
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu"}
 GATED = {"silu": "swiglu", "swish": "swiglu", "gelu_new": "geglu", "gelu_pytorch_tanh": "geglu"}
@@ -207,7 +208,7 @@ ROPE_KEYS = {"default": (), "linear": ("factor",),
 def rope_spec(params: dict) -> tuple[float, RopeScaling | None]:
     """(theta, scaling) of one resolved rotary dict (``rope_type``, or the older ``type``; ``rope_theta``).
     A key its kind does not read is refused by name (it would change the angles: a partial_rotary_factor,
-    a yarn attention_factor)."""
+    an attention_factor)."""
     theta = float(params["rope_theta"])
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in ROPE_KEYS:
