@@ -19,7 +19,7 @@ GATED_ACTIVATIONS = ("swiglu", "geglu")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
 LAYER_TYPES = ("full", "sliding")
-ROPE_SCALINGS = ("linear", "llama3")
+ROPE_SCALINGS = ("linear", "llama3", "yarn", "dynamic", "longrope")
 ROUTER_SCORES = ("softmax", "sigmoid")
 ROUTER_AUX_LOSSES = ("batch", "sequence")
 MOE_DISPATCHES = ("auto", "grouped", "dense")
@@ -74,29 +74,82 @@ def _rate(field: str, value: float) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
-    """Context extension for rotary embeddings, as in Hugging Face's ``rope_scaling``.
+    """Context extension for rotary embeddings, as transformers' ``rope_parameters`` describe it.
 
-    ``linear`` divides every frequency by ``factor``; ``llama3`` divides only the low frequencies
-    and blends the band between ``low_freq_factor`` and ``high_freq_factor`` (Llama 3.1).
+    - ``linear`` divides every frequency by ``factor``.
+    - ``llama3`` divides only the low frequencies and blends the band between ``low_freq_factor`` and
+      ``high_freq_factor`` (Llama 3.1).
+    - ``yarn`` (Peng et al. 2023) interpolates (divides by ``factor``) the dimensions that turn fewer than
+      ``beta_slow`` times over ``original_max_positions``, keeps those that turn more than ``beta_fast``
+      times, ramps linearly in between (bounds floored and ceiled when ``truncate``), and multiplies cos and
+      sin by ``attention_factor`` (None: 0.1 ln(factor) + 1, or DeepSeek's ratio of that with ``mscale``
+      over that with ``mscale_all_dim``). With multi-head latent attention, ``mscale_all_dim`` also
+      multiplies the softmax scale by (0.1 mscale_all_dim ln(factor) + 1)^2, as DeepSeek does.
+    - ``dynamic`` (NTK-aware) leaves the frequencies alone until a call's largest position reaches the
+      model's ``max_positions``; past it the base grows with that length L:
+      theta (factor L / max_positions - factor + 1)^(H / (H - 2)), recomputed each call as transformers does.
+    - ``longrope`` (Phi-3) divides frequency i by ``short_factor[i]``, or by ``long_factor[i]`` in a call
+      whose largest position passes ``original_max_positions``, and multiplies cos and sin by
+      ``attention_factor`` (None: sqrt(1 + ln(factor) / ln(original_max_positions)), 1 when factor <= 1).
     """
 
     kind: str
-    factor: float
+    factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_positions: int = 8192
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
 
     def __post_init__(self):
         if self.kind not in ROPE_SCALINGS:
             raise ValueError(f"RopeScaling.kind={self.kind!r} is not valid; expected one of {ROPE_SCALINGS}")
         if not self.factor > 0:
             raise ValueError(f"RopeScaling.factor={self.factor!r} must be > 0")
-        if self.kind == "llama3":
-            if not 0 < self.low_freq_factor < self.high_freq_factor:
-                raise ValueError(
-                    f"RopeScaling low_freq_factor={self.low_freq_factor!r} and high_freq_factor="
-                    f"{self.high_freq_factor!r} must satisfy 0 < low < high")
+        if self.kind in ("llama3", "yarn", "longrope"):
             _positive("rope_scaling.original_max_positions", self.original_max_positions)
+        if self.kind == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(f"RopeScaling low_freq_factor={self.low_freq_factor!r} and high_freq_factor="
+                             f"{self.high_freq_factor!r} must satisfy 0 < low < high")
+        if self.kind == "yarn" and not 0 < self.beta_slow <= self.beta_fast:
+            raise ValueError(f"RopeScaling beta_fast={self.beta_fast!r} and beta_slow={self.beta_slow!r} must "
+                             "satisfy 0 < beta_slow <= beta_fast")
+        if self.attention_factor is not None and not self.attention_factor > 0:
+            raise ValueError(f"RopeScaling.attention_factor={self.attention_factor!r} must be > 0")
+        for field in ("short_factor", "long_factor"):  # YAML and JSON give lists; a tuple keeps the config hashable
+            object.__setattr__(self, field, tuple(float(f) for f in getattr(self, field)))
+        if self.kind == "longrope":
+            if not self.short_factor or len(self.short_factor) != len(self.long_factor):
+                raise ValueError("RopeScaling longrope needs short_factor and long_factor of one length (half the "
+                                 f"rotated head width); got {len(self.short_factor)} and {len(self.long_factor)}")
+            if not all(f > 0 for f in self.short_factor + self.long_factor):
+                raise ValueError("RopeScaling longrope factors must all be > 0")
+        elif self.short_factor or self.long_factor:
+            raise ValueError(f"RopeScaling short_factor and long_factor belong to longrope, not {self.kind!r}")
+
+    @property
+    def cos_sin_factor(self) -> float:
+        """What yarn and longrope multiply cos and sin by (so q . k by its square); 1 for the others."""
+        if self.attention_factor is not None:
+            return self.attention_factor
+        if self.kind == "yarn":
+            if self.mscale and self.mscale_all_dim:
+                return _yarn_mscale(self.factor, self.mscale) / _yarn_mscale(self.factor, self.mscale_all_dim)
+            return _yarn_mscale(self.factor)
+        if self.kind == "longrope" and self.factor > 1:
+            return math.sqrt(1 + math.log(self.factor) / math.log(self.original_max_positions))
+        return 1.0
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature correction 0.1 mscale ln(factor) + 1 (1 when not extending)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +348,13 @@ class ModelConfig:
                 object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
             if not isinstance(self.rope_scaling, RopeScaling):
                 raise ValueError(f"ModelConfig.rope_scaling={self.rope_scaling!r} must be a RopeScaling")
+            kind, pairs = self.rope_scaling.kind, self.rope_dim // 2
+            if kind == "longrope" and len(self.rope_scaling.short_factor) != pairs:
+                raise ValueError(f"RopeScaling longrope has {len(self.rope_scaling.short_factor)} factors but the "
+                                 f"rotated head width {self.rope_dim} has {pairs} frequency pairs")
+            if kind == "dynamic" and self.rope_dim <= 2:
+                raise ValueError(f"RopeScaling dynamic raises the base to H / (H - 2); the rotated width "
+                                 f"{self.rope_dim} must be > 2")
         if self.position == "relative":
             _positive("relative_buckets", self.relative_buckets)
             _positive("relative_max_distance", self.relative_max_distance)
@@ -550,7 +610,11 @@ class ModelConfig:
     def scale(self) -> float:
         if self.attention_scale is not None:
             return self.attention_scale
-        return 1.0 / math.sqrt(self.head_dim_ + (self.rope_head_dim if self.mla else 0))
+        scale = 1.0 / math.sqrt(self.head_dim_ + (self.rope_head_dim if self.mla else 0))
+        s = self.rope_scaling
+        if self.mla and s is not None and s.mscale_all_dim:  # DeepSeek's yarn softmax correction
+            scale *= _yarn_mscale(s.factor, s.mscale_all_dim) ** 2
+        return scale
 
     @property
     def num_layers(self) -> int:

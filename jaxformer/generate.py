@@ -347,9 +347,11 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     else:
         checks.check_length(ids.shape[1], cfg, "input_ids")
         longest = 1 + gc.max_new_tokens
-    # Transformer-XL has no position table and a bounded memory: it generates past any length
+    # Transformer-XL has no position table and a bounded memory: it generates past any length; dynamic rope
+    # scaling exists to stretch a model past its max_positions, as it does with transformers
     table = cfg.position in ("learned", "sinusoidal")
-    if longest > cfg.max_positions and cfg.position != "xl" and (table or not allow_beyond_max_positions):
+    unbounded = cfg.position == "xl" or (cfg.rope_scaling is not None and cfg.rope_scaling.kind == "dynamic")
+    if longest > cfg.max_positions and not unbounded and (table or not allow_beyond_max_positions):
         limit = (f"has {cfg.max_positions} positions" if table else
                  f"was configured for {cfg.max_positions} (max_positions; pass allow_beyond_max_positions=True "
                  "to generate past it)")

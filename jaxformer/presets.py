@@ -63,12 +63,14 @@ def _deepseek(d_model: int, layers: int, heads: int, d_ff: int, expert_d_ff: int
     # Multi-head latent attention (latent 512, rotary 64, no-position 128, values 128), DeepSeekMoE
     # (fine-grained routed experts + shared ones, the first layers dense). V2 routes by softmax without
     # renormalising; V3 by sigmoid with a selection bias, in groups, renormalised and scaled. The
-    # released files extend the context with yarn rope scaling, which jaxformer does not model: these
-    # presets keep the 4096 positions the models were pre-trained on.
+    # released files extend the 4096 pre-trained positions 40-fold to 163840 with yarn (``mscale`` 0.707
+    # for V2, 1.0 for V3; the softmax scale corrected by the same ``mscale_all_dim``).
     base = dict(family="decoder", vocab_size=vocab, d_model=d_model, num_heads=heads, head_dim=128, rope_head_dim=64,
                 v_head_dim=128, kv_lora_rank=512, q_lora_rank=q_lora_rank, rope_interleave=True, d_ff=d_ff,
                 decoder_layers=layers, norm="rmsnorm", norm_eps=1e-6, norm_bias=False, activation="swiglu",
-                position="rope", rope_theta=10000.0, max_positions=4096, attention="causal", qkv_bias=False,
+                position="rope", rope_theta=10000.0, max_positions=163840, attention="causal", qkv_bias=False,
+                rope_scaling=dict(kind="yarn", factor=40.0, original_max_positions=4096, beta_fast=32.0, beta_slow=1.0,
+                                  mscale=1.0 if v3 else 0.707, mscale_all_dim=1.0 if v3 else 0.707),
                 out_bias=False, mlp_bias=False, tie_embeddings=False, num_experts=experts, experts_per_token=k,
                 expert_d_ff=expert_d_ff, shared_experts=shared, dense_layers=dense,
                 router_score="sigmoid" if v3 else "softmax", router_bias=v3, normalize_router_weights=v3)
@@ -184,7 +186,7 @@ _PRESETS: dict[str, dict] = {
                            router_aux_loss_coef=0.02),
     "tiny-deepseek": _deepseek(64, 3, 4, 128, 32, 8, 2, 1, 1, 256, v3=True, q_lora_rank=48, head_dim=16,
                                rope_head_dim=8, v_head_dim=16, kv_lora_rank=32, max_positions=128, router_groups=4,
-                               router_topk_groups=2, routed_scaling=2.5),
+                               router_topk_groups=2, routed_scaling=2.5, rope_scaling=None),
     "tiny-transformer-xl": _transformer_xl(64, 2, 4, 128, 32, 0.0, 0.0, vocab_size=256),
     "tiny-gemma": _gemma(64, 3, 4, 2, 128, 256, 8, 2, 128, gemma3=False, head_dim=16, attention_scale=16 ** -0.5),
     "tiny-gemma3": _gemma(64, 3, 4, 2, 128, 256, 8, 3, 128, gemma3=True, head_dim=16, attention_scale=16 ** -0.5),

@@ -97,6 +97,10 @@ PUBLISHED = {
                          "norm_topk_prob": False, "num_experts_per_tok": 3, "num_key_value_heads": 4,
                          "pretraining_tp": 1, "q_lora_rank": None, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
                          "rms_norm_eps": 1e-06, "rope_theta": 10000, "routed_scaling_factor": 1.0,
+                         # as published but for the pretraining length (4096 there, 64 here: 1024 / 16)
+                         "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16, "mscale": 0.707,
+                                          "mscale_all_dim": 0.707, "original_max_position_embeddings": 64,
+                                          "type": "yarn"},
                          "scoring_func": "softmax", "seq_aux": True, "tie_word_embeddings": False, "topk_group": 1,
                          "topk_method": "greedy", "torch_dtype": "bfloat16", "transformers_version": "4.33.1",
                          "use_cache": True, "v_head_dim": 12, **{**TINY, "num_hidden_layers": 3}},

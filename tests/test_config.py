@@ -206,7 +206,10 @@ def test_eos_list_becomes_tuple_and_round_trips():
 @pytest.mark.parametrize("scaling", [
     RopeScaling("linear", 4.0),
     RopeScaling("llama3", 8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_positions=8192),
-], ids=["linear", "llama3"])
+    RopeScaling("yarn", 40.0, original_max_positions=4096, mscale=0.707, mscale_all_dim=0.707, truncate=False),
+    RopeScaling("dynamic", 2.0),
+    RopeScaling("longrope", 4.0, original_max_positions=4096, short_factor=(1.0,) * 64, long_factor=(2.0,) * 64),
+], ids=["linear", "llama3", "yarn", "dynamic", "longrope"])
 def test_rope_scaling_round_trips_as_dataclass(scaling):
     cfg = jf.config("llama-3-8b").replace(rope_scaling=scaling)
     data = json.loads(json.dumps(cfg.to_dict()))
@@ -217,7 +220,10 @@ def test_rope_scaling_round_trips_as_dataclass(scaling):
 
 
 @pytest.mark.parametrize("kwargs, fragments", [
-    (dict(kind="yarn", factor=2.0), ("kind", "yarn")),
+    (dict(kind="ntk", factor=2.0), ("kind", "ntk")),
+    (dict(kind="longrope", short_factor=(1.0, 2.0), long_factor=(1.0,)), ("short_factor", "2 and 1")),
+    (dict(kind="yarn", factor=2.0, attention_factor=-1.0), ("attention_factor", "-1.0")),
+    (dict(kind="linear", factor=2.0, long_factor=(1.0,)), ("long_factor", "'linear'")),
     (dict(kind="linear", factor=0.0), ("factor", "0.0")),
     (dict(kind="llama3", factor=8.0, low_freq_factor=4.0, high_freq_factor=1.0), ("low_freq_factor", "4.0")),
 ])

@@ -146,8 +146,7 @@ def test_keys_left_out_take_the_class_defaults():
 def test_published_configs_are_read_not_refused(name):
     """Every key of a published file (legacy keys, older versions' keys, generation defaults, remote-code
     settings) is read or harmless: none is refused by a reader that does not know it, and the generation
-    defaults are named in a warning. (DeepSeek-V2-Lite's published yarn block is left out: yarn is not
-    supported yet and is refused by name.)"""
+    defaults are named in a warning."""
     hf = PUBLISHED[name]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -90,8 +90,8 @@ def test_unsupported_configs_name_what_is_supported(copy, change, message):
 
 
 @pytest.mark.parametrize("rope, message", [
-    ({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}, "rope type 'yarn' is not supported"),
-    ({"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}, "rope type 'dynamic' is not supported"),
+    ({"rope_type": "su", "factor": 4.0, "rope_theta": 10000.0}, "rope type 'su' is not supported"),
+    ({"rope_type": "dynamic", "rope_theta": 10000.0}, "rope type 'dynamic' needs factor"),
 ])
 def test_unsupported_rope_scaling_is_refused(tmp_path, rope, message):
     save_checkpoint("llama", tmp_path)
@@ -284,7 +284,8 @@ def deepseek_dir(tmp_path_factory):
 
 
 @pytest.mark.parametrize("edit, message", [
-    ({"rope_parameters": {"rope_type": "yarn", "factor": 40.0, "rope_theta": 10000.0}}, "rope type 'yarn'"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 40.0, "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor=0.5"),
     ({"attention_bias": True}, "attention_bias=true is not supported"),
     ({"model_type": "deepseek_v2", "architectures": ["DeepseekV2ForCausalLM"], "topk_method": "noaux_tc"},
      "topk_method='noaux_tc' is not supported"),

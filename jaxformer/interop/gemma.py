@@ -55,9 +55,12 @@ def _rotary(hf: dict, model_type: str) -> tuple[tuple, tuple | None]:
     full = dict(rope.get("full_attention") or {"rope_type": "default"})
     full.update(hf.get("rope_scaling") or {})
     full.setdefault("rope_theta", hf.get("rope_theta", 1e6))
+    # transformers' yarn reads truncate from the outer, per-layer-type dict, where it never is: always on
+    full.pop("truncate", None)
     local = dict(rope.get("sliding_attention") or {"rope_type": "default"})
     local.setdefault("rope_theta", hf.get("rope_local_base_freq", 1e4))
-    return rope_spec(full), rope_spec(local)
+    length = hf.get("max_position_embeddings")
+    return rope_spec(full, length), rope_spec(local, length)
 
 
 def block_config(hf: dict, model_type: str, causal: bool = True) -> dict[str, Any]:

@@ -193,53 +193,90 @@ def rope_from_hf(hf: dict, default_theta: float = 10000.0) -> tuple[float, RopeS
     scaling, parameters = hf.get("rope_scaling"), hf.get("rope_parameters")  # both read: the first replaces the other
     params = dict(scaling or parameters or {})
     params.setdefault("rope_theta", hf.get("rope_theta", default_theta))
-    if params.get("rope_type", params.get("type")) in ("llama3", "yarn", "longrope"):  # the pretraining length
-        if "original_max_position_embeddings" in hf:  # Phi-3 keeps it beside the rope dict, and it wins
-            params["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
-        params.setdefault("original_max_position_embeddings", hf.get("max_position_embeddings"))
-    return rope_spec(params)
+    if "original_max_position_embeddings" in hf and _kind(params) in PRETRAINED_LENGTH:
+        # Phi-3 keeps the pretraining length beside the rope dict, and there it wins
+        params["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+    return rope_spec(params, hf.get("max_position_embeddings"))
 
 
-# The keys each rotary kind reads, beside rope_type / type and rope_theta.
-ROPE_KEYS = {"default": (), "linear": ("factor",),
-             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+# The keys each rotary kind reads, beside rope_type / type and rope_theta; those it cannot do without.
+ROPE_KEYS = {"default": (), "linear": ("factor",), "dynamic": ("factor",),
+             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+             "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+                      "mscale", "mscale_all_dim", "truncate"),
+             "longrope": ("short_factor", "long_factor", "factor", "original_max_position_embeddings",
+                          "attention_factor")}
+ROPE_REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor"),
+                 "longrope": ("short_factor", "long_factor")}
+# The kinds that measure against the pretraining length; transformers fills it in from max_position_embeddings.
+PRETRAINED_LENGTH = ("llama3", "yarn", "longrope")
 
 
-def rope_spec(params: dict) -> tuple[float, RopeScaling | None]:
-    """(theta, scaling) of one resolved rotary dict (``rope_type``, or the older ``type``; ``rope_theta``).
-    A key its kind does not read is refused by name (it would change the angles: a partial_rotary_factor,
-    an attention_factor)."""
+def _kind(params: dict) -> str:
+    return params.get("rope_type", params.get("type", "default"))
+
+
+def rope_spec(params: dict, max_positions: int | None) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) of one resolved rotary dict (``rope_type``, or the older ``type``; ``rope_theta``)
+    of a model with ``max_positions`` (its max_position_embeddings). A key its kind does not read is refused
+    by name (it would change the angles: a partial_rotary_factor, a yarn setting on a linear entry); what
+    transformers derives when it is absent or null is derived the same way: the pretraining length, yarn's
+    and longrope's factor (max_positions over that length), yarn's betas (32 and 1)."""
     theta = float(params["rope_theta"])
-    kind = params.get("rope_type", params.get("type", "default"))
-    if kind in ROPE_KEYS:
-        extra = sorted(set(params) - {"rope_type", "type", "rope_theta", *ROPE_KEYS[kind]})
-        if params.get("partial_rotary_factor") == 1.0:  # every dimension rotates: what jaxformer does
-            extra.remove("partial_rotary_factor")
-        refuse(bool(extra), f"rope settings {', '.join(f'{k}={params[k]!r}' for k in extra)} are not supported "
-               f"for rope type {kind!r}")
+    kind = _kind(params)
+    refuse(kind not in ROPE_KEYS, f"rope type {kind!r} is not supported; supported: {', '.join(map(repr, ROPE_KEYS))}")
+    extra = sorted(set(params) - {"rope_type", "type", "rope_theta", *ROPE_KEYS[kind]})
+    if params.get("partial_rotary_factor") == 1.0:  # every dimension rotates: what jaxformer does
+        extra.remove("partial_rotary_factor")
+    refuse(bool(extra), f"rope settings {', '.join(f'{k}={params[k]!r}' for k in extra)} are not supported "
+           f"for rope type {kind!r}")
+    missing = [k for k in ROPE_REQUIRED.get(kind, ()) if k not in params or (kind != "yarn" and params[k] is None)]
+    refuse(bool(missing), f"rope type {kind!r} needs {', '.join(missing)} in its rope settings")
     if kind == "default":
         return theta, None
-    if kind == "linear":
-        refuse(params.get("factor") is None, "rope type 'linear' needs factor in its rope settings")
-        return theta, RopeScaling("linear", float(params["factor"]))
+    if kind in ("linear", "dynamic"):
+        return theta, RopeScaling(kind, float(params["factor"]))
+    original = params.get("original_max_position_embeddings") or max_positions
+    refuse(original is None, f"rope type {kind!r} needs original_max_position_embeddings or max_position_embeddings")
     if kind == "llama3":
-        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-                   if params.get(k) is None]
-        refuse(bool(missing), f"rope type 'llama3' needs {', '.join(missing)} in its rope settings")
         return theta, RopeScaling("llama3", float(params["factor"]), float(params["low_freq_factor"]),
-                                  float(params["high_freq_factor"]), int(params["original_max_position_embeddings"]))
-    raise ValueError(f"rope type {kind!r} is not supported; supported: 'default', 'linear', 'llama3'")
+                                  float(params["high_freq_factor"]), int(original))
+    factor = params.get("factor")
+    if factor is None:  # the extension the two lengths imply
+        refuse(max_positions is None, f"rope type {kind!r} without factor needs max_position_embeddings")
+        factor = max_positions / original
+    attention_factor = params.get("attention_factor")
+    common = dict(factor=float(factor), original_max_positions=int(original),
+                  attention_factor=None if attention_factor is None else float(attention_factor))
+    if kind == "longrope":
+        return theta, RopeScaling("longrope", short_factor=tuple(params["short_factor"]),
+                                  long_factor=tuple(params["long_factor"]), **common)
+    optional = lambda key: None if params.get(key) is None else float(params[key])  # noqa: E731
+    return theta, RopeScaling("yarn", beta_fast=float(params.get("beta_fast") or 32),
+                              beta_slow=float(params.get("beta_slow") or 1),
+                              truncate=bool(params.get("truncate", True)), mscale=optional("mscale"),
+                              mscale_all_dim=optional("mscale_all_dim"), **common)
 
 
 def rope_to_hf(cfg: ModelConfig) -> dict[str, Any]:
-    """transformers 5's ``rope_parameters`` of ``cfg``."""
+    """transformers 5's ``rope_parameters`` of ``cfg``: every setting written, none left to a default."""
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    if cfg.rope_scaling is not None:
-        s = cfg.rope_scaling
-        rope.update(rope_type=s.kind, factor=s.factor)
-        if s.kind == "llama3":
-            rope.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor,
-                        original_max_position_embeddings=s.original_max_positions)
+    s = cfg.rope_scaling
+    if s is None:
+        return rope
+    rope.update(rope_type=s.kind, factor=s.factor)
+    if s.kind in PRETRAINED_LENGTH:
+        rope["original_max_position_embeddings"] = s.original_max_positions
+    if s.kind == "llama3":
+        rope.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
+    if s.kind == "yarn":
+        rope.update(beta_fast=s.beta_fast, beta_slow=s.beta_slow, truncate=s.truncate)
+        rope.update({k: v for k, v in (("mscale", s.mscale), ("mscale_all_dim", s.mscale_all_dim)) if v is not None})
+    if s.kind == "longrope":
+        rope.update(short_factor=list(s.short_factor), long_factor=list(s.long_factor))
+    if s.attention_factor is not None:
+        rope["attention_factor"] = s.attention_factor
     return rope
 
 

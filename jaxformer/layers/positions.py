@@ -72,17 +72,26 @@ class Positions(nnx.Module):
         return None
 
 
-def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
-    """Inverse frequencies [H/2] in float32, as Hugging Face computes them (with rope scaling); H is the
-    rotated width of a head (all of it, or multi-head latent attention's rope part)."""
+def rope_frequencies(cfg: ModelConfig, long: bool = False) -> np.ndarray:
+    """Inverse frequencies [H/2] in float32, as transformers computes them (with rope scaling); H is the
+    rotated width of a head (all of it, or multi-head latent attention's rope part). A ``dynamic`` model's
+    are the unscaled ones (a call within ``max_positions``), a ``longrope`` model's its short ones unless
+    ``long``. Each step follows transformers' float32 arithmetic, in its order, so the angles agree to the bit
+    where the operations do."""
     H = cfg.rope_dim
-    inv_freq = (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, H, 2, dtype=np.float32) / np.float32(H))))
-    inv_freq = inv_freq.astype(np.float32)
+    exponents = np.arange(0, H, 2, dtype=np.float32) / np.float32(H)
+    powers = (np.float32(cfg.rope_theta) ** exponents).astype(np.float32)
+    inv_freq = (1.0 / powers).astype(np.float32)
     s = cfg.rope_scaling
-    if s is None:
+    if s is None or s.kind == "dynamic":
         return inv_freq
     if s.kind == "linear":
         return (inv_freq / np.float32(s.factor)).astype(np.float32)
+    if s.kind == "longrope":
+        factors = np.asarray(s.long_factor if long else s.short_factor, np.float32)
+        return (1.0 / (factors * powers)).astype(np.float32)
+    if s.kind == "yarn":
+        return _yarn_frequencies(s, H, cfg.rope_theta, powers)
     # llama3: keep high frequencies, divide low ones by factor, blend the band in between.
     low_wavelen = s.original_max_positions / s.low_freq_factor
     high_wavelen = s.original_max_positions / s.high_freq_factor
@@ -94,7 +103,59 @@ def rope_frequencies(cfg: ModelConfig) -> np.ndarray:
     return np.where(medium, blended, scaled).astype(np.float32)
 
 
-def rope_angles(inv_freq: np.ndarray, positions: Array) -> tuple[Array, Array]:
+def _yarn_frequencies(s, H: int, theta: float, powers: np.ndarray) -> np.ndarray:
+    """YaRN: dimension i keeps its frequency when it turns more than beta_fast times over the original
+    length, is divided by factor when it turns fewer than beta_slow times, and is ramped in between."""
+    def dimension(turns: float) -> float:  # the dimension whose wavelength fits ``turns`` times
+        return H * math.log(s.original_max_positions / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension(s.beta_fast), dimension(s.beta_slow)
+    if s.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, H - 1)
+    if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+    ramp = np.clip((np.arange(H // 2, dtype=np.float32) - np.float32(low)) / np.float32(high - low), 0, 1)
+    keep = (1 - ramp).astype(np.float32)  # 1: the original frequency, 0: the interpolated one
+    original = (1.0 / powers).astype(np.float32)
+    interpolated = (1.0 / (np.float32(s.factor) * powers)).astype(np.float32)
+    return (interpolated * (1 - keep) + original * keep).astype(np.float32)
+
+
+def _dynamic_frequencies(cfg: ModelConfig, length: Array) -> Array:
+    """Dynamic NTK: the frequencies of a call whose largest position is ``length`` - 1 > max_positions,
+    the base raised as transformers raises it, in float32 on device (the length is traced)."""
+    H, s = cfg.rope_dim, cfg.rope_scaling
+    growth = (jnp.float32(s.factor) * length.astype(jnp.float32) / jnp.float32(cfg.max_positions)
+              - jnp.float32(s.factor - 1))
+    base = jnp.float32(cfg.rope_theta) * growth ** jnp.float32(H / (H - 2))
+    return 1.0 / base ** (jnp.arange(0, H, 2, dtype=jnp.float32) / jnp.float32(H))
+
+
+def rope_tables(cfg: ModelConfig, positions: Array) -> tuple[Array, Array]:
+    """cos and sin [B, T, H] of one call at positions [B, T], as transformers' rotary module gives them.
+    ``dynamic`` and ``longrope`` choose their frequencies by the call's length, which transformers takes
+    as the largest position in the call plus one (pads included): a traced choice, so one compiled step
+    serves every length. (transformers also keeps a grown dynamic base across calls until a call falls
+    back under max_positions; here each call is its own, which is what a fresh transformers model does
+    and what its generation does, whose lengths only grow.)"""
+    inv_freq = jnp.asarray(rope_frequencies(cfg))
+    s = cfg.rope_scaling
+    if s is not None and s.kind in ("dynamic", "longrope"):
+        length = jnp.max(positions) + 1
+        if s.kind == "longrope":
+            long = jnp.asarray(rope_frequencies(cfg, long=True))
+            inv_freq = jnp.where(length > s.original_max_positions, long, inv_freq)
+        else:
+            inv_freq = jnp.where(length > cfg.max_positions, _dynamic_frequencies(cfg, length), inv_freq)
+    cos, sin = rope_angles(inv_freq, positions)
+    if s is not None and s.cos_sin_factor != 1.0:  # yarn's and longrope's attention factor
+        factor = jnp.float32(s.cos_sin_factor)
+        cos, sin = cos * factor, sin * factor
+    return cos, sin
+
+
+def rope_angles(inv_freq, positions: Array) -> tuple[Array, Array]:
     """cos and sin [B, T, H] for positions [B, T] (the half-split layout of Hugging Face)."""
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
     angles = jnp.concatenate([angles, angles], axis=-1)

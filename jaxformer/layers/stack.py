@@ -24,7 +24,7 @@ from jaxformer.layers.attention import (Attention, LatentAttention, RelativeAtte
                                         memory_visibility_mask, visibility_mask)
 from jaxformer.layers.core import Norm, dropout, param, split_key
 from jaxformer.layers.feedforward import MLP, MoE
-from jaxformer.layers.positions import RelativeBias, rope_angles, rope_frequencies, xl_distances, xl_encodings
+from jaxformer.layers.positions import RelativeBias, rope_tables, xl_distances, xl_encodings
 from jaxformer.sharding import constrain_activations
 
 Array = jax.Array
@@ -335,11 +335,10 @@ class Stack(nnx.Module):
             mask, local_mask, bias = self._self_attention_masks(tokens, cache)
         remember = relative is not None and (memory is not None or cfg.memory_len > 0)
         keeps_kv = isinstance(memory, MemoryKV)  # generation's memory rolls keys and values, not layer inputs
-        rope = rope_angles(rope_frequencies(cfg), tokens.positions) if cfg.position == "rope" else None
+        rope = rope_tables(cfg, tokens.positions) if cfg.position == "rope" else None
         local_rope = None
         if cfg.local_rope_theta is not None:  # Gemma 3: the sliding layers rotate by their own, unscaled base
-            local_rope = rope_angles(rope_frequencies(cfg.replace(rope_theta=cfg.local_rope_theta, rope_scaling=None)),
-                                     tokens.positions)
+            local_rope = rope_tables(cfg.replace(rope_theta=cfg.local_rope_theta, rope_scaling=None), tokens.positions)
         cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
         per_layer = {
             # alternating attention: which layers are sliding (Gemma's layer_types; GPT-3: the odd ones)
