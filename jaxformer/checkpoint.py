@@ -14,7 +14,7 @@ import jax
 from flax import nnx
 
 from jaxformer.config import ModelConfig
-from jaxformer.models import abstract_model
+from jaxformer.models import HF_FILES, abstract_model
 
 CONFIG_FILE = "jaxformer.json"
 PARAMS_DIR = "params"
@@ -34,7 +34,7 @@ def save_model(model, path: str | os.PathLike) -> None:
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(folder / PARAMS_DIR, nnx.state(model))
         checkpointer.wait_until_finished()
-    meta = {"config": model.config.to_dict(), "hf_config": getattr(model, "hf_config", None)}
+    meta = {"config": model.config.to_dict(), **{name: getattr(model, name, None) for name in HF_FILES}}
     tmp = folder / (CONFIG_FILE + ".tmp")
     tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, folder / CONFIG_FILE)  # written last: its presence marks a complete checkpoint
@@ -58,6 +58,7 @@ def load_model(path: str | os.PathLike):
         except ValueError as err:
             raise ValueError(f"{folder / PARAMS_DIR} does not match the config in {CONFIG_FILE}: {err}") from None
     model = nnx.merge(graphdef, state)
-    if meta.get("hf_config"):
-        model.hf_config = meta["hf_config"]
+    for name in HF_FILES:
+        if meta.get(name):
+            setattr(model, name, meta[name])
     return model

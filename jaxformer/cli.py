@@ -136,9 +136,7 @@ def _run_to_peft(source, args: argparse.Namespace) -> int:
 
 
 def generate(args: argparse.Namespace) -> int:
-    import json as json_module
     import time
-    from pathlib import Path
 
     import jax
 
@@ -149,14 +147,10 @@ def generate(args: argparse.Namespace) -> int:
     model = from_pretrained(args.path, dtype=args.dtype)
     tokenizer = load_tokenizer(args.path)
     batch = tokenizer(args.prompt, padding_side="left")
-    defaults = {}
-    generation_config = Path(args.path) / "generation_config.json"
-    if generation_config.exists():  # forced BOS/EOS are part of how the checkpoint is meant to decode
-        saved = json_module.loads(generation_config.read_text(encoding="utf-8"))
-        defaults = {k: saved[k] for k in ("forced_bos_token_id", "forced_eos_token_id") if saved.get(k) is not None}
+    # the checkpoint's EOS and forced BOS/EOS apply as they do in transformers (generate.generation_defaults)
     call_args, gc = gen.prepare(model, batch["input_ids"], batch["attention_mask"], max_new_tokens=args.max_new_tokens,
                                 do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
-                                top_p=args.top_p, num_beams=args.num_beams, seed=args.seed, **defaults)
+                                top_p=args.top_p, num_beams=args.num_beams, seed=args.seed)
     start = time.perf_counter()
     compiled = gen.generate_tokens_jit.lower(*call_args, config=gc).compile()
     compile_s = time.perf_counter() - start

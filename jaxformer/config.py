@@ -215,6 +215,7 @@ class ModelConfig:
     # sliding. An encoder-decoder's encoder follows the same list with keys within w of the query either side.
     layer_types: tuple[str, ...] | None = None
     attention_scale: float | None = None  # None: head_dim ** -0.5 (T5 uses 1.0)
+    inverse_layer_scale: bool = False  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores also / (i + 1)
     attention_backend: str = "auto"  # auto | xla | cudnn | splash (jaxformer/kernels.py)
     attention_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
     qk_norm: bool = False  # RMSNorm over each query and key head before rotary positions (Gemma 3, Qwen3)
@@ -446,6 +447,9 @@ class ModelConfig:
                 if getattr(self, field) != off:
                     raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs kv_lora_rank "
                                      "(multi-head latent attention)")
+        if self.inverse_layer_scale and (self.mla or self.position == "xl"):
+            raise ValueError("ModelConfig.inverse_layer_scale scales standard self-attention; multi-head latent and "
+                             "Transformer-XL attention do not take it")
         if self.attention_scale is not None and not self.attention_scale > 0:
             raise ValueError(f"ModelConfig.attention_scale={self.attention_scale!r} must be > 0")
 

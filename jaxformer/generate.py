@@ -16,6 +16,7 @@ trims the output the way transformers does.
 from __future__ import annotations
 
 import dataclasses
+import json
 import warnings
 from typing import Any
 
@@ -33,6 +34,46 @@ Array = jax.Array
 NEG = -1.0e9  # transformers' "very large negative" for beam bookkeeping
 
 TRACE_COUNT = {"generate": 0}  # incremented each time the loop is traced (tests check it stays put)
+
+
+class _FromTheModel:
+    """The default of a token-id argument: the model's own setting. Passing None instead means none, as
+    an explicit None does in transformers' generate (no EOS: run to max_new_tokens)."""
+
+    def __repr__(self) -> str:
+        return "<the model's>"
+
+
+FROM_MODEL = _FromTheModel()
+# The token ids a checkpoint sets for generation; transformers' generate() uses them unless given.
+GENERATION_IDS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id",
+                  "forced_eos_token_id")
+
+
+def generation_defaults(model) -> dict[str, Any]:
+    """The token ids generate() uses when not given, as transformers' generation_config holds them for a
+    loaded checkpoint: its generation_config.json when it had one (config.json's ids then play no part),
+    else the ids its config.json itself spells out (not the config class's defaults; a decoder
+    sub-config's where the top level has none); a model built here, its ModelConfig's ids. Ids outside
+    the vocabulary (tiny test files) could never be emitted and are left out."""
+    cfg: ModelConfig = model.config
+    saved, hf = getattr(model, "generation_config", None), getattr(model, "hf_config", None)
+    if saved:
+        source = json.loads(saved)
+    elif hf:
+        source = json.loads(hf)
+        inner = next((source[k] for k in ("decoder", "generator", "text_config")
+                      if isinstance(source.get(k), dict)), {})
+        source = {k: inner.get(k) if source.get(k) is None else source[k] for k in GENERATION_IDS}
+    else:
+        source = {k: getattr(cfg, k, None) for k in GENERATION_IDS}
+
+    def in_vocab(value):
+        if isinstance(value, (list, tuple)):
+            return tuple(int(i) for i in value if 0 <= i < cfg.vocab_size) or None
+        return value if value is None or 0 <= value < cfg.vocab_size else None
+
+    return {k: in_vocab(source.get(k)) for k in GENERATION_IDS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,32 +340,42 @@ generate_tokens_jit = jax.jit(generate_tokens, static_argnames=("graphdef", "con
 
 
 def _config_from_kwargs(model, kwargs: dict[str, Any]) -> GenerationConfig:
+    """transformers' rules for the token ids: an argument left out takes the model's default
+    (``generation_defaults``), an explicit None means none; no pad id pads with the first EOS; an
+    encoder-decoder without a decoder start starts from BOS."""
     cfg: ModelConfig = model.config
-    eos = kwargs.pop("eos_token_id", None)
-    eos = cfg.eos_token_id if eos is None else eos
-    eos_ids = tuple(eos) if isinstance(eos, (tuple, list)) else (() if eos is None else (int(eos),))
-    pad = kwargs.pop("pad_token_id", None)
-    pad = cfg.pad_token_id if pad is None else pad
+    defaults = generation_defaults(model)
+    given = {k: kwargs.pop(k) for k in GENERATION_IDS if k in kwargs}
+    ids = {k: defaults[k] if given.get(k, FROM_MODEL) is FROM_MODEL else given[k] for k in GENERATION_IDS}
+    eos = ids["eos_token_id"]
+    eos_ids = tuple(int(e) for e in eos) if isinstance(eos, (tuple, list)) else (() if eos is None else (int(eos),))
+    pad = ids["pad_token_id"]
     pad = (eos_ids[0] if eos_ids else 0) if pad is None else pad  # transformers' fallback: pad with EOS
-    start = kwargs.pop("decoder_start_token_id", None)
-    start = cfg.decoder_start_token_id if start is None else start
+    start = ids["decoder_start_token_id"]
+    start = ids["bos_token_id"] if start is None else start
     if cfg.family == "encoder_decoder" and start is None:
-        raise ValueError("encoder-decoder generation needs decoder_start_token_id (in the config or as an argument)")
-    return GenerationConfig(eos_token_ids=eos_ids, pad_token_id=int(pad), decoder_start_token_id=start, **kwargs)
+        raise ValueError("encoder-decoder generation needs decoder_start_token_id or bos_token_id (in the "
+                         "checkpoint or as an argument)")
+    return GenerationConfig(eos_token_ids=eos_ids, pad_token_id=int(pad), decoder_start_token_id=_integer(start),
+                            forced_bos_token_id=_integer(ids["forced_bos_token_id"]),
+                            forced_eos_token_id=_integer(ids["forced_eos_token_id"]), **kwargs)
 
 
 def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, do_sample: bool = False,
             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, num_beams: int = 1,
-            length_penalty: float = 1.0, early_stopping: bool | str = False, eos_token_id=None,
-            pad_token_id: int | None = None, decoder_start_token_id: int | None = None,
-            forced_bos_token_id: int | None = None, forced_eos_token_id: int | None = None,
-            seed: int = 0, allow_beyond_max_positions: bool = False) -> tuple[tuple, GenerationConfig]:
+            length_penalty: float = 1.0, early_stopping: bool | str = False, eos_token_id=FROM_MODEL,
+            pad_token_id=FROM_MODEL, decoder_start_token_id=FROM_MODEL, forced_bos_token_id=FROM_MODEL,
+            forced_eos_token_id=FROM_MODEL, seed: int = 0,
+            allow_beyond_max_positions: bool = False) -> tuple[tuple, GenerationConfig]:
     """Validate everything on the host and return the arguments of ``generate_tokens`` (after the
     static config) and the config. Nothing is traced, compiled or allocated here.
 
-    Integer arguments may be numpy integers. Prompt + new tokens beyond the model's position table, or
-    beyond ``max_positions`` for rotary and relative models unless ``allow_beyond_max_positions``, are
-    refused, and so is a KV cache larger than the memory free on the device."""
+    The token ids (``eos_token_id``, an int or a list; ``pad_token_id``, ``decoder_start_token_id``,
+    ``forced_bos_token_id``, ``forced_eos_token_id``) left out are the checkpoint's (``generation_defaults``);
+    None turns one off, as in transformers. Integer arguments may be numpy integers. Prompt + new tokens
+    beyond the model's position table, or beyond ``max_positions`` for rotary (but dynamic NTK) and
+    relative models unless ``allow_beyond_max_positions``, are refused, and so is a KV cache larger than
+    the memory free on the device."""
     cfg: ModelConfig = model.config
     integers = {name: _integer(value) for name, value in (("max_new_tokens", max_new_tokens), ("num_beams", num_beams),
                                                           ("top_k", top_k), ("seed", seed))}

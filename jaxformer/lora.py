@@ -21,7 +21,7 @@ from flax import nnx
 
 from jaxformer.config import ModelConfig
 from jaxformer.layers.weights import LoraParam, LoRA, Quantized, kernel, layout, quantize_kernel
-from jaxformer.models import FAMILIES, Model
+from jaxformer.models import FAMILIES, Model, carry_hf_files
 
 
 def _build(cfg: ModelConfig, seed: int) -> Model:
@@ -32,7 +32,7 @@ def _rebuilt(cfg: ModelConfig, values: dict[tuple, Any], seed: int = 0, source: 
     """A model of ``cfg`` whose variables take ``values`` (flat path -> array). The only variables that may
     be missing are adapter factors, made fresh as PEFT initialises them (A Kaiming-uniform, B zero) from
     ``seed`` and their path, without running (or compiling) the model's initialisation. ``source``'s
-    ``hf_config`` (the Hugging Face fields the model does not hold) carries over."""
+    Hugging Face files (``HF_FILES``) carry over."""
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: _build(cfg, seed)))
     leaves = []
     for path, variable in nnx.to_flat_state(abstract):
@@ -42,9 +42,8 @@ def _rebuilt(cfg: ModelConfig, values: dict[tuple, Any], seed: int = 0, source: 
                              f"{tuple(variable.shape)}")
         leaves.append((path, variable.replace(jnp.asarray(value, variable.dtype))))
     model = nnx.merge(graphdef, nnx.from_flat_state(leaves))
-    if getattr(source, "hf_config", None) is not None:
-        model.hf_config = source.hf_config
-    return model
+    return carry_hf_files(source, model)
+
 
 
 def _fresh_factor(path: tuple, variable, cfg: ModelConfig, seed: int) -> jax.Array:

@@ -20,6 +20,18 @@ from jaxformer.presets import config
 FAMILIES = {"encoder": Encoder, "decoder": Decoder, "encoder_decoder": EncoderDecoder}
 Model = Encoder | Decoder | EncoderDecoder
 
+# What a loaded checkpoint's Hugging Face files say beyond the ModelConfig: config.json's fields the model
+# does not hold, and generation_config.json (JSON strings, so that nnx keeps them as plain attributes).
+HF_FILES = ("hf_config", "generation_config")
+
+
+def carry_hf_files(source, model):
+    """``model`` with ``source``'s ``HF_FILES`` attributes (a model rebuilt from a loaded one)."""
+    for name in HF_FILES:
+        if getattr(source, name, None) is not None:
+            setattr(model, name, getattr(source, name))
+    return model
+
 
 def resolve(name_or_config: str | ModelConfig, dtype: str | None = None, param_dtype: str | None = None) -> ModelConfig:
     """The ModelConfig of a preset name or a config, with the dtypes replaced where given."""

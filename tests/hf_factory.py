@@ -61,6 +61,10 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "roberta-mlm": ("RobertaConfig", "RobertaForMaskedLM", _ROBERTA),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
     "gpt2-base": ("GPT2Config", "GPT2Model", _GPT2),
+    # GPT-2-family files that divide layer i's scores by i + 1 (and compute them upcast, reordered)
+    "gpt2-inverse-layer-scale": ("GPT2Config", "GPT2LMHeadModel",
+                                 {**_GPT2, "n_layer": 3, "scale_attn_by_inverse_layer_idx": True,
+                                  "reorder_and_upcast_attn": True, "attn_implementation": "eager"}),
     "llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA),
     "llama-base": ("LlamaConfig", "LlamaModel", _LLAMA),
     "llama-mqa-headdim": ("LlamaConfig", "LlamaForCausalLM", {**_LLAMA, "num_key_value_heads": 1, "head_dim": 12}),

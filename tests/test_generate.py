@@ -273,6 +273,78 @@ def test_token_identical_to_transformers(name, num_beams, tmp_path):
         np.testing.assert_array_equal(ours, theirs, err_msg=f"early_stopping={early_stopping}")
 
 
+def _rewrite(folder, name, **changes):
+    import json
+
+    path = folder / name
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data.update(changes)
+    data = {k: v for k, v in data.items() if v is not _DROP}
+    path.write_text(json.dumps(data))
+
+
+_DROP = object()
+
+
+def test_token_ids_left_out_or_none_follow_transformers(tmp_path):
+    """The token-id arguments as transformers' generate() reads them: left out, the checkpoint's
+    (generation_config.json's when it has one, config.json's otherwise); None, none at all; forced EOS from
+    the checkpoint applied. Token-identical to transformers in each case, and save_pretrained keeps them."""
+    save_checkpoint("llama", tmp_path / "ckpt")
+    folder = tmp_path / "ckpt"
+    ids, mask = _batch("decoder", np.random.default_rng(0))
+    free = jf.from_pretrained(folder).generate(ids, mask, max_new_tokens=10, eos_token_id=None)
+    early, later = int(free[0, ids.shape[1] + 1]), int(free[2, ids.shape[1] + 3])
+    # config.json stops at `later`; generation_config.json, which wins in transformers, at `early` or `later`
+    _rewrite(folder, "config.json", eos_token_id=later)
+    _rewrite(folder, "generation_config.json", eos_token_id=[early, later])
+    cases = [({}, "generation_config.json's two EOS ids"), ({"eos_token_id": None}, "an explicit None: no EOS"),
+             ({"eos_token_id": later}, "an explicit id")]
+    results = {}
+    for source in ("generation_config.json", "config.json"):
+        if source == "config.json":  # no generation_config.json: config.json's ids, forced EOS included
+            (folder / "generation_config.json").unlink()
+            _rewrite(folder, "config.json", forced_eos_token_id=early)
+            cases = [({}, "config.json's EOS and forced EOS"), ({"forced_eos_token_id": None}, "forcing turned off")]
+        model, reference = jf.from_pretrained(folder), reference_model(folder)
+        for kwargs, what in cases:
+            ours = model.generate(ids, mask, max_new_tokens=10, **kwargs)
+            with torch.no_grad():
+                theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                                            max_new_tokens=10, do_sample=False, **kwargs).numpy()
+            np.testing.assert_array_equal(ours, theirs, err_msg=f"{source}: {what}")
+            results[what] = ours
+    for a, b in [("generation_config.json's two EOS ids", "an explicit id"),
+                 ("an explicit id", "an explicit None: no EOS"),
+                 ("config.json's EOS and forced EOS", "forcing turned off")]:
+        assert not np.array_equal(results[a], results[b]), (a, b)  # each setting changes the tokens here
+    model.save_pretrained(tmp_path / "saved")
+    again = jf.from_pretrained(tmp_path / "saved")
+    assert gen.generation_defaults(again) == gen.generation_defaults(model)
+
+
+def test_an_encoder_decoder_without_a_decoder_start_starts_from_bos(tmp_path):
+    """transformers falls back to BOS when no decoder start is set, and refuses when neither is."""
+    save_checkpoint("bart", tmp_path)
+    for name in ("config.json", "generation_config.json"):
+        _rewrite(tmp_path, name, decoder_start_token_id=_DROP)
+    model, reference = jf.from_pretrained(tmp_path), reference_model(tmp_path)
+    ids, mask = _batch("encoder_decoder", np.random.default_rng(0))
+    ours = model.generate(ids, mask, max_new_tokens=4)
+    with torch.no_grad():
+        theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), max_new_tokens=4,
+                                    do_sample=False, num_beams=1).numpy()
+    np.testing.assert_array_equal(ours, theirs)
+    assert (ours[:, 0] == model.config.bos_token_id).all()
+    for name in ("config.json", "generation_config.json"):
+        _rewrite(tmp_path, name, bos_token_id=_DROP)
+    reference = reference_model(tmp_path)
+    with pytest.raises(ValueError, match="decoder_start_token_id` or `bos_token_id"):
+        reference.generate(torch.as_tensor(ids), max_new_tokens=4)
+    with pytest.raises(ValueError, match="needs decoder_start_token_id or bos_token_id"):
+        jf.from_pretrained(tmp_path).generate(ids, mask, max_new_tokens=4)
+
+
 # --------------------------------------------------------------------------------------------------
 # Arguments and outputs that would otherwise go wrong silently
 

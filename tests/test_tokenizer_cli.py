@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -98,7 +100,11 @@ def test_convert_into_a_used_folder_refuses_then_replaces_exactly_the_checkpoint
     assert main(["convert", str(llama_dir), "--to-hf", str(out)]) == 2
     assert "is not empty" in capsys.readouterr().err and not (out / "config.json").exists()
     assert main(["convert", str(llama_dir), "--to-hf", str(out), "--overwrite"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
+    # the source's generation_config.json, not the stale one
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors",
+                                                    "notes.txt"]
+    assert json.loads((out / "generation_config.json").read_text()) == \
+        json.loads((llama_dir / "generation_config.json").read_text())
     source, written = TensorFiles(llama_dir), TensorFiles(out)
     assert source.names == written.names
     assert all(source.get(n).tobytes() == written.get(n).tobytes() for n in source.names)

@@ -8,21 +8,21 @@ from typing import Any
 import numpy as np
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.rules import INVERSE_ACTIVATIONS, Architecture, Rule, activation, copy, lm_head, norm, refuse
+from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, copy, lm_head, norm, refuse)
 
 CLASSES = {"gpt2": ("GPT2Model", "GPT2LMHeadModel")}
+DEFAULTS = {"gpt2": dict(n_positions=1024, bos_token_id=50256, eos_token_id=50256)}  # GPT2Config's
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-    refuse(hf.get("scale_attn_by_inverse_layer_idx", False), "gpt2: scale_attn_by_inverse_layer_idx=True is not supported")
     refuse(hf.get("add_cross_attention", False), "gpt2: add_cross_attention=True is not supported")
-    # reorder_and_upcast_attn only changes where float32 is used; jaxformer's scores are float32 anyway.
     return dict(family="decoder", d_model=hf["n_embd"], num_heads=hf["n_head"],
                 d_ff=hf.get("n_inner") or 4 * hf["n_embd"], decoder_layers=hf["n_layer"],
                 norm_eps=hf.get("layer_norm_epsilon", 1e-5),
                 activation=activation(hf.get("activation_function", "gelu_new"), False, model_type),
                 position="learned", max_positions=hf["n_positions"], attention="causal",
                 attention_scale=None if hf.get("scale_attn_weights", True) else 1.0,
+                inverse_layer_scale=bool(hf.get("scale_attn_by_inverse_layer_idx", False)),
                 head="none" if arch == "GPT2Model" else "lm", tie_embeddings=hf.get("tie_word_embeddings", True),
                 dropout_rate=hf.get("resid_pdrop", 0.1), attention_dropout_rate=hf.get("attn_pdrop", 0.1))
 
@@ -38,7 +38,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                n_positions=cfg.max_positions, layer_norm_epsilon=cfg.norm_eps,
                activation_function=INVERSE_ACTIVATIONS[cfg.activation], scale_attn_weights=cfg.attention_scale is None,
                tie_word_embeddings=cfg.tie_embeddings, resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate,
-               attn_pdrop=cfg.attention_dropout_rate)
+               attn_pdrop=cfg.attention_dropout_rate, scale_attn_by_inverse_layer_idx=cfg.inverse_layer_scale)
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:

@@ -21,7 +21,8 @@ from jaxformer.config import QUANTIZATIONS, ModelConfig
 from jaxformer.interop import peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
 from jaxformer.interop.registry import BY_MODEL_TYPE, architecture_of, hf_target, rules_for
-from jaxformer.interop.rules import ConfigReader, account_for_every_key, build_from_tensors, export_with_rules
+from jaxformer.interop.rules import (GENERATION_KEYS, ConfigReader, account_for_every_key, build_from_tensors,
+                                     export_with_rules, with_defaults)
 from jaxformer.lora import quantized
 
 
@@ -118,10 +119,15 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pic
         if skipped:
             warnings.warn(note, stacklevel=2)
             names -= skipped
-    cfg = config_from_hf(hf, names, list(iter_json(folder, "generation_config.json")), dtype)
+    generation = list(iter_json(folder, "generation_config.json"))
+    cfg = config_from_hf(hf, names, generation, dtype)
     rules, aliases = rules_for(cfg, model_type, arch, names)
     model = build_from_tensors(cfg, rules, aliases, names, files.get, f"{folder} does not match {arch} ({model_type})")
     model.hf_config = json.dumps(hf, sort_keys=True)  # kept so save_pretrained writes the fields we do not model
+    # transformers' generate() takes its defaults from this file when there is one (jaxformer.generate)
+    model.generation_config = json.dumps(generation[0], sort_keys=True) if generation else None
+    if generation:
+        _name_generation_settings(generation[0], folder)
     if adapter is not None:
         model = peft.load_adapter(model, adapter, names, adapter_config)
     if quantize is not None:
@@ -148,11 +154,27 @@ def to_hf_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
 
 
 def save_pretrained(model, path: str | os.PathLike) -> None:
-    """Write config.json + model.safetensors that transformers' from_pretrained loads."""
+    """Write config.json + model.safetensors that transformers' from_pretrained loads, and the loaded
+    checkpoint's generation_config.json when it had one (its stopping and forcing ids)."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     tensors, hf = to_hf_tensors(model)
     write_safetensors(tensors, folder / "model.safetensors")
-    tmp = folder / "config.json.tmp"
-    tmp.write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, folder / "config.json")
+    files = {"config.json": hf}
+    if getattr(model, "generation_config", None):
+        files["generation_config.json"] = json.loads(model.generation_config)
+    for name, content in files.items():
+        tmp = folder / (name + ".tmp")
+        tmp.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        os.replace(tmp, folder / name)
+
+
+def _name_generation_settings(generation: dict, folder: Path) -> None:
+    """generation_config.json's sampling and search settings are generate() arguments here, not defaults:
+    named in a warning so that a comparison with transformers' generate() does not mislead."""
+    unused = {k: v for k, v in generation.items() if k in GENERATION_KEYS and v != GENERATION_KEYS[k]}
+    if unused:
+        settings = ", ".join(f"{k}={v!r}" for k, v in unused.items())
+        warnings.warn(f"{folder / 'generation_config.json'} sets {settings}, which transformers' generate() applies "
+                      "by default; jaxformer's generate takes them as arguments (its token ids and forcing are "
+                      "applied)", stacklevel=3)

@@ -40,7 +40,7 @@ from jaxformer.interop.files import read_json, write_safetensors
 from jaxformer.interop.registry import architecture_of, hf_target, rules_for
 from jaxformer.interop.rules import Rule
 from jaxformer.layers.weights import LoraParam
-from jaxformer.models import abstract_model
+from jaxformer.models import abstract_model, carry_hf_files
 
 CONFIG, WEIGHTS, PREFIX = "adapter_config.json", "adapter_model.safetensors", "base_model.model."
 
@@ -384,10 +384,7 @@ def load_adapter(model, path: str | os.PathLike, names: set[str] | None = None, 
     missing = sorted("/".join(k) for k in factors if k[:-1] + (k[-1] + "_lora", "a") not in have)
     if missing:  # a sublayer _role misreads; never expected
         raise ValueError(f"adapter targets {adapted_cfg.lora_targets} leave {missing} without an adapter")
-    lora = nnx.merge(graphdef, nnx.from_flat_state(flat))
-    if getattr(model, "hf_config", None):
-        lora.hf_config = model.hf_config
-    return lora
+    return carry_hf_files(model, nnx.merge(graphdef, nnx.from_flat_state(flat)))
 
 
 def _saved_modules(cfg: ModelConfig, rules: list[Rule], modules_to_save) -> dict[str, str]:

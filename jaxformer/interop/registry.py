@@ -44,7 +44,7 @@ def hf_target(cfg: ModelConfig) -> tuple[str, str]:
     """The transformers model_type and class that hold exactly this configuration."""
     for architecture in ARCHITECTURES:
         found = architecture.target(cfg)
-        if found is not None:
+        if found is not None and (not cfg.inverse_layer_scale or found[0] == "gpt2"):  # only GPT-2 holds it
             return found
     raise ValueError(f"{cfg.name!r} ({cfg.family}, {cfg.position} positions) has no Hugging Face architecture; "
                      "the 2017 Transformer maps to torch.nn.Transformer (jaxformer.interop.nn_transformer)")

@@ -117,16 +117,20 @@ HARMLESS = {
     **dict.fromkeys(("classifier_dropout", "classifier_dropout_rate", "activation_dropout", "embd_pdrop",
                      "summary_first_dropout", "summary_last_dropout"),
                     "training-time dropout jaxformer does not model (no effect in evaluation)"),
+    **dict.fromkeys(("forced_bos_token_id", "forced_eos_token_id"),
+                    "forcing in generation, which generate() applies as transformers does (generation_defaults)"),
 }
-# Generation defaults older config.json files carry: transformers' generate() applies them when no
-# generation_config.json says otherwise; jaxformer's generate takes its settings as arguments, so loading
-# names them in a warning rather than dropping them in silence.
-GENERATION_KEYS = ("max_length", "min_length", "num_beams", "early_stopping", "no_repeat_ngram_size",
-                   "length_penalty", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
-                   "num_return_sequences", "bad_words_ids", "forced_bos_token_id", "forced_eos_token_id",
-                   "diversity_penalty", "num_beam_groups", "typical_p", "encoder_no_repeat_ngram_size",
-                   "suppress_tokens", "begin_suppress_tokens", "remove_invalid_values", "max_new_tokens",
-                   "exponential_decay_length_penalty", "sep_token_id", "output_scores", "return_dict_in_generate")
+# Generation defaults older config.json files carry (and generation_config.json files), with transformers'
+# own default of each: its generate() applies a file's value when no argument says otherwise; jaxformer's
+# generate takes these as arguments, so loading names the ones that differ in a warning rather than dropping
+# them in silence. (Token ids and forced BOS/EOS are applied: jaxformer.generate.generation_defaults.)
+GENERATION_KEYS = {"max_length": 20, "min_length": 0, "num_beams": 1, "early_stopping": False,
+                   "no_repeat_ngram_size": 0, "length_penalty": 1.0, "do_sample": False, "temperature": 1.0,
+                   "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0, "num_return_sequences": 1,
+                   "bad_words_ids": None, "diversity_penalty": 0.0, "num_beam_groups": 1, "typical_p": 1.0,
+                   "encoder_no_repeat_ngram_size": 0, "suppress_tokens": None, "begin_suppress_tokens": None,
+                   "remove_invalid_values": False, "max_new_tokens": None, "exponential_decay_length_penalty": None,
+                   "sep_token_id": None, "output_scores": False, "return_dict_in_generate": False}
 
 
 def account_for_every_key(hf: ConfigReader, arch: Architecture, where: str) -> None:
@@ -147,9 +151,10 @@ def account_for_every_key(hf: ConfigReader, arch: Architecture, where: str) -> N
         raise ValueError(f"{where}: config.json sets {', '.join(f'{k}={value(k)!r}' for k in refused)}, which "
                          "jaxformer does not read; such a setting may change the numbers, so the load is refused rather "
                          "than the setting dropped")
-    if generation:
+    differing = [key for key in generation if value(key) != GENERATION_KEYS[key.rsplit(".", 1)[-1]]]
+    if differing:
         warnings.warn(f"{where}: config.json holds generation defaults "
-                      f"({', '.join(f'{k}={value(k)!r}' for k in generation)}) that transformers' generate() applies "
+                      f"({', '.join(f'{k}={value(k)!r}' for k in differing)}) that transformers' generate() applies "
                       "when no generation_config.json overrides them; jaxformer's generate takes them as arguments",
                       stacklevel=4)
 

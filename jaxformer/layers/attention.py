@@ -211,10 +211,13 @@ class Attention(nnx.Module):
     def __call__(self, x: Array, kv_input: Array | None = None, *, mask: Array, bias: Array | None = None,
                  rope: tuple[Array, Array] | None = None, cache: dict | None = None,
                  kv: tuple[Array, Array] | None = None, key: Array | None = None,
-                 output_attentions: bool = False) -> tuple[Array, dict | None, Array | None]:
+                 output_attentions: bool = False, query_scale: Array | None = None
+                 ) -> tuple[Array, dict | None, Array | None]:
         q = checkpoint_name(self._project(x, "q", self.q_bias, _lora_keys(key)[0]), "qkv")
         if self.q_norm is not None:
             q = self.q_norm(q)
+        if query_scale is not None:  # a per-layer factor on the scores, applied to q alone (the cache keeps k)
+            q = q * query_scale.astype(q.dtype)
         k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input, key)
         if rope is not None:
             cos, sin = rope

@@ -15,6 +15,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer import kernels
@@ -98,6 +99,7 @@ class LayerInputs:
     memory: dict | None = None  # Transformer-XL: this layer's memory, {"hidden"} or {"k", "v"}
     relative: XLInputs | None = None
     output_attentions: bool = False  # return each sublayer's attention probabilities
+    query_scale: Array | None = None  # this layer's extra factor on its self-attention scores (GPT-2's 1 / (i + 1))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -183,8 +185,10 @@ class Block(nnx.Module):
                 memory = {"hidden": self.attn_norm(memory["hidden"])}
             return self.attn(h, mask=inputs.mask, relative=inputs.relative, memory=memory, key=key,
                              output_attentions=weights)
+        # GPT-2's per-layer factor; the config allows it on standard attention only
+        scaled = {} if inputs.query_scale is None else {"query_scale": inputs.query_scale}
         return self.attn(h, mask=inputs.mask, bias=inputs.bias, rope=inputs.rope, cache=inputs.cache, key=key,
-                         output_attentions=weights)
+                         output_attentions=weights, **scaled)
 
     def cross_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, None, Array | None]:
         return self.cross_attn(h, inputs.cross_source, mask=inputs.cross_mask, kv=inputs.cross_kv, key=key,
@@ -347,6 +351,8 @@ class Stack(nnx.Module):
             "cross_kv": cross_kv,
             "cache": None if cache is None else cache.layers(),
             "memory": None if memory is None else memory.layers(),
+            "query_scale": (jnp.asarray(1.0 / np.arange(1, self.num_layers + 1), jnp.float32)
+                            if cfg.inverse_layer_scale else None),
         }
 
         def layer(block: Block, h: Array, extra: dict):
@@ -356,7 +362,8 @@ class Stack(nnx.Module):
             inputs = LayerInputs(layer_mask, bias, layer_rope, extra["cache"], cross_mask, cross_source, extra["cross_kv"],
                                  # MoE load statistics count real tokens only
                                  token_mask=tokens.valid if cache is None else None,
-                                 memory=extra["memory"], relative=relative, output_attentions=collect_attentions)
+                                 memory=extra["memory"], relative=relative, output_attentions=collect_attentions,
+                                 query_scale=extra["query_scale"])
             h_in = h
             h, new_kv, stats, weights = block(h, inputs, extra["key"])
             if relative is not None and not keeps_kv:
