@@ -18,6 +18,7 @@ import jaxformer as jf  # noqa: E402
 from jaxformer.compare import compare, format_table  # noqa: E402
 from jaxformer.interop import gemma, llama  # noqa: E402
 from jaxformer.interop.hf import config_from_hf  # noqa: E402
+from jaxformer.interop.registry import ARCHITECTURES, SUPPORTED  # noqa: E402
 
 from published_configs import PUBLISHED  # noqa: E402
 
@@ -32,13 +33,43 @@ def _class_defaults(model_type: str) -> dict:
     return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
 
 
-@pytest.mark.parametrize("model_type, ours", sorted({**llama.DEFAULTS, **gemma.DEFAULTS}.items()))
+TABLES = {**gemma.DEFAULTS,
+          **{model_type: table for arch in ARCHITECTURES for model_type, table in arch.defaults.items()}}
+
+
+@pytest.mark.parametrize("model_type, ours", sorted(TABLES.items()))
 def test_defaults_for_keys_a_file_leaves_out_are_the_config_classes(model_type, ours):
     theirs = _class_defaults(model_type)
     assert {key: theirs.get(key, "not a field") for key in ours} == ours
     if model_type in llama.DEFAULTS:
         cls = transformers.CONFIG_MAPPING[model_type]
         assert llama.DEFAULT_THETA.get(model_type, 1e4) == cls.default_theta
+
+
+# Each model type's sizes (a file must give them); every other key is left to the config class.
+_SIZES = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_hidden_layers=2, vocab_size=97)
+_DEEPSEEK = dict(_SIZES, moe_intermediate_size=16, num_key_value_heads=4, num_hidden_layers=5, kv_lora_rank=12,
+                 qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, n_routed_experts=16, num_experts_per_tok=2)
+SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
+         "t5": dict(d_model=32, d_ff=48, d_kv=8, num_heads=4, num_layers=2, vocab_size=97),
+         "bart": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
+                      decoder_attention_heads=4, encoder_layers=2, decoder_layers=2, vocab_size=97),
+         "xlnet": dict(d_model=32, n_head=4, n_layer=2, d_inner=48, vocab_size=97),
+         "deepseek_v2": _DEEPSEEK, "deepseek_v3": _DEEPSEEK,
+         **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "gemma2", "gemma3_text"),
+                         dict(_SIZES, num_key_value_heads=2, head_dim=8))}
+
+
+@pytest.mark.parametrize("model_type", sorted(set(SUPPORTED) - {"t5gemma"}))  # T5Gemma: its halves are Gemma 2's
+def test_a_file_that_leaves_keys_out_reads_as_the_whole_file_transformers_writes(model_type):
+    """A file with only the sizes gives the ModelConfig of the file transformers' config class writes for
+    it, every field spelled out: what a left-out key means is the class default, token ids included."""
+    sizes = SIZES.get(model_type, _SIZES)
+    whole = transformers.CONFIG_MAPPING[model_type](**sizes).to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = config_from_hf({"model_type": model_type, **sizes})
+        assert config_from_hf({**whole, "model_type": model_type}).replace(name=ours.name) == ours
 
 
 def _published(source, folder, edit) -> str:

@@ -10,6 +10,8 @@ from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, ac
                                      lm_head, norm, refuse)
 
 CLASSES = {"bart": ("BartModel", "BartForConditionalGeneration")}
+DEFAULTS = {"bart": dict(max_position_embeddings=1024, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                         decoder_start_token_id=2)}  # BartConfig's
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -84,4 +86,6 @@ ARCHITECTURE = Architecture(CLASSES, {"bart": "model."}, ("BartModel",), config_
                                                        "static_position_embeddings", "extra_pos_embeddings",
                                                        "force_bos_token_to_be_generated", "classif_dropout",
                                                        "num_hidden_layers"),
-                                                      "older files' settings, which transformers 5's BART never reads")})
+                                                      "older files' settings, which transformers 5's BART "
+                                                      "never reads")},
+                            defaults=DEFAULTS)

@@ -12,6 +12,9 @@ _HEADS = {"Model": "none", "ForMaskedLM": "mlm", "ForPreTraining": "pretraining"
           "ForSequenceClassification": "sequence_classification", "ForTokenClassification": "token_classification",
           "ForQuestionAnswering": "question_answering"}
 CLASSES = {"bert": tuple(f"Bert{suffix}" for suffix in _HEADS), "roberta": ("RobertaModel", "RobertaForMaskedLM")}
+# What a file that leaves these out means: the config classes' defaults.
+DEFAULTS = {"bert": dict(max_position_embeddings=512, pad_token_id=0),
+            "roberta": dict(max_position_embeddings=512, pad_token_id=1, bos_token_id=0, eos_token_id=2)}
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -109,4 +112,5 @@ ARCHITECTURE = Architecture(CLASSES, {"bert": "bert.", "roberta": "roberta."}, (
                             config_from_hf, target, config_to_hf, rules, harmless=dict.fromkeys(
                                 ("directionality", "pooler_fc_size", "pooler_num_attention_heads",
                                  "pooler_num_fc_layers", "pooler_size_per_head", "pooler_type"),
-                                "the original TensorFlow release's settings, which transformers' BERT never reads"))
+                                "the original TensorFlow release's settings, which transformers' BERT never reads"),
+                            defaults=DEFAULTS)

@@ -20,22 +20,36 @@ from jaxformer.interop.rules import (Architecture, Rule, activation, copy, heads
 CLASSES = {"deepseek_v2": ("DeepseekV2Model", "DeepseekV2ForCausalLM"),
            "deepseek_v3": ("DeepseekV3Model", "DeepseekV3ForCausalLM")}
 V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
+# The config classes' defaults, for files that leave keys out (V2's remote-code files often do).
+_SHARED = dict(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+               rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, tie_word_embeddings=False,
+               routed_scaling_factor=1.0, attention_dropout=0.0)
+DEFAULTS = {
+    "deepseek_v2": dict(_SHARED, n_shared_experts=2, first_k_dense_replace=0, topk_method="greedy", n_group=None,
+                        topk_group=None, max_position_embeddings=2048, num_key_value_heads=None,
+                        moe_intermediate_size=1407, n_routed_experts=64, num_experts_per_tok=None, mlp_bias=False,
+                        bos_token_id=1, eos_token_id=2),
+    "deepseek_v3": dict(_SHARED, n_shared_experts=1, first_k_dense_replace=3, n_group=8, topk_group=4,
+                        routed_scaling_factor=2.5, norm_topk_prob=True, max_position_embeddings=4096,
+                        num_key_value_heads=128, moe_intermediate_size=2048, n_routed_experts=256,
+                        num_experts_per_tok=8, rope_interleave=True, bos_token_id=0, eos_token_id=1),
+}
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     v3 = model_type == "deepseek_v3"
-    theta, scaling = rope_from_hf(hf)  # refuses yarn (DeepSeek-V3's long-context files) by name
+    theta, scaling = rope_from_hf(hf)
     heads = hf["num_attention_heads"]
     # Latent attention expands keys and values for every head; transformers' attention still repeats them
     # num_attention_heads // num_key_value_heads times, which only a count equal to the heads leaves alone.
-    kv_heads = hf.get("num_key_value_heads")
+    kv_heads = hf["num_key_value_heads"]
     refuse(kv_heads not in (None, heads), f"{model_type}: num_key_value_heads={kv_heads} differs from "
            f"num_attention_heads={heads}; latent attention has one key per query head")
-    refuse(bool(hf.get("attention_bias", False)), f"{model_type}: attention_bias=true is not supported")
+    refuse(bool(hf["attention_bias"]), f"{model_type}: attention_bias=true is not supported")
     refuse(bool(hf.get("mlp_bias", False)), f"{model_type}: mlp_bias=true is not supported")
-    experts = hf.get("n_routed_experts")
+    experts = hf["n_routed_experts"]
     refuse(not experts, f"{model_type}: n_routed_experts={experts!r}; a DeepSeek model needs routed experts")
-    groups, topk_groups = hf.get("n_group") or 1, hf.get("topk_group") or 1
+    groups, topk_groups = hf["n_group"] or 1, hf["topk_group"] or 1
     method = hf.get("topk_method", "greedy")  # V3's ('noaux_tc') is the remote code's; transformers' V3 ignores it
     if not v3:
         refuse(method not in V2_TOPK_METHODS,
@@ -45,18 +59,18 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     return dict(
         family="decoder", d_model=hf["hidden_size"], num_heads=heads, head_dim=hf["qk_nope_head_dim"],
         rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"], kv_lora_rank=hf["kv_lora_rank"],
-        q_lora_rank=hf.get("q_lora_rank"), rope_interleave=bool(hf.get("rope_interleave", True)) if v3 else True,
+        q_lora_rank=hf["q_lora_rank"], rope_interleave=bool(hf["rope_interleave"]) if v3 else True,
         d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"], norm="rmsnorm",
-        norm_eps=hf.get("rms_norm_eps", 1e-6), norm_bias=False,
-        activation=activation(hf.get("hidden_act", "silu"), True, model_type), position="rope", rope_theta=theta,
-        rope_scaling=scaling, max_positions=hf.get("max_position_embeddings", 2048), attention="causal",
-        qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=hf.get("tie_word_embeddings", False),
-        head="none" if arch.endswith("Model") else "lm", attention_dropout_rate=hf.get("attention_dropout", 0.0),
+        norm_eps=hf["rms_norm_eps"], norm_bias=False,
+        activation=activation(hf["hidden_act"], True, model_type), position="rope", rope_theta=theta,
+        rope_scaling=scaling, max_positions=hf["max_position_embeddings"], attention="causal",
+        qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=hf["tie_word_embeddings"],
+        head="none" if arch.endswith("Model") else "lm", attention_dropout_rate=hf["attention_dropout"],
         num_experts=experts, experts_per_token=hf["num_experts_per_tok"], expert_d_ff=hf["moe_intermediate_size"],
-        shared_experts=hf.get("n_shared_experts") or 0, dense_layers=hf.get("first_k_dense_replace") or 0,
+        shared_experts=hf["n_shared_experts"] or 0, dense_layers=hf["first_k_dense_replace"] or 0,
         router_score="sigmoid" if v3 else "softmax", router_groups=groups, router_topk_groups=topk_groups,
-        router_bias=v3, normalize_router_weights=bool(hf.get("norm_topk_prob", True)) if v3 else False,
-        routed_scaling=float(hf.get("routed_scaling_factor", 1.0)))
+        router_bias=v3, normalize_router_weights=bool(hf["norm_topk_prob"]) if v3 else False,
+        routed_scaling=float(hf["routed_scaling_factor"]))
 
 
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
@@ -177,4 +191,4 @@ HARMLESS = {
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLASSES},
                             ("DeepseekV2Model", "DeepseekV3Model"), config_from_hf, target, config_to_hf, rules,
-                            ignored=ignored, harmless=HARMLESS)
+                            ignored=ignored, harmless=HARMLESS, defaults=DEFAULTS)

@@ -192,4 +192,6 @@ ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLA
                             rules, harmless={"_sliding_window_pattern": "a private copy; layer_types decides",
                                              "hidden_act": "Gemma's MLP reads hidden_activation",
                                              "sliding_window_size": "an older copy of sliding_window, which "
-                                                                    "transformers never reads"})
+                                                                    "transformers never reads"},
+                            defaults={model_type: {**DEFAULTS[model_type], "pad_token_id": 0, "bos_token_id": 2,
+                                                   "eos_token_id": 1} for model_type in CLASSES})

@@ -80,4 +80,5 @@ ARCHITECTURE = Architecture(CLASSES, {"gpt2": "transformer."}, ("GPT2Model",), c
                                                  "summary_proj_to_labels"), "GPT2DoubleHeadsModel's head only"),
                                 "reorder_and_upcast_attn": "scores and softmax in float32, which jaxformer computes "
                                                            "whatever the dtype",
-                                "n_ctx": "transformers' GPT-2 never reads it; n_positions sizes the table"})
+                                "n_ctx": "transformers' GPT-2 never reads it; n_positions sizes the table"},
+                            defaults=DEFAULTS)

@@ -49,7 +49,7 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
                    dtype: str | None = None) -> ModelConfig:
     """Map a transformers config (as a dict) to a ModelConfig, refusing options jaxformer cannot honour."""
     model_type, arch = architecture_of(hf)
-    hf = ConfigReader(hf)
+    hf = with_defaults(ConfigReader(hf), BY_MODEL_TYPE[model_type].defaults.get(model_type, {}))
     file_dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
     dtype = dtype or (file_dtype if file_dtype in ("float32", "bfloat16", "float16") else "float32")
     try:

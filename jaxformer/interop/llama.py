@@ -7,7 +7,7 @@ from typing import Any
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
-                                     rope_from_hf, rope_to_hf, stacked_experts, with_defaults)
+                                     rope_from_hf, rope_to_hf, stacked_experts)
 
 STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "mixtral": "Mixtral"}
 CLASSES = {model_type: (f"{stem}Model", f"{stem}ForCausalLM") for model_type, stem in STEMS.items()}
@@ -15,7 +15,7 @@ CLASSES = {model_type: (f"{stem}Model", f"{stem}ForCausalLM") for model_type, st
 
 # What a file that leaves a key out means: transformers' config-class defaults for the keys read below
 # (checked against the classes' own fields by tests/test_config_reading.py); the rotary base too.
-_COMMON = dict(hidden_act="silu", tie_word_embeddings=False, attention_dropout=0.0)
+_COMMON = dict(hidden_act="silu", tie_word_embeddings=False, attention_dropout=0.0, bos_token_id=1, eos_token_id=2)
 DEFAULTS = {
     "llama": dict(_COMMON, num_key_value_heads=None, max_position_embeddings=2048, rms_norm_eps=1e-6,
                   attention_bias=False, mlp_bias=False),
@@ -24,7 +24,8 @@ DEFAULTS = {
     "mixtral": dict(_COMMON, num_key_value_heads=8, max_position_embeddings=131072, rms_norm_eps=1e-5,
                     sliding_window=None, num_local_experts=8, num_experts_per_tok=2, router_aux_loss_coef=0.001,
                     router_jitter_noise=0.0),
-    "qwen2": dict(_COMMON, num_key_value_heads=32, max_position_embeddings=32768, rms_norm_eps=1e-6,
+    "qwen2": dict(_COMMON, bos_token_id=None, eos_token_id=None, num_key_value_heads=32,
+                  max_position_embeddings=32768, rms_norm_eps=1e-6,
                   use_sliding_window=False, sliding_window=4096, max_window_layers=28),
 }
 DEFAULT_THETA = {"mixtral": 1e6}
@@ -42,7 +43,6 @@ def _qwen2_layer_types(hf: dict) -> tuple[list[str], int | None]:
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-    hf = with_defaults(hf, DEFAULTS[model_type])
     theta, scaling = rope_from_hf(hf, DEFAULT_THETA.get(model_type, 1e4))
     heads = hf["num_attention_heads"]
     pattern, window = "causal", None
@@ -157,4 +157,5 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in STEMS},
                             tuple(f"{stem}Model" for stem in STEMS.values()), config_from_hf, target, config_to_hf,
-                            rules, harmless={"pretraining_tp": "transformers 5 never reads it"})
+                            rules, harmless={"pretraining_tp": "transformers 5 never reads it"},
+                            defaults=DEFAULTS)

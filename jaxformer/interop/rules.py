@@ -57,6 +57,9 @@ class Architecture:
     # config.json keys (by path: 'decoder.is_decoder') that change no number of this architecture's forward
     # pass, each with the reason; any other key its config_from_hf does not read is refused at load.
     harmless: dict[str, str] = dataclasses.field(default_factory=dict)
+    # model_type -> its config class's defaults for the keys a file may leave out (token ids included):
+    # the loader fills them in before config_from_hf reads the file, as transformers' config class does.
+    defaults: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -110,6 +113,8 @@ HARMLESS = {
     **dict.fromkeys(("use_cache", "output_past", "output_attentions", "output_hidden_states", "return_dict",
                      "use_return_dict", "output_router_logits"), "what a call returns, chosen per call here"),
     "gradient_checkpointing": "memory of a training step, not its numbers",
+    "chunk_size_feed_forward": "runs the feed-forward over slices of the sequence: the same numbers",
+    "is_encoder_decoder": "bookkeeping (the family follows from model_type)",
     "cache_implementation": "how transformers lays out its KV cache, not what it holds",
     **dict.fromkeys(("id2label", "label2id", "problem_type", "_num_labels"),
                     "label names (num_labels comes from the head's tensors)"),

@@ -9,6 +9,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import GATED, Architecture, Rule, activation, attention, copy, linear, lm_head, refuse
 
 CLASSES = {"t5": ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel")}
+DEFAULTS = {"t5": dict(pad_token_id=0, eos_token_id=1)}  # T5Config's, for a file that leaves them out
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -35,7 +36,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 relative_buckets=hf.get("relative_attention_num_buckets", 32),
                 relative_max_distance=hf.get("relative_attention_max_distance", 128), attention_scale=1.0,
                 attention="bidirectional" if encoder_only else "causal", qkv_bias=False, out_bias=False,
-                mlp_bias=False, tie_embeddings=tied, scale_tied_logits=bool(scale and tied and not encoder_only),
+                mlp_bias=False, tie_embeddings=tied,
+                scale_tied_logits=bool(scale and tied and arch == "T5ForConditionalGeneration"),
                 clamp_float16=True,
                 head="none" if arch != "T5ForConditionalGeneration" else "lm",
                 dropout_rate=hf.get("dropout_rate", 0.1))
@@ -100,4 +102,4 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 # T5 names its tensors the same with or without a head: nothing is nested.
 ARCHITECTURE = Architecture(CLASSES, {"t5": ""}, CLASSES["t5"], config_from_hf, target, config_to_hf, rules, harmless={
     "is_decoder": "the class decides which stack is which",
-    "num_decoder_layers": "read for models with a decoder; T5EncoderModel has none"})
+    "num_decoder_layers": "read for models with a decoder; T5EncoderModel has none"}, defaults=DEFAULTS)

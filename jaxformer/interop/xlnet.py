@@ -19,9 +19,11 @@ from typing import Any
 import numpy as np
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.rules import INVERSE_ACTIVATIONS, Architecture, Rule, activation, copy, lm_head, norm, refuse
+from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, copy, lm_head, norm, refuse)
 
 CLASSES = {"xlnet": ("XLNetLMHeadModel", "XLNetModel")}
+# XLNetConfig's: a file without mem_len keeps a 512-token memory
+DEFAULTS = {"xlnet": dict(mem_len=512, pad_token_id=5, bos_token_id=1, eos_token_id=2)}
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -125,4 +127,4 @@ ARCHITECTURE = Architecture(CLASSES, {"xlnet": "transformer."}, ("XLNetModel",),
                                                  "summary_activation"), "the QA and sequence-summary heads only"),
                                 **dict.fromkeys(("use_mems_eval", "use_mems_train"),
                                                 "whether transformers carries memory between calls; here the caller "
-                                                "passes it")})
+                                                "passes it")}, defaults=DEFAULTS)
