@@ -4,6 +4,7 @@ transformers' own model loaded from that very file."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import shutil
@@ -190,3 +191,16 @@ def test_published_configs_are_read_not_refused(name):
         assert not generation
     reference = transformers.CONFIG_MAPPING[hf["model_type"]].from_dict(hf)
     assert cfg.num_heads == reference.num_attention_heads and cfg.vocab_size == reference.vocab_size
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_a_published_file_and_its_transformers_5_form_read_the_same(name):
+    """The published file and the file transformers 5 writes after loading it (legacy keys moved into
+    rope_parameters and layer_types, class defaults spelled out) give one ModelConfig."""
+    hf = copy.deepcopy(PUBLISHED[name])
+    reference = transformers.CONFIG_MAPPING[hf["model_type"]].from_dict(copy.deepcopy(hf))
+    rewritten = json.loads(reference.to_json_string(use_diff=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        published, modern = config_from_hf(hf), config_from_hf(rewritten)
+    assert modern.replace(name=published.name) == published

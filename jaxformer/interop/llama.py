@@ -42,6 +42,13 @@ def _qwen2_layer_types(hf: dict) -> tuple[list[str], int | None]:
     return kinds, window
 
 
+def _head_dim(hf: dict, heads: int) -> int | None:
+    """An explicit head_dim, or None where it is the derived hidden_size / heads (transformers 5 writes that
+    one out; a published file leaves it out or null): both files are one model."""
+    head_dim = hf.get("head_dim")
+    return None if head_dim == hf["hidden_size"] // heads else head_dim
+
+
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     theta, scaling = rope_from_hf(hf, DEFAULT_THETA.get(model_type, 1e4))
     heads = hf["num_attention_heads"]
@@ -59,7 +66,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     refuse(model_type == "mixtral" and hf["router_jitter_noise"] > 0, "mixtral: router_jitter_noise > 0 is not supported")
     bias = bool(hf.get("attention_bias", False))
     cfg = dict(family="decoder", d_model=hf["hidden_size"], num_heads=heads,
-               num_kv_heads=hf["num_key_value_heads"] or heads, head_dim=hf.get("head_dim"),
+               num_kv_heads=hf["num_key_value_heads"] or heads, head_dim=_head_dim(hf, heads),
                d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"], norm="rmsnorm",
                norm_eps=hf["rms_norm_eps"], norm_bias=False,
                activation=activation(hf["hidden_act"], True, model_type), position="rope",
