@@ -90,6 +90,9 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "llama-attn-bias-tied": ("LlamaConfig", "LlamaForCausalLM",
                              {**_LLAMA, "attention_bias": True, "tie_word_embeddings": True}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {**_LLAMA, "sliding_window": 4}),
+    # Qwen3: RMSNorm over each query and key head, an explicit head_dim wider than hidden / heads, biases
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA, "head_dim": 12, "attention_bias": True}),
+    "qwen3-base": ("Qwen3Config", "Qwen3Model", {**_LLAMA, "head_dim": 12}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {**_LLAMA, "num_local_experts": 4, "num_experts_per_tok": 2}),
     # DeepSeek: with and without query compression, grouped and ungrouped routing, both rope layouts

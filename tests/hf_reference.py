@@ -69,6 +69,12 @@ def _rope(theta: float) -> dict:
     return {"rope_type": "default", "rope_theta": theta}
 
 
+def _deepseek_yarn(mscale: float) -> dict:
+    """DeepSeek-V2's and V3's published context extension: 4096 pre-trained positions, 40-fold by yarn."""
+    return {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale, "mscale_all_dim": mscale}
+
+
 def _gemma(hidden: int, layers: int, heads: int, kv: int, intermediate: int, vocab: int, **kw) -> dict:
     return dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                 num_key_value_heads=kv, head_dim=256, intermediate_size=intermediate, **kw)
@@ -78,8 +84,12 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
     # --- Gemma (tied head) and T5Gemma (one table per side, the head tied to the decoder's) ---
     "gemma-2-2b": ("Gemma2ForCausalLM", _gemma(2304, 26, 8, 4, 9216, 256000)),
     "gemma-2-9b": ("Gemma2ForCausalLM", _gemma(3584, 42, 16, 8, 14336, 256000)),
-    "gemma-3-1b": ("Gemma3ForCausalLM", _gemma(1152, 26, 4, 1, 6912, 262144, sliding_window=512)),
-    "gemma-3-4b": ("Gemma3ForCausalLM", _gemma(2560, 34, 8, 4, 10240, 262208, sliding_window=1024)),
+    "gemma-3-1b": ("Gemma3ForCausalLM", _gemma(1152, 26, 4, 1, 6912, 262144, sliding_window=512,
+                                               max_position_embeddings=32768)),
+    "gemma-3-4b": ("Gemma3ForCausalLM", _gemma(
+        2560, 34, 8, 4, 10240, 262208, sliding_window=1024,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
     "t5gemma-2b-2b": ("T5GemmaForConditionalGeneration",
                       dict(encoder=_gemma(2304, 26, 8, 4, 9216, 256000), decoder=_gemma(2304, 26, 8, 4, 9216, 256000),
                            vocab_size=256000)),
@@ -255,6 +265,21 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    # Qwen3: an explicit head_dim of 128 and RMSNorm over each query and key head
+    "qwen3-0.6b": (
+        "Qwen3ForCausalLM",
+        dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+             num_attention_heads=16, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+             max_position_embeddings=40960, rms_norm_eps=1e-6, rope_parameters=_rope(1000000.0),
+             attention_bias=False, use_sliding_window=False, max_window_layers=28, tie_word_embeddings=True),
+    ),
+    "qwen3-8b": (
+        "Qwen3ForCausalLM",
+        dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+             num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+             max_position_embeddings=40960, rms_norm_eps=1e-6, rope_parameters=_rope(1000000.0),
+             attention_bias=False, use_sliding_window=False, max_window_layers=36, tie_word_embeddings=False),
+    ),
     "deepseek-v2-lite": (
         "DeepseekV2ForCausalLM",
         dict(
@@ -275,8 +300,8 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             qk_nope_head_dim=128,
             topk_method="greedy",
             first_k_dense_replace=1,
-            max_position_embeddings=4096,
-            rope_parameters=_rope(10000.0),
+            max_position_embeddings=163840,
+            rope_parameters=_deepseek_yarn(0.707),
             tie_word_embeddings=False,
         ),
     ),
@@ -302,8 +327,8 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             n_group=8,
             topk_group=4,
             first_k_dense_replace=3,
-            max_position_embeddings=4096,
-            rope_parameters=_rope(10000.0),
+            max_position_embeddings=163840,
+            rope_parameters=_deepseek_yarn(1.0),
             tie_word_embeddings=False,
         ),
     ),

@@ -79,6 +79,7 @@ EXPORTABLE = {
     "tiny-gpt": "gpt2",
     "tiny-llama": "llama",
     "tiny-mixtral": "mixtral",
+    "tiny-qwen3": "qwen3",
     "tiny-t5": "t5",
     "tiny-bert": "bert",
     "tiny-gemma": "gemma2",

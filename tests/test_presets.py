@@ -62,6 +62,35 @@ def test_param_count_matches_hugging_face(name):
     assert jf.param_count(name) == hf_param_count(name)
 
 
+# What transformers' files cannot say about a preset: GPT-3's banded layers (GPT-2's files have no such
+# setting), and T5 v1.1's untied head (T5Config forces tie_word_embeddings back to True on construction).
+NOT_IN_THE_FILE = {"gpt3-175b": {"attention", "window_size"}, "t5-v1_1-base": {"tie_embeddings"}}
+SHAPE = ("family", "d_model", "num_heads", "kv_heads", "head_dim_", "value_dim", "d_ff", "encoder_layers",
+         "decoder_layers", "activation", "norm", "norm_eps", "position", "rope_theta", "rope_scaling",
+         "local_rope_theta", "max_positions", "attention", "window_size", "layer_types", "qk_norm", "qkv_bias",
+         "out_bias", "tie_embeddings", "num_experts", "experts_per_token", "expert_width", "shared_experts",
+         "dense_layers", "kv_lora_rank", "q_lora_rank", "scale", "attention_softcap", "logits_softcap")
+
+
+@pytest.mark.parametrize("name", sorted(HF_REFERENCE))
+def test_a_preset_is_what_its_published_config_reads_as(name):
+    """Each published preset equals what jaxformer reads from its reference config.json (as transformers
+    writes it): widths, rotary settings (DeepSeek's yarn, Gemma 3's scaled global layers), windows, ..."""
+    import warnings
+
+    transformers = pytest.importorskip("transformers")
+    from jaxformer.interop.hf import config_from_hf
+
+    cls, kwargs = HF_REFERENCE[name]
+    written = getattr(transformers, cls).config_class(**kwargs).to_dict()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        read = config_from_hf({**written, "architectures": [cls]})
+    preset = jf.config(name)
+    fields = [f for f in SHAPE if f not in NOT_IN_THE_FILE.get(name, ())]
+    assert {f: getattr(preset, f) for f in fields} == {f: getattr(read, f) for f in fields}
+
+
 def test_every_published_non_2017_preset_has_an_hf_reference():
     # A new published preset without a reference config would silently escape the check above.
     published = [n for n in jf.presets() if not n.startswith(("tiny-", "transformer-"))]

@@ -1,5 +1,6 @@
-"""LLaMA and its relatives (``llama``, ``mistral``, ``qwen2``, ``mixtral``): RMSNorm, rotary positions,
-gated MLPs (Mixtral: experts), GQA; config and tensor rules, both directions."""
+"""LLaMA and its relatives (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``mixtral``): RMSNorm, rotary
+positions, gated MLPs (Mixtral: experts), GQA, Qwen3's RMSNorm over each query and key head; config and
+tensor rules, both directions."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
                                      rope_from_hf, rope_to_hf, stacked_experts)
 
-STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "mixtral": "Mixtral"}
+STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral"}
+QWEN = ("qwen2", "qwen3")  # the window only under use_sliding_window, sliding from max_window_layers on
 CLASSES = {model_type: (f"{stem}Model", f"{stem}ForCausalLM") for model_type, stem in STEMS.items()}
 
 
@@ -26,6 +28,9 @@ DEFAULTS = {
                     router_jitter_noise=0.0),
     "qwen2": dict(_COMMON, bos_token_id=None, eos_token_id=None, num_key_value_heads=32,
                   max_position_embeddings=32768, rms_norm_eps=1e-6,
+                  use_sliding_window=False, sliding_window=4096, max_window_layers=28),
+    "qwen3": dict(_COMMON, bos_token_id=None, eos_token_id=None, num_key_value_heads=32, head_dim=128,
+                  max_position_embeddings=32768, rms_norm_eps=1e-6, attention_bias=False,
                   use_sliding_window=False, sliding_window=4096, max_window_layers=28),
 }
 DEFAULT_THETA = {"mixtral": 1e6}
@@ -55,11 +60,11 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     pattern, window = "causal", None
     if model_type in ("mistral", "mixtral") and hf.get("sliding_window") is not None:
         pattern, window = "sliding", int(hf["sliding_window"])
-    if model_type == "qwen2":
+    if model_type in QWEN:
         kinds, qwen_window = _qwen2_layer_types(hf)
-        refuse(len(set(kinds)) > 1, f"qwen2: a mix of sliding and full attention layers is not supported "
+        refuse(len(set(kinds)) > 1, f"{model_type}: a mix of sliding and full attention layers is not supported "
                f"(layer_types {kinds})")
-        refuse(kinds[0] == "sliding_attention" and qwen_window is None, "qwen2: sliding layers need "
+        refuse(kinds[0] == "sliding_attention" and qwen_window is None, f"{model_type}: sliding layers need "
                "use_sliding_window=true and a sliding_window")
         if kinds[0] == "sliding_attention":
             pattern, window = "sliding", int(qwen_window)
@@ -74,7 +79,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                attention=pattern, window_size=window, qkv_bias=True if model_type == "qwen2" else bias,
                out_bias=False if model_type == "qwen2" else bias, mlp_bias=bool(hf.get("mlp_bias", False)),
                tie_embeddings=hf["tie_word_embeddings"], head="none" if arch.endswith("Model") else "lm",
-               attention_dropout_rate=hf["attention_dropout"])
+               attention_dropout_rate=hf["attention_dropout"], qk_norm=model_type == "qwen3")
     if model_type == "mixtral":
         cfg.update(num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
                    router_aux_loss_coef=hf["router_aux_loss_coef"])
@@ -93,12 +98,16 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
     if cfg.family != "decoder" or cfg.position != "rope" or cfg.mla:
         return None
     gemma_parts = (cfg.sandwich_norm, cfg.norm_scale_offset, cfg.scale_embeddings, cfg.attention_softcap,
-                   cfg.logits_softcap, cfg.qk_norm, cfg.attention == "alternating", cfg.attention_scale is not None)
+                   cfg.logits_softcap, cfg.attention == "alternating", cfg.attention_scale is not None)
     if any(gemma_parts):  # nothing LLaMA's files can say
         return None
-    if cfg.num_experts and not mixtral_shaped(cfg):
+    if cfg.num_experts and (cfg.qk_norm or not mixtral_shaped(cfg)):
         return None
-    if cfg.num_experts:
+    if cfg.qk_norm:  # Qwen3: one attention_bias for all four projections
+        if cfg.qkv_bias != cfg.out_bias:
+            return None
+        model_type = "qwen3"
+    elif cfg.num_experts:
         model_type = "mixtral"
     elif cfg.qkv_bias and not cfg.out_bias:
         model_type = "qwen2"
@@ -119,9 +128,11 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.pop("rope_scaling", None)
     if model_type == "llama":
         out.update(attention_bias=cfg.qkv_bias, mlp_bias=False)
-    if model_type in ("mistral", "mixtral", "qwen2"):
+    if model_type in ("mistral", "mixtral", *QWEN):
         out["sliding_window"] = cfg.window_size
-    if model_type == "qwen2":
+    if model_type == "qwen3":
+        out["attention_bias"] = cfg.qkv_bias
+    if model_type in QWEN:
         sliding = cfg.attention == "sliding"
         out.update(use_sliding_window=sliding,
                    layer_types=["sliding_attention" if sliding else "full_attention"] * cfg.decoder_layers)
@@ -140,6 +151,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
            *attention(cfg, L + ("attn",), f"{a}.q_proj.weight", f"{a}.k_proj.weight", f"{a}.v_proj.weight",
                       f"{a}.o_proj.weight", f"{a}.q_proj.bias", f"{a}.k_proj.bias", f"{a}.v_proj.bias",
                       f"{a}.o_proj.bias"),
+           *([copy(L + ("attn", "q_norm", "scale"), f"{a}.q_norm.weight"),
+              copy(L + ("attn", "k_norm", "scale"), f"{a}.k_norm.weight")] if cfg.qk_norm else []),
            copy(L + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
            copy(L + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight"),
            copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]

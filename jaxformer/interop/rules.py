@@ -113,6 +113,8 @@ HARMLESS = {
     **dict.fromkeys(("use_cache", "output_past", "output_attentions", "output_hidden_states", "return_dict",
                      "use_return_dict", "output_router_logits"), "what a call returns, chosen per call here"),
     "gradient_checkpointing": "memory of a training step, not its numbers",
+    # read at the top level (the default load dtype); a sub-config's copy (T5Gemma's halves) says the same
+    **dict.fromkeys(("dtype", "torch_dtype"), "the dtype the tensors were saved in, which they carry themselves"),
     "chunk_size_feed_forward": "runs the feed-forward over slices of the sequence: the same numbers",
     "is_encoder_decoder": "bookkeeping (the family follows from model_type)",
     "cache_implementation": "how transformers lays out its KV cache, not what it holds",
