@@ -414,6 +414,7 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
                              f"{cfg.max_positions - 1} tokens (its last ones, say) to generate")
         raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} {limit}; lower "
                          f"max_new_tokens to at most {cfg.max_positions - longest + gc.max_new_tokens}")
+    _refuse_a_cache_rebuild(model, ids.shape[1], gc.max_new_tokens)
     slots = ids.shape[1] + gc.max_new_tokens - 1 if cfg.family == "decoder" else gc.max_new_tokens
     if cfg.position == "xl":  # the memory holds memory_len tokens (all of them when it has no memory_len)
         slots = cfg.memory_len or slots
@@ -429,6 +430,24 @@ def _integer(value):
     if isinstance(value, np.integer):
         return int(value)
     return value
+
+
+def _refuse_a_cache_rebuild(model, columns: int, max_new_tokens: int) -> None:
+    """transformers' Phi-3 drops its cache and runs the whole sequence again at the step whose input first
+    passes original_max_position_embeddings, so that every key takes longrope's long factors; jaxformer's
+    loop keeps its cache (as transformers' other longrope models do). A Phi-3 generation that crosses that
+    length would differ from transformers' without a word, so it is refused."""
+    cfg: ModelConfig = model.config
+    s = cfg.rope_scaling
+    if s is None or s.kind != "longrope" or json.loads(getattr(model, "hf_config", None) or "{}").get(
+            "model_type") != "phi3":
+        return
+    original = s.original_max_positions
+    if columns <= original < columns + max_new_tokens - 1:
+        raise ValueError(f"{cfg.name!r} is a Phi-3 file with longrope: at {original + 1} tokens transformers "
+                         "rebuilds its cache with the long factors, which jaxformer's generate does not; keep "
+                         f"prompt columns + max_new_tokens within {original + 1} (max_new_tokens <= "
+                         f"{original + 1 - columns}), or start from a prompt longer than {original} tokens")
 
 
 def check_cache_memory(cfg: ModelConfig, rows: int, slots: int) -> None:

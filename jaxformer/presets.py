@@ -161,6 +161,9 @@ _PRESETS: dict[str, dict] = {
     "mixtral-8x7b": _llama(4096, 32, 32, 8, 14336, 32000, 1e6, 32768, num_experts=8, experts_per_token=2,
                            router_aux_loss_coef=0.02),
     "qwen2-7b": _llama(3584, 28, 28, 4, 18944, 152064, 1e6, 131072, qkv_bias=True, norm_eps=1e-6),
+    # Phi-3-mini-4k: LLaMA's block (fused tensors in its files) with a 2047-token window
+    "phi-3-mini-4k": _llama(3072, 32, 32, 32, 8192, 32064, 10000.0, 4096, attention="sliding", window_size=2047,
+                            pad_token_id=32000, bos_token_id=1, eos_token_id=32000),
     # Qwen3: RMSNorm over each query and key head before rotary positions, head_dim 128 whatever the width
     "qwen3-0.6b": _llama(1024, 28, 16, 8, 3072, 151936, 1e6, 40960, head_dim=128, qk_norm=True, norm_eps=1e-6,
                          tie_embeddings=True),

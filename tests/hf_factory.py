@@ -87,6 +87,13 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                                                            "short_factor": [1.0, 1.05, 1.2, 1.6],
                                                            "long_factor": [1.0, 1.8, 3.5, 9.0],
                                                            "original_max_position_embeddings": 16}}),
+    # Phi-3: fused qkv and gate/up tensors, a window shorter than the test sequences; Phi-3.5's longrope
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {**_LLAMA, "sliding_window": 4, "pad_token_id": 0}),
+    "phi3-longrope": ("Phi3Config", "Phi3ForCausalLM",
+                      {**_LLAMA, "pad_token_id": 0, "original_max_position_embeddings": 16,
+                       "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "short_factor": [1.0, 1.05, 1.2, 1.6],
+                                           "long_factor": [1.0, 1.8, 3.5, 9.0]}}),
     "llama-attn-bias-tied": ("LlamaConfig", "LlamaForCausalLM",
                              {**_LLAMA, "attention_bias": True, "tie_word_embeddings": True}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {**_LLAMA, "sliding_window": 4}),

@@ -265,6 +265,13 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    "phi-3-mini-4k": (
+        "Phi3ForCausalLM",
+        dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,
+             num_key_value_heads=32, hidden_act="silu", max_position_embeddings=4096,
+             original_max_position_embeddings=4096, rms_norm_eps=1e-5, rope_parameters=_rope(10000.0),
+             sliding_window=2047, tie_word_embeddings=False),
+    ),
     # Qwen3: an explicit head_dim of 128 and RMSNorm over each query and key head
     "qwen3-0.6b": (
         "Qwen3ForCausalLM",

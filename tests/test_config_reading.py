@@ -57,7 +57,7 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
                       decoder_attention_heads=4, encoder_layers=2, decoder_layers=2, vocab_size=97),
          "xlnet": dict(d_model=32, n_head=4, n_layer=2, d_inner=48, vocab_size=97),
          "deepseek_v2": _DEEPSEEK, "deepseek_v3": _DEEPSEEK,
-         **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma2", "gemma3_text"),
+         **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"),
                          dict(_SIZES, num_key_value_heads=2, head_dim=8))}
 
 

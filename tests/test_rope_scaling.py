@@ -113,7 +113,8 @@ def test_deepseek_yarn_also_corrects_the_softmax_scale():
 
 
 @pytest.mark.parametrize("name, threshold", [("qwen2-rope-yarn", 16), ("llama-rope-dynamic", 16),
-                                             ("llama-rope-longrope", 16), ("deepseek-v2-lite-yarn", 16),
+                                             ("llama-rope-longrope", 16), ("phi3-longrope", 16),
+                                             ("deepseek-v2-lite-yarn", 16),
                                              ("deepseek-v3-yarn", 16)])
 def test_a_scaled_model_matches_transformers_past_its_pretraining_length(name, threshold, checkpoints):
     """Every layer and the logits at 1.5 times the pretraining length (max_position_embeddings for dynamic),
@@ -169,3 +170,20 @@ def test_bad_scaling_settings_are_refused_by_name():
     ]:
         with pytest.raises(ValueError, match=message):
             config_from_hf({"model_type": "llama", **BASE, "rope_scaling": rope})
+
+
+def test_a_phi3_generation_across_the_switch_is_refused_and_one_past_it_matches(checkpoints):
+    """transformers' Phi-3 rebuilds its cache when the input first passes the pretraining length (every key
+    then takes the long factors); jaxformer refuses a generation that would cross it, and matches
+    transformers on each side of it."""
+    folder = checkpoints("phi3-longrope")
+    model, reference = jf.from_pretrained(folder), reference_model(folder)
+    ids = np.random.default_rng(2).integers(3, 96, (2, 8))
+    with pytest.raises(ValueError, match="rebuilds its cache with the long factors"):
+        model.generate(ids, max_new_tokens=14)
+    for prompt, new in ((ids, 9), (np.concatenate([ids, ids + 1, ids[:, :2]], axis=1), 6)):  # 8 + 9 - 1 = 16; 18
+        ours = model.generate(prompt, max_new_tokens=new, eos_token_id=None)
+        with torch.no_grad():
+            theirs = reference.generate(torch.as_tensor(prompt), max_new_tokens=new, do_sample=False,
+                                        eos_token_id=None).numpy()
+        np.testing.assert_array_equal(ours, theirs)

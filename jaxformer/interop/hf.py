@@ -89,7 +89,7 @@ def _check_field_types(fields: dict, arch: str) -> None:
 
 def config_to_hf(cfg: ModelConfig, base: dict | None = None) -> dict:
     """A transformers config dict for ``cfg``; fields jaxformer does not model are kept from ``base``."""
-    model_type, arch = hf_target(cfg)
+    model_type, arch = hf_target(cfg, (base or {}).get("model_type"))
     out = dict(base or {})
     out.update(model_type=model_type, architectures=[arch], vocab_size=cfg.vocab_size, dtype=cfg.param_dtype,
                initializer_range=cfg.init_std)
@@ -143,7 +143,7 @@ def to_hf_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     """The model's parameters as HF-named numpy arrays, plus the HF config dict."""
     cfg: ModelConfig = model.config
     base = json.loads(getattr(model, "hf_config", None) or "{}")
-    model_type, arch = hf_target(cfg)
+    model_type, arch = hf_target(cfg, base.get("model_type"))
     if base and (base.get("model_type"), (base.get("architectures") or [arch])[0]) == (model_type, arch):
         hf = config_to_hf(cfg, base)
     else:

@@ -1,16 +1,17 @@
-"""LLaMA and its relatives (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``mixtral``): RMSNorm, rotary
-positions, gated MLPs (Mixtral: experts), GQA, Qwen3's RMSNorm over each query and key head; config and
-tensor rules, both directions."""
+"""LLaMA and its relatives (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``mixtral``, ``phi3``): RMSNorm,
+rotary positions, gated MLPs (Mixtral: experts), GQA, Qwen3's RMSNorm over each query and key head, Phi-3's
+fused qkv and gate/up tensors; config and tensor rules, both directions."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
-                                     rope_from_hf, rope_to_hf, stacked_experts)
+from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, fused_heads_in, fused_linear,
+                                     heads_out, linear, lm_head, refuse, rope_from_hf, rope_to_hf, stacked_experts)
 
-STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral"}
+STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral",
+         "phi3": "Phi3"}
 QWEN = ("qwen2", "qwen3")  # the window only under use_sliding_window, sliding from max_window_layers on
 CLASSES = {model_type: (f"{stem}Model", f"{stem}ForCausalLM") for model_type, stem in STEMS.items()}
 
@@ -29,6 +30,9 @@ DEFAULTS = {
     "qwen2": dict(_COMMON, bos_token_id=None, eos_token_id=None, num_key_value_heads=32,
                   max_position_embeddings=32768, rms_norm_eps=1e-6,
                   use_sliding_window=False, sliding_window=4096, max_window_layers=28),
+    "phi3": dict(_COMMON, eos_token_id=32000, pad_token_id=32000, num_key_value_heads=None,
+                 max_position_embeddings=4096, original_max_position_embeddings=4096, rms_norm_eps=1e-5,
+                 sliding_window=None, resid_pdrop=0.0),
     "qwen3": dict(_COMMON, bos_token_id=None, eos_token_id=None, num_key_value_heads=32, head_dim=128,
                   max_position_embeddings=32768, rms_norm_eps=1e-6, attention_bias=False,
                   use_sliding_window=False, sliding_window=4096, max_window_layers=28),
@@ -58,7 +62,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     theta, scaling = rope_from_hf(hf, DEFAULT_THETA.get(model_type, 1e4))
     heads = hf["num_attention_heads"]
     pattern, window = "causal", None
-    if model_type in ("mistral", "mixtral") and hf.get("sliding_window") is not None:
+    if model_type in ("mistral", "mixtral", "phi3") and hf.get("sliding_window") is not None:
         pattern, window = "sliding", int(hf["sliding_window"])
     if model_type in QWEN:
         kinds, qwen_window = _qwen2_layer_types(hf)
@@ -69,7 +73,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         if kinds[0] == "sliding_attention":
             pattern, window = "sliding", int(qwen_window)
     refuse(model_type == "mixtral" and hf["router_jitter_noise"] > 0, "mixtral: router_jitter_noise > 0 is not supported")
-    bias = bool(hf.get("attention_bias", False))
+    bias = bool(hf.get("attention_bias", False)) and model_type != "phi3"  # Phi-3's attention has no biases
     cfg = dict(family="decoder", d_model=hf["hidden_size"], num_heads=heads,
                num_kv_heads=hf["num_key_value_heads"] or heads, head_dim=_head_dim(hf, heads),
                d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"], norm="rmsnorm",
@@ -83,6 +87,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     if model_type == "mixtral":
         cfg.update(num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
                    router_aux_loss_coef=hf["router_aux_loss_coef"])
+    if model_type == "phi3":
+        cfg["dropout_rate"] = float(hf["resid_pdrop"])  # embd_pdrop: training-time, not modelled (HARMLESS)
     return cfg
 
 
@@ -118,6 +124,16 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
     return model_type, STEMS[model_type] + ("ForCausalLM" if cfg.head == "lm" else "Model")
 
 
+def target_as(cfg: ModelConfig, model_type: str) -> tuple[str, str] | None:
+    """A model loaded from ``model_type`` is written back as it when that type holds it: Phi-3 holds what
+    plain LLaMA (or Mistral, with a window) holds, in fused tensors."""
+    found = target(cfg)
+    suffix = "ForCausalLM" if cfg.head == "lm" else "Model"
+    if model_type == "phi3" and found is not None and found[0] in ("llama", "mistral") and not cfg.qkv_bias:
+        return "phi3", f"Phi3{suffix}"
+    return found if found is not None and found[0] == model_type else None
+
+
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
                head_dim=cfg.head_dim_, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.decoder_layers,
@@ -128,8 +144,11 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.pop("rope_scaling", None)
     if model_type == "llama":
         out.update(attention_bias=cfg.qkv_bias, mlp_bias=False)
-    if model_type in ("mistral", "mixtral", *QWEN):
+    if model_type in ("mistral", "mixtral", "phi3", *QWEN):
         out["sliding_window"] = cfg.window_size
+    if model_type == "phi3":
+        out.update(resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate)
+        out.pop("attention_bias", None)
     if model_type == "qwen3":
         out["attention_bias"] = cfg.qkv_bias
     if model_type in QWEN:
@@ -147,10 +166,15 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     p, L = prefix, ("decoder", "blocks")
     layer = f"{p}layers.{{i}}"
     a = f"{layer}.self_attn"
-    out = [copy(("embed", "table"), f"{p}embed_tokens.weight"),
-           *attention(cfg, L + ("attn",), f"{a}.q_proj.weight", f"{a}.k_proj.weight", f"{a}.v_proj.weight",
-                      f"{a}.o_proj.weight", f"{a}.q_proj.bias", f"{a}.k_proj.bias", f"{a}.v_proj.bias",
-                      f"{a}.o_proj.bias"),
+    if model_type == "phi3":  # queries, keys and values in one tensor
+        projections = [fused_heads_in([L + ("attn", n) for n in "qkv"], f"{a}.qkv_proj.weight",
+                                      (cfg.num_heads, cfg.kv_heads, cfg.kv_heads), cfg.head_dim_),
+                       heads_out(L + ("attn", "o"), f"{a}.o_proj.weight", cfg.num_heads, cfg.head_dim_)]
+    else:
+        projections = attention(cfg, L + ("attn",), f"{a}.q_proj.weight", f"{a}.k_proj.weight", f"{a}.v_proj.weight",
+                                f"{a}.o_proj.weight", f"{a}.q_proj.bias", f"{a}.k_proj.bias", f"{a}.v_proj.bias",
+                                f"{a}.o_proj.bias")
+    out = [copy(("embed", "table"), f"{p}embed_tokens.weight"), *projections,
            *([copy(L + ("attn", "q_norm", "scale"), f"{a}.q_norm.weight"),
               copy(L + ("attn", "k_norm", "scale"), f"{a}.k_norm.weight")] if cfg.qk_norm else []),
            copy(L + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
@@ -164,6 +188,9 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
         out += [linear(L + ("mlp", "router"), f"{moe}.gate.weight"),
                 experts("w1", "wi_gate"), experts("w3", "wi"), experts("w2", "wo")]
+    elif model_type == "phi3":  # the gate, then the up projection, in one tensor
+        out += [fused_linear([L + ("mlp", "wi_gate"), L + ("mlp", "wi")], f"{layer}.mlp.gate_up_proj.weight"),
+                linear(L + ("mlp", "wo"), f"{layer}.mlp.down_proj.weight")]
     else:
         out += [linear(L + ("mlp", "wi_gate"), f"{layer}.mlp.gate_proj.weight"),
                 linear(L + ("mlp", "wi"), f"{layer}.mlp.up_proj.weight"),
@@ -178,4 +205,4 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in STEMS},
                             tuple(f"{stem}Model" for stem in STEMS.values()), config_from_hf, target, config_to_hf,
                             rules, harmless={"pretraining_tp": "transformers 5 never reads it"},
-                            defaults=DEFAULTS)
+                            target_as=target_as, defaults=DEFAULTS)

@@ -40,8 +40,13 @@ def architecture_of(hf: dict) -> tuple[str, str]:
     return model_type, arch
 
 
-def hf_target(cfg: ModelConfig) -> tuple[str, str]:
-    """The transformers model_type and class that hold exactly this configuration."""
+def hf_target(cfg: ModelConfig, prefer: str | None = None) -> tuple[str, str]:
+    """The transformers model_type and class that hold exactly this configuration: ``prefer`` (the
+    model_type a model was loaded from) when it can, else the first architecture that claims it."""
+    if prefer in BY_MODEL_TYPE and BY_MODEL_TYPE[prefer].target_as is not None:
+        found = BY_MODEL_TYPE[prefer].target_as(cfg, prefer)
+        if found is not None:
+            return found
     for architecture in ARCHITECTURES:
         found = architecture.target(cfg)
         if found is not None and (not cfg.inverse_layer_scale or found[0] == "gpt2"):  # only GPT-2 holds it

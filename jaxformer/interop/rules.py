@@ -57,6 +57,10 @@ class Architecture:
     # config.json keys (by path: 'decoder.is_decoder') that change no number of this architecture's forward
     # pass, each with the reason; any other key its config_from_hf does not read is refused at load.
     harmless: dict[str, str] = dataclasses.field(default_factory=dict)
+    # ``target_as(cfg, model_type)``: the class of this architecture's ``model_type`` that holds ``cfg`` too,
+    # or None; where several model types hold one config (Phi-3's fused tensors hold LLaMA's numbers), a
+    # model loaded from one is written back as the same. None: only ``target`` counts.
+    target_as: Callable[[ModelConfig, str], tuple[str, str] | None] | None = None
     # model_type -> its config class's defaults for the keys a file may leave out (token ids included):
     # the loader fills them in before config_from_hf reads the file, as transformers' config class does.
     defaults: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -205,9 +209,10 @@ def rope_from_hf(hf: dict, default_theta: float = 10000.0) -> tuple[float, RopeS
     scaling, parameters = hf.get("rope_scaling"), hf.get("rope_parameters")  # both read: the first replaces the other
     params = dict(scaling or parameters or {})
     params.setdefault("rope_theta", hf.get("rope_theta", default_theta))
-    if "original_max_position_embeddings" in hf and _kind(params) in PRETRAINED_LENGTH:
+    beside = hf.get("original_max_position_embeddings")  # read whatever the kind: only some use it
+    if beside is not None and _kind(params) in PRETRAINED_LENGTH:
         # Phi-3 keeps the pretraining length beside the rope dict, and there it wins
-        params["original_max_position_embeddings"] = hf["original_max_position_embeddings"]
+        params["original_max_position_embeddings"] = beside
     return rope_spec(params, hf.get("max_position_embeddings"))
 
 
@@ -345,6 +350,26 @@ def heads_in(path, name, heads, head_dim) -> Rule:
     """q/k/v projection [N*H, D] <-> [D, N, H]."""
     return Rule((path,), (name,), lambda t: [t[0].T.reshape(-1, heads, head_dim)],
                 lambda p: [p[0].reshape(p[0].shape[0], -1).T])
+
+
+def fused_heads_in(paths, name, heads: tuple[int, ...], head_dim: int) -> Rule:
+    """One fused projection [(N_1 + N_2 + ...) * H, D] (Phi-3's qkv_proj: queries, then keys, then values)
+    <-> one [D, N_i, H] kernel per part."""
+    bounds = np.cumsum([0, *heads])
+
+    def load(t):
+        w = t[0].T
+        return [w[:, a * head_dim:b * head_dim].reshape(-1, b - a, head_dim) for a, b in zip(bounds, bounds[1:])]
+
+    return Rule(tuple(paths), (name,), load,
+                lambda p: [np.concatenate([k.reshape(k.shape[0], -1) for k in p], axis=1).T])
+
+
+def fused_linear(paths, name) -> Rule:
+    """One fused Linear [n * out, in] (Phi-3's gate_up_proj: the gate, then the up projection) <-> n
+    kernels [in, out]."""
+    return Rule(tuple(paths), (name,), lambda t: [w.T for w in np.split(t[0], len(paths))],
+                lambda p: [np.concatenate([k.T for k in p], axis=0)])
 
 
 def heads_out(path, name, heads, head_dim) -> Rule:
