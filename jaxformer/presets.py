@@ -28,6 +28,10 @@ def _bert(d_model: int, layers: int, heads: int, vocab: int = 30522, **kw) -> di
     return {**base, **kw}
 
 
+_GPT_NEO = dict(attention="alternating", window_size=256, attention_scale=1.0, qkv_bias=False, dropout_rate=0.0,
+                attention_dropout_rate=0.0, bos_token_id=50256, eos_token_id=50256)
+
+
 def _gpt2(d_model: int, layers: int, heads: int, max_positions: int = 1024, **kw) -> dict:
     # Pre-norm with a final LayerNorm, tanh-GELU, learned positions, LM head tied to the embedding.
     base = dict(family="decoder", vocab_size=50257, d_model=d_model, num_heads=heads, d_ff=4 * d_model,
@@ -142,6 +146,10 @@ _PRESETS: dict[str, dict] = {
     # GPT-3 175B (Brown et al. 2020, table 2.1): GPT-2's architecture at 96 x 12288 with 2048 positions,
     # alternating dense and locally banded attention. The paper does not give the band width; 256 is
     # the local window of GPT-Neo, the open replication.
+    # GPT-Neo (EleutherAI's replication of GPT-3's pattern): global and 256-token local layers in turn,
+    # unscaled scores, no q/k/v biases
+    "gpt-neo-125m": _gpt2(768, 12, 12, max_positions=2048, **_GPT_NEO),
+    "gpt-neo-1.3b": _gpt2(2048, 24, 16, max_positions=2048, **_GPT_NEO),
     "gpt3-175b": _gpt2(12288, 96, 96, max_positions=2048, attention="alternating", window_size=256),
     "t5-small": _t5(512, 2048, 6, 8),
     "t5-base": _t5(768, 3072, 12, 12),

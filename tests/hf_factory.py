@@ -61,6 +61,11 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "roberta-mlm": ("RobertaConfig", "RobertaForMaskedLM", _ROBERTA),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
     "gpt2-base": ("GPT2Config", "GPT2Model", _GPT2),
+    # GPT-Neo: global and local layers (window 4, shorter than the test sequences), unscaled scores
+    "gpt-neo": ("GPTNeoConfig", "GPTNeoForCausalLM",
+                dict(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, max_position_embeddings=40,
+                     attention_types=[[["global", "local"], 1], [["local"], 1]], window_size=4,
+                     initializer_range=STD, bos_token_id=1, eos_token_id=2)),
     # GPT-2-family files that divide layer i's scores by i + 1 (and compute them upcast, reordered)
     "gpt2-inverse-layer-scale": ("GPT2Config", "GPT2LMHeadModel",
                                  {**_GPT2, "n_layer": 3, "scale_attn_by_inverse_layer_idx": True,

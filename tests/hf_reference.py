@@ -246,6 +246,12 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    "gpt-neo-125m": ("GPTNeoForCausalLM", dict(vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
+                                               max_position_embeddings=2048, window_size=256,
+                                               attention_types=[[["global", "local"], 6]])),
+    "gpt-neo-1.3b": ("GPTNeoForCausalLM", dict(vocab_size=50257, hidden_size=2048, num_layers=24, num_heads=16,
+                                               max_position_embeddings=2048, window_size=256,
+                                               attention_types=[[["global", "local"], 12]])),
     "qwen2-7b": (
         "Qwen2ForCausalLM",
         dict(

@@ -29,9 +29,14 @@ CLASSES = {"t5gemma": "T5GemmaModuleConfig"}
 
 
 def _class_defaults(model_type: str) -> dict:
+    """The config class's field defaults; GPT-Neo's attention_types, None there, with the value the class
+    derives on construction (other None fields, as num_key_value_heads, mean "the same as" and stay None)."""
     cls = getattr(transformers, CLASSES[model_type]) if model_type in CLASSES else \
         transformers.CONFIG_MAPPING[model_type]
-    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    fields = {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+    if fields.get("attention_types", 0) is None:
+        fields["attention_types"] = cls().attention_types
+    return fields
 
 
 TABLES = {**gemma.DEFAULTS,
@@ -52,6 +57,7 @@ _SIZES = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_h
 _DEEPSEEK = dict(_SIZES, moe_intermediate_size=16, num_key_value_heads=4, num_hidden_layers=5, kv_lora_rank=12,
                  qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, n_routed_experts=16, num_experts_per_tok=2)
 SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
+         "gpt_neo": dict(hidden_size=32, num_heads=4, num_layers=24, vocab_size=97),
          "t5": dict(d_model=32, d_ff=48, d_kv=8, num_heads=4, num_layers=2, vocab_size=97),
          "bart": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
                       decoder_attention_heads=4, encoder_layers=2, decoder_layers=2, vocab_size=97),

@@ -67,7 +67,7 @@ def test_param_count_matches_hugging_face(name):
 NOT_IN_THE_FILE = {"gpt3-175b": {"attention", "window_size"}, "t5-v1_1-base": {"tie_embeddings"}}
 SHAPE = ("family", "d_model", "num_heads", "kv_heads", "head_dim_", "value_dim", "d_ff", "encoder_layers",
          "decoder_layers", "activation", "norm", "norm_eps", "position", "rope_theta", "rope_scaling",
-         "local_rope_theta", "max_positions", "attention", "window_size", "layer_types", "qk_norm", "qkv_bias",
+         "local_rope_theta", "max_positions", "attention", "window_size", "sliding_layers", "qk_norm", "qkv_bias",
          "out_bias", "tie_embeddings", "num_experts", "experts_per_token", "expert_width", "shared_experts",
          "dense_layers", "kv_lora_rank", "q_lora_rank", "scale", "attention_softcap", "logits_softcap")
 

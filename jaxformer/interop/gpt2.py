@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxformer.config import ModelConfig
+from jaxformer.config import GATED_ACTIVATIONS, ModelConfig
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, copy, lm_head, norm, refuse)
 
 CLASSES = {"gpt2": ("GPT2Model", "GPT2LMHeadModel")}
@@ -28,7 +28,14 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if cfg.family != "decoder" or cfg.position != "learned":
+    """GPT-2 holds learned-position pre-norm decoders with causal attention, scaled or not (and by layer),
+    biased q, k, v, o and MLP, and a plain activation."""
+    if not (cfg.family == "decoder" and cfg.position == "learned" and cfg.norm == "layernorm"
+            and cfg.norm_position == "pre" and cfg.final_norm and cfg.attention == "causal"
+            and cfg.attention_scale in (None, 1.0) and cfg.qkv_bias and cfg.out_bias and cfg.mlp_bias
+            and cfg.activation not in GATED_ACTIVATIONS and cfg.kv_heads == cfg.num_heads
+            and cfg.head_dim_ * cfg.num_heads == cfg.d_model and not cfg.scale_embeddings
+            and not cfg.embedding_norm):
         return None
     return "gpt2", "GPT2LMHeadModel" if cfg.head == "lm" else "GPT2Model"
 
