@@ -146,6 +146,8 @@ _PRESETS: dict[str, dict] = {
     # GPT-3 175B (Brown et al. 2020, table 2.1): GPT-2's architecture at 96 x 12288 with 2048 positions,
     # alternating dense and locally banded attention. The paper does not give the band width; 256 is
     # the local window of GPT-Neo, the open replication.
+    # GPT-1 (Radford et al. 2018): post-norm blocks without a final norm, tanh-GELU, 512 learned positions
+    "openai-gpt": _gpt2(768, 12, 12, max_positions=512, vocab_size=40478, norm_position="post", final_norm=False),
     # GPT-Neo (EleutherAI's replication of GPT-3's pattern): global and 256-token local layers in turn,
     # unscaled scores, no q/k/v biases
     "gpt-neo-125m": _gpt2(768, 12, 12, max_positions=2048, **_GPT_NEO),

@@ -61,6 +61,10 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "roberta-mlm": ("RobertaConfig", "RobertaForMaskedLM", _ROBERTA),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
     "gpt2-base": ("GPT2Config", "GPT2Model", _GPT2),
+    # GPT-1: post-norm blocks, no final norm, its own "gelu" (the tanh form)
+    "openai-gpt": ("OpenAIGPTConfig", "OpenAIGPTLMHeadModel",
+                   dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=40, initializer_range=STD,
+                        bos_token_id=1, eos_token_id=2)),
     # GPT-Neo: global and local layers (window 4, shorter than the test sequences), unscaled scores
     "gpt-neo": ("GPTNeoConfig", "GPTNeoForCausalLM",
                 dict(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, max_position_embeddings=40,

@@ -246,6 +246,8 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    "openai-gpt": ("OpenAIGPTLMHeadModel", dict(vocab_size=40478, n_embd=768, n_layer=12, n_head=12, n_positions=512,
+                                                afn="gelu")),
     "gpt-neo-125m": ("GPTNeoForCausalLM", dict(vocab_size=50257, hidden_size=768, num_layers=12, num_heads=12,
                                                max_position_embeddings=2048, window_size=256,
                                                attention_types=[[["global", "local"], 6]])),

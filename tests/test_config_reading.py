@@ -58,6 +58,7 @@ _DEEPSEEK = dict(_SIZES, moe_intermediate_size=16, num_key_value_heads=4, num_hi
                  qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, n_routed_experts=16, num_experts_per_tok=2)
 SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "gpt_neo": dict(hidden_size=32, num_heads=4, num_layers=24, vocab_size=97),
+         "openai-gpt": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "t5": dict(d_model=32, d_ff=48, d_kv=8, num_heads=4, num_layers=2, vocab_size=97),
          "bart": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
                       decoder_attention_heads=4, encoder_layers=2, decoder_layers=2, vocab_size=97),

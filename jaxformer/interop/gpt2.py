@@ -1,5 +1,6 @@
-"""GPT-2 (``gpt2``): config and tensor rules, both directions. Its Conv1D weights are stored
-input-major ([in, out]), and q, k, v share one fused ``c_attn`` tensor."""
+"""GPT-2 (``gpt2``) and GPT-1 (``openai-gpt``): config and tensor rules, both directions. Their Conv1D
+weights are stored input-major ([in, out]), and q, k, v share one fused ``c_attn`` tensor. GPT-1 is the
+post-norm original: each sublayer's sum normed after it, no final norm, and its "gelu" is the tanh form."""
 
 from __future__ import annotations
 
@@ -10,11 +11,25 @@ import numpy as np
 from jaxformer.config import GATED_ACTIVATIONS, ModelConfig
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, copy, lm_head, norm, refuse)
 
-CLASSES = {"gpt2": ("GPT2Model", "GPT2LMHeadModel")}
-DEFAULTS = {"gpt2": dict(n_positions=1024, bos_token_id=50256, eos_token_id=50256)}  # GPT2Config's
+CLASSES = {"gpt2": ("GPT2Model", "GPT2LMHeadModel"), "openai-gpt": ("OpenAIGPTModel", "OpenAIGPTLMHeadModel")}
+# The config classes' defaults, for files that leave them out
+DEFAULTS = {"gpt2": dict(n_positions=1024, bos_token_id=50256, eos_token_id=50256),
+            "openai-gpt": dict(n_positions=512, afn="gelu", layer_norm_epsilon=1e-5, resid_pdrop=0.1, attn_pdrop=0.1,
+                               tie_word_embeddings=True)}
+# transformers' OpenAI GPT has its own table: its "gelu" is the tanh approximation
+GPT1_ACTIVATIONS = {"gelu": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu"}
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    if model_type == "openai-gpt":
+        refuse(hf["afn"] not in GPT1_ACTIVATIONS, f"openai-gpt: afn={hf['afn']!r} is not supported; supported: "
+               f"{sorted(GPT1_ACTIVATIONS)}")
+        return dict(family="decoder", d_model=hf["n_embd"], num_heads=hf["n_head"], d_ff=4 * hf["n_embd"],
+                    decoder_layers=hf["n_layer"], norm_eps=hf["layer_norm_epsilon"], norm_position="post",
+                    final_norm=False, activation=GPT1_ACTIVATIONS[hf["afn"]], position="learned",
+                    max_positions=hf["n_positions"], attention="causal",
+                    head="none" if arch == "OpenAIGPTModel" else "lm", tie_embeddings=hf["tie_word_embeddings"],
+                    dropout_rate=float(hf["resid_pdrop"]), attention_dropout_rate=float(hf["attn_pdrop"]))
     refuse(hf.get("add_cross_attention", False), "gpt2: add_cross_attention=True is not supported")
     return dict(family="decoder", d_model=hf["n_embd"], num_heads=hf["n_head"],
                 d_ff=hf.get("n_inner") or 4 * hf["n_embd"], decoder_layers=hf["n_layer"],
@@ -29,18 +44,32 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
     """GPT-2 holds learned-position pre-norm decoders with causal attention, scaled or not (and by layer),
-    biased q, k, v, o and MLP, and a plain activation."""
+    biased q, k, v, o and MLP, and a plain activation; GPT-1 the post-norm ones without a final norm."""
     if not (cfg.family == "decoder" and cfg.position == "learned" and cfg.norm == "layernorm"
-            and cfg.norm_position == "pre" and cfg.final_norm and cfg.attention == "causal"
-            and cfg.attention_scale in (None, 1.0) and cfg.qkv_bias and cfg.out_bias and cfg.mlp_bias
+            and cfg.attention == "causal" and cfg.qkv_bias and cfg.out_bias and cfg.mlp_bias
             and cfg.activation not in GATED_ACTIVATIONS and cfg.kv_heads == cfg.num_heads
             and cfg.head_dim_ * cfg.num_heads == cfg.d_model and not cfg.scale_embeddings
             and not cfg.embedding_norm):
         return None
-    return "gpt2", "GPT2LMHeadModel" if cfg.head == "lm" else "GPT2Model"
+    suffix = "LMHeadModel" if cfg.head == "lm" else "Model"
+    if cfg.norm_position == "post":  # GPT-1: no final norm, scaled scores, a 4 x wide MLP
+        if (cfg.final_norm or cfg.attention_scale is not None or cfg.inverse_layer_scale
+                or cfg.d_ff != 4 * cfg.d_model or cfg.activation not in ("gelu_tanh", "relu", "silu")):
+            return None
+        return "openai-gpt", f"OpenAIGPT{suffix}"
+    if not cfg.final_norm or cfg.attention_scale not in (None, 1.0):
+        return None
+    return "gpt2", f"GPT2{suffix}"
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
+    if model_type == "openai-gpt":
+        out.update(n_embd=cfg.d_model, n_head=cfg.num_heads, n_layer=cfg.decoder_layers,
+                   n_positions=cfg.max_positions, layer_norm_epsilon=cfg.norm_eps,
+                   afn={"gelu_tanh": "gelu", "relu": "relu", "silu": "silu"}[cfg.activation],
+                   tie_word_embeddings=cfg.tie_embeddings, resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate,
+                   attn_pdrop=cfg.attention_dropout_rate)
+        return
     out.update(n_embd=cfg.d_model, n_head=cfg.num_heads, n_inner=cfg.d_ff, n_layer=cfg.decoder_layers,
                n_positions=cfg.max_positions, layer_norm_epsilon=cfg.norm_eps,
                activation_function=INVERSE_ACTIVATIONS[cfg.activation], scale_attn_weights=cfg.attention_scale is None,
@@ -52,6 +81,9 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     p, L = prefix, ("decoder", "blocks")
     N, H, D = cfg.num_heads, cfg.head_dim_, cfg.d_model
     layer = f"{p}h.{{i}}"
+    gpt1 = model_type == "openai-gpt"
+    tokens, positions = (f"{p}tokens_embed.weight", f"{p}positions_embed.weight") if gpt1 else (f"{p}wte.weight",
+                                                                                              f"{p}wpe.weight")
 
     def split_qkv(t):  # Conv1D [D, 3D] (input-major) -> three [D, N, H]
         return [w.reshape(D, N, H) for w in np.split(t[0], 3, axis=1)]
@@ -60,8 +92,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         return [np.concatenate([w.reshape(D, N * H) for w in ps], axis=1)]
 
     out = [
-        copy(("embed", "table"), f"{p}wte.weight"),
-        copy(("embeddings", "positions", "table"), f"{p}wpe.weight"),
+        copy(("embed", "table"), tokens),
+        copy(("embeddings", "positions", "table"), positions),
         Rule(tuple(L + ("attn", n) for n in "qkv"), (f"{layer}.attn.c_attn.weight",), split_qkv, join_qkv),
         Rule(tuple(L + ("attn", f"{n}_bias") for n in "qkv"), (f"{layer}.attn.c_attn.bias",),
              lambda t: [b.reshape(N, H) for b in np.split(t[0], 3)],
@@ -75,16 +107,17 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         copy(L + ("mlp", "bi"), f"{layer}.mlp.c_fc.bias"),
         copy(L + ("mlp", "wo"), f"{layer}.mlp.c_proj.weight"),
         copy(L + ("mlp", "bo"), f"{layer}.mlp.c_proj.bias"),
-        *norm(("decoder", "final_norm"), f"{p}ln_f", True),
+        *([] if gpt1 else norm(("decoder", "final_norm"), f"{p}ln_f", True)),
     ]
-    head, aliases = lm_head(cfg, f"{p}wte.weight")
+    head, aliases = lm_head(cfg, tokens)
     return out + head, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"gpt2": "transformer."}, ("GPT2Model",), config_from_hf, target,
-                            config_to_hf, rules, harmless={
+ARCHITECTURE = Architecture(CLASSES, dict.fromkeys(CLASSES, "transformer."), ("GPT2Model", "OpenAIGPTModel"),
+                            config_from_hf, target, config_to_hf, rules, harmless={
                                 **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation",
-                                                 "summary_proj_to_labels"), "GPT2DoubleHeadsModel's head only"),
+                                                 "summary_proj_to_labels", "predict_special_tokens"),
+                                                "the double-heads models' multiple-choice head only"),
                                 "reorder_and_upcast_attn": "scores and softmax in float32, which jaxformer computes "
                                                            "whatever the dtype",
                                 "n_ctx": "transformers' GPT-2 never reads it; n_positions sizes the table"},
