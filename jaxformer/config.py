@@ -256,6 +256,7 @@ class ModelConfig:
     experts_per_token: int = 2
     expert_d_ff: int | None = None  # a routed expert's hidden size; None: d_ff
     shared_experts: int = 0  # always-on experts (DeepSeekMoE): one gated MLP of shared_experts * expert_d_ff
+    shared_expert_gate: bool = False  # the shared experts' output times sigmoid(x . w_gate) per token (Qwen2-MoE)
     dense_layers: int = 0  # the first layers keep a dense MLP of d_ff (DeepSeek's first_k_dense_replace)
     router_score: str = "softmax"  # softmax over experts (Mixtral, DeepSeek-V2) or per-expert sigmoid (V3)
     router_groups: int = 1  # experts split into groups; a token first picks router_topk_groups of them
@@ -514,8 +515,12 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.routed_scaling={self.routed_scaling!r} must be a finite number > 0")
             _one_of("router_aux_loss", self.router_aux_loss, ROUTER_AUX_LOSSES)
             _one_of("moe_dispatch", self.moe_dispatch, MOE_DISPATCHES)
+            if self.shared_expert_gate and not self.shared_experts:
+                raise ValueError("ModelConfig.shared_expert_gate=True gates the shared experts; it needs "
+                                 "shared_experts > 0")
         else:
-            moe_only = {"expert_d_ff": None, "shared_experts": 0, "dense_layers": 0, "router_bias": False}
+            moe_only = {"expert_d_ff": None, "shared_experts": 0, "dense_layers": 0, "router_bias": False,
+                        "shared_expert_gate": False}
             for field, off in moe_only.items():
                 if getattr(self, field) != off:
                     raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs num_experts > 0")

@@ -177,6 +177,14 @@ _PRESETS: dict[str, dict] = {
     # Qwen3: RMSNorm over each query and key head before rotary positions, head_dim 128 whatever the width
     "qwen3-0.6b": _llama(1024, 28, 16, 8, 3072, 151936, 1e6, 40960, head_dim=128, qk_norm=True, norm_eps=1e-6,
                          tie_embeddings=True),
+    # The Qwen MoEs: softmax top-k over narrow experts; Qwen3's renormalised, Qwen1.5's with a gated shared
+    # expert four experts wide and q/k/v biases
+    "qwen3-30b-a3b": _llama(2048, 48, 32, 4, 6144, 151936, 1e6, 40960, head_dim=128, qk_norm=True, norm_eps=1e-6,
+                            num_experts=128, experts_per_token=8, expert_d_ff=768, normalize_router_weights=True,
+                            router_aux_loss_coef=0.001),
+    "qwen1.5-moe-a2.7b": _llama(2048, 24, 16, 16, 5632, 151936, 1e6, 8192, qkv_bias=True, norm_eps=1e-6,
+                                num_experts=60, experts_per_token=4, expert_d_ff=1408, normalize_router_weights=False,
+                                shared_experts=4, shared_expert_gate=True, router_aux_loss_coef=0.001),
     "qwen3-8b": _llama(4096, 36, 32, 8, 12288, 151936, 1e6, 40960, head_dim=128, qk_norm=True, norm_eps=1e-6),
     "deepseek-v2-lite": _deepseek(2048, 27, 16, 10944, 1408, 64, 6, 2, 1, 102400, v3=False, q_lora_rank=None,
                                   bos_token_id=100000, eos_token_id=100001),

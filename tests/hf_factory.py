@@ -110,6 +110,14 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {**_LLAMA, "head_dim": 12, "attention_bias": True}),
     "qwen3-base": ("Qwen3Config", "Qwen3Model", {**_LLAMA, "head_dim": 12}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA),
+    # Qwen MoEs: experts narrower than the dense MLP, the first layer dense; Qwen3's renormalised and with
+    # q/k norms, Qwen2's not renormalised, with q/k/v biases and a shared expert behind its sigmoid gate
+    "qwen3-moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {**_LLAMA, "num_hidden_layers": 3, "head_dim": 12, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 16, "norm_topk_prob": True, "mlp_only_layers": [0]}),
+    "qwen2-moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  {**_LLAMA, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 16, "shared_expert_intermediate_size": 32, "mlp_only_layers": [0]}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {**_LLAMA, "num_local_experts": 4, "num_experts_per_tok": 2}),
     # DeepSeek: with and without query compression, grouped and ungrouped routing, both rope layouts
     "deepseek-v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", _DEEPSEEK_V2),

@@ -295,6 +295,22 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
              max_position_embeddings=40960, rms_norm_eps=1e-6, rope_parameters=_rope(1000000.0),
              attention_bias=False, use_sliding_window=False, max_window_layers=36, tie_word_embeddings=False),
     ),
+    "qwen3-30b-a3b": (
+        "Qwen3MoeForCausalLM",
+        dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,
+             num_key_value_heads=4, head_dim=128, hidden_act="silu", max_position_embeddings=40960, rms_norm_eps=1e-6,
+             rope_parameters=_rope(1000000.0), num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001,
+             tie_word_embeddings=False),
+    ),
+    "qwen1.5-moe-a2.7b": (
+        "Qwen2MoeForCausalLM",
+        dict(vocab_size=151936, hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
+             num_key_value_heads=16, hidden_act="silu", max_position_embeddings=8192, rms_norm_eps=1e-6,
+             rope_parameters=_rope(1000000.0), num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
+             shared_expert_intermediate_size=5632, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+             use_sliding_window=False, max_window_layers=21, router_aux_loss_coef=0.001, tie_word_embeddings=False),
+    ),
     "deepseek-v2-lite": (
         "DeepseekV2ForCausalLM",
         dict(

@@ -250,7 +250,8 @@ def _batch(family, rng):
 @pytest.mark.parametrize("name, num_beams", [(name, beams) for name in ["gpt2", "llama", "mistral", "t5", "bart"]
                                              for beams in (1, 3)] + [("deepseek-v2", 1), ("deepseek-v3", 3),
                                                                      ("qwen3", 3), ("phi3", 1), ("gpt-neo", 3),
-                                                                     ("openai-gpt", 1),
+                                                                     ("openai-gpt", 1), ("qwen3-moe", 1),
+                                                                     ("qwen2-moe", 3),
                                                                      ("gemma2", 1), ("gemma3", 3), ("t5gemma", 1)])
 def test_token_identical_to_transformers(name, num_beams, tmp_path):
     save_checkpoint(name, tmp_path)

@@ -1,6 +1,8 @@
-"""LLaMA and its relatives (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``mixtral``, ``phi3``): RMSNorm,
-rotary positions, gated MLPs (Mixtral: experts), GQA, Qwen3's RMSNorm over each query and key head, Phi-3's
-fused qkv and gate/up tensors; config and tensor rules, both directions."""
+"""LLaMA and its relatives (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``mixtral``, ``phi3``,
+``qwen2_moe``, ``qwen3_moe``): RMSNorm, rotary positions, gated MLPs or experts (Mixtral's, and the Qwen
+MoEs' softmax top-k with their first layers dense and Qwen2-MoE's gated shared expert), GQA, Qwen3's RMSNorm
+over each query and key head, Phi-3's fused qkv and gate/up tensors; config and tensor rules, both
+directions."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from jaxformer.interop.rules import (Architecture, Rule, activation, attention, 
                                      heads_out, linear, lm_head, refuse, rope_from_hf, rope_to_hf, stacked_experts)
 
 STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral",
-         "phi3": "Phi3"}
-QWEN = ("qwen2", "qwen3")  # the window only under use_sliding_window, sliding from max_window_layers on
+         "phi3": "Phi3", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe"}
+QWEN = ("qwen2", "qwen3", "qwen2_moe")  # the window only under use_sliding_window, sliding from max_window_layers
+QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 CLASSES = {model_type: (f"{stem}Model", f"{stem}ForCausalLM") for model_type, stem in STEMS.items()}
 
 
@@ -33,6 +36,15 @@ DEFAULTS = {
     "phi3": dict(_COMMON, eos_token_id=32000, pad_token_id=32000, num_key_value_heads=None,
                  max_position_embeddings=4096, original_max_position_embeddings=4096, rms_norm_eps=1e-5,
                  sliding_window=None, resid_pdrop=0.0),
+    "qwen2_moe": dict(_COMMON, bos_token_id=None, eos_token_id=None, num_key_value_heads=16, qkv_bias=True,
+                      max_position_embeddings=32768, rms_norm_eps=1e-6, use_sliding_window=False, sliding_window=4096,
+                      max_window_layers=28, decoder_sparse_step=1, mlp_only_layers=None, num_experts=60,
+                      num_experts_per_tok=4, moe_intermediate_size=1408, shared_expert_intermediate_size=5632,
+                      norm_topk_prob=False, router_aux_loss_coef=0.001),
+    "qwen3_moe": dict(_COMMON, bos_token_id=None, eos_token_id=None, num_key_value_heads=4, attention_bias=False,
+                      max_position_embeddings=32768, rms_norm_eps=1e-6, use_sliding_window=False, sliding_window=4096,
+                      decoder_sparse_step=1, mlp_only_layers=None, num_experts=128, num_experts_per_tok=8,
+                      moe_intermediate_size=768, norm_topk_prob=False, router_aux_loss_coef=0.001),
     "qwen3": dict(_COMMON, bos_token_id=None, eos_token_id=None, num_key_value_heads=32, head_dim=128,
                   max_position_embeddings=32768, rms_norm_eps=1e-6, attention_bias=False,
                   use_sliding_window=False, sliding_window=4096, max_window_layers=28),
@@ -72,6 +84,9 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                "use_sliding_window=true and a sliding_window")
         if kinds[0] == "sliding_attention":
             pattern, window = "sliding", int(qwen_window)
+    if model_type == "qwen3_moe":  # its attention reads no layer types: a window would be every layer's
+        refuse(bool(hf["use_sliding_window"]), f"qwen3_moe: use_sliding_window=true (window {hf['sliding_window']}) "
+               "is not supported")
     refuse(model_type == "mixtral" and hf["router_jitter_noise"] > 0, "mixtral: router_jitter_noise > 0 is not supported")
     bias = bool(hf.get("attention_bias", False)) and model_type != "phi3"  # Phi-3's attention has no biases
     cfg = dict(family="decoder", d_model=hf["hidden_size"], num_heads=heads,
@@ -80,16 +95,43 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                norm_eps=hf["rms_norm_eps"], norm_bias=False,
                activation=activation(hf["hidden_act"], True, model_type), position="rope",
                rope_theta=theta, rope_scaling=scaling, max_positions=hf["max_position_embeddings"],
-               attention=pattern, window_size=window, qkv_bias=True if model_type == "qwen2" else bias,
-               out_bias=False if model_type == "qwen2" else bias, mlp_bias=bool(hf.get("mlp_bias", False)),
-               tie_embeddings=hf["tie_word_embeddings"], head="none" if arch.endswith("Model") else "lm",
-               attention_dropout_rate=hf["attention_dropout"], qk_norm=model_type == "qwen3")
+               attention=pattern, window_size=window, qkv_bias=bias, out_bias=bias,
+               mlp_bias=bool(hf.get("mlp_bias", False)), tie_embeddings=hf["tie_word_embeddings"],
+               head="none" if arch.endswith("Model") else "lm", attention_dropout_rate=hf["attention_dropout"],
+               qk_norm=model_type in ("qwen3", "qwen3_moe"))
+    if model_type in ("qwen2", "qwen2_moe"):  # biases on q, k and v only (Qwen2-MoE: its qkv_bias, default on)
+        cfg.update(qkv_bias=bool(hf["qkv_bias"]) if model_type == "qwen2_moe" else True, out_bias=False)
+    if model_type in QWEN_MOE:
+        cfg.update(_qwen_experts(hf, model_type))
     if model_type == "mixtral":
         cfg.update(num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
                    router_aux_loss_coef=hf["router_aux_loss_coef"])
     if model_type == "phi3":
         cfg["dropout_rate"] = float(hf["resid_pdrop"])  # embd_pdrop: training-time, not modelled (HARMLESS)
     return cfg
+
+
+def _qwen_experts(hf: dict, model_type: str) -> dict[str, Any]:
+    """The Qwen MoEs' experts: softmax top-k, renormalised when norm_topk_prob; layer i holds experts when it
+    is not in mlp_only_layers and (i + 1) is a multiple of decoder_sparse_step, which jaxformer models when
+    the dense layers come first; Qwen2-MoE adds one shared expert, its output gated by a sigmoid."""
+    layers, step, only = hf["num_hidden_layers"], hf["decoder_sparse_step"], set(hf["mlp_only_layers"] or ())
+    dense = [i for i in range(layers) if i in only or (i + 1) % step]
+    refuse(dense != list(range(len(dense))), f"{model_type}: dense layers {dense} (mlp_only_layers="
+           f"{hf['mlp_only_layers']}, decoder_sparse_step={step}) are supported only as the first layers")
+    width = hf["moe_intermediate_size"]
+    # Qwen3-MoE's config class keeps num_experts as num_local_experts (what it writes), which wins
+    local, named = hf.get("num_local_experts"), hf["num_experts"]
+    experts = local or named
+    out = dict(num_experts=experts, experts_per_token=hf["num_experts_per_tok"], expert_d_ff=width,
+               normalize_router_weights=bool(hf["norm_topk_prob"]), router_aux_loss_coef=hf["router_aux_loss_coef"],
+               dense_layers=len(dense))
+    if model_type == "qwen2_moe":
+        shared = hf["shared_expert_intermediate_size"]
+        refuse(shared % width != 0, f"qwen2_moe: shared_expert_intermediate_size={shared} is not a multiple of "
+               f"moe_intermediate_size={width}; jaxformer's shared experts are whole experts wide")
+        out.update(shared_experts=shared // width, shared_expert_gate=True)
+    return out
 
 
 def mixtral_shaped(cfg: ModelConfig) -> bool:
@@ -107,8 +149,8 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
                    cfg.logits_softcap, cfg.attention == "alternating", cfg.attention_scale is not None)
     if any(gemma_parts):  # nothing LLaMA's files can say
         return None
-    if cfg.num_experts and (cfg.qk_norm or not mixtral_shaped(cfg)):
-        return None
+    if cfg.num_experts and not (mixtral_shaped(cfg) and not cfg.qk_norm and not cfg.qkv_bias):
+        return _qwen_moe_target(cfg)
     if cfg.qk_norm:  # Qwen3: one attention_bias for all four projections
         if cfg.qkv_bias != cfg.out_bias:
             return None
@@ -122,6 +164,20 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
     else:
         model_type = "llama"
     return model_type, STEMS[model_type] + ("ForCausalLM" if cfg.head == "lm" else "Model")
+
+
+def _qwen_moe_target(cfg: ModelConfig) -> tuple[str, str] | None:
+    """Qwen3-MoE holds softmax top-k experts with q/k norms; Qwen2-MoE the same with q/k/v biases and one
+    gated shared expert."""
+    if not (cfg.router_score == "softmax" and cfg.router_groups == 1 and not cfg.router_bias
+            and cfg.routed_scaling == 1.0 and cfg.router_aux_loss == "batch"):
+        return None
+    suffix = "ForCausalLM" if cfg.head == "lm" else "Model"
+    if cfg.qk_norm and not cfg.shared_experts and cfg.qkv_bias == cfg.out_bias and cfg.attention == "causal":
+        return "qwen3_moe", f"Qwen3Moe{suffix}"
+    if not cfg.qk_norm and cfg.shared_expert_gate and not cfg.out_bias:
+        return "qwen2_moe", f"Qwen2Moe{suffix}"
+    return None
 
 
 def target_as(cfg: ModelConfig, model_type: str) -> tuple[str, str] | None:
@@ -149,8 +205,15 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     if model_type == "phi3":
         out.update(resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate)
         out.pop("attention_bias", None)
-    if model_type == "qwen3":
+    if model_type in ("qwen3", "qwen3_moe"):
         out["attention_bias"] = cfg.qkv_bias
+    if model_type in QWEN_MOE:
+        out.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
+                   moe_intermediate_size=cfg.expert_width, norm_topk_prob=cfg.normalize_router_weights,
+                   router_aux_loss_coef=cfg.router_aux_loss_coef, decoder_sparse_step=1,
+                   mlp_only_layers=list(range(cfg.dense_layers)))
+    if model_type == "qwen2_moe":
+        out.update(qkv_bias=cfg.qkv_bias, shared_expert_intermediate_size=cfg.shared_experts * cfg.expert_width)
     if model_type in QWEN:
         sliding = cfg.attention == "sliding"
         out.update(use_sliding_window=sliding,
@@ -174,35 +237,53 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         projections = attention(cfg, L + ("attn",), f"{a}.q_proj.weight", f"{a}.k_proj.weight", f"{a}.v_proj.weight",
                                 f"{a}.o_proj.weight", f"{a}.q_proj.bias", f"{a}.k_proj.bias", f"{a}.v_proj.bias",
                                 f"{a}.o_proj.bias")
-    out = [copy(("embed", "table"), f"{p}embed_tokens.weight"), *projections,
-           *([copy(L + ("attn", "q_norm", "scale"), f"{a}.q_norm.weight"),
-              copy(L + ("attn", "k_norm", "scale"), f"{a}.k_norm.weight")] if cfg.qk_norm else []),
-           copy(L + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
-           copy(L + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight"),
-           copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
-    if cfg.num_experts:
-        moe = f"{layer}.block_sparse_moe"
-
-        def experts(w: str, path: str) -> Rule:
-            return stacked_experts(L + ("mlp", path), [f"{moe}.experts.{e}.{w}.weight" for e in range(cfg.num_experts)])
-
-        out += [linear(L + ("mlp", "router"), f"{moe}.gate.weight"),
-                experts("w1", "wi_gate"), experts("w3", "wi"), experts("w2", "wo")]
-    elif model_type == "phi3":  # the gate, then the up projection, in one tensor
-        out += [fused_linear([L + ("mlp", "wi_gate"), L + ("mlp", "wi")], f"{layer}.mlp.gate_up_proj.weight"),
-                linear(L + ("mlp", "wo"), f"{layer}.mlp.down_proj.weight")]
-    else:
-        out += [linear(L + ("mlp", "wi_gate"), f"{layer}.mlp.gate_proj.weight"),
-                linear(L + ("mlp", "wi"), f"{layer}.mlp.up_proj.weight"),
-                linear(L + ("mlp", "wo"), f"{layer}.mlp.down_proj.weight")]
+    def block_rules(S: tuple[str, ...], moe: bool) -> list[Rule]:
+        """One stack's tensors: ``blocks``, or DeepSeek-style ``dense_blocks`` for the first dense layers."""
+        mlp, m = S + ("mlp",), f"{layer}.mlp"
+        out = [*[Rule(tuple(S + path[2:] for path in r.paths), r.names, r.load, r.save) for r in projections],
+               *([copy(S + ("attn", "q_norm", "scale"), f"{a}.q_norm.weight"),
+                  copy(S + ("attn", "k_norm", "scale"), f"{a}.k_norm.weight")] if cfg.qk_norm else []),
+               copy(S + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
+               copy(S + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight")]
+        if moe and model_type == "mixtral":
+            moe_name = f"{layer}.block_sparse_moe"
+            return out + [linear(mlp + ("router",), f"{moe_name}.gate.weight"),
+                          *[stacked_experts(mlp + (path,), [f"{moe_name}.experts.{e}.{w}.weight"
+                                                            for e in range(cfg.num_experts)])
+                            for w, path in (("w1", "wi_gate"), ("w3", "wi"), ("w2", "wo"))]]
+        if moe:  # the Qwen MoEs
+            out += [linear(mlp + ("router",), f"{m}.gate.weight"),
+                    *[stacked_experts(mlp + (path,), [f"{m}.experts.{e}.{w}.weight" for e in range(cfg.num_experts)])
+                      for w, path in (("gate_proj", "wi_gate"), ("up_proj", "wi"), ("down_proj", "wo"))]]
+            if cfg.shared_experts:
+                out += [linear(mlp + ("shared", "wi_gate"), f"{m}.shared_expert.gate_proj.weight"),
+                        linear(mlp + ("shared", "wi"), f"{m}.shared_expert.up_proj.weight"),
+                        linear(mlp + ("shared", "wo"), f"{m}.shared_expert.down_proj.weight"),
+                        Rule((mlp + ("shared_gate",),), (f"{m}.shared_expert_gate.weight",), lambda t: [t[0][0]],
+                             lambda ps: [ps[0][None]])]
+            return out
+        if model_type == "phi3":  # the gate, then the up projection, in one tensor
+            return out + [fused_linear([mlp + ("wi_gate",), mlp + ("wi",)], f"{m}.gate_up_proj.weight"),
+                          linear(mlp + ("wo",), f"{m}.down_proj.weight")]
         if cfg.mlp_bias:
             # jaxformer's gated MLP has one input bias (on the up projection); HF has one on each.
             raise ValueError("llama: mlp_bias=True is not supported")
+        return out + [linear(mlp + ("wi_gate",), f"{m}.gate_proj.weight"), linear(mlp + ("wi",), f"{m}.up_proj.weight"),
+                      linear(mlp + ("wo",), f"{m}.down_proj.weight")]
+
+    k, L = cfg.dense_layers, cfg.decoder_layers
+    out = [copy(("embed", "table"), f"{p}embed_tokens.weight"),
+           copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
+    if k:
+        out += [rule.in_layers(0, k) for rule in block_rules(("decoder", "dense_blocks"), moe=False)]
+    out += [rule.in_layers(k, L) if k else rule for rule in block_rules(("decoder", "blocks"), bool(cfg.num_experts))]
     head, aliases = lm_head(cfg, f"{p}embed_tokens.weight")
     return out + head, aliases
 
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in STEMS},
                             tuple(f"{stem}Model" for stem in STEMS.values()), config_from_hf, target, config_to_hf,
-                            rules, harmless={"pretraining_tp": "transformers 5 never reads it"},
+                            rules, harmless={"pretraining_tp": "transformers 5 never reads it",
+                                             "max_window_layers": "in Qwen3-MoE's files, which nothing of it reads "
+                                                                  "(Qwen2's and Qwen3's read theirs)"},
                             target_as=target_as, defaults=DEFAULTS)

@@ -300,6 +300,8 @@ class MoE(nnx.Module):
         projection(self, "wo", cfg, rngs, (E, F, D), ("experts", "mlp", "embed"), batch=1, role="experts")
         self.shared = (MLP(cfg, rngs=rngs, width=cfg.shared_experts * F, bias=False, role="shared_experts")
                        if cfg.shared_experts else None)
+        # Qwen2-MoE: how much of the shared experts' output each token takes, sigmoid(x . w)
+        self.shared_gate = param(rngs, (D,), ("embed",), cfg) if cfg.shared_expert_gate else None
 
     def __call__(self, x: Array, token_mask: Array | None = None) -> tuple[Array, dict[str, Array]]:
         cfg, dt = self.config, self.dtype
@@ -312,7 +314,11 @@ class MoE(nnx.Module):
         experts = grouped_experts if use_grouped_dispatch(cfg) else dense_experts
         y = experts(x, routing, *weights, cfg.activation)
         if self.shared is not None:
-            y = y + self.shared(x)
+            shared = self.shared(x)
+            if self.shared_gate is not None:
+                gate = jax.nn.sigmoid(jnp.einsum("BTD,D->BT", x, self.shared_gate[...].astype(x.dtype)))
+                shared = shared * gate[..., None]
+            y = y + shared
         return y, router_statistics(cfg, routing, token_mask)
 
 
