@@ -228,7 +228,14 @@ class ModelConfig:
     q_lora_rank: int | None = None  # MLA: a low-rank query projection through this width; None: a plain one
     rope_head_dim: int = 64  # MLA: the rotary part of each query and key head
     v_head_dim: int | None = None  # MLA: the value head size; None: head_dim
-    rope_interleave: bool = False  # MLA: rotary pairs are adjacent (x0, x1), (x2, x3), as DeepSeek lays them out
+    rope_interleave: bool = False  # rotary pairs are adjacent (x0, x1), (x2, x3), as DeepSeek and GPT-J lay them out
+    # partial rotary: only the first rotary_dim numbers of each query and key head rotate, the rest pass through
+    # (GPT-NeoX's rotary_pct of the head, GPT-J's rotary_dim); None: the whole head (MLA: rope_head_dim)
+    rotary_dim: int | None = None
+    # attention and MLP read the same input and join the residual together, x + attn(norm(x)) + mlp(norm'(x))
+    # (GPT-NeoX, GPT-J); with parallel_shared_norm both read one norm (GPT-J)
+    parallel_residual: bool = False
+    parallel_shared_norm: bool = False
 
     qkv_bias: bool = True
     out_bias: bool = True
@@ -444,10 +451,26 @@ class ModelConfig:
             if self.qkv_bias:
                 raise ValueError("ModelConfig.qkv_bias=True is not supported with multi-head latent attention")
         else:
-            for field, off in {"q_lora_rank": None, "v_head_dim": None, "rope_interleave": False}.items():
+            for field, off in {"q_lora_rank": None, "v_head_dim": None}.items():
                 if getattr(self, field) != off:
                     raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs kv_lora_rank "
                                      "(multi-head latent attention)")
+        if self.rope_interleave and self.position != "rope":
+            raise ValueError(f"ModelConfig.rope_interleave=True needs position='rope', not {self.position!r}")
+        if self.rotary_dim is not None:
+            if self.position != "rope" or self.mla:
+                raise ValueError("ModelConfig.rotary_dim (partial rotary) needs position='rope' and standard "
+                                 "attention (latent attention sets its rotary width with rope_head_dim)")
+            if not (isinstance(self.rotary_dim, int) and 0 < self.rotary_dim <= self.head_dim_
+                    and self.rotary_dim % 2 == 0):
+                raise ValueError(f"ModelConfig.rotary_dim={self.rotary_dim!r} must be an even integer in "
+                                 f"(0, head_dim={self.head_dim_}]")
+        if self.parallel_shared_norm and not self.parallel_residual:
+            raise ValueError("ModelConfig.parallel_shared_norm=True needs parallel_residual=True")
+        if self.parallel_residual and (self.norm_position != "pre" or self.family != "decoder" or self.sandwich_norm
+                                       or self.position == "xl"):
+            raise ValueError("ModelConfig.parallel_residual=True needs a pre-norm decoder without sandwich norms or "
+                             "Transformer-XL memory")
         if self.inverse_layer_scale and (self.mla or self.position == "xl"):
             raise ValueError("ModelConfig.inverse_layer_scale scales standard self-attention; multi-head latent and "
                              "Transformer-XL attention do not take it")
@@ -604,8 +627,8 @@ class ModelConfig:
 
     @property
     def rope_dim(self) -> int:
-        """Width of the rotated part of a query/key head: all of it, or MLA's rope_head_dim."""
-        return self.rope_head_dim if self.mla else self.head_dim_
+        """Width of the rotated part of a query/key head: all of it, ``rotary_dim``, or MLA's rope_head_dim."""
+        return self.rope_head_dim if self.mla else self.rotary_dim or self.head_dim_
 
     @property
     def value_dim(self) -> int:

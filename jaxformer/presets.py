@@ -28,6 +28,16 @@ def _bert(d_model: int, layers: int, heads: int, vocab: int = 30522, **kw) -> di
     return {**base, **kw}
 
 
+def _neox(d_model: int, layers: int, heads: int, d_ff: int, vocab: int, **kw) -> dict:
+    # GPT-NeoX / Pythia: pre-norm LayerNorm blocks with attention and MLP side by side, a quarter of each head
+    # rotating, biases everywhere, exact GELU, an untied head
+    base = dict(family="decoder", vocab_size=vocab, d_model=d_model, num_heads=heads, d_ff=d_ff, decoder_layers=layers,
+                norm_eps=1e-5, activation="gelu", position="rope", rope_theta=10000.0,
+                rotary_dim=d_model // heads // 4, max_positions=2048, attention="causal", parallel_residual=True, tie_embeddings=False,
+                dropout_rate=0.0, attention_dropout_rate=0.0)
+    return {**base, **kw}
+
+
 _GPT_NEO = dict(attention="alternating", window_size=256, attention_scale=1.0, qkv_bias=False, dropout_rate=0.0,
                 attention_dropout_rate=0.0, bos_token_id=50256, eos_token_id=50256)
 
@@ -152,6 +162,14 @@ _PRESETS: dict[str, dict] = {
     # unscaled scores, no q/k/v biases
     "gpt-neo-125m": _gpt2(768, 12, 12, max_positions=2048, **_GPT_NEO),
     "gpt-neo-1.3b": _gpt2(2048, 24, 16, max_positions=2048, **_GPT_NEO),
+    # EleutherAI's rotary GPTs
+    "pythia-160m": _neox(768, 12, 12, 3072, 50304, bos_token_id=0, eos_token_id=0),
+    "pythia-1b": _neox(2048, 16, 8, 8192, 50304, bos_token_id=0, eos_token_id=0),
+    "gpt-neox-20b": _neox(6144, 44, 64, 24576, 50432, bos_token_id=0, eos_token_id=0),
+    # GPT-J: half of each 256-wide head rotates in adjacent pairs, one norm for both branches, a biased head
+    "gpt-j-6b": _neox(4096, 28, 16, 16384, 50400, activation="gelu_tanh", rotary_dim=64, rope_interleave=True,
+                      parallel_shared_norm=True, qkv_bias=False, out_bias=False, lm_head_bias=True,
+                      bos_token_id=50256, eos_token_id=50256),
     "gpt3-175b": _gpt2(12288, 96, 96, max_positions=2048, attention="alternating", window_size=256),
     "t5-small": _t5(512, 2048, 6, 8),
     "t5-base": _t5(768, 3072, 12, 12),

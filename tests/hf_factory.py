@@ -70,6 +70,21 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                 dict(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, max_position_embeddings=40,
                      attention_types=[[["global", "local"], 1], [["local"], 1]], window_size=4,
                      initializer_range=STD, bos_token_id=1, eos_token_id=2)),
+    # GPT-NeoX (Pythia): a quarter of each head rotates, attention and MLP side by side; one in turn;
+    # GPT-J: half of each head rotates in adjacent pairs, one norm for both branches, a biased head
+    "gpt-neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM",
+                 dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48,
+                      max_position_embeddings=64, initializer_range=STD, bos_token_id=1, eos_token_id=2,
+                      attn_implementation="eager")),
+    "gpt-neox-sequential": ("GPTNeoXConfig", "GPTNeoXModel",
+                            dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=48, max_position_embeddings=64, initializer_range=STD,
+                                 use_parallel_residual=False, rope_parameters={"rope_type": "default",
+                                                                               "rope_theta": 500.0,
+                                                                               "partial_rotary_factor": 0.5})),
+    "gptj": ("GPTJConfig", "GPTJForCausalLM",
+             dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, rotary_dim=4, n_positions=64, initializer_range=STD,
+                  bos_token_id=1, eos_token_id=2)),
     # GPT-2-family files that divide layer i's scores by i + 1 (and compute them upcast, reordered)
     "gpt2-inverse-layer-scale": ("GPT2Config", "GPT2LMHeadModel",
                                  {**_GPT2, "n_layer": 3, "scale_attn_by_inverse_layer_idx": True,

@@ -114,6 +114,7 @@ def gemma_block(cfg: ModelConfig) -> bool:
     return (cfg.position == "rope" and cfg.norm == "rmsnorm" and cfg.norm_scale_offset == 1.0 and cfg.sandwich_norm
             and cfg.activation == "geglu" and cfg.scale_embeddings and not cfg.mlp_bias and not cfg.num_experts
             and not cfg.mla and cfg.qkv_bias == cfg.out_bias and cfg.attention in ("causal", "sliding", "alternating")
+            and cfg.rotary_dim is None and not cfg.rope_interleave and not cfg.parallel_residual
             # the scale must be some query_pre_attn_scalar ** -0.5 (1 / sqrt(h) and h ** -0.5 may differ in the last bit)
             and math.isclose(round(cfg.scale ** -2) ** -0.5, cfg.scale, rel_tol=1e-12))
 

@@ -49,7 +49,7 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
             and cfg.attention == "causal" and cfg.qkv_bias and cfg.out_bias and cfg.mlp_bias
             and cfg.activation not in GATED_ACTIVATIONS and cfg.kv_heads == cfg.num_heads
             and cfg.head_dim_ * cfg.num_heads == cfg.d_model and not cfg.scale_embeddings
-            and not cfg.embedding_norm):
+            and not cfg.embedding_norm and not cfg.parallel_residual):
         return None
     suffix = "LMHeadModel" if cfg.head == "lm" else "Model"
     if cfg.norm_position == "post":  # GPT-1: no final norm, scaled scores, a 4 x wide MLP

@@ -57,7 +57,7 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
             and cfg.out_bias and cfg.mlp_bias and cfg.activation not in GATED_ACTIVATIONS
             and cfg.attention in ("causal", "sliding", "alternating") and cfg.kv_heads == cfg.num_heads
             and cfg.head_dim_ * cfg.num_heads == cfg.d_model and not cfg.inverse_layer_scale
-            and not cfg.scale_embeddings and not cfg.embedding_norm):
+            and not cfg.scale_embeddings and not cfg.embedding_norm and not cfg.parallel_residual):
         return None
     return "gpt_neo", "GPTNeoForCausalLM" if cfg.head == "lm" else "GPTNeoModel"
 

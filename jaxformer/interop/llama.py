@@ -146,7 +146,8 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
     if cfg.family != "decoder" or cfg.position != "rope" or cfg.mla:
         return None
     gemma_parts = (cfg.sandwich_norm, cfg.norm_scale_offset, cfg.scale_embeddings, cfg.attention_softcap,
-                   cfg.logits_softcap, cfg.attention == "alternating", cfg.attention_scale is not None)
+                   cfg.logits_softcap, cfg.attention == "alternating", cfg.attention_scale is not None,
+                   cfg.rotary_dim is not None, cfg.rope_interleave, cfg.parallel_residual)  # or NeoX's, GPT-J's
     if any(gemma_parts):  # nothing LLaMA's files can say
         return None
     if cfg.num_experts and not (mixtral_shaped(cfg) and not cfg.qk_norm and not cfg.qkv_bias):

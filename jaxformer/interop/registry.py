@@ -8,13 +8,14 @@ Hugging Face folders shares (model weights in ``hf``, PEFT adapters in ``peft``)
 from __future__ import annotations
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop import bart, bert, deepseek, gemma, gpt2, gpt_neo, llama, t5, t5gemma, xlnet
+from jaxformer.interop import bart, bert, deepseek, gemma, gpt2, gpt_neo, gpt_neox, llama, t5, t5gemma, xlnet
 from jaxformer.interop.rules import Architecture, Rule
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     bert.ARCHITECTURE,
     gpt2.ARCHITECTURE,
     gpt_neo.ARCHITECTURE,
+    gpt_neox.ARCHITECTURE,
     deepseek.ARCHITECTURE,
     gemma.ARCHITECTURE,
     llama.ARCHITECTURE,

@@ -427,7 +427,8 @@ def lm_head(cfg: ModelConfig, embedding: str) -> tuple[list[Rule], dict[str, str
 # Running rules
 
 # Non-parameter tensors older checkpoints carry; they hold nothing a model needs.
-IGNORABLE = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq", "embeddings.position_ids")
+IGNORABLE = (".attn.bias", ".attn.masked_bias", ".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq",
+             "embeddings.position_ids")
 
 
 @functools.lru_cache(maxsize=8)

@@ -191,6 +191,7 @@ class Attention(nnx.Module):
         else:
             self.q_bias = self.k_bias = self.v_bias = None
         self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
+        self.rotary_dim, self.rope_interleave = cfg.rotary_dim, cfg.rope_interleave
         # Gemma 3: each query and key head is normalised before its rotary positions
         self.q_norm = Norm(cfg, rngs=rngs, width=H, axis="head_dim") if cfg.qk_norm else None
         self.k_norm = Norm(cfg, rngs=rngs, width=H, axis="head_dim") if cfg.qk_norm else None
@@ -220,8 +221,7 @@ class Attention(nnx.Module):
             q = q * query_scale.astype(q.dtype)
         k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input, key)
         if rope is not None:
-            cos, sin = rope
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k = self._rotate(q, rope), self._rotate(k, rope)
         new_kv = None
         if cache is not None:  # this call's keys and values head-major [B, K, T, H], as the cache holds them
             new_kv = {"k": k.astype(cache["k"].dtype).transpose(0, 2, 1, 3),
@@ -234,6 +234,18 @@ class Attention(nnx.Module):
         out, weights = _attend(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap, output_attentions,
                                head_major=cache is not None)
         return self._output(out, key), new_kv, weights
+
+    def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:
+        """Rotary positions on [B, T, N, H]: on the first ``rotary_dim`` numbers of each head, the rest passing
+        through (GPT-NeoX, GPT-J). Adjacent pairs (GPT-J's layout, ``rope_interleave``) are read as the even
+        then the odd coordinates, turning them into the half-split rotation; queries and keys share the
+        order, so scores do not change (see LatentAttention._rotate)."""
+        d = x.shape[-1] if self.rotary_dim is None else self.rotary_dim
+        rotated, passed = x[..., :d], x[..., d:]
+        if self.rope_interleave:
+            rotated = jnp.concatenate([rotated[..., 0::2], rotated[..., 1::2]], axis=-1)
+        rotated = apply_rope(rotated, *rope)
+        return rotated if d == x.shape[-1] else jnp.concatenate([rotated, passed], axis=-1)
 
     def _output(self, out: Array, key: Array | None = None) -> Array:
         y = project(self, "o", out, "BTNH,NHD->BTD", self.dtype, key=_lora_keys(key)[3])

@@ -134,7 +134,8 @@ class Block(nnx.Module):
             self.cross_attn = Attention(cfg, rngs=rngs, role="cross_attn")
         else:
             self.cross_norm = self.cross_attn = None
-        self.mlp_norm = Norm(cfg, rngs=rngs)
+        self.parallel = cfg.parallel_residual
+        self.mlp_norm = None if cfg.parallel_shared_norm else Norm(cfg, rngs=rngs)  # GPT-J: attn_norm serves both
         self.mlp = MoE(cfg, rngs=rngs) if cfg.num_experts and not dense else MLP(cfg, rngs=rngs)
         sandwich = lambda present=True: Norm(cfg, rngs=rngs) if cfg.sandwich_norm and present else None  # noqa: E731
         self.attn_post_norm, self.cross_post_norm, self.mlp_post_norm = sandwich(), sandwich(cross_attention), sandwich()
@@ -146,7 +147,12 @@ class Block(nnx.Module):
         keys = BlockKeys(*split_key(key, 6))
         drop = lambda h, key: dropout(h, self.dropout_rate, key)  # noqa: E731
         weights = {"self": None, "cross": None}
-        if self.pre_norm:  # GPT-2, LLaMA, T5: x = x + f(norm(x)); Gemma: x = x + norm_out(f(norm(x)))
+        if self.parallel:  # GPT-NeoX: x = x + attn(norm(x)) + mlp(norm'(x)); GPT-J: one norm for both
+            normed = self.attn_norm(x)
+            h, new_kv, weights["self"] = self.self_attention(normed, inputs, keys.attn)
+            m, stats = self.feed_forward(normed if self.mlp_norm is None else self.mlp_norm(x), inputs, keys.mlp)
+            x = self.in_range(x + drop(h, keys.attn_out) + drop(m, keys.mlp_out))
+        elif self.pre_norm:  # GPT-2, LLaMA, T5: x = x + f(norm(x)); Gemma: x = x + norm_out(f(norm(x)))
             h, new_kv, weights["self"] = self.self_attention(self.attn_norm(x), inputs, keys.attn)
             x = self.in_range(x + drop(self.sandwiched(h, self.attn_post_norm), keys.attn_out))
             if self.cross_attn is not None:
