@@ -189,6 +189,9 @@ _PRESETS: dict[str, dict] = {
     "mixtral-8x7b": _llama(4096, 32, 32, 8, 14336, 32000, 1e6, 32768, num_experts=8, experts_per_token=2,
                            router_aux_loss_coef=0.02),
     "qwen2-7b": _llama(3584, 28, 28, 4, 18944, 152064, 1e6, 131072, qkv_bias=True, norm_eps=1e-6),
+    # GLM-4-9B (its transformers-format release): half of each head rotating in adjacent pairs, q/k/v biases
+    "glm-4-9b": _llama(4096, 40, 32, 2, 13696, 151552, 10000.0, 131072, head_dim=128, rotary_dim=64,
+                       rope_interleave=True, qkv_bias=True, norm_eps=1.5625e-07, pad_token_id=151329),
     # Phi-3-mini-4k: LLaMA's block (fused tensors in its files) with a 2047-token window
     "phi-3-mini-4k": _llama(3072, 32, 32, 32, 8192, 32064, 10000.0, 4096, attention="sliding", window_size=2047,
                             pad_token_id=32000, bos_token_id=1, eos_token_id=32000),

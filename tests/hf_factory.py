@@ -118,6 +118,10 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                        "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                            "short_factor": [1.0, 1.05, 1.2, 1.6],
                                            "long_factor": [1.0, 1.8, 3.5, 9.0]}}),
+    # GLM: half of each head rotating in adjacent pairs, q/k/v biases, fused gate/up; GLM-4 adds output norms
+    "glm": ("GlmConfig", "GlmForCausalLM", {**_LLAMA, "head_dim": 8, "pad_token_id": 0}),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {**_LLAMA, "head_dim": 16, "pad_token_id": 0,
+                                               "partial_rotary_factor": 0.75}),
     "llama-attn-bias-tied": ("LlamaConfig", "LlamaForCausalLM",
                              {**_LLAMA, "attention_bias": True, "tie_word_embeddings": True}),
     "mistral": ("MistralConfig", "MistralForCausalLM", {**_LLAMA, "sliding_window": 4}),

@@ -284,6 +284,11 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    "glm-4-9b": ("GlmForCausalLM", dict(vocab_size=151552, hidden_size=4096, intermediate_size=13696,
+                                        num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=2,
+                                        head_dim=128, max_position_embeddings=131072, rms_norm_eps=1.5625e-07,
+                                        rope_parameters=dict(_rope(10000.0), partial_rotary_factor=0.5),
+                                        attention_bias=True, tie_word_embeddings=False)),
     "phi-3-mini-4k": (
         "Phi3ForCausalLM",
         dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32,

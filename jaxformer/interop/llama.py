@@ -1,5 +1,6 @@
 """LLaMA and its relatives (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``mixtral``, ``phi3``,
-``qwen2_moe``, ``qwen3_moe``): RMSNorm, rotary positions, gated MLPs or experts (Mixtral's, and the Qwen
+``qwen2_moe``, ``qwen3_moe``, ``glm``, ``glm4``; GLM: half of each head rotating in adjacent pairs, GLM-4
+with Gemma-style output norms): RMSNorm, rotary positions, gated MLPs or experts (Mixtral's, and the Qwen
 MoEs' softmax top-k with their first layers dense and Qwen2-MoE's gated shared expert), GQA, Qwen3's RMSNorm
 over each query and key head, Phi-3's fused qkv and gate/up tensors; config and tensor rules, both
 directions."""
@@ -10,10 +11,12 @@ from typing import Any
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, fused_heads_in, fused_linear,
-                                     heads_out, linear, lm_head, refuse, rope_from_hf, rope_to_hf, stacked_experts)
+                                     heads_out, linear, lm_head, partial_rope_from_hf, refuse, rope_from_hf,
+                                     rope_to_hf, stacked_experts)
 
 STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral",
-         "phi3": "Phi3", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe"}
+         "phi3": "Phi3", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "glm": "Glm", "glm4": "Glm4"}
+GLM = ("glm", "glm4")
 QWEN = ("qwen2", "qwen3", "qwen2_moe")  # the window only under use_sliding_window, sliding from max_window_layers
 QWEN_MOE = ("qwen2_moe", "qwen3_moe")
 CLASSES = {model_type: (f"{stem}Model", f"{stem}ForCausalLM") for model_type, stem in STEMS.items()}
@@ -45,6 +48,9 @@ DEFAULTS = {
                       max_position_embeddings=32768, rms_norm_eps=1e-6, use_sliding_window=False, sliding_window=4096,
                       decoder_sparse_step=1, mlp_only_layers=None, num_experts=128, num_experts_per_tok=8,
                       moe_intermediate_size=768, norm_topk_prob=False, router_aux_loss_coef=0.001),
+    **dict.fromkeys(GLM, dict(_COMMON, bos_token_id=None, eos_token_id=None, pad_token_id=151329,
+                              num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
+                              rms_norm_eps=1.5625e-07, attention_bias=True)),
     "qwen3": dict(_COMMON, bos_token_id=None, eos_token_id=None, num_key_value_heads=32, head_dim=128,
                   max_position_embeddings=32768, rms_norm_eps=1e-6, attention_bias=False,
                   use_sliding_window=False, sliding_window=4096, max_window_layers=28),
@@ -71,8 +77,17 @@ def _head_dim(hf: dict, heads: int) -> int | None:
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-    theta, scaling = rope_from_hf(hf, DEFAULT_THETA.get(model_type, 1e4))
     heads = hf["num_attention_heads"]
+    rotary = None
+    if model_type in GLM:  # its config class rotates half of each head by default
+        theta, scaling, fraction = partial_rope_from_hf(hf, 0.5)
+        head_dim = hf["head_dim"] or hf["hidden_size"] // heads
+        rotary = int(head_dim * fraction)
+        refuse(not 0 < rotary <= head_dim or rotary % 2, f"{model_type}: partial_rotary_factor={fraction} gives "
+               f"{rotary} rotating numbers of a {head_dim}-wide head; they must be even and > 0")
+        rotary = None if rotary == head_dim else rotary
+    else:
+        theta, scaling = rope_from_hf(hf, DEFAULT_THETA.get(model_type, 1e4))
     pattern, window = "causal", None
     if model_type in ("mistral", "mixtral", "phi3") and hf.get("sliding_window") is not None:
         pattern, window = "sliding", int(hf["sliding_window"])
@@ -103,6 +118,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         cfg.update(qkv_bias=bool(hf["qkv_bias"]) if model_type == "qwen2_moe" else True, out_bias=False)
     if model_type in QWEN_MOE:
         cfg.update(_qwen_experts(hf, model_type))
+    if model_type in GLM:  # biases on q, k and v only; GLM-4 norms each sublayer's output too
+        cfg.update(rotary_dim=rotary, rope_interleave=True, out_bias=False, sandwich_norm=model_type == "glm4")
     if model_type == "mixtral":
         cfg.update(num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
                    router_aux_loss_coef=hf["router_aux_loss_coef"])
@@ -145,6 +162,8 @@ def mixtral_shaped(cfg: ModelConfig) -> bool:
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
     if cfg.family != "decoder" or cfg.position != "rope" or cfg.mla:
         return None
+    if cfg.rope_interleave:  # GLM's layout (GPT-J's is a layernorm model: gpt_neox.py)
+        return _glm_target(cfg) if cfg.norm == "rmsnorm" else None
     gemma_parts = (cfg.sandwich_norm, cfg.norm_scale_offset, cfg.scale_embeddings, cfg.attention_softcap,
                    cfg.logits_softcap, cfg.attention == "alternating", cfg.attention_scale is not None,
                    cfg.rotary_dim is not None, cfg.rope_interleave, cfg.parallel_residual)  # or NeoX's, GPT-J's
@@ -181,6 +200,17 @@ def _qwen_moe_target(cfg: ModelConfig) -> tuple[str, str] | None:
     return None
 
 
+def _glm_target(cfg: ModelConfig) -> tuple[str, str] | None:
+    """GLM holds LLaMA-like blocks whose rotary pairs are adjacent, with q/k/v biases or none; GLM-4 the
+    same with each sublayer's output normed (plain RMSNorm, no offset)."""
+    if (cfg.norm_scale_offset or cfg.scale_embeddings or cfg.attention_softcap or cfg.logits_softcap or cfg.qk_norm
+            or cfg.num_experts or cfg.parallel_residual or cfg.out_bias or cfg.mlp_bias or cfg.attention != "causal"
+            or cfg.attention_scale is not None or cfg.activation != "swiglu"):
+        return None
+    model_type = "glm4" if cfg.sandwich_norm else "glm"
+    return model_type, STEMS[model_type] + ("ForCausalLM" if cfg.head == "lm" else "Model")
+
+
 def target_as(cfg: ModelConfig, model_type: str) -> tuple[str, str] | None:
     """A model loaded from ``model_type`` is written back as it when that type holds it: Phi-3 holds what
     plain LLaMA (or Mistral, with a window) holds, in fused tensors."""
@@ -215,6 +245,9 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                    mlp_only_layers=list(range(cfg.dense_layers)))
     if model_type == "qwen2_moe":
         out.update(qkv_bias=cfg.qkv_bias, shared_expert_intermediate_size=cfg.shared_experts * cfg.expert_width)
+    if model_type in GLM:
+        out["rope_parameters"]["partial_rotary_factor"] = cfg.rope_dim / cfg.head_dim_
+        out.update(attention_bias=cfg.qkv_bias)
     if model_type in QWEN:
         sliding = cfg.attention == "sliding"
         out.update(use_sliding_window=sliding,
@@ -245,7 +278,10 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
                *([copy(S + ("attn", "q_norm", "scale"), f"{a}.q_norm.weight"),
                   copy(S + ("attn", "k_norm", "scale"), f"{a}.k_norm.weight")] if cfg.qk_norm else []),
                copy(S + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
-               copy(S + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight")]
+               copy(S + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight"),
+               *([copy(S + ("attn_post_norm", "scale"), f"{layer}.post_self_attn_layernorm.weight"),
+                  copy(S + ("mlp_post_norm", "scale"), f"{layer}.post_mlp_layernorm.weight")]
+                 if cfg.sandwich_norm else [])]  # GLM-4
         if moe and model_type == "mixtral":
             moe_name = f"{layer}.block_sparse_moe"
             return out + [linear(mlp + ("router",), f"{moe_name}.gate.weight"),
@@ -263,7 +299,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
                         Rule((mlp + ("shared_gate",),), (f"{m}.shared_expert_gate.weight",), lambda t: [t[0][0]],
                              lambda ps: [ps[0][None]])]
             return out
-        if model_type == "phi3":  # the gate, then the up projection, in one tensor
+        if model_type in ("phi3", *GLM):  # the gate, then the up projection, in one tensor
             return out + [fused_linear([mlp + ("wi_gate",), mlp + ("wi",)], f"{m}.gate_up_proj.weight"),
                           linear(mlp + ("wo",), f"{m}.down_proj.weight")]
         if cfg.mlp_bias:

@@ -206,6 +206,20 @@ def rope_from_hf(hf: dict, default_theta: float = 10000.0) -> tuple[float, RopeS
     or one added to a transformers-5 file for long context) replaces ``rope_parameters`` whole, and the
     base comes from the chosen dict, else the file's top-level ``rope_theta``, else the config class's
     default (``default_theta``: 1e6 for Mixtral, 1e4 for most)."""
+    return rope_spec(_rope_params(hf, default_theta), hf.get("max_position_embeddings"))
+
+
+def partial_rope_from_hf(hf: dict, default_fraction: float, default_theta: float = 10000.0
+                         ) -> tuple[float, RopeScaling | None, float]:
+    """(theta, scaling, the fraction of each head that rotates) for an architecture whose config class
+    reads ``partial_rotary_factor`` (GLM): from the rope dict, else the file's top level, else the class's."""
+    params = _rope_params(hf, default_theta)
+    top = hf.get("partial_rotary_factor")
+    fraction = float(params.pop("partial_rotary_factor", top if top is not None else default_fraction))
+    return (*rope_spec(params, hf.get("max_position_embeddings")), fraction)
+
+
+def _rope_params(hf: dict, default_theta: float) -> dict:
     scaling, parameters = hf.get("rope_scaling"), hf.get("rope_parameters")  # both read: the first replaces the other
     params = dict(scaling or parameters or {})
     params.setdefault("rope_theta", hf.get("rope_theta", default_theta))
@@ -213,7 +227,7 @@ def rope_from_hf(hf: dict, default_theta: float = 10000.0) -> tuple[float, RopeS
     if beside is not None and _kind(params) in PRETRAINED_LENGTH:
         # Phi-3 keeps the pretraining length beside the rope dict, and there it wins
         params["original_max_position_embeddings"] = beside
-    return rope_spec(params, hf.get("max_position_embeddings"))
+    return params
 
 
 # The keys each rotary kind reads, beside rope_type / type and rope_theta; those it cannot do without.
