@@ -75,7 +75,7 @@ def test_old_buffers_are_ignored(copy):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model_type": "gptj"}, "model_type 'gptj' is not supported; supported: "),
+    ({"model_type": "mamba"}, "model_type 'mamba' is not supported; supported: "),
     ({"architectures": ["GPT2ForTokenClassification"]}, "architecture 'GPT2ForTokenClassification' is not supported"),
     ({"add_cross_attention": True}, "add_cross_attention"),
     ({"activation_function": "quick_gelu"}, "activation 'quick_gelu'"),
