@@ -10,6 +10,7 @@ a whole model cost far more than one compilation of it.
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 from pathlib import Path
 
@@ -167,3 +168,34 @@ def checkpoints(tmp_path_factory):
 
     return get
 
+
+MAPS_BEFORE_RELEASE = 30_000  # of the kernel's 65,530 memory maps per process (vm.max_map_count)
+
+
+def _memory_maps() -> int | None:
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:  # not Linux
+        return None
+
+
+@pytest.fixture(autouse=True)
+def release_compiled_programs():
+    """Drop JAX's compiled programs once the process holds many memory maps. Each XLA:CPU executable keeps
+    its own; a worker that keeps every program of the suite (measured: ~170 new maps a second while
+    compiling, 50,000 after five minutes) passes the kernel's 65,530 and its next compilation dies in a
+    segfault. Where /proc is missing, the programs are dropped at each module's end instead."""
+    yield
+    maps = _memory_maps()
+    if maps is not None and maps > MAPS_BEFORE_RELEASE:
+        jax.clear_caches()
+        gc.collect()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def release_compiled_programs_without_proc():
+    yield
+    if _memory_maps() is None:
+        jax.clear_caches()
+        gc.collect()
