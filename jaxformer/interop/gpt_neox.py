@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxformer.config import GATED_ACTIVATIONS, ModelConfig
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, heads_out,
-                                     linear, norm, refuse, rope_spec, rope_to_hf)
+                                     linear, norm, rope_spec, rope_to_hf, rotary_width)
 
 CLASSES = {"gpt_neox": ("GPTNeoXModel", "GPTNeoXForCausalLM"), "gptj": ("GPTJModel", "GPTJForCausalLM")}
 # The config classes' defaults, for files that leave them out
@@ -38,10 +38,7 @@ def _neox_rotary(hf: dict, head_dim: int) -> tuple[float, Any, int | None]:
     params.setdefault("rope_theta", base if base is not None else legacy_theta if legacy_theta is not None else 1e4)
     fraction = float(params.pop("partial_rotary_factor", legacy_pct if legacy_pct is not None else 0.25))
     theta, scaling = rope_spec(params, hf["max_position_embeddings"])
-    rotary = int(head_dim * fraction)
-    refuse(not 0 < rotary <= head_dim or rotary % 2, f"gpt_neox: partial_rotary_factor={fraction} gives a rotary "
-           f"width of {rotary} numbers of a {head_dim}-wide head; it must be even and > 0")
-    return theta, scaling, None if rotary == head_dim else rotary
+    return theta, scaling, rotary_width(head_dim, fraction, "gpt_neox")
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:

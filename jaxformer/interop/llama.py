@@ -12,7 +12,7 @@ from typing import Any
 from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, fused_heads_in, fused_linear,
                                      heads_out, linear, lm_head, partial_rope_from_hf, refuse, rope_from_hf,
-                                     rope_to_hf, stacked_experts)
+                                     rope_to_hf, rotary_width, stacked_experts)
 
 STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral",
          "phi3": "Phi3", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "glm": "Glm", "glm4": "Glm4"}
@@ -81,11 +81,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     rotary = None
     if model_type in GLM:  # its config class rotates half of each head by default
         theta, scaling, fraction = partial_rope_from_hf(hf, 0.5)
-        head_dim = hf["head_dim"] or hf["hidden_size"] // heads
-        rotary = int(head_dim * fraction)
-        refuse(not 0 < rotary <= head_dim or rotary % 2, f"{model_type}: partial_rotary_factor={fraction} gives "
-               f"{rotary} rotating numbers of a {head_dim}-wide head; they must be even and > 0")
-        rotary = None if rotary == head_dim else rotary
+        rotary = rotary_width(hf["head_dim"] or hf["hidden_size"] // heads, fraction, model_type)
     else:
         theta, scaling = rope_from_hf(hf, DEFAULT_THETA.get(model_type, 1e4))
     pattern, window = "causal", None

@@ -219,6 +219,15 @@ def partial_rope_from_hf(hf: dict, default_fraction: float, default_theta: float
     return (*rope_spec(params, hf.get("max_position_embeddings")), fraction)
 
 
+def rotary_width(head_dim: int, fraction: float, model_type: str) -> int | None:
+    """ModelConfig.rotary_dim of a partial_rotary_factor as transformers truncates it (None: the whole head),
+    refusing a width that is odd or zero."""
+    rotary = int(head_dim * fraction)
+    refuse(not 0 < rotary <= head_dim or rotary % 2, f"{model_type}: partial_rotary_factor={fraction} gives "
+           f"{rotary} rotating numbers of a {head_dim}-wide head; they must be even and > 0")
+    return None if rotary == head_dim else rotary
+
+
 def _rope_params(hf: dict, default_theta: float) -> dict:
     scaling, parameters = hf.get("rope_scaling"), hf.get("rope_parameters")  # both read: the first replaces the other
     params = dict(scaling or parameters or {})
