@@ -192,6 +192,10 @@ class ModelConfig:
     final_norm: bool = True  # a norm after the last block (pre-norm stacks)
 
     activation: str = "gelu"
+    # gpt-oss's clamped SwiGLU: the gate clamped to <= limit, the up projection to [-limit, limit], and
+    # gate * sigmoid(swiglu_alpha * gate) * (up + 1); None: plain SwiGLU (swiglu_alpha is then the gate's gain)
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.0
 
     position: str = "learned"
     max_positions: int = 1024  # longest sequence; learned/sinusoidal tables hold this many rows
@@ -219,6 +223,9 @@ class ModelConfig:
     attention_backend: str = "auto"  # auto | xla | cudnn | splash (jaxformer/kernels.py)
     attention_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
     qk_norm: bool = False  # RMSNorm over each query and key head before rotary positions (Gemma 3, Qwen3)
+    # attention sinks: a learned logit per head joins each softmax as one more key with no value, so a query
+    # may give part of its attention to nothing (gpt-oss)
+    attention_sinks: bool = False
 
     # Multi-head latent attention (DeepSeek-V2/V3), on when kv_lora_rank is set. Keys and values are
     # expanded per head from one shared latent of kv_lora_rank numbers per token (what a cache holds,
@@ -269,6 +276,8 @@ class ModelConfig:
     router_groups: int = 1  # experts split into groups; a token first picks router_topk_groups of them
     router_topk_groups: int = 1  # (group score: best expert under softmax, sum of the best two under sigmoid)
     router_bias: bool = False  # V3: a per-expert bias added for selection only, moved by balancing, not gradients
+    router_logit_bias: bool = False  # a trained bias on the router logits, like any linear layer's (gpt-oss)
+    expert_bias: bool = False  # each routed expert's projections carry biases (gpt-oss)
     normalize_router_weights: bool = True  # the k chosen weights are divided by their sum
     routed_scaling: float = 1.0  # the routed experts' output is scaled by this (DeepSeek routed_scaling_factor)
     router_aux_loss_coef: float = 0.0
@@ -340,6 +349,14 @@ class ModelConfig:
         if not self.norm_eps > 0:
             raise ValueError(f"ModelConfig.norm_eps={self.norm_eps!r} must be > 0")
         _one_of("activation", self.activation, ACTIVATIONS)
+        if self.swiglu_limit is not None or self.swiglu_alpha != 1.0:
+            if self.activation != "swiglu":
+                raise ValueError(f"ModelConfig.swiglu_limit / swiglu_alpha shape a SwiGLU; activation is "
+                                 f"{self.activation!r}, not 'swiglu'")
+            if self.swiglu_limit is not None and not self.swiglu_limit > 0:
+                raise ValueError(f"ModelConfig.swiglu_limit={self.swiglu_limit!r} must be > 0")
+            if not self.swiglu_alpha > 0:
+                raise ValueError(f"ModelConfig.swiglu_alpha={self.swiglu_alpha!r} must be > 0")
         _one_of("position", self.position, POSITIONS)
         if self.position == "rope":
             if self.kv_lora_rank is None and self.head_dim_ % 2:
@@ -474,6 +491,9 @@ class ModelConfig:
         if self.inverse_layer_scale and (self.mla or self.position == "xl"):
             raise ValueError("ModelConfig.inverse_layer_scale scales standard self-attention; multi-head latent and "
                              "Transformer-XL attention do not take it")
+        if self.attention_sinks and (self.mla or self.position == "xl"):
+            raise ValueError("ModelConfig.attention_sinks=True joins standard attention's softmax; multi-head latent "
+                             "and Transformer-XL attention do not take it")
         if self.attention_scale is not None and not self.attention_scale > 0:
             raise ValueError(f"ModelConfig.attention_scale={self.attention_scale!r} must be > 0")
 
@@ -543,7 +563,7 @@ class ModelConfig:
                                  "shared_experts > 0")
         else:
             moe_only = {"expert_d_ff": None, "shared_experts": 0, "dense_layers": 0, "router_bias": False,
-                        "shared_expert_gate": False}
+                        "shared_expert_gate": False, "router_logit_bias": False, "expert_bias": False}
             for field, off in moe_only.items():
                 if getattr(self, field) != off:
                     raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs num_experts > 0")

@@ -61,8 +61,8 @@ def fused_backend(cfg: ModelConfig, pattern: str, T: int, S: int, *, has_bias: b
     reach (a mask pattern, bias or length it cannot take) runs on XLA, as the module doc says.
     """
     requested = cfg.attention_backend
-    if requested == "xla" or pattern not in FUSED_PATTERNS or cfg.attention_softcap is not None:
-        return "xla"  # (Gemma 2's soft-capped scores: neither kernel is wired to cap them)
+    if requested == "xla" or pattern not in FUSED_PATTERNS or cfg.attention_softcap is not None or cfg.attention_sinks:
+        return "xla"  # (Gemma 2's soft-capped scores, gpt-oss's sinks: neither kernel is wired for them)
     here = platform()
     # cuDNN's biased backward kernel needs even lengths; splash tiles need lengths it can block.
     cudnn_fits = not (has_bias and (T % 2 or S % 2))

@@ -72,6 +72,44 @@ def _llama(d_model: int, layers: int, heads: int, kv_heads: int, d_ff: int, voca
     return {**base, **kw}
 
 
+# Phi-3.5-mini's published longrope factors, one per rotated frequency pair
+_PHI35_SHORT = (
+    1.0, 1.0199999809265137, 1.0299999713897705, 1.0299999713897705, 1.0499999523162842, 1.0499999523162842,
+    1.0499999523162842, 1.0499999523162842, 1.0499999523162842, 1.0699999332427979, 1.0999999046325684,
+    1.1099998950958252, 1.1599998474121094, 1.1599998474121094, 1.1699998378753662, 1.2899998426437378,
+    1.339999794960022, 1.679999828338623, 1.7899998426437378, 1.8199998140335083, 1.8499997854232788,
+    1.8799997568130493, 1.9099997282028198, 1.9399996995925903, 1.9899996519088745, 2.0199997425079346,
+    2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346, 2.0199997425079346,
+    2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914,
+    2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0299997329711914, 2.0799996852874756,
+    2.0899996757507324, 2.189999580383301, 2.2199995517730713, 2.5899994373321533, 2.729999542236328,
+    2.749999523162842, 2.8399994373321533,
+)
+_PHI35_LONG = (
+    1.0800000429153442, 1.1100000143051147, 1.1399999856948853, 1.340000033378601, 1.5899999141693115,
+    1.600000023841858, 1.6200000047683716, 2.620000123977661, 3.2300000190734863, 3.2300000190734863,
+    4.789999961853027, 7.400000095367432, 7.700000286102295, 9.09000015258789, 12.199999809265137,
+    17.670000076293945, 24.46000099182129, 28.57000160217285, 30.420001983642578, 30.840002059936523,
+    32.590003967285156, 32.93000411987305, 42.320003509521484, 44.96000289916992, 50.340003967285156,
+    50.45000457763672, 57.55000305175781, 57.93000411987305, 58.21000289916992, 60.1400032043457,
+    62.61000442504883, 62.62000274658203, 62.71000289916992, 63.1400032043457, 63.1400032043457,
+    63.77000427246094, 63.93000411987305, 63.96000289916992, 63.970001220703125, 64.02999877929688,
+    64.06999969482422, 64.08000183105469, 64.12000274658203, 64.41000366210938, 64.4800033569336,
+    64.51000213623047, 64.52999877929688, 64.83999633789062,
+)
+
+
+def _gpt_oss(layers: int, experts: int) -> dict:
+    return _llama(2880, layers, 64, 8, 2880, 201088, 150000.0, 131072, head_dim=64, qkv_bias=True, out_bias=True,
+                  attention="alternating", window_size=128,
+                  layer_types=tuple("sliding" if i % 2 == 0 else "full" for i in range(layers)),
+                  rope_scaling=dict(kind="yarn", factor=32.0, original_max_positions=4096, beta_fast=32.0,
+                                    beta_slow=1.0, truncate=False),
+                  attention_sinks=True, num_experts=experts, experts_per_token=4, expert_bias=True,
+                  router_logit_bias=True, swiglu_limit=7.0, swiglu_alpha=1.702, router_aux_loss_coef=0.9,
+                  pad_token_id=199999, eos_token_id=200002)
+
+
 def _deepseek(d_model: int, layers: int, heads: int, d_ff: int, expert_d_ff: int, experts: int, k: int, shared: int,
               dense: int, vocab: int, *, v3: bool, q_lora_rank: int | None, **kw) -> dict:
     # Multi-head latent attention (latent 512, rotary 64, no-position 128, values 128), DeepSeekMoE
@@ -195,6 +233,16 @@ _PRESETS: dict[str, dict] = {
     # Phi-3-mini-4k: LLaMA's block (fused tensors in its files) with a 2047-token window
     "phi-3-mini-4k": _llama(3072, 32, 32, 32, 8192, 32064, 10000.0, 4096, attention="sliding", window_size=2047,
                             pad_token_id=32000, bos_token_id=1, eos_token_id=32000),
+    # Phi-3.5-mini: Phi-3-mini's block at 128K positions by longrope (4096 pretrained, its 48 published short
+    # and long factors; the window of 262144 never bites)
+    "phi-3.5-mini": _llama(3072, 32, 32, 32, 8192, 32064, 10000.0, 131072, attention="sliding", window_size=262144,
+                           rope_scaling=dict(kind="longrope", factor=32.0, original_max_positions=4096,
+                                             short_factor=_PHI35_SHORT, long_factor=_PHI35_LONG),
+                           pad_token_id=32000, bos_token_id=1, eos_token_id=32000),
+    # gpt-oss: attention sinks, alternating 128-token windows (the first layer sliding), experts with biases
+    # behind a biased router, the clamped SwiGLU (limit 7, gain 1.702), yarn from 4096 to 131072 positions
+    "gpt-oss-20b": _gpt_oss(24, 32),
+    "gpt-oss-120b": _gpt_oss(36, 128),
     # Qwen3: RMSNorm over each query and key head before rotary positions, head_dim 128 whatever the width
     "qwen3-0.6b": _llama(1024, 28, 16, 8, 3072, 151936, 1e6, 40960, head_dim=128, qk_norm=True, norm_eps=1e-6,
                          tie_embeddings=True),

@@ -138,6 +138,12 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                   {**_LLAMA, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 16, "shared_expert_intermediate_size": 32, "mlp_only_layers": [0]}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {**_LLAMA, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    # gpt-oss: sinks, biased experts and router, the clamped SwiGLU (a limit low enough to clamp here), sliding
+    # and full layers (window 4), an explicit head_dim, its class's default yarn
+    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM",
+                {**_LLAMA, "num_hidden_layers": 3, "intermediate_size": 16, "head_dim": 12, "num_local_experts": 4,
+                 "num_experts_per_tok": 2, "sliding_window": 4, "swiglu_limit": 1.0, "max_position_embeddings": 131072,
+                 "attn_implementation": "eager"}),
     # DeepSeek: with and without query compression, grouped and ungrouped routing, both rope layouts
     "deepseek-v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", _DEEPSEEK_V2),
     "deepseek-v2-plain": ("DeepseekV2Config", "DeepseekV2ForCausalLM",
@@ -178,12 +184,14 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
 }
 
 
-def build_reference(name: str, seed: int = 0):
-    """The transformers model of a CHECKPOINTS entry, freshly initialised with a fixed seed."""
+def build_reference(name: str, seed: int = 0, changes: dict | None = None):
+    """The transformers model of a CHECKPOINTS entry (its config ``changes`` applied), freshly initialised
+    with a fixed seed."""
     import torch
     import transformers
 
     config_class, model_class, kwargs = CHECKPOINTS[name]
+    kwargs = {**kwargs, **(changes or {})}
     torch.manual_seed(seed)
     config = getattr(transformers, config_class)(**kwargs)
     model = getattr(transformers, model_class)(config).eval()
@@ -207,13 +215,13 @@ def build_reference(name: str, seed: int = 0):
                 layer.rel_attn.r_r_bias.copy_(model.transformer.layer[0].rel_attn.r_r_bias)
     with torch.no_grad():  # norms start at exactly 1 and 0; perturb them so their mapping is tested
         for n, p in model.named_parameters():
-            if p.dim() == 1 and ("norm" in n.lower() or n.endswith(".bias")):
+            if (p.dim() == 1 and ("norm" in n.lower() or n.endswith(".bias"))) or n.endswith("_proj_bias"):
                 p.add_(torch.randn_like(p) * 0.1)
     return model
 
 
-def save_checkpoint(name: str, folder: Path, seed: int = 0, dtype=None) -> Path:
-    model = build_reference(name, seed)
+def save_checkpoint(name: str, folder: Path, seed: int = 0, dtype=None, changes: dict | None = None) -> Path:
+    model = build_reference(name, seed, changes)
     if dtype is not None:
         model = model.to(dtype)
     model.save_pretrained(str(folder))

@@ -69,6 +69,7 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "deepseek_v2": _DEEPSEEK, "deepseek_v3": _DEEPSEEK,
          "qwen2_moe": dict(_SIZES, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2),
          "qwen3_moe": dict(_SIZES, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2),
+         "gpt_oss": dict(_SIZES, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2),
          **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "glm", "glm4", "gemma2",
                           "gemma3_text"),
                          dict(_SIZES, num_key_value_heads=2, head_dim=8))}

@@ -20,7 +20,7 @@ QLORA = ["train.steps=8", "train.batch_size=8", "train.seq_len=32", "train.log_e
 
 
 @pytest.mark.parametrize("name", ["openai-gpt", "gpt-neo", "gpt-neox", "gptj", "qwen3", "phi3", "glm4", "qwen3-moe",
-                                  "qwen2-moe"])
+                                  "qwen2-moe", "gpt-oss"])
 def test_a_qlora_fine_tune_starts_from_the_file_and_its_loss_falls(name, checkpoints, tmp_path):
     cfg = run_config.load(None, QLORA + [f"model.init_from=hf:{checkpoints(name)}", f"run.dir={tmp_path}"])
     history = train(cfg, progress=False)["history"]

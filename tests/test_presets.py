@@ -69,7 +69,9 @@ SHAPE = ("family", "d_model", "num_heads", "kv_heads", "head_dim_", "value_dim",
          "decoder_layers", "activation", "norm", "norm_eps", "position", "rope_theta", "rope_scaling",
          "local_rope_theta", "max_positions", "attention", "window_size", "sliding_layers", "qk_norm", "qkv_bias",
          "out_bias", "tie_embeddings", "num_experts", "experts_per_token", "expert_width", "shared_experts",
-         "dense_layers", "kv_lora_rank", "q_lora_rank", "scale", "attention_softcap", "logits_softcap")
+         "dense_layers", "kv_lora_rank", "q_lora_rank", "scale", "attention_softcap", "logits_softcap",
+         "attention_sinks", "swiglu_limit", "swiglu_alpha", "expert_bias", "router_logit_bias",
+         "normalize_router_weights", "router_aux_loss_coef")
 
 
 @pytest.mark.parametrize("name", sorted(HF_REFERENCE))

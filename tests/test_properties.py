@@ -19,8 +19,8 @@ from absl.testing import parameterized
 from flax import nnx
 
 import jaxformer as jf
-from jaxformer.layers import (Attention, MoE, Routing, apply_rope, dense_experts, dropout, grouped_experts,
-                              ragged_experts, rope_angles, rope_frequencies, route, visibility_mask)
+from jaxformer.layers import (Attention, ExpertWeights, MoE, Routing, Unit, apply_rope, dense_experts, dropout,
+                              grouped_experts, ragged_experts, rope_angles, rope_frequencies, route, visibility_mask)
 from conftest import call, dependency, embeds, jitted, tiny_config, tiny_model, token_ids
 
 TOL = dict(atol=1e-6, rtol=1e-6)
@@ -548,11 +548,19 @@ def test_moe_combine_weights_sum_to_one():
 
 def _expert_weights(cfg, seed):
     moe = MoE(cfg, rngs=nnx.Rngs(seed))
-    return moe, (moe.wi[...], None if moe.wi_gate is None else moe.wi_gate[...], moe.wo[...])
+    biases = [None if b is None else jax.random.normal(jax.random.PRNGKey(seed + i), b.shape) * 0.5
+              for i, b in enumerate((moe.bi, moe.bi_gate, moe.bo))]  # (zero at init: random, so they count)
+    return moe, ExpertWeights(moe.wi[...], None if moe.wi_gate is None else moe.wi_gate[...], moe.wo[...], *biases)
+
+
+# gpt-oss's experts: biases on every projection and the clamped SwiGLU, its limit low enough to clamp here
+GPT_OSS_EXPERTS = {"expert_bias": True, "swiglu_limit": 0.5, "swiglu_alpha": 1.702}
 
 
 @pytest.mark.parametrize("preset, changes", [("tiny-mixtral", {}), ("tiny-deepseek", {}),
-                                             ("tiny-mixtral", {"activation": "gelu", "experts_per_token": 1})])
+                                             ("tiny-mixtral", {"activation": "gelu", "experts_per_token": 1}),
+                                             ("tiny-mixtral", GPT_OSS_EXPERTS),
+                                             ("tiny-mixtral", {"activation": "gelu", "expert_bias": True})])
 def test_grouped_dispatch_equals_dense_experts_forward_and_gradients(preset, changes):
     """The sorted, block-grouped dispatch computes what running every expert computes: outputs and the
     gradients of x, of every expert weight and of the router (through the routing weights)."""
@@ -564,7 +572,7 @@ def test_grouped_dispatch_equals_dense_experts_forward_and_gradients(preset, cha
 
     def loss(dispatch, x, router, weights):
         routing = route(cfg, jnp.einsum("BTD,DE->BTE", x, router), None)
-        y = dispatch(x, routing, *weights, cfg.activation)
+        y = dispatch(x, routing, weights, Unit.of(cfg))
         return jnp.sum(y * cotangent), y
 
     results = {}
@@ -593,8 +601,8 @@ def test_grouped_dispatch_with_repeated_and_idle_experts():
     routing = Routing(experts, gates, jnp.zeros((2, 3, cfg.num_experts)))
 
     def both(x, weights):
-        return (grouped_experts(x, routing, *weights, cfg.activation),
-                dense_experts(x, routing, *weights, cfg.activation))
+        return (grouped_experts(x, routing, weights, Unit.of(cfg)),
+                dense_experts(x, routing, weights, Unit.of(cfg)))
 
     y_grouped, y_dense = jax.jit(both)(x, weights)
     np.testing.assert_allclose(y_grouped, y_dense, atol=1e-5, rtol=0)
@@ -604,7 +612,7 @@ def test_grouped_dispatch_with_repeated_and_idle_experts():
     for grouped, dense in zip(*map(jax.tree.leaves, grads)):
         np.testing.assert_allclose(grouped, dense, atol=2e-6 * max(1.0, float(jnp.max(jnp.abs(dense)))), rtol=0)
     idle = jnp.array([0, 3, 4, 5, 6, 7])
-    for w in grads[0][1]:  # idle experts get exactly zero gradient
+    for w in jax.tree.leaves(grads[0][1]):  # idle experts get exactly zero gradient
         np.testing.assert_array_equal(w[idle], 0.0)
 
 

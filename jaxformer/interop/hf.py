@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxformer.config import QUANTIZATIONS, ModelConfig
-from jaxformer.interop import peft
+from jaxformer.interop import mxfp4, peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
 from jaxformer.interop.registry import BY_MODEL_TYPE, architecture_of, hf_target, rules_for
 from jaxformer.interop.rules import (GENERATION_KEYS, ConfigReader, account_for_every_key, build_from_tensors,
@@ -113,6 +113,8 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pic
     model_type, arch = architecture_of(hf)  # refuse unsupported types before touching any tensor file
     adapter_config = peft.read_config(adapter) if adapter is not None else None  # refuse its options early too
     files = TensorFiles(folder, allow_pickle=allow_pickle)
+    if mxfp4.holds_mxfp4(hf):  # gpt-oss's published experts: read decoded (the architecture checks the config)
+        files = mxfp4.Decoded(files)
     names = set(files.names)
     if BY_MODEL_TYPE[model_type].ignored is not None:
         skipped, note = BY_MODEL_TYPE[model_type].ignored(hf, names)

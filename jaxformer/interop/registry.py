@@ -8,7 +8,8 @@ Hugging Face folders shares (model weights in ``hf``, PEFT adapters in ``peft``)
 from __future__ import annotations
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop import bart, bert, deepseek, gemma, gpt2, gpt_neo, gpt_neox, llama, t5, t5gemma, xlnet
+from jaxformer.interop import (bart, bert, deepseek, gemma, gpt2, gpt_neo, gpt_neox, gpt_oss, llama, t5, t5gemma,
+                               xlnet)
 from jaxformer.interop.rules import Architecture, Rule
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -18,6 +19,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     gpt_neox.ARCHITECTURE,
     deepseek.ARCHITECTURE,
     gemma.ARCHITECTURE,
+    gpt_oss.ARCHITECTURE,
     llama.ARCHITECTURE,
     t5.ARCHITECTURE,
     t5gemma.ARCHITECTURE,
@@ -42,16 +44,28 @@ def architecture_of(hf: dict) -> tuple[str, str]:
     return model_type, arch
 
 
+# Ideas only one model type's files can say: a config that uses one goes to that type or nowhere, whatever
+# another architecture's ``target`` (written before the idea existed) would claim.
+HELD_ONLY_BY = {"inverse_layer_scale": "gpt2", "attention_sinks": "gpt_oss", "swiglu_limit": "gpt_oss",
+                "expert_bias": "gpt_oss", "router_logit_bias": "gpt_oss"}
+
+
+def _holds(model_type: str, cfg: ModelConfig) -> bool:
+    used = [field for field in HELD_ONLY_BY if getattr(cfg, field) not in (None, False)]
+    return all(HELD_ONLY_BY[field] == model_type for field in used) and (cfg.swiglu_alpha == 1.0
+                                                                         or model_type == "gpt_oss")
+
+
 def hf_target(cfg: ModelConfig, prefer: str | None = None) -> tuple[str, str]:
     """The transformers model_type and class that hold exactly this configuration: ``prefer`` (the
     model_type a model was loaded from) when it can, else the first architecture that claims it."""
     if prefer in BY_MODEL_TYPE and BY_MODEL_TYPE[prefer].target_as is not None:
         found = BY_MODEL_TYPE[prefer].target_as(cfg, prefer)
-        if found is not None:
+        if found is not None and _holds(found[0], cfg):
             return found
     for architecture in ARCHITECTURES:
         found = architecture.target(cfg)
-        if found is not None and (not cfg.inverse_layer_scale or found[0] == "gpt2"):  # only GPT-2 holds it
+        if found is not None and _holds(found[0], cfg):
             return found
     raise ValueError(f"{cfg.name!r} ({cfg.family}, {cfg.position} positions) has no Hugging Face architecture; "
                      "the 2017 Transformer maps to torch.nn.Transformer (jaxformer.interop.nn_transformer)")

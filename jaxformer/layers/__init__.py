@@ -15,8 +15,9 @@ from jaxformer.layers.attention import (Attention, LatentAttention, dot_product_
                                         left_padded_positions, memory_visibility_mask, softmax, visibility_mask)
 from jaxformer.layers.core import (Buffer, Dense, Norm, activate, dropout, dtype_of, logical_axes, normalize,
                                    param, split_key)
-from jaxformer.layers.feedforward import (MLP, MoE, RouterBias, Routing, dense_experts, grouped_experts, load_balancing_loss,
-                                          ragged_experts, route, router_statistics)
+from jaxformer.layers.feedforward import (MLP, ExpertWeights, MoE, RouterBias, Routing, Unit, dense_experts,
+                                          grouped_experts, load_balancing_loss, ragged_experts, route,
+                                          router_statistics)
 from jaxformer.layers.positions import (Embed, Embeddings, Positions, RelativeBias, apply_rope, rope_angles,
                                         rope_frequencies, rope_tables, sinusoids)
 from jaxformer.layers.stack import REMAT_POLICIES, Block, EncoderOutput, Stack, StackOutput, Tokens, run_stack
@@ -24,7 +25,8 @@ from jaxformer.layers.stack import REMAT_POLICIES, Block, EncoderOutput, Stack, 
 __all__ = ["Attention", "LatentAttention", "dot_product_attention", "softmax", "visibility_mask", "layer_patterns",
            "memory_visibility_mask", "left_padded_positions", "Buffer", "Dense",
            "Norm", "activate", "dropout", "dtype_of", "logical_axes", "normalize", "param", "split_key", "MLP", "MoE",
-           "RouterBias", "Routing", "dense_experts", "grouped_experts", "load_balancing_loss", "ragged_experts", "route", "router_statistics", "Embed",
+           "RouterBias", "Routing", "ExpertWeights", "Unit", "dense_experts", "grouped_experts", "load_balancing_loss",
+           "ragged_experts", "route", "router_statistics", "Embed",
            "Embeddings", "Positions", "RelativeBias", "apply_rope", "rope_angles", "rope_frequencies", "rope_tables",
            "sinusoids",
            "REMAT_POLICIES", "Block", "EncoderOutput", "Stack", "StackOutput", "Tokens", "run_stack"]

@@ -100,7 +100,8 @@ def _softmax_jvp(primals, tangents):
 
 def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate: float = 0.0,
                           key: Array | None = None, softcap: float | None = None,
-                          with_weights: bool = False, head_major: bool = False) -> Array | tuple[Array, Array]:
+                          with_weights: bool = False, head_major: bool = False,
+                          sinks: Array | None = None) -> Array | tuple[Array, Array]:
     """Grouped-query attention. q [B,T,N,H], k [B,S,K,H], v [B,S,K,Hv], mask [B|1,1,T,S], bias [B|1,N,T,S]
     or None; returns [B,T,N,Hv], and with ``with_weights`` also the attention probabilities [B,N,T,S]
     (float32, after dropout: what transformers returns as attentions).
@@ -112,6 +113,9 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     masked (a padded query) gets a uniform distribution instead of NaN, like the additive-minimum
     masks of PyTorch references. ``softcap`` (Gemma 2) bounds each score as cap * tanh(score / cap),
     after the scale and bias and before the mask, as the reference does.
+    ``sinks`` [N] (gpt-oss): each head's learned logit joins its rows' softmax as one more key without a
+    value, so the probabilities over the real keys sum to less than one (a padded query then gives
+    everything to the sink).
     """
     ks, vs, masks = (k, v, mask) if isinstance(k, tuple) else ((k,), (v,), (mask,))
     biases = bias if isinstance(bias, tuple) else (bias,) * len(ks)
@@ -144,7 +148,11 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
             m_seg = jnp.broadcast_to(m_seg[:, :, None], (m_seg.shape[0], 1, G, T, m_seg.shape[-1]))
             m_seg = m_seg.reshape(m_seg.shape[0], 1, G * T, -1)
         scores.append(jnp.where(m_seg, s, jnp.finfo(jnp.float32).min))
-    probs = dropout(softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]), dropout_rate, key)
+    if sinks is not None:  # query row g*T + t of kv head k belongs to head k*G + g
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, K, G, 1, 1), (B, K, G, T, 1))
+        scores.append(sink.reshape(B, K, G * T, 1))
+    probs = softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0])
+    probs = dropout(probs if sinks is None else probs[..., :-1], dropout_rate, key)
     out, start = 0.0, 0
     for v_seg in vs:
         p_seg = probs if len(vs) == 1 else jax.lax.slice_in_dim(probs, start, start + v_seg.shape[2], axis=-1)
@@ -157,9 +165,10 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
 
 
 def _attend(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights: bool,
-            head_major: bool = False) -> tuple[Array, Array | None]:
+            head_major: bool = False, sinks: Array | None = None) -> tuple[Array, Array | None]:
     """``dot_product_attention`` as an (output, probabilities or None) pair, whichever was asked."""
-    result = dot_product_attention(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights, head_major)
+    result = dot_product_attention(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights, head_major,
+                                   sinks)
     return result if with_weights else (result, None)
 
 
@@ -195,6 +204,7 @@ class Attention(nnx.Module):
         # Gemma 3: each query and key head is normalised before its rotary positions
         self.q_norm = Norm(cfg, rngs=rngs, width=H, axis="head_dim") if cfg.qk_norm else None
         self.k_norm = Norm(cfg, rngs=rngs, width=H, axis="head_dim") if cfg.qk_norm else None
+        self.sinks = param(rngs, (N,), ("heads",), cfg) if cfg.attention_sinks else None
 
     def _project(self, x: Array, name: str, bias: nnx.Param | None, key: Array | None = None) -> Array:
         # N here is the kernel's head count: query heads for q, kv heads (K) for k and v
@@ -231,8 +241,9 @@ class Attention(nnx.Module):
             if (key is None or self.dropout_rate == 0.0) and not output_attentions:
                 return self._output(kernels.attend(q, k, v, mask, bias, self.scale), key), new_kv, None
             mask = mask.dense  # attention dropout and returned weights run on XLA
+        sinks = None if self.sinks is None else self.sinks[...]
         out, weights = _attend(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap, output_attentions,
-                               head_major=cache is not None)
+                               head_major=cache is not None, sinks=sinks)
         return self._output(out, key), new_kv, weights
 
     def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:

@@ -17,6 +17,31 @@ from jaxformer.layers.weights import kernel, project, projection
 Array = jax.Array
 
 
+class Unit(NamedTuple):
+    """What an MLP or expert computes between its projections, from the gate projection's output g and the
+    up projection's h (h alone when not gated): act(g) * h, or gpt-oss's clamped SwiGLU (``limit``):
+    min(g, limit) * sigmoid(alpha min(g, limit)) * (clip(h, -limit, limit) + 1). Hashable, so the expert
+    dispatch takes it as a static argument."""
+
+    activation: str
+    gated: bool
+    alpha: float = 1.0  # the gate's sigmoid gain, g * sigmoid(alpha g): 1 is SiLU
+    limit: float | None = None
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> Unit:
+        return cls(cfg.activation, cfg.gated, cfg.swiglu_alpha, cfg.swiglu_limit)
+
+    def __call__(self, g: Array, h: Array) -> Array:
+        if not self.gated:
+            return activate(self.activation, h)
+        if self.limit is None and self.alpha == 1.0:
+            return activate(self.activation, g) * h
+        if self.limit is not None:
+            g, h = jnp.minimum(g, self.limit), jnp.clip(h, -self.limit, self.limit) + 1
+        return g * jax.nn.sigmoid(self.alpha * g) * h
+
+
 class MLP(nnx.Module):
     """Position-wise feed-forward: wo(act(wi x)), or wo(act(wi_gate x) * wi x) when gated. ``width`` and
     ``bias`` default to the config's d_ff and mlp_bias (DeepSeek's shared experts are one wider MLP)."""
@@ -25,7 +50,7 @@ class MLP(nnx.Module):
                  role: str = "mlp"):
         D, F = cfg.d_model, width or cfg.d_ff
         bias = cfg.mlp_bias if bias is None else bias
-        self.activation, self.dtype = cfg.activation, dtype_of(cfg.dtype)
+        self.unit, self.dtype = Unit.of(cfg), dtype_of(cfg.dtype)
         self.dropout_rate = cfg.dropout_rate
         projection(self, "wi", cfg, rngs, (D, F), ("embed", "mlp"), role=role)
         if cfg.gated:
@@ -44,11 +69,9 @@ class MLP(nnx.Module):
         h = project(self, "wi", x, "BTD,DF->BTF", dt, key=lora_keys[0], dense=linear)
         if self.bi is not None:
             h = h + self.bi[...].astype(dt)
-        if self.wi_gate is not None:
-            h = activate(self.activation, project(self, "wi_gate", x, "BTD,DF->BTF", dt, key=lora_keys[1],
-                                                  dense=linear)) * h
-        else:
-            h = activate(self.activation, h)
+        g = None if self.wi_gate is None else project(self, "wi_gate", x, "BTD,DF->BTF", dt, key=lora_keys[1],
+                                                      dense=linear)
+        h = self.unit(g, h)
         h = checkpoint_name(dropout(h, self.dropout_rate, key), "mlp")
         y = project(self, "wo", h, "BTF,FD->BTD", dt, key=lora_keys[2], dense=linear)
         if self.bo is not None:
@@ -144,72 +167,101 @@ def block_layout(flat_experts: Array, k: int, num_experts: int, rows: int) -> Bl
     return BlockLayout(slot, token, jnp.minimum(expert, num_experts - 1).astype(jnp.int32), padded_end[-1] // rows)
 
 
-def _expert_ffn(activation: str, gated: bool, x, wi, wg, wo):
-    """One expert on rows x [R, D]: the output and its pre-activations (g, h) for the backward pass."""
-    h = x @ wi
-    g = x @ wg if gated else h
-    a = activate(activation, g) * h if gated else activate(activation, h)
-    return a @ wo, g, h
+class ExpertWeights(NamedTuple):
+    """Every routed expert's weights, stacked: wi, wi_gate (None when not gated) [E, D, F], wo [E, F, D], and
+    gpt-oss's biases (None where the experts have none): bi, bi_gate [E, F], bo [E, D]."""
+
+    wi: Array
+    wi_gate: Array | None
+    wo: Array
+    bi: Array | None = None
+    bi_gate: Array | None = None
+    bo: Array | None = None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def expert_blocks(activation: str, gated: bool, xs: Array, expert: Array, used: Array, wi: Array, wg: Array,
-                  wo: Array) -> Array:
+def _expert_ffn(unit: Unit, x, wi, wg, wo, bi, bg):
+    """One expert on rows x [R, D] (its output bias is added by the caller, once per token-expert pair):
+    the output and its pre-activations (g, h) for the backward pass."""
+    h = x @ wi if bi is None else x @ wi + bi
+    g = (x @ wg if bg is None else x @ wg + bg) if unit.gated else h
+    return unit(g, h) @ wo, g, h
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def expert_blocks(unit: Unit, xs: Array, expert: Array, used: Array, wi: Array, wg: Array, wo: Array,
+                  bi: Array | None, bg: Array | None) -> Array:
     """Each block of rows xs [blocks, R, D] through its expert's FFN, one block per scan step with the
     expert's weights sliced in place; padding blocks past ``used`` are skipped. The hand-written
     backward adds each block's weight gradient into its expert's slice of a [E, ...] accumulator,
     where autodiff of the scan would add a whole [E, ...] array per block."""
-    return _expert_blocks_forward(activation, gated, xs, expert, used, wi, wg, wo)[0]
+    return _expert_blocks_forward(unit, xs, expert, used, wi, wg, wo, bi, bg)[0]
 
 
-def _expert_blocks_forward(activation, gated, xs, expert, used, wi, wg, wo):
+def _at(bias: Array | None, e: Array) -> Array | None:
+    return None if bias is None else bias[e]
+
+
+def _expert_blocks_forward(unit, xs, expert, used, wi, wg, wo, bi, bg):
     def body(_, inputs):
         i, x, e = inputs
 
         def run(x):
-            return _expert_ffn(activation, gated, x, wi[e], wg[e], wo[e])
+            return _expert_ffn(unit, x, wi[e], wg[e], wo[e], _at(bi, e), _at(bg, e))
 
         def skip(x):
             zeros = jnp.zeros((x.shape[0], wi.shape[-1]), x.dtype)
-            return jnp.zeros_like(x), zeros, zeros
+            return jnp.zeros((x.shape[0], wo.shape[-1]), x.dtype), zeros, zeros
 
         return None, jax.lax.cond(i < used, run, skip, x)
 
     _, (ys, gs, hs) = jax.lax.scan(body, None, (jnp.arange(xs.shape[0]), xs, expert))
-    return ys, (xs, gs, hs, expert, used, wi, wg, wo)
+    return ys, (xs, gs, hs, expert, used, wi, wg, wo, bi, bg)
 
 
-def _expert_blocks_backward(activation, gated, residuals, dys):
-    xs, gs, hs, expert, used, wi, wg, wo = residuals
-
-    def pointwise(g, h):
-        return activate(activation, g) * h if gated else activate(activation, h)
+def _expert_blocks_backward(unit, residuals, dys):
+    xs, gs, hs, expert, used, wi, wg, wo, bi, bg = residuals
+    gated = unit.gated
+    # (a padding row of a block has zero input but its biases' activation; its output is never read, so its
+    # cotangent, and with it its share of every gradient, is zero)
 
     def body(grads, inputs):
         i, x, g, h, e, dy = inputs
 
         def run(grads):
-            dwi, dwg, dwo = grads
-            a, pointwise_vjp = jax.vjp(pointwise, g, h)
+            dwi, dwg, dwo, dbi, dbg = grads
+            a, pointwise_vjp = jax.vjp(unit, g, h)
             dg, dh = pointwise_vjp(dy @ wo[e].T)
+            if not gated:  # g is h there, and the unit reads h only
+                dg = jnp.zeros_like(dh)
             dx = dh @ wi[e].T
-            if gated:  # (ungated, g is h and the pointwise function reads h only: dg is zero)
+            if gated:
                 dx = dx + dg @ wg[e].T
                 dwg = dwg.at[e].add(x.T @ dg)
-            return (dwi.at[e].add(x.T @ dh), dwg, dwo.at[e].add(a.T @ dy)), dx
+                if dbg is not None:
+                    dbg = dbg.at[e].add(jnp.sum(dg, axis=0))
+            if dbi is not None:
+                dbi = dbi.at[e].add(jnp.sum(dh, axis=0))
+            return (dwi.at[e].add(x.T @ dh), dwg, dwo.at[e].add(a.T @ dy), dbi, dbg), dx
 
         return jax.lax.cond(i < used, run, lambda grads: (grads, jnp.zeros_like(x)), grads)
 
-    zeros = (jnp.zeros_like(wi), jnp.zeros_like(wg), jnp.zeros_like(wo))
-    (dwi, dwg, dwo), dxs = jax.lax.scan(body, zeros, (jnp.arange(xs.shape[0]), xs, gs, hs, expert, dys))
-    return dxs, None, None, dwi, dwg if gated else jnp.zeros_like(wg), dwo
+    zeros = (jnp.zeros_like(wi), jnp.zeros_like(wg), jnp.zeros_like(wo),
+             None if bi is None else jnp.zeros_like(bi), None if bg is None else jnp.zeros_like(bg))
+    (dwi, dwg, dwo, dbi, dbg), dxs = jax.lax.scan(body, zeros, (jnp.arange(xs.shape[0]), xs, gs, hs, expert, dys))
+    return dxs, None, None, dwi, dwg if gated else jnp.zeros_like(wg), dwo, dbi, dbg
 
 
 expert_blocks.defvjp(_expert_blocks_forward, _expert_blocks_backward)
 
 
-def grouped_experts(x: Array, routing: Routing, wi: Array, wi_gate: Array | None, wo: Array,
-                    activation: str) -> Array:
+def _combine(y: Array, routing: Routing, bo: Array | None) -> Array:
+    """Each token's k expert outputs y [B, T, k, D], plus their output biases, summed with its routing weights."""
+    if bo is not None:
+        y = y + bo[routing.experts].astype(y.dtype)
+    return jnp.einsum("BTkD,BTk->BTD", y, routing.weights.astype(y.dtype))
+
+
+def grouped_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit) -> Array:
     """Dropless dispatch: only the chosen experts run. The B*T*k token-expert pairs are sorted by
     expert into blocks of equal rows (``block_layout``; each expert's rows padded to whole blocks), the
     blocks run through their experts (``expert_blocks``), and each token sums its k results with its
@@ -221,51 +273,53 @@ def grouped_experts(x: Array, routing: Routing, wi: Array, wi_gate: Array | None
     no faster than ``dense_experts``), so on CPU the grouping is done here, with plain matmuls.
     """
     if jax.default_backend() != "cpu":
-        return ragged_experts(x, routing, wi, wi_gate, wo, activation)
+        return ragged_experts(x, routing, weights, unit)
     B, T, D = x.shape
-    k, E = routing.experts.shape[-1], wi.shape[0]
+    k, E = routing.experts.shape[-1], weights.wi.shape[0]
     pairs = B * T * k
     rows = block_rows(pairs, E)
     layout = block_layout(routing.experts.reshape(-1), k, E, rows)
     tokens = jnp.take(x.reshape(B * T, D), layout.token, axis=0, mode="fill", fill_value=0)
-    gated = wi_gate is not None
-    ys = expert_blocks(activation, gated, tokens.reshape(-1, rows, D), layout.expert, layout.used, wi,
-                       wi_gate if gated else wi, wo)
-    y = ys.reshape(-1, D)[layout.slot].reshape(B, T, k, D)
-    return jnp.einsum("BTkD,BTk->BTD", y, routing.weights.astype(y.dtype))
+    w = weights
+    ys = expert_blocks(unit, tokens.reshape(-1, rows, D), layout.expert, layout.used, w.wi,
+                       w.wi_gate if unit.gated else w.wi, w.wo, w.bi, w.bi_gate if unit.gated else None)
+    return _combine(ys.reshape(-1, D)[layout.slot].reshape(B, T, k, D), routing, w.bo)
 
 
-def ragged_experts(x: Array, routing: Routing, wi: Array, wi_gate: Array | None, wo: Array,
-                   activation: str) -> Array:
+def ragged_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit) -> Array:
     """``grouped_experts`` through ``jax.lax.ragged_dot`` (GPU and TPU): the pairs sorted by expert, one
     ragged matmul per weight over the contiguous groups, unsorted and weighted."""
     B, T, D = x.shape
-    k, E = routing.experts.shape[-1], wi.shape[0]
+    k, E = routing.experts.shape[-1], weights.wi.shape[0]
     flat_experts = routing.experts.reshape(-1)
     order = jnp.argsort(flat_experts, stable=True)  # sorted pair j is pair order[j]
     group_sizes = jnp.bincount(flat_experts, length=E).astype(jnp.int32)
     rows = x.reshape(B * T, D)[order // k]
-    h = jax.lax.ragged_dot(rows, wi, group_sizes)
-    if wi_gate is not None:
-        h = activate(activation, jax.lax.ragged_dot(rows, wi_gate, group_sizes)) * h
-    else:
-        h = activate(activation, h)
-    y = jax.lax.ragged_dot(checkpoint_name(h, "mlp"), wo, group_sizes)
-    y = y[jnp.argsort(order)].reshape(B, T, k, D)
-    return jnp.einsum("BTkD,BTk->BTD", y, routing.weights.astype(y.dtype))
+    row_expert = flat_experts[order]
+
+    def biased(y, bias):
+        return y if bias is None else y + bias[row_expert].astype(y.dtype)
+
+    h = biased(jax.lax.ragged_dot(rows, weights.wi, group_sizes), weights.bi)
+    g = biased(jax.lax.ragged_dot(rows, weights.wi_gate, group_sizes), weights.bi_gate) if unit.gated else None
+    y = jax.lax.ragged_dot(checkpoint_name(unit(g, h), "mlp"), weights.wo, group_sizes)
+    return _combine(y[jnp.argsort(order)].reshape(B, T, k, D), routing, weights.bo)
 
 
-def dense_experts(x: Array, routing: Routing, wi: Array, wi_gate: Array | None, wo: Array, activation: str) -> Array:
+def dense_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit) -> Array:
     """Every expert on every token, combined with the routing weights (zero for experts not chosen):
     E/k times the FLOPs of the grouped dispatch, without its sort and gathers."""
-    E = wi.shape[0]
+    w, E = weights, weights.wi.shape[0]
     combine = jnp.einsum("BTk,BTkE->BTE", routing.weights, jax.nn.one_hot(routing.experts, E, dtype=jnp.float32))
-    h = jnp.einsum("BTD,EDF->BTEF", x, wi)
-    if wi_gate is not None:
-        h = activate(activation, jnp.einsum("BTD,EDF->BTEF", x, wi_gate)) * h
-    else:
-        h = activate(activation, h)
-    return jnp.einsum("BTEF,EFD,BTE->BTD", checkpoint_name(h, "mlp"), wo, combine.astype(x.dtype))
+
+    def up(kernel, bias):
+        y = jnp.einsum("BTD,EDF->BTEF", x, kernel)
+        return y if bias is None else y + bias.astype(y.dtype)
+
+    h = up(w.wi, w.bi)
+    g = up(w.wi_gate, w.bi_gate) if unit.gated else None
+    y = jnp.einsum("BTEF,EFD,BTE->BTD", checkpoint_name(unit(g, h), "mlp"), w.wo, combine.astype(x.dtype))
+    return y if w.bo is None else y + jnp.einsum("BTE,ED->BTD", combine.astype(x.dtype), w.bo.astype(x.dtype))
 
 
 def use_grouped_dispatch(cfg: ModelConfig) -> bool:
@@ -277,7 +331,7 @@ def use_grouped_dispatch(cfg: ModelConfig) -> bool:
 
 class MoE(nnx.Module):
     """A top-k mixture of gated experts (Mixtral), with DeepSeekMoE's options: always-on shared
-    experts, grouped and biased routing (``route``). Only the chosen experts run (``grouped_experts``)
+    experts, grouped and biased routing (``route``); gpt-oss's biased experts and router. Only the chosen experts run (``grouped_experts``)
     unless the config asks for the dense all-experts form.
 
     Returns the output and the router statistics of this layer (``router_statistics``), from which the
@@ -298,6 +352,13 @@ class MoE(nnx.Module):
         else:
             self.wi_gate = None
         projection(self, "wo", cfg, rngs, (E, F, D), ("experts", "mlp", "embed"), batch=1, role="experts")
+        # gpt-oss: biases on every expert's projections and on the router's logits
+        bias = lambda shape, axes, present=True: (  # noqa: E731
+            param(rngs, shape, axes, cfg, init="zeros") if cfg.expert_bias and present else None)
+        self.bi, self.bi_gate = bias((E, F), ("experts", "mlp")), bias((E, F), ("experts", "mlp"), cfg.gated)
+        self.bo = bias((E, D), ("experts", "embed"))
+        self.router_logit_bias = param(rngs, (E,), ("experts",), cfg, init="zeros") if cfg.router_logit_bias else None
+        self.unit = Unit.of(cfg)
         self.shared = (MLP(cfg, rngs=rngs, width=cfg.shared_experts * F, bias=False, role="shared_experts")
                        if cfg.shared_experts else None)
         # Qwen2-MoE: how much of the shared experts' output each token takes, sigmoid(x . w)
@@ -307,12 +368,16 @@ class MoE(nnx.Module):
         cfg, dt = self.config, self.dtype
         # The router runs in float32, weights and activations alike (transformers keeps it there).
         logits = jnp.einsum("BTD,DE->BTE", x.astype(jnp.float32), self.router[...].astype(jnp.float32))
+        if self.router_logit_bias is not None:
+            logits = logits + self.router_logit_bias[...].astype(jnp.float32)
         bias = None if self.router_bias is None else jax.lax.stop_gradient(self.router_bias[...])
         routing = route(cfg, logits, bias)
-        weights = (kernel(self, "wi", dt, batch=1), None if self.wi_gate is None else kernel(self, "wi_gate", dt, batch=1),
-                   kernel(self, "wo", dt, batch=1))
+        value = lambda p: None if p is None else p[...].astype(dt)  # noqa: E731
+        weights = ExpertWeights(kernel(self, "wi", dt, batch=1),
+                                None if self.wi_gate is None else kernel(self, "wi_gate", dt, batch=1),
+                                kernel(self, "wo", dt, batch=1), value(self.bi), value(self.bi_gate), value(self.bo))
         experts = grouped_experts if use_grouped_dispatch(cfg) else dense_experts
-        y = experts(x, routing, *weights, cfg.activation)
+        y = experts(x, routing, weights, self.unit)
         if self.shared is not None:
             shared = self.shared(x)
             if self.shared_gate is not None:
