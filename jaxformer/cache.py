@@ -130,8 +130,29 @@ class LatentCache(_Slots):
         return cls(jnp.zeros((layers, batch, length, width), dtype), *_empty_slots(batch, length))
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class IndexedLatentCache(LatentCache):
+    """``LatentCache`` plus what DeepSeek-V3.2's lightning indexer keeps per token and layer: its key
+    ``index_keys`` [L, B, S, index_head_dim], normalized and rotated, scored by every later query."""
+
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("latent", "index_keys")
+    index_keys: Array
+
+    @classmethod
+    def empty(cls, layers: int, batch: int, length: int, width: int, dtype, index_width: int = 0
+              ) -> IndexedLatentCache:
+        slots = _empty_slots(batch, length)
+        return cls(jnp.zeros((layers, batch, length, width), dtype), *slots,
+                   jnp.zeros((layers, batch, length, index_width), dtype))
+
+
 def empty_cache(cfg, layers: int, batch: int, length: int, dtype) -> KVCache | LatentCache:
-    """The empty self-attention cache a config's layers fill: latents for MLA, else keys and values."""
+    """The empty self-attention cache a config's layers fill: latents for MLA (with the indexer's keys for
+    DeepSeek-V3.2), else keys and values."""
+    if cfg.mla and cfg.index_heads:
+        return IndexedLatentCache.empty(layers, batch, length, cfg.kv_lora_rank + cfg.rope_head_dim, dtype,
+                                        cfg.index_head_dim)
     if cfg.mla:
         return LatentCache.empty(layers, batch, length, cfg.kv_lora_rank + cfg.rope_head_dim, dtype)
     return KVCache.empty(layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype)
@@ -139,8 +160,12 @@ def empty_cache(cfg, layers: int, batch: int, length: int, dtype) -> KVCache | L
 
 def cache_numbers_per_token(cfg) -> int:
     """Numbers one token adds to a decoder's self-attention cache, all layers: (C + R) per layer for
-    MLA, 2 x kv heads x head size per layer otherwise (Transformer-XL's ``MemoryKV`` too)."""
-    per_layer = cfg.kv_lora_rank + cfg.rope_head_dim if cfg.mla else 2 * cfg.kv_heads * cfg.head_dim_
+    MLA (and the indexer's key), 2 x kv heads x head size per layer otherwise (Transformer-XL's
+    ``MemoryKV`` too)."""
+    if cfg.mla:
+        per_layer = cfg.kv_lora_rank + cfg.rope_head_dim + (cfg.index_head_dim if cfg.index_heads else 0)
+    else:
+        per_layer = 2 * cfg.kv_heads * cfg.head_dim_
     return cfg.decoder_layers * per_layer
 
 

@@ -18,7 +18,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
-LAYER_TYPES = ("full", "sliding")
+LAYER_TYPES = ("full", "sliding", "chunked")
 ROPE_SCALINGS = ("linear", "llama3", "yarn", "dynamic", "longrope")
 ROUTER_SCORES = ("softmax", "sigmoid")
 ROUTER_AUX_LOSSES = ("batch", "sequence")
@@ -215,14 +215,26 @@ class ModelConfig:
 
     attention: str = "causal"
     window_size: int | None = None  # sliding and alternating-local attention: keys in (t - w, t]
-    # 'alternating': which layers are 'full' and which 'sliding' (Gemma: layer_types); None: GPT-3's, odd layers
-    # sliding. An encoder-decoder's encoder follows the same list with keys within w of the query either side.
+    # 'alternating': which layers are 'full' and which 'sliding' (Gemma: layer_types) or 'chunked' (Llama 4);
+    # None: GPT-3's, odd layers sliding. An encoder-decoder's encoder follows the same list with keys within w
+    # of the query either side.
     layer_types: tuple[str, ...] | None = None
+    # 'chunked' layers: the sequence is cut into chunks of this many positions and a query sees the keys of its
+    # own chunk up to itself (Llama 4's local layers)
+    attention_chunk_size: int | None = None
+    # layers without rotary positions (NoPE; Llama 4 every fourth): their queries and keys are not rotated, and
+    # qk_norm applies to the rotated layers only
+    nope_layers: tuple[int, ...] = ()
+    # attention temperature on the NoPE layers (Llama 4): queries x (1 + temperature_scale * log1p(floor((i + 1) /
+    # temperature_floor_scale))), i the token's index in the sequence, pads included (as transformers counts it)
+    temperature_floor_scale: int | None = None
+    temperature_scale: float = 0.1
     attention_scale: float | None = None  # None: head_dim ** -0.5 (T5 uses 1.0)
     inverse_layer_scale: bool = False  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores also / (i + 1)
     attention_backend: str = "auto"  # auto | xla | cudnn | splash (jaxformer/kernels.py)
     attention_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
     qk_norm: bool = False  # RMSNorm over each query and key head before rotary positions (Gemma 3, Qwen3)
+    qk_norm_scale: bool = True  # that norm's learned scale; False: none (Llama 4's weightless norm)
     # attention sinks: a learned logit per head joins each softmax as one more key with no value, so a query
     # may give part of its attention to nothing (gpt-oss)
     attention_sinks: bool = False
@@ -235,6 +247,11 @@ class ModelConfig:
     q_lora_rank: int | None = None  # MLA: a low-rank query projection through this width; None: a plain one
     rope_head_dim: int = 64  # MLA: the rotary part of each query and key head
     v_head_dim: int | None = None  # MLA: the value head size; None: head_dim
+    # DeepSeek-V3.2's lightning indexer (on when index_heads > 0): a small scorer picks each query's index_topk
+    # keys, and latent attention attends to those alone (DeepSeek sparse attention)
+    index_heads: int = 0
+    index_head_dim: int = 128
+    index_topk: int = 2048
     rope_interleave: bool = False  # rotary pairs are adjacent (x0, x1), (x2, x3), as DeepSeek and GPT-J lay them out
     # partial rotary: only the first rotary_dim numbers of each query and key head rotate, the rest pass through
     # (GPT-NeoX's rotary_pct of the head, GPT-J's rotary_dim); None: the whole head (MLA: rope_head_dim)
@@ -279,6 +296,7 @@ class ModelConfig:
     router_logit_bias: bool = False  # a trained bias on the router logits, like any linear layer's (gpt-oss)
     expert_bias: bool = False  # each routed expert's projections carry biases (gpt-oss)
     normalize_router_weights: bool = True  # the k chosen weights are divided by their sum
+    router_weights_on_input: bool = False  # a chosen expert's weight multiplies its input, not its output (Llama 4)
     routed_scaling: float = 1.0  # the routed experts' output is scaled by this (DeepSeek routed_scaling_factor)
     router_aux_loss_coef: float = 0.0
     router_aux_loss: str = "batch"  # batch: Switch/Mixtral over all tokens; sequence: DeepSeek-V3, per row
@@ -418,7 +436,16 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.attention={self.attention!r} does not fit family='encoder_decoder'; "
                 "the decoder attends 'causal', 'sliding' or 'alternating'")
-        if self.attention in ("sliding", "alternating"):
+        chunked = self.attention == "alternating" and "chunked" in (self.layer_types or ())
+        if chunked:
+            if self.family != "decoder" or self.window_size is not None:
+                raise ValueError("ModelConfig.layer_types with 'chunked' layers (Llama 4) needs family='decoder' and "
+                                 "window_size None (the chunk is attention_chunk_size)")
+            _positive("attention_chunk_size", self.attention_chunk_size)
+        elif self.attention_chunk_size is not None:
+            raise ValueError(f"ModelConfig.attention_chunk_size={self.attention_chunk_size} is set but no layer is "
+                             "'chunked' (attention='alternating' with 'chunked' in layer_types)")
+        if self.attention in ("sliding", "alternating") and not chunked:
             if self.window_size is None:
                 raise ValueError(f"ModelConfig.attention={self.attention!r} needs window_size (a positive int)")
             _positive("window_size", self.window_size)
@@ -431,10 +458,13 @@ class ModelConfig:
                 object.__setattr__(self, "layer_types", tuple(self.layer_types))
             if self.attention != "alternating":
                 raise ValueError(f"ModelConfig.layer_types is set but attention={self.attention!r}; it lists the "
-                                 "'full' and 'sliding' layers of attention='alternating'")
+                                 "'full' and 'sliding' (or 'chunked') layers of attention='alternating'")
             wrong = sorted({t for t in self.layer_types if t not in LAYER_TYPES}, key=str)
             if wrong:
                 raise ValueError(f"ModelConfig.layer_types holds {wrong}; each entry must be one of {LAYER_TYPES}")
+            if {"sliding", "chunked"} <= set(self.layer_types):
+                raise ValueError("ModelConfig.layer_types mixes 'sliding' and 'chunked' layers; a stack has one kind "
+                                 "of local layer")
             counts = {self.decoder_layers} | ({self.encoder_layers} if self.family == "encoder_decoder" else set())
             if len(counts) > 1 or len(self.layer_types) not in counts:
                 raise ValueError(f"ModelConfig.layer_types has {len(self.layer_types)} entries; it needs one per layer "
@@ -467,7 +497,19 @@ class ModelConfig:
                                  "expands keys and values for every head; leave num_kv_heads None")
             if self.qkv_bias:
                 raise ValueError("ModelConfig.qkv_bias=True is not supported with multi-head latent attention")
+            if self.index_heads:
+                for field in ("index_heads", "index_head_dim", "index_topk"):
+                    _positive(field, getattr(self, field))
+                if self.q_lora_rank is None:
+                    raise ValueError("ModelConfig.index_heads (DeepSeek-V3.2's indexer) reads the compressed query: it "
+                                     "needs q_lora_rank")
+                if not self.rope_head_dim <= self.index_head_dim:
+                    raise ValueError(f"ModelConfig.index_head_dim={self.index_head_dim} must hold the rotary part "
+                                     f"(rope_head_dim={self.rope_head_dim})")
         else:
+            if self.index_heads:
+                raise ValueError("ModelConfig.index_heads (DeepSeek-V3.2's indexer) needs kv_lora_rank (multi-head "
+                                 "latent attention)")
             for field, off in {"q_lora_rank": None, "v_head_dim": None}.items():
                 if getattr(self, field) != off:
                     raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs kv_lora_rank "
@@ -491,6 +533,24 @@ class ModelConfig:
         if self.inverse_layer_scale and (self.mla or self.position == "xl"):
             raise ValueError("ModelConfig.inverse_layer_scale scales standard self-attention; multi-head latent and "
                              "Transformer-XL attention do not take it")
+        if isinstance(self.nope_layers, list):  # YAML and JSON hand us lists
+            object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
+        if self.nope_layers:
+            if self.position != "rope" or self.mla or self.family != "decoder":
+                raise ValueError("ModelConfig.nope_layers leaves some layers of a rotary decoder unrotated; it needs "
+                                 "family='decoder', position='rope' and standard attention")
+            if sorted(set(self.nope_layers)) != list(self.nope_layers) or not all(
+                    isinstance(i, int) and 0 <= i < self.decoder_layers for i in self.nope_layers):
+                raise ValueError(f"ModelConfig.nope_layers={self.nope_layers!r} must list distinct layer indices in "
+                                 f"[0, {self.decoder_layers}) in increasing order")
+        if self.temperature_floor_scale is not None:
+            _positive("temperature_floor_scale", self.temperature_floor_scale)
+            if not self.nope_layers:
+                raise ValueError("ModelConfig.temperature_floor_scale tunes the NoPE layers' attention; set nope_layers")
+            if not self.temperature_scale > 0:
+                raise ValueError(f"ModelConfig.temperature_scale={self.temperature_scale!r} must be > 0")
+        if not self.qk_norm_scale and not self.qk_norm:
+            raise ValueError("ModelConfig.qk_norm_scale=False shapes the query/key norm; it needs qk_norm=True")
         if self.attention_sinks and (self.mla or self.position == "xl"):
             raise ValueError("ModelConfig.attention_sinks=True joins standard attention's softmax; multi-head latent "
                              "and Transformer-XL attention do not take it")
@@ -563,7 +623,8 @@ class ModelConfig:
                                  "shared_experts > 0")
         else:
             moe_only = {"expert_d_ff": None, "shared_experts": 0, "dense_layers": 0, "router_bias": False,
-                        "shared_expert_gate": False, "router_logit_bias": False, "expert_bias": False}
+                        "shared_expert_gate": False, "router_logit_bias": False, "expert_bias": False,
+                        "router_weights_on_input": False}
             for field, off in moe_only.items():
                 if getattr(self, field) != off:
                     raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs num_experts > 0")
@@ -631,10 +692,11 @@ class ModelConfig:
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
-        """Which layers of an 'alternating' stack attend within the window: ``layer_types``, or GPT-3's odd
-        layers. An encoder-decoder's stacks have equal depth whenever layer_types is given."""
+        """Which layers of an 'alternating' stack attend locally (within the window, or Llama 4's chunk):
+        ``layer_types``, or GPT-3's odd layers. An encoder-decoder's stacks have equal depth whenever
+        layer_types is given."""
         if self.layer_types is not None:
-            return tuple(t == "sliding" for t in self.layer_types)
+            return tuple(t != "full" for t in self.layer_types)
         return tuple(i % 2 == 1 for i in range(max(self.decoder_layers, self.encoder_layers)))
 
     @property

@@ -241,6 +241,19 @@ _PRESETS: dict[str, dict] = {
                            pad_token_id=32000, bos_token_id=1, eos_token_id=32000),
     # gpt-oss: attention sinks, alternating 128-token windows (the first layer sliding), experts with biases
     # behind a biased router, the clamped SwiGLU (limit 7, gain 1.702), yarn from 4096 to 131072 positions
+    # Llama 4 Scout (text): chunks of 8192 on three layers in four, every fourth global without rotary
+    # positions and temperature-tuned, a weightless q/k norm, 16 sigmoid top-1 experts on their inputs beside one
+    # shared expert in every layer, llama3 rope (x8 over 8192)
+    "llama-4-scout-17b-16e": _llama(
+        5120, 48, 40, 8, 16384, 202048, 500000.0, 262144, head_dim=128, rope_interleave=True,
+        rope_scaling=dict(kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_positions=8192),
+        attention="alternating", layer_types=tuple("full" if (i + 1) % 4 == 0 else "chunked" for i in range(48)),
+        attention_chunk_size=8192, nope_layers=tuple(i for i in range(48) if (i + 1) % 4 == 0),
+        temperature_floor_scale=8192, temperature_scale=0.1, qk_norm=True, qk_norm_scale=False, num_experts=16,
+        experts_per_token=1, expert_d_ff=8192, shared_experts=1, router_score="sigmoid",
+        normalize_router_weights=False, router_weights_on_input=True, router_aux_loss_coef=0.001,
+        bos_token_id=200000, eos_token_id=(200001, 200007, 200008), pad_token_id=200018),
     "gpt-oss-20b": _gpt_oss(24, 32),
     "gpt-oss-120b": _gpt_oss(36, 128),
     # Qwen3: RMSNorm over each query and key head before rotary positions, head_dim 128 whatever the width
@@ -259,6 +272,10 @@ _PRESETS: dict[str, dict] = {
                                   bos_token_id=100000, eos_token_id=100001),
     "deepseek-v3": _deepseek(7168, 61, 128, 18432, 2048, 256, 8, 1, 3, 129280, v3=True, q_lora_rank=1536,
                              router_groups=8, router_topk_groups=4, routed_scaling=2.5, bos_token_id=0, eos_token_id=1),
+    # DeepSeek-V3.2: V3's model with DeepSeek sparse attention, the lightning indexer keeping 2048 keys per query
+    "deepseek-v3.2": _deepseek(7168, 61, 128, 18432, 2048, 256, 8, 1, 3, 129280, v3=True, q_lora_rank=1536,
+                               router_groups=8, router_topk_groups=4, routed_scaling=2.5, bos_token_id=0,
+                               eos_token_id=1, index_heads=64, index_head_dim=128, index_topk=2048),
     "gemma-2-2b": _gemma(2304, 26, 8, 4, 9216, 256000, 4096, 2, 8192, gemma3=False),
     "gemma-2-9b": _gemma(3584, 42, 16, 8, 14336, 256000, 4096, 2, 8192, gemma3=False),
     "gemma-3-1b": _gemma(1152, 26, 4, 1, 6912, 262144, 512, 6, 32768, gemma3=True),

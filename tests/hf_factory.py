@@ -138,6 +138,16 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                   {**_LLAMA, "num_hidden_layers": 3, "num_experts": 4, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 16, "shared_expert_intermediate_size": 32, "mlp_only_layers": [0]}),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", {**_LLAMA, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    # Llama 4: chunks of 4 on the rotary layers, the fourth layer global without rotary positions and with its
+    # temperature (floor scale 4, so it grows inside the test sequences), the weightless q/k norm, llama3 rope,
+    # sigmoid top-2 experts on their inputs beside the shared one, the first layer dense
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM",
+               {**_LLAMA, "num_hidden_layers": 4, "intermediate_size": 16, "intermediate_size_mlp": 48, "head_dim": 8,
+                "attention_chunk_size": 4, "floor_scale": 4, "attn_scale": 0.5, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "moe_layers": [1, 2, 3], "attn_implementation": "eager",
+                "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
+                                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                    "original_max_position_embeddings": 16}}),
     # gpt-oss: sinks, biased experts and router, the clamped SwiGLU (a limit low enough to clamp here), sliding
     # and full layers (window 4), an explicit head_dim, its class's default yarn
     "gpt-oss": ("GptOssConfig", "GptOssForCausalLM",
@@ -165,6 +175,10 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                                            "mscale": 1.0, "mscale_all_dim": 1.0,
                                            "original_max_position_embeddings": 16}}),
     "deepseek-v3-base": ("DeepseekV3Config", "DeepseekV3Model", _DEEPSEEK_V3),
+    # DeepSeek-V3.2: V3 with the lightning indexer keeping 4 keys per query, fewer than the test sequences hold
+    "deepseek-v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM",
+                     {**_DEEPSEEK_V3, "index_n_heads": 4, "index_head_dim": 12, "index_topk": 4,
+                      "attn_implementation": "eager"}),
     "t5": ("T5Config", "T5ForConditionalGeneration", _T5),
     "t5-v1_1": ("T5Config", "T5ForConditionalGeneration",
                 {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}),

@@ -344,6 +344,20 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
                                                          "long_factor": list(PHI35_LONG)}),
     ),
     # gpt-oss: sinks, biased experts and router, the clamped SwiGLU, alternating 128-token windows, yarn
+    # Llama 4 Scout's text_config (attn_temperature_tuning is published as 4, which the strict config class
+    # refuses: True reads the same)
+    "llama-4-scout-17b-16e": (
+        "Llama4ForCausalLM",
+        dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
+             num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+             max_position_embeddings=262144, rms_norm_eps=1e-5, num_local_experts=16, num_experts_per_tok=1,
+             interleave_moe_layer_step=1, use_qk_norm=True, attention_chunk_size=8192, no_rope_layers=[1, 1, 1, 0] * 12,
+             attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1, router_aux_loss_coef=0.001,
+             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+             tie_word_embeddings=False, bos_token_id=200000, eos_token_id=[200001, 200007, 200008],
+             pad_token_id=200018),
+    ),
     "gpt-oss-20b": ("GptOssForCausalLM", _gpt_oss(24, 32)),
     "gpt-oss-120b": ("GptOssForCausalLM", _gpt_oss(36, 128)),
     # Qwen3: an explicit head_dim of 128 and RMSNorm over each query and key head
@@ -428,6 +442,16 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             rope_parameters=_deepseek_yarn(1.0),
             tie_word_embeddings=False,
         ),
+    ),
+    # DeepSeek-V3.2: V3 plus the lightning indexer (64 heads of 128, 2048 keys per query) in every layer
+    "deepseek-v3.2": (
+        "DeepseekV32ForCausalLM",
+        dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+             num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, n_shared_experts=1,
+             n_routed_experts=256, num_experts_per_tok=8, routed_scaling_factor=2.5, kv_lora_rank=512,
+             q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=8, topk_group=4,
+             first_k_dense_replace=3, max_position_embeddings=163840, rope_parameters=_deepseek_yarn(1.0),
+             index_n_heads=64, index_head_dim=128, index_topk=2048, tie_word_embeddings=False),
     ),
 }
 

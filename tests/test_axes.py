@@ -14,7 +14,7 @@ from jaxformer.layers import Buffer, RouterBias, logical_axes, param
 from conftest import TINY, tiny_config, tiny_model
 
 AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
-              "positions", "types", "buckets", "labels", "latent", "segments"}
+              "positions", "types", "buckets", "labels", "latent", "segments", "index_heads", "index_head_dim"}
 
 VARIANTS = {
     "untied-lm-head": ("tiny-gpt", dict(tie_embeddings=False)),
@@ -29,6 +29,13 @@ VARIANTS = {
     "roberta-like": ("tiny-bert", dict(type_vocab_size=1, position_offset=2)),
     "moe-qkv-bias": ("tiny-mixtral", dict(qkv_bias=True, num_experts=3, experts_per_token=1)),
     "mla-plain-query": ("tiny-deepseek", dict(q_lora_rank=None, dense_layers=0, shared_experts=0)),
+    "mla-indexer": ("tiny-deepseek", dict(index_heads=2, index_head_dim=16, index_topk=8)),
+    # gpt-oss: sinks, biased experts and router; Llama 4: a weightless q/k norm (no parameter), a shared expert
+    "gpt-oss-like": ("tiny-mixtral", dict(attention_sinks=True, expert_bias=True, router_logit_bias=True,
+                                          qkv_bias=True, swiglu_limit=7.0)),
+    "llama4-like": ("tiny-mixtral", dict(qk_norm=True, qk_norm_scale=False, router_score="sigmoid",
+                                         router_weights_on_input=True, shared_experts=1, normalize_router_weights=False,
+                                         nope_layers=(1,), temperature_floor_scale=8)),
     "llama-qkv-bias": ("tiny-llama", dict(qkv_bias=True, num_kv_heads=1)),
     "t5-v1_1-untied": ("tiny-t5", dict(tie_embeddings=False, scale_tied_logits=False, activation="geglu")),
     "t5-uneven-stacks": ("tiny-t5", dict(encoder_layers=3, decoder_layers=1)),
@@ -53,6 +60,7 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
         "buckets": {cfg.relative_buckets},
         "labels": {cfg.num_labels, 2},  # classifiers: num_labels; NSP and QA spans: 2
         "segments": {2},  # XLNet's relative segment encodings: same segment, other segment
+        "index_heads": {cfg.index_heads}, "index_head_dim": {cfg.index_head_dim},  # DeepSeek-V3.2's indexer
     }
 
 

@@ -24,8 +24,9 @@ CHECKPOINTS = {"bert": "bert-mlm", "roberta": "roberta-mlm", "gpt2": "gpt2", "ll
                "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3-longrope", "gpt_neo": "gpt-neo",
                "openai-gpt": "openai-gpt", "qwen2_moe": "qwen2-moe", "qwen3_moe": "qwen3-moe",
                "gpt_neox": "gpt-neox", "gptj": "gptj", "glm": "glm", "glm4": "glm4",
-               "mixtral": "mixtral", "gpt_oss": "gpt-oss",
+               "mixtral": "mixtral", "gpt_oss": "gpt-oss", "llama4_text": "llama4",
                "deepseek_v2": "deepseek-v2", "deepseek_v3": "deepseek-v3",
+               "deepseek_v32": "deepseek-v32",
                "gemma2": "gemma2", "gemma3_text": "gemma3", "t5": "t5", "bart": "bart", "t5gemma": "t5gemma",
                "xlnet": "xlnet"}
 # Changed string values: another valid choice where the key has choices, so the change means something.

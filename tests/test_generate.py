@@ -27,10 +27,19 @@ CACHE_CASES = {
     "llama-prefix": _decoder_case("tiny-llama", attention="prefix"),
     "mixtral": _decoder_case("tiny-mixtral"),
     "deepseek-mla": _decoder_case("tiny-deepseek"),  # latent cache: prefill expanded, steps absorbed
+    # DeepSeek-V3.2: the indexer keeps 3 keys per query (its keys cached beside the latents)
+    "deepseek-v32": _decoder_case("tiny-deepseek", index_heads=2, index_head_dim=16, index_topk=3),
     # gpt-oss: sinks in every softmax, sliding (window 2) and full layers, biased experts, the clamped SwiGLU
     "gpt-oss": _decoder_case("tiny-mixtral", attention="alternating", window_size=2, layer_types=("sliding", "full"),
                              attention_sinks=True, qkv_bias=True, out_bias=True, expert_bias=True,
                              router_logit_bias=True, swiglu_limit=0.5, swiglu_alpha=1.702),
+    # Llama 4: chunks of 2 on the rotary layer, a NoPE layer with its temperature (floor scale 2), weightless q/k
+    # norm, adjacent rotary pairs, sigmoid experts on their inputs beside a shared one
+    "llama4": _decoder_case("tiny-mixtral", attention="alternating", layer_types=("chunked", "full"),
+                            attention_chunk_size=2, nope_layers=(1,), temperature_floor_scale=2, temperature_scale=0.5,
+                            qk_norm=True, qk_norm_scale=False, rope_interleave=True, router_score="sigmoid",
+                            normalize_router_weights=False, router_weights_on_input=True, shared_experts=1,
+                            expert_d_ff=32),
     # Gemma: sliding and full layers with a window of 2, soft caps (2), Gemma 3's local rotary base; T5Gemma
     "gemma2": _decoder_case("tiny-gemma", window_size=2, attention_softcap=2.0, logits_softcap=3.0),
     "gemma3": _decoder_case("tiny-gemma3", window_size=2),
@@ -256,7 +265,8 @@ def _batch(family, rng):
                                                                      ("qwen3", 3), ("phi3", 1), ("gpt-neo", 3),
                                                                      ("openai-gpt", 1), ("qwen3-moe", 1),
                                                                      ("qwen2-moe", 3), ("gpt-neox", 3), ("gptj", 1),
-                                                                     ("glm", 1), ("glm4", 3), ("gpt-oss", 3),
+                                                                     ("glm", 1), ("glm4", 3), ("gpt-oss", 3), ("llama4", 3),
+                                                                     ("deepseek-v32", 3),
                                                                      ("gemma2", 1), ("gemma3", 3), ("t5gemma", 1)])
 def test_token_identical_to_transformers(name, num_beams, tmp_path):
     save_checkpoint(name, tmp_path)

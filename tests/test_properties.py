@@ -560,7 +560,11 @@ GPT_OSS_EXPERTS = {"expert_bias": True, "swiglu_limit": 0.5, "swiglu_alpha": 1.7
 @pytest.mark.parametrize("preset, changes", [("tiny-mixtral", {}), ("tiny-deepseek", {}),
                                              ("tiny-mixtral", {"activation": "gelu", "experts_per_token": 1}),
                                              ("tiny-mixtral", GPT_OSS_EXPERTS),
-                                             ("tiny-mixtral", {"activation": "gelu", "expert_bias": True})])
+                                             ("tiny-mixtral", {"activation": "gelu", "expert_bias": True}),
+                                             # Llama 4: sigmoid scores on the experts' inputs
+                                             ("tiny-mixtral", {"router_score": "sigmoid", "experts_per_token": 2,
+                                                               "normalize_router_weights": False,
+                                                               "router_weights_on_input": True})])
 def test_grouped_dispatch_equals_dense_experts_forward_and_gradients(preset, changes):
     """The sorted, block-grouped dispatch computes what running every expert computes: outputs and the
     gradients of x, of every expert weight and of the router (through the routing weights)."""
@@ -572,7 +576,7 @@ def test_grouped_dispatch_equals_dense_experts_forward_and_gradients(preset, cha
 
     def loss(dispatch, x, router, weights):
         routing = route(cfg, jnp.einsum("BTD,DE->BTE", x, router), None)
-        y = dispatch(x, routing, weights, Unit.of(cfg))
+        y = dispatch(x, routing, weights, Unit.of(cfg), cfg.router_weights_on_input)
         return jnp.sum(y * cotangent), y
 
     results = {}

@@ -54,7 +54,7 @@ def test_masks_command_writes_a_png_per_pattern_and_the_overview(tmp_path, pictu
 
 def test_every_pattern_is_drawn(pictures):
     assert set(pictures) == {"encoder_bidirectional", "decoder_causal", "prefix_lm", "cross_attention",
-                             "sliding_window", "alternating", "bidirectional_sliding", "left_padding",
+                             "sliding_window", "alternating", "chunked", "bidirectional_sliding", "left_padding",
                              "transformer_xl_memory"}
     for picture in pictures.values():
         for panel in picture.panels:
@@ -81,6 +81,10 @@ def test_the_matrices_are_visibility_mask_outputs(pictures):
     # GPT-3: layer 0 dense, layer 1 banded, as the preset's sliding_layers says
     np.testing.assert_array_equal(matrix(pictures, "alternating", 0), causal)
     np.testing.assert_array_equal(matrix(pictures, "alternating", 1), same("sliding", window=window))
+    chunked = matrix(pictures, "chunked")  # Llama 4: causal inside each chunk of `window` positions, nothing across
+    np.testing.assert_array_equal(chunked, same("chunked", chunk=window))
+    blocks = np.kron(np.eye(-(-T // window), dtype=bool), np.ones((window, window), bool))[:T, :T]
+    np.testing.assert_array_equal(chunked, causal & blocks)
     t5gemma = matrix(pictures, "bidirectional_sliding")
     np.testing.assert_array_equal(t5gemma, same("bidirectional_sliding", window=window))
     assert np.array_equal(t5gemma, t5gemma.T) and t5gemma[0, window] and not t5gemma[0, window + 1]  # |t - s| <= w

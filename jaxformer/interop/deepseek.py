@@ -1,9 +1,12 @@
-"""DeepSeek-V2 and V3 (``deepseek_v2``, ``deepseek_v3``): multi-head latent attention, DeepSeekMoE
-(routed plus shared experts, dense first layers, grouped routing); config and tensor rules, both directions.
+"""DeepSeek-V2, V3 and V3.2 (``deepseek_v2``, ``deepseek_v3``, ``deepseek_v32``): multi-head latent attention,
+DeepSeekMoE (routed plus shared experts, dense first layers, grouped routing); config and tensor rules, both
+directions.
 
 V2 scores experts with a softmax (greedy or group-limited top-k) and does not renormalise the chosen
 weights; V3 scores with a sigmoid, selects with a per-expert correction bias, scores groups by their best
-two experts and may renormalise. V2 always rotates interleaved pairs; V3 when ``rope_interleave``.
+two experts and may renormalise. V2 always rotates interleaved pairs; V3 when ``rope_interleave``. V3.2 is
+V3 (always interleaved, always a low-rank query) plus the lightning indexer of DeepSeek sparse attention
+(``index_heads``, ``index_head_dim``, ``index_topk``; ``layers.attention.Indexer``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from jaxformer.interop.rules import (Architecture, Rule, activation, copy, heads
                                      refuse, rope_from_hf, rope_to_hf, stacked_experts)
 
 CLASSES = {"deepseek_v2": ("DeepseekV2Model", "DeepseekV2ForCausalLM"),
-           "deepseek_v3": ("DeepseekV3Model", "DeepseekV3ForCausalLM")}
+           "deepseek_v3": ("DeepseekV3Model", "DeepseekV3ForCausalLM"),
+           "deepseek_v32": ("DeepseekV32Model", "DeepseekV32ForCausalLM")}
+SIGMOID_ROUTED = ("deepseek_v3", "deepseek_v32")
 V2_TOPK_METHODS = ("greedy", "group_limited_greedy")
 # The config classes' defaults, for files that leave keys out (V2's remote-code files often do).
 _SHARED = dict(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
@@ -34,10 +39,27 @@ DEFAULTS = {
                         num_key_value_heads=128, moe_intermediate_size=2048, n_routed_experts=256,
                         num_experts_per_tok=8, rope_interleave=True, bos_token_id=0, eos_token_id=1),
 }
+DEFAULTS["deepseek_v32"] = {**{k: v for k, v in DEFAULTS["deepseek_v3"].items() if k != "rope_interleave"},
+                            "max_position_embeddings": 163840, "index_n_heads": 64, "index_head_dim": 128,
+                            "index_topk": 2048, "mlp_layer_types": None, "layer_types": None}
+
+
+def _v32_layers(hf: dict) -> int:
+    """V3.2's dense layers (its mlp_layer_types, or the first first_k_dense_replace), refusing dense layers
+    after expert ones and any attention but the indexed kind."""
+    layers, first = hf["num_hidden_layers"], hf["first_k_dense_replace"] or 0
+    kinds = hf["mlp_layer_types"] or ["dense"] * min(first, layers) + ["sparse"] * (layers - min(first, layers))
+    dense = [i for i, kind in enumerate(kinds) if kind == "dense"]
+    refuse(set(kinds) - {"dense", "sparse"} or dense != list(range(len(dense))), f"deepseek_v32: mlp_layer_types "
+           f"{kinds} are supported as dense layers first, then sparse ones")
+    attention = set(hf["layer_types"] or ["indexed_attention"])
+    refuse(attention != {"indexed_attention"}, f"deepseek_v32: layer_types {sorted(attention)} are not supported; "
+           "expected 'indexed_attention'")
+    return len(dense)
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-    v3 = model_type == "deepseek_v3"
+    v3, v32 = model_type in SIGMOID_ROUTED, model_type == "deepseek_v32"
     theta, scaling = rope_from_hf(hf)
     heads = hf["num_attention_heads"]
     # Latent attention expands keys and values for every head; transformers' attention still repeats them
@@ -56,10 +78,19 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                f"deepseek_v2: topk_method={method!r} is not supported; supported: {list(V2_TOPK_METHODS)}")
         if method == "greedy":
             groups = topk_groups = 1
+    indexer = {}
+    if v32:  # always interleaved (a rope_interleave key is not read by its class), always a low-rank query
+        refuse(hf["q_lora_rank"] is None, "deepseek_v32: q_lora_rank must be set (its indexer reads the compressed "
+               "query)")
+        indexer = dict(index_heads=hf["index_n_heads"], index_head_dim=hf["index_head_dim"],
+                       index_topk=hf["index_topk"])
+        hf.get("rope_interleave")  # read, and left: V3.2's class never reads it (its latent attention interleaves)
+    dense = _v32_layers(hf) if v32 else hf["first_k_dense_replace"] or 0
     return dict(
+        **indexer,
         family="decoder", d_model=hf["hidden_size"], num_heads=heads, head_dim=hf["qk_nope_head_dim"],
         rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"], kv_lora_rank=hf["kv_lora_rank"],
-        q_lora_rank=hf["q_lora_rank"], rope_interleave=bool(hf["rope_interleave"]) if v3 else True,
+        q_lora_rank=hf["q_lora_rank"], rope_interleave=bool(hf["rope_interleave"]) if v3 and not v32 else True,
         d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"], norm="rmsnorm",
         norm_eps=hf["rms_norm_eps"], norm_bias=False,
         activation=activation(hf["hidden_act"], True, model_type), position="rope", rope_theta=theta,
@@ -67,7 +98,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=hf["tie_word_embeddings"],
         head="none" if arch.endswith("Model") else "lm", attention_dropout_rate=hf["attention_dropout"],
         num_experts=experts, experts_per_token=hf["num_experts_per_tok"], expert_d_ff=hf["moe_intermediate_size"],
-        shared_experts=hf["n_shared_experts"] or 0, dense_layers=hf["first_k_dense_replace"] or 0,
+        shared_experts=hf["n_shared_experts"] or 0, dense_layers=dense,
         router_score="sigmoid" if v3 else "softmax", router_groups=groups, router_topk_groups=topk_groups,
         router_bias=v3, normalize_router_weights=bool(hf["norm_topk_prob"]) if v3 else False,
         routed_scaling=float(hf["routed_scaling_factor"]))
@@ -80,6 +111,10 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
             and cfg.router_aux_loss == "batch"):
         return None
     suffix = "ForCausalLM" if cfg.head == "lm" else "Model"
+    if cfg.index_heads:
+        if cfg.router_score == "sigmoid" and cfg.router_bias and cfg.rope_interleave and cfg.q_lora_rank is not None:
+            return "deepseek_v32", f"DeepseekV32{suffix}"
+        return None
     if cfg.router_score == "sigmoid" and cfg.router_bias:
         return "deepseek_v3", f"DeepseekV3{suffix}"
     if cfg.router_score == "softmax" and not cfg.router_bias and not cfg.normalize_router_weights and cfg.rope_interleave:
@@ -103,6 +138,13 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     if model_type == "deepseek_v3":
         out.update(norm_topk_prob=cfg.normalize_router_weights, rope_interleave=cfg.rope_interleave)
         out["num_nextn_predict_layers"] = 0  # no multi-token-prediction layers are written
+    elif model_type == "deepseek_v32":
+        k, L = cfg.dense_layers, cfg.decoder_layers
+        out.update(norm_topk_prob=cfg.normalize_router_weights, index_n_heads=cfg.index_heads,
+                   index_head_dim=cfg.index_head_dim, index_topk=cfg.index_topk,
+                   mlp_layer_types=["dense"] * k + ["sparse"] * (L - k), layer_types=["indexed_attention"] * L)
+        for key in ("rope_interleave", "num_nextn_predict_layers"):  # not its class's keys: none is written
+            out.pop(key, None)
     else:
         out.update(topk_method="group_limited_greedy" if cfg.router_groups > 1 else "greedy", mlp_bias=False)
 
@@ -134,6 +176,13 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
                Rule((A + ("k_up",), A + ("v_up",)), (f"{a}.kv_b_proj.weight",),
                     *_latent_up(cfg.kv_lora_rank, N, cfg.head_dim_, Hv)),
                heads_out(A + ("o",), f"{a}.o_proj.weight", N, Hv)]
+        if cfg.index_heads:
+            I = A + ("indexer",)
+            out += [heads_in(I + ("wq",), f"{a}.indexer.wq_b.weight", cfg.index_heads, cfg.index_head_dim),
+                    linear(I + ("wk",), f"{a}.indexer.wk.weight"),
+                    copy(I + ("k_norm_scale",), f"{a}.indexer.k_norm.weight"),
+                    copy(I + ("k_norm_bias",), f"{a}.indexer.k_norm.bias"),
+                    linear(I + ("wproj",), f"{a}.indexer.weights_proj.weight")]
         if cfg.q_lora_rank is None:
             out.append(heads_in(A + ("q",), f"{a}.q_proj.weight", N, Hq))
         else:
@@ -170,7 +219,7 @@ def ignored(hf: dict, names: set[str]) -> tuple[set[str], str]:
     """DeepSeek-V3 files carry their multi-token-prediction modules as layers past num_hidden_layers;
     ordinary next-token prediction never reads them."""
     layers = hf.get("num_hidden_layers", 0)
-    mtp = (hf.get("num_nextn_predict_layers") or 0) if hf.get("model_type") == "deepseek_v3" else 0
+    mtp = (hf.get("num_nextn_predict_layers") or 0) if hf.get("model_type") in SIGMOID_ROUTED else 0
     extra = {n for n in names
              if (found := re.search(r"(?:^|\.)layers\.(\d+)\.", n)) and layers <= int(found.group(1)) < layers + mtp}
     note = (f"{len(extra)} tensors of multi-token-prediction layers (index >= num_hidden_layers={layers}) are not "
@@ -190,5 +239,5 @@ HARMLESS = {
 }
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLASSES},
-                            ("DeepseekV2Model", "DeepseekV3Model"), config_from_hf, target, config_to_hf, rules,
+                            ("DeepseekV2Model", "DeepseekV3Model", "DeepseekV32Model"), config_from_hf, target, config_to_hf, rules,
                             ignored=ignored, harmless=HARMLESS, defaults=DEFAULTS)

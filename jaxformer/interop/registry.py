@@ -7,9 +7,11 @@ Hugging Face folders shares (model weights in ``hf``, PEFT adapters in ``peft``)
 
 from __future__ import annotations
 
+from typing import Callable
+
 from jaxformer.config import ModelConfig
-from jaxformer.interop import (bart, bert, deepseek, gemma, gpt2, gpt_neo, gpt_neox, gpt_oss, llama, t5, t5gemma,
-                               xlnet)
+from jaxformer.interop import (bart, bert, deepseek, gemma, gpt2, gpt_neo, gpt_neox, gpt_oss, llama, llama4, t5,
+                               t5gemma, xlnet)
 from jaxformer.interop.rules import Architecture, Rule
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -20,6 +22,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     deepseek.ARCHITECTURE,
     gemma.ARCHITECTURE,
     gpt_oss.ARCHITECTURE,
+    llama4.ARCHITECTURE,
     llama.ARCHITECTURE,
     t5.ARCHITECTURE,
     t5gemma.ARCHITECTURE,
@@ -44,16 +47,23 @@ def architecture_of(hf: dict) -> tuple[str, str]:
     return model_type, arch
 
 
-# Ideas only one model type's files can say: a config that uses one goes to that type or nowhere, whatever
-# another architecture's ``target`` (written before the idea existed) would claim.
-HELD_ONLY_BY = {"inverse_layer_scale": "gpt2", "attention_sinks": "gpt_oss", "swiglu_limit": "gpt_oss",
-                "expert_bias": "gpt_oss", "router_logit_bias": "gpt_oss"}
+# Ideas only one model type's files can say (each with the test that the config uses it): a config that uses
+# one goes to that type or nowhere, whatever another architecture's ``target`` (written before the idea
+# existed) would claim.
+HELD_ONLY_BY: dict[str, tuple[str, Callable[[ModelConfig], bool]]] = {
+    "inverse_layer_scale": ("gpt2", lambda c: c.inverse_layer_scale),
+    **{field: ("gpt_oss", lambda c, f=field: bool(getattr(c, f)))
+       for field in ("attention_sinks", "swiglu_limit", "expert_bias", "router_logit_bias")},
+    "swiglu_alpha": ("gpt_oss", lambda c: c.swiglu_alpha != 1.0),
+    **{field: ("llama4_text", lambda c, f=field: bool(getattr(c, f)))
+       for field in ("attention_chunk_size", "nope_layers", "temperature_floor_scale", "router_weights_on_input")},
+    "qk_norm_scale": ("llama4_text", lambda c: not c.qk_norm_scale),
+    "index_heads": ("deepseek_v32", lambda c: bool(c.index_heads)),
+}
 
 
 def _holds(model_type: str, cfg: ModelConfig) -> bool:
-    used = [field for field in HELD_ONLY_BY if getattr(cfg, field) not in (None, False)]
-    return all(HELD_ONLY_BY[field] == model_type for field in used) and (cfg.swiglu_alpha == 1.0
-                                                                         or model_type == "gpt_oss")
+    return all(owner == model_type for owner, used in HELD_ONLY_BY.values() if used(cfg))
 
 
 def hf_target(cfg: ModelConfig, prefer: str | None = None) -> tuple[str, str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
@@ -19,15 +20,17 @@ Array = jax.Array
 
 
 def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_valid: Array | None = None,
-                   *, window: int | None = None, prefix_lengths: Array | None = None) -> Array:
+                   *, window: int | None = None, prefix_lengths: Array | None = None, chunk: int | None = None
+                   ) -> Array:
     """Boolean [B, 1, T, S]: may query t attend to key s?
 
     Built from positions rather than indices so the same function serves full sequences, KV caches
     and left padding. ``k_valid`` [B, S] removes padded keys. Patterns: bidirectional; causal
     (s <= t); sliding (t - window < s <= t); prefix (causal, plus every key inside the prefix);
     bidirectional_sliding (|t - s| <= window: the sliding layers of T5Gemma's encoder, bounds inclusive as
-    there). Alternating layers call this with 'causal' or 'sliding' (encoders: 'bidirectional' or
-    'bidirectional_sliding').
+    there); chunked (causal within chunks of ``chunk`` positions, s // chunk == t // chunk: Llama 4's local
+    layers). Alternating layers call this with 'causal' and 'sliding' or 'chunked' (encoders: 'bidirectional'
+    or 'bidirectional_sliding').
     """
     q = q_positions[:, :, None]
     k = k_positions[:, None, :]
@@ -37,6 +40,8 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
         allowed = k <= q
     elif pattern == "sliding":
         allowed = (k <= q) & (k > q - window)
+    elif pattern == "chunked":
+        allowed = (k <= q) & (k // chunk == q // chunk)
     elif pattern == "bidirectional_sliding":
         allowed = jnp.abs(k - q) <= window
     elif pattern == "prefix":
@@ -48,12 +53,14 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
     return allowed[:, None, :, :]
 
 
-def layer_patterns(stack_pattern: str, attention: str) -> tuple[str, str | None]:
-    """(the pattern of a stack's dense layers, that of its sliding layers or None): an 'alternating'
-    decoder's sliding layers use 'sliding' and the others 'causal'; the encoder of an alternating
-    encoder-decoder (T5Gemma) uses 'bidirectional_sliding' on its sliding layers."""
+def layer_patterns(stack_pattern: str, attention: str, layer_types: tuple[str, ...] | None = None
+                   ) -> tuple[str, str | None]:
+    """(the pattern of a stack's dense layers, that of its local layers or None): an 'alternating'
+    decoder's local layers use 'sliding' (or 'chunked', when ``layer_types`` say so) and the others
+    'causal'; the encoder of an alternating encoder-decoder (T5Gemma) uses 'bidirectional_sliding' on its
+    sliding layers."""
     if stack_pattern == "alternating":
-        return "causal", "sliding"
+        return "causal", "chunked" if "chunked" in (layer_types or ()) else "sliding"
     if stack_pattern == "bidirectional" and attention == "alternating":
         return "bidirectional", "bidirectional_sliding"
     return stack_pattern, None
@@ -201,9 +208,10 @@ class Attention(nnx.Module):
             self.q_bias = self.k_bias = self.v_bias = None
         self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
         self.rotary_dim, self.rope_interleave = cfg.rotary_dim, cfg.rope_interleave
-        # Gemma 3: each query and key head is normalised before its rotary positions
-        self.q_norm = Norm(cfg, rngs=rngs, width=H, axis="head_dim") if cfg.qk_norm else None
-        self.k_norm = Norm(cfg, rngs=rngs, width=H, axis="head_dim") if cfg.qk_norm else None
+        # Gemma 3, Qwen3: each query and key head is normalised before its rotary positions (Llama 4: without a
+        # learned scale, and on the rotated layers only)
+        qk_norm = lambda: Norm(cfg, rngs=rngs, width=H, axis="head_dim", scaled=cfg.qk_norm_scale)  # noqa: E731
+        self.q_norm, self.k_norm = (qk_norm(), qk_norm()) if cfg.qk_norm else (None, None)
         self.sinks = param(rngs, (N,), ("heads",), cfg) if cfg.attention_sinks else None
 
     def _project(self, x: Array, name: str, bias: nnx.Param | None, key: Array | None = None) -> Array:
@@ -211,25 +219,31 @@ class Attention(nnx.Module):
         y = project(self, name, x, "BTD,DNH->BTNH", self.dtype, key=key)
         return y if bias is None else y + bias[...].astype(self.dtype)
 
-    def key_values(self, source: Array, key: Array | None = None) -> tuple[Array, Array]:
+    @staticmethod
+    def _normed(norm: Norm | None, x: Array, nope: Array | None) -> Array:
+        """``norm(x)``, except on a layer without rotary positions (``nope``, a traced flag: Llama 4)."""
+        if norm is None:
+            return x
+        return norm(x) if nope is None else jnp.where(nope, x, norm(x))
+
+    def key_values(self, source: Array, key: Array | None = None, nope: Array | None = None) -> tuple[Array, Array]:
         """Keys and values [B, S, K, H] of ``source`` (computed once per encoder output when cached).
         ``key`` drives LoRA dropout on the adapters' inputs."""
         keys = _lora_keys(key)
         k = checkpoint_name(self._project(source, "k", self.k_bias, keys[1]), "qkv")
         v = checkpoint_name(self._project(source, "v", self.v_bias, keys[2]), "qkv")
-        return (k if self.k_norm is None else self.k_norm(k)), v
+        return self._normed(self.k_norm, k, nope), v
 
     def __call__(self, x: Array, kv_input: Array | None = None, *, mask: Array, bias: Array | None = None,
                  rope: tuple[Array, Array] | None = None, cache: dict | None = None,
                  kv: tuple[Array, Array] | None = None, key: Array | None = None,
-                 output_attentions: bool = False, query_scale: Array | None = None
+                 output_attentions: bool = False, query_scale: Array | None = None, nope: Array | None = None
                  ) -> tuple[Array, dict | None, Array | None]:
         q = checkpoint_name(self._project(x, "q", self.q_bias, _lora_keys(key)[0]), "qkv")
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        if query_scale is not None:  # a per-layer factor on the scores, applied to q alone (the cache keeps k)
+        q = self._normed(self.q_norm, q, nope)
+        if query_scale is not None:  # a factor on the scores (per layer, or per token), on q alone: the cache keeps k
             q = q * query_scale.astype(q.dtype)
-        k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input, key)
+        k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input, key, nope)
         if rope is not None:
             q, k = self._rotate(q, rope), self._rotate(k, rope)
         new_kv = None
@@ -321,6 +335,68 @@ class RelativeAttention(Attention):
         return self._output(out, key), {"k": own_k, "v": own_v}, weights
 
 
+class IndexerParam(nnx.Param):
+    """A weight of DeepSeek-V3.2's lightning indexer. Its choice of keys is discrete, so no gradient of the
+    language-model loss reaches it (DeepSeek trains it apart, as transformers' forward runs it under
+    no_grad); the optimizer leaves it unchanged (no weight decay either)."""
+
+
+class Indexer(nnx.Module):
+    """DeepSeek-V3.2's lightning indexer: a cheap scorer of every (query, key) pair whose top ``index_topk``
+    keys per query are the only ones latent attention attends to (DeepSeek sparse attention).
+
+    A key is one normalized vector per token, LayerNorm(x wk) [index_head_dim]; a query is index_heads such
+    vectors from the compressed query (q_norm(x q_down) wq); both rotate their first rope_head_dim numbers
+    (half-split pairs, by the model's rotary tables). The score of key s for query t is
+    sum_h w_th relu(q_th . k_s / sqrt(index_head_dim)), with per-head weights w = x wproj / sqrt(index_heads),
+    all in float32.
+    """
+
+    KEY_NORM_EPS = 1e-6  # transformers' LayerNorm default, whatever the model's eps
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        D, Cq, H, Dh = cfg.d_model, cfg.q_lora_rank, cfg.index_heads, cfg.index_head_dim
+        self.dtype, self.rotated, self.topk = dtype_of(cfg.dtype), cfg.rope_head_dim, cfg.index_topk
+        weight = lambda shape, axes, init="normal": IndexerParam(  # noqa: E731
+            param(rngs, shape, axes, cfg, init=init).get_value(), axes=axes)
+        self.wq = weight((Cq, H, Dh), ("latent", "index_heads", "index_head_dim"))
+        self.wk = weight((D, Dh), ("embed", "index_head_dim"))
+        self.k_norm_scale = weight((Dh,), ("index_head_dim",), "ones")
+        self.k_norm_bias = weight((Dh,), ("index_head_dim",), "zeros")
+        self.wproj = weight((D, H), ("embed", "index_heads"))
+
+    def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:
+        R = self.rotated
+        return jnp.concatenate([apply_rope(x[..., :R], *rope), x[..., R:]], axis=-1)
+
+    def keys(self, x: Array, rope: tuple[Array, Array]) -> Array:
+        """[B, T, index_head_dim]: what a cache keeps per token."""
+        k = jnp.einsum("BTD,DK->BTK", x, self.wk[...].astype(self.dtype))
+        k = normalize(k.astype(jnp.float32), self.k_norm_scale[...].astype(jnp.float32),
+                      self.k_norm_bias[...].astype(jnp.float32), "layernorm", self.KEY_NORM_EPS).astype(self.dtype)
+        return self._rotate(k[:, :, None], rope)[:, :, 0]
+
+    def select(self, x: Array, compressed_query: Array, rope: tuple[Array, Array], keys: tuple[Array, ...],
+               mask: tuple[Array, ...]) -> tuple[Array, ...]:
+        """``mask`` (one [B, 1, T, S_i] per key segment) narrowed to each query's top-k keys by score; a query
+        with at most k visible keys keeps them all."""
+        q = self._rotate(jnp.einsum("BTC,CHK->BTHK", compressed_query, self.wq[...].astype(self.dtype)), rope)
+        H, Dh = self.wq.shape[1:]
+        weights = jnp.einsum("BTD,DH->BTH", x, self.wproj[...].astype(self.dtype)).astype(jnp.float32) * H ** -0.5
+        scores = jnp.concatenate([
+            jnp.einsum("BTH,BTHS->BTS", weights, jax.nn.relu(jnp.einsum(
+                "BTHK,BSK->BTHS", q.astype(jnp.float32), k.astype(jnp.float32)) * Dh ** -0.5))
+            for k in keys], axis=-1)
+        visible = jnp.concatenate(mask, axis=-1)[:, 0]  # [B, T, S]
+        scores = jax.lax.stop_gradient(jnp.where(visible, scores, -jnp.inf))
+        _, best = jax.lax.top_k(scores, min(self.topk, scores.shape[-1]))
+        chosen = jnp.zeros(scores.shape, bool).at[
+            jnp.arange(scores.shape[0])[:, None, None], jnp.arange(scores.shape[1])[None, :, None], best].set(True)
+        narrowed = (visible & chosen)[:, None]
+        bounds = np.cumsum([m.shape[-1] for m in mask])[:-1]
+        return tuple(jnp.split(narrowed, bounds, axis=-1))
+
+
 class LatentAttention(nnx.Module):
     """Multi-head latent attention (DeepSeek-V2): keys and values come from one compressed latent per
     token, so a cache holds that latent (and one rotary key shared by the heads), not per-head keys.
@@ -358,6 +434,7 @@ class LatentAttention(nnx.Module):
         projection(self, "v_up", cfg, rngs, (C, N, Hv), ("latent", "heads", "head_dim"))
         projection(self, "o", cfg, rngs, (N, Hv, D), ("heads", "head_dim", "embed"), inputs=2, role="attn")
         self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
+        self.indexer = Indexer(cfg, rngs=rngs) if cfg.index_heads else None
 
     def _rms(self, x: Array, scale: nnx.Param) -> Array:
         y = normalize(x.astype(jnp.float32), scale[...].astype(jnp.float32), None, "rmsnorm", self.LATENT_NORM_EPS)
@@ -371,17 +448,18 @@ class LatentAttention(nnx.Module):
             x = jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
         return apply_rope(x, *rope)
 
-    def queries(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array]:
-        """(the part without positions [B, T, N, head_dim], the rotated part [B, T, N, R])."""
+    def queries(self, x: Array, rope: tuple[Array, Array]) -> tuple[Array, Array, Array | None]:
+        """(the part without positions [B, T, N, head_dim], the rotated part [B, T, N, R], the normalized
+        compressed query [B, T, Cq] or None without a low-rank query)."""
         dt = self.dtype
         if self.q is not None:
-            q = project(self, "q", x, "BTD,DNH->BTNH", dt)
+            c, q = None, project(self, "q", x, "BTD,DNH->BTNH", dt)
         else:
             c = self._rms(project(self, "q_down", x, "BTD,DC->BTC", dt), self.q_norm)
             q = project(self, "q_up", c, "BTC,CNH->BTNH", dt)
         q = checkpoint_name(q, "qkv")
         nope = self.k_up.shape[-1]
-        return q[..., :nope], self._rotate(q[..., nope:], rope)
+        return q[..., :nope], self._rotate(q[..., nope:], rope), c
 
     def latents(self, x: Array, rope: tuple[Array, Array]) -> Array:
         """What the cache holds per token [B, T, C + R]: the normalized latent, then the rotated key."""
@@ -410,13 +488,22 @@ class LatentAttention(nnx.Module):
         if isinstance(mask, kernels.FusedMask):  # the fused kernels take one head size for q, k and v
             mask = mask.dense
         dt = self.dtype
-        q_nope, q_rope = self.queries(x, rope)
+        q_nope, q_rope, compressed = self.queries(x, rope)
         new = self.latents(x, rope)
         if cache is None:
             segments, written = (new,), None
         else:  # mask is then a (cache slots, new tokens) pair, as the segments
             written = {"latent": new.astype(cache["latent"].dtype)}
             segments = (cache["latent"], written["latent"])
+        if self.indexer is not None:
+            index_keys = self.indexer.keys(x, rope)
+            if cache is not None:
+                written["index_keys"] = index_keys.astype(cache["index_keys"].dtype)
+            masks = (mask,) if cache is None else mask
+            if sum(m.shape[-1] for m in masks) > self.indexer.topk:  # else every visible key is among the top k
+                keys = (index_keys,) if cache is None else (cache["index_keys"], written["index_keys"])
+                masks = self.indexer.select(x, compressed, rope, keys, masks)
+                mask = masks[0] if cache is None else masks
         if cache is not None and x.shape[1] == 1:
             # Absorbed: q_nope k_up^T scores the latent directly, and v_up is applied after the weighted sum.
             q_latent = jnp.einsum("BTNH,CNH->BTNC", q_nope, kernel(self, "k_up", dt))

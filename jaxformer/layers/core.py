@@ -139,19 +139,22 @@ def _normalize_jvp(kind, eps, primals, tangents):
 class Norm(nnx.Module):
     """LayerNorm or RMSNorm over the last axis, computed in float32 whatever the compute dtype. The
     scale multiplies as (norm_scale_offset + scale): Gemma stores scale - 1, so its scales start at 0.
-    ``axis`` names a width other than d_model (query/key norms over a head: 'head_dim')."""
+    ``axis`` names a width other than d_model (query/key norms over a head: 'head_dim'); ``scaled=False``
+    builds a norm without a learned scale (Llama 4's query/key norm)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, axis: str = "embed"):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, axis: str = "embed",
+                 scaled: bool = True):
         self.kind, self.eps, self.dtype = cfg.norm, cfg.norm_eps, dtype_of(cfg.dtype)
         self.offset = cfg.norm_scale_offset
         width = width or cfg.d_model
-        self.scale = param(rngs, (width,), (axis,), cfg, init="zeros" if self.offset else "ones")
+        self.width = width
+        self.scale = param(rngs, (width,), (axis,), cfg, init="zeros" if self.offset else "ones") if scaled else None
         self.bias = (param(rngs, (width,), (axis,), cfg, init="zeros")
                      if cfg.norm == "layernorm" and cfg.norm_bias else None)
 
     def __call__(self, x: Array) -> Array:
         bias = None if self.bias is None else self.bias[...].astype(jnp.float32)
-        scale = self.scale[...].astype(jnp.float32)
+        scale = jnp.ones((self.width,), jnp.float32) if self.scale is None else self.scale[...].astype(jnp.float32)
         if self.offset:
             scale = scale + self.offset
         y = normalize(x.astype(jnp.float32), scale, bias, self.kind, self.eps)

@@ -254,14 +254,18 @@ def _expert_blocks_backward(unit, residuals, dys):
 expert_blocks.defvjp(_expert_blocks_forward, _expert_blocks_backward)
 
 
-def _combine(y: Array, routing: Routing, bo: Array | None) -> Array:
-    """Each token's k expert outputs y [B, T, k, D], plus their output biases, summed with its routing weights."""
+def _combine(y: Array, routing: Routing, bo: Array | None, weights_on_input: bool) -> Array:
+    """Each token's k expert outputs y [B, T, k, D], plus their output biases, summed with its routing weights
+    (or plainly summed, when the weights scaled the experts' inputs instead)."""
     if bo is not None:
         y = y + bo[routing.experts].astype(y.dtype)
+    if weights_on_input:
+        return jnp.sum(y, axis=2)
     return jnp.einsum("BTkD,BTk->BTD", y, routing.weights.astype(y.dtype))
 
 
-def grouped_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit) -> Array:
+def grouped_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit,
+                    weights_on_input: bool = False) -> Array:
     """Dropless dispatch: only the chosen experts run. The B*T*k token-expert pairs are sorted by
     expert into blocks of equal rows (``block_layout``; each expert's rows padded to whole blocks), the
     blocks run through their experts (``expert_blocks``), and each token sums its k results with its
@@ -271,22 +275,29 @@ def grouped_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Un
     lowers to grouped matmul kernels there. XLA's CPU backend has no such kernel: it lowers ragged_dot to
     one dense matmul over all experts with the other experts' rows masked (E times the FLOPs; measured
     no faster than ``dense_experts``), so on CPU the grouping is done here, with plain matmuls.
+
+    ``weights_on_input`` (Llama 4): each pair's routing weight multiplies the token's row before its expert
+    runs, and the k outputs are summed.
     """
     if jax.default_backend() != "cpu":
-        return ragged_experts(x, routing, weights, unit)
+        return ragged_experts(x, routing, weights, unit, weights_on_input)
     B, T, D = x.shape
     k, E = routing.experts.shape[-1], weights.wi.shape[0]
     pairs = B * T * k
     rows = block_rows(pairs, E)
     layout = block_layout(routing.experts.reshape(-1), k, E, rows)
     tokens = jnp.take(x.reshape(B * T, D), layout.token, axis=0, mode="fill", fill_value=0)
+    if weights_on_input:  # row slot[a] holds pair a; padding rows keep weight 0 (and input 0)
+        row_weights = jnp.zeros(tokens.shape[0], jnp.float32).at[layout.slot].set(routing.weights.reshape(-1))
+        tokens = tokens * row_weights[:, None].astype(tokens.dtype)
     w = weights
     ys = expert_blocks(unit, tokens.reshape(-1, rows, D), layout.expert, layout.used, w.wi,
                        w.wi_gate if unit.gated else w.wi, w.wo, w.bi, w.bi_gate if unit.gated else None)
-    return _combine(ys.reshape(-1, D)[layout.slot].reshape(B, T, k, D), routing, w.bo)
+    return _combine(ys.reshape(-1, D)[layout.slot].reshape(B, T, k, D), routing, w.bo, weights_on_input)
 
 
-def ragged_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit) -> Array:
+def ragged_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit,
+                   weights_on_input: bool = False) -> Array:
     """``grouped_experts`` through ``jax.lax.ragged_dot`` (GPU and TPU): the pairs sorted by expert, one
     ragged matmul per weight over the contiguous groups, unsorted and weighted."""
     B, T, D = x.shape
@@ -295,6 +306,8 @@ def ragged_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Uni
     order = jnp.argsort(flat_experts, stable=True)  # sorted pair j is pair order[j]
     group_sizes = jnp.bincount(flat_experts, length=E).astype(jnp.int32)
     rows = x.reshape(B * T, D)[order // k]
+    if weights_on_input:
+        rows = rows * routing.weights.reshape(-1)[order][:, None].astype(rows.dtype)
     row_expert = flat_experts[order]
 
     def biased(y, bias):
@@ -303,18 +316,26 @@ def ragged_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Uni
     h = biased(jax.lax.ragged_dot(rows, weights.wi, group_sizes), weights.bi)
     g = biased(jax.lax.ragged_dot(rows, weights.wi_gate, group_sizes), weights.bi_gate) if unit.gated else None
     y = jax.lax.ragged_dot(checkpoint_name(unit(g, h), "mlp"), weights.wo, group_sizes)
-    return _combine(y[jnp.argsort(order)].reshape(B, T, k, D), routing, weights.bo)
+    return _combine(y[jnp.argsort(order)].reshape(B, T, k, D), routing, weights.bo, weights_on_input)
 
 
-def dense_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit) -> Array:
+def dense_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit,
+                  weights_on_input: bool = False) -> Array:
     """Every expert on every token, combined with the routing weights (zero for experts not chosen):
     E/k times the FLOPs of the grouped dispatch, without its sort and gathers."""
     w, E = weights, weights.wi.shape[0]
-    combine = jnp.einsum("BTk,BTkE->BTE", routing.weights, jax.nn.one_hot(routing.experts, E, dtype=jnp.float32))
+    chosen = jax.nn.one_hot(routing.experts, E, dtype=jnp.float32)
+    weighted = jnp.einsum("BTk,BTkE->BTE", routing.weights, chosen)
+    # the weights scale the outputs, or (Llama 4) the inputs, a chosen expert's output then counting as it is
+    combine = jnp.sum(chosen, axis=-2) if weights_on_input else weighted
 
     def up(kernel, bias):
-        y = jnp.einsum("BTD,EDF->BTEF", x, kernel)
+        if weights_on_input:  # each expert reads the token times its weight (zero where not chosen)
+            y = jnp.einsum("BTD,BTE,EDF->BTEF", x, weighted.astype(x.dtype), kernel)
+        else:
+            y = jnp.einsum("BTD,EDF->BTEF", x, kernel)
         return y if bias is None else y + bias.astype(y.dtype)
+
 
     h = up(w.wi, w.bi)
     g = up(w.wi_gate, w.bi_gate) if unit.gated else None
@@ -377,7 +398,7 @@ class MoE(nnx.Module):
                                 None if self.wi_gate is None else kernel(self, "wi_gate", dt, batch=1),
                                 kernel(self, "wo", dt, batch=1), value(self.bi), value(self.bi_gate), value(self.bo))
         experts = grouped_experts if use_grouped_dispatch(cfg) else dense_experts
-        y = experts(x, routing, weights, self.unit)
+        y = experts(x, routing, weights, self.unit, cfg.router_weights_on_input)
         if self.shared is not None:
             shared = self.shared(x)
             if self.shared_gate is not None:

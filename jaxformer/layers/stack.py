@@ -99,7 +99,9 @@ class LayerInputs:
     memory: dict | None = None  # Transformer-XL: this layer's memory, {"hidden"} or {"k", "v"}
     relative: XLInputs | None = None
     output_attentions: bool = False  # return each sublayer's attention probabilities
-    query_scale: Array | None = None  # this layer's extra factor on its self-attention scores (GPT-2's 1 / (i + 1))
+    # this layer's extra factor on its self-attention scores: GPT-2's 1 / (i + 1), Llama 4's temperature [1, T, 1, 1]
+    query_scale: Array | None = None
+    nope: Array | None = None  # Llama 4: is this a layer without rotary positions (no query/key norm then)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -191,8 +193,10 @@ class Block(nnx.Module):
                 memory = {"hidden": self.attn_norm(memory["hidden"])}
             return self.attn(h, mask=inputs.mask, relative=inputs.relative, memory=memory, key=key,
                              output_attentions=weights)
-        # GPT-2's per-layer factor; the config allows it on standard attention only
+        # GPT-2's per-layer factor, Llama 4's NoPE layers; the config allows them on standard attention only
         scaled = {} if inputs.query_scale is None else {"query_scale": inputs.query_scale}
+        if inputs.nope is not None:
+            scaled["nope"] = inputs.nope
         return self.attn(h, mask=inputs.mask, bias=inputs.bias, rope=inputs.rope, cache=inputs.cache, key=key,
                          output_attentions=weights, **scaled)
 
@@ -359,17 +363,28 @@ class Stack(nnx.Module):
             "memory": None if memory is None else memory.layers(),
             "query_scale": (jnp.asarray(1.0 / np.arange(1, self.num_layers + 1), jnp.float32)
                             if cfg.inverse_layer_scale else None),
+            # Llama 4: the layers without rotary positions
+            "nope": (jnp.asarray([i in cfg.nope_layers for i in range(self.num_layers)]) if cfg.nope_layers
+                     else None),
         }
+        temperature = self._temperature(tokens, cache)
 
         def layer(block: Block, h: Array, extra: dict):
             pick = lambda local, full: jnp.where(extra["local"], local, full)  # noqa: E731
             layer_mask = mask if local_mask is None else jax.tree.map(pick, local_mask, mask)
             layer_rope = rope if local_rope is None else jax.tree.map(pick, local_rope, rope)
+            query_scale, nope = extra["query_scale"], extra["nope"]
+            if nope is not None:  # a NoPE layer rotates by zero angles (cos 1, sin 0: exactly the identity)
+                unrotated = (jnp.ones_like(layer_rope[0]), jnp.zeros_like(layer_rope[1]))
+                layer_rope = jax.tree.map(lambda a, b: jnp.where(nope, a, b), unrotated, layer_rope)
+            if temperature is not None:
+                tuned = jnp.where(nope, temperature, 1.0)
+                query_scale = tuned if query_scale is None else query_scale * tuned
             inputs = LayerInputs(layer_mask, bias, layer_rope, extra["cache"], cross_mask, cross_source, extra["cross_kv"],
                                  # MoE load statistics count real tokens only
                                  token_mask=tokens.valid if cache is None else None,
                                  memory=extra["memory"], relative=relative, output_attentions=collect_attentions,
-                                 query_scale=extra["query_scale"])
+                                 query_scale=query_scale, nope=nope)
             h_in = h
             h, new_kv, stats, weights = block(h, inputs, extra["key"])
             if relative is not None and not keeps_kv:
@@ -401,6 +416,19 @@ class Stack(nnx.Module):
         return StackOutput(out, hidden_states, cache, stats, memory if remember else None,
                            per_layer_weights(weights["self"]), per_layer_weights(weights["cross"]))
 
+    def _temperature(self, tokens: Tokens, cache: KVCache | None) -> Array | None:
+        """Llama 4's attention temperature of the NoPE layers' queries [1, T, 1, 1] (None without it):
+        1 + scale * log1p(floor((i + 1) / floor_scale)) at each token's index i in the sequence. The index
+        counts every slot, pads included, as transformers counts it (the cache's write index, not
+        ``tokens.positions``)."""
+        cfg = self.config
+        if cfg.temperature_floor_scale is None:
+            return None
+        start = 0 if cache is None else cache.index
+        index = (start + jnp.arange(tokens.positions.shape[1])).astype(jnp.float32)
+        tuned = jnp.log1p(jnp.floor((index + 1.0) / cfg.temperature_floor_scale)) * cfg.temperature_scale + 1.0
+        return tuned[None, :, None, None]
+
     def _xl_inputs(self, tokens: Tokens, memory: Memory | MemoryKV | None, token_types: Array | None,
                    key: Array | None) -> tuple[Array, XLInputs]:
         """Transformer-XL's self-attention mask [B, 1, T, M + T] (every real memory slot is visible, as it
@@ -426,18 +454,17 @@ class Stack(nnx.Module):
         cache each is a (cache slots, this call's tokens) pair; a full pass that a fused kernel can take
         gets a ``kernels.FusedMask``."""
         cfg = self.config
-        base_pattern, local_pattern = layer_patterns(self.pattern, cfg.attention)
+        base_pattern, local_pattern = layer_patterns(self.pattern, cfg.attention, cfg.layer_types)
         q = tokens.positions
+        shape = dict(window=cfg.window_size, prefix_lengths=tokens.prefix_lengths, chunk=cfg.attention_chunk_size)
 
         def masks(pattern):
             if pattern is None:
                 return None
-            own = visibility_mask(pattern, q, q, tokens.valid, window=cfg.window_size,
-                                  prefix_lengths=tokens.prefix_lengths)
+            own = visibility_mask(pattern, q, q, tokens.valid, **shape)
             if cache is None:
                 return own
-            return visibility_mask(pattern, q, cache.positions, cache.valid, window=cfg.window_size,
-                                   prefix_lengths=tokens.prefix_lengths), own
+            return visibility_mask(pattern, q, cache.positions, cache.valid, **shape), own
 
         mask, local_mask = masks(base_pattern), masks(local_pattern)
         bias = None

@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxformer import sharding
 from jaxformer.layers import RouterBias
+from jaxformer.layers.attention import IndexerParam
 from jaxformer.layers.weights import Quantized
 from jaxformer.lora import trainable
 from jaxformer.train.objectives import MEMORY, ROUTER_LOAD, Objective, carries_memory, ratio
@@ -65,16 +66,22 @@ def has_router_bias(params: nnx.State) -> bool:
     return any(isinstance(v, RouterBias) for v in jax.tree.leaves(params, is_leaf=_is_variable))
 
 
+# Parameters the optimizer leaves alone: DeepSeek-V3's selection bias (the balancing rule moves it) and
+# DeepSeek-V3.2's indexer (no gradient of the loss reaches it; weight decay would only shrink it).
+NOT_OPTIMIZED = (RouterBias, IndexerParam)
+
+
 def make_optimizer(cfg: RunConfig, params: nnx.State) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW (after global-norm clipping) on every parameter but ``RouterBias``: the balancing rule moves
-    that one, so it gets no Adam moments, no weight decay and a zero update (models without it keep the
-    plain AdamW state, so their checkpoints are unchanged)."""
+    """AdamW (after global-norm clipping) on every parameter but those ``NOT_OPTIMIZED``, which get no Adam
+    moments, no weight decay and a zero update (models without them keep the plain AdamW state, so their
+    checkpoints are unchanged)."""
     o = cfg.optim
     schedule = make_schedule(cfg)
     chain = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm else []
     adamw = optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay, mask=decay_mask(params))
-    if has_router_bias(params):
-        labels = jax.tree.map(lambda v: v.replace("balanced" if isinstance(v, RouterBias) else "adamw"), params,
+    if any(isinstance(v, NOT_OPTIMIZED) for v in jax.tree.leaves(params, is_leaf=_is_variable)):
+        # ("balanced": the label DeepSeek-V3 checkpoints written before the indexer carry in their state)
+        labels = jax.tree.map(lambda v: v.replace("balanced" if isinstance(v, NOT_OPTIMIZED) else "adamw"), params,
                               is_leaf=_is_variable)
         adamw = optax.multi_transform({"adamw": adamw, "balanced": optax.set_to_zero()}, labels)
     chain.append(adamw)
