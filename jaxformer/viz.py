@@ -119,7 +119,7 @@ def mask_pictures(length: int = 12) -> list[Picture]:
     # Llama 4: its rotary layers see their own chunk of positions (the preset's chunk drawn at this length)
     llama4 = preset_config("llama-4-scout-17b-16e")
     chunk_pattern = layer_patterns("alternating", llama4.attention, llama4.layer_types)[1]
-    single("chunked", f"chunked attention, chunks of {window} (Llama 4's rotary layers)", f"chunks of {window}",
+    single("chunked", f"chunks of {window} (Llama 4)", f"chunks of {window}",
            visibility_mask(chunk_pattern, one, one, chunk=window))
 
     t5gemma = preset_config("t5gemma-2b-2b")
