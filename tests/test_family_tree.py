@@ -42,7 +42,7 @@ def test_deepseek_v32_attends_to_the_keys_its_indexer_selects(checkpoints, tmp_p
     from flax import nnx
 
     import jaxformer as jf
-    from jaxformer.layers.attention import IndexerParam
+    from jaxformer.layers import IndexerParam
 
     sparse_path = checkpoints("deepseek-v32")
     dense_path = tmp_path / "dense"
@@ -60,3 +60,44 @@ def test_deepseek_v32_attends_to_the_keys_its_indexer_selects(checkpoints, tmp_p
     grads = nnx.grad(loss)(sparse)
     indexer = jax.tree.leaves(nnx.state(grads, IndexerParam))
     assert indexer and all(float(jnp.abs(g).max()) == 0.0 for g in indexer)
+
+
+def test_a_multimodal_llama4_file_loads_its_text_model(tmp_path):
+    """Scout and Maverick are published as Llama4ForConditionalGeneration: the text model loads (the vision
+    tower skipped with a note), matches transformers' own load of the same file layer by layer, and is written
+    back as a llama4_text file that transformers reloads with the same logits."""
+    import json
+    import warnings
+
+    import torch
+    import transformers
+
+    import jaxformer as jf
+    from jaxformer.compare import compare, format_table, reference_model
+
+    from hf_factory import CHECKPOINTS
+
+    text = {k: v for k, v in CHECKPOINTS["llama4"][2].items() if k != "attn_implementation"}
+    vision = dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, image_size=28,
+                  patch_size=14, vision_output_dim=32, projector_input_dim=32, projector_output_dim=32)
+    torch.manual_seed(0)
+    transformers.Llama4ForConditionalGeneration(transformers.Llama4Config(text_config=text, vision_config=vision)
+                                                ).save_pretrained(tmp_path / "multimodal")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = jf.from_pretrained(tmp_path / "multimodal")
+    assert any("vision tower" in str(w.message) for w in caught)
+    reference = transformers.Llama4ForConditionalGeneration.from_pretrained(
+        tmp_path / "multimodal", dtype=torch.float32, attn_implementation="eager").eval()
+    rng = np.random.default_rng(5)
+    ids = rng.integers(3, 97, (2, 9))
+    mask = np.ones_like(ids)
+    mask[1, 6:] = 0
+    rows = compare(tmp_path / "multimodal", ids, mask, model=model, reference=reference.language_model)
+    assert all(r.max_abs <= 1e-5 for r in rows), format_table(rows, 1e-5)
+
+    jf.save_pretrained(model, tmp_path / "text")
+    assert json.loads((tmp_path / "text" / "config.json").read_text())["model_type"] == "llama4_text"
+    with torch.no_grad():
+        theirs = reference_model(tmp_path / "text")(torch.as_tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(model(ids).logits), theirs, atol=1e-5, rtol=0)

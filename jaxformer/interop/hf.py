@@ -53,12 +53,14 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
     file_dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
     dtype = dtype or (file_dtype if file_dtype in ("float32", "bfloat16", "float16") else "float32")
     try:
-        common = dict(name=hf.get("_name_or_path") or model_type, vocab_size=hf["vocab_size"], dtype=dtype,
-                      param_dtype=dtype, init_std=float(hf.get("initializer_range", 0.02)))
-        fields = {**common, **BY_MODEL_TYPE[model_type].config_from_hf(hf, model_type, arch, tensor_names or set())}
+        common = dict(name=hf.get("_name_or_path") or model_type, dtype=dtype, param_dtype=dtype,
+                      init_std=float(hf.get("initializer_range", 0.02)))
+        fields = BY_MODEL_TYPE[model_type].config_from_hf(hf, model_type, arch, tensor_names or set())
+        # the vocabulary: the file's, or its text model's (Llama 4's multimodal files keep it in text_config)
+        fields = {**common, "vocab_size": fields.get("vocab_size") or hf["vocab_size"], **fields}
         _check_field_types(fields, arch)
         # ids the file gives win; where it has none, the architecture may derive one (T5Gemma's decoder start)
-        special = {k: v for k, v in _special_ids(hf, extra or [], hf["vocab_size"]).items()
+        special = {k: v for k, v in _special_ids(hf, extra or [], fields["vocab_size"]).items()
                    if v is not None or k not in fields}
     except KeyError as err:
         raise ValueError(f"config.json has no {err.args[0]!r} field, which {arch} ({model_type}) needs") from None

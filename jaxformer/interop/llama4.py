@@ -13,8 +13,9 @@ Experts are stored fused and in x @ W layout: ``gate_up_proj`` [E, D, 2F] (the g
 ``down_proj`` [E, F, D]. Dense layers (``moe_layers`` leaves them out) use ``intermediate_size_mlp``; jaxformer
 models them when they come first, as DeepSeek's do (Maverick's interleaved dense and MoE layers are refused).
 
-The multimodal ``llama4`` checkpoints (Llama4ForConditionalGeneration) nest this model under
-``language_model``; they are not read here.
+The multimodal ``llama4`` checkpoints (Llama4ForConditionalGeneration, as Scout and Maverick are published)
+nest this model under ``language_model`` with its config under ``text_config``: their text model loads (the
+vision tower and its projector are skipped with a note) and is written back as ``llama4_text``.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import numpy as np
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
-                                     rope_from_hf, rope_to_hf)
+                                     rope_from_hf, rope_to_hf, sub_config, with_defaults)
 
-CLASSES = {"llama4_text": ("Llama4TextModel", "Llama4ForCausalLM")}
+CLASSES = {"llama4_text": ("Llama4TextModel", "Llama4ForCausalLM"), "llama4": ("Llama4ForConditionalGeneration",)}
+MULTIMODAL_PREFIX = "language_model."  # where Llama4ForConditionalGeneration keeps its Llama4ForCausalLM
 # Llama4TextConfig's defaults, for the keys a file may leave out (the rotary base is its default_theta)
 DEFAULTS = {"llama4_text": dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192,
                                 intermediate_size_mlp=16384, num_hidden_layers=48, num_attention_heads=40,
@@ -38,7 +40,8 @@ DEFAULTS = {"llama4_text": dict(vocab_size=202048, hidden_size=5120, intermediat
                                 router_aux_loss_coef=0.001, router_jitter_noise=0.0, no_rope_layers=None,
                                 no_rope_layer_interval=4, attention_chunk_size=8192, layer_types=None,
                                 attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1,
-                                attention_bias=False)}
+                                attention_bias=False),
+            "llama4": dict(tie_word_embeddings=False)}
 DEFAULT_THETA = 500000.0
 KINDS = {"chunked_attention": "chunked", "full_attention": "full"}
 
@@ -59,6 +62,15 @@ def _layers(hf: dict) -> tuple[list[bool], list[str], list[int]]:
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    if model_type == "llama4":  # the text model of a multimodal file, with its vocabulary and token ids
+        text = with_defaults(sub_config(hf, "text_config"), DEFAULTS["llama4_text"])
+        refuse(bool(hf["tie_word_embeddings"]) != bool(text["tie_word_embeddings"]), "llama4: tie_word_embeddings "
+               "differs between the file and its text_config")
+        ids = {k: text[k] for k in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")}
+        if isinstance(ids["eos_token_id"], list):
+            ids["eos_token_id"] = tuple(ids["eos_token_id"])
+        return {**config_from_hf(text, "llama4_text", "Llama4ForCausalLM", tensor_names),
+                **{k: v for k, v in ids.items() if v is not None}}
     layers, heads = hf["num_hidden_layers"], hf["num_attention_heads"]
     rotary, kinds, moe = _layers(hf)
     chunk = hf["attention_chunk_size"]
@@ -168,10 +180,28 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         out += [rule.in_layers(0, k) for rule in block_rules(("decoder", "dense_blocks"), moe=False)]
     out += [rule.in_layers(k, L) if k else rule for rule in block_rules(("decoder", "blocks"), bool(cfg.num_experts))]
     head, aliases = lm_head(cfg, f"{p}embed_tokens.weight")
+    if model_type == "llama4":  # the head sits beside the text model, inside language_model
+        head = [Rule(r.paths, tuple(MULTIMODAL_PREFIX + n for n in r.names), r.load, r.save) for r in head]
+        aliases = {MULTIMODAL_PREFIX + alias: target for alias, target in aliases.items()}
     return out + head, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"llama4_text": "model."}, ("Llama4TextModel",), config_from_hf, target,
-                            config_to_hf, rules, defaults=DEFAULTS, harmless={
-                                "router_jitter_noise": "Llama 4's router never reads it",
-                                "for_llm_compressor": "a flag of the published files for a quantization tool"})
+def ignored(hf: dict, names: set[str]) -> tuple[set[str], str]:
+    """A multimodal file's vision tower and projector: the text model never reads them."""
+    if hf.get("model_type") != "llama4":
+        return set(), ""
+    vision = {n for n in names if not n.startswith(MULTIMODAL_PREFIX)}
+    return vision, (f"{len(vision)} tensors of the vision tower and its projector are not used by jaxformer (it reads "
+                    "the text model) and were skipped") if vision else ""
+
+
+_TEXT_HARMLESS = {"router_jitter_noise": "Llama 4's router never reads it",
+                  "for_llm_compressor": "a flag of the published files for a quantization tool"}
+HARMLESS = {**_TEXT_HARMLESS, **{f"text_config.{key}": why for key, why in _TEXT_HARMLESS.items()},
+            "vision_config": "the vision tower's, which jaxformer does not run (text only)",
+            **dict.fromkeys(("boi_token_index", "eoi_token_index", "image_token_index"),
+                            "image placeholder tokens, which only the vision path reads")}
+
+ARCHITECTURE = Architecture(CLASSES, {"llama4_text": "model.", "llama4": MULTIMODAL_PREFIX + "model."},
+                            ("Llama4TextModel",), config_from_hf, target, config_to_hf, rules, ignored=ignored,
+                            defaults=DEFAULTS, harmless=HARMLESS)

@@ -29,8 +29,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxformer import sharding
-from jaxformer.layers import RouterBias
-from jaxformer.layers.attention import IndexerParam
+from jaxformer.layers import IndexerParam, RouterBias
 from jaxformer.layers.weights import Quantized
 from jaxformer.lora import trainable
 from jaxformer.train.objectives import MEMORY, ROUTER_LOAD, Objective, carries_memory, ratio
