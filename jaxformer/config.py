@@ -289,6 +289,9 @@ class ModelConfig:
     shared_experts: int = 0  # always-on experts (DeepSeekMoE): one gated MLP of shared_experts * expert_d_ff
     shared_expert_gate: bool = False  # the shared experts' output times sigmoid(x . w_gate) per token (Qwen2-MoE)
     dense_layers: int = 0  # the first layers keep a dense MLP of d_ff (DeepSeek's first_k_dense_replace)
+    # every moe_layer_step-th layer holds the experts, the others a dense MLP of d_ff (Llama 4 Maverick's
+    # interleave_moe_layer_step: layers step-1, 2 step-1, ...); 1: every layer past dense_layers
+    moe_layer_step: int = 1
     router_score: str = "softmax"  # softmax over experts (Mixtral, DeepSeek-V2) or per-expert sigmoid (V3)
     router_groups: int = 1  # experts split into groups; a token first picks router_topk_groups of them
     router_topk_groups: int = 1  # (group score: best expert under softmax, sum of the best two under sigmoid)
@@ -596,6 +599,11 @@ class ModelConfig:
             if self.dense_layers >= self.decoder_layers:
                 raise ValueError(f"ModelConfig.dense_layers={self.dense_layers} must be < decoder_layers="
                                  f"{self.decoder_layers} (the remaining layers hold the experts)")
+            _positive("moe_layer_step", self.moe_layer_step)
+            if self.moe_layer_step > 1 and (self.dense_layers or self.decoder_layers % self.moe_layer_step):
+                raise ValueError(f"ModelConfig.moe_layer_step={self.moe_layer_step} interleaves dense and expert layers "
+                                 f"in periods: it needs dense_layers=0 and decoder_layers={self.decoder_layers} a "
+                                 "multiple of it")
             _one_of("router_score", self.router_score, ROUTER_SCORES)
             _positive("router_groups", self.router_groups)
             _positive("router_topk_groups", self.router_topk_groups)
@@ -622,7 +630,8 @@ class ModelConfig:
                 raise ValueError("ModelConfig.shared_expert_gate=True gates the shared experts; it needs "
                                  "shared_experts > 0")
         else:
-            moe_only = {"expert_d_ff": None, "shared_experts": 0, "dense_layers": 0, "router_bias": False,
+            moe_only = {"expert_d_ff": None, "shared_experts": 0, "dense_layers": 0, "moe_layer_step": 1,
+                        "router_bias": False,
                         "shared_expert_gate": False, "router_logit_bias": False, "expert_bias": False,
                         "router_weights_on_input": False}
             for field, off in moe_only.items():
@@ -698,6 +707,16 @@ class ModelConfig:
         if self.layer_types is not None:
             return tuple(t != "full" for t in self.layer_types)
         return tuple(i % 2 == 1 for i in range(max(self.decoder_layers, self.encoder_layers)))
+
+    @property
+    def dense_layer_ids(self) -> tuple[int, ...]:
+        """The decoder layers of a mixture-of-experts model that keep a dense MLP: the first ``dense_layers``,
+        or those outside every ``moe_layer_step``-th (none without experts)."""
+        if not self.num_experts:
+            return ()
+        if self.moe_layer_step > 1:
+            return tuple(i for i in range(self.decoder_layers) if (i + 1) % self.moe_layer_step)
+        return tuple(range(self.dense_layers))
 
     @property
     def gated(self) -> bool:

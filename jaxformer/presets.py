@@ -254,6 +254,16 @@ _PRESETS: dict[str, dict] = {
         experts_per_token=1, expert_d_ff=8192, shared_experts=1, router_score="sigmoid",
         normalize_router_weights=False, router_weights_on_input=True, router_aux_loss_coef=0.001,
         bos_token_id=200000, eos_token_id=(200001, 200007, 200008), pad_token_id=200018),
+    # Llama 4 Maverick (text): Scout's block with 128 experts in every second layer (the others a dense MLP of
+    # 16384), no q/k norm, plain rope
+    "llama-4-maverick-17b-128e": _llama(
+        5120, 48, 40, 8, 16384, 202048, 500000.0, 1048576, head_dim=128, rope_interleave=True,
+        attention="alternating", layer_types=tuple("full" if (i + 1) % 4 == 0 else "chunked" for i in range(48)),
+        attention_chunk_size=8192, nope_layers=tuple(i for i in range(48) if (i + 1) % 4 == 0),
+        temperature_floor_scale=8192, temperature_scale=0.1, num_experts=128, experts_per_token=1, expert_d_ff=8192,
+        shared_experts=1, moe_layer_step=2, router_score="sigmoid", normalize_router_weights=False,
+        router_weights_on_input=True, router_aux_loss_coef=0.001, bos_token_id=200000,
+        eos_token_id=(200001, 200007, 200008), pad_token_id=200018),
     "gpt-oss-20b": _gpt_oss(24, 32),
     "gpt-oss-120b": _gpt_oss(36, 128),
     # Qwen3: RMSNorm over each query and key head before rotary positions, head_dim 128 whatever the width

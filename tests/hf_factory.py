@@ -148,6 +148,12 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                 "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                     "original_max_position_embeddings": 16}}),
+    # Maverick's layout: dense and MoE layers in turn (interleave_moe_layer_step 2), no q/k norm, plain rope
+    "llama4-interleaved": ("Llama4TextConfig", "Llama4ForCausalLM",
+                           {**_LLAMA, "num_hidden_layers": 4, "intermediate_size": 16, "intermediate_size_mlp": 48,
+                            "head_dim": 8, "attention_chunk_size": 4, "floor_scale": 4, "num_local_experts": 4,
+                            "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "use_qk_norm": False,
+                            "attn_implementation": "eager"}),
     # gpt-oss: sinks, biased experts and router, the clamped SwiGLU (a limit low enough to clamp here), sliding
     # and full layers (window 4), an explicit head_dim, its class's default yarn
     "gpt-oss": ("GptOssConfig", "GptOssForCausalLM",

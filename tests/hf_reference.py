@@ -358,6 +358,16 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
              tie_word_embeddings=False, bos_token_id=200000, eos_token_id=[200001, 200007, 200008],
              pad_token_id=200018),
     ),
+    # Llama 4 Maverick's text_config: 128 experts in every second layer, no q/k norm, no rope scaling
+    "llama-4-maverick-17b-128e": (
+        "Llama4ForCausalLM",
+        dict(vocab_size=202048, hidden_size=5120, intermediate_size=8192, intermediate_size_mlp=16384,
+             num_hidden_layers=48, num_attention_heads=40, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+             max_position_embeddings=1048576, rms_norm_eps=1e-5, num_local_experts=128, num_experts_per_tok=1,
+             interleave_moe_layer_step=2, use_qk_norm=False, attention_chunk_size=8192, router_aux_loss_coef=0.001,
+             rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=False,
+             bos_token_id=200000, eos_token_id=[200001, 200007, 200008], pad_token_id=200018),
+    ),
     "gpt-oss-20b": ("GptOssForCausalLM", _gpt_oss(24, 32)),
     "gpt-oss-120b": ("GptOssForCausalLM", _gpt_oss(36, 128)),
     # Qwen3: an explicit head_dim of 128 and RMSNorm over each query and key head

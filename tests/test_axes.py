@@ -33,6 +33,7 @@ VARIANTS = {
     # gpt-oss: sinks, biased experts and router; Llama 4: a weightless q/k norm (no parameter), a shared expert
     "gpt-oss-like": ("tiny-mixtral", dict(attention_sinks=True, expert_bias=True, router_logit_bias=True,
                                           qkv_bias=True, swiglu_limit=7.0)),
+    "maverick-like": ("tiny-mixtral", dict(decoder_layers=4, moe_layer_step=2, shared_experts=1)),
     "llama4-like": ("tiny-mixtral", dict(qk_norm=True, qk_norm_scale=False, router_score="sigmoid",
                                          router_weights_on_input=True, shared_experts=1, normalize_router_weights=False,
                                          nope_layers=(1,), temperature_floor_scale=8)),
@@ -67,7 +68,7 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
 def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], object]]) -> None:
     """``flat``: parameter path -> (shape, axes metadata)."""
     sizes = _expected_sizes(cfg)
-    dense = cfg.dense_layers if cfg.num_experts else 0
+    dense = len(cfg.dense_layer_ids)
     stack_layers = {("encoder", "blocks"): cfg.encoder_layers, ("decoder", "blocks"): cfg.decoder_layers - dense,
                     ("decoder", "dense_blocks"): dense}
     assert flat, "no parameters found"

@@ -116,6 +116,8 @@ INVALID = [
     _invalid("rope", dict(temperature_floor_scale=8), "temperature_floor_scale", "nope_layers"),
     _invalid("rope", dict(qk_norm_scale=False), "qk_norm_scale", "qk_norm"),
     _invalid("rope", dict(index_heads=2), "index_heads", "kv_lora_rank"),
+    _invalid("rope", dict(num_experts=4, decoder_layers=3, moe_layer_step=2), "moe_layer_step", "multiple"),
+    _invalid("rope", dict(moe_layer_step=2), "moe_layer_step", "num_experts"),
     # special token ids must be valid ids
     _invalid("decoder", dict(pad_token_id=256), "pad_token_id", "256", "vocab_size=256"),
     _invalid("decoder", dict(bos_token_id=-1), "bos_token_id", "-1"),

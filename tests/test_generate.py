@@ -40,6 +40,10 @@ CACHE_CASES = {
                             qk_norm=True, qk_norm_scale=False, rope_interleave=True, router_score="sigmoid",
                             normalize_router_weights=False, router_weights_on_input=True, shared_experts=1,
                             expert_d_ff=32),
+    # Maverick: dense and expert layers in turn, scanned by periods (the decode loop runs them unstacked)
+    "llama4-interleaved": _decoder_case("tiny-mixtral", decoder_layers=4, moe_layer_step=2, router_score="sigmoid",
+                                        normalize_router_weights=False, router_weights_on_input=True,
+                                        shared_experts=1, expert_d_ff=32),
     # Gemma: sliding and full layers with a window of 2, soft caps (2), Gemma 3's local rotary base; T5Gemma
     "gemma2": _decoder_case("tiny-gemma", window_size=2, attention_softcap=2.0, logits_softcap=3.0),
     "gemma3": _decoder_case("tiny-gemma3", window_size=2),
@@ -266,6 +270,7 @@ def _batch(family, rng):
                                                                      ("openai-gpt", 1), ("qwen3-moe", 1),
                                                                      ("qwen2-moe", 3), ("gpt-neox", 3), ("gptj", 1),
                                                                      ("glm", 1), ("glm4", 3), ("gpt-oss", 3), ("llama4", 3),
+                                                                     ("llama4-interleaved", 1),
                                                                      ("deepseek-v32", 3),
                                                                      ("gemma2", 1), ("gemma3", 3), ("t5gemma", 1)])
 def test_token_identical_to_transformers(name, num_beams, tmp_path):

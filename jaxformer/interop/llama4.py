@@ -10,8 +10,9 @@ A LLaMA block with four ideas of its own, each a ModelConfig field of the shared
 - experts chosen by the top-k router logits, each taking its token times sigmoid(logit) as input
   (``router_score='sigmoid'``, ``router_weights_on_input``), beside one always-on shared expert.
 Experts are stored fused and in x @ W layout: ``gate_up_proj`` [E, D, 2F] (the gate's F columns first),
-``down_proj`` [E, F, D]. Dense layers (``moe_layers`` leaves them out) use ``intermediate_size_mlp``; jaxformer
-models them when they come first, as DeepSeek's do (Maverick's interleaved dense and MoE layers are refused).
+``down_proj`` [E, F, D]. Dense layers (``moe_layers`` leaves them out) use ``intermediate_size_mlp``: the first
+layers (``dense_layers``, as DeepSeek's), or all but every ``interleave_moe_layer_step``-th (Maverick's,
+``moe_layer_step``).
 
 The multimodal ``llama4`` checkpoints (Llama4ForConditionalGeneration, as Scout and Maverick are published)
 nest this model under ``language_model`` with its config under ``text_config``: their text model loads (the
@@ -76,8 +77,9 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     chunk = hf["attention_chunk_size"]
     refuse("chunked" in kinds and chunk is None, "llama4_text: chunked layers need an attention_chunk_size")
     dense = [i for i in range(layers) if i not in moe]
-    refuse(dense != list(range(len(dense))), f"llama4_text: dense layers {dense} between MoE layers (moe_layers "
-           f"{moe}) are not supported; jaxformer models dense layers that come first")
+    step = next((s for s in range(2, layers + 1) if layers % s == 0 and moe == list(range(s - 1, layers, s))), 1)
+    refuse(step == 1 and dense != list(range(len(dense))), f"llama4_text: MoE layers {moe} are supported as every "
+           "step-th layer (interleave_moe_layer_step) or as the layers after the dense ones")
     theta, scaling = rope_from_hf(hf, DEFAULT_THETA)
     nope = tuple(i for i, r in enumerate(rotary) if not r)
     # published files write attn_temperature_tuning as 4; the reference code reads it as a truth value
@@ -98,7 +100,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                attention_dropout_rate=float(hf["attention_dropout"]))
     if moe:
         cfg.update(num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
-                   expert_d_ff=hf["intermediate_size"], shared_experts=1, dense_layers=len(dense),
+                   expert_d_ff=hf["intermediate_size"], shared_experts=1,
+                   **(dict(moe_layer_step=step) if step > 1 else dict(dense_layers=len(dense))),
                    router_score="sigmoid", normalize_router_weights=False, router_weights_on_input=True,
                    router_aux_loss_coef=hf["router_aux_loss_coef"])
     return cfg
@@ -139,7 +142,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                attention_chunk_size=cfg.attention_chunk_size, use_qk_norm=cfg.qk_norm,
                attn_temperature_tuning=cfg.temperature_floor_scale is not None,
                floor_scale=cfg.temperature_floor_scale or 8192, attn_scale=cfg.temperature_scale,
-               moe_layers=list(range(cfg.dense_layers, L)) if cfg.num_experts else [],
+               moe_layers=[i for i in range(L) if i not in cfg.dense_layer_ids] if cfg.num_experts else [],
+               interleave_moe_layer_step=cfg.moe_layer_step,
                num_local_experts=cfg.num_experts or 16, num_experts_per_tok=cfg.experts_per_token if cfg.num_experts else 1,
                router_aux_loss_coef=cfg.router_aux_loss_coef)
     for key in ("rope_theta", "rope_scaling"):
@@ -174,11 +178,14 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
                       linear(mlp + ("shared", "wi"), f"{f}.shared_expert.up_proj.weight"),
                       linear(mlp + ("shared", "wo"), f"{f}.shared_expert.down_proj.weight")]
 
-    k, L = cfg.dense_layers, cfg.decoder_layers
+    dense = cfg.dense_layer_ids  # the first layers, or (Maverick) all but every moe_layer_step-th
     out = [copy(("embed", "table"), f"{p}embed_tokens.weight"), copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
-    if k:
-        out += [rule.in_layers(0, k) for rule in block_rules(("decoder", "dense_blocks"), moe=False)]
-    out += [rule.in_layers(k, L) if k else rule for rule in block_rules(("decoder", "blocks"), bool(cfg.num_experts))]
+    if dense:
+        experts = [i for i in range(cfg.decoder_layers) if i not in dense]
+        out += [rule.at_layers(dense) for rule in block_rules(("decoder", "dense_blocks"), moe=False)]
+        out += [rule.at_layers(experts) for rule in block_rules(("decoder", "blocks"), moe=True)]
+    else:
+        out += block_rules(("decoder", "blocks"), bool(cfg.num_experts))
     head, aliases = lm_head(cfg, f"{p}embed_tokens.weight")
     if model_type == "llama4":  # the head sits beside the text model, inside language_model
         head = [Rule(r.paths, tuple(MULTIMODAL_PREFIX + n for n in r.names), r.load, r.save) for r in head]

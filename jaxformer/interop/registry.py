@@ -59,6 +59,7 @@ HELD_ONLY_BY: dict[str, tuple[str, Callable[[ModelConfig], bool]]] = {
        for field in ("attention_chunk_size", "nope_layers", "temperature_floor_scale", "router_weights_on_input")},
     "qk_norm_scale": ("llama4_text", lambda c: not c.qk_norm_scale),
     "index_heads": ("deepseek_v32", lambda c: bool(c.index_heads)),
+    "moe_layer_step": ("llama4_text", lambda c: c.moe_layer_step > 1),
 }
 
 

@@ -333,31 +333,34 @@ class Rule:
     """jaxformer parameters ``paths`` <-> HF tensors ``names``.
 
     Names may hold ``{i}`` (the layer); such a rule is applied per layer and its jaxformer arrays are
-    stacked on a leading layers axis: every layer of the stack, or the layers ``first <= i < end`` of
-    ``layers`` (a stack whose first layers differ, as DeepSeek's dense ones). ``load`` maps the HF arrays
-    to the jaxformer arrays (one per path), ``save`` is its exact inverse.
+    stacked on a leading layers axis: every layer of the stack, or the HF layers listed in ``layers`` (a
+    stack of some layers only: DeepSeek's first dense ones, Llama 4 Maverick's interleaved ones). ``load``
+    maps the HF arrays to the jaxformer arrays (one per path), ``save`` is its exact inverse.
     """
 
     paths: tuple[tuple[str, ...], ...]
     names: tuple[str, ...]
     load: Callable[[list[np.ndarray]], list[np.ndarray]]
     save: Callable[[list[np.ndarray]], list[np.ndarray]]
-    layers: tuple[int, int] | None = None
+    layers: tuple[int, ...] | None = None
 
     @property
     def per_layer(self) -> bool:
         return any("{i}" in n for n in self.names)
 
-    def layer_range(self, cfg: ModelConfig) -> range:
+    def layer_range(self, cfg: ModelConfig) -> range | tuple[int, ...]:
         """The HF layer indices this rule reads (a single pass, ``range(1)``, when not per layer)."""
         if not self.per_layer:
             return range(1)
         if self.layers is not None:
-            return range(*self.layers)
+            return self.layers
         return range({"encoder": cfg.encoder_layers, "decoder": cfg.decoder_layers}[self.paths[0][0]])
 
     def in_layers(self, first: int, end: int) -> Rule:
-        return dataclasses.replace(self, layers=(first, end))
+        return dataclasses.replace(self, layers=tuple(range(first, end)))
+
+    def at_layers(self, layers) -> Rule:
+        return dataclasses.replace(self, layers=tuple(layers))
 
 
 def copy(path, name) -> Rule:

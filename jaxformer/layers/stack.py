@@ -273,6 +273,73 @@ def run_stack(blocks: Block | tuple[Block, ...], x: Array, layer_fn: Callable, p
     return x, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
 
 
+def run_interleaved(dense: Block | tuple[Block, ...], experts: Block | tuple[Block, ...], x: Array,
+                    layer_fn: Callable, per_layer: Any, cfg: ModelConfig, num_layers: int) -> tuple[Array, tuple]:
+    """Llama 4 Maverick's layers: periods of ``cfg.moe_layer_step`` layers, the dense blocks of a period
+    (stacked in ``dense``) before its expert block (stacked in ``experts``). Scanned over the periods (one
+    compiled body of one period) when ``cfg.scan_layers`` and the blocks are stacked, else unrolled layer by
+    layer. Returns x and the layers' outputs as ``layer_fn`` gives them (hidden, stats, new_kv, input,
+    weights), each field stacked [L, ...] in layer order, the router statistics [L / step, ...] of the expert
+    layers alone."""
+    step = cfg.moe_layer_step
+    periods = num_layers // step
+
+    def in_order(dense_outs, expert_outs):
+        """[P, step - 1, ...] and [P, ...] per field -> [L, ...], the router statistics [P, ...]."""
+        def field(i):
+            return jax.tree.map(lambda d, e: jnp.concatenate([d, e[:, None]], axis=1).reshape(num_layers, *e.shape[1:]),
+                                dense_outs[i], expert_outs[i])
+        return field(0), expert_outs[1], field(2), field(3), field(4)
+
+    if not isinstance(dense, tuple) and cfg.scan_layers:
+        dense_graph, dense_params = nnx.split(dense)
+        expert_graph, expert_params = nnx.split(experts)
+        dense_params = jax.tree.map(lambda a: a.reshape(periods, step - 1, *a.shape[1:]), dense_params)
+        by_period = jax.tree.map(lambda a: a.reshape(periods, step, *a.shape[1:]), per_layer)
+        dense_extra = jax.tree.map(lambda a: a[:, :-1], by_period)
+        expert_extra = jax.tree.map(lambda a: a[:, -1], by_period)
+        pick = lambda tree, j: jax.tree.map(lambda a: a[j], tree)  # noqa: E731
+
+        def period(h, inputs):
+            d_params, e_params, d_extra, e_extra = inputs
+            outs = []
+            for j in range(step - 1):
+                h, out = layer_fn(nnx.merge(dense_graph, pick(d_params, j)), constrain_activations(h), pick(d_extra, j))
+                outs.append(out)
+            h, expert_out = layer_fn(nnx.merge(expert_graph, e_params), constrain_activations(h), e_extra)
+            return h, (jax.tree.map(lambda *xs: jnp.stack(xs), *outs), expert_out)
+
+        if cfg.remat != "none":
+            period = jax.checkpoint(period, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
+        x, (dense_outs, expert_outs) = jax.lax.scan(period, x, (dense_params, expert_params, dense_extra,
+                                                                expert_extra))
+        return x, in_order(dense_outs, expert_outs)
+
+    def layers_of(blocks) -> list[tuple[Any, Any]]:
+        """(graphdef, params) of each layer of stacked blocks (or of separate ones, ``Stack.unstacked``)."""
+        if isinstance(blocks, tuple):
+            return [nnx.split(block) for block in blocks]
+        graphdef, params = nnx.split(blocks)
+        count = jax.tree.leaves(params)[0].shape[0]
+        return [(graphdef, jax.tree.map(lambda a: a[i], params)) for i in range(count)]
+
+    def one_layer(graphdef, params, h, extra):
+        return layer_fn(nnx.merge(graphdef, params), constrain_activations(h), extra)
+
+    if cfg.remat != "none":
+        one_layer = jax.checkpoint(one_layer, policy=REMAT_POLICIES[cfg.remat], static_argnums=(0,))
+    dense_layers, expert_layers = layers_of(dense), layers_of(experts)
+    dense_outs, expert_outs = [], []
+    for i in range(num_layers):
+        expert_layer = (i + 1) % step == 0
+        graphdef, params = expert_layers[i // step] if expert_layer else dense_layers[i - (i + 1) // step]
+        x, out = one_layer(graphdef, params, x, jax.tree.map(lambda a: a[i], per_layer))
+        (expert_outs if expert_layer else dense_outs).append(out)
+    stack = lambda outs: jax.tree.map(lambda *xs: jnp.stack(xs), *outs)  # noqa: E731
+    dense_by_period = jax.tree.map(lambda a: a.reshape(periods, step - 1, *a.shape[1:]), stack(dense_outs))
+    return x, in_order(dense_by_period, stack(expert_outs))
+
+
 # --------------------------------------------------------------------------------------------------
 # The stack
 
@@ -284,8 +351,9 @@ class Stack(nnx.Module):
     def __init__(self, cfg: ModelConfig, num_layers: int, *, pattern: str, cross_attention: bool = False,
                  rngs: nnx.Rngs):
         self.config, self.pattern, self.num_layers = cfg, pattern, num_layers
-        # DeepSeek's first layers keep a dense MLP: a separate stack, run before the expert layers.
-        dense = cfg.dense_layers if cfg.num_experts and not cross_attention else 0
+        # DeepSeek's first layers keep a dense MLP: a separate stack, run before the expert layers (Llama 4
+        # Maverick's dense layers between its expert layers too: ``run_interleaved``).
+        dense = len(cfg.dense_layer_ids) if not cross_attention else 0
         self.dense_blocks = (stacked_blocks(cfg, dense, rngs=rngs, cross_attention=cross_attention, dense=True)
                              if dense else None)
         self.blocks = stacked_blocks(cfg, num_layers - dense, rngs=rngs, cross_attention=cross_attention)
@@ -393,13 +461,18 @@ class Stack(nnx.Module):
                        weights)
 
         out, outputs = x, []
-        for blocks, first, end in self.groups():
-            out, group_outputs = run_stack(blocks, out, layer, jax.tree.map(lambda a: a[first:end], per_layer), cfg)
-            outputs.append(group_outputs)
-        hidden, new_kv, layer_inputs, weights = (
-            jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3], o[4]) for o in outputs])
-            if len(outputs) > 1 else (outputs[0][0], outputs[0][2], outputs[0][3], outputs[0][4]))
-        stats = outputs[-1][1]  # the expert layers come last
+        if cfg.moe_layer_step > 1 and self.dense_blocks is not None:
+            out, (hidden, stats, new_kv, layer_inputs, weights) = run_interleaved(
+                self.dense_blocks, self.blocks, out, layer, per_layer, cfg, self.num_layers)
+        else:
+            for blocks, first, end in self.groups():
+                out, group_outputs = run_stack(blocks, out, layer, jax.tree.map(lambda a: a[first:end], per_layer),
+                                               cfg)
+                outputs.append(group_outputs)
+            hidden, new_kv, layer_inputs, weights = (
+                jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3], o[4]) for o in outputs])
+                if len(outputs) > 1 else (outputs[0][0], outputs[0][2], outputs[0][3], outputs[0][4]))
+            stats = outputs[-1][1]  # the expert layers come last
         valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
         if cache is not None:
             cache = cache.write(new_kv, tokens.positions, valid)
