@@ -221,3 +221,36 @@ def test_a_published_file_and_its_transformers_5_form_read_the_same(name):
         warnings.simplefilter("ignore")
         published, modern = config_from_hf(hf), config_from_hf(rewritten)
     assert modern.replace(name=published.name) == published
+
+
+def test_a_published_multimodal_llama4_file_reads_as_its_transformers_form():
+    """Scout as published: a Llama4ForConditionalGeneration file whose text_config says
+    attn_temperature_tuning=4 (transformers' strict class refuses the integer; read as on) and no_rope_layers=[]
+    (every fourth layer without rotary positions, as the class derives it); sizes made tiny."""
+    text = {"_attn_implementation_autoset": True, "attention_bias": False, "attention_chunk_size": 8192,
+            "attention_dropout": 0.0, "attn_scale": 0.1, "attn_temperature_tuning": 4, "bos_token_id": 200000,
+            "eos_token_id": [200001, 200007, 200008], "floor_scale": 8192, "for_llm_compressor": False, "head_dim": 8,
+            "hidden_act": "silu", "hidden_size": 32, "initializer_range": 0.02, "interleave_moe_layer_step": 1,
+            "intermediate_size": 16, "intermediate_size_mlp": 48, "max_position_embeddings": 10485760,
+            "model_type": "llama4_text", "no_rope_layers": [], "num_attention_heads": 4, "num_experts_per_tok": 1,
+            "num_hidden_layers": 4, "num_key_value_heads": 2, "num_local_experts": 4, "output_router_logits": False,
+            "pad_token_id": 200018, "rms_norm_eps": 1e-05,
+            "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0,
+            "torch_dtype": "bfloat16", "use_cache": True, "use_qk_norm": True, "vocab_size": 202048}
+    published = {"architectures": ["Llama4ForConditionalGeneration"], "boi_token_index": 200080,
+                 "eoi_token_index": 200081, "image_token_index": 200092, "model_type": "llama4", "text_config": text,
+                 "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0.dev0",
+                 "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 16, "num_hidden_layers": 1}}
+    cfg = config_from_hf(copy.deepcopy(published))
+    assert (cfg.nope_layers, cfg.temperature_floor_scale, cfg.layer_types) == (
+        (3,), 8192, ("chunked", "chunked", "chunked", "full"))
+    assert (cfg.vocab_size, cfg.eos_token_id, cfg.pad_token_id) == (202048, (200001, 200007, 200008), 200018)
+    accepted = copy.deepcopy(published)
+    accepted["text_config"]["attn_temperature_tuning"] = True
+    reference = transformers.CONFIG_MAPPING["llama4"].from_dict(accepted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        modern = config_from_hf(json.loads(reference.to_json_string(use_diff=False)))
+    assert modern.replace(name=cfg.name) == cfg
