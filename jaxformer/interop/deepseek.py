@@ -239,5 +239,6 @@ HARMLESS = {
 }
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLASSES},
-                            ("DeepseekV2Model", "DeepseekV3Model", "DeepseekV32Model"), config_from_hf, target, config_to_hf, rules,
+                            ("DeepseekV2Model", "DeepseekV3Model", "DeepseekV32Model"), config_from_hf, target,
+                            config_to_hf, rules,
                             ignored=ignored, harmless=HARMLESS, defaults=DEFAULTS)

@@ -89,7 +89,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                num_kv_heads=hf["num_key_value_heads"] or heads, head_dim=hf["head_dim"],
                d_ff=hf["intermediate_size_mlp"], decoder_layers=layers, norm="rmsnorm", norm_eps=hf["rms_norm_eps"],
                norm_bias=False, activation=activation(hf["hidden_act"], True, model_type), position="rope",
-               rope_theta=theta, rope_scaling=scaling, rope_interleave=True, max_positions=hf["max_position_embeddings"],
+               rope_theta=theta, rope_scaling=scaling, rope_interleave=True,
+               max_positions=hf["max_position_embeddings"],
                attention="alternating" if "chunked" in kinds else "causal",
                layer_types=tuple(kinds) if "chunked" in kinds else None,
                attention_chunk_size=chunk if "chunked" in kinds else None, nope_layers=nope,
@@ -144,7 +145,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                floor_scale=cfg.temperature_floor_scale or 8192, attn_scale=cfg.temperature_scale,
                moe_layers=[i for i in range(L) if i not in cfg.dense_layer_ids] if cfg.num_experts else [],
                interleave_moe_layer_step=cfg.moe_layer_step,
-               num_local_experts=cfg.num_experts or 16, num_experts_per_tok=cfg.experts_per_token if cfg.num_experts else 1,
+               num_local_experts=cfg.num_experts or 16,
+               num_experts_per_tok=cfg.experts_per_token if cfg.num_experts else 1,
                router_aux_loss_coef=cfg.router_aux_loss_coef)
     for key in ("rope_theta", "rope_scaling"):
         out.pop(key, None)
@@ -169,7 +171,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
                copy(S + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
                copy(S + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight")]
         if not moe:
-            return out + [linear(mlp + ("wi_gate",), f"{f}.gate_proj.weight"), linear(mlp + ("wi",), f"{f}.up_proj.weight"),
+            return out + [linear(mlp + ("wi_gate",), f"{f}.gate_proj.weight"),
+                          linear(mlp + ("wi",), f"{f}.up_proj.weight"),
                           linear(mlp + ("wo",), f"{f}.down_proj.weight")]
         return out + [linear(mlp + ("router",), f"{f}.router.weight"),
                       _halves(mlp + ("wi_gate",), mlp + ("wi",), f"{f}.experts.gate_up_proj"),
@@ -179,7 +182,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
                       linear(mlp + ("shared", "wo"), f"{f}.shared_expert.down_proj.weight")]
 
     dense = cfg.dense_layer_ids  # the first layers, or (Maverick) all but every moe_layer_step-th
-    out = [copy(("embed", "table"), f"{p}embed_tokens.weight"), copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
+    out = [copy(("embed", "table"), f"{p}embed_tokens.weight"),
+           copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
     if dense:
         experts = [i for i in range(cfg.decoder_layers) if i not in dense]
         out += [rule.at_layers(dense) for rule in block_rules(("decoder", "dense_blocks"), moe=False)]

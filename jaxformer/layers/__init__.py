@@ -24,8 +24,8 @@ from jaxformer.layers.positions import (Embed, Embeddings, Positions, RelativeBi
                                         rope_frequencies, rope_tables, sinusoids)
 from jaxformer.layers.stack import REMAT_POLICIES, Block, EncoderOutput, Stack, StackOutput, Tokens, run_stack
 
-__all__ = ["Attention", "Indexer", "IndexerParam", "LatentAttention", "dot_product_attention", "softmax", "visibility_mask", "layer_patterns",
-           "memory_visibility_mask", "left_padded_positions", "Buffer", "Dense",
+__all__ = ["Attention", "Indexer", "IndexerParam", "LatentAttention", "dot_product_attention", "softmax",
+           "visibility_mask", "layer_patterns", "memory_visibility_mask", "left_padded_positions", "Buffer", "Dense",
            "Norm", "activate", "dropout", "dtype_of", "logical_axes", "normalize", "param", "split_key", "MLP", "MoE",
            "RouterBias", "Routing", "ExpertWeights", "Unit", "dense_experts", "grouped_experts", "load_balancing_loss",
            "ragged_experts", "route", "router_statistics", "Embed",

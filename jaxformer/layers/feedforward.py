@@ -231,10 +231,8 @@ def _expert_blocks_backward(unit, residuals, dys):
             dwi, dwg, dwo, dbi, dbg = grads
             a, pointwise_vjp = jax.vjp(unit, g, h)
             dg, dh = pointwise_vjp(dy @ wo[e].T)
-            if not gated:  # g is h there, and the unit reads h only
-                dg = jnp.zeros_like(dh)
             dx = dh @ wi[e].T
-            if gated:
+            if gated:  # (ungated, g is h and the unit reads h only: dg is zero)
                 dx = dx + dg @ wg[e].T
                 dwg = dwg.at[e].add(x.T @ dg)
                 if dbg is not None:
@@ -351,9 +349,10 @@ def use_grouped_dispatch(cfg: ModelConfig) -> bool:
 
 
 class MoE(nnx.Module):
-    """A top-k mixture of gated experts (Mixtral), with DeepSeekMoE's options: always-on shared
-    experts, grouped and biased routing (``route``); gpt-oss's biased experts and router. Only the chosen experts run (``grouped_experts``)
-    unless the config asks for the dense all-experts form.
+    """A top-k mixture of gated experts (Mixtral), with DeepSeekMoE's options (always-on shared experts,
+    grouped and biased routing: ``route``), gpt-oss's biased experts and router, and Llama 4's routing
+    weights on the experts' inputs. Only the chosen experts run (``grouped_experts``) unless the config
+    asks for the dense all-experts form.
 
     Returns the output and the router statistics of this layer (``router_statistics``), from which the
     balancing losses and the per-expert load logs are computed.
