@@ -73,6 +73,8 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "gpt_oss": dict(_SIZES, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2),
          "llama4_text": dict(_SIZES, num_key_value_heads=2, head_dim=8, num_hidden_layers=4, num_local_experts=4,
                              intermediate_size_mlp=64),
+         "llama4": dict(text_config=dict(_SIZES, num_key_value_heads=2, head_dim=8, num_hidden_layers=4,
+                                         num_local_experts=4, intermediate_size_mlp=64)),
          **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "glm", "glm4", "gemma2",
                           "gemma3_text"),
                          dict(_SIZES, num_key_value_heads=2, head_dim=8))}
@@ -250,6 +252,38 @@ def test_a_published_multimodal_llama4_file_reads_as_its_transformers_form():
     accepted = copy.deepcopy(published)
     accepted["text_config"]["attn_temperature_tuning"] = True
     reference = transformers.CONFIG_MAPPING["llama4"].from_dict(accepted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        modern = config_from_hf(json.loads(reference.to_json_string(use_diff=False)))
+    assert modern.replace(name=cfg.name) == cfg
+
+
+def test_a_published_deepseek_v32_file_is_refused_for_its_fp8_weights_and_reads_without_them():
+    """DeepSeek-V3.2 as published (sizes tiny): its block-scaled fp8 weights are refused by name; the same file
+    without its quantization_config (a bfloat16 conversion) reads as its transformers form, with the remote
+    code's keys (scoring_func, topk_method, moe_layer_freq, ep_size) and the MTP layer count read or harmless."""
+    published = {"architectures": ["DeepseekV32ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+                 "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 1, "hidden_act": "silu",
+                 "hidden_size": 32, "index_head_dim": 16, "index_n_heads": 2, "index_topk": 2048,
+                 "initializer_range": 0.02, "intermediate_size": 48, "kv_lora_rank": 12, "max_position_embeddings": 163840,
+                 "model_type": "deepseek_v32", "moe_intermediate_size": 16, "moe_layer_freq": 1, "n_group": 2,
+                 "n_routed_experts": 8, "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 4,
+                 "num_experts_per_tok": 2, "num_hidden_layers": 3, "num_key_value_heads": 4,
+                 "num_nextn_predict_layers": 1, "q_lora_rank": 20, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8,
+                 "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                         "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+                 "rms_norm_eps": 1e-06,
+                 "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                  "original_max_position_embeddings": 4096, "type": "yarn"},
+                 "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
+                 "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+                 "transformers_version": "4.44.2", "use_cache": True, "v_head_dim": 12, "vocab_size": 97}
+    with pytest.raises(ValueError, match="quantization_config"):
+        config_from_hf(copy.deepcopy(published))
+    converted = {k: v for k, v in published.items() if k != "quantization_config"}
+    cfg = config_from_hf(copy.deepcopy(converted))
+    assert (cfg.index_heads, cfg.index_head_dim, cfg.index_topk, cfg.dense_layers) == (2, 16, 2048, 1)
+    reference = transformers.CONFIG_MAPPING["deepseek_v32"].from_dict(copy.deepcopy(converted))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         modern = config_from_hf(json.loads(reference.to_json_string(use_diff=False)))
