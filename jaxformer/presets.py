@@ -28,6 +28,12 @@ def _bert(d_model: int, layers: int, heads: int, vocab: int = 30522, **kw) -> di
     return {**base, **kw}
 
 
+def _roberta(d_model: int, layers: int, heads: int, vocab: int) -> dict:
+    # BERT's block with one token type, positions counted from the pad id (1) on, rows 0 and 1 unused
+    return _bert(d_model, layers, heads, vocab=vocab, type_vocab_size=1, position_offset=2, pad_aware_positions=True,
+                 norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+
+
 def _neox(d_model: int, layers: int, heads: int, d_ff: int, vocab: int, **kw) -> dict:
     # GPT-NeoX / Pythia: pre-norm LayerNorm blocks with attention and MLP side by side, a quarter of each head
     # rotating, biases everywhere, exact GELU, an untied head
@@ -186,7 +192,10 @@ _PRESETS: dict[str, dict] = {
     "bert-base-uncased": _bert(768, 12, 12),
     "bert-large-uncased": _bert(1024, 24, 16),
     # RoBERTa: BERT's architecture, byte-level BPE vocabulary, one token type, positions offset by 2.
-    "roberta-base": _bert(768, 12, 12, vocab=50265, type_vocab_size=1, position_offset=2, norm_eps=1e-5),
+    "roberta-base": _roberta(768, 12, 12, 50265),
+    # XLM-RoBERTa: RoBERTa's model with a 250K-token vocabulary over 100 languages
+    "xlm-roberta-base": _roberta(768, 12, 12, 250002),
+    "xlm-roberta-large": _roberta(1024, 24, 16, 250002),
     "gpt2": _gpt2(768, 12, 12),
     "gpt2-medium": _gpt2(1024, 24, 16),
     "gpt2-large": _gpt2(1280, 36, 20),

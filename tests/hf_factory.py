@@ -59,6 +59,13 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "bert-qa": ("BertConfig", "BertForQuestionAnswering", _BERT),
     "roberta": ("RobertaConfig", "RobertaModel", _ROBERTA),
     "roberta-mlm": ("RobertaConfig", "RobertaForMaskedLM", _ROBERTA),
+    # RoBERTa's classification head (dense, tanh, out_proj) is BERT's pooler and classifier; QA as BERT's
+    "roberta-seqcls": ("RobertaConfig", "RobertaForSequenceClassification", {**_ROBERTA, "num_labels": 3}),
+    "roberta-qa": ("RobertaConfig", "RobertaForQuestionAnswering", _ROBERTA),
+    # XLM-R: RoBERTa under its own model_type
+    "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", _ROBERTA),
+    "xlm-roberta-mlm": ("XLMRobertaConfig", "XLMRobertaForMaskedLM", _ROBERTA),
+    "xlm-roberta-tokcls": ("XLMRobertaConfig", "XLMRobertaForTokenClassification", {**_ROBERTA, "num_labels": 5}),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
     "gpt2-base": ("GPT2Config", "GPT2Model", _GPT2),
     # GPT-1: post-norm blocks, no final norm, its own "gelu" (the tanh form)

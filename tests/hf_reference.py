@@ -155,6 +155,18 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             eos_token_id=2,
         ),
     ),
+    "xlm-roberta-base": (
+        "XLMRobertaModel",
+        dict(vocab_size=250002, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+             hidden_act="gelu", max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1,
+             bos_token_id=0, eos_token_id=2),
+    ),
+    "xlm-roberta-large": (
+        "XLMRobertaModel",
+        dict(vocab_size=250002, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096,
+             hidden_act="gelu", max_position_embeddings=514, type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1,
+             bos_token_id=0, eos_token_id=2),
+    ),
     # --- GPT-2 family (tied lm_head) -----------------------------------------
     "gpt2": ("GPT2LMHeadModel", _gpt2(768, 12, 12)),
     "gpt2-medium": ("GPT2LMHeadModel", _gpt2(1024, 24, 16)),

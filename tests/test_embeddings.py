@@ -36,6 +36,7 @@ FOLDERS = {
     "other-modes-dense": ("bert", ("mean_sqrt_len_tokens", "weightedmean", "lasttoken"), 20, ["dense", "normalize"]),
     "t5": ("t5-encoder", "mean", 16, ["linear", "normalize"]),
     "llama-lasttoken": ("llama-base", "lasttoken", 16, ["normalize"]),  # e5-mistral / gte-Qwen2 layout, left pads
+    "xlm-roberta-cls": ("xlm-roberta", "cls", 16, ["normalize"]),  # bge-m3's layout: XLM-R, <s>, normalized
 }
 COSINE, ABS = 0.99999, 1e-5
 
@@ -62,6 +63,11 @@ def encoders(tmp_path_factory):
                 tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]",
                                                                  eos_token="[SEP]", unk_token="[UNK]",
                                                                  padding_side="left", model_max_length=512)
+            elif name == "xlm-roberta":  # XLM-R's Unigram pieces: <s> 0, <pad> 1, </s> 2, <unk> 3, <mask> last
+                pieces = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0),
+                          *((f"\u2581{w}", -1.0) for w in WORDS), *((c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz\u2581"),
+                          ("<mask>", 0.0)]
+                tokenizer = transformers.XLMRobertaTokenizerFast(vocab=pieces, model_max_length=512)
             else:
                 pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), *((f"\u2581{w}", -1.0) for w in WORDS),
                           *((c, -5.0) for c in "abcdefghijklmnopqrstuvwxyz\u2581")]

@@ -33,6 +33,9 @@ CASES = {
                                             rank_pattern={"v_proj": 6}, alpha_pattern={"down_proj": 3}, layers_to_transform=[1])),
     "gpt2-c_attn": ("gpt2", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True)),
     "bert-classifier": ("bert-seqcls", dict(r=4, lora_alpha=8, target_modules=["query", "value"], task_type="SEQ_CLS")),
+    # XLM-R token classification (NER's usual encoder): attention and MLP projections
+    "xlm-roberta-tokens": ("xlm-roberta-tokcls", dict(r=4, lora_alpha=8, target_modules=["query", "value", "dense"],
+                                                      task_type="TOKEN_CLS")),
     "t5-q-v": ("t5", dict(r=4, lora_alpha=16, target_modules=["q", "v"])),
     # latent attention: the query's down and up projections, the shared key-value latent, the output
     "deepseek-mla": ("deepseek-v2", dict(r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",

@@ -1,4 +1,7 @@
-"""BERT and RoBERTa (``bert``, ``roberta``): config and tensor rules, both directions."""
+"""BERT, RoBERTa and XLM-RoBERTa (``bert``, ``roberta``, ``xlm-roberta``): config and tensor rules, both
+directions. XLM-R is RoBERTa's architecture under its own model_type (a 250K-token vocabulary); a model loaded
+from one is written back as the same. RoBERTa's sequence-classification head (dense, tanh, out_proj on <s>)
+is BERT's pooler and classifier under other names."""
 
 from __future__ import annotations
 
@@ -11,10 +14,15 @@ from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, ac
 _HEADS = {"Model": "none", "ForMaskedLM": "mlm", "ForPreTraining": "pretraining",
           "ForSequenceClassification": "sequence_classification", "ForTokenClassification": "token_classification",
           "ForQuestionAnswering": "question_answering"}
-CLASSES = {"bert": tuple(f"Bert{suffix}" for suffix in _HEADS), "roberta": ("RobertaModel", "RobertaForMaskedLM")}
+STEMS = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta"}
+ROBERTA = ("roberta", "xlm-roberta")  # positions counted from the pad id, no NSP head
+CLASSES = {model_type: tuple(f"{stem}{suffix}" for suffix in _HEADS
+                             if not (model_type in ROBERTA and suffix == "ForPreTraining"))
+           for model_type, stem in STEMS.items()}
 # What a file that leaves these out means: the config classes' defaults.
-DEFAULTS = {"bert": dict(max_position_embeddings=512, pad_token_id=0),
-            "roberta": dict(max_position_embeddings=512, pad_token_id=1, bos_token_id=0, eos_token_id=2)}
+_ROBERTA_DEFAULTS = dict(max_position_embeddings=512, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+DEFAULTS = {"bert": dict(max_position_embeddings=512, pad_token_id=0), "roberta": _ROBERTA_DEFAULTS,
+            "xlm-roberta": _ROBERTA_DEFAULTS}
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -22,8 +30,9 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
            f"{model_type}: decoder/cross-attention variants are not supported")
     refuse(hf.get("position_embedding_type", "absolute") != "absolute",
            f"{model_type}: position_embedding_type={hf.get('position_embedding_type')!r} is not supported")
-    offset = hf["pad_token_id"] + 1 if model_type == "roberta" else 0
-    head = _HEADS[arch.removeprefix("Bert").removeprefix("Roberta")]
+    roberta = model_type in ROBERTA
+    offset = hf["pad_token_id"] + 1 if roberta else 0
+    head = _HEADS[arch.removeprefix(STEMS[model_type])]
     # A base model has a pooler when its file does (add_pooling_layer is not in config.json).
     pooler = head in ("pretraining", "sequence_classification") or (
         head == "none" and (not tensor_names or any(n.endswith("pooler.dense.weight") for n in tensor_names)))
@@ -36,7 +45,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 norm_position="post", norm_eps=hf.get("layer_norm_eps", 1e-12), embedding_norm=True,
                 final_norm=False, activation=activation(hf.get("hidden_act", "gelu"), False, model_type),
                 position="learned", max_positions=hf["max_position_embeddings"] - offset,
-                position_offset=offset, pad_aware_positions=model_type == "roberta",
+                position_offset=offset, pad_aware_positions=roberta,
                 type_vocab_size=hf.get("type_vocab_size", 2), attention="bidirectional", head=head,
                 pooler=pooler, num_labels=num_labels, label_names=label_names,
                 dropout_rate=hf.get("hidden_dropout_prob", 0.1),
@@ -47,10 +56,21 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
     if cfg.family != "encoder" or cfg.position != "learned":
         return None
-    model_type = "roberta" if cfg.pad_aware_positions else "bert"
-    arch = ("Roberta" if model_type == "roberta" else "Bert") + {v: k for k, v in _HEADS.items()}[cfg.head]
+    return _target(cfg, "roberta" if cfg.pad_aware_positions else "bert")
+
+
+def _target(cfg: ModelConfig, model_type: str) -> tuple[str, str]:
+    arch = STEMS[model_type] + {v: k for k, v in _HEADS.items()}[cfg.head]
     refuse(arch not in CLASSES[model_type], f"{arch} is not a supported export target")
     return model_type, arch
+
+
+def target_as(cfg: ModelConfig, model_type: str) -> tuple[str, str] | None:
+    """An XLM-R file is written back as XLM-R (it holds what RoBERTa's files hold)."""
+    found = target(cfg)
+    if found is not None and model_type == "xlm-roberta" and found[0] == "roberta":
+        return _target(cfg, model_type)
+    return found if found is not None and found[0] == model_type else None
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
@@ -85,13 +105,15 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
             linear(L + ("mlp", "wo"), f"{layer}.output.dense.weight"),
             copy(L + ("mlp", "bo"), f"{layer}.output.dense.bias"),
             *norm(L + ("mlp_norm",), f"{layer}.output.LayerNorm", ln)]
-    if cfg.pooler:
-        out += dense(("pooler",), f"{p}pooler.dense")
+    roberta_classifier = model_type in ROBERTA and cfg.head == "sequence_classification"
+    if cfg.pooler:  # RoBERTa's classification head holds the pooler's dense layer (tanh after it, as BERT's)
+        out += dense(("pooler",), "classifier.dense" if roberta_classifier else f"{p}pooler.dense")
     aliases = {}
     if cfg.head in ("mlm", "pretraining"):
-        head = "cls.predictions" if model_type == "bert" else "lm_head"
-        transform = f"{head}.transform.dense" if model_type == "bert" else f"{head}.dense"
-        head_norm = f"{head}.transform.LayerNorm" if model_type == "bert" else f"{head}.layer_norm"
+        bert = model_type == "bert"
+        head = "cls.predictions" if bert else "lm_head"
+        transform = f"{head}.transform.dense" if bert else f"{head}.dense"
+        head_norm = f"{head}.transform.LayerNorm" if bert else f"{head}.layer_norm"
         out += [*dense(("mlm", "transform"), transform), *norm(("mlm", "norm"), head_norm, ln),
                 copy(("mlm", "bias"), f"{head}.bias")]
         if cfg.tie_embeddings:
@@ -102,14 +124,15 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     if cfg.head == "pretraining":
         out += dense(("nsp",), "cls.seq_relationship")
     if cfg.head in ("sequence_classification", "token_classification"):
-        out += dense(("classifier",), "classifier")
+        out += dense(("classifier",), "classifier.out_proj" if roberta_classifier else "classifier")
     if cfg.head == "question_answering":
         out += dense(("classifier",), "qa_outputs")
     return out, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"bert": "bert.", "roberta": "roberta."}, ("BertModel", "RobertaModel"),
-                            config_from_hf, target, config_to_hf, rules, harmless=dict.fromkeys(
+ARCHITECTURE = Architecture(CLASSES, {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta."},
+                            ("BertModel", "RobertaModel", "XLMRobertaModel"), config_from_hf, target, config_to_hf,
+                            rules, target_as=target_as, harmless=dict.fromkeys(
                                 ("directionality", "pooler_fc_size", "pooler_num_attention_heads",
                                  "pooler_num_fc_layers", "pooler_size_per_head", "pooler_type"),
                                 "the original TensorFlow release's settings, which transformers' BERT never reads"),
