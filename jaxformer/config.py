@@ -32,6 +32,7 @@ HEADS = (
     "token_classification",
     "question_answering",
 )
+POOLER_ACTIVATIONS = ("tanh", "relu")
 ENCODER_HEADS = ("none", "mlm", "pretraining", "sequence_classification", "token_classification",
                  "question_answering")
 REMAT_POLICIES = ("none", "full", "dots", "qkv_mlp", "offload")
@@ -277,6 +278,7 @@ class ModelConfig:
 
     head: str = "lm"
     pooler: bool = False  # BERT pooler: tanh(dense(h[:, 0]))
+    pooler_activation: str = "tanh"  # the pooler's nonlinearity: tanh (BERT, RoBERTa) or relu (DistilBERT)
     num_labels: int = 2
     label_names: tuple[str, ...] = ()  # classification heads: the name of each label id (HF's id2label); () unnamed
 
@@ -575,6 +577,7 @@ class ModelConfig:
         if self.label_names and len(self.label_names) != self.num_labels:
             raise ValueError(f"ModelConfig.label_names holds {len(self.label_names)} names for num_labels="
                              f"{self.num_labels}; give one name per label, or none")
+        _one_of("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
         if self.pooler and self.family != "encoder":
             raise ValueError(f"ModelConfig.pooler=True needs family='encoder', not {self.family!r}")
         if self.scale_tied_logits and not (self.tie_embeddings and self.head == "lm"):

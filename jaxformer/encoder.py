@@ -64,7 +64,9 @@ class Encoder(nnx.Module):
         encoded = self.encoder(x, Tokens(positions, attention_mask, indexed=indexed),
                                collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=keys[1])
         h, hidden = encoded.hidden, encoded.hidden_states
-        pooled = jnp.tanh(self.pooler(h[:, 0])) if self.pooler is not None else None
+        pooled = None
+        if self.pooler is not None:  # BERT's tanh, DistilBERT's relu (its pre_classifier)
+            pooled = (jnp.tanh if cfg.pooler_activation == "tanh" else jax.nn.relu)(self.pooler(h[:, 0]))
         out = dict(last_hidden_state=h, hidden_states=hidden, attentions=encoded.attentions, pooler_output=pooled)
         if self.mlm is not None:
             out["logits"] = self.mlm(h, self.embed)

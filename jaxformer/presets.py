@@ -193,6 +193,9 @@ _PRESETS: dict[str, dict] = {
     "bert-large-uncased": _bert(1024, 24, 16),
     # RoBERTa: BERT's architecture, byte-level BPE vocabulary, one token type, positions offset by 2.
     "roberta-base": _roberta(768, 12, 12, 50265),
+    # DistilBERT: BERT-base halved in depth, no token types, no pooler (its classifier has its own ReLU layer)
+    "distilbert-base-uncased": _bert(768, 6, 12, type_vocab_size=0, pooler=False, pooler_activation="relu",
+                                     pad_token_id=0),
     # XLM-RoBERTa: RoBERTa's model with a 250K-token vocabulary over 100 languages
     "xlm-roberta-base": _roberta(768, 12, 12, 250002),
     "xlm-roberta-large": _roberta(1024, 24, 16, 250002),

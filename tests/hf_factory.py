@@ -15,6 +15,8 @@ _BERT = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_h
              max_position_embeddings=40, type_vocab_size=2, initializer_range=STD, pad_token_id=0)
 _ROBERTA = {**_BERT, "max_position_embeddings": 42, "type_vocab_size": 1, "pad_token_id": 1, "bos_token_id": 0,
             "eos_token_id": 2, "layer_norm_eps": 1e-5}
+_DISTILBERT = dict(vocab_size=97, dim=32, n_layers=2, n_heads=4, hidden_dim=48, max_position_embeddings=40,
+                   initializer_range=STD, pad_token_id=0)
 _GPT2 = dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=40, initializer_range=STD,
              bos_token_id=1, eos_token_id=2)
 _LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -66,6 +68,11 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", _ROBERTA),
     "xlm-roberta-mlm": ("XLMRobertaConfig", "XLMRobertaForMaskedLM", _ROBERTA),
     "xlm-roberta-tokcls": ("XLMRobertaConfig", "XLMRobertaForTokenClassification", {**_ROBERTA, "num_labels": 5}),
+    # DistilBERT: no token types, its own names, a ReLU pre_classifier
+    "distilbert": ("DistilBertConfig", "DistilBertModel", _DISTILBERT),
+    "distilbert-mlm": ("DistilBertConfig", "DistilBertForMaskedLM", _DISTILBERT),
+    "distilbert-seqcls": ("DistilBertConfig", "DistilBertForSequenceClassification", {**_DISTILBERT, "num_labels": 3}),
+    "distilbert-qa": ("DistilBertConfig", "DistilBertForQuestionAnswering", _DISTILBERT),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
     "gpt2-base": ("GPT2Config", "GPT2Model", _GPT2),
     # GPT-1: post-norm blocks, no final norm, its own "gelu" (the tanh form)

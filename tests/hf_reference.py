@@ -155,6 +155,8 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             eos_token_id=2,
         ),
     ),
+    "distilbert-base-uncased": ("DistilBertModel", dict(vocab_size=30522, dim=768, n_layers=6, n_heads=12,
+                                                        hidden_dim=3072, max_position_embeddings=512, pad_token_id=0)),
     "xlm-roberta-base": (
         "XLMRobertaModel",
         dict(vocab_size=250002, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,

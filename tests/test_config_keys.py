@@ -20,7 +20,7 @@ from jaxformer.interop.registry import BY_MODEL_TYPE  # noqa: E402
 from jaxformer.interop.rules import GENERATION_KEYS, HARMLESS  # noqa: E402
 
 # One tiny checkpoint per model_type, with its LM head where it has one (hf_factory's names).
-CHECKPOINTS = {"bert": "bert-mlm", "roberta": "roberta-mlm", "xlm-roberta": "xlm-roberta-mlm", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
+CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "roberta": "roberta-mlm", "xlm-roberta": "xlm-roberta-mlm", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
                "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3-longrope", "gpt_neo": "gpt-neo",
                "openai-gpt": "openai-gpt", "qwen2_moe": "qwen2-moe", "qwen3_moe": "qwen3-moe",
                "gpt_neox": "gpt-neox", "gptj": "gptj", "glm": "glm", "glm4": "glm4",

@@ -57,6 +57,7 @@ _SIZES = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_h
 _DEEPSEEK = dict(_SIZES, moe_intermediate_size=16, num_key_value_heads=4, num_hidden_layers=5, kv_lora_rank=12,
                  qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=12, n_routed_experts=16, num_experts_per_tok=2)
 SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
+         "distilbert": dict(dim=32, n_heads=4, n_layers=2, hidden_dim=48, vocab_size=97),
          "gpt_neo": dict(hidden_size=32, num_heads=4, num_layers=24, vocab_size=97),
          "openai-gpt": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "gptj": dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, vocab_size=97),

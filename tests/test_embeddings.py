@@ -37,6 +37,7 @@ FOLDERS = {
     "t5": ("t5-encoder", "mean", 16, ["linear", "normalize"]),
     "llama-lasttoken": ("llama-base", "lasttoken", 16, ["normalize"]),  # e5-mistral / gte-Qwen2 layout, left pads
     "xlm-roberta-cls": ("xlm-roberta", "cls", 16, ["normalize"]),  # bge-m3's layout: XLM-R, <s>, normalized
+    "distilbert-mean": ("distilbert", "mean", 16, []),  # msmarco-distilbert's layout
 }
 COSINE, ABS = 0.99999, 1e-5
 
@@ -50,9 +51,9 @@ def encoders(tmp_path_factory):
     def get(name):
         if name not in cache:
             folder = save_checkpoint(name, tmp_path_factory.mktemp(name))
-            if name == "bert":
-                tokenizer = transformers.BertTokenizerFast(vocab={t: i for i, t in enumerate(VOCAB)},
-                                                           do_lower_case=False, model_max_length=512)
+            if name in ("bert", "distilbert"):  # (DistilBERT's tokenizer gives no token types)
+                kind = transformers.BertTokenizerFast if name == "bert" else transformers.DistilBertTokenizerFast
+                tokenizer = kind(vocab={t: i for i, t in enumerate(VOCAB)}, do_lower_case=False, model_max_length=512)
             elif name == "llama-base":  # word-level, an end-of-text token appended, padded on the left
                 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 

@@ -33,6 +33,8 @@ CASES = {
                                             rank_pattern={"v_proj": 6}, alpha_pattern={"down_proj": 3}, layers_to_transform=[1])),
     "gpt2-c_attn": ("gpt2", dict(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True)),
     "bert-classifier": ("bert-seqcls", dict(r=4, lora_alpha=8, target_modules=["query", "value"], task_type="SEQ_CLS")),
+    "distilbert-classifier": ("distilbert-seqcls", dict(r=4, lora_alpha=8, target_modules=["q_lin", "v_lin", "lin1"],
+                                                        task_type="SEQ_CLS")),
     # XLM-R token classification (NER's usual encoder): attention and MLP projections
     "xlm-roberta-tokens": ("xlm-roberta-tokcls", dict(r=4, lora_alpha=8, target_modules=["query", "value", "dense"],
                                                       task_type="TOKEN_CLS")),

@@ -216,7 +216,7 @@ def _targeted(config: dict, key: str) -> bool:
             return False
         if not isinstance(exclude, str) and (key in exclude or any(key.endswith(f".{e}") for e in exclude)):
             return False
-    if any(re.match(rf"(^|.*\.){m}($|\..*)", key) for m in config.get("modules_to_save") or ()):
+    if _saved_module(key, config.get("modules_to_save") or ()):
         return False
     targets = config["target_modules"]
     if isinstance(targets, str):
@@ -387,6 +387,13 @@ def load_adapter(model, path: str | os.PathLike, names: set[str] | None = None, 
     return carry_hf_files(model, nnx.merge(graphdef, nnx.from_flat_state(flat)))
 
 
+def _saved_module(module: str, modules_to_save) -> bool:
+    """Does ``modules_to_save`` cover the module ``module`` (a dotted path)? As PEFT matches them: a module whose
+    name ends with an entry (so 'classifier' takes DistilBERT's 'pre_classifier' too), or one inside it."""
+    parts = module.split(".")
+    return any(".".join(parts[:k]).endswith(m) for m in modules_to_save for k in range(1, len(parts) + 1))
+
+
 def _saved_modules(cfg: ModelConfig, rules: list[Rule], modules_to_save) -> dict[str, str]:
     """HF tensor names (outside the layer stack) that ``modules_to_save`` covers -> their module."""
     out = {}
@@ -394,7 +401,7 @@ def _saved_modules(cfg: ModelConfig, rules: list[Rule], modules_to_save) -> dict
         for i in rule.layer_range(cfg):
             for n in rule.names:
                 name = n.format(i=i)
-                if any(re.match(rf"(^|.*\.){m}\..*", name) for m in modules_to_save):  # the module or one inside it
+                if _saved_module(name.rsplit(".", 1)[0], modules_to_save):
                     out[name] = name.rsplit(".", 1)[0]
     return out
 

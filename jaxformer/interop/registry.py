@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Callable
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop import (bart, bert, deepseek, gemma, gpt2, gpt_neo, gpt_neox, gpt_oss, llama, llama4, t5,
+from jaxformer.interop import (bart, bert, deepseek, distilbert, gemma, gpt2, gpt_neo, gpt_neox, gpt_oss, llama, llama4, t5,
                                t5gemma, xlnet)
 from jaxformer.interop.rules import Architecture, Rule
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     bert.ARCHITECTURE,
+    distilbert.ARCHITECTURE,
     gpt2.ARCHITECTURE,
     gpt_neo.ARCHITECTURE,
     gpt_neox.ARCHITECTURE,
@@ -58,6 +59,7 @@ HELD_ONLY_BY: dict[str, tuple[str, Callable[[ModelConfig], bool]]] = {
     **{field: ("llama4_text", lambda c, f=field: bool(getattr(c, f)))
        for field in ("attention_chunk_size", "nope_layers", "temperature_floor_scale", "router_weights_on_input")},
     "qk_norm_scale": ("llama4_text", lambda c: not c.qk_norm_scale),
+    "pooler_activation": ("distilbert", lambda c: c.pooler_activation != "tanh"),
     "index_heads": ("deepseek_v32", lambda c: bool(c.index_heads)),
     "moe_layer_step": ("llama4_text", lambda c: c.moe_layer_step > 1),
 }
