@@ -9,7 +9,7 @@ from typing import Any
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, dense,
-                                     linear, norm, refuse)
+                                     labels_from_hf, labels_to_hf, linear, norm, refuse)
 
 _HEADS = {"Model": "none", "ForMaskedLM": "mlm", "ForPreTraining": "pretraining",
           "ForSequenceClassification": "sequence_classification", "ForTokenClassification": "token_classification",
@@ -36,10 +36,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     # A base model has a pooler when its file does (add_pooling_layer is not in config.json).
     pooler = head in ("pretraining", "sequence_classification") or (
         head == "none" and (not tensor_names or any(n.endswith("pooler.dense.weight") for n in tensor_names)))
-    num_labels = len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels", 2))
-    # transformers' default names (LABEL_0, ...) say nothing a label id does not; other names are kept
-    names = tuple(hf["id2label"][key] for key in sorted(hf.get("id2label") or {}, key=int))
-    label_names = names if any(name != f"LABEL_{i}" for i, name in enumerate(names)) else ()
+    num_labels, label_names = labels_from_hf(hf)
     return dict(family="encoder", d_model=hf["hidden_size"], num_heads=hf["num_attention_heads"],
                 d_ff=hf["intermediate_size"], encoder_layers=hf["num_hidden_layers"], decoder_layers=0,
                 norm_position="post", norm_eps=hf.get("layer_norm_eps", 1e-12), embedding_norm=True,
@@ -80,10 +77,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                max_position_embeddings=cfg.max_positions + cfg.position_offset,
                type_vocab_size=cfg.type_vocab_size, hidden_dropout_prob=cfg.dropout_rate,
                attention_probs_dropout_prob=cfg.attention_dropout_rate, tie_word_embeddings=cfg.tie_embeddings)
-    if cfg.head in ("sequence_classification", "token_classification"):
-        names = cfg.label_names or tuple(f"LABEL_{i}" for i in range(cfg.num_labels))
-        out.setdefault("id2label", {str(i): name for i, name in enumerate(names)})
-        out.setdefault("label2id", {name: i for i, name in enumerate(names)})
+    labels_to_hf(cfg, out)
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, dense,
-                                     linear, norm)
+                                     labels_from_hf, labels_to_hf, linear, norm)
 
 _HEADS = {"Model": "none", "ForMaskedLM": "mlm", "ForSequenceClassification": "sequence_classification",
           "ForTokenClassification": "token_classification", "ForQuestionAnswering": "question_answering"}
@@ -29,11 +29,7 @@ EPS = 1e-12  # every DistilBERT LayerNorm's, fixed in its modeling code
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     head = _HEADS[arch.removeprefix("DistilBert")]
     hf.get("sinusoidal_pos_embds")  # read: the table is in the file either way (see the module docstring)
-    num_labels = len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels", 2))
-    names = tuple(hf["id2label"][key] for key in sorted(hf.get("id2label") or {}, key=int))
-    label_names = names if any(name != f"LABEL_{i}" for i, name in enumerate(names)) else ()
-    # the classifier's dropout is seq_classif_dropout, the QA head's qa_dropout: training-time, read and modelled
-    # as the block's rate where they agree (the heads' own rates are HARMLESS below)
+    num_labels, label_names = labels_from_hf(hf)
     return dict(family="encoder", d_model=hf["dim"], num_heads=hf["n_heads"], d_ff=hf["hidden_dim"],
                 encoder_layers=hf["n_layers"], decoder_layers=0, norm_position="post", norm_eps=EPS,
                 embedding_norm=True, final_norm=False, activation=activation(hf["activation"], False, model_type),
@@ -63,10 +59,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                activation=INVERSE_ACTIVATIONS[cfg.activation], max_position_embeddings=cfg.max_positions,
                dropout=cfg.dropout_rate, attention_dropout=cfg.attention_dropout_rate,
                tie_word_embeddings=cfg.tie_embeddings, sinusoidal_pos_embds=False)
-    if cfg.head in ("sequence_classification", "token_classification"):
-        names = cfg.label_names or tuple(f"LABEL_{i}" for i in range(cfg.num_labels))
-        out.setdefault("id2label", {str(i): name for i, name in enumerate(names)})
-        out.setdefault("label2id", {name: i for i, name in enumerate(names)})
+    labels_to_hf(cfg, out)
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:

@@ -183,6 +183,22 @@ def with_defaults(hf: dict, defaults: dict) -> dict:
     return {**defaults, **hf}
 
 
+def labels_from_hf(hf: dict) -> tuple[int, tuple[str, ...]]:
+    """(num_labels, label names) of a classifier's config.json: id2label's count and names (transformers'
+    defaults, LABEL_0 ..., say nothing a label id does not, so they are dropped), else num_labels."""
+    num_labels = len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels", 2))
+    names = tuple(hf["id2label"][key] for key in sorted(hf.get("id2label") or {}, key=int))
+    return num_labels, names if any(name != f"LABEL_{i}" for i, name in enumerate(names)) else ()
+
+
+def labels_to_hf(cfg: ModelConfig, out: dict) -> None:
+    """A classifier's id2label and label2id (its names, or transformers' defaults), unless the file had them."""
+    if cfg.head in ("sequence_classification", "token_classification"):
+        names = cfg.label_names or tuple(f"LABEL_{i}" for i in range(cfg.num_labels))
+        out.setdefault("id2label", {str(i): name for i, name in enumerate(names)})
+        out.setdefault("label2id", {name: i for i, name in enumerate(names)})
+
+
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
                 "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu"}
 GATED = {"silu": "swiglu", "swish": "swiglu", "gelu_new": "geglu", "gelu_pytorch_tanh": "geglu"}
