@@ -68,8 +68,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         refuse(bool(hf["tie_word_embeddings"]) != bool(text["tie_word_embeddings"]), "llama4: tie_word_embeddings "
                "differs between the file and its text_config")
         ids = {k: text[k] for k in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")}
-        if isinstance(ids["eos_token_id"], list):
-            ids["eos_token_id"] = tuple(ids["eos_token_id"])
         return {**config_from_hf(text, "llama4_text", "Llama4ForCausalLM", tensor_names),
                 **{k: v for k, v in ids.items() if v is not None}}
     layers, heads = hf["num_hidden_layers"], hf["num_attention_heads"]
@@ -116,15 +114,14 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
     experts_ok = not cfg.num_experts or (
         cfg.router_score == "sigmoid" and cfg.router_weights_on_input and not cfg.normalize_router_weights
         and cfg.shared_experts == 1 and not cfg.shared_expert_gate and cfg.router_groups == 1 and not cfg.router_bias
-        and cfg.routed_scaling == 1.0 and not cfg.expert_bias and not cfg.router_logit_bias)
+        and cfg.routed_scaling == 1.0)
     if not (cfg.family == "decoder" and cfg.position == "rope" and not cfg.mla and cfg.norm == "rmsnorm"
             and cfg.norm_position == "pre" and cfg.final_norm and cfg.activation == "swiglu" and cfg.rope_interleave
             and cfg.rotary_dim is None and (chunked or cfg.attention == "causal") and nope_global
             and (not cfg.qk_norm or not cfg.qk_norm_scale) and cfg.qkv_bias == cfg.out_bias and not cfg.mlp_bias
             and not cfg.sandwich_norm and not cfg.norm_scale_offset and not cfg.scale_embeddings
             and cfg.attention_softcap is None and cfg.logits_softcap is None and cfg.attention_scale is None
-            and not cfg.parallel_residual and not cfg.attention_sinks and cfg.swiglu_limit is None
-            and cfg.swiglu_alpha == 1.0 and experts_ok and (cfg.num_experts or not cfg.router_weights_on_input)):
+            and not cfg.parallel_residual and experts_ok):  # (gpt-oss's ideas: registry.HELD_ONLY_BY)
         return None
     return "llama4_text", "Llama4ForCausalLM" if cfg.head == "lm" else "Llama4TextModel"
 
