@@ -117,6 +117,8 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
         rows.append(_row("logits", f(ref_logits), out.logits, valid if per_token else None))
     if getattr(ref, "seq_relationship_logits", None) is not None:
         rows.append(_row("nsp logits", f(ref.seq_relationship_logits), out.nsp_logits, None))
+    if getattr(ref, "sop_logits", None) is not None:  # ALBERT's sentence-order head
+        rows.append(_row("sop logits", f(ref.sop_logits), out.nsp_logits, None))
     if getattr(ref, "start_logits", None) is not None:
         rows.append(_row("start logits", f(ref.start_logits)[..., None], np.asarray(out.start_logits)[..., None], valid))
         rows.append(_row("end logits", f(ref.end_logits)[..., None], np.asarray(out.end_logits)[..., None], valid))

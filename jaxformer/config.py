@@ -31,10 +31,11 @@ HEADS = (
     "sequence_classification",
     "token_classification",
     "question_answering",
+    "discriminator",  # ELECTRA's replaced-token detection: one logit per token (replaced or original)
 )
-POOLER_ACTIVATIONS = ("tanh", "relu")
+POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")
 ENCODER_HEADS = ("none", "mlm", "pretraining", "sequence_classification", "token_classification",
-                 "question_answering")
+                 "question_answering", "discriminator")
 REMAT_POLICIES = ("none", "full", "dots", "qkv_mlp", "offload")
 ATTENTION_BACKENDS = ("auto", "xla", "cudnn", "splash")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -272,13 +273,19 @@ class ModelConfig:
     scale_tied_logits: bool = False  # T5 v1.0: decoder output * d_model**-0.5 before tied head
     clamp_float16: bool = False  # T5: in float16, clamp each sublayer's output into range, as transformers does
     type_vocab_size: int = 0  # token-type (segment) embeddings; 0 for none
+    # factorised embeddings (ALBERT, ELECTRA): the token, position and type tables and the embedding norm are
+    # this wide, and a projection (with bias) takes them to d_model; an MLM head projects back to this width
+    # before its tied output. None: the tables are d_model wide and nothing projects.
+    embedding_size: int | None = None
+    shared_layers: bool = False  # ALBERT: one layer's parameters, applied at every layer of the stack
     logits_bias: bool = False  # a fixed (non-trained) bias on the LM logits (BART's final_logits_bias)
     lm_head_bias: bool = False  # a trained bias on the LM logits (XLNet's lm_loss.bias)
     logits_softcap: float | None = None  # LM logits -> cap * tanh(logits / cap) (Gemma 2)
 
     head: str = "lm"
     pooler: bool = False  # BERT pooler: tanh(dense(h[:, 0]))
-    pooler_activation: str = "tanh"  # the pooler's nonlinearity: tanh (BERT, RoBERTa) or relu (DistilBERT)
+    # the pooler's nonlinearity: tanh (BERT, RoBERTa), relu (DistilBERT) or exact gelu (ELECTRA's classifier)
+    pooler_activation: str = "tanh"
     num_labels: int = 2
     label_names: tuple[str, ...] = ()  # classification heads: the name of each label id (HF's id2label); () unnamed
 
@@ -578,6 +585,14 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.label_names holds {len(self.label_names)} names for num_labels="
                              f"{self.num_labels}; give one name per label, or none")
         _one_of("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
+        if self.embedding_size is not None:
+            _positive("embedding_size", self.embedding_size)
+            if self.family != "encoder":
+                raise ValueError(f"ModelConfig.embedding_size factorises an encoder's embeddings (ALBERT, ELECTRA); "
+                                 f"family={self.family!r} does not take it")
+        if self.shared_layers and (self.family != "encoder" or self.num_experts):
+            raise ValueError("ModelConfig.shared_layers=True (ALBERT's one set of layer weights) needs a dense "
+                             f"family='encoder' model, not family={self.family!r}")
         if self.pooler and self.family != "encoder":
             raise ValueError(f"ModelConfig.pooler=True needs family='encoder', not {self.family!r}")
         if self.scale_tied_logits and not (self.tie_embeddings and self.head == "lm"):

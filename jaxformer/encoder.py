@@ -1,4 +1,4 @@
-"""Encoder-only family (BERT, RoBERTa): embeddings, bidirectional blocks, task heads."""
+"""Encoder-only family (BERT and its relatives): embeddings, bidirectional blocks, task heads."""
 
 from __future__ import annotations
 
@@ -8,21 +8,24 @@ from flax import nnx
 
 from jaxformer.checks import check_inputs, public_call
 from jaxformer.config import ModelConfig
-from jaxformer.layers import Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, param, split_key
+from jaxformer.layers import (Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, embedding_width, param,
+                              split_key)
 from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
 
 
 class MaskedLMHead(nnx.Module):
-    """BERT/RoBERTa: dense -> activation -> norm -> vocabulary projection (tied) + bias."""
+    """BERT/RoBERTa: dense -> activation -> norm -> vocabulary projection (tied) + bias. With factorised
+    embeddings (ALBERT, ELECTRA's generator) the dense layer narrows to ``embedding_size`` first."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        width, axis = embedding_width(cfg)
         self.activation = cfg.activation
-        self.transform = Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs)
-        self.norm = Norm(cfg, rngs=rngs)
+        self.transform = Dense(cfg, cfg.d_model, width, ("embed", "embed_out" if axis == "embed" else axis), rngs=rngs)
+        self.norm = Norm(cfg, rngs=rngs, width=width, axis=axis)
         self.decoder = (None if cfg.tie_embeddings else
-                        Dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs, bias=False))
+                        Dense(cfg, width, cfg.vocab_size, (axis, "vocab"), rngs=rngs, bias=False))
         self.bias = param(rngs, (cfg.vocab_size,), ("vocab",), cfg, init="zeros")
 
     def __call__(self, x: Array, embed: Embed) -> Array:
@@ -31,17 +34,31 @@ class MaskedLMHead(nnx.Module):
         return logits + self.bias[...].astype(logits.dtype)
 
 
+class DiscriminatorHead(nnx.Module):
+    """ELECTRA's replaced-token detection: dense -> activation -> one logit per token [B, T] (> 0: replaced)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.activation = cfg.activation
+        self.dense = Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs)
+        self.prediction = Dense(cfg, cfg.d_model, 1, ("embed", "labels"), rngs=rngs)
+
+    def __call__(self, x: Array) -> Array:
+        return self.prediction(activate(self.activation, self.dense(x)))[..., 0]
+
+
 class Encoder(nnx.Module):
     """The encoder-only model: embeddings, a bidirectional stack, and the head named by ``config.head``."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.config = cfg
-        self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs)
+        width, axis = embedding_width(cfg)
+        self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs, axes=("vocab", axis), width=width)
         self.embeddings = Embeddings(cfg, rngs=rngs, token_types=True)
         self.encoder = Stack(cfg, cfg.encoder_layers, pattern="bidirectional", rngs=rngs)
         self.pooler = Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs) if cfg.pooler else None
         self.mlm = MaskedLMHead(cfg, rngs=rngs) if cfg.head in ("mlm", "pretraining") else None
         self.nsp = Dense(cfg, cfg.d_model, 2, ("embed", "labels"), rngs=rngs) if cfg.head == "pretraining" else None
+        self.discriminator = DiscriminatorHead(cfg, rngs=rngs) if cfg.head == "discriminator" else None
         label_count = {"sequence_classification": cfg.num_labels, "token_classification": cfg.num_labels,
                        "question_answering": 2}.get(cfg.head)
         self.classifier = (Dense(cfg, cfg.d_model, label_count, ("embed", "labels"), rngs=rngs)
@@ -65,13 +82,16 @@ class Encoder(nnx.Module):
                                collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=keys[1])
         h, hidden = encoded.hidden, encoded.hidden_states
         pooled = None
-        if self.pooler is not None:  # BERT's tanh, DistilBERT's relu (its pre_classifier)
-            pooled = (jnp.tanh if cfg.pooler_activation == "tanh" else jax.nn.relu)(self.pooler(h[:, 0]))
+        if self.pooler is not None:  # BERT's tanh, DistilBERT's relu (its pre_classifier), ELECTRA's gelu
+            pooled = self.pooler(h[:, 0])
+            pooled = jnp.tanh(pooled) if cfg.pooler_activation == "tanh" else activate(cfg.pooler_activation, pooled)
         out = dict(last_hidden_state=h, hidden_states=hidden, attentions=encoded.attentions, pooler_output=pooled)
         if self.mlm is not None:
             out["logits"] = self.mlm(h, self.embed)
-        if self.nsp is not None:
+        if self.nsp is not None:  # next-sentence (BERT) or sentence-order (ALBERT) prediction
             out["nsp_logits"] = self.nsp(pooled)
+        if self.discriminator is not None:
+            out["logits"] = self.discriminator(h)
         if cfg.head == "sequence_classification":
             out["logits"] = self.classifier(dropout(pooled, cfg.dropout_rate, keys[2]))
         elif cfg.head == "token_classification":

@@ -34,6 +34,21 @@ def _roberta(d_model: int, layers: int, heads: int, vocab: int) -> dict:
                  norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2)
 
 
+def _albert(d_model: int, layers: int, heads: int) -> dict:
+    # BERT's block with 128-wide embeddings projected to d_model and one layer's weights shared by all layers;
+    # the v2 models train without dropout and use the tanh form of GELU
+    return _bert(d_model, layers, heads, vocab=30000, embedding_size=128, shared_layers=True, activation="gelu_tanh",
+                 dropout_rate=0.0, attention_dropout_rate=0.0, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+
+
+def _electra(d_model: int, layers: int, heads: int, d_ff: int, embedding_size: int, head: str) -> dict:
+    # BERT's block without a pooler; embeddings of their own width (projected when it differs from d_model). The
+    # discriminator (head 'discriminator') is the model fine-tuned downstream, the generator ('mlm') a smaller MLM
+    # trained beside it; both read the same embeddings in pretraining. The classifier's dense layer uses gelu.
+    return _bert(d_model, layers, heads, d_ff=d_ff, embedding_size=None if embedding_size == d_model else embedding_size,
+                 head=head, pooler=False, pooler_activation="gelu", pad_token_id=0)
+
+
 def _neox(d_model: int, layers: int, heads: int, d_ff: int, vocab: int, **kw) -> dict:
     # GPT-NeoX / Pythia: pre-norm LayerNorm blocks with attention and MLP side by side, a quarter of each head
     # rotating, biases everywhere, exact GELU, an untied head
@@ -199,6 +214,17 @@ _PRESETS: dict[str, dict] = {
     # XLM-RoBERTa: RoBERTa's model with a 250K-token vocabulary over 100 languages
     "xlm-roberta-base": _roberta(768, 12, 12, 250002),
     "xlm-roberta-large": _roberta(1024, 24, 16, 250002),
+    # ALBERT v2: factorised embeddings (E = 128) and shared layers
+    "albert-base-v2": _albert(768, 12, 12),
+    "albert-large-v2": _albert(1024, 24, 16),
+    "albert-xxlarge-v2": _albert(4096, 12, 64),
+    # ELECTRA: each discriminator and the generator it was pretrained with (a quarter of its width at base/large)
+    "electra-small-discriminator": _electra(256, 12, 4, 1024, 128, "discriminator"),
+    "electra-small-generator": _electra(256, 12, 4, 1024, 128, "mlm"),
+    "electra-base-discriminator": _electra(768, 12, 12, 3072, 768, "discriminator"),
+    "electra-base-generator": _electra(256, 12, 4, 1024, 768, "mlm"),
+    "electra-large-discriminator": _electra(1024, 24, 16, 4096, 1024, "discriminator"),
+    "electra-large-generator": _electra(256, 24, 4, 1024, 1024, "mlm"),
     "gpt2": _gpt2(768, 12, 12),
     "gpt2-medium": _gpt2(1024, 24, 16),
     "gpt2-large": _gpt2(1280, 36, 20),

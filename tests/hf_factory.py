@@ -17,6 +17,14 @@ _ROBERTA = {**_BERT, "max_position_embeddings": 42, "type_vocab_size": 1, "pad_t
             "eos_token_id": 2, "layer_norm_eps": 1e-5}
 _DISTILBERT = dict(vocab_size=97, dim=32, n_layers=2, n_heads=4, hidden_dim=48, max_position_embeddings=40,
                    initializer_range=STD, pad_token_id=0)
+# ALBERT: 3 layers sharing one set of weights, embeddings 16 wide projected to 32; ELECTRA's generator as
+# published (embeddings wider than its layers) and its discriminator with a projection too
+_ALBERT = dict(vocab_size=97, embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+               intermediate_size=48, max_position_embeddings=40, initializer_range=STD, pad_token_id=0,
+               hidden_act="gelu_new")
+_ELECTRA = dict(vocab_size=97, embedding_size=24, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=48, max_position_embeddings=40, initializer_range=STD, pad_token_id=0)
+_ELECTRA_GENERATOR = {**_ELECTRA, "hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 24}
 _GPT2 = dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=40, initializer_range=STD,
              bos_token_id=1, eos_token_id=2)
 _LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -73,6 +81,20 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "distilbert-mlm": ("DistilBertConfig", "DistilBertForMaskedLM", _DISTILBERT),
     "distilbert-seqcls": ("DistilBertConfig", "DistilBertForSequenceClassification", {**_DISTILBERT, "num_labels": 3}),
     "distilbert-qa": ("DistilBertConfig", "DistilBertForQuestionAnswering", _DISTILBERT),
+    "albert": ("AlbertConfig", "AlbertModel", _ALBERT),
+    "albert-pretraining": ("AlbertConfig", "AlbertForPreTraining", _ALBERT),
+    "albert-mlm": ("AlbertConfig", "AlbertForMaskedLM", _ALBERT),
+    "albert-seqcls": ("AlbertConfig", "AlbertForSequenceClassification", {**_ALBERT, "num_labels": 3}),
+    "albert-tokcls": ("AlbertConfig", "AlbertForTokenClassification", {**_ALBERT, "num_labels": 5}),
+    "albert-qa": ("AlbertConfig", "AlbertForQuestionAnswering", _ALBERT),
+    "electra": ("ElectraConfig", "ElectraModel", _ELECTRA),
+    "electra-discriminator": ("ElectraConfig", "ElectraForPreTraining", _ELECTRA),
+    # the base and large discriminators: embeddings as wide as the layers, no projection
+    "electra-discriminator-unprojected": ("ElectraConfig", "ElectraForPreTraining", {**_ELECTRA, "embedding_size": 32}),
+    "electra-generator": ("ElectraConfig", "ElectraForMaskedLM", _ELECTRA_GENERATOR),
+    "electra-seqcls": ("ElectraConfig", "ElectraForSequenceClassification", {**_ELECTRA, "num_labels": 3}),
+    "electra-tokcls": ("ElectraConfig", "ElectraForTokenClassification", {**_ELECTRA, "num_labels": 5}),
+    "electra-qa": ("ElectraConfig", "ElectraForQuestionAnswering", _ELECTRA),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
     "gpt2-base": ("GPT2Config", "GPT2Model", _GPT2),
     # GPT-1: post-norm blocks, no final norm, its own "gelu" (the tanh form)

@@ -157,6 +157,19 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
     ),
     "distilbert-base-uncased": ("DistilBertModel", dict(vocab_size=30522, dim=768, n_layers=6, n_heads=12,
                                                         hidden_dim=3072, max_position_embeddings=512, pad_token_id=0)),
+    **{name: ("AlbertModel", dict(vocab_size=30000, embedding_size=128, hidden_size=hidden, num_hidden_layers=layers,
+                                  num_attention_heads=heads, intermediate_size=4 * hidden, hidden_act="gelu_new",
+                                  max_position_embeddings=512, type_vocab_size=2, pad_token_id=0))
+       for name, hidden, layers, heads in (("albert-base-v2", 768, 12, 12), ("albert-large-v2", 1024, 24, 16),
+                                           ("albert-xxlarge-v2", 4096, 12, 64))},
+    **{f"electra-{size}-{role}": ("ElectraForPreTraining" if role == "discriminator" else "ElectraForMaskedLM",
+                                  dict(vocab_size=30522, embedding_size=embedding, hidden_size=hidden,
+                                       num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=ff,
+                                       max_position_embeddings=512, type_vocab_size=2, pad_token_id=0))
+       for size, role, hidden, layers, heads, ff, embedding in (
+           ("small", "discriminator", 256, 12, 4, 1024, 128), ("small", "generator", 256, 12, 4, 1024, 128),
+           ("base", "discriminator", 768, 12, 12, 3072, 768), ("base", "generator", 256, 12, 4, 1024, 768),
+           ("large", "discriminator", 1024, 24, 16, 4096, 1024), ("large", "generator", 256, 24, 4, 1024, 1024))},
     "xlm-roberta-base": (
         "XLMRobertaModel",
         dict(vocab_size=250002, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,

@@ -14,7 +14,8 @@ from jaxformer.layers import Buffer, RouterBias, logical_axes, param
 from conftest import TINY, tiny_config, tiny_model
 
 AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
-              "positions", "types", "buckets", "labels", "latent", "segments", "index_heads", "index_head_dim"}
+              "positions", "types", "buckets", "labels", "latent", "segments", "index_heads", "index_head_dim",
+              "embedding"}
 
 VARIANTS = {
     "untied-lm-head": ("tiny-gpt", dict(tie_embeddings=False)),
@@ -27,6 +28,9 @@ VARIANTS = {
     "token-classification": ("tiny-bert", dict(head="token_classification", num_labels=5)),
     "question-answering": ("tiny-bert", dict(head="question_answering", pooler=False)),
     "roberta-like": ("tiny-bert", dict(type_vocab_size=1, position_offset=2)),
+    "albert-like": ("tiny-bert", dict(embedding_size=16, shared_layers=True, head="pretraining")),
+    "electra-generator-like": ("tiny-bert", dict(embedding_size=24, head="mlm", tie_embeddings=False, pooler=False)),
+    "electra-discriminator": ("tiny-bert", dict(head="discriminator", pooler=False)),
     "moe-qkv-bias": ("tiny-mixtral", dict(qkv_bias=True, num_experts=3, experts_per_token=1)),
     "mla-plain-query": ("tiny-deepseek", dict(q_lora_rank=None, dense_layers=0, shared_experts=0)),
     "mla-indexer": ("tiny-deepseek", dict(index_heads=2, index_head_dim=16, index_topk=8)),
@@ -59,9 +63,10 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
         "latent": {cfg.kv_lora_rank, cfg.q_lora_rank, cfg.kv_lora_rank + cfg.rope_head_dim} if cfg.mla else set(),
         "positions": {cfg.max_positions + cfg.position_offset}, "types": {cfg.type_vocab_size},
         "buckets": {cfg.relative_buckets},
-        "labels": {cfg.num_labels, 2},  # classifiers: num_labels; NSP and QA spans: 2
+        "labels": {cfg.num_labels, 2, 1},  # classifiers: num_labels; NSP and QA spans: 2; ELECTRA's discriminator: 1
         "segments": {2},  # XLNet's relative segment encodings: same segment, other segment
         "index_heads": {cfg.index_heads}, "index_head_dim": {cfg.index_head_dim},  # DeepSeek-V3.2's indexer
+        "embedding": {cfg.embedding_size},  # factorised embeddings (ALBERT, ELECTRA)
     }
 
 
@@ -69,7 +74,7 @@ def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], ob
     """``flat``: parameter path -> (shape, axes metadata)."""
     sizes = _expected_sizes(cfg)
     dense = len(cfg.dense_layer_ids)
-    stack_layers = {("encoder", "blocks"): cfg.encoder_layers, ("decoder", "blocks"): cfg.decoder_layers - dense,
+    stack_layers = {("encoder", "blocks"): 1 if cfg.shared_layers else cfg.encoder_layers, ("decoder", "blocks"): cfg.decoder_layers - dense,
                     ("decoder", "dense_blocks"): dense}
     assert flat, "no parameters found"
     for path, (shape, axes) in flat.items():

@@ -118,7 +118,10 @@ INVALID = [
     _invalid("rope", dict(index_heads=2), "index_heads", "kv_lora_rank"),
     _invalid("rope", dict(num_experts=4, decoder_layers=3, moe_layer_step=2), "moe_layer_step", "multiple"),
     _invalid("rope", dict(moe_layer_step=2), "moe_layer_step", "num_experts"),
-    _invalid("encoder", dict(pooler_activation="gelu"), "pooler_activation", "gelu", "relu"),
+    _invalid("encoder", dict(pooler_activation="sigmoid"), "pooler_activation", "sigmoid", "relu"),
+    _invalid("encoder", dict(embedding_size=0), "embedding_size", "0"),
+    _invalid("decoder", dict(embedding_size=16), "embedding_size", "family='decoder'"),
+    _invalid("decoder", dict(shared_layers=True), "shared_layers", "family='decoder'"),
     # special token ids must be valid ids
     _invalid("decoder", dict(pad_token_id=256), "pad_token_id", "256", "vocab_size=256"),
     _invalid("decoder", dict(bos_token_id=-1), "bos_token_id", "-1"),

@@ -51,7 +51,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if cfg.family != "encoder" or cfg.position != "learned":
+    if cfg.family != "encoder" or cfg.position != "learned" or cfg.head not in _HEADS.values():
         return None
     return _target(cfg, "roberta" if cfg.pad_aware_positions else "bert")
 
@@ -80,25 +80,39 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     labels_to_hf(cfg, out)
 
 
-def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
-    p, L = prefix, ("encoder", "blocks")
-    ln = cfg.norm == "layernorm" and cfg.norm_bias
+def _norm_bias(cfg: ModelConfig) -> bool:
+    return cfg.norm == "layernorm" and cfg.norm_bias
+
+
+def embedding_rules(cfg: ModelConfig, prefix: str) -> list[Rule]:
+    """BERT's embedding tensors (ALBERT's and ELECTRA's too, at their embedding width)."""
+    p = prefix
     out = [copy(("embed", "table"), f"{p}embeddings.word_embeddings.weight"),
            copy(("embeddings", "positions", "table"), f"{p}embeddings.position_embeddings.weight"),
-           *norm(("embeddings", "norm"), f"{p}embeddings.LayerNorm", ln)]
+           *norm(("embeddings", "norm"), f"{p}embeddings.LayerNorm", _norm_bias(cfg))]
     if cfg.type_vocab_size:
         out.append(copy(("embeddings", "token_types", "table"), f"{p}embeddings.token_type_embeddings.weight"))
-    layer = f"{p}encoder.layer.{{i}}"
-    out += attention(cfg, L + ("attn",), *(f"{layer}.attention.self.{n}.weight" for n in ("query", "key", "value")),
-                     f"{layer}.attention.output.dense.weight",
-                     *(f"{layer}.attention.self.{n}.bias" for n in ("query", "key", "value")),
-                     f"{layer}.attention.output.dense.bias")
-    out += norm(L + ("attn_norm",), f"{layer}.attention.output.LayerNorm", ln)
-    out += [linear(L + ("mlp", "wi"), f"{layer}.intermediate.dense.weight"),
+    return out
+
+
+def layer_rules(cfg: ModelConfig, layer: str) -> list[Rule]:
+    """One BERT layer's tensors under ``layer`` (holding ``{i}``), ELECTRA's too."""
+    L, ln = ("encoder", "blocks"), _norm_bias(cfg)
+    return [*attention(cfg, L + ("attn",), *(f"{layer}.attention.self.{n}.weight" for n in ("query", "key", "value")),
+                       f"{layer}.attention.output.dense.weight",
+                       *(f"{layer}.attention.self.{n}.bias" for n in ("query", "key", "value")),
+                       f"{layer}.attention.output.dense.bias"),
+            *norm(L + ("attn_norm",), f"{layer}.attention.output.LayerNorm", ln),
+            linear(L + ("mlp", "wi"), f"{layer}.intermediate.dense.weight"),
             copy(L + ("mlp", "bi"), f"{layer}.intermediate.dense.bias"),
             linear(L + ("mlp", "wo"), f"{layer}.output.dense.weight"),
             copy(L + ("mlp", "bo"), f"{layer}.output.dense.bias"),
             *norm(L + ("mlp_norm",), f"{layer}.output.LayerNorm", ln)]
+
+
+def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
+    p, ln = prefix, _norm_bias(cfg)
+    out = embedding_rules(cfg, p) + layer_rules(cfg, f"{p}encoder.layer.{{i}}")
     roberta_classifier = model_type in ROBERTA and cfg.head == "sequence_classification"
     if cfg.pooler:  # RoBERTa's classification head holds the pooler's dense layer (tanh after it, as BERT's)
         out += dense(("pooler",), "classifier.dense" if roberta_classifier else f"{p}pooler.dense")

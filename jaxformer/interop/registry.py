@@ -10,13 +10,15 @@ from __future__ import annotations
 from typing import Callable
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop import (bart, bert, deepseek, distilbert, gemma, gpt2, gpt_neo, gpt_neox, gpt_oss, llama, llama4, t5,
-                               t5gemma, xlnet)
+from jaxformer.interop import (albert, bart, bert, deepseek, distilbert, electra, gemma, gpt2, gpt_neo, gpt_neox,
+                               gpt_oss, llama, llama4, t5, t5gemma, xlnet)
 from jaxformer.interop.rules import Architecture, Rule
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     bert.ARCHITECTURE,
     distilbert.ARCHITECTURE,
+    albert.ARCHITECTURE,
+    electra.ARCHITECTURE,
     gpt2.ARCHITECTURE,
     gpt_neo.ARCHITECTURE,
     gpt_neox.ARCHITECTURE,
@@ -48,25 +50,29 @@ def architecture_of(hf: dict) -> tuple[str, str]:
     return model_type, arch
 
 
-# Ideas only one model type's files can say (each with the test that the config uses it): a config that uses
-# one goes to that type or nowhere, whatever another architecture's ``target`` (written before the idea
+# Ideas only some model types' files can say (each with the test that the config uses it): a config that uses
+# one goes to one of those types or nowhere, whatever another architecture's ``target`` (written before the idea
 # existed) would claim.
-HELD_ONLY_BY: dict[str, tuple[str, Callable[[ModelConfig], bool]]] = {
-    "inverse_layer_scale": ("gpt2", lambda c: c.inverse_layer_scale),
-    **{field: ("gpt_oss", lambda c, f=field: bool(getattr(c, f)))
+HELD_ONLY_BY: dict[str, tuple[tuple[str, ...], Callable[[ModelConfig], bool]]] = {
+    "inverse_layer_scale": (("gpt2",), lambda c: c.inverse_layer_scale),
+    **{field: (("gpt_oss",), lambda c, f=field: bool(getattr(c, f)))
        for field in ("attention_sinks", "swiglu_limit", "expert_bias", "router_logit_bias")},
-    "swiglu_alpha": ("gpt_oss", lambda c: c.swiglu_alpha != 1.0),
-    **{field: ("llama4_text", lambda c, f=field: bool(getattr(c, f)))
+    "swiglu_alpha": (("gpt_oss",), lambda c: c.swiglu_alpha != 1.0),
+    **{field: (("llama4_text",), lambda c, f=field: bool(getattr(c, f)))
        for field in ("attention_chunk_size", "nope_layers", "temperature_floor_scale", "router_weights_on_input")},
-    "qk_norm_scale": ("llama4_text", lambda c: not c.qk_norm_scale),
-    "pooler_activation": ("distilbert", lambda c: c.pooler_activation != "tanh"),
-    "index_heads": ("deepseek_v32", lambda c: bool(c.index_heads)),
-    "moe_layer_step": ("llama4_text", lambda c: c.moe_layer_step > 1),
+    "qk_norm_scale": (("llama4_text",), lambda c: not c.qk_norm_scale),
+    "pooler_activation=relu": (("distilbert",), lambda c: c.pooler_activation == "relu"),
+    "pooler_activation=gelu": (("electra",), lambda c: c.pooler_activation == "gelu"),
+    "index_heads": (("deepseek_v32",), lambda c: bool(c.index_heads)),
+    "moe_layer_step": (("llama4_text",), lambda c: c.moe_layer_step > 1),
+    "embedding_size": (("albert", "electra"), lambda c: c.embedding_size is not None),
+    "shared_layers": (("albert",), lambda c: c.shared_layers),
+    "head=discriminator": (("electra",), lambda c: c.head == "discriminator"),
 }
 
 
 def _holds(model_type: str, cfg: ModelConfig) -> bool:
-    return all(owner == model_type for owner, used in HELD_ONLY_BY.values() if used(cfg))
+    return all(model_type in owners for owners, used in HELD_ONLY_BY.values() if used(cfg))
 
 
 def hf_target(cfg: ModelConfig, prefer: str | None = None) -> tuple[str, str]:

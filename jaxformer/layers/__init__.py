@@ -20,15 +20,15 @@ from jaxformer.layers.core import (Buffer, Dense, Norm, activate, dropout, dtype
 from jaxformer.layers.feedforward import (MLP, ExpertWeights, MoE, RouterBias, Routing, Unit, dense_experts,
                                           grouped_experts, load_balancing_loss, ragged_experts, route,
                                           router_statistics)
-from jaxformer.layers.positions import (Embed, Embeddings, Positions, RelativeBias, apply_rope, rope_angles,
-                                        rope_frequencies, rope_tables, sinusoids)
+from jaxformer.layers.positions import (Embed, Embeddings, Positions, RelativeBias, apply_rope, embedding_width,
+                                        rope_angles, rope_frequencies, rope_tables, sinusoids)
 from jaxformer.layers.stack import REMAT_POLICIES, Block, EncoderOutput, Stack, StackOutput, Tokens, run_stack
 
 __all__ = ["Attention", "Indexer", "IndexerParam", "LatentAttention", "dot_product_attention", "softmax",
            "visibility_mask", "layer_patterns", "memory_visibility_mask", "left_padded_positions", "Buffer", "Dense",
            "Norm", "activate", "dropout", "dtype_of", "logical_axes", "normalize", "param", "split_key", "MLP", "MoE",
            "RouterBias", "Routing", "ExpertWeights", "Unit", "dense_experts", "grouped_experts", "load_balancing_loss",
-           "ragged_experts", "route", "router_statistics", "Embed",
+           "ragged_experts", "route", "router_statistics", "Embed", "embedding_width",
            "Embeddings", "Positions", "RelativeBias", "apply_rope", "rope_angles", "rope_frequencies", "rope_tables",
            "sinusoids",
            "REMAT_POLICIES", "Block", "EncoderOutput", "Stack", "StackOutput", "Tokens", "run_stack"]

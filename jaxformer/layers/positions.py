@@ -11,10 +11,16 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.config import ModelConfig
-from jaxformer.layers.core import Norm, dropout, dtype_of, param
+from jaxformer.layers.core import Dense, Norm, dropout, dtype_of, param
 from jaxformer.layers.weights import Quantized, project, quantize_kernel
 
 Array = jax.Array
+
+
+def embedding_width(cfg: ModelConfig) -> tuple[int, str]:
+    """The token tables' width and its logical axis: d_model ('embed'), or factorised embeddings' own width
+    ('embedding', left unsharded: 128 numbers a row in ALBERT and ELECTRA-small)."""
+    return (cfg.d_model, "embed") if cfg.embedding_size is None else (cfg.embedding_size, "embedding")
 
 
 class Embed(nnx.Module):
@@ -23,8 +29,9 @@ class Embed(nnx.Module):
     (``table_scale``): a lookup dequantizes the rows it gathers, ``attend`` is an int8 projection whose
     output channels are the rows."""
 
-    def __init__(self, num: int, cfg: ModelConfig, *, rngs: nnx.Rngs, axes=("vocab", "embed")):
-        table = param(rngs, (num, cfg.d_model), axes, cfg)
+    def __init__(self, num: int, cfg: ModelConfig, *, rngs: nnx.Rngs, axes=("vocab", "embed"),
+                 width: int | None = None):
+        table = param(rngs, (num, width or cfg.d_model), axes, cfg)
         if cfg.quantize_embeddings and axes[0] == "vocab":
             q, scale = quantize_kernel(table[...], 1, 1)
             self.table = Quantized(q, axes=axes, dynamic=cfg.quantize == "int8_dynamic")
@@ -58,10 +65,10 @@ class Positions(nnx.Module):
     """Absolute positions added to the token embeddings: a learned table, sinusoids, or nothing
     (rotary and relative schemes act inside attention instead)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, axis: str = "embed"):
         self.kind, self.offset, self.dtype = cfg.position, cfg.position_offset, dtype_of(cfg.dtype)
-        self.d_model = cfg.d_model
-        self.table = (param(rngs, (cfg.max_positions + cfg.position_offset, cfg.d_model), ("positions", "embed"), cfg)
+        self.d_model = width or cfg.d_model
+        self.table = (param(rngs, (cfg.max_positions + cfg.position_offset, self.d_model), ("positions", axis), cfg)
                       if cfg.position == "learned" else None)
 
     def __call__(self, positions: Array) -> Array | None:
@@ -234,14 +241,18 @@ def relative_shift(scores: Array, key_length: int) -> Array:
 
 class Embeddings(nnx.Module):
     """A stack's front end: token vectors (from a table the family may share between stacks) ->
-    optional sqrt(D) scale -> absolute positions -> token types -> optional norm -> dropout."""
+    optional sqrt(D) scale -> absolute positions -> token types -> optional norm -> dropout -> with
+    factorised embeddings (``embedding_size``: ALBERT, ELECTRA), a projection to d_model."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, token_types: bool = False):
+        width, axis = embedding_width(cfg)
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else None
-        self.positions = Positions(cfg, rngs=rngs)
-        self.token_types = (Embed(cfg.type_vocab_size, cfg, rngs=rngs, axes=("types", "embed"))
+        self.positions = Positions(cfg, rngs=rngs, width=width, axis=axis)
+        self.token_types = (Embed(cfg.type_vocab_size, cfg, rngs=rngs, axes=("types", axis), width=width)
                             if token_types and cfg.type_vocab_size else None)
-        self.norm = Norm(cfg, rngs=rngs) if cfg.embedding_norm else None
+        self.norm = Norm(cfg, rngs=rngs, width=width, axis=axis) if cfg.embedding_norm else None
+        self.project = (Dense(cfg, width, cfg.d_model, (axis, "embed"), rngs=rngs)
+                        if cfg.embedding_size is not None else None)
         self.dropout_rate = cfg.dropout_rate
         # RoBERTa counts real tokens only; a pad sits on table row pad_token_id.
         self.pad_aware_positions, self.pad_token_id = cfg.pad_aware_positions, cfg.pad_token_id
@@ -270,4 +281,5 @@ class Embeddings(nnx.Module):
             x = x + self.token_types(jnp.zeros_like(positions) if token_type_ids is None else token_type_ids)
         if self.norm is not None:
             x = self.norm(x)
-        return dropout(x, self.dropout_rate, key), positions
+        x = dropout(x, self.dropout_rate, key)
+        return (x if self.project is None else self.project(x)), positions

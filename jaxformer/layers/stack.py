@@ -262,6 +262,12 @@ def run_stack(blocks: Block | tuple[Block, ...], x: Array, layer_fn: Callable, p
 
     if cfg.remat != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
+    if cfg.shared_layers:  # ALBERT: the one layer's parameters at every layer (their gradients summed over layers)
+        count = len(per_layer["local"])
+        shared = layer_params[0] if layer_params is not None else jax.tree.map(lambda a: a[0], params)
+        if cfg.scan_layers and layer_params is None:
+            return jax.lax.scan(lambda carry, extra: body(carry, (shared, extra)), x, per_layer)
+        layer_params = [shared] * count
     if layer_params is None and cfg.scan_layers:
         return jax.lax.scan(body, x, (params, per_layer))
     if layer_params is None:
@@ -356,7 +362,9 @@ class Stack(nnx.Module):
         dense = len(cfg.dense_layer_ids) if not cross_attention else 0
         self.dense_blocks = (stacked_blocks(cfg, dense, rngs=rngs, cross_attention=cross_attention, dense=True)
                              if dense else None)
-        self.blocks = stacked_blocks(cfg, num_layers - dense, rngs=rngs, cross_attention=cross_attention)
+        # ALBERT's shared layers: one stacked layer, applied num_layers times (``run_stack``)
+        self.blocks = stacked_blocks(cfg, 1 if cfg.shared_layers else num_layers - dense, rngs=rngs,
+                                     cross_attention=cross_attention)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.final_norm else None
         self.relative_bias = (RelativeBias(cfg, bidirectional=pattern == "bidirectional", rngs=rngs)
                               if cfg.position == "relative" else None)
