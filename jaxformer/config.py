@@ -278,6 +278,10 @@ class ModelConfig:
     # before its tied output. None: the tables are d_model wide and nothing projects.
     embedding_size: int | None = None
     shared_layers: bool = False  # ALBERT: one layer's parameters, applied at every layer of the stack
+    # ELECTRA pretraining (the 'rtd' objective): a discriminator also holds the generator it trains beside, an MLM
+    # encoder this wide (heads and d_ff scaled alike, same depth) reading the discriminator's token, position and
+    # type embeddings; 0: none. Export writes the discriminator alone (``model.generator`` saves on its own).
+    generator_width: int = 0
     logits_bias: bool = False  # a fixed (non-trained) bias on the LM logits (BART's final_logits_bias)
     lm_head_bias: bool = False  # a trained bias on the LM logits (XLNet's lm_loss.bias)
     logits_softcap: float | None = None  # LM logits -> cap * tanh(logits / cap) (Gemma 2)
@@ -590,6 +594,15 @@ class ModelConfig:
             if self.family != "encoder":
                 raise ValueError(f"ModelConfig.embedding_size factorises an encoder's embeddings (ALBERT, ELECTRA); "
                                  f"family={self.family!r} does not take it")
+        _non_negative("generator_width", self.generator_width)
+        if self.generator_width:
+            if self.family != "encoder" or self.head != "discriminator":
+                raise ValueError("ModelConfig.generator_width is ELECTRA's generator, trained beside a discriminator: "
+                                 f"it needs family='encoder' and head='discriminator', not {self.family!r}, "
+                                 f"{self.head!r}")
+            if self.generator_width % self.head_dim_ or self.generator_width > self.d_model:
+                raise ValueError(f"ModelConfig.generator_width={self.generator_width} must be a multiple of the head "
+                                 f"size {self.head_dim_} (the generator keeps it) and at most d_model={self.d_model}")
         if self.shared_layers and (self.family != "encoder" or self.num_experts):
             raise ValueError("ModelConfig.shared_layers=True (ALBERT's one set of layer weights) needs a dense "
                              f"family='encoder' model, not family={self.family!r}")
@@ -770,6 +783,15 @@ class ModelConfig:
     @property
     def num_layers(self) -> int:
         return self.encoder_layers + self.decoder_layers
+
+    def generator_config(self) -> "ModelConfig":
+        """ELECTRA's generator of this discriminator (``generator_width``): as deep, its heads of the same size,
+        d_ff scaled with the width, its embeddings those of the discriminator (projected when widths differ)."""
+        width, scale = self.generator_width, self.generator_width / self.d_model
+        embedding = self.embedding_size or self.d_model
+        return self.replace(d_model=width, num_heads=width // self.head_dim_, num_kv_heads=None, head_dim=None,
+                            d_ff=max(1, round(self.d_ff * scale)), head="mlm", pooler=False, generator_width=0,
+                            embedding_size=None if embedding == width else embedding, name=f"{self.name}-generator")
 
     def replace(self, **changes: Any) -> "ModelConfig":
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}

@@ -63,6 +63,17 @@ class Encoder(nnx.Module):
                        "question_answering": 2}.get(cfg.head)
         self.classifier = (Dense(cfg, cfg.d_model, label_count, ("embed", "labels"), rngs=rngs)
                            if label_count else None)
+        self.generator = self._generator(cfg, rngs) if cfg.generator_width else None
+
+    def _generator(self, cfg: ModelConfig, rngs: nnx.Rngs) -> Encoder:
+        """ELECTRA's generator: an MLM encoder reading this model's token, position and type embeddings and
+        their norm (the same variables, so both losses train them), with its own projection to its width."""
+        generator = Encoder(cfg.generator_config(), rngs=rngs)
+        generator.embed = self.embed
+        shared = generator.embeddings
+        shared.positions, shared.token_types, shared.norm = (self.embeddings.positions, self.embeddings.token_types,
+                                                             self.embeddings.norm)
+        return generator
 
     def validate(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, *,
                  inputs_embeds=None, **_) -> None:

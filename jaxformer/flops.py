@@ -67,12 +67,17 @@ def _stack_params(cfg: ModelConfig, stack: str) -> float:
         if "experts" in axes:
             size *= cfg.experts_per_token / cfg.num_experts
         total += size
-    return total
+    # ALBERT: the one stored layer is applied at every layer
+    return total * cfg.encoder_layers if cfg.shared_layers and stack == "encoder" else total
 
 
 def _head_params(cfg: ModelConfig) -> float:
     if cfg.family == "encoder":
-        return cfg.d_model * cfg.d_model + cfg.d_model * cfg.vocab_size if cfg.head in ("mlm", "pretraining") else 0
+        width = cfg.embedding_size or cfg.d_model  # factorised embeddings: in front of the stack, behind the MLM head
+        project = 0 if cfg.embedding_size is None else width * cfg.d_model
+        if cfg.head in ("mlm", "pretraining"):
+            return project + cfg.d_model * width + width * cfg.vocab_size
+        return project + (cfg.d_model * cfg.d_model + cfg.d_model if cfg.head == "discriminator" else 0)
     return cfg.d_model * cfg.vocab_size if cfg.head == "lm" else 0
 
 
@@ -105,6 +110,8 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
         distances = M + length + (length - 1 if pattern == "bidirectional" else 1)
         per_token += cfg.num_layers * (12 * width * M + 6 * heads * distances
                                        + 4 * (M / length) * 2 * cfg.d_model * heads)
+    if cfg.generator_width:  # ELECTRA: the generator trains beside the discriminator on the same rows
+        return batch_size * length * per_token + train_flops_per_step(cfg.generator_config(), batch_size, length)
     return batch_size * length * per_token
 
 

@@ -160,8 +160,8 @@ def main(argv=None) -> int:
         def local_loss(params, rows):
             model = nnx.merge(graphdef, params, rest)
             _, sums = objective.loss(model, rows, None)
-            total = sum(sums[term][0] / jax.lax.psum(jax.lax.stop_gradient(sums[term][1]), "data")
-                        for term in objective.loss_terms if term in sums)
+            total = sum(weight * sums[term][0] / jax.lax.psum(jax.lax.stop_gradient(sums[term][1]), "data")
+                        for term, weight in objective.loss_terms.items() if term in sums)
             return total
 
         def step(state, rows):

@@ -38,6 +38,8 @@ FOLDERS = {
     "llama-lasttoken": ("llama-base", "lasttoken", 16, ["normalize"]),  # e5-mistral / gte-Qwen2 layout, left pads
     "xlm-roberta-cls": ("xlm-roberta", "cls", 16, ["normalize"]),  # bge-m3's layout: XLM-R, <s>, normalized
     "distilbert-mean": ("distilbert", "mean", 16, []),  # msmarco-distilbert's layout
+    "albert-mean": ("albert", "mean", 16, ["normalize"]),  # paraphrase-albert's layout: shared layers
+    "electra-cls": ("electra-discriminator", "cls", 16, []),  # an ELECTRA discriminator's encoder
 }
 COSINE, ABS = 0.99999, 1e-5
 
@@ -51,8 +53,9 @@ def encoders(tmp_path_factory):
     def get(name):
         if name not in cache:
             folder = save_checkpoint(name, tmp_path_factory.mktemp(name))
-            if name in ("bert", "distilbert"):  # (DistilBERT's tokenizer gives no token types)
-                kind = transformers.BertTokenizerFast if name == "bert" else transformers.DistilBertTokenizerFast
+            if name in ("bert", "distilbert", "albert", "electra-discriminator"):  # WordPiece over VOCAB
+                kind = (transformers.DistilBertTokenizerFast if name == "distilbert"  # (gives no token types)
+                        else transformers.BertTokenizerFast)
                 tokenizer = kind(vocab={t: i for i, t in enumerate(VOCAB)}, do_lower_case=False, model_max_length=512)
             elif name == "llama-base":  # word-level, an end-of-text token appended, padded on the left
                 from tokenizers import Tokenizer, models, pre_tokenizers, processors

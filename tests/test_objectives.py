@@ -86,7 +86,7 @@ def test_mlm_batches_hold_two_segments_and_balanced_next_sentence_labels():
         originals = np.where(row_labels != IGNORE, row_labels, row_ids)[:length]
         assert (np.flatnonzero(originals == sep) == [np.flatnonzero(row_types)[0] - 1, length - 1]).all()
         assert (row_ids[length:] == ByteTokenizer.SPECIALS["pad"]).all() and (row_labels[length:] == IGNORE).all()
-    assert abs(batch["nsp_labels"].mean() - 0.5) < 0.1
+    assert abs(batch["pair_labels"].mean() - 0.5) < 0.1
     assert abs((batch["labels"] != IGNORE).sum() / (mask.sum() - 3 * 256) - 0.15) < 0.02
 
 

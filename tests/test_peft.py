@@ -38,6 +38,11 @@ CASES = {
     # XLM-R token classification (NER's usual encoder): attention and MLP projections
     "xlm-roberta-tokens": ("xlm-roberta-tokcls", dict(r=4, lora_alpha=8, target_modules=["query", "value", "dense"],
                                                       task_type="TOKEN_CLS")),
+    # ALBERT: the one shared layer's projections (one adapter serves every layer), ELECTRA's discriminator
+    "albert-shared-layer": ("albert-seqcls", dict(r=4, lora_alpha=8, target_modules=["query", "value", "ffn"],
+                                                  task_type="SEQ_CLS")),
+    "electra-discriminator": ("electra-discriminator", dict(r=4, lora_alpha=8,
+                                                            target_modules=["query", "key", "intermediate.dense"])),
     "t5-q-v": ("t5", dict(r=4, lora_alpha=16, target_modules=["q", "v"])),
     # latent attention: the query's down and up projections, the shared key-value latent, the output
     "deepseek-mla": ("deepseek-v2", dict(r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",

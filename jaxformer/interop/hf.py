@@ -154,6 +154,10 @@ def to_hf_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
         hf = config_to_hf(cfg)
     rules, _ = rules_for(cfg, model_type, arch)
     tensors = export_with_rules(model, rules)
+    if cfg.generator_width:
+        warnings.warn(f"{cfg.name!r}: the ELECTRA discriminator is written without the generator it trained beside "
+                      "(transformers' ElectraForPreTraining holds none); write that with model.generator.save_pretrained",
+                      stacklevel=3)
     return tensors, hf
 
 

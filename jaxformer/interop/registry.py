@@ -68,6 +68,7 @@ HELD_ONLY_BY: dict[str, tuple[tuple[str, ...], Callable[[ModelConfig], bool]]] =
     "embedding_size": (("albert", "electra"), lambda c: c.embedding_size is not None),
     "shared_layers": (("albert",), lambda c: c.shared_layers),
     "head=discriminator": (("electra",), lambda c: c.head == "discriminator"),
+    "generator_width": (("electra",), lambda c: bool(c.generator_width)),
 }
 
 

@@ -3,6 +3,9 @@
 
     causal_lm        next-token prediction on packed text (GPT-2, LLaMA, Mistral, Mixtral)
     mlm              BERT's masked LM (15%: 80% [MASK], 10% random, 10% kept), with next-sentence prediction
+    sop              ALBERT's: masked LM with sentence-order prediction (two consecutive segments, swapped or not)
+    rtd              ELECTRA's replaced token detection: a generator's MLM samples fill the masked tokens and the
+                     discriminator tells each token replaced or original (DeBERTa-v3 pretrains this way too)
     span_corruption  T5's span corruption (noise density 0.15, mean span 3, sentinels from <extra_id_0> down)
     seq2seq          supervised source -> target pairs from JSONL (the 2017 Transformer, T5, BART)
     classification   sequence classification from JSONL text/label, or text/text_pair/label (NLI)
@@ -96,7 +99,8 @@ class Objective:
     name = ""
     family = ""
     target_len = 0  # encoder-decoder objectives: decoder tokens per row
-    loss_terms = ("loss",)  # the loss is the sum of these metrics' ratios (explicit data parallelism needs it)
+    # the loss is the weighted sum of these metrics' ratios (explicit data parallelism needs it)
+    loss_terms: dict[str, float] = {"loss": 1.0}
     _cut = 0  # records cut to length since the last note
 
     def __init__(self, run, tokenizer):
@@ -211,7 +215,11 @@ class MaskedLM(Objective):
     Segments are the non-empty lines of each document. With ``data.nsp=false`` only the MLM loss runs."""
 
     name, family = "mlm", "encoder"
-    loss_terms = ("mlm_loss", "nsp_loss")
+    pair_task = "nsp"  # what the pretraining head's two logits predict about the pair (its metrics' prefix)
+
+    @property
+    def loss_terms(self) -> dict[str, float]:
+        return {"mlm_loss": 1.0, f"{self.pair_task}_loss": 1.0}
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
@@ -221,6 +229,11 @@ class MaskedLM(Objective):
                                                    data.read_documents)
         self.train, self.held_out = self._segments(train_docs, "training"), self._segments(held_out, "held-out")
 
+    @property
+    def pairs(self) -> bool:
+        """Whether the pretraining head's pair task runs (``data.nsp`` for BERT's)."""
+        return self.run.data.nsp
+
     def _segments(self, documents: list[str], name: str) -> dict:
         lines = [[line for line in doc.splitlines() if line.strip()] for doc in documents]
         flat = self.tokenizer.encode_many([line for doc in lines for line in doc])
@@ -228,34 +241,41 @@ class MaskedLM(Objective):
         has_next = np.flatnonzero(owner[:-1] == owner[1:]) if len(owner) > 1 else np.zeros(0, int)
         if len(has_next) == 0 or len(lines) < 2:
             raise ValueError(f"the {name} split needs at least two documents with two or more lines each for "
-                             "next-sentence prediction (or set data.nsp=false)")
+                             f"train.objective={self.name!r}'s segment pairs" + (" (or set data.nsp=false)"
+                                                                                 if self.name == "mlm" else ""))
         return {"segments": flat, "owner": owner, "starts": has_next}
 
     def adapt(self, cfg, fresh):
         cfg = super().adapt(cfg, fresh)
-        head = "pretraining" if self.run.data.nsp else "mlm"
+        head = "pretraining" if self.pairs else "mlm"
         changes = {"head": head, "pooler": cfg.pooler or head == "pretraining"}
         if fresh:
             changes["pad_token_id"] = self.ids["pad"]
-        if cfg.type_vocab_size < 2 and self.run.data.nsp:
-            raise ValueError(f"next-sentence prediction needs token types (type_vocab_size >= 2); model "
-                             f"{cfg.name!r} has {cfg.type_vocab_size} (set data.nsp=false for RoBERTa-style MLM)")
+        if cfg.type_vocab_size < 2 and self.pairs:
+            raise ValueError(f"{self.pair_task} needs token types (type_vocab_size >= 2); model {cfg.name!r} has "
+                             f"{cfg.type_vocab_size}" + (" (set data.nsp=false for RoBERTa-style MLM)"
+                                                         if self.name == "mlm" else ""))
         return cfg.replace(**changes)
 
-    def _pairs(self, split: dict, rng: np.random.Generator, count: int) -> dict[str, np.ndarray]:
+    def _pick(self, split: dict, rng: np.random.Generator) -> tuple[int, int, int]:
+        """Segments A and B of one row and the pair label: B follows A (label 0, HF's convention) or B is
+        a segment of another document (1)."""
         segments, owner = split["segments"], split["owner"]
+        first = int(rng.choice(split["starts"]))
+        if rng.random() < 0.5:
+            return first, first + 1, 0
+        second = int(rng.integers(len(segments)))
+        while owner[second] == owner[first]:
+            second = int(rng.integers(len(segments)))
+        return first, second, 1
+
+    def _pairs(self, split: dict, rng: np.random.Generator, count: int) -> dict[str, np.ndarray]:
+        segments = split["segments"]
         budget = self.seq_len - 3  # [CLS] A [SEP] B [SEP]
         cls, sep = self.ids["bos"], self.ids["eos"]
-        rows, types, is_next = [], [], []
+        rows, types, pair_labels = [], [], []
         for _ in range(count):
-            first = int(rng.choice(split["starts"]))
-            follows = bool(rng.random() < 0.5)
-            if follows:
-                second = first + 1
-            else:  # a segment from another document
-                second = int(rng.integers(len(segments)))
-                while owner[second] == owner[first]:
-                    second = int(rng.integers(len(segments)))
+            first, second, label = self._pick(split, rng)
             a, b = segments[first], segments[second]
             while len(a) + len(b) > budget:  # BERT trims the longer segment first
                 if len(a) >= len(b):
@@ -264,15 +284,15 @@ class MaskedLM(Objective):
                     b = b[:-1]
             rows.append(np.concatenate([[cls], a, [sep], b, [sep]]).astype(np.int32))
             types.append(np.concatenate([np.zeros(len(a) + 2, np.int32), np.ones(len(b) + 1, np.int32)]))
-            is_next.append(0 if follows else 1)  # HF convention: label 0 means "B follows A"
+            pair_labels.append(label)
         ids, mask = data.pad_rows(rows, self.seq_len, self.ids["pad"])
         token_types, _ = data.pad_rows(types, self.seq_len, 0)
         inputs, labels = mask_tokens(ids, rng, vocab_size=self.tokenizer.regular_vocab, mask_id=self.ids["mask"],
                                      special_ids=(cls, sep, self.ids["pad"]), select=self.run.data.mask_probability)
         batch = {"input_ids": inputs, "attention_mask": mask, "token_type_ids": token_types,
                  "labels": labels.astype(np.int32)}
-        if self.run.data.nsp:
-            batch["nsp_labels"] = np.asarray(is_next, np.int32)
+        if self.pairs:
+            batch["pair_labels"] = np.asarray(pair_labels, np.int32)
         return batch
 
     def batch(self, step, batch_size):
@@ -286,14 +306,102 @@ class MaskedLM(Objective):
         mlm = token_cross_entropy(out.logits, batch["labels"])
         sums = {"mlm_loss": mlm["loss"], "mlm_accuracy": mlm["accuracy"]}
         loss = ratio(mlm["loss"])
-        if "nsp_labels" in batch:
-            nsp = token_cross_entropy(out.nsp_logits, batch["nsp_labels"])
-            sums |= {"nsp_loss": nsp["loss"], "nsp_accuracy": nsp["accuracy"]}
-            loss = loss + ratio(nsp["loss"])
+        if "pair_labels" in batch:
+            pair = token_cross_entropy(out.nsp_logits, batch["pair_labels"])
+            task = self.pair_task
+            sums |= {f"{task}_loss": pair["loss"], f"{task}_accuracy": pair["accuracy"]}
+            loss = loss + ratio(pair["loss"])
         return loss, sums
 
     def finish(self, values):
-        return {"loss": values["mlm_loss"] + values.get("nsp_loss", 0.0), **values}
+        return {"loss": values["mlm_loss"] + values.get(f"{self.pair_task}_loss", 0.0), **values}
+
+
+class SentenceOrder(MaskedLM):
+    """ALBERT pretraining (Lan et al. 2019): MLM plus sentence-order prediction. A and B are two consecutive
+    segments of one document, swapped half the time (label 1, as transformers' ``sentence_order_label``); unlike
+    NSP's random second segment, topic gives nothing away, so the head must learn coherence."""
+
+    name, pair_task = "sop", "sop"
+
+    @property
+    def pairs(self) -> bool:
+        return True
+
+    def _pick(self, split, rng):
+        first = int(rng.choice(split["starts"]))
+        return (first + 1, first, 1) if rng.random() < 0.5 else (first, first + 1, 0)
+
+
+def binary_cross_entropy(logits: jax.Array, targets: jax.Array, valid: jax.Array) -> dict:
+    """Sigmoid cross-entropy in float32 over the ``valid`` positions, and the accuracy of logit > 0, as sums."""
+    logits = logits.astype(jnp.float32)
+    targets = targets.astype(jnp.float32)
+    loss = jnp.maximum(logits, 0) - logits * targets + jnp.log1p(jnp.exp(-jnp.abs(logits)))
+    count = valid.sum().astype(jnp.float32)
+    correct = ((logits > 0) == (targets > 0.5)) & valid
+    return {"loss": (jnp.where(valid, loss, 0.0).sum(), count), "accuracy": (correct.sum().astype(jnp.float32), count)}
+
+
+class ReplacedTokenDetection(MaskedLM):
+    """ELECTRA pretraining (Clark et al. 2020): a small generator fills the masked positions with samples from
+    its MLM distribution, and the discriminator (the model kept) tells, for every real token, whether it was
+    replaced. Both train at once: loss = MLM(generator) + train.rtd_weight * BCE(discriminator), the sampling
+    outside the gradient. The generator is the model's ``generator_width`` encoder, reading the
+    discriminator's embeddings; a model without one gets train.generator_fraction of its width. The inputs are
+    BERT's segment pairs without a pair task; each row carries its sampling seed, so a batch (training or
+    held-out) is corrupted the same way every time it is seen. A sample equal to the original token counts as
+    original, as in the paper. Held-out metrics: both losses, the generator's accuracy, the discriminator's
+    accuracy over all tokens and its recall on the replaced ones."""
+
+    name, pair_task = "rtd", "rtd"
+
+    @property
+    def pairs(self) -> bool:
+        return False
+
+    @property
+    def loss_terms(self) -> dict[str, float]:
+        return {"mlm_loss": 1.0, "rtd_loss": self.run.train.rtd_weight}
+
+    def adapt(self, cfg, fresh):
+        cfg = Objective.adapt(self, cfg, fresh)
+        changes = {"head": "discriminator", "pooler": False}
+        if fresh:
+            changes["pad_token_id"] = self.ids["pad"]
+        if not cfg.generator_width:
+            heads = max(1, round(cfg.num_heads * self.run.train.generator_fraction))
+            changes["generator_width"] = heads * cfg.head_dim_
+        return cfg.replace(**changes)
+
+    def _pairs(self, split, rng, count):
+        batch = super()._pairs(split, rng, count)
+        batch["sample_seeds"] = rng.integers(0, 2**31 - 1, size=count).astype(np.int32)
+        return batch
+
+    def loss(self, model, batch, key):
+        gen_key, disc_key = (None, None) if key is None else tuple(jax.random.split(key))
+        ids, mask, types = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+        generated = model.generator(ids, mask, types, dropout_key=gen_key)
+        mlm = token_cross_entropy(generated.logits, batch["labels"])
+        chosen = batch["labels"] != IGNORE
+        original = jnp.where(chosen, batch["labels"], ids)
+        logits = jax.lax.stop_gradient(generated.logits.astype(jnp.float32))
+        keys = jax.vmap(jax.random.key)(batch["sample_seeds"])
+        sampled = jax.vmap(jax.random.categorical)(keys, logits).astype(ids.dtype)
+        corrupted = jnp.where(chosen, sampled, original)
+        replaced = corrupted != original
+        judged = model(corrupted, mask, types, dropout_key=disc_key)
+        real = mask.astype(bool)
+        rtd = binary_cross_entropy(judged.logits, replaced, real)
+        caught = ((judged.logits > 0) & replaced).sum().astype(jnp.float32)
+        sums = {"mlm_loss": mlm["loss"], "mlm_accuracy": mlm["accuracy"], "rtd_loss": rtd["loss"],
+                "rtd_accuracy": rtd["accuracy"], "rtd_recall": (caught, replaced.sum().astype(jnp.float32)),
+                "replaced": (replaced.sum().astype(jnp.float32), real.sum().astype(jnp.float32))}
+        return ratio(mlm["loss"]) + self.run.train.rtd_weight * ratio(rtd["loss"]), sums
+
+    def finish(self, values):
+        return {"loss": values["mlm_loss"] + self.run.train.rtd_weight * values["rtd_loss"], **values}
 
 
 class _EncoderDecoderObjective(Objective):

@@ -39,7 +39,7 @@ class DataSection:
     tokenizer: str = "auto"  # bytes | a tokenizer.json (or its folder) | auto: init_from's tokenizer, else bytes
     target_len: int = 0  # seq2seq target length; 0: train.seq_len
     nsp: bool = True  # mlm: next-sentence prediction as in BERT (false: MLM alone, as RoBERTa)
-    mask_probability: float = 0.15  # mlm: fraction of tokens predicted
+    mask_probability: float = 0.15  # mlm, sop, rtd: fraction of tokens predicted (ELECTRA-large used 0.25)
     noise_density: float = 0.15  # span_corruption: fraction of tokens hidden
     mean_span_length: float = 3.0  # span_corruption
     target_fraction: float = 0.5  # prefix_lm: mean target share of a window (0.5: split point uniform), <= 0.5
@@ -70,7 +70,8 @@ class MeshSection:
 
 @dataclasses.dataclass(frozen=True)
 class TrainSection:
-    objective: str = "causal_lm"  # causal_lm | mlm | span_corruption | seq2seq | classification | prefix_lm | ul2
+    # causal_lm | mlm | sop | rtd | span_corruption | seq2seq | classification | prefix_lm | ul2 | ...
+    objective: str = "causal_lm"
     steps: int = 300
     batch_size: int = 16
     seq_len: int = 128
@@ -82,6 +83,11 @@ class TrainSection:
     grad_accum: int = 1  # micro-batches per step: batch_size / grad_accum rows each, gradients averaged
     compute_dtype: str = "float32"  # float32 | bfloat16 (parameters and optimizer state stay float32)
     label_smoothing: float = 0.0  # the 2017 Transformer used 0.1
+    # rtd: the discriminator's loss weight against the generator's MLM loss (ELECTRA's lambda, 50)
+    rtd_weight: float = 50.0
+    # rtd with a model that has no generator yet (model.generator_width 0): its width over the discriminator's
+    # (ELECTRA's base and large: 1/4), rounded to whole heads
+    generator_fraction: float = 0.25
     # MoE models with a selection bias (DeepSeek-V3, model router_bias=true): after each step every MoE
     # layer's bias moves by this much towards balance (up for underloaded experts, down for overloaded);
     # 0 freezes it. DeepSeek-V3 used 0.001. No effect on other models.
@@ -196,6 +202,9 @@ class RunConfig:
             raise ValueError(f"train.router_bias_rate={self.train.router_bias_rate} must be a finite number >= 0")
         if not 0 <= self.train.label_smoothing < 1:
             raise ValueError(f"train.label_smoothing={self.train.label_smoothing} must lie in [0, 1)")
+        if not self.train.rtd_weight > 0 or not 0 < self.train.generator_fraction <= 1:
+            raise ValueError(f"train.rtd_weight={self.train.rtd_weight} must be > 0 and train.generator_fraction="
+                             f"{self.train.generator_fraction} must lie in (0, 1]")
         if not 0 < self.data.mask_probability < 1 or not 0 < self.data.noise_density < 1:
             raise ValueError("data.mask_probability and data.noise_density must lie in (0, 1)")
         if self.data.mean_span_length < 1 or self.data.target_len < 0:

@@ -4,13 +4,13 @@ question answering (squad.py)."""
 
 from __future__ import annotations
 
-from jaxformer.train.objectives import (UL2, CausalLM, Classification, MaskedLM, Objective, PrefixLM, Seq2Seq,
-                                        SpanCorruption)
+from jaxformer.train.objectives import (UL2, CausalLM, Classification, MaskedLM, Objective, PrefixLM,
+                                        ReplacedTokenDetection, Seq2Seq, SentenceOrder, SpanCorruption)
 from jaxformer.train.squad import QuestionAnswering
 from jaxformer.train.tagging import TokenClassification
 
-OBJECTIVES = {cls.name: cls for cls in (CausalLM, MaskedLM, SpanCorruption, Seq2Seq, Classification, PrefixLM, UL2,
-                                        TokenClassification, QuestionAnswering)}
+OBJECTIVES = {cls.name: cls for cls in (CausalLM, MaskedLM, SentenceOrder, ReplacedTokenDetection, SpanCorruption,
+                                        Seq2Seq, Classification, PrefixLM, UL2, TokenClassification, QuestionAnswering)}
 
 
 def make_objective(run, tokenizer) -> Objective:
