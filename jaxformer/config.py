@@ -14,8 +14,10 @@ from typing import Any
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu")
-GATED_ACTIVATIONS = ("swiglu", "geglu")
+# the gated ones: swiglu (silu gate), geglu (tanh-form gelu gate: T5 v1.1, Gemma), geglu_erf (exact gelu: ModernBERT)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_erf")
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_erf")
+CLASSIFIER_POOLINGS = ("cls", "mean")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
 LAYER_TYPES = ("full", "sliding", "chunked")
@@ -191,6 +193,7 @@ class ModelConfig:
     norm_scale_offset: float = 0.0  # the norm multiplies by (offset + scale): Gemma stores scale - 1 (offset 1.0)
     sandwich_norm: bool = False  # pre-norm plus a norm of each sublayer's output before the residual (Gemma 2/3)
     embedding_norm: bool = False  # a norm right after the embeddings (BERT, BART)
+    first_attn_norm: bool = True  # False: the first layer's attention reads its input unnormed (ModernBERT)
     final_norm: bool = True  # a norm after the last block (pre-norm stacks)
 
     activation: str = "gelu"
@@ -290,6 +293,12 @@ class ModelConfig:
     pooler: bool = False  # BERT pooler: tanh(dense(h[:, 0]))
     # the pooler's nonlinearity: tanh (BERT, RoBERTa), relu (DistilBERT) or exact gelu (ELECTRA's classifier)
     pooler_activation: str = "tanh"
+    # ModernBERT: the sequence, token and span classifiers read dense -> activation -> norm of their input first
+    # (the MLM head's transform); the sequence classifier's input is the first token or the real tokens' mean
+    prediction_head: bool = False
+    classifier_pooling: str = "cls"
+    head_bias: bool = True  # the bias of the heads' dense transform (MLM, ModernBERT's prediction head)
+    mlm_bias: bool = True  # the MLM head's output bias (ModernBERT's decoder_bias)
     num_labels: int = 2
     label_names: tuple[str, ...] = ()  # classification heads: the name of each label id (HF's id2label); () unnamed
 
@@ -440,10 +449,10 @@ class ModelConfig:
                     raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs position='xl' "
                                      "(Transformer-XL relative attention)")
         _one_of("attention", self.attention, ATTENTION_PATTERNS)
-        if self.family == "encoder" and self.attention != "bidirectional":
+        if self.family == "encoder" and self.attention not in ("bidirectional", "alternating"):
             raise ValueError(
-                f"ModelConfig.attention={self.attention!r} does not fit family='encoder'; "
-                "encoders attend 'bidirectional'")
+                f"ModelConfig.attention={self.attention!r} does not fit family='encoder'; encoders attend "
+                "'bidirectional', or 'alternating' (full layers and layers within window_size either side: ModernBERT)")
         if self.family != "encoder" and self.attention == "bidirectional" and self.position != "xl":
             raise ValueError(
                 f"ModelConfig.attention='bidirectional' does not fit family={self.family!r}; valid: "
@@ -481,7 +490,8 @@ class ModelConfig:
             if {"sliding", "chunked"} <= set(self.layer_types):
                 raise ValueError("ModelConfig.layer_types mixes 'sliding' and 'chunked' layers; a stack has one kind "
                                  "of local layer")
-            counts = {self.decoder_layers} | ({self.encoder_layers} if self.family == "encoder_decoder" else set())
+            counts = ({self.encoder_layers} if self.family == "encoder" else
+                      {self.decoder_layers} | ({self.encoder_layers} if self.family == "encoder_decoder" else set()))
             if len(counts) > 1 or len(self.layer_types) not in counts:
                 raise ValueError(f"ModelConfig.layer_types has {len(self.layer_types)} entries; it needs one per layer "
                                  f"({self.decoder_layers}; an encoder-decoder's two stacks share it, so both need "
@@ -578,7 +588,8 @@ class ModelConfig:
             if self.head not in ENCODER_HEADS:
                 raise ValueError(f"ModelConfig.head={self.head!r} does not fit family='encoder'; "
                                  f"expected one of {ENCODER_HEADS}")
-            if self.head in ("pretraining", "sequence_classification") and not self.pooler:
+            if self.head == "pretraining" and not self.pooler or (
+                    self.head == "sequence_classification" and not (self.pooler or self.prediction_head)):
                 raise ValueError(f"ModelConfig.head={self.head!r} reads the pooled output; set pooler=True")
         elif self.head not in ("none", "lm"):
             raise ValueError(f"ModelConfig.head={self.head!r} does not fit family={self.family!r}; "
@@ -589,6 +600,15 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.label_names holds {len(self.label_names)} names for num_labels="
                              f"{self.num_labels}; give one name per label, or none")
         _one_of("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
+        _one_of("classifier_pooling", self.classifier_pooling, CLASSIFIER_POOLINGS)
+        if (self.prediction_head or self.classifier_pooling != "cls") and (self.family != "encoder" or self.pooler):
+            raise ValueError("ModelConfig.prediction_head and classifier_pooling='mean' are ModernBERT's heads: they "
+                             f"need family='encoder' without a pooler (family={self.family!r}, pooler={self.pooler})")
+        if not self.first_attn_norm and (self.norm_position != "pre" or self.family != "encoder"
+                                         or self.shared_layers or self.encoder_layers < 2):
+            raise ValueError("ModelConfig.first_attn_norm=False drops the first layer's pre-attention norm "
+                             "(ModernBERT): it needs family='encoder', norm_position='pre', two or more layers and no "
+                             f"shared_layers (family={self.family!r}, norm_position={self.norm_position!r})")
         if self.embedding_size is not None:
             _positive("embedding_size", self.embedding_size)
             if self.family != "encoder":

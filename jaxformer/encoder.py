@@ -15,23 +15,36 @@ from jaxformer.outputs import ModelOutput
 Array = jax.Array
 
 
-class MaskedLMHead(nnx.Module):
-    """BERT/RoBERTa: dense -> activation -> norm -> vocabulary projection (tied) + bias. With factorised
-    embeddings (ALBERT, ELECTRA's generator) the dense layer narrows to ``embedding_size`` first."""
+class PredictionHead(nnx.Module):
+    """dense -> activation -> norm: the transform in front of BERT's MLM output, and ModernBERT's in front of
+    every head. ``width``: its output (factorised embeddings' width under an MLM head). The activation is the
+    config's, its gate's for a gated one (ModernBERT's exact gelu)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, axis: str = "embed_out"):
+        self.activation = cfg.activation
+        width = width or cfg.d_model
+        self.transform = Dense(cfg, cfg.d_model, width, ("embed", axis), rngs=rngs, bias=cfg.head_bias)
+        self.norm = Norm(cfg, rngs=rngs, width=width, axis="embed" if axis == "embed_out" else axis)
+
+    def __call__(self, x: Array) -> Array:
+        return self.norm(activate(self.activation, self.transform(x)))
+
+
+class MaskedLMHead(PredictionHead):
+    """BERT/RoBERTa: the prediction head's transform -> vocabulary projection (tied) + bias. With factorised
+    embeddings (ALBERT, ELECTRA's generator) the transform narrows to ``embedding_size``."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         width, axis = embedding_width(cfg)
-        self.activation = cfg.activation
-        self.transform = Dense(cfg, cfg.d_model, width, ("embed", "embed_out" if axis == "embed" else axis), rngs=rngs)
-        self.norm = Norm(cfg, rngs=rngs, width=width, axis=axis)
+        super().__init__(cfg, rngs=rngs, width=width, axis="embed_out" if axis == "embed" else axis)
         self.decoder = (None if cfg.tie_embeddings else
                         Dense(cfg, width, cfg.vocab_size, (axis, "vocab"), rngs=rngs, bias=False))
-        self.bias = param(rngs, (cfg.vocab_size,), ("vocab",), cfg, init="zeros")
+        self.bias = param(rngs, (cfg.vocab_size,), ("vocab",), cfg, init="zeros") if cfg.mlm_bias else None
 
     def __call__(self, x: Array, embed: Embed) -> Array:
-        h = self.norm(activate(self.activation, self.transform(x)))
+        h = super().__call__(x)
         logits = embed.attend(h) if self.decoder is None else self.decoder(h)
-        return logits + self.bias[...].astype(logits.dtype)
+        return logits if self.bias is None else logits + self.bias[...].astype(logits.dtype)
 
 
 class DiscriminatorHead(nnx.Module):
@@ -64,6 +77,8 @@ class Encoder(nnx.Module):
         self.classifier = (Dense(cfg, cfg.d_model, label_count, ("embed", "labels"), rngs=rngs)
                            if label_count else None)
         self.generator = self._generator(cfg, rngs) if cfg.generator_width else None
+        # ModernBERT: the classifiers read the prediction head's transform of their input
+        self.prediction = (PredictionHead(cfg, rngs=rngs) if cfg.prediction_head and label_count else None)
 
     def _generator(self, cfg: ModelConfig, rngs: nnx.Rngs) -> Encoder:
         """ELECTRA's generator: an MLM encoder reading this model's token, position and type embeddings and
@@ -96,7 +111,14 @@ class Encoder(nnx.Module):
         if self.pooler is not None:  # BERT's tanh, DistilBERT's relu (its pre_classifier), ELECTRA's gelu
             pooled = self.pooler(h[:, 0])
             pooled = jnp.tanh(pooled) if cfg.pooler_activation == "tanh" else activate(cfg.pooler_activation, pooled)
-        out = dict(last_hidden_state=h, hidden_states=hidden, attentions=encoded.attentions, pooler_output=pooled)
+        features = h  # what the token and span classifiers read
+        if self.prediction is not None:  # ModernBERT
+            if cfg.head == "sequence_classification":
+                pooled = self.prediction(self._summary(h, attention_mask))
+            else:
+                features = self.prediction(h)
+        out = dict(last_hidden_state=h, hidden_states=hidden, attentions=encoded.attentions,
+                   pooler_output=pooled if self.pooler is not None else None)
         if self.mlm is not None:
             out["logits"] = self.mlm(h, self.embed)
         if self.nsp is not None:  # next-sentence (BERT) or sentence-order (ALBERT) prediction
@@ -106,8 +128,17 @@ class Encoder(nnx.Module):
         if cfg.head == "sequence_classification":
             out["logits"] = self.classifier(dropout(pooled, cfg.dropout_rate, keys[2]))
         elif cfg.head == "token_classification":
-            out["logits"] = self.classifier(dropout(h, cfg.dropout_rate, keys[2]))
+            out["logits"] = self.classifier(dropout(features, cfg.dropout_rate, keys[2]))
         elif cfg.head == "question_answering":
-            span = self.classifier(h)
+            span = self.classifier(features)
             out["start_logits"], out["end_logits"] = span[..., 0], span[..., 1]
         return ModelOutput(**out)
+
+    def _summary(self, h: Array, attention_mask: Array | None) -> Array:
+        """The sequence classifier's input [B, D]: the first token, or the mean over the real tokens."""
+        if self.config.classifier_pooling == "cls":
+            return h[:, 0]
+        if attention_mask is None:
+            return h.mean(axis=1)
+        real = attention_mask.astype(h.dtype)[..., None]
+        return (h * real).sum(axis=1) / real.sum(axis=1)

@@ -49,6 +49,20 @@ def _electra(d_model: int, layers: int, heads: int, d_ff: int, embedding_size: i
                  head=head, pooler=False, pooler_activation="gelu", pad_token_id=0)
 
 
+def _modernbert(d_model: int, layers: int, heads: int, d_ff: int) -> dict:
+    # Pre-norm, no biases, rotary positions (base 160000 on the global layers, 10000 on the local ones), every
+    # third layer global from layer 0 and the others within 64 tokens either side, GeGLU with the exact gelu, an
+    # 8192-token context; the first layer's attention reads the embedding norm's output as it is
+    kinds = tuple("sliding" if i % 3 else "full" for i in range(layers))
+    return dict(family="encoder", vocab_size=50368, d_model=d_model, num_heads=heads, d_ff=d_ff, encoder_layers=layers,
+                decoder_layers=0, norm_position="pre", norm_eps=1e-5, norm_bias=False, embedding_norm=True,
+                final_norm=True, first_attn_norm=False, activation="geglu_erf", position="rope", rope_theta=160000.0,
+                local_rope_theta=10000.0, max_positions=8192, type_vocab_size=0, attention="alternating",
+                window_size=64, layer_types=kinds, qkv_bias=False, out_bias=False, mlp_bias=False, head="none",
+                pooler=False, head_bias=False, dropout_rate=0.0, attention_dropout_rate=0.0, pad_token_id=50283,
+                bos_token_id=50281, eos_token_id=50282)
+
+
 def _neox(d_model: int, layers: int, heads: int, d_ff: int, vocab: int, **kw) -> dict:
     # GPT-NeoX / Pythia: pre-norm LayerNorm blocks with attention and MLP side by side, a quarter of each head
     # rotating, biases everywhere, exact GELU, an untied head
@@ -225,6 +239,9 @@ _PRESETS: dict[str, dict] = {
     "electra-base-generator": _electra(256, 12, 4, 1024, 768, "mlm"),
     "electra-large-discriminator": _electra(1024, 24, 16, 4096, 1024, "discriminator"),
     "electra-large-generator": _electra(256, 24, 4, 1024, 1024, "mlm"),
+    # ModernBERT (Warner et al. 2024): alternating global and local attention over 8192 tokens
+    "modernbert-base": _modernbert(768, 22, 12, 1152),
+    "modernbert-large": _modernbert(1024, 28, 16, 2624),
     "gpt2": _gpt2(768, 12, 12),
     "gpt2-medium": _gpt2(1024, 24, 16),
     "gpt2-large": _gpt2(1280, 36, 20),

@@ -25,6 +25,12 @@ _ALBERT = dict(vocab_size=97, embedding_size=16, hidden_size=32, num_hidden_laye
 _ELECTRA = dict(vocab_size=97, embedding_size=24, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                 intermediate_size=48, max_position_embeddings=40, initializer_range=STD, pad_token_id=0)
 _ELECTRA_GENERATOR = {**_ELECTRA, "hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 24}
+# ModernBERT: 4 layers (global, local, local, global) with a local window of 2 either side, shorter than the
+# test sequences; its own two rotary bases; mean pooling for the sequence classifier
+_MODERNBERT = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+                   max_position_embeddings=64, initializer_range=STD, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                   cls_token_id=1, sep_token_id=2, local_attention=4, global_attn_every_n_layers=3,
+                   attn_implementation="eager")
 _GPT2 = dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=40, initializer_range=STD,
              bos_token_id=1, eos_token_id=2)
 _LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -95,6 +101,15 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "electra-seqcls": ("ElectraConfig", "ElectraForSequenceClassification", {**_ELECTRA, "num_labels": 3}),
     "electra-tokcls": ("ElectraConfig", "ElectraForTokenClassification", {**_ELECTRA, "num_labels": 5}),
     "electra-qa": ("ElectraConfig", "ElectraForQuestionAnswering", _ELECTRA),
+    "modernbert": ("ModernBertConfig", "ModernBertModel", _MODERNBERT),
+    "modernbert-mlm": ("ModernBertConfig", "ModernBertForMaskedLM", _MODERNBERT),
+    "modernbert-seqcls": ("ModernBertConfig", "ModernBertForSequenceClassification",
+                          {**_MODERNBERT, "num_labels": 3, "classifier_pooling": "mean"}),
+    "modernbert-seqcls-cls": ("ModernBertConfig", "ModernBertForSequenceClassification",
+                              {**_MODERNBERT, "num_labels": 3, "classifier_pooling": "cls", "classifier_bias": True,
+                               "norm_bias": True}),
+    "modernbert-tokcls": ("ModernBertConfig", "ModernBertForTokenClassification", {**_MODERNBERT, "num_labels": 5}),
+    "modernbert-qa": ("ModernBertConfig", "ModernBertForQuestionAnswering", _MODERNBERT),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
     "gpt2-base": ("GPT2Config", "GPT2Model", _GPT2),
     # GPT-1: post-norm blocks, no final norm, its own "gelu" (the tanh form)

@@ -170,6 +170,12 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
            ("small", "discriminator", 256, 12, 4, 1024, 128), ("small", "generator", 256, 12, 4, 1024, 128),
            ("base", "discriminator", 768, 12, 12, 3072, 768), ("base", "generator", 256, 12, 4, 1024, 768),
            ("large", "discriminator", 1024, 24, 16, 4096, 1024), ("large", "generator", 256, 24, 4, 1024, 1024))},
+    **{name: ("ModernBertModel", dict(vocab_size=50368, hidden_size=hidden, intermediate_size=ff,
+                                      num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=8192,
+                                      local_attention=128, global_attn_every_n_layers=3, global_rope_theta=160000.0,
+                                      local_rope_theta=10000.0, pad_token_id=50283))
+       for name, hidden, layers, heads, ff in (("modernbert-base", 768, 22, 12, 1152),
+                                               ("modernbert-large", 1024, 28, 16, 2624))},
     "xlm-roberta-base": (
         "XLMRobertaModel",
         dict(vocab_size=250002, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,

@@ -31,6 +31,11 @@ VARIANTS = {
     "albert-like": ("tiny-bert", dict(embedding_size=16, shared_layers=True, head="pretraining")),
     "electra-generator-like": ("tiny-bert", dict(embedding_size=24, head="mlm", tie_embeddings=False, pooler=False)),
     "electra-discriminator": ("tiny-bert", dict(head="discriminator", pooler=False)),
+    "modernbert-like": ("tiny-bert", dict(norm_position="pre", final_norm=True, first_attn_norm=False,
+                                          activation="geglu_erf", position="rope", attention="alternating",
+                                          window_size=4, layer_types=("full", "sliding"), local_rope_theta=1e4,
+                                          type_vocab_size=0, pooler=False, prediction_head=True,
+                                          head="token_classification", num_labels=5, head_bias=False)),
     "moe-qkv-bias": ("tiny-mixtral", dict(qkv_bias=True, num_experts=3, experts_per_token=1)),
     "mla-plain-query": ("tiny-deepseek", dict(q_lora_rank=None, dense_layers=0, shared_experts=0)),
     "mla-indexer": ("tiny-deepseek", dict(index_heads=2, index_head_dim=16, index_topk=8)),
@@ -74,7 +79,9 @@ def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], ob
     """``flat``: parameter path -> (shape, axes metadata)."""
     sizes = _expected_sizes(cfg)
     dense = len(cfg.dense_layer_ids)
-    stack_layers = {("encoder", "blocks"): 1 if cfg.shared_layers else cfg.encoder_layers, ("decoder", "blocks"): cfg.decoder_layers - dense,
+    first = 0 if cfg.first_attn_norm else 1  # ModernBERT's first layer: a stack of its own
+    stack_layers = {("encoder", "blocks"): 1 if cfg.shared_layers else cfg.encoder_layers - first,
+                    ("encoder", "first_block"): first, ("decoder", "blocks"): cfg.decoder_layers - dense,
                     ("decoder", "dense_blocks"): dense}
     assert flat, "no parameters found"
     for path, (shape, axes) in flat.items():
@@ -83,7 +90,7 @@ def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], ob
         assert len(axes) == len(shape), f"{where}: shape {shape} but axes {axes}"
         assert set(axes) <= AXIS_NAMES, f"{where}: unknown axis names {set(axes) - AXIS_NAMES}"
         assert len(set(axes)) == len(axes), f"{where}: repeated axis name in {axes} (unshardable)"
-        stacked = "blocks" in path or "dense_blocks" in path
+        stacked = "blocks" in path or "dense_blocks" in path or "first_block" in path
         if stacked:
             assert axes[0] == "layers", f"{where}: stacked block parameter must lead with 'layers', got {axes}"
             assert shape[0] == stack_layers[path[:2]], f"{where}: {shape[0]} layers in stack {path[:2]!r}"

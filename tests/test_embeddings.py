@@ -40,6 +40,7 @@ FOLDERS = {
     "distilbert-mean": ("distilbert", "mean", 16, []),  # msmarco-distilbert's layout
     "albert-mean": ("albert", "mean", 16, ["normalize"]),  # paraphrase-albert's layout: shared layers
     "electra-cls": ("electra-discriminator", "cls", 16, []),  # an ELECTRA discriminator's encoder
+    "modernbert-mean": ("modernbert", "mean", 16, ["normalize"]),  # modernbert-embed's and gte-modernbert's layout
 }
 COSINE, ABS = 0.99999, 1e-5
 
@@ -53,10 +54,12 @@ def encoders(tmp_path_factory):
     def get(name):
         if name not in cache:
             folder = save_checkpoint(name, tmp_path_factory.mktemp(name))
-            if name in ("bert", "distilbert", "albert", "electra-discriminator"):  # WordPiece over VOCAB
+            if name in ("bert", "distilbert", "albert", "electra-discriminator", "modernbert"):  # WordPiece, VOCAB
                 kind = (transformers.DistilBertTokenizerFast if name == "distilbert"  # (gives no token types)
                         else transformers.BertTokenizerFast)
                 tokenizer = kind(vocab={t: i for i, t in enumerate(VOCAB)}, do_lower_case=False, model_max_length=512)
+                if name == "modernbert":  # ModernBERT takes no token types
+                    tokenizer.model_input_names = ["input_ids", "attention_mask"]
             elif name == "llama-base":  # word-level, an end-of-text token appended, padded on the left
                 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 

@@ -43,6 +43,9 @@ CASES = {
                                                   task_type="SEQ_CLS")),
     "electra-discriminator": ("electra-discriminator", dict(r=4, lora_alpha=8,
                                                             target_modules=["query", "key", "intermediate.dense"])),
+    # ModernBERT: fused Wqkv (one A for the three, B split by q, k, v) and fused Wi (B split by gate and up)
+    "modernbert-fused": ("modernbert-tokcls", dict(r=4, lora_alpha=8, target_modules=["Wqkv", "Wo", "Wi"],
+                                                   task_type="TOKEN_CLS")),
     "t5-q-v": ("t5", dict(r=4, lora_alpha=16, target_modules=["q", "v"])),
     # latent attention: the query's down and up projections, the shared key-value latent, the output
     "deepseek-mla": ("deepseek-v2", dict(r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",

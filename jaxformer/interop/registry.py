@@ -11,7 +11,7 @@ from typing import Callable
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop import (albert, bart, bert, deepseek, distilbert, electra, gemma, gpt2, gpt_neo, gpt_neox,
-                               gpt_oss, llama, llama4, t5, t5gemma, xlnet)
+                               gpt_oss, llama, llama4, modernbert, t5, t5gemma, xlnet)
 from jaxformer.interop.rules import Architecture, Rule
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -19,6 +19,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     distilbert.ARCHITECTURE,
     albert.ARCHITECTURE,
     electra.ARCHITECTURE,
+    modernbert.ARCHITECTURE,
     gpt2.ARCHITECTURE,
     gpt_neo.ARCHITECTURE,
     gpt_neox.ARCHITECTURE,
@@ -69,6 +70,10 @@ HELD_ONLY_BY: dict[str, tuple[tuple[str, ...], Callable[[ModelConfig], bool]]] =
     "shared_layers": (("albert",), lambda c: c.shared_layers),
     "head=discriminator": (("electra",), lambda c: c.head == "discriminator"),
     "generator_width": (("electra",), lambda c: bool(c.generator_width)),
+    **{field: (("modernbert",), used) for field, used in (
+        ("first_attn_norm", lambda c: not c.first_attn_norm), ("prediction_head", lambda c: c.prediction_head),
+        ("classifier_pooling", lambda c: c.classifier_pooling != "cls"), ("head_bias", lambda c: not c.head_bias),
+        ("mlm_bias", lambda c: not c.mlm_bias), ("activation=geglu_erf", lambda c: c.activation == "geglu_erf"))},
 }
 
 

@@ -124,11 +124,13 @@ class Block(nnx.Module):
     optional cross-attention, feed-forward (or MoE, unless ``dense``: DeepSeek's first layers). With
     ``sandwich_norm`` (Gemma 2/3) each sublayer's output is normed too before it joins the residual."""
 
-    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, dense: bool = False, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, dense: bool = False, rngs: nnx.Rngs,
+                 attn_norm: bool = True):
         self.pre_norm = cfg.norm_position == "pre"
         self.dropout_rate = cfg.dropout_rate
         self.clamp_float16 = cfg.clamp_float16
-        self.attn_norm = Norm(cfg, rngs=rngs)
+        # attn_norm=False: the attention reads x as it comes (ModernBERT's first layer, after the embedding norm)
+        self.attn_norm = Norm(cfg, rngs=rngs) if attn_norm else None
         attention = LatentAttention if cfg.mla else RelativeAttention if cfg.position == "xl" else Attention
         self.attn = attention(cfg, rngs=rngs)
         if cross_attention:
@@ -155,7 +157,8 @@ class Block(nnx.Module):
             m, stats = self.feed_forward(normed if self.mlp_norm is None else self.mlp_norm(x), inputs, keys.mlp)
             x = self.in_range(x + drop(h, keys.attn_out) + drop(m, keys.mlp_out))
         elif self.pre_norm:  # GPT-2, LLaMA, T5: x = x + f(norm(x)); Gemma: x = x + norm_out(f(norm(x)))
-            h, new_kv, weights["self"] = self.self_attention(self.attn_norm(x), inputs, keys.attn)
+            normed = x if self.attn_norm is None else self.attn_norm(x)
+            h, new_kv, weights["self"] = self.self_attention(normed, inputs, keys.attn)
             x = self.in_range(x + drop(self.sandwiched(h, self.attn_post_norm), keys.attn_out))
             if self.cross_attn is not None:
                 h, _, weights["cross"] = self.cross_attention(self.cross_norm(x), inputs, keys.cross)
@@ -211,7 +214,7 @@ class Block(nnx.Module):
 
 
 def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_attention: bool = False,
-                   dense: bool = False) -> Block:
+                   dense: bool = False, attn_norm: bool = True) -> Block:
     """``num_layers`` Blocks as one Block whose parameters have a leading 'layers' axis.
 
     The parameter layout is the same whether the forward pass scans or unrolls, so checkpoints do
@@ -221,7 +224,7 @@ def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_a
     @nnx.split_rngs(splits=num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers", "axes": "layers"})
     def make(rngs: nnx.Rngs) -> Block:
-        return Block(cfg, cross_attention=cross_attention, dense=dense, rngs=rngs)
+        return Block(cfg, cross_attention=cross_attention, dense=dense, rngs=rngs, attn_norm=attn_norm)
 
     return make(rngs)
 
@@ -362,8 +365,11 @@ class Stack(nnx.Module):
         dense = len(cfg.dense_layer_ids) if not cross_attention else 0
         self.dense_blocks = (stacked_blocks(cfg, dense, rngs=rngs, cross_attention=cross_attention, dense=True)
                              if dense else None)
+        # ModernBERT's first layer has no attention norm: a stack of its own, run first
+        first = 0 if cfg.first_attn_norm else 1
+        self.first_block = None if first == 0 else stacked_blocks(cfg, 1, rngs=rngs, attn_norm=False)
         # ALBERT's shared layers: one stacked layer, applied num_layers times (``run_stack``)
-        self.blocks = stacked_blocks(cfg, 1 if cfg.shared_layers else num_layers - dense, rngs=rngs,
+        self.blocks = stacked_blocks(cfg, 1 if cfg.shared_layers else num_layers - dense - first, rngs=rngs,
                                      cross_attention=cross_attention)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.final_norm else None
         self.relative_bias = (RelativeBias(cfg, bidirectional=pattern == "bidirectional", rngs=rngs)
@@ -375,6 +381,8 @@ class Stack(nnx.Module):
 
     def groups(self) -> list[tuple[Block | tuple[Block, ...], int, int]]:
         """(blocks, first layer, end layer) of each run of identical layers, in order."""
+        if self.first_block is not None:  # (an encoder's: never beside DeepSeek's dense layers)
+            return [(self.first_block, 0, 1), (self.blocks, 1, self.num_layers)]
         first = 0 if self.dense_blocks is None else self.config.dense_layers
         groups = [] if self.dense_blocks is None else [(self.dense_blocks, 0, first)]
         return groups + [(self.blocks, first, self.num_layers)]
@@ -402,6 +410,8 @@ class Stack(nnx.Module):
         copy.blocks = separate(self.blocks)
         if self.dense_blocks is not None:
             copy.dense_blocks = separate(self.dense_blocks)
+        if self.first_block is not None:
+            copy.first_block = separate(self.first_block)
         return copy
 
     def __call__(self, x: Array, tokens: Tokens, *, cache: KVCache | LatentCache | None = None,
