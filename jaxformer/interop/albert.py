@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.bert import embedding_rules
+from jaxformer.interop.bert import embedding_rules, mlm_head_rules
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, dense,
                                      labels_from_hf, labels_to_hf, linear, norm, refuse)
 
@@ -96,12 +96,9 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         out += dense(("pooler",), f"{p}pooler")
     aliases = {}
     if cfg.head in ("mlm", "pretraining"):
-        out += [*dense(("mlm", "transform"), "predictions.dense"), *norm(("mlm", "norm"), "predictions.LayerNorm", True),
-                copy(("mlm", "bias"), "predictions.bias")]
-        if cfg.tie_embeddings:
-            aliases["predictions.decoder.weight"] = f"{p}embeddings.word_embeddings.weight"
-        else:
-            out.append(linear(("mlm", "decoder", "kernel"), "predictions.decoder.weight"))
+        head_rules, aliases = mlm_head_rules(cfg, "predictions.dense", "predictions.LayerNorm", "predictions.bias",
+                                             "predictions.decoder.weight", f"{p}embeddings.word_embeddings.weight")
+        out += head_rules
         aliases["predictions.decoder.bias"] = "predictions.bias"
     if cfg.head == "pretraining":
         out += dense(("nsp",), "sop_classifier.classifier")

@@ -110,6 +110,19 @@ def layer_rules(cfg: ModelConfig, layer: str) -> list[Rule]:
             *norm(L + ("mlp_norm",), f"{layer}.output.LayerNorm", ln)]
 
 
+def mlm_head_rules(cfg: ModelConfig, transform: str, layer_norm: str, bias: str | None, decoder: str,
+                   table: str) -> tuple[list[Rule], dict[str, str]]:
+    """A BERT-style MLM head's tensors (ALBERT's, DistilBERT's, ELECTRA's generator's, ModernBERT's): the
+    transform's dense layer and norm, the output bias (None: none), the output weights ``decoder``, tied to the
+    token table ``table`` (an alias) or its own."""
+    out = [*dense(("mlm", "transform"), transform, cfg.head_bias), *norm(("mlm", "norm"), layer_norm, _norm_bias(cfg))]
+    if bias is not None:
+        out.append(copy(("mlm", "bias"), bias))
+    if cfg.tie_embeddings:
+        return out, {decoder: table}
+    return out + [linear(("mlm", "decoder", "kernel"), decoder)], {}
+
+
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
     p, ln = prefix, _norm_bias(cfg)
     out = embedding_rules(cfg, p) + layer_rules(cfg, f"{p}encoder.layer.{{i}}")
@@ -122,12 +135,9 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         head = "cls.predictions" if bert else "lm_head"
         transform = f"{head}.transform.dense" if bert else f"{head}.dense"
         head_norm = f"{head}.transform.LayerNorm" if bert else f"{head}.layer_norm"
-        out += [*dense(("mlm", "transform"), transform), *norm(("mlm", "norm"), head_norm, ln),
-                copy(("mlm", "bias"), f"{head}.bias")]
-        if cfg.tie_embeddings:
-            aliases[f"{head}.decoder.weight"] = f"{p}embeddings.word_embeddings.weight"
-        else:
-            out.append(linear(("mlm", "decoder", "kernel"), f"{head}.decoder.weight"))
+        head_rules, aliases = mlm_head_rules(cfg, transform, head_norm, f"{head}.bias", f"{head}.decoder.weight",
+                                             f"{p}embeddings.word_embeddings.weight")
+        out += head_rules
         aliases[f"{head}.decoder.bias"] = f"{head}.bias"
     if cfg.head == "pretraining":
         out += dense(("nsp",), "cls.seq_relationship")

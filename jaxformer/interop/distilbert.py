@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxformer.config import ModelConfig
+from jaxformer.interop.bert import mlm_head_rules
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, dense,
                                      labels_from_hf, labels_to_hf, linear, norm)
 
@@ -77,12 +78,9 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
            *norm(L + ("mlp_norm",), f"{layer}.output_layer_norm", True)]
     aliases = {}
     if cfg.head == "mlm":
-        out += [*dense(("mlm", "transform"), "vocab_transform"), *norm(("mlm", "norm"), "vocab_layer_norm", True),
-                copy(("mlm", "bias"), "vocab_projector.bias")]
-        if cfg.tie_embeddings:
-            aliases["vocab_projector.weight"] = f"{p}embeddings.word_embeddings.weight"
-        else:
-            out.append(linear(("mlm", "decoder", "kernel"), "vocab_projector.weight"))
+        head_rules, aliases = mlm_head_rules(cfg, "vocab_transform", "vocab_layer_norm", "vocab_projector.bias",
+                                             "vocab_projector.weight", f"{p}embeddings.word_embeddings.weight")
+        out += head_rules
     if cfg.head == "sequence_classification":
         out += [*dense(("pooler",), "pre_classifier"), *dense(("classifier",), "classifier")]
     if cfg.head == "token_classification":

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.bert import embedding_rules, layer_rules
-from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, copy, dense,
-                                     labels_from_hf, labels_to_hf, linear, norm, refuse)
+from jaxformer.interop.bert import embedding_rules, layer_rules, mlm_head_rules
+from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, dense, labels_from_hf,
+                                     labels_to_hf, refuse)
 
 _HEADS = {"Model": "none", "ForPreTraining": "discriminator", "ForMaskedLM": "mlm",
           "ForSequenceClassification": "sequence_classification", "ForTokenClassification": "token_classification",
@@ -92,13 +92,10 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         out += [*dense(("discriminator", "dense"), "discriminator_predictions.dense"),
                 *dense(("discriminator", "prediction"), "discriminator_predictions.dense_prediction")]
     if cfg.head == "mlm":
-        out += [*dense(("mlm", "transform"), "generator_predictions.dense"),
-                *norm(("mlm", "norm"), "generator_predictions.LayerNorm", True),
-                copy(("mlm", "bias"), "generator_lm_head.bias")]
-        if cfg.tie_embeddings:
-            aliases["generator_lm_head.weight"] = f"{p}embeddings.word_embeddings.weight"
-        else:
-            out.append(linear(("mlm", "decoder", "kernel"), "generator_lm_head.weight"))
+        head_rules, aliases = mlm_head_rules(cfg, "generator_predictions.dense", "generator_predictions.LayerNorm",
+                                             "generator_lm_head.bias", "generator_lm_head.weight",
+                                             f"{p}embeddings.word_embeddings.weight")
+        out += head_rules
     if cfg.head == "sequence_classification":
         out += [*dense(("pooler",), "classifier.dense"), *dense(("classifier",), "classifier.out_proj")]
     if cfg.head == "token_classification":

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxformer.config import ModelConfig
+from jaxformer.interop.bert import mlm_head_rules
 from jaxformer.interop.rules import (Architecture, Rule, copy, dense, fused_heads_in, fused_linear, heads_out,
                                      labels_from_hf, labels_to_hf, linear, norm, refuse, rope_spec, rope_to_hf)
 
@@ -153,14 +154,9 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
            *norm(("encoder", "final_norm"), f"{p}final_norm", cfg.norm_bias)]
     aliases = {}
     if cfg.head == "mlm":
-        out += [*dense(("mlm", "transform"), "head.dense", cfg.head_bias),
-                *norm(("mlm", "norm"), "head.norm", cfg.norm_bias)]
-        if cfg.mlm_bias:
-            out.append(copy(("mlm", "bias"), "decoder.bias"))
-        if cfg.tie_embeddings:
-            aliases["decoder.weight"] = f"{p}embeddings.tok_embeddings.weight"
-        else:
-            out.append(linear(("mlm", "decoder", "kernel"), "decoder.weight"))
+        head_rules, aliases = mlm_head_rules(cfg, "head.dense", "head.norm", "decoder.bias" if cfg.mlm_bias else None,
+                                             "decoder.weight", f"{p}embeddings.tok_embeddings.weight")
+        out += head_rules
     if cfg.prediction_head:
         out += [*dense(("prediction", "transform"), "head.dense", cfg.head_bias),
                 *norm(("prediction", "norm"), "head.norm", cfg.norm_bias), *dense(("classifier",), "classifier")]

@@ -119,6 +119,8 @@ class Objective:
             raise ValueError(f"the model's vocab_size={cfg.vocab_size} cannot hold the ids of data.tokenizer="
                              f"{self.tokenizer.name!r} ({self.vocab_needed}); set model.overrides.vocab_size="
                              f"{self.vocab_needed} or larger")
+        if cfg.generator_width and self.name != "rtd":  # an ELECTRA run fine-tuned: its generator stays behind
+            cfg = cfg.replace(generator_width=0)
         return cfg
 
     def batch(self, step: int, batch_size: int) -> dict[str, np.ndarray]:
