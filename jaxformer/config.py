@@ -494,7 +494,7 @@ class ModelConfig:
                       {self.decoder_layers} | ({self.encoder_layers} if self.family == "encoder_decoder" else set()))
             if len(counts) > 1 or len(self.layer_types) not in counts:
                 raise ValueError(f"ModelConfig.layer_types has {len(self.layer_types)} entries; it needs one per layer "
-                                 f"({self.decoder_layers}; an encoder-decoder's two stacks share it, so both need "
+                                 f"({max(counts)}; an encoder-decoder's two stacks share it, so both need "
                                  "that many layers)")
         for field in ("attention_softcap", "logits_softcap"):
             value = getattr(self, field)
