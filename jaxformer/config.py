@@ -18,7 +18,9 @@ NORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_erf")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_erf")
 CLASSIFIER_POOLINGS = ("cls", "mean")
-POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl")
+POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl", "disentangled")
+DISENTANGLED_TERMS = ("c2p", "p2c")  # DeBERTa: content-to-position, position-to-content
+CONV_ACTIVATIONS = ("tanh", "relu", "gelu", "gelu_tanh", "silu")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
 LAYER_TYPES = ("full", "sliding", "chunked")
 ROPE_SCALINGS = ("linear", "llama3", "yarn", "dynamic", "longrope")
@@ -217,6 +219,16 @@ class ModelConfig:
     clamp_len: int = 0  # distances beyond clamp_len use clamp_len's encoding (0: no clamp)
     shared_relative_biases: bool = False  # one u and v for all layers (Transformer-XL) or per layer (XLNet untie_r)
     relative_segments: bool = False  # XLNet: token types enter attention as same/different-segment biases
+    # DeBERTa (position="disentangled"): a score adds, to content . content, the query's content against the key's
+    # relative position (c2p) and the key's content against the query's (p2c), each term's position vectors from
+    # one table of 2 * span relative-position embeddings [span = position_buckets or max_relative_positions]
+    # projected per layer; the scale is (head_dim * (1 + terms)) ** -0.5.
+    disentangled_terms: tuple[str, ...] = ("c2p", "p2c")
+    max_relative_positions: int = 0  # distances are clamped to +-this (0: max_positions)
+    position_buckets: int = 0  # >0: distances beyond half of it share log-spaced buckets (DeBERTa v2/v3)
+    share_attention_key: bool = False  # positions projected by the layer's own q and k (v2/v3), not their own
+    relative_embedding_norm: bool = False  # the relative table is layer-normed before use (v2/v3 norm_rel_ebd)
+    position_biased_input: bool = False  # disentangled positions also add a learned absolute table to the input
 
     attention: str = "causal"
     window_size: int | None = None  # sliding and alternating-local attention: keys in (t - w, t]
@@ -267,6 +279,7 @@ class ModelConfig:
     parallel_shared_norm: bool = False
 
     qkv_bias: bool = True
+    key_bias: bool = True  # with qkv_bias: the key projection's (and DeBERTa's position key's) bias; v1 has none
     out_bias: bool = True
     mlp_bias: bool = True
 
@@ -281,6 +294,11 @@ class ModelConfig:
     # before its tied output. None: the tables are d_model wide and nothing projects.
     embedding_size: int | None = None
     shared_layers: bool = False  # ALBERT: one layer's parameters, applied at every layer of the stack
+    # DeBERTa v2's convolution beside the first layer: LayerNorm(layer output + act(conv(embeddings))), a 1-D
+    # convolution over the sequence of this width (0: none) with ``conv_groups`` groups
+    conv_kernel_size: int = 0
+    conv_groups: int = 1
+    conv_activation: str = "tanh"
     # ELECTRA pretraining (the 'rtd' objective): a discriminator also holds the generator it trains beside, an MLM
     # encoder this wide (heads and d_ff scaled alike, same depth) reading the discriminator's token, position and
     # type embeddings; 0: none. Export writes the discriminator alone (``model.generator`` saves on its own).
@@ -297,6 +315,9 @@ class ModelConfig:
     # (the MLM head's transform); the sequence classifier's input is the first token or the real tokens' mean
     prediction_head: bool = False
     classifier_pooling: str = "cls"
+    # DeBERTa's MLM head is stored as cls.predictions (transformers' legacy=True) or lm_predictions.lm_head (the
+    # enhanced mask decoder's head): the same numbers under two names, kept so a file is written back as it came
+    mlm_head_legacy: bool = True
     head_bias: bool = True  # the bias of the heads' dense transform (MLM, ModernBERT's prediction head)
     mlm_bias: bool = True  # the MLM head's output bias (ModernBERT's decoder_bias)
     num_labels: int = 2
@@ -448,6 +469,7 @@ class ModelConfig:
                 if getattr(self, field) != off:
                     raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs position='xl' "
                                      "(Transformer-XL relative attention)")
+        self._check_disentangled()
         _one_of("attention", self.attention, ATTENTION_PATTERNS)
         if self.family == "encoder" and self.attention not in ("bidirectional", "alternating"):
             raise ValueError(
@@ -741,6 +763,42 @@ class ModelConfig:
             raise ValueError("ModelConfig.quantize_embeddings=True needs quantize set (one of "
                              f"{QUANTIZATIONS}): the table takes that kind, not None")
 
+    def _check_disentangled(self) -> None:
+        """DeBERTa's fields: disentangled positions and the convolution beside the first layer."""
+        if isinstance(self.disentangled_terms, list):  # YAML and JSON hand us lists
+            object.__setattr__(self, "disentangled_terms", tuple(self.disentangled_terms))
+        _non_negative("max_relative_positions", self.max_relative_positions)
+        _non_negative("position_buckets", self.position_buckets)
+        if self.position == "disentangled":
+            terms = self.disentangled_terms
+            if not terms or len(set(terms)) != len(terms) or not set(terms) <= set(DISENTANGLED_TERMS):
+                raise ValueError(f"ModelConfig.disentangled_terms={terms!r} must name distinct terms among "
+                                 f"{DISENTANGLED_TERMS} (at least one)")
+            if self.family != "encoder" or self.num_kv_heads not in (None, self.num_heads) or self.mla:
+                raise ValueError("ModelConfig.position='disentangled' (DeBERTa) needs family='encoder' with "
+                                 f"multi-head attention (family={self.family!r}, num_kv_heads={self.num_kv_heads})")
+            if self.position_buckets and not self.relative_span // 2 < self.max_relative_distance - 1:
+                raise ValueError(f"ModelConfig.position_buckets={self.position_buckets} spaces buckets up to "
+                                 f"max_relative_positions={self.max_relative_distance}, which must exceed half the "
+                                 "buckets plus one")
+        else:
+            deberta_only = {"max_relative_positions": 0, "position_buckets": 0, "share_attention_key": False,
+                            "relative_embedding_norm": False, "position_biased_input": False}
+            for field, off in deberta_only.items():
+                if getattr(self, field) != off:
+                    raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs position='disentangled' "
+                                     "(DeBERTa)")
+        _non_negative("conv_kernel_size", self.conv_kernel_size)
+        if self.conv_kernel_size:
+            if self.family != "encoder" or self.conv_kernel_size % 2 == 0 or self.shared_layers:
+                raise ValueError(f"ModelConfig.conv_kernel_size={self.conv_kernel_size} (DeBERTa's convolution) "
+                                 "needs family='encoder', an odd width (the sequence keeps its length) and no "
+                                 "shared_layers")
+            _positive("conv_groups", self.conv_groups)
+            if self.d_model % self.conv_groups:
+                raise ValueError(f"ModelConfig.conv_groups={self.conv_groups} must divide d_model={self.d_model}")
+            _one_of("conv_activation", self.conv_activation, CONV_ACTIVATIONS)
+
     # Derived sizes: properties, so there is one source of truth and replace() never goes stale.
     @property
     def head_dim_(self) -> int:
@@ -791,9 +849,21 @@ class ModelConfig:
         return self.expert_d_ff if self.expert_d_ff is not None else self.d_ff
 
     @property
+    def relative_span(self) -> int:
+        """DeBERTa: half the rows of the relative-position table (distances -span .. span - 1 after bucketing)."""
+        return self.position_buckets or self.max_relative_distance
+
+    @property
+    def max_relative_distance(self) -> int:
+        """DeBERTa: the largest distance told apart (its log buckets reach it): max_relative_positions, else max_positions."""
+        return self.max_relative_positions or self.max_positions
+
+    @property
     def scale(self) -> float:
         if self.attention_scale is not None:
             return self.attention_scale
+        if self.position == "disentangled":  # DeBERTa divides by sqrt(head_dim * (1 + position terms))
+            return 1.0 / math.sqrt(self.head_dim_ * (1 + len(self.disentangled_terms)))
         scale = 1.0 / math.sqrt(self.head_dim_ + (self.rope_head_dim if self.mla else 0))
         s = self.rope_scaling
         if self.mla and s is not None and s.mscale_all_dim:  # DeepSeek's yarn softmax correction

@@ -31,6 +31,17 @@ _MODERNBERT = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidd
                    max_position_embeddings=64, initializer_range=STD, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                    cls_token_id=1, sep_token_id=2, local_attention=4, global_attn_every_n_layers=3,
                    attn_implementation="eager")
+# DeBERTa: v1 with exact distances clamped at 6 (shorter than the test sequences); v2 as v3 publishes it (log
+# buckets: 4 exact distances either side, the rest bucketed up to 8; positions projected by the layers' own q
+# and k; a normed table) and as v2-xlarge (a gelu convolution beside the first layer, its own position
+# projections), with absolute positions and token types where the published ones have none
+_DEBERTA = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                max_position_embeddings=40, initializer_range=STD, pad_token_id=0, relative_attention=True,
+                pos_att_type="c2p|p2c", max_relative_positions=6, position_biased_input=False)
+_DEBERTA_V3 = {**_DEBERTA, "pos_att_type": ["p2c", "c2p"], "position_buckets": 8, "max_relative_positions": -1,
+               "share_att_key": True, "norm_rel_ebd": "layer_norm"}
+_DEBERTA_V2_CONV = {**_DEBERTA_V3, "num_hidden_layers": 3, "share_att_key": False, "conv_kernel_size": 3,
+                    "conv_act": "gelu", "position_biased_input": True, "type_vocab_size": 2}
 _GPT2 = dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=40, initializer_range=STD,
              bos_token_id=1, eos_token_id=2)
 _LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -110,6 +121,17 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                                "norm_bias": True}),
     "modernbert-tokcls": ("ModernBertConfig", "ModernBertForTokenClassification", {**_MODERNBERT, "num_labels": 5}),
     "modernbert-qa": ("ModernBertConfig", "ModernBertForQuestionAnswering", _MODERNBERT),
+    "deberta": ("DebertaConfig", "DebertaModel", _DEBERTA),
+    "deberta-mlm": ("DebertaConfig", "DebertaForMaskedLM", {**_DEBERTA, "position_biased_input": True,
+                                                            "type_vocab_size": 2}),
+    "deberta-seqcls": ("DebertaConfig", "DebertaForSequenceClassification", {**_DEBERTA, "num_labels": 3}),
+    "deberta-v2": ("DebertaV2Config", "DebertaV2Model", _DEBERTA_V3),
+    # the enhanced mask decoder's head (legacy=False); a legacy head is v1's (BERT's names)
+    "deberta-v2-mlm": ("DebertaV2Config", "DebertaV2ForMaskedLM", {**_DEBERTA_V3, "legacy": False}),
+    "deberta-v2-seqcls": ("DebertaV2Config", "DebertaV2ForSequenceClassification", {**_DEBERTA_V3, "num_labels": 3}),
+    "deberta-v2-tokcls": ("DebertaV2Config", "DebertaV2ForTokenClassification", {**_DEBERTA_V3, "num_labels": 5}),
+    "deberta-v2-qa": ("DebertaV2Config", "DebertaV2ForQuestionAnswering", _DEBERTA_V3),
+    "deberta-v2-conv": ("DebertaV2Config", "DebertaV2ForMaskedLM", _DEBERTA_V2_CONV),
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", _GPT2),
     "gpt2-base": ("GPT2Config", "GPT2Model", _GPT2),
     # GPT-1: post-norm blocks, no final norm, its own "gelu" (the tanh form)
@@ -286,7 +308,8 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
                 layer.rel_attn.r_r_bias.copy_(model.transformer.layer[0].rel_attn.r_r_bias)
     with torch.no_grad():  # norms start at exactly 1 and 0; perturb them so their mapping is tested
         for n, p in model.named_parameters():
-            if (p.dim() == 1 and ("norm" in n.lower() or n.endswith(".bias"))) or n.endswith("_proj_bias"):
+            if (p.dim() == 1 and ("norm" in n.lower() or n.endswith((".bias", ".q_bias", ".v_bias")))
+                    or n.endswith("_proj_bias")):  # (DeBERTa v1's query and value biases start at zero)
                 p.add_(torch.randn_like(p) * 0.1)
     return model
 

@@ -29,7 +29,9 @@ def padded_batch(name: str, rng: np.random.Generator, length: int = 9):
         mask[:] = 1  # transformers' causal XLNet fails on any attention_mask in a batch (an in-place broadcast)
     token_types = np.zeros_like(ids)
     token_types[:, length // 2:] = 1
-    return ids, mask, (token_types if name.startswith(("bert", "xlnet", "albert", "electra")) else None)
+    typed = name.startswith(("bert", "xlnet", "albert", "electra")) or (
+        name.startswith("deberta") and CHECKPOINTS[name][2].get("type_vocab_size", 0) > 0)
+    return ids, mask, (token_types if typed else None)
 
 
 @pytest.mark.parametrize("name", sorted(CHECKPOINTS))

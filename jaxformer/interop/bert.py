@@ -95,19 +95,25 @@ def embedding_rules(cfg: ModelConfig, prefix: str) -> list[Rule]:
     return out
 
 
-def layer_rules(cfg: ModelConfig, layer: str) -> list[Rule]:
-    """One BERT layer's tensors under ``layer`` (holding ``{i}``), ELECTRA's too."""
-    L, ln = ("encoder", "blocks"), _norm_bias(cfg)
-    return [*attention(cfg, L + ("attn",), *(f"{layer}.attention.self.{n}.weight" for n in ("query", "key", "value")),
-                       f"{layer}.attention.output.dense.weight",
-                       *(f"{layer}.attention.self.{n}.bias" for n in ("query", "key", "value")),
-                       f"{layer}.attention.output.dense.bias"),
-            *norm(L + ("attn_norm",), f"{layer}.attention.output.LayerNorm", ln),
-            linear(L + ("mlp", "wi"), f"{layer}.intermediate.dense.weight"),
-            copy(L + ("mlp", "bi"), f"{layer}.intermediate.dense.bias"),
-            linear(L + ("mlp", "wo"), f"{layer}.output.dense.weight"),
-            copy(L + ("mlp", "bo"), f"{layer}.output.dense.bias"),
-            *norm(L + ("mlp_norm",), f"{layer}.output.LayerNorm", ln)]
+def layer_rules(cfg: ModelConfig, layer: str, stack: tuple[str, ...] = ("encoder", "blocks"),
+                projections: tuple[str, str, str] = ("query", "key", "value")) -> list[Rule]:
+    """One BERT layer's tensors under ``layer`` (holding ``{i}``) read into ``stack``, ELECTRA's and DeBERTa
+    v2's too (whose ``attention.self`` names its projections query_proj, key_proj, value_proj)."""
+    names = lambda kind: (f"{layer}.attention.self.{n}.{kind}" for n in projections)  # noqa: E731
+    return [*attention(cfg, stack + ("attn",), *names("weight"), f"{layer}.attention.output.dense.weight",
+                       *names("bias"), f"{layer}.attention.output.dense.bias"),
+            *layer_tail_rules(cfg, layer, stack)]
+
+
+def layer_tail_rules(cfg: ModelConfig, layer: str, stack: tuple[str, ...] = ("encoder", "blocks")) -> list[Rule]:
+    """A BERT layer's tensors after its self-attention: the attention's output norm, the MLP, its norm."""
+    ln = _norm_bias(cfg)
+    return [*norm(stack + ("attn_norm",), f"{layer}.attention.output.LayerNorm", ln),
+            linear(stack + ("mlp", "wi"), f"{layer}.intermediate.dense.weight"),
+            copy(stack + ("mlp", "bi"), f"{layer}.intermediate.dense.bias"),
+            linear(stack + ("mlp", "wo"), f"{layer}.output.dense.weight"),
+            copy(stack + ("mlp", "bo"), f"{layer}.output.dense.bias"),
+            *norm(stack + ("mlp_norm",), f"{layer}.output.LayerNorm", ln)]
 
 
 def mlm_head_rules(cfg: ModelConfig, transform: str, layer_norm: str, bias: str | None, decoder: str,

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Callable
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop import (albert, bart, bert, deepseek, distilbert, electra, gemma, gpt2, gpt_neo, gpt_neox,
-                               gpt_oss, llama, llama4, modernbert, t5, t5gemma, xlnet)
+from jaxformer.interop import (albert, bart, bert, deberta, deepseek, distilbert, electra, gemma, gpt2, gpt_neo,
+                               gpt_neox, gpt_oss, llama, llama4, modernbert, t5, t5gemma, xlnet)
 from jaxformer.interop.rules import Architecture, Rule
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -20,6 +20,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     albert.ARCHITECTURE,
     electra.ARCHITECTURE,
     modernbert.ARCHITECTURE,
+    deberta.ARCHITECTURE,
     gpt2.ARCHITECTURE,
     gpt_neo.ARCHITECTURE,
     gpt_neox.ARCHITECTURE,
@@ -62,8 +63,11 @@ HELD_ONLY_BY: dict[str, tuple[tuple[str, ...], Callable[[ModelConfig], bool]]] =
     **{field: (("llama4_text",), lambda c, f=field: bool(getattr(c, f)))
        for field in ("attention_chunk_size", "nope_layers", "temperature_floor_scale", "router_weights_on_input")},
     "qk_norm_scale": (("llama4_text",), lambda c: not c.qk_norm_scale),
-    "pooler_activation=relu": (("distilbert",), lambda c: c.pooler_activation == "relu"),
-    "pooler_activation=gelu": (("electra",), lambda c: c.pooler_activation == "gelu"),
+    "pooler_activation=relu": (("distilbert", "deberta", "deberta-v2"), lambda c: c.pooler_activation == "relu"),
+    "pooler_activation=gelu": (("electra", "deberta", "deberta-v2"), lambda c: c.pooler_activation == "gelu"),
+    "key_bias": (("deberta",), lambda c: not c.key_bias),
+    "mlm_head_legacy": (("deberta", "deberta-v2"), lambda c: not c.mlm_head_legacy),
+    "conv_kernel_size": (("deberta-v2",), lambda c: bool(c.conv_kernel_size)),
     "index_heads": (("deepseek_v32",), lambda c: bool(c.index_heads)),
     "moe_layer_step": (("llama4_text",), lambda c: c.moe_layer_step > 1),
     "embedding_size": (("albert", "electra"), lambda c: c.embedding_size is not None),

@@ -443,8 +443,9 @@ def attention(cfg: ModelConfig, path, q, k, v, o, q_bias=None, k_bias=None, v_bi
     rules = [heads_in(path + ("q",), q, N, H), heads_in(path + ("k",), k, K, H),
              heads_in(path + ("v",), v, K, H), heads_out(path + ("o",), o, N, H)]
     if cfg.qkv_bias:
-        rules += [bias_heads(path + ("q_bias",), q_bias, N, H), bias_heads(path + ("k_bias",), k_bias, K, H),
-                  bias_heads(path + ("v_bias",), v_bias, K, H)]
+        rules += [bias_heads(path + ("q_bias",), q_bias, N, H), bias_heads(path + ("v_bias",), v_bias, K, H)]
+        if cfg.key_bias:
+            rules.append(bias_heads(path + ("k_bias",), k_bias, K, H))
     if cfg.out_bias:
         rules.append(copy(path + ("o_bias",), o_bias))
     return rules

@@ -2,9 +2,11 @@
 
     core         parameters with logical axes, dense projections, dropout, norms, activations
     feedforward  the MLP (plain or gated) and the mixture of experts
-    positions    the embedding front end, absolute positions, rotary angles, T5's relative bias
+    positions    the embedding front end, absolute positions, rotary angles, T5's relative bias, DeBERTa's
+                 relative-position table and its log buckets
     attention    visibility masks from positions, grouped-query attention, the attention layers (standard,
-                 latent with DeepSeek-V3.2's indexer, Transformer-XL's relative)
+                 latent with DeepSeek-V3.2's indexer, Transformer-XL's relative, DeBERTa's disentangled)
+    convolution  DeBERTa v2's convolution beside the first layer
     stack        the block, the scanned stack, and what a stack call is told (Tokens, caches)
 
 Modules here hold parameters only. Randomness (dropout) arrives as explicit PRNG keys, and caches

@@ -1,8 +1,11 @@
 """Who sees whom (visibility masks built from positions) and attention itself: grouped-query
 dot-product attention over a KV cache or a fused kernel, the multi-head attention layer, DeepSeek's
-latent attention and Transformer-XL's relative attention over a segment memory."""
+latent attention, Transformer-XL's relative attention over a segment memory and DeBERTa's disentangled
+attention."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -202,7 +205,7 @@ class Attention(nnx.Module):
         projection(self, "o", cfg, rngs, (N, H, D), ("heads", "head_dim", "embed"), inputs=2, role=role)
         if cfg.qkv_bias:
             self.q_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg, init="zeros")
-            self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
+            self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros") if cfg.key_bias else None
             self.v_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
         else:
             self.q_bias = self.k_bias = self.v_bias = None
@@ -333,6 +336,72 @@ class RelativeAttention(Attention):
         out, weights = _attend(q + as_q(u), k, v, mask, bias * self.scale, self.scale, self.dropout_rate, key, None,
                                output_attentions)
         return self._output(out, key), {"k": own_k, "v": own_v}, weights
+
+
+@dataclasses.dataclass(frozen=True)
+class DisentangledInputs:
+    """What DeBERTa's attention reads besides its layer's input: the relative-position table [2 * span, D]
+    (normed when the model norms it) and, per (query, key), the row it reads [T, T] (``disentangled_index``)."""
+
+    embeddings: Array
+    index: np.ndarray
+
+
+class DisentangledAttention(Attention):
+    """DeBERTa's disentangled attention (He et al. 2021): a score is
+
+        q_t . k_s  +  q_t . Pk[d(t, s)]  (c2p)  +  k_s . Pq[d(t, s)]  (p2c),   times (H * (1 + terms)) ** -0.5
+
+    where d(t, s) is the table row of the distance t - s (``DisentangledInputs.index``) and Pk, Pq the table
+    projected by this layer's position key and query (``pos_k``, ``pos_q``), or by its own k and q when
+    ``share_attention_key`` (v2/v3). Both terms enter the shared ``dot_product_attention`` as one additive bias:
+    each is a [B, N, T, 2 * span] product gathered at the rows each (query, key) pair reads.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, rngs=rngs)
+        D, N, H = cfg.d_model, cfg.num_heads, cfg.head_dim_
+        self.terms, self.share = cfg.disentangled_terms, cfg.share_attention_key
+        self.relative_dropout = cfg.dropout_rate
+        own_k, own_q = not self.share and "c2p" in self.terms, not self.share and "p2c" in self.terms
+        bias = lambda present: (param(rngs, (N, H), ("heads", "head_dim"), cfg, init="zeros")  # noqa: E731
+                                if present else None)
+        if own_k:
+            projection(self, "pos_k", cfg, rngs, (D, N, H), ("embed", "heads", "head_dim"))
+        if own_q:
+            projection(self, "pos_q", cfg, rngs, (D, N, H), ("embed", "heads", "head_dim"))
+        # v1's position key has no bias, as its key has none
+        self.pos_k_bias = bias(own_k and cfg.qkv_bias and cfg.key_bias)
+        self.pos_q_bias = bias(own_q and cfg.qkv_bias)
+
+    def _positions(self, table: Array, name: str, key: Array | None) -> Array:
+        """The table projected per head [P, N, H] by the position key or query ``name`` (or the shared k or q)."""
+        if self.share:  # with the layer's own projection, LoRA adapters and bias included (as PEFT applies them)
+            return self._project(table[None], name, getattr(self, f"{name}_bias"), key)[0]
+        return self._project(table[None], f"pos_{name}", getattr(self, f"pos_{name}_bias"))[0]
+
+    def __call__(self, x: Array, *, mask, relative: DisentangledInputs, key: Array | None = None,
+                 output_attentions: bool = False) -> tuple[Array, None, Array | None]:
+        keys = _lora_keys(key)
+        q = checkpoint_name(self._project(x, "q", self.q_bias, keys[0]), "qkv")
+        k, v = self.key_values(x, key)
+        table = dropout(relative.embeddings.astype(self.dtype), self.relative_dropout,
+                        None if key is None else jax.random.fold_in(key, 2000))
+        index = jnp.asarray(relative.index)[None, None]  # [1, 1, T, S]
+        bias = 0.0
+        if "c2p" in self.terms:  # query t's content against the position of key s relative to it
+            scores = jnp.einsum("BTNH,PNH->BNTP", q, self._positions(table, "k", keys[1]),
+                                preferred_element_type=jnp.float32)
+            bias = bias + jnp.take_along_axis(scores, index, axis=-1)
+        if "p2c" in self.terms:  # key s's content against the same relative position, seen from the key
+            scores = jnp.einsum("BSNH,PNH->BNSP", k, self._positions(table, "q", keys[0]),
+                                preferred_element_type=jnp.float32)
+            bias = bias + jnp.swapaxes(jnp.take_along_axis(scores, jnp.swapaxes(index, -1, -2), axis=-1), -1, -2)
+        if isinstance(mask, kernels.FusedMask):  # the bias is per batch row and head: the XLA path takes it
+            mask = mask.dense
+        out, weights = _attend(q, k, v, mask, bias * self.scale, self.scale, self.dropout_rate, key, None,
+                               output_attentions)
+        return self._output(out, key), None, weights
 
 
 class IndexerParam(nnx.Param):

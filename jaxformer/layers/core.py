@@ -194,7 +194,8 @@ _ACTIVATIONS = {
     "gelu_tanh": _with_derivative(lambda x: jax.nn.gelu(x, approximate=True), _gelu_tanh_derivative),
     "silu": _with_derivative(jax.nn.silu, _silu_derivative),
 }
-_ACTIVATIONS.update(geglu=_ACTIVATIONS["gelu_tanh"], geglu_erf=_ACTIVATIONS["gelu"], swiglu=_ACTIVATIONS["silu"])
+_ACTIVATIONS.update(geglu=_ACTIVATIONS["gelu_tanh"], geglu_erf=_ACTIVATIONS["gelu"], swiglu=_ACTIVATIONS["silu"],
+                    tanh=jnp.tanh)
 
 
 def activate(name: str, x: Array) -> Array:

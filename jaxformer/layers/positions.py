@@ -3,6 +3,7 @@ angles, T5's relative position bias, and Transformer-XL's encodings of distances
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -68,11 +69,12 @@ class Positions(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, axis: str = "embed"):
         self.kind, self.offset, self.dtype = cfg.position, cfg.position_offset, dtype_of(cfg.dtype)
         self.d_model = width or cfg.d_model
+        learned = cfg.position == "learned" or cfg.position_biased_input  # DeBERTa may add one to its relative terms
         self.table = (param(rngs, (cfg.max_positions + cfg.position_offset, self.d_model), ("positions", axis), cfg)
-                      if cfg.position == "learned" else None)
+                      if learned else None)
 
     def __call__(self, positions: Array) -> Array | None:
-        if self.kind == "learned":
+        if self.table is not None:
             return jnp.take(self.table[...], positions + self.offset, axis=0).astype(self.dtype)
         if self.kind == "sinusoidal":
             return sinusoids(positions, self.d_model).astype(self.dtype)
@@ -283,3 +285,40 @@ class Embeddings(nnx.Module):
             x = self.norm(x)
         x = dropout(x, self.dropout_rate, key)
         return (x if self.project is None else self.project(x)), positions
+
+
+def log_buckets(relative: np.ndarray, buckets: int, max_distance: int) -> np.ndarray:
+    """DeBERTa v2's bucketing of query - key distances: exact within half the buckets either side, then
+    logarithmic up to ``max_distance``, sign kept. The arithmetic is float32 as transformers does it (the ceil
+    decides the bucket, so a float64 logarithm could move a boundary)."""
+    mid = buckets // 2
+    sign = np.sign(relative)
+    distance = np.where((relative < mid) & (relative > -mid), mid - 1, np.abs(relative))
+    ratio = np.log(distance.astype(np.float32) / np.float32(mid)) / np.log(np.float32((max_distance - 1) / mid))
+    far = np.ceil(ratio * np.float32(mid - 1)).astype(np.float32) + np.float32(mid)
+    return np.where(distance <= mid, relative, far * sign).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def disentangled_index(length: int, span: int, buckets: int, max_distance: int) -> np.ndarray:
+    """[T, T] int32: the row of DeBERTa's relative-position table that query t and key s read, the distance
+    t - s (bucketed when ``buckets``) moved by ``span`` and clamped into the table's 2 * span rows. Indices, not
+    position_ids, as transformers builds them; static for a length, so computed once on the host."""
+    relative = np.arange(length)[:, None] - np.arange(length)[None, :]
+    if buckets:
+        relative = log_buckets(relative, buckets, max_distance)
+    return np.clip(relative + span, 0, 2 * span - 1).astype(np.int32)
+
+
+class RelativeEmbeddings(nnx.Module):
+    """DeBERTa's relative-position table [2 * span, D], shared by every layer (each projects it with its own
+    weights), layer-normed before use in v2/v3 (``relative_embedding_norm``)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.table = param(rngs, (2 * cfg.relative_span, cfg.d_model), ("positions", "embed"), cfg)
+        self.norm = Norm(cfg, rngs=rngs) if cfg.relative_embedding_norm else None
+        self.dtype = dtype_of(cfg.dtype)
+
+    def __call__(self) -> Array:
+        table = self.table[...].astype(self.dtype)
+        return table if self.norm is None else self.norm(table)

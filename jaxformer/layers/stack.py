@@ -21,11 +21,13 @@ from flax import nnx
 from jaxformer import kernels
 from jaxformer.cache import EncoderKV, KVCache, LatentCache, Memory, MemoryKV
 from jaxformer.config import ModelConfig
-from jaxformer.layers.attention import (Attention, LatentAttention, RelativeAttention, layer_patterns,
-                                        memory_visibility_mask, visibility_mask)
+from jaxformer.layers.attention import (Attention, DisentangledAttention, DisentangledInputs, LatentAttention,
+                                        RelativeAttention, layer_patterns, memory_visibility_mask, visibility_mask)
+from jaxformer.layers.convolution import SequenceConvolution
 from jaxformer.layers.core import Norm, dropout, param, split_key
 from jaxformer.layers.feedforward import MLP, MoE
-from jaxformer.layers.positions import RelativeBias, rope_tables, xl_distances, xl_encodings
+from jaxformer.layers.positions import (RelativeBias, RelativeEmbeddings, disentangled_index, rope_tables,
+                                        xl_distances, xl_encodings)
 from jaxformer.sharding import constrain_activations
 
 Array = jax.Array
@@ -98,6 +100,7 @@ class LayerInputs:
     token_mask: Array | None = None
     memory: dict | None = None  # Transformer-XL: this layer's memory, {"hidden"} or {"k", "v"}
     relative: XLInputs | None = None
+    disentangled: DisentangledInputs | None = None  # DeBERTa: the relative-position table and its index
     output_attentions: bool = False  # return each sublayer's attention probabilities
     # this layer's extra factor on its self-attention scores: GPT-2's 1 / (i + 1), Llama 4's temperature [1, T, 1, 1]
     query_scale: Array | None = None
@@ -131,7 +134,8 @@ class Block(nnx.Module):
         self.clamp_float16 = cfg.clamp_float16
         # attn_norm=False: the attention reads x as it comes (ModernBERT's first layer, after the embedding norm)
         self.attn_norm = Norm(cfg, rngs=rngs) if attn_norm else None
-        attention = LatentAttention if cfg.mla else RelativeAttention if cfg.position == "xl" else Attention
+        attention = (LatentAttention if cfg.mla else RelativeAttention if cfg.position == "xl" else
+                     DisentangledAttention if cfg.position == "disentangled" else Attention)
         self.attn = attention(cfg, rngs=rngs)
         if cross_attention:
             self.cross_norm = Norm(cfg, rngs=rngs)
@@ -196,6 +200,8 @@ class Block(nnx.Module):
                 memory = {"hidden": self.attn_norm(memory["hidden"])}
             return self.attn(h, mask=inputs.mask, relative=inputs.relative, memory=memory, key=key,
                              output_attentions=weights)
+        if isinstance(self.attn, DisentangledAttention):
+            return self.attn(h, mask=inputs.mask, relative=inputs.disentangled, key=key, output_attentions=weights)
         # GPT-2's per-layer factor, Llama 4's NoPE layers; the config allows them on standard attention only
         scaled = {} if inputs.query_scale is None else {"query_scale": inputs.query_scale}
         if inputs.nope is not None:
@@ -365,9 +371,12 @@ class Stack(nnx.Module):
         dense = len(cfg.dense_layer_ids) if not cross_attention else 0
         self.dense_blocks = (stacked_blocks(cfg, dense, rngs=rngs, cross_attention=cross_attention, dense=True)
                              if dense else None)
-        # ModernBERT's first layer has no attention norm: a stack of its own, run first
-        first = 0 if cfg.first_attn_norm else 1
-        self.first_block = None if first == 0 else stacked_blocks(cfg, 1, rngs=rngs, attn_norm=False)
+        # ModernBERT's first layer has no attention norm, DeBERTa's has a convolution beside it: a stack of its
+        # own, run first
+        first = 0 if cfg.first_attn_norm and not cfg.conv_kernel_size else 1
+        self.first_block = (None if first == 0 else
+                            stacked_blocks(cfg, 1, rngs=rngs, attn_norm=cfg.first_attn_norm))
+        self.conv = SequenceConvolution(cfg, rngs=rngs) if cfg.conv_kernel_size else None
         # ALBERT's shared layers: one stacked layer, applied num_layers times (``run_stack``)
         self.blocks = stacked_blocks(cfg, 1 if cfg.shared_layers else num_layers - dense - first, rngs=rngs,
                                      cross_attention=cross_attention)
@@ -378,6 +387,7 @@ class Stack(nnx.Module):
         shared = cfg.position == "xl" and cfg.shared_relative_biases
         xl_bias = lambda: param(rngs, (cfg.num_heads, cfg.head_dim_), ("heads", "head_dim"), cfg)  # noqa: E731
         self.content_bias, self.position_bias = (xl_bias(), xl_bias()) if shared else (None, None)
+        self.relative_embeddings = RelativeEmbeddings(cfg, rngs=rngs) if cfg.position == "disentangled" else None
 
     def groups(self) -> list[tuple[Block | tuple[Block, ...], int, int]]:
         """(blocks, first layer, end layer) of each run of identical layers, in order."""
@@ -433,6 +443,13 @@ class Stack(nnx.Module):
             local_mask = bias = None
         else:
             mask, local_mask, bias = self._self_attention_masks(tokens, cache)
+        disentangled = None
+        if self.relative_embeddings is not None:  # DeBERTa: distances by index, as transformers counts them
+            disentangled = DisentangledInputs(self.relative_embeddings(), disentangled_index(
+                x.shape[1], cfg.relative_span, cfg.position_buckets, cfg.max_relative_distance))
+        conv_key = None
+        if self.conv is not None:
+            key, conv_key = split_key(key, 2)
         remember = relative is not None and (memory is not None or cfg.memory_len > 0)
         keeps_kv = isinstance(memory, MemoryKV)  # generation's memory rolls keys and values, not layer inputs
         rope = rope_tables(cfg, tokens.positions) if cfg.position == "rope" else None
@@ -469,7 +486,8 @@ class Stack(nnx.Module):
             inputs = LayerInputs(layer_mask, bias, layer_rope, extra["cache"], cross_mask, cross_source, extra["cross_kv"],
                                  # MoE load statistics count real tokens only
                                  token_mask=tokens.valid if cache is None else None,
-                                 memory=extra["memory"], relative=relative, output_attentions=collect_attentions,
+                                 memory=extra["memory"], relative=relative, disentangled=disentangled,
+                                 output_attentions=collect_attentions,
                                  query_scale=query_scale, nope=nope)
             h_in = h
             h, new_kv, stats, weights = block(h, inputs, extra["key"])
@@ -486,6 +504,9 @@ class Stack(nnx.Module):
             for blocks, first, end in self.groups():
                 out, group_outputs = run_stack(blocks, out, layer, jax.tree.map(lambda a: a[first:end], per_layer),
                                                cfg)
+                if self.conv is not None and end == 1:  # DeBERTa v2: the convolution joins the first layer's output
+                    out = self.conv(x, out, tokens.valid, conv_key)
+                    group_outputs = (None if group_outputs[0] is None else out[None], *group_outputs[1:])
                 outputs.append(group_outputs)
             hidden, new_kv, layer_inputs, weights = (
                 jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3], o[4]) for o in outputs])
@@ -567,7 +588,7 @@ class Stack(nnx.Module):
                 bias = (self.relative_bias(q, cache.positions), bias)
         if cache is None and local_mask is None and (tokens.indexed or self.pattern == "bidirectional"):
             mask = kernels.fused_mask(cfg, mask, self.pattern, key_valid=tokens.valid, query_valid=tokens.valid,
-                                      has_bias=bias is not None)
+                                      has_bias=bias is not None or cfg.position == "disentangled")
         return mask, local_mask, bias
 
     def _cross_attention_inputs(self, tokens: Tokens, cache: KVCache | None,
