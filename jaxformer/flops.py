@@ -9,7 +9,9 @@ encoder and decoder tokens are counted separately (cross-attention sees every so
 layer counts only the experts a token is routed to. Transformer-XL's queries also see the segment memory
 (``memory_len`` keys, whose key and value projections run forward and into the weight gradient) and score
 every distance against its projected encoding: one more query-key product over M + T + 1 (causal) or
-M + 2T (bidirectional) columns. Embedding lookups, the pooler and classifier
+M + 2T (bidirectional) columns. DeBERTa's disentangled terms each add a product of every query (c2p) or key
+(p2c) with the 2 x span rows of the relative-position table, whose projections run once per call (not per
+token). Embedding lookups, the pooler and classifier
 heads (one row per sequence) are left out.
 """
 
@@ -56,11 +58,17 @@ def chip_value(table: dict[str, float], device_kind: str) -> float | None:
     return table[max(found, key=len)] if found else None
 
 
+# DeBERTa's position projections: applied to the relative-position table once per call, not to each token
+_PER_CALL = ("pos_k", "pos_q", "pos_k_bias", "pos_q_bias")
+
+
 def _stack_params(cfg: ModelConfig, stack: str) -> float:
     """Parameters one token passes through in a stack of blocks (MoE: the routed experts only)."""
     total = 0.0
     for path, leaf in nnx.to_flat_state(abstract_params(cfg)):
         if path[0] != stack or isinstance(leaf, RouterBias):  # the selection bias is added, not multiplied
+            continue
+        if "relative_embeddings" in path or path[-1] in _PER_CALL:  # DeBERTa's table: not per token
             continue
         size = math.prod(leaf.shape)
         axes = leaf.get_metadata().get("axes", ())
@@ -110,9 +118,15 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
         distances = M + length + (length - 1 if pattern == "bidirectional" else 1)
         per_token += cfg.num_layers * (12 * width * M + 6 * heads * distances
                                        + 4 * (M / length) * 2 * cfg.d_model * heads)
+    per_call = 0.0
+    if cfg.position == "disentangled":  # DeBERTa: each term scores a query (c2p) or key (p2c) against every row
+        rows, heads, terms = 2 * cfg.relative_span, cfg.num_heads * cfg.head_dim_, len(cfg.disentangled_terms)
+        per_token += cfg.num_layers * 6 * heads * rows * terms
+        per_call = cfg.num_layers * 6 * rows * terms * cfg.d_model * heads  # the table's projections
     if cfg.generator_width:  # ELECTRA: the generator trains beside the discriminator on the same rows
-        return batch_size * length * per_token + train_flops_per_step(cfg.generator_config(), batch_size, length)
-    return batch_size * length * per_token
+        return (batch_size * length * per_token + per_call
+                + train_flops_per_step(cfg.generator_config(), batch_size, length))
+    return batch_size * length * per_token + per_call
 
 
 @functools.cache

@@ -63,6 +63,21 @@ def _modernbert(d_model: int, layers: int, heads: int, d_ff: int) -> dict:
                 bos_token_id=50281, eos_token_id=50282)
 
 
+def _deberta(d_model: int, layers: int, heads: int, v3: bool = False) -> dict:
+    # BERT's post-norm block whose attention adds disentangled relative-position terms (no absolute positions,
+    # no token types). v1: exact distances up to 512, position projections of their own, keys without bias;
+    # v3: 256 log buckets, positions projected by each layer's own q and k, the table layer-normed, a 128K
+    # vocabulary (and RTD pretraining)
+    relative = (dict(vocab_size=128100, disentangled_terms=("p2c", "c2p"), position_buckets=256,
+                     share_attention_key=True, relative_embedding_norm=True) if v3 else
+                dict(vocab_size=50265, disentangled_terms=("c2p", "p2c"), key_bias=False))
+    return dict(family="encoder", d_model=d_model, num_heads=heads, d_ff=4 * d_model, encoder_layers=layers,
+                decoder_layers=0, norm_position="post", norm_eps=1e-7, embedding_norm=True, final_norm=False,
+                activation="gelu", position="disentangled", max_positions=512, type_vocab_size=0,
+                attention="bidirectional", head="none", pooler=False, pooler_activation="gelu", dropout_rate=0.1,
+                attention_dropout_rate=0.1, pad_token_id=0, **relative)
+
+
 def _neox(d_model: int, layers: int, heads: int, d_ff: int, vocab: int, **kw) -> dict:
     # GPT-NeoX / Pythia: pre-norm LayerNorm blocks with attention and MLP side by side, a quarter of each head
     # rotating, biases everywhere, exact GELU, an untied head
@@ -242,6 +257,11 @@ _PRESETS: dict[str, dict] = {
     # ModernBERT (Warner et al. 2024): alternating global and local attention over 8192 tokens
     "modernbert-base": _modernbert(768, 22, 12, 1152),
     "modernbert-large": _modernbert(1024, 28, 16, 2624),
+    # DeBERTa (He et al. 2021): disentangled attention; v3 (2023) pretrained with replaced-token detection
+    "deberta-base": _deberta(768, 12, 12),
+    "deberta-v3-small": _deberta(768, 6, 12, v3=True),
+    "deberta-v3-base": _deberta(768, 12, 12, v3=True),
+    "deberta-v3-large": _deberta(1024, 24, 16, v3=True),
     "gpt2": _gpt2(768, 12, 12),
     "gpt2-medium": _gpt2(1024, 24, 16),
     "gpt2-large": _gpt2(1280, 36, 20),

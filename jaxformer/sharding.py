@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both: FSDP is data parallelism too
 
-# Logical axis -> mesh axis. Unlisted axes (layers, head_dim, embed_out, positions, types, buckets,
+# Logical axis -> mesh axis. Unlisted axes (layers, head_dim, embed_out, positions, relative, types, buckets, conv_*,
 # labels) are never split. Vectors (norm scales, biases: one axis besides ``layers``) stay replicated:
 # they are tiny, and gathering them would cost a collective per use.
 # A mesh axis splits at most one dimension of a parameter, the first that asks for it: MLA's latent

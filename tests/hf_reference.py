@@ -176,6 +176,17 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
                                       local_rope_theta=10000.0, pad_token_id=50283))
        for name, hidden, layers, heads, ff in (("modernbert-base", 768, 22, 12, 1152),
                                                ("modernbert-large", 1024, 28, 16, 2624))},
+    "deberta-base": ("DebertaModel", dict(vocab_size=50265, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                          intermediate_size=3072, max_position_embeddings=512, relative_attention=True,
+                                          pos_att_type="c2p|p2c", layer_norm_eps=1e-7, max_relative_positions=-1,
+                                          position_biased_input=False, type_vocab_size=0)),
+    **{name: ("DebertaV2Model", dict(vocab_size=128100, hidden_size=hidden, num_hidden_layers=layers,
+                                     num_attention_heads=heads, intermediate_size=4 * hidden, max_position_embeddings=512,
+                                     relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm",
+                                     share_att_key=True, pos_att_type="p2c|c2p", layer_norm_eps=1e-7,
+                                     max_relative_positions=-1, position_biased_input=False, type_vocab_size=0))
+       for name, hidden, layers, heads in (("deberta-v3-small", 768, 6, 12), ("deberta-v3-base", 768, 12, 12),
+                                           ("deberta-v3-large", 1024, 24, 16))},
     "xlm-roberta-base": (
         "XLMRobertaModel",
         dict(vocab_size=250002, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,

@@ -15,7 +15,7 @@ from conftest import TINY, tiny_config, tiny_model
 
 AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
               "positions", "types", "buckets", "labels", "latent", "segments", "index_heads", "index_head_dim",
-              "embedding"}
+              "embedding", "relative", "conv_width", "conv_in"}
 
 VARIANTS = {
     "untied-lm-head": ("tiny-gpt", dict(tie_embeddings=False)),
@@ -36,6 +36,12 @@ VARIANTS = {
                                           window_size=4, layer_types=("full", "sliding"), local_rope_theta=1e4,
                                           type_vocab_size=0, pooler=False, prediction_head=True,
                                           head="token_classification", num_labels=5, head_bias=False)),
+    # DeBERTa v1 (keys without bias, own position projections) and v2 (buckets, a normed table, the convolution)
+    "deberta-v1-like": ("tiny-bert", dict(position="disentangled", key_bias=False, max_relative_positions=6,
+                                          type_vocab_size=0, head="sequence_classification", pooler_activation="gelu")),
+    "deberta-v2-like": ("tiny-bert", dict(position="disentangled", position_buckets=4, max_relative_positions=8,
+                                          relative_embedding_norm=True, conv_kernel_size=3, conv_groups=2,
+                                          disentangled_terms=("c2p",), head="mlm", pooler=False)),
     "moe-qkv-bias": ("tiny-mixtral", dict(qkv_bias=True, num_experts=3, experts_per_token=1)),
     "mla-plain-query": ("tiny-deepseek", dict(q_lora_rank=None, dense_layers=0, shared_experts=0)),
     "mla-indexer": ("tiny-deepseek", dict(index_heads=2, index_head_dim=16, index_topk=8)),
@@ -72,6 +78,8 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
         "segments": {2},  # XLNet's relative segment encodings: same segment, other segment
         "index_heads": {cfg.index_heads}, "index_head_dim": {cfg.index_head_dim},  # DeepSeek-V3.2's indexer
         "embedding": {cfg.embedding_size},  # factorised embeddings (ALBERT, ELECTRA)
+        # DeBERTa: the relative-position table's rows, v2's convolution
+        "relative": {2 * cfg.relative_span}, "conv_width": {cfg.conv_kernel_size}, "conv_in": {cfg.d_model // cfg.conv_groups},
     }
 
 
@@ -79,7 +87,7 @@ def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], ob
     """``flat``: parameter path -> (shape, axes metadata)."""
     sizes = _expected_sizes(cfg)
     dense = len(cfg.dense_layer_ids)
-    first = 0 if cfg.first_attn_norm else 1  # ModernBERT's first layer: a stack of its own
+    first = 0 if cfg.first_attn_norm and not cfg.conv_kernel_size else 1  # ModernBERT's, DeBERTa v2's first layer
     stack_layers = {("encoder", "blocks"): 1 if cfg.shared_layers else cfg.encoder_layers - first,
                     ("encoder", "first_block"): first, ("decoder", "blocks"): cfg.decoder_layers - dense,
                     ("decoder", "dense_blocks"): dense}

@@ -120,6 +120,16 @@ INVALID = [
     _invalid("rope", dict(moe_layer_step=2), "moe_layer_step", "num_experts"),
     _invalid("encoder", dict(pooler_activation="sigmoid"), "pooler_activation", "sigmoid", "relu"),
     _invalid("encoder", dict(embedding_size=0), "embedding_size", "0"),
+    # DeBERTa
+    _invalid("encoder", dict(position="disentangled", disentangled_terms=("c2p", "p2p")), "disentangled_terms", "p2p"),
+    _invalid("encoder", dict(position="disentangled", disentangled_terms=()), "disentangled_terms"),
+    _invalid("decoder", dict(position="disentangled"), "position='disentangled'", "family='decoder'"),
+    _invalid("encoder", dict(position_buckets=8), "position_buckets=8", "position='disentangled'"),
+    _invalid("encoder", dict(position="disentangled", position_buckets=8, max_relative_positions=4),
+             "position_buckets=8", "max_relative_positions=4"),
+    _invalid("encoder", dict(conv_kernel_size=2), "conv_kernel_size=2", "odd"),
+    _invalid("encoder", dict(conv_kernel_size=3, conv_groups=5), "conv_groups=5", "d_model=64"),
+    _invalid("encoder", dict(conv_kernel_size=3, conv_activation="swiglu"), "conv_activation", "swiglu"),
     _invalid("decoder", dict(embedding_size=16), "embedding_size", "family='decoder'"),
     _invalid("decoder", dict(shared_layers=True), "shared_layers", "family='decoder'"),
     # special token ids must be valid ids

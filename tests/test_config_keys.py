@@ -21,7 +21,8 @@ from jaxformer.interop.rules import GENERATION_KEYS, HARMLESS  # noqa: E402
 
 # One tiny checkpoint per model_type, with its LM head where it has one (hf_factory's names).
 CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "albert-mlm",
-               "electra": "electra-generator", "modernbert": "modernbert-mlm", "roberta": "roberta-mlm", "xlm-roberta": "xlm-roberta-mlm", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
+               "electra": "electra-generator", "modernbert": "modernbert-mlm", "deberta": "deberta-mlm",
+               "deberta-v2": "deberta-v2-conv", "roberta": "roberta-mlm", "xlm-roberta": "xlm-roberta-mlm", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
                "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3-longrope", "gpt_neo": "gpt-neo",
                "openai-gpt": "openai-gpt", "qwen2_moe": "qwen2-moe", "qwen3_moe": "qwen3-moe",
                "gpt_neox": "gpt-neox", "gptj": "gptj", "glm": "glm", "glm4": "glm4",
@@ -145,7 +146,8 @@ def test_every_key_is_read_refused_or_harmless(model_type, checkpoints, tmp_path
 
 
 # transformers' modeling file of each model_type, where a key said to be "never read" must not be read.
-MODELING = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra": "electra", "modernbert": "modernbert", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
+MODELING = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra": "electra", "modernbert": "modernbert",
+            "deberta": "deberta", "deberta-v2": "deberta_v2", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
             "qwen2": "qwen2", "mixtral": "mixtral", "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3",
             "gemma2": "gemma2", "deepseek_v32": "deepseek_v32", "gpt_oss": "gpt_oss", "llama4_text": "llama4",
             "gemma3_text": "gemma3", "t5": "t5", "bart": "bart", "t5gemma": "t5gemma", "xlnet": "xlnet"}

@@ -67,6 +67,8 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "bart": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
                       decoder_attention_heads=4, encoder_layers=2, decoder_layers=2, vocab_size=97),
          "xlnet": dict(d_model=32, n_head=4, n_layer=2, d_inner=48, vocab_size=97),
+         # DeBERTa's class defaults have no relative attention (refused: no published DeBERTa lacks it)
+         **dict.fromkeys(("deberta", "deberta-v2"), dict(_SIZES, relative_attention=True, pos_att_type=["c2p", "p2c"])),
          "deepseek_v2": _DEEPSEEK, "deepseek_v3": _DEEPSEEK,
          "deepseek_v32": dict(_DEEPSEEK, index_n_heads=2, index_head_dim=16, n_group=1, topk_group=1),
          "qwen2_moe": dict(_SIZES, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2),

@@ -41,6 +41,7 @@ FOLDERS = {
     "albert-mean": ("albert", "mean", 16, ["normalize"]),  # paraphrase-albert's layout: shared layers
     "electra-cls": ("electra-discriminator", "cls", 16, []),  # an ELECTRA discriminator's encoder
     "modernbert-mean": ("modernbert", "mean", 16, ["normalize"]),  # modernbert-embed's and gte-modernbert's layout
+    "deberta-v3-mean": ("deberta-v2", "mean", 16, ["normalize"]),  # a DeBERTa-v3 sentence encoder's layout
 }
 COSINE, ABS = 0.99999, 1e-5
 
@@ -54,11 +55,11 @@ def encoders(tmp_path_factory):
     def get(name):
         if name not in cache:
             folder = save_checkpoint(name, tmp_path_factory.mktemp(name))
-            if name in ("bert", "distilbert", "albert", "electra-discriminator", "modernbert"):  # WordPiece, VOCAB
+            if name in ("bert", "distilbert", "albert", "electra-discriminator", "modernbert", "deberta-v2"):  # WordPiece
                 kind = (transformers.DistilBertTokenizerFast if name == "distilbert"  # (gives no token types)
                         else transformers.BertTokenizerFast)
                 tokenizer = kind(vocab={t: i for i, t in enumerate(VOCAB)}, do_lower_case=False, model_max_length=512)
-                if name == "modernbert":  # ModernBERT takes no token types
+                if name in ("modernbert", "deberta-v2"):  # these take no token types
                     tokenizer.model_input_names = ["input_ids", "attention_mask"]
             elif name == "llama-base":  # word-level, an end-of-text token appended, padded on the left
                 from tokenizers import Tokenizer, models, pre_tokenizers, processors

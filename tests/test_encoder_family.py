@@ -1,7 +1,9 @@
 """The encoder family tree beyond BERT: what parity tests cannot show. ALBERT's shared layer is one stored
 layer that every layer applies (scanned, unrolled and rematerialised alike, its gradient the sum over the
-layers); ELECTRA's generator reads the discriminator's embeddings and exports on its own; the sop and rtd
-objectives build the batches their papers describe and train from the shipped configs."""
+layers); ELECTRA's generator reads the discriminator's embeddings and exports on its own; DeBERTa's log buckets
+are transformers' and its split first layer (beside v2's convolution) runs every way alike; the sop and rtd
+objectives build the batches their papers describe and train from the shipped configs (rtd with an ELECTRA and
+a DeBERTa-v3 discriminator)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,12 @@ ALBERT = jf.config("tiny-bert").replace(embedding_size=16, shared_layers=True, e
                                         init_std=0.2)
 ELECTRA = jf.config("tiny-bert").replace(embedding_size=24, head="discriminator", pooler=False,
                                          pooler_activation="gelu", generator_width=32, init_std=0.2)
+
+# DeBERTa v2 with every v2 idea: log buckets (4 exact distances either side, up to 16), the normed table, the
+# positions projected by the layers' own q and k, and the convolution beside the first layer
+DEBERTA = jf.config("tiny-bert").replace(position="disentangled", position_buckets=8, max_relative_positions=16,
+                                         share_attention_key=True, relative_embedding_norm=True, conv_kernel_size=3,
+                                         type_vocab_size=0, encoder_layers=3, head="mlm", pooler=False, init_std=0.2)
 
 
 def _ids(seed=0, shape=(2, 9)):
@@ -82,6 +90,54 @@ def test_albert_shared_gradient_is_the_sum_over_the_layers_that_apply_it():
     ours, theirs = grads(shared), grads(unshared)
     wq = ours["encoder"]["blocks"]["attn"]["q"][...]
     np.testing.assert_allclose(wq[0], theirs["encoder"]["blocks"]["attn"]["q"][...].sum(0), atol=1e-6)
+
+
+@pytest.mark.parametrize("buckets, max_distance", [(256, 512), (64, 128), (8, 16), (4, 7)])
+def test_deberta_log_buckets_are_transformers(buckets, max_distance):
+    """The table row of every (query, key) pair, for sequences past the largest bucket, is the one transformers'
+    DeBERTa-v2 reads (its float32 logarithm and ceil, clamped into the table)."""
+    torch = pytest.importorskip("torch")
+    from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
+
+    from jaxformer.layers.positions import disentangled_index
+
+    length = 2 * max_distance + 3
+    theirs = build_relative_position(torch.zeros(1, length, 1), torch.zeros(1, length, 1), bucket_size=buckets,
+                                     max_position=max_distance)[0].numpy()
+    expected = np.clip(theirs + buckets, 0, 2 * buckets - 1)
+    np.testing.assert_array_equal(disentangled_index(length, buckets, buckets, max_distance), expected)
+
+
+def test_deberta_split_first_layer_runs_scanned_unrolled_and_rematerialised_alike():
+    """v2's convolution joins the first layer's output, so that layer is a stack of its own before the scanned
+    rest; every way of running the stack gives the same hidden states and gradients."""
+    model = jf.build(DEBERTA, seed=3)
+    state = nnx.state(model, nnx.Param)
+    assert state["encoder"]["first_block"]["attn"]["q"][...].shape[0] == 1
+    assert state["encoder"]["blocks"]["attn"]["q"][...].shape[0] == 2
+    ids, mask = _ids(2)
+
+    def loss_and_grads(cfg):
+        graphdef, params = nnx.split(jf.build(cfg, seed=3), nnx.Param)
+
+        def loss(params):
+            out = nnx.merge(graphdef, params)(ids, mask, output_hidden_states=True)
+            return jnp.mean(out.logits ** 2), out.hidden_states
+
+        (value, hidden), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        return value, hidden, grads
+
+    reference = loss_and_grads(DEBERTA)
+    assert len(reference[1]) == 4
+    for variant in (dict(scan_layers=False), dict(remat="full")):
+        value, hidden, grads = loss_and_grads(DEBERTA.replace(**variant))
+        np.testing.assert_allclose(value, reference[0], rtol=1e-5)
+        for a, b in zip(hidden, reference[1]):
+            np.testing.assert_allclose(a, b, atol=1e-5)
+        for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(reference[2])):  # same sums, another schedule
+            np.testing.assert_allclose(a, b, atol=1e-5)
+    conv = reference[2]["encoder"]["conv"]["kernel"][...]
+    assert float(jnp.abs(conv).max()) > 0  # the convolution is in the gradient's path
 
 
 def test_electra_generator_reads_the_discriminators_embeddings_and_both_export(tmp_path):
@@ -150,7 +206,8 @@ def test_rtd_corrupts_with_generator_samples_and_only_the_mlm_loss_trains_the_ge
 
 
 @pytest.mark.parametrize("config, metric", [("configs/albert_sop.yaml", "eval_sop_accuracy"),
-                                            ("configs/electra_rtd.yaml", "eval_rtd_accuracy")])
+                                            ("configs/electra_rtd.yaml", "eval_rtd_accuracy"),
+                                            ("configs/deberta_v3_rtd.yaml", "eval_rtd_accuracy")])
 def test_sop_and_rtd_train_from_their_configs(tmp_path, config, metric):
     cfg = run_config.load(config, [f"run.dir={tmp_path / 'run'}", "train.steps=40", "eval.every=40", "eval.batches=2",
                                    "train.log_every=10", "train.batch_size=8", "train.seq_len=64",

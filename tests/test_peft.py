@@ -46,6 +46,11 @@ CASES = {
     # ModernBERT: fused Wqkv (one A for the three, B split by q, k, v) and fused Wi (B split by gate and up)
     "modernbert-fused": ("modernbert-tokcls", dict(r=4, lora_alpha=8, target_modules=["Wqkv", "Wo", "Wi"],
                                                    task_type="TOKEN_CLS")),
+    # DeBERTa-v3: query_proj and key_proj also project the relative-position table (share_att_key), so the
+    # adapters reach the position terms too; v1's fused in_proj with its separate position projections
+    "deberta-v3-shared-key": ("deberta-v2-tokcls", dict(r=4, lora_alpha=8, target_modules=["query_proj", "key_proj",
+                                                                                          "value_proj", "dense"],
+                                                        task_type="TOKEN_CLS")),
     "t5-q-v": ("t5", dict(r=4, lora_alpha=16, target_modules=["q", "v"])),
     # latent attention: the query's down and up projections, the shared key-value latent, the output
     "deepseek-mla": ("deepseek-v2", dict(r=4, lora_alpha=8, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",

@@ -74,7 +74,9 @@ SHAPE = ("family", "d_model", "num_heads", "kv_heads", "head_dim_", "value_dim",
          "normalize_router_weights", "router_aux_loss_coef", "attention_chunk_size", "nope_layers",
          "temperature_floor_scale", "temperature_scale", "qk_norm_scale", "rope_interleave", "router_score",
          "router_weights_on_input", "index_heads", "index_head_dim", "index_topk", "dense_layer_ids", "embedding_size",
-         "shared_layers", "pooler_activation", "first_attn_norm", "head_bias", "mlm_bias")
+         "shared_layers", "pooler_activation", "first_attn_norm", "head_bias", "mlm_bias", "disentangled_terms",
+         "max_relative_positions", "position_buckets", "share_attention_key", "relative_embedding_norm",
+         "position_biased_input", "key_bias", "conv_kernel_size", "type_vocab_size")
 
 
 @pytest.mark.parametrize("name", sorted(HF_REFERENCE))

@@ -301,7 +301,7 @@ def test_eval_reproduces_the_logged_metrics_and_convert_gives_a_transformers_fol
     assert "no checkpoint of step 7" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("kind", ["bert", "distilbert"])
+@pytest.mark.parametrize("kind", ["bert", "distilbert", "deberta-v3"])
 def test_fine_tuning_a_hugging_face_checkpoint_for_classification(tmp_path, capsys, kind):
     import torch
     import transformers
@@ -311,10 +311,17 @@ def test_fine_tuning_a_hugging_face_checkpoint_for_classification(tmp_path, caps
         hf_config = transformers.BertConfig(vocab_size=360, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                             intermediate_size=128, max_position_embeddings=64, pad_token_id=256)
         transformers.BertForMaskedLM(hf_config).save_pretrained(tmp_path / "bert")  # a pretrained MLM, no classifier
-    else:  # DistilBERT: no token types, a ReLU pre_classifier where BERT has its tanh pooler
+    elif kind == "distilbert":  # no token types, a ReLU pre_classifier where BERT has its tanh pooler
         hf_config = transformers.DistilBertConfig(vocab_size=360, dim=64, n_layers=2, n_heads=4, hidden_dim=128,
                                                   max_position_embeddings=64, pad_token_id=256)
         transformers.DistilBertForMaskedLM(hf_config).save_pretrained(tmp_path / "bert")
+    else:  # DeBERTa-v3: disentangled attention, no token types, the enhanced mask decoder's MLM head; gelu pooler
+        hf_config = transformers.DebertaV2Config(vocab_size=360, hidden_size=64, num_hidden_layers=2,
+                                                 num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
+                                                 pad_token_id=256, relative_attention=True, pos_att_type="p2c|c2p",
+                                                 position_buckets=16, share_att_key=True, norm_rel_ebd="layer_norm",
+                                                 position_biased_input=False, legacy=False)
+        transformers.DebertaV2ForMaskedLM(hf_config).save_pretrained(tmp_path / "bert")
     cfg = run_config.load("configs/bert_classification.yaml", [
         f"model.init_from=hf:{tmp_path / 'bert'}", "train.steps=60", "eval.every=60", "train.log_every=10",
         f"run.dir={tmp_path / 'run'}", "train.sample_tokens=0", "checkpoint.every=0"])

@@ -303,8 +303,14 @@ class MaskedLM(Objective):
     def eval_batches(self, count, batch_size):
         return [self._pairs(self.held_out, data.step_rng(self.seed, i, stream=1), batch_size) for i in range(count)]
 
+    @staticmethod
+    def token_types(model, batch) -> jax.Array | None:
+        """The batch's segment ids for a model with token-type embeddings; None for one without (DistilBERT,
+        ModernBERT, DeBERTa), which refuses them."""
+        return batch["token_type_ids"] if model.config.type_vocab_size else None
+
     def loss(self, model, batch, key):
-        out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], dropout_key=key)
+        out = model(batch["input_ids"], batch["attention_mask"], self.token_types(model, batch), dropout_key=key)
         mlm = token_cross_entropy(out.logits, batch["labels"])
         sums = {"mlm_loss": mlm["loss"], "mlm_accuracy": mlm["accuracy"]}
         loss = ratio(mlm["loss"])
@@ -383,7 +389,7 @@ class ReplacedTokenDetection(MaskedLM):
 
     def loss(self, model, batch, key):
         gen_key, disc_key = (None, None) if key is None else tuple(jax.random.split(key))
-        ids, mask, types = batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]
+        ids, mask, types = batch["input_ids"], batch["attention_mask"], self.token_types(model, batch)
         generated = model.generator(ids, mask, types, dropout_key=gen_key)
         mlm = token_cross_entropy(generated.logits, batch["labels"])
         chosen = batch["labels"] != IGNORE
