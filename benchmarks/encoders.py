@@ -12,7 +12,12 @@ model-FLOPs ratio (jaxformer.flops) of what the generator adds.
 ``modernbert``: ModernBERT's alternating local attention (two of every three layers see 64 tokens either side)
 against the same model with every layer global, at 1024 tokens: forward step times, interleaved.
 
-    python benchmarks/encoders.py [albert|electra|modernbert|all] [--repeats 7] [--json]
+``deberta``: DeBERTa's disentangled attention at 512 tokens (d_model 256, 4 layers): v3's (256 log buckets,
+positions through each layer's own q and k, the 512-row table normed) and v1's (exact distances up to 512,
+position projections of their own, 1024 rows) against the same encoder with BERT's learned absolute positions:
+the time of a jitted forward and backward pass, interleaved, its model-FLOPs ratio and the parameters.
+
+    python benchmarks/encoders.py [albert|electra|modernbert|deberta|all] [--repeats 7] [--json]
 """
 
 from __future__ import annotations
@@ -129,14 +134,48 @@ def modernbert(repeats: int) -> dict:
             "time_ratio": round(seconds["alternating"] / seconds["global"], 3)}
 
 
+def deberta(repeats: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    import jaxformer as jf
+    from jaxformer.flops import train_flops_per_step
+
+    length, batch = 512, 4
+    v3 = jf.config("deberta-v3-small").replace(vocab_size=1024, d_model=256, num_heads=4, d_ff=1024, encoder_layers=4,
+                                               dropout_rate=0.0, attention_dropout_rate=0.0)
+    variants = {"v3": v3, "v1": jf.config("deberta-base").replace(
+        vocab_size=1024, d_model=256, num_heads=4, d_ff=1024, encoder_layers=4, dropout_rate=0.0,
+        attention_dropout_rate=0.0),
+        "absolute": v3.replace(position="learned", position_buckets=0, share_attention_key=False,
+                               relative_embedding_norm=False)}
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 1024, (batch, length)))
+    sides, record = {}, {}
+    for name, cfg in variants.items():
+        graphdef, params = nnx.split(jf.build(cfg), nnx.Param)
+        grad = jax.jit(jax.grad(lambda p, graphdef=graphdef: jnp.mean(nnx.merge(graphdef, p)(ids).last_hidden_state ** 2)))
+        sides[name] = lambda grad=grad, params=params: grad(params)
+        record[name] = {"params": jf.param_count(cfg), "flops": train_flops_per_step(cfg, batch, length)}
+    seconds = _interleaved(sides, repeats)
+    out = {f"{name}_ms": round(1000 * seconds[name], 1) for name in sides}
+    for name in ("v3", "v1"):
+        out[f"{name}_time_ratio"] = round(seconds[name] / seconds["absolute"], 3)
+        out[f"{name}_flops_ratio"] = round(record[name]["flops"] / record["absolute"]["flops"], 3)
+        out[f"{name}_params"] = record[name]["params"]
+    out["absolute_params"] = record["absolute"]["params"]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", nargs="?", default="all", choices=("albert", "electra", "modernbert", "all"))
+    parser.add_argument("which", nargs="?", default="all", choices=("albert", "electra", "modernbert", "deberta", "all"))
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    chosen = ("albert", "electra", "modernbert") if args.which == "all" else (args.which,)
+    chosen = ("albert", "electra", "modernbert", "deberta") if args.which == "all" else (args.which,)
     results = {name: globals()[name](args.repeats) for name in chosen}
     if args.json:
         print(json.dumps(results, indent=1))

@@ -2,9 +2,10 @@
 Clark et al. (2020) found the discriminator learns more per FLOP than an MLM of the same size; this measures
 it at the size of a 2-core CPU, on a held-out probe.
 
-Three starts of one encoder (configs/electra_rtd.yaml's discriminator: 4 layers of width 128, 64-wide
-embeddings, bytes as tokens), each then fine-tuned on named-entity recognition (configs/bert_ner.yaml's data:
-a third of the held-out names never occur in training) for the same steps, seed and optimizer:
+Three starts of one encoder (``--config``: configs/electra_rtd.yaml's discriminator, 4 layers of width 128,
+64-wide embeddings, or configs/deberta_v3_rtd.yaml's DeBERTa-v3 discriminator of the same size; bytes as
+tokens), each then fine-tuned on named-entity recognition (configs/bert_ner.yaml's data: a third of the
+held-out names never occur in training) for the same steps, seed and optimizer:
 
   rtd       pretrained with ``rtd`` for N steps (its generator, a quarter of the width, trains beside it)
   mlm       pretrained with ``mlm`` (no NSP) on the same data for as many steps as cost the same model FLOPs
@@ -14,7 +15,8 @@ a third of the held-out names never occur in training) for the same steps, seed 
 It prints each start's pretraining steps and held-out probe metrics (entity F1 by seqeval's rules, word
 accuracy) and the rtd run's own held-out detection metrics.
 
-    python benchmarks/rtd_benefit.py [--steps 600] [--probe-steps 120] [--seed 0] [--json]
+    python benchmarks/rtd_benefit.py [--config configs/electra_rtd.yaml] [--steps 600] [--probe-steps 120]
+                                     [--seed 0] [--json]
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def _train(config: str, overrides: list[str]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/electra_rtd.yaml", help="the rtd pretraining config")
     parser.add_argument("--steps", type=int, default=600, help="rtd pretraining steps")
     parser.add_argument("--probe-steps", type=int, default=120, help="NER fine-tuning steps of every start")
     parser.add_argument("--seed", type=int, default=0)
@@ -53,26 +56,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         common = [f"run.seed={args.seed}", f"checkpoint.every={max(args.steps, 1)}"]
-        rtd = _train("configs/electra_rtd.yaml", common + [f"run.dir={root / 'rtd'}", f"train.steps={args.steps}",
+        rtd = _train(args.config, common + [f"run.dir={root / 'rtd'}", f"train.steps={args.steps}",
                                                           f"eval.every={args.steps}"])
         rtd_cfg = rtd["model"].config
         mlm_cfg = rtd_cfg.replace(generator_width=0, head="mlm")
         batch, length = 16, 128
         ratio = train_flops_per_step(rtd_cfg, batch, length) / train_flops_per_step(mlm_cfg, batch, length)
         mlm_steps = round(args.steps * ratio)
-        mlm = _train("configs/electra_rtd.yaml", common + [
+        mlm = _train(args.config, common + [
             f"run.dir={root / 'mlm'}", "train.objective=mlm", "data.nsp=false", f"train.steps={mlm_steps}",
             f"eval.every={mlm_steps}", f"checkpoint.every={mlm_steps}"])
-        shape = [f"model.overrides.{k}={v}" for k, v in (("embedding_size", rtd_cfg.embedding_size),
-                                                           ("d_model", rtd_cfg.d_model),
-                                                           ("num_heads", rtd_cfg.num_heads), ("d_ff", rtd_cfg.d_ff),
-                                                           ("encoder_layers", rtd_cfg.encoder_layers),
-                                                           ("vocab_size", rtd_cfg.vocab_size))]
+        model = run_config.load(str(ROOT / args.config)).model  # the scratch start: the same preset and overrides
+        shape = [f"model.preset={model.preset}", *(f"model.overrides.{k}={v}" for k, v in model.overrides.items())]
         probe = [f"train.steps={args.probe_steps}", f"eval.every={args.probe_steps}", "checkpoint.every=0",
                  f"run.seed={args.seed}", "data.tokenizer=bytes"]
         starts = {"rtd": [f"model.init_from=jaxformer:{root / 'rtd'}"],
                   "mlm": [f"model.init_from=jaxformer:{root / 'mlm'}"],
-                  "scratch": ["model.preset=electra-small-discriminator", *shape]}
+                  "scratch": shape}
         results = {}
         for name, start in starts.items():
             out = _train("configs/bert_ner.yaml", probe + start + [f"run.dir={root / ('probe-' + name)}"])

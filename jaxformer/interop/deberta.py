@@ -93,8 +93,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     else:
         refuse(hf.get("talking_head", False), f"{model_type}: talking_head=True (heads mixed before and after the "
                "softmax) is not supported")
-        # DebertaV1 computes the head size from hidden_size alone; a file's attention_head_size changes nothing
-        hf.get("attention_head_size")
     head = _HEADS[arch.removeprefix(STEMS[model_type])]
     num_labels, label_names = labels_from_hf(hf)
     return dict(family="encoder", d_model=D, num_heads=N, d_ff=hf["intermediate_size"],
@@ -247,4 +245,7 @@ ARCHITECTURE = Architecture(CLASSES, {"deberta": "deberta.", "deberta-v2": "debe
                                                 "the heads' training-time dropout, not modelled (no effect in "
                                                 "evaluation)"),
                                 "z_steps": "the enhanced mask decoder's extra steps, which transformers' DeBERTa "
-                                           "never runs (its z_steps is always 0)"})
+                                           "never runs (its z_steps is always 0)",
+                                # (DeBERTa-v2 reads it, and refuses a size other than hidden_size / heads)
+                                "attention_head_size": "v1 computes the head size from hidden_size and the heads "
+                                                       "alone"})

@@ -3,8 +3,9 @@
 
 A stack call takes the hidden states, one ``Tokens`` (where this call's tokens sit and which are real),
 and optionally a ``KVCache`` of earlier tokens (or Transformer-XL's segment ``Memory``) and a
-cross-attention source. It builds the masks, the rotary angles, T5's relative bias or Transformer-XL's
-distance encodings once, then runs its blocks (scanned by default).
+cross-attention source. It builds the masks, the rotary angles, T5's relative bias, Transformer-XL's
+distance encodings or DeBERTa's relative-position table and index once, then runs its blocks (scanned by
+default).
 """
 
 from __future__ import annotations
