@@ -100,11 +100,12 @@ def _gpt2(d_model: int, layers: int, heads: int, max_positions: int = 1024, **kw
     return {**base, **kw}
 
 
-def _t5(d_model: int, d_ff: int, layers: int, heads: int, head_dim: int = 64, v1_1: bool = False) -> dict:
+def _t5(d_model: int, d_ff: int, layers: int, heads: int, head_dim: int = 64, v1_1: bool = False,
+        vocab: int = 32128) -> dict:
     # Pre-norm RMSNorm without bias, no biases anywhere, relative position bias shared across layers,
     # unscaled attention logits. v1.0: ReLU and a tied LM head on d_model**-0.5-scaled outputs;
-    # v1.1: gated GELU and a separate LM head.
-    return dict(family="encoder_decoder", vocab_size=32128, d_model=d_model, num_heads=heads, head_dim=head_dim,
+    # v1.1 (and mT5, over 250K tokens): gated GELU and a separate LM head.
+    return dict(family="encoder_decoder", vocab_size=vocab, d_model=d_model, num_heads=heads, head_dim=head_dim,
                 d_ff=d_ff, encoder_layers=layers, decoder_layers=layers, norm="rmsnorm", norm_eps=1e-6,
                 norm_bias=False, activation="geglu" if v1_1 else "relu", position="relative",
                 max_positions=512, relative_buckets=32, relative_max_distance=128, attention_scale=1.0,
@@ -290,6 +291,9 @@ _PRESETS: dict[str, dict] = {
     "t5-3b": _t5(1024, 16384, 24, 32, head_dim=128),
     "t5-11b": _t5(1024, 65536, 24, 128, head_dim=128),
     "t5-v1_1-base": _t5(768, 2048, 12, 12, v1_1=True),
+    # mT5 (Xue et al. 2021): T5 v1.1 over 101 languages
+    "mt5-small": _t5(512, 1024, 8, 6, v1_1=True, vocab=250112),
+    "mt5-base": _t5(768, 2048, 12, 12, v1_1=True, vocab=250112),
     # BART: post-norm, GELU, learned positions offset by 2 in separate encoder and decoder tables, a
     # LayerNorm on each side's embeddings, one embedding shared by encoder, decoder and LM head.
     "bart-base": dict(family="encoder_decoder", vocab_size=50265, d_model=768, num_heads=12, d_ff=3072,

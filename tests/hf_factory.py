@@ -262,6 +262,10 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "t5-v1_1": ("T5Config", "T5ForConditionalGeneration",
                 {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}),
     "t5-encoder": ("T5Config", "T5EncoderModel", _T5),
+    # mT5: T5 v1.1's gated gelu and untied head under its own model_type, never scaling the decoder output
+    "mt5": ("MT5Config", "MT5ForConditionalGeneration", {**_T5, "feed_forward_proj": "gated-gelu",
+                                                         "tie_word_embeddings": False}),
+    "mt5-encoder": ("MT5Config", "MT5EncoderModel", {**_T5, "feed_forward_proj": "gated-gelu"}),
     "bart": ("BartConfig", "BartForConditionalGeneration", _BART),
     "bart-base": ("BartConfig", "BartModel", _BART),
     # XLNet's content stream = Transformer-XL: causal and bidirectional, gelu and relu, per-layer and shared
@@ -294,6 +298,8 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
     if name == "t5-v1_1":
         with torch.no_grad():
             model.lm_head.weight.mul_(0.25)
+    if name == "mt5":  # MT5Config ties whatever it is told; the published files hold their own head
+        model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 0.25)
     if name.startswith("bart"):  # final_logits_bias starts at zero; give it values so the test sees it
         if hasattr(model, "final_logits_bias"):
             model.final_logits_bias.normal_(0, STD)

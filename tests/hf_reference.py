@@ -230,6 +230,14 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    # --- mT5 (T5 v1.1 over 250K tokens) -----------------------------------------
+    **{name: ("MT5ForConditionalGeneration", dict(vocab_size=250112, d_model=d_model, d_ff=d_ff, d_kv=64,
+                                                  num_layers=layers, num_decoder_layers=layers, num_heads=heads,
+                                                  relative_attention_num_buckets=32,
+                                                  relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
+                                                  layer_norm_epsilon=1e-6, tie_word_embeddings=False,
+                                                  decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+       for name, d_model, d_ff, layers, heads in (("mt5-small", 512, 1024, 8, 6), ("mt5-base", 768, 2048, 12, 12))},
     # --- BART ------------------------------------------------------------------
     "bart-base": (
         "BartForConditionalGeneration",
@@ -531,7 +539,7 @@ def hf_param_count(name: str) -> int:
         # v1.1 checkpoints carry a separate lm_head (from_pretrained unties it
         # because both tensors are present and differ), so untie it here.
         if (
-            model_cls_name == "T5ForConditionalGeneration"
+            model_cls_name in ("T5ForConditionalGeneration", "MT5ForConditionalGeneration")
             and kwargs.get("tie_word_embeddings") is False
             and model.lm_head.weight is model.shared.weight
         ):

@@ -23,6 +23,13 @@ PUBLISHED = {
                                      "pooler_num_attention_heads": 4, "pooler_num_fc_layers": 3,
                                      "pooler_size_per_head": 8, "pooler_type": "first_token_transform",
                                      "type_vocab_size": 2, **TINY},
+    # mT5's files say tie_word_embeddings false (MT5Config ties anyway; the file's lm_head is the head)
+    "mt5-small": {"architectures": ["MT5ForConditionalGeneration"], "d_ff": 48, "d_kv": 8, "d_model": 32,
+                  "decoder_start_token_id": 0, "dropout_rate": 0.1, "eos_token_id": 1, "feed_forward_proj": "gated-gelu",
+                  "initializer_factor": 1.0, "is_encoder_decoder": True, "layer_norm_epsilon": 1e-06,
+                  "model_type": "mt5", "num_decoder_layers": 2, "num_heads": 4, "num_layers": 2, "pad_token_id": 0,
+                  "relative_attention_num_buckets": 32, "tie_word_embeddings": False, "tokenizer_class": "T5Tokenizer",
+                  "vocab_size": 97},
     "t5-small": {"architectures": ["T5ForConditionalGeneration"], "d_ff": 48, "d_kv": 8, "d_model": 32,
                  "decoder_start_token_id": 0, "dropout_rate": 0.1, "eos_token_id": 1, "initializer_factor": 1.0,
                  "is_encoder_decoder": True, "layer_norm_epsilon": 1e-06, "model_type": "t5", "n_positions": 512,

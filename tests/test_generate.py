@@ -271,7 +271,7 @@ def _batch(family, rng):
                                                                      ("qwen2-moe", 3), ("gpt-neox", 3), ("gptj", 1),
                                                                      ("glm", 1), ("glm4", 3), ("gpt-oss", 3),
                                                                      ("llama4", 3), ("llama4-interleaved", 1),
-                                                                     ("deepseek-v32", 3), ("gemma2", 1), ("gemma3", 3), ("t5gemma", 1)])
+                                                                     ("deepseek-v32", 3), ("gemma2", 1), ("gemma3", 3), ("t5gemma", 1), ("mt5", 3)])
 def test_token_identical_to_transformers(name, num_beams, tmp_path):
     save_checkpoint(name, tmp_path)
     model, reference = jf.from_pretrained(tmp_path), reference_model(tmp_path)

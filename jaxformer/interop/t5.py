@@ -1,5 +1,9 @@
-"""T5 v1.0 and v1.1 (``t5``: T5Model, T5ForConditionalGeneration, T5EncoderModel): relative position
-bias, RMSNorm, plain or gated feed-forward; config and tensor rules, both directions."""
+"""T5 v1.0 and v1.1 (``t5``: T5Model, T5ForConditionalGeneration, T5EncoderModel) and mT5 (``mt5``, the same
+classes prefixed MT5): relative position bias, RMSNorm, plain or gated feed-forward; config and tensor rules,
+both directions. mT5 is T5 v1.1 over a 250K-token vocabulary with its own model_type: its modeling never
+scales the decoder output before the head (T5 v1.0 does when tied), its config class ties the embeddings
+whatever the file says (the file's own lm_head tensor is then loaded as the head), and a model loaded from an
+mT5 file is written back as one."""
 
 from __future__ import annotations
 
@@ -8,8 +12,11 @@ from typing import Any
 from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import GATED, Architecture, Rule, activation, attention, copy, linear, lm_head, refuse
 
-CLASSES = {"t5": ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel")}
-DEFAULTS = {"t5": dict(pad_token_id=0, eos_token_id=1)}  # T5Config's, for a file that leaves them out
+CLASSES = {"t5": ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel"),
+           "mt5": ("MT5Model", "MT5ForConditionalGeneration", "MT5EncoderModel")}
+# T5Config's and MT5Config's, for a file that leaves them out
+DEFAULTS = {"t5": dict(pad_token_id=0, eos_token_id=1),
+            "mt5": dict(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, feed_forward_proj="gated-gelu")}
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -21,12 +28,15 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     refuse(gated and act not in GATED, f"t5: feed_forward_proj={proj!r} (dense_act_fn={act!r}, gated) is not supported")
     # transformers 5 always ties in the config and records the v1.0 output scaling separately;
     # an lm_head tensor in the file means the head is untied (v1.1).
-    scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
-    tied = "lm_head.weight" not in tensor_names if tensor_names else hf.get("tie_word_embeddings", True)
-    encoder_only = arch == "T5EncoderModel"
+    mt5 = model_type == "mt5"
+    scale = False if mt5 else hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
+    # (mT5's config says nothing here: MT5Config ties whatever it is told, and every published mT5 holds its own head)
+    tied = ("lm_head.weight" not in tensor_names if tensor_names else
+            not mt5 and hf.get("tie_word_embeddings", True))
+    encoder_only = arch.endswith("T5EncoderModel")
     both_stacks = hf.get("is_encoder_decoder", True)  # False in T5EncoderModel's files, as it should be
     refuse(not encoder_only and both_stacks is False,
-           f"t5: is_encoder_decoder=false on {arch}, an encoder-decoder, is not supported")
+           f"{model_type}: is_encoder_decoder=false on {arch}, an encoder-decoder, is not supported")
     return dict(family="encoder" if encoder_only else "encoder_decoder", d_model=hf["d_model"],
                 num_heads=hf["num_heads"], head_dim=hf["d_kv"], d_ff=hf["d_ff"], encoder_layers=hf["num_layers"],
                 decoder_layers=0 if encoder_only else (hf.get("num_decoder_layers") or hf["num_layers"]),
@@ -39,7 +49,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 mlp_bias=False, tie_embeddings=tied,
                 scale_tied_logits=bool(scale and tied and arch == "T5ForConditionalGeneration"),
                 clamp_float16=True,
-                head="none" if arch != "T5ForConditionalGeneration" else "lm",
+                head="lm" if arch.endswith("T5ForConditionalGeneration") else "none",
                 dropout_rate=hf.get("dropout_rate", 0.1))
 
 
@@ -51,14 +61,23 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
     return "t5", "T5ForConditionalGeneration" if cfg.head == "lm" else "T5Model"
 
 
+def target_as(cfg: ModelConfig, model_type: str) -> tuple[str, str] | None:
+    """A model loaded from an mT5 file is written back as mT5 (unless it scales tied outputs, which mT5 never does)."""
+    found = target(cfg)
+    if found is None or model_type != "mt5" or cfg.scale_tied_logits:
+        return found if found is not None and found[0] == model_type else None
+    return "mt5", "M" + found[1]
+
+
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     act = {"relu": "relu", "gelu": "gelu", "geglu": "gated-gelu", "swiglu": "gated-silu"}[cfg.activation]
     out.update(d_model=cfg.d_model, num_heads=cfg.num_heads, d_kv=cfg.head_dim_, d_ff=cfg.d_ff,
                num_layers=cfg.encoder_layers, num_decoder_layers=cfg.decoder_layers or cfg.encoder_layers,
                layer_norm_epsilon=cfg.norm_eps, feed_forward_proj=act, relative_attention_num_buckets=cfg.relative_buckets,
                relative_attention_max_distance=cfg.relative_max_distance, dropout_rate=cfg.dropout_rate,
-               tie_word_embeddings=cfg.tie_embeddings, scale_decoder_outputs=cfg.scale_tied_logits,
-               is_encoder_decoder=cfg.family == "encoder_decoder")
+               tie_word_embeddings=cfg.tie_embeddings, is_encoder_decoder=cfg.family == "encoder_decoder")
+    if model_type == "t5":  # (mT5 never scales: its config has no such key)
+        out["scale_decoder_outputs"] = cfg.scale_tied_logits
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
@@ -100,6 +119,11 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 # T5 names its tensors the same with or without a head: nothing is nested.
-ARCHITECTURE = Architecture(CLASSES, {"t5": ""}, CLASSES["t5"], config_from_hf, target, config_to_hf, rules, harmless={
+ARCHITECTURE = Architecture(CLASSES, {"t5": "", "mt5": ""}, CLASSES["t5"] + CLASSES["mt5"], config_from_hf, target,
+                            config_to_hf, rules, target_as=target_as, harmless={
     "is_decoder": "the class decides which stack is which",
-    "num_decoder_layers": "read for models with a decoder; T5EncoderModel has none"}, defaults=DEFAULTS)
+    "num_decoder_layers": "read for models with a decoder; T5EncoderModel has none",
+    # (T5 reads it: it decides T5 v1.0's output scaling)
+    "tie_word_embeddings": "MT5Config ties whatever the file says; the file's own lm_head tensor, when it has one, "
+                           "is the head (a file read without its tensors: mT5's own head, as every published one)"},
+                            defaults=DEFAULTS)
