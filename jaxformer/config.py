@@ -19,6 +19,9 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_er
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_erf")
 CLASSIFIER_POOLINGS = ("cls", "mean")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl", "disentangled")
+# sinusoidal positions: the 2017 paper's (sin and cos interleaved) or fairseq's (M2M-100, NLLB: all sines then
+# all cosines, frequencies 10000^(-i / (D/2 - 1)), the pad id's row zero)
+SINUSOID_LAYOUTS = ("transformer", "fairseq")
 DISENTANGLED_TERMS = ("c2p", "p2c")  # DeBERTa: content-to-position, position-to-content
 CONV_ACTIVATIONS = ("tanh", "relu", "gelu", "gelu_tanh", "silu")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
@@ -208,6 +211,7 @@ class ModelConfig:
     max_positions: int = 1024  # longest sequence; learned/sinusoidal tables hold this many rows
     position_offset: int = 0  # rows before position 0 in a learned table (RoBERTa, BART use 2)
     pad_aware_positions: bool = False  # RoBERTa: positions count non-pad tokens; pads use row pad_token_id
+    sinusoids: str = "transformer"  # position="sinusoidal": the layout (SINUSOID_LAYOUTS)
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
     local_rope_theta: float | None = None  # sliding-window layers' own rotary base, unscaled (Gemma 3); None: rope_theta
@@ -722,10 +726,15 @@ class ModelConfig:
         eos = self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
         if any(e is not None and not 0 <= e < self.vocab_size for e in eos):
             raise ValueError(f"ModelConfig.eos_token_id={self.eos_token_id} must lie in [0, vocab_size={self.vocab_size})")
-        if self.pad_aware_positions and (self.pad_token_id is None or self.position != "learned"
+        if self.pad_aware_positions and (self.pad_token_id is None or self.position not in ("learned", "sinusoidal")
                                          or self.position_offset <= self.pad_token_id):
-            raise ValueError("ModelConfig.pad_aware_positions=True needs learned positions, a pad_token_id, and "
-                             "position_offset > pad_token_id (RoBERTa: pad_token_id=1, position_offset=2)")
+            raise ValueError("ModelConfig.pad_aware_positions=True needs learned or sinusoidal positions, a "
+                             "pad_token_id, and position_offset > pad_token_id (RoBERTa: pad_token_id=1, "
+                             "position_offset=2)")
+        _one_of("sinusoids", self.sinusoids, SINUSOID_LAYOUTS)
+        if self.sinusoids != "transformer" and self.position != "sinusoidal":
+            raise ValueError(f"ModelConfig.sinusoids={self.sinusoids!r} lays out sinusoidal positions; position is "
+                             f"{self.position!r}")
         for field in ("logits_bias", "lm_head_bias"):
             if getattr(self, field) and self.head != "lm":
                 raise ValueError(f"ModelConfig.{field}=True needs head='lm'")

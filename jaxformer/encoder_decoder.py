@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.cache import DecodeState, EncoderKV, KVCache, empty_cache
@@ -61,6 +62,8 @@ class EncoderDecoder(nnx.Module):
         keys = split_key(key, 2)
         x, at = self.decoder_embeddings(self.embed, decoder_input_ids, inputs_embeds=inputs_embeds,
                                         positions=positions, key=keys[0])
+        if positions is None and self.config.pad_aware_positions:  # (M2M-100) causal visibility goes by index
+            at = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
         tokens = Tokens(at, valid, indexed=positions is None and cache is None)
         return self.decoder(x, tokens, cache=cache, cross=source, collect_hidden=collect_hidden,
                             collect_attentions=collect_attentions, key=keys[1])

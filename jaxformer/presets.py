@@ -300,6 +300,15 @@ _PRESETS: dict[str, dict] = {
                       encoder_layers=6, decoder_layers=6, norm_position="post", norm_eps=1e-5, embedding_norm=True,
                       final_norm=False, activation="gelu", position="learned", max_positions=1024,
                       position_offset=2, tie_embeddings=True, dropout_rate=0.1),
+    # M2M-100 (Fan et al. 2020) and NLLB-200 (NLLB team 2022): many-to-many translation; pre-norm with a final
+    # norm per stack, ReLU, embeddings scaled by sqrt(d_model), fairseq's sinusoids counted from the pad id
+    **{name: dict(family="encoder_decoder", vocab_size=vocab, d_model=1024, num_heads=16, d_ff=4096,
+                  encoder_layers=12, decoder_layers=12, norm_position="pre", norm_eps=1e-5, embedding_norm=False,
+                  final_norm=True, activation="relu", position="sinusoidal", sinusoids="fairseq",
+                  pad_aware_positions=True, position_offset=2, max_positions=1024, scale_embeddings=True,
+                  tie_embeddings=True, dropout_rate=0.1, attention_dropout_rate=0.1, pad_token_id=1, bos_token_id=0,
+                  eos_token_id=2, decoder_start_token_id=2)
+       for name, vocab in (("m2m100-418m", 128112), ("nllb-200-distilled-600m", 256206))},
     "llama-3-8b": _llama(4096, 32, 32, 8, 14336, 128256, 500000.0, 8192),
     "llama-3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 500000.0, 8192),
     "mistral-7b": _llama(4096, 32, 32, 8, 14336, 32000, 10000.0, 32768, attention="sliding", window_size=4096),

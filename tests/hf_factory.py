@@ -42,6 +42,9 @@ _DEBERTA_V3 = {**_DEBERTA, "pos_att_type": ["p2c", "c2p"], "position_buckets": 8
                "share_att_key": True, "norm_rel_ebd": "layer_norm"}
 _DEBERTA_V2_CONV = {**_DEBERTA_V3, "num_hidden_layers": 3, "share_att_key": False, "conv_kernel_size": 3,
                     "conv_act": "gelu", "position_biased_input": True, "type_vocab_size": 2}
+_M2M100 = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+               decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40,
+               init_std=STD, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
 _GPT2 = dict(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=40, initializer_range=STD,
              bos_token_id=1, eos_token_id=2)
 _LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
@@ -267,6 +270,9 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                                                          "tie_word_embeddings": False}),
     "mt5-encoder": ("MT5Config", "MT5EncoderModel", {**_T5, "feed_forward_proj": "gated-gelu"}),
     "bart": ("BartConfig", "BartForConditionalGeneration", _BART),
+    # M2M-100 / NLLB: pre-norm with final norms, scaled embeddings, fairseq's sinusoids counted from the pad id
+    "m2m100": ("M2M100Config", "M2M100ForConditionalGeneration", _M2M100),
+    "m2m100-base": ("M2M100Config", "M2M100Model", {**_M2M100, "activation_function": "gelu", "scale_embedding": False}),
     "bart-base": ("BartConfig", "BartModel", _BART),
     # XLNet's content stream = Transformer-XL: causal and bidirectional, gelu and relu, per-layer and shared
     # u/v biases (untie_r=False: every layer holds the same pair), clamped distances

@@ -23,7 +23,7 @@ def padded_batch(name: str, rng: np.random.Generator, length: int = 9):
     ids = rng.integers(3, 97, size=(2, length))
     mask = np.ones_like(ids)
     mask[1, length - 3:] = 0
-    pad = 1 if name.startswith(("roberta", "xlm-roberta", "bart")) else 0
+    pad = 1 if name.startswith(("roberta", "xlm-roberta", "bart", "m2m100")) else 0
     ids[1, length - 3:] = pad
     if name.startswith("xlnet") and CHECKPOINTS[name][2]["attn_type"] == "uni":
         mask[:] = 1  # transformers' causal XLNet fails on any attention_mask in a batch (an in-place broadcast)
@@ -49,7 +49,7 @@ def test_every_layer_matches_transformers(name, checkpoints):
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "bart"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "bart", "m2m100"])
 def test_encoder_decoder_and_decoder_logits_also_match_with_left_padding(name, checkpoints):
     """Left padding: real tokens sit after the pads (position ids still count from 0, as in HF)."""
     path = checkpoints(name)
@@ -187,3 +187,22 @@ def test_t5_in_float16_clamps_like_transformers_instead_of_overflowing(tmp_path)
     assert np.isfinite(ours_logits).all()
     assert np.abs(ours_logits - ref_logits).max() <= 0.05 * (ref_logits.max() - ref_logits.min())
     assert model.generate(ids, max_new_tokens=3, decoder_start_token_id=0).shape == (2, 4)
+
+
+def test_m2m100_padded_on_both_sides_matches_transformers(checkpoints):
+    """M2M-100 counts positions over real tokens from the pad id on, on both sides: with the source and the target
+    padded (the target's pads carry the pad id and the zero row), the logits of every real target token match."""
+    path = checkpoints("m2m100")
+    rng = np.random.default_rng(3)
+    ids, mask, _ = padded_batch("m2m100", rng)
+    target = rng.integers(3, 97, size=(2, 7))
+    target_mask = np.ones_like(target)
+    target[0, 5:], target_mask[0, 5:] = 1, 0
+    model, reference = jf.from_pretrained(path), reference_model(path)
+    ours = np.asarray(model(ids, mask, target, target_mask).logits)
+    with torch.no_grad():
+        theirs = reference(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                           decoder_input_ids=torch.as_tensor(target),
+                           decoder_attention_mask=torch.as_tensor(target_mask)).logits.numpy()
+    real = target_mask.astype(bool)
+    np.testing.assert_allclose(ours[real], theirs[real], atol=TOLERANCE, rtol=0)

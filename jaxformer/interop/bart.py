@@ -34,7 +34,10 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if cfg.family != "encoder_decoder" or cfg.position != "learned":
+    """BART: the post-norm encoder-decoder with learned positions and embedding norms (pre-norm relatives, whose
+    files spell other names, are not BART's)."""
+    if not (cfg.family == "encoder_decoder" and cfg.position == "learned" and cfg.norm_position == "post"
+            and cfg.embedding_norm and not cfg.final_norm and not cfg.pad_aware_positions):
         return None
     return "bart", "BartForConditionalGeneration" if cfg.head == "lm" else "BartModel"
 
@@ -48,28 +51,35 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                tie_word_embeddings=cfg.tie_embeddings, is_encoder_decoder=True)
 
 
-def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
-    p = prefix
-    out = [copy(("embed", "table"), f"{p}shared.weight")]
-    aliases = {f"{p}encoder.embed_tokens.weight": f"{p}shared.weight",
-               f"{p}decoder.embed_tokens.weight": f"{p}shared.weight"}
+def layer_rules(cfg: ModelConfig, side: str, layer: str) -> list[Rule]:
+    """One BART-style layer's tensors under ``layer`` (holding ``{i}``): self-attention, fc1/fc2 and their norms,
+    and a decoder's cross-attention (M2M-100's, mBART's, Pegasus' and Marian's layers too)."""
+    L = (side, "blocks")
 
     def projections(path, name):
         return attention(cfg, path, *(f"{name}.{n}_proj.weight" for n in "qkv"), f"{name}.out_proj.weight",
                          *(f"{name}.{n}_proj.bias" for n in "qkv"), f"{name}.out_proj.bias")
 
+    out = [*projections(L + ("attn",), f"{layer}.self_attn"),
+           *norm(L + ("attn_norm",), f"{layer}.self_attn_layer_norm", True),
+           linear(L + ("mlp", "wi"), f"{layer}.fc1.weight"), copy(L + ("mlp", "bi"), f"{layer}.fc1.bias"),
+           linear(L + ("mlp", "wo"), f"{layer}.fc2.weight"), copy(L + ("mlp", "bo"), f"{layer}.fc2.bias"),
+           *norm(L + ("mlp_norm",), f"{layer}.final_layer_norm", True)]
+    if side == "decoder":
+        out += [*projections(L + ("cross_attn",), f"{layer}.encoder_attn"),
+                *norm(L + ("cross_norm",), f"{layer}.encoder_attn_layer_norm", True)]
+    return out
+
+
+def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
+    p = prefix
+    out = [copy(("embed", "table"), f"{p}shared.weight")]
+    aliases = {f"{p}encoder.embed_tokens.weight": f"{p}shared.weight",
+               f"{p}decoder.embed_tokens.weight": f"{p}shared.weight"}
     for side in ("encoder", "decoder"):
-        L, layer = (side, "blocks"), f"{p}{side}.layers.{{i}}"
         out += [copy((f"{side}_embeddings", "positions", "table"), f"{p}{side}.embed_positions.weight"),
                 *norm((f"{side}_embeddings", "norm"), f"{p}{side}.layernorm_embedding", True),
-                *projections(L + ("attn",), f"{layer}.self_attn"),
-                *norm(L + ("attn_norm",), f"{layer}.self_attn_layer_norm", True),
-                linear(L + ("mlp", "wi"), f"{layer}.fc1.weight"), copy(L + ("mlp", "bi"), f"{layer}.fc1.bias"),
-                linear(L + ("mlp", "wo"), f"{layer}.fc2.weight"), copy(L + ("mlp", "bo"), f"{layer}.fc2.bias"),
-                *norm(L + ("mlp_norm",), f"{layer}.final_layer_norm", True)]
-        if side == "decoder":
-            out += [*projections(L + ("cross_attn",), f"{layer}.encoder_attn"),
-                    *norm(L + ("cross_norm",), f"{layer}.encoder_attn_layer_norm", True)]
+                *layer_rules(cfg, side, f"{p}{side}.layers.{{i}}")]
     head, head_aliases = lm_head(cfg, f"{p}shared.weight")
     out += head
     aliases.update(head_aliases)

@@ -54,8 +54,17 @@ class Embed(nnx.Module):
         return jnp.einsum("BTD,VD->BTV", x, self.table[...].astype(self.dtype))
 
 
-def sinusoids(positions: Array, d_model: int) -> Array:
-    """The 2017 encoding [B, T, D]: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same)."""
+def sinusoids(positions: Array, d_model: int, layout: str = "transformer") -> Array:
+    """Sinusoidal encodings [B, T, D] of positions [B, T]. ``transformer`` (the 2017 paper): PE[p, 2i] =
+    sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same). ``fairseq`` (M2M-100, NLLB): the first D/2 numbers sin(p f_i),
+    the next cos(p f_i), f_i = exp(-i log(10000) / (D/2 - 1)) in float32 as fairseq and transformers compute it,
+    a zero column last when D is odd."""
+    if layout == "fairseq":
+        half = d_model // 2
+        inv_freq = np.exp(np.arange(half, dtype=np.float32) * np.float32(-math.log(10000) / (half - 1)))
+        angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+        pe = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+        return pe if d_model % 2 == 0 else jnp.pad(pe, [(0, 0)] * (pe.ndim - 1) + [(0, 1)])
     inv_freq = np.power(10000.0, -np.arange(0, d_model, 2, dtype=np.float64) / d_model).astype(np.float32)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq
     pe = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, -1)
@@ -68,6 +77,7 @@ class Positions(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, axis: str = "embed"):
         self.kind, self.offset, self.dtype = cfg.position, cfg.position_offset, dtype_of(cfg.dtype)
+        self.layout, self.pad_token_id = cfg.sinusoids, cfg.pad_token_id
         self.d_model = width or cfg.d_model
         learned = cfg.position == "learned" or cfg.position_biased_input  # DeBERTa may add one to its relative terms
         self.table = (param(rngs, (cfg.max_positions + cfg.position_offset, self.d_model), ("positions", axis), cfg)
@@ -76,8 +86,12 @@ class Positions(nnx.Module):
     def __call__(self, positions: Array) -> Array | None:
         if self.table is not None:
             return jnp.take(self.table[...], positions + self.offset, axis=0).astype(self.dtype)
-        if self.kind == "sinusoidal":
-            return sinusoids(positions, self.d_model).astype(self.dtype)
+        if self.kind == "sinusoidal":  # row positions + offset of the table M2M-100 computes (its pad row zero)
+            rows = positions + self.offset
+            pe = sinusoids(rows, self.d_model, self.layout)
+            if self.layout == "fairseq" and self.pad_token_id is not None:
+                pe = jnp.where((rows == self.pad_token_id)[..., None], 0.0, pe)
+            return pe.astype(self.dtype)
         return None
 
 

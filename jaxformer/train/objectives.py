@@ -88,6 +88,12 @@ def with_aux_loss(loss: jax.Array, sums: dict, output) -> tuple[jax.Array, dict]
 # Objectives
 
 
+
+def pad_changes(cfg, pad: int) -> dict:
+    """The config changes that give a fresh model the tokenizer's pad id: positions counted from the pad (RoBERTa,
+    M2M-100's ``pad_aware_positions``) start at the row after it, so the offset moves with it."""
+    return {"pad_token_id": pad, **({"position_offset": pad + 1} if cfg.pad_aware_positions else {})}
+
 class Objective:
     """Base: the data splits, the model head, batches and the loss of one objective.
 
@@ -252,7 +258,7 @@ class MaskedLM(Objective):
         head = "pretraining" if self.pairs else "mlm"
         changes = {"head": head, "pooler": cfg.pooler or head == "pretraining"}
         if fresh:
-            changes["pad_token_id"] = self.ids["pad"]
+            changes.update(pad_changes(cfg, self.ids["pad"]))
         if cfg.type_vocab_size < 2 and self.pairs:
             raise ValueError(f"{self.pair_task} needs token types (type_vocab_size >= 2); model {cfg.name!r} has "
                              f"{cfg.type_vocab_size}" + (" (set data.nsp=false for RoBERTa-style MLM)"
@@ -376,7 +382,7 @@ class ReplacedTokenDetection(MaskedLM):
         cfg = Objective.adapt(self, cfg, fresh)
         changes = {"head": "discriminator", "pooler": False}
         if fresh:
-            changes["pad_token_id"] = self.ids["pad"]
+            changes.update(pad_changes(cfg, self.ids["pad"]))
         if not cfg.generator_width:
             heads = max(1, round(cfg.num_heads * self.run.train.generator_fraction))
             changes["generator_width"] = heads * cfg.head_dim_
@@ -427,7 +433,10 @@ class _EncoderDecoderObjective(Objective):
         # tokenizer's only where it has none (a decoder-only model adapted into an encoder-decoder, say).
         ids = {"pad_token_id": self.tokenizer.special("pad"), "eos_token_id": self.tokenizer.special("eos"),
                "decoder_start_token_id": self.decoder_start}
-        cfg = cfg.replace(**{field: value for field, value in ids.items() if fresh or getattr(cfg, field) is None})
+        changes = {field: value for field, value in ids.items() if fresh or getattr(cfg, field) is None}
+        if "pad_token_id" in changes:
+            changes.update(pad_changes(cfg, changes["pad_token_id"]))
+        cfg = cfg.replace(**changes)
         if cfg.decoder_start_token_id is None:
             raise ValueError(f"model {cfg.name!r} has no decoder_start_token_id; set model.overrides."
                              "decoder_start_token_id")
@@ -644,7 +653,7 @@ class Classification(RecordObjective):
         changes = {"head": "sequence_classification", "pooler": True, "num_labels": len(self.label_names),
                    "label_names": tuple(self.label_names)}
         if fresh:
-            changes["pad_token_id"] = self.ids["pad"]
+            changes.update(pad_changes(cfg, self.ids["pad"]))
         if self.pairs and cfg.type_vocab_size < 2:
             raise ValueError(f"sentence-pair classification tells the two texts apart by token types "
                              f"(type_vocab_size >= 2); model {cfg.name!r} has type_vocab_size={cfg.type_vocab_size}")
