@@ -300,6 +300,14 @@ _PRESETS: dict[str, dict] = {
                       encoder_layers=6, decoder_layers=6, norm_position="post", norm_eps=1e-5, embedding_norm=True,
                       final_norm=False, activation="gelu", position="learned", max_positions=1024,
                       position_offset=2, tie_embeddings=True, dropout_rate=0.1),
+    # mBART-50 (Tang et al. 2020): BART's tensors pre-norm with a final norm per stack, embeddings scaled by
+    # sqrt(d_model), 50 languages' tokens in a 250K vocabulary; translation forces the target language's token
+    "mbart-large-50": dict(family="encoder_decoder", vocab_size=250054, d_model=1024, num_heads=16, d_ff=4096,
+                           encoder_layers=12, decoder_layers=12, norm_position="pre", norm_eps=1e-5,
+                           embedding_norm=True, final_norm=True, activation="gelu", position="learned",
+                           max_positions=1024, position_offset=2, scale_embeddings=True, tie_embeddings=True,
+                           logits_bias=True, dropout_rate=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                           decoder_start_token_id=2),
     # M2M-100 (Fan et al. 2020) and NLLB-200 (NLLB team 2022): many-to-many translation; pre-norm with a final
     # norm per stack, ReLU, embeddings scaled by sqrt(d_model), fairseq's sinusoids counted from the pad id
     **{name: dict(family="encoder_decoder", vocab_size=vocab, d_model=1024, num_heads=16, d_ff=4096,

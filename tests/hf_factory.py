@@ -270,6 +270,9 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                                                          "tie_word_embeddings": False}),
     "mt5-encoder": ("MT5Config", "MT5EncoderModel", {**_T5, "feed_forward_proj": "gated-gelu"}),
     "bart": ("BartConfig", "BartForConditionalGeneration", _BART),
+    # mBART (mBART-50's layout): BART's tensors pre-norm with final norms, scaled embeddings
+    "mbart": ("MBartConfig", "MBartForConditionalGeneration", {**_BART, "scale_embedding": True}),
+    "mbart-base": ("MBartConfig", "MBartModel", _BART),
     # M2M-100 / NLLB: pre-norm with final norms, scaled embeddings, fairseq's sinusoids counted from the pad id
     "m2m100": ("M2M100Config", "M2M100ForConditionalGeneration", _M2M100),
     "m2m100-base": ("M2M100Config", "M2M100Model", {**_M2M100, "activation_function": "gelu", "scale_embedding": False}),
@@ -306,7 +309,7 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
             model.lm_head.weight.mul_(0.25)
     if name == "mt5":  # MT5Config ties whatever it is told; the published files hold their own head
         model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 0.25)
-    if name.startswith("bart"):  # final_logits_bias starts at zero; give it values so the test sees it
+    if name.startswith(("bart", "mbart")):  # final_logits_bias starts at zero; give it values so the test sees it
         if hasattr(model, "final_logits_bias"):
             model.final_logits_bias.normal_(0, STD)
     with torch.no_grad():  # V3's selection bias starts at zero; random values make it change the choice

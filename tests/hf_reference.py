@@ -260,6 +260,12 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=True,
         ),
     ),
+    # --- mBART-50 ------------------------------------------------------------------
+    "mbart-large-50": ("MBartForConditionalGeneration", dict(
+        vocab_size=250054, d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
+        decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024,
+        activation_function="gelu", scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=2, dropout=0.1)),
     # --- M2M-100 and NLLB --------------------------------------------------------
     **{name: ("M2M100ForConditionalGeneration", dict(
         vocab_size=vocab, d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,

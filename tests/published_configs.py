@@ -30,6 +30,23 @@ PUBLISHED = {
                   "model_type": "mt5", "num_decoder_layers": 2, "num_heads": 4, "num_layers": 2, "pad_token_id": 0,
                   "relative_attention_num_buckets": 32, "tie_word_embeddings": False, "tokenizer_class": "T5Tokenizer",
                   "vocab_size": 97},
+    # mBART-50's file: fairseq-era keys (normalize_before, add_final_layer_norm, static_position_embeddings), labels
+    # of a classification head it does not have, generation defaults
+    "mbart-large-50": {"_num_labels": 3, "activation_dropout": 0.0, "activation_function": "gelu",
+                       "add_bias_logits": False, "add_final_layer_norm": True,
+                       "architectures": ["MBartForConditionalGeneration"], "attention_dropout": 0.0, "bos_token_id": 0,
+                       "classif_dropout": 0.0, "classifier_dropout": 0.0, "d_model": 32, "decoder_attention_heads": 4,
+                       "decoder_ffn_dim": 48, "decoder_layerdrop": 0.0, "decoder_layers": 2,
+                       "decoder_start_token_id": 2, "dropout": 0.1, "early_stopping": True,
+                       "encoder_attention_heads": 4, "encoder_ffn_dim": 48, "encoder_layerdrop": 0.0,
+                       "encoder_layers": 2, "eos_token_id": 2, "forced_eos_token_id": 2, "gradient_checkpointing": False,
+                       "id2label": {"0": "LABEL_0", "1": "LABEL_1", "2": "LABEL_2"}, "init_std": 0.02,
+                       "is_encoder_decoder": True, "label2id": {"LABEL_0": 0, "LABEL_1": 1, "LABEL_2": 2},
+                       "max_length": 200, "max_position_embeddings": 1024, "model_type": "mbart",
+                       "normalize_before": True, "normalize_embedding": True, "num_beams": 5, "num_hidden_layers": 2,
+                       "output_past": True, "pad_token_id": 1, "scale_embedding": True,
+                       "static_position_embeddings": False, "tokenizer_class": "MBart50Tokenizer",
+                       "transformers_version": "4.4.0.dev0", "use_cache": True, "vocab_size": 97},
     # M2M-100's file: layerdrop, num_hidden_layers and generation defaults (num_beams, max_length) of its time
     "m2m100_418M": {"activation_dropout": 0.0, "activation_function": "relu",
                     "architectures": ["M2M100ForConditionalGeneration"], "attention_dropout": 0.1, "bos_token_id": 0,

@@ -64,6 +64,8 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "gpt_neox": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48,
                           vocab_size=97),
          **dict.fromkeys(("t5", "mt5"), dict(d_model=32, d_ff=48, d_kv=8, num_heads=4, num_layers=2, vocab_size=97)),
+         "mbart": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
+                       decoder_attention_heads=4, encoder_layers=2, decoder_layers=2, vocab_size=97),
          "m2m_100": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
                          decoder_attention_heads=4, encoder_layers=2, decoder_layers=2, vocab_size=97),
          "bart": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
@@ -211,9 +213,9 @@ def test_published_configs_are_read_not_refused(name):
     if name in ("bart-large",):
         # forced_eos_token_id=2 is not named: generate applies it, as transformers does
         assert "num_beams=4" in generation[0] and "forced_eos_token_id" not in generation[0]
-    elif name.startswith(("m2m100", "nllb")):  # their translation settings of the time
+    elif name.startswith(("m2m100", "nllb", "mbart")):  # their translation settings of the time
         assert "max_length=200" in generation[0]
-        assert ("num_beams=5" in generation[0]) == (name == "m2m100_418M")
+        assert ("num_beams=5" in generation[0]) == (name != "nllb-200-distilled-600M")
     else:
         assert not generation
     reference = transformers.CONFIG_MAPPING[hf["model_type"]].from_dict(hf)

@@ -272,7 +272,7 @@ def _batch(family, rng):
                                                                      ("glm", 1), ("glm4", 3), ("gpt-oss", 3),
                                                                      ("llama4", 3), ("llama4-interleaved", 1),
                                                                      ("deepseek-v32", 3), ("gemma2", 1), ("gemma3", 3), ("t5gemma", 1), ("mt5", 3),
-                                                                     ("m2m100", 1), ("m2m100", 3)])
+                                                                     ("m2m100", 1), ("m2m100", 3), ("mbart", 3)])
 def test_token_identical_to_transformers(name, num_beams, tmp_path):
     save_checkpoint(name, tmp_path)
     model, reference = jf.from_pretrained(tmp_path), reference_model(tmp_path)
@@ -280,7 +280,7 @@ def test_token_identical_to_transformers(name, num_beams, tmp_path):
     kwargs = dict(max_new_tokens=10, num_beams=num_beams, do_sample=False, length_penalty=1.0)
     if name == "bart":
         kwargs["forced_eos_token_id"] = 2
-    if name == "m2m100":  # translation: the target language's token forced after the decoder start
+    if name in ("m2m100", "mbart"):  # translation: the target language's token forced after the decoder start
         kwargs["forced_bos_token_id"] = 7
     # Make EOS happen: take a token the free run emits early, so stopping, padding and (for beams)
     # finished hypotheses are all exercised.

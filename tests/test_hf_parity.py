@@ -23,7 +23,7 @@ def padded_batch(name: str, rng: np.random.Generator, length: int = 9):
     ids = rng.integers(3, 97, size=(2, length))
     mask = np.ones_like(ids)
     mask[1, length - 3:] = 0
-    pad = 1 if name.startswith(("roberta", "xlm-roberta", "bart", "m2m100")) else 0
+    pad = 1 if name.startswith(("roberta", "xlm-roberta", "bart", "mbart", "m2m100")) else 0
     ids[1, length - 3:] = pad
     if name.startswith("xlnet") and CHECKPOINTS[name][2]["attn_type"] == "uni":
         mask[:] = 1  # transformers' causal XLNet fails on any attention_mask in a batch (an in-place broadcast)
@@ -49,7 +49,7 @@ def test_every_layer_matches_transformers(name, checkpoints):
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "bart", "m2m100"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "bart", "mbart", "m2m100"])
 def test_encoder_decoder_and_decoder_logits_also_match_with_left_padding(name, checkpoints):
     """Left padding: real tokens sit after the pads (position ids still count from 0, as in HF)."""
     path = checkpoints(name)

@@ -1,5 +1,8 @@
-"""BART (``bart``: BartModel, BartForConditionalGeneration): post-norm encoder-decoder with learned
-positions offset by 2 and embedding norms; config and tensor rules, both directions."""
+"""BART (``bart``: BartModel, BartForConditionalGeneration) and mBART (``mbart``: MBartModel,
+MBartForConditionalGeneration): encoder-decoders with learned positions offset by 2 and embedding norms; BART's
+layers post-norm, mBART's pre-norm with a final LayerNorm per stack (``layer_norm``) and, in mBART-50, embeddings
+scaled by sqrt(d_model). Config and tensor rules, both directions; ``layer_rules`` is the layer every BART
+relative shares (M2M-100's too)."""
 
 from __future__ import annotations
 
@@ -9,9 +12,14 @@ from jaxformer.config import ModelConfig
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, linear,
                                      lm_head, norm, refuse)
 
-CLASSES = {"bart": ("BartModel", "BartForConditionalGeneration")}
+CLASSES = {"bart": ("BartModel", "BartForConditionalGeneration"),
+           "mbart": ("MBartModel", "MBartForConditionalGeneration")}
+# BartConfig's and MBartConfig's, for the keys a file may leave out
 DEFAULTS = {"bart": dict(max_position_embeddings=1024, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                         decoder_start_token_id=2)}  # BartConfig's
+                         decoder_start_token_id=2),
+            "mbart": dict(max_position_embeddings=1024, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                          decoder_start_token_id=None, activation_function="gelu", scale_embedding=False,
+                          dropout=0.1, attention_dropout=0.0, tie_word_embeddings=True)}
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
@@ -19,13 +27,15 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
            hf["encoder_ffn_dim"] != hf["decoder_ffn_dim"],
            "bart: different encoder and decoder widths or head counts are not supported")
     refuse(hf.get("encoder_layerdrop", 0.0) > 0 or hf.get("decoder_layerdrop", 0.0) > 0,
-           "bart: layerdrop > 0 is not supported")
-    refuse(hf.get("normalize_before", False) or hf.get("add_final_layer_norm", False),
-           "bart: pre-norm variants (normalize_before / add_final_layer_norm) are not supported")
-    lm = arch == "BartForConditionalGeneration"
+           f"{model_type}: layerdrop > 0 is not supported")
+    mbart = model_type == "mbart"
+    if not mbart:  # (BART's own pre-norm switches; mBART's config has none: it is pre-norm)
+        refuse(hf.get("normalize_before", False) or hf.get("add_final_layer_norm", False),
+               "bart: pre-norm variants (normalize_before / add_final_layer_norm) are not supported")
+    lm = arch.endswith("ForConditionalGeneration")
     return dict(family="encoder_decoder", d_model=hf["d_model"], num_heads=hf["encoder_attention_heads"],
                 d_ff=hf["encoder_ffn_dim"], encoder_layers=hf["encoder_layers"], decoder_layers=hf["decoder_layers"],
-                norm_position="post", norm_eps=1e-5, embedding_norm=True, final_norm=False,
+                norm_position="pre" if mbart else "post", norm_eps=1e-5, embedding_norm=True, final_norm=mbart,
                 activation=activation(hf.get("activation_function", "gelu"), False, "bart"), position="learned",
                 max_positions=hf["max_position_embeddings"], position_offset=2,
                 scale_embeddings=bool(hf.get("scale_embedding", False)),
@@ -36,10 +46,12 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
     """BART: the post-norm encoder-decoder with learned positions and embedding norms (pre-norm relatives, whose
     files spell other names, are not BART's)."""
-    if not (cfg.family == "encoder_decoder" and cfg.position == "learned" and cfg.norm_position == "post"
-            and cfg.embedding_norm and not cfg.final_norm and not cfg.pad_aware_positions):
+    if not (cfg.family == "encoder_decoder" and cfg.position == "learned" and cfg.embedding_norm
+            and cfg.position_offset == 2 and not cfg.pad_aware_positions and cfg.shared_embeddings
+            and (cfg.norm_position, cfg.final_norm) in (("post", False), ("pre", True))):
         return None
-    return "bart", "BartForConditionalGeneration" if cfg.head == "lm" else "BartModel"
+    stem = "Bart" if cfg.norm_position == "post" else "MBart"  # mBART: pre-norm with final norms
+    return stem.lower(), stem + ("ForConditionalGeneration" if cfg.head == "lm" else "Model")
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
@@ -80,6 +92,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         out += [copy((f"{side}_embeddings", "positions", "table"), f"{p}{side}.embed_positions.weight"),
                 *norm((f"{side}_embeddings", "norm"), f"{p}{side}.layernorm_embedding", True),
                 *layer_rules(cfg, side, f"{p}{side}.layers.{{i}}")]
+        if cfg.final_norm:  # mBART
+            out += norm((side, "final_norm"), f"{p}{side}.layer_norm", True)
     head, head_aliases = lm_head(cfg, f"{p}shared.weight")
     out += head
     aliases.update(head_aliases)
@@ -89,7 +103,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return out, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"bart": "model."}, ("BartModel",), config_from_hf, target, config_to_hf, rules,
+ARCHITECTURE = Architecture(CLASSES, {"bart": "model.", "mbart": "model."}, ("BartModel", "MBartModel"), config_from_hf,
+                            target, config_to_hf, rules,
                             harmless={**dict.fromkeys(("is_decoder", "is_encoder_decoder"),
                                                       "the class decides which stack is which"),
                                       **dict.fromkeys(("add_bias_logits", "normalize_embedding",
@@ -97,5 +112,9 @@ ARCHITECTURE = Architecture(CLASSES, {"bart": "model."}, ("BartModel",), config_
                                                        "force_bos_token_to_be_generated", "classif_dropout",
                                                        "num_hidden_layers"),
                                                       "older files' settings, which transformers 5's BART "
-                                                      "never reads")},
+                                                      "never reads"),
+                                      # (BART reads these two and refuses them true; mBART's files say true)
+                                      **dict.fromkeys(("normalize_before", "add_final_layer_norm"),
+                                                      "mBART is pre-norm with final norms whatever older files "
+                                                      "say; transformers 5's mBART never reads them")},
                             defaults=DEFAULTS)
