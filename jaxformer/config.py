@@ -21,7 +21,7 @@ CLASSIFIER_POOLINGS = ("cls", "mean")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl", "disentangled")
 # sinusoidal positions: the 2017 paper's (sin and cos interleaved) or fairseq's (M2M-100, NLLB: all sines then
 # all cosines, frequencies 10000^(-i / (D/2 - 1)), the pad id's row zero)
-SINUSOID_LAYOUTS = ("transformer", "fairseq")
+SINUSOID_LAYOUTS = ("transformer", "fairseq", "marian")  # interleaved; M2M-100's halves; Marian/Pegasus' halves
 DISENTANGLED_TERMS = ("c2p", "p2c")  # DeBERTa: content-to-position, position-to-content
 CONV_ACTIVATIONS = ("tanh", "relu", "gelu", "gelu_tanh", "silu")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")

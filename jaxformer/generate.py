@@ -47,7 +47,7 @@ class _FromTheModel:
 FROM_MODEL = _FromTheModel()
 # The token ids a checkpoint sets for generation; transformers' generate() uses them unless given.
 GENERATION_IDS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id",
-                  "forced_eos_token_id")
+                  "forced_eos_token_id", "bad_words_ids")
 
 
 def generation_defaults(model) -> dict[str, Any]:
@@ -64,16 +64,19 @@ def generation_defaults(model) -> dict[str, Any]:
         source = json.loads(hf)
         inner = next((source[k] for k in ("decoder", "generator", "text_config")
                       if isinstance(source.get(k), dict)), {})
-        source = {k: inner.get(k) if source.get(k) is None else source[k] for k in GENERATION_IDS}
+        source = {k: inner.get(k) if source.get(k) is None else source[k] for k in (*GENERATION_IDS, "renormalize_logits")}
     else:
         source = {k: getattr(cfg, k, None) for k in GENERATION_IDS}
 
     def in_vocab(value):
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):  # bad_words_ids
+            return tuple(tuple(int(i) for i in seq) for seq in value if all(0 <= i < cfg.vocab_size for i in seq)) or None
         if isinstance(value, (list, tuple)):
             return tuple(int(i) for i in value if 0 <= i < cfg.vocab_size) or None
         return value if value is None or 0 <= value < cfg.vocab_size else None
 
-    return {k: in_vocab(source.get(k)) for k in GENERATION_IDS}
+    return {**{k: in_vocab(source.get(k)) for k in GENERATION_IDS},
+            "renormalize_logits": bool(source.get("renormalize_logits") or False)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +94,8 @@ class GenerationConfig:
     decoder_start_token_id: int | None = None
     forced_bos_token_id: int | None = None
     forced_eos_token_id: int | None = None
+    bad_token_ids: tuple[int, ...] = ()  # single-token bad_words_ids (Marian's pad), never chosen
+    renormalize_logits: bool = False  # log-softmax after the processors (Marian's beams score so)
 
     def validate(self, cfg: ModelConfig) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -122,6 +127,9 @@ class GenerationConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value < cfg.vocab_size:
                 raise ValueError(f"{name}={value} must lie in [0, {cfg.vocab_size})")
+        for bad in self.bad_token_ids:
+            if not 0 <= bad < cfg.vocab_size:
+                raise ValueError(f"bad_words_ids holds {bad}, which must lie in [0, {cfg.vocab_size})")
         if cfg.head != "lm":
             raise ValueError(f"generation needs an LM head; {cfg.name!r} has head={cfg.head!r}")
 
@@ -131,14 +139,19 @@ class GenerationConfig:
 
 
 def process_logits(scores: Array, step: Array, max_steps: int, gc: GenerationConfig) -> Array:
-    """Forced BOS/EOS (transformers' ForcedBOS/ForcedEOSTokenLogitsProcessor) on [..., V] scores."""
+    """Bad words, then forced BOS/EOS, then renormalisation (transformers' NoBadWords, ForcedBOS,
+    ForcedEOSTokenLogitsProcessor and LogitNormalization, in its order) on [..., V] scores."""
     vocab = scores.shape[-1]
+    if gc.bad_token_ids:
+        scores = jnp.where(jnp.isin(jnp.arange(vocab), jnp.asarray(gc.bad_token_ids)), -jnp.inf, scores)
     if gc.forced_bos_token_id is not None:
         forced = jnp.where(jnp.arange(vocab) == gc.forced_bos_token_id, 0.0, -jnp.inf)
         scores = jnp.where(step == 0, forced, scores)
     if gc.forced_eos_token_id is not None:
         forced = jnp.where(jnp.arange(vocab) == gc.forced_eos_token_id, 0.0, -jnp.inf)
         scores = jnp.where(step == max_steps - 1, forced, scores)
+    if gc.renormalize_logits:  # transformers' LogitNormalization, the last processor
+        scores = jax.nn.log_softmax(scores, axis=-1)
     return scores
 
 
@@ -345,7 +358,7 @@ def _config_from_kwargs(model, kwargs: dict[str, Any]) -> GenerationConfig:
     encoder-decoder without a decoder start starts from BOS."""
     cfg: ModelConfig = model.config
     defaults = generation_defaults(model)
-    given = {k: kwargs.pop(k) for k in GENERATION_IDS if k in kwargs}
+    given = {k: kwargs.pop(k) for k in (*GENERATION_IDS, "renormalize_logits") if k in kwargs}
     ids = {k: defaults[k] if given.get(k, FROM_MODEL) is FROM_MODEL else given[k] for k in GENERATION_IDS}
     eos = ids["eos_token_id"]
     eos_ids = tuple(int(e) for e in eos) if isinstance(eos, (tuple, list)) else (() if eos is None else (int(eos),))
@@ -358,20 +371,44 @@ def _config_from_kwargs(model, kwargs: dict[str, Any]) -> GenerationConfig:
                          "checkpoint or as an argument)")
     return GenerationConfig(eos_token_ids=eos_ids, pad_token_id=int(pad), decoder_start_token_id=_integer(start),
                             forced_bos_token_id=_integer(ids["forced_bos_token_id"]),
-                            forced_eos_token_id=_integer(ids["forced_eos_token_id"]), **kwargs)
+                            forced_eos_token_id=_integer(ids["forced_eos_token_id"]),
+                            bad_token_ids=_bad_tokens(ids["bad_words_ids"], eos_ids),
+                            renormalize_logits=bool(defaults["renormalize_logits"]
+                                                    if given.get("renormalize_logits", FROM_MODEL) is FROM_MODEL
+                                                    else given["renormalize_logits"]), **kwargs)
+
+
+def _bad_tokens(bad_words_ids, eos_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """transformers' ``bad_words_ids`` (a list of token sequences) as the tokens never to choose; as its
+    NoBadWordsLogitsProcessor, a bad word that is an EOS id is dropped. Sequences of more than one token (banned
+    only after their prefix) are refused: jaxformer bans single tokens."""
+    if bad_words_ids is None:
+        return ()
+    if (not isinstance(bad_words_ids, (list, tuple)) or not bad_words_ids
+            or not all(isinstance(seq, (list, tuple)) and seq for seq in bad_words_ids)):
+        raise ValueError(f"bad_words_ids={bad_words_ids!r} must be a non-empty list of non-empty lists of token ids")
+    longer = [list(seq) for seq in bad_words_ids if len(seq) > 1]
+    if longer:
+        raise ValueError(f"bad_words_ids holds sequences of more than one token ({longer[:3]}); only single-token "
+                         "bad words are supported (pass bad_words_ids=None to generate without them)")
+    tokens = [_integer(seq[0]) for seq in bad_words_ids]
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise ValueError(f"bad_words_ids={bad_words_ids!r} must hold integer token ids")
+    return tuple(sorted({t for t in tokens if t not in eos_ids}))
 
 
 def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, do_sample: bool = False,
             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None, num_beams: int = 1,
             length_penalty: float = 1.0, early_stopping: bool | str = False, eos_token_id=FROM_MODEL,
             pad_token_id=FROM_MODEL, decoder_start_token_id=FROM_MODEL, forced_bos_token_id=FROM_MODEL,
-            forced_eos_token_id=FROM_MODEL, seed: int = 0,
+            forced_eos_token_id=FROM_MODEL, bad_words_ids=FROM_MODEL, renormalize_logits=FROM_MODEL, seed: int = 0,
             allow_beyond_max_positions: bool = False) -> tuple[tuple, GenerationConfig]:
     """Validate everything on the host and return the arguments of ``generate_tokens`` (after the
     static config) and the config. Nothing is traced, compiled or allocated here.
 
     The token ids (``eos_token_id``, an int or a list; ``pad_token_id``, ``decoder_start_token_id``,
-    ``forced_bos_token_id``, ``forced_eos_token_id``) left out are the checkpoint's (``generation_defaults``);
+    ``forced_bos_token_id``, ``forced_eos_token_id``, and ``bad_words_ids``, single tokens never chosen) and
+    ``renormalize_logits`` left out are the checkpoint's (``generation_defaults``);
     None turns one off, as in transformers. Integer arguments may be numpy integers. Prompt + new tokens
     beyond the model's position table, or beyond ``max_positions`` for rotary (but dynamic NTK) and
     relative models unless ``allow_beyond_max_positions``, are refused, and so is a KV cache larger than
@@ -384,7 +421,8 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
         top_k=integers["top_k"], top_p=None if top_p is None else float(top_p), num_beams=integers["num_beams"],
         length_penalty=float(length_penalty), early_stopping=early_stopping, eos_token_id=eos_token_id,
         pad_token_id=pad_token_id, decoder_start_token_id=decoder_start_token_id,
-        forced_bos_token_id=forced_bos_token_id, forced_eos_token_id=forced_eos_token_id))
+        forced_bos_token_id=forced_bos_token_id, forced_eos_token_id=forced_eos_token_id,
+        bad_words_ids=bad_words_ids, renormalize_logits=renormalize_logits))
     gc.validate(cfg)
     ids = checks.id_array(input_ids, "input_ids")
     checks.check_ids(ids, cfg.vocab_size)

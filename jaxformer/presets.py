@@ -317,6 +317,22 @@ _PRESETS: dict[str, dict] = {
                   tie_embeddings=True, dropout_rate=0.1, attention_dropout_rate=0.1, pad_token_id=1, bos_token_id=0,
                   eos_token_id=2, decoder_start_token_id=2)
        for name, vocab in (("m2m100-418m", 128112), ("nllb-200-distilled-600m", 256206))},
+    # OPUS-MT (Tiedemann & Thottingal 2020), Marian NMT models converted: post-norm, swish, embeddings scaled by
+    # sqrt(d_model), Marian's [sin | cos] sinusoids from 0; generation starts from the pad id, which is never chosen
+    "opus-mt-en-de": dict(family="encoder_decoder", vocab_size=58101, d_model=512, num_heads=8, d_ff=2048,
+                          encoder_layers=6, decoder_layers=6, norm_position="post", norm_eps=1e-5, embedding_norm=False,
+                          final_norm=False, activation="silu", position="sinusoidal", sinusoids="marian",
+                          max_positions=512, position_offset=0, scale_embeddings=True, tie_embeddings=True,
+                          logits_bias=True, dropout_rate=0.1, pad_token_id=58100, bos_token_id=0, eos_token_id=0,
+                          decoder_start_token_id=58100),
+    # PEGASUS (Zhang et al. 2020), gap-sentence pretraining for summarisation: pre-norm with a final norm per stack,
+    # ReLU, Marian's sinusoids, embeddings scaled by sqrt(d_model)
+    "pegasus-large": dict(family="encoder_decoder", vocab_size=96103, d_model=1024, num_heads=16, d_ff=4096,
+                          encoder_layers=16, decoder_layers=16, norm_position="pre", norm_eps=1e-5,
+                          embedding_norm=False, final_norm=True, activation="relu", position="sinusoidal",
+                          sinusoids="marian", max_positions=1024, position_offset=0, scale_embeddings=True,
+                          tie_embeddings=True, logits_bias=True, dropout_rate=0.1, attention_dropout_rate=0.1,
+                          pad_token_id=0, bos_token_id=0, eos_token_id=1, decoder_start_token_id=0),
     "llama-3-8b": _llama(4096, 32, 32, 8, 14336, 128256, 500000.0, 8192),
     "llama-3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 500000.0, 8192),
     "mistral-7b": _llama(4096, 32, 32, 8, 14336, 32000, 10000.0, 32768, attention="sliding", window_size=4096),

@@ -58,6 +58,12 @@ _BART = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, enco
              init_std=STD, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
              forced_eos_token_id=2)
 
+# Marian (OPUS-MT): post-norm, swish, scaled embeddings, generating from its pad id; Pegasus: pre-norm, relu
+_MARIAN = dict(_M2M100, activation_function="swish", scale_embedding=True, pad_token_id=1, eos_token_id=0,
+               bos_token_id=None, decoder_start_token_id=1, forced_eos_token_id=0)
+_PEGASUS = dict(_M2M100, activation_function="relu", scale_embedding=True, pad_token_id=0, eos_token_id=1,
+                bos_token_id=None, decoder_start_token_id=0, forced_eos_token_id=1)
+
 _DEEPSEEK = dict(vocab_size=97, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
                  num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=12, q_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=8,
                  v_head_dim=12, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=2, first_k_dense_replace=1,
@@ -277,6 +283,12 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "m2m100": ("M2M100Config", "M2M100ForConditionalGeneration", _M2M100),
     "m2m100-base": ("M2M100Config", "M2M100Model", {**_M2M100, "activation_function": "gelu", "scale_embedding": False}),
     "bart-base": ("BartConfig", "BartModel", _BART),
+    # Marian's sinusoid tables: left out of MarianMTModel's files, written in MarianModel's and Pegasus'
+    "marian": ("MarianConfig", "MarianMTModel", _MARIAN),
+    "marian-base": ("MarianConfig", "MarianModel", _MARIAN),
+    "marian-separate": ("MarianConfig", "MarianMTModel", {**_MARIAN, "share_encoder_decoder_embeddings": False}),
+    "pegasus": ("PegasusConfig", "PegasusForConditionalGeneration", _PEGASUS),
+    "pegasus-base": ("PegasusConfig", "PegasusModel", {**_PEGASUS, "activation_function": "gelu"}),
     # XLNet's content stream = Transformer-XL: causal and bidirectional, gelu and relu, per-layer and shared
     # u/v biases (untie_r=False: every layer holds the same pair), clamped distances
     "xlnet": ("XLNetConfig", "XLNetLMHeadModel", _XLNET),
@@ -309,7 +321,7 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
             model.lm_head.weight.mul_(0.25)
     if name == "mt5":  # MT5Config ties whatever it is told; the published files hold their own head
         model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 0.25)
-    if name.startswith(("bart", "mbart")):  # final_logits_bias starts at zero; give it values so the test sees it
+    if name.startswith(("bart", "mbart", "marian", "pegasus")):  # final_logits_bias starts at zero; give it values so the test sees it
         if hasattr(model, "final_logits_bias"):
             model.final_logits_bias.normal_(0, STD)
     with torch.no_grad():  # V3's selection bias starts at zero; random values make it change the choice

@@ -273,6 +273,18 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
         activation_function="relu", scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
         decoder_start_token_id=2, dropout=0.1, attention_dropout=0.1))
        for name, vocab in (("m2m100-418m", 128112), ("nllb-200-distilled-600m", 256206))},
+    # --- Marian (OPUS-MT) and Pegasus ----------------------------------------------
+    "opus-mt-en-de": ("MarianMTModel", dict(
+        vocab_size=58101, decoder_vocab_size=58101, d_model=512, encoder_layers=6, decoder_layers=6,
+        encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+        max_position_embeddings=512, activation_function="swish", scale_embedding=True, pad_token_id=58100,
+        bos_token_id=0, eos_token_id=0, decoder_start_token_id=58100, share_encoder_decoder_embeddings=True,
+        dropout=0.1)),
+    "pegasus-large": ("PegasusForConditionalGeneration", dict(
+        vocab_size=96103, d_model=1024, encoder_layers=16, decoder_layers=16, encoder_attention_heads=16,
+        decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024,
+        activation_function="relu", scale_embedding=True, pad_token_id=0, bos_token_id=0, eos_token_id=1,
+        decoder_start_token_id=0, dropout=0.1, attention_dropout=0.1)),
     # --- decoder-only LLMs -----------------------------------------------------
     "llama-3-8b": (
         "LlamaForCausalLM",
@@ -559,5 +571,7 @@ def hf_param_count(name: str) -> int:
             model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.shared.weight))
 
     # XLNet's two-stream query embedding (mask_emb, d_model numbers) serves permutation pretraining only;
-    # jaxformer runs the content stream and does not hold it
-    return sum(p.numel() for n, p in model.named_parameters() if not n.endswith("mask_emb"))
+    # jaxformer runs the content stream and does not hold it. Marian's and Pegasus' sinusoid tables are frozen
+    # parameters (requires_grad False, as M2M-100's are buffers): computed here, not held, so not counted.
+    return sum(p.numel() for n, p in model.named_parameters()
+               if not n.endswith("mask_emb") and not n.endswith("embed_positions.weight") or p.requires_grad)

@@ -30,7 +30,8 @@ CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "al
                "deepseek_v2": "deepseek-v2", "deepseek_v3": "deepseek-v3",
                "deepseek_v32": "deepseek-v32",
                "gemma2": "gemma2", "gemma3_text": "gemma3", "t5": "t5", "mt5": "mt5", "bart": "bart",
-               "m2m_100": "m2m100", "mbart": "mbart", "t5gemma": "t5gemma", "xlnet": "xlnet"}
+               "m2m_100": "m2m100", "mbart": "mbart", "marian": "marian", "pegasus": "pegasus", "t5gemma": "t5gemma",
+               "xlnet": "xlnet"}
 # Changed string values: another valid choice where the key has choices, so the change means something.
 OTHER_STRING = {"gelu": "relu", "relu": "gelu", "silu": "gelu", "gelu_new": "relu", "gelu_pytorch_tanh": "silu",
                 "float32": "bfloat16", "gated-gelu": "relu", "absolute": "relative_key", "uni": "bi",
@@ -151,7 +152,7 @@ MODELING = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra":
             "qwen2": "qwen2", "mixtral": "mixtral", "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3",
             "gemma2": "gemma2", "deepseek_v32": "deepseek_v32", "gpt_oss": "gpt_oss", "llama4_text": "llama4",
             "gemma3_text": "gemma3", "t5": "t5", "mt5": "mt5", "bart": "bart", "mbart": "mbart", "m2m_100": "m2m_100", "t5gemma": "t5gemma",
-            "xlnet": "xlnet"}
+            "marian": "marian", "pegasus": "pegasus", "xlnet": "xlnet"}
 
 
 def test_keys_said_never_read_are_not_read_by_transformers():

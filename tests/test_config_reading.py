@@ -64,6 +64,10 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "gpt_neox": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48,
                           vocab_size=97),
          **dict.fromkeys(("t5", "mt5"), dict(d_model=32, d_ff=48, d_kv=8, num_heads=4, num_layers=2, vocab_size=97)),
+         **dict.fromkeys(("marian", "pegasus"), dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48,
+                                                     encoder_attention_heads=4, decoder_attention_heads=4,
+                                                     encoder_layers=2, decoder_layers=2, vocab_size=97,
+                                                     pad_token_id=1, decoder_start_token_id=1)),
          "mbart": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
                        decoder_attention_heads=4, encoder_layers=2, decoder_layers=2, vocab_size=97),
          "m2m_100": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
@@ -216,6 +220,9 @@ def test_published_configs_are_read_not_refused(name):
     elif name.startswith(("m2m100", "nllb", "mbart")):  # their translation settings of the time
         assert "max_length=200" in generation[0]
         assert ("num_beams=5" in generation[0]) == (name != "nllb-200-distilled-600M")
+    elif name in ("opus-mt-en-de", "pegasus-large"):  # beams and lengths named; bad words and forcing applied
+        assert "num_beams" in generation[0] and "max_length" in generation[0]
+        assert "bad_words_ids" not in generation[0] and "forced_eos_token_id" not in generation[0]
     else:
         assert not generation
     reference = transformers.CONFIG_MAPPING[hf["model_type"]].from_dict(hf)

@@ -129,10 +129,11 @@ def test_interleaved_expert_layers_are_one_computation_scanned_unrolled_or_remat
             np.testing.assert_allclose(a, b, atol=1e-6 * max(1.0, float(jnp.abs(b).max())), rtol=0)
 
 
-@pytest.mark.parametrize("name", ["mt5", "m2m100"])
+@pytest.mark.parametrize("name", ["mt5", "m2m100", "marian-separate", "pegasus"])
 def test_a_translation_model_fine_tunes_seq2seq_from_its_file_with_qlora(name, checkpoints, tmp_path):
-    """mT5 and M2M-100 (fairseq's sinusoids counted from the pad id) fine-tune with ``seq2seq`` on the shipped
-    numbers-to-words pairs, int8 base and adapters on attention and MLP, from their tiny files."""
+    """mT5, M2M-100 (fairseq's sinusoids counted from the pad id), Marian (its decoder's own token table) and
+    Pegasus fine-tune with ``seq2seq`` on the shipped numbers-to-words pairs, int8 base and adapters on attention
+    and MLP, from their tiny files."""
     cfg = run_config.load("configs/transformer_seq2seq.yaml", QLORA + [
         f"model.init_from=hf:{checkpoints(name)}", f"run.dir={tmp_path}", "train.seq_len=16", "model.overrides.vocab_size=360", "model.overrides.max_positions=64"])
     history = train(cfg, progress=False)["history"]

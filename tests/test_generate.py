@@ -221,6 +221,9 @@ def test_pure_function_form_jits_and_vmaps(llama):
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"eos_token_id": 999}, "eos_token_id"),
     ({"early_stopping": "sometimes"}, "early_stopping"),
+    ({"bad_words_ids": [[3, 4]]}, "more than one token"),
+    ({"bad_words_ids": [[999]]}, "bad_words_ids holds 999"),
+    ({"bad_words_ids": [3]}, "list of non-empty lists"),
 ])
 def test_bad_generation_arguments(kwargs, message):
     model = jf.build("tiny-gpt")  # 128 learned positions
@@ -272,7 +275,9 @@ def _batch(family, rng):
                                                                      ("glm", 1), ("glm4", 3), ("gpt-oss", 3),
                                                                      ("llama4", 3), ("llama4-interleaved", 1),
                                                                      ("deepseek-v32", 3), ("gemma2", 1), ("gemma3", 3), ("t5gemma", 1), ("mt5", 3),
-                                                                     ("m2m100", 1), ("m2m100", 3), ("mbart", 3)])
+                                                                     ("m2m100", 1), ("m2m100", 3), ("mbart", 3),
+                                                                     ("marian", 1), ("marian", 3),
+                                                                     ("marian-separate", 1), ("pegasus", 3)])
 def test_token_identical_to_transformers(name, num_beams, tmp_path):
     save_checkpoint(name, tmp_path)
     model, reference = jf.from_pretrained(tmp_path), reference_model(tmp_path)
@@ -282,6 +287,12 @@ def test_token_identical_to_transformers(name, num_beams, tmp_path):
         kwargs["forced_eos_token_id"] = 2
     if name in ("m2m100", "mbart"):  # translation: the target language's token forced after the decoder start
         kwargs["forced_bos_token_id"] = 7
+    if name.startswith("marian"):  # OPUS-MT's generation_config: its pad a bad word, beams scored renormalised;
+        # a token the free run emits is banned too, so that the ban changes the output
+        banned = int(model.generate(ids, mask, **kwargs)[0, 2])
+        _rewrite(tmp_path, "generation_config.json", bad_words_ids=[[1], [banned]], renormalize_logits=True)
+        model, reference = jf.from_pretrained(tmp_path), reference_model(tmp_path)
+        assert model.generation_config and banned not in model.generate(ids, mask, **kwargs)
     # Make EOS happen: take a token the free run emits early, so stopping, padding and (for beams)
     # finished hypotheses are all exercised.
     free = model.generate(ids, mask, **kwargs)

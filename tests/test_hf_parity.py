@@ -23,7 +23,7 @@ def padded_batch(name: str, rng: np.random.Generator, length: int = 9):
     ids = rng.integers(3, 97, size=(2, length))
     mask = np.ones_like(ids)
     mask[1, length - 3:] = 0
-    pad = 1 if name.startswith(("roberta", "xlm-roberta", "bart", "mbart", "m2m100")) else 0
+    pad = 1 if name.startswith(("roberta", "xlm-roberta", "bart", "mbart", "m2m100", "marian")) else 0
     ids[1, length - 3:] = pad
     if name.startswith("xlnet") and CHECKPOINTS[name][2]["attn_type"] == "uni":
         mask[:] = 1  # transformers' causal XLNet fails on any attention_mask in a batch (an in-place broadcast)
@@ -49,7 +49,7 @@ def test_every_layer_matches_transformers(name, checkpoints):
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
 
 
-@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "bart", "mbart", "m2m100"])
+@pytest.mark.parametrize("name", ["gpt2", "llama", "t5", "bart", "mbart", "m2m100", "marian", "pegasus"])
 def test_encoder_decoder_and_decoder_logits_also_match_with_left_padding(name, checkpoints):
     """Left padding: real tokens sit after the pads (position ids still count from 0, as in HF)."""
     path = checkpoints(name)
@@ -206,3 +206,31 @@ def test_m2m100_padded_on_both_sides_matches_transformers(checkpoints):
                            decoder_attention_mask=torch.as_tensor(target_mask)).logits.numpy()
     real = target_mask.astype(bool)
     np.testing.assert_allclose(ours[real], theirs[real], atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("dim", [7, 32, 512])
+def test_marian_sinusoids_are_transformers_table(dim):
+    """Marian's and Pegasus' table, made on the host in float64 as transformers makes it: equal to the bit over
+    600 rows (angles in float32 would already miss it by ~1e-5 there), odd widths included."""
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    from jaxformer.layers.positions import marian_sinusoids
+
+    theirs = MarianSinusoidalPositionalEmbedding(600, dim).create_weight().numpy()
+    np.testing.assert_array_equal(marian_sinusoids(600, dim), theirs)
+
+
+def test_a_changed_sinusoid_table_is_refused(checkpoints, tmp_path):
+    """jaxformer computes Marian's table and holds no copy: a file whose table was changed (trained, say) is
+    refused by name rather than read as if it held transformers' sinusoids."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "changed"
+    shutil.copytree(checkpoints("pegasus-base"), folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["decoder.embed_positions.weight"] = tensors["decoder.embed_positions.weight"] + 1e-3
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="decoder.embed_positions.weight differs from the sinusoids"):
+        jf.from_pretrained(folder)

@@ -11,7 +11,7 @@ from typing import Callable
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop import (albert, bart, bert, deberta, deepseek, distilbert, electra, gemma, gpt2, gpt_neo,
-                               gpt_neox, gpt_oss, llama, llama4, m2m_100, modernbert, t5, t5gemma, xlnet)
+                               gpt_neox, gpt_oss, llama, llama4, m2m_100, marian, modernbert, t5, t5gemma, xlnet)
 from jaxformer.interop.rules import Architecture, Rule
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -33,6 +33,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     t5gemma.ARCHITECTURE,
     bart.ARCHITECTURE,
     m2m_100.ARCHITECTURE,
+    marian.ARCHITECTURE,
     xlnet.ARCHITECTURE,
 )
 
@@ -70,6 +71,7 @@ HELD_ONLY_BY: dict[str, tuple[tuple[str, ...], Callable[[ModelConfig], bool]]] =
     "mlm_head_legacy": (("deberta", "deberta-v2"), lambda c: not c.mlm_head_legacy),
     "conv_kernel_size": (("deberta-v2",), lambda c: bool(c.conv_kernel_size)),
     "sinusoids=fairseq": (("m2m_100",), lambda c: c.sinusoids == "fairseq"),
+    "sinusoids=marian": (("marian", "pegasus"), lambda c: c.sinusoids == "marian"),
     "index_heads": (("deepseek_v32",), lambda c: bool(c.index_heads)),
     "moe_layer_step": (("llama4_text",), lambda c: c.moe_layer_step > 1),
     "embedding_size": (("albert", "electra"), lambda c: c.embedding_size is not None),

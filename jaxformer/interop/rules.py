@@ -128,17 +128,18 @@ HARMLESS = {
     **dict.fromkeys(("classifier_dropout", "classifier_dropout_rate", "activation_dropout", "embd_pdrop",
                      "summary_first_dropout", "summary_last_dropout"),
                     "training-time dropout jaxformer does not model (no effect in evaluation)"),
-    **dict.fromkeys(("forced_bos_token_id", "forced_eos_token_id"),
-                    "forcing in generation, which generate() applies as transformers does (generation_defaults)"),
+    **dict.fromkeys(("forced_bos_token_id", "forced_eos_token_id", "bad_words_ids", "renormalize_logits"),
+                    "forcing and banning tokens in generation, which generate() applies as transformers does "
+                    "(generation_defaults)"),
 }
 # Generation defaults older config.json files carry (and generation_config.json files), with transformers'
 # own default of each: its generate() applies a file's value when no argument says otherwise; jaxformer's
 # generate takes these as arguments, so loading names the ones that differ in a warning rather than dropping
-# them in silence. (Token ids and forced BOS/EOS are applied: jaxformer.generate.generation_defaults.)
+# them in silence. (Token ids, forced BOS/EOS and bad words are applied: jaxformer.generate.generation_defaults.)
 GENERATION_KEYS = {"max_length": 20, "min_length": 0, "num_beams": 1, "early_stopping": False,
                    "no_repeat_ngram_size": 0, "length_penalty": 1.0, "do_sample": False, "temperature": 1.0,
                    "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0, "num_return_sequences": 1,
-                   "bad_words_ids": None, "diversity_penalty": 0.0, "num_beam_groups": 1, "typical_p": 1.0,
+                   "diversity_penalty": 0.0, "num_beam_groups": 1, "typical_p": 1.0,
                    "encoder_no_repeat_ngram_size": 0, "suppress_tokens": None, "begin_suppress_tokens": None,
                    "remove_invalid_values": False, "max_new_tokens": None, "exponential_decay_length_penalty": None,
                    "sep_token_id": None, "output_scores": False, "return_dict_in_generate": False}
@@ -351,7 +352,9 @@ class Rule:
     Names may hold ``{i}`` (the layer); such a rule is applied per layer and its jaxformer arrays are
     stacked on a leading layers axis: every layer of the stack, or the HF layers listed in ``layers`` (a
     stack of some layers only: DeepSeek's first dense ones, Llama 4 Maverick's interleaved ones). ``load``
-    maps the HF arrays to the jaxformer arrays (one per path), ``save`` is its exact inverse.
+    maps the HF arrays to the jaxformer arrays (one per path), ``save`` is its exact inverse. An ``optional``
+    rule's tensors may be absent from a file; with no paths it only checks a tensor that no parameter holds
+    (Marian's computed sinusoids) and may write nothing back.
     """
 
     paths: tuple[tuple[str, ...], ...]
@@ -359,6 +362,7 @@ class Rule:
     load: Callable[[list[np.ndarray]], list[np.ndarray]]
     save: Callable[[list[np.ndarray]], list[np.ndarray]]
     layers: tuple[int, ...] | None = None
+    optional: bool = False
 
     @property
     def per_layer(self) -> bool:
@@ -498,7 +502,7 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
         absent = [n for group in groups for n in group if n not in names]
         used.update(n for group in groups for n in group if n in names)  # present, so never "unexpected"
         if absent:
-            missing += absent
+            missing += [] if rule.optional and len(absent) == len(rule.names) * len(groups) else absent
             continue
         buffers = None
         for i, group in enumerate(groups):

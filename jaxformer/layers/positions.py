@@ -71,6 +71,19 @@ def sinusoids(positions: Array, d_model: int, layout: str = "transformer") -> Ar
     return pe[..., :d_model]
 
 
+@functools.lru_cache(maxsize=8)
+def marian_sinusoids(rows: int, d_model: int) -> np.ndarray:
+    """Marian's and Pegasus' table [rows, D] as transformers builds it (and their files may hold it): angles
+    p / 10000^(2 (j // 2) / D) in float64, the sines of the even columns' angles first (ceil(D/2) of them),
+    then the cosines of the odd columns', rounded to float32 once. Computing the angles in float32 instead
+    would miss it by ~1e-5 at a few hundred positions, so the table is made on the host and read by index."""
+    j = np.arange(d_model)
+    angles = np.arange(rows, dtype=np.float64)[:, None] / np.power(10000, 2 * (j // 2) / d_model)[None, :]
+    table = np.concatenate([np.sin(angles[:, 0::2]), np.cos(angles[:, 1::2])], axis=1).astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
 class Positions(nnx.Module):
     """Absolute positions added to the token embeddings: a learned table, sinusoids, or nothing
     (rotary and relative schemes act inside attention instead)."""
@@ -78,7 +91,7 @@ class Positions(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, axis: str = "embed"):
         self.kind, self.offset, self.dtype = cfg.position, cfg.position_offset, dtype_of(cfg.dtype)
         self.layout, self.pad_token_id = cfg.sinusoids, cfg.pad_token_id
-        self.d_model = width or cfg.d_model
+        self.d_model, self.max_positions = width or cfg.d_model, cfg.max_positions
         learned = cfg.position == "learned" or cfg.position_biased_input  # DeBERTa may add one to its relative terms
         self.table = (param(rngs, (cfg.max_positions + cfg.position_offset, self.d_model), ("positions", axis), cfg)
                       if learned else None)
@@ -88,6 +101,9 @@ class Positions(nnx.Module):
             return jnp.take(self.table[...], positions + self.offset, axis=0).astype(self.dtype)
         if self.kind == "sinusoidal":  # row positions + offset of the table M2M-100 computes (its pad row zero)
             rows = positions + self.offset
+            if self.layout == "marian":
+                table = marian_sinusoids(self.max_positions + self.offset, self.d_model)
+                return jnp.take(jnp.asarray(table), rows, axis=0).astype(self.dtype)
             pe = sinusoids(rows, self.d_model, self.layout)
             if self.layout == "fairseq" and self.pad_token_id is not None:
                 pe = jnp.where((rows == self.pad_token_id)[..., None], 0.0, pe)
