@@ -150,7 +150,9 @@ def generate(args: argparse.Namespace) -> int:
     # the checkpoint's EOS and forced BOS/EOS apply as they do in transformers (generate.generation_defaults)
     call_args, gc = gen.prepare(model, batch["input_ids"], batch["attention_mask"], max_new_tokens=args.max_new_tokens,
                                 do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
-                                top_p=args.top_p, num_beams=args.num_beams, seed=args.seed)
+                                top_p=args.top_p, num_beams=args.num_beams, seed=args.seed,
+                                **({} if args.forced_bos_token_id is None else
+                                   {"forced_bos_token_id": args.forced_bos_token_id}))
     start = time.perf_counter()
     compiled = gen.generate_tokens_jit.lower(*call_args, config=gc).compile()
     compile_s = time.perf_counter() - start
@@ -283,6 +285,9 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
     p.add_argument("--num-beams", type=int, default=1)
+    p.add_argument("--forced-bos-token-id", type=int,
+                   help="the token every output starts with (translation: the target language's, as M2M-100, NLLB "
+                        "and mBART-50 take it; default: the checkpoint's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.set_defaults(run=generate)

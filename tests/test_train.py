@@ -301,6 +301,66 @@ def test_eval_reproduces_the_logged_metrics_and_convert_gives_a_transformers_fol
     assert "no checkpoint of step 7" in capsys.readouterr().err
 
 
+def test_the_translation_config_scores_bleu_and_its_export_translates_as_transformers(tmp_path, capsys):
+    """configs/marian_translation.yaml, shortened: the eval step's translations (the generation loop traced into
+    it) are the ones model.generate gives, eval_bleu is sacrebleu's corpus BLEU of them and jaxformer eval
+    reproduces it; the exported MarianMTModel translates token for token as jaxformer's, beams and the target
+    language's token forced, and jaxformer generate prints the same text."""
+    import sacrebleu
+    import torch
+    import transformers
+    from tokenizers import Tokenizer
+
+    from jaxformer.cli import main as cli_main
+    from jaxformer.train.evaluate import restore_run
+
+    run_dir = tmp_path / "run"
+    cfg = run_config.load("configs/marian_translation.yaml", [
+        "train.steps=200", "train.log_every=50", "eval.every=200", "optim.warmup_steps=50", "train.sample_tokens=0",
+        "checkpoint.every=200", "model.overrides.d_model=64", "model.overrides.d_ff=256",
+        "model.overrides.encoder_layers=2", "model.overrides.decoder_layers=2", f"run.dir={run_dir}"])
+    logged = train(cfg, progress=False)["history"][-1]
+    assert logged["eval_bleu"] > 0 and 0 <= logged["eval_exact_match"] <= 100
+
+    run, _ = restore_run(run_dir)
+    objective = run.objective
+    translations = []  # the eval step's batches, translated by generate
+    for batch in objective.eval_batches(1, cfg.train.batch_size):
+        for row in run.model.generate(batch["input_ids"], batch["attention_mask"],
+                                      max_new_tokens=objective.target_len)[:, 1:]:
+            ends = np.flatnonzero(row == 1)  # </s>
+            translations.append(objective.tokenizer.decode(row[:ends[0]] if len(ends) else row))
+    translations = translations[:len(objective.references)]
+    assert sacrebleu.corpus_bleu(translations, [objective.references]).score == logged["eval_bleu"]
+    capsys.readouterr()
+    assert cli_main(["eval", str(run_dir), "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["eval_bleu"] == logged["eval_bleu"] and metrics["eval_exact_match"] == logged["eval_exact_match"]
+
+    hf = tmp_path / "hf"
+    assert cli_main(["convert", str(run_dir), "--to-hf", str(hf)]) == 0
+    reference = transformers.MarianMTModel.from_pretrained(hf).eval()
+    tokenizer = Tokenizer.from_file(str(hf / "tokenizer.json"))
+    german = tokenizer.token_to_id("__de__")
+    prompts = ["__en__ Yesterday my old dog followed the queen in the garden.", "__en__ The cat sees a bird."]
+    encoded = [tokenizer.encode(p).ids for p in prompts]
+    ids = np.zeros((2, max(map(len, encoded))), np.int64)
+    mask = np.zeros_like(ids)
+    for i, row in enumerate(encoded):  # left-padded, as jaxformer generate pads
+        ids[i, ids.shape[1] - len(row):], mask[i, ids.shape[1] - len(row):] = row, 1
+    settings = dict(max_new_tokens=20, num_beams=4, forced_bos_token_id=german)
+    ours = run.model.generate(ids, mask, **settings)
+    with torch.no_grad():
+        theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **settings).numpy()
+    np.testing.assert_array_equal(ours, theirs)
+    assert (ours[:, 1] == german).all()
+    capsys.readouterr()
+    assert cli_main(["generate", str(hf), "--prompt", prompts[0], "--prompt", prompts[1], "--max-new-tokens", "20",
+                     "--num-beams", "4", "--forced-bos-token-id", str(german)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [tokenizer.decode([int(t) for t in row]) for row in theirs]
+
+
 @pytest.mark.parametrize("kind", ["bert", "distilbert", "deberta-v3"])
 def test_fine_tuning_a_hugging_face_checkpoint_for_classification(tmp_path, capsys, kind):
     import torch

@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import yaml
+
 from flax import nnx
 
 from jaxformer.config import ModelConfig
@@ -47,7 +49,11 @@ def restore_run(run_dir: str | Path, step: int | None = None, overrides: tuple[s
 def evaluate(run_dir: str | Path, step: int | None = None, overrides: tuple[str, ...] = ()) -> dict[str, float]:
     """The objective's held-out metrics of a checkpoint, computed exactly as the training run logs them. A
     model with segment memory adds ``memory_len`` (the memory evaluated with: eval.memory_len, else its
-    own) and the ``eval_*_no_memory`` metrics of the same windows without earlier context."""
+    own) and the ``eval_*_no_memory`` metrics of the same windows without earlier context. A seq2seq run
+    translates its held-out sources too (``eval.bleu``, on unless an override says ``eval.bleu=false``):
+    ``eval_bleu`` and ``eval_exact_match``."""
+    if _objective_of(run_dir) == "seq2seq":
+        overrides = ("eval.bleu=true", *overrides)
     run, step = restore_run(run_dir, step, overrides)
     graphdef, params, rest = split_model(run.model)
     if run.model.config.lora_rank:  # the frozen base is read by the step, not baked into it
@@ -58,6 +64,15 @@ def evaluate(run_dir: str | Path, step: int | None = None, overrides: tuple[str,
     batches = run.objective.eval_batches(run.cfg.eval.batches, run.cfg.train.batch_size)
     metrics = run_eval(eval_step, run.objective, params, batches, batch_sharding(run.mesh), memory)
     return {"step": step, **({} if memory is None else {"memory_len": memory.length}), **metrics}
+
+
+def _objective_of(run_dir: str | Path) -> str | None:
+    """The train.objective a run folder's saved config names (None: no such folder; restore_run says so)."""
+    path = Path(run_dir) / CONFIG_FILE
+    if not path.exists():
+        return None
+    saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return (saved.get("train") or {}).get("objective")
 
 
 def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None, merge: bool = False) -> int:

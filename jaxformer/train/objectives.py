@@ -26,8 +26,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxformer.config import ModelConfig
+from jaxformer.generate import GenerationConfig, generate_tokens
 from jaxformer.train import data
 from jaxformer.train.data import IGNORE, mask_tokens, span_corrupt
 
@@ -549,6 +551,10 @@ class Seq2Seq(RecordObjective, _EncoderDecoderObjective):
         self._load(run, ("source", "target"))
         self.train_examples = self._encode(self.train_records, "training")
         self.held_out_examples = self._encode(self.held_out_records, "held-out")
+        if run.eval.bleu:  # the eval step translates too: host outputs (steps.has_host_outputs)
+            self.eval_outputs = self._translate
+            # the targets as the tokenizer reads them back, as the translations will be
+            self.references = [self.tokenizer.decode(target) for _, target in self.held_out_examples]
 
     def _encode(self, records: list[tuple], name: str) -> list[tuple[np.ndarray, np.ndarray]]:
         eos = [self.ids["eos"]]
@@ -563,6 +569,32 @@ class Seq2Seq(RecordObjective, _EncoderDecoderObjective):
     @staticmethod
     def _blank(example):
         return (example[0], np.zeros(0, np.int32))  # no target tokens: no loss
+
+    def _translate(self, model, batch):
+        """Loss and sums as ``loss`` gives them, and each source's translation [B, target_len]: the one
+        generation loop ``generate`` runs, traced into the eval step."""
+        loss, sums = self.loss(model, batch, None)
+        config = GenerationConfig(max_new_tokens=self.target_len, num_beams=self.run.eval.num_beams,
+                                  eos_token_ids=(self.ids["eos"],), pad_token_id=self.pad,
+                                  decoder_start_token_id=self.decoder_start)
+        graphdef, state = nnx.split(model)
+        tokens, _, _ = generate_tokens(graphdef, state, batch["input_ids"], batch["attention_mask"],
+                                       jax.random.key(0), config)
+        return loss, sums, {"translation": tokens}
+
+    def finish_outputs(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:
+        """Corpus BLEU (sacrebleu, its default 13a tokenisation) and the share of exact translations, over the
+        held-out pairs (the padding rows of a last short batch left out)."""
+        import sacrebleu
+
+        eos = self.ids["eos"]
+        translations = []
+        for row in outputs["translation"][:len(self.references)]:
+            ends = np.flatnonzero(row == eos)
+            translations.append(self.tokenizer.decode(row[:ends[0]] if len(ends) else row))
+        exact = np.mean([t == r for t, r in zip(translations, self.references)])
+        return {"bleu": float(sacrebleu.corpus_bleu(translations, [self.references]).score),
+                "exact_match": 100.0 * float(exact)}
 
 
 def longest_first(a: np.ndarray, b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:

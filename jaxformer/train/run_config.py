@@ -107,6 +107,11 @@ class EvalSection:
     # Models with segment memory (Transformer-XL): memory slots to evaluate with; 0: the memory_len the
     # model trained with. Longer than in training is how Dai et al. evaluate (the memory is just state).
     memory_len: int = 0
+    # seq2seq: also translate every held-out source (greedy, or beam search with num_beams) and score the outputs
+    # against the targets: eval_bleu (sacrebleu's corpus BLEU, 0-100) and eval_exact_match. ``jaxformer eval``
+    # turns it on for seq2seq runs.
+    bleu: bool = False
+    num_beams: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +251,13 @@ class RunConfig:
         if not isinstance(memory_len, int) or isinstance(memory_len, bool) or memory_len < 0:
             raise ValueError(f"eval.memory_len={memory_len!r} must be an integer >= 0 (memory slots to evaluate "
                              "with; 0: the model's own memory_len)")
+        if not isinstance(self.eval.bleu, bool):
+            raise ValueError(f"eval.bleu={self.eval.bleu!r} must be true or false")
+        if self.eval.bleu and self.train.objective != "seq2seq":
+            raise ValueError(f"eval.bleu=true scores translations of held-out sources; train.objective="
+                             f"{self.train.objective!r} has none (use seq2seq)")
+        if not isinstance(self.eval.num_beams, int) or isinstance(self.eval.num_beams, bool) or self.eval.num_beams < 1:
+            raise ValueError(f"eval.num_beams={self.eval.num_beams!r} must be an integer >= 1")
         if not 0 < self.data.eval_fraction < 1:
             raise ValueError(f"data.eval_fraction={self.data.eval_fraction} must lie in (0, 1)")
         if self.optim.schedule not in ("cosine", "linear", "constant", "inverse_sqrt"):
