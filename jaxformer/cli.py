@@ -146,7 +146,9 @@ def generate(args: argparse.Namespace) -> int:
 
     model = from_pretrained(args.path, dtype=args.dtype)
     tokenizer = load_tokenizer(args.path)
-    batch = tokenizer(args.prompt, padding_side="left")
+    # decoders continue the prompt's last token: pad on the left; an encoder reads its source from position 0,
+    # as transformers' seq2seq tokenizers pad it (an absolute position table sees left padding as a shift)
+    batch = tokenizer(args.prompt, padding_side="left" if model.config.family == "decoder" else "right")
     # the checkpoint's EOS and forced BOS/EOS apply as they do in transformers (generate.generation_defaults)
     call_args, gc = gen.prepare(model, batch["input_ids"], batch["attention_mask"], max_new_tokens=args.max_new_tokens,
                                 do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,

@@ -138,14 +138,20 @@ class GenerationConfig:
 # Choosing tokens
 
 
-def process_logits(scores: Array, step: Array, max_steps: int, gc: GenerationConfig) -> Array:
+def process_logits(scores: Array, step: Array, max_steps: int, gc: GenerationConfig,
+                   first_tokens: Array | None = None) -> Array:
     """Bad words, then forced BOS/EOS, then renormalisation (transformers' NoBadWords, ForcedBOS,
-    ForcedEOSTokenLogitsProcessor and LogitNormalization, in its order) on [..., V] scores."""
+    ForcedEOSTokenLogitsProcessor and LogitNormalization, in its order) on [rows, V] scores. ``first_tokens``
+    [rows]: each row's own forced first token instead of one forced BOS (a batch translated into several
+    languages at once, each row's target language token first)."""
     vocab = scores.shape[-1]
     if gc.bad_token_ids:
         scores = jnp.where(jnp.isin(jnp.arange(vocab), jnp.asarray(gc.bad_token_ids)), -jnp.inf, scores)
     if gc.forced_bos_token_id is not None:
         forced = jnp.where(jnp.arange(vocab) == gc.forced_bos_token_id, 0.0, -jnp.inf)
+        scores = jnp.where(step == 0, forced, scores)
+    if first_tokens is not None:
+        forced = jnp.where(jnp.arange(vocab) == first_tokens[:, None], 0.0, -jnp.inf)
         scores = jnp.where(step == 0, forced, scores)
     if gc.forced_eos_token_id is not None:
         forced = jnp.where(jnp.arange(vocab) == gc.forced_eos_token_id, 0.0, -jnp.inf)
@@ -205,7 +211,7 @@ def _prefill_inputs(model, input_ids: Array, attention_mask: Array, gc: Generati
     return ids, rep(positions), rep(mask.astype(bool)), state
 
 
-def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfig):
+def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfig, first_tokens=None):
     N = gc.max_new_tokens
     ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, N)
     B = ids.shape[0]
@@ -214,7 +220,7 @@ def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfi
     looping = model.for_decode_loop()  # the one-off prefill keeps the scanned stack (faster to compile)
 
     def choose(logits, step, key):
-        scores = process_logits(logits, step, N, gc)
+        scores = process_logits(logits, step, N, gc, first_tokens)
         if gc.do_sample:
             return sample_logits(scores, key, gc).astype(jnp.int32)
         return jnp.argmax(scores, axis=-1).astype(jnp.int32)
@@ -254,7 +260,7 @@ def _gather_beams(x: Array, indices: Array) -> Array:
     return jnp.take_along_axis(x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
+def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig, first_tokens=None):
     """transformers' vectorised beam search (length penalty, early stopping True/False/'never')."""
     nb, N = gc.num_beams, gc.max_new_tokens
     ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, nb, N)
@@ -266,6 +272,7 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
     top_mask = jnp.arange(keep) < nb
     fill = gc.pad_token_id or (gc.eos_token_ids[0] if gc.eos_token_ids else gc.pad_token_id)
     lp = gc.length_penalty
+    first_tokens = None if first_tokens is None else jnp.repeat(first_tokens, nb)
 
     state = dict(
         step=jnp.int32(0), logits=logits, decode_state=state,
@@ -284,7 +291,8 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
         step = s["step"]
         V = s["logits"].shape[-1]
         bad = first_non_finite(s["bad"], s["logits"], step)
-        log_probs = process_logits(jax.nn.log_softmax(s["logits"], axis=-1), step, N, gc).reshape(B, nb, V)
+        log_probs = process_logits(jax.nn.log_softmax(s["logits"], axis=-1), step, N, gc,
+                                   first_tokens).reshape(B, nb, V)
         log_probs = (log_probs + s["running_scores"][:, :, None]).reshape(B, nb * V)
         top_scores, top_index = jax.lax.top_k(log_probs, keep)
         source_beam, token = top_index // V, (top_index % V).astype(jnp.int32)
@@ -334,15 +342,16 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig):
 
 
 def generate_tokens(graphdef, state, input_ids: Array, attention_mask: Array, key: Array,
-                    config: GenerationConfig) -> tuple[Array, Array, Array]:
+                    config: GenerationConfig, first_tokens: Array | None = None) -> tuple[Array, Array, Array]:
     """Pure generation: returns new tokens [B, max_new_tokens] (padded after EOS), how many columns
     are meaningful (transformers trims its output to that many), and the first step whose logits were
-    not finite (-1: none; the tokens are then meaningless). Jit with ``static_argnames=("graphdef", "config")``."""
+    not finite (-1: none; the tokens are then meaningless). Jit with ``static_argnames=("graphdef", "config")``.
+    ``first_tokens`` [B]: each row's forced first token (``process_logits``)."""
     TRACE_COUNT["generate"] += 1
     model = nnx.merge(graphdef, state)
     if config.num_beams > 1:
-        return _beam_search(model, input_ids, attention_mask, config)
-    return _greedy_or_sample(model, input_ids, attention_mask, key, config)
+        return _beam_search(model, input_ids, attention_mask, config, first_tokens)
+    return _greedy_or_sample(model, input_ids, attention_mask, key, config, first_tokens)
 
 
 generate_tokens_jit = jax.jit(generate_tokens, static_argnames=("graphdef", "config"))

@@ -455,3 +455,23 @@ def test_unbounded_generation_is_refused_before_anything_is_allocated(llama, mon
     # Allowed and small enough: rotary positions run past max_positions.
     out = llama.generate(PROMPT, PROMPT_MASK, max_new_tokens=limit, allow_beyond_max_positions=True)
     assert out.shape[1] > limit
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_each_row_may_force_its_own_first_token(num_beams, tmp_path):
+    """``first_tokens`` (a batch translated into several languages, the eval step's forcing): each row is what
+    forcing its token on the whole batch gives that row."""
+    save_checkpoint("m2m100", tmp_path)
+    model = jf.from_pretrained(tmp_path)
+    ids, mask = _batch("encoder_decoder", np.random.default_rng(0))
+    graphdef, state = jf.split(model)
+    config = gen.GenerationConfig(max_new_tokens=6, num_beams=num_beams, eos_token_ids=(2,), pad_token_id=1,
+                                  decoder_start_token_id=2)
+    run = lambda first: np.asarray(gen.generate_tokens_jit(graphdef, state, jnp.asarray(ids), jnp.asarray(mask),  # noqa: E731
+                                                           jax.random.key(0), config, first)[0])
+    languages = np.array([7, 9, 7][:len(ids)], np.int32)
+    mixed = run(jnp.asarray(languages))
+    for token in (7, 9):
+        alone = run(jnp.full(len(ids), token, jnp.int32))
+        np.testing.assert_array_equal(mixed[languages == token], alone[languages == token])
+        assert (alone[:, 0] == token).all()

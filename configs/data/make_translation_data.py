@@ -20,7 +20,7 @@ import random
 from pathlib import Path
 
 HERE = Path(__file__).parent
-TRAIN_PAIRS, EVAL_PAIRS = 4000, 200
+TRAIN_SENTENCES, EVAL_SENTENCES = 3000, 100
 
 # English singular, English plural, German singular, German plural, gender; animate nouns can be subjects.
 ANIMATE = [("dog", "dogs", "Hund", "Hunde", "m"), ("cat", "cats", "Katze", "Katzen", "f"),
@@ -85,6 +85,49 @@ INTRODUCERS = [("I know that", "Ich weiß, dass"), ("she says that", "sie sagt, 
                ("they laugh because", "sie lachen, weil")]
 
 
+# Dutch: nouns (singular, plural, article), places, adjectives (bare, inflected), verbs (present ik jij hij wij
+# jullie zij, participle, infinitive; "houden van" takes its object after "van"), auxiliaries, the rest by English word
+NL_NOUNS = {"dog": ("hond", "honden", "de"), "cat": ("kat", "katten", "de"), "child": ("kind", "kinderen", "het"),
+            "man": ("man", "mannen", "de"), "woman": ("vrouw", "vrouwen", "de"),
+            "teacher": ("leraar", "leraren", "de"), "friend": ("vriend", "vrienden", "de"),
+            "bird": ("vogel", "vogels", "de"), "girl": ("meisje", "meisjes", "het"),
+            "doctor": ("dokter", "dokters", "de"), "horse": ("paard", "paarden", "het"),
+            "mouse": ("muis", "muizen", "de"), "king": ("koning", "koningen", "de"),
+            "queen": ("koningin", "koninginnen", "de"), "cook": ("kok", "koks", "de"),
+            "brother": ("broer", "broers", "de"), "sister": ("zus", "zussen", "de"),
+            "mother": ("moeder", "moeders", "de"), "father": ("vader", "vaders", "de"),
+            "book": ("boek", "boeken", "het"), "house": ("huis", "huizen", "het"), "car": ("auto", "auto's", "de"),
+            "apple": ("appel", "appels", "de"), "letter": ("brief", "brieven", "de"),
+            "table": ("tafel", "tafels", "de"), "door": ("deur", "deuren", "de"),
+            "flower": ("bloem", "bloemen", "de"), "song": ("lied", "liederen", "het"),
+            "picture": ("schilderij", "schilderijen", "het"), "tree": ("boom", "bomen", "de"),
+            "window": ("raam", "ramen", "het")}
+NL_PLACES = {"garden": "in de tuin", "house": "in het huis", "city": "in de stad", "park": "in het park",
+             "kitchen": "in de keuken", "school": "in de school", "forest": "in het bos"}
+NL_ADJECTIVES = {"big": ("groot", "grote"), "small": ("klein", "kleine"), "old": ("oud", "oude"),
+                 "young": ("jong", "jonge"), "red": ("rood", "rode"), "new": ("nieuw", "nieuwe"),
+                 "good": ("goed", "goede"), "beautiful": ("mooi", "mooie"), "tired": ("vermoeid", "vermoeide"),
+                 "happy": ("blij", "blije"), "black": ("zwart", "zwarte"), "white": ("wit", "witte")}
+NL_VERBS = {"see": ("zie ziet ziet zien zien zien", "gezien", "zien"),
+            "love": ("hou houdt houdt houden houden houden", "gehouden", "houden"),
+            "find": ("vind vindt vindt vinden vinden vinden", "gevonden", "vinden"),
+            "buy": ("koop koopt koopt kopen kopen kopen", "gekocht", "kopen"),
+            "hear": ("hoor hoort hoort horen horen horen", "gehoord", "horen"),
+            "visit": ("bezoek bezoekt bezoekt bezoeken bezoeken bezoeken", "bezocht", "bezoeken"),
+            "carry": ("draag draagt draagt dragen dragen dragen", "gedragen", "dragen"),
+            "paint": ("schilder schildert schildert schilderen schilderen schilderen", "geschilderd", "schilderen"),
+            "wash": ("was wast wast wassen wassen wassen", "gewassen", "wassen"),
+            "call": ("roep roept roept roepen roepen roepen", "geroepen", "roepen"),
+            "help": ("help helpt helpt helpen helpen helpen", "geholpen", "helpen"),
+            "follow": ("volg volgt volgt volgen volgen volgen", "gevolgd", "volgen")}
+NL_AUXILIARY = {"haben": "heb hebt heeft hebben hebben hebben", "werden": "zal zult zal zullen zullen zullen",
+                "wollen": "wil wilt wil willen willen willen", "können": "kan kunt kan kunnen kunnen kunnen"}
+NL_PRONOUNS = {"I": "ik", "you": "jij", "he": "hij", "she": "zij", "we": "wij", "they": "zij"}
+NL_ADVERBS = {"today": "vandaag", "now": "nu", "yesterday": "gisteren", "tomorrow": "morgen"}
+NL_INTRODUCERS = {"I know that": "Ik weet dat", "she says that": "zij zegt dat", "we think that": "wij denken dat",
+                  "he is happy because": "hij is blij omdat", "they laugh because": "zij lachen omdat"}
+
+
 def adjective_ending(kind: str, case: str, gender: str, plural: bool) -> str:
     """German adjective endings: weak after der-words, mixed after ein-words (ein, mein)."""
     if plural:
@@ -93,87 +136,120 @@ def adjective_ending(kind: str, case: str, gender: str, plural: bool) -> str:
         return "e" if case == "nom" or (case == "acc" and gender != "m") else "en"
     if case == "dat" or (case == "acc" and gender == "m"):
         return "en"
-    return {"m": "er", "f": "e", "n": "es"}[gender] if case in ("nom", "acc") else "en"
+    return {"m": "er", "f": "e", "n": "es"}[gender]
 
 
-def noun_phrase(rng: random.Random, pool: list, case: str) -> tuple[str, str, bool]:
-    """(English, German, English third singular) of a noun phrase in ``case``."""
-    en_sg, en_pl, de_sg, de_pl, gender = rng.choice(pool)
+def noun_phrase(rng: random.Random, pool: list) -> dict:
+    """A noun phrase's choices: the noun, its number, determiner and adjective (or None)."""
     plural = rng.random() < 0.3
-    kind = rng.choice(["the", "my"] if plural else ["the", "the", "a", "my"])
-    article = ARTICLES[(kind, case)][3 if plural else GENDER[gender]]
-    noun_en, noun_de = (en_pl, de_pl) if plural else (en_sg, de_sg)
-    if plural and case == "dat" and not noun_de.endswith(("n", "s")):
-        noun_de += "n"
-    words_en, words_de = [noun_en], [noun_de]
-    if rng.random() < 0.35:
-        adj_en, adj_de = rng.choice(ADJECTIVES)
-        ending = adjective_ending(kind, case, gender, plural)
-        words_en.insert(0, adj_en)
-        words_de.insert(0, adj_de + (ending[1:] if adj_de.endswith("e") else ending))
-    english_article = {"the": "the", "my": "my", "a": "an" if words_en[0][0] in "aeiou" else "a"}[kind]
-    return f"{english_article} {' '.join(words_en)}", f"{article} {' '.join(words_de)}", not plural
+    return dict(noun=rng.choice(pool), plural=plural, kind=rng.choice(["the", "my"] if plural else ["the", "the", "a", "my"]),
+                adjective=rng.choice(ADJECTIVES) if rng.random() < 0.35 else None)
 
 
-def sentence(rng: random.Random) -> tuple[str, str]:
+def english_np(np_: dict) -> str:
+    en_sg, en_pl = np_["noun"][:2]
+    words = ([np_["adjective"][0]] if np_["adjective"] else []) + [en_pl if np_["plural"] else en_sg]
+    article = {"the": "the", "my": "my", "a": "an" if words[0][0] in "aeiou" else "a"}[np_["kind"]]
+    return f"{article} {' '.join(words)}"
+
+
+def german_np(np_: dict, case: str) -> str:
+    _, _, de_sg, de_pl, gender = np_["noun"]
+    plural, kind = np_["plural"], np_["kind"]
+    noun = de_pl if plural else de_sg
+    if plural and case == "dat" and not noun.endswith(("n", "s")):
+        noun += "n"
+    words = [noun]
+    if np_["adjective"]:
+        adjective, ending = np_["adjective"][1], adjective_ending(kind, case, gender, plural)
+        words.insert(0, adjective + (ending[1:] if adjective.endswith("e") else ending))
+    return f"{ARTICLES[(kind, case)][3 if plural else GENDER[gender]]} {' '.join(words)}"
+
+
+def dutch_np(np_: dict) -> str:
+    singular, plural_form, article = NL_NOUNS[np_["noun"][0]]
+    plural, kind = np_["plural"], np_["kind"]
+    words = [plural_form if plural else singular]
+    if np_["adjective"]:  # bare only after "een" before a het-noun
+        bare, inflected = NL_ADJECTIVES[np_["adjective"][0]]
+        words.insert(0, bare if kind == "a" and article == "het" and not plural else inflected)
+    determiner = {"the": "de" if plural else article, "a": "een", "my": "mijn"}[kind]
+    return f"{determiner} {' '.join(words)}"
+
+
+def sentence(rng: random.Random) -> tuple[str, str, str]:
+    """One sentence's choices, written in English, German and Dutch."""
     verb = rng.choice(VERBS)
     en_base, en_3sg, en_past, en_part, conj, part_de, aux, case, things = verb
-    if rng.random() < 0.35:
-        subj_en, subj_de, person, third = rng.choice(PRONOUNS)
-    else:
-        subj_en, subj_de, third = noun_phrase(rng, ANIMATE, "nom")
-        person = 2 if third else 5
-    obj_en, obj_de, _ = noun_phrase(rng, ANIMATE + THINGS if things else ANIMATE, case)
+    pronoun = rng.choice(PRONOUNS) if rng.random() < 0.35 else None
+    subject = None if pronoun else noun_phrase(rng, ANIMATE)
+    third = pronoun[3] if pronoun else not subject["plural"]
+    person = pronoun[2] if pronoun else (2 if third else 5)
+    obj = noun_phrase(rng, ANIMATE + THINGS if things else ANIMATE)
     tense = rng.choice(["present", "present", "past", "future", "modal"])
-    negated = rng.random() < 0.2 and obj_de.split()[0] not in ("ein", "eine", "einen", "einem", "einer")
-    place_en = place_de = None
-    if not negated and rng.random() < 0.3:
-        en, de, gender = rng.choice(PLACES)
-        place_en, place_de = f"in the {en}", ("in der " if gender == "f" else "im ") + de
+    modal = rng.choice(["wollen", "können"]) if tense == "modal" else None
+    negated = rng.random() < 0.2 and obj["kind"] != "a"
+    place = rng.choice(PLACES) if not negated and rng.random() < 0.3 else None
+    form = rng.random()
+    intro = rng.choice(INTRODUCERS) if form < 0.25 else None
+    adverb = rng.choice(ADVERBS["modal" if modal else tense]) if 0.25 <= form < 0.45 else None
+
     # English
     if tense == "present":
-        if negated:
-            verb_en = f"{'does' if third else 'do'} not {en_base}"
-        else:
-            verb_en = en_3sg if third else en_base
+        verb_en = f"{'does' if third else 'do'} not {en_base}" if negated else (en_3sg if third else en_base)
     elif tense == "past":
         verb_en = f"did not {en_base}" if negated else en_past
     elif tense == "future":
         verb_en = f"will {'not ' if negated else ''}{en_base}"
+    elif modal == "wollen":
+        verb_en = (f"{'does' if third else 'do'} not want to {en_base}" if negated else
+                   f"{'wants' if third else 'want'} to {en_base}")
     else:
-        modal = rng.choice(["wollen", "können"])
-        verb_en = {"wollen": f"{'does not want' if third else 'do not want'} to {en_base}" if negated else
-                   f"{'wants' if third else 'want'} to {en_base}",
-                   "können": f"cannot {en_base}" if negated else f"can {en_base}"}[modal]
-    english = f"{subj_en} {verb_en} {obj_en}" + (f" {place_en}" if place_en else "")
-    # German: the finite verb and what goes to the end
-    if tense == "present":
-        finite, final = conj.split()[person], []
-    elif tense == "past":
-        finite, final = AUXILIARY[aux].split()[person], [part_de]
-    elif tense == "future":
-        finite, final = AUXILIARY["werden"].split()[person], [conj.split()[3]]
-    else:
-        finite, final = AUXILIARY[modal].split()[person], [conj.split()[3]]
-    middle = [obj_de] + (["nicht"] if negated else []) + ([place_de] if place_de else [])
-    form = rng.random()
-    if form < 0.25:  # a subordinate clause: every verb at the end, the finite one last
-        intro_en, intro_de = rng.choice(INTRODUCERS)
-        english = f"{intro_en} {english}"
-        german = f"{intro_de} {subj_de} {' '.join(middle + final + [finite])}"
-    elif form < 0.45:  # a fronted adverb: the finite verb second, before the subject
-        adv_en, adv_de = rng.choice(ADVERBS[tense])
-        english = f"{adv_en} {english}"
-        german = f"{adv_de} {finite} {subj_de} {' '.join(middle + final)}"
+        verb_en = f"cannot {en_base}" if negated else f"can {en_base}"
+    english = f"{pronoun[0] if pronoun else english_np(subject)} {verb_en} {english_np(obj)}"
+    english += f" in the {place[0]}" if place else ""
+    english = f"{intro[0]} {english}" if intro else f"{adverb[0]} {english}" if adverb else english
+
+    # German: the finite verb second, or last in a subordinate clause; participles and infinitives at the end
+    finite, final = {"present": (conj.split()[person], []), "past": (AUXILIARY[aux].split()[person], [part_de]),
+                     "future": (AUXILIARY["werden"].split()[person], [conj.split()[3]])}.get(
+        tense, (AUXILIARY[modal].split()[person] if modal else None, [conj.split()[3]]))
+    subj_de = pronoun[1] if pronoun else german_np(subject, "nom")
+    place_de = (("in der " if place[2] == "f" else "im ") + place[1]) if place else None
+    middle = [german_np(obj, case)] + (["nicht"] if negated else []) + ([place_de] if place_de else [])
+    if intro:
+        german = f"{intro[1]} {subj_de} {' '.join(middle + final + [finite])}"
+    elif adverb:
+        german = f"{adverb[1]} {finite} {subj_de} {' '.join(middle + final)}"
     else:
         german = f"{subj_de} {finite} {' '.join(middle + final)}"
-    return english[0].upper() + english[1:] + ".", german[0].upper() + german[1:] + "."
+
+    # Dutch: the same second place, but a subordinate clause's finite verb before its participle or infinitive;
+    # no cases; "niet" before a prepositional object
+    nl_conj, nl_part, nl_inf = NL_VERBS[en_base]
+    nl_finite, nl_final = {"present": (nl_conj.split()[person], []),
+                           "past": (NL_AUXILIARY["haben"].split()[person], [nl_part]),
+                           "future": (NL_AUXILIARY["werden"].split()[person], [nl_inf])}.get(
+        tense, (NL_AUXILIARY[modal].split()[person] if modal else None, [nl_inf]))
+    subj_nl = NL_PRONOUNS[pronoun[0]] if pronoun else dutch_np(subject)
+    obj_nl = ("van " if en_base == "love" else "") + dutch_np(obj)
+    not_nl = ["niet"] if negated else []
+    middle_nl = (not_nl + [obj_nl] if en_base == "love" else [obj_nl] + not_nl)
+    middle_nl += [NL_PLACES[place[0]]] if place else []
+    if intro:
+        dutch = f"{NL_INTRODUCERS[intro[0]]} {subj_nl} {' '.join(middle_nl + [nl_finite] + nl_final)}"
+    elif adverb:  # inverted "jij" drops the -t: "zie jij", "heb jij"
+        inverted = nl_finite[:-1] if person == 1 and nl_finite.endswith("t") else nl_finite
+        dutch = f"{NL_ADVERBS[adverb[0]]} {inverted} {subj_nl} {' '.join(middle_nl + nl_final)}"
+    else:
+        dutch = f"{subj_nl} {nl_finite} {' '.join(middle_nl + nl_final)}"
+    return tuple(text[0].upper() + text[1:] + "." for text in (english, german, dutch))
 
 
 def write_tokenizer(texts: list[str], path: Path) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    specials = ["<pad>", "</s>", "<unk>", "<s>", "__en__", "__de__"]
+    specials = ["<pad>", "</s>", "<unk>", "<s>", "__en__", "__de__", "__nl__"]
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
     tokenizer.decoder = decoders.Metaspace()
@@ -186,21 +262,22 @@ def write_tokenizer(texts: list[str], path: Path) -> None:
 
 def main() -> None:
     rng = random.Random(2017)
-    pairs: dict[str, str] = {}
-    while len(pairs) < TRAIN_PAIRS + EVAL_PAIRS:
-        english, german = sentence(rng)
-        pairs.setdefault(english, german)
-    items = list(pairs.items())
+    sentences: dict[str, tuple[str, str]] = {}
+    while len(sentences) < TRAIN_SENTENCES + EVAL_SENTENCES:
+        english, german, dutch = sentence(rng)
+        sentences.setdefault(english, (german, dutch))
+    items = list(sentences.items())
     rng.shuffle(items)
-    splits = {"translation_eval.jsonl": items[:EVAL_PAIRS], "translation_train.jsonl": items[EVAL_PAIRS:]}
+    splits = {"translation_eval.jsonl": items[:EVAL_SENTENCES], "translation_train.jsonl": items[EVAL_SENTENCES:]}
     for name, split in splits.items():
         records = []
-        for english, german in split:
-            records.append({"source": f"__en__ {english}", "target": f"__de__ {german}"})
-            records.append({"source": f"__de__ {german}", "target": f"__en__ {english}"})
+        for english, translations in split:
+            for language, other in zip(("de", "nl"), translations):  # English to each, and back
+                records.append({"source": f"__en__ {english}", "target": f"__{language}__ {other}"})
+                records.append({"source": f"__{language}__ {other}", "target": f"__en__ {english}"})
         with open(HERE / name, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    write_tokenizer([text for english, german in items for text in (english, german)],
+    write_tokenizer([text for english, others in items for text in (english, *others)],
                     HERE / "translation_tokenizer.json")
 
 

@@ -93,9 +93,6 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                tie_word_embeddings=cfg.tie_embeddings, is_encoder_decoder=True)
     if model_type == "marian":
         out.update(share_encoder_decoder_embeddings=cfg.shared_embeddings, decoder_vocab_size=cfg.vocab_size)
-    # MarianConfig and PegasusConfig force an EOS at the length limit unless told otherwise; a model built here
-    # forces none (a loaded file's own setting, in ``out`` already, stays)
-    out.setdefault("forced_eos_token_id", None)
 
 
 def sinusoid_table(cfg: ModelConfig, name: str, written: bool) -> Rule:

@@ -577,9 +577,12 @@ class Seq2Seq(RecordObjective, _EncoderDecoderObjective):
         config = GenerationConfig(max_new_tokens=self.target_len, num_beams=self.run.eval.num_beams,
                                   eos_token_ids=(self.ids["eos"],), pad_token_id=self.pad,
                                   decoder_start_token_id=self.decoder_start)
+        first = None
+        if self.run.eval.force_first_target_token:  # (a padding row's labels are all IGNORE: it starts with pad)
+            first = jnp.where(batch["labels"][:, 0] < 0, self.pad, batch["labels"][:, 0])
         graphdef, state = nnx.split(model)
         tokens, _, _ = generate_tokens(graphdef, state, batch["input_ids"], batch["attention_mask"],
-                                       jax.random.key(0), config)
+                                       jax.random.key(0), config, first)
         return loss, sums, {"translation": tokens}
 
     def finish_outputs(self, outputs: dict[str, np.ndarray]) -> dict[str, float]:

@@ -112,6 +112,9 @@ class EvalSection:
     # turns it on for seq2seq runs.
     bleu: bool = False
     num_beams: int = 1
+    # each translation starts with its reference's first token, forced: the target language's token of
+    # M2M-100-style data ("__de__ ..."), so one batch is scored in several target languages
+    force_first_target_token: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -256,6 +259,11 @@ class RunConfig:
         if self.eval.bleu and self.train.objective != "seq2seq":
             raise ValueError(f"eval.bleu=true scores translations of held-out sources; train.objective="
                              f"{self.train.objective!r} has none (use seq2seq)")
+        if not isinstance(self.eval.force_first_target_token, bool):
+            raise ValueError(f"eval.force_first_target_token={self.eval.force_first_target_token!r} must be true or false")
+        if self.eval.force_first_target_token and not self.eval.bleu:
+            raise ValueError("eval.force_first_target_token=true forces the first token of held-out translations; "
+                             "they are made only with eval.bleu=true")
         if not isinstance(self.eval.num_beams, int) or isinstance(self.eval.num_beams, bool) or self.eval.num_beams < 1:
             raise ValueError(f"eval.num_beams={self.eval.num_beams!r} must be an integer >= 1")
         if not 0 < self.data.eval_fraction < 1:
