@@ -153,8 +153,8 @@ def generate(args: argparse.Namespace) -> int:
     call_args, gc = gen.prepare(model, batch["input_ids"], batch["attention_mask"], max_new_tokens=args.max_new_tokens,
                                 do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, num_beams=args.num_beams, seed=args.seed,
-                                **({} if args.forced_bos_token_id is None else
-                                   {"forced_bos_token_id": args.forced_bos_token_id}))
+                                forced_bos_token_id=(gen.FROM_MODEL if args.forced_bos_token_id is None
+                                                     else args.forced_bos_token_id))
     start = time.perf_counter()
     compiled = gen.generate_tokens_jit.lower(*call_args, config=gc).compile()
     compile_s = time.perf_counter() - start

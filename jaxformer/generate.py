@@ -48,6 +48,8 @@ FROM_MODEL = _FromTheModel()
 # The token ids a checkpoint sets for generation; transformers' generate() uses them unless given.
 GENERATION_IDS = ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id", "forced_bos_token_id",
                   "forced_eos_token_id", "bad_words_ids")
+# ... and every generation default a checkpoint sets that generate() applies: the ids and one switch
+CHECKPOINT_SETTINGS = (*GENERATION_IDS, "renormalize_logits")
 
 
 def generation_defaults(model) -> dict[str, Any]:
@@ -64,7 +66,7 @@ def generation_defaults(model) -> dict[str, Any]:
         source = json.loads(hf)
         inner = next((source[k] for k in ("decoder", "generator", "text_config")
                       if isinstance(source.get(k), dict)), {})
-        source = {k: inner.get(k) if source.get(k) is None else source[k] for k in (*GENERATION_IDS, "renormalize_logits")}
+        source = {k: inner.get(k) if source.get(k) is None else source[k] for k in CHECKPOINT_SETTINGS}
     else:
         source = {k: getattr(cfg, k, None) for k in GENERATION_IDS}
 
@@ -147,11 +149,9 @@ def process_logits(scores: Array, step: Array, max_steps: int, gc: GenerationCon
     vocab = scores.shape[-1]
     if gc.bad_token_ids:
         scores = jnp.where(jnp.isin(jnp.arange(vocab), jnp.asarray(gc.bad_token_ids)), -jnp.inf, scores)
-    if gc.forced_bos_token_id is not None:
-        forced = jnp.where(jnp.arange(vocab) == gc.forced_bos_token_id, 0.0, -jnp.inf)
-        scores = jnp.where(step == 0, forced, scores)
-    if first_tokens is not None:
-        forced = jnp.where(jnp.arange(vocab) == first_tokens[:, None], 0.0, -jnp.inf)
+    first = gc.forced_bos_token_id if first_tokens is None else first_tokens  # one id, or one per row
+    if first is not None:
+        forced = jnp.where(jnp.arange(vocab) == jnp.asarray(first)[..., None], 0.0, -jnp.inf)
         scores = jnp.where(step == 0, forced, scores)
     if gc.forced_eos_token_id is not None:
         forced = jnp.where(jnp.arange(vocab) == gc.forced_eos_token_id, 0.0, -jnp.inf)
@@ -367,8 +367,8 @@ def _config_from_kwargs(model, kwargs: dict[str, Any]) -> GenerationConfig:
     encoder-decoder without a decoder start starts from BOS."""
     cfg: ModelConfig = model.config
     defaults = generation_defaults(model)
-    given = {k: kwargs.pop(k) for k in (*GENERATION_IDS, "renormalize_logits") if k in kwargs}
-    ids = {k: defaults[k] if given.get(k, FROM_MODEL) is FROM_MODEL else given[k] for k in GENERATION_IDS}
+    given = {k: kwargs.pop(k) for k in CHECKPOINT_SETTINGS if k in kwargs}
+    ids = {k: defaults[k] if given.get(k, FROM_MODEL) is FROM_MODEL else given[k] for k in CHECKPOINT_SETTINGS}
     eos = ids["eos_token_id"]
     eos_ids = tuple(int(e) for e in eos) if isinstance(eos, (tuple, list)) else (() if eos is None else (int(eos),))
     pad = ids["pad_token_id"]
@@ -382,9 +382,7 @@ def _config_from_kwargs(model, kwargs: dict[str, Any]) -> GenerationConfig:
                             forced_bos_token_id=_integer(ids["forced_bos_token_id"]),
                             forced_eos_token_id=_integer(ids["forced_eos_token_id"]),
                             bad_token_ids=_bad_tokens(ids["bad_words_ids"], eos_ids),
-                            renormalize_logits=bool(defaults["renormalize_logits"]
-                                                    if given.get("renormalize_logits", FROM_MODEL) is FROM_MODEL
-                                                    else given["renormalize_logits"]), **kwargs)
+                            renormalize_logits=bool(ids["renormalize_logits"]), **kwargs)
 
 
 def _bad_tokens(bad_words_ids, eos_ids: tuple[int, ...]) -> tuple[int, ...]:
