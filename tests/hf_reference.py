@@ -574,4 +574,4 @@ def hf_param_count(name: str) -> int:
     # jaxformer runs the content stream and does not hold it. Marian's and Pegasus' sinusoid tables are frozen
     # parameters (requires_grad False, as M2M-100's are buffers): computed here, not held, so not counted.
     return sum(p.numel() for n, p in model.named_parameters()
-               if not n.endswith("mask_emb") and not n.endswith("embed_positions.weight") or p.requires_grad)
+               if not n.endswith("mask_emb") and (p.requires_grad or not n.endswith("embed_positions.weight")))
