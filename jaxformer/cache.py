@@ -14,7 +14,7 @@ segment memory) is a new type or field here, never a second forward pass.
   project to, so a decode step does not project M memory tokens again per layer and token.
 - ``EncoderKV``: an encoder-decoder's cross-attention keys and values, computed once per source.
 - ``DecodeState``: what a decoder's step carries: its KV cache (or segment memory), the encoder side,
-  the prefix sizes.
+  the prefix sizes. Drafting rewinds it past the tokens the target rejected (``rewind``).
 """
 
 from __future__ import annotations
@@ -83,6 +83,12 @@ class _Slots(_PerLayer):
 
     def reorder(self, rows: Array):
         return dataclasses.replace(super().reorder(rows), positions=self.positions[rows])
+
+    def rewind(self, index: Array):
+        """The cache as it was when ``index`` slots were written: the slots from ``index`` on stop being
+        keys and are written again next (drafted tokens the target rejected)."""
+        kept = jnp.arange(self.length) < index
+        return dataclasses.replace(self, index=jnp.asarray(index, jnp.int32), valid=self.valid & kept)
 
 
 def _empty_slots(batch: int, length: int) -> tuple[Array, Array, Array]:
@@ -257,3 +263,7 @@ class DecodeState:
         """Beam search: rows take their parents' caches. Beams of one input share its encoder output
         and prefix, so those stay where they are."""
         return dataclasses.replace(self, kv=self.kv.reorder(rows))
+
+    def rewind(self, index: Array) -> DecodeState:
+        """Drafting: the self-attention cache back to ``index`` written slots (a memory window cannot rewind)."""
+        return dataclasses.replace(self, kv=self.kv.rewind(index))

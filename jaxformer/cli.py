@@ -146,6 +146,16 @@ def generate(args: argparse.Namespace) -> int:
 
     model = from_pretrained(args.path, dtype=args.dtype)
     tokenizer = load_tokenizer(args.path)
+    drafting = {}
+    if args.assistant_model:  # it shares the tokenizer: only its weights are read
+        drafting = dict(assistant_model=from_pretrained(args.assistant_model, dtype=args.dtype),
+                        num_assistant_tokens=args.num_assistant_tokens,
+                        num_assistant_tokens_schedule=args.num_assistant_tokens_schedule)
+    elif args.num_assistant_tokens is not None:
+        raise ValueError("--num-assistant-tokens needs --assistant-model")
+    if args.prompt_lookup_num_tokens is not None:
+        drafting.update(prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+                        max_matching_ngram_size=args.max_matching_ngram_size)
     # decoders continue the prompt's last token: pad on the left; an encoder reads its source from position 0,
     # as transformers' seq2seq tokenizers pad it (an absolute position table sees left padding as a shift)
     batch = tokenizer(args.prompt, padding_side="left" if model.config.family == "decoder" else "right")
@@ -154,12 +164,13 @@ def generate(args: argparse.Namespace) -> int:
                                 do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, num_beams=args.num_beams, seed=args.seed,
                                 forced_bos_token_id=(gen.FROM_MODEL if args.forced_bos_token_id is None
-                                                     else args.forced_bos_token_id))
+                                                     else args.forced_bos_token_id), **drafting)
     start = time.perf_counter()
-    compiled = gen.generate_tokens_jit.lower(*call_args, config=gc).compile()
+    loop = gen.drafted_tokens_jit if gc.draft_tokens else gen.generate_tokens_jit  # drafting also counts its rounds
+    compiled = loop.lower(*call_args, config=gc).compile()
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    tokens, steps, bad_step = jax.block_until_ready(compiled(*call_args[1:]))
+    tokens, steps, bad_step, *rounds = jax.block_until_ready(compiled(*call_args[1:]))
     elapsed = time.perf_counter() - start
     out = gen.assemble(model, batch["input_ids"], tokens, steps, bad_step, gc)
     for prompt, row, mask in zip(args.prompt, out, batch["attention_mask"]):
@@ -168,7 +179,8 @@ def generate(args: argparse.Namespace) -> int:
         else:
             print(tokenizer.decode(row))
     new = int(steps) * len(args.prompt)
-    print(f"[{new} new tokens in {elapsed:.2f} s: {new / elapsed:.1f} tokens/s; compile {compile_s:.1f} s]",
+    drafted = f"; {int(steps) / (int(rounds[0]) + 1):.2f} tokens per target step" if rounds else ""
+    print(f"[{new} new tokens in {elapsed:.2f} s: {new / elapsed:.1f} tokens/s{drafted}; compile {compile_s:.1f} s]",
           file=sys.stderr)
     return 0
 
@@ -290,6 +302,14 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--forced-bos-token-id", type=int,
                    help="the token every output starts with (translation: the target language's, as M2M-100, NLLB "
                         "and mBART-50 take it; default: the checkpoint's)")
+    p.add_argument("--assistant-model", metavar="PATH",
+                   help="speculative decoding: a smaller checkpoint folder with the same tokenizer drafts tokens that "
+                        "the model verifies several at a time (greedy output unchanged)")
+    p.add_argument("--num-assistant-tokens", type=int, help="drafts per round (default 5)")
+    p.add_argument("--num-assistant-tokens-schedule", choices=["constant", "heuristic"], default="constant")
+    p.add_argument("--prompt-lookup-num-tokens", type=int,
+                   help="prompt lookup decoding: draft this many tokens from n-gram matches in the prompt")
+    p.add_argument("--max-matching-ngram-size", type=int, help="longest n-gram prompt lookup matches (default 2)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.set_defaults(run=generate)

@@ -53,8 +53,11 @@ def lm_logits(model: nnx.Module, x: Array) -> Array:
     return logits
 
 
-def last_token_logits(model: nnx.Module, h: Array) -> Array:
-    """A cached step's output: float32 logits [B, V] of the last position only."""
+def step_logits(model: nnx.Module, h: Array, every_position: bool = False) -> Array:
+    """A cached step's output: float32 logits [B, V] of the last position only, or [B, T, V] of each of the
+    step's T positions (verifying T - 1 drafted tokens at once)."""
+    if every_position:
+        return lm_logits(model, h).astype(jnp.float32)
     return lm_logits(model, h[:, -1:])[:, 0].astype(jnp.float32)
 
 
@@ -145,15 +148,17 @@ class Decoder(nnx.Module):
         cache = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype))
         return DecodeState(cache, prefix_lengths=prefix_lengths)
 
-    def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState) -> tuple[Array, DecodeState]:
+    def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState, every_position: bool = False
+             ) -> tuple[Array, DecodeState]:
         """Run ``ids`` [B, T] at ``positions`` (real where ``valid``) over the cache (or memory): float32
-        logits of the last position [B, V] and the state with these tokens written."""
+        logits of the last position [B, V] (of every position [B, T, V] with ``every_position``) and the state
+        with these tokens written."""
         state.kv.check_room(ids.shape[1])
         if isinstance(state.kv, MemoryKV):
             out = self.forward(ids, valid=valid, positions=positions, memory=state.kv)
-            return last_token_logits(self, out.hidden), dataclasses.replace(state, kv=out.memory)
+            return step_logits(self, out.hidden, every_position), dataclasses.replace(state, kv=out.memory)
         out = self.forward(ids, valid=valid, positions=positions, prefix_lengths=state.prefix_lengths, cache=state.kv)
-        return last_token_logits(self, out.hidden), dataclasses.replace(state, kv=out.cache)
+        return step_logits(self, out.hidden, every_position), dataclasses.replace(state, kv=out.cache)
 
     def for_decode_loop(self) -> Decoder:
         return unstacked_decoder(self)

@@ -17,7 +17,7 @@ from flax import nnx
 from jaxformer.cache import DecodeState, EncoderKV, KVCache, empty_cache
 from jaxformer.checks import check_inputs, public_call
 from jaxformer.config import ModelConfig
-from jaxformer.decoder import last_token_logits, lm_logits, make_lm_head, unstacked_decoder
+from jaxformer.decoder import step_logits, lm_logits, make_lm_head, unstacked_decoder
 from jaxformer.layers import Embed, Embeddings, EncoderOutput, Stack, StackOutput, Tokens, dtype_of, split_key
 from jaxformer.outputs import ModelOutput
 
@@ -109,12 +109,14 @@ class EncoderDecoder(nnx.Module):
         kv = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype))
         return DecodeState(kv, encoder=self.decoder.cross_key_values(source))
 
-    def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState) -> tuple[Array, DecodeState]:
+    def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState, every_position: bool = False
+             ) -> tuple[Array, DecodeState]:
         """Run decoder ``ids`` [B, T] at ``positions`` over the cache: float32 logits of the last
-        position [B, V] and the state with these tokens written."""
+        position [B, V] (of every position [B, T, V] with ``every_position``) and the state with these
+        tokens written."""
         state.kv.check_room(ids.shape[1])
         out = self.decode(ids, state.encoder, valid=valid, positions=positions, cache=state.kv)
-        return last_token_logits(self, out.hidden), dataclasses.replace(state, kv=out.cache)
+        return step_logits(self, out.hidden, every_position), dataclasses.replace(state, kv=out.cache)
 
     def for_decode_loop(self) -> EncoderDecoder:
         return unstacked_decoder(self)

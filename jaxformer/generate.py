@@ -98,6 +98,18 @@ class GenerationConfig:
     forced_eos_token_id: int | None = None
     bad_token_ids: tuple[int, ...] = ()  # single-token bad_words_ids (Marian's pad), never chosen
     renormalize_logits: bool = False  # log-softmax after the processors (Marian's beams score so)
+    # Drafting (``_drafted``): an assistant model proposes up to ``num_assistant_tokens`` a round ("heuristic":
+    # transformers' schedule adapts how many, within that bound), or n-grams of the text so far propose up to
+    # ``prompt_lookup_num_tokens``; 0: no drafting
+    num_assistant_tokens: int = 0
+    num_assistant_tokens_schedule: str = "constant"
+    prompt_lookup_num_tokens: int = 0
+    max_matching_ngram_size: int = 2
+
+    @property
+    def draft_tokens(self) -> int:
+        """How many drafted tokens one target step verifies (0: no drafting)."""
+        return self.num_assistant_tokens or self.prompt_lookup_num_tokens
 
     def validate(self, cfg: ModelConfig) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -134,6 +146,20 @@ class GenerationConfig:
                 raise ValueError(f"bad_words_ids holds {bad}, which must lie in [0, {cfg.vocab_size})")
         if cfg.head != "lm":
             raise ValueError(f"generation needs an LM head; {cfg.name!r} has head={cfg.head!r}")
+        for name in ("num_assistant_tokens", "prompt_lookup_num_tokens", "max_matching_ngram_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
+                    name == "max_matching_ngram_size" and value < 1):
+                raise ValueError(f"{name}={value!r} must be an integer >= 1")
+        if self.num_assistant_tokens_schedule not in ("constant", "heuristic"):
+            raise ValueError(f"num_assistant_tokens_schedule={self.num_assistant_tokens_schedule!r}; valid: "
+                             "'constant', 'heuristic'")
+        if self.draft_tokens and self.num_beams > 1:
+            raise ValueError("drafting (assistant_model or prompt_lookup_num_tokens) verifies one sequence per row; "
+                             "it does not combine with beam search (num_beams > 1)")
+        if self.draft_tokens and cfg.position == "xl":
+            raise ValueError(f"{cfg.name!r} carries a Transformer-XL memory window, which cannot be rewound past "
+                             "rejected drafts; generate without assistant_model / prompt_lookup_num_tokens")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -161,12 +187,14 @@ def process_logits(scores: Array, step: Array, max_steps: int, gc: GenerationCon
     return scores
 
 
-def sample_logits(logits: Array, key: Array, gc: GenerationConfig) -> Array:
-    """Temperature, then top-k, then top-p (nucleus) filtering, then a categorical draw [B].
+def warp_logits(logits: Array, gc: GenerationConfig) -> Array:
+    """Temperature, then top-k, then top-p (nucleus) filtering of [..., V] logits: what a draw is made from.
 
     The logits are shifted so the largest is 0 before dividing by the temperature (the distribution is
     unchanged): a temperature so small that logits / T would overflow to Inf (and then NaN) draws the
     greedy token instead."""
+    shape = logits.shape
+    logits = logits.reshape(-1, shape[-1])
     logits = (logits - jnp.max(logits, axis=-1, keepdims=True)) / gc.temperature
     if gc.top_k is not None:
         kth = jax.lax.top_k(logits, min(gc.top_k, logits.shape[-1]))[0][..., -1:]
@@ -179,7 +207,20 @@ def sample_logits(logits: Array, key: Array, gc: GenerationConfig) -> Array:
         remove_sorted = remove_sorted.at[..., -1].set(False)  # always keep the most likely token
         remove = jnp.zeros_like(remove_sorted).at[jnp.arange(logits.shape[0])[:, None], order].set(remove_sorted)
         logits = jnp.where(remove, -jnp.inf, logits)
-    return jax.random.categorical(key, logits, axis=-1)
+    return logits.reshape(shape)
+
+
+def sample_logits(logits: Array, key: Array, gc: GenerationConfig) -> Array:
+    """A categorical draw [...] from ``warp_logits`` of [..., V] logits."""
+    return jax.random.categorical(key, warp_logits(logits, gc), axis=-1)
+
+
+def _choose(logits: Array, step, key: Array, gc: GenerationConfig, first_tokens: Array | None = None) -> Array:
+    """The next token [B] from a step's logits [B, V]: processed, then sampled or the most likely."""
+    scores = process_logits(logits, step, gc.max_new_tokens, gc, first_tokens)
+    if gc.do_sample:
+        return sample_logits(scores, key, gc).astype(jnp.int32)
+    return jnp.argmax(scores, axis=-1).astype(jnp.int32)
 
 
 def _is_eos(tokens: Array, gc: GenerationConfig) -> Array:
@@ -218,13 +259,7 @@ def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfi
     logits, state = model.step(ids, positions, valid, state)
     next_position = positions[:, -1] + 1
     looping = model.for_decode_loop()  # the one-off prefill keeps the scanned stack (faster to compile)
-
-    def choose(logits, step, key):
-        scores = process_logits(logits, step, N, gc, first_tokens)
-        if gc.do_sample:
-            return sample_logits(scores, key, gc).astype(jnp.int32)
-        return jnp.argmax(scores, axis=-1).astype(jnp.int32)
-
+    choose = lambda logits, step, key: _choose(logits, step, key, gc, first_tokens)  # noqa: E731
     key, sub = jax.random.split(key)
     first = choose(logits, 0, sub)
     tokens = jnp.full((B, N), gc.pad_token_id, jnp.int32).at[:, 0].set(first)
@@ -341,12 +376,218 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig, first_t
     return final["sequences"][:, 0], jnp.max(final["lengths"][:, 0]), final["bad"]
 
 
+# --------------------------------------------------------------------------------------------------
+# Drafting: speculative decoding (an assistant model) and prompt lookup
+
+
+def _in_vocabulary(logits: Array, vocab: int) -> Array:
+    """An assistant's logits over the target's vocabulary: ids the target lacks are cut (a larger padded
+    table), ids the assistant lacks are never proposed (-inf)."""
+    own = logits.shape[-1]
+    if own >= vocab:
+        return logits[..., :vocab]
+    return jnp.pad(logits, [(0, 0)] * (logits.ndim - 1) + [(0, vocab - own)], constant_values=-jnp.inf)
+
+
+def _shifted(a: Array, by: int, fill) -> Array:
+    """a [B, W] moved left by ``by`` columns (a[:, j + by] at j), ``fill`` past the end."""
+    return jnp.pad(a[:, by:], ((0, 0), (0, by)), constant_values=fill) if by else a
+
+
+def lookup_drafts(text: Array, known: Array, length: Array, count: int, ngram: int) -> tuple[Array, Array]:
+    """Prompt lookup, as transformers' PromptLookupCandidateGenerator chooses: the longest n-gram (at most
+    ``ngram`` tokens) ending the text so far, ``text[:, :length]``, that occurs earlier in it; its first
+    occurrence's next ``count`` tokens (fewer where the text ends) are the drafts. ``known`` marks real
+    tokens (a padded prompt's pads never match). Returns drafts [B, count] and how many are real [B]."""
+    B, W = text.shape
+    column = jnp.arange(W)
+    start = jnp.full((B,), -1, jnp.int32)  # where the continuation begins (-1: no match yet)
+    for size in range(ngram, 0, -1):  # the longest match wins
+        tail = jax.lax.dynamic_slice_in_dim(text, length - size, size, axis=1)
+        tail_known = jnp.all(jax.lax.dynamic_slice_in_dim(known, length - size, size, axis=1), axis=1) & (length > size)
+        match = column[None] + size < length  # something follows the occurrence (so it is not the tail itself)
+        for i in range(size):
+            match &= (_shifted(text, i, -1) == tail[:, i:i + 1]) & _shifted(known, i, False)
+        found = jnp.any(match, axis=1) & tail_known & (start < 0)
+        start = jnp.where(found, jnp.argmax(match, axis=1) + size, start)
+    drafts = jnp.take_along_axis(text, jnp.clip(start[:, None] + jnp.arange(count), 0, W - 1), axis=1)
+    real = jnp.where(start >= 0, jnp.minimum(count, length - start), 0)
+    return drafts, real.astype(jnp.int32)
+
+
+def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationConfig, first_tokens=None):
+    """Greedy or sampled decoding that emits several tokens per target step: a round drafts K tokens (the
+    ``assistant``'s own cached greedy or sampled steps, or, with ``assistant`` None, prompt lookup), the
+    target's ``step`` runs its last token and the K drafts at once (the same step that decodes one token,
+    with every position's logits), keeps the drafts it agrees with and adds its own next token, and both
+    caches are rewound past what it rejected. Greedy output is plain greedy's; sampling accepts a draft
+    with probability min(1, p/q) and otherwise draws from max(0, p - q) (speculative sampling; a lookup
+    draft, q a point mass, is accepted when the target's own draw equals it), so every token is drawn from
+    the target's distribution. Rows of a batch advance together by the fewest any unfinished row accepted.
+
+    The target's cache holds every token before the last one emitted; the assistant's every token before
+    the last two, which open its next round (so a round whose drafts were all accepted needs no extra
+    assistant step for the last of them). Returns tokens, steps and bad step as ``_greedy_or_sample`` does,
+    and the number of target steps taken after the prefill (rounds)."""
+    N, K, V = gc.max_new_tokens, gc.draft_tokens, model.config.vocab_size
+    ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, N + K)
+    B = ids.shape[0]
+    logits, state = model.step(ids, positions, valid, state)
+    looping = model.for_decode_loop()
+    key, sub = jax.random.split(key)
+    first = _choose(logits, 0, sub, gc, first_tokens)
+    next_position = positions[:, -1] + 1  # the first emitted token's
+    bad = first_non_finite(jnp.int32(-1), logits, 0)
+
+    # The text drafts look up and results are written to: the prompt (an encoder-decoder's source), then
+    # what was emitted; room for one round past max_new_tokens.
+    C = input_ids.shape[1]
+    text = jnp.concatenate([input_ids.astype(jnp.int32), jnp.full((B, N + K + 1), gc.pad_token_id, jnp.int32)], axis=1)
+    text = text.at[:, C].set(first)
+    known = jnp.concatenate([attention_mask.astype(bool), jnp.zeros((B, N + K + 1), bool)], axis=1).at[:, C].set(True)
+
+    drafting = None
+    if assistant is not None:
+        drafting = assistant.for_decode_loop()
+        a_ids, a_positions, a_valid, a_state = _prefill_inputs(assistant, input_ids, attention_mask, gc, 1, N + K)
+        _, a_state = assistant.step(a_ids, a_positions, a_valid, a_state)
+        a_state = a_state.rewind(a_state.kv.index - 1)  # its last prompt token opens the first round
+    else:
+        a_state = None
+    pair = jnp.stack([ids[:, -1], first], axis=1)  # the last two tokens: the target's next step starts at the second
+
+    def propose(step, a_state, pair, drafts_now, text, known, key):
+        """K drafts [B, K], how many are real [B], the assistant's probabilities of them [B, K, V] (sampling
+        only) and its state."""
+        if assistant is None:
+            found, real = lookup_drafts(text, known, C + step, K, gc.max_matching_ngram_size)
+            return found, real, None, a_state
+
+        def pick(logits, at, key):
+            scores = process_logits(_in_vocabulary(logits, V), at, N, gc)
+            if gc.do_sample:
+                warped = warp_logits(scores, gc)
+                return jax.random.categorical(key, warped, axis=-1).astype(jnp.int32), jax.nn.softmax(warped, axis=-1)
+            return jnp.argmax(scores, axis=-1).astype(jnp.int32), None
+
+        keys = jax.random.split(key, K)
+        pair_positions = (next_position + step - 2)[:, None] + jnp.arange(2)
+        logits, a_state = drafting.step(pair, pair_positions, jnp.ones((B, 2), bool), a_state)
+        token, q = pick(logits, step, keys[0])
+        drafts = jnp.zeros((B, K), jnp.int32).at[:, 0].set(token)
+        probs = None if q is None else jnp.zeros((B, K, V), jnp.float32).at[:, 0].set(q)
+
+        def more(carry):
+            j, a_state, drafts, probs = carry
+            logits, a_state = drafting.step(jax.lax.dynamic_slice_in_dim(drafts, j - 1, 1, axis=1),
+                                            (next_position + step - 1 + j)[:, None], jnp.ones((B, 1), bool), a_state)
+            token, q = pick(logits, step + j, keys[j])
+            drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], j, axis=1)
+            if probs is not None:
+                probs = jax.lax.dynamic_update_slice_in_dim(probs, q[:, None], j, axis=1)
+            return j + 1, a_state, drafts, probs
+
+        _, a_state, drafts, probs = jax.lax.while_loop(lambda c: c[0] < drafts_now, more,
+                                                       (jnp.int32(1), a_state, drafts, probs))
+        return drafts, jnp.full((B,), drafts_now, jnp.int32), probs, a_state
+
+    def verify(width, step, state, last, drafts, real, q, key):
+        """The target's step over ``last`` and the first ``width - 1`` drafts: each row's accepted count [B]
+        and, per position, the token emitted if the row stops there [B, K + 1]."""
+        drafts = drafts[:, :width - 1]
+        fed = jnp.concatenate([last[:, None], drafts], axis=1)
+        logits, state = looping.step(fed, (next_position + step - 1)[:, None] + jnp.arange(width),
+                                     jnp.ones((B, width), bool), state, every_position=True)
+        at = step + jnp.arange(width)
+        scores = jax.vmap(lambda sc, t: process_logits(sc, t, N, gc, first_tokens), in_axes=(1, 0), out_axes=1)(
+            logits, at)
+        keys = jax.random.split(key, 3)
+        if not gc.do_sample:
+            own = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+            accept, stop = drafts == own[:, :-1], own
+        else:
+            warped = warp_logits(scores, gc)
+            own = jax.random.categorical(keys[0], warped, axis=-1).astype(jnp.int32)
+            if q is None:  # a lookup draft: kept when the target's own draw is the same token
+                accept, stop = drafts == own[:, :-1], own
+            else:
+                p = jax.nn.softmax(warped, axis=-1)
+                q = q[:, :width - 1]
+                ratio = (jnp.take_along_axis(p[:, :-1], drafts[..., None], -1)
+                         / jnp.take_along_axis(q, drafts[..., None], -1))[..., 0]
+                accept = jax.random.uniform(keys[1], ratio.shape) < ratio
+                residual = jnp.maximum(p[:, :-1] - q, 0.0)
+                total = jnp.sum(residual, axis=-1, keepdims=True)
+                residual = jnp.where(total > 0, residual / jnp.where(total > 0, total, 1.0), p[:, :-1])
+                corrected = jax.random.categorical(keys[2], jnp.log(residual), axis=-1).astype(jnp.int32)
+                drafted_here = jnp.arange(width - 1) < real[:, None]
+                stop = own.at[:, :-1].set(jnp.where(drafted_here, corrected, own[:, :-1]))
+        accept &= jnp.arange(width - 1) < real[:, None]
+        accepted = jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
+        stop = jnp.pad(stop, ((0, 0), (0, K + 1 - width)), constant_values=gc.pad_token_id)
+        return accepted, stop, state, logits
+
+    def round_(carry):
+        step, state, a_state, pair, text, known, finished, drafts_now, key, bad, rounds = carry
+        key, draft_key, verify_key = jax.random.split(key, 3)
+        start, a_start = state.kv.index, None if a_state is None else a_state.kv.index
+        drafts, real, q, a_state = propose(step, a_state, pair, drafts_now, text, known, draft_key)
+        last = pair[:, 1]
+        args = (step, state, last, drafts, real, q, verify_key)
+        if assistant is None:  # no row found a match: a plain one-token step
+            def one(args):
+                accepted, stop, state, logits = verify(1, *args)
+                return accepted, stop, state, jnp.all(jnp.isfinite(logits))
+
+            def full(args):
+                accepted, stop, state, logits = verify(K + 1, *args)
+                return accepted, stop, state, jnp.all(jnp.isfinite(logits))
+
+            accepted, stop, state, finite = jax.lax.cond(jnp.any(real > 0), full, one, args)
+        else:
+            accepted, stop, state, logits = verify(K + 1, *args)
+            finite = jnp.all(jnp.isfinite(logits))
+        bad = jnp.where((bad < 0) & ~finite, step, bad)
+        n = jnp.min(jnp.where(finished, K, accepted))  # every unfinished row accepted at least n drafts
+        column = jnp.arange(K + 1)
+        drafts_ = jnp.pad(drafts, ((0, 0), (0, 1)), constant_values=gc.pad_token_id)
+        at_n = jnp.where(accepted > n, drafts_[:, n], jnp.take_along_axis(stop, jnp.full((B, 1), n), 1)[:, 0])
+        emitted = jnp.where(column < n, drafts_, at_n[:, None])
+        emitted = jnp.where(column <= n, emitted, gc.pad_token_id)
+        eos = _is_eos(emitted, gc) & (column <= n) & ~finished[:, None]
+        after_eos = (jnp.cumsum(eos, axis=1) - eos) > 0
+        shown = jnp.where(finished[:, None] | after_eos, gc.pad_token_id, emitted)
+        ended = jnp.any(eos, axis=1)
+        now_finished = finished | ended
+        needed = jnp.where(finished, 0, jnp.where(ended, jnp.argmax(eos, axis=1) + 1, n + 1))
+        advance = jnp.where(jnp.all(now_finished), jnp.max(needed), n + 1)
+        text = jax.lax.dynamic_update_slice_in_dim(text, shown, C + step, axis=1)
+        known = jax.lax.dynamic_update_slice_in_dim(known, column[None] <= n, C + step, axis=1)
+        state = state.rewind(start + n + 1)  # everything before the last token emitted
+        if a_state is not None:  # everything before the last two
+            a_state = a_state.rewind(a_start + n + 1)
+        before = jnp.where(n > 0, jnp.take_along_axis(emitted, jnp.full((B, 1), jnp.maximum(n - 1, 0)), 1)[:, 0], last)
+        pair = jnp.stack([before, at_n], axis=1)
+        if gc.num_assistant_tokens_schedule == "heuristic":  # transformers': +2 after a full round, else -1
+            drafts_now = jnp.where(n == drafts_now, jnp.minimum(drafts_now + 2, K), jnp.maximum(drafts_now - 1, 1))
+        return (step + advance, state, a_state, pair, text, known, now_finished, drafts_now, key, bad, rounds + 1)
+
+    carry = (jnp.int32(1), state, a_state, pair, text, known, _is_eos(first, gc), jnp.int32(K), key, bad, jnp.int32(0))
+    steps, _, _, _, text, _, _, _, _, bad, rounds = jax.lax.while_loop(
+        lambda c: (c[0] < N) & ~jnp.all(c[6]), round_, carry)
+    steps = jnp.minimum(steps, N)
+    tokens = jnp.where(jnp.arange(N) < steps, text[:, C:C + N], gc.pad_token_id)
+    return tokens, steps, bad, rounds
+
+
 def generate_tokens(graphdef, state, input_ids: Array, attention_mask: Array, key: Array,
                     config: GenerationConfig, first_tokens: Array | None = None) -> tuple[Array, Array, Array]:
     """Pure generation: returns new tokens [B, max_new_tokens] (padded after EOS), how many columns
     are meaningful (transformers trims its output to that many), and the first step whose logits were
     not finite (-1: none; the tokens are then meaningless). Jit with ``static_argnames=("graphdef", "config")``.
     ``first_tokens`` [B]: each row's forced first token (``process_logits``)."""
+    if config.draft_tokens:
+        return drafted_tokens(graphdef, state, input_ids, attention_mask, key, config, first_tokens)[:3]
     TRACE_COUNT["generate"] += 1
     model = nnx.merge(graphdef, state)
     if config.num_beams > 1:
@@ -355,6 +596,20 @@ def generate_tokens(graphdef, state, input_ids: Array, attention_mask: Array, ke
 
 
 generate_tokens_jit = jax.jit(generate_tokens, static_argnames=("graphdef", "config"))
+
+
+def drafted_tokens(graphdef, state, input_ids: Array, attention_mask: Array, key: Array, config: GenerationConfig,
+                   first_tokens: Array | None = None) -> tuple[Array, Array, Array, Array]:
+    """``generate_tokens`` with drafting (``config.draft_tokens``), also returning how many target steps ran
+    after the prefill: (new tokens) / (steps + 1) is the tokens a target step emits. With an assistant,
+    ``graphdef, state`` split the pair ``(model, assistant)`` (``prepare`` does it)."""
+    TRACE_COUNT["generate"] += 1
+    merged = nnx.merge(graphdef, state)
+    model, assistant = merged if config.num_assistant_tokens else (merged, None)
+    return _drafted(model, assistant, input_ids, attention_mask, key, config, first_tokens)
+
+
+drafted_tokens_jit = jax.jit(drafted_tokens, static_argnames=("graphdef", "config"))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -409,7 +664,9 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
             length_penalty: float = 1.0, early_stopping: bool | str = False, eos_token_id=FROM_MODEL,
             pad_token_id=FROM_MODEL, decoder_start_token_id=FROM_MODEL, forced_bos_token_id=FROM_MODEL,
             forced_eos_token_id=FROM_MODEL, bad_words_ids=FROM_MODEL, renormalize_logits=FROM_MODEL, seed: int = 0,
-            allow_beyond_max_positions: bool = False) -> tuple[tuple, GenerationConfig]:
+            allow_beyond_max_positions: bool = False, assistant_model=None, num_assistant_tokens: int | None = None,
+            num_assistant_tokens_schedule: str = "constant", prompt_lookup_num_tokens: int | None = None,
+            max_matching_ngram_size: int | None = None) -> tuple[tuple, GenerationConfig]:
     """Validate everything on the host and return the arguments of ``generate_tokens`` (after the
     static config) and the config. Nothing is traced, compiled or allocated here.
 
@@ -419,17 +676,43 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     None turns one off, as in transformers. Integer arguments may be numpy integers. Prompt + new tokens
     beyond the model's position table, or beyond ``max_positions`` for rotary (but dynamic NTK) and
     relative models unless ``allow_beyond_max_positions``, are refused, and so is a KV cache larger than
-    the memory free on the device."""
+    the memory free on the device.
+
+    Drafting, as transformers' assisted generation: ``assistant_model`` (a jaxformer model of the same family
+    and tokenizer, usually smaller) drafts ``num_assistant_tokens`` tokens a round (default 5;
+    ``num_assistant_tokens_schedule='heuristic'`` adapts the count within that bound), or
+    ``prompt_lookup_num_tokens`` tokens are drafted from the longest n-gram match (up to
+    ``max_matching_ngram_size``, default 2) in the prompt and the text so far. The target verifies a round's
+    drafts in one step; greedy output is unchanged, sampled output is drawn from the target's distribution."""
     cfg: ModelConfig = model.config
+    if assistant_model is not None and prompt_lookup_num_tokens is not None:
+        raise ValueError("pass assistant_model or prompt_lookup_num_tokens, not both: each is a way of drafting")
+    if assistant_model is None and (num_assistant_tokens is not None or num_assistant_tokens_schedule != "constant"):
+        raise ValueError("num_assistant_tokens and num_assistant_tokens_schedule need an assistant_model")
+    if prompt_lookup_num_tokens is None and max_matching_ngram_size is not None:
+        raise ValueError("max_matching_ngram_size needs prompt_lookup_num_tokens")
+    if assistant_model is not None:
+        _check_assistant(model, assistant_model)
     integers = {name: _integer(value) for name, value in (("max_new_tokens", max_new_tokens), ("num_beams", num_beams),
                                                           ("top_k", top_k), ("seed", seed))}
+    counts = {name: _integer(value) for name, value in (
+        ("num_assistant_tokens", num_assistant_tokens), ("prompt_lookup_num_tokens", prompt_lookup_num_tokens),
+        ("max_matching_ngram_size", max_matching_ngram_size))}
+    for name, value in counts.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    drafting = dict(  # transformers' default n-gram; a smaller draft count than its 20, verified in one step
+        num_assistant_tokens=0 if assistant_model is None else counts["num_assistant_tokens"] or 5,
+        num_assistant_tokens_schedule=num_assistant_tokens_schedule,
+        prompt_lookup_num_tokens=counts["prompt_lookup_num_tokens"] or 0,
+        max_matching_ngram_size=counts["max_matching_ngram_size"] or 2)
     gc = _config_from_kwargs(model, dict(
         max_new_tokens=integers["max_new_tokens"], do_sample=do_sample, temperature=float(temperature),
         top_k=integers["top_k"], top_p=None if top_p is None else float(top_p), num_beams=integers["num_beams"],
         length_penalty=float(length_penalty), early_stopping=early_stopping, eos_token_id=eos_token_id,
         pad_token_id=pad_token_id, decoder_start_token_id=decoder_start_token_id,
         forced_bos_token_id=forced_bos_token_id, forced_eos_token_id=forced_eos_token_id,
-        bad_words_ids=bad_words_ids, renormalize_logits=renormalize_logits))
+        bad_words_ids=bad_words_ids, renormalize_logits=renormalize_logits, **drafting))
     gc.validate(cfg)
     ids = checks.id_array(input_ids, "input_ids")
     checks.check_ids(ids, cfg.vocab_size)
@@ -463,11 +746,30 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     slots = ids.shape[1] + gc.max_new_tokens - 1 if cfg.family == "decoder" else gc.max_new_tokens
     if cfg.position == "xl":  # the memory holds memory_len tokens (all of them when it has no memory_len)
         slots = cfg.memory_len or slots
+    slots += gc.draft_tokens  # a verifying step writes its drafts before rewinding
     check_cache_memory(cfg, ids.shape[0] * gc.num_beams, slots)
-    graphdef, state = nnx.split(model)
+    if assistant_model is not None:
+        check_cache_memory(assistant_model.config, ids.shape[0], slots)
+    graphdef, state = nnx.split(model if assistant_model is None else (model, assistant_model))
     args = (graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
             jax.random.key(integers["seed"]))
     return args, gc
+
+
+def _check_assistant(model, assistant) -> None:
+    """An assistant drafts for the target when it is a generating model of the same family whose cache can
+    be rewound; its vocabulary may differ in size only (a padded table), as the tokenizer is shared."""
+    cfg, own = model.config, getattr(assistant, "config", None)
+    if not isinstance(own, ModelConfig):
+        raise ValueError(f"assistant_model must be a jaxformer model (got {type(assistant).__name__})")
+    if own.family != cfg.family:
+        raise ValueError(f"assistant_model is {own.family}, the model {cfg.family}: drafts need the same family "
+                         "(and tokenizer)")
+    if own.head != "lm":
+        raise ValueError(f"assistant_model needs an LM head; {own.name!r} has head={own.head!r}")
+    if own.position == "xl":
+        raise ValueError(f"assistant_model {own.name!r} carries a Transformer-XL memory window, which cannot be "
+                         "rewound past rejected drafts")
 
 
 def _integer(value):

@@ -86,6 +86,13 @@ def test_generate_command(llama_dir, capsys):
     assert "tokens/s" in captured.err and "compile" in captured.err
     assert main(["generate", str(llama_dir), "--prompt", "w1", "--num-beams", "2", "--max-new-tokens", "3"]) == 0
     capsys.readouterr()
+    # drafting changes how many tokens a step emits, not which: the model as its own assistant accepts every draft
+    for drafting in (["--assistant-model", str(llama_dir), "--num-assistant-tokens", "3"],
+                     ["--prompt-lookup-num-tokens", "3"]):
+        assert main(["generate", str(llama_dir), "--prompt", "w1 w2 w3", "--prompt", "w4", "--max-new-tokens", "5",
+                     *drafting]) == 0
+        captured = capsys.readouterr()
+        assert captured.out.strip().splitlines() == lines and "tokens per target step" in captured.err
     assert main(["generate", str(llama_dir), "--prompt", "w1", "--do-sample", "--top-p", "1.5"]) == 2
 
 
