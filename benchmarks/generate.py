@@ -14,7 +14,18 @@ and ``int8_dynamic``, each with the tied embedding / LM head left float32 or mad
 (``embeddings=True``). Runs interleave float32 and each int8 form; the ratio is int8 tokens/s over
 float32 tokens/s; "agree" is the fraction of generated tokens equal to float32's.
 
-    python benchmarks/generate.py [--repeats 3] [--json] [--new-tokens 128] [--int8]
+With ``--drafting`` it measures drafting at batch 1 on a trained pair: configs/draft_target.yaml (GPT 4 x 256)
+and its assistant configs/draft_assistant.yaml (1 x 128), both on configs/data/drafting.jsonl, trained here
+by train.py when runs/ lacks them (about 4 minutes; ``--retrain`` trains again) and exported to Hugging Face
+folders. Prompts come from the held-out tenth of that file, which neither run trained on: "continue" is a
+paragraph's first 100 bytes; "grounded" is an edit task, a paragraph, "Edited:" and the edited version's
+first 20 bytes (the rest of what to write lies in the prompt). Interleaved, plain greedy against: the
+assistant drafting ``--draft-tokens`` a round, prompt lookup (10 tokens, n-grams up to 2), transformers'
+plain greedy and its assisted generation with the same exported pair (its defaults: 20 drafts,
+confidence-stopped). Each row reports tokens/s, the ratio to jaxformer's plain greedy on the same task, the
+acceptance rate (drafts kept / drafts proposed) and whether the tokens equal plain greedy's.
+
+    python benchmarks/generate.py [--repeats 3] [--json] [--new-tokens 128] [--int8 | --drafting]
 """
 
 from __future__ import annotations
@@ -35,10 +46,17 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=32)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--int8", action="store_true", help="float32 vs int8 jaxformer instead of vs transformers")
+    parser.add_argument("--drafting", action="store_true", help="assisted and prompt lookup decoding, trained pair")
+    parser.add_argument("--draft-tokens", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=4, help="held-out documents (drafting)")
+    parser.add_argument("--retrain", action="store_true", help="train the drafting pair again")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     if args.int8:
         int8_main(args)
+        return
+    if args.drafting:
+        drafting_main(args)
         return
 
     import numpy as np
@@ -109,6 +127,121 @@ def main() -> None:
           f"read per step -> bound {bound_tok_s:.1f} tok/s at batch 1; jaxformer reaches "
           f"{result['bandwidth_fraction_b1']:.0%}")
     print(f"compile (both batch sizes, excluded above): {result['compile_s']:.1f} s")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+PAIR = {"target": "configs/draft_target.yaml", "assistant": "configs/draft_assistant.yaml"}
+
+
+def trained_pair(retrain: bool) -> dict[str, Path]:
+    """Hugging Face folders of the drafting pair, trained first when their runs are missing."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from jaxformer.cli import main as cli
+
+    folders = {}
+    out = Path(tempfile.mkdtemp(prefix="jaxformer-drafting-"))
+    for role, config in PAIR.items():
+        run = ROOT / yaml.safe_load((ROOT / config).read_text())["run"]["dir"]
+        if retrain or not (run / "config.yaml").exists():
+            print(f"training the {role} ({config}) ...", flush=True)
+            subprocess.run([sys.executable, str(ROOT / "train.py"), str(ROOT / config), f"run.dir={run}",
+                            "train.sample_tokens=0"], check=True, cwd=ROOT)
+        folders[role] = out / role
+        cli(["convert", str(run), "--to-hf", str(folders[role])])
+    return folders
+
+
+def drafting_main(args) -> None:
+    import numpy as np
+    import torch
+    import transformers
+
+    import jaxformer as jf
+    from jaxformer import generate as gen
+    from jaxformer.train.data import ByteTokenizer
+
+    transformers.logging.set_verbosity_error()
+    folders = trained_pair(args.retrain)
+    target, assistant = jf.from_pretrained(folders["target"]), jf.from_pretrained(folders["assistant"])
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(folders["target"])).eval()
+    reference_assistant = transformers.AutoModelForCausalLM.from_pretrained(str(folders["assistant"])).eval()
+    tokenizer = ByteTokenizer()
+    records = [json.loads(line)["text"] for line in (ROOT / "configs/data/drafting.jsonl").read_text().splitlines()]
+    held_out = records[-len(records) // 10:]  # train.py's held-out split (data.eval_fraction 0.1)
+    plain_paragraphs = [text for text in held_out if "\nEdited: " not in text][:args.prompts]
+    edits = [text.split("\nEdited: ") for text in held_out if "\nEdited: " in text][:args.prompts]
+    tasks = {"continue": [tokenizer.encode(text[:100])[None] for text in plain_paragraphs],
+             "grounded": [tokenizer.encode(f"{before}\nEdited: {after[:20]}")[None] for before, after in edits]}
+    N, K = args.new_tokens, args.draft_tokens
+    settings = {"plain": {}, f"assistant K={K}": dict(assistant_model=assistant, num_assistant_tokens=K),
+                "prompt lookup K=10": dict(prompt_lookup_num_tokens=10)}
+
+    def compiled(ids, kwargs):
+        call_args, gc = gen.prepare(target, ids, max_new_tokens=N, eos_token_id=None, **kwargs)
+        loop = gen.drafted_tokens_jit if gc.draft_tokens else gen.generate_tokens_jit
+        program = loop.lower(*call_args, config=gc).compile()
+
+        def run():
+            tokens, steps, bad, *rounds = program(*call_args[1:])
+            out = gen.assemble(target, ids, tokens, steps, bad, gc)
+            accepted = int(steps) - 1 - int(rounds[0]) if rounds else 0
+            return out, accepted, int(rounds[0]) * gc.draft_tokens if rounds else 0
+        return run
+
+    def hf(ids, kwargs):
+        def run():
+            with torch.no_grad():
+                out = reference.generate(torch.as_tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
+                                         max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0,
+                                         eos_token_id=None, **kwargs).numpy()
+            return out, 0, 0
+        return run
+
+    rows = {}
+    for task, prompts in tasks.items():
+        runners = {name: [compiled(ids, kwargs) for ids in prompts] for name, kwargs in settings.items()
+                   if not (task == "continue" and "lookup" in name)}
+        if task == "continue":
+            runners["transformers plain"] = [hf(ids, {}) for ids in prompts]
+            runners["transformers assisted"] = [hf(ids, dict(assistant_model=reference_assistant)) for ids in prompts]
+        plain = [run()[0] for run in runners["plain"]]  # warm up every runner, keep plain's tokens
+        outputs = {name: [run() for run in runs] for name, runs in runners.items()}
+        times = {name: [] for name in runners}
+        for _ in range(args.repeats):
+            for name, runs in runners.items():  # plain, drafted, plain, ...: noise hits every side alike
+                start = time.perf_counter()
+                for run in runs:
+                    run()
+                times[name].append(time.perf_counter() - start)
+        for name in runners:
+            tok_s = N * len(prompts) / statistics.median(times[name])
+            accepted = sum(o[1] for o in outputs[name])
+            proposed = sum(o[2] for o in outputs[name])
+            rows[f"{task}: {name}"] = dict(
+                tok_s=round(tok_s, 1), identical=all(np.array_equal(o[0], p) for o, p in zip(outputs[name], plain)),
+                acceptance=round(accepted / proposed, 3) if proposed else None)
+        base = rows[f"{task}: plain"]["tok_s"]
+        for name in runners:
+            rows[f"{task}: {name}"]["vs_plain"] = round(rows[f"{task}: {name}"]["tok_s"] / base, 2)
+    ours, theirs = rows[f"continue: assistant K={K}"]["tok_s"], rows["continue: transformers assisted"]["tok_s"]
+    rows["assisted vs transformers assisted"] = round(ours / theirs, 2)
+    if args.json:
+        print(json.dumps(rows))
+        return
+    shape = lambda cfg: f"{cfg.decoder_layers} x {cfg.d_model}"  # noqa: E731
+    print(f"drafting at batch 1: target GPT {shape(target.config)}, assistant {shape(assistant.config)} (bytes of "
+          f"configs/data/drafting.jsonl), {args.prompts} held-out prompts per task, {N} new tokens each, median of "
+          f"{args.repeats}, interleaved")
+    print(f"{'task: decoding':<44} {'tok/s':>8} {'vs plain':>9} {'accepted':>9}  same tokens as plain")
+    for name, row in rows.items():
+        if isinstance(row, dict):
+            accepted = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
+            print(f"{name:<44} {row['tok_s']:>8.1f} {row['vs_plain']:>8.2f}x {accepted:>9}  {row['identical']}")
+    print(f"jaxformer assisted vs transformers assisted: {rows['assisted vs transformers assisted']:.2f}x")
 
 
 INT8_KINDS = (("int8", False), ("int8", True), ("int8_dynamic", False), ("int8_dynamic", True))

@@ -1,5 +1,6 @@
 """Training-step throughput: jaxformer (jitted step, donated state, optax AdamW) vs transformers'
-PyTorch models in eager mode (torch.optim.AdamW), float32, same architecture, same machine, one run.
+PyTorch models in eager mode and under ``torch.compile`` (inductor; torch.optim.AdamW either way), float32,
+same architecture, same machine, one run, the three sides timed in turn step by step.
 
 Shapes (as the training issue states them): a GPT-2 architecture with 6 layers, d_model 512, 8 heads,
 vocab 8192, sequence 256, batch 8 (``gpt``; ``gpt_deep``: 12 layers of d_model 256, 4 heads); a
@@ -240,6 +241,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--only", default="gpt,bert,t5,llama,gpt_deep,mixtral,mixtral_eager,lora")
     parser.add_argument("--skip-compile", action="store_true", help="skip the full-size gpt2 compile time")
+    parser.add_argument("--no-torch-compile", action="store_true", help="leave out the torch.compile column")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -273,25 +275,39 @@ def main() -> None:
         state, loss = step(state, jax_batch)
         loss.block_until_ready()
         compile_s = time.perf_counter() - start
+        torch_batch = {k: torch.as_tensor(v) for k, v in batch.items()}
         torch_model = make_torch().train()
-        run_torch = torch_step(torch_model, name, {k: torch.as_tensor(v) for k, v in batch.items()}, torch)
+        runs = {"torch": torch_step(torch_model, name, torch_batch, torch)}
+        compiled_model = None
+        if not args.no_torch_compile:  # its own copy: inductor compiles forward and backward on the first steps
+            compiled_model = make_torch().train()
+            runs["torch_compile"] = torch_step(torch.compile(compiled_model), name, torch_batch, torch)
+            start = time.perf_counter()
+            runs["torch_compile"]()
+            torch_compile_s = time.perf_counter() - start
         for _ in range(args.warmup):
             state, loss = step(state, jax_batch)
-            run_torch()
+            for run in runs.values():
+                run()
         loss.block_until_ready()
-        times = {"jaxformer": [], "torch": []}
-        for _ in range(args.steps):  # alternate, so both sides see the same machine load
+        times = {"jaxformer": [], **{side: [] for side in runs}}
+        for _ in range(args.steps):  # in turn, so every side sees the same machine load
             start = time.perf_counter()
             state, loss = step(state, jax_batch)
             loss.block_until_ready()
             times["jaxformer"].append(time.perf_counter() - start)
-            times["torch"].append(_timed(run_torch))
+            for side, run in runs.items():
+                times[side].append(_timed(run))
         ours = tokens / statistics.median(times["jaxformer"])
         theirs = tokens / statistics.median(times["torch"])
         results[name] = {"jaxformer_tok_s": round(ours, 1), "torch_tok_s": round(theirs, 1),
                          "ratio": round(ours / theirs, 3), "mfu": round(utilization(flops_per_token * ours, "float32"), 3),
                          "compile_s": round(compile_s, 1), "params": int(params)}
-        del torch_model, state
+        if compiled_model is not None:
+            compiled = tokens / statistics.median(times["torch_compile"])
+            results[name].update(torch_compile_tok_s=round(compiled, 1), ratio_vs_compile=round(ours / compiled, 3),
+                                 torch_compile_s=round(torch_compile_s, 1))
+        del torch_model, compiled_model, state
     peak, peak_source = peak_flops("float32")  # as raised by any step that outran the probe
     if args.json:
         print(json.dumps({**results, "peak_flops": round(peak), "peak_source": peak_source, "gpt2_124m_compile_s": gpt2_compile_s and round(gpt2_compile_s, 1),
@@ -299,10 +315,13 @@ def main() -> None:
         return
     if results:
         print(f"float32 train steps, median of {args.steps}; peak {peak / 1e9:.0f} GFLOP/s ({peak_source})")
-        print(f"{'model':<14} {'params':>12} {'jaxformer tok/s':>16} {'torch tok/s':>12} {'ratio':>7} {'MFU':>6} {'compile':>8}")
+        print(f"{'model':<14} {'params':>12} {'jaxformer tok/s':>16} {'torch tok/s':>12} {'ratio':>7} "
+              f"{'compiled tok/s':>15} {'ratio':>7} {'MFU':>6} {'compile':>8}")
     for name, r in results.items():
+        compiled = (f"{r['torch_compile_tok_s']:>15.0f} {r['ratio_vs_compile']:>6.2f}x" if "torch_compile_tok_s" in r
+                    else f"{'-':>15} {'-':>7}")
         print(f"{name:<14} {r['params']:>12,} {r['jaxformer_tok_s']:>16.0f} {r['torch_tok_s']:>12.0f} "
-              f"{r['ratio']:>6.2f}x {r['mfu']:>6.1%} {r['compile_s']:>7.1f}s")
+              f"{r['ratio']:>6.2f}x {compiled} {r['mfu']:>6.1%} {r['compile_s']:>7.1f}s")
     if lora:
         print(f"fine-tune steps of the gpt shape, median of {args.steps}, interleaved; memory = weights + grads + "
               "AdamW moments, from shapes")

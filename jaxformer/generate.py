@@ -16,6 +16,7 @@ trims the output the way transformers does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import warnings
 from typing import Any
@@ -492,8 +493,9 @@ def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationCon
         return drafts, jnp.full((B,), drafts_now, jnp.int32), probs, a_state
 
     def verify(width, step, state, last, drafts, real, q, key):
-        """The target's step over ``last`` and the first ``width - 1`` drafts: each row's accepted count [B]
-        and, per position, the token emitted if the row stops there [B, K + 1]."""
+        """The target's step over ``last`` and the first ``width - 1`` drafts: each row's accepted count [B],
+        per position the token emitted if the row stops there [B, K + 1], the state, and whether every logit
+        was finite."""
         drafts = drafts[:, :width - 1]
         fed = jnp.concatenate([last[:, None], drafts], axis=1)
         logits, state = looping.step(fed, (next_position + step - 1)[:, None] + jnp.arange(width),
@@ -525,7 +527,7 @@ def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationCon
         accept &= jnp.arange(width - 1) < real[:, None]
         accepted = jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
         stop = jnp.pad(stop, ((0, 0), (0, K + 1 - width)), constant_values=gc.pad_token_id)
-        return accepted, stop, state, logits
+        return accepted, stop, state, jnp.all(jnp.isfinite(logits))
 
     def round_(carry):
         step, state, a_state, pair, text, known, finished, drafts_now, key, bad, rounds = carry
@@ -534,19 +536,11 @@ def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationCon
         drafts, real, q, a_state = propose(step, a_state, pair, drafts_now, text, known, draft_key)
         last = pair[:, 1]
         args = (step, state, last, drafts, real, q, verify_key)
-        if assistant is None:  # no row found a match: a plain one-token step
-            def one(args):
-                accepted, stop, state, logits = verify(1, *args)
-                return accepted, stop, state, jnp.all(jnp.isfinite(logits))
-
-            def full(args):
-                accepted, stop, state, logits = verify(K + 1, *args)
-                return accepted, stop, state, jnp.all(jnp.isfinite(logits))
-
-            accepted, stop, state, finite = jax.lax.cond(jnp.any(real > 0), full, one, args)
+        if assistant is None:  # where no row found a match, a plain one-token step
+            accepted, stop, state, finite = jax.lax.cond(jnp.any(real > 0), functools.partial(verify, K + 1),
+                                                         functools.partial(verify, 1), *args)
         else:
-            accepted, stop, state, logits = verify(K + 1, *args)
-            finite = jnp.all(jnp.isfinite(logits))
+            accepted, stop, state, finite = verify(K + 1, *args)
         bad = jnp.where((bad < 0) & ~finite, step, bad)
         n = jnp.min(jnp.where(finished, K, accepted))  # every unfinished row accepted at least n drafts
         column = jnp.arange(K + 1)
