@@ -16,11 +16,11 @@ float32 tokens/s; "agree" is the fraction of generated tokens equal to float32's
 
 With ``--drafting`` it measures drafting at batch 1 on a trained pair: configs/draft_target.yaml (GPT 4 x 256)
 and its assistant configs/draft_assistant.yaml (1 x 128), both on configs/data/drafting.jsonl, trained here
-by train.py when runs/ lacks them (about 4 minutes; ``--retrain`` trains again) and exported to Hugging Face
+by train.py when runs/ lacks them (about 11 minutes; ``--retrain`` trains again) and exported to Hugging Face
 folders. Prompts come from the held-out tenth of that file, which neither run trained on: "continue" is a
 paragraph's first 100 bytes; "grounded" is an edit task, a paragraph, "Edited:" and the edited version's
 first 20 bytes (the rest of what to write lies in the prompt). Interleaved, plain greedy against: the
-assistant drafting ``--draft-tokens`` a round, prompt lookup (10 tokens, n-grams up to 2), transformers'
+assistant drafting ``--draft-tokens`` a round, prompt lookup (6 tokens, n-grams up to 4 bytes), transformers'
 plain greedy and its assisted generation with the same exported pair (its defaults: 20 drafts,
 confidence-stopped). Each row reports tokens/s, the ratio to jaxformer's plain greedy on the same task, the
 acceptance rate (drafts kept / drafts proposed) and whether the tokens equal plain greedy's.
@@ -178,7 +178,8 @@ def drafting_main(args) -> None:
              "grounded": [tokenizer.encode(f"{before}\nEdited: {after[:20]}")[None] for before, after in edits]}
     N, K = args.new_tokens, args.draft_tokens
     settings = {"plain": {}, f"assistant K={K}": dict(assistant_model=assistant, num_assistant_tokens=K),
-                "prompt lookup K=10": dict(prompt_lookup_num_tokens=10)}
+                # bytes: a 2-byte n-gram (transformers' default size, meant for word pieces) matches almost anywhere
+                "prompt lookup K=6, n-gram 4": dict(prompt_lookup_num_tokens=6, max_matching_ngram_size=4)}
 
     def compiled(ids, kwargs):
         call_args, gc = gen.prepare(target, ids, max_new_tokens=N, eos_token_id=None, **kwargs)

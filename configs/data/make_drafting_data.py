@@ -1,13 +1,13 @@
 """Writes drafting.jsonl, the text configs/draft_target.yaml and configs/draft_assistant.yaml train on
 (deterministic; run it again to recreate it). Nothing is downloaded.
 
-Each record's "text" is a paragraph of two to four English sentences from the translation set's grammar
-(make_translation_data.sentence); every other paragraph is followed by an edit of it: "Edited:" and the same
+Each record's "text" is a paragraph of two or three English sentences from the translation set's grammar
+(make_translation_data.sentence); two paragraphs in three are followed by an edit of it: "Edited:" and the same
 paragraph with one noun replaced by another. A model trained on it continues a paragraph with the grammar's
 sentences and copies a paragraph it is editing, which is what speculative decoding (a small model agrees
 with a larger one on most of the grammar) and prompt lookup (the edit repeats the prompt) are measured on
-in benchmarks/generate.py --drafting. A paragraph and its edit fit in one 512-byte training window, so the
-model sees what it copies.
+in benchmarks/generate.py --drafting. A paragraph and its edit (about 220 bytes) mostly fit in one 256-byte
+training window, so the model sees what it copies.
 """
 
 import json
@@ -36,8 +36,8 @@ def main() -> None:
     rng = random.Random(4)
     with open(HERE / "drafting.jsonl", "w", encoding="utf-8") as f:
         for index in range(PARAGRAPHS):
-            paragraph = " ".join(sentence(rng)[0] for _ in range(rng.randint(2, 4)))
-            text = paragraph + (f"\nEdited: {edited(paragraph, rng)}" if index % 2 else "")
+            paragraph = " ".join(sentence(rng)[0] for _ in range(rng.randint(2, 3)))
+            text = paragraph + (f"\nEdited: {edited(paragraph, rng)}" if index % 3 else "")
             f.write(json.dumps({"text": text}) + "\n")
 
 
