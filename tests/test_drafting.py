@@ -43,6 +43,12 @@ CASES = {
     "deepseek-latent-cache": jf.config("tiny-deepseek").replace(init_std=0.2),
     "mistral-sliding-3": jf.config("tiny-llama").replace(init_std=0.2, attention="sliding", window_size=3),
     "t5-encoder-decoder": jf.config("tiny-t5").replace(init_std=0.1),
+    # Llama 4: chunks of 2 on the rotary layer, and the NoPE layer's temperature read from the cache's write
+    # index, which a rewind moves back
+    "llama4-chunked": jf.config("tiny-mixtral").replace(
+        init_std=0.2, attention="alternating", layer_types=("chunked", "full"), attention_chunk_size=2,
+        nope_layers=(1,), temperature_floor_scale=2, temperature_scale=0.5, router_score="sigmoid",
+        normalize_router_weights=False, router_weights_on_input=True, shared_experts=1, expert_d_ff=32),
 }
 
 
