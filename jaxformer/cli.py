@@ -146,16 +146,12 @@ def generate(args: argparse.Namespace) -> int:
 
     model = from_pretrained(args.path, dtype=args.dtype)
     tokenizer = load_tokenizer(args.path)
-    drafting = {}
-    if args.assistant_model:  # it shares the tokenizer: only its weights are read
-        drafting = dict(assistant_model=from_pretrained(args.assistant_model, dtype=args.dtype),
-                        num_assistant_tokens=args.num_assistant_tokens,
-                        num_assistant_tokens_schedule=args.num_assistant_tokens_schedule)
-    elif args.num_assistant_tokens is not None:
-        raise ValueError("--num-assistant-tokens needs --assistant-model")
-    if args.prompt_lookup_num_tokens is not None:
-        drafting.update(prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
-                        max_matching_ngram_size=args.max_matching_ngram_size)
+    # generate.prepare refuses drafting options given without their drafter; the assistant shares the tokenizer
+    assistant = from_pretrained(args.assistant_model, dtype=args.dtype) if args.assistant_model else None
+    drafting = dict(assistant_model=assistant, num_assistant_tokens=args.num_assistant_tokens,
+                    num_assistant_tokens_schedule=args.num_assistant_tokens_schedule,
+                    prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+                    max_matching_ngram_size=args.max_matching_ngram_size)
     # decoders continue the prompt's last token: pad on the left; an encoder reads its source from position 0,
     # as transformers' seq2seq tokenizers pad it (an absolute position table sees left padding as a shift)
     batch = tokenizer(args.prompt, padding_side="left" if model.config.family == "decoder" else "right")

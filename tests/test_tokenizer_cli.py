@@ -93,6 +93,7 @@ def test_generate_command(llama_dir, capsys):
                      *drafting]) == 0
         captured = capsys.readouterr()
         assert captured.out.strip().splitlines() == lines and "tokens per target step" in captured.err
+    assert main(["generate", str(llama_dir), "--prompt", "w1", "--max-matching-ngram-size", "3"]) == 2  # no lookup
     assert main(["generate", str(llama_dir), "--prompt", "w1", "--do-sample", "--top-p", "1.5"]) == 2
 
 
