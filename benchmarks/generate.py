@@ -25,7 +25,15 @@ plain greedy and its assisted generation with the same exported pair (its defaul
 confidence-stopped). Each row reports tokens/s, the ratio to jaxformer's plain greedy on the same task, the
 acceptance rate (drafts kept / drafts proposed) and whether the tokens equal plain greedy's.
 
-    python benchmarks/generate.py [--repeats 3] [--json] [--new-tokens 128] [--int8 | --drafting]
+With ``--window`` it measures the rolling caches of windowed layers: two models of one shape (8 x 512, GQA 8/2,
+random weights, vocabulary 8192), one whose every layer attends within ``--window-size`` tokens (Mistral) and
+one alternating windowed and full layers (Gemma 2, gpt-oss), decode a prompt of 32 tokens to 4 windows past it,
+at batch 1 and 8, with their windowed layers' caches rolling (a ring of the window's slots, the default) and
+with a cache of every position (the same loop, ``cache.empty_cache`` told that no layer is windowed).
+Interleaved; each row reports tokens/s, the ratio rolling / full, the decode state's cache bytes and whether
+the tokens are equal.
+
+    python benchmarks/generate.py [--repeats 3] [--json] [--new-tokens 128] [--int8 | --drafting | --window]
 """
 
 from __future__ import annotations
@@ -50,10 +58,15 @@ def main() -> None:
     parser.add_argument("--draft-tokens", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=4, help="held-out documents (drafting)")
     parser.add_argument("--retrain", action="store_true", help="train the drafting pair again")
+    parser.add_argument("--window", action="store_true", help="rolling caches of windowed layers vs full caches")
+    parser.add_argument("--window-size", type=int, default=256)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     if args.int8:
         int8_main(args)
+        return
+    if args.window:
+        window_main(args)
         return
     if args.drafting:
         drafting_main(args)
@@ -243,6 +256,70 @@ def drafting_main(args) -> None:
             accepted = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
             print(f"{name:<44} {row['tok_s']:>8.1f} {row['vs_plain']:>8.2f}x {accepted:>9}  {row['identical']}")
     print(f"jaxformer assisted vs transformers assisted: {rows['assisted vs transformers assisted']:.2f}x")
+
+
+def window_main(args) -> None:
+    import contextlib
+    from unittest import mock
+
+    import jax
+    import numpy as np
+
+    import jaxformer as jf
+    from jaxformer import cache
+    from jaxformer import generate as gen
+
+    W, prompt = args.window_size, 32
+    new_tokens = 4 * W  # the cache ends 4 windows (and a prompt) long
+    shape = dict(decoder_layers=8, d_model=512, num_heads=8, num_kv_heads=2, d_ff=1408, vocab_size=8192,
+                 max_positions=2 * (prompt + new_tokens), window_size=W)
+    models = {"sliding (Mistral)": jf.build(jf.config("tiny-llama").replace(attention="sliding", **shape), seed=0),
+              "alternating (Gemma 2)": jf.build(jf.config("tiny-llama").replace(
+                  attention="alternating", layer_types=("sliding", "full") * 4, **shape), seed=0)}
+
+    def full_cache():  # every layer's cache holds every position: what jaxformer did before rolling caches
+        return mock.patch.object(cache, "windowed_layers", lambda cfg, layers: ((False,) * layers, None))
+
+    rows = {}
+    for name, model in models.items():
+        for batch in (1, 8):
+            ids = np.random.default_rng(batch).integers(0, shape["vocab_size"], (batch, prompt))
+            runs = {}
+            for side, patch in (("rolling", contextlib.nullcontext), ("full", full_cache)):
+                with patch():  # traced (and its cache laid out) under the setting; a jit of its own per side
+                    call_args, gc = gen.prepare(model, ids, max_new_tokens=new_tokens, eos_token_id=None)
+                    loop = jax.jit(lambda *a, config, graphdef: gen.generate_tokens(graphdef, *a, config=config),
+                                   static_argnames=("graphdef", "config"))
+                    program = loop.lower(*call_args[1:], config=gc, graphdef=call_args[0]).compile()
+                    state = jax.eval_shape(lambda: model.init_cache(batch, prompt + new_tokens - 1))
+                    cache_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(state.kv))
+
+                def run(program=program, call_args=call_args, gc=gc):
+                    tokens, steps, bad = program(*call_args[1:])
+                    return gen.assemble(model, ids, tokens, steps, bad, gc)
+                runs[side] = (run, cache_bytes)
+            outputs = {side: runs[side][0]() for side in runs}  # warm up
+            times = {side: [] for side in runs}
+            for _ in range(args.repeats):
+                for side in runs:  # rolling, full, rolling, full, ...
+                    start = time.perf_counter()
+                    runs[side][0]()
+                    times[side].append(time.perf_counter() - start)
+            tok_s = {side: batch * new_tokens / statistics.median(times[side]) for side in runs}
+            rows[f"{name} b{batch}"] = dict(
+                rolling_tok_s=round(tok_s["rolling"], 1), full_tok_s=round(tok_s["full"], 1),
+                ratio=round(tok_s["rolling"] / tok_s["full"], 3), rolling_cache_bytes=runs["rolling"][1],
+                full_cache_bytes=runs["full"][1], identical=bool(np.array_equal(outputs["rolling"], outputs["full"])))
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print(f"windowed layers (window {W}), 8 x 512 GQA 8/2, random weights: prompt {prompt} + {new_tokens} new tokens "
+          f"(4 windows), median of {args.repeats}; rolling caches vs full caches, interleaved")
+    print(f"{'model, batch':<28} {'rolling tok/s':>13} {'full tok/s':>11} {'ratio':>7} {'rolling MiB':>12} "
+          f"{'full MiB':>9}  same tokens")
+    for name, row in rows.items():
+        print(f"{name:<28} {row['rolling_tok_s']:>13.1f} {row['full_tok_s']:>11.1f} {row['ratio']:>6.2f}x "
+              f"{row['rolling_cache_bytes'] / 2**20:>12.1f} {row['full_cache_bytes'] / 2**20:>9.1f}  {row['identical']}")
 
 
 INT8_KINDS = (("int8", False), ("int8", True), ("int8_dynamic", False), ("int8_dynamic", True))

@@ -6,6 +6,9 @@ segment memory) is a new type or field here, never a second forward pass.
 
 - ``KVCache``: every layer's keys and values of earlier tokens (only the kv heads), with each slot's
   position and validity, so visibility (padding, windows, prefixes) is computed from positions.
+- ``RingKVCache``: a windowed layer's keys and values (sliding windows, Llama 4's chunks), only the last
+  window of tokens, in a ring; ``SplitKVCache``: a stack mixing full and windowed layers, a ``KVCache`` of the
+  former and a ring of the latter.
 - ``LatentCache``: the same slots for multi-head latent attention, holding each token's compressed
   latent and shared rotary key instead of per-head keys and values.
 - ``Memory``: Transformer-XL's segment memory, every layer's input hidden states of the last M tokens;
@@ -20,10 +23,12 @@ segment memory) is a new type or field here, never a second forward pass.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -153,26 +158,163 @@ class IndexedLatentCache(LatentCache):
                    jnp.zeros((layers, batch, length, index_width), dtype))
 
 
-def empty_cache(cfg, layers: int, batch: int, length: int, dtype) -> KVCache | LatentCache:
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RingKVCache(KVCache):
+    """The keys and values of windowed layers (sliding windows, Llama 4's chunks): k, v [L, B, K, R, H] hold
+    only the last R written tokens, token i in slot i mod R, so the cache's memory is bounded by the window
+    whatever the length. ``written`` [R] is the write index each slot holds (-1: none), so ``rewind`` knows
+    which slots came after a rewound index. ``positions`` and ``valid`` are per slot as in ``KVCache``:
+    masks are computed from positions, so a slot's place in the ring never matters.
+
+    R = window + the most slots a step may write and then rewind (drafts): a query at index t needs the
+    keys of the window - 1 indices before it, and a rewound step's writes must not have overwritten them."""
+
+    written: Array
+
+    @classmethod
+    def empty(cls, layers: int, batch: int, length: int, kv_heads: int, head_dim: int, dtype) -> RingKVCache:
+        shape = (layers, batch, kv_heads, length, head_dim)
+        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), *_empty_slots(batch, length),
+                   jnp.full((length,), -1, jnp.int32))
+
+    def check_room(self, count: int) -> None:
+        """A ring never overflows: a write replaces the oldest slots."""
+
+    def write(self, new: dict[str, Array], positions: Array, valid: Array) -> RingKVCache:
+        """As ``KVCache.write``, modulo R: only the last R of the T new tokens are kept (a prefill longer than
+        the ring). One token (a decode step) is one in-place slice update; more are scattered to their slots."""
+        T, R = positions.shape[1], self.length
+        kept = min(T, R)
+        first = self.index + (T - kept)  # the write index of the first token kept
+        tail = lambda a, axis: jax.lax.slice_in_dim(a, T - kept, T, axis=axis)  # noqa: E731
+        if kept == 1:
+            put = lambda old, part, axis: jax.lax.dynamic_update_slice_in_dim(  # noqa: E731
+                old, part.astype(old.dtype), first % R, axis=axis)
+        else:
+            slots = (first + jnp.arange(kept)) % R
+
+            def put(old, part, axis):
+                where = (slice(None),) * axis + (slots,)
+                return old.at[where].set(part.astype(old.dtype), unique_indices=True, mode="promise_in_bounds")
+        axis = self.SEQUENCE_AXIS
+        return dataclasses.replace(
+            self, k=put(self.k, tail(new["k"], axis), axis), v=put(self.v, tail(new["v"], axis), axis),
+            positions=put(self.positions, tail(positions.astype(jnp.int32), 1), 1),
+            valid=put(self.valid, tail(valid.astype(bool), 1), 1),
+            written=put(self.written, first + jnp.arange(kept, dtype=jnp.int32), 0), index=self.index + T)
+
+    def rewind(self, index: Array) -> RingKVCache:
+        """As ``KVCache.rewind``: the slots written at ``index`` or later stop being keys. The older tokens they
+        replaced lie outside every later query's window, as R leaves room for the rewound writes."""
+        index = jnp.asarray(index, jnp.int32)
+        return dataclasses.replace(self, index=index, valid=self.valid & (self.written < index)[None])
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["full", "window"], meta_fields=["local_layers"])
+@dataclasses.dataclass(frozen=True)
+class SplitKVCache:
+    """The cache of a stack whose layers mix full attention and a window (Gemma 2/3, gpt-oss, GPT-Neo,
+    Llama 4's chunks): a ``KVCache`` of the full layers and a ``RingKVCache`` of the windowed ones, each in
+    layer order, and which layers are windowed (static). Both are written by every step, so their indices
+    agree; the stack hands each layer its slice of its own kind's cache."""
+
+    full: KVCache
+    window: RingKVCache
+    local_layers: tuple[bool, ...]
+
+    @property
+    def index(self) -> Array:
+        return self.full.index
+
+    def kinds(self) -> dict[bool, KVCache]:
+        """Each kind's cache, keyed as ``local_layers`` names the layers (True: windowed)."""
+        return {False: self.full, True: self.window}
+
+    def check_room(self, count: int) -> None:
+        self.full.check_room(count)
+
+    def write(self, new: dict[str, Array], positions: Array, valid: Array) -> SplitKVCache:
+        """``new`` holds every layer's T tokens [L, B, K, T, H] in layer order; each kind takes its layers'."""
+        def of(local):
+            rows = np.array([i for i, windowed in enumerate(self.local_layers) if windowed == local])
+            return {name: array[rows] for name, array in new.items()}
+
+        return dataclasses.replace(self, full=self.full.write(of(False), positions, valid),
+                                   window=self.window.write(of(True), positions, valid))
+
+    def reorder(self, rows: Array) -> SplitKVCache:
+        return dataclasses.replace(self, full=self.full.reorder(rows), window=self.window.reorder(rows))
+
+    def rewind(self, index: Array) -> SplitKVCache:
+        return dataclasses.replace(self, full=self.full.rewind(index), window=self.window.rewind(index))
+
+
+def windowed_layers(cfg, layers: int) -> tuple[tuple[bool, ...], int | None]:
+    """(which of a decoder stack's ``layers`` attend within a window, that window) for a causal stack:
+    every layer of a 'sliding' one, the local layers of an 'alternating' one (Llama 4's chunks: the chunk
+    size); (all False, None) otherwise."""
+    if cfg.attention == "sliding":
+        return (True,) * layers, cfg.window_size
+    if cfg.attention == "alternating":
+        local = tuple(cfg.sliding_layers[:layers])
+        return local, cfg.attention_chunk_size if "chunked" in (cfg.layer_types or ()) else cfg.window_size
+    return (False,) * layers, None
+
+
+def empty_cache(cfg, layers: int, batch: int, length: int, dtype, rewind: int = 0
+                ) -> KVCache | LatentCache | SplitKVCache:
     """The empty self-attention cache a config's layers fill: latents for MLA (with the indexer's keys for
-    DeepSeek-V3.2), else keys and values."""
+    DeepSeek-V3.2), else keys and values, the windowed layers' in a ring of window + ``rewind`` slots (the
+    most a step writes and then rewinds: drafts) when that is shorter than ``length``."""
     if cfg.mla and cfg.index_heads:
         return IndexedLatentCache.empty(layers, batch, length, cfg.kv_lora_rank + cfg.rope_head_dim, dtype,
                                         cfg.index_head_dim)
     if cfg.mla:
         return LatentCache.empty(layers, batch, length, cfg.kv_lora_rank + cfg.rope_head_dim, dtype)
-    return KVCache.empty(layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype)
+    local, window = windowed_layers(cfg, layers)
+    ring = None if window is None else window + rewind
+    if ring is None or ring >= length:
+        return KVCache.empty(layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype)
+    if all(local):
+        return RingKVCache.empty(layers, batch, ring, cfg.kv_heads, cfg.head_dim_, dtype)
+    return SplitKVCache(KVCache.empty(local.count(False), batch, length, cfg.kv_heads, cfg.head_dim_, dtype),
+                        RingKVCache.empty(local.count(True), batch, ring, cfg.kv_heads, cfg.head_dim_, dtype),
+                        local)
 
 
 def cache_numbers_per_token(cfg) -> int:
     """Numbers one token adds to a decoder's self-attention cache, all layers: (C + R) per layer for
     MLA (and the indexer's key), 2 x kv heads x head size per layer otherwise (Transformer-XL's
-    ``MemoryKV`` too)."""
+    ``MemoryKV`` too). Windowed layers count as full ones here; ``cache_numbers`` bounds them."""
     if cfg.mla:
         per_layer = cfg.kv_lora_rank + cfg.rope_head_dim + (cfg.index_head_dim if cfg.index_heads else 0)
     else:
         per_layer = 2 * cfg.kv_heads * cfg.head_dim_
     return cfg.decoder_layers * per_layer
+
+
+def cache_footprint(cfg) -> tuple[int, int]:
+    """A decoder's self-attention cache per row as numbers: (what each token adds, all full layers; what the
+    windowed layers' rings hold at most, all of them). What ``jaxformer info`` prints."""
+    local, window = windowed_layers(cfg, cfg.decoder_layers)
+    if window is None or cfg.mla or cfg.position == "xl":
+        return cache_numbers_per_token(cfg), 0
+    per_layer = 2 * cfg.kv_heads * cfg.head_dim_
+    return per_layer * local.count(False), per_layer * local.count(True) * window
+
+
+def cache_numbers(cfg, slots: int, rewind: int = 0) -> int:
+    """Numbers a decoder's self-attention cache of ``slots`` tokens holds per row, as ``empty_cache`` lays
+    it out: the windowed layers' rings hold window + ``rewind`` slots at most."""
+    full = cache_numbers_per_token(cfg) * slots
+    if cfg.mla or cfg.position == "xl":
+        return full
+    local, window = windowed_layers(cfg, cfg.decoder_layers)
+    if window is None:
+        return full
+    per_layer = 2 * cfg.kv_heads * cfg.head_dim_
+    return per_layer * (local.count(False) * slots + local.count(True) * min(slots, window + rewind))
 
 
 class _Window(_PerLayer):
@@ -255,7 +397,7 @@ class DecodeState:
     memory), the encoder side of an encoder-decoder (None for decoder-only models), and prefix-LM prefix
     sizes [B] (None otherwise)."""
 
-    kv: KVCache | LatentCache | MemoryKV
+    kv: KVCache | SplitKVCache | LatentCache | MemoryKV
     encoder: EncoderKV | None = None
     prefix_lengths: Array | None = None
 

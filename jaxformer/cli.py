@@ -35,13 +35,43 @@ def info(args: argparse.Namespace) -> int:
         return 0
     cfg = config(args.name)
     record = {"name": args.name, "family": cfg.family, "params": param_count(cfg), "config": cfg.to_dict()}
+    if cfg.family != "encoder":
+        record["decode_cache"] = _decode_cache(cfg)
     if args.json:
         print(json.dumps(record, indent=1))
     else:
         print(f"{args.name}: {cfg.family}, {record['params']:,} parameters")
+        if cfg.family != "encoder":
+            print(f"  decode cache: {record['decode_cache']['summary']}")
         for key, value in record["config"].items():
             print(f"  {key:<24} {value}")
     return 0
+
+
+def _decode_cache(cfg) -> dict:
+    """What a decoder's self-attention cache holds per row, in bytes of ``cfg.dtype``: per token (the full
+    layers; Transformer-XL: its memory window's, which stays at memory_len tokens) and at most (the windowed
+    layers' rolling caches)."""
+    import jax.numpy as jnp
+
+    from jaxformer.cache import cache_footprint, windowed_layers
+
+    itemsize = jnp.dtype(cfg.dtype).itemsize
+    per_token, bounded = (numbers * itemsize for numbers in cache_footprint(cfg))
+    local, window = windowed_layers(cfg, cfg.decoder_layers)
+    kind = "latents" if cfg.mla else "keys and values"
+    size = lambda n: f"{n:,} bytes" if n < 2**20 else f"{n / 2**20:,.1f} MiB"  # noqa: E731
+    if cfg.position == "xl":
+        summary = f"{size(per_token)} per token of memory ({kind}, {cfg.dtype}" + (
+            f"; {cfg.memory_len} tokens kept)" if cfg.memory_len else ")")
+    elif bounded:
+        full, windowed = local.count(False), local.count(True)
+        rings = f"at most {size(bounded)} in the rolling caches of {windowed} windowed layers ({window} slots each)"
+        summary = (f"{size(per_token)} per token ({kind}, {cfg.dtype}, {full} full layer{'s' * (full != 1)}) + {rings}"
+                   if full else f"{rings}, {cfg.dtype}: nothing grows with the length")
+    else:
+        summary = f"{size(per_token)} per token ({kind}, {cfg.dtype})"
+    return {"bytes_per_token": per_token, "windowed_bytes_at_most": bounded, "summary": summary}
 
 
 def compare(args: argparse.Namespace) -> int:

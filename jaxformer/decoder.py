@@ -136,16 +136,19 @@ class Decoder(nnx.Module):
                              f"memory length >= 0, got {length!r}")
         return Memory.empty(cfg.decoder_layers, batch, length, cfg.d_model, dtype_of(cfg.dtype))
 
-    def init_cache(self, batch: int, length: int, prefix_lengths: Array | None = None) -> DecodeState:
-        """An empty state for ``length`` tokens per row (only the kv heads are cached, or MLA's latents).
-        Transformer-XL carries its segment memory instead, as keys and values (``MemoryKV``): memory_len
-        tokens, whatever ``length`` (all ``length`` when the model has no memory_len)."""
+    def init_cache(self, batch: int, length: int, prefix_lengths: Array | None = None, rewind: int = 0
+                   ) -> DecodeState:
+        """An empty state for ``length`` tokens per row (only the kv heads are cached, or MLA's latents);
+        windowed layers keep a ring of window + ``rewind`` slots, ``rewind`` being the most a step writes and
+        then rewinds (drafts; ``cache.empty_cache``). Transformer-XL carries its segment memory instead, as
+        keys and values (``MemoryKV``): memory_len tokens, whatever ``length`` (all ``length`` when the model
+        has no memory_len)."""
         cfg = self.config
         if cfg.position == "xl":
             window = cfg.memory_len or length
             return DecodeState(MemoryKV.empty(cfg.decoder_layers, batch, window, cfg.kv_heads, cfg.head_dim_,
                                               dtype_of(cfg.dtype)))
-        cache = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype))
+        cache = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype), rewind)
         return DecodeState(cache, prefix_lengths=prefix_lengths)
 
     def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState, every_position: bool = False

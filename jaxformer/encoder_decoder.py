@@ -101,12 +101,13 @@ class EncoderDecoder(nnx.Module):
                            attentions=decoded.attentions, encoder_attentions=encoded.attentions,
                            cross_attentions=decoded.cross_attentions)
 
-    def init_cache(self, source: EncoderOutput, length: int) -> DecodeState:
+    def init_cache(self, source: EncoderOutput, length: int, rewind: int = 0) -> DecodeState:
         """An empty state for ``length`` decoder tokens per row, holding every decoder layer's
-        cross-attention keys and values of ``source`` (``encode``'s output; computed here, once)."""
+        cross-attention keys and values of ``source`` (``encode``'s output; computed here, once). Windowed
+        decoder layers keep a ring of window + ``rewind`` slots (``cache.empty_cache``)."""
         cfg = self.config
         batch = source.hidden.shape[0]
-        kv = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype))
+        kv = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype), rewind)
         return DecodeState(kv, encoder=self.decoder.cross_key_values(source))
 
     def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState, every_position: bool = False

@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import checks
-from jaxformer.cache import DecodeState, cache_numbers_per_token
+from jaxformer.cache import DecodeState, cache_numbers, cache_numbers_per_token
 from jaxformer.config import ModelConfig
 from jaxformer.layers import left_padded_positions
 
@@ -244,12 +244,12 @@ def _prefill_inputs(model, input_ids: Array, attention_mask: Array, gc: Generati
     if cfg.family == "encoder_decoder":
         source = jax.tree.map(rep, model.encode(input_ids, mask))
         ids = jnp.full((input_ids.shape[0] * batch_repeat, 1), gc.decoder_start_token_id, jnp.int32)
-        state = model.init_cache(source, max_new_tokens)  # the last chosen token is never fed back
+        state = model.init_cache(source, max_new_tokens, gc.draft_tokens)  # the last chosen token is never fed back
         return ids, jnp.zeros_like(ids), jnp.ones_like(ids, bool), state
     positions = left_padded_positions(mask)
     prefix = jnp.sum(mask, axis=1) if cfg.attention == "prefix" else None
     ids = rep(input_ids)
-    state = model.init_cache(ids.shape[0], ids.shape[1] + max_new_tokens - 1, rep(prefix))
+    state = model.init_cache(ids.shape[0], ids.shape[1] + max_new_tokens - 1, rep(prefix), gc.draft_tokens)
     return ids, rep(positions), rep(mask.astype(bool)), state
 
 
@@ -741,9 +741,9 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     if cfg.position == "xl":  # the memory holds memory_len tokens (all of them when it has no memory_len)
         slots = cfg.memory_len or slots
     slots += gc.draft_tokens  # a verifying step writes its drafts before rewinding
-    check_cache_memory(cfg, ids.shape[0] * gc.num_beams, slots)
+    check_cache_memory(cfg, ids.shape[0] * gc.num_beams, slots, gc.draft_tokens)
     if assistant_model is not None:
-        check_cache_memory(assistant_model.config, ids.shape[0], slots)
+        check_cache_memory(assistant_model.config, ids.shape[0], slots, gc.draft_tokens)
     graphdef, state = nnx.split(model if assistant_model is None else (model, assistant_model))
     args = (graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
             jax.random.key(integers["seed"]))
@@ -791,10 +791,11 @@ def _refuse_a_cache_rebuild(model, columns: int, max_new_tokens: int) -> None:
                          f"{original + 1 - columns}), or start from a prompt longer than {original} tokens")
 
 
-def check_cache_memory(cfg: ModelConfig, rows: int, slots: int) -> None:
-    """Refuse, before allocating it, a KV cache larger than the memory free on the device."""
+def check_cache_memory(cfg: ModelConfig, rows: int, slots: int, rewind: int = 0) -> None:
+    """Refuse, before allocating it, a KV cache larger than the memory free on the device (windowed layers
+    hold window + ``rewind`` slots)."""
     itemsize = jnp.dtype(cfg.dtype).itemsize
-    needed = cache_numbers_per_token(cfg) * rows * slots * itemsize
+    needed = cache_numbers(cfg, slots, rewind) * rows * itemsize
     free = free_memory()
     if free is not None and needed > free:
         raise ValueError(f"the KV cache for {rows} rows x {slots} tokens needs {needed / 2**30:.1f} GiB "

@@ -76,6 +76,11 @@ def test_decode_bytes_count_weights_once_and_the_visible_cache():
     assert flops.decode_bytes_per_step(cfg, 3, 10) == weights + 3 * 10 * kv_per_token
     sliding = cfg.replace(attention="sliding", window_size=4)
     assert flops.decode_bytes_per_step(sliding, 1, 10) == weights + 4 * kv_per_token
+    alternating = cfg.replace(attention="alternating", window_size=4)  # the odd layers' rolling caches hold 4
+    local = cfg.decoder_layers // 2
+    per_layer = kv_per_token // cfg.decoder_layers
+    assert flops.decode_bytes_per_step(alternating, 1, 10) == weights + per_layer * (
+        10 * (cfg.decoder_layers - local) + 4 * local)
     t5 = jf.config("tiny-t5")  # cross-attention reads the encoder's keys and values at every step
     source_kv = flops.decode_bytes_per_step(t5, 1, 10, source_length=20) - flops.decode_bytes_per_step(t5, 1, 10)
     assert source_kv == 20 * 2 * t5.decoder_layers * t5.kv_heads * t5.head_dim_ * 4

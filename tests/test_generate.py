@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 import jaxformer as jf
 from jaxformer import generate as gen
+from jaxformer.cache import RingKVCache, SplitKVCache, windowed_layers
 
 TOL = 1e-5
 
@@ -23,7 +24,8 @@ CACHE_CASES = {
     "gpt-causal": _decoder_case("tiny-gpt"),
     "llama-gqa": _decoder_case("tiny-llama"),
     "llama-sliding-3": _decoder_case("tiny-llama", attention="sliding", window_size=3),
-    "gpt-alternating-2": _decoder_case("tiny-gpt", attention="alternating", window_size=2, decoder_layers=3),
+    # five layers: two periods of (full, sliding) scanned, then one past them (the prefill; ``run_split``)
+    "gpt-alternating-2": _decoder_case("tiny-gpt", attention="alternating", window_size=2, decoder_layers=5),
     "llama-prefix": _decoder_case("tiny-llama", attention="prefix"),
     "mixtral": _decoder_case("tiny-mixtral"),
     "deepseek-mla": _decoder_case("tiny-deepseek"),  # latent cache: prefill expanded, steps absorbed
@@ -80,11 +82,21 @@ def test_cache_equals_no_cache(case):
     logits, state = model.step(ids[:, :prefill], positions[:, :prefill], jnp.ones((B, prefill), bool), state)
     np.testing.assert_allclose(logits, full[:, prefill - 1], atol=TOL, rtol=0)
     step = jax.jit(lambda m, i, p, s: m.for_decode_loop().step(i, p, jnp.ones(i.shape, bool), s))
+    # windowed layers: every other step through the stacked layers too (on CPU the loop runs them unstacked)
+    stacked = jax.jit(lambda m, i, p, s: m.step(i, p, jnp.ones(i.shape, bool), s))
+    windowed = windowed_layers(cfg, cfg.decoder_layers)[1] is not None
     for t in range(prefill, T):
-        logits, state = step(model, ids[:, t:t + 1], positions[:, t:t + 1], state)
+        logits, state = (stacked if windowed and t % 2 else step)(model, ids[:, t:t + 1], positions[:, t:t + 1], state)
         np.testing.assert_allclose(logits, full[:, t], atol=TOL, rtol=0, err_msg=f"{case} position {t}")
     assert int(state.kv.index) == T
-    np.testing.assert_array_equal(state.kv.positions, positions)
+    local, window = windowed_layers(cfg, cfg.decoder_layers)
+    full = state.kv.full if isinstance(state.kv, SplitKVCache) else None if all(local) else state.kv
+    if full is not None:
+        np.testing.assert_array_equal(full.positions, positions)
+    if window is not None:  # the windowed layers kept their last `window` tokens only, T being several windows
+        ring = state.kv.window if isinstance(state.kv, SplitKVCache) else state.kv
+        assert isinstance(ring, RingKVCache) and ring.k.shape[0] == sum(local) and ring.length == window
+        np.testing.assert_array_equal(np.sort(ring.positions, axis=1), positions[:, T - window:])
 
 
 def test_decode_past_the_cache_is_refused():

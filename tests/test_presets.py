@@ -114,6 +114,20 @@ def test_2017_transformer_close_to_paper(name, paper):
     assert abs(count - paper) <= d_model * 5000
 
 
+def test_info_prints_the_decode_cache_per_token_and_the_windowed_layers_bound(capsys):
+    """Mistral's every layer is windowed (nothing grows with the length), Gemma 3 1B keeps 4 full layers of 26
+    (1 KV head of 256: 2 x 256 x 4 bytes each per token) and rings of 512 slots in the other 22."""
+    mistral, gemma3, gpt2 = (_info_json(capsys, name)["decode_cache"] for name in ("mistral-7b", "gemma-3-1b", "gpt2"))
+    assert mistral["bytes_per_token"] == 0 and mistral["windowed_bytes_at_most"] == 32 * 4096 * 2 * 8 * 128 * 4
+    assert gemma3["bytes_per_token"] == 4 * 2 * 256 * 4
+    assert gemma3["windowed_bytes_at_most"] == 22 * 512 * 2 * 256 * 4
+    assert gpt2 == {"bytes_per_token": 12 * 2 * 768 * 4, "windowed_bytes_at_most": 0,
+                    "summary": "73,728 bytes per token (keys and values, float32)"}
+    assert cli_main(["info", "gemma-3-1b"]) == 0
+    assert "decode cache: 8,192 bytes per token" in capsys.readouterr().out
+    assert "decode_cache" not in _info_json(capsys, "bert-base-uncased")
+
+
 def test_info_without_name_lists_every_preset(capsys):
     assert cli_main(["info"]) == 0
     out = capsys.readouterr().out

@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import EncoderKV, KVCache, LatentCache, Memory, MemoryKV
+from jaxformer.cache import EncoderKV, KVCache, LatentCache, Memory, MemoryKV, SplitKVCache
 from jaxformer.config import ModelConfig
 from jaxformer.layers.attention import (Attention, DisentangledAttention, DisentangledInputs, LatentAttention,
                                         RelativeAttention, layer_patterns, memory_visibility_mask, visibility_mask)
@@ -66,7 +66,7 @@ class EncoderOutput:
 class StackOutput(NamedTuple):
     hidden: Array  # [B, T, D], after the final norm
     hidden_states: tuple[Array, ...] | None  # the input, then every layer's output (when collected)
-    cache: KVCache | LatentCache | None  # the cache with this call's keys and values (or latents) written
+    cache: KVCache | SplitKVCache | LatentCache | None  # the cache with this call's keys and values (or latents) written
     router_stats: dict[str, Array] | None  # MoE layers' ``router_statistics``, each [L_moe, ...]
     memory: Memory | MemoryKV | None = None  # Transformer-XL: the segment memory rolled forward by this call
     attentions: tuple[Array, ...] | None = None  # per layer [B, N, T, S] self-attention probabilities (when collected)
@@ -356,6 +356,72 @@ def run_interleaved(dense: Block | tuple[Block, ...], experts: Block | tuple[Blo
     return x, in_order(dense_by_period, stack(expert_outs))
 
 
+def _each_layer(blocks: Block | tuple[Block, ...]) -> list[Block]:
+    """The layers of stacked blocks as separate blocks (slices of the stacked parameters); separate ones as
+    they are."""
+    if isinstance(blocks, tuple):
+        return list(blocks)
+    graphdef, params = nnx.split(blocks)
+    count = jax.tree.leaves(params)[0].shape[0]
+    return [nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params)) for i in range(count)]
+
+
+def run_split(blocks: Block | tuple[Block, ...] | list[Block], x: Array, layer_fn: Callable, per_layer: Any,
+              cache: SplitKVCache, cfg: ModelConfig) -> tuple[Array, tuple]:
+    """Layers over a ``SplitKVCache``: each layer reads its slice of its own kind's cache (a ring for the
+    windowed layers, full slots for the others), so a layer's kind must be known when it is traced; it
+    reaches ``layer_fn`` as ``extra["local"]``, a Python bool, with ``extra["cache"]`` its slice.
+
+    ``blocks``: the stack's one group of stacked blocks, scanned over the period of the layer kinds (Gemma 2:
+    2, Gemma 3: 6, Llama 4: 4; one compiled body of one period, then the layers past the last whole period)
+    when ``cfg.scan_layers``; else (separate blocks, a list in layer order, or no scan) unrolled. Every
+    per-layer input and cache slice is read at its index inside the body, not sliced out of the stacks first,
+    which would copy them. Returns x and the per-layer outputs as ``run_interleaved`` does."""
+    kinds = cache.local_layers
+    count = len(kinds)
+    rank = [kinds[:i].count(kinds[i]) for i in range(count)]  # each layer's index in its kind's cache
+    caches = {kind: slots.layers() for kind, slots in cache.kinds().items()}
+    at = lambda tree, i: jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), tree)  # noqa: E731
+
+    def one_layer(block, h, i, layer, local):
+        """Layer ``i`` (traced: a scanned period's) of kind ``local``, the ``layer``-th of its kind."""
+        extra = dict(at(per_layer, i), local=local, cache=at(caches[local], layer))
+        return layer_fn(block, constrain_activations(h), extra)
+
+    period = next(p for p in range(1, count + 1) if all(kinds[i] == kinds[i % p] for i in range(count)))
+    periods = count // period if cfg.scan_layers and not isinstance(blocks, (tuple, list)) else 0
+    periods = periods if periods > 1 else 0  # one period: unrolled
+    outs = []
+    if periods:
+        graphdef, params = nnx.split(blocks)
+        per_period = {kind: kinds[:period].count(kind) for kind in (False, True)}
+
+        def body(h, p):
+            period_outs = []
+            for j in range(period):
+                i = p * period + j
+                block = nnx.merge(graphdef, at(params, i))
+                h, out = one_layer(block, h, i, p * per_period[kinds[j]] + rank[j], kinds[j])
+                period_outs.append(out)
+            return h, jax.tree.map(lambda *xs: jnp.stack(xs), *period_outs)
+
+        if cfg.remat != "none":
+            body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
+        x, scanned = jax.lax.scan(body, x, jnp.arange(periods))
+        outs.append(jax.tree.map(lambda a: a.reshape(periods * period, *a.shape[2:]), scanned))
+    layers = _each_layer(blocks) if not isinstance(blocks, list) else blocks
+    rest = []
+    for i in range(periods * period, count):
+        x, out = one_layer(layers[i], x, i, rank[i], kinds[i])
+        rest.append(out)
+    if rest:  # router statistics come from the expert layers alone (Maverick's are every other one)
+        stats = [out[1] for out in rest if out[1] is not None]
+        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[(o[0], o[2], o[3], o[4]) for o in rest])
+        outs.append((stacked[0], jax.tree.map(lambda *xs: jnp.stack(xs), *stats) if stats else None, *stacked[1:]))
+    joined = jax.tree.map(lambda *parts: jnp.concatenate(parts), *outs) if len(outs) > 1 else outs[0]
+    return x, joined
+
+
 # --------------------------------------------------------------------------------------------------
 # The stack
 
@@ -398,6 +464,16 @@ class Stack(nnx.Module):
         groups = [] if self.dense_blocks is None else [(self.dense_blocks, 0, first)]
         return groups + [(self.blocks, first, self.num_layers)]
 
+    def blocks_in_order(self) -> list[Block]:
+        """Every layer's block, in layer order, whatever the grouping (DeepSeek's dense layers first, Llama 4
+        Maverick's between its expert layers): what ``run_split`` unrolls."""
+        if self.config.moe_layer_step > 1 and self.dense_blocks is not None:
+            step = self.config.moe_layer_step
+            dense, experts = _each_layer(self.dense_blocks), _each_layer(self.blocks)
+            return [experts[i // step] if (i + 1) % step == 0 else dense[i - (i + 1) // step]
+                    for i in range(self.num_layers)]
+        return [block for blocks, _, _ in self.groups() for block in _each_layer(blocks)]
+
     def cross_key_values(self, encoder: EncoderOutput) -> EncoderKV:
         """Every layer's cross-attention keys and values [L, B, S, K, H] of a fixed encoder output:
         computed once per generation instead of once per decoded token."""
@@ -425,7 +501,7 @@ class Stack(nnx.Module):
             copy.first_block = separate(self.first_block)
         return copy
 
-    def __call__(self, x: Array, tokens: Tokens, *, cache: KVCache | LatentCache | None = None,
+    def __call__(self, x: Array, tokens: Tokens, *, cache: KVCache | SplitKVCache | LatentCache | None = None,
                  cross: EncoderOutput | EncoderKV | None = None, memory: Memory | MemoryKV | None = None,
                  token_types: Array | None = None, collect_hidden: bool = False, collect_attentions: bool = False,
                  key: Array | None = None) -> StackOutput:
@@ -458,12 +534,14 @@ class Stack(nnx.Module):
         if cfg.local_rope_theta is not None:  # Gemma 3: the sliding layers rotate by their own, unscaled base
             local_rope = rope_tables(cfg.replace(rope_theta=cfg.local_rope_theta, rope_scaling=None), tokens.positions)
         cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
+        split = isinstance(cache, SplitKVCache)
         per_layer = {
             # alternating attention: which layers are sliding (Gemma's layer_types; GPT-3: the odd ones)
             "local": jnp.asarray(cfg.sliding_layers[:self.num_layers]),
             "key": None if key is None else jax.random.split(key, self.num_layers),
             "cross_kv": cross_kv,
-            "cache": None if cache is None else cache.layers(),
+            # a split cache's layers hold slices of two shapes: handed out by ``run_split``
+            "cache": None if cache is None or split else cache.layers(),
             "memory": None if memory is None else memory.layers(),
             "query_scale": (jnp.asarray(1.0 / np.arange(1, self.num_layers + 1), jnp.float32)
                             if cfg.inverse_layer_scale else None),
@@ -474,7 +552,10 @@ class Stack(nnx.Module):
         temperature = self._temperature(tokens, cache)
 
         def layer(block: Block, h: Array, extra: dict):
-            pick = lambda local, full: jnp.where(extra["local"], local, full)  # noqa: E731
+            if isinstance(extra["local"], bool):  # known per layer (``run_split``): the masks may differ in shape
+                pick = lambda local, full: local if extra["local"] else full  # noqa: E731
+            else:
+                pick = lambda local, full: jnp.where(extra["local"], local, full)  # noqa: E731
             layer_mask = mask if local_mask is None else jax.tree.map(pick, local_mask, mask)
             layer_rope = rope if local_rope is None else jax.tree.map(pick, local_rope, rope)
             query_scale, nope = extra["query_scale"], extra["nope"]
@@ -498,7 +579,10 @@ class Stack(nnx.Module):
                        weights)
 
         out, outputs = x, []
-        if cfg.moe_layer_step > 1 and self.dense_blocks is not None:
+        if split:
+            out, (hidden, stats, new_kv, layer_inputs, weights) = run_split(
+                self.blocks if len(self.groups()) == 1 else self.blocks_in_order(), out, layer, per_layer, cache, cfg)
+        elif cfg.moe_layer_step > 1 and self.dense_blocks is not None:
             out, (hidden, stats, new_kv, layer_inputs, weights) = run_interleaved(
                 self.dense_blocks, self.blocks, out, layer, per_layer, cfg, self.num_layers)
         else:
@@ -571,22 +655,24 @@ class Stack(nnx.Module):
         q = tokens.positions
         shape = dict(window=cfg.window_size, prefix_lengths=tokens.prefix_lengths, chunk=cfg.attention_chunk_size)
 
-        def masks(pattern):
+        def masks(pattern, slots):
             if pattern is None:
                 return None
             own = visibility_mask(pattern, q, q, tokens.valid, **shape)
-            if cache is None:
+            if slots is None:
                 return own
-            return visibility_mask(pattern, q, cache.positions, cache.valid, **shape), own
+            return visibility_mask(pattern, q, slots.positions, slots.valid, **shape), own
 
-        mask, local_mask = masks(base_pattern), masks(local_pattern)
+        # a split cache's windowed layers attend over their ring, the others over the full slots
+        full_slots, local_slots = (cache.full, cache.window) if isinstance(cache, SplitKVCache) else (cache, cache)
+        mask, local_mask = masks(base_pattern, full_slots), masks(local_pattern, local_slots)
         bias = None
         if self.relative_bias is not None:
             # Index positions are the same in every row: one [1, N, T, S] bias, broadcast over the batch.
             rows = q[:1] if tokens.indexed and cache is None else q
             bias = self.relative_bias(rows, rows)
             if cache is not None:
-                bias = (self.relative_bias(q, cache.positions), bias)
+                bias = (self.relative_bias(q, full_slots.positions), bias)
         if cache is None and local_mask is None and (tokens.indexed or self.pattern == "bidirectional"):
             mask = kernels.fused_mask(cfg, mask, self.pattern, key_valid=tokens.valid, query_valid=tokens.valid,
                                       has_bias=bias is not None or cfg.position == "disentangled")
