@@ -66,7 +66,7 @@ class EncoderOutput:
 class StackOutput(NamedTuple):
     hidden: Array  # [B, T, D], after the final norm
     hidden_states: tuple[Array, ...] | None  # the input, then every layer's output (when collected)
-    cache: KVCache | SplitKVCache | LatentCache | None  # the cache with this call's keys and values (or latents) written
+    cache: KVCache | SplitKVCache | LatentCache | None  # the cache with this call's keys and values written
     router_stats: dict[str, Array] | None  # MoE layers' ``router_statistics``, each [L_moe, ...]
     memory: Memory | MemoryKV | None = None  # Transformer-XL: the segment memory rolled forward by this call
     attentions: tuple[Array, ...] | None = None  # per layer [B, N, T, S] self-attention probabilities (when collected)
