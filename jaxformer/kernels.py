@@ -12,6 +12,9 @@
 - ``auto`` (the default): cudnn on NVIDIA GPUs and splash on TPUs wherever a call qualifies, xla
   otherwise (see ``fused_backend``).
 
+Under a mesh whose ``sequence`` axis splits the tokens (context parallelism), ``auto`` and ``xla`` calls
+run ``ring_attention`` instead: each device keeps its queries and passes keys and values around the ring.
+
 A fused kernel serves full-sequence calls: training, evaluation, a forward pass. Calls with a KV cache
 (generation), attention dropout, prefix-LM masks, GPT-3's alternating layers and user-given
 ``position_ids`` (where visibility follows positions, not token order) run on XLA. ``FusedMask``
@@ -43,7 +46,7 @@ class FusedMask:
     dense: Array
     key_valid: Array | None  # [B, S] real keys, or None for no padding
     query_valid: Array | None  # [B, T] real queries (self-attention), or None
-    backend: str  # cudnn | splash
+    backend: str  # cudnn | splash | ring
     pattern: str  # bidirectional | causal | sliding, by token index
     window: int | None = None  # sliding: keys in (t - window, t]
 
@@ -61,6 +64,8 @@ def fused_backend(cfg: ModelConfig, pattern: str, T: int, S: int, *, has_bias: b
     reach (a mask pattern, bias or length it cannot take) runs on XLA, as the module doc says.
     """
     requested = cfg.attention_backend
+    if requested in ("auto", "xla") and ring_fits(pattern, T, S, has_bias):
+        return "ring"
     if requested == "xla" or pattern not in FUSED_PATTERNS or cfg.attention_softcap is not None or cfg.attention_sinks:
         return "xla"  # (Gemma 2's soft-capped scores, gpt-oss's sinks: neither kernel is wired for them)
     here = platform()
@@ -116,8 +121,12 @@ def fused_mask(cfg: ModelConfig, dense: Array, pattern: str, *, key_valid: Array
 CUDNN_IMPLEMENTATION = "cudnn"
 
 
-def attend(q: Array, k: Array, v: Array, mask: FusedMask, bias: Array | None, scale: float) -> Array:
-    """Attention [B, T, N, H] of q [B, T, N, H] over k, v [B, S, K, H] by ``mask.backend``."""
+def attend(q: Array, k: Array, v: Array, mask: FusedMask, bias: Array | None, scale: float,
+           softcap: float | None = None, sinks: Array | None = None) -> Array:
+    """Attention [B, T, N, H] of q [B, T, N, H] over k, v [B, S, K, H] by ``mask.backend`` (soft caps and sinks:
+    the ring only; ``fused_backend`` gives the other kernels no call that has them)."""
+    if mask.backend == "ring":
+        return ring_attention(q, k, v, mask, scale, softcap, sinks)
     if mask.backend == "cudnn":
         return _cudnn(q, k, v, mask, bias, scale, CUDNN_IMPLEMENTATION)
     return _splash(q, k, v, mask, scale, interpret=platform() != "tpu")
@@ -207,6 +216,173 @@ def _sharded(run, q, k, v, *segments):
     qkv = P(BATCH_AXES, heads)
     return jax.shard_map(run, mesh=mesh, in_specs=(qkv, qkv, qkv, *([P(BATCH_AXES)] * len(segments))),
                          out_specs=qkv, check_vma=False)(q, k, v, *segments)
+
+
+# --------------------------------------------------------------------------------------------------
+# Context parallelism: ring attention over the mesh's ``sequence`` axis
+
+
+def ring_fits(pattern: str, T: int, S: int, has_bias: bool) -> bool:
+    """Whether a full-sequence self-attention call runs as ring attention: the mesh in context splits the
+    tokens (``sequence`` > 1) into halves of whole tokens, and the call has no additive bias (T5's, DeBERTa's:
+    those run on XLA, whose partitioner gathers the keys instead)."""
+    from jaxformer.sharding import sequence_parallel_size
+
+    n = sequence_parallel_size()
+    return n > 1 and pattern in FUSED_PATTERNS and not has_bias and T == S and T % (2 * n) == 0
+
+
+def _zigzag(x: Array, n: int, inverse: bool = False) -> Array:
+    """Inside shard_map: this device's tokens [B, L, ...] (a contiguous 1/n of the sequence, two chunks of L/2)
+    exchanged so that device d holds chunks d and 2n-1-d (``inverse``: back). A causal mask then leaves every
+    device the same work: a late chunk beside an early one."""
+    def contiguous(c):
+        return c // 2, c % 2
+
+    def zigzag(c):
+        return (c, 0) if c < n else (2 * n - 1 - c, 1)
+
+    source, target = (zigzag, contiguous) if inverse else (contiguous, zigzag)
+    halves = jnp.split(x, 2, axis=1)
+    out = [jnp.zeros_like(halves[0]), jnp.zeros_like(halves[0])]
+    for h in (0, 1):  # each (from half, to half) pair is one partial permutation; a device receives one chunk a half
+        for g in (0, 1):
+            pairs = [(source(c)[0], target(c)[0]) for c in range(2 * n) if source(c)[1] == h and target(c)[1] == g]
+            if pairs:
+                out[g] = out[g] + jax.lax.ppermute(halves[h], "sequence", pairs)
+    return jnp.concatenate(out, axis=1)
+
+
+def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, softcap: float | None = None,
+                   sinks: Array | None = None) -> Array:
+    """Self-attention with the tokens split over the mesh's ``sequence`` axis (context parallelism): each
+    device keeps its queries and passes its keys, values and their validity around the ring with ``ppermute``
+    (n - 1 hops), folding each block into a running softmax (maximum, sum, weighted values; float32). No
+    [T, S] mask or score array exists anywhere: a block's scores live while it is folded, and the backward
+    pass recomputes them (a device keeps the keys and values of each hop, O(T), for that).
+
+    Causal and sliding masks are balanced: the tokens are first exchanged so that device d holds chunks d and
+    2n-1-d of 2n (``_zigzag``), and a (query half, key half) block that its pattern masks whole is skipped
+    (``lax.cond``), so every device computes two of its four blocks per hop, the diagonal aside. Visibility
+    follows token indices, as the fused kernels' does; padding masks keys. Rows of the batch over data x
+    fsdp and kv heads over tensor, as the other kernels split them. Gradients flow through the ring (the
+    transpose of a ppermute is the reverse hop). Equal to XLA's attention, except for a query that may see
+    no key at all (a pad before a left-padded row's first token), whose output no real token ever reads."""
+    from jaxformer.sharding import BATCH_AXES
+
+    mesh = jax.sharding.get_abstract_mesh()
+    n = dict(mesh.shape)["sequence"]
+    tensor = dict(mesh.shape).get("tensor", 1)
+    B, T, N, H = q.shape
+    K = k.shape[2]
+    heads = "tensor" if tensor > 1 and K % tensor == 0 else None
+    balanced = mask.pattern != "bidirectional"
+    window = mask.window
+    P = jax.sharding.PartitionSpec
+    tokens = P(BATCH_AXES, "sequence", heads)
+    key_valid = jnp.ones((B, T), bool) if mask.key_valid is None else mask.key_valid.astype(bool)
+
+    def local(q, k, v, key_valid, sinks):
+        d = jax.lax.axis_index("sequence")
+        L = q.shape[1]
+        half = L // 2
+        b, _, n_local, _ = q.shape
+        k_local = k.shape[2]
+        G = n_local // k_local
+        if balanced:
+            q, k, v = (_zigzag(a, n) for a in (q, k, v))
+            key_valid = _zigzag(key_valid.astype(jnp.int32), n) > 0
+
+        def chunk_starts(device):  # the first token index of each of a device's two chunks
+            if balanced:
+                return device * half, (2 * n - 1 - device) * half
+            return device * L, device * L + half
+
+        # [b, K, G*half, H] per query half: row g*half + t is query t of head k*G + g
+        q_halves = [a.reshape(b, half, k_local, G, H).transpose(0, 2, 3, 1, 4).reshape(b, k_local, G * half, H)
+                    for a in jnp.split(q, 2, axis=1)]
+        q_starts = chunk_starts(d)
+        carry = [(jnp.full((b, k_local, G * half), jnp.finfo(jnp.float32).min, jnp.float32),
+                  jnp.zeros((b, k_local, G * half), jnp.float32),
+                  jnp.zeros((b, k_local, G * half, v.shape[-1]), jnp.float32)) for _ in range(2)]
+
+        def visible_somewhere(q_start, k_start):
+            """Does any (query, key) pair of these two chunks pass the pattern (padding aside)?"""
+            if mask.pattern == "bidirectional":
+                return jnp.bool_(True)
+            seen = k_start <= q_start + half - 1
+            if mask.pattern == "sliding":
+                seen &= k_start + half - 1 > q_start - window
+            return seen
+
+        def fold(state, qh, q_start, kh, vh, valid_h, k_start):
+            m, l, acc = state
+            s = jnp.einsum("BKMH,BKSH->BKMS", qh, kh, preferred_element_type=jnp.float32) * scale
+            if softcap is not None:
+                s = jnp.tanh(s / softcap) * softcap
+            qi = q_start + jnp.arange(half)
+            ki = k_start + jnp.arange(half)
+            allowed = jnp.ones((half, half), bool)
+            if mask.pattern != "bidirectional":
+                allowed = ki[None, :] <= qi[:, None]
+            if mask.pattern == "sliding":
+                allowed &= ki[None, :] > qi[:, None] - window
+            allowed = jnp.tile(allowed, (G, 1))[None, None] & valid_h[:, None, None, :]
+            s = jnp.where(allowed, s, jnp.finfo(jnp.float32).min)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            p = jnp.exp(s - m_new[..., None])
+            correction = jnp.exp(m - m_new)
+            l = l * correction + jnp.sum(p, axis=-1)
+            acc = acc * correction[..., None] + jnp.einsum("BKMS,BKSH->BKMH", p.astype(vh.dtype), vh,
+                                                           preferred_element_type=jnp.float32)
+            return m_new, l, acc
+
+        def fold_hop(states, kv, hop):
+            """Every (query half, key half) block of this hop folded in; a block its pattern masks whole is skipped."""
+            k_now, v_now, valid_now = kv
+            k_starts = chunk_starts((d - hop) % n)  # this hop's keys are device d - hop's
+            k_halves = [a.transpose(0, 2, 1, 3) for a in jnp.split(k_now, 2, axis=1)]  # [b, K, half, H]
+            v_halves = [a.transpose(0, 2, 1, 3) for a in jnp.split(v_now, 2, axis=1)]
+            valid_halves = jnp.split(valid_now, 2, axis=1)
+            states = list(states)
+            for i in (0, 1):
+                for j in (0, 1):
+                    args = (q_halves[i], q_starts[i], k_halves[j], v_halves[j], valid_halves[j], k_starts[j])
+                    states[i] = jax.lax.cond(visible_somewhere(q_starts[i], k_starts[j]),
+                                             lambda state, *a: fold(state, *a), lambda state, *a: state,
+                                             states[i], *args)
+            return tuple(states)
+
+        # The backward pass recomputes each hop's scores from its queries and keys instead of keeping them: a
+        # device then holds O(T) numbers for attention (the keys and running sums of every hop), never a
+        # [T / n, T] score array.
+        @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+        def hop_then_pass(state, hop):  # a scan over hops: one hop's buffers live at a time
+            states, kv = state
+            states = fold_hop(states, kv, hop)
+            return (states, jax.lax.ppermute(kv, "sequence", [(e, (e + 1) % n) for e in range(n)])), None
+
+        (states, kv), _ = jax.lax.scan(hop_then_pass, (tuple(carry), (k, v, key_valid)), jnp.arange(n - 1))
+        last_hop = jax.checkpoint(fold_hop, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(2,))
+        carry = last_hop(states, kv, n - 1)  # the last hop passes nothing on
+        outs = []
+        for m, l, acc in carry:
+            if sinks is not None:  # gpt-oss: each head's sink logit joins the denominator
+                sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, k_local, G, 1),
+                                        (b, k_local, G, half)).reshape(b, k_local, G * half)
+                m_new = jnp.maximum(m, sink)
+                correction = jnp.exp(m - m_new)
+                l, acc = l * correction + jnp.exp(sink - m_new), acc * correction[..., None]
+            out = acc / l[..., None]
+            outs.append(out.reshape(b, k_local, G, half, -1).transpose(0, 3, 1, 2, 4).reshape(b, half, n_local, -1))
+        out = jnp.concatenate(outs, axis=1).astype(v.dtype)
+        return _zigzag(out, n, inverse=True) if balanced else out
+
+    sink_spec = P(heads) if sinks is not None else P()
+    sinks_in = sinks if sinks is not None else jnp.zeros(())
+    run = lambda q, k, v, valid, s: local(q, k, v, valid, s if sinks is not None else None)  # noqa: E731
+    return jax.shard_map(run, mesh=mesh, in_specs=(tokens, tokens, tokens, P(BATCH_AXES, "sequence"), sink_spec),
+                         out_specs=tokens, check_vma=False)(q, k, v, key_valid, sinks_in)
 
 
 def unstack_decode_loops() -> bool:

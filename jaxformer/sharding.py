@@ -4,7 +4,9 @@ sharded, the activation constraint at block boundaries, and multi-process start-
 A strategy is a mesh shape, not a second table: mesh axes of size 1 shard nothing, so the same rules give
 data parallelism (``data=N``), FSDP (``fsdp=N``: matrices split along ``embed``, the batch split too),
 tensor parallelism (``tensor=N``: heads, MLP width and vocabulary split, Megatron-style), both at once,
-and expert parallelism (``expert=N``: each device holds a slice of the experts).
+expert parallelism (``expert=N``: each device holds a slice of the experts) and context parallelism
+(``sequence=N``: every activation split along the sequence; attention passes keys and values around the
+ring of devices, ``kernels.ring_attention``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
+MESH_AXES = ("data", "fsdp", "tensor", "expert", "sequence")
 BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both: FSDP is data parallelism too
 
 # Logical axis -> mesh axis. Unlisted axes (layers, head_dim, embed_out, positions, relative, types, buckets, conv_*,
@@ -30,7 +32,7 @@ RULES = {"embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tenso
 
 # Mesh shapes of the named strategies on ``n`` devices; ``tensor`` (and ``expert``) take the largest
 # size that divides both ``n`` and what they split, the rest of the devices do data parallelism.
-STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp", "ep")
+STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp", "ep", "cp")
 
 
 def mesh_sizes(sizes: dict[str, int], device_count: int) -> dict[str, int]:
@@ -56,7 +58,7 @@ def make_mesh(sizes: dict[str, int], devices=None) -> jax.sharding.Mesh:
     devices = jax.devices() if devices is None else devices
     sizes = mesh_sizes(sizes, len(devices))
     # Auto axes: the compiler propagates shardings from the jit boundary and the block-boundary constraints.
-    return jax.make_mesh(tuple(sizes.values()), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 4,
+    return jax.make_mesh(tuple(sizes.values()), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES),
                          devices=devices)
 
 
@@ -153,13 +155,22 @@ def under_mesh(step, mesh):
     return traced
 
 
+def sequence_parallel_size() -> int:
+    """The size of the ``sequence`` axis of the mesh in context (1: none, or no mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return 1 if mesh.empty else dict(mesh.shape).get("sequence", 1)
+
+
 def constrain_activations(x: jax.Array) -> jax.Array:
-    """At block boundaries under a mesh (``jax.set_mesh``): rows split over data x fsdp, the rest
-    replicated (tensor parallelism gathers its partial sums here, as Megatron does). No mesh: unchanged."""
+    """At block boundaries under a mesh (``jax.set_mesh``): rows split over data x fsdp, tokens over
+    ``sequence`` (context parallelism; when they divide), the rest replicated (tensor parallelism gathers
+    its partial sums here, as Megatron does). No mesh: unchanged."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
         return x
-    return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *([None] * (x.ndim - 1))))
+    sequence = sequence_parallel_size()
+    tokens = "sequence" if sequence > 1 and x.ndim >= 3 and x.shape[1] % sequence == 0 else None
+    return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, tokens, *([None] * (x.ndim - 2))))
 
 
 def bytes_per_device(tree) -> int:

@@ -1,7 +1,7 @@
 """The same training step under each parallelism strategy, against the single-device run.
 
     python sharding/experiments.py [--model tiny-gpt] [--strategies single,pmap,shard_map,dp,fsdp,tp,fsdp_tp]
-                                   [--devices 8] [--steps 5] [--json]
+                                   [--devices 8] [--steps 5] [--json] [--longest]
 
 Strategies (n devices):
     single     one device, jit
@@ -12,7 +12,15 @@ Strategies (n devices):
     tp         jit with shardings, mesh tensor=t x data=n/t (heads, MLP width, vocabulary split)
     fsdp_tp    jit with shardings, mesh fsdp=n/t x tensor=t
     ep         jit with shardings, mesh expert=e x data=n/e (MoE experts split; MoE models only)
-t (e) is the largest divisor of n, at most n/2 for fsdp_tp, that divides every dimension it splits.
+    cp         jit with shardings, mesh sequence=s x data=n/s (context parallelism: every sequence split
+               over s devices, ring attention)
+t (e) is the largest divisor of n, at most n/2 for fsdp_tp, that divides every dimension it splits; s the
+largest divisor of n whose 2 s divides the sequence length.
+
+Each row also reports the step's temporary memory per device (XLA's compiled memory analysis: activations
+and everything else the step allocates besides its arguments). ``--longest`` doubles the sequence length
+under ``single`` and ``cp`` while that memory stays within what ``single`` needs at ``--seq-len``, and prints
+the longest length each fits (compiled only, never run).
 
 Every strategy starts from the same parameters and takes the same batch; after one step it reports the max
 abs difference of the loss and of the updated parameters against `single`, then times ``--steps`` more.
@@ -31,7 +39,7 @@ import time
 from pathlib import Path
 
 OBJECTIVES = {"decoder": "causal_lm", "encoder": "mlm", "encoder_decoder": "span_corruption"}
-ALL = ("single", "pmap", "shard_map", "dp", "fsdp", "tp", "fsdp_tp", "ep")
+ALL = ("single", "pmap", "shard_map", "dp", "fsdp", "tp", "fsdp_tp", "ep", "cp")
 
 
 def parse(argv):
@@ -44,6 +52,8 @@ def parse(argv):
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--json", action="store_true", help="print one JSON list")
+    parser.add_argument("--longest", action="store_true",
+                        help="the longest sequence single and cp fit in single's memory at --seq-len")
     args = parser.parse_args(argv)
     args.strategies = args.strategies.split(",")
     unknown = [s for s in args.strategies if s not in ALL]
@@ -58,10 +68,13 @@ def largest_divisor(n: int, dims: list[int], cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0 and all(x % d == 0 for x in dims))
 
 
-def mesh_shape(strategy: str, n: int, cfg) -> dict[str, int]:
+def mesh_shape(strategy: str, n: int, cfg, seq_len: int) -> dict[str, int]:
     split_by_tensor = [cfg.num_heads, cfg.kv_heads, cfg.d_ff, cfg.vocab_size]
     if strategy in ("single",):
         return {"data": 1}
+    if strategy == "cp":
+        sequence = max(d for d in range(1, n + 1) if n % d == 0 and seq_len % (2 * d) == 0)
+        return {"data": n // sequence, "sequence": sequence}
     if strategy in ("dp", "pmap", "shard_map"):
         return {"data": n}
     if strategy == "fsdp":
@@ -110,8 +123,8 @@ def main(argv=None) -> int:
     if args.batch_size % n:
         raise ValueError(f"--batch-size {args.batch_size} does not divide over {n} devices")
 
-    def one_strategy(strategy: str, batch: dict) -> dict:
-        shape = mesh_shape(strategy, n, model_cfg)
+    def one_strategy(strategy: str, batch: dict, cfg=cfg, compile_only: bool = False) -> dict:
+        shape = mesh_shape(strategy, n, model_cfg, cfg.train.seq_len)
         mesh = sharding.make_mesh(shape, devices[:1] if strategy == "single" else devices)
         run = Run.build(cfg, mesh=mesh)
         graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
@@ -127,6 +140,9 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         compiled = step.lower(state, batch_in).compile()
         compile_s = time.perf_counter() - start
+        temp_bytes = int(compiled.memory_analysis().temp_size_in_bytes)
+        if compile_only:
+            return {"strategy": strategy, "temp_bytes": temp_bytes}
         weights = {"params": state["params"], "opt_state": state["opt_state"]}
         # pmap takes host arrays with a leading device axis: each device holds one whole replica.
         held = (sum(np.asarray(x).nbytes for x in jax.tree.leaves(weights)) // n if strategy == "pmap"
@@ -149,7 +165,8 @@ def main(argv=None) -> int:
         specs = {".".join(map(str, path)): str(v.get_value().sharding.spec) for path, v in
                  nnx.to_flat_state(state["params"] if strategy != "pmap" else nnx.state(run.model, nnx.Param))}
         return {"strategy": strategy, "mesh": shape, "step_ms": round(1000 * statistics.median(times), 2) if times
-                else None, "compile_s": round(compile_s, 2), "bytes_per_device": int(held), "loss": loss,
+                else None, "compile_s": round(compile_s, 2), "bytes_per_device": int(held), "temp_bytes": temp_bytes,
+                "loss": loss,
                 "grad_norm": grad_norm, "params": params_after, "specs": specs}
 
     def explicit_data_parallel(strategy, graphdef, rest, optimizer, objective, state, batch, devices):
@@ -191,13 +208,16 @@ def main(argv=None) -> int:
         # Explicit data parallelism computes the MoE load-balancing loss per device, which is not the
         # loss of the whole batch; compare it only where the step sees the whole batch.
         args.strategies = [s for s in args.strategies if s not in ("pmap", "shard_map")]
+    if args.longest:
+        return longest_sequences(args, cfg, one_strategy, run_config, Run)
     results = [one_strategy(s, batch) for s in args.strategies]
     reference = results[0]
     rows = []
     for r in results:
         param_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(r["params"], reference["params"]))
         rows.append({"strategy": r["strategy"], "mesh": r["mesh"], "step_ms": r["step_ms"], "compile_s": r["compile_s"],
-                     "bytes_per_device": r["bytes_per_device"], "loss_diff": abs(r["loss"] - reference["loss"]),
+                     "bytes_per_device": r["bytes_per_device"], "temp_bytes": r["temp_bytes"],
+                     "loss_diff": abs(r["loss"] - reference["loss"]),
                      "param_diff": param_diff,
                      # Adam's first update is nearly lr * sign(g): blind to a wrongly scaled gradient, which this is not.
                      "grad_norm_rel_diff": abs(r["grad_norm"] / reference["grad_norm"] - 1), "specs": r["specs"]})
@@ -206,16 +226,51 @@ def main(argv=None) -> int:
         return 0
     print(f"{args.model}: {n} {devices[0].platform} devices, batch {args.batch_size} x {args.seq_len}, "
           f"{OBJECTIVES[model_cfg.family]}, AdamW; diffs after one step against 'single'")
-    header = (f"{'strategy':<10} {'mesh':<28} {'step ms':>9} {'compile s':>10} {'bytes/device':>13} {'loss diff':>10} "
-              f"{'param diff':>11} {'|g| rel diff':>13}")
+    header = (f"{'strategy':<10} {'mesh':<28} {'step ms':>9} {'compile s':>10} {'bytes/device':>13} {'temp/device':>12} "
+              f"{'loss diff':>10} {'param diff':>11} {'|g| rel diff':>13}")
     print(header)
     print("-" * len(header))
     for r in rows:
         mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
         print(f"{r['strategy']:<10} {mesh:<28} {r['step_ms'] or float('nan'):>9.2f} {r['compile_s']:>10.2f} "
-              f"{r['bytes_per_device']:>13,} {r['loss_diff']:>10.2e} {r['param_diff']:>11.2e} "
+              f"{r['bytes_per_device']:>13,} {r['temp_bytes']:>12,} {r['loss_diff']:>10.2e} {r['param_diff']:>11.2e} "
               f"{r['grad_norm_rel_diff']:>13.2e}")
     return 0 if all(max(r["loss_diff"], r["param_diff"], r["grad_norm_rel_diff"]) < 1e-5 for r in rows) else 1
+
+
+def longest_sequences(args, cfg, one_strategy, run_config, Run) -> int:
+    """For single and cp: the longest sequence (doubling from --seq-len) whose step's temporary memory per
+    device stays within single's at --seq-len. Compiled only."""
+    import dataclasses
+
+    import jax
+
+    from jaxformer import sharding
+
+    def temp_bytes(strategy: str, seq_len: int) -> int:
+        longer = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seq_len=seq_len))
+        one_device = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+        batch = Run.build(longer, mesh=one_device).objective.batch(0, longer.train.batch_size)
+        return one_strategy(strategy, batch, cfg=longer, compile_only=True)["temp_bytes"]
+
+    budget = temp_bytes("single", args.seq_len)
+    rows = []
+    for strategy in ("single", "cp"):
+        length, used = args.seq_len, budget
+        while True:
+            needed = temp_bytes(strategy, 2 * length)
+            if needed > budget:
+                break
+            length, used = 2 * length, needed
+        rows.append({"strategy": strategy, "longest_seq_len": length, "temp_bytes": used, "budget_bytes": budget})
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{args.model}: the longest sequence whose step fits single's temporary memory at {args.seq_len} tokens "
+          f"({budget:,} bytes a device), batch {args.batch_size}")
+    for r in rows:
+        print(f"{r['strategy']:<8} {r['longest_seq_len']:>8} tokens  ({r['temp_bytes']:,} bytes a device)")
+    return 0
 
 
 if __name__ == "__main__":

@@ -180,12 +180,32 @@ print("ok")
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
+def test_context_parallelism_equals_one_device():
+    """The `sequence` axis (ring attention) beside data, fsdp and tensor: loss, logits and every gradient of a
+    causal, a sliding-window, a sinks-and-soft-caps and a bidirectional model, and a prefill through the
+    cached step, equal one device's; T5's biased self-attention stays on XLA, its cross-attention rides the
+    ring (tests/context_parallel_check.py, one subprocess of 8 simulated devices)."""
+    out = subprocess.run([sys.executable, "tests/context_parallel_check.py"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(report) == 5
+    for name, row in report.items():
+        # float32: a running softmax over blocks, and sums split over devices, against one softmax
+        assert max(row["loss"], row["logits"], row["grads"], row.get("prefill", 0.0)) < 1e-5, (name, row)
+        assert row["ring_calls"] >= 1, (name, row)  # traced once: the layers are scanned
+    assert "prefill" in report["causal (LLaMA, GQA)"] and "prefill" in report["sliding (Mistral, window 5)"]
+
+
 def test_bad_meshes_and_batches_name_the_axes_and_sizes():
     with pytest.raises(ValueError, match=r"holds 6 devices; there are 8"):
         sharding.mesh_sizes({"data": 3, "tensor": 2}, 8)
     with pytest.raises(ValueError, match="leave no whole size for mesh.data on 8 devices"):
         sharding.mesh_sizes({"data": -1, "tensor": 3}, 8)
-    assert sharding.mesh_sizes({"data": -1, "tensor": 2}, 8) == {"data": 4, "fsdp": 1, "tensor": 2, "expert": 1}
+    assert sharding.mesh_sizes({"data": -1, "tensor": 2}, 8) == {"data": 4, "fsdp": 1, "tensor": 2, "expert": 1,
+                                                                 "sequence": 1}
+    from jaxformer.train import run_config
+    with pytest.raises(ValueError, match=r"train.seq_len=30 must be a multiple of 2 x mesh.sequence = 4"):
+        run_config.load(None, ["mesh.sequence=2", "train.seq_len=30"])
     mesh = SimpleNamespace(shape={"data": 2, "fsdp": 2, "tensor": 4, "expert": 1})
     with pytest.raises(ValueError, match="logical axis 'heads' of size 6 does not divide over mesh axis 'tensor' "
                                          "of size 4"):

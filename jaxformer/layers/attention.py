@@ -254,11 +254,12 @@ class Attention(nnx.Module):
             new_kv = {"k": k.astype(cache["k"].dtype).transpose(0, 2, 1, 3),
                       "v": v.astype(cache["v"].dtype).transpose(0, 2, 1, 3)}
             k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])
+        sinks = None if self.sinks is None else self.sinks[...]
         if isinstance(mask, kernels.FusedMask):  # full-sequence calls only: Stack gives none with a cache
             if (key is None or self.dropout_rate == 0.0) and not output_attentions:
-                return self._output(kernels.attend(q, k, v, mask, bias, self.scale), key), new_kv, None
+                out = kernels.attend(q, k, v, mask, bias, self.scale, self.softcap, sinks)
+                return self._output(out, key), new_kv, None
             mask = mask.dense  # attention dropout and returned weights run on XLA
-        sinks = None if self.sinks is None else self.sinks[...]
         out, weights = _attend(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap, output_attentions,
                                head_major=cache is not None, sinks=sinks)
         return self._output(out, key), new_kv, weights

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.config import ModelConfig
+from jaxformer.sharding import sequence_parallel_size
 
 Array = jax.Array
 
@@ -84,7 +85,11 @@ def _linear_jvp(primals, tangents):
     (x, w), (dx, dw) = primals, tangents
     y = linear(x, w)
     dy = jnp.einsum("...D,DF->...F", dx, w)
-    if x.shape[-1] <= w.shape[-1]:
+    if x.shape[-1] <= w.shape[-1] and sequence_parallel_size() > 1:
+        # tokens split over `sequence` (rows maybe not): merging [B, T] into M would leave no shardable dimension
+        x_t = jax.lax.optimization_barrier(jnp.moveaxis(x, -1, 0))  # [D, B, T]
+        dy = dy + jnp.einsum("D...,DF->...F", x_t, dw)
+    elif x.shape[-1] <= w.shape[-1]:
         x_t = jax.lax.optimization_barrier(x.reshape(-1, x.shape[-1]).T)  # [D, M]
         dy = dy + jnp.einsum("DM,DF->MF", x_t, dw).reshape(dy.shape)
     else:

@@ -32,7 +32,7 @@ def restore_run(run_dir: str | Path, step: int | None = None, overrides: tuple[s
     own_tokenizer = [f"data.tokenizer={run_dir / TOKENIZER_FILE}"] if (run_dir / TOKENIZER_FILE).exists() else []
     # The devices present now, not the training run's mesh: data parallel over all of them unless
     # mesh.* overrides say otherwise. One process: a finished run is evaluated and exported alone.
-    here = ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", "mesh.expert=1", "mesh.coordinator="]
+    here = ["mesh.data=-1", "mesh.fsdp=1", "mesh.tensor=1", "mesh.expert=1", "mesh.sequence=1", "mesh.coordinator="]
     cfg = load(run_dir / CONFIG_FILE, own_tokenizer + here + list(overrides) + [f"run.dir={run_dir}"])
     trained = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8")))
     run = Run.build(cfg, trained)  # the model as trained, even if model.init_from's folder is gone by now

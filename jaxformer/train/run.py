@@ -298,7 +298,9 @@ def run_notes(run: Run) -> list[str]:
     """What a person should know before the run starts (an attention backend this machine cannot serve
     fails here, before anything is compiled or written)."""
     fresh = [f"freshly initialised: {', '.join(run.fresh_params)}"] if run.fresh_params else []
-    return run.objective.notes + fresh + lora_notes(run) + [attention_note(run.model.config, run.cfg.train.seq_len)]
+    with jax.sharding.use_abstract_mesh(run.mesh.abstract_mesh):  # a `sequence` axis makes it the ring
+        attention = attention_note(run.model.config, run.cfg.train.seq_len)
+    return run.objective.notes + fresh + lora_notes(run) + [attention]
 
 
 def lora_notes(run: Run) -> list[str]:

@@ -61,6 +61,7 @@ class MeshSection:
     fsdp: int = 1
     tensor: int = 1
     expert: int = 1
+    sequence: int = 1  # context parallelism: each sequence split over this many devices (ring attention)
     # Multi-process runs (jax.distributed): "host:port" of process 0, or "auto" (Cloud TPU, SLURM);
     # empty: the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment, else one process.
     coordinator: str = ""
@@ -229,10 +230,13 @@ class RunConfig:
             raise ValueError(f"data.doc_stride={self.data.doc_stride} and data.max_question_len="
                              f"{self.data.max_question_len} must be >= 0 (0: the default), data.max_answer_len="
                              f"{self.data.max_answer_len} >= 1")
-        for axis in ("data", "fsdp", "tensor", "expert"):
+        for axis in ("data", "fsdp", "tensor", "expert", "sequence"):
             size = getattr(self.mesh, axis)
             if size == 0 or size < -1:
                 raise ValueError(f"mesh.{axis}={size} must be a positive size or -1 (the devices left over)")
+        if self.mesh.sequence > 1 and self.train.seq_len % (2 * self.mesh.sequence):
+            raise ValueError(f"train.seq_len={self.train.seq_len} must be a multiple of 2 x mesh.sequence = "
+                             f"{2 * self.mesh.sequence}: ring attention gives each device two halves of whole tokens")
         if self.mesh.num_processes < 0:
             raise ValueError(f"mesh.num_processes={self.mesh.num_processes} must be >= 0")
         for field in ("steps", "batch_size", "seq_len", "log_every"):
