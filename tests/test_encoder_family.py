@@ -61,13 +61,16 @@ def test_albert_stores_one_layer_and_every_way_of_running_it_agrees():
 
     reference = loss_and_grads(ALBERT)
     assert len(reference[1]) == 4 and not np.allclose(reference[1][1], reference[1][2])  # the layer ran 3 times
+    # Scanned, unrolled and rematerialised steps compile to different fusions, so float32 sums run in other
+    # orders: 1.4e-6 apart on hidden states near 1.4 on this host (it read below 1e-6 on another); the parity
+    # bound, 1e-5, is the one that says they are one computation.
     for variant in (dict(scan_layers=False), dict(remat="full")):
         value, hidden, grads = loss_and_grads(ALBERT.replace(**variant))
-        np.testing.assert_allclose(value, reference[0], rtol=1e-6)
+        np.testing.assert_allclose(value, reference[0], rtol=1e-5)
         for a, b in zip(hidden, reference[1]):
-            np.testing.assert_allclose(a, b, atol=1e-6)
+            np.testing.assert_allclose(a, b, atol=1e-5)
         for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(reference[2])):
-            np.testing.assert_allclose(a, b, atol=1e-6)
+            np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_albert_shared_gradient_is_the_sum_over_the_layers_that_apply_it():
