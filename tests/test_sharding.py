@@ -32,7 +32,7 @@ def _experiments(model: str, strategies: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("model, strategies", [
-    ("tiny-gpt", "single,pmap,shard_map,dp,fsdp,tp,fsdp_tp"),
+    ("tiny-gpt", "single,pmap,shard_map,dp,fsdp,tp,fsdp_tp,cp"),
     # The data-parallel mechanisms (pmap, shard_map, dp) and tp alone are family-independent and run on
     # tiny-gpt; the other families run the layouts their own parameters get: fsdp, and tp inside fsdp_tp.
     ("tiny-bert", "single,fsdp,fsdp_tp"),
@@ -62,6 +62,9 @@ def test_every_strategy_equals_the_single_device_step(model, strategies):
         assert rows["fsdp_tp"]["specs"][down] == "P(None, 'tensor', 'fsdp')"
         assert rows["fsdp"]["specs"][norm] == "P()"  # vectors stay replicated
         assert set(rows["dp"]["specs"].values()) == {"P()"}
+    if "cp" in rows:  # context parallelism splits tokens, not parameters, and the step's activations with them
+        assert rows["cp"]["mesh"] == {"data": 1, "sequence": 8} and set(rows["cp"]["specs"].values()) == {"P()"}
+        assert rows["cp"]["temp_bytes"] < rows["single"]["temp_bytes"] / 2
     if model == "tiny-deepseek":  # experts split over `expert`; latent up-projections by latent and head
         experts = ["decoder.blocks.mlp.wi", "decoder.blocks.mlp.wi_gate", "decoder.blocks.mlp.wo"]
         assert all(rows["ep"]["specs"][k].startswith("P(None, 'expert'") for k in experts)
