@@ -11,8 +11,20 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import sys
 from pathlib import Path
+
+# One persistent compilation cache for the whole run, set before jax is imported so that the xdist workers
+# and every subprocess a test starts (train.py runs, kill-and-resume, simulated meshes) inherit it: a program
+# compiled once (the same tiny model's train step, rerun after a kill) is read back, not compiled again.
+# Keyed by the program, jax and the flags, so a hit is the same executable; a size bound turns on jax's file
+# lock, which keeps the two workers from reading an entry the other is still writing. A fresh clone starts
+# empty; a local one keeps it between runs under .pytest_cache/.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compilation"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
 
 import jax
 import jax.numpy as jnp

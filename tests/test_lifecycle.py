@@ -31,8 +31,12 @@ def _config(tmp_path: Path, steps: int = 400) -> str:
     return str(path)
 
 
-def _start(config: str, run_dir: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "train.py", config, f"run.dir={run_dir}"], cwd=ROOT,
+def _start(config: str, run_dir: Path, compile_afresh: bool = False) -> subprocess.Popen:
+    """``compile_afresh`` keeps the suite's compilation cache from the run, so that it really compiles."""
+    env = dict(os.environ)
+    if compile_afresh:
+        env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    return subprocess.Popen([sys.executable, "train.py", config, f"run.dir={run_dir}"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -223,7 +227,7 @@ def test_two_ctrl_c_while_compiling_still_exit_at_once(tmp_path):
     """While the main thread sits in XLA's compiler Python runs no handler, and two SIGINTs would reach it
     as one; the wakeup-pipe watcher counts them as they arrive."""
     config, run_dir = _config(tmp_path, steps=3000), tmp_path / "run"
-    process = _start(config, run_dir)
+    process = _start(config, run_dir, compile_afresh=True)
     _wait_until(lambda: (run_dir / "run.lock").exists(), process, "the run to start")  # handlers are installed
     process.send_signal(signal.SIGINT)
     time.sleep(0.3)
