@@ -29,7 +29,7 @@ LAYER_TYPES = ("full", "sliding", "chunked")
 ROPE_SCALINGS = ("linear", "llama3", "yarn", "dynamic", "longrope")
 ROUTER_SCORES = ("softmax", "sigmoid")
 ROUTER_AUX_LOSSES = ("batch", "sequence")
-MOE_DISPATCHES = ("auto", "grouped", "dense")
+MOE_DISPATCHES = ("auto", "grouped", "all_to_all", "dense")
 HEADS = (
     "none",  # base model: hidden states only
     "lm",  # next-token logits (decoder and encoder-decoder)
@@ -350,7 +350,10 @@ class ModelConfig:
     routed_scaling: float = 1.0  # the routed experts' output is scaled by this (DeepSeek routed_scaling_factor)
     router_aux_loss_coef: float = 0.0
     router_aux_loss: str = "batch"  # batch: Switch/Mixtral over all tokens; sequence: DeepSeek-V3, per row
-    moe_dispatch: str = "auto"  # grouped (sorted tokens, one ragged matmul), dense (every expert), auto: measured
+    # grouped: tokens sorted into blocks by expert, only the chosen run (GSPMD partitions it under a mesh);
+    # all_to_all: grouped, with tokens sent to their experts' devices under an expert mesh axis;
+    # dense: every expert on every token; auto: all_to_all unless every expert is chosen anyway (then dense)
+    moe_dispatch: str = "auto"
 
     pad_token_id: int | None = None
     bos_token_id: int | None = None

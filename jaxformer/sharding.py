@@ -4,15 +4,18 @@ sharded, the activation constraint at block boundaries, and multi-process start-
 A strategy is a mesh shape, not a second table: mesh axes of size 1 shard nothing, so the same rules give
 data parallelism (``data=N``), FSDP (``fsdp=N``: matrices split along ``embed``, the batch split too),
 tensor parallelism (``tensor=N``: heads, MLP width and vocabulary split, Megatron-style), both at once,
-expert parallelism (``expert=N``: each device holds a slice of the experts) and context parallelism
+expert parallelism (``expert=N``: each device holds a slice of the experts and other rows of the batch; the
+MoE layer sends each token to the devices holding its experts with an all-to-all) and context parallelism
 (``sequence=N``: every activation split along the sequence; attention passes keys and values around the
 ring of devices, ``kernels.ring_attention``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import re
 
 import jax
 import numpy as np
@@ -20,7 +23,9 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert", "sequence")
-BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both: FSDP is data parallelism too
+# The batch dimension is split over all three: FSDP is data parallelism too, and outside the MoE layers
+# the expert-parallel devices are data-parallel (each holds other rows; the MoE layer exchanges them).
+BATCH_AXES = ("data", "fsdp", "expert")
 
 # Logical axis -> mesh axis. Unlisted axes (layers, head_dim, embed_out, positions, relative, types, buckets, conv_*,
 # labels) are never split. Vectors (norm scales, biases: one axis besides ``layers``) stay replicated:
@@ -70,7 +75,7 @@ def check_batch(batch_size: int, mesh, what: str = "the batch") -> None:
     size = data_parallel_size(mesh)
     if batch_size % size:
         raise ValueError(f"{what} of {batch_size} rows does not divide over the data-parallel size mesh.data x "
-                         f"mesh.fsdp = {mesh.shape['data']} x {mesh.shape['fsdp']} = {size}")
+                         f"mesh.fsdp x mesh.expert = {' x '.join(str(mesh.shape[a]) for a in BATCH_AXES)} = {size}")
 
 
 def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh, name: str = "a parameter") -> P:
@@ -155,10 +160,14 @@ def under_mesh(step, mesh):
     return traced
 
 
-def sequence_parallel_size() -> int:
-    """The size of the ``sequence`` axis of the mesh in context (1: none, or no mesh)."""
+def axis_size(axis: str) -> int:
+    """The size of mesh axis ``axis`` in the mesh in context (1: none, or no mesh)."""
     mesh = jax.sharding.get_abstract_mesh()
-    return 1 if mesh.empty else dict(mesh.shape).get("sequence", 1)
+    return 1 if mesh.empty else dict(mesh.shape).get(axis, 1)
+
+
+def sequence_parallel_size() -> int:
+    return axis_size("sequence")
 
 
 def constrain_activations(x: jax.Array) -> jax.Array:
@@ -171,6 +180,68 @@ def constrain_activations(x: jax.Array) -> jax.Array:
     sequence = sequence_parallel_size()
     tokens = "sequence" if sequence > 1 and x.ndim >= 3 and x.shape[1] % sequence == 0 else None
     return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, tokens, *([None] * (x.ndim - 2))))
+
+
+_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all", "collective-permute")
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4,
+                "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+
+
+def communicated_bytes(hlo: str) -> dict[str, int]:
+    """Bytes each device sends per run of a compiled program (``compiled.as_text()``), by collective kind.
+
+    Per op, from its result shape s bytes and its group of g devices, as ring algorithms move them: an
+    all-gather sends s (g-1)/g, a reduce-scatter s (g-1), an all-reduce 2 s (g-1)/g, an all-to-all
+    s (g-1)/g, a collective permute s. An op inside a loop counts once per iteration (XLA's known trip
+    count: the layer scan's), so a scanned layer's collectives count once per layer."""
+    computations, name = {}, None
+    for line in hlo.splitlines():
+        header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if header:
+            name = header.group(1)
+            computations[name] = {"entry": line.startswith("ENTRY"), "lines": []}
+        elif name and line.strip() and line.strip() != "}":
+            computations[name]["lines"].append(line)
+
+    def shape_bytes(text: str) -> int:
+        return sum(_DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+                   for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", text))
+
+    def group_size(line: str) -> int:  # the three spellings of replica_groups
+        named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+        if named:
+            sizes = dict(re.findall(r"'([^']+)'=(\d+)", named.group(1)))
+            return math.prod(int(sizes[axis]) for axis in re.findall(r"'([^']+)'", named.group(2)))
+        iota = re.search(r"replica_groups=\[\d+,(\d+)\]<=", line)
+        if iota:
+            return int(iota.group(1))
+        listed = re.search(r"replica_groups=\{\{([\d,]*)\}", line)
+        return len(listed.group(1).split(",")) if listed else 1
+
+    @functools.cache
+    def total(name: str) -> tuple[tuple[str, int], ...]:
+        sums: dict[str, int] = {}
+        for line in computations[name]["lines"]:
+            op = re.search(r"= (.*?) ([a-z\-]+)\(", line)
+            if op and op.group(2).removesuffix("-start") in _COLLECTIVES and not op.group(2).endswith("-done"):
+                kind, size, g = op.group(2).removesuffix("-start"), shape_bytes(op.group(1)), group_size(line)
+                moved = {"all-gather": size * (g - 1) / g, "reduce-scatter": size * (g - 1),
+                         "all-reduce": 2 * size * (g - 1) / g, "collective-permute": size}.get(kind, size * (g - 1) / g)
+                sums[kind] = sums.get(kind, 0) + int(moved)
+            trips = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
+            callees = re.findall(r"(?:body|condition|to_apply|calls|true_computation|false_computation)=%?([\w.\-]+)",
+                                 line)
+            for callee in callees + re.findall(r"branch_computations=\{([^}]*)\}", line):
+                for one in re.findall(r"[\w.\-]+", callee.replace("%", "")):
+                    if one in computations:
+                        is_body = re.search(rf"body=%?{re.escape(one)}\b", line)
+                        times = int(trips.group(1)) if trips and is_body else 1
+                        for kind, size in total(one):
+                            sums[kind] = sums.get(kind, 0) + times * size
+        return tuple(sums.items())
+
+    entry = next(name for name, c in computations.items() if c["entry"])
+    return dict(total(entry))
 
 
 def bytes_per_device(tree) -> int:

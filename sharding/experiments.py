@@ -11,16 +11,19 @@ Strategies (n devices):
     fsdp       jit with shardings, mesh fsdp=n (parameters and optimizer state split along `embed`)
     tp         jit with shardings, mesh tensor=t x data=n/t (heads, MLP width, vocabulary split)
     fsdp_tp    jit with shardings, mesh fsdp=n/t x tensor=t
-    ep         jit with shardings, mesh expert=e x data=n/e (MoE experts split; MoE models only)
+    ep         jit with shardings, mesh expert=e x data=n/e (MoE models only): experts split, every device its
+               own rows, tokens sent to their experts' devices and back with an all-to-all
+    ep_gspmd   ep's mesh, with the grouped dispatch's partitioning left to GSPMD (moe_dispatch=grouped)
     cp         jit with shardings, mesh sequence=s x data=n/s (context parallelism: every sequence split
                over s devices, ring attention)
 t (e) is the largest divisor of n, at most n/2 for fsdp_tp, that divides every dimension it splits; s the
 largest divisor of n whose 2 s divides the sequence length.
 
-Each row also reports the step's temporary memory per device (XLA's compiled memory analysis: activations
-and everything else the step allocates besides its arguments). ``--longest`` doubles the sequence length
-under ``single`` and ``cp`` while that memory stays within what ``single`` needs at ``--seq-len``, and prints
-the longest length each fits (compiled only, never run).
+Each row also reports the bytes each device sends per step (from the compiled program's collectives,
+``sharding.communicated_bytes``; a scanned layer's count once per layer) and the step's temporary memory per
+device (XLA's compiled memory analysis: activations and everything else the step allocates besides its
+arguments). ``--longest`` doubles the sequence length under ``single`` and ``cp`` while that memory stays within
+what ``single`` needs at ``--seq-len``, and prints the longest length each fits (compiled only, never run).
 
 Every strategy starts from the same parameters and takes the same batch; after one step it reports the max
 abs difference of the loss and of the updated parameters against `single`, then times ``--steps`` more.
@@ -39,7 +42,7 @@ import time
 from pathlib import Path
 
 OBJECTIVES = {"decoder": "causal_lm", "encoder": "mlm", "encoder_decoder": "span_corruption"}
-ALL = ("single", "pmap", "shard_map", "dp", "fsdp", "tp", "fsdp_tp", "ep", "cp")
+ALL = ("single", "pmap", "shard_map", "dp", "fsdp", "tp", "fsdp_tp", "ep", "ep_gspmd", "cp")
 
 
 def parse(argv):
@@ -86,7 +89,7 @@ def mesh_shape(strategy: str, n: int, cfg, seq_len: int) -> dict[str, int]:
         tensor = largest_divisor(n, split_by_tensor, max(n // 2, 1))
         return {"fsdp": n // tensor, "tensor": tensor}
     if not cfg.num_experts:
-        raise ValueError(f"strategy 'ep' needs a mixture-of-experts model; {cfg.name} has none")
+        raise ValueError(f"strategy {strategy!r} needs a mixture-of-experts model; {cfg.name} has none")
     expert = largest_divisor(n, [cfg.num_experts], n)
     return {"data": n // expert, "expert": expert}
 
@@ -124,6 +127,8 @@ def main(argv=None) -> int:
         raise ValueError(f"--batch-size {args.batch_size} does not divide over {n} devices")
 
     def one_strategy(strategy: str, batch: dict, cfg=cfg, compile_only: bool = False) -> dict:
+        if strategy == "ep_gspmd":
+            cfg = run_config.load(None, overrides + ["model.overrides.moe_dispatch=grouped"])
         shape = mesh_shape(strategy, n, model_cfg, cfg.train.seq_len)
         mesh = sharding.make_mesh(shape, devices[:1] if strategy == "single" else devices)
         run = Run.build(cfg, mesh=mesh)
@@ -141,6 +146,7 @@ def main(argv=None) -> int:
         compiled = step.lower(state, batch_in).compile()
         compile_s = time.perf_counter() - start
         temp_bytes = int(compiled.memory_analysis().temp_size_in_bytes)
+        communicated = sharding.communicated_bytes(compiled.as_text())
         if compile_only:
             return {"strategy": strategy, "temp_bytes": temp_bytes}
         weights = {"params": state["params"], "opt_state": state["opt_state"]}
@@ -166,7 +172,7 @@ def main(argv=None) -> int:
                  nnx.to_flat_state(state["params"] if strategy != "pmap" else nnx.state(run.model, nnx.Param))}
         return {"strategy": strategy, "mesh": shape, "step_ms": round(1000 * statistics.median(times), 2) if times
                 else None, "compile_s": round(compile_s, 2), "bytes_per_device": int(held), "temp_bytes": temp_bytes,
-                "loss": loss,
+                "communicated": communicated, "loss": loss,
                 "grad_norm": grad_norm, "params": params_after, "specs": specs}
 
     def explicit_data_parallel(strategy, graphdef, rest, optimizer, objective, state, batch, devices):
@@ -217,7 +223,7 @@ def main(argv=None) -> int:
         param_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(r["params"], reference["params"]))
         rows.append({"strategy": r["strategy"], "mesh": r["mesh"], "step_ms": r["step_ms"], "compile_s": r["compile_s"],
                      "bytes_per_device": r["bytes_per_device"], "temp_bytes": r["temp_bytes"],
-                     "loss_diff": abs(r["loss"] - reference["loss"]),
+                     "communicated": r["communicated"], "loss_diff": abs(r["loss"] - reference["loss"]),
                      "param_diff": param_diff,
                      # Adam's first update is nearly lr * sign(g): blind to a wrongly scaled gradient, which this is not.
                      "grad_norm_rel_diff": abs(r["grad_norm"] / reference["grad_norm"] - 1), "specs": r["specs"]})
@@ -227,13 +233,15 @@ def main(argv=None) -> int:
     print(f"{args.model}: {n} {devices[0].platform} devices, batch {args.batch_size} x {args.seq_len}, "
           f"{OBJECTIVES[model_cfg.family]}, AdamW; diffs after one step against 'single'")
     header = (f"{'strategy':<10} {'mesh':<28} {'step ms':>9} {'compile s':>10} {'bytes/device':>13} {'temp/device':>12} "
+              f"{'sent/device':>12} "
               f"{'loss diff':>10} {'param diff':>11} {'|g| rel diff':>13}")
     print(header)
     print("-" * len(header))
     for r in rows:
         mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
         print(f"{r['strategy']:<10} {mesh:<28} {r['step_ms'] or float('nan'):>9.2f} {r['compile_s']:>10.2f} "
-              f"{r['bytes_per_device']:>13,} {r['temp_bytes']:>12,} {r['loss_diff']:>10.2e} {r['param_diff']:>11.2e} "
+              f"{r['bytes_per_device']:>13,} {r['temp_bytes']:>12,} {sum(r['communicated'].values()):>12,} "
+              f"{r['loss_diff']:>10.2e} {r['param_diff']:>11.2e} "
               f"{r['grad_norm_rel_diff']:>13.2e}")
     return 0 if all(max(r["loss_diff"], r["param_diff"], r["grad_norm_rel_diff"]) < 1e-5 for r in rows) else 1
 

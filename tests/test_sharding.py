@@ -37,10 +37,11 @@ def _experiments(model: str, strategies: str) -> list[dict]:
     # tiny-gpt; the other families run the layouts their own parameters get: fsdp, and tp inside fsdp_tp.
     ("tiny-bert", "single,fsdp,fsdp_tp"),
     ("tiny-t5", "single,fsdp,fsdp_tp"),
-    # The mixture of experts (grouped dispatch, experts split over `expert`), with latent attention, shared
-    # experts and a dense first layer besides; Mixtral's MoE is the same code. Its attention and dense
-    # layers run fsdp and tp together (fsdp_tp); each alone is the same rules, shown on tiny-gpt.
-    ("tiny-deepseek", "single,fsdp_tp,ep"),
+    # The mixture of experts (grouped dispatch, experts split over `expert`: tokens exchanged by an all-to-all,
+    # and GSPMD's partitioning of the same dispatch), with latent attention, shared experts and a dense first
+    # layer besides; Mixtral's MoE is the same code. Its attention and dense layers run fsdp and tp together
+    # (fsdp_tp); each alone is the same rules, shown on tiny-gpt.
+    ("tiny-deepseek", "single,fsdp_tp,ep,ep_gspmd"),
 ])
 def test_every_strategy_equals_the_single_device_step(model, strategies):
     rows = {r["strategy"]: r for r in _experiments(model, strategies)}
@@ -68,6 +69,9 @@ def test_every_strategy_equals_the_single_device_step(model, strategies):
     if model == "tiny-deepseek":  # experts split over `expert`; latent up-projections by latent and head
         experts = ["decoder.blocks.mlp.wi", "decoder.blocks.mlp.wi_gate", "decoder.blocks.mlp.wo"]
         assert all(rows["ep"]["specs"][k].startswith("P(None, 'expert'") for k in experts)
+        # the all-to-all sends each token to its experts' device; GSPMD gathers the experts' weights instead
+        assert rows["ep"]["communicated"]["all-to-all"] > 0 and "all-to-all" not in rows["ep_gspmd"]["communicated"]
+        assert sum(rows["ep"]["communicated"].values()) < sum(rows["ep_gspmd"]["communicated"].values()) / 4
         assert rows["fsdp_tp"]["specs"]["decoder.blocks.attn.k_up"] == "P(None, 'fsdp', 'tensor', None)"
         assert rows["fsdp_tp"]["specs"]["decoder.blocks.attn.kv_down"] == "P(None, 'fsdp', None)"
     if "fsdp" in rows:
@@ -199,6 +203,52 @@ def test_context_parallelism_equals_one_device():
     assert "prefill" in report["causal (LLaMA, GQA)"] and "prefill" in report["sliding (Mistral, window 5)"]
 
 
+def test_expert_parallelism_with_an_all_to_all_equals_one_device():
+    """The `expert` axis exchanges tokens with an all-to-all: Mixtral and DeepSeek on 4 and 8 devices, beside
+    data, fsdp, tensor and sequence, gpt-oss's expert biases and Llama 4's weighted inputs: loss, logits,
+    every gradient and a prefill equal one device's (tests/expert_parallel_check.py, one subprocess of 8
+    simulated devices)."""
+    out = subprocess.run([sys.executable, "tests/expert_parallel_check.py"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(report) == 6
+    for name, row in report.items():
+        # float32: the experts' blocks and the gradients' sums split over devices, in another order
+        assert max(row["loss"], row["logits"], row["grads"], row["prefill"]) < 1e-5, (name, row)
+        assert row["exchanges"] >= 2, (name, row)  # the forward and the prefill, each traced once (scanned)
+
+
+def test_communicated_bytes_reads_collectives_and_counts_loops_per_iteration():
+    hlo = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body (p: (s32[], f32[8,16])) -> (s32[], f32[8,16]) {
+  %x = f32[8,16]{1,0} get-tuple-element(%p), index=1
+  %all-to-all.1 = f32[8,16]{1,0} all-to-all(%x), channel_id=1, replica_groups=[2,4]<=[8], dimensions={0}
+  ROOT %t = (s32[], f32[8,16]) tuple(%i, %all-to-all.1)
+}
+
+%cond (p: (s32[], f32[8,16])) -> pred[] {
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (x: f32[8,16]) -> f32[64,16] {
+  %w = (s32[], f32[8,16]) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %all-reduce = f32[8,16]{1,0} all-reduce(%x), channel_id=2, replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add
+  %all-reduce.2 = f32[8,16]{1,0} all-reduce(%x), channel_id=4, replica_groups=mesh['a'=4,'b'=2] {'a'}, to_apply=%add
+  ROOT %all-gather = f32[64,16]{1,0} all-gather(%x), channel_id=3, replica_groups=[1,8]<=[8], dimensions={0}
+}
+"""
+    size = 8 * 16 * 4
+    assert sharding.communicated_bytes(hlo) == {"all-to-all": 3 * size * 3 // 4,
+                                                "all-reduce": 2 * size * 7 // 8 + 2 * size * 3 // 4,
+                                                "all-gather": 8 * size * 7 // 8}
+
+
 def test_bad_meshes_and_batches_name_the_axes_and_sizes():
     with pytest.raises(ValueError, match=r"holds 6 devices; there are 8"):
         sharding.mesh_sizes({"data": 3, "tensor": 2}, 8)
@@ -216,6 +266,6 @@ def test_bad_meshes_and_batches_name_the_axes_and_sizes():
     assert sharding.spec_for(("layers", "embed", "heads", "head_dim"), (2, 64, 8, 16), mesh) == \
         P(None, "fsdp", "tensor", None)
     with pytest.raises(ValueError, match=r"6 rows does not divide over the data-parallel size mesh.data x "
-                                         r"mesh.fsdp = 2 x 2 = 4"):
+                                         r"mesh.fsdp x mesh.expert = 2 x 2 x 1 = 4"):
         sharding.check_batch(6, mesh)
     np.testing.assert_equal(sharding.check_batch(8, mesh), None)

@@ -491,7 +491,7 @@ def test_data_parallel_over_four_devices_matches_one_device(tmp_path):
                              "train.batch_size=6"], env=env, capture_output=True, text=True)
     assert failed.returncode == 2
     assert ("train.batch_size=6 / train.grad_accum=1: a micro-batch of 6 rows does not divide over the "
-            "data-parallel size mesh.data x mesh.fsdp = 4 x 1 = 4") in failed.stderr
+            "data-parallel size mesh.data x mesh.fsdp x mesh.expert = 4 x 1 x 1 = 4") in failed.stderr
 
 
 def test_another_preset_on_the_command_line_drops_the_files_overrides_for_its_own(tmp_path):

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec as P
 
 from jaxformer.config import ModelConfig
 from jaxformer.layers.core import activate, dropout, dtype_of, linear, param
 from jaxformer.layers.weights import kernel, project, projection
+from jaxformer.sharding import BATCH_AXES, axis_size
 
 Array = jax.Array
 
@@ -152,11 +155,14 @@ class BlockLayout(NamedTuple):
     used: Array
 
 
-def block_layout(flat_experts: Array, k: int, num_experts: int, rows: int) -> BlockLayout:
+def block_layout(flat_experts: Array, k: int, num_experts: int, rows: int, empty_rows: bool = False) -> BlockLayout:
+    """With ``empty_rows``, expert id ``num_experts`` marks a row that goes to no expert (the all-to-all's
+    padding): such rows sort into blocks after the last expert's, past ``used``, and their output is zero."""
     pairs = flat_experts.shape[0]
-    blocks = -(-(pairs + num_experts * (rows - 1)) // rows)  # every expert's last block may be partly empty
+    groups = num_experts + empty_rows
+    blocks = -(-(pairs + groups * (rows - 1)) // rows)  # every expert's last block may be partly empty
     order = jnp.argsort(flat_experts, stable=True)
-    sizes = jnp.bincount(flat_experts, length=num_experts)
+    sizes = jnp.bincount(flat_experts, length=groups)
     padded = (sizes + rows - 1) // rows * rows
     padded_end = jnp.cumsum(padded)
     sorted_experts = flat_experts[order]
@@ -164,7 +170,8 @@ def block_layout(flat_experts: Array, k: int, num_experts: int, rows: int) -> Bl
     slot = jnp.zeros(pairs, jnp.int32).at[order].set((padded_end - padded)[sorted_experts] + rank, unique_indices=True)
     token = jnp.full(blocks * rows, pairs // k, jnp.int32).at[slot].set(jnp.arange(pairs) // k, unique_indices=True)
     expert = jnp.searchsorted(padded_end, jnp.arange(blocks) * rows, side="right")
-    return BlockLayout(slot, token, jnp.minimum(expert, num_experts - 1).astype(jnp.int32), padded_end[-1] // rows)
+    return BlockLayout(slot, token, jnp.minimum(expert, num_experts - 1).astype(jnp.int32),
+                       padded_end[num_experts - 1] // rows)
 
 
 class ExpertWeights(NamedTuple):
@@ -197,6 +204,32 @@ def expert_blocks(unit: Unit, xs: Array, expert: Array, used: Array, wi: Array, 
     return _expert_blocks_forward(unit, xs, expert, used, wi, wg, wo, bi, bg)[0]
 
 
+def _varying_like(value: Array | None, *refs: Array) -> Array | None:
+    """``value`` marked as varying over every mesh axis that one of ``refs`` varies over. Inside shard_map
+    (the all-to-all dispatch) a cond's two branches and a scan's carry must agree on that; outside it
+    nothing varies and this returns ``value``."""
+    if value is None:
+        return None
+    axes = set().union(*(_varying_axes(r) for r in refs)) - _varying_axes(value)
+    return jax.lax.pcast(value, tuple(sorted(axes)), to="varying") if axes else value
+
+
+def _summed_like(grad: Array | None, primal: Array | None) -> Array | None:
+    """A weight's gradient summed over the mesh axes along which the weight is one value but its gradient
+    is not (each device's rows gave a part), as autodiff's transpose of the implicit broadcast would."""
+    if grad is None:
+        return None
+    axes = _varying_axes(grad) - _varying_axes(primal)
+    return jax.lax.psum(grad, tuple(sorted(axes))) if axes else grad
+
+
+def _varying_axes(x: Array) -> frozenset:
+    aval = jax.typeof(x)
+    if hasattr(aval, "manual_axis_type"):  # jax >= 0.9
+        return frozenset(aval.manual_axis_type.varying)
+    return frozenset(getattr(aval, "vma", ()))
+
+
 def _at(bias: Array | None, e: Array) -> Array | None:
     return None if bias is None else bias[e]
 
@@ -209,8 +242,8 @@ def _expert_blocks_forward(unit, xs, expert, used, wi, wg, wo, bi, bg):
             return _expert_ffn(unit, x, wi[e], wg[e], wo[e], _at(bi, e), _at(bg, e))
 
         def skip(x):
-            zeros = jnp.zeros((x.shape[0], wi.shape[-1]), x.dtype)
-            return jnp.zeros((x.shape[0], wo.shape[-1]), x.dtype), zeros, zeros
+            zeros = _varying_like(jnp.zeros((x.shape[0], wi.shape[-1]), x.dtype), x, wi, wo)
+            return _varying_like(jnp.zeros((x.shape[0], wo.shape[-1]), x.dtype), x, wi, wo), zeros, zeros
 
         return None, jax.lax.cond(i < used, run, skip, x)
 
@@ -243,10 +276,11 @@ def _expert_blocks_backward(unit, residuals, dys):
 
         return jax.lax.cond(i < used, run, lambda grads: (grads, jnp.zeros_like(x)), grads)
 
-    zeros = (jnp.zeros_like(wi), jnp.zeros_like(wg), jnp.zeros_like(wo),
-             None if bi is None else jnp.zeros_like(bi), None if bg is None else jnp.zeros_like(bg))
+    zeros = tuple(_varying_like(None if w is None else jnp.zeros_like(w), xs, dys, wi)
+                  for w in (wi, wg, wo, bi, bg))
     (dwi, dwg, dwo, dbi, dbg), dxs = jax.lax.scan(body, zeros, (jnp.arange(xs.shape[0]), xs, gs, hs, expert, dys))
-    return dxs, None, None, dwi, dwg if gated else jnp.zeros_like(wg), dwo, dbi, dbg
+    return (dxs, None, None, _summed_like(dwi, wi), _summed_like(dwg, wg) if gated else jnp.zeros_like(wg),
+            _summed_like(dwo, wo), _summed_like(dbi, bi), _summed_like(dbg, bg))
 
 
 expert_blocks.defvjp(_expert_blocks_forward, _expert_blocks_backward)
@@ -292,6 +326,64 @@ def grouped_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Un
     ys = expert_blocks(unit, tokens.reshape(-1, rows, D), layout.expert, layout.used, w.wi,
                        w.wi_gate if unit.gated else w.wi, w.wo, w.bi, w.bi_gate if unit.gated else None)
     return _combine(ys.reshape(-1, D)[layout.slot].reshape(B, T, k, D), routing, w.bo, weights_on_input)
+
+
+def exchanged_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit,
+                      weights_on_input: bool = False) -> Array:
+    """Expert parallelism with an all-to-all: ``grouped_experts`` with the token-expert pairs sent to the
+    devices that hold their experts and the results sent back, in ``shard_map`` over the mesh in context.
+
+    Each device holds E/n experts (n the ``expert`` axis) and its own rows of the batch (split over
+    data x fsdp x expert; tokens over ``sequence`` under context parallelism). It sorts its B*T*k pairs by
+    the device owning their expert into one chunk per device, exchanges the chunks (``all_to_all``), runs
+    what it received through its experts in blocks, and exchanges the results back, each to the row it came
+    from; the pairs are then combined as on one device. Dropless: a chunk holds every pair a device could
+    send to one other, B*T*min(k, E/n) rows (a token's k experts are distinct), so an all_to_all of fixed
+    shapes moves that worst case; rows past the real pairs are marked as going to no expert and skipped by
+    the blocks. The weights enter split only along ``expert`` (an FSDP or tensor split of them is gathered
+    at the boundary), and their gradients are summed over the devices that shared them.
+    """
+    n, E, D = axis_size("expert"), weights.wi.shape[0], x.shape[-1]
+    local_experts = E // n
+    sequence = axis_size("sequence")
+    tokens = P(BATCH_AXES, "sequence" if sequence > 1 and x.shape[1] % sequence == 0 else None)
+
+    def exchange(x, experts, pair_weights, w):
+        b, t, k = experts.shape
+        pairs = b * t * k
+        flat = experts.reshape(-1)
+        owner, expert = flat // local_experts, flat % local_experts
+        chunk = b * t * min(k, local_experts)
+        # pair a goes to row rank[a] of chunk owner[a]: its place among the pairs bound for that device
+        rank = jnp.take_along_axis(jnp.cumsum(jax.nn.one_hot(owner, n, dtype=jnp.int32), axis=0),
+                                   owner[:, None], axis=1)[:, 0] - 1
+        pair_at = jnp.full((n, chunk), pairs, jnp.int32).at[owner, rank].set(jnp.arange(pairs), unique_indices=True)
+        rows = jnp.take(x.reshape(b * t, D), pair_at // k, axis=0, mode="fill", fill_value=0)
+        if weights_on_input:  # padding rows take weight 0 (and are zero already)
+            weight = jnp.take(pair_weights.reshape(-1), pair_at, mode="fill", fill_value=0)
+            rows = rows * weight[..., None].astype(rows.dtype)
+        row_expert = jnp.take(expert, pair_at, mode="fill", fill_value=local_experts)
+        received = jax.lax.all_to_all(rows, "expert", 0, 0, tiled=True).reshape(n * chunk, D)
+        received_expert = jax.lax.all_to_all(row_expert, "expert", 0, 0, tiled=True).reshape(-1)
+        block = block_rows(pairs, local_experts)
+        layout = block_layout(received_expert, 1, local_experts, block, empty_rows=True)
+        blocks = jnp.take(received, layout.token, axis=0, mode="fill", fill_value=0).reshape(-1, block, D)
+        ys = expert_blocks(unit, blocks, layout.expert, layout.used, w.wi, w.wi_gate if unit.gated else w.wi, w.wo,
+                           w.bi, w.bi_gate if unit.gated else None).reshape(-1, D)[layout.slot]
+        if w.bo is not None:  # each pair's output bias, here where its expert's bias is
+            real = received_expert < local_experts
+            bias = w.bo[jnp.minimum(received_expert, local_experts - 1)]
+            ys = ys + jnp.where(real[:, None], bias, 0).astype(ys.dtype)
+        returned = jax.lax.all_to_all(ys.reshape(n, chunk, D), "expert", 0, 0, tiled=True)
+        y = returned[owner, rank].reshape(b, t, k, D)
+        return _combine(y, Routing(experts, pair_weights, None), None, weights_on_input)
+
+    def split(array):  # a weight's spec: its expert axis over the devices, the rest whole
+        return None if array is None else P("expert", *([None] * (array.ndim - 1)))
+
+    return jax.shard_map(exchange, mesh=jax.sharding.get_abstract_mesh(),
+                         in_specs=(P(*tokens, None), tokens, tokens, jax.tree.map(split, weights)),
+                         out_specs=P(*tokens, None))(x, routing.experts, routing.weights, weights)
 
 
 def ragged_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit,
@@ -344,8 +436,20 @@ def dense_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit
 def use_grouped_dispatch(cfg: ModelConfig) -> bool:
     """``moe_dispatch`` 'auto': the grouped dispatch unless every expert is chosen anyway."""
     if cfg.moe_dispatch != "auto":
-        return cfg.moe_dispatch == "grouped"
+        return cfg.moe_dispatch in ("grouped", "all_to_all")
     return cfg.experts_per_token < cfg.num_experts
+
+
+def expert_dispatch(cfg: ModelConfig, batch: int):
+    """The dispatch for a batch of ``batch`` rows: under a mesh with an ``expert`` axis the grouped dispatch
+    exchanges tokens with an all-to-all (``exchanged_experts``; 'grouped' leaves the partitioning of
+    ``grouped_experts`` to GSPMD instead, for comparison) when the rows split over the batch axes."""
+    if not use_grouped_dispatch(cfg):
+        return dense_experts
+    rows_split = batch % math.prod(axis_size(axis) for axis in BATCH_AXES) == 0
+    if cfg.moe_dispatch != "grouped" and axis_size("expert") > 1 and rows_split:
+        return exchanged_experts
+    return grouped_experts
 
 
 class MoE(nnx.Module):
@@ -396,8 +500,7 @@ class MoE(nnx.Module):
         weights = ExpertWeights(kernel(self, "wi", dt, batch=1),
                                 None if self.wi_gate is None else kernel(self, "wi_gate", dt, batch=1),
                                 kernel(self, "wo", dt, batch=1), value(self.bi), value(self.bi_gate), value(self.bo))
-        experts = grouped_experts if use_grouped_dispatch(cfg) else dense_experts
-        y = experts(x, routing, weights, self.unit, cfg.router_weights_on_input)
+        y = expert_dispatch(cfg, x.shape[0])(x, routing, weights, self.unit, cfg.router_weights_on_input)
         if self.shared is not None:
             shared = self.shared(x)
             if self.shared_gate is not None:

@@ -11,8 +11,9 @@ from pathlib import Path
 import jax
 from tqdm import tqdm
 
-from jaxformer import flops, kernels
+from jaxformer import flops, kernels, sharding
 from jaxformer.config import ModelConfig
+from jaxformer.layers.feedforward import exchanged_experts, expert_dispatch
 from jaxformer.train.objectives import Objective
 from jaxformer.train.run_config import RunConfig
 from jaxformer.train.steps import finish_metrics, router_load_metrics
@@ -27,6 +28,16 @@ def attention_note(model_cfg: ModelConfig, seq_len: int) -> str:
     if backend != "xla" and model_cfg.attention_dropout_rate > 0:
         note += "; attention dropout is on, so training steps use xla (model.overrides.attention_dropout_rate=0 fuses)"
     return note
+
+
+def expert_note(model_cfg: ModelConfig, rows: int) -> list[str]:
+    """How a MoE model's experts are split under a mesh with an ``expert`` axis (none: nothing to say)."""
+    devices = sharding.axis_size("expert")
+    if not model_cfg.num_experts or devices == 1:
+        return []
+    how = ("tokens sent to them and back by all-to-all" if expert_dispatch(model_cfg, rows) is exchanged_experts
+           else f"dispatch partitioned by the compiler (moe_dispatch={model_cfg.moe_dispatch!r})")
+    return [f"experts: {model_cfg.num_experts // devices} a device over mesh.expert={devices}, {how}"]
 
 
 def _held_out_scores(history: list[dict]) -> list[str]:

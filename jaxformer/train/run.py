@@ -38,7 +38,7 @@ from jaxformer.train.lifecycle import (InterruptRequests, Interrupted, RunDirLoc
                                        discard_partial_checkpoints, disk_full, finalized_steps, full_disk_error)
 from jaxformer.train.objectives import Objective, carries_memory
 from jaxformer.train.tasks import make_objective
-from jaxformer.train.report import Report, attention_note, sample
+from jaxformer.train.report import Report, attention_note, expert_note, sample
 from jaxformer.train.run_config import RunConfig, dump, load
 from jaxformer.train.steps import (batch_sharding, empty_memory, eval_weights, init_state, make_optimizer, make_steps,
                                    run_eval, split_model)
@@ -300,7 +300,8 @@ def run_notes(run: Run) -> list[str]:
     fresh = [f"freshly initialised: {', '.join(run.fresh_params)}"] if run.fresh_params else []
     with jax.sharding.use_abstract_mesh(run.mesh.abstract_mesh):  # a `sequence` axis makes it the ring
         attention = attention_note(run.model.config, run.cfg.train.seq_len)
-    return run.objective.notes + fresh + lora_notes(run) + [attention]
+        experts = expert_note(run.model.config, run.cfg.train.batch_size // run.cfg.train.grad_accum)
+    return run.objective.notes + fresh + lora_notes(run) + [attention] + experts
 
 
 def lora_notes(run: Run) -> list[str]:
