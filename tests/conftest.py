@@ -25,6 +25,12 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compilation"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 << 30))
+# The suite compiles far more than it computes (tiny models, many shapes): XLA:CPU's own passes decide every
+# fusion and reduction order, and LLVM's optimisation of the emitted loops (what this flag turns off) only
+# speeds them up, which for these tiny programs costs more compile time than it saves (test_generate.py
+# measured 344 s at the default, 228 s at 0). Subprocesses keep it (``simulated_devices``).
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +46,12 @@ if str(TESTS_DIR) not in sys.path:  # so tests can `import hf_reference`
     sys.path.insert(0, str(TESTS_DIR))
 
 TINY = [name for name in jf.presets() if name.startswith("tiny-")]
+
+
+def simulated_devices(count: int, **extra: str) -> dict[str, str]:
+    """The environment for a subprocess with ``count`` simulated CPU devices (the suite's XLA flags kept)."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}".strip()
+    return {**os.environ, "XLA_FLAGS": flags, **extra}
 
 
 def tiny_config(name: str, **changes) -> jf.ModelConfig:

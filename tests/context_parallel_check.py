@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -12,7 +12,6 @@ are undefined in every implementation). Splash tiles queries and keys in blocks 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer import kernels
+from conftest import simulated_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {
@@ -190,7 +190,7 @@ mesh = sharding.make_mesh({"data": 2, "tensor": 2})
 a, b = grads("xla", None), grads("splash", mesh)
 print(max(float(jnp.abs(x - y).max()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))))
 """
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    env = simulated_devices(4, JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-5

@@ -5,7 +5,6 @@ it, a sharded run equals one device, and a finished run converts to a merged Hug
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from jaxformer.layers.weights import LoraParam, Quantized
 from jaxformer.train import run_config
 from jaxformer.train.objectives import ratio
 from jaxformer.train.run import Run, train
+from conftest import simulated_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.preset=tiny-gpt", "train.steps=4", "train.batch_size=8", "train.seq_len=32", "train.log_every=2",
@@ -109,7 +109,7 @@ def mesh_runs():
     """One subprocess with 8 simulated devices: three LoRA steps on one device and on fsdp=8, three QLoRA
     steps on one device and on data=2 x tensor=4, LoRA dropout on. Each base is built once, on one
     device, and copied onto the other mesh (the same tensors)."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = simulated_devices(8)
     done = subprocess.run([sys.executable, "-c", MESH_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

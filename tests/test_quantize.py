@@ -10,7 +10,6 @@ The bounds leave at least 1.7x room over the worst family.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
-from conftest import call, tiny_model, token_ids
+from conftest import call, simulated_devices, tiny_model, token_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -181,6 +180,6 @@ chosen = np.take_along_axis(ranked, tokens[:, 4:, None], axis=-1)[..., 0]
 assert np.all(chosen >= ranked.max(-1) - 1e-4), (chosen, ranked.max(-1))
 print("ok")
 """
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = simulated_devices(8)
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

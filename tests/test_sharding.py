@@ -8,7 +8,6 @@ Runs needing several devices go to subprocesses (XLA's device count is fixed whe
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxformer import sharding
+from conftest import simulated_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,7 +119,7 @@ TRAIN = ["train.steps=8", "train.batch_size=8", "train.seq_len=32", "train.log_e
 
 def test_two_processes_on_loopback_train_like_one_process_with_four_devices(tmp_path):
     def launch(extra, devices, env_extra=None):
-        env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **(env_extra or {})}
+        env = simulated_devices(devices, **(env_extra or {}))
         return subprocess.Popen([sys.executable, "train.py", *TRAIN, *extra], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -160,7 +160,7 @@ for mesh in (["mesh.data=2", "mesh.tensor=2"], ["mesh.data=1", "mesh.fsdp=4"]):
     assert all(np.array_equal(np.asarray(a), b) for a, b in zip(leaves, reference))
     print(json.dumps(sorted({{str(x.sharding.spec) for x in leaves}})))
 """
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = simulated_devices(4)
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     tensor_specs, fsdp_specs = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
@@ -182,7 +182,7 @@ for name, kwargs in (("tiny-gpt", {}), ("tiny-t5", {"num_beams": 2, "decoder_sta
     assert np.array_equal(split.generate(ids, max_new_tokens=6, **kwargs), whole.generate(ids, max_new_tokens=6, **kwargs))
 print("ok")
 """
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = simulated_devices(8)
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 

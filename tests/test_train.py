@@ -17,6 +17,7 @@ from jaxformer.train.run import main, train
 from jaxformer.train.data import IGNORE
 from jaxformer.train.objectives import ratio, token_cross_entropy
 from jaxformer.train.tasks import make_objective
+from conftest import simulated_devices
 
 TINY = ["train.steps=30", "train.batch_size=8", "train.seq_len=32", "train.log_every=5", "eval.every=15",
         "eval.batches=2", "optim.warmup_steps=5", "train.sample_tokens=0"]
@@ -480,7 +481,7 @@ def test_data_parallel_over_four_devices_matches_one_device(tmp_path):
     short = TINY + ["train.steps=6", "train.log_every=1", "eval.every=6"]
     one = train(run_config.load("configs/default.yaml", short + [f"run.dir={tmp_path / 'one'}"]),
                 progress=False)["history"]
-    env = {**__import__("os").environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = simulated_devices(4)
     subprocess.run([sys.executable, "train.py", *short, f"run.dir={tmp_path / 'four'}", "mesh.data=4"], env=env,
                    check=True, capture_output=True)
     four = [json.loads(line) for line in (tmp_path / "four" / "metrics.jsonl").read_text().splitlines()]

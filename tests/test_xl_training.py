@@ -28,6 +28,7 @@ from jaxformer.train.objectives import ratio
 from jaxformer.train.tasks import make_objective
 from jaxformer.train.run import train
 from jaxformer.train.steps import batch_sharding, empty_memory, init_state, make_optimizer, make_steps, run_eval
+from conftest import simulated_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = "tiny-transformer-xl"
@@ -203,7 +204,7 @@ def test_the_memory_split_over_four_devices_trains_like_one_device(tmp_path):
     the losses of one device: the memory filled and carried from step to step follows its rows."""
     short = TINY + ["train.steps=6", "train.log_every=1", "eval.every=6", "eval.batches=2"]
     one = train(run_config.load(None, short + [f"run.dir={tmp_path / 'one'}"]), progress=False)["history"]
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    env = simulated_devices(4)
     subprocess.run([sys.executable, "train.py", *short, f"run.dir={tmp_path / 'four'}", "mesh.data=4"], env=env,
                    cwd=ROOT, check=True, capture_output=True)
     four = [json.loads(line) for line in (tmp_path / "four" / "metrics.jsonl").read_text().splitlines()]
