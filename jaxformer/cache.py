@@ -294,27 +294,35 @@ def cache_numbers_per_token(cfg) -> int:
     return cfg.decoder_layers * per_layer
 
 
+def _rings(cfg) -> tuple[int, int, int, int] | None:
+    """(numbers a token adds to one layer, full layers, windowed layers, window) of a decoder whose windowed
+    layers keep rings; None where none do (no window, MLA's latent cache, Transformer-XL's memory)."""
+    if cfg.mla or cfg.position == "xl":
+        return None
+    local, window = windowed_layers(cfg, cfg.decoder_layers)
+    if window is None:
+        return None
+    return 2 * cfg.kv_heads * cfg.head_dim_, local.count(False), local.count(True), window
+
+
 def cache_footprint(cfg) -> tuple[int, int]:
     """A decoder's self-attention cache per row as numbers: (what each token adds, all full layers; what the
     windowed layers' rings hold at most, all of them). What ``jaxformer info`` prints."""
-    local, window = windowed_layers(cfg, cfg.decoder_layers)
-    if window is None or cfg.mla or cfg.position == "xl":
+    rings = _rings(cfg)
+    if rings is None:
         return cache_numbers_per_token(cfg), 0
-    per_layer = 2 * cfg.kv_heads * cfg.head_dim_
-    return per_layer * local.count(False), per_layer * local.count(True) * window
+    per_layer, full, windowed, window = rings
+    return per_layer * full, per_layer * windowed * window
 
 
 def cache_numbers(cfg, slots: int, rewind: int = 0) -> int:
     """Numbers a decoder's self-attention cache of ``slots`` tokens holds per row, as ``empty_cache`` lays
     it out: the windowed layers' rings hold window + ``rewind`` slots at most."""
-    full = cache_numbers_per_token(cfg) * slots
-    if cfg.mla or cfg.position == "xl":
-        return full
-    local, window = windowed_layers(cfg, cfg.decoder_layers)
-    if window is None:
-        return full
-    per_layer = 2 * cfg.kv_heads * cfg.head_dim_
-    return per_layer * (local.count(False) * slots + local.count(True) * min(slots, window + rewind))
+    rings = _rings(cfg)
+    if rings is None:
+        return cache_numbers_per_token(cfg) * slots
+    per_layer, full, windowed, window = rings
+    return per_layer * (full * slots + windowed * min(slots, window + rewind))
 
 
 class _Window(_PerLayer):

@@ -588,10 +588,13 @@ def test_grouped_dispatch_equals_dense_experts_forward_and_gradients(preset, cha
         (_, y_grouped), grads_grouped = results[dispatch]
         np.testing.assert_allclose(y_grouped, y_dense, atol=1e-5, rtol=0)
         # Gradients sum many products in a different order (per expert group vs all experts at once), so
-        # they agree to float32 rounding of their own scale (the router's reach ~10), not to 1e-5 absolute.
+        # they agree to the parity bound times their own scale (the router's reach ~10), not to 1e-5 absolute.
+        # With k = 1 the normalised routing weight is 1 and the router's gradient is rounding noise of sums
+        # that cancel: 2.3e-6 against 1.4e-7 under XLA:CPU's -O2 and -O0 code (below 2e-6 under its default
+        # -O3), so a bound tighter than 1e-5 fails on correct code.
         for grouped, dense in zip(jax.tree.leaves(grads_grouped), jax.tree.leaves(grads_dense)):
             scale = max(1.0, float(jnp.max(jnp.abs(dense))))
-            np.testing.assert_allclose(grouped, dense, atol=2e-6 * scale, rtol=0)
+            np.testing.assert_allclose(grouped, dense, atol=1e-5 * scale, rtol=0)
 
 
 def test_grouped_dispatch_with_repeated_and_idle_experts():

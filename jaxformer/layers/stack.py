@@ -333,11 +333,7 @@ def run_interleaved(dense: Block | tuple[Block, ...], experts: Block | tuple[Blo
 
     def layers_of(blocks) -> list[tuple[Any, Any]]:
         """(graphdef, params) of each layer of stacked blocks (or of separate ones, ``Stack.unstacked``)."""
-        if isinstance(blocks, tuple):
-            return [nnx.split(block) for block in blocks]
-        graphdef, params = nnx.split(blocks)
-        count = jax.tree.leaves(params)[0].shape[0]
-        return [(graphdef, jax.tree.map(lambda a: a[i], params)) for i in range(count)]
+        return [nnx.split(block) for block in _each_layer(blocks)]
 
     def one_layer(graphdef, params, h, extra):
         return layer_fn(nnx.merge(graphdef, params), constrain_activations(h), extra)
@@ -489,9 +485,7 @@ class Stack(nnx.Module):
         runs an unstacked copy, made once before the loop (``kernels.unstack_decode_loops``).
         """
         def separate(blocks: Block) -> tuple[Block, ...]:
-            graphdef, params = nnx.split(blocks)
-            count = jax.tree.leaves(params)[0].shape[0]
-            return tuple(nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params)) for i in range(count))
+            return tuple(_each_layer(blocks))
 
         copy = nnx.merge(*nnx.split(self))
         copy.blocks = separate(self.blocks)
