@@ -193,7 +193,8 @@ def communicated_bytes(hlo: str) -> dict[str, int]:
     Per op, from its result shape s bytes and its group of g devices, as ring algorithms move them: an
     all-gather sends s (g-1)/g, a reduce-scatter s (g-1), an all-reduce 2 s (g-1)/g, an all-to-all
     s (g-1)/g, a collective permute s. An op inside a loop counts once per iteration (XLA's known trip
-    count: the layer scan's), so a scanned layer's collectives count once per layer."""
+    count: the layer scan's), so a scanned layer's collectives count once per layer; every branch of a
+    conditional counts (an upper bound: one runs)."""
     computations, name = {}, None
     for line in hlo.splitlines():
         header = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
@@ -203,9 +204,11 @@ def communicated_bytes(hlo: str) -> dict[str, int]:
         elif name and line.strip() and line.strip() != "}":
             computations[name]["lines"].append(line)
 
-    def shape_bytes(text: str) -> int:
-        return sum(_DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
-                   for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", text))
+    def shape_bytes(text: str, asynchronous: bool) -> int:
+        arrays = [_DTYPE_BYTES.get(dtype, 4) * math.prod(int(d) for d in dims.split(",") if d)
+                  for dtype, dims in re.findall(r"\b([a-z]+\d*)\[([\d,]*)\]", text)]
+        # an async start's tuple holds its operand and result (and context words): the result is the largest
+        return max(arrays, default=0) if asynchronous else sum(arrays)
 
     def group_size(line: str) -> int:  # the three spellings of replica_groups
         named = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
@@ -224,7 +227,8 @@ def communicated_bytes(hlo: str) -> dict[str, int]:
         for line in computations[name]["lines"]:
             op = re.search(r"= (.*?) ([a-z\-]+)\(", line)
             if op and op.group(2).removesuffix("-start") in _COLLECTIVES and not op.group(2).endswith("-done"):
-                kind, size, g = op.group(2).removesuffix("-start"), shape_bytes(op.group(1)), group_size(line)
+                kind, g = op.group(2).removesuffix("-start"), group_size(line)
+                size = shape_bytes(op.group(1), op.group(2).endswith("-start"))
                 moved = {"all-gather": size * (g - 1) / g, "reduce-scatter": size * (g - 1),
                          "all-reduce": 2 * size * (g - 1) / g, "collective-permute": size}.get(kind, size * (g - 1) / g)
                 sums[kind] = sums.get(kind, 0) + int(moved)

@@ -146,9 +146,9 @@ def main(argv=None) -> int:
         compiled = step.lower(state, batch_in).compile()
         compile_s = time.perf_counter() - start
         temp_bytes = int(compiled.memory_analysis().temp_size_in_bytes)
-        communicated = sharding.communicated_bytes(compiled.as_text())
         if compile_only:
             return {"strategy": strategy, "temp_bytes": temp_bytes}
+        communicated = sharding.communicated_bytes(compiled.as_text())
         weights = {"params": state["params"], "opt_state": state["opt_state"]}
         # pmap takes host arrays with a leading device axis: each device holds one whole replica.
         held = (sum(np.asarray(x).nbytes for x in jax.tree.leaves(weights)) // n if strategy == "pmap"
