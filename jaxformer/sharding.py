@@ -233,15 +233,15 @@ def communicated_bytes(hlo: str) -> dict[str, int]:
                          "all-reduce": 2 * size * (g - 1) / g, "collective-permute": size}.get(kind, size * (g - 1) / g)
                 sums[kind] = sums.get(kind, 0) + int(moved)
             trips = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', line)
+            body = re.search(r"body=%?([\w.\-]+)", line)
             callees = re.findall(r"(?:body|condition|to_apply|calls|true_computation|false_computation)=%?([\w.\-]+)",
                                  line)
-            for callee in callees + re.findall(r"branch_computations=\{([^}]*)\}", line):
-                for one in re.findall(r"[\w.\-]+", callee.replace("%", "")):
-                    if one in computations:
-                        is_body = re.search(rf"body=%?{re.escape(one)}\b", line)
-                        times = int(trips.group(1)) if trips and is_body else 1
-                        for kind, size in total(one):
-                            sums[kind] = sums.get(kind, 0) + times * size
+            for branches in re.findall(r"branch_computations=\{([^}]*)\}", line):
+                callees += re.findall(r"[\w.\-]+", branches.replace("%", ""))
+            for callee in filter(computations.__contains__, callees):
+                times = int(trips.group(1)) if trips and body and callee == body.group(1) else 1
+                for kind, size in total(callee):
+                    sums[kind] = sums.get(kind, 0) + times * size
         return tuple(sums.items())
 
     entry = next(name for name, c in computations.items() if c["entry"])

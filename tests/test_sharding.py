@@ -24,11 +24,16 @@ from conftest import simulated_devices
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _experiments(model: str, strategies: str) -> list[dict]:
-    out = subprocess.run([sys.executable, "sharding/experiments.py", "--model", model, "--strategies", strategies,
-                          "--devices", "8", "--steps", "0", "--json"], cwd=ROOT, capture_output=True, text=True)
+def _json_report(*command: str):
+    """What a script run in a subprocess prints as JSON on its last line."""
+    out = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _experiments(model: str, strategies: str) -> list[dict]:
+    return _json_report("sharding/experiments.py", "--model", model, "--strategies", strategies, "--devices", "8",
+                        "--steps", "0", "--json")
 
 
 @pytest.mark.parametrize("model, strategies", [
@@ -192,9 +197,7 @@ def test_context_parallelism_equals_one_device():
     causal, a sliding-window, a sinks-and-soft-caps and a bidirectional model, and a prefill through the
     cached step, equal one device's; T5's biased self-attention stays on XLA, its cross-attention rides the
     ring (tests/context_parallel_check.py, one subprocess of 8 simulated devices)."""
-    out = subprocess.run([sys.executable, "tests/context_parallel_check.py"], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = _json_report("tests/context_parallel_check.py")
     assert len(report) == 5
     for name, row in report.items():
         # float32: a running softmax over blocks, and sums split over devices, against one softmax
@@ -208,9 +211,7 @@ def test_expert_parallelism_with_an_all_to_all_equals_one_device():
     data, fsdp, tensor and sequence, gpt-oss's expert biases and Llama 4's weighted inputs: loss, logits,
     every gradient equal one device's, and a prefill through the cached step for both models on 8 devices
     and Mixtral on 4 (tests/expert_parallel_check.py, one subprocess of 8 simulated devices)."""
-    out = subprocess.run([sys.executable, "tests/expert_parallel_check.py"], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    report = _json_report("tests/expert_parallel_check.py")
     assert len(report) == 6
     for name, row in report.items():
         # float32: the experts' blocks and the gradients' sums split over devices, in another order

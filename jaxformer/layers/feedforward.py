@@ -315,17 +315,26 @@ def grouped_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Un
         return ragged_experts(x, routing, weights, unit, weights_on_input)
     B, T, D = x.shape
     k, E = routing.experts.shape[-1], weights.wi.shape[0]
-    pairs = B * T * k
-    rows = block_rows(pairs, E)
-    layout = block_layout(routing.experts.reshape(-1), k, E, rows)
-    tokens = jnp.take(x.reshape(B * T, D), layout.token, axis=0, mode="fill", fill_value=0)
-    if weights_on_input:  # row slot[a] holds pair a; padding rows keep weight 0 (and input 0)
-        row_weights = jnp.zeros(tokens.shape[0], jnp.float32).at[layout.slot].set(routing.weights.reshape(-1))
-        tokens = tokens * row_weights[:, None].astype(tokens.dtype)
-    w = weights
-    ys = expert_blocks(unit, tokens.reshape(-1, rows, D), layout.expert, layout.used, w.wi,
+    y = _pairs_through_blocks(x.reshape(B * T, D), routing.experts.reshape(-1), k, block_rows(B * T * k, E),
+                              weights, unit, routing.weights.reshape(-1) if weights_on_input else None)
+    return _combine(y.reshape(B, T, k, D), routing, weights.bo, weights_on_input)
+
+
+def _pairs_through_blocks(rows: Array, pair_experts: Array, k: int, block: int, w: ExpertWeights, unit: Unit,
+                          pair_scale: Array | None = None, empty_rows: bool = False) -> Array:
+    """Pair a, row ``rows[a // k]`` for expert ``pair_experts[a]``, through its expert: the pairs sorted into
+    blocks of ``block`` rows (``block_layout``), the blocks run (``expert_blocks``), the outputs [pairs, D]
+    back in pair order. ``pair_scale`` multiplies each pair's row first (Llama 4); ``empty_rows``: expert id
+    E marks a row for no expert, whose output is zero."""
+    D = rows.shape[-1]
+    layout = block_layout(pair_experts, k, w.wi.shape[0], block, empty_rows)
+    xs = jnp.take(rows, layout.token, axis=0, mode="fill", fill_value=0)
+    if pair_scale is not None:  # row slot[a] holds pair a; padding rows keep weight 0 (and input 0)
+        scale = jnp.zeros(xs.shape[0], jnp.float32).at[layout.slot].set(pair_scale)
+        xs = xs * scale[:, None].astype(xs.dtype)
+    ys = expert_blocks(unit, xs.reshape(-1, block, D), layout.expert, layout.used, w.wi,
                        w.wi_gate if unit.gated else w.wi, w.wo, w.bi, w.bi_gate if unit.gated else None)
-    return _combine(ys.reshape(-1, D)[layout.slot].reshape(B, T, k, D), routing, w.bo, weights_on_input)
+    return ys.reshape(-1, D)[layout.slot]
 
 
 def exchanged_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit,
@@ -365,11 +374,8 @@ def exchanged_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: 
         row_expert = jnp.take(expert, pair_at, mode="fill", fill_value=local_experts)
         received = jax.lax.all_to_all(rows, "expert", 0, 0, tiled=True).reshape(n * chunk, D)
         received_expert = jax.lax.all_to_all(row_expert, "expert", 0, 0, tiled=True).reshape(-1)
-        block = block_rows(pairs, local_experts)
-        layout = block_layout(received_expert, 1, local_experts, block, empty_rows=True)
-        blocks = jnp.take(received, layout.token, axis=0, mode="fill", fill_value=0).reshape(-1, block, D)
-        ys = expert_blocks(unit, blocks, layout.expert, layout.used, w.wi, w.wi_gate if unit.gated else w.wi, w.wo,
-                           w.bi, w.bi_gate if unit.gated else None).reshape(-1, D)[layout.slot]
+        ys = _pairs_through_blocks(received, received_expert, 1, block_rows(pairs, local_experts), w, unit,
+                                   empty_rows=True)
         if w.bo is not None:  # each pair's output bias, here where its expert's bias is
             real = received_expert < local_experts
             bias = w.bo[jnp.minimum(received_expert, local_experts - 1)]
