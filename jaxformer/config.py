@@ -364,6 +364,11 @@ class ModelConfig:
     param_dtype: str = "float32"
     scan_layers: bool = True
     remat: str = "none"
+    # Under a ``stage`` mesh axis (pipeline parallelism, ``layers/pipeline.py``): the microbatches a full pass
+    # cuts its rows into (0: one per stage) and the chunks each stage holds (1: GPipe; more: the circular
+    # schedule, each stage holding every S-th chunk of L / (S x repeats) layers). No effect without the axis.
+    pipeline_microbatches: int = 0
+    pipeline_repeats: int = 1
     init_std: float = 0.02
 
     # LoRA adapters (jaxformer/layers/weights.py): rank 0 builds none
@@ -745,6 +750,9 @@ class ModelConfig:
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("param_dtype", self.param_dtype, DTYPES)
         _one_of("remat", self.remat, REMAT_POLICIES)
+        _non_negative("pipeline_microbatches", self.pipeline_microbatches)
+        if self.pipeline_repeats < 1:
+            raise ValueError(f"ModelConfig.pipeline_repeats={self.pipeline_repeats} must be >= 1 (1: GPipe)")
         if not self.init_std > 0:
             raise ValueError(f"ModelConfig.init_std={self.init_std!r} must be > 0")
         self._check_adapters()

@@ -5,9 +5,10 @@ A strategy is a mesh shape, not a second table: mesh axes of size 1 shard nothin
 data parallelism (``data=N``), FSDP (``fsdp=N``: matrices split along ``embed``, the batch split too),
 tensor parallelism (``tensor=N``: heads, MLP width and vocabulary split, Megatron-style), both at once,
 expert parallelism (``expert=N``: each device holds a slice of the experts and other rows of the batch; the
-MoE layer sends each token to the devices holding its experts with an all-to-all) and context parallelism
+MoE layer sends each token to the devices holding its experts with an all-to-all), context parallelism
 (``sequence=N``: every activation split along the sequence; attention passes keys and values around the
-ring of devices, ``kernels.ring_attention``).
+ring of devices, ``kernels.ring_attention``) and pipeline parallelism (``stage=N``: each stack's stacked
+layers split into N stages that microbatches flow through, ``layers/pipeline.py``).
 """
 
 from __future__ import annotations
@@ -22,22 +23,23 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert", "sequence")
+# ``stage`` is outermost: pipeline stages pass one activation a step, the link a pod's slowest can serve
+MESH_AXES = ("stage", "data", "fsdp", "tensor", "expert", "sequence")
 # The batch dimension is split over all three: FSDP is data parallelism too, and outside the MoE layers
 # the expert-parallel devices are data-parallel (each holds other rows; the MoE layer exchanges them).
 BATCH_AXES = ("data", "fsdp", "expert")
 
-# Logical axis -> mesh axis. Unlisted axes (layers, head_dim, embed_out, positions, relative, types, buckets, conv_*,
+# Logical axis -> mesh axis. Unlisted axes (head_dim, embed_out, positions, relative, types, buckets, conv_*,
 # labels) are never split. Vectors (norm scales, biases: one axis besides ``layers``) stay replicated:
 # they are tiny, and gathering them would cost a collective per use.
 # A mesh axis splits at most one dimension of a parameter, the first that asks for it: MLA's latent
 # width takes FSDP where no `embed` axis does (its up-projections [latent, heads, head_dim]).
-RULES = {"embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor",
+RULES = {"layers": "stage", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor",
          "experts": "expert", "latent": "fsdp", "index_heads": "tensor"}
 
 # Mesh shapes of the named strategies on ``n`` devices; ``tensor`` (and ``expert``) take the largest
 # size that divides both ``n`` and what they split, the rest of the devices do data parallelism.
-STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp", "ep", "cp")
+STRATEGIES = ("dp", "fsdp", "tp", "fsdp_tp", "ep", "cp", "pp")
 
 
 def mesh_sizes(sizes: dict[str, int], device_count: int) -> dict[str, int]:

@@ -16,8 +16,19 @@ Strategies (n devices):
     ep_gspmd   ep's mesh, with the grouped dispatch's partitioning left to GSPMD (moe_dispatch=grouped)
     cp         jit with shardings, mesh sequence=s x data=n/s (context parallelism: every sequence split
                over s devices, ring attention)
+    pp         jit with shardings, mesh stage=p x data=n/p (pipeline parallelism, GPipe: each stack's layers
+               in p stages, --microbatches flowing through them)
+    pp_circular  pp's mesh with the circular schedule: each stage holds 2 chunks of layers, a microbatch
+               goes round the ring twice
 t (e) is the largest divisor of n, at most n/2 for fsdp_tp, that divides every dimension it splits; s the
-largest divisor of n whose 2 s divides the sequence length.
+largest divisor of n whose 2 s divides the sequence length; p the largest divisor of n, at most n/2, that
+divides every stack's layers (2 p for pp_circular; ``--layers`` sets them).
+
+Under pp the table's last lines give each pipeline's bubble: the ideal share of a step a stage idles,
+(p - 1) / (M R + p - 1) for M microbatches and R chunks a stage, and the measured one, 1 - (single's step
+time / p) / the pipeline's step time: what the step loses against a perfect p-way split of single's work.
+On simulated CPU devices the p stages share the host's cores, so the measured figure there holds that
+sharing too (docs/sharding.md, "Pipeline parallelism").
 
 Each row also reports the bytes each device sends per step (from the compiled program's collectives,
 ``sharding.communicated_bytes``; a scanned layer's count once per layer) and the step's temporary memory per
@@ -42,7 +53,8 @@ import time
 from pathlib import Path
 
 OBJECTIVES = {"decoder": "causal_lm", "encoder": "mlm", "encoder_decoder": "span_corruption"}
-ALL = ("single", "pmap", "shard_map", "dp", "fsdp", "tp", "fsdp_tp", "ep", "ep_gspmd", "cp")
+ALL = ("single", "pmap", "shard_map", "dp", "fsdp", "tp", "fsdp_tp", "ep", "ep_gspmd", "cp", "pp", "pp_circular")
+PIPELINES = {"pp": 1, "pp_circular": 2}  # chunks of layers a stage holds
 
 
 def parse(argv):
@@ -54,6 +66,9 @@ def parse(argv):
     parser.add_argument("--steps", type=int, default=5, help="timed steps after the compared one")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=0, help="each stack's layers (default: the preset's)")
+    parser.add_argument("--microbatches", type=int, default=0,
+                        help="pp and pp_circular: microbatches a step (default: two per stage)")
     parser.add_argument("--json", action="store_true", help="print one JSON list")
     parser.add_argument("--longest", action="store_true",
                         help="the longest sequence single and cp fit in single's memory at --seq-len")
@@ -75,6 +90,14 @@ def mesh_shape(strategy: str, n: int, cfg, seq_len: int) -> dict[str, int]:
     split_by_tensor = [cfg.num_heads, cfg.kv_heads, cfg.d_ff, cfg.vocab_size]
     if strategy in ("single",):
         return {"data": 1}
+    if strategy in PIPELINES:
+        stacks = [layers for layers in (cfg.encoder_layers, cfg.decoder_layers) if layers]
+        stage = largest_divisor(n, [layers // PIPELINES[strategy] for layers in stacks
+                                    if layers % PIPELINES[strategy] == 0] or [1], max(n // 2, 1))
+        if stage == 1 or any(layers % (stage * PIPELINES[strategy]) for layers in stacks):
+            raise ValueError(f"strategy {strategy!r}: {cfg.name}'s stacks of {stacks} layers do not split into 2 or "
+                             f"more stages x {PIPELINES[strategy]} chunks on {n} devices; give --layers")
+        return {"data": n // stage, "stage": stage}
     if strategy == "cp":
         sequence = max(d for d in range(1, n + 1) if n % d == 0 and seq_len % (2 * d) == 0)
         return {"data": n // sequence, "sequence": sequence}
@@ -109,6 +132,7 @@ def main(argv=None) -> int:
 
     import jaxformer as jf
     from jaxformer import sharding
+    from jaxformer.layers.pipeline import schedule
     from jaxformer.train import run_config
     from jaxformer.sharding import shardings_of
     from jaxformer.train.run import Run
@@ -122,14 +146,23 @@ def main(argv=None) -> int:
                  "optim.lr=1e-3", "optim.clip_norm=1.0", "run.seed=0"]
     if model_cfg.family != "decoder":
         overrides.append("model.overrides.vocab_size=360")  # room for the byte tokenizer's specials
+    if args.layers:
+        stacks = {"decoder": ["decoder_layers"], "encoder": ["encoder_layers"]}.get(
+            model_cfg.family, ["encoder_layers", "decoder_layers"])
+        overrides += [f"model.overrides.{stack}={args.layers}" for stack in stacks]
+        model_cfg = model_cfg.replace(**{stack: args.layers for stack in stacks})
     cfg = run_config.load(None, overrides)
     if args.batch_size % n:
         raise ValueError(f"--batch-size {args.batch_size} does not divide over {n} devices")
 
     def one_strategy(strategy: str, batch: dict, cfg=cfg, compile_only: bool = False) -> dict:
+        shape = mesh_shape(strategy, n, model_cfg, cfg.train.seq_len)
         if strategy == "ep_gspmd":
             cfg = run_config.load(None, overrides + ["model.overrides.moe_dispatch=grouped"])
-        shape = mesh_shape(strategy, n, model_cfg, cfg.train.seq_len)
+        if strategy in PIPELINES:
+            cfg = run_config.load(None, overrides + [f"mesh.stage={shape['stage']}", f"mesh.data={shape['data']}",
+                                                     f"train.microbatches={args.microbatches or 2 * shape['stage']}",
+                                                     f"train.pipeline_repeats={PIPELINES[strategy]}"])
         mesh = sharding.make_mesh(shape, devices[:1] if strategy == "single" else devices)
         run = Run.build(cfg, mesh=mesh)
         graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
@@ -172,7 +205,7 @@ def main(argv=None) -> int:
                  nnx.to_flat_state(state["params"] if strategy != "pmap" else nnx.state(run.model, nnx.Param))}
         return {"strategy": strategy, "mesh": shape, "step_ms": round(1000 * statistics.median(times), 2) if times
                 else None, "compile_s": round(compile_s, 2), "bytes_per_device": int(held), "temp_bytes": temp_bytes,
-                "communicated": communicated, "loss": loss,
+                "communicated": communicated, "loss": loss, "schedule": (cfg.train.microbatches, cfg.train.pipeline_repeats),
                 "grad_norm": grad_norm, "params": params_after, "specs": specs}
 
     def explicit_data_parallel(strategy, graphdef, rest, optimizer, objective, state, batch, devices):
@@ -227,22 +260,33 @@ def main(argv=None) -> int:
                      "param_diff": param_diff,
                      # Adam's first update is nearly lr * sign(g): blind to a wrongly scaled gradient, which this is not.
                      "grad_norm_rel_diff": abs(r["grad_norm"] / reference["grad_norm"] - 1), "specs": r["specs"]})
+        if r["strategy"] in PIPELINES:
+            stages, (microbatches, repeats) = r["mesh"]["stage"], r["schedule"]
+            measured = (1 - reference["step_ms"] / stages / r["step_ms"]) if r["step_ms"] and reference["step_ms"] else None
+            rows[-1]["bubble"] = {"stages": stages, "microbatches": microbatches, "repeats": repeats,
+                                  "ideal": schedule(stages, repeats, microbatches)[1], "measured": measured}
     if args.json:
         print(json.dumps(rows))
         return 0
     print(f"{args.model}: {n} {devices[0].platform} devices, batch {args.batch_size} x {args.seq_len}, "
           f"{OBJECTIVES[model_cfg.family]}, AdamW; diffs after one step against 'single'")
-    header = (f"{'strategy':<10} {'mesh':<28} {'step ms':>9} {'compile s':>10} {'bytes/device':>13} {'temp/device':>12} "
+    header = (f"{'strategy':<12} {'mesh':<26} {'step ms':>9} {'compile s':>10} {'bytes/device':>13} {'temp/device':>12} "
               f"{'sent/device':>12} "
               f"{'loss diff':>10} {'param diff':>11} {'|g| rel diff':>13}")
     print(header)
     print("-" * len(header))
     for r in rows:
         mesh = " ".join(f"{k}={v}" for k, v in r["mesh"].items())
-        print(f"{r['strategy']:<10} {mesh:<28} {r['step_ms'] or float('nan'):>9.2f} {r['compile_s']:>10.2f} "
+        print(f"{r['strategy']:<12} {mesh:<26} {r['step_ms'] or float('nan'):>9.2f} {r['compile_s']:>10.2f} "
               f"{r['bytes_per_device']:>13,} {r['temp_bytes']:>12,} {sum(r['communicated'].values()):>12,} "
               f"{r['loss_diff']:>10.2e} {r['param_diff']:>11.2e} "
               f"{r['grad_norm_rel_diff']:>13.2e}")
+    for r in rows:
+        if "bubble" in r:
+            b = r["bubble"]
+            measured = "not timed (--steps 0)" if b["measured"] is None else f"measured {b['measured']:.0%}"
+            print(f"{r['strategy']}: {b['stages']} stages x {b['repeats']} chunks, {b['microbatches']} microbatches: "
+                  f"bubble ideal {b['ideal']:.0%}, {measured} (1 - single's step / {b['stages']} / this step)")
     return 0 if all(max(r["loss_diff"], r["param_diff"], r["grad_norm_rel_diff"]) < 1e-5 for r in rows) else 1
 
 

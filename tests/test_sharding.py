@@ -41,7 +41,8 @@ def _experiments(model: str, strategies: str) -> list[dict]:
     # The data-parallel mechanisms (pmap, shard_map, dp) and tp alone are family-independent and run on
     # tiny-gpt; the other families run the layouts their own parameters get: fsdp, and tp inside fsdp_tp.
     ("tiny-bert", "single,fsdp,fsdp_tp"),
-    ("tiny-t5", "single,fsdp,fsdp_tp"),
+    # tiny-t5 also trains its two stacks pipelined in turn (pp: stage=2 x data=4, GPipe, 4 microbatches)
+    ("tiny-t5", "single,fsdp,fsdp_tp,pp"),
     # The mixture of experts (grouped dispatch, experts split over `expert`: tokens exchanged by an all-to-all,
     # and GSPMD's partitioning of the same dispatch), with latent attention, shared experts and a dense first
     # layer besides; Mixtral's MoE is the same code. Its attention and dense layers run fsdp and tp together
@@ -71,6 +72,11 @@ def test_every_strategy_equals_the_single_device_step(model, strategies):
     if "cp" in rows:  # context parallelism splits tokens, not parameters, and the step's activations with them
         assert rows["cp"]["mesh"] == {"data": 1, "sequence": 8} and set(rows["cp"]["specs"].values()) == {"P()"}
         assert rows["cp"]["temp_bytes"] < rows["single"]["temp_bytes"] / 2
+    if "pp" in rows:  # each stack's layers split over `stage`; the stages pass activations on
+        assert rows["pp"]["mesh"] == {"data": 4, "stage": 2}
+        assert rows["pp"]["specs"]["encoder.blocks.attn.q"] == "P('stage', None, None, None)"
+        assert rows["pp"]["communicated"]["collective-permute"] > 0
+        assert rows["pp"]["bubble"]["ideal"] == pytest.approx(1 / 5)  # (S - 1) / (M + S - 1), M = 4, S = 2
     if model == "tiny-deepseek":  # experts split over `expert`; latent up-projections by latent and head
         experts = ["decoder.blocks.mlp.wi", "decoder.blocks.mlp.wi_gate", "decoder.blocks.mlp.wo"]
         assert all(rows["ep"]["specs"][k].startswith("P(None, 'expert'") for k in experts)
@@ -220,6 +226,48 @@ def test_expert_parallelism_with_an_all_to_all_equals_one_device():
     assert sum("prefill" in row for row in report.values()) == 3
 
 
+def test_pipeline_parallelism_equals_one_device():
+    """The `stage` axis: a decoder (LLaMA), an encoder (BERT) and an encoder-decoder (T5, both stacks
+    pipelined), each under GPipe and the circular schedule (2 chunks a stage), on 4 and 8 devices beside data,
+    fsdp and tensor: loss, outputs and every gradient equal one device's, and greedy decoding under stage=4
+    (the cached steps run the layers in turn) gives one device's tokens (tests/pipeline_parallel_check.py,
+    one subprocess of 8 simulated devices)."""
+    report = _json_report("tests/pipeline_parallel_check.py")
+    assert report.pop("greedy tokens under stage 4 equal one device's") is True
+    assert len(report) == 7
+    assert {tuple(sorted(row["mesh"])) for row in report.values()} >= {("stage",), ("data", "stage"),
+                                                                        ("fsdp", "stage")}
+    for name, row in report.items():
+        # float32: the same per-row arithmetic; sums over rows split into microbatches and devices
+        assert max(row["loss"], row["logits"], row["grads"]) < 1e-5, (name, row)
+        assert row["permuted_bytes"] > 0, (name, row)  # the stages hand activations on: a collective permute
+
+
+def test_a_pipeline_refuses_what_it_cannot_split_before_anything_compiles():
+    from flax import nnx
+
+    import jaxformer as jf
+    from jaxformer.layers.pipeline import check_schedule, schedule
+    from jaxformer.layers.stack import check_pipeline_stacks
+    from jaxformer.train import run_config
+
+    assert schedule(4, 1, 8) == (11, 3 / 11) and schedule(4, 2, 8) == (19, 3 / 19)
+    with pytest.raises(ValueError, match=r"6 layers, which do not split into mesh.stage=4 stages x 1 repeats"):
+        check_schedule(6, 8, 4, 1, 4)
+    with pytest.raises(ValueError, match=r"8 rows do not split into 3 microbatches"):
+        check_schedule(8, 8, 2, 1, 3)
+    with pytest.raises(ValueError, match=r"groups of mesh.stage=4: train.microbatches=6 must be a multiple"):
+        check_schedule(8, 12, 4, 2, 6)
+    for name, reason in (("tiny-deepseek", "first layers run apart"), ("tiny-mixtral", "MoE layers"),
+                         ("tiny-transformer-xl", "segment memory")):
+        with pytest.raises(ValueError, match=f"mesh.stage=2: decoder cannot run as a pipeline: .*{reason}"):
+            check_pipeline_stacks(nnx.eval_shape(lambda: jf.build(name)), 2, 8)
+    check_pipeline_stacks(nnx.eval_shape(lambda: jf.build("tiny-t5")), 2, 8)  # both stacks: 2 layers, 2 stages
+    with pytest.raises(ValueError, match=r"train.microbatches=4 and train.pipeline_repeats=1 schedule a pipeline; "
+                                         r"set mesh.stage > 1"):
+        run_config.load(None, ["train.microbatches=4"])
+
+
 def test_communicated_bytes_reads_collectives_and_counts_loops_per_iteration():
     hlo = """HloModule m
 
@@ -256,12 +304,12 @@ def test_bad_meshes_and_batches_name_the_axes_and_sizes():
         sharding.mesh_sizes({"data": 3, "tensor": 2}, 8)
     with pytest.raises(ValueError, match="leave no whole size for mesh.data on 8 devices"):
         sharding.mesh_sizes({"data": -1, "tensor": 3}, 8)
-    assert sharding.mesh_sizes({"data": -1, "tensor": 2}, 8) == {"data": 4, "fsdp": 1, "tensor": 2, "expert": 1,
-                                                                 "sequence": 1}
+    assert sharding.mesh_sizes({"data": -1, "tensor": 2}, 8) == {"stage": 1, "data": 4, "fsdp": 1, "tensor": 2,
+                                                                 "expert": 1, "sequence": 1}
     from jaxformer.train import run_config
     with pytest.raises(ValueError, match=r"train.seq_len=30 must be a multiple of 2 x mesh.sequence = 4"):
         run_config.load(None, ["mesh.sequence=2", "train.seq_len=30"])
-    mesh = SimpleNamespace(shape={"data": 2, "fsdp": 2, "tensor": 4, "expert": 1})
+    mesh = SimpleNamespace(shape={"stage": 1, "data": 2, "fsdp": 2, "tensor": 4, "expert": 1})
     with pytest.raises(ValueError, match="logical axis 'heads' of size 6 does not divide over mesh axis 'tensor' "
                                          "of size 4"):
         sharding.spec_for(("layers", "embed", "heads", "head_dim"), (2, 64, 6, 16), mesh, "attn.q")

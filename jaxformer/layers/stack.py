@@ -29,7 +29,8 @@ from jaxformer.layers.core import Norm, dropout, param, split_key
 from jaxformer.layers.feedforward import MLP, MoE
 from jaxformer.layers.positions import (RelativeBias, RelativeEmbeddings, disentangled_index, rope_tables,
                                         xl_distances, xl_encodings)
-from jaxformer.sharding import constrain_activations
+from jaxformer.layers.pipeline import check_schedule, run_pipeline
+from jaxformer.sharding import axis_size, constrain_activations
 
 Array = jax.Array
 
@@ -507,6 +508,109 @@ class Stack(nnx.Module):
         follow Hugging Face: the input, then every layer's output, the last one after the final norm;
         ``collect_attentions`` returns each layer's attention probabilities too (never through a fused kernel)."""
         cfg = self.config
+        split = isinstance(cache, SplitKVCache)
+        remember, keeps_kv = self._remembers(memory), isinstance(memory, MemoryKV)
+        setup = functools.partial(self._layer_function, x.shape[1], cache=cache, memory=memory,
+                                  collect_hidden=collect_hidden, collect_attentions=collect_attentions)
+        out, outputs = x, []
+        if self._pipelined(cache, memory, collect_hidden, collect_attentions):
+            out = self._run_pipeline(x, tokens, cross, token_types, key, setup)
+            hidden = stats = new_kv = layer_inputs = None
+            weights = {"self": None, "cross": None}
+        elif split:
+            layer, per_layer, _ = setup(tokens, cross, token_types, key=key)
+            out, (hidden, stats, new_kv, layer_inputs, weights) = run_split(
+                self.blocks if len(self.groups()) == 1 else self.blocks_in_order(), out, layer, per_layer, cache, cfg)
+        elif cfg.moe_layer_step > 1 and self.dense_blocks is not None:
+            layer, per_layer, _ = setup(tokens, cross, token_types, key=key)
+            out, (hidden, stats, new_kv, layer_inputs, weights) = run_interleaved(
+                self.dense_blocks, self.blocks, out, layer, per_layer, cfg, self.num_layers)
+        else:
+            layer, per_layer, conv_key = setup(tokens, cross, token_types, key=key)
+            for blocks, first, end in self.groups():
+                out, group_outputs = run_stack(blocks, out, layer, jax.tree.map(lambda a: a[first:end], per_layer),
+                                               cfg)
+                if self.conv is not None and end == 1:  # DeBERTa v2: the convolution joins the first layer's output
+                    out = self.conv(x, out, tokens.valid, conv_key)
+                    group_outputs = (None if group_outputs[0] is None else out[None], *group_outputs[1:])
+                outputs.append(group_outputs)
+            hidden, new_kv, layer_inputs, weights = (
+                jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3], o[4]) for o in outputs])
+                if len(outputs) > 1 else (outputs[0][0], outputs[0][2], outputs[0][3], outputs[0][4]))
+            stats = outputs[-1][1]  # the expert layers come last
+        valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
+        if cache is not None:
+            cache = cache.write(new_kv, tokens.positions, valid)
+        if remember:
+            if memory is None:
+                memory = Memory.empty(self.num_layers, x.shape[0], cfg.memory_len, cfg.d_model, x.dtype)
+            memory = memory.extend(new_kv if keeps_kv else {"hidden": layer_inputs}, valid)
+        if self.final_norm is not None:
+            out = self.final_norm(out)
+        hidden_states = None
+        if collect_hidden:
+            hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], out)
+        per_layer_weights = lambda stacked: None if stacked is None else tuple(stacked)  # noqa: E731
+        return StackOutput(out, hidden_states, cache, stats, memory if remember else None,
+                           per_layer_weights(weights["self"]), per_layer_weights(weights["cross"]))
+
+    def _remembers(self, memory: Memory | MemoryKV | None) -> bool:
+        """Whether this call rolls Transformer-XL's segment memory forward."""
+        return self.config.position == "xl" and (memory is not None or self.config.memory_len > 0)
+
+    def pipeline_problem(self) -> str | None:
+        """Why this stack cannot run as a pipeline over a ``stage`` mesh axis (None: it can)."""
+        cfg = self.config
+        if len(self.groups()) > 1:
+            return ("its first layers run apart from the rest (DeepSeek's dense layers, Llama 4 Maverick's "
+                    "interleaved ones, ModernBERT's first layer, DeBERTa's convolution)")
+        if cfg.shared_layers:
+            return "ALBERT shares one layer's parameters across the stack: there is nothing to split into stages"
+        if cfg.num_experts:
+            return "its MoE layers' load statistics are not yet combined across microbatches"
+        if self._remembers(None):
+            return "Transformer-XL's segment memory keeps every layer's input, per row, across calls"
+        return None
+
+    def _pipelined(self, cache, memory, collect_hidden: bool, collect_attentions: bool) -> bool:
+        """Whether this call runs its layers as a pipeline: a full pass (training, evaluation) under a
+        ``stage`` mesh axis. Cached calls (prefill, decoding) and calls that collect every layer's states
+        run the layers in turn, the layer axis split over stages as it is stored."""
+        if axis_size("stage") == 1 or cache is not None or collect_hidden or collect_attentions:
+            return False
+        problem = self.pipeline_problem() or ("it was given a segment memory" if memory is not None else None)
+        if problem:
+            raise ValueError(f"mesh.stage={axis_size('stage')}: this stack cannot run as a pipeline: {problem}")
+        return True
+
+    def _run_pipeline(self, x: Array, tokens: Tokens, cross: EncoderOutput | None, token_types: Array | None,
+                      key: Array | None, setup: Callable) -> Array:
+        """The layers as a pipeline over the ``stage`` mesh axis (``pipeline.run_pipeline``): each stage runs
+        its chunk of layers with ``run_stack``, on masks built for the microbatch it holds. Dropout draws a
+        microbatch's masks from the call's key folded with its index."""
+        cfg = self.config
+        stages, repeats = axis_size("stage"), cfg.pipeline_repeats
+        per_chunk = self.num_layers // (stages * repeats)
+        graphdef, params = nnx.split(self.blocks)
+
+        def stage(chunk: Any, h: Array, rows: tuple, microbatch: Array, virtual_stage: Array) -> Array:
+            microbatch_key = None if key is None else jax.random.fold_in(key, microbatch)
+            layer, per_layer, _ = setup(*rows, key=microbatch_key)
+            extra = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, virtual_stage * per_chunk, per_chunk),
+                                 per_layer)
+            return run_stack(nnx.merge(graphdef, chunk), h, layer, extra, cfg)[0]
+
+        return run_pipeline(params, x, (tokens, cross, token_types), stage, repeats=repeats,
+                            microbatches=cfg.pipeline_microbatches or stages)
+
+    def _layer_function(self, length: int, tokens: Tokens, cross: EncoderOutput | EncoderKV | None,
+                        token_types: Array | None, *, cache, memory, key: Array | None, collect_hidden: bool,
+                        collect_attentions: bool) -> tuple[Callable, dict, Array | None]:
+        """What the layer loop runs for these ``length`` tokens: ``layer(block, h, extra)`` with the masks,
+        rotary angles and relative inputs of ``tokens`` built once, the per-layer inputs ``extra`` [L, ...]
+        (which layers are local, dropout keys, cache and memory slices) and DeBERTa's convolution's dropout
+        key. A pipeline builds one per microbatch."""
+        cfg = self.config
         relative = None
         if cfg.position == "xl":
             key, encodings_key = split_key(key, 2)
@@ -517,11 +621,11 @@ class Stack(nnx.Module):
         disentangled = None
         if self.relative_embeddings is not None:  # DeBERTa: distances by index, as transformers counts them
             disentangled = DisentangledInputs(self.relative_embeddings(), disentangled_index(
-                x.shape[1], cfg.relative_span, cfg.position_buckets, cfg.max_relative_distance))
+                length, cfg.relative_span, cfg.position_buckets, cfg.max_relative_distance))
         conv_key = None
         if self.conv is not None:
             key, conv_key = split_key(key, 2)
-        remember = relative is not None and (memory is not None or cfg.memory_len > 0)
+        remember = self._remembers(memory)
         keeps_kv = isinstance(memory, MemoryKV)  # generation's memory rolls keys and values, not layer inputs
         rope = rope_tables(cfg, tokens.positions) if cfg.position == "rope" else None
         local_rope = None
@@ -572,40 +676,7 @@ class Stack(nnx.Module):
             return h, (h if collect_hidden else None, stats, new_kv, h_in if remember and not keeps_kv else None,
                        weights)
 
-        out, outputs = x, []
-        if split:
-            out, (hidden, stats, new_kv, layer_inputs, weights) = run_split(
-                self.blocks if len(self.groups()) == 1 else self.blocks_in_order(), out, layer, per_layer, cache, cfg)
-        elif cfg.moe_layer_step > 1 and self.dense_blocks is not None:
-            out, (hidden, stats, new_kv, layer_inputs, weights) = run_interleaved(
-                self.dense_blocks, self.blocks, out, layer, per_layer, cfg, self.num_layers)
-        else:
-            for blocks, first, end in self.groups():
-                out, group_outputs = run_stack(blocks, out, layer, jax.tree.map(lambda a: a[first:end], per_layer),
-                                               cfg)
-                if self.conv is not None and end == 1:  # DeBERTa v2: the convolution joins the first layer's output
-                    out = self.conv(x, out, tokens.valid, conv_key)
-                    group_outputs = (None if group_outputs[0] is None else out[None], *group_outputs[1:])
-                outputs.append(group_outputs)
-            hidden, new_kv, layer_inputs, weights = (
-                jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3], o[4]) for o in outputs])
-                if len(outputs) > 1 else (outputs[0][0], outputs[0][2], outputs[0][3], outputs[0][4]))
-            stats = outputs[-1][1]  # the expert layers come last
-        valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
-        if cache is not None:
-            cache = cache.write(new_kv, tokens.positions, valid)
-        if remember:
-            if memory is None:
-                memory = Memory.empty(self.num_layers, x.shape[0], cfg.memory_len, cfg.d_model, x.dtype)
-            memory = memory.extend(new_kv if keeps_kv else {"hidden": layer_inputs}, valid)
-        if self.final_norm is not None:
-            out = self.final_norm(out)
-        hidden_states = None
-        if collect_hidden:
-            hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], out)
-        per_layer_weights = lambda stacked: None if stacked is None else tuple(stacked)  # noqa: E731
-        return StackOutput(out, hidden_states, cache, stats, memory if remember else None,
-                           per_layer_weights(weights["self"]), per_layer_weights(weights["cross"]))
+        return layer, per_layer, conv_key
 
     def _temperature(self, tokens: Tokens, cache: KVCache | None) -> Array | None:
         """Llama 4's attention temperature of the NoPE layers' queries [1, T, 1, 1] (None without it):
@@ -686,3 +757,18 @@ class Stack(nnx.Module):
         if isinstance(cross, EncoderKV):
             return mask, None, (cross.k, cross.v)
         return mask, cross.hidden, None
+
+
+def check_pipeline_stacks(model: nnx.Module, stages: int, rows: int) -> None:
+    """A ValueError, before anything compiles, when one of ``model``'s stacks cannot run as a pipeline of
+    ``stages`` stages over ``rows`` rows with its config's repeats and microbatches (an abstract model from
+    ``nnx.eval_shape`` will do)."""
+    for path, module in nnx.iter_graph(model):
+        if isinstance(module, Stack):
+            what = "/".join(map(str, path)) or "the stack"
+            problem = module.pipeline_problem()
+            if problem:
+                raise ValueError(f"mesh.stage={stages}: {what} cannot run as a pipeline: {problem}")
+            cfg = module.config
+            check_schedule(module.num_layers, rows, stages, cfg.pipeline_repeats, cfg.pipeline_microbatches or stages,
+                           what)

@@ -14,6 +14,7 @@ from tqdm import tqdm
 from jaxformer import flops, kernels, sharding
 from jaxformer.config import ModelConfig
 from jaxformer.layers.feedforward import exchanged_experts, expert_dispatch
+from jaxformer.layers.pipeline import schedule
 from jaxformer.train.objectives import Objective
 from jaxformer.train.run_config import RunConfig
 from jaxformer.train.steps import finish_metrics, router_load_metrics
@@ -38,6 +39,19 @@ def expert_note(model_cfg: ModelConfig, rows: int) -> list[str]:
     how = ("tokens sent to them and back by all-to-all" if expert_dispatch(model_cfg, rows) is exchanged_experts
            else f"dispatch partitioned by the compiler (moe_dispatch={model_cfg.moe_dispatch!r})")
     return [f"experts: {model_cfg.num_experts // devices} a device over mesh.expert={devices}, {how}"]
+
+
+def pipeline_note(model_cfg: ModelConfig, rows: int) -> list[str]:
+    """The pipeline's schedule under a mesh with a ``stage`` axis and its ideal bubble (none: nothing to say)."""
+    stages = sharding.axis_size("stage")
+    if stages == 1:
+        return []
+    repeats, microbatches = model_cfg.pipeline_repeats, model_cfg.pipeline_microbatches or stages
+    iterations, bubble = schedule(stages, repeats, microbatches)
+    kind = "GPipe" if repeats == 1 else f"circular, {repeats} chunks a stage"
+    return [f"pipeline: {stages} stages ({kind}), {microbatches} microbatches of {rows // microbatches} rows; each "
+            f"stage idles {stages - 1} of {iterations} iterations: bubble {bubble:.0%} of a step at best "
+            "(more train.microbatches or train.pipeline_repeats shrink it)"]
 
 
 def _held_out_scores(history: list[dict]) -> list[str]:

@@ -28,6 +28,7 @@ from jaxformer import sharding
 from jaxformer.adapt import adapt, adapted_config
 from jaxformer.config import ModelConfig
 from jaxformer.interop.hf import from_pretrained
+from jaxformer.layers.stack import check_pipeline_stacks
 from jaxformer.lora import quantized, trainable, with_lora
 from jaxformer.models import build
 from jaxformer.presets import config as preset_config
@@ -38,7 +39,7 @@ from jaxformer.train.lifecycle import (InterruptRequests, Interrupted, RunDirLoc
                                        discard_partial_checkpoints, disk_full, finalized_steps, full_disk_error)
 from jaxformer.train.objectives import Objective, carries_memory
 from jaxformer.train.tasks import make_objective
-from jaxformer.train.report import Report, attention_note, expert_note, sample
+from jaxformer.train.report import Report, attention_note, expert_note, pipeline_note, sample
 from jaxformer.train.run_config import RunConfig, dump, load
 from jaxformer.train.steps import (batch_sharding, empty_memory, eval_weights, init_state, make_optimizer, make_steps,
                                    run_eval, split_model)
@@ -114,19 +115,21 @@ def build_model(cfg: RunConfig, objective: Objective, mesh):
             model_cfg = model_cfg.replace(**cfg.model.overrides)
         if cfg.model.adapt:
             model_cfg = adapted(model_cfg, cfg.model.adapt, cfg.run.seed)
-        before = model_cfg.replace(dtype=cfg.train.compute_dtype)
-        model_cfg = objective.adapt(model_cfg.replace(dtype=cfg.train.compute_dtype), fresh=True)
+        before = executed(model_cfg, cfg)
+        model_cfg = objective.adapt(executed(model_cfg, cfg), fresh=True)
         check_lengths(cfg, objective, model_cfg)
         check_memory_settings(cfg, model_cfg)
+        check_pipeline(cfg, model_cfg, mesh)
         head = added_params(before, model_cfg) if cfg.finetune.lora.rank else []
         return sharding.sharded_build(lambda: build(model_cfg, seed=cfg.run.seed), mesh), [], head
     loaded = _load_pretrained(cfg.model.init_from)
     if cfg.model.adapt:
         loaded = adapted(loaded, cfg.model.adapt, cfg.run.seed)
-    before = loaded.config.replace(dtype=cfg.train.compute_dtype, **cfg.model.overrides)
+    before = executed(loaded.config, cfg).replace(**cfg.model.overrides)
     wanted = objective.adapt(before, fresh=False)
     check_lengths(cfg, objective, wanted)
     check_memory_settings(cfg, wanted)
+    check_pipeline(cfg, wanted, mesh)
     head = added_params(loaded.config, wanted) if cfg.finetune.lora.rank else []
     if wanted == loaded.config:
         return sharding.shard_model(loaded, mesh), [], head
@@ -204,6 +207,27 @@ def _grown_vocab_axis(old, new) -> int | None:
     return axis if same_elsewhere and old.shape[axis] < new.shape[axis] else None
 
 
+def executed(model_cfg: ModelConfig, cfg: RunConfig) -> ModelConfig:
+    """The model config with the run's settings of how it computes: the compute dtype, the pipeline's
+    microbatches and repeats (inert without a ``stage`` mesh axis)."""
+    return model_cfg.replace(dtype=cfg.train.compute_dtype, pipeline_microbatches=cfg.train.microbatches,
+                             pipeline_repeats=cfg.train.pipeline_repeats)
+
+
+def check_pipeline(cfg: RunConfig, model_cfg: ModelConfig, mesh) -> None:
+    """Under ``mesh.stage`` > 1, a model whose stacks cannot run as a pipeline, or a schedule that does not
+    split its layers or a micro-batch's rows, fails before anything is built or compiled."""
+    stages = mesh.shape["stage"]
+    if stages == 1:
+        return
+    rows = cfg.train.batch_size // cfg.train.grad_accum
+    check_pipeline_stacks(nnx.eval_shape(lambda: build(model_cfg, seed=0)), stages, rows)
+    microbatches = cfg.train.microbatches or stages
+    sharding.check_batch(rows // microbatches, mesh, f"a pipeline microbatch (train.batch_size={cfg.train.batch_size} "
+                                                     f"/ train.grad_accum={cfg.train.grad_accum} / {microbatches} "
+                                                     "microbatches)")
+
+
 def check_lengths(cfg: RunConfig, objective: Objective, model_cfg) -> None:
     """Sequence lengths beyond a learned or sinusoidal position table fail before anything compiles."""
     if model_cfg.position not in ("learned", "sinusoidal"):
@@ -268,8 +292,9 @@ class Run:
         objective = make_objective(cfg, data.make_tokenizer(str(tokenizer_file) if tokenizer_file else "bytes"))
         base = None
         if trained is not None and not cfg.finetune.lora.rank:
-            trained = objective.adapt(trained, fresh=False)
+            trained = objective.adapt(executed(trained, cfg), fresh=False)
             check_memory_settings(cfg, trained)
+            check_pipeline(cfg, trained, mesh)
             model, fresh = sharding.sharded_build(lambda: build(trained, seed=cfg.run.seed), mesh), []
         else:
             model, fresh, head = build_model(cfg, objective, mesh)
@@ -301,7 +326,8 @@ def run_notes(run: Run) -> list[str]:
     with jax.sharding.use_abstract_mesh(run.mesh.abstract_mesh):  # a `sequence` axis makes it the ring
         attention = attention_note(run.model.config, run.cfg.train.seq_len)
         experts = expert_note(run.model.config, run.cfg.train.batch_size // run.cfg.train.grad_accum)
-    return run.objective.notes + fresh + lora_notes(run) + [attention] + experts
+        pipeline = pipeline_note(run.model.config, run.cfg.train.batch_size // run.cfg.train.grad_accum)
+    return run.objective.notes + fresh + lora_notes(run) + [attention] + experts + pipeline
 
 
 def lora_notes(run: Run) -> list[str]:

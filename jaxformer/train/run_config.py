@@ -55,13 +55,15 @@ class DataSection:
 
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
-    """Device mesh axis sizes; -1 takes the devices left over. The batch is split over data x fsdp."""
+    """Device mesh axis sizes; -1 takes the devices left over. The batch is split over data x fsdp x expert,
+    each stack's layers over stage."""
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
     expert: int = 1
     sequence: int = 1  # context parallelism: each sequence split over this many devices (ring attention)
+    stage: int = 1  # pipeline parallelism: each stack's layers split into this many stages (train.microbatches)
     # Multi-process runs (jax.distributed): "host:port" of process 0, or "auto" (Cloud TPU, SLURM);
     # empty: the JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID environment, else one process.
     coordinator: str = ""
@@ -82,6 +84,11 @@ class TrainSection:
     max_skipped_steps: int = 10  # on_nan=skip: more dropped steps than this stop the run, as stop does
     resume: str = "auto"  # auto: resume a run.dir's run only with the settings it had; force: resume anyway
     grad_accum: int = 1  # micro-batches per step: batch_size / grad_accum rows each, gradients averaged
+    # mesh.stage > 1: the pipeline's microbatches per micro-batch (0: one per stage; more shrink the bubble,
+    # (stages - 1) / (microbatches x pipeline_repeats + stages - 1) of each step), and the chunks of layers each
+    # stage holds (1: GPipe; 2 or more: the circular schedule, microbatches a multiple of mesh.stage)
+    microbatches: int = 0
+    pipeline_repeats: int = 1
     compute_dtype: str = "float32"  # float32 | bfloat16 (parameters and optimizer state stay float32)
     label_smoothing: float = 0.0  # the 2017 Transformer used 0.1
     # rtd: the discriminator's loss weight against the generator's MLM loss (ELECTRA's lambda, 50)
@@ -205,6 +212,12 @@ class RunConfig:
         if self.train.grad_accum < 1 or self.train.batch_size % self.train.grad_accum:
             raise ValueError(f"train.grad_accum={self.train.grad_accum} must be >= 1 and divide train.batch_size="
                              f"{self.train.batch_size}")
+        if self.train.microbatches < 0 or self.train.pipeline_repeats < 1:
+            raise ValueError(f"train.microbatches={self.train.microbatches} must be >= 0 (0: one per stage) and "
+                             f"train.pipeline_repeats={self.train.pipeline_repeats} >= 1 (1: GPipe)")
+        if (self.train.microbatches > 1 or self.train.pipeline_repeats > 1) and self.mesh.stage == 1:
+            raise ValueError(f"train.microbatches={self.train.microbatches} and train.pipeline_repeats="
+                             f"{self.train.pipeline_repeats} schedule a pipeline; set mesh.stage > 1 to have one")
         if self.train.compute_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"train.compute_dtype={self.train.compute_dtype!r}; valid: 'float32', 'bfloat16'")
         if not 0 <= self.train.router_bias_rate < float("inf"):  # NaN fails too
@@ -230,7 +243,7 @@ class RunConfig:
             raise ValueError(f"data.doc_stride={self.data.doc_stride} and data.max_question_len="
                              f"{self.data.max_question_len} must be >= 0 (0: the default), data.max_answer_len="
                              f"{self.data.max_answer_len} >= 1")
-        for axis in ("data", "fsdp", "tensor", "expert", "sequence"):
+        for axis in ("stage", "data", "fsdp", "tensor", "expert", "sequence"):
             size = getattr(self.mesh, axis)
             if size == 0 or size < -1:
                 raise ValueError(f"mesh.{axis}={size} must be a positive size or -1 (the devices left over)")
