@@ -143,7 +143,8 @@ def test_kill_9_then_rerun_resumes_bit_exactly(tmp_path):
     import sys
     import time
 
-    config = _tiny_yaml(tmp_path, steps=300)
+    # killed at its second checkpoint: the 180 steps left outlast any delay of this loop, on a loaded machine too
+    config = _tiny_yaml(tmp_path, steps=200)
     crashed, clean = tmp_path / "crashed", tmp_path / "clean"
     command = [sys.executable, "train.py", config]
     process = subprocess.Popen(command + [f"run.dir={crashed}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -163,7 +164,7 @@ def test_kill_9_then_rerun_resumes_bit_exactly(tmp_path):
     assert not (crashed / "checkpoints" / "990.orbax-checkpoint-tmp-123").exists()
     subprocess.run(command + [f"run.dir={clean}"], capture_output=True, text=True, check=True)
     reference, after_crash = _losses(clean), _losses(crashed)
-    assert max(reference) == 300
+    assert max(reference) == 200
     assert {step: after_crash[step] for step in reference} == reference  # bit for bit, every logged step
 
 
