@@ -22,6 +22,7 @@ from jaxformer import sharding  # noqa: E402
 
 # one model per family, with enough layers for 4 stages (8: 4 stages x 2 chunks)
 DECODER = jf.config("tiny-llama").replace(decoder_layers=8)
+MIXTRAL = jf.config("tiny-mixtral").replace(decoder_layers=4, router_aux_loss_coef=0.01)
 ENCODER = jf.config("tiny-bert").replace(encoder_layers=8)
 SEQ2SEQ = jf.config("tiny-t5").replace(encoder_layers=4, decoder_layers=4)
 # name: (model, mesh, chunks a stage (1: GPipe), microbatches)
@@ -29,6 +30,8 @@ CASES = {
     "decoder (LLaMA), GPipe, stage 4": (DECODER, {"stage": 4}, 1, 4),
     "decoder (LLaMA), circular, stage 4 x data 2": (DECODER, {"stage": 4, "data": 2}, 2, 4),
     "decoder (LLaMA), circular, stage 2 x tensor 2 x fsdp 2": (DECODER, {"stage": 2, "tensor": 2, "fsdp": 2}, 2, 4),
+    "MoE decoder (Mixtral), circular, stage 2 x data 2": (MIXTRAL, {"stage": 2, "data": 2}, 2, 4),
+    "MoE decoder (Mixtral), GPipe, stage 2 x expert 4": (MIXTRAL, {"stage": 2, "expert": 4}, 1, 2),
     "encoder (BERT), GPipe, stage 4 x fsdp 2": (ENCODER, {"stage": 4, "fsdp": 2}, 1, 8),
     "encoder (BERT), circular, stage 2 x fsdp 2": (ENCODER, {"stage": 2, "fsdp": 2}, 2, 2),
     "encoder-decoder (T5), GPipe, stage 4 x data 2": (SEQ2SEQ, {"stage": 4, "data": 2}, 1, 4),
@@ -58,7 +61,8 @@ def loss_and_grads(cfg, mesh_shape, ids, mask):
             logits = out.logits if out.logits is not None else out.last_hidden_state @ readout
         logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
         nll = -jnp.take_along_axis(logp, (targets % logits.shape[-1])[..., None], axis=-1)[..., 0]
-        return jnp.sum(nll * weights) / jnp.sum(weights), logits
+        aux = 0.0 if out.aux_loss is None else out.aux_loss  # MoE: the balancing loss of the whole batch
+        return jnp.sum(nll * weights) / jnp.sum(weights) + aux, logits
 
     if count > 1:
         params = jax.device_put(params, sharding.state_shardings(params, mesh))

@@ -227,14 +227,15 @@ def test_expert_parallelism_with_an_all_to_all_equals_one_device():
 
 
 def test_pipeline_parallelism_equals_one_device():
-    """The `stage` axis: a decoder (LLaMA), an encoder (BERT) and an encoder-decoder (T5, both stacks
-    pipelined), each under GPipe and the circular schedule (2 chunks a stage), on 4 and 8 devices beside data,
-    fsdp and tensor: loss, outputs and every gradient equal one device's, and greedy decoding under stage=4
+    """The `stage` axis: a decoder (LLaMA), a MoE decoder (Mixtral, its balancing loss pooled over
+    microbatches), an encoder (BERT) and an encoder-decoder (T5, both stacks pipelined), each under GPipe and
+    the circular schedule (2 chunks a stage), on 4 and 8 devices beside data, fsdp, tensor and expert: loss,
+    outputs and every gradient equal one device's, and greedy decoding under stage=4
     (the cached steps run the layers in turn) gives one device's tokens (tests/pipeline_parallel_check.py,
     one subprocess of 8 simulated devices)."""
     report = _json_report("tests/pipeline_parallel_check.py")
     assert report.pop("greedy tokens under stage 4 equal one device's") is True
-    assert len(report) == 7
+    assert len(report) == 9
     assert {tuple(sorted(row["mesh"])) for row in report.values()} >= {("stage",), ("data", "stage"),
                                                                         ("fsdp", "stage")}
     for name, row in report.items():
@@ -258,14 +259,37 @@ def test_a_pipeline_refuses_what_it_cannot_split_before_anything_compiles():
         check_schedule(8, 8, 2, 1, 3)
     with pytest.raises(ValueError, match=r"groups of mesh.stage=4: train.microbatches=6 must be a multiple"):
         check_schedule(8, 12, 4, 2, 6)
-    for name, reason in (("tiny-deepseek", "first layers run apart"), ("tiny-mixtral", "MoE layers"),
-                         ("tiny-transformer-xl", "segment memory")):
+    for name, reason in (("tiny-deepseek", "first layers run apart"), ("tiny-transformer-xl", "segment memory")):
         with pytest.raises(ValueError, match=f"mesh.stage=2: decoder cannot run as a pipeline: .*{reason}"):
             check_pipeline_stacks(nnx.eval_shape(lambda: jf.build(name)), 2, 8)
     check_pipeline_stacks(nnx.eval_shape(lambda: jf.build("tiny-t5")), 2, 8)  # both stacks: 2 layers, 2 stages
     with pytest.raises(ValueError, match=r"train.microbatches=4 and train.pipeline_repeats=1 schedule a pipeline; "
                                          r"set mesh.stage > 1"):
         run_config.load(None, ["train.microbatches=4"])
+
+
+def test_router_statistics_pooled_over_microbatches_equal_the_whole_batchs():
+    """A pipeline's MoE layers see one microbatch at a time; their load, mean probability and DeepSeek-V3's
+    per-row term, pooled, equal the whole batch's, with a microbatch of no real tokens and rows of none."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxformer as jf
+    from jaxformer.layers.feedforward import Routing, pooled_router_statistics, router_statistics
+
+    cfg = jf.config("tiny-deepseek")  # sigmoid scores, k = 2 of 8 experts
+    B, T, E, k, M = 8, 5, cfg.num_experts, cfg.experts_per_token, 4
+    keys = jax.random.split(jax.random.key(0), 3)
+    experts = jax.random.randint(keys[0], (B, T, k), 0, E)
+    routing = Routing(experts, jnp.ones((B, T, k)), jax.nn.sigmoid(jax.random.normal(keys[1], (B, T, E))))
+    mask = jax.random.bernoulli(keys[2], 0.7, (B, T)).at[2:4].set(False).at[5].set(False)  # microbatch 1: none
+    whole = router_statistics(cfg, routing, mask)
+    parts = [router_statistics(cfg, Routing(*(a[2 * m:2 * m + 2] for a in routing)), mask[2 * m:2 * m + 2])
+             for m in range(M)]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *parts)
+    pooled = pooled_router_statistics(stacked, mask.reshape(M, B // M, T))
+    for name in ("load", "prob", "sequence_loss"):
+        np.testing.assert_allclose(pooled[name], whole[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_communicated_bytes_reads_collectives_and_counts_loops_per_iteration():

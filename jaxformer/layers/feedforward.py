@@ -453,7 +453,9 @@ def expert_dispatch(cfg: ModelConfig, batch: int):
     if not use_grouped_dispatch(cfg):
         return dense_experts
     rows_split = batch % math.prod(axis_size(axis) for axis in BATCH_AXES) == 0
-    if cfg.moe_dispatch != "grouped" and axis_size("expert") > 1 and rows_split:
+    # (under a ``stage`` axis the MoE layers run inside the pipeline's vmap over stages, where the exchange's
+    # shard_map does not yet trace: GSPMD partitions the grouped dispatch there)
+    if cfg.moe_dispatch != "grouped" and axis_size("expert") > 1 and rows_split and axis_size("stage") == 1:
         return exchanged_experts
     return grouped_experts
 
@@ -538,6 +540,24 @@ def router_statistics(cfg: ModelConfig, routing: Routing, token_mask: Array | No
     total = jnp.maximum(jnp.sum(row_tokens), 1.0)
     return {"load": jnp.sum(row_counts, axis=0) / (k * total), "prob": jnp.sum(row_probs, axis=0) / total,
             "sequence_loss": sequence_loss}
+
+
+def pooled_router_statistics(stats: dict[str, Array], token_mask: Array) -> dict[str, Array]:
+    """``router_statistics`` of M microbatches (leaves [M, L, ...]; ``token_mask`` [M, rows, T]: which tokens
+    were real) as those of the whole batch: ``load`` and ``prob`` weighted by each microbatch's real tokens,
+    ``sequence_loss`` by its rows that hold any. Exact: each is a sum over tokens (or rows) divided by their
+    count, and a microbatch without any contributes zero either way."""
+    if set(stats) != {"load", "prob", "sequence_loss"}:
+        raise ValueError(f"router statistics {sorted(stats)}: only load, prob and sequence_loss can be pooled")
+    w = token_mask.astype(jnp.float32)
+    tokens, rows = jnp.sum(w, axis=(1, 2)), jnp.sum(jnp.any(w > 0, axis=2), axis=1).astype(jnp.float32)
+
+    def pooled(values: Array, weights: Array) -> Array:
+        weights = weights.reshape(-1, *[1] * (values.ndim - 1))
+        return jnp.sum(values * weights, axis=0) / jnp.maximum(jnp.sum(weights), 1.0)
+
+    return {"load": pooled(stats["load"], tokens), "prob": pooled(stats["prob"], tokens),
+            "sequence_loss": pooled(stats["sequence_loss"], rows)}
 
 
 def load_balancing_loss(stats: dict[str, Array], cfg: ModelConfig) -> Array:

@@ -57,14 +57,16 @@ def check_schedule(num_layers: int, rows: int, stages: int, repeats: int, microb
 
 
 def run_pipeline(params: Any, x: Array, rows: Any, stage_fn: Callable, *, repeats: int,
-                 microbatches: int) -> Array:
+                 microbatches: int) -> tuple[Array, Any]:
     """x [B, T, D] through the stacked layers ``params`` (leaves [L, ...]) in a pipeline over the ``stage``
     mesh axis of the mesh in context.
 
     ``rows``: a pytree of per-row inputs (leaves [B, ...]: positions, masks' sources, an encoder output),
     cut into microbatches like x. ``stage_fn(chunk, h, rows_mb, microbatch, virtual_stage)`` runs one chunk
-    (``params`` leaves [L / (S R), ...]) over h [B / M, T, D]: ``virtual_stage`` r S + s says which layers
-    they are, ``microbatch`` which rows. Returns the stack's output [B, T, D], in the rows' order."""
+    (``params`` leaves [L / (S R), ...]) over h [B / M, T, D] and returns (h, per-layer outputs, leaves
+    [L / (S R), ...], or None): ``virtual_stage`` r S + s says which layers they are, ``microbatch`` which
+    rows. Returns the stack's output [B, T, D], in the rows' order, and the per-layer outputs of each
+    microbatch, leaves [M, L, ...] (MoE layers' router statistics)."""
     S, R, M = axis_size("stage"), repeats, microbatches
     L = jax.tree.leaves(params)[0].shape[0]
     per_chunk, visits = L // (S * R), M * R
@@ -100,19 +102,31 @@ def run_pipeline(params: Any, x: Array, rows: Any, stage_fn: Callable, *, repeat
     stages = jax.vmap(one_stage, spmd_axis_name="stage")
 
     def iteration(carry, t):
-        buffer, outputs = carry
+        buffer, outputs, per_layer = carry
         microbatch, repeat, busy = work(t)
         # stage 0 takes a new microbatch on its first repeat; on later ones, what the last stage passed it
         buffer = buffer.at[0].set(jnp.where(repeat[0] == 0, inputs[microbatch[0]], buffer[0]))
         stage_rows = jax.tree.map(lambda a: on_stages(a[microbatch]), rows)
-        out = on_stages(stages(chunks, on_stages(buffer), stage_rows, microbatch, repeat, stage_index))
+        out, layer_outs = stages(chunks, on_stages(buffer), stage_rows, microbatch, repeat, stage_index)
+        out = on_stages(out)
         finished = busy[-1] & (repeat[-1] == R - 1)
         last = microbatch[-1]
         outputs = outputs.at[last].set(jnp.where(finished, out[-1], outputs[last]))
-        return (jnp.roll(out, 1, axis=0), outputs), None
+        # each busy stage's per-layer outputs land at (its microbatch, its virtual stage); the bubble's are dropped
+        virtual = jnp.where(busy, repeat * S + stage_index, S * R)  # out of bounds: dropped
+        per_layer = jax.tree.map(lambda kept, new: kept.at[microbatch, virtual].set(new, mode="drop"),
+                                 per_layer, layer_outs)
+        return (jnp.roll(out, 1, axis=0), outputs, per_layer), None
 
     # every stage starts on real rows (the first microbatch), so the bubble's dropped work is finite
     buffer = on_stages(jnp.broadcast_to(inputs[0], (S, *inputs.shape[1:])))
+    first = jnp.zeros(S, jnp.int32)
+    shapes = jax.eval_shape(stages, chunks, buffer, jax.tree.map(lambda a: a[first], rows), first,
+                            first, stage_index)[1]
+    per_layer = jax.tree.map(lambda a: jnp.zeros((M, S * R, *a.shape[1:]), a.dtype), shapes)
     iterations, _ = schedule(S, R, M)
-    (_, outputs), _ = jax.lax.scan(iteration, (buffer, jnp.zeros_like(inputs)), jnp.arange(iterations))
-    return outputs.reshape(x.shape)
+    (_, outputs, per_layer), _ = jax.lax.scan(iteration, (buffer, jnp.zeros_like(inputs), per_layer),
+                                              jnp.arange(iterations))
+    # [M, S R, L / (S R), ...] -> [M, L, ...]: virtual stage v holds layers v L / (S R) onwards
+    per_layer = jax.tree.map(lambda a: a.reshape(M, L, *a.shape[3:]), per_layer)
+    return outputs.reshape(x.shape), per_layer

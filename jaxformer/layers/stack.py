@@ -26,7 +26,7 @@ from jaxformer.layers.attention import (Attention, DisentangledAttention, Disent
                                         RelativeAttention, layer_patterns, memory_visibility_mask, visibility_mask)
 from jaxformer.layers.convolution import SequenceConvolution
 from jaxformer.layers.core import Norm, dropout, param, split_key
-from jaxformer.layers.feedforward import MLP, MoE
+from jaxformer.layers.feedforward import MLP, MoE, pooled_router_statistics
 from jaxformer.layers.positions import (RelativeBias, RelativeEmbeddings, disentangled_index, rope_tables,
                                         xl_distances, xl_encodings)
 from jaxformer.layers.pipeline import check_schedule, run_pipeline
@@ -514,8 +514,8 @@ class Stack(nnx.Module):
                                   collect_hidden=collect_hidden, collect_attentions=collect_attentions)
         out, outputs = x, []
         if self._pipelined(cache, memory, collect_hidden, collect_attentions):
-            out = self._run_pipeline(x, tokens, cross, token_types, key, setup)
-            hidden = stats = new_kv = layer_inputs = None
+            out, stats = self._run_pipeline(x, tokens, cross, token_types, key, setup)
+            hidden = new_kv = layer_inputs = None
             weights = {"self": None, "cross": None}
         elif split:
             layer, per_layer, _ = setup(tokens, cross, token_types, key=key)
@@ -566,8 +566,6 @@ class Stack(nnx.Module):
                     "interleaved ones, ModernBERT's first layer, DeBERTa's convolution)")
         if cfg.shared_layers:
             return "ALBERT shares one layer's parameters across the stack: there is nothing to split into stages"
-        if cfg.num_experts:
-            return "its MoE layers' load statistics are not yet combined across microbatches"
         if self._remembers(None):
             return "Transformer-XL's segment memory keeps every layer's input, per row, across calls"
         return None
@@ -584,10 +582,11 @@ class Stack(nnx.Module):
         return True
 
     def _run_pipeline(self, x: Array, tokens: Tokens, cross: EncoderOutput | None, token_types: Array | None,
-                      key: Array | None, setup: Callable) -> Array:
+                      key: Array | None, setup: Callable) -> tuple[Array, dict[str, Array] | None]:
         """The layers as a pipeline over the ``stage`` mesh axis (``pipeline.run_pipeline``): each stage runs
-        its chunk of layers with ``run_stack``, on masks built for the microbatch it holds. Dropout draws a
-        microbatch's masks from the call's key folded with its index."""
+        its chunk of layers with ``run_stack``, on masks built for the microbatch it holds. Returns the output
+        and the MoE layers' router statistics of the whole batch, pooled from each microbatch's. Dropout draws
+        a microbatch's masks from the call's key folded with its index."""
         cfg = self.config
         stages, repeats = axis_size("stage"), cfg.pipeline_repeats
         per_chunk = self.num_layers // (stages * repeats)
@@ -598,10 +597,16 @@ class Stack(nnx.Module):
             layer, per_layer, _ = setup(*rows, key=microbatch_key)
             extra = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, virtual_stage * per_chunk, per_chunk),
                                  per_layer)
-            return run_stack(nnx.merge(graphdef, chunk), h, layer, extra, cfg)[0]
+            h, (_, stats, _, _, _) = run_stack(nnx.merge(graphdef, chunk), h, layer, extra, cfg)
+            return h, stats
 
-        return run_pipeline(params, x, (tokens, cross, token_types), stage, repeats=repeats,
-                            microbatches=cfg.pipeline_microbatches or stages)
+        microbatches = cfg.pipeline_microbatches or stages
+        out, stats = run_pipeline(params, x, (tokens, cross, token_types), stage, repeats=repeats,
+                                  microbatches=microbatches)
+        if stats is None:
+            return out, None
+        valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
+        return out, pooled_router_statistics(stats, valid.reshape(microbatches, -1, valid.shape[1]))
 
     def _layer_function(self, length: int, tokens: Tokens, cross: EncoderOutput | EncoderKV | None,
                         token_types: Array | None, *, cache, memory, key: Array | None, collect_hidden: bool,
