@@ -26,7 +26,8 @@ divides every stack's layers (2 p for pp_circular; ``--layers`` sets them).
 
 Under pp the table's last lines give each pipeline's bubble: the ideal share of a step a stage idles,
 (p - 1) / (M R + p - 1) for M microbatches and R chunks a stage, and the measured one, 1 - (single's step
-time / p) / the pipeline's step time: what the step loses against a perfect p-way split of single's work.
+time / n) / the pipeline's step time: what the step loses against a perfect split of single's work over the
+n devices (p stages x n/p data-parallel rows).
 On simulated CPU devices the p stages share the host's cores, so the measured figure there holds that
 sharing too (docs/sharding.md, "Pipeline parallelism").
 
@@ -262,7 +263,7 @@ def main(argv=None) -> int:
                      "grad_norm_rel_diff": abs(r["grad_norm"] / reference["grad_norm"] - 1), "specs": r["specs"]})
         if r["strategy"] in PIPELINES:
             stages, (microbatches, repeats) = r["mesh"]["stage"], r["schedule"]
-            measured = (1 - reference["step_ms"] / stages / r["step_ms"]) if r["step_ms"] and reference["step_ms"] else None
+            measured = (1 - reference["step_ms"] / n / r["step_ms"]) if r["step_ms"] and reference["step_ms"] else None
             rows[-1]["bubble"] = {"stages": stages, "microbatches": microbatches, "repeats": repeats,
                                   "ideal": schedule(stages, repeats, microbatches)[1], "measured": measured}
     if args.json:
@@ -286,7 +287,7 @@ def main(argv=None) -> int:
             b = r["bubble"]
             measured = "not timed (--steps 0)" if b["measured"] is None else f"measured {b['measured']:.0%}"
             print(f"{r['strategy']}: {b['stages']} stages x {b['repeats']} chunks, {b['microbatches']} microbatches: "
-                  f"bubble ideal {b['ideal']:.0%}, {measured} (1 - single's step / {b['stages']} / this step)")
+                  f"bubble ideal {b['ideal']:.0%}, {measured} (1 - single's step / {n} devices / this step)")
     return 0 if all(max(r["loss_diff"], r["param_diff"], r["grad_norm_rel_diff"]) < 1e-5 for r in rows) else 1
 
 
