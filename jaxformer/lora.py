@@ -22,6 +22,7 @@ from flax import nnx
 from jaxformer.config import ModelConfig
 from jaxformer.layers.weights import LoraParam, LoRA, Quantized, kernel, layout, quantize_kernel
 from jaxformer.models import FAMILIES, Model, carry_hf_files
+from jaxformer.sharding import LAYER_AXES
 
 
 def _build(cfg: ModelConfig, seed: int) -> Model:
@@ -53,7 +54,7 @@ def _fresh_factor(path: tuple, variable, cfg: ModelConfig, seed: int) -> jax.Arr
         return jnp.zeros(variable.shape, variable.dtype)
     # A [(layers,) (experts,) in.., R]: kaiming_uniform_(a=sqrt(5)) over fan_in, bound 1/sqrt(fan_in)
     axes = variable.get_metadata()["axes"]
-    fan_in = math.prod(n for n, axis in zip(variable.shape[:-1], axes[:-1]) if axis not in ("layers", "experts"))
+    fan_in = math.prod(n for n, axis in zip(variable.shape[:-1], axes[:-1]) if axis not in (*LAYER_AXES, "experts"))
     key = jax.random.fold_in(jax.random.key(seed), zlib.crc32(_key(path).encode()))
     bound = 1.0 / math.sqrt(fan_in)
     return jax.random.uniform(key, variable.shape, jnp.float32, -bound, bound)

@@ -29,8 +29,13 @@ MESH_AXES = ("stage", "data", "fsdp", "tensor", "expert", "sequence")
 # the expert-parallel devices are data-parallel (each holds other rows; the MoE layer exchanges them).
 BATCH_AXES = ("data", "fsdp", "expert")
 
-# Logical axis -> mesh axis. Unlisted axes (head_dim, embed_out, positions, relative, types, buckets, conv_*,
-# labels) are never split. Vectors (norm scales, biases: one axis besides ``layers``) stay replicated:
+# The leading axis of stacked layers: ``layers`` for a stack's main run of identical layers, which pipeline
+# stages split, ``unstaged_layers`` for the few that run apart from it (DeepSeek's dense first layers,
+# ModernBERT's first layer), which every stage keeps whole.
+LAYER_AXES = ("layers", "unstaged_layers")
+
+# Logical axis -> mesh axis. Unlisted axes (unstaged_layers, head_dim, embed_out, positions, relative, types,
+# buckets, conv_*, labels) are never split. Vectors (norm scales, biases: one axis besides the layers') stay replicated:
 # they are tiny, and gathering them would cost a collective per use.
 # A mesh axis splits at most one dimension of a parameter, the first that asks for it: MLA's latent
 # width takes FSDP where no `embed` axis does (its up-projections [latent, heads, head_dim]).
@@ -83,7 +88,7 @@ def check_batch(batch_size: int, mesh, what: str = "the batch") -> None:
 def spec_for(axes: tuple[str, ...], shape: tuple[int, ...], mesh, name: str = "a parameter") -> P:
     """The PartitionSpec of a parameter with logical ``axes``; a mesh axis that does not divide the
     dimension it would split is a ValueError naming both."""
-    if len([a for a in axes if a != "layers"]) <= 1:
+    if len([a for a in axes if a not in LAYER_AXES]) <= 1:
         return P()
     spec = []
     for axis, dim in zip(axes, shape):

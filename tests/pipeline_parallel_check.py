@@ -23,6 +23,8 @@ from jaxformer import sharding  # noqa: E402
 # one model per family, with enough layers for 4 stages (8: 4 stages x 2 chunks)
 DECODER = jf.config("tiny-llama").replace(decoder_layers=8)
 MIXTRAL = jf.config("tiny-mixtral").replace(decoder_layers=4, router_aux_loss_coef=0.01)
+# a dense first layer that every stage runs whole, then 4 MoE layers with latent attention in the pipeline
+DEEPSEEK = jf.config("tiny-deepseek").replace(decoder_layers=5, router_aux_loss_coef=0.01)
 ENCODER = jf.config("tiny-bert").replace(encoder_layers=8)
 SEQ2SEQ = jf.config("tiny-t5").replace(encoder_layers=4, decoder_layers=4)
 # name: (model, mesh, chunks a stage (1: GPipe), microbatches)
@@ -32,6 +34,7 @@ CASES = {
     "decoder (LLaMA), circular, stage 2 x tensor 2 x fsdp 2": (DECODER, {"stage": 2, "tensor": 2, "fsdp": 2}, 2, 4),
     "MoE decoder (Mixtral), circular, stage 2 x data 2": (MIXTRAL, {"stage": 2, "data": 2}, 2, 4),
     "MoE decoder (Mixtral), GPipe, stage 2 x expert 4": (MIXTRAL, {"stage": 2, "expert": 4}, 1, 2),
+    "DeepSeek (dense first layer apart), GPipe, stage 4 x data 2": (DEEPSEEK, {"stage": 4, "data": 2}, 1, 4),
     "encoder (BERT), GPipe, stage 4 x fsdp 2": (ENCODER, {"stage": 4, "fsdp": 2}, 1, 8),
     "encoder (BERT), circular, stage 2 x fsdp 2": (ENCODER, {"stage": 2, "fsdp": 2}, 2, 2),
     "encoder-decoder (T5), GPipe, stage 4 x data 2": (SEQ2SEQ, {"stage": 4, "data": 2}, 1, 4),

@@ -13,7 +13,7 @@ import jaxformer as jf
 from jaxformer.layers import Buffer, RouterBias, logical_axes, param
 from conftest import TINY, tiny_config, tiny_model
 
-AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "experts",
+AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "unstaged_layers", "experts",
               "positions", "types", "buckets", "labels", "latent", "segments", "index_heads", "index_head_dim",
               "embedding", "relative", "conv_width", "conv_in"}
 
@@ -100,10 +100,13 @@ def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], ob
         assert len(set(axes)) == len(axes), f"{where}: repeated axis name in {axes} (unshardable)"
         stacked = "blocks" in path or "dense_blocks" in path or "first_block" in path
         if stacked:
-            assert axes[0] == "layers", f"{where}: stacked block parameter must lead with 'layers', got {axes}"
+            # a stack's main run leads with 'layers' (pipeline stages split it); the layers run apart before
+            # it with 'unstaged_layers' (every stage keeps them whole)
+            leading = "layers" if "blocks" in path else "unstaged_layers"
+            assert axes[0] == leading, f"{where}: stacked block parameter must lead with {leading!r}, got {axes}"
             assert shape[0] == stack_layers[path[:2]], f"{where}: {shape[0]} layers in stack {path[:2]!r}"
         else:
-            assert "layers" not in axes, f"{where}: 'layers' on a parameter outside the block stack"
+            assert not {"layers", "unstaged_layers"} & set(axes), f"{where}: layers on a parameter outside the stack"
         for size, name in zip(shape[1:] if stacked else shape, axes[1:] if stacked else axes):
             assert size in sizes[name], f"{where}: axis {name!r} has size {size}, expected {sizes[name]}"
 

@@ -228,14 +228,15 @@ def test_expert_parallelism_with_an_all_to_all_equals_one_device():
 
 def test_pipeline_parallelism_equals_one_device():
     """The `stage` axis: a decoder (LLaMA), a MoE decoder (Mixtral, its balancing loss pooled over
-    microbatches), an encoder (BERT) and an encoder-decoder (T5, both stacks pipelined), each under GPipe and
+    microbatches), DeepSeek (its dense first layer run apart, latent attention and experts pipelined), an
+    encoder (BERT) and an encoder-decoder (T5, both stacks pipelined), each under GPipe and
     the circular schedule (2 chunks a stage), on 4 and 8 devices beside data, fsdp, tensor and expert: loss,
     outputs and every gradient equal one device's, and greedy decoding under stage=4
     (the cached steps run the layers in turn) gives one device's tokens (tests/pipeline_parallel_check.py,
     one subprocess of 8 simulated devices)."""
     report = _json_report("tests/pipeline_parallel_check.py")
     assert report.pop("greedy tokens under stage 4 equal one device's") is True
-    assert len(report) == 9
+    assert len(report) == 10
     assert {tuple(sorted(row["mesh"])) for row in report.values()} >= {("stage",), ("data", "stage"),
                                                                         ("fsdp", "stage")}
     for name, row in report.items():
@@ -259,9 +260,16 @@ def test_a_pipeline_refuses_what_it_cannot_split_before_anything_compiles():
         check_schedule(8, 8, 2, 1, 3)
     with pytest.raises(ValueError, match=r"groups of mesh.stage=4: train.microbatches=6 must be a multiple"):
         check_schedule(8, 12, 4, 2, 6)
-    for name, reason in (("tiny-deepseek", "first layers run apart"), ("tiny-transformer-xl", "segment memory")):
+    maverick = jf.config("tiny-mixtral").replace(decoder_layers=4, moe_layer_step=2)
+    for cfg, reason in ((maverick, "interleave with its expert layers"), (jf.config("tiny-transformer-xl"),
+                                                                           "segment memory")):
         with pytest.raises(ValueError, match=f"mesh.stage=2: decoder cannot run as a pipeline: .*{reason}"):
-            check_pipeline_stacks(nnx.eval_shape(lambda: jf.build(name)), 2, 8)
+            check_pipeline_stacks(nnx.eval_shape(lambda cfg=cfg: jf.build(cfg)), 2, 8)
+    deepseek = nnx.eval_shape(lambda: jf.build("tiny-deepseek"))  # a dense first layer, then 2 MoE layers
+    check_pipeline_stacks(deepseek, 2, 8)  # the dense layer runs apart, whole on every stage
+    with pytest.raises(ValueError, match=r"decoder \(past 1 run apart\) has 2 layers, which do not split into "
+                                         r"mesh.stage=4"):
+        check_pipeline_stacks(deepseek, 4, 8)
     check_pipeline_stacks(nnx.eval_shape(lambda: jf.build("tiny-t5")), 2, 8)  # both stacks: 2 layers, 2 stages
     with pytest.raises(ValueError, match=r"train.microbatches=4 and train.pipeline_repeats=1 schedule a pipeline; "
                                          r"set mesh.stage > 1"):

@@ -222,15 +222,16 @@ class Block(nnx.Module):
 
 
 def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_attention: bool = False,
-                   dense: bool = False, attn_norm: bool = True) -> Block:
-    """``num_layers`` Blocks as one Block whose parameters have a leading 'layers' axis.
+                   dense: bool = False, attn_norm: bool = True, axis: str = "layers") -> Block:
+    """``num_layers`` Blocks as one Block whose parameters have a leading ``axis`` ('layers'; the few layers
+    that run apart from a stack's main run: 'unstaged_layers', which pipeline stages leave whole).
 
     The parameter layout is the same whether the forward pass scans or unrolls, so checkpoints do
     not depend on ``scan_layers``.
     """
 
     @nnx.split_rngs(splits=num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers", "axes": "layers"})
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: axis, "axes": axis})
     def make(rngs: nnx.Rngs) -> Block:
         return Block(cfg, cross_attention=cross_attention, dense=dense, rngs=rngs, attn_norm=attn_norm)
 
@@ -433,13 +434,13 @@ class Stack(nnx.Module):
         # DeepSeek's first layers keep a dense MLP: a separate stack, run before the expert layers (Llama 4
         # Maverick's dense layers between its expert layers too: ``run_interleaved``).
         dense = len(cfg.dense_layer_ids) if not cross_attention else 0
-        self.dense_blocks = (stacked_blocks(cfg, dense, rngs=rngs, cross_attention=cross_attention, dense=True)
-                             if dense else None)
+        self.dense_blocks = (stacked_blocks(cfg, dense, rngs=rngs, cross_attention=cross_attention, dense=True,
+                                            axis="unstaged_layers") if dense else None)
         # ModernBERT's first layer has no attention norm, DeBERTa's has a convolution beside it: a stack of its
         # own, run first
         first = 0 if cfg.first_attn_norm and not cfg.conv_kernel_size else 1
         self.first_block = (None if first == 0 else
-                            stacked_blocks(cfg, 1, rngs=rngs, attn_norm=cfg.first_attn_norm))
+                            stacked_blocks(cfg, 1, rngs=rngs, attn_norm=cfg.first_attn_norm, axis="unstaged_layers"))
         self.conv = SequenceConvolution(cfg, rngs=rngs) if cfg.conv_kernel_size else None
         # ALBERT's shared layers: one stacked layer, applied num_layers times (``run_stack``)
         self.blocks = stacked_blocks(cfg, 1 if cfg.shared_layers else num_layers - dense - first, rngs=rngs,
@@ -512,12 +513,9 @@ class Stack(nnx.Module):
         remember, keeps_kv = self._remembers(memory), isinstance(memory, MemoryKV)
         setup = functools.partial(self._layer_function, x.shape[1], cache=cache, memory=memory,
                                   collect_hidden=collect_hidden, collect_attentions=collect_attentions)
+        pipelined = self._pipelined(cache, memory, collect_hidden, collect_attentions)
         out, outputs = x, []
-        if self._pipelined(cache, memory, collect_hidden, collect_attentions):
-            out, stats = self._run_pipeline(x, tokens, cross, token_types, key, setup)
-            hidden = new_kv = layer_inputs = None
-            weights = {"self": None, "cross": None}
-        elif split:
+        if split:
             layer, per_layer, _ = setup(tokens, cross, token_types, key=key)
             out, (hidden, stats, new_kv, layer_inputs, weights) = run_split(
                 self.blocks if len(self.groups()) == 1 else self.blocks_in_order(), out, layer, per_layer, cache, cfg)
@@ -528,16 +526,23 @@ class Stack(nnx.Module):
         else:
             layer, per_layer, conv_key = setup(tokens, cross, token_types, key=key)
             for blocks, first, end in self.groups():
+                if pipelined and blocks is self.blocks:  # the main run, after any layers that run apart
+                    out, stats = self._run_pipeline(out, tokens, cross, token_types, key, setup, first)
+                    break
                 out, group_outputs = run_stack(blocks, out, layer, jax.tree.map(lambda a: a[first:end], per_layer),
                                                cfg)
                 if self.conv is not None and end == 1:  # DeBERTa v2: the convolution joins the first layer's output
                     out = self.conv(x, out, tokens.valid, conv_key)
                     group_outputs = (None if group_outputs[0] is None else out[None], *group_outputs[1:])
                 outputs.append(group_outputs)
-            hidden, new_kv, layer_inputs, weights = (
-                jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3], o[4]) for o in outputs])
-                if len(outputs) > 1 else (outputs[0][0], outputs[0][2], outputs[0][3], outputs[0][4]))
-            stats = outputs[-1][1]  # the expert layers come last
+            if pipelined:  # a full pass without collected states: nothing per layer to hand back
+                hidden = new_kv = layer_inputs = None
+                weights = {"self": None, "cross": None}
+            else:
+                hidden, new_kv, layer_inputs, weights = (
+                    jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3], o[4]) for o in outputs])
+                    if len(outputs) > 1 else (outputs[0][0], outputs[0][2], outputs[0][3], outputs[0][4]))
+                stats = outputs[-1][1]  # the expert layers come last
         valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
         if cache is not None:
             cache = cache.write(new_kv, tokens.positions, valid)
@@ -558,12 +563,17 @@ class Stack(nnx.Module):
         """Whether this call rolls Transformer-XL's segment memory forward."""
         return self.config.position == "xl" and (memory is not None or self.config.memory_len > 0)
 
+    def staged_layers(self) -> int:
+        """The layers of the stack's main run (``self.blocks``), which a pipeline splits into stages; layers
+        that run apart before it (DeepSeek's dense ones, ModernBERT's and DeBERTa's first) every stage keeps."""
+        _, first, end = self.groups()[-1]
+        return end - first
+
     def pipeline_problem(self) -> str | None:
         """Why this stack cannot run as a pipeline over a ``stage`` mesh axis (None: it can)."""
         cfg = self.config
-        if len(self.groups()) > 1:
-            return ("its first layers run apart from the rest (DeepSeek's dense layers, Llama 4 Maverick's "
-                    "interleaved ones, ModernBERT's first layer, DeBERTa's convolution)")
+        if cfg.moe_layer_step > 1 and self.dense_blocks is not None:
+            return "Llama 4 Maverick's dense layers interleave with its expert layers"
         if cfg.shared_layers:
             return "ALBERT shares one layer's parameters across the stack: there is nothing to split into stages"
         if self._remembers(None):
@@ -582,21 +592,22 @@ class Stack(nnx.Module):
         return True
 
     def _run_pipeline(self, x: Array, tokens: Tokens, cross: EncoderOutput | None, token_types: Array | None,
-                      key: Array | None, setup: Callable) -> tuple[Array, dict[str, Array] | None]:
-        """The layers as a pipeline over the ``stage`` mesh axis (``pipeline.run_pipeline``): each stage runs
-        its chunk of layers with ``run_stack``, on masks built for the microbatch it holds. Returns the output
-        and the MoE layers' router statistics of the whole batch, pooled from each microbatch's. Dropout draws
-        a microbatch's masks from the call's key folded with its index."""
+                      key: Array | None, setup: Callable, first: int) -> tuple[Array, dict[str, Array] | None]:
+        """The main run of layers (``self.blocks``, from layer ``first``) as a pipeline over the ``stage`` mesh
+        axis (``pipeline.run_pipeline``): each stage runs its chunk of layers with ``run_stack``, on masks
+        built for the microbatch it holds. Returns the output and the MoE layers' router statistics of the
+        whole batch, pooled from each microbatch's. Dropout draws a microbatch's masks from the call's key
+        folded with its index."""
         cfg = self.config
         stages, repeats = axis_size("stage"), cfg.pipeline_repeats
-        per_chunk = self.num_layers // (stages * repeats)
+        per_chunk = self.staged_layers() // (stages * repeats)
         graphdef, params = nnx.split(self.blocks)
 
         def stage(chunk: Any, h: Array, rows: tuple, microbatch: Array, virtual_stage: Array) -> Array:
             microbatch_key = None if key is None else jax.random.fold_in(key, microbatch)
             layer, per_layer, _ = setup(*rows, key=microbatch_key)
-            extra = jax.tree.map(lambda a: jax.lax.dynamic_slice_in_dim(a, virtual_stage * per_chunk, per_chunk),
-                                 per_layer)
+            extra = jax.tree.map(
+                lambda a: jax.lax.dynamic_slice_in_dim(a, first + virtual_stage * per_chunk, per_chunk), per_layer)
             h, (_, stats, _, _, _) = run_stack(nnx.merge(graphdef, chunk), h, layer, extra, cfg)
             return h, stats
 
@@ -771,9 +782,10 @@ def check_pipeline_stacks(model: nnx.Module, stages: int, rows: int) -> None:
     for path, module in nnx.iter_graph(model):
         if isinstance(module, Stack):
             what = "/".join(map(str, path)) or "the stack"
+            apart = module.num_layers - module.staged_layers()
             problem = module.pipeline_problem()
             if problem:
                 raise ValueError(f"mesh.stage={stages}: {what} cannot run as a pipeline: {problem}")
             cfg = module.config
-            check_schedule(module.num_layers, rows, stages, cfg.pipeline_repeats, cfg.pipeline_microbatches or stages,
-                           what)
+            check_schedule(module.staged_layers(), rows, stages, cfg.pipeline_repeats,
+                           cfg.pipeline_microbatches or stages, what + (f" (past {apart} run apart)" if apart else ""))

@@ -38,7 +38,8 @@ from jaxformer.train.run_config import RunConfig
 
 def decay_mask(params: nnx.State) -> nnx.State:
     """Weight decay on matrices and embeddings only: not on norms and biases (vectors per layer)."""
-    return jax.tree.map(lambda v: v.replace(len([a for a in v.get_metadata()["axes"] if a != "layers"]) >= 2),
+    return jax.tree.map(lambda v: v.replace(len([a for a in v.get_metadata()["axes"]
+                                                 if a not in sharding.LAYER_AXES]) >= 2),
                         params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
