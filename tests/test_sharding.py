@@ -154,7 +154,7 @@ def test_two_processes_on_loopback_train_like_one_process_with_four_devices(tmp_
 
 
 def test_a_checkpoint_restores_onto_another_mesh(tmp_path):
-    """Saved under fsdp=4, restored under data=2 x tensor=2 (and onto one device): identical values."""
+    """Saved under fsdp=4, restored under data=2 x tensor=2, data=2 x stage=2 and fsdp=4: identical values."""
     script = f"""
 import json, numpy as np, jax
 from flax import nnx
@@ -164,7 +164,7 @@ from jaxformer.train.evaluate import restore_run
 cfg = run_config.load(None, {TRAIN!r} + ["run.dir={tmp_path / 'run'}", "mesh.data=1", "mesh.fsdp=4"])
 trained = train(cfg, progress=False)["model"]
 reference = [np.asarray(x) for x in jax.tree.leaves(nnx.state(trained, nnx.Param))]
-for mesh in (["mesh.data=2", "mesh.tensor=2"], ["mesh.data=1", "mesh.fsdp=4"]):
+for mesh in (["mesh.data=2", "mesh.tensor=2"], ["mesh.data=2", "mesh.stage=2"], ["mesh.data=1", "mesh.fsdp=4"]):
     run, step = restore_run("{tmp_path / 'run'}", overrides=tuple(mesh))
     leaves = jax.tree.leaves(nnx.state(run.model, nnx.Param))
     assert step == 8
@@ -174,8 +174,9 @@ for mesh in (["mesh.data=2", "mesh.tensor=2"], ["mesh.data=1", "mesh.fsdp=4"]):
     env = simulated_devices(4)
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
-    tensor_specs, fsdp_specs = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
+    tensor_specs, stage_specs, fsdp_specs = (json.loads(line) for line in out.stdout.strip().splitlines()[-3:])
     assert any("tensor" in s for s in tensor_specs) and any("fsdp" in s for s in fsdp_specs)
+    assert any("stage" in s for s in stage_specs)  # each stage restores only its own layers
 
 
 def test_generation_on_a_sharded_model_is_token_identical():
