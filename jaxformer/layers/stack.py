@@ -603,7 +603,8 @@ class Stack(nnx.Module):
         per_chunk = self.staged_layers() // (stages * repeats)
         graphdef, params = nnx.split(self.blocks)
 
-        def stage(chunk: Any, h: Array, rows: tuple, microbatch: Array, virtual_stage: Array) -> Array:
+        def stage(chunk: Any, h: Array, rows: tuple, microbatch: Array,
+                  virtual_stage: Array) -> tuple[Array, dict[str, Array] | None]:
             microbatch_key = None if key is None else jax.random.fold_in(key, microbatch)
             layer, per_layer, _ = setup(*rows, key=microbatch_key)
             extra = jax.tree.map(
