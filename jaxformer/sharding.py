@@ -39,8 +39,8 @@ LAYER_AXES = ("layers", "unstaged_layers")
 # they are tiny, and gathering them would cost a collective per use.
 # A mesh axis splits at most one dimension of a parameter, the first that asks for it: MLA's latent
 # width takes FSDP where no `embed` axis does (its up-projections [latent, heads, head_dim]).
-RULES = {"layers": "stage", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor", "vocab": "tensor",
-         "experts": "expert", "latent": "fsdp", "index_heads": "tensor"}
+RULES = {"layers": "stage", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor",
+         "vocab": "tensor", "experts": "expert", "latent": "fsdp", "index_heads": "tensor"}
 
 # Mesh shapes of the named strategies on ``n`` devices; ``tensor`` (and ``expert``) take the largest
 # size that divides both ``n`` and what they split, the rest of the devices do data parallelism.

@@ -32,6 +32,9 @@ CASES = {
     "decoder (LLaMA), GPipe, stage 4": (DECODER, {"stage": 4}, 1, 4),
     "decoder (LLaMA), circular, stage 4 x data 2": (DECODER, {"stage": 4, "data": 2}, 2, 4),
     "decoder (LLaMA), circular, stage 2 x tensor 2 x fsdp 2": (DECODER, {"stage": 2, "tensor": 2, "fsdp": 2}, 2, 4),
+    # tokens split over `sequence` too: attention on XLA partitioned along it (the ring does not run in a pipeline)
+    "decoder (LLaMA), GPipe, stage 2 x sequence 2 x data 2": (DECODER, {"stage": 2, "sequence": 2, "data": 2},
+                                                              1, 2),
     "MoE decoder (Mixtral), circular, stage 2 x data 2": (MIXTRAL, {"stage": 2, "data": 2}, 2, 4),
     "MoE decoder (Mixtral), GPipe, stage 2 x expert 4": (MIXTRAL, {"stage": 2, "expert": 4}, 1, 2),
     "DeepSeek (dense first layer apart), GPipe, stage 4 x data 2": (DEEPSEEK, {"stage": 4, "data": 2}, 1, 4),

@@ -231,13 +231,14 @@ def test_pipeline_parallelism_equals_one_device():
     """The `stage` axis: a decoder (LLaMA), a MoE decoder (Mixtral, its balancing loss pooled over
     microbatches), DeepSeek (its dense first layer run apart, latent attention and experts pipelined), an
     encoder (BERT) and an encoder-decoder (T5, both stacks pipelined), each under GPipe and
-    the circular schedule (2 chunks a stage), on 4 and 8 devices beside data, fsdp, tensor and expert: loss,
+    the circular schedule (2 chunks a stage), on 4 and 8 devices beside data, fsdp, tensor, expert and
+    sequence: loss,
     outputs and every gradient equal one device's, and greedy decoding under stage=4
     (the cached steps run the layers in turn) gives one device's tokens (tests/pipeline_parallel_check.py,
     one subprocess of 8 simulated devices)."""
     report = _json_report("tests/pipeline_parallel_check.py")
     assert report.pop("greedy tokens under stage 4 equal one device's") is True
-    assert len(report) == 10
+    assert len(report) == 11
     assert {tuple(sorted(row["mesh"])) for row in report.values()} >= {("stage",), ("data", "stage"),
                                                                         ("fsdp", "stage")}
     for name, row in report.items():
