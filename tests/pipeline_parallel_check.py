@@ -23,6 +23,9 @@ from jaxformer import sharding  # noqa: E402
 # one model per family, with enough layers for 4 stages (8: 4 stages x 2 chunks)
 DECODER = jf.config("tiny-llama").replace(decoder_layers=8)
 MIXTRAL = jf.config("tiny-mixtral").replace(decoder_layers=4, router_aux_loss_coef=0.01)
+# layers of two kinds (a window of 5 on three of four): each chunk must read its own layers' kinds
+GEMMA3 = jf.config("tiny-gemma3").replace(decoder_layers=8, layer_types=("sliding", "sliding", "full", "sliding") * 2,
+                                          window_size=5)
 # a dense first layer that every stage runs whole, then 4 MoE layers with latent attention in the pipeline
 DEEPSEEK = jf.config("tiny-deepseek").replace(decoder_layers=5, router_aux_loss_coef=0.01)
 ENCODER = jf.config("tiny-bert").replace(encoder_layers=8)
@@ -35,6 +38,7 @@ CASES = {
     # tokens split over `sequence` too: attention on XLA partitioned along it (the ring does not run in a pipeline)
     "decoder (LLaMA), GPipe, stage 2 x sequence 2 x data 2": (DECODER, {"stage": 2, "sequence": 2, "data": 2},
                                                               1, 2),
+    "alternating windows (Gemma 3), circular, stage 2 x data 2": (GEMMA3, {"stage": 2, "data": 2}, 2, 2),
     "MoE decoder (Mixtral), circular, stage 2 x data 2": (MIXTRAL, {"stage": 2, "data": 2}, 2, 4),
     "MoE decoder (Mixtral), GPipe, stage 2 x expert 4": (MIXTRAL, {"stage": 2, "expert": 4}, 1, 2),
     "DeepSeek (dense first layer apart), GPipe, stage 4 x data 2": (DEEPSEEK, {"stage": 4, "data": 2}, 1, 4),

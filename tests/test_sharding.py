@@ -228,7 +228,7 @@ def test_expert_parallelism_with_an_all_to_all_equals_one_device():
 
 
 def test_pipeline_parallelism_equals_one_device():
-    """The `stage` axis: a decoder (LLaMA), a MoE decoder (Mixtral, its balancing loss pooled over
+    """The `stage` axis: a decoder (LLaMA), Gemma 3's alternating sliding and full layers, a MoE decoder (Mixtral, its balancing loss pooled over
     microbatches), DeepSeek (its dense first layer run apart, latent attention and experts pipelined), an
     encoder (BERT) and an encoder-decoder (T5, both stacks pipelined), each under GPipe and
     the circular schedule (2 chunks a stage), on 4 and 8 devices beside data, fsdp, tensor, expert and
@@ -238,7 +238,7 @@ def test_pipeline_parallelism_equals_one_device():
     one subprocess of 8 simulated devices)."""
     report = _json_report("tests/pipeline_parallel_check.py")
     assert report.pop("greedy tokens under stage 4 equal one device's") is True
-    assert len(report) == 11
+    assert len(report) == 12
     assert {tuple(sorted(row["mesh"])) for row in report.values()} >= {("stage",), ("data", "stage"),
                                                                         ("fsdp", "stage")}
     for name, row in report.items():
