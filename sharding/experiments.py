@@ -92,12 +92,12 @@ def mesh_shape(strategy: str, n: int, cfg, seq_len: int) -> dict[str, int]:
     if strategy in ("single",):
         return {"data": 1}
     if strategy in PIPELINES:
-        stacks = [layers for layers in (cfg.encoder_layers, cfg.decoder_layers) if layers]
-        stage = largest_divisor(n, [layers // PIPELINES[strategy] for layers in stacks
-                                    if layers % PIPELINES[strategy] == 0] or [1], max(n // 2, 1))
-        if stage == 1 or any(layers % (stage * PIPELINES[strategy]) for layers in stacks):
+        stacks, chunks = [layers for layers in (cfg.encoder_layers, cfg.decoder_layers) if layers], PIPELINES[strategy]
+        stage = max((d for d in range(2, n // 2 + 1) if n % d == 0 and all(layers % (d * chunks) == 0
+                                                                            for layers in stacks)), default=None)
+        if stage is None:
             raise ValueError(f"strategy {strategy!r}: {cfg.name}'s stacks of {stacks} layers do not split into 2 or "
-                             f"more stages x {PIPELINES[strategy]} chunks on {n} devices; give --layers")
+                             f"more stages x {chunks} chunks on {n} devices; give --layers")
         return {"data": n // stage, "stage": stage}
     if strategy == "cp":
         sequence = max(d for d in range(1, n + 1) if n % d == 0 and seq_len % (2 * d) == 0)

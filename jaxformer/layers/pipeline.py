@@ -19,7 +19,7 @@ iterations, each a chunk R times smaller. The bubble, the share of a stage's ite
 Costs to know: every iteration computes every stage, the bubble's too (on inputs that are real rows, whose
 results are dropped), as an SPMD program must; the circular schedule's chunks interleave layers across
 stages while checkpoints keep layer order, so under R > 1 each step moves the (R - 1) / R of a stage's
-parameters that lie elsewhere (one all-to-all forward, one for their gradients).
+parameters that lie elsewhere into place, and their gradients back (XLA sends them by collective permutes).
 """
 
 from __future__ import annotations
