@@ -148,6 +148,14 @@ _PHI35_LONG = (
     64.06999969482422, 64.08000183105469, 64.12000274658203, 64.41000366210938, 64.4800033569336,
     64.51000213623047, 64.52999877929688, 64.83999633789062,
 )
+# Phi-4-mini-instruct's published long factors (its short ones are all 1), one per rotated pair of 96
+_PHI4_MINI_LONG = (
+    1.0, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649, 2.446418898,
+    2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533, 5.984965424,
+    6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6,
+    32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77,
+)
 
 
 def _gpt_oss(layers: int, experts: int) -> dict:
@@ -238,6 +246,8 @@ _PRESETS: dict[str, dict] = {
     "bert-large-uncased": _bert(1024, 24, 16),
     # RoBERTa: BERT's architecture, byte-level BPE vocabulary, one token type, positions offset by 2.
     "roberta-base": _roberta(768, 12, 12, 50265),
+    # MPNet (Song et al. 2020): RoBERTa's layout without token types, plus one relative bias over 32 buckets
+    "mpnet-base": {**_roberta(768, 12, 12, 30527), "type_vocab_size": 0, "index_relative_bias": True},
     # DistilBERT: BERT-base halved in depth, no token types, no pooler (its classifier has its own ReLU layer)
     "distilbert-base-uncased": _bert(768, 6, 12, type_vocab_size=0, pooler=False, pooler_activation="relu",
                                      pad_token_id=0),
@@ -294,6 +304,9 @@ _PRESETS: dict[str, dict] = {
     # mT5 (Xue et al. 2021): T5 v1.1 over 101 languages
     "mt5-small": _t5(512, 1024, 8, 6, v1_1=True, vocab=250112),
     "mt5-base": _t5(768, 2048, 12, 12, v1_1=True, vocab=250112),
+    # UMT5 (Chung et al. 2023): mT5 over a 256K vocabulary, every self-attention layer with its own relative bias
+    **{name: {**_t5(d_model, d_ff, layers, heads, v1_1=True, vocab=256384), "relative_bias_per_layer": True}
+       for name, d_model, d_ff, layers, heads in (("umt5-small", 512, 1024, 8, 6), ("umt5-base", 768, 2048, 12, 12))},
     # BART: post-norm, GELU, learned positions offset by 2 in separate encoder and decoder tables, a
     # LayerNorm on each side's embeddings, one embedding shared by encoder, decoder and LM head.
     "bart-base": dict(family="encoder_decoder", vocab_size=50265, d_model=768, num_heads=12, d_ff=3072,
@@ -351,6 +364,13 @@ _PRESETS: dict[str, dict] = {
                            rope_scaling=dict(kind="longrope", factor=32.0, original_max_positions=4096,
                                              short_factor=_PHI35_SHORT, long_factor=_PHI35_LONG),
                            pad_token_id=32000, bos_token_id=1, eos_token_id=32000),
+    # Phi-4-mini: Phi-3.5-mini's recipe with GQA (24 heads, 8 kv), a 200K vocabulary tied to the head, and
+    # three quarters of each head rotating (96 of 128, longrope sized for them)
+    "phi-4-mini": _llama(3072, 32, 24, 8, 8192, 200064, 10000.0, 131072, attention="sliding", window_size=262144,
+                         rotary_dim=96, tie_embeddings=True,
+                         rope_scaling=dict(kind="longrope", factor=32.0, original_max_positions=4096,
+                                           short_factor=(1.0,) * 48, long_factor=_PHI4_MINI_LONG),
+                         pad_token_id=199999, bos_token_id=199999, eos_token_id=199999),
     # gpt-oss: attention sinks, alternating 128-token windows (the first layer sliding), experts with biases
     # behind a biased router, the clamped SwiGLU (limit 7, gain 1.702), yarn from 4096 to 131072 positions
     # Llama 4 Scout (text): chunks of 8192 on three layers in four, every fourth global without rotary
@@ -404,6 +424,10 @@ _PRESETS: dict[str, dict] = {
     "gemma-3-4b": _gemma(2560, 34, 8, 4, 10240, 262208, 1024, 6, 131072, gemma3=True,
                          rope_scaling={"kind": "linear", "factor": 8.0}),
     "t5gemma-2b-2b": _t5gemma(_gemma(2304, 26, 8, 4, 9216, 256000, 4096, 2, 8192, gemma3=False)),
+    # EmbeddingGemma (Google 2025): a Gemma 3 encoder; its file's sliding_window 512 spans both sides, so each
+    # sliding layer sees the keys within 256 either way. Pooling, Dense and Normalize live in the ST folder.
+    "embeddinggemma-300m": _gemma(768, 24, 3, 1, 1152, 262144, 256, 6, 2048, gemma3=True, family="encoder",
+                                  encoder_layers=24, decoder_layers=0, head="none"),
     # Transformer-XL's WikiText-103 models (paper: 151M and 257M with the adaptive softmax; see _transformer_xl)
     "transformer-xl": _transformer_xl(410, 16, 10, 2100, 150, 0.1, 0.0),
     "transformer-xl-large": _transformer_xl(1024, 18, 16, 4096, 384, 0.2, 0.2),

@@ -90,6 +90,14 @@ PHI35_LONG = (
     64.06999969482422, 64.08000183105469, 64.12000274658203, 64.41000366210938, 64.4800033569336,
     64.51000213623047, 64.52999877929688, 64.83999633789062,
 )
+# Phi-4-mini-instruct's published long factors (config.json, rope_scaling; its 48 short factors are all 1.0)
+PHI4_MINI_LONG = (
+    1.0, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817, 2.187582649, 2.446418898,
+    2.735880826, 3.059592084, 3.421605075, 3.826451687, 4.279200023, 4.785517845, 5.351743533, 5.984965424,
+    6.693110555, 7.485043894, 8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+    16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884, 32.03, 32.1, 32.13, 32.23, 32.6,
+    32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97, 33.28, 33.49, 33.5, 44.16, 47.77,
+)
 
 def _rope(theta: float) -> dict:
     return {"rope_type": "default", "rope_theta": theta}
@@ -127,6 +135,9 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
         2560, 34, 8, 4, 10240, 262208, sliding_window=1024,
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    # EmbeddingGemma: the base model, bidirectional (google/embeddinggemma-300m's config.json)
+    "embeddinggemma-300m": ("Gemma3TextModel", _gemma(768, 24, 3, 1, 1152, 262144, sliding_window=512,
+                                                      max_position_embeddings=2048, use_bidirectional_attention=True)),
     "t5gemma-2b-2b": ("T5GemmaForConditionalGeneration",
                       dict(encoder=_gemma(2304, 26, 8, 4, 9216, 256000), decoder=_gemma(2304, 26, 8, 4, 9216, 256000),
                            vocab_size=256000)),
@@ -238,6 +249,19 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
                                                   layer_norm_epsilon=1e-6, tie_word_embeddings=False,
                                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
        for name, d_model, d_ff, layers, heads in (("mt5-small", 512, 1024, 8, 6), ("mt5-base", 768, 2048, 12, 12))},
+    # --- UMT5 (mT5 with a relative bias in every self-attention layer) ---------
+    **{name: ("UMT5ForConditionalGeneration", dict(vocab_size=256384, d_model=d_model, d_ff=d_ff, d_kv=64,
+                                                   num_layers=layers, num_decoder_layers=layers, num_heads=heads,
+                                                   relative_attention_num_buckets=32,
+                                                   relative_attention_max_distance=128, feed_forward_proj="gated-gelu",
+                                                   layer_norm_epsilon=1e-6, tie_word_embeddings=False,
+                                                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1))
+       for name, d_model, d_ff, layers, heads in (("umt5-small", 512, 1024, 8, 6), ("umt5-base", 768, 2048, 12, 12))},
+    # --- MPNet (microsoft/mpnet-base's config.json) ------------------------------
+    "mpnet-base": ("MPNetModel", dict(vocab_size=30527, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                      intermediate_size=3072, hidden_act="gelu", max_position_embeddings=514,
+                                      layer_norm_eps=1e-5, relative_attention_num_buckets=32, pad_token_id=1,
+                                      bos_token_id=0, eos_token_id=2)),
     # --- BART ------------------------------------------------------------------
     "bart-base": (
         "BartForConditionalGeneration",
@@ -420,6 +444,15 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
                                                          "short_factor": list(PHI35_SHORT),
                                                          "long_factor": list(PHI35_LONG)}),
     ),
+    "phi-4-mini": (
+        "Phi3ForCausalLM",
+        dict(vocab_size=200064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=24,
+             num_key_value_heads=8, hidden_act="silu", max_position_embeddings=131072,
+             original_max_position_embeddings=4096, rms_norm_eps=1e-5, sliding_window=262144,
+             tie_word_embeddings=True, pad_token_id=199999, bos_token_id=199999, eos_token_id=199999,
+             rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                              "short_factor": [1.0] * 48, "long_factor": list(PHI4_MINI_LONG)}),
+    ),
     # gpt-oss: sinks, biased experts and router, the clamped SwiGLU, alternating 128-token windows, yarn
     # Llama 4 Scout's text_config (attn_temperature_tuning is published as 4, which the strict config class
     # refuses: True reads the same)
@@ -564,7 +597,7 @@ def hf_param_count(name: str) -> int:
         # v1.1 checkpoints carry a separate lm_head (from_pretrained unties it
         # because both tensors are present and differ), so untie it here.
         if (
-            model_cls_name in ("T5ForConditionalGeneration", "MT5ForConditionalGeneration")
+            model_cls_name in ("T5ForConditionalGeneration", "MT5ForConditionalGeneration", "UMT5ForConditionalGeneration")
             and kwargs.get("tie_word_embeddings") is False
             and model.lm_head.weight is model.shared.weight
         ):

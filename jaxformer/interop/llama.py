@@ -82,6 +82,9 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     if model_type in GLM:  # its config class rotates half of each head by default
         theta, scaling, fraction = partial_rope_from_hf(hf, 0.5)
         rotary = rotary_width(hf["head_dim"] or hf["hidden_size"] // heads, fraction, model_type)
+    elif model_type == "phi3":  # Phi-4-mini rotates three quarters of each head (longrope sized for that part)
+        theta, scaling, fraction = partial_rope_from_hf(hf, 1.0)
+        rotary = rotary_width(hf.get("head_dim") or hf["hidden_size"] // heads, fraction, model_type)
     else:
         theta, scaling = rope_from_hf(hf, DEFAULT_THETA.get(model_type, 1e4))
     pattern, window = "causal", None
@@ -121,6 +124,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                    router_aux_loss_coef=hf["router_aux_loss_coef"])
     if model_type == "phi3":
         cfg["dropout_rate"] = float(hf["resid_pdrop"])  # embd_pdrop: training-time, not modelled (HARMLESS)
+        cfg["rotary_dim"] = rotary
     return cfg
 
 
@@ -156,13 +160,20 @@ def mixtral_shaped(cfg: ModelConfig) -> bool:
 
 
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
+    return _target(cfg, partial_rotary=False)
+
+
+def _target(cfg: ModelConfig, partial_rotary: bool) -> tuple[str, str] | None:
+    """The LLaMA-like type that holds ``cfg``; with ``partial_rotary``, also when only the first rotary_dim
+    numbers of each head rotate (what Phi-3's files can say, LLaMA's cannot)."""
     if cfg.family != "decoder" or cfg.position != "rope" or cfg.mla:
         return None
     if cfg.rope_interleave:  # GLM's layout (GPT-J's is a layernorm model: gpt_neox.py)
         return _glm_target(cfg) if cfg.norm == "rmsnorm" else None
     gemma_parts = (cfg.sandwich_norm, cfg.norm_scale_offset, cfg.scale_embeddings, cfg.attention_softcap,
                    cfg.logits_softcap, cfg.attention == "alternating", cfg.attention_scale is not None,
-                   cfg.rotary_dim is not None, cfg.rope_interleave, cfg.parallel_residual)  # or NeoX's, GPT-J's
+                   cfg.rotary_dim is not None and not partial_rotary, cfg.rope_interleave,
+                   cfg.parallel_residual)  # or NeoX's, GPT-J's
     if any(gemma_parts):  # nothing LLaMA's files can say
         return None
     if cfg.num_experts and not (mixtral_shaped(cfg) and not cfg.qk_norm and not cfg.qkv_bias):
@@ -209,11 +220,13 @@ def _glm_target(cfg: ModelConfig) -> tuple[str, str] | None:
 
 def target_as(cfg: ModelConfig, model_type: str) -> tuple[str, str] | None:
     """A model loaded from ``model_type`` is written back as it when that type holds it: Phi-3 holds what
-    plain LLaMA (or Mistral, with a window) holds, in fused tensors."""
-    found = target(cfg)
+    plain LLaMA (or Mistral, with a window) holds, in fused tensors, and a partial rotary (Phi-4-mini)."""
     suffix = "ForCausalLM" if cfg.head == "lm" else "Model"
-    if model_type == "phi3" and found is not None and found[0] in ("llama", "mistral") and not cfg.qkv_bias:
-        return "phi3", f"Phi3{suffix}"
+    if model_type == "phi3":
+        found = _target(cfg, partial_rotary=True)
+        if found is not None and found[0] in ("llama", "mistral") and not cfg.qkv_bias:
+            return "phi3", f"Phi3{suffix}"
+    found = target(cfg)
     return found if found is not None and found[0] == model_type else None
 
 
@@ -241,7 +254,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                    mlp_only_layers=list(range(cfg.dense_layers)))
     if model_type == "qwen2_moe":
         out.update(qkv_bias=cfg.qkv_bias, shared_expert_intermediate_size=cfg.shared_experts * cfg.expert_width)
-    if model_type in GLM:
+    if model_type in GLM or (model_type == "phi3" and cfg.rotary_dim is not None):
         out["rope_parameters"]["partial_rotary_factor"] = cfg.rope_dim / cfg.head_dim_
         out.update(attention_bias=cfg.qkv_bias)
     if model_type in QWEN:
@@ -317,6 +330,9 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in STEMS},
                             tuple(f"{stem}Model" for stem in STEMS.values()), config_from_hf, target, config_to_hf,
                             rules, harmless={"pretraining_tp": "transformers 5 never reads it",
+                                             **dict.fromkeys(("full_attn_mod", "interpolate_factor", "lm_head_bias"),
+                                                             "in Phi-4-mini's files, for Microsoft's own code; "
+                                                             "transformers' Phi-3 never reads it"),
                                              "max_window_layers": "in Qwen3-MoE's files, which nothing of it reads "
                                                                   "(Qwen2's and Qwen3's read theirs)"},
                             target_as=target_as, defaults=DEFAULTS)

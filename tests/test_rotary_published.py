@@ -1,0 +1,166 @@
+"""Rotary corner cases of published LLaMA-lineage files, each read as transformers reads it: Phi-4-mini's
+partial rotary under longrope, Llama 4 Scout's llama3 scaling with an empty blending band, and a Qwen3 file
+whose missing key is filled in from the config class. Each file is a copy of the published config.json with
+its sizes made tiny (every other key kept), saved with random weights in its published (legacy) form and in
+the transformers-5 form save_pretrained writes."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxformer as jf  # noqa: E402
+from jaxformer.compare import compare, format_table, reference_model  # noqa: E402
+from jaxformer.interop.hf import config_from_hf  # noqa: E402
+from jaxformer.layers.positions import rope_frequencies  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+
+from hf_reference import PHI4_MINI_LONG  # noqa: E402
+
+TOLERANCE = 1e-5
+STD = 0.2  # random weights far from zero, so that differences cannot hide in tiny activations
+
+# microsoft/Phi-4-mini-instruct's config.json (transformers_version 4.45.0) as published, vendored in public
+# repositories; shrunk: widths (3 heads of 32 for 24 of 128, one kv head for 8), 2 layers, a vocabulary of 97
+# (its special ids 199999 moved to 96 with it: transformers' embedding needs its pad id in range), and each
+# longrope factor list kept at every fourth entry (12 for a rotated width of 0.75 * 32 = 24).
+PHI4_MINI = {
+    "_name_or_path": "Phi-4-mini-instruct", "architectures": ["Phi3ForCausalLM"], "attention_bias": False,
+    "attention_dropout": 0.0,
+    "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config", "AutoModelForCausalLM": "modeling_phi3.Phi3ForCausalLM",
+                 "AutoTokenizer": "Xenova/gpt-4o"},
+    "bos_token_id": 96, "embd_pdrop": 0.0, "eos_token_id": 96, "full_attn_mod": 1, "hidden_act": "silu",
+    "hidden_size": 96, "initializer_range": 0.02, "intermediate_size": 64, "interpolate_factor": 1,
+    "lm_head_bias": False, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "phi3",
+    "num_attention_heads": 3, "num_hidden_layers": 2, "num_key_value_heads": 1,
+    "original_max_position_embeddings": 4096, "pad_token_id": 96, "partial_rotary_factor": 0.75, "resid_pdrop": 0.0,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {"long_factor": list(PHI4_MINI_LONG[::4]), "short_factor": [1.0] * 12, "type": "longrope"},
+    "rope_theta": 10000.0, "sliding_window": 262144, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "transformers_version": "4.45.0", "use_cache": True, "vocab_size": 97}
+# The same with its lengths shrunk too (pretrained 16, extended 32 times to 512), so that a test reaches
+# the long factors.
+PHI4_MINI_SHORT = {**PHI4_MINI, "original_max_position_embeddings": 16, "max_position_embeddings": 512}
+
+
+def _save(published: dict, folder, seed: int = 0):
+    """A random model of ``published`` saved twice: ``folder/modern`` as save_pretrained writes it
+    (transformers 5's form), ``folder/published`` with the same tensors beside the published config.json."""
+    config = transformers.CONFIG_MAPPING[published["model_type"]].from_dict(copy.deepcopy(published))
+    torch.manual_seed(seed)
+    model = getattr(transformers, published["architectures"][0])(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # norms and all: every tensor's mapping is seen
+            parameter.normal_(0.0, STD)
+    model.save_pretrained(str(folder / "modern"))
+    shutil.copytree(folder / "modern", folder / "published")
+    (folder / "published" / "config.json").write_text(json.dumps(published, indent=2))
+    return {form: folder / form for form in ("published", "modern")}
+
+
+def _assert_parity(folder, length: int, vocab: int):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, vocab, size=(2, length))
+    mask = np.ones_like(ids)
+    mask[1, length - 3:] = 0
+    rows = compare(folder, ids, mask)
+    assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
+
+
+@pytest.fixture(scope="module")
+def phi4(tmp_path_factory):
+    root = tmp_path_factory.mktemp("phi4")
+    (root / "full").mkdir(), (root / "short").mkdir()
+    return {"full": _save(PHI4_MINI, root / "full"), "short": _save(PHI4_MINI_SHORT, root / "short")}
+
+
+def test_phi4_mini_reads_as_a_partial_rotary_with_longrope():
+    """Three quarters of each head rotate; the longrope factors are sized for that part; the attention factor
+    comes from the ratio of the two lengths (32), as transformers' longrope computes it."""
+    cfg = config_from_hf(copy.deepcopy(PHI4_MINI))
+    reference = transformers.Phi3Config.from_dict(copy.deepcopy(PHI4_MINI))
+    assert (cfg.rotary_dim, cfg.rope_dim, cfg.head_dim_, cfg.tie_embeddings) == (24, 24, 32, True)
+    assert (cfg.rope_scaling.kind, cfg.rope_scaling.factor, cfg.rope_scaling.original_max_positions) == (
+        "longrope", 32.0, 4096)
+    for length, long in ((None, False), (4097, True)):
+        theirs, factor = ROPE_INIT_FUNCTIONS["longrope"](reference, None, seq_len=length)
+        np.testing.assert_allclose(rope_frequencies(cfg, long=long), theirs.numpy(), rtol=2.4e-7, atol=0)
+        assert cfg.rope_scaling.cos_sin_factor == pytest.approx(factor, rel=1e-15)
+
+
+@pytest.mark.parametrize("form", ["published", "modern"])
+@pytest.mark.parametrize("lengths, length", [("full", 12), ("short", 24)])
+def test_phi4_mini_matches_transformers(phi4, form, lengths, length):
+    """Every layer and the logits; ``short`` runs 24 positions past its pretraining length of 16, so the
+    long factors rotate; ``full`` keeps the published lengths (short factors, all 1)."""
+    _assert_parity(phi4[lengths][form], length, PHI4_MINI["vocab_size"])
+
+
+@pytest.mark.parametrize("form", ["published", "modern"])
+def test_phi4_mini_greedy_generation_is_token_identical(phi4, form):
+    """Within the pretraining length (short factors) and wholly past it (long factors), a padded row too."""
+    folder = phi4["short"][form]
+    model, reference = jf.from_pretrained(folder, dtype="float32"), reference_model(folder)
+    rng = np.random.default_rng(1)
+    for prompt_length, new in ((6, 9), (18, 6)):
+        ids = rng.integers(0, 96, (2, prompt_length))
+        mask = np.ones_like(ids)
+        mask[1, :2] = 0
+        kwargs = dict(max_new_tokens=new, do_sample=False, eos_token_id=None)
+        ours = model.generate(ids, mask, **kwargs)
+        with torch.no_grad():
+            theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **kwargs).numpy()
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def _reloaded(folder) -> tuple[dict, object]:
+    """(the config transformers reads from ``folder`` as a dict, less the keys that only say who wrote it
+    and the rope dict; the config itself)."""
+    config = transformers.AutoConfig.from_pretrained(str(folder))
+    as_dict = config.to_dict()
+    for key in ("transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype", "rope_parameters"):
+        as_dict.pop(key, None)
+    return as_dict, config
+
+
+def _assert_exports_as_the_same_config(folder, tmp_path, lengths=(None, 1 << 20)):
+    """save_pretrained writes the same tensors, and a config.json transformers reads as the source's: every
+    key equal, and the rope dict (which spells out what the published one leaves to be derived) giving the
+    same frequencies and attention factor at every length; jaxformer reads it back as the same config."""
+    model = jf.from_pretrained(folder, dtype="float32")  # as saved (the published file says bfloat16)
+    model.save_pretrained(tmp_path)
+    for tensors in ("model.safetensors",):
+        theirs, ours = (torch_load(f / tensors) for f in (folder, tmp_path))
+        assert sorted(theirs) == sorted(ours)
+        assert all(np.array_equal(theirs[k], ours[k]) for k in theirs)
+    (ours, ours_config), (theirs, theirs_config) = _reloaded(tmp_path), _reloaded(folder)
+    derived = theirs["hidden_size"] // theirs["num_attention_heads"]  # written out, where the source derives it
+    assert ours.pop("head_dim", derived) == theirs.pop("head_dim", derived)
+    assert ours == theirs
+    kind = theirs_config.rope_parameters["rope_type"]
+    for length in lengths:
+        a, b = (ROPE_INIT_FUNCTIONS[kind](c, None, seq_len=length) for c in (ours_config, theirs_config))
+        np.testing.assert_array_equal(a[0].numpy(), b[0].numpy())
+        assert a[1] == b[1]
+    assert jf.from_pretrained(tmp_path, dtype="float32").config.replace(name="x") == model.config.replace(name="x")
+
+
+def torch_load(path) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
+
+
+@pytest.mark.parametrize("form", ["published", "modern"])
+def test_phi4_mini_export_reloads_as_the_same_config(phi4, form, tmp_path):
+    _assert_exports_as_the_same_config(phi4["full"][form], tmp_path)
