@@ -43,6 +43,9 @@ HEADS = (
 POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")
 ENCODER_HEADS = ("none", "mlm", "pretraining", "sequence_classification", "token_classification",
                  "question_answering", "discriminator")
+# encoder-decoders: BART's and T5's classifiers read the decoder's state at the last EOS of input_ids, their span
+# heads every decoder position; without decoder_input_ids both read the source shifted right
+ENCODER_DECODER_HEADS = ("none", "lm", "sequence_classification", "question_answering")
 REMAT_POLICIES = ("none", "full", "dots", "qkv_mlp", "offload")
 ATTENTION_BACKENDS = ("auto", "xla", "cudnn", "splash")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -217,6 +220,11 @@ class ModelConfig:
     local_rope_theta: float | None = None  # sliding-window layers' own rotary base, unscaled (Gemma 3); None: rope_theta
     relative_buckets: int = 32  # T5 relative position bias
     relative_max_distance: int = 128
+    # position="relative": each layer's self-attention has its own bias table (UMT5), not one per stack (T5)
+    relative_bias_per_layer: bool = False
+    # a T5 relative bias beside absolute positions (MPNet, bidirectional): one table for the stack, its
+    # distances counted between token indices 0..T-1 whatever the position ids
+    index_relative_bias: bool = False
     # Transformer-XL (position="xl"): sinusoidal encodings of key-query distances inside attention, with
     # learned global content and position biases (u, v); decoder family only.
     memory_len: int = 0  # segment memory: each layer's inputs of the last memory_len tokens (0: none)
@@ -359,6 +367,9 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_id: int | tuple[int, ...] | None = None
     decoder_start_token_id: int | None = None  # first decoder token of encoder-decoder generation
+    # mBART: decoder inputs derived from input_ids (the classification and span heads' default) start with each
+    # row's last non-pad token (its language code), not decoder_start_token_id
+    wrap_decoder_start: bool = False
 
     dtype: str = "float32"  # compute dtype; softmax, norms and losses always run in float32 (see above)
     param_dtype: str = "float32"
@@ -457,11 +468,16 @@ class ModelConfig:
             if kind == "dynamic" and self.rope_dim <= 2:
                 raise ValueError(f"RopeScaling dynamic raises the base to H / (H - 2); the rotated width "
                                  f"{self.rope_dim} must be > 2")
-        if self.position == "relative":
+        if self.position == "relative" or self.index_relative_bias:
             _positive("relative_buckets", self.relative_buckets)
             _positive("relative_max_distance", self.relative_max_distance)
             if self.relative_buckets < 4:
                 raise ValueError(f"ModelConfig.relative_buckets={self.relative_buckets} must be >= 4")
+        if self.relative_bias_per_layer and self.position != "relative":
+            raise ValueError(f"ModelConfig.relative_bias_per_layer=True needs position='relative', not {self.position!r}")
+        if self.index_relative_bias and (self.family != "encoder" or self.position not in ("learned", "sinusoidal")):
+            raise ValueError("ModelConfig.index_relative_bias=True (MPNet) adds a relative bias beside absolute "
+                             f"positions in an encoder; family={self.family!r}, position={self.position!r}")
 
         _non_negative("memory_len", self.memory_len)
         _non_negative("clamp_len", self.clamp_len)
@@ -625,6 +641,8 @@ class ModelConfig:
             if self.head == "pretraining" and not self.pooler or (
                     self.head == "sequence_classification" and not (self.pooler or self.prediction_head)):
                 raise ValueError(f"ModelConfig.head={self.head!r} reads the pooled output; set pooler=True")
+        elif self.family == "encoder_decoder":
+            self._check_encoder_decoder_head()
         elif self.head not in ("none", "lm"):
             raise ValueError(f"ModelConfig.head={self.head!r} does not fit family={self.family!r}; "
                              "expected 'lm' or 'none'")
@@ -660,8 +678,13 @@ class ModelConfig:
         if self.shared_layers and (self.family != "encoder" or self.num_experts):
             raise ValueError("ModelConfig.shared_layers=True (ALBERT's one set of layer weights) needs a dense "
                              f"family='encoder' model, not family={self.family!r}")
-        if self.pooler and self.family != "encoder":
-            raise ValueError(f"ModelConfig.pooler=True needs family='encoder', not {self.family!r}")
+        if self.pooler and self.family != "encoder" and not (
+                self.family == "encoder_decoder" and self.head == "sequence_classification"):
+            raise ValueError(f"ModelConfig.pooler=True needs family='encoder' (or an encoder-decoder's "
+                             f"sequence_classification head), not family={self.family!r}, head={self.head!r}")
+        if self.wrap_decoder_start and self.family != "encoder_decoder":
+            raise ValueError(f"ModelConfig.wrap_decoder_start=True (mBART's decoder inputs) needs "
+                             f"family='encoder_decoder', not {self.family!r}")
         if self.scale_tied_logits and not (self.tie_embeddings and self.head == "lm"):
             raise ValueError("ModelConfig.scale_tied_logits=True needs tie_embeddings=True and head='lm'")
 
@@ -756,6 +779,24 @@ class ModelConfig:
         if not self.init_std > 0:
             raise ValueError(f"ModelConfig.init_std={self.init_std!r} must be > 0")
         self._check_adapters()
+
+    def _check_encoder_decoder_head(self) -> None:
+        if self.head not in ENCODER_DECODER_HEADS:
+            raise ValueError(f"ModelConfig.head={self.head!r} does not fit family='encoder_decoder'; "
+                             f"expected one of {ENCODER_DECODER_HEADS}")
+        if self.head == "sequence_classification" and not self.pooler:
+            raise ValueError("ModelConfig.head='sequence_classification' of an encoder-decoder reads the pooled "
+                             "output (dense -> tanh of the decoder state at the last EOS); set pooler=True")
+        if self.head == "sequence_classification" and (isinstance(self.eos_token_id, bool)
+                                                       or not isinstance(self.eos_token_id, int)):
+            raise ValueError(f"ModelConfig.head='sequence_classification' of an encoder-decoder pools at the last "
+                             f"eos_token_id of each row; it needs one id, not {self.eos_token_id!r}")
+        if self.wrap_decoder_start and (self.head not in ("sequence_classification", "question_answering")
+                                        or self.pad_token_id is None):
+            raise ValueError("ModelConfig.wrap_decoder_start=True (mBART) derives decoder inputs for the "
+                             "sequence_classification and question_answering heads from the last non-pad token: it "
+                             f"needs one of those heads and a pad_token_id (head={self.head!r}, "
+                             f"pad_token_id={self.pad_token_id})")
 
     def _check_adapters(self) -> None:
         for field in ("lora_targets", "lora_trainable"):

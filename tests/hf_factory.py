@@ -53,6 +53,10 @@ _LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_la
 _T5 = dict(vocab_size=97, d_model=32, d_ff=48, d_kv=8, num_layers=2, num_decoder_layers=2, num_heads=4,
            relative_attention_num_buckets=8, relative_attention_max_distance=20, initializer_factor=1.0,
            pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+# MPNet: RoBERTa's layout (positions from pad id 1) with its fixed 32-bucket relative bias
+_MPNET = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+              max_position_embeddings=66, initializer_range=STD, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+              layer_norm_eps=1e-5)
 _BART = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
              decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40,
              init_std=STD, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
@@ -275,6 +279,15 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "mt5": ("MT5Config", "MT5ForConditionalGeneration", {**_T5, "feed_forward_proj": "gated-gelu",
                                                          "tie_word_embeddings": False}),
     "mt5-encoder": ("MT5Config", "MT5EncoderModel", {**_T5, "feed_forward_proj": "gated-gelu"}),
+    # UMT5: mT5 with a relative-bias table in every self-attention layer of both stacks
+    "umt5": ("UMT5Config", "UMT5ForConditionalGeneration", {**_T5, "feed_forward_proj": "gated-gelu",
+                                                           "tie_word_embeddings": False}),
+    "umt5-encoder": ("UMT5Config", "UMT5EncoderModel", {**_T5, "feed_forward_proj": "gated-gelu"}),
+    "mpnet": ("MPNetConfig", "MPNetModel", _MPNET),
+    "mpnet-mlm": ("MPNetConfig", "MPNetForMaskedLM", _MPNET),
+    "mpnet-seqcls": ("MPNetConfig", "MPNetForSequenceClassification", {**_MPNET, "num_labels": 3}),
+    "mpnet-tokcls": ("MPNetConfig", "MPNetForTokenClassification", {**_MPNET, "num_labels": 5}),
+    "mpnet-qa": ("MPNetConfig", "MPNetForQuestionAnswering", _MPNET),
     "bart": ("BartConfig", "BartForConditionalGeneration", _BART),
     # mBART (mBART-50's layout): BART's tensors pre-norm with final norms, scaled embeddings
     "mbart": ("MBartConfig", "MBartForConditionalGeneration", {**_BART, "scale_embedding": True}),
@@ -296,9 +309,27 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", _GEMMA2),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {**_GEMMA3, "attn_logit_softcapping": None}),
     "gemma3-base": ("Gemma3TextConfig", "Gemma3TextModel", {**_GEMMA3, "attn_logit_softcapping": None}),
+    # EmbeddingGemma's shape: a bidirectional Gemma 3 (sliding layers see |t - s| <= 6 // 2 = 3, as the file's
+    # window 6 means there)
+    "embeddinggemma": ("Gemma3TextConfig", "Gemma3TextModel",
+                       {**_GEMMA3, "attn_logit_softcapping": None, "sliding_window": 6,
+                        "use_bidirectional_attention": True}),
     "t5gemma": ("T5GemmaConfig", "T5GemmaForConditionalGeneration",
                 dict(encoder=_T5GEMMA_HALF, decoder=_T5GEMMA_HALF, vocab_size=97, attn_implementation="eager")),
     "xlnet-tied-clamped": ("XLNetConfig", "XLNetLMHeadModel", {**_XLNET, "untie_r": False, "clamp_len": 3}),
+}
+# Encoder-decoders' classification and span heads: apart from CHECKPOINTS (whose shared tests feed inputs without
+# the EOS tokens a classifier pools at); tests/test_seq2seq_heads.py runs them. T5 v1.1's gated layers for mT5.
+SEQ2SEQ_HEADS: dict[str, tuple[str, str, dict]] = {
+    "bart-seqcls": ("BartConfig", "BartForSequenceClassification", _BART),  # BartConfig's 3 labels
+    "bart-qa": ("BartConfig", "BartForQuestionAnswering", _BART),
+    "mbart-seqcls": ("MBartConfig", "MBartForSequenceClassification", {**_BART, "scale_embedding": True,
+                                                                        "num_labels": 4}),
+    "mbart-qa": ("MBartConfig", "MBartForQuestionAnswering", _BART),
+    "t5-seqcls": ("T5Config", "T5ForSequenceClassification", {**_T5, "num_labels": 3}),
+    "t5-qa": ("T5Config", "T5ForQuestionAnswering", _T5),
+    "mt5-seqcls": ("MT5Config", "MT5ForSequenceClassification", {**_T5, "feed_forward_proj": "gated-gelu"}),
+    "mt5-qa": ("MT5Config", "MT5ForQuestionAnswering", {**_T5, "feed_forward_proj": "gated-gelu"}),
 }
 
 
@@ -308,7 +339,7 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
     import torch
     import transformers
 
-    config_class, model_class, kwargs = CHECKPOINTS[name]
+    config_class, model_class, kwargs = {**CHECKPOINTS, **SEQ2SEQ_HEADS}[name]
     kwargs = {**kwargs, **(changes or {})}
     torch.manual_seed(seed)
     config = getattr(transformers, config_class)(**kwargs)
@@ -319,7 +350,7 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
     if name == "t5-v1_1":
         with torch.no_grad():
             model.lm_head.weight.mul_(0.25)
-    if name == "mt5":  # MT5Config ties whatever it is told; the published files hold their own head
+    if name in ("mt5", "umt5"):  # (U)MT5Config ties whatever it is told; the published files hold their own head
         model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 0.25)
     if name.startswith(("bart", "mbart", "marian", "pegasus")):  # final_logits_bias starts at zero; give it values so the test sees it
         if hasattr(model, "final_logits_bias"):

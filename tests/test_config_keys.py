@@ -29,8 +29,8 @@ CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "al
                "mixtral": "mixtral", "gpt_oss": "gpt-oss", "llama4_text": "llama4",
                "deepseek_v2": "deepseek-v2", "deepseek_v3": "deepseek-v3",
                "deepseek_v32": "deepseek-v32",
-               "gemma2": "gemma2", "gemma3_text": "gemma3", "t5": "t5", "mt5": "mt5", "bart": "bart",
-               "m2m_100": "m2m100", "mbart": "mbart", "marian": "marian", "pegasus": "pegasus", "t5gemma": "t5gemma",
+               "gemma2": "gemma2", "gemma3_text": "gemma3", "t5": "t5", "mt5": "mt5", "umt5": "umt5", "mpnet": "mpnet-mlm",
+               "bart": "bart", "m2m_100": "m2m100", "mbart": "mbart", "marian": "marian", "pegasus": "pegasus", "t5gemma": "t5gemma",
                "xlnet": "xlnet"}
 # Changed string values: another valid choice where the key has choices, so the change means something.
 OTHER_STRING = {"gelu": "relu", "relu": "gelu", "silu": "gelu", "gelu_new": "relu", "gelu_pytorch_tanh": "silu",
@@ -151,7 +151,7 @@ MODELING = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra":
             "deberta": "deberta", "deberta-v2": "deberta_v2", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
             "qwen2": "qwen2", "mixtral": "mixtral", "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3",
             "gemma2": "gemma2", "deepseek_v32": "deepseek_v32", "gpt_oss": "gpt_oss", "llama4_text": "llama4",
-            "gemma3_text": "gemma3", "t5": "t5", "mt5": "mt5", "bart": "bart", "mbart": "mbart", "m2m_100": "m2m_100", "t5gemma": "t5gemma",
+            "gemma3_text": "gemma3", "t5": "t5", "mt5": "mt5", "umt5": "umt5", "mpnet": "mpnet", "bart": "bart", "mbart": "mbart", "m2m_100": "m2m_100", "t5gemma": "t5gemma",
             "marian": "marian", "pegasus": "pegasus", "xlnet": "xlnet"}
 
 

@@ -23,7 +23,7 @@ def padded_batch(name: str, rng: np.random.Generator, length: int = 9):
     ids = rng.integers(3, 97, size=(2, length))
     mask = np.ones_like(ids)
     mask[1, length - 3:] = 0
-    pad = 1 if name.startswith(("roberta", "xlm-roberta", "bart", "mbart", "m2m100", "marian")) else 0
+    pad = 1 if name.startswith(("roberta", "xlm-roberta", "bart", "mbart", "m2m100", "marian", "mpnet")) else 0
     ids[1, length - 3:] = pad
     if name.startswith("xlnet") and CHECKPOINTS[name][2]["attn_type"] == "uni":
         mask[:] = 1  # transformers' causal XLNet fails on any attention_mask in a batch (an in-place broadcast)

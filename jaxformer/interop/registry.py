@@ -11,7 +11,8 @@ from typing import Callable
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop import (albert, bart, bert, deberta, deepseek, distilbert, electra, gemma, gpt2, gpt_neo,
-                               gpt_neox, gpt_oss, llama, llama4, m2m_100, marian, modernbert, t5, t5gemma, xlnet)
+                               gpt_neox, gpt_oss, llama, llama4, m2m_100, marian, modernbert, mpnet, t5, t5gemma, umt5,
+                               xlnet)
 from jaxformer.interop.rules import Architecture, Rule
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -30,6 +31,8 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     llama4.ARCHITECTURE,
     llama.ARCHITECTURE,
     t5.ARCHITECTURE,
+    umt5.ARCHITECTURE,
+    mpnet.ARCHITECTURE,
     t5gemma.ARCHITECTURE,
     bart.ARCHITECTURE,
     m2m_100.ARCHITECTURE,
@@ -44,6 +47,8 @@ SUPPORTED: dict[str, tuple[str, ...]] = {model_type: arch.classes[model_type] fo
 def architecture_of(hf: dict) -> tuple[str, str]:
     """(model_type, transformers class) of a config.json, refusing what no architecture file supports."""
     model_type = hf.get("model_type")
+    if model_type is None and hf.get("architectures"):  # older files (google/umt5-small) name only the class
+        model_type = next((m for m, classes in SUPPORTED.items() if hf["architectures"][0] in classes), None)
     if model_type not in SUPPORTED:
         raise ValueError(f"model_type {model_type!r} is not supported; supported: {sorted(SUPPORTED)}")
     archs = hf.get("architectures") or [SUPPORTED[model_type][0]]
@@ -74,6 +79,8 @@ HELD_ONLY_BY: dict[str, tuple[tuple[str, ...], Callable[[ModelConfig], bool]]] =
     "sinusoids=marian": (("marian", "pegasus"), lambda c: c.sinusoids == "marian"),
     "index_heads": (("deepseek_v32",), lambda c: bool(c.index_heads)),
     "moe_layer_step": (("llama4_text",), lambda c: c.moe_layer_step > 1),
+    "relative_bias_per_layer": (("umt5",), lambda c: c.relative_bias_per_layer),
+    "index_relative_bias": (("mpnet",), lambda c: c.index_relative_bias),
     "embedding_size": (("albert", "electra"), lambda c: c.embedding_size is not None),
     "shared_layers": (("albert",), lambda c: c.shared_layers),
     "head=discriminator": (("electra",), lambda c: c.head == "discriminator"),

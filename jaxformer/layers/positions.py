@@ -226,20 +226,28 @@ def relative_position_buckets(relative: Array, bidirectional: bool, num_buckets:
     return bucket + jnp.where(distance < max_exact, distance, large)
 
 
+def distance_buckets(cfg: ModelConfig, q_positions: Array, k_positions: Array, bidirectional: bool) -> Array:
+    """The T5 bucket [B, T, S] of each key - query distance, from query positions [B, T] and key positions [B, S]."""
+    relative = k_positions[:, None, :] - q_positions[:, :, None]
+    return relative_position_buckets(relative, bidirectional, cfg.relative_buckets, cfg.relative_max_distance)
+
+
 class RelativeBias(nnx.Module):
-    """T5 relative position bias: one learned scalar per (bucket, head), shared by all layers."""
+    """T5 relative position bias: one learned scalar per (bucket, head), shared by all layers of a stack (or,
+    with ``relative_bias_per_layer``, one table in each layer, which looks up the buckets its stack computed)."""
 
     def __init__(self, cfg: ModelConfig, *, bidirectional: bool, rngs: nnx.Rngs):
-        self.bidirectional = bidirectional
-        self.num_buckets, self.max_distance = cfg.relative_buckets, cfg.relative_max_distance
+        self.bidirectional, self.config = bidirectional, cfg
         self.table = param(rngs, (cfg.relative_buckets, cfg.num_heads), ("buckets", "heads"), cfg)
+
+    def lookup(self, buckets: Array) -> Array:
+        """Bias [B, N, T, S] of buckets [B, T, S]."""
+        bias = jnp.take(self.table[...].astype(jnp.float32), buckets, axis=0)  # BTSN
+        return jnp.transpose(bias, (0, 3, 1, 2))
 
     def __call__(self, q_positions: Array, k_positions: Array) -> Array:
         """Bias [B, N, T, S] from query positions [B, T] and key positions [B, S]."""
-        relative = k_positions[:, None, :] - q_positions[:, :, None]
-        buckets = relative_position_buckets(relative, self.bidirectional, self.num_buckets, self.max_distance)
-        bias = jnp.take(self.table[...].astype(jnp.float32), buckets, axis=0)  # BTSN
-        return jnp.transpose(bias, (0, 3, 1, 2))
+        return self.lookup(distance_buckets(self.config, q_positions, k_positions, self.bidirectional))
 
 
 def xl_distances(query_length: int, key_length: int, bidirectional: bool, clamp: int) -> np.ndarray:

@@ -27,8 +27,8 @@ from jaxformer.layers.attention import (Attention, DisentangledAttention, Disent
 from jaxformer.layers.convolution import SequenceConvolution
 from jaxformer.layers.core import Norm, dropout, param, split_key
 from jaxformer.layers.feedforward import MLP, MoE, pooled_router_statistics
-from jaxformer.layers.positions import (RelativeBias, RelativeEmbeddings, disentangled_index, rope_tables,
-                                        xl_distances, xl_encodings)
+from jaxformer.layers.positions import (RelativeBias, RelativeEmbeddings, disentangled_index, distance_buckets,
+                                        rope_tables, xl_distances, xl_encodings)
 from jaxformer.layers.pipeline import check_schedule, run_pipeline
 from jaxformer.sharding import axis_size, constrain_activations
 
@@ -139,6 +139,10 @@ class Block(nnx.Module):
         attention = (LatentAttention if cfg.mla else RelativeAttention if cfg.position == "xl" else
                      DisentangledAttention if cfg.position == "disentangled" else Attention)
         self.attn = attention(cfg, rngs=rngs)
+        # UMT5: this layer's own relative-bias table, read at the buckets its stack computed (the direction is
+        # the stack's, so ``bidirectional`` is unused here)
+        self.relative_bias = (RelativeBias(cfg, bidirectional=False, rngs=rngs) if cfg.relative_bias_per_layer
+                              else None)
         if cross_attention:
             self.cross_norm = Norm(cfg, rngs=rngs)
             self.cross_attn = Attention(cfg, rngs=rngs, role="cross_attn")
@@ -208,7 +212,10 @@ class Block(nnx.Module):
         scaled = {} if inputs.query_scale is None else {"query_scale": inputs.query_scale}
         if inputs.nope is not None:
             scaled["nope"] = inputs.nope
-        return self.attn(h, mask=inputs.mask, bias=inputs.bias, rope=inputs.rope, cache=inputs.cache, key=key,
+        bias = inputs.bias  # (UMT5: the buckets, each (cache, own) part looked up in this layer's table)
+        if self.relative_bias is not None:
+            bias = jax.tree.map(self.relative_bias.lookup, bias)
+        return self.attn(h, mask=inputs.mask, bias=bias, rope=inputs.rope, cache=inputs.cache, key=key,
                          output_attentions=weights, **scaled)
 
     def cross_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, None, Array | None]:
@@ -446,8 +453,10 @@ class Stack(nnx.Module):
         self.blocks = stacked_blocks(cfg, 1 if cfg.shared_layers else num_layers - dense - first, rngs=rngs,
                                      cross_attention=cross_attention)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.final_norm else None
+        # T5's one table per stack, MPNet's beside absolute positions (UMT5's tables are in the blocks)
+        shared_table = (cfg.position == "relative" and not cfg.relative_bias_per_layer) or cfg.index_relative_bias
         self.relative_bias = (RelativeBias(cfg, bidirectional=pattern == "bidirectional", rngs=rngs)
-                              if cfg.position == "relative" else None)
+                              if shared_table else None)
         # Transformer-XL's global content (u) and position (v) biases, when all layers share one pair
         shared = cfg.position == "xl" and cfg.shared_relative_biases
         xl_bias = lambda: param(rngs, (cfg.num_heads, cfg.head_dim_), ("heads", "head_dim"), cfg)  # noqa: E731
@@ -749,12 +758,18 @@ class Stack(nnx.Module):
         full_slots, local_slots = (cache.full, cache.window) if isinstance(cache, SplitKVCache) else (cache, cache)
         mask, local_mask = masks(base_pattern, full_slots), masks(local_pattern, local_slots)
         bias = None
-        if self.relative_bias is not None:
-            # Index positions are the same in every row: one [1, N, T, S] bias, broadcast over the batch.
+        if cfg.position == "relative" or cfg.index_relative_bias:
+            # Index positions are the same in every row: one [1, N, T, S] bias, broadcast over the batch
+            # (MPNet's distances are between indices whatever the positions).
             rows = q[:1] if tokens.indexed and cache is None else q
-            bias = self.relative_bias(rows, rows)
+            if cfg.index_relative_bias:
+                rows = jnp.arange(q.shape[1], dtype=jnp.int32)[None]
+            buckets = lambda at, keys: distance_buckets(cfg, at, keys, self.pattern == "bidirectional")  # noqa: E731
+            bias = buckets(rows, rows)
             if cache is not None:
-                bias = (self.relative_bias(q, full_slots.positions), bias)
+                bias = (buckets(q, full_slots.positions), bias)
+            if self.relative_bias is not None:  # one table for the stack: looked up once; UMT5's layers each look up
+                bias = jax.tree.map(self.relative_bias.lookup, bias)
         if cache is None and local_mask is None and (tokens.indexed or self.pattern == "bidirectional"):
             mask = kernels.fused_mask(cfg, mask, self.pattern, key_valid=tokens.valid, query_valid=tokens.valid,
                                       has_bias=bias is not None or cfg.position == "disentangled")
