@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.config import ModelConfig, RopeScaling
+from jaxformer.interop.reference_keys import harmless_reason
 from jaxformer.models import abstract_model
 
 
@@ -146,18 +147,29 @@ GENERATION_KEYS = {"max_length": 20, "min_length": 0, "num_beams": 1, "early_sto
 
 
 def account_for_every_key(hf: ConfigReader, arch: Architecture, where: str) -> None:
-    """After an architecture read ``hf``: refuse any key nothing read that is not harmless (a field that
-    changes the numbers and is dropped makes the user's comparison look like a PyTorch difference), and
-    name the generation defaults jaxformer's generate does not apply."""
-    unread = [key for key in hf.unread() if key.rsplit(".", 1)[-1] not in HARMLESS and key not in arch.harmless]
-    generation = [key for key in unread if key.rsplit(".", 1)[-1] in GENERATION_KEYS]
-    refused = [key for key in unread if key not in generation]
+    """After an architecture read ``hf``: refuse any key nothing read that may change the numbers (a field
+    that changes them and is dropped makes the user's comparison look like a PyTorch difference), and name
+    the generation defaults jaxformer's generate does not apply. A key changes nothing when it is harmless
+    here, or when transformers' own class never reads it or holds it at its default (``reference_keys``)."""
 
     def value(path: str):
         tree = dict(hf)
         for part in path.split("."):
             tree = tree[part]
         return tree
+
+    def owner(path: str) -> str:
+        """The model_type whose config class holds ``path``: its innermost sub-config's (T5Gemma's halves)."""
+        model_type, tree = hf.get("model_type"), dict(hf)
+        for part in path.split(".")[:-1]:
+            tree = tree[part]
+            model_type = tree.get("model_type", model_type)
+        return model_type
+
+    unread = [key for key in hf.unread() if key.rsplit(".", 1)[-1] not in HARMLESS and key not in arch.harmless]
+    generation = [key for key in unread if key.rsplit(".", 1)[-1] in GENERATION_KEYS]
+    refused = [key for key in unread if key not in generation
+               and harmless_reason(owner(key), key.rsplit(".", 1)[-1], value(key)) is None]
 
     if refused:
         raise ValueError(f"{where}: config.json sets {', '.join(f'{k}={value(k)!r}' for k in refused)}, which "
