@@ -305,3 +305,77 @@ def test_a_published_deepseek_v32_file_is_refused_for_its_fp8_weights_and_reads_
         warnings.simplefilter("ignore")
         modern = config_from_hf(json.loads(reference.to_json_string(use_diff=False)))
     assert modern.replace(name=cfg.name) == cfg
+
+
+def _signature_defaults(model_type: str) -> dict:
+    """Every field of the config class at the default its constructor takes (what a file that writes each key
+    at its default says), JSON values only."""
+    import inspect
+
+    cls = getattr(transformers, CLASSES[model_type]) if model_type in CLASSES else \
+        transformers.CONFIG_MAPPING[model_type]
+    out = {}
+    for name, parameter in inspect.signature(cls.__init__).parameters.items():
+        if name != "self" and parameter.default is not inspect.Parameter.empty:
+            try:
+                json.dumps(parameter.default, allow_nan=False)
+            except (TypeError, ValueError):
+                continue
+            out[name] = parameter.default
+    return out
+
+
+@pytest.mark.parametrize("model_type", sorted(set(SUPPORTED) - {"t5gemma", "llama4"}))
+def test_every_key_of_the_config_class_written_at_its_default_loads(model_type):
+    """The converse of the key-by-key test: a file that spells out every field of its config class at the
+    class's default (beside the sizes it must give) loads, to the config of the file that leaves them out.
+    (T5Gemma's and Llama 4's fields are sub-configs, read as their halves' and text model's.)"""
+    sizes = SIZES.get(model_type, _SIZES)
+    spelled = {**_signature_defaults(model_type), **sizes, "model_type": model_type}
+    spelled.pop("architectures", None)  # None: the class's default head
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert config_from_hf(spelled) == config_from_hf({"model_type": model_type, **sizes})
+
+
+@pytest.mark.parametrize("model_type, key, value", [
+    ("qwen2", "use_mrope", True),  # Qwen2-VL's; Qwen2Config never reads it, whatever its value
+    ("llama", "rope_interleaved", True),  # nanotron's; LlamaConfig never reads it
+    ("openai-gpt", "n_special", 5),  # the original release's; the token table's shape gives the vocabulary
+])
+def test_a_key_transformers_never_reads_changes_nothing_there_either(model_type, key, value, checkpoints, tmp_path):
+    """A key the class never reads loads at any value, and transformers' numbers do not move with it."""
+    name = {"qwen2": "qwen2", "llama": "llama", "openai-gpt": "openai-gpt"}[model_type]
+    folder = _published(checkpoints(name), tmp_path / "published", lambda hf: hf.update({key: value}))
+    assert config_from_hf(json.loads((folder / "config.json").read_text())) == \
+        config_from_hf(json.loads((checkpoints(name) / "config.json").read_text()))
+    _matches_transformers(folder)
+
+
+def test_a_key_transformers_reads_is_harmless_only_at_its_default():
+    """The rule's other side, on the generated facts: a key transformers' class reads changes nothing only at
+    the class's default (Qwen2's use_sliding_window), and a class the facts do not know assumes nothing."""
+    from jaxformer.interop.reference_keys import harmless_reason
+
+    assert "defaults to" in harmless_reason("qwen2", "use_sliding_window", False)
+    assert harmless_reason("qwen2", "use_sliding_window", True) is None
+    assert "never reads" in harmless_reason("qwen2", "use_mrope", True)
+    assert harmless_reason("no_such_type", "anything", 1) is None
+
+
+def test_the_facts_about_transformers_keys_are_those_of_the_installed_transformers():
+    """reference_keys.json against what the installed transformers reads and defaults to, for every key of the
+    published files above and every supported model type (a transformers upgrade that starts reading a key
+    the facts call unread is a silent drop: regenerate with ``python -m jaxformer.interop.reference_keys``)."""
+    from jaxformer.interop import reference_keys
+
+    stored = reference_keys.facts()
+    assert set(SUPPORTED) <= set(stored["types"])
+    live = reference_keys.generate(sorted(SUPPORTED))
+    keys = {key for hf in PUBLISHED.values() for key in hf} | {key for t in live["types"].values() for key in t["defaults"]}
+    for model_type, table in live["types"].items():
+        ours = stored["types"][model_type]
+        for key in keys:
+            read = key in table["reads"] or key in live["common_reads"]
+            assert read == (key in ours["reads"] or key in stored["common_reads"]), (model_type, key)
+            assert reference_keys._same(table["defaults"].get(key, "-"), ours["defaults"].get(key, "-")), (model_type, key)

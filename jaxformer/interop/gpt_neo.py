@@ -25,8 +25,10 @@ KINDS = {"global": "full", "local": "sliding"}
 
 
 def layer_kinds(hf: dict) -> list[str]:
-    """'global' or 'local' per layer, as GPTNeoConfig expands attention_types ([[kinds, repeats], ...])."""
-    kinds = [kind for pattern, repeats in hf["attention_types"] for _ in range(repeats) for kind in pattern]
+    """'global' or 'local' per layer, as GPTNeoConfig expands attention_types ([[kinds, repeats], ...]; null is
+    the class's own pattern)."""
+    types = hf["attention_types"] or DEFAULTS["gpt_neo"]["attention_types"]
+    kinds = [kind for pattern, repeats in types for _ in range(repeats) for kind in pattern]
     refuse(len(kinds) != hf["num_layers"], f"gpt_neo: attention_types gives {len(kinds)} layers but num_layers="
            f"{hf['num_layers']}")
     refuse(any(k not in KINDS for k in kinds), f"gpt_neo: attention types {sorted(set(kinds) - set(KINDS))} are "
