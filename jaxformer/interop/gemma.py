@@ -2,7 +2,11 @@
 after each sublayer, GeGLU, embeddings times sqrt(d_model), query_pre_attn_scalar, soft-capped scores
 and logits (Gemma 2), sliding and full layers from ``layer_types``, and Gemma 3's query/key norms and
 local rotary base; config and tensor rules, both directions. T5Gemma (interop/t5gemma.py) reuses the
-block's pieces below."""
+block's pieces below.
+
+A Gemma 3 file with ``use_bidirectional_attention: true`` (EmbeddingGemma) is an encoder: full layers see every
+key, sliding layers the keys within ``sliding_window // 2`` either side (Gemma3TextConfig turns the file's
+window w into the exclusive bound w // 2 + 1 on |query - key|); nothing else changes (rotary, norms, scale)."""
 
 from __future__ import annotations
 
@@ -63,18 +67,32 @@ def _rotary(hf: dict, model_type: str) -> tuple[tuple, tuple | None]:
     return rope_spec(full, length), rope_spec(local, length)
 
 
+def bidirectional(hf: dict, model_type: str) -> bool:
+    """Whether a file's Gemma blocks attend both ways (EmbeddingGemma); only Gemma 3 text files can say so."""
+    value = hf.get("use_bidirectional_attention")  # read in any case, so the key is accounted for
+    refuse(value not in (None, False, True), f"{model_type}: use_bidirectional_attention={value!r} is not supported; "
+           "expected true or false")
+    refuse(bool(value) and model_type != "gemma3_text", f"{model_type}: use_bidirectional_attention=true is "
+           "supported for gemma3_text (EmbeddingGemma) only")
+    return bool(value)
+
+
 def block_config(hf: dict, model_type: str, causal: bool = True) -> dict[str, Any]:
     """The ModelConfig fields of a Gemma 2 (or 3) block, whatever model holds it (also T5Gemma's halves)."""
     hf = with_defaults(hf, DEFAULTS[model_type])
     heads = hf["num_attention_heads"]
     kinds = layer_kinds(hf, model_type)
-    refuse(bool(hf.get("use_bidirectional_attention")), f"{model_type}: use_bidirectional_attention is not supported")
+    both_ways = bidirectional(hf, model_type)
     window = hf["sliding_window"]
-    pattern, layer_types = "causal", None
+    pattern, layer_types = "bidirectional" if both_ways else "causal", None
     if "sliding" in kinds:
         refuse(window is None, f"{model_type}: sliding layers need sliding_window")
-        pattern = "sliding" if set(kinds) == {"sliding"} else "alternating"
+        pattern = "sliding" if set(kinds) == {"sliding"} and not both_ways else "alternating"
         layer_types = tuple(kinds) if pattern == "alternating" else None
+        if both_ways:  # an encoder's window counts the keys on either side: |t - s| <= w // 2
+            window = int(window) // 2
+            refuse(window < 1, f"{model_type}: sliding_window={hf['sliding_window']} leaves a bidirectional "
+                   "sliding layer no key but its own; expected at least 2")
     (theta, scaling), local = _rotary(hf, model_type)
     local_theta = None
     if local is not None:
@@ -94,7 +112,7 @@ def block_config(hf: dict, model_type: str, causal: bool = True) -> dict[str, An
                 activation=activation(act, True, model_type), position="rope", rope_theta=theta,
                 rope_scaling=scaling, local_rope_theta=local_theta,
                 max_positions=hf["max_position_embeddings"], attention=pattern,
-                window_size=int(window) if pattern != "causal" else None, layer_types=layer_types,
+                window_size=int(window) if layer_types or pattern == "sliding" else None, layer_types=layer_types,
                 attention_scale=float(hf["query_pre_attn_scalar"]) ** -0.5,
                 attention_softcap=softcap,
                 qk_norm=model_type.startswith("gemma3"),
@@ -104,7 +122,15 @@ def block_config(hf: dict, model_type: str, causal: bool = True) -> dict[str, An
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     full = with_defaults(hf, DEFAULTS[model_type])
-    return dict(family="decoder", decoder_layers=hf["num_hidden_layers"], **block_config(hf, model_type),
+    block = block_config(hf, model_type)
+    if bidirectional(hf, model_type):
+        # EmbeddingGemma: the base model as an encoder; a bidirectional LM head has no encoder head of ours
+        refuse(not arch.endswith("Model"), f"{model_type}: {arch} with use_bidirectional_attention=true is not "
+               f"supported; jaxformer reads bidirectional Gemma 3 files as encoders: {CLASSES[model_type][0]}")
+        return dict(family="encoder", encoder_layers=hf["num_hidden_layers"], decoder_layers=0, **block,
+                    type_vocab_size=0, pooler=False, logits_softcap=full["final_logit_softcapping"],
+                    tie_embeddings=full["tie_word_embeddings"], head="none")
+    return dict(family="decoder", decoder_layers=hf["num_hidden_layers"], **block,
                 logits_softcap=full["final_logit_softcapping"], tie_embeddings=full["tie_word_embeddings"],
                 head="none" if arch.endswith("Model") else "lm")
 
@@ -113,13 +139,24 @@ def gemma_block(cfg: ModelConfig) -> bool:
     """Whether ``cfg``'s blocks are Gemma 2's or 3's (what Gemma files can hold)."""
     return (cfg.position == "rope" and cfg.norm == "rmsnorm" and cfg.norm_scale_offset == 1.0 and cfg.sandwich_norm
             and cfg.activation == "geglu" and cfg.scale_embeddings and not cfg.mlp_bias and not cfg.num_experts
-            and not cfg.mla and cfg.qkv_bias == cfg.out_bias and cfg.attention in ("causal", "sliding", "alternating")
+            and not cfg.mla and cfg.qkv_bias == cfg.out_bias
+            and cfg.attention in ("causal", "sliding", "alternating", "bidirectional")
             and cfg.rotary_dim is None and not cfg.rope_interleave and not cfg.parallel_residual
             # the scale must be some query_pre_attn_scalar ** -0.5 (1 / sqrt(h) and h ** -0.5 may differ in the last bit)
             and math.isclose(round(cfg.scale ** -2) ** -0.5, cfg.scale, rel_tol=1e-12))
 
 
+def _gemma_encoder(cfg: ModelConfig) -> bool:
+    """Whether ``cfg`` is an encoder a bidirectional Gemma 3 file holds (EmbeddingGemma): Gemma 3 blocks, the
+    base model's outputs, none of the BERT family's extras; sliding layers with an even file window 2w."""
+    return (cfg.family == "encoder" and cfg.head == "none" and cfg.qk_norm and cfg.type_vocab_size == 0
+            and not cfg.pooler and not cfg.embedding_norm and cfg.final_norm and cfg.first_attn_norm
+            and cfg.norm_position == "pre" and cfg.embedding_size is None and not cfg.shared_layers)
+
+
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
+    if cfg.family == "encoder" and gemma_block(cfg) and _gemma_encoder(cfg) and cfg.attention_softcap is None:
+        return "gemma3_text", "Gemma3TextModel"
     if cfg.family != "decoder" or not gemma_block(cfg):
         return None
     if cfg.qk_norm:
@@ -154,8 +191,12 @@ def block_to_hf(cfg: ModelConfig, model_type: str, out: dict, layers: int) -> No
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
-    block_to_hf(cfg, model_type, out, cfg.decoder_layers)
+    encoder = cfg.family == "encoder"
+    block_to_hf(cfg, model_type, out, cfg.encoder_layers if encoder else cfg.decoder_layers)
     out.update(final_logit_softcapping=cfg.logits_softcap, tie_word_embeddings=cfg.tie_embeddings)
+    if encoder:  # the file's window spans both sides: Gemma3TextConfig reads w back as |t - s| <= w // 2
+        out.update(use_bidirectional_attention=True,
+                   sliding_window=2 * cfg.window_size if cfg.window_size else out["sliding_window"])
 
 
 def block_rules(cfg: ModelConfig, L: tuple[str, str], layer: str, norms: dict[str, str], cross: bool = False) -> list[Rule]:
@@ -181,9 +222,10 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     p = prefix
     norms = {"attn_norm": "input_layernorm", "attn_post_norm": "post_attention_layernorm",
              "mlp_norm": "pre_feedforward_layernorm", "mlp_post_norm": "post_feedforward_layernorm"}
+    stack = "encoder" if cfg.family == "encoder" else "decoder"
     out = [copy(("embed", "table"), f"{p}embed_tokens.weight"),
-           *block_rules(cfg, ("decoder", "blocks"), f"{p}layers.{{i}}", norms),
-           copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
+           *block_rules(cfg, (stack, "blocks"), f"{p}layers.{{i}}", norms),
+           copy((stack, "final_norm", "scale"), f"{p}norm.weight")]
     head, aliases = lm_head(cfg, f"{p}embed_tokens.weight")
     return out + head, aliases
 
