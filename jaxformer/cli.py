@@ -80,7 +80,8 @@ def compare(args: argparse.Namespace) -> int:
     from jaxformer.compare import compare as run_compare
     from jaxformer.compare import format_table
 
-    if args.input_ids:
+    _refuse_run_folder(args.path, "compare")
+    if args.input_ids is not None:
         try:
             ids = np.array([[int(t) for t in args.input_ids.split(",")]])
         except ValueError:
@@ -92,6 +93,17 @@ def compare(args: argparse.Namespace) -> int:
     rows = run_compare(args.path, ids, dtype=args.dtype)
     print(format_table(rows, args.tolerance))
     return 0 if all(r.max_abs <= args.tolerance for r in rows) else 1
+
+
+def _refuse_run_folder(path: str, command: str) -> None:
+    """A train.py run folder where a Hugging Face folder is read: named as such, with the conversion to run."""
+    from pathlib import Path
+
+    from jaxformer.train.run import CONFIG_FILE
+
+    if (Path(path) / CONFIG_FILE).exists():
+        raise ValueError(f"{path} is a training run folder ({CONFIG_FILE}, checkpoints/); {command} reads a Hugging "
+                         f"Face folder: write one with `jaxformer convert {path} --to-hf OUT`, then {command} OUT")
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -128,7 +140,7 @@ def convert(args: argparse.Namespace) -> int:
                                 args.overwrite)
         merged = " (LoRA merged)" if args.merge else ""
         print(f"wrote hf checkpoint {output} from step {steps[0]} of {source}{merged} "
-              "(config.json + model.safetensors)")
+              "(config.json + model.safetensors + the run's tokenizer.json)")
         return 0
     if args.to_peft or args.merge:
         raise ValueError(f"--to-peft and --merge read a LoRA training run folder (with {CONFIG_FILE}); {source} is "
@@ -170,14 +182,14 @@ def generate(args: argparse.Namespace) -> int:
 
     import jax
 
-    from jaxformer.interop.hf import from_pretrained
-    from jaxformer.interop.tokenizer import load_tokenizer
     from jaxformer import generate as gen
 
-    model = from_pretrained(args.path, dtype=args.dtype)
-    tokenizer = load_tokenizer(args.path)
-    # generate.prepare refuses drafting options given without their drafter; the assistant shares the tokenizer
-    assistant = from_pretrained(args.assistant_model, dtype=args.dtype) if args.assistant_model else None
+    model, tokenizer = _generation_source(args.path, args.step, args.dtype)
+    assistant = None  # generate.prepare refuses drafting options given without their drafter
+    if args.assistant_model:  # a folder without tokenizer.json is taken to share the model's, as transformers does
+        assistant, own_tokenizer = _generation_source(args.assistant_model, None, args.dtype, need_tokenizer=False)
+        if own_tokenizer is not None:
+            _require_same_vocabulary(args.path, tokenizer, args.assistant_model, own_tokenizer)
     drafting = dict(assistant_model=assistant, num_assistant_tokens=args.num_assistant_tokens,
                     num_assistant_tokens_schedule=args.num_assistant_tokens_schedule,
                     prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
@@ -190,7 +202,8 @@ def generate(args: argparse.Namespace) -> int:
                                 do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, num_beams=args.num_beams, seed=args.seed,
                                 forced_bos_token_id=(gen.FROM_MODEL if args.forced_bos_token_id is None
-                                                     else args.forced_bos_token_id), **drafting)
+                                                     else args.forced_bos_token_id),
+                                allow_beyond_max_positions=args.allow_beyond_max_positions, **drafting)
     start = time.perf_counter()
     loop = gen.drafted_tokens_jit if gc.draft_tokens else gen.generate_tokens_jit  # drafting also counts its rounds
     compiled = loop.lower(*call_args, config=gc).compile()
@@ -200,8 +213,9 @@ def generate(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - start
     out = gen.assemble(model, batch["input_ids"], tokens, steps, bad_step, gc)
     for prompt, row, mask in zip(args.prompt, out, batch["attention_mask"]):
-        if model.config.family == "decoder":
-            print(prompt + tokenizer.decode(row[len(mask):]))
+        if model.config.family == "decoder":  # the row: left padding, the prompt's ids, the new ones
+            padding, length = len(mask) - int(mask.sum()), int(mask.sum())
+            print(prompt + tokenizer.continuation(row[padding:padding + length], row[padding:]))
         else:
             print(tokenizer.decode(row))
     new = int(steps) * len(args.prompt)
@@ -209,6 +223,46 @@ def generate(args: argparse.Namespace) -> int:
     print(f"[{new} new tokens in {elapsed:.2f} s: {new / elapsed:.1f} tokens/s{drafted}; compile {compile_s:.1f} s]",
           file=sys.stderr)
     return 0
+
+
+def _generation_source(path: str, step: int | None, dtype: str | None, need_tokenizer: bool = True):
+    """(model, tokenizer) of a Hugging Face folder, or of a train.py run folder: checkpoint ``step`` (default:
+    the newest) and the tokenizer its data was read with (the bytes, as ``convert --to-hf`` writes them). The
+    tokenizer is None for a Hugging Face folder without tokenizer.json unless ``need_tokenizer``."""
+    from pathlib import Path
+
+    from jaxformer.interop.hf import from_pretrained
+    from jaxformer.interop.tokenizer import load_tokenizer
+    from jaxformer.train.run import CONFIG_FILE
+
+    if not (Path(path) / CONFIG_FILE).exists():
+        if step is not None:
+            raise ValueError(f"--step picks a training run's checkpoint; {path} is not a run folder (no {CONFIG_FILE})")
+        model = from_pretrained(path, dtype=dtype)
+        return model, load_tokenizer(path) if need_tokenizer or (Path(path) / "tokenizer.json").exists() else None
+    from jaxformer.train.evaluate import run_tokenizer
+    from jaxformer.train.run import load_run_model
+
+    if dtype is not None:
+        raise ValueError(f"--dtype casts a Hugging Face folder's weights; {path} is a training run, which generates in "
+                         f"the dtypes it trained in (or convert it first: jaxformer convert {path} --to-hf OUT)")
+    model = load_run_model(Path(path), step)
+    return model, run_tokenizer(path, model.config.vocab_size)
+
+
+def _require_same_vocabulary(path: str, tokenizer, assistant_path: str, assistant_tokenizer) -> None:
+    """Drafts travel as token ids, so the assistant's tokenizer must give every token the target's id.
+    transformers takes an assistant with another tokenizer only through its universal assisted decoding
+    (generate's tokenizer= and assistant_tokenizer=, re-encoding the drafts as text), which jaxformer has not."""
+    ours, theirs = tokenizer.vocabulary(), assistant_tokenizer.vocabulary()
+    if ours == theirs:
+        return
+    token = min(token for token in ours.keys() | theirs.keys() if ours.get(token) != theirs.get(token))
+    where = lambda vocabulary: f"id {vocabulary[token]}" if token in vocabulary else "absent"  # noqa: E731
+    raise ValueError(f"--assistant-model {assistant_path} has another tokenizer than {path} ({len(theirs)} tokens vs "
+                     f"{len(ours)}; {token!r} is {where(theirs)} there, {where(ours)} here): drafts are token ids, "
+                     "so the two must share one (transformers pairs different tokenizers only by re-encoding drafts "
+                     "as text, its universal assisted decoding, which jaxformer does not implement)")
 
 
 def predict(args: argparse.Namespace) -> int:
@@ -220,7 +274,8 @@ def predict(args: argparse.Namespace) -> int:
 def embed(args: argparse.Namespace) -> int:
     from jaxformer.embedder import Embedder
 
-    vectors = Embedder.from_pretrained(args.path, dtype=args.dtype).encode(args.text, batch_size=args.batch_size)
+    vectors = Embedder.from_pretrained(args.path, dtype=args.dtype).encode(args.text, batch_size=args.batch_size,
+                                                                           prompt_name=args.prompt_name)
     if args.json:
         print(json.dumps({"embeddings": vectors.tolist()}))
         return 0
@@ -316,10 +371,15 @@ def argument_parser() -> argparse.ArgumentParser:
                    help="replace the checkpoint files of a non-empty output folder (and nothing else in it)")
     p.set_defaults(run=convert)
 
-    p = commands.add_parser("generate", help="generate text from a Hugging Face checkpoint folder (with tokenizer.json)")
-    p.add_argument("path", help="checkpoint folder: config.json, model.safetensors, tokenizer.json")
+    p = commands.add_parser("generate", help="generate text from a Hugging Face checkpoint folder (with tokenizer.json) "
+                                             "or a train.py run folder")
+    p.add_argument("path", help="checkpoint folder (config.json, model.safetensors, tokenizer.json) or a train.py "
+                                "run folder (run.dir)")
+    p.add_argument("--step", type=int, help="run folders: the checkpoint's step (default: the newest)")
     p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--allow-beyond-max-positions", action="store_true",
+                   help="rotary and relative models: generate past the max_positions they were configured for")
     p.add_argument("--do-sample", action="store_true")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int)
@@ -329,8 +389,8 @@ def argument_parser() -> argparse.ArgumentParser:
                    help="the token every output starts with (translation: the target language's, as M2M-100, NLLB "
                         "and mBART-50 take it; default: the checkpoint's)")
     p.add_argument("--assistant-model", metavar="PATH",
-                   help="speculative decoding: a smaller checkpoint folder with the same tokenizer drafts tokens that "
-                        "the model verifies several at a time (greedy output unchanged)")
+                   help="speculative decoding: a smaller checkpoint (or run) folder with the same tokenizer drafts "
+                        "tokens that the model verifies several at a time (greedy output unchanged)")
     p.add_argument("--num-assistant-tokens", type=int, help="drafts per round (default 5)")
     p.add_argument("--num-assistant-tokens-schedule", choices=["constant", "heuristic"], default="constant")
     p.add_argument("--prompt-lookup-num-tokens", type=int,
@@ -356,6 +416,8 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--text", action="append", required=True, help="a sentence; repeat for several")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--prompt-name", help="one of the folder's prompts (config_sentence_transformers.json), e.g. "
+                                         "EmbeddingGemma's query or document")
     p.add_argument("--json", action="store_true", help='print {"embeddings": [[...], ...]}')
     p.set_defaults(run=embed)
 

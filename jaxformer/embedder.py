@@ -2,13 +2,14 @@
 
     emb = jf.Embedder.from_pretrained("path/to/all-MiniLM-L6-v2")
     vectors = emb.encode(["A man is eating food.", "A man rides a horse."])   # float32 [2, 384]
+    queries = jf.Embedder.from_pretrained("path/to/embeddinggemma-300m").encode(texts, prompt_name="query")
 
 The folder's options are read and checked by ``interop.sentence_transformers``; this module tokenizes
 (truncating to max_seq_length, as sentence-transformers does), runs the encoder and the pooling, Dense and
 Normalize steps as one jitted function, and returns numpy. Batches are padded to power-of-two widths and
 row counts, so a corpus compiles a handful of shapes instead of one per batch. The extra padding changes no
-vector: it is masked, and on the left (decoder-only models such as gte-Qwen2 or e5-mistral) it only shifts rotary
-positions, which attention sees as distances.
+vector: it is masked, and on the left (decoder-only models such as gte-Qwen2 or e5-mistral, Gemma's tokenizer) it
+only shifts rotary positions, which attention sees as distances.
 """
 
 from __future__ import annotations
@@ -76,11 +77,11 @@ class Embedder:
         for field, side in sides.items():
             if side not in ("left", "right"):
                 raise ValueError(f"{config_file}: {field}={side!r}; valid: 'left', 'right'")
-        # Left padding moves every position of a row; that changes no vector only under rotary positions with a
-        # causal mask (scores depend on distances), so elsewhere the vectors would depend on the batch.
-        if sides["padding_side"] == "left" and (cfg.family != "decoder" or cfg.position != "rope"):
-            raise ValueError(f"{config_file}: padding_side='left' is supported for decoder-only models with rotary "
-                             f"positions, not a {cfg.family} with {cfg.position} positions")
+        # Left padding moves every position of a row; that changes no vector only under rotary positions (scores
+        # and windows depend on distances, the pads are masked), so elsewhere the vectors would depend on the batch.
+        if sides["padding_side"] == "left" and cfg.position != "rope":
+            raise ValueError(f"{config_file}: padding_side='left' is supported for models with rotary positions "
+                             f"(Llama, Qwen2, Gemma, ModernBERT), not a {cfg.family} with {cfg.position} positions")
         tokenizer.no_padding()
         tokenizer.enable_truncation(max_seq_length, strategy="longest_first", direction=sides["truncation_side"])
         if pipeline.do_lower_case:
@@ -88,24 +89,33 @@ class Embedder:
         pad = wrapped.pad_token_id if wrapped.pad_token_id is not None else 0
         return cls(model, tokenizer, pipeline, max_seq_length, pad, sides["padding_side"])
 
-    def encode(self, texts: str | list[str], batch_size: int = 32, normalize_embeddings: bool = False) -> np.ndarray:
-        """Embeddings as float32 numpy: [N, D] for a list, [D] for one string (as sentence-transformers)."""
+    def encode(self, texts: str | list[str], batch_size: int = 32, normalize_embeddings: bool = False,
+               prompt_name: str | None = None, prompt: str | None = None, truncate_dim: int | None = None
+               ) -> np.ndarray:
+        """Embeddings as float32 numpy: [N, D] for a list, [D] for one string (as sentence-transformers).
+        ``prompt_name`` picks one of the folder's prompts (EmbeddingGemma: "query", "document", ...), ``prompt``
+        gives the text itself (it wins over a name); neither: the folder's default prompt, if any.
+        ``truncate_dim`` keeps the first dimensions (Matryoshka models), before ``normalize_embeddings``."""
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
         if not all(isinstance(t, str) for t in texts):
             raise ValueError("encode takes a string or a list of strings")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}; expected a positive integer")
-        prompt = self.pipeline.prompt
+        if truncate_dim is not None and (isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int)
+                                         or truncate_dim < 1):
+            raise ValueError(f"truncate_dim={truncate_dim!r}; expected a positive integer or None")
+        prompt = self._resolve_prompt(prompt, prompt_name)
         rows = [e.ids for e in self.tokenizer.encode_batch([prompt + t for t in texts])]
-        skipped = self._prompt_length() if prompt and not self.pipeline.include_prompt else 0
+        skipped = self._prompt_length(prompt) if prompt and not self.pipeline.include_prompt else 0
         vocab = self.model.config.vocab_size
         for i, row in enumerate(rows):  # checked here: the jitted forward would clamp a bad id silently
             if row and not 0 <= min(row) <= max(row) < vocab:
                 raise ValueError(f"text {i} encodes to id {max(row) if max(row) >= vocab else min(row)}, outside the "
                                  f"model's vocabulary [0, {vocab}): the tokenizer does not belong to this model")
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # similar lengths share a batch
-        out = np.zeros((len(rows), self.dimension), np.float32)
+        width = min(truncate_dim or self.dimension, self.dimension)
+        out = np.zeros((len(rows), width), np.float32)
         for start in range(0, len(order), batch_size):
             chosen = order[start:start + batch_size]
             ids, mask = self._pad([rows[i] for i in chosen], batch_size)
@@ -113,13 +123,28 @@ class Embedder:
             first = mask.argmax(axis=1)[:, None]
             pooled[(np.arange(mask.shape[1]) >= first) & (np.arange(mask.shape[1]) < first + skipped)] = 0
             vectors = _embed(self._graphdef, self._state, self._dense_params, ids, mask, pooled,
-                             pooling=self.pipeline.pooling, steps=self._steps, normalize=bool(normalize_embeddings))
+                             pooling=self.pipeline.pooling, steps=self._steps, normalize=bool(normalize_embeddings),
+                             width=width)
             out[chosen] = np.asarray(vectors)[:len(chosen)]
         return out[0] if single else out
 
-    def _prompt_length(self) -> int:
-        """The prompt's tokens as sentence-transformers counts them: its encoding less a trailing special token."""
-        ids = self.tokenizer.encode(self.pipeline.prompt).ids
+    def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str:
+        """The prompt text as sentence-transformers resolves it: ``prompt``, else the named one, else the default."""
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise ValueError(f"prompt={prompt!r}; expected a string")
+            return prompt
+        if prompt_name is None:
+            return self.pipeline.prompt
+        if prompt_name not in self.pipeline.prompts:
+            raise ValueError(f"prompt_name={prompt_name!r} is not one of this folder's prompts "
+                             f"{sorted(self.pipeline.prompts)} (config_sentence_transformers.json)")
+        return self.pipeline.prompts[prompt_name]
+
+    def _prompt_length(self, prompt: str | None = None) -> int:
+        """The prompt's tokens (default: the folder's default prompt) as sentence-transformers counts them: its
+        encoding less a trailing special token."""
+        ids = self.tokenizer.encode(self.pipeline.prompt if prompt is None else prompt).ids
         special = {i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special}
         return len(ids) - (1 if ids and ids[-1] in special else 0)
 
@@ -207,9 +232,10 @@ def _l2_normalize(x: jax.Array) -> jax.Array:
     return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), 1e-12)  # torch's F.normalize eps
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "pooling", "steps", "normalize"))
-def _embed(graphdef, state, dense_params, ids, mask, pooled, *, pooling, steps, normalize):
-    """The encoder, pooling, Dense and Normalize steps: one compiled function per padded shape."""
+@functools.partial(jax.jit, static_argnames=("graphdef", "pooling", "steps", "normalize", "width"))
+def _embed(graphdef, state, dense_params, ids, mask, pooled, *, pooling, steps, normalize, width):
+    """The encoder, pooling, Dense and Normalize steps, then the first ``width`` dimensions: one compiled
+    function per padded shape."""
     h = nnx.merge(graphdef, state)(ids, attention_mask=mask).last_hidden_state.astype(jnp.float32)
     x = jnp.concatenate([_pool(h, mask, pooled, mode) for mode in pooling], axis=-1)
     dense = iter(dense_params)
@@ -221,4 +247,5 @@ def _embed(graphdef, state, dense_params, ids, mask, pooled, *, pooling, steps, 
         p = next(dense)
         y = _DENSE_ACTIVATIONS[activation](x @ p["w"].T + (p["b"] if "b" in p else 0))
         x = y + (x @ p["r"].T if "r" in p else x) if use_residual else y
+    x = x[..., :width]
     return _l2_normalize(x) if normalize else x

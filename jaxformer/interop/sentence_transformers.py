@@ -53,6 +53,7 @@ class Pipeline:
     embedding_dimension: int
     steps: tuple[DenseStep | str, ...]   # after pooling, in order: DenseStep or "normalize"
     prompt: str                   # the default prompt, prepended to every text ("" for none)
+    prompts: dict[str, str]       # the named prompts an encode call may choose (EmbeddingGemma's query, document, ...)
     include_prompt: bool          # False: pooling skips the prompt's tokens
     similarity_fn_name: str
 
@@ -113,9 +114,9 @@ def read_folder(path: str | os.PathLike, allow_pickle: bool = False) -> Pipeline
             if step.weight.shape[1] != width:
                 raise ValueError(f"{module_dir(i)}: Dense takes {step.weight.shape[1]} features but receives {width}")
             width = step.weight.shape[0]
-    prompt, similarity = _read_model_config(folder / "config_sentence_transformers.json")
-    return Pipeline(transformer_dir, max_seq_length, do_lower_case, pooling, dim, steps, prompt, include_prompt,
-                    similarity)
+    prompts, prompt, similarity = _read_model_config(folder / "config_sentence_transformers.json")
+    return Pipeline(transformer_dir, max_seq_length, do_lower_case, pooling, dim, steps, prompt, prompts,
+                    include_prompt, similarity)
 
 
 def _read_transformer(folder: Path) -> tuple[int | None, bool]:
@@ -219,17 +220,19 @@ def _read_normalize(folder: Path) -> str:
     return "normalize"
 
 
-def _read_model_config(file: Path) -> tuple[str, str]:
-    """(default prompt, similarity function name) from config_sentence_transformers.json."""
+def _read_model_config(file: Path) -> tuple[dict[str, str], str, str]:
+    """(named prompts, default prompt, similarity function name) from config_sentence_transformers.json."""
     config = _json(file) if file.exists() else {}
     kind = config.get("model_type", "SentenceTransformer")
     if kind != "SentenceTransformer":
         _refuse(file, "model_type", kind, "jaxformer embeds with SentenceTransformer folders only")
     prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        _refuse(file, "prompts", prompts, "expected an object of prompt names to prompt strings")
     name = config.get("default_prompt_name")
     if name is not None and name not in prompts:
         _refuse(file, "default_prompt_name", name, f"it must name one of the prompts {sorted(prompts)}")
     similarity = config.get("similarity_fn_name") or "cosine"
     if similarity not in ("cosine", "dot", "euclidean", "manhattan"):
         _refuse(file, "similarity_fn_name", similarity, "valid: cosine, dot, euclidean, manhattan")
-    return (prompts.get(name) or "") if name is not None else "", similarity
+    return dict(prompts), (prompts.get(name) or "") if name is not None else "", similarity
