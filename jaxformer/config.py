@@ -90,7 +90,7 @@ class RopeScaling:
 
     - ``linear`` divides every frequency by ``factor``.
     - ``llama3`` divides only the low frequencies and blends the band between ``low_freq_factor`` and
-      ``high_freq_factor`` (Llama 3.1).
+      ``high_freq_factor`` (Llama 3.1; the band is empty when they are equal, as in Llama 4 Scout's file).
     - ``yarn`` (Peng et al. 2023) interpolates (divides by ``factor``) the dimensions that turn fewer than
       ``beta_slow`` times over ``original_max_positions``, keeps those that turn more than ``beta_fast``
       times, ramps linearly in between (bounds floored and ceiled when ``truncate``), and multiplies cos and
@@ -126,9 +126,10 @@ class RopeScaling:
             raise ValueError(f"RopeScaling.factor={self.factor!r} must be > 0")
         if self.kind in ("llama3", "yarn", "longrope"):
             _positive("rope_scaling.original_max_positions", self.original_max_positions)
-        if self.kind == "llama3" and not 0 < self.low_freq_factor < self.high_freq_factor:
+        # low == high (Llama 4 Scout's file) leaves no band to blend: transformers computes it, so do we
+        if self.kind == "llama3" and not 0 < self.low_freq_factor <= self.high_freq_factor:
             raise ValueError(f"RopeScaling low_freq_factor={self.low_freq_factor!r} and high_freq_factor="
-                             f"{self.high_freq_factor!r} must satisfy 0 < low < high")
+                             f"{self.high_freq_factor!r} must satisfy 0 < low <= high")
         if self.kind == "yarn" and not 0 < self.beta_slow <= self.beta_fast:
             raise ValueError(f"RopeScaling beta_fast={self.beta_fast!r} and beta_slow={self.beta_slow!r} must "
                              "satisfy 0 < beta_slow <= beta_fast")

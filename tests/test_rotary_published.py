@@ -164,3 +164,99 @@ def torch_load(path) -> dict:
 @pytest.mark.parametrize("form", ["published", "modern"])
 def test_phi4_mini_export_reloads_as_the_same_config(phi4, form, tmp_path):
     _assert_exports_as_the_same_config(phi4["full"][form], tmp_path)
+
+
+# meta-llama/Llama-4-Scout-17B-16E-Instruct's text_config as published: llama3 scaling by 16 over 8192 positions
+# with low_freq_factor == high_freq_factor == 1, an empty blending band; saved as the text model's own file
+# (Llama4ForCausalLM). Shrunk: widths (heads of 16, 4 of them, 2 kv), 4 layers (the fourth global and
+# unrotated), 4 experts, a vocabulary of 97 (the special ids moved into it); attn_temperature_tuning is published
+# as 4, which transformers' strict config class refuses (True reads the same).
+SCOUT_TEXT = {
+    "_attn_implementation_autoset": True, "architectures": ["Llama4ForCausalLM"], "attention_bias": False,
+    "attention_chunk_size": 8192, "attention_dropout": 0.0, "attn_scale": 0.1, "attn_temperature_tuning": True,
+    "bos_token_id": 90, "eos_token_id": [91, 92, 93], "floor_scale": 8192, "for_llm_compressor": False,
+    "head_dim": 16, "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+    "interleave_moe_layer_step": 1, "intermediate_size": 16, "intermediate_size_mlp": 48,
+    "max_position_embeddings": 10485760, "model_type": "llama4_text", "no_rope_layers": [], "num_attention_heads": 4,
+    "num_experts_per_tok": 1, "num_hidden_layers": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+    "output_router_logits": False, "pad_token_id": 94, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "router_aux_loss_coef": 0.001, "router_jitter_noise": 0.0, "torch_dtype": "bfloat16",
+    "use_cache": True, "use_qk_norm": True, "vocab_size": 97}
+
+
+@pytest.fixture(scope="module")
+def scout(tmp_path_factory):
+    return _save(SCOUT_TEXT, tmp_path_factory.mktemp("scout"))
+
+
+def test_scout_llama3_with_an_empty_band_computes_transformers_frequencies():
+    """No frequency lies in the band, so each is kept or divided by 16 (three of eight here), exactly as
+    transformers computes them; its multimodal file reads the same."""
+    cfg = config_from_hf(copy.deepcopy(SCOUT_TEXT))
+    reference = transformers.Llama4TextConfig.from_dict(copy.deepcopy(SCOUT_TEXT))
+    theirs, factor = ROPE_INIT_FUNCTIONS["llama3"](reference, None)
+    ours = rope_frequencies(cfg)
+    assert np.isfinite(theirs.numpy()).all() and factor == 1.0
+    np.testing.assert_allclose(ours, theirs.numpy(), rtol=2.4e-7, atol=0)
+    plain = rope_frequencies(cfg.replace(rope_scaling=None))
+    np.testing.assert_allclose(ours[plain < 2 * np.pi / 8192], plain[plain < 2 * np.pi / 8192] / 16, rtol=1e-7)
+    assert (plain < 2 * np.pi / 8192).sum() == 3
+    wrapped = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "torch_dtype": "bfloat16",
+               "text_config": {k: v for k, v in copy.deepcopy(SCOUT_TEXT).items() if k != "architectures"},
+               "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 16, "num_hidden_layers": 1}}
+    assert config_from_hf(wrapped).replace(name=cfg.name) == cfg
+
+
+@pytest.mark.parametrize("form", ["published", "modern"])
+def test_scout_matches_transformers(scout, form):
+    _assert_parity(scout[form], 12, SCOUT_TEXT["vocab_size"])
+
+
+@pytest.mark.parametrize("form", ["published", "modern"])
+def test_scout_greedy_generation_is_token_identical(scout, form):
+    model, reference = jf.from_pretrained(scout[form], dtype="float32"), reference_model(scout[form])
+    ids = np.random.default_rng(3).integers(0, 90, (2, 6))
+    mask = np.ones_like(ids)
+    mask[1, :2] = 0
+    kwargs = dict(max_new_tokens=8, do_sample=False, eos_token_id=None)
+    ours = model.generate(ids, mask, **kwargs)
+    with torch.no_grad():
+        theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **kwargs).numpy()
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_scout_export_reloads_as_the_same_config(scout, tmp_path):
+    _assert_exports_as_the_same_config(scout["published"], tmp_path)
+
+
+def test_scout_gradients_under_jit_are_finite(scout):
+    """The empty band's 0 / 0 never reaches the program: loss and every gradient finite under jit."""
+    model = jf.from_pretrained(scout["modern"], dtype="float32")
+    graphdef, state = jf.split(model)
+    ids = jnp.asarray(np.random.default_rng(4).integers(0, 97, (2, 10)))
+
+    @jax.jit
+    def loss_and_grads(state):
+        def loss(state):
+            logits = jf.merge(graphdef, state)(ids).logits
+            return -jnp.mean(jax.nn.log_softmax(logits[:, :-1]) * jax.nn.one_hot(ids[:, 1:], logits.shape[-1]))
+        return jax.value_and_grad(loss)(state)
+
+    value, grads = loss_and_grads(state)
+    assert np.isfinite(float(value))
+    assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+
+
+def test_an_empty_band_on_a_wavelength_is_refused_where_transformers_gives_nan():
+    """low == high with a wavelength exactly at original_max_positions / low: transformers' blend there is
+    0 / 0 and its frequency NaN; jaxformer refuses it by name. The first frequency (1) has wavelength
+    float32(2 pi)."""
+    edge = 8192 / float(np.float32(2 * np.pi))
+    hf = {**copy.deepcopy(SCOUT_TEXT), "rope_scaling": {**SCOUT_TEXT["rope_scaling"], "low_freq_factor": edge,
+                                                         "high_freq_factor": edge}}
+    theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](transformers.Llama4TextConfig.from_dict(copy.deepcopy(hf)), None)
+    assert np.isnan(theirs.numpy()[0]) and np.isfinite(theirs.numpy()[1:]).all()
+    with pytest.raises(ValueError, match=r"exactly original_max_positions / low_freq_factor .* 0 / 0 \(NaN\)"):
+        rope_frequencies(config_from_hf(hf))

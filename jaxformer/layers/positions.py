@@ -131,14 +131,28 @@ def rope_frequencies(cfg: ModelConfig, long: bool = False) -> np.ndarray:
         return (1.0 / (factors * powers)).astype(np.float32)
     if s.kind == "yarn":
         return _yarn_frequencies(s, H, cfg.rope_theta, powers)
-    # llama3: keep high frequencies, divide low ones by factor, blend the band in between.
+    return _llama3_frequencies(s, inv_freq)
+
+
+def _llama3_frequencies(s, inv_freq: np.ndarray) -> np.ndarray:
+    """Llama 3.1: keep the high frequencies, divide the low ones by factor, blend the band of wavelengths in
+    between. With low_freq_factor == high_freq_factor (Llama 4 Scout) the band holds only a wavelength equal
+    to both bounds, where transformers' blend is 0 / 0: no other frequency reads the blend, so it is computed
+    only for a band that has width, and a wavelength on the bound of an empty band is refused."""
     low_wavelen = s.original_max_positions / s.low_freq_factor
     high_wavelen = s.original_max_positions / s.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = np.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    if not medium.any():
+        return scaled.astype(np.float32)
+    if s.high_freq_factor == s.low_freq_factor:
+        raise ValueError(f"RopeScaling llama3 with low_freq_factor == high_freq_factor={s.high_freq_factor!r}: the "
+                         f"wavelength of inverse frequencies {inv_freq[medium].tolist()} is exactly "
+                         f"original_max_positions / low_freq_factor = {low_wavelen!r}, where transformers' blend is "
+                         "0 / 0 (NaN); change rope_theta or original_max_positions slightly")
     smooth = (s.original_max_positions / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
     blended = (1 - smooth) * scaled / s.factor + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return np.where(medium, blended, scaled).astype(np.float32)
 
 
