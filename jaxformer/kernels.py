@@ -210,12 +210,25 @@ def _sharded(run, q, k, v, *segments):
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or not set(BATCH_AXES) <= set(mesh.axis_names):
         return run(q, k, v, *segments)
+    _check_rows(q.shape[0], mesh, "a fused attention kernel")
     P = jax.sharding.PartitionSpec
     tensor = dict(mesh.shape).get("tensor", 1)
     heads = "tensor" if tensor > 1 and q.shape[1] % tensor == 0 else None
     qkv = P(BATCH_AXES, heads)
     return jax.shard_map(run, mesh=mesh, in_specs=(qkv, qkv, qkv, *([P(BATCH_AXES)] * len(segments))),
                          out_specs=qkv, check_vma=False)(q, k, v, *segments)
+
+
+def _check_rows(rows: int, mesh, runner: str) -> None:
+    """shard_map splits the rows over data x fsdp x expert whole: a batch they do not divide fails here with
+    train.py's words (``sharding.check_batch``), not inside shard_map's tracing."""
+    from jaxformer.sharding import check_batch, data_parallel_size
+
+    try:
+        check_batch(rows, mesh)
+    except ValueError as err:
+        raise ValueError(f"{err}: {runner} splits the rows over those axes; give a multiple of "
+                         f"{data_parallel_size(mesh)} rows") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -277,6 +290,7 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
     n = dict(mesh.shape)["sequence"]
     tensor = dict(mesh.shape).get("tensor", 1)
     B, T, N, H = q.shape
+    _check_rows(B, mesh, f"ring attention (mesh.sequence={n})")
     K = k.shape[2]
     heads = "tensor" if tensor > 1 and K % tensor == 0 else None
     balanced = mask.pattern != "bidirectional"

@@ -51,6 +51,7 @@ import os
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 OBJECTIVES = {"decoder": "causal_lm", "encoder": "mlm", "encoder_decoder": "span_corruption"}
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
     from jaxformer.layers.pipeline import schedule
     from jaxformer.train import run_config
     from jaxformer.sharding import shardings_of
-    from jaxformer.train.run import Run
+    from jaxformer.train.run import Run, check_pipeline, executed, preset_model_config
     from jaxformer.train.steps import init_state, make_optimizer, make_steps
 
     devices = jax.devices()
@@ -153,18 +154,28 @@ def main(argv=None) -> int:
         overrides += [f"model.overrides.{stack}={args.layers}" for stack in stacks]
         model_cfg = model_cfg.replace(**{stack: args.layers for stack in stacks})
     cfg = run_config.load(None, overrides)
-    if args.batch_size % n:
-        raise ValueError(f"--batch-size {args.batch_size} does not divide over {n} devices")
+
+    def strategy_plan(strategy: str, cfg=cfg):
+        """The mesh shape, mesh and run config of ``strategy``, checked as far as it can be without compiling
+        (a ValueError naming the strategy)."""
+        try:
+            shape = mesh_shape(strategy, n, model_cfg, cfg.train.seq_len)
+            if strategy == "ep_gspmd":
+                cfg = run_config.load(None, overrides + ["model.overrides.moe_dispatch=grouped"])
+            if strategy in PIPELINES:
+                microbatches = args.microbatches or 2 * shape["stage"]
+                cfg = run_config.load(None, overrides + [f"mesh.stage={shape['stage']}", f"mesh.data={shape['data']}",
+                                                         f"train.microbatches={microbatches}",
+                                                         f"train.pipeline_repeats={PIPELINES[strategy]}"])
+            mesh = sharding.make_mesh(shape, devices[:1] if strategy == "single" else devices)
+            check_pipeline(cfg, executed(preset_model_config(cfg), cfg), mesh)
+        except ValueError as err:
+            raise ValueError(str(err) if str(err).startswith(f"strategy {strategy!r}") else
+                             f"strategy {strategy!r}: {err}") from None
+        return shape, mesh, cfg
 
     def one_strategy(strategy: str, batch: dict, cfg=cfg, compile_only: bool = False) -> dict:
-        shape = mesh_shape(strategy, n, model_cfg, cfg.train.seq_len)
-        if strategy == "ep_gspmd":
-            cfg = run_config.load(None, overrides + ["model.overrides.moe_dispatch=grouped"])
-        if strategy in PIPELINES:
-            cfg = run_config.load(None, overrides + [f"mesh.stage={shape['stage']}", f"mesh.data={shape['data']}",
-                                                     f"train.microbatches={args.microbatches or 2 * shape['stage']}",
-                                                     f"train.pipeline_repeats={PIPELINES[strategy]}"])
-        mesh = sharding.make_mesh(shape, devices[:1] if strategy == "single" else devices)
+        shape, mesh, cfg = strategy_plan(strategy, cfg)
         run = Run.build(cfg, mesh=mesh)
         graphdef, params, rest = nnx.split(run.model, nnx.Param, ...)
         optimizer, _ = make_optimizer(cfg, params)
@@ -242,15 +253,34 @@ def main(argv=None) -> int:
         placed = jax.device_put(host_state, NamedSharding(mesh, P()))
         return mapped, placed, jax.device_put(batch, NamedSharding(mesh, P("data")))
 
-    run0 = Run.build(cfg, mesh=sharding.make_mesh({"data": 1}, devices[:1]))
-    batch = run0.objective.batch(0, cfg.train.batch_size)
     if model_cfg.num_experts:
         # Explicit data parallelism computes the MoE load-balancing loss per device, which is not the
         # loss of the whole batch; compare it only where the step sees the whole batch.
         args.strategies = [s for s in args.strategies if s not in ("pmap", "shard_map")]
+    try:  # every strategy's mesh and schedule before anything compiles
+        if args.batch_size % n:
+            raise ValueError(f"--batch-size {args.batch_size} does not divide over {n} devices")
+        for strategy in ("single", "cp") if args.longest else args.strategies:
+            strategy_plan(strategy)
+        run0 = Run.build(cfg, mesh=sharding.make_mesh({"data": 1}, devices[:1]))
+    except ValueError as err:
+        print(f"experiments.py: error: {err}", file=sys.stderr)
+        return 2
+    batch = run0.objective.batch(0, cfg.train.batch_size)
     if args.longest:
         return longest_sequences(args, cfg, one_strategy, run_config, Run)
-    results = [one_strategy(s, batch) for s in args.strategies]
+    results, failure = [], None
+    for strategy in args.strategies:
+        try:
+            results.append(one_strategy(strategy, batch))
+        except Exception as err:  # noqa: BLE001 -- the rows that finished are printed first, then this
+            traceback.print_exc()
+            failure = (f"experiments.py: strategy {strategy!r} failed ({type(err).__name__}: {err}); the rows "
+                       "printed are the strategies that finished")
+            break
+    if not results:
+        print(failure, file=sys.stderr)
+        return 1
     reference = results[0]
     rows = []
     for r in results:
@@ -268,7 +298,17 @@ def main(argv=None) -> int:
                                   "ideal": schedule(stages, repeats, microbatches)[1], "measured": measured}
     if args.json:
         print(json.dumps(rows))
-        return 0
+    else:
+        print_table(args, rows, model_cfg, devices)
+    if failure:
+        print(failure, file=sys.stderr)
+        return 1
+    return 0 if all(max(r["loss_diff"], r["param_diff"], r["grad_norm_rel_diff"]) < 1e-5 for r in rows) else 1
+
+
+def print_table(args, rows: list[dict], model_cfg, devices) -> None:
+    """The rows as a table, then each pipeline's bubble."""
+    n = len(devices)
     print(f"{args.model}: {n} {devices[0].platform} devices, batch {args.batch_size} x {args.seq_len}, "
           f"{OBJECTIVES[model_cfg.family]}, AdamW; diffs after one step against 'single'")
     header = (f"{'strategy':<12} {'mesh':<26} {'step ms':>9} {'compile s':>10} {'bytes/device':>13} {'temp/device':>12} "
@@ -288,7 +328,6 @@ def main(argv=None) -> int:
             measured = "not timed (--steps 0)" if b["measured"] is None else f"measured {b['measured']:.0%}"
             print(f"{r['strategy']}: {b['stages']} stages x {b['repeats']} chunks, {b['microbatches']} microbatches: "
                   f"bubble ideal {b['ideal']:.0%}, {measured} (1 - single's step / {n} devices / this step)")
-    return 0 if all(max(r["loss_diff"], r["param_diff"], r["grad_norm_rel_diff"]) < 1e-5 for r in rows) else 1
 
 
 def longest_sequences(args, cfg, one_strategy, run_config, Run) -> int:

@@ -110,11 +110,7 @@ def build_model(cfg: RunConfig, objective: Objective, mesh):
     Returns ``(model, fresh, head)``: head the '/'-joined paths of the parameters the objective adds (a
     classification head), what a LoRA fine-tune trains beside its adapters by default."""
     if not cfg.model.init_from:
-        model_cfg = preset_config(cfg.model.preset)
-        if cfg.model.overrides:
-            model_cfg = model_cfg.replace(**cfg.model.overrides)
-        if cfg.model.adapt:
-            model_cfg = adapted(model_cfg, cfg.model.adapt, cfg.run.seed)
+        model_cfg = preset_model_config(cfg)
         before = executed(model_cfg, cfg)
         model_cfg = objective.adapt(executed(model_cfg, cfg), fresh=True)
         check_lengths(cfg, objective, model_cfg)
@@ -135,6 +131,17 @@ def build_model(cfg: RunConfig, objective: Objective, mesh):
         return sharding.shard_model(loaded, mesh), [], head
     model, fresh = transplant(loaded, wanted, cfg.run.seed, cfg.model.overrides)
     return sharding.shard_model(model, mesh), fresh, head
+
+
+def preset_model_config(cfg: RunConfig) -> ModelConfig:
+    """The config of the model a run without ``model.init_from`` builds: the preset with the run's overrides,
+    adapted into ``model.adapt``'s family."""
+    model_cfg = preset_config(cfg.model.preset)
+    if cfg.model.overrides:
+        model_cfg = model_cfg.replace(**cfg.model.overrides)
+    if cfg.model.adapt:
+        model_cfg = adapted(model_cfg, cfg.model.adapt, cfg.run.seed)
+    return model_cfg
 
 
 def added_params(before: ModelConfig, after: ModelConfig) -> list[str]:
@@ -228,11 +235,15 @@ def check_pipeline(cfg: RunConfig, model_cfg: ModelConfig, mesh) -> None:
                                                      "microbatches)")
 
 
-def check_lengths(cfg: RunConfig, objective: Objective, model_cfg) -> None:
-    """Sequence lengths beyond a learned or sinusoidal position table fail before anything compiles."""
+def check_lengths(cfg: RunConfig, objective: Objective | None, model_cfg) -> None:
+    """Sequence lengths beyond a learned or sinusoidal position table fail before anything compiles (without
+    an ``objective``, train.seq_len alone: checked before the data is read, whose sizes it would fail first)."""
     if model_cfg.position not in ("learned", "sinusoidal"):
         return
-    for key, length in (("train.seq_len", cfg.train.seq_len), ("the target length", objective.target_len)):
+    lengths = [("train.seq_len", cfg.train.seq_len)]
+    if objective is not None:
+        lengths.append(("the target length", objective.target_len))
+    for key, length in lengths:
         if length > model_cfg.max_positions:
             raise ValueError(f"{key}={length} exceeds the model's position table (max_positions="
                              f"{model_cfg.max_positions})")
@@ -288,6 +299,8 @@ class Run:
         adapters). ``mesh`` replaces the mesh of ``mesh.*`` (the experiments runner compares meshes of
         other devices)."""
         mesh = mesh or make_mesh(cfg)  # mesh and batch errors first: they need no data and no model
+        if trained is not None or not cfg.model.init_from:  # the position table before the data's sizes
+            check_lengths(cfg, None, trained or preset_model_config(cfg))
         tokenizer_file = _tokenizer_file(cfg)
         objective = make_objective(cfg, data.make_tokenizer(str(tokenizer_file) if tokenizer_file else "bytes"))
         base = None
@@ -372,6 +385,9 @@ _RESUMABLE_CHANGES = {"run.dir", "model.init_from", "train.log_every", "train.sa
                       "data.tokenizer"}  # compared by what it resolves to: _tokenizer_difference
 _RESUMABLE_SECTIONS = ("eval", "checkpoint", "mesh")
 _RESUMABLE_MODEL_FIELDS = {"name", "attention_backend"}  # the same function, another kernel
+# The pipeline's schedule is layout too (compared apart: pipeline_difference), except for the dropout masks.
+_PIPELINE_KEYS = {"train.microbatches", "train.pipeline_repeats"}
+_PIPELINE_MODEL_FIELDS = {"pipeline_microbatches", "pipeline_repeats"}
 
 
 def resume_differences(run: Run) -> list[str]:
@@ -382,17 +398,51 @@ def resume_differences(run: Run) -> list[str]:
     stored = load(run_dir / CONFIG_FILE, [f"run.dir={run_dir}"])
     differences = []
     for (key, old), (_, new) in zip(_flat(dataclasses.asdict(stored)), _flat(dataclasses.asdict(run.cfg))):
-        if old != new and key not in _RESUMABLE_CHANGES and not key.startswith(_RESUMABLE_SECTIONS):
+        if old != new and key not in _RESUMABLE_CHANGES | _PIPELINE_KEYS and not key.startswith(_RESUMABLE_SECTIONS):
             differences.append(f"{key}: {old!r} -> {new!r}")
-    differences += _tokenizer_difference(run, stored.data.tokenizer)
+    differences += _tokenizer_difference(run, stored.data.tokenizer) + pipeline_difference(stored, run)
     stored_model = json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8"))
     for key, new in run.model.config.to_dict().items():
         old = stored_model.get(key)
         if key == "label_names" and old is None:
             continue  # a model.json from before label names were kept: same labels, now named
-        if key not in _RESUMABLE_MODEL_FIELDS and json.dumps(old) != json.dumps(new):
+        if key not in _RESUMABLE_MODEL_FIELDS | _PIPELINE_MODEL_FIELDS and json.dumps(old) != json.dumps(new):
             differences.append(f"model {key}: {old!r} -> {new!r}")
     return differences
+
+
+def pipeline_difference(stored: RunConfig, run: Run) -> list[str]:
+    """A change of the pipeline's schedule (mesh.stage, train.microbatches, train.pipeline_repeats) is one of
+    layout, which a resume may make, unless dropout is on: a pipeline draws each microbatch's dropout masks
+    from the step's key folded with the microbatch's index, so whether the layers run as a pipeline and
+    into how many microbatches the rows split decide the masks (the stages and repeats do not)."""
+    model_cfg = run.model.config
+    rates = [f"{name}={getattr(model_cfg, name)}" for name in ("dropout_rate", "attention_dropout_rate", "lora_dropout")
+             if getattr(model_cfg, name)]
+    before = _dropout_draws(stored.mesh.stage, stored.train.microbatches)
+    after = _dropout_draws(run.mesh.shape["stage"], run.cfg.train.microbatches)
+    if not rates or before == after:
+        return []
+
+    def spelled(c: RunConfig) -> str:
+        return (f"mesh.stage={c.mesh.stage}, train.microbatches={c.train.microbatches}, "
+                f"train.pipeline_repeats={c.train.pipeline_repeats}")
+
+    count = stored.train.microbatches or stored.mesh.stage
+    keep = ("mesh.stage=1 (no pipeline)" if stored.mesh.stage == 1 else
+            f"mesh.stage > 1 and train.microbatches={count}" if count > 0 else "mesh.stage=-1 and train.microbatches=0")
+    return [f"pipeline schedule: {spelled(stored)} -> {spelled(run.cfg)}: with dropout on ({', '.join(rates)}) the "
+            f"dropout masks would differ (drawn {before} -> {after}); resume with {keep} to keep them (the stages "
+            "and pipeline_repeats may change), or train.resume=force"]
+
+
+def _dropout_draws(stages: int, microbatches: int) -> str:
+    """How a step draws its dropout masks under ``stages`` pipeline stages (-1: unknown, the devices left
+    over) and train.microbatches: for the whole batch, or per pipeline microbatch."""
+    if stages == 1:
+        return "for the whole batch"
+    count = microbatches or stages
+    return f"per pipeline microbatch, {count if count > 0 else 'one per stage (mesh.stage=-1)'}"
 
 
 def _tokenizer_difference(run: Run, stored_spec: str) -> list[str]:

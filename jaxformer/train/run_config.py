@@ -370,6 +370,7 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
     tree: dict = {}
     file_model: dict = {}
     if path is not None:
+        _check_exists(Path(path))
         with open(path, encoding="utf-8") as f:
             try:  # safe_load: plain data only, never a Python object (no configuration executes code)
                 data = yaml.safe_load(f) or {}
@@ -397,7 +398,8 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
     from_file = dict(tree.get("model", {}).get("overrides", {}))
     for item in overrides:
         if "=" not in item:
-            raise ValueError(f"override {item!r} must look like section.key=value")
+            raise ValueError(f"override {item!r} must look like section.key=value (a config file comes first and "
+                             "ends in .yaml or .yml)")
         key, _, text = item.partition("=")
         _set(tree, key.strip(), _parse_value(text))
     given = {item.partition("=")[0].strip().removeprefix("model.overrides.") for item in overrides}
@@ -421,6 +423,16 @@ def load(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] 
         built[name] = SECTIONS[name](**{k: _nested(f"{name}.{k}", v) if f"{name}.{k}" in NESTED else
                                         _coerce(name, k, v, kinds[k]) for k, v in fields.items()})
     return RunConfig(**built)
+
+
+def _check_exists(path: Path) -> None:
+    """A config file that is not there fails naming it and the configs beside it (or in configs/)."""
+    if path.is_file():
+        return
+    folder = path.parent if path.parent.is_dir() and path.parent != Path(".") else Path("configs")
+    found = sorted(p.name for p in folder.glob("*.y*ml")) if folder.is_dir() else []
+    there = f"; the configs in {folder}/: {', '.join(found)}" if found else ""
+    raise ValueError(f"config file {path} {'is not a file' if path.exists() else 'does not exist'}{there}")
 
 
 def dump(cfg: RunConfig) -> str:
