@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxformer import checks
 from jaxformer.interop.files import read_json
 from jaxformer.interop.hf import from_pretrained
 from jaxformer.interop.registry import architecture_of
@@ -58,10 +59,11 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
     """Run both implementations and return one Row per compared tensor."""
     import torch
 
-    reference = reference if reference is not None else reference_model(path, dtype)
-    model = model if model is not None else from_pretrained(path, dtype=dtype)
+    model = model if model is not None else from_pretrained(path, dtype=dtype)  # first: it names a missing config.json
     cfg = model.config
     input_ids = np.asarray(input_ids)
+    checks.check_ids(input_ids, cfg.vocab_size)  # before torch's embedding lookup raises an IndexError on one
+    reference = reference if reference is not None else reference_model(path, dtype)
     mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
     t = lambda x: None if x is None else torch.as_tensor(np.asarray(x))  # noqa: E731
     # no padding, no mask: the same for every reference, and transformers' causal XLNet fails on any mask

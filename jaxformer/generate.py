@@ -726,8 +726,8 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     unbounded = cfg.position == "xl" or (cfg.rope_scaling is not None and cfg.rope_scaling.kind == "dynamic")
     if longest > cfg.max_positions and not unbounded and (table or not allow_beyond_max_positions):
         limit = (f"has {cfg.max_positions} positions" if table else
-                 f"was configured for {cfg.max_positions} (max_positions; pass allow_beyond_max_positions=True "
-                 "to generate past it)")
+                 f"was configured for {cfg.max_positions} (max_positions; to generate past it, pass "
+                 "allow_beyond_max_positions=True, on the command line --allow-beyond-max-positions)")
         prompt = longest - gc.max_new_tokens
         if cfg.family == "decoder" and prompt >= cfg.max_positions:  # no max_new_tokens would help
             verb = "fills" if prompt == cfg.max_positions else "exceeds"

@@ -272,6 +272,8 @@ def write_masks(out: str | Path, length: int = 12) -> list[Path]:
 
 
 def masks_command(args: argparse.Namespace) -> int:
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a file; masks writes several PNGs: give a folder (made if missing)")
     for path in write_masks(args.out, check_length(args.length)):
         print(path)
     return 0
@@ -392,6 +394,7 @@ def attention_command(args: argparse.Namespace) -> int:
     [--stack encoder|decoder|cross] [--target TEXT])."""
     checks.require_text(args.text, "--text")
     checks.require_text(args.target, "--target")
+    out = png_path(args.out)
     model, tokenizer = load_checkpoint(args.checkpoint)
     cfg = model.config
     stack = args.stack or ("encoder" if cfg.family == "encoder_decoder" else "self")
@@ -403,6 +406,18 @@ def attention_command(args: argparse.Namespace) -> int:
     what = {"self": "self-attention", "encoder": "encoder self-attention", "decoder": "decoder self-attention",
             "cross": "cross-attention"}[stack]
     title = f"{Path(args.checkpoint).name}: {what}, layer {layer} (of 0-{len(weights) - 1})"
-    save_attention(layer_weights, heads, query_labels, key_labels, title, args.out)
-    print(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_attention(layer_weights, heads, query_labels, key_labels, title, out)
+    print(out)
     return 0
+
+
+def png_path(out: str) -> Path:
+    """--out of the attention picture, refused before the model loads unless it can be a PNG file (its folder
+    is made when missing)."""
+    path = Path(out)
+    if path.is_dir():
+        raise ValueError(f"--out {out} is a folder; give the PNG file to write, e.g. {path / 'attention.png'}")
+    if path.suffix.lower() not in ("", ".png"):
+        raise ValueError(f"--out {out}: the picture is a PNG; name it with .png (or no suffix)")
+    return path

@@ -47,6 +47,16 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def vocabulary(self) -> dict[str, int]:
+        """Every token (added ones included) and its id: two tokenizers with equal vocabularies agree on ids."""
+        return self.tokenizer.get_vocab(with_added_tokens=True)
+
+    def continuation(self, prompt_ids, ids) -> str:
+        """The text ``ids`` adds after ``prompt_ids`` (``ids`` starts with them), as transformers' text-generation
+        pipeline cuts it: the whole row decoded, less the decoded prompt's length. Decoding the new ids alone
+        would lose the space a SentencePiece (Metaspace) decoder strips from a row's first token."""
+        return self.decode(ids)[len(self.decode(prompt_ids)):]
+
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load ``tokenizer.json`` from a checkpoint folder (or the file itself)."""
@@ -62,6 +72,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise ValueError(f"{file} is not a valid tokenizer.json: {err}") from None
     pad_id = None
     folder = file.parent
+    if (folder / "tokenizer_config.json").exists():  # transformers' switch: special tokens' text is plain text
+        settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        tokenizer.encode_special_tokens = bool(settings.get("split_special_tokens", False))
     for name, key in (("tokenizer_config.json", "pad_token"), ("special_tokens_map.json", "pad_token")):
         if pad_id is None and (folder / name).exists():
             token = json.loads((folder / name).read_text(encoding="utf-8")).get(key)
@@ -72,3 +85,41 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     if pad_id is None and (folder / "config.json").exists():
         pad_id = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("pad_token_id")
     return Tokenizer(tokenizer, pad_id)
+
+
+def _byte_characters() -> list[str]:
+    """The character byte-level BPE (GPT-2's) stands each byte for: printable Latin-1 bytes are themselves,
+    the rest take the characters from U+0100 on, in byte order."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    shifted = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
+
+
+def byte_level_tokenizer(special_tokens: dict[int, str]):
+    """A ``tokenizers`` Tokenizer whose ids 0-255 are the UTF-8 bytes of the text (every byte one token, no
+    merges) and whose ``special_tokens`` {id: text} follow from 256 on, ids in order. Decoding replaces bytes
+    that are not UTF-8 as Python's ``errors="replace"`` does. Special tokens' text in the input is encoded as
+    bytes only when ``encode_special_tokens`` is set (transformers: ``split_special_tokens``)."""
+    from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+    ids = sorted(special_tokens)
+    if ids != list(range(256, 256 + len(ids))):
+        raise ValueError(f"special token ids {ids} must follow the bytes: 256, 257, ... in order")
+    tokenizer = HFTokenizer(models.BPE({char: b for b, char in enumerate(_byte_characters())}, []))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([AddedToken(special_tokens[i], special=True, normalized=False) for i in ids])
+    tokenizer.encode_special_tokens = True
+    return tokenizer
+
+
+def write_byte_level_tokenizer(folder: str | Path, special_tokens: dict[int, str], roles: dict[str, str]) -> None:
+    """``byte_level_tokenizer`` as tokenizer.json + tokenizer_config.json in ``folder``, which transformers'
+    AutoTokenizer loads (PreTrainedTokenizerFast) encoding and decoding as the bytes do here; ``roles``
+    names the special tokens' parts ({"bos_token": "<s>", ...}), those present among ``special_tokens``."""
+    folder = Path(folder)
+    byte_level_tokenizer(special_tokens).save(str(folder / "tokenizer.json"))
+    present = set(special_tokens.values())
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "split_special_tokens": True,
+                **{role: token for role, token in roles.items() if token in present}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")

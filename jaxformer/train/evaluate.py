@@ -1,5 +1,6 @@
 """After a run: the held-out metrics of a checkpoint (``jaxformer eval``) and its export as a Hugging
-Face folder (``jaxformer convert``), on whatever devices are present."""
+Face folder (``jaxformer convert``), on whatever devices are present, with the tokenizer the run read its data
+with (a bytes run's as a byte-level tokenizer.json)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import yaml
 from flax import nnx
 
 from jaxformer.config import ModelConfig
+from jaxformer.interop.tokenizer import Tokenizer, byte_level_tokenizer, load_tokenizer, write_byte_level_tokenizer
 from jaxformer.sharding import shardings_of
 from jaxformer.train.checkpoints import checkpoint_manager, restore
+from jaxformer.train.data import ByteTokenizer
 from jaxformer.train.run import CONFIG_FILE, MODEL_FILE, TOKENIZER_FILE, Run, held_out_memory
 from jaxformer.train.run_config import load
 from jaxformer.train.steps import (batch_sharding, frozen_filter, make_eval_step, run_eval, split_model,
@@ -89,4 +92,31 @@ def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None, 
     (model.merge_adapter() if merge else model).save_pretrained(output)
     if run.tokenizer_file is not None:
         shutil.copy(run.tokenizer_file, Path(output) / TOKENIZER_FILE)
+    else:  # bytes: written as a tokenizer.json that encodes and decodes them as ByteTokenizer does
+        write_byte_level_tokenizer(output, byte_special_tokens(model.config.vocab_size), BYTE_TOKEN_ROLES)
     return step
+
+
+# The text of ByteTokenizer's specials in a tokenizer.json: spellings data.HFTokenizer finds them by again
+BYTE_SPECIAL_SPELLINGS = {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "mask": "[MASK]"}
+BYTE_TOKEN_ROLES = {f"{role}_token": text for role, text in BYTE_SPECIAL_SPELLINGS.items()}  # transformers' names
+
+
+def byte_special_tokens(vocab_size: int) -> dict[int, str]:
+    """ByteTokenizer's special ids and sentinels ({id: text}) that a model of ``vocab_size`` embeds (a plain
+    causal-LM run embeds the 256 bytes alone)."""
+    tokens = {ByteTokenizer.SPECIALS[role]: text for role, text in BYTE_SPECIAL_SPELLINGS.items()}
+    top = ByteTokenizer.vocab_size - 1  # <extra_id_i> counts down from the top, as in T5
+    tokens.update({top - i: f"<extra_id_{i}>" for i in range(ByteTokenizer.SENTINELS)})
+    return {i: tokens[i] for i in sorted(tokens) if i < vocab_size}
+
+
+def run_tokenizer(run_dir: str | Path, vocab_size: int) -> Tokenizer:
+    """The tokenizer a run's data was read with: its own tokenizer.json, else the bytes (as ``export_hf``
+    writes them for a model of ``vocab_size``)."""
+    own = Path(run_dir) / TOKENIZER_FILE
+    if own.exists():
+        return load_tokenizer(own)
+    specials = byte_special_tokens(vocab_size)
+    pad = ByteTokenizer.SPECIALS["pad"]
+    return Tokenizer(byte_level_tokenizer(specials), pad if pad in specials else None)
