@@ -50,6 +50,27 @@ PROMPTS = {
 # Its modules after the encoder: mean pooling, Dense 768 -> 3072 -> 768 without bias, identity activation (here
 # 24 -> 96 -> 24), Normalize.
 EXPANSION = 4
+# Those modules' files as published (sentence-transformers 5.1's forms: legacy pooling booleans, the old module
+# paths; quoted alike by a public OpenVINO conversion of the model and ollama's converter test), widths made tiny
+# and max_seq_length 2048 -> 24.
+PUBLISHED_MODULES = [{"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+                     for i, (path, kind) in enumerate([("", "Transformer"), ("1_Pooling", "Pooling"),
+                                                       ("2_Dense", "Dense"), ("3_Dense", "Dense"),
+                                                       ("4_Normalize", "Normalize")])]
+PUBLISHED_FILES = {
+    "1_Pooling/config.json": {"word_embedding_dimension": 24, "pooling_mode_cls_token": False,
+                              "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+                              "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+                              "pooling_mode_lasttoken": False, "include_prompt": True},
+    "2_Dense/config.json": {"in_features": 24, "out_features": 96, "bias": False,
+                            "activation_function": "torch.nn.modules.linear.Identity"},
+    "3_Dense/config.json": {"in_features": 96, "out_features": 24, "bias": False,
+                            "activation_function": "torch.nn.modules.linear.Identity"},
+    "sentence_bert_config.json": {"max_seq_length": 24, "do_lower_case": False},
+    "config_sentence_transformers.json": {"model_type": "SentenceTransformer", "__version__": {
+        "sentence_transformers": "5.1.0", "transformers": "4.57.0.dev0", "pytorch": "2.8.0+cu128"},
+        "prompts": PROMPTS, "default_prompt_name": None, "similarity_fn_name": "cosine"},
+}
 
 WORDS = ("the a cat dog sat on mat quick brown fox jumps over lazy hello world is blue red sky sun man woman eats "
          "food rides horse plays guitar music car road fast slow task search result query title none text "
@@ -226,6 +247,21 @@ def test_explicit_prompt_and_truncated_dimensions_as_sentence_transformers(folde
     np.testing.assert_allclose(short, reference.encode(TEXTS, prompt_name="query", truncate_dim=8,
                                                        normalize_embeddings=True), atol=ATOL, rtol=0)
     assert short.shape == (len(TEXTS), 8)
+
+
+def test_published_file_forms_read_alike(folder, tmp_path):
+    """The same folder with its module files rewritten as google/embeddinggemma-300m publishes them."""
+    import shutil
+
+    published = shutil.copytree(folder, tmp_path / "published")  # the same module folders: 2_Dense, 3_Dense, ...
+    (published / "modules.json").write_text(json.dumps(PUBLISHED_MODULES))
+    for name, content in PUBLISHED_FILES.items():
+        (published / name).write_text(json.dumps(content))
+    ours = jf.Embedder.from_pretrained(published).encode(TEXTS, prompt_name="query")
+    np.testing.assert_allclose(ours, _sentence_transformer(published).encode(TEXTS, prompt_name="query"),
+                               atol=ATOL, rtol=0)
+    np.testing.assert_allclose(ours, jf.Embedder.from_pretrained(folder).encode(TEXTS, prompt_name="query"),
+                               atol=1e-6, rtol=0)
 
 
 def test_unknown_prompt_name_and_bad_truncation_are_refused(folder):
