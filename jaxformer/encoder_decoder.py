@@ -1,5 +1,8 @@
 """Encoder-decoder family (the 2017 Transformer, T5, BART): a bidirectional encoder, a causal decoder
-that cross-attends to it, and an LM head. One token embedding is shared by both sides (T5Gemma: one each).
+that cross-attends to it, and the head named by ``config.head``: an LM head, or BART's and T5's classifier
+(dense -> tanh -> out_proj of the decoder state at each row's last EOS of input_ids) and span head (start and
+end logits per decoder position); these two read the source shifted right when no decoder_input_ids are
+given, as transformers does. One token embedding is shared by both sides (T5Gemma: one each).
 
 The decoder's one forward pass (``decode``) serves whole sequences (``__call__``) and cached steps
 (``step``, over a ``DecodeState`` holding every layer's cross-attention keys and values, computed once
@@ -12,16 +15,20 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer.cache import DecodeState, EncoderKV, KVCache, empty_cache
 from jaxformer.checks import check_inputs, public_call
 from jaxformer.config import ModelConfig
 from jaxformer.decoder import step_logits, lm_logits, make_lm_head, unstacked_decoder
-from jaxformer.layers import Embed, Embeddings, EncoderOutput, Stack, StackOutput, Tokens, dtype_of, split_key
+from jaxformer.layers import (Dense, Embed, Embeddings, EncoderOutput, Stack, StackOutput, Tokens, activate, dropout,
+                              dtype_of, split_key)
 from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
+# the heads that read the source shifted right when no decoder inputs are given
+TASK_HEADS = ("sequence_classification", "question_answering")
 
 
 class EncoderDecoder(nnx.Module):
@@ -34,6 +41,12 @@ class EncoderDecoder(nnx.Module):
         self.decoder_embeddings = Embeddings(cfg, rngs=rngs)
         self.decoder = Stack(cfg, cfg.decoder_layers, pattern=cfg.attention, cross_attention=True, rngs=rngs)
         self.lm_head, self.logits_bias = make_lm_head(cfg, rngs)
+        # BART's and T5's classification_head (dense, tanh, out_proj) as the encoder family's pooler and
+        # classifier; their span head (qa_outputs) as its one-layer classifier of two outputs
+        self.pooler = (Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs)
+                       if cfg.head == "sequence_classification" else None)
+        outputs = {"sequence_classification": cfg.num_labels, "question_answering": 2}.get(cfg.head)
+        self.classifier = Dense(cfg, cfg.d_model, outputs, ("embed", "labels"), rngs=rngs) if outputs else None
 
     def encode(self, input_ids: Array | None = None, attention_mask: Array | None = None, *,
                inputs_embeds: Array | None = None) -> EncoderOutput:
@@ -71,14 +84,26 @@ class EncoderDecoder(nnx.Module):
     def validate(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None, *,
                  inputs_embeds=None, decoder_inputs_embeds=None, **_) -> None:
         """Both streams are checked before either runs: a bad decoder input fails before the encoder."""
-        if decoder_input_ids is None and decoder_inputs_embeds is None:
+        cfg = self.config
+        derived = decoder_input_ids is None and decoder_inputs_embeds is None
+        if derived and cfg.head not in TASK_HEADS:
             raise ValueError("an encoder-decoder model needs decoder_input_ids (or decoder_inputs_embeds); "
                              "for generation use model.generate")
-        encoder_shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask)
-        decoder_shape = check_inputs(self.config, decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask,
-                                     names=("decoder_input_ids", "decoder_attention_mask"))
+        if input_ids is None and (derived or cfg.head == "sequence_classification"):
+            raise ValueError(f"head={cfg.head!r} reads input_ids (to pool at their EOS tokens, or shifted right as "
+                             "the decoder's inputs when none are given); pass input_ids, not inputs_embeds")
+        encoder_shape = check_inputs(cfg, input_ids, inputs_embeds, attention_mask)
+        if derived:
+            check_derivable(cfg, input_ids)
+            decoder_shape = check_inputs(cfg, input_ids, None, decoder_attention_mask,
+                                         names=("input_ids", "decoder_attention_mask"))
+        else:
+            decoder_shape = check_inputs(cfg, decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask,
+                                         names=("decoder_input_ids", "decoder_attention_mask"))
         if encoder_shape[0] != decoder_shape[0]:
             raise ValueError(f"decoder batch {decoder_shape[0]} differs from encoder batch {encoder_shape[0]}")
+        if cfg.head == "sequence_classification":
+            check_eos_pooling(cfg, input_ids, decoder_shape[1])
 
     @public_call
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
@@ -88,15 +113,27 @@ class EncoderDecoder(nnx.Module):
                  dropout_key: Array | None = None) -> ModelOutput:
         """Decoder logits; ``attentions`` are the decoder's self-attention probabilities (transformers:
         decoder_attentions), with ``encoder_attentions`` and ``cross_attentions``."""
-        keys = split_key(dropout_key, 2)
+        cfg = self.config
+        keys = split_key(dropout_key, 3 if cfg.head == "sequence_classification" else 2)  # (the classifier's dropout)
+        if decoder_input_ids is None and decoder_inputs_embeds is None:  # (a task head: validate allowed it)
+            decoder_input_ids = shifted_right(cfg, input_ids)
         encoded = self.encoder_pass(input_ids, attention_mask, inputs_embeds=inputs_embeds,
                                     collect_hidden=output_hidden_states, collect_attentions=output_attentions,
                                     key=keys[0])
         decoded = self.decode(decoder_input_ids, EncoderOutput(encoded.hidden, attention_mask),
                               inputs_embeds=decoder_inputs_embeds, valid=decoder_attention_mask,
                               collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=keys[1])
-        logits = lm_logits(self, decoded.hidden) if self.config.head == "lm" else None
-        return ModelOutput(logits=logits, last_hidden_state=decoded.hidden, hidden_states=decoded.hidden_states,
+        h, heads = decoded.hidden, {}
+        if cfg.head == "lm":
+            heads["logits"] = lm_logits(self, h)
+        elif cfg.head == "sequence_classification":
+            pooled = self.pooler(last_eos_state(cfg, h, input_ids))
+            pooled = jnp.tanh(pooled) if cfg.pooler_activation == "tanh" else activate(cfg.pooler_activation, pooled)
+            heads["logits"] = self.classifier(dropout(pooled, cfg.dropout_rate, keys[2]))
+        elif cfg.head == "question_answering":
+            span = self.classifier(h)
+            heads["start_logits"], heads["end_logits"] = span[..., 0], span[..., 1]
+        return ModelOutput(**heads, last_hidden_state=h, hidden_states=decoded.hidden_states,
                            encoder_last_hidden_state=encoded.hidden, encoder_hidden_states=encoded.hidden_states,
                            attentions=decoded.attentions, encoder_attentions=encoded.attentions,
                            cross_attentions=decoded.cross_attentions)
@@ -121,3 +158,58 @@ class EncoderDecoder(nnx.Module):
 
     def for_decode_loop(self) -> EncoderDecoder:
         return unstacked_decoder(self)
+
+
+def shifted_right(cfg: ModelConfig, input_ids: Array) -> Array:
+    """The decoder inputs the classification and span heads read when given none, as transformers derives
+    them: input_ids shifted one to the right behind decoder_start_token_id (BART, T5), or (mBART) behind
+    each row's last non-pad token, its language code."""
+    input_ids = jnp.asarray(input_ids)
+    if cfg.wrap_decoder_start:
+        last = jnp.sum(input_ids != cfg.pad_token_id, axis=1) - 1
+        start = jnp.take_along_axis(input_ids, last[:, None], axis=1)
+    else:
+        start = jnp.full((input_ids.shape[0], 1), cfg.decoder_start_token_id, input_ids.dtype)
+    return jnp.concatenate([start, input_ids[:, :-1]], axis=1)
+
+
+def last_eos_state(cfg: ModelConfig, hidden: Array, input_ids: Array) -> Array:
+    """[B, D]: each row's decoder state at the position of its last eos_token_id in input_ids (what BART's
+    and T5's classifiers read; ``check_eos_pooling`` makes sure every row has one)."""
+    is_eos = input_ids == cfg.eos_token_id
+    last = is_eos.shape[1] - 1 - jnp.argmax(is_eos[:, ::-1], axis=1)
+    return jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+
+
+def check_derivable(cfg: ModelConfig, input_ids) -> None:
+    """Deriving decoder inputs from input_ids needs the ids transformers' shift needs."""
+    if cfg.pad_token_id is None or (cfg.decoder_start_token_id is None and not cfg.wrap_decoder_start):
+        raise ValueError(f"without decoder_input_ids, head={cfg.head!r} shifts input_ids right behind "
+                         f"decoder_start_token_id, and needs a pad_token_id (as transformers does); the config has "
+                         f"decoder_start_token_id={cfg.decoder_start_token_id}, pad_token_id={cfg.pad_token_id}: "
+                         "set them, or pass decoder_input_ids")
+    if cfg.wrap_decoder_start and not isinstance(input_ids, jax.core.Tracer):
+        empty = np.flatnonzero((np.asarray(input_ids) != cfg.pad_token_id).sum(axis=1) == 0)
+        if empty.size:
+            raise ValueError(f"rows {empty.tolist()} of input_ids hold only pad_token_id={cfg.pad_token_id}: without "
+                             "decoder_input_ids, mBART's decoder starts from each row's last non-pad token")
+
+
+def check_eos_pooling(cfg: ModelConfig, input_ids, decoder_length: int) -> None:
+    """The classifier reads the decoder state where input_ids hold their last EOS: the decoder must be as long
+    as the source, and (on concrete ids) every row must hold the same number of EOS tokens, at least one
+    (transformers refuses otherwise)."""
+    if decoder_length != input_ids.shape[1]:
+        raise ValueError(f"head='sequence_classification' reads the decoder state at the EOS positions of input_ids, "
+                         f"so the decoder inputs must be as long as input_ids ({input_ids.shape[1]}), not "
+                         f"{decoder_length}")
+    if isinstance(input_ids, jax.core.Tracer):
+        return
+    counts = (np.asarray(input_ids) == cfg.eos_token_id).sum(axis=1)
+    if len(set(counts.tolist())) > 1:
+        raise ValueError(f"all rows of input_ids must hold the same number of eos_token_id={cfg.eos_token_id} "
+                         f"tokens (transformers' BART and T5 classifiers refuse otherwise); their counts are "
+                         f"{counts.tolist()}")
+    if counts.size and counts[0] == 0:
+        raise ValueError(f"each row of input_ids must hold eos_token_id={cfg.eos_token_id}: the classifier reads "
+                         "the decoder state at the last one, and these rows hold none")

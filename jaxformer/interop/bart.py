@@ -2,18 +2,22 @@
 MBartForConditionalGeneration): encoder-decoders with learned positions offset by 2 and embedding norms; BART's
 layers post-norm, mBART's pre-norm with a final LayerNorm per stack (``layer_norm``) and, in mBART-50, embeddings
 scaled by sqrt(d_model). Config and tensor rules, both directions; ``layer_rules`` is the layer every BART
-relative shares (M2M-100's too)."""
+relative shares (M2M-100's too). The ForSequenceClassification classes (bart-large-mnli) pool the decoder state
+at the last EOS through classification_head (dense, tanh, out_proj: the family's pooler and classifier), the
+ForQuestionAnswering classes read qa_outputs at every decoder position; both shift input_ids right when given
+no decoder inputs, mBART's behind each row's last non-pad token (``wrap_decoder_start``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, linear,
-                                     lm_head, norm, refuse)
+from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, dense,
+                                     labels_from_hf, labels_to_hf, linear, lm_head, norm, refuse)
 
-CLASSES = {"bart": ("BartModel", "BartForConditionalGeneration"),
-           "mbart": ("MBartModel", "MBartForConditionalGeneration")}
+HEADS = {"Model": "none", "ForConditionalGeneration": "lm", "ForSequenceClassification": "sequence_classification",
+         "ForQuestionAnswering": "question_answering"}
+CLASSES = {"bart": tuple(f"Bart{suffix}" for suffix in HEADS), "mbart": tuple(f"MBart{suffix}" for suffix in HEADS)}
 # BartConfig's and MBartConfig's, for the keys a file may leave out
 DEFAULTS = {"bart": dict(max_position_embeddings=1024, pad_token_id=1, bos_token_id=0, eos_token_id=2,
                          decoder_start_token_id=2),
@@ -32,14 +36,20 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     if not mbart:  # (BART's own pre-norm switches; mBART's config has none: it is pre-norm)
         refuse(hf.get("normalize_before", False) or hf.get("add_final_layer_norm", False),
                "bart: pre-norm variants (normalize_before / add_final_layer_norm) are not supported")
-    lm = arch.endswith("ForConditionalGeneration")
+    head = HEADS[arch.removeprefix("MBart" if mbart else "Bart")]
+    lm = head == "lm"
+    # BartConfig's num_labels is 3 where a file names no labels (MBartConfig keeps PretrainedConfig's 2)
+    labels = ((labels_from_hf(hf) if hf.get("id2label") or "num_labels" in hf or mbart else (3, ()))
+              if head == "sequence_classification" else (2, ()))
     return dict(family="encoder_decoder", d_model=hf["d_model"], num_heads=hf["encoder_attention_heads"],
                 d_ff=hf["encoder_ffn_dim"], encoder_layers=hf["encoder_layers"], decoder_layers=hf["decoder_layers"],
                 norm_position="pre" if mbart else "post", norm_eps=1e-5, embedding_norm=True, final_norm=mbart,
                 activation=activation(hf.get("activation_function", "gelu"), False, "bart"), position="learned",
                 max_positions=hf["max_position_embeddings"], position_offset=2,
                 scale_embeddings=bool(hf.get("scale_embedding", False)),
-                tie_embeddings=hf.get("tie_word_embeddings", True), head="lm" if lm else "none", logits_bias=lm,
+                tie_embeddings=hf.get("tie_word_embeddings", True), head=head, logits_bias=lm,
+                pooler=head == "sequence_classification", num_labels=labels[0], label_names=labels[1],
+                wrap_decoder_start=mbart and head in ("sequence_classification", "question_answering"),
                 dropout_rate=hf.get("dropout", 0.1), attention_dropout_rate=hf.get("attention_dropout", 0.0))
 
 
@@ -51,7 +61,11 @@ def target(cfg: ModelConfig) -> tuple[str, str] | None:
             and (cfg.norm_position, cfg.final_norm) in (("post", False), ("pre", True))):
         return None
     stem = "Bart" if cfg.norm_position == "post" else "MBart"  # mBART: pre-norm with final norms
-    return stem.lower(), stem + ("ForConditionalGeneration" if cfg.head == "lm" else "Model")
+    tasks = cfg.head in ("sequence_classification", "question_answering")
+    if cfg.head not in HEADS.values() or cfg.pooler_activation != "tanh" or (
+            tasks and cfg.wrap_decoder_start != (stem == "MBart")):  # (their heads derive decoder inputs so)
+        return None
+    return stem.lower(), stem + {v: k for k, v in HEADS.items()}[cfg.head]
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
@@ -61,6 +75,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
                dropout=cfg.dropout_rate, attention_dropout=cfg.attention_dropout_rate,
                tie_word_embeddings=cfg.tie_embeddings, is_encoder_decoder=True)
+    labels_to_hf(cfg, out)
 
 
 def layer_rules(cfg: ModelConfig, side: str, layer: str) -> list[Rule]:
@@ -97,6 +112,10 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     head, head_aliases = lm_head(cfg, f"{p}shared.weight")
     out += head
     aliases.update(head_aliases)
+    if cfg.head == "sequence_classification":
+        out += dense(("pooler",), "classification_head.dense") + dense(("classifier",), "classification_head.out_proj")
+    if cfg.head == "question_answering":
+        out += dense(("classifier",), "qa_outputs")
     if cfg.logits_bias:
         out.append(Rule((("logits_bias",),), ("final_logits_bias",), lambda t: [t[0].reshape(-1)],
                         lambda ps: [ps[0].reshape(1, -1)]))

@@ -3,17 +3,22 @@ classes prefixed MT5): relative position bias, RMSNorm, plain or gated feed-forw
 both directions. mT5 is T5 v1.1 over a 250K-token vocabulary with its own model_type: its modeling never
 scales the decoder output before the head (T5 v1.0 does when tied), its config class ties the embeddings
 whatever the file says (the file's own lm_head tensor is then loaded as the head), and a model loaded from an
-mT5 file is written back as one."""
+mT5 file is written back as one. T5ForSequenceClassification (its base model nested under ``transformer.``) pools
+the decoder state at the last EOS through classification_head (dense, tanh, out_proj: the family's pooler and
+classifier); T5ForQuestionAnswering reads qa_outputs at every decoder position; both shift input_ids right
+behind decoder_start_token_id when given no decoder inputs."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.rules import GATED, Architecture, Rule, activation, attention, copy, linear, lm_head, refuse
+from jaxformer.interop.rules import (GATED, Architecture, Rule, activation, attention, copy, dense, labels_from_hf,
+                                     labels_to_hf, linear, lm_head, refuse)
 
-CLASSES = {"t5": ("T5Model", "T5ForConditionalGeneration", "T5EncoderModel"),
-           "mt5": ("MT5Model", "MT5ForConditionalGeneration", "MT5EncoderModel")}
+HEADS = {"T5Model": "none", "T5ForConditionalGeneration": "lm", "T5EncoderModel": "none",
+         "T5ForSequenceClassification": "sequence_classification", "T5ForQuestionAnswering": "question_answering"}
+CLASSES = {"t5": tuple(HEADS), "mt5": tuple(f"M{name}" for name in HEADS)}
 # T5Config's and MT5Config's, for a file that leaves them out
 DEFAULTS = {"t5": dict(pad_token_id=0, eos_token_id=1),
             "mt5": dict(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, feed_forward_proj="gated-gelu")}
@@ -34,6 +39,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     tied = ("lm_head.weight" not in tensor_names if tensor_names else
             not mt5 and hf.get("tie_word_embeddings", True))
     encoder_only = arch.endswith("T5EncoderModel")
+    head = HEADS[arch[arch.index("T5"):]]  # (mT5's and UMT5's classes are T5's with a prefix)
+    num_labels, label_names = labels_from_hf(hf) if head == "sequence_classification" else (2, ())
     both_stacks = hf.get("is_encoder_decoder", True)  # False in T5EncoderModel's files, as it should be
     refuse(not encoder_only and both_stacks is False,
            f"{model_type}: is_encoder_decoder=false on {arch}, an encoder-decoder, is not supported")
@@ -49,16 +56,16 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 mlp_bias=False, tie_embeddings=tied,
                 scale_tied_logits=bool(scale and tied and arch == "T5ForConditionalGeneration"),
                 clamp_float16=True,
-                head="lm" if arch.endswith("T5ForConditionalGeneration") else "none",
+                head=head, pooler=head == "sequence_classification", num_labels=num_labels, label_names=label_names,
                 dropout_rate=hf.get("dropout_rate", 0.1))
 
 
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if cfg.position != "relative" or cfg.family == "decoder":
+    if cfg.position != "relative" or cfg.family == "decoder" or cfg.wrap_decoder_start or cfg.pooler_activation != "tanh":
         return None
     if cfg.family == "encoder":
         return "t5", "T5EncoderModel"
-    return "t5", "T5ForConditionalGeneration" if cfg.head == "lm" else "T5Model"
+    return "t5", next(name for name, head in HEADS.items() if head == cfg.head)
 
 
 def target_as(cfg: ModelConfig, model_type: str) -> tuple[str, str] | None:
@@ -78,22 +85,25 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                tie_word_embeddings=cfg.tie_embeddings, is_encoder_decoder=cfg.family == "encoder_decoder")
     if model_type == "t5":  # (mT5 never scales: its config has no such key)
         out["scale_decoder_outputs"] = cfg.scale_tied_logits
+    labels_to_hf(cfg, out)
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
-    out = [copy(("embed", "table"), "shared.weight")]
-    aliases = {"encoder.embed_tokens.weight": "shared.weight", "decoder.embed_tokens.weight": "shared.weight"}
+    p = "transformer." if arch.endswith("ForSequenceClassification") else prefix  # (its T5Model is nested)
+    out = [copy(("embed", "table"), f"{p}shared.weight")]
+    aliases = {f"{p}encoder.embed_tokens.weight": f"{p}shared.weight",
+               f"{p}decoder.embed_tokens.weight": f"{p}shared.weight"}
     ff = "wi_1" if cfg.gated else "wi"
 
     def stack(side: str, cross: bool) -> list[Rule]:
-        L, block = (side, "blocks"), f"{side}.block.{{i}}.layer"
+        L, block = (side, "blocks"), f"{p}{side}.block.{{i}}.layer"
         att = f"{block}.0.SelfAttention"
         rules = [*attention(cfg, L + ("attn",), f"{att}.q.weight", f"{att}.k.weight", f"{att}.v.weight",
                             f"{att}.o.weight"),
                  copy(L + ("attn_norm", "scale"), f"{block}.0.layer_norm.weight"),
                  copy((side, "relative_bias", "table"),
-                      f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
-                 copy((side, "final_norm", "scale"), f"{side}.final_layer_norm.weight")]
+                      f"{p}{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+                 copy((side, "final_norm", "scale"), f"{p}{side}.final_layer_norm.weight")]
         f = 2 if cross else 1
         if cross:
             x = f"{block}.1.EncDecAttention"
@@ -115,10 +125,15 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         aliases.update(head_aliases)
     else:
         aliases.pop("decoder.embed_tokens.weight")
+    if cfg.head == "sequence_classification":
+        out += dense(("pooler",), "classification_head.dense") + dense(("classifier",), "classification_head.out_proj")
+    if cfg.head == "question_answering":
+        out += dense(("classifier",), "qa_outputs")
     return out, aliases
 
 
-# T5 names its tensors the same with or without a head: nothing is nested.
+# T5 names its tensors the same with or without a head: nothing is nested (but T5ForSequenceClassification's,
+# under transformer.: ``rules`` adds it).
 ARCHITECTURE = Architecture(CLASSES, {"t5": "", "mt5": ""}, CLASSES["t5"] + CLASSES["mt5"], config_from_hf, target,
                             config_to_hf, rules, target_as=target_as, harmless={
     "is_decoder": "the class decides which stack is which",

@@ -618,9 +618,12 @@ class Classification(RecordObjective):
     sentence pairs (NLI) from {"text": ..., "text_pair": ..., "label": ...}: [CLS] text [SEP] text_pair [SEP]
     with token types 0 up to the first [SEP] and 1 after it, the longer side cut first when the pair does not
     fit (transformers' truncation='longest_first'). Every record of a run is a pair or none is.
-    Labels are integers (0..n-1) or strings (sorted, then numbered); the head gets one output per label."""
+    Labels are integers (0..n-1) or strings (sorted, then numbered); the head gets one output per label.
+    An encoder-decoder (BART, T5) reads the same rows, no token types: its classifier pools the decoder state
+    at each row's last [SEP] (its eos_token_id), the decoder reading the row shifted right."""
 
     name, family = "classification", "encoder"
+    families = ("encoder", "encoder_decoder")
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
@@ -684,14 +687,33 @@ class Classification(RecordObjective):
         return examples
 
     def adapt(self, cfg, fresh):
+        if cfg.family in self.families:
+            self.family = cfg.family
         cfg = super().adapt(cfg, fresh)
         changes = {"head": "sequence_classification", "pooler": True, "num_labels": len(self.label_names),
                    "label_names": tuple(self.label_names)}
         if fresh:
             changes.update(pad_changes(cfg, self.ids["pad"]))
+        if cfg.family == "encoder_decoder":
+            return self._encoder_decoder(cfg, fresh, changes)
         if self.pairs and cfg.type_vocab_size < 2:
             raise ValueError(f"sentence-pair classification tells the two texts apart by token types "
                              f"(type_vocab_size >= 2); model {cfg.name!r} has type_vocab_size={cfg.type_vocab_size}")
+        return cfg.replace(**changes)
+
+    def _encoder_decoder(self, cfg, fresh, changes):
+        """An encoder-decoder classifier pools at the rows' closing [SEP]: that is its eos_token_id (a fresh
+        model's, or checked on a loaded one), and its decoder starts from decoder_start_token_id (a fresh
+        model's: the tokenizer's EOS, as BART's)."""
+        sep = self.ids["eos"]
+        changes.update(scale_tied_logits=False, logits_bias=False)  # (the LM head's settings go with it)
+        if fresh:
+            changes.update(eos_token_id=sep, decoder_start_token_id=sep)
+        elif cfg.eos_token_id != sep:
+            raise ValueError(f"model {cfg.name!r} pools at eos_token_id={cfg.eos_token_id}, but data.tokenizer="
+                             f"{self.tokenizer.name!r} closes each row with {sep}; use the model's own tokenizer")
+        elif cfg.decoder_start_token_id is None and not cfg.wrap_decoder_start:
+            changes["decoder_start_token_id"] = sep
         return cfg.replace(**changes)
 
     @staticmethod
@@ -705,8 +727,11 @@ class Classification(RecordObjective):
                 "labels": np.asarray([y for _, _, y in examples], np.int32)}
 
     def loss(self, model, batch, key):
-        types = batch["token_type_ids"] if model.config.type_vocab_size else None
-        out = model(batch["input_ids"], batch["attention_mask"], types, dropout_key=key)
+        if model.config.family == "encoder_decoder":  # (its decoder reads the rows shifted right)
+            out = model(batch["input_ids"], batch["attention_mask"], dropout_key=key)
+        else:
+            types = batch["token_type_ids"] if model.config.type_vocab_size else None
+            out = model(batch["input_ids"], batch["attention_mask"], types, dropout_key=key)
         sums = token_cross_entropy(out.logits, batch["labels"])
         return ratio(sums["loss"]), sums
 
