@@ -371,8 +371,8 @@ def argument_parser() -> argparse.ArgumentParser:
                    help="replace the checkpoint files of a non-empty output folder (and nothing else in it)")
     p.set_defaults(run=convert)
 
-    p = commands.add_parser("generate", help="generate text from a Hugging Face checkpoint folder (with tokenizer.json) "
-                                             "or a train.py run folder")
+    p = commands.add_parser("generate", help="generate text from a Hugging Face checkpoint folder (with "
+                                             "tokenizer.json) or a train.py run folder")
     p.add_argument("path", help="checkpoint folder (config.json, model.safetensors, tokenizer.json) or a train.py "
                                 "run folder (run.dir)")
     p.add_argument("--step", type=int, help="run folders: the checkpoint's step (default: the newest)")

@@ -177,10 +177,12 @@ def test_the_bytes_tokenizer_json_round_trips_as_the_byte_tokenizer_does(vocab_s
         assert hf.eos_token_id == byte.special("eos") and hf.pad_token_id == byte.special("pad")
 
 
-def test_a_run_without_a_tokenizer_file_reads_bytes(bytes_run):
+def test_a_run_reads_its_own_tokenizer_file_else_bytes(bytes_run, llama_dir, tmp_path):
     tokenizer = run_tokenizer(bytes_run, 256)
     assert tokenizer.vocab_size == 256 and tokenizer.pad_token_id is None
-    assert tokenizer.decode(tokenizer.encode("über")) == "über"
+    assert tokenizer.encode("über") == list("über".encode()) and tokenizer.decode(tokenizer.encode("über")) == "über"
+    shutil.copy(llama_dir / "tokenizer.json", tmp_path / "tokenizer.json")  # a run that read its data with it
+    assert run_tokenizer(tmp_path, 256).vocabulary() == load_tokenizer(llama_dir).vocabulary()
 
 
 def test_compare_names_a_run_folder_and_out_of_vocabulary_ids(bytes_run, llama_dir, capsys):
