@@ -26,6 +26,7 @@ from jaxformer.layers.positions import rope_frequencies  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 
 from hf_reference import PHI4_MINI_LONG  # noqa: E402
+from published_configs import PUBLISHED, TINY  # noqa: E402
 
 TOLERANCE = 1e-5
 STD = 0.2  # random weights far from zero, so that differences cannot hide in tiny activations
@@ -260,3 +261,27 @@ def test_an_empty_band_on_a_wavelength_is_refused_where_transformers_gives_nan()
     assert np.isnan(theirs.numpy()[0]) and np.isfinite(theirs.numpy()[1:]).all()
     with pytest.raises(ValueError, match=r"exactly original_max_positions / low_freq_factor .* 0 / 0 \(NaN\)"):
         rope_frequencies(config_from_hf(hf))
+
+
+def _refusal(hf: dict) -> str:
+    with pytest.raises(ValueError) as caught:
+        config_from_hf(copy.deepcopy(hf))
+    return str(caught.value)
+
+
+def test_a_value_the_config_class_filled_in_is_named_as_its_default():
+    """Qwen3-0.6B's file without num_key_value_heads: Qwen3Config fills in 32, which 4 heads cannot share.
+    The refusal says in one more line that 32 is the class's default for a key the file leaves out, and
+    what to add; a refusal of the file's own value (or of a key it has) carries no such line."""
+    qwen3 = {k: v for k, v in PUBLISHED["qwen3-0.6b"].items() if k != "num_key_value_heads"}
+    message = _refusal(qwen3)
+    first, note = message.split("\n")
+    assert "num_kv_heads=32 does not divide num_heads=4" in first
+    assert note == ('num_key_value_heads=32: not in config.json, so transformers\' qwen3 config class fills in its '
+                    'default; add "num_key_value_heads" with the model\'s own value to config.json')
+    assert transformers.Qwen3Config.from_dict(copy.deepcopy(qwen3)).num_key_value_heads == 32
+    assert "\n" not in _refusal({**qwen3, "num_key_value_heads": 3})  # the file's own value: its own fault
+    # a default an architecture's own refusal names by its key (Qwen2-MoE's expert width, 1408 by default)
+    moe = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "num_key_value_heads": 4,
+           "shared_expert_intermediate_size": 100, **TINY}
+    assert _refusal(moe).split("\n")[1].startswith("moe_intermediate_size=1408: not in config.json")

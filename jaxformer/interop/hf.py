@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import typing
 import warnings
 from pathlib import Path
@@ -49,7 +50,9 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
                    dtype: str | None = None) -> ModelConfig:
     """Map a transformers config (as a dict) to a ModelConfig, refusing options jaxformer cannot honour."""
     model_type, arch = architecture_of(hf)
-    hf = with_defaults(ConfigReader(hf), BY_MODEL_TYPE[model_type].defaults.get(model_type, {}))
+    defaults = BY_MODEL_TYPE[model_type].defaults.get(model_type, {})
+    filled = {key: value for key, value in defaults.items() if key not in hf}  # what the file leaves out
+    hf = with_defaults(ConfigReader(hf), defaults)
     file_dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
     dtype = dtype or (file_dtype if file_dtype in ("float32", "bfloat16", "float16") else "float32")
     try:
@@ -66,8 +69,35 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
         raise ValueError(f"config.json has no {err.args[0]!r} field, which {arch} ({model_type}) needs") from None
     except (TypeError, AttributeError) as err:
         raise ValueError(f"config.json of {arch} ({model_type}) holds a field of the wrong type: {err}") from None
+    except ValueError as err:
+        _name_class_defaults(err, filled, {}, model_type)
+        raise
     account_for_every_key(hf, BY_MODEL_TYPE[model_type], f"{arch} ({model_type})")
-    return ModelConfig(**{**fields, **special})
+    try:
+        return ModelConfig(**{**fields, **special})
+    except ValueError as err:
+        _name_class_defaults(err, filled, fields, model_type)
+        raise
+
+
+def _name_class_defaults(err: ValueError, filled: dict, fields: dict, model_type: str) -> None:
+    """Refuse a value that came from the config class's default for a key config.json leaves out by saying so:
+    the file lacks the key (Qwen3 without num_key_value_heads gets the class's 32). A value is blamed on the
+    default when the message names the key, or a ModelConfig field holding the same value, as ``name=value``."""
+    message = str(err)
+
+    def named(name: str, value) -> bool:
+        return any(re.search(rf"(?<!\w){re.escape(name)}={re.escape(shown)}(?!\w|\.\d)", message)
+                   for shown in {str(value), repr(value)})
+
+    blamed = [(key, value) for key, value in filled.items() if isinstance(value, (int, float, str))
+              and (named(key, value) or any(named(field, value) for field, held in fields.items()
+                                            if held == value and type(held) is type(value)))]
+    if blamed:
+        keys = ", ".join(f"{key}={value!r}" for key, value in blamed)
+        wanted = ", ".join(f'"{key}"' for key, _ in blamed)
+        raise ValueError(f"{message}\n{keys}: not in config.json, so transformers' {model_type} config class fills in "
+                         f"its default; add {wanted} with the model's own value to config.json") from None
 
 
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
