@@ -206,3 +206,42 @@ def test_train_py_trains_an_encoder_decoder_classifier(tmp_path):
     model = result["model"]
     assert (model.config.family, model.config.head, model.config.eos_token_id) == (
         "encoder_decoder", "sequence_classification", model.config.decoder_start_token_id)
+
+
+def zero_shot(model, tokenizer, text: str, labels: list[str], template: str = "This example is {}.",
+              multi_label: bool = False) -> dict[str, float]:
+    """The zero-shot recipe of docs (transformers' zero-shot-classification pipeline, written out): each label's
+    hypothesis read with the text as one NLI pair; single-label, a softmax of the entailment logits over the
+    labels; multi-label (or one label), each label's own softmax over contradiction and entailment."""
+    names = [name.lower() for name in model.config.label_names]
+    entail = next(i for i, name in enumerate(names) if name.startswith("entail"))
+    logits = np.stack([np.asarray(model([tokenizer.encode(text, template.format(label)).ids]).logits[0])
+                       for label in labels])
+    chosen = logits[:, [-1 if entail == 0 else 0, entail]] if multi_label or len(labels) == 1 else logits[:, entail]
+    scores = np.exp(chosen - chosen.max(-1, keepdims=True))
+    scores = scores / scores.sum(-1, keepdims=True)
+    return dict(zip(labels, (scores[:, 1] if chosen.ndim == 2 else scores).tolist()))
+
+
+def test_the_zero_shot_recipe_equals_transformers_pipeline(tmp_path):
+    """bart-large-mnli's config on tiny random weights, a word-level tokenizer with BART's pair template: the
+    recipe's scores are the pipeline's, single- and multi-label."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    words = "<s> <pad> </s> <unk> one day i will see the world this example is travel cooking dancing .".split()
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+    save_checkpoint("bart-seqcls", tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(BART_LARGE_MNLI))
+    model = jf.from_pretrained(tmp_path)
+    classifier = transformers.pipeline(
+        "zero-shot-classification", model=reference_model(tmp_path),
+        tokenizer=transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                                       pad_token="<pad>", unk_token="<unk>"))
+    text, labels = "one day i will see the world", ["travel", "cooking", "dancing"]
+    for multi_label in (False, True):
+        theirs = classifier(text, labels, multi_label=multi_label)
+        ours = zero_shot(model, tokenizer, text, labels, multi_label=multi_label)
+        np.testing.assert_allclose([ours[label] for label in theirs["labels"]], theirs["scores"], atol=1e-6, rtol=0)
