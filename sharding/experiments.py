@@ -140,20 +140,27 @@ def main(argv=None) -> int:
     from jaxformer.train.run import Run, check_pipeline, executed, preset_model_config
     from jaxformer.train.steps import init_state, make_optimizer, make_steps
 
+    def refuse(err: ValueError) -> int:
+        print(f"experiments.py: error: {err}", file=sys.stderr)
+        return 2
+
     devices = jax.devices()
     n = len(devices)
-    model_cfg = jf.config(args.model)
-    overrides = [f"model.preset={args.model}", f"train.objective={OBJECTIVES[model_cfg.family]}",
-                 f"train.batch_size={args.batch_size}", f"train.seq_len={args.seq_len}", "optim.warmup_steps=0",
-                 "optim.lr=1e-3", "optim.clip_norm=1.0", "run.seed=0"]
-    if model_cfg.family != "decoder":
-        overrides.append("model.overrides.vocab_size=360")  # room for the byte tokenizer's specials
-    if args.layers:
-        stacks = {"decoder": ["decoder_layers"], "encoder": ["encoder_layers"]}.get(
-            model_cfg.family, ["encoder_layers", "decoder_layers"])
-        overrides += [f"model.overrides.{stack}={args.layers}" for stack in stacks]
-        model_cfg = model_cfg.replace(**{stack: args.layers for stack in stacks})
-    cfg = run_config.load(None, overrides)
+    try:
+        model_cfg = jf.config(args.model)
+        overrides = [f"model.preset={args.model}", f"train.objective={OBJECTIVES[model_cfg.family]}",
+                     f"train.batch_size={args.batch_size}", f"train.seq_len={args.seq_len}", "optim.warmup_steps=0",
+                     "optim.lr=1e-3", "optim.clip_norm=1.0", "run.seed=0"]
+        if model_cfg.family != "decoder":
+            overrides.append("model.overrides.vocab_size=360")  # room for the byte tokenizer's specials
+        if args.layers:
+            stacks = {"decoder": ["decoder_layers"], "encoder": ["encoder_layers"]}.get(
+                model_cfg.family, ["encoder_layers", "decoder_layers"])
+            overrides += [f"model.overrides.{stack}={args.layers}" for stack in stacks]
+            model_cfg = model_cfg.replace(**{stack: args.layers for stack in stacks})
+        cfg = run_config.load(None, overrides)
+    except ValueError as err:
+        return refuse(err)
 
     def strategy_plan(strategy: str, cfg=cfg):
         """The mesh shape, mesh and run config of ``strategy``, checked as far as it can be without compiling
@@ -264,8 +271,7 @@ def main(argv=None) -> int:
             strategy_plan(strategy)
         run0 = Run.build(cfg, mesh=sharding.make_mesh({"data": 1}, devices[:1]))
     except ValueError as err:
-        print(f"experiments.py: error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     batch = run0.objective.batch(0, cfg.train.batch_size)
     if args.longest:
         return longest_sequences(args, cfg, one_strategy, run_config, Run)

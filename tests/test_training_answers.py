@@ -39,6 +39,13 @@ def test_experiments_refuses_a_strategy_it_cannot_run_before_running_any(capsys)
     assert err.count("\n") == 1 and err.startswith("experiments.py: error: strategy 'pp': ")
 
 
+def test_experiments_answers_an_unknown_model_in_one_line(capsys):
+    code = _experiments().main(["--model", "nope", "--steps", "0"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith("experiments.py: error: unknown preset 'nope'; valid presets: ")
+
+
 def test_experiments_prints_the_rows_that_finished_when_a_later_strategy_fails(capsys, monkeypatch):
     from jaxformer.train import steps
 
@@ -115,3 +122,14 @@ def test_seq_len_beyond_the_position_table_is_named_before_the_data_sizes():
     with pytest.raises(ValueError, match=r"train.seq_len=100000 exceeds the model's position table "
                                          r"\(max_positions=256\)"):
         Run.build(run_config.load(None, ["train.seq_len=100000", "model.overrides.max_positions=256"]))
+
+
+def test_train_py_prints_jaxformers_notes_in_one_line_and_others_as_python_does():
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "train.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)  # defines the formatter; main runs only as __main__
+    note = UserWarning("optim.warmup_steps=50 is not below train.steps=20")
+    assert (script.one_line_notes(note, UserWarning, str(ROOT / "jaxformer" / "train" / "run_config.py"), 297)
+            == "train.py: warning: optim.warmup_steps=50 is not below train.steps=20\n")
+    elsewhere = script.one_line_notes(note, UserWarning, "/elsewhere/lib.py", 3)
+    assert elsewhere.startswith("/elsewhere/lib.py:3: UserWarning")
