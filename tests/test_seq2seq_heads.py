@@ -137,6 +137,18 @@ def test_eos_pooling_refuses_what_transformers_refuses(checkpoints):
         model(inputs_embeds=np.zeros((2, 9, 32), np.float32), decoder_input_ids=ids)
 
 
+@pytest.mark.parametrize("name", ["mbart-seqcls", "t5-qa"])
+def test_inside_a_users_jit_the_heads_give_the_same_numbers(name, checkpoints):
+    """Traced inputs: the checks that need values are skipped, the pooling and the derived decoder inputs are
+    traced (mBART's wrap included), and the outputs equal a checked call's."""
+    from conftest import jitted
+
+    model = jf.from_pretrained(checkpoints(name))
+    ids, mask = eos_batch(model.config)
+    for key, got in head_outputs(jitted(model)(ids, mask)).items():
+        np.testing.assert_allclose(got, head_outputs(model(ids, mask))[key], atol=1e-6, rtol=0, err_msg=key)
+
+
 def test_decoder_inputs_are_derived_only_where_they_can_be(checkpoints):
     t5 = jf.from_pretrained(checkpoints("t5-qa"))
     ids, mask = eos_batch(t5.config)
