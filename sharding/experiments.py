@@ -338,7 +338,8 @@ def print_table(args, rows: list[dict], model_cfg, devices) -> None:
 
 def longest_sequences(args, cfg, one_strategy, run_config, Run) -> int:
     """For single and cp: the longest sequence (doubling from --seq-len) whose step's temporary memory per
-    device stays within single's at --seq-len. Compiled only."""
+    device stays within single's at --seq-len, or that the model's position table and the data allow (said
+    so). Compiled only."""
     import dataclasses
 
     import jax
@@ -354,20 +355,26 @@ def longest_sequences(args, cfg, one_strategy, run_config, Run) -> int:
     budget = temp_bytes("single", args.seq_len)
     rows = []
     for strategy in ("single", "cp"):
-        length, used = args.seq_len, budget
+        length, used, limit = args.seq_len, budget, None
         while True:
-            needed = temp_bytes(strategy, 2 * length)
+            try:
+                needed = temp_bytes(strategy, 2 * length)
+            except ValueError as err:  # a longer sequence than the position table or the held-out text holds
+                limit = f"{2 * length} tokens refused: {err}"
+                break
             if needed > budget:
                 break
             length, used = 2 * length, needed
-        rows.append({"strategy": strategy, "longest_seq_len": length, "temp_bytes": used, "budget_bytes": budget})
+        rows.append({"strategy": strategy, "longest_seq_len": length, "temp_bytes": used, "budget_bytes": budget,
+                     "limit": limit})
     if args.json:
         print(json.dumps(rows))
         return 0
     print(f"{args.model}: the longest sequence whose step fits single's temporary memory at {args.seq_len} tokens "
           f"({budget:,} bytes a device), batch {args.batch_size}")
     for r in rows:
-        print(f"{r['strategy']:<8} {r['longest_seq_len']:>8} tokens  ({r['temp_bytes']:,} bytes a device)")
+        limit = f"; not memory: {r['limit']}" if r["limit"] else ""
+        print(f"{r['strategy']:<8} {r['longest_seq_len']:>8} tokens  ({r['temp_bytes']:,} bytes a device{limit})")
     return 0
 
 

@@ -67,6 +67,14 @@ def test_experiments_prints_the_rows_that_finished_when_a_later_strategy_fails(c
     assert err.splitlines()[-1].startswith("experiments.py: strategy 'fsdp' failed (RuntimeError: RESOURCE_EXHAUSTED")
 
 
+def test_experiments_longest_stops_at_the_position_table_and_says_so(capsys):
+    # tiny-gpt's learned table holds 128 positions: doubling past it was a traceback, not an answer
+    code = _experiments().main(["--longest", "--seq-len", "128", "--batch-size", "2", "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert code == 0 and [r["longest_seq_len"] for r in rows] == [128, 128]
+    assert all("256 tokens refused: train.seq_len=256 exceeds the model's position table" in r["limit"] for r in rows)
+
+
 def _stored_run(run_dir: Path, overrides: list[str]) -> None:
     """A run folder as a pipelined run leaves it (config.yaml, model.json), written without its devices."""
     stored = run_config.load(None, overrides)
