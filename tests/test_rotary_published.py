@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
 
 import jaxformer as jf  # noqa: E402
 from jaxformer.compare import compare, format_table, reference_model  # noqa: E402
@@ -81,7 +82,6 @@ def _assert_parity(folder, length: int, vocab: int):
 @pytest.fixture(scope="module")
 def phi4(tmp_path_factory):
     root = tmp_path_factory.mktemp("phi4")
-    (root / "full").mkdir(), (root / "short").mkdir()
     return {"full": _save(PHI4_MINI, root / "full"), "short": _save(PHI4_MINI_SHORT, root / "short")}
 
 
@@ -140,10 +140,9 @@ def _assert_exports_as_the_same_config(folder, tmp_path, lengths=(None, 1 << 20)
     same frequencies and attention factor at every length; jaxformer reads it back as the same config."""
     model = jf.from_pretrained(folder, dtype="float32")  # as saved (the published file says bfloat16)
     model.save_pretrained(tmp_path)
-    for tensors in ("model.safetensors",):
-        theirs, ours = (torch_load(f / tensors) for f in (folder, tmp_path))
-        assert sorted(theirs) == sorted(ours)
-        assert all(np.array_equal(theirs[k], ours[k]) for k in theirs)
+    theirs, ours = (load_file(str(f / "model.safetensors")) for f in (folder, tmp_path))
+    assert sorted(theirs) == sorted(ours)
+    assert all(theirs[k].dtype == ours[k].dtype and np.array_equal(theirs[k], ours[k]) for k in theirs)
     (ours, ours_config), (theirs, theirs_config) = _reloaded(tmp_path), _reloaded(folder)
     derived = theirs["hidden_size"] // theirs["num_attention_heads"]  # written out, where the source derives it
     assert ours.pop("head_dim", derived) == theirs.pop("head_dim", derived)
@@ -154,12 +153,6 @@ def _assert_exports_as_the_same_config(folder, tmp_path, lengths=(None, 1 << 20)
         np.testing.assert_array_equal(a[0].numpy(), b[0].numpy())
         assert a[1] == b[1]
     assert jf.from_pretrained(tmp_path, dtype="float32").config.replace(name="x") == model.config.replace(name="x")
-
-
-def torch_load(path) -> dict:
-    from safetensors.numpy import load_file
-
-    return load_file(str(path))
 
 
 @pytest.mark.parametrize("form", ["published", "modern"])
@@ -212,7 +205,16 @@ def test_scout_llama3_with_an_empty_band_computes_transformers_frequencies():
 
 @pytest.mark.parametrize("form", ["published", "modern"])
 def test_scout_matches_transformers(scout, form):
-    _assert_parity(scout[form], 12, SCOUT_TEXT["vocab_size"])
+    """Every layer and the logits at 48 positions, where transformers' model without the scaling differs
+    (so the test sees the three divided frequencies)."""
+    _assert_parity(scout[form], 48, SCOUT_TEXT["vocab_size"])
+    reference = reference_model(scout[form])
+    ids = torch.as_tensor(np.random.default_rng(0).integers(0, 97, (1, 48)))
+    with torch.no_grad():
+        scaled = reference(ids).logits
+        reference.config.rope_parameters = {"rope_type": "default", "rope_theta": SCOUT_TEXT["rope_theta"]}
+        reference.model.rotary_emb.__init__(reference.config)
+        assert (scaled - reference(ids).logits).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("form", ["published", "modern"])
