@@ -379,3 +379,13 @@ def test_the_facts_about_transformers_keys_are_those_of_the_installed_transforme
             read = key in table["reads"] or key in live["common_reads"]
             assert read == (key in ours["reads"] or key in stored["common_reads"]), (model_type, key)
             assert reference_keys._same(table["defaults"].get(key, "-"), ours["defaults"].get(key, "-")), (model_type, key)
+
+
+def test_an_export_without_token_ids_does_not_take_transformers_class_defaults(tmp_path):
+    """A model with no bos/eos id (a bytes-vocabulary run) writes them as null: left out, GPT2Config would fill
+    in 50256, outside a 256-token vocabulary."""
+    cfg = jf.config("tiny-gpt").replace(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    jf.build(cfg, seed=0).save_pretrained(tmp_path)
+    reference = transformers.AutoConfig.from_pretrained(tmp_path)
+    assert reference.model_type == "gpt2"
+    assert (reference.bos_token_id, reference.eos_token_id) == (None, None)

@@ -21,6 +21,7 @@ import numpy as np
 from jaxformer.config import QUANTIZATIONS, ModelConfig
 from jaxformer.interop import mxfp4, peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
+from jaxformer.interop.reference_keys import class_default
 from jaxformer.interop.registry import BY_MODEL_TYPE, architecture_of, hf_target, rules_for
 from jaxformer.interop.rules import (GENERATION_KEYS, ConfigReader, account_for_every_key, build_from_tensors,
                                      export_with_rules, with_defaults)
@@ -126,7 +127,11 @@ def config_to_hf(cfg: ModelConfig, base: dict | None = None) -> dict:
     out.update(model_type=model_type, architectures=[arch], vocab_size=cfg.vocab_size, dtype=cfg.param_dtype,
                initializer_range=cfg.init_std)
     ids = {k: getattr(cfg, k) for k in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")}
-    out.update({k: (list(v) if isinstance(v, tuple) else v) for k, v in ids.items() if v is not None})
+    for key, value in ids.items():
+        if value is not None:
+            out[key] = list(value) if isinstance(value, tuple) else value
+        elif key not in out and class_default(model_type, key) is not None:
+            out[key] = None  # left out, transformers' class would fill in its own id (GPT-2's 50256)
     BY_MODEL_TYPE[model_type].config_to_hf(cfg, model_type, out)
     return out
 

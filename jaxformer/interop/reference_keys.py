@@ -48,6 +48,11 @@ def harmless_reason(model_type: str, key: str, value) -> str | None:
     return None
 
 
+def class_default(model_type: str, key: str):
+    """The default of ``key`` in transformers' config class of ``model_type`` (None when unknown)."""
+    return facts()["types"].get(model_type, {}).get("defaults", {}).get(key)
+
+
 def _same(a, b) -> bool:
     """JSON values equal as transformers would compare them (1 == 1.0, lists == tuples), NaN never equal."""
     if isinstance(a, bool) or isinstance(b, bool):
