@@ -378,7 +378,7 @@ def test_the_facts_about_transformers_keys_are_those_of_the_installed_transforme
         for key in keys:
             read = key in table["reads"] or key in live["common_reads"]
             assert read == (key in ours["reads"] or key in stored["common_reads"]), (model_type, key)
-            assert reference_keys._same(table["defaults"].get(key, "-"), ours["defaults"].get(key, "-")), (model_type, key)
+            assert reference_keys.same_value(table["defaults"].get(key, "-"), ours["defaults"].get(key, "-")), (model_type, key)
 
 
 def test_an_export_without_token_ids_does_not_take_transformers_class_defaults(tmp_path):

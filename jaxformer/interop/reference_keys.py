@@ -43,7 +43,7 @@ def harmless_reason(model_type: str, key: str, value) -> str | None:
         return None
     if key not in table["reads"] and key not in facts()["common_reads"]:
         return f"transformers' {table['class']} never reads it"
-    if key in table["defaults"] and _same(value, table["defaults"][key]):
+    if key in table["defaults"] and same_value(value, table["defaults"][key]):
         return f"the value {table['class']} defaults to"
     return None
 
@@ -53,16 +53,16 @@ def class_default(model_type: str, key: str):
     return facts()["types"].get(model_type, {}).get("defaults", {}).get(key)
 
 
-def _same(a, b) -> bool:
+def same_value(a, b) -> bool:
     """JSON values equal as transformers would compare them (1 == 1.0, lists == tuples), NaN never equal."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
         return not (math.isnan(a) or math.isnan(b)) and a == b
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
     return type(a) is type(b) and a == b
 
 
