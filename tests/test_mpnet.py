@@ -151,3 +151,18 @@ def test_masked_lm_trains_and_its_loss_falls(tmp_path):
     losses = [r["loss"] for r in history]
     assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 0.1, losses
     assert np.isfinite(history[-1]["eval_loss"])
+
+
+def test_a_model_built_here_exports_as_mpnet(tmp_path):
+    """RoBERTa's tiny layout with MPNet's bias and no token types: written as MPNet (RoBERTa's files cannot hold
+    the bias), and transformers' model of the folder gives the same numbers."""
+    # std 0.1: at 0.2 this 64-wide head's logits reach the size where float32 rounding alone is 1e-5
+    cfg = jf.config("tiny-bert").replace(type_vocab_size=0, index_relative_bias=True, head="mlm", pooler=False,
+                                         pad_aware_positions=True, position_offset=2, pad_token_id=1, init_std=0.1)
+    model = jf.build(cfg, seed=3)
+    model.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert (written["model_type"], written["architectures"]) == ("mpnet", ["MPNetForMaskedLM"])
+    ids, mask = _padded(40)
+    rows = compare(tmp_path, ids, mask, model=model)
+    assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)

@@ -161,3 +161,16 @@ def test_span_corruption_trains_and_its_loss_falls(tmp_path):
     losses = [r["loss"] for r in history]
     assert np.mean(losses[-2:]) < np.mean(losses[:2]) - 0.1, losses
     assert np.isfinite(history[-1]["eval_loss"])
+
+
+def test_a_model_built_here_exports_as_umt5(tmp_path):
+    """T5 v1.0's preset with per-layer tables: written as UMT5 (T5's files cannot hold them), tied head and
+    scaled outputs included, and transformers' model of the folder gives the same numbers."""
+    cfg = jf.config("tiny-t5").replace(relative_bias_per_layer=True, init_std=0.1)
+    model = jf.build(cfg, seed=3)
+    model.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert (written["model_type"], written["architectures"]) == ("umt5", ["UMT5ForConditionalGeneration"])
+    assert written["scale_decoder_outputs"] is True
+    rows = compare(tmp_path, *_padded(20), model=model)
+    assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
