@@ -206,6 +206,8 @@ def test_train_py_trains_an_encoder_decoder_classifier(tmp_path):
     """configs/bert_classification.yaml on a fresh tiny T5: the rows' closing [SEP] becomes its EOS, where
     the classifier pools; the held-out loss falls well below chance's and the accuracy rises above it."""
     from jaxformer.train import run_config
+    from jaxformer.train.data import make_tokenizer
+    from jaxformer.train.predict import classify
     from jaxformer.train.run import train
 
     cfg = run_config.load("configs/bert_classification.yaml", [
@@ -218,6 +220,9 @@ def test_train_py_trains_an_encoder_decoder_classifier(tmp_path):
     model = result["model"]
     assert (model.config.family, model.config.head, model.config.eos_token_id) == (
         "encoder_decoder", "sequence_classification", model.config.decoder_start_token_id)
+    # jaxformer predict's classifier reads it (no token types: the decoder reads the row shifted right)
+    predicted = classify(model, make_tokenizer("bytes"), 48, "the parser was clear and fast", None)
+    assert set(predicted["probabilities"]) == {"negative", "positive"}
 
 
 def zero_shot(model, tokenizer, text: str, labels: list[str], template: str = "This example is {}.",

@@ -99,7 +99,9 @@ def classify(model, tokenizer, seq_len: int, text: str, text_pair: str | None) -
         types = np.concatenate([np.zeros(len(a) + 2), np.ones(len(b) + 1)]).astype(np.int32)[None]
     if not model.config.type_vocab_size:
         types = None
-    logits = model(row.astype(np.int32)[None], token_type_ids=types).logits[0]
+    # (an encoder-decoder classifier takes no token types: its decoder reads the row shifted right)
+    typed = {} if model.config.family == "encoder_decoder" else {"token_type_ids": types}
+    logits = model(row.astype(np.int32)[None], **typed).logits[0]
     probs = np.asarray(jax.nn.softmax(logits.astype(np.float32)))
     names = _label_names(model)
     return {"label": names[int(np.argmax(probs))],
