@@ -107,21 +107,27 @@ def test_phi4_mini_matches_transformers(phi4, form, lengths, length):
     _assert_parity(phi4[lengths][form], length, PHI4_MINI["vocab_size"])
 
 
-@pytest.mark.parametrize("form", ["published", "modern"])
-def test_phi4_mini_greedy_generation_is_token_identical(phi4, form):
-    """Within the pretraining length (short factors) and wholly past it (long factors), a padded row too."""
-    folder = phi4["short"][form]
+def _assert_generation_identical(folder, prompts: list[tuple[int, int]], num_beams: int, seed: int):
+    """Greedy or beam search from prompts of (length, new tokens), one row left-padded, token for token
+    what transformers generates."""
     model, reference = jf.from_pretrained(folder, dtype="float32"), reference_model(folder)
-    rng = np.random.default_rng(1)
-    for prompt_length, new in ((6, 9), (18, 6)):
-        ids = rng.integers(0, 96, (2, prompt_length))
+    rng = np.random.default_rng(seed)
+    for prompt_length, new in prompts:
+        ids = rng.integers(0, 90, (2, prompt_length))
         mask = np.ones_like(ids)
         mask[1, :2] = 0
-        kwargs = dict(max_new_tokens=new, do_sample=False, eos_token_id=None)
+        kwargs = dict(max_new_tokens=new, num_beams=num_beams, do_sample=False, length_penalty=1.0, eos_token_id=None)
         ours = model.generate(ids, mask, **kwargs)
         with torch.no_grad():
             theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **kwargs).numpy()
         np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+@pytest.mark.parametrize("form", ["published", "modern"])
+def test_phi4_mini_generation_is_token_identical(phi4, form, num_beams):
+    """Within the pretraining length of 16 (short factors) and wholly past it (long factors)."""
+    _assert_generation_identical(phi4["short"][form], [(6, 9), (18, 6)], num_beams, seed=1)
 
 
 def _reloaded(folder) -> tuple[dict, object]:
@@ -217,17 +223,10 @@ def test_scout_matches_transformers(scout, form):
         assert (scaled - reference(ids).logits).abs().max() > 1e-4
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
 @pytest.mark.parametrize("form", ["published", "modern"])
-def test_scout_greedy_generation_is_token_identical(scout, form):
-    model, reference = jf.from_pretrained(scout[form], dtype="float32"), reference_model(scout[form])
-    ids = np.random.default_rng(3).integers(0, 90, (2, 6))
-    mask = np.ones_like(ids)
-    mask[1, :2] = 0
-    kwargs = dict(max_new_tokens=8, do_sample=False, eos_token_id=None)
-    ours = model.generate(ids, mask, **kwargs)
-    with torch.no_grad():
-        theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **kwargs).numpy()
-    np.testing.assert_array_equal(ours, theirs)
+def test_scout_generation_is_token_identical(scout, form, num_beams):
+    _assert_generation_identical(scout[form], [(6, 8)], num_beams, seed=3)
 
 
 def test_scout_export_reloads_as_the_same_config(scout, tmp_path):
