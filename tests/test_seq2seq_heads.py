@@ -262,3 +262,15 @@ def test_the_zero_shot_recipe_equals_transformers_pipeline(tmp_path):
         theirs = classifier(text, labels, multi_label=multi_label)
         ours = zero_shot(model, tokenizer, text, labels, multi_label=multi_label)
         np.testing.assert_allclose([ours[label] for label in theirs["labels"]], theirs["scores"], atol=1e-6, rtol=0)
+
+
+def test_an_encoder_decoder_head_no_hugging_face_class_holds_is_not_exported_without_it():
+    """T5Gemma's classes here are the base model and the LM: a classifier on its layout has no export
+    target, rather than one that drops the head."""
+    from jaxformer.interop.registry import hf_target
+
+    cfg = jf.config("tiny-t5gemma")
+    assert hf_target(cfg)[0] == "t5gemma"
+    with pytest.raises(ValueError, match="has no Hugging Face architecture"):
+        hf_target(cfg.replace(head="sequence_classification", pooler=True, num_labels=2, eos_token_id=1,
+                              logits_softcap=None))

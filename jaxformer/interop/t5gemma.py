@@ -42,7 +42,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def target(cfg: ModelConfig) -> tuple[str, str] | None:
     if (cfg.family != "encoder_decoder" or not gemma_block(cfg) or cfg.shared_embeddings or cfg.qk_norm
-            or cfg.local_rope_theta is not None or cfg.encoder_layers != cfg.decoder_layers):
+            or cfg.local_rope_theta is not None or cfg.encoder_layers != cfg.decoder_layers
+            or cfg.head not in ("lm", "none")):  # (a classifier or span head would be dropped)
         return None
     return "t5gemma", "T5GemmaForConditionalGeneration" if cfg.head == "lm" else "T5GemmaModel"
 
