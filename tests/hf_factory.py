@@ -330,6 +330,8 @@ SEQ2SEQ_HEADS: dict[str, tuple[str, str, dict]] = {
     "t5-qa": ("T5Config", "T5ForQuestionAnswering", _T5),
     "mt5-seqcls": ("MT5Config", "MT5ForSequenceClassification", {**_T5, "feed_forward_proj": "gated-gelu"}),
     "mt5-qa": ("MT5Config", "MT5ForQuestionAnswering", {**_T5, "feed_forward_proj": "gated-gelu"}),
+    "umt5-seqcls": ("UMT5Config", "UMT5ForSequenceClassification", {**_T5, "feed_forward_proj": "gated-gelu"}),
+    "umt5-qa": ("UMT5Config", "UMT5ForQuestionAnswering", {**_T5, "feed_forward_proj": "gated-gelu"}),
 }
 
 

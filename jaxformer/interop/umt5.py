@@ -1,4 +1,5 @@
-"""UMT5 (``umt5``: UMT5Model, UMT5ForConditionalGeneration, UMT5EncoderModel): mT5 whose every self-attention
+"""UMT5 (``umt5``: UMT5Model, UMT5ForConditionalGeneration, UMT5EncoderModel, UMT5ForSequenceClassification,
+UMT5ForQuestionAnswering: T5's classes and heads, prefixed): mT5 whose every self-attention
 layer, in both stacks, holds its own relative position bias table (T5 computes one in each stack's first layer
 and shares it). Everything else is T5 v1.1's, read by t5.py's rules: gated-gelu feed-forward, RMSNorm, unscaled
 attention, shared embeddings. As in T5Config, the decoder output is scaled before the head unless the file says
@@ -15,7 +16,7 @@ from jaxformer.config import ModelConfig
 from jaxformer.interop import t5
 from jaxformer.interop.rules import Architecture, Rule, copy, refuse
 
-CLASSES = {"umt5": ("UMT5Model", "UMT5ForConditionalGeneration", "UMT5EncoderModel")}
+CLASSES = {"umt5": tuple(f"UM{name}" for name in t5.HEADS)}  # (T5's classes, prefixed)
 # UMT5Config's, for a file that leaves them out
 DEFAULTS = {"umt5": dict(pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, feed_forward_proj="gated-gelu")}
 
@@ -47,13 +48,12 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
-    """T5's tensors, the one shared bias table of each stack replaced by every layer's own."""
+    """T5's tensors, the one shared bias table of each stack (in its first layer) replaced by every layer's own."""
     out, aliases = t5.rules(cfg, "t5", _t5_class(arch), prefix)
-    out = [rule for rule in out if "relative_bias" not in rule.paths[0]]
-    for side in ("encoder", "decoder")[:2 if cfg.family == "encoder_decoder" else 1]:
-        out.append(copy((side, "blocks", "relative_bias", "table"),
-                        f"{side}.block.{{i}}.layer.0.SelfAttention.relative_attention_bias.weight"))
-    return out, aliases
+    shared = [rule for rule in out if "relative_bias" in rule.paths[0]]
+    per_layer = [copy((rule.paths[0][0], "blocks", "relative_bias", "table"),
+                      rule.names[0].replace(".block.0.", ".block.{i}.")) for rule in shared]
+    return [rule for rule in out if rule not in shared] + per_layer, aliases
 
 
 ARCHITECTURE = Architecture(CLASSES, {"umt5": ""}, CLASSES["umt5"], config_from_hf, target, config_to_hf, rules,
