@@ -280,9 +280,8 @@ def main(argv=None) -> int:
         try:
             results.append(one_strategy(strategy, batch))
         except Exception as err:  # noqa: BLE001 -- the rows that finished are printed first, then this
-            traceback.print_exc()
-            failure = (f"experiments.py: strategy {strategy!r} failed ({type(err).__name__}: {err}); the rows "
-                       "printed are the strategies that finished")
+            failure = (f"{traceback.format_exc()}experiments.py: strategy {strategy!r} failed ({type(err).__name__}: "
+                       f"{err}); the rows printed are the strategies that finished")
             break
     if not results:
         print(failure, file=sys.stderr)
