@@ -166,3 +166,28 @@ def test_a_model_built_here_exports_as_mpnet(tmp_path):
     ids, mask = _padded(40)
     rows = compare(tmp_path, ids, mask, model=model)
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
+
+
+@pytest.mark.parametrize("name, targets, task", [("mpnet-tokcls", ["q", "k", "v", "o", "intermediate.dense"], "TOKEN_CLS"),
+                                                 ("mpnet-seqcls", ["q", "v"], "SEQ_CLS")])
+def test_a_peft_lora_adapter_gives_peft_logits_and_goes_back_out(name, targets, task, checkpoints, tmp_path):
+    peft = pytest.importorskip("peft")
+    from hf_factory import build_reference
+
+    reference = build_reference(name)
+    ids = np.random.default_rng(0).integers(3, 97, size=(2, 7))
+    torch.manual_seed(1)
+    lora = peft.get_peft_model(copy.deepcopy(reference), peft.LoraConfig(
+        init_lora_weights=False, r=4, lora_alpha=8, target_modules=targets, task_type=task)).eval()
+    lora.save_pretrained(str(tmp_path / "adapter"))
+    with torch.no_grad():
+        want = lora(input_ids=torch.as_tensor(ids)).logits.numpy()
+        plain = reference(input_ids=torch.as_tensor(ids)).logits.numpy()
+    assert np.abs(want - plain).max() > 1e-2  # the adapter changes the logits
+    ours = jf.from_pretrained(checkpoints(name), adapter=tmp_path / "adapter")
+    got = np.asarray(ours(ids).logits)
+    assert np.abs(got - want).max() <= TOLERANCE
+    ours.save_adapter(tmp_path / "out")
+    reloaded = peft.PeftModel.from_pretrained(build_reference(name), str(tmp_path / "out")).eval()
+    with torch.no_grad():
+        assert np.abs(reloaded(input_ids=torch.as_tensor(ids)).logits.numpy() - got).max() <= TOLERANCE

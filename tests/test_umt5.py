@@ -174,3 +174,20 @@ def test_a_model_built_here_exports_as_umt5(tmp_path):
     assert written["scale_decoder_outputs"] is True
     rows = compare(tmp_path, *_padded(20), model=model)
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
+
+
+def test_a_peft_lora_adapter_on_every_layer_gives_peft_logits(checkpoints, tmp_path):
+    peft = pytest.importorskip("peft")
+    from hf_factory import build_reference
+
+    reference = build_reference("umt5")
+    ids = np.random.default_rng(0).integers(3, 97, size=(2, 7))
+    torch.manual_seed(1)
+    lora = peft.get_peft_model(copy.deepcopy(reference), peft.LoraConfig(
+        init_lora_weights=False, r=4, lora_alpha=8, target_modules=["q", "v", "wi_0"])).eval()
+    lora.save_pretrained(str(tmp_path / "adapter"))
+    decoder_ids = ids[:, :5]
+    with torch.no_grad():
+        want = lora(input_ids=torch.as_tensor(ids), decoder_input_ids=torch.as_tensor(decoder_ids)).logits.numpy()
+    ours = jf.from_pretrained(checkpoints("umt5"), adapter=tmp_path / "adapter")
+    assert np.abs(np.asarray(ours(ids, decoder_input_ids=decoder_ids).logits) - want).max() <= TOLERANCE
