@@ -49,7 +49,7 @@ def test_experiments_answers_an_unknown_model_in_one_line(capsys):
 def test_experiments_prints_the_rows_that_finished_when_a_later_strategy_fails(capsys, monkeypatch):
     from jaxformer.train import steps
 
-    made = []
+    made, make_steps = [], steps.make_steps
 
     def make_steps_failing_second(*args, **kwargs):  # a failure only running shows (out of memory, say)
         made.append(1)
@@ -57,7 +57,6 @@ def test_experiments_prints_the_rows_that_finished_when_a_later_strategy_fails(c
             raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
         return make_steps(*args, **kwargs)
 
-    make_steps = steps.make_steps
     monkeypatch.setattr(steps, "make_steps", make_steps_failing_second)
     code = _experiments().main(["--strategies", "single,fsdp", "--steps", "0", "--batch-size", "2", "--seq-len", "8",
                                 "--json"])
