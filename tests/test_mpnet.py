@@ -168,8 +168,8 @@ def test_a_model_built_here_exports_as_mpnet(tmp_path):
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
 
 
-@pytest.mark.parametrize("name, targets, task", [("mpnet-tokcls", ["q", "k", "v", "o", "intermediate.dense"], "TOKEN_CLS"),
-                                                 ("mpnet-seqcls", ["q", "v"], "SEQ_CLS")])
+@pytest.mark.parametrize("name, targets, task", [
+    ("mpnet-tokcls", ["q", "k", "v", "o", "intermediate.dense"], "TOKEN_CLS"), ("mpnet-seqcls", ["q", "v"], "SEQ_CLS")])
 def test_a_peft_lora_adapter_gives_peft_logits_and_goes_back_out(name, targets, task, checkpoints, tmp_path):
     peft = pytest.importorskip("peft")
     from hf_factory import build_reference
