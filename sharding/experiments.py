@@ -39,6 +39,9 @@ what ``single`` needs at ``--seq-len``, and prints the longest length each fits 
 
 Every strategy starts from the same parameters and takes the same batch; after one step it reports the max
 abs difference of the loss and of the updated parameters against `single`, then times ``--steps`` more.
+Every strategy asked for is checked (mesh, pipeline schedule) before any compiles, and one that cannot run is
+refused in one line (exit 2); one that fails while running leaves the rows of those that finished printed,
+then its traceback and a one-line summary (exit 1).
 The model trains with its family's objective (causal LM, BERT MLM + NSP, T5 span corruption) and AdamW.
 ``--devices N`` simulates N CPU devices when no accelerator is present (it must come before JAX starts).
 """
