@@ -73,7 +73,7 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
     except ValueError as err:
         _name_class_defaults(err, filled, {}, model_type)
         raise
-    account_for_every_key(hf, BY_MODEL_TYPE[model_type], f"{arch} ({model_type})")
+    account_for_every_key(hf, BY_MODEL_TYPE[model_type], model_type, f"{arch} ({model_type})")
     try:
         return ModelConfig(**{**fields, **special})
     except ValueError as err:

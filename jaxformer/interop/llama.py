@@ -330,9 +330,6 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in STEMS},
                             tuple(f"{stem}Model" for stem in STEMS.values()), config_from_hf, target, config_to_hf,
                             rules, harmless={"pretraining_tp": "transformers 5 never reads it",
-                                             **dict.fromkeys(("full_attn_mod", "interpolate_factor", "lm_head_bias"),
-                                                             "in Phi-4-mini's files, for Microsoft's own code; "
-                                                             "transformers' Phi-3 never reads it"),
                                              "max_window_layers": "in Qwen3-MoE's files, which nothing of it reads "
                                                                   "(Qwen2's and Qwen3's read theirs)"},
                             target_as=target_as, defaults=DEFAULTS)

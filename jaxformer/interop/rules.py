@@ -146,7 +146,7 @@ GENERATION_KEYS = {"max_length": 20, "min_length": 0, "num_beams": 1, "early_sto
                    "sep_token_id": None, "output_scores": False, "return_dict_in_generate": False}
 
 
-def account_for_every_key(hf: ConfigReader, arch: Architecture, where: str) -> None:
+def account_for_every_key(hf: ConfigReader, arch: Architecture, model_type: str, where: str) -> None:
     """After an architecture read ``hf``: refuse any key nothing read that may change the numbers (a field
     that changes them and is dropped makes the user's comparison look like a PyTorch difference), and name
     the generation defaults jaxformer's generate does not apply. A key changes nothing when it is harmless
@@ -160,11 +160,11 @@ def account_for_every_key(hf: ConfigReader, arch: Architecture, where: str) -> N
 
     def owner(path: str) -> str:
         """The model_type whose config class holds ``path``: its innermost sub-config's (T5Gemma's halves)."""
-        model_type, tree = hf.get("model_type"), dict(hf)
+        owner_type, tree = model_type, dict(hf)
         for part in path.split(".")[:-1]:
             tree = tree[part]
-            model_type = tree.get("model_type", model_type)
-        return model_type
+            owner_type = tree.get("model_type", owner_type)
+        return owner_type
 
     unread = [key for key in hf.unread() if key.rsplit(".", 1)[-1] not in HARMLESS and key not in arch.harmless]
     generation = [key for key in unread if key.rsplit(".", 1)[-1] in GENERATION_KEYS]

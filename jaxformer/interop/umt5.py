@@ -5,8 +5,8 @@ and shares it). Everything else is T5 v1.1's, read by t5.py's rules: gated-gelu 
 attention, shared embeddings. As in T5Config, the decoder output is scaled before the head unless the file says
 ``tie_word_embeddings: false`` (the published ones do), and the head is the file's own ``lm_head`` tensor when it
 has one (UMT5Config ties whatever it is told). Published files may lack ``model_type`` (google/umt5-small);
-the registry then reads it from ``architectures``. ``scalable_attention`` (the T5X export's flag) is never read
-by transformers."""
+the registry then reads it from ``architectures``. ``scalable_attention`` (the T5X export's flag) loads because
+UMT5Config never reads it (``reference_keys``)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,5 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, {"umt5": ""}, CLASSES["umt5"], config_from_hf, target, config_to_hf, rules,
-                            harmless={
-    **{key: why for key, why in t5.ARCHITECTURE.harmless.items() if key != "tie_word_embeddings"},
-    "scalable_attention": "the T5X export's flag for UMT5's per-layer bias, which transformers never reads (the "
-                          "architecture itself is that)"}, defaults=DEFAULTS)
+                            harmless={key: why for key, why in t5.ARCHITECTURE.harmless.items()
+                                      if key != "tie_word_embeddings"}, defaults=DEFAULTS)
