@@ -8,8 +8,9 @@ The facts live in ``reference_keys.json`` beside this file, generated from the i
 ``python -m jaxformer.interop.reference_keys`` (loading needs no torch and no transformers). "Reads" is a
 static over-approximation, so a doubt refuses: every name the class's configuration and modeling modules (and
 the modules they import from other models) load as ``config.<name>``, ``self.<name>`` in a config class,
-``getattr(x, "<name>")``, ``kwargs.pop("<name>")``, ``x["<name>"]`` or ``"<name>" in x``, and the same in the
-library-wide modules every model runs through (configuration, rope, masks, caches, attention, generation).
+and every identifier-like string (``getattr(x, "<name>")``, ``kwargs.pop("<name>")``, ``x["<name>"]``, a tuple of
+names looped over), and the same in the library-wide modules every model runs through (configuration, rope,
+masks, caches, attention, generation).
 """
 
 from __future__ import annotations
@@ -72,24 +73,16 @@ def same_value(a, b) -> bool:
 
 def names_read(source: str, config_module: bool) -> set[str]:
     """Every name ``source`` may read from a config: attributes loaded off a config-named object (or off
-    ``self`` in a configuration module) and string keys handed to getattr/hasattr/get/pop, subscripts and
-    ``in`` tests."""
+    ``self`` in a configuration module), and every string that could name one (handed to getattr, pop or a
+    subscript, directly or through a tuple of names)."""
     read = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             owner = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
             if "config" in owner.lower() or (config_module and owner == "self"):
                 read.add(node.attr)
-        elif isinstance(node, ast.Call):
-            called = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if called in ("getattr", "hasattr", "get", "pop", "setdefault"):
-                read |= {a.value for a in node.args[:2] if isinstance(a, ast.Constant) and isinstance(a.value, str)}
-        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-            if isinstance(node.slice.value, str):
-                read.add(node.slice.value)
-        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant):
-            if isinstance(node.left.value, str) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
-                read.add(node.left.value)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            read.add(node.value)  # getattr(config, name) over a tuple of names, kwargs.pop("key"), x["key"], ...
     return read
 
 
