@@ -1,4 +1,4 @@
-"""The ``jaxformer`` command line: info, train, eval, compare, convert, generate, predict, embed, viz."""
+"""The ``jaxformer`` command line: info, train, tokenize, eval, compare, convert, generate, predict, embed, viz."""
 
 from __future__ import annotations
 
@@ -285,6 +285,15 @@ def embed(args: argparse.Namespace) -> int:
     return 0
 
 
+def tokenize(args: argparse.Namespace) -> int:
+    from jaxformer.train.shards import tokenize as write_shards
+
+    summary = write_shards(args.sources, args.tokenizer, args.out, field=args.field, shard_tokens=args.shard_tokens,
+                           workers=args.workers, on_error=args.on_error)
+    print("\n".join(summary.lines()))
+    return 0
+
+
 def viz(args: argparse.Namespace) -> int:
     from jaxformer import viz as pictures
 
@@ -420,6 +429,22 @@ def argument_parser() -> argparse.ArgumentParser:
                                          "EmbeddingGemma's query or document")
     p.add_argument("--json", action="store_true", help='print {"embeddings": [[...], ...]}')
     p.set_defaults(run=embed)
+
+    p = commands.add_parser("tokenize", help="tokenize a corpus once into memory-mappable token shards "
+                                             "(resumable; rerun with more sources to append)")
+    p.add_argument("sources", nargs="+", metavar="SRC",
+                   help=".txt (blank-line separated documents), .jsonl, .jsonl.gz, .jsonl.zst, .parquet, .arrow "
+                        "files, globs, directories, or a datasets folder written by save_to_disk")
+    p.add_argument("--tokenizer", required=True, help="bytes, or a tokenizer.json (or its folder), as data.tokenizer")
+    p.add_argument("--out", required=True, help="the shard folder (new, or one this command wrote)")
+    p.add_argument("--field", default="text", help="the text field of JSONL records and parquet/arrow rows")
+    p.add_argument("--shard-tokens", type=int, default=50_000_000,
+                   help="a shard closes at the first document end at or past this many tokens")
+    p.add_argument("--workers", type=int, help="tokenizing processes (default: every core)")
+    p.add_argument("--on-error", choices=["stop", "skip"], default="stop",
+                   help="a bad unit (malformed JSON, missing field, undecodable byte, empty file) stops the run, "
+                        "or is skipped and counted")
+    p.set_defaults(run=tokenize)
 
     p = commands.add_parser("viz", help="pictures (PNG): the families' visibility masks, a model's attention maps")
     pictures = p.add_subparsers(dest="picture", required=True)
