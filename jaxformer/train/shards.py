@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import queue
 import threading
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -588,6 +589,8 @@ def tokenize(arguments: list[str], tokenizer: str, out: str | Path, *, field: st
     encoder = Encoder(tokenizer)
     identity = tokenizer_identity(tokenizer, encoder.tokenizer)
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder (new, or one jaxformer tokenize wrote)")
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".lock", "w") as lock:
         try:
@@ -637,7 +640,12 @@ def _run(plan, manifest, out, encoder, spec, field, shard_tokens, workers, on_er
             event = events.get()
             if event[0] == "chunk":
                 _, order, units, pending = event
-                tokens, lengths = pending.result()
+                try:
+                    tokens, lengths = pending.result()
+                except BrokenProcessPool:
+                    raise RuntimeError("a tokenizing worker process died (killed, out of memory, or unable to start: "
+                                       "a script read from stdin cannot start workers; --workers 1 runs in this "
+                                       "process); rerun to continue from the last committed shard") from None
                 writer.documents(order, tokens, lengths, units)
             elif event[0] == "bad":
                 _, order, unit, bad = event
