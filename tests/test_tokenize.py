@@ -97,6 +97,22 @@ def test_txt_shards_are_train_py_packing_byte_for_byte(tmp_path):
     assert len(flat) == len(docs) and all(np.array_equal(a, b) for a, b in zip(flat, encoded))
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 7])
+def test_txt_paragraphs_are_read_documents_paragraphs_whatever_the_block_size(tmp_path, monkeypatch, block):
+    """Blocks split "\r\n", "\n\n" and UTF-8 characters; the streamed paragraphs stay read_documents'."""
+    import random
+
+    monkeypatch.setattr(shards, "TXT_BLOCK", block)
+    rng = random.Random(block)
+    pieces = ["a", "b", "\n", "\r", "\r\n", "é", "🙂", " ", "\n\n", "\t"]
+    for trial in range(150):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        (tmp_path / "t.txt").write_bytes(text.encode("utf-8"))
+        read = [item for _, item in shards.read_units(shards.Source(tmp_path / "t.txt", "txt"), "text")]
+        expected = data.read_documents(str(tmp_path / "t.txt"))
+        assert read == (expected or [shards.Bad("empty file", str(tmp_path / "t.txt"), "holds no documents")]), text
+
+
 def test_tokenizer_json_shards_are_train_py_packing_with_eos(tmp_path, bpe):
     docs = documents()
     source = write_jsonl(tmp_path / "corpus.jsonl", docs)
@@ -107,22 +123,33 @@ def test_tokenizer_json_shards_are_train_py_packing_with_eos(tmp_path, bpe):
     np.testing.assert_array_equal(stream(tmp_path / "out"), packed(bpe, data.read_documents(str(source))))
 
 
-def test_every_source_format_reads_the_same_documents(tmp_path, bpe):
+def write_formats(folder: Path, docs: list[str]) -> Path:
+    """The documents as .jsonl.gz, .jsonl.zst, .parquet (row groups of 7) and an .arrow file (batches of 9)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import zstandard
 
+    folder.mkdir()
+    table = pa.table({"id": list(range(len(docs))), "text": docs})
+    write_jsonl(folder / "a.jsonl.gz", docs, gzip.open)
+    with open(folder / "b.jsonl.zst", "wb") as raw:
+        raw.write(zstandard.ZstdCompressor().compress("".join(json.dumps({"text": d}) + "\n" for d in docs).encode()))
+    pq.write_table(table, folder / "c.parquet", row_group_size=7)  # several row groups, read one at a time
+    with pa.OSFile(str(folder / "d.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=9)
+    return folder
+
+
+FORMATS = ("a.jsonl.gz", "b.jsonl.zst", "c.parquet", "d.arrow")
+
+
+def test_every_source_format_reads_the_same_documents(tmp_path, bpe):
+    import pyarrow as pa
+
     docs = documents(40)
     expected = packed(bpe, docs)
     table = pa.table({"id": list(range(len(docs))), "text": docs})
-    formats = tmp_path / "formats"
-    formats.mkdir()
-    write_jsonl(formats / "a.jsonl.gz", docs, gzip.open)
-    with open(formats / "b.jsonl.zst", "wb") as raw:
-        raw.write(zstandard.ZstdCompressor().compress("".join(json.dumps({"text": d}) + "\n" for d in docs).encode()))
-    pq.write_table(table, formats / "c.parquet", row_group_size=7)  # several row groups, read one at a time
-    with pa.OSFile(str(formats / "d.arrow"), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=9)
+    formats = write_formats(tmp_path / "formats", docs)
     saved = tmp_path / "saved"  # a datasets folder as save_to_disk writes it: arrow streams listed in state.json
     saved.mkdir()
     halves = [table.slice(0, 25), table.slice(25)]
@@ -133,7 +160,7 @@ def test_every_source_format_reads_the_same_documents(tmp_path, bpe):
     (saved / "state.json").write_text(json.dumps({"_data_files": [{"filename": f"data-0000{i}-of-00002.arrow"}
                                                                   for i in range(2)]}))
     (formats / "notes.md").write_text("not a source")
-    for name in ("a.jsonl.gz", "b.jsonl.zst", "c.parquet", "d.arrow"):
+    for name in FORMATS:
         run([formats / name], bpe, tmp_path / f"out-{name}", shard_tokens=500)
         np.testing.assert_array_equal(stream(tmp_path / f"out-{name}"), expected, err_msg=name)
     run([saved], bpe, tmp_path / "out-saved", shard_tokens=500)
@@ -227,6 +254,30 @@ def test_a_killed_run_resumes_at_the_next_unfinished_shard(tmp_path):
     assert folder_bytes(out) == folder_bytes(tmp_path / "reference")
     assert shards.read_manifest(out)["sources"] == shards.read_manifest(tmp_path / "reference")["sources"]
     assert not list(out.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_format_resumes_in_the_middle_of_a_source(tmp_path, bpe, name, monkeypatch):
+    """A run that dies after committing two shards (here: an exception in the third) continues from the unit
+    after the last committed document, mid row group or mid compressed stream, to the uninterrupted result."""
+    source = write_formats(tmp_path / "formats", documents(40)) / name
+    run([source], bpe, tmp_path / "reference", shard_tokens=600)
+    close = shards.ShardWriter.close_shard
+
+    def dies_at_the_third(writer):
+        if len(writer.manifest["shards"]) == 2:
+            raise RuntimeError("killed")
+        close(writer)
+
+    monkeypatch.setattr(shards.ShardWriter, "close_shard", dies_at_the_third)
+    with pytest.raises(RuntimeError, match="killed"):
+        run([source], bpe, tmp_path / "out", shard_tokens=600)
+    entry = shards.read_manifest(tmp_path / "out")["sources"][0]
+    assert not entry["complete"] and 0 < entry["units_done"] < 40
+    monkeypatch.setattr(shards.ShardWriter, "close_shard", close)
+    assert run([source], bpe, tmp_path / "out", shard_tokens=600).shards_written > 0
+    assert folder_bytes(tmp_path / "out") == folder_bytes(tmp_path / "reference")
+    assert shards.read_manifest(tmp_path / "out")["sources"] == shards.read_manifest(tmp_path / "reference")["sources"]
 
 
 def test_new_sources_append_and_a_source_already_tokenized_is_skipped(tmp_path, bpe):

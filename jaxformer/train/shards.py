@@ -46,6 +46,7 @@ KINDS = {".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", ".jsonl": "jsonl", 
          ".parquet": "parquet", ".arrow": "arrow"}
 DEFAULT_SHARD_TOKENS = 50_000_000  # 100 MB of uint16: few files, and a killed run redoes at most one
 CHUNK_CHARS, CHUNK_DOCS = 1 << 20, 4096  # one task of the pool: large enough to hide its overhead
+TXT_BLOCK = 1 << 20  # bytes of a .txt read at a time
 SEPARATOR_POLICY = ("each document ends with the tokenizer's document_separator, as train.py packs text "
                     "(bytes: a blank line; a tokenizer.json: its EOS, nothing when it has none)")
 
@@ -158,10 +159,10 @@ def _read_txt(source: Source, field: str, start: int, at) -> Iterator[tuple[int,
     """Paragraphs (blank-line separated) as read_documents splits a .txt; newlines read as Python's text mode
     does. Bytes are split before decoding ("\\n" is never inside a UTF-8 character), so one bad byte costs one
     paragraph."""
-    unit, line, carry, cr = 0, 1, b"", False
+    unit, line, carry, cr = 0, 1, [], False  # carry: the blocks of a paragraph not yet ended
     with open(source.path, "rb") as file:
         while True:
-            block = file.read(1 << 20)
+            block = file.read(TXT_BLOCK)
             at(file.tell())
             end = not block
             if cr:  # a "\r" that ended the previous block: it may pair with a "\n" starting this one
@@ -169,8 +170,12 @@ def _read_txt(source: Source, field: str, start: int, at) -> Iterator[tuple[int,
             cr = not end and block.endswith(b"\r")
             if cr:
                 block = block[:-1]
-            pieces = (carry + block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")).split(b"\n\n")
-            carry = b"" if end else pieces.pop()
+            block = block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+            if not end and b"\n\n" not in (carry[-1][-1:] if carry else b"") + block:
+                carry.append(block)  # no paragraph ends here: joined once it does (linear in a long one)
+                continue
+            pieces = b"".join(carry + [block]).split(b"\n\n")
+            carry = [] if end else [pieces.pop()]
             for piece in pieces:
                 if unit >= start:
                     yield from _paragraph(source, unit, line, piece)
