@@ -638,13 +638,15 @@ def _run(plan, manifest, out, encoder, spec, field, shard_tokens, workers, on_er
     events: queue.Queue = queue.Queue(maxsize=2 * workers + 2)
     stop = threading.Event()
     encode = (lambda texts: pool.submit(_encode_in_worker, texts)) if pool else (lambda texts: _Now(encoder, texts))
-    reader = threading.Thread(target=_produce, args=(plan, field, on_error, encode, events, stop, bar), daemon=True)
+    reader = threading.Thread(target=_produce, args=(plan, field, on_error, encode, events, stop), daemon=True)
     reader.start()
     try:
         while True:
             event = events.get()
+            if event[-1] is not None:  # the bar follows what is tokenized, so its MB/s is the throughput
+                bar.update(event[-1] - bar.n)
             if event[0] == "chunk":
-                _, order, units, pending = event
+                _, order, units, pending, _ = event
                 try:
                     tokens, lengths = pending.result()
                 except BrokenProcessPool:
@@ -653,7 +655,7 @@ def _run(plan, manifest, out, encoder, spec, field, shard_tokens, workers, on_er
                                        "process); rerun to continue from the last committed shard") from None
                 writer.documents(order, tokens, lengths, units)
             elif event[0] == "bad":
-                _, order, unit, bad = event
+                _, order, unit, bad, _ = event
                 if on_error == "stop":
                     raise ValueError(f"{bad.message()} (--on-error skip skips and counts such units)")
                 writer.skipped(order, unit, bad)
@@ -673,8 +675,9 @@ def _run(plan, manifest, out, encoder, spec, field, shard_tokens, workers, on_er
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _produce(plan, field, on_error, encode, events, stop, bar) -> None:
-    """The reader thread: every source's units in order, documents grouped into chunks handed to ``encode``."""
+def _produce(plan, field, on_error, encode, events, stop) -> None:
+    """The reader thread: every source's units in order, documents grouped into chunks handed to ``encode``.
+    Each event ends with the bytes of the run's sources read when it was made (None: no news)."""
     def put(event):
         while not stop.is_set():
             try:
@@ -685,21 +688,21 @@ def _produce(plan, field, on_error, encode, events, stop, bar) -> None:
         raise SystemExit  # the writer stopped: end this thread quietly
 
     try:
+        before = 0  # the bytes of the sources read to the end
         for order, entry in enumerate(plan):
             source = Source(Path(entry["path"]), entry["kind"])
             reached = [0]
 
             def at(position, reached=reached):
-                bar.update(max(0, position - reached[0]))
                 reached[0] = max(reached[0], position)
 
             texts, units, chars = [], [], 0
             for unit, item in read_units(source, field, entry["units_done"], at):
                 if isinstance(item, Bad):
                     if texts:
-                        put(("chunk", order, units, encode(texts)))
+                        put(("chunk", order, units, encode(texts), before + reached[0]))
                         texts, units, chars = [], [], 0
-                    put(("bad", order, unit, item))
+                    put(("bad", order, unit, item, before + reached[0]))
                     if on_error == "stop":
                         return
                     continue
@@ -707,18 +710,18 @@ def _produce(plan, field, on_error, encode, events, stop, bar) -> None:
                 units.append(unit)
                 chars += len(item)
                 if chars >= CHUNK_CHARS or len(texts) >= CHUNK_DOCS:
-                    put(("chunk", order, units, encode(texts)))
+                    put(("chunk", order, units, encode(texts), before + reached[0]))
                     texts, units, chars = [], [], 0
+            before += entry["size"]
             if texts:
-                put(("chunk", order, units, encode(texts)))
-            at(entry["size"])
-            put(("end", order))
-        put(("done",))
+                put(("chunk", order, units, encode(texts), before))
+            put(("end", order, before))
+        put(("done", None))
     except SystemExit:
         return
     except Exception as err:  # handed to the writer, which raises it on the main thread
         try:
-            put(("error", err))
+            put(("error", err, None))
         except SystemExit:
             return
 
