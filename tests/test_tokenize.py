@@ -317,6 +317,11 @@ def test_refusals_name_what_is_wrong(tmp_path, bpe):
         run([tmp_path / "a.csv"], "bytes", tmp_path / "new")
     with pytest.raises(ValueError, match="matches no file"):
         run([str(tmp_path / "none-*.jsonl")], "bytes", tmp_path / "new")
+    for name, contents in (("broken.parquet", b"PAR1 not parquet"), ("broken.jsonl.gz", b"\x1f\x8b\x08 cut"),
+                           ("broken.jsonl.zst", b"not zstandard")):
+        (tmp_path / name).write_bytes(contents)
+        with pytest.raises(ValueError, match=rf"{name}: not a readable"):
+            run([tmp_path / name], "bytes", tmp_path / f"out-{name}")
     with pytest.raises(ValueError, match="--shard-tokens 0 must be a positive integer"):
         run([source], "bytes", tmp_path / "new", shard_tokens=0)
 

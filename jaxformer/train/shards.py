@@ -318,10 +318,15 @@ def read_units(source: Source, field: str, start: int = 0,
     """(unit, document text or Bad) of one source from unit ``start`` on; a source with no document at all is
     one Bad ("empty file"). ``at`` hears the byte position reached."""
     seen = False
-    for unit, item in READERS[source.kind](source, field, start, at):
-        if item is not None:
-            seen = True
-            yield unit, item
+    try:
+        for unit, item in READERS[source.kind](source, field, start, at):
+            if item is not None:
+                seen = True
+                yield unit, item
+    except (ValueError, OSError) as err:  # pyarrow's and the decompressors' errors name no file: name it
+        if str(source.path) in str(err):
+            raise
+        raise ValueError(f"{source.path}: not a readable {source.kind} file: {err}") from None
     if not seen and start == 0:
         yield 0, Bad("empty file", str(source.path), "holds no documents")
 
