@@ -185,6 +185,47 @@ def check_prefix_lengths(prefix_lengths: Any, cfg: ModelConfig, batch: int, leng
             raise ValueError(f"prefix_lengths hold {int(values.min())}..{int(values.max())}; valid: 0..{length}")
 
 
+def segment_problem(cfg: ModelConfig) -> str | None:
+    """Why documents cannot be packed into one row of ``cfg``'s model (None: they can): what would carry
+    one document's tokens into another's."""
+    if cfg.position == "xl":
+        return "Transformer-XL's segment memory carries every token of a row into the next call"
+    if cfg.attention == "prefix":
+        return "attention='prefix' has one bidirectional prefix a row, not one a document"
+    if cfg.conv_kernel_size:
+        return "DeBERTa v2's convolution beside the first layer mixes neighbouring tokens across documents"
+    if cfg.temperature_floor_scale is not None:
+        return "Llama 4's attention temperature counts each token's index in the row, not in its document"
+    return None
+
+
+def check_segments(segment_ids: Any, shape: tuple[int, ...], cfg: ModelConfig, name: str = "segment_ids") -> None:
+    """Packed documents: an int array of the stream's [batch, length], 1, 2, ... per document (each one run of
+    tokens) and 0 on padding."""
+    if segment_ids is None:
+        return
+    problem = segment_problem(cfg)
+    if problem:
+        raise ValueError(f"{name} given but {cfg.name!r} cannot pack documents: {problem}")
+    if _shape(segment_ids) != tuple(shape):
+        raise ValueError(f"{name} has shape {_shape(segment_ids)}; expected {tuple(shape)} (one id a token)")
+    if not np.issubdtype(np.asarray(segment_ids).dtype if _concrete(segment_ids) else segment_ids.dtype, np.integer):
+        raise ValueError(f"{name} must hold integer document ids (1, 2, ... per document, 0 on padding), got dtype "
+                         f"{segment_ids.dtype}")
+    if not _concrete(segment_ids):
+        return
+    values = np.asarray(segment_ids)
+    if values.min() < 0:
+        raise ValueError(f"{name} holds {int(values.min())}; valid ids are 0 (padding) and 1, 2, ... (documents)")
+    for row, ids in enumerate(values):
+        runs = ids[np.concatenate([[True], ids[1:] != ids[:-1]])]
+        documents = runs[runs > 0]
+        if len(np.unique(documents)) != len(documents):
+            repeated = int(next(d for d in documents if (documents == d).sum() > 1))
+            raise ValueError(f"{name} row {row}: document {repeated} appears in two separate runs of tokens; each "
+                             "document must be one run (give the later one another id)")
+
+
 def check_inputs(cfg: ModelConfig, input_ids, inputs_embeds, attention_mask, position_ids=None, token_type_ids=None,
                  names=("input_ids", "attention_mask")) -> tuple[int, int]:
     """Every host-side check of one token stream; returns its (batch, length)."""

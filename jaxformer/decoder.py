@@ -17,10 +17,10 @@ from flax import nnx
 
 from jaxformer import kernels
 from jaxformer.cache import DecodeState, KVCache, LatentCache, Memory, MemoryKV, empty_cache
-from jaxformer.checks import check_inputs, check_memory, check_prefix_lengths, public_call
+from jaxformer.checks import check_inputs, check_memory, check_prefix_lengths, check_segments, public_call
 from jaxformer.config import ModelConfig
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
-                              load_balancing_loss, split_key)
+                              load_balancing_loss, packed_validity, split_key)
 from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
@@ -82,7 +82,7 @@ class Decoder(nnx.Module):
         self.lm_head, self.logits_bias = make_lm_head(cfg, rngs)
 
     def validate(self, input_ids=None, attention_mask=None, position_ids=None, *, prefix_lengths=None,
-                 inputs_embeds=None, token_type_ids=None, memory=None, **others) -> None:
+                 inputs_embeds=None, token_type_ids=None, memory=None, segment_ids=None, **others) -> None:
         two_stream = sorted({"perm_mask", "target_mapping"} & set(others))
         if two_stream:  # what an XLNet user may pass from transformers' signature
             raise ValueError(f"{', '.join(two_stream)}: XLNet's two-stream permutation pretraining is not supported; "
@@ -91,17 +91,22 @@ class Decoder(nnx.Module):
         shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
         check_prefix_lengths(prefix_lengths, self.config, *shape)
         check_memory(memory, self.config, shape[0])
+        check_segments(segment_ids, shape, self.config)
 
     def forward(self, input_ids: Array | None, *, inputs_embeds: Array | None = None, valid: Array | None = None,
                 positions: Array | None = None, prefix_lengths: Array | None = None,
                 cache: KVCache | LatentCache | None = None, memory: Memory | None = None,
                 token_types: Array | None = None, collect_hidden: bool = False, collect_attentions: bool = False,
-                key: Array | None = None) -> StackOutput:
-        """The one forward pass: embeddings, then the causal stack over ``cache`` or ``memory`` (if any)."""
+                key: Array | None = None, segments: Array | None = None) -> StackOutput:
+        """The one forward pass: embeddings, then the causal stack over ``cache`` or ``memory`` (if any).
+        ``segments``: packed documents, each at its own positions unless ``positions`` are given."""
         keys = split_key(key, 2)
-        x, at = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=positions, key=keys[0])
         indexed = positions is None and cache is None and not self.config.pad_aware_positions
-        return self.decoder(x, Tokens(at, valid, prefix_lengths, indexed), cache=cache, memory=memory,
+        if segments is not None and positions is None:
+            positions = self.embeddings.document_positions(segments)
+        x, at = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=positions, key=keys[0])
+        tokens = Tokens(at, packed_validity(valid, segments), prefix_lengths, indexed, segments)
+        return self.decoder(x, tokens, cache=cache, memory=memory,
                             token_types=token_types, collect_hidden=collect_hidden,
                             collect_attentions=collect_attentions, key=keys[1])
 
@@ -110,14 +115,17 @@ class Decoder(nnx.Module):
                  position_ids: Array | None = None, *, prefix_lengths: Array | None = None,
                  inputs_embeds: Array | None = None, token_type_ids: Array | None = None,
                  memory: Memory | None = None, output_hidden_states: bool = False, output_attentions: bool = False,
-                 dropout_key: Array | None = None) -> ModelOutput:
+                 dropout_key: Array | None = None, segment_ids: Array | None = None) -> ModelOutput:
         """Logits of every position. Transformer-XL models (``position='xl'``) also take the ``memory`` of the
         previous segment (None: start fresh) and return the next one as ``out.memory``; XLNet's
-        ``token_type_ids`` are its relative segments."""
+        ``token_type_ids`` are its relative segments. ``segment_ids`` [B, T]: documents packed into one row
+        (1, 2, ... per document, 0 on padding); a token attends only within its document, whose positions
+        start at 0."""
         cfg = self.config
         out = self.forward(input_ids, inputs_embeds=inputs_embeds, valid=attention_mask, positions=position_ids,
                            prefix_lengths=prefix_lengths, memory=memory, token_types=token_type_ids,
-                           collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=dropout_key)
+                           collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=dropout_key,
+                           segments=segment_ids)
         logits = lm_logits(self, out.hidden) if cfg.head == "lm" else None
         aux = load = None
         if out.router_stats is not None:

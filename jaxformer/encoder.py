@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.checks import check_inputs, public_call
+from jaxformer.checks import check_inputs, check_segments, public_call
 from jaxformer.config import ModelConfig
-from jaxformer.layers import (Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, embedding_width, param,
-                              split_key)
+from jaxformer.layers import (Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, embedding_width,
+                              packed_validity, param, split_key)
 from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
@@ -91,20 +91,27 @@ class Encoder(nnx.Module):
         return generator
 
     def validate(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, *,
-                 inputs_embeds=None, **_) -> None:
-        check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
+                 inputs_embeds=None, segment_ids=None, **_) -> None:
+        shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
+        check_segments(segment_ids, shape, self.config)
 
     @public_call
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
                  token_type_ids: Array | None = None, position_ids: Array | None = None, *,
                  inputs_embeds: Array | None = None, output_hidden_states: bool = False,
-                 output_attentions: bool = False, dropout_key: Array | None = None) -> ModelOutput:
+                 output_attentions: bool = False, dropout_key: Array | None = None,
+                 segment_ids: Array | None = None) -> ModelOutput:
+        """``segment_ids`` [B, T]: documents packed into one row (1, 2, ... per document, 0 on padding); a
+        token attends only within its document, whose positions start at 0."""
         cfg = self.config
         keys = split_key(dropout_key, 3)
+        indexed = position_ids is None and not cfg.pad_aware_positions
+        if segment_ids is not None and position_ids is None:
+            position_ids = self.embeddings.document_positions(segment_ids)
         x, positions = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=position_ids,
                                        token_type_ids=token_type_ids, key=keys[0])
-        indexed = position_ids is None and not cfg.pad_aware_positions
-        encoded = self.encoder(x, Tokens(positions, attention_mask, indexed=indexed),
+        tokens = Tokens(positions, packed_validity(attention_mask, segment_ids), indexed=indexed, segments=segment_ids)
+        encoded = self.encoder(x, tokens,
                                collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=keys[1])
         h, hidden = encoded.hidden, encoded.hidden_states
         pooled = None

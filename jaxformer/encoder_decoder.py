@@ -19,11 +19,11 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.cache import DecodeState, EncoderKV, KVCache, empty_cache
-from jaxformer.checks import check_inputs, public_call
+from jaxformer.checks import check_inputs, check_segments, public_call
 from jaxformer.config import ModelConfig
 from jaxformer.decoder import step_logits, lm_logits, make_lm_head, unstacked_decoder
 from jaxformer.layers import (Dense, Embed, Embeddings, EncoderOutput, Stack, StackOutput, Tokens, activate, dropout,
-                              dtype_of, split_key)
+                              dtype_of, packed_validity, split_key)
 from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
@@ -58,31 +58,41 @@ class EncoderDecoder(nnx.Module):
 
     def encoder_pass(self, input_ids: Array | None, attention_mask: Array | None = None, *,
                      inputs_embeds: Array | None = None, collect_hidden: bool = False,
-                     collect_attentions: bool = False, key: Array | None = None) -> StackOutput:
-        """The encoder's one forward pass, on inputs already checked (by ``__call__`` or ``encode``)."""
+                     collect_attentions: bool = False, key: Array | None = None,
+                     segments: Array | None = None) -> StackOutput:
+        """The encoder's one forward pass, on inputs already checked (by ``__call__`` or ``encode``);
+        ``segments``: packed documents, each at its own positions."""
         keys = split_key(key, 2)
         table = self.embed if self.encoder_embed is None else self.encoder_embed
-        x, positions = self.encoder_embeddings(table, input_ids, inputs_embeds=inputs_embeds, key=keys[0])
-        return self.encoder(x, Tokens(positions, attention_mask, indexed=True), collect_hidden=collect_hidden,
+        positions = None if segments is None else self.encoder_embeddings.document_positions(segments)
+        x, positions = self.encoder_embeddings(table, input_ids, inputs_embeds=inputs_embeds, positions=positions,
+                                               key=keys[0])
+        tokens = Tokens(positions, packed_validity(attention_mask, segments), indexed=True, segments=segments)
+        return self.encoder(x, tokens, collect_hidden=collect_hidden,
                             collect_attentions=collect_attentions, key=keys[1])
 
     def decode(self, decoder_input_ids: Array | None, source: EncoderOutput | EncoderKV, *,
                inputs_embeds: Array | None = None, valid: Array | None = None, positions: Array | None = None,
                cache: KVCache | None = None, collect_hidden: bool = False, collect_attentions: bool = False,
-               key: Array | None = None) -> StackOutput:
+               key: Array | None = None, segments: Array | None = None) -> StackOutput:
         """The one decoder pass: embeddings, then the causal stack cross-attending to ``source`` (an
-        encoder output, or its precomputed keys and values), over ``cache`` (if any)."""
+        encoder output, or its precomputed keys and values), over ``cache`` (if any). ``segments``: packed
+        target documents, each at its own positions, reading its own document of the source."""
         keys = split_key(key, 2)
+        indexed = positions is None and cache is None
+        if segments is not None and positions is None:
+            positions = self.decoder_embeddings.document_positions(segments)
         x, at = self.decoder_embeddings(self.embed, decoder_input_ids, inputs_embeds=inputs_embeds,
                                         positions=positions, key=keys[0])
         if positions is None and self.config.pad_aware_positions:  # (M2M-100) causal visibility goes by index
             at = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
-        tokens = Tokens(at, valid, indexed=positions is None and cache is None)
+        tokens = Tokens(at, packed_validity(valid, segments), indexed=indexed, segments=segments)
         return self.decoder(x, tokens, cache=cache, cross=source, collect_hidden=collect_hidden,
                             collect_attentions=collect_attentions, key=keys[1])
 
     def validate(self, input_ids=None, attention_mask=None, decoder_input_ids=None, decoder_attention_mask=None, *,
-                 inputs_embeds=None, decoder_inputs_embeds=None, **_) -> None:
+                 inputs_embeds=None, decoder_inputs_embeds=None, segment_ids=None, decoder_segment_ids=None,
+                 **_) -> None:
         """Both streams are checked before either runs: a bad decoder input fails before the encoder."""
         cfg = self.config
         derived = decoder_input_ids is None and decoder_inputs_embeds is None
@@ -102,6 +112,14 @@ class EncoderDecoder(nnx.Module):
                                          names=("decoder_input_ids", "decoder_attention_mask"))
         if encoder_shape[0] != decoder_shape[0]:
             raise ValueError(f"decoder batch {decoder_shape[0]} differs from encoder batch {encoder_shape[0]}")
+        if (segment_ids is None) != (decoder_segment_ids is None):
+            raise ValueError("packed documents need segment_ids (the inputs') and decoder_segment_ids (the targets') "
+                             "together: a target reads only its own document's input")
+        check_segments(segment_ids, encoder_shape, cfg)
+        check_segments(decoder_segment_ids, decoder_shape, cfg, "decoder_segment_ids")
+        if segment_ids is not None and derived:
+            raise ValueError("segment_ids pack documents for given decoder inputs; without decoder_input_ids the "
+                             f"head={cfg.head!r} shifts input_ids right across documents. Pass decoder_input_ids")
         if cfg.head == "sequence_classification":
             check_eos_pooling(cfg, input_ids, decoder_shape[1])
 
@@ -110,19 +128,24 @@ class EncoderDecoder(nnx.Module):
                  decoder_input_ids: Array | None = None, decoder_attention_mask: Array | None = None, *,
                  inputs_embeds: Array | None = None, decoder_inputs_embeds: Array | None = None,
                  output_hidden_states: bool = False, output_attentions: bool = False,
-                 dropout_key: Array | None = None) -> ModelOutput:
+                 dropout_key: Array | None = None, segment_ids: Array | None = None,
+                 decoder_segment_ids: Array | None = None) -> ModelOutput:
         """Decoder logits; ``attentions`` are the decoder's self-attention probabilities (transformers:
-        decoder_attentions), with ``encoder_attentions`` and ``cross_attentions``."""
+        decoder_attentions), with ``encoder_attentions`` and ``cross_attentions``. ``segment_ids`` and
+        ``decoder_segment_ids`` [B, S], [B, T]: inputs and targets of several examples packed into one row each
+        (as t5x packs them: 1, 2, ... per example on both sides, 0 on padding); example i's targets read
+        only example i's inputs."""
         cfg = self.config
         keys = split_key(dropout_key, 3 if cfg.head == "sequence_classification" else 2)  # (the classifier's dropout)
         if decoder_input_ids is None and decoder_inputs_embeds is None:  # (a task head: validate allowed it)
             decoder_input_ids = shifted_right(cfg, input_ids)
         encoded = self.encoder_pass(input_ids, attention_mask, inputs_embeds=inputs_embeds,
                                     collect_hidden=output_hidden_states, collect_attentions=output_attentions,
-                                    key=keys[0])
-        decoded = self.decode(decoder_input_ids, EncoderOutput(encoded.hidden, attention_mask),
-                              inputs_embeds=decoder_inputs_embeds, valid=decoder_attention_mask,
-                              collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=keys[1])
+                                    key=keys[0], segments=segment_ids)
+        source = EncoderOutput(encoded.hidden, packed_validity(attention_mask, segment_ids), segment_ids)
+        decoded = self.decode(decoder_input_ids, source, inputs_embeds=decoder_inputs_embeds,
+                              valid=decoder_attention_mask, collect_hidden=output_hidden_states,
+                              collect_attentions=output_attentions, key=keys[1], segments=decoder_segment_ids)
         h, heads = decoded.hidden, {}
         if cfg.head == "lm":
             heads["logits"] = lm_logits(self, h)

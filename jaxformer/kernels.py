@@ -6,14 +6,17 @@
   NVIDIA GPUs. Causal and sliding masks are passed as flags, so the kernel skips masked tiles; T5's
   relative position bias and key padding go in as an additive bias.
 - ``splash``: the Pallas splash-attention kernel on TPU. Causal and sliding masks are static block
-  masks, so masked tiles are skipped; padding becomes segment ids. It cannot take an additive bias,
-  so T5's biased self-attention stays on XLA (its cross-attention, which has no bias, runs fused).
+  masks, so masked tiles are skipped; padding and packed documents become segment ids. It cannot take an
+  additive bias, so T5's biased self-attention stays on XLA (its cross-attention, which has no bias, runs
+  fused).
   On other platforms the kernel runs in Pallas's interpreter, for tests only.
 - ``auto`` (the default): cudnn on NVIDIA GPUs and splash on TPUs wherever a call qualifies, xla
   otherwise (see ``fused_backend``).
 
 Under a mesh whose ``sequence`` axis splits the tokens (context parallelism), ``auto`` and ``xla`` calls
 run ``ring_attention`` instead: each device keeps its queries and passes keys and values around the ring.
+Packed documents (segment ids) are not passed around the ring: such calls run on XLA, whose partitioner
+gathers the keys, as for a biased call.
 
 A fused kernel serves full-sequence calls: training, evaluation, a forward pass. Calls with a KV cache
 (generation), attention dropout, prefix-LM masks, GPT-3's alternating layers and user-given
@@ -36,7 +39,8 @@ Array = jax.Array
 FUSED_PATTERNS = ("bidirectional", "causal", "sliding")
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["dense", "key_valid", "query_valid"],
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["dense", "key_valid", "query_valid", "query_segments", "key_segments"],
                    meta_fields=["backend", "pattern", "window"])
 @dataclasses.dataclass(frozen=True)
 class FusedMask:
@@ -49,6 +53,9 @@ class FusedMask:
     backend: str  # cudnn | splash | ring
     pattern: str  # bidirectional | causal | sliding, by token index
     window: int | None = None  # sliding: keys in (t - window, t]
+    # packed documents: each query's [B, T] and key's [B, S] document (None: one a row); 0 on padding
+    query_segments: Array | None = None
+    key_segments: Array | None = None
 
 
 def platform() -> str:
@@ -56,7 +63,8 @@ def platform() -> str:
     return jax.default_backend()
 
 
-def fused_backend(cfg: ModelConfig, pattern: str, T: int, S: int, *, has_bias: bool = False) -> str:
+def fused_backend(cfg: ModelConfig, pattern: str, T: int, S: int, *, has_bias: bool = False,
+                  has_segments: bool = False) -> str:
     """The fused kernel a full-sequence attention call of ``cfg`` (T queries, S keys) uses, or 'xla'.
 
     An explicit ``attention_backend`` that cannot serve the model at all (a kernel for another
@@ -64,7 +72,7 @@ def fused_backend(cfg: ModelConfig, pattern: str, T: int, S: int, *, has_bias: b
     reach (a mask pattern, bias or length it cannot take) runs on XLA, as the module doc says.
     """
     requested = cfg.attention_backend
-    if requested in ("auto", "xla") and ring_fits(pattern, T, S, has_bias):
+    if requested in ("auto", "xla") and ring_fits(pattern, T, S, has_bias) and not has_segments:
         return "ring"
     if requested == "xla" or pattern not in FUSED_PATTERNS or cfg.attention_softcap is not None or cfg.attention_sinks:
         return "xla"  # (Gemma 2's soft-capped scores, gpt-oss's sinks: neither kernel is wired for them)
@@ -107,13 +115,17 @@ def cudnn_refuses(cfg: ModelConfig) -> str | None:
 
 
 def fused_mask(cfg: ModelConfig, dense: Array, pattern: str, *, key_valid: Array | None = None,
-               query_valid: Array | None = None, has_bias: bool = False) -> Array | FusedMask:
-    """``dense`` as a FusedMask when ``cfg``'s backend would run this call fused, else ``dense`` itself."""
-    backend = fused_backend(cfg, pattern, dense.shape[-2], dense.shape[-1], has_bias=has_bias)
+               query_valid: Array | None = None, has_bias: bool = False,
+               segments: tuple[Array, Array] | None = None) -> Array | FusedMask:
+    """``dense`` as a FusedMask when ``cfg``'s backend would run this call fused, else ``dense`` itself.
+    ``segments``: the queries' and keys' documents when documents are packed (``dense`` already holds them)."""
+    backend = fused_backend(cfg, pattern, dense.shape[-2], dense.shape[-1], has_bias=has_bias,
+                            has_segments=segments is not None)
     if backend == "xla":
         return dense
     window = cfg.window_size if pattern == "sliding" else None
-    return FusedMask(dense, key_valid, query_valid, backend, pattern, window)
+    query_segments, key_segments = (None, None) if segments is None else segments
+    return FusedMask(dense, key_valid, query_valid, backend, pattern, window, query_segments, key_segments)
 
 
 # The implementation ``jax.nn.dot_product_attention`` is asked for on the cudnn path. Tests set it to
@@ -134,8 +146,9 @@ def attend(q: Array, k: Array, v: Array, mask: FusedMask, bias: Array | None, sc
 
 def _cudnn(q, k, v, mask: FusedMask, bias, scale, implementation):
     # cuDNN's own padding mask assumes right padding; a [B, 1, T, S] mask is exact for any layout (jax
-    # turns it into an additive bias). The packed batches of the LM objectives have no padding.
-    dense = None if mask.key_valid is None else mask.dense
+    # turns it into an additive bias). The packed batches of the LM objectives have no padding; their
+    # documents (segment ids) go in the same way, the dense mask holding who shares a document.
+    dense = None if mask.key_valid is None and mask.key_segments is None else mask.dense
     window = (mask.window - 1, 0) if mask.pattern == "sliding" else None
     if bias is not None:
         bias = bias.astype(q.dtype)
@@ -184,15 +197,11 @@ def _splash(q, k, v, mask: FusedMask, scale, interpret: bool):
     q = (q.astype(jnp.float32) * scale).astype(q.dtype)
     q = q.reshape(B, T, K, G, H).transpose(0, 2, 3, 1, 4)  # B K G T H
     k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # B K S H
-    if mask.key_valid is None:
+    if mask.key_valid is None and mask.key_segments is None:
         run = jax.vmap(jax.vmap(lambda q, k, v: kernel(q, k, v)))
         out = _sharded(run, q, k, v)
     else:
-        # Padding as segment ids: real tokens are segment 0, pads segment 1, and a query sees only its
-        # own segment, so real queries see exactly the real keys, whatever the padding layout.
-        kv_segment = 1 - mask.key_valid.astype(jnp.int32)
-        q_segment = (jnp.zeros((B, T), jnp.int32) if mask.query_valid is None
-                     else 1 - mask.query_valid.astype(jnp.int32))
+        q_segment, kv_segment = _splash_segments(mask, B, T)
 
         def one_row(q, k, v, q_segment, kv_segment):
             segments = splash.SegmentIds(q=q_segment, kv=kv_segment)
@@ -200,6 +209,24 @@ def _splash(q, k, v, mask: FusedMask, scale, interpret: bool):
 
         out = _sharded(jax.vmap(one_row), q, k, v, q_segment, kv_segment)
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, H).astype(v.dtype)
+
+
+def _splash_segments(mask: FusedMask, B: int, T: int) -> tuple[Array, Array]:
+    """Padding and packed documents as splash's segment ids (a query sees only keys of its own segment).
+    Without documents: real tokens are segment 0, pads segment 1, so real queries see exactly the real
+    keys, whatever the padding layout. With documents: each real token is its document's id (> 0), every
+    pad is 0."""
+    if mask.key_segments is None:
+        kv_segment = 1 - mask.key_valid.astype(jnp.int32)
+        q_segment = (jnp.zeros((B, T), jnp.int32) if mask.query_valid is None
+                     else 1 - mask.query_valid.astype(jnp.int32))
+        return q_segment, kv_segment
+
+    def documents(segments, valid):
+        segments = segments.astype(jnp.int32)
+        return segments if valid is None else jnp.where(valid.astype(bool), segments, 0)
+
+    return documents(mask.query_segments, mask.query_valid), documents(mask.key_segments, mask.key_valid)
 
 
 def _sharded(run, q, k, v, *segments):

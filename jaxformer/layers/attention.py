@@ -23,8 +23,8 @@ Array = jax.Array
 
 
 def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_valid: Array | None = None,
-                   *, window: int | None = None, prefix_lengths: Array | None = None, chunk: int | None = None
-                   ) -> Array:
+                   *, window: int | None = None, prefix_lengths: Array | None = None, chunk: int | None = None,
+                   segments: tuple[Array, Array] | None = None) -> Array:
     """Boolean [B, 1, T, S]: may query t attend to key s?
 
     Built from positions rather than indices so the same function serves full sequences, KV caches
@@ -33,7 +33,8 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
     bidirectional_sliding (|t - s| <= window: the sliding layers of T5Gemma's encoder, bounds inclusive as
     there); chunked (causal within chunks of ``chunk`` positions, s // chunk == t // chunk: Llama 4's local
     layers). Alternating layers call this with 'causal' and 'sliding' or 'chunked' (encoders: 'bidirectional'
-    or 'bidirectional_sliding').
+    or 'bidirectional_sliding'). ``segments`` (query ids [B, T], key ids [B, S]): documents packed into one
+    row, where a query sees only keys of its own document.
     """
     q = q_positions[:, :, None]
     k = k_positions[:, None, :]
@@ -53,6 +54,8 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
         raise ValueError(f"unknown attention pattern {pattern!r}")
     if k_valid is not None:
         allowed = allowed & k_valid[:, None, :].astype(bool)
+    if segments is not None:
+        allowed = allowed & (segments[0][:, :, None] == segments[1][:, None, :])
     return allowed[:, None, :, :]
 
 

@@ -319,6 +319,16 @@ class Embeddings(nnx.Module):
             return jnp.cumsum(real, axis=1) * real + (self.pad_token_id - self.position_offset)
         return jnp.broadcast_to(jnp.arange(shape[1], dtype=jnp.int32), shape)
 
+    def document_positions(self, segments: Array) -> Array:
+        """Positions [B, T] of documents packed into rows (``segments``: each token's document, a run of one
+        id): each document's as ``default_positions`` gives it alone, restarting where it starts."""
+        index = jnp.arange(segments.shape[1], dtype=jnp.int32)
+        starts = jnp.concatenate([jnp.ones_like(segments[:, :1], bool), segments[:, 1:] != segments[:, :-1]], axis=1)
+        within = index - jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+        if self.pad_aware_positions:  # RoBERTa: a document alone counts its tokens from the row after the pad's
+            return within + 1 + self.pad_token_id - self.position_offset
+        return within
+
     def __call__(self, table: Embed, input_ids: Array | None = None, *, inputs_embeds: Array | None = None,
                  positions: Array | None = None, token_type_ids: Array | None = None,
                  key: Array | None = None) -> tuple[Array, Array]:

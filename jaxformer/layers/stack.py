@@ -39,29 +39,44 @@ Array = jax.Array
 # What a stack call is told about its tokens and what it attends to
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["positions", "valid", "prefix_lengths"],
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["positions", "valid", "prefix_lengths", "segments"],
                    meta_fields=["indexed"])
 @dataclasses.dataclass(frozen=True)
 class Tokens:
     """This call's tokens as attention sees them: positions [B, T], which are real [B, T] (None: all),
-    prefix-LM prefix sizes [B] (None unless the pattern is 'prefix'). ``indexed`` says the positions
-    are 0..T-1 in every row (no position_ids, no cache), so a fused kernel's index-based causal and
-    sliding masks equal the position-based ones, and T5's bias is one [1, N, T, S] array."""
+    prefix-LM prefix sizes [B] (None unless the pattern is 'prefix'), and the document each token belongs
+    to [B, T] when documents are packed into one row (None: one document a row; a token sees only its own
+    document's). ``indexed`` says the positions are 0..T-1 in every row, or restart at 0 where each
+    document starts (no position_ids, no cache), so a fused kernel's index-based causal and sliding masks,
+    restricted to each document, equal the position-based ones, and T5's bias is one [1, N, T, S] array."""
 
     positions: Array
     valid: Array | None = None
     prefix_lengths: Array | None = None
     indexed: bool = False
+    segments: Array | None = None
+
+
+def packed_validity(valid: Array | None, segments: Array | None) -> Array | None:
+    """Which tokens are real when documents are packed: segment id 0 marks padding (as t5x and MaxText
+    number them), whatever ``valid`` says; without segments, ``valid`` as it is."""
+    if segments is None:
+        return valid
+    real = segments > 0
+    return real if valid is None else real & valid.astype(bool)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class EncoderOutput:
     """Cross-attention's source in a full pass: the encoder output [B, S, D], projected by each
-    layer, and its validity [B, S] (None: no padding). Cached steps read ``cache.EncoderKV`` instead."""
+    layer, its validity [B, S] (None: no padding) and, for packed rows, its documents [B, S] (a decoder
+    token reads only its own document's source, as t5x packs inputs and targets). Cached steps read
+    ``cache.EncoderKV`` instead."""
 
     hidden: Array
     valid: Array | None = None
+    segments: Array | None = None
 
 
 class StackOutput(NamedTuple):
@@ -746,10 +761,14 @@ class Stack(nnx.Module):
         q = tokens.positions
         shape = dict(window=cfg.window_size, prefix_lengths=tokens.prefix_lengths, chunk=cfg.attention_chunk_size)
 
+        segments = None if tokens.segments is None else (tokens.segments, tokens.segments)
+        if segments is not None and cache is not None:
+            raise ValueError("segment_ids pack documents for a full pass; a cached step (generation) takes none")
+
         def masks(pattern, slots):
             if pattern is None:
                 return None
-            own = visibility_mask(pattern, q, q, tokens.valid, **shape)
+            own = visibility_mask(pattern, q, q, tokens.valid, segments=segments, **shape)
             if slots is None:
                 return own
             return visibility_mask(pattern, q, slots.positions, slots.valid, **shape), own
@@ -762,7 +781,8 @@ class Stack(nnx.Module):
             # Index positions are the same in every row: one [1, N, T, S] bias, broadcast over the batch
             # (MPNet's distances are between indices whatever the positions).
             rows = q[:1] if tokens.indexed and cache is None else q
-            if cfg.index_relative_bias:
+            if cfg.index_relative_bias or (tokens.indexed and segments is not None):
+                # (packed documents: inside one, distances between positions are distances between indices)
                 rows = jnp.arange(q.shape[1], dtype=jnp.int32)[None]
             buckets = lambda at, keys: distance_buckets(cfg, at, keys, self.pattern == "bidirectional")  # noqa: E731
             bias = buckets(rows, rows)
@@ -772,7 +792,7 @@ class Stack(nnx.Module):
                 bias = jax.tree.map(self.relative_bias.lookup, bias)
         if cache is None and local_mask is None and (tokens.indexed or self.pattern == "bidirectional"):
             mask = kernels.fused_mask(cfg, mask, self.pattern, key_valid=tokens.valid, query_valid=tokens.valid,
-                                      has_bias=bias is not None or cfg.position == "disentangled")
+                                      has_bias=bias is not None or cfg.position == "disentangled", segments=segments)
         return mask, local_mask, bias
 
     def _cross_attention_inputs(self, tokens: Tokens, cache: KVCache | None,
@@ -783,9 +803,15 @@ class Stack(nnx.Module):
         source_length = (cross.hidden if isinstance(cross, EncoderOutput) else cross.k[0]).shape[1]
         batch = tokens.positions.shape[0]
         source_positions = jnp.broadcast_to(jnp.arange(source_length), (batch, source_length))
-        mask = visibility_mask("bidirectional", tokens.positions, source_positions, cross.valid)
+        segments = None
+        if isinstance(cross, EncoderOutput) and (tokens.segments is None) != (cross.segments is None):
+            raise ValueError("packed documents need segment ids on both sides of cross-attention (the source's "
+                             "and the decoder's), or on neither")
+        if tokens.segments is not None:
+            segments = (tokens.segments, cross.segments)
+        mask = visibility_mask("bidirectional", tokens.positions, source_positions, cross.valid, segments=segments)
         if cache is None:
-            mask = kernels.fused_mask(self.config, mask, "bidirectional", key_valid=cross.valid)
+            mask = kernels.fused_mask(self.config, mask, "bidirectional", key_valid=cross.valid, segments=segments)
         if isinstance(cross, EncoderKV):
             return mask, None, (cross.k, cross.v)
         return mask, cross.hidden, None
