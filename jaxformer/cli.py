@@ -440,7 +440,8 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--field", default="text", help="the text field of JSONL records and parquet/arrow rows")
     p.add_argument("--shard-tokens", type=int, default=50_000_000,
                    help="a shard closes at the first document end at or past this many tokens")
-    p.add_argument("--workers", type=int, help="tokenizing processes (default: every core)")
+    p.add_argument("--workers", type=int, help="tokenizing processes (default: every core; this process alone "
+                                                "for under a megabyte per core)")
     p.add_argument("--on-error", choices=["stop", "skip"], default="stop",
                    help="a bad unit (malformed JSON, missing field, undecodable byte, empty file) stops the run, "
                         "or is skipped and counted")

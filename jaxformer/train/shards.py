@@ -592,7 +592,7 @@ def tokenize(arguments: list[str], tokenizer: str, out: str | Path, *, field: st
         raise ValueError(f"--on-error {on_error!r}; valid: stop, skip")
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"--shard-tokens {shard_tokens!r} must be a positive integer")
-    workers = len(os.sched_getaffinity(0)) if workers is None else workers
+    automatic, workers = workers is None, len(os.sched_getaffinity(0)) if workers is None else workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"--workers {workers!r} must be a positive integer")
     sources, ignored = expand_sources(list(arguments))
@@ -609,6 +609,8 @@ def tokenize(arguments: list[str], tokenizer: str, out: str | Path, *, field: st
             raise ValueError(f"another jaxformer tokenize is writing {out}") from None
         manifest = _open_folder(out, identity, encoder)
         plan, done = _plan(sources, manifest, field, out)
+        if automatic and sum(entry["size"] for entry in plan) < workers * CHUNK_CHARS:
+            workers = 1  # under a chunk per core, starting the pool would cost more than it shares
         shards_before = len(manifest["shards"])
         tokens_before, documents_before = manifest["tokens"], manifest["documents"]
         _run(plan, manifest, out, encoder, tokenizer, field, shard_tokens, workers, on_error, progress)
