@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import sysconfig
@@ -80,7 +81,7 @@ def train_bpe(corpus: Path, out: Path, vocab: int, sample_mb: float = 4.0) -> Pa
     return out
 
 
-def tokenize_benchmark(args) -> dict:
+def tokenize_benchmark(args, work: Path) -> dict:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # what datasets' forked workers get anyway
     import datasets
     from transformers import PreTrainedTokenizerFast
@@ -88,7 +89,6 @@ def tokenize_benchmark(args) -> dict:
     from jaxformer.train import shards
 
     datasets.disable_progress_bars()
-    work = Path(tempfile.mkdtemp(prefix="jaxformer-tokenize-bench-"))
     corpus = work / "corpus.jsonl"
     size = write_corpus(corpus, args.mb)
     tokenizer_json = train_bpe(corpus, work / "tokenizer.json", args.vocab)
@@ -149,7 +149,11 @@ def main() -> None:
     args = parser.parse_args()
     if not args.tokenize:
         parser.error("choose a measurement: --tokenize")
-    result = tokenize_benchmark(args)
+    work = Path(tempfile.mkdtemp(prefix="jaxformer-tokenize-bench-"))
+    try:
+        result = tokenize_benchmark(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(result))
         return
