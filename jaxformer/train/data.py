@@ -205,40 +205,73 @@ def epoch_indices(count: int, seed: int, step: int, batch_size: int) -> np.ndarr
     return np.array([orders[int(e)][o] for e, o in zip(epochs, offsets)])
 
 
+PACKINGS = ("documents", "concatenate")  # data.packing: attention within each document, or across the window
+
+
 def pack(tokenizer, documents: list[str], separator: np.ndarray | None = None) -> np.ndarray:
     """The documents' tokens end to end, ``separator`` after each: one int32 stream."""
-    pieces = []
+    return pack_documents(tokenizer, documents, separator)[0]
+
+
+def pack_documents(tokenizer, documents: list[str], separator: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """The documents' tokens end to end, ``separator`` after each (it belongs to the document it closes):
+    one int32 stream, and where in it each document starts [documents]."""
+    pieces, starts, at = [], [], 0
     for ids in tokenizer.encode_many(documents):
+        starts.append(at)
         pieces.append(ids)
         if separator is not None:
             pieces.append(separator)
-    return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+        at += len(ids) + (0 if separator is None else len(separator))
+    tokens = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+    return tokens, np.asarray(starts, np.int64)
 
 
 class PackedStream:
     """Documents tokenized and packed end to end (``separator`` between them) into one stream; a step's
     batch is ``batch_size`` windows of ``length`` tokens at seeded offsets; held-out windows are fixed.
-    Models with segment memory read it in order instead (``row_windows``)."""
+    Models with segment memory read it in order instead (``row_windows``). ``document_starts`` (where each
+    document begins in the stream) gives a window's segment ids (``segments``)."""
 
-    def __init__(self, tokens: np.ndarray, length: int, name: str):
+    def __init__(self, tokens: np.ndarray, length: int, name: str, document_starts: np.ndarray | None = None):
         if len(tokens) <= length:
             raise ValueError(f"the {name} split has {len(tokens)} tokens, too few for windows of {length} "
                              "(lower train.seq_len or give more text)")
         self.tokens, self.length, self.name = tokens, length, name
+        self.document_starts = np.zeros(1, np.int64) if document_starts is None else document_starts
 
     @classmethod
     def from_documents(cls, tokenizer, documents: list[str], length: int, name: str,
                        separator: np.ndarray | None = None):
-        return cls(pack(tokenizer, documents, separator), length, name)
+        tokens, starts = pack_documents(tokenizer, documents, separator)
+        return cls(tokens, length, name, starts)
+
+    def random_starts(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """Where a step's ``count`` windows start in the stream (seeded offsets)."""
+        return rng.integers(0, len(self.tokens) - self.length + 1, count)
+
+    def fixed_starts(self, count: int) -> np.ndarray:
+        """``count`` window starts evenly spaced over the stream: the same every time."""
+        return np.linspace(0, len(self.tokens) - self.length, count).astype(int)
+
+    def cut(self, starts: np.ndarray) -> np.ndarray:
+        """The windows [count, length] that begin at ``starts``."""
+        return np.stack([self.tokens[s:s + self.length] for s in starts])
+
+    def segments(self, starts: np.ndarray) -> np.ndarray:
+        """Segment ids [count, length] of the windows at ``starts``: 1 for the document a window begins in (or
+        its tail), 2 for the next, ... (int32; packed rows as t5x and MaxText number them)."""
+        at = np.asarray(starts)[:, None] + np.arange(self.length)[None, :]
+        document = np.searchsorted(self.document_starts, at, side="right")
+        return (document - document[:, :1] + 1).astype(np.int32)
 
     def windows(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        starts = rng.integers(0, len(self.tokens) - self.length + 1, count)
-        return np.stack([self.tokens[s:s + self.length] for s in starts])
+        return self.cut(self.random_starts(rng, count))
 
     def fixed_windows(self, count: int) -> np.ndarray:
         """``count`` windows evenly spaced over the stream: the same every time."""
-        starts = np.linspace(0, len(self.tokens) - self.length, count).astype(int)
-        return np.stack([self.tokens[s:s + self.length] for s in starts])
+        return self.cut(self.fixed_starts(count))
 
     def row_windows(self, index: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """Transformer-XL's ordered batches: the stream cut into ``rows`` contiguous rows, each read window
@@ -335,6 +368,36 @@ def span_corrupt(ids: np.ndarray, rng: np.random.Generator, *, sentinel_start: i
         closing = sentinel_start - int(starts.sum())
         targets.append(np.concatenate(pieces + [[closing]]).astype(ids.dtype))
     return inputs, targets
+
+
+def span_corrupt_documents(window: np.ndarray, segments: np.ndarray, rng: np.random.Generator, *,
+                           sentinel_start: int, eos: int, input_len: int, target_len: int,
+                           noise_density: float = 0.15, mean_span_length: float = 3.0
+                           ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """T5's span corruption of each document of one packed window on its own, as t5x corrupts examples
+    before packing them: (input + EOS, target + EOS) per document, in order, as many as fit ``input_len``
+    and ``target_len`` together (the last one cut to fit). A document of fewer than 2 tokens has no span to
+    hide and is left out."""
+    def lengths(n: int) -> tuple[int, int]:
+        noise, spans = span_counts(n, noise_density, mean_span_length)
+        return n - noise + spans + 1, noise + spans + 2
+
+    examples, room = [], [input_len, target_len]
+    for document in np.unique(segments):
+        piece = window[segments == document]
+        n = len(piece)
+        while n >= 2 and any(need > left for need, left in zip(lengths(n), room)):
+            n -= 1
+        if n < 2:
+            if len(piece) < 2:
+                continue
+            break  # no room left in this row
+        inputs, targets = span_corrupt(piece[None, :n], rng, sentinel_start=sentinel_start,
+                                       noise_density=noise_density, mean_span_length=mean_span_length)
+        example = (np.append(inputs[0], eos).astype(np.int32), np.append(targets[0], eos).astype(np.int32))
+        room = [room[0] - len(example[0]), room[1] - len(example[1])]
+        examples.append(example)
+    return examples
 
 
 def _run_length(mask: np.ndarray, start: int) -> int:

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxformer.checks import segment_problem
 from jaxformer.config import ModelConfig
 from jaxformer.generate import GenerationConfig, generate_tokens
 from jaxformer.train import data
@@ -168,10 +169,13 @@ class Objective:
 class CausalLM(Objective):
     """Next-token prediction on documents packed into windows of seq_len + 1 tokens: at seeded offsets,
     or, for a model with segment memory, in order (``PackedStream.row_windows``: row r of a batch goes on
-    where row r of the previous one ended, and ``fresh`` marks the rows that start over)."""
+    where row r of the previous one ended, and ``fresh`` marks the rows that start over). With
+    ``data.packing=documents`` a window's rows carry segment ids: attention stays inside each document
+    and no token is trained to predict the next document's first token."""
 
     name, family = "causal_lm", "decoder"
     ordered = False  # set by ``adapt``: the model carries a segment memory, so batches are ordered rows
+    documents = False  # set by ``adapt``: data.packing=documents, on a model that can pack them
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
@@ -191,32 +195,54 @@ class CausalLM(Objective):
         if cfg.head != "lm":
             cfg = cfg.replace(head="lm")
         self.ordered = carries_memory(cfg)
+        self.documents = documents_packing(self, cfg)
         return cfg
 
     @staticmethod
-    def _split(windows: np.ndarray, fresh: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def _split(windows: np.ndarray, fresh: np.ndarray | None = None,
+               segments: np.ndarray | None = None) -> dict[str, np.ndarray]:
         batch = {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
+        if segments is not None:  # the last token of a document does not predict the next one's first
+            batch["labels"] = np.where(segments[:, 1:] == segments[:, :-1], batch["labels"], IGNORE).astype(np.int32)
+            batch["segment_ids"] = segments[:, :-1]
         return batch if fresh is None else {**batch, "fresh": fresh}
+
+    def _windows(self, stream: data.PackedStream, starts: np.ndarray) -> dict[str, np.ndarray]:
+        return self._split(stream.cut(starts), segments=stream.segments(starts) if self.documents else None)
 
     def batch(self, step, batch_size):
         if self.ordered:  # step s reads window s mod windows_per_row of each row: still a function of the step
             return self._split(*self.train.row_windows(step, batch_size))
-        return self._split(self.train.windows(data.step_rng(self.seed, step), batch_size))
+        return self._windows(self.train, self.train.random_starts(data.step_rng(self.seed, step), batch_size))
 
     def eval_batches(self, count, batch_size):
         if self.ordered:  # consecutive windows of each held-out row, evaluated in order with the memory carried
             return [self._split(*self.held_out.row_windows(i, batch_size)) for i in range(count)]
-        windows = self.held_out.fixed_windows(count * batch_size)
-        return [self._split(windows[i * batch_size:(i + 1) * batch_size]) for i in range(count)]
+        starts = self.held_out.fixed_starts(count * batch_size)
+        return [self._windows(self.held_out, starts[i * batch_size:(i + 1) * batch_size]) for i in range(count)]
 
     def loss(self, model, batch, key, memory=None):
         if memory is None:
-            out = model(batch["input_ids"], dropout_key=key)
+            out = model(batch["input_ids"], dropout_key=key, segment_ids=batch.get("segment_ids"))
         else:  # rows on their first window start over with an empty memory
             out = model(batch["input_ids"], memory=memory.forget(batch["fresh"]), dropout_key=key)
         sums = token_cross_entropy(out.logits, batch["labels"], self.run.train.label_smoothing)
         loss, sums = with_aux_loss(ratio(sums["loss"]), sums, out)
         return (loss, sums) if memory is None else (loss, {**sums, MEMORY: out.memory})
+
+
+def documents_packing(objective: Objective, cfg: ModelConfig) -> bool:
+    """Whether ``objective``'s rows carry segment ids: data.packing=documents on a model that can pack
+    documents. A model that cannot (Transformer-XL's memory reads the stream on across documents; ``checks.
+    segment_problem`` names the others) reads windows across documents, as the run's notes say."""
+    if objective.run.data.packing != "documents":
+        return False
+    problem = "its segment memory carries each row on" if carries_memory(cfg) else segment_problem(cfg)
+    if problem:
+        objective.notes.append(f"data.packing=documents does not apply to model {cfg.name!r} ({problem}): its "
+                               "windows are read across documents, as data.packing=concatenate reads them")
+        return False
+    return True
 
 
 class MaskedLM(Objective):
@@ -226,6 +252,7 @@ class MaskedLM(Objective):
 
     name, family = "mlm", "encoder"
     pair_task = "nsp"  # what the pretraining head's two logits predict about the pair (its metrics' prefix)
+    documents = False  # set by ``adapt``: data.packing=documents without a pair task, several examples a row
 
     @property
     def loss_terms(self) -> dict[str, float]:
@@ -265,6 +292,8 @@ class MaskedLM(Objective):
             raise ValueError(f"{self.pair_task} needs token types (type_vocab_size >= 2); model {cfg.name!r} has "
                              f"{cfg.type_vocab_size}" + (" (set data.nsp=false for RoBERTa-style MLM)"
                                                          if self.name == "mlm" else ""))
+        # a pair task's head reads one pair a row: rows stay one example each, padded
+        self.documents = not self.pairs and documents_packing(self, cfg)
         return cfg.replace(**changes)
 
     def _pick(self, split: dict, rng: np.random.Generator) -> tuple[int, int, int]:
@@ -279,31 +308,60 @@ class MaskedLM(Objective):
             second = int(rng.integers(len(segments)))
         return first, second, 1
 
+    def _example(self, a: np.ndarray, b: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """[CLS] A [SEP] B [SEP] and its token types, A and B trimmed to ``budget`` tokens together."""
+        while len(a) + len(b) > budget:  # BERT trims the longer segment first
+            if len(a) >= len(b):
+                a = a[:-1]
+            else:
+                b = b[:-1]
+        ids = np.concatenate([[self.ids["bos"]], a, [self.ids["eos"]], b, [self.ids["eos"]]]).astype(np.int32)
+        return ids, np.concatenate([np.zeros(len(a) + 2, np.int32), np.ones(len(b) + 1, np.int32)])
+
     def _pairs(self, split: dict, rng: np.random.Generator, count: int) -> dict[str, np.ndarray]:
         segments = split["segments"]
-        budget = self.seq_len - 3  # [CLS] A [SEP] B [SEP]
-        cls, sep = self.ids["bos"], self.ids["eos"]
+        if self.documents:
+            return self._packed_pairs(split, rng, count)
         rows, types, pair_labels = [], [], []
         for _ in range(count):
             first, second, label = self._pick(split, rng)
-            a, b = segments[first], segments[second]
-            while len(a) + len(b) > budget:  # BERT trims the longer segment first
-                if len(a) >= len(b):
-                    a = a[:-1]
-                else:
-                    b = b[:-1]
-            rows.append(np.concatenate([[cls], a, [sep], b, [sep]]).astype(np.int32))
-            types.append(np.concatenate([np.zeros(len(a) + 2, np.int32), np.ones(len(b) + 1, np.int32)]))
+            ids, row_types = self._example(segments[first], segments[second], self.seq_len - 3)
+            rows.append(ids)
+            types.append(row_types)
             pair_labels.append(label)
+        batch = self._masked(rows, types, rng)
+        if self.pairs:
+            batch["pair_labels"] = np.asarray(pair_labels, np.int32)
+        return batch
+
+    def _masked(self, rows: list[np.ndarray], types: list[np.ndarray], rng: np.random.Generator,
+                segments: list[np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Rows padded to train.seq_len, then BERT's masking of every token but the specials."""
+        cls, sep = self.ids["bos"], self.ids["eos"]
         ids, mask = data.pad_rows(rows, self.seq_len, self.ids["pad"])
         token_types, _ = data.pad_rows(types, self.seq_len, 0)
         inputs, labels = mask_tokens(ids, rng, vocab_size=self.tokenizer.regular_vocab, mask_id=self.ids["mask"],
                                      special_ids=(cls, sep, self.ids["pad"]), select=self.run.data.mask_probability)
         batch = {"input_ids": inputs, "attention_mask": mask, "token_type_ids": token_types,
                  "labels": labels.astype(np.int32)}
-        if self.pairs:
-            batch["pair_labels"] = np.asarray(pair_labels, np.int32)
+        if segments is not None:
+            batch["segment_ids"] = data.pad_rows(segments, self.seq_len, 0)[0]
         return batch
+
+    def _packed_pairs(self, split: dict, rng: np.random.Generator, count: int) -> dict[str, np.ndarray]:
+        """data.packing=documents: examples [CLS] A [SEP] B [SEP] packed into each row until it is full (the
+        last trimmed to fit, none under 8 tokens), numbered 1, 2, ... (``segment_ids``; 0: padding)."""
+        rows, types, numbers = [], [], []
+        for _ in range(count):
+            examples, room = [], self.seq_len
+            while room >= 8:
+                first, second, _ = self._pick(split, rng)
+                examples.append(self._example(split["segments"][first], split["segments"][second], room - 3))
+                room -= len(examples[-1][0])
+            rows.append(np.concatenate([ids for ids, _ in examples]))
+            types.append(np.concatenate([kinds for _, kinds in examples]))
+            numbers.append(np.concatenate([np.full(len(ids), i + 1, np.int32) for i, (ids, _) in enumerate(examples)]))
+        return self._masked(rows, types, rng, numbers)
 
     def batch(self, step, batch_size):
         return self._pairs(self.train, data.step_rng(self.seed, step), batch_size)
@@ -318,7 +376,8 @@ class MaskedLM(Objective):
         return batch["token_type_ids"] if model.config.type_vocab_size else None
 
     def loss(self, model, batch, key):
-        out = model(batch["input_ids"], batch["attention_mask"], self.token_types(model, batch), dropout_key=key)
+        out = model(batch["input_ids"], batch["attention_mask"], self.token_types(model, batch), dropout_key=key,
+                    segment_ids=batch.get("segment_ids"))
         mlm = token_cross_entropy(out.logits, batch["labels"])
         sums = {"mlm_loss": mlm["loss"], "mlm_accuracy": mlm["accuracy"]}
         loss = ratio(mlm["loss"])
@@ -462,7 +521,8 @@ class _EncoderDecoderObjective(Objective):
 
     def loss(self, model, batch, key):
         out = model(batch["input_ids"], batch["attention_mask"], batch["decoder_input_ids"],
-                    batch.get("decoder_attention_mask"), dropout_key=key)
+                    batch.get("decoder_attention_mask"), dropout_key=key, segment_ids=batch.get("segment_ids"),
+                    decoder_segment_ids=batch.get("decoder_segment_ids"))
         sums = token_cross_entropy(out.logits, batch["labels"], self.run.train.label_smoothing)
         return ratio(sums["loss"]), sums
 
@@ -473,6 +533,7 @@ class SpanCorruption(_EncoderDecoderObjective):
     the longest window whose corrupted input (with EOS) fits train.seq_len, so every shape is static."""
 
     name, decoder_start_role = "span_corruption", "pad"
+    documents = False  # set by ``adapt``: data.packing=documents, each document corrupted and packed apart
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
@@ -502,14 +563,50 @@ class SpanCorruption(_EncoderDecoderObjective):
         return {"input_ids": input_ids, "attention_mask": mask, "decoder_input_ids": self._decoder_inputs(labels),
                 "labels": labels}
 
+    def adapt(self, cfg, fresh):
+        cfg = super().adapt(cfg, fresh)
+        self.documents = documents_packing(self, cfg)
+        return cfg
+
+    def _packed(self, windows: np.ndarray, segments: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Each window's documents corrupted one by one, then packed t5x's way: inputs into a row of
+        train.seq_len, targets into one of target_len, example i numbered i on both sides (0: padding); each
+        example's decoder inputs start from the start token."""
+        rows = [data.span_corrupt_documents(window, segment, rng, sentinel_start=self.ids["sentinel"],
+                                            eos=self.ids["eos"], input_len=self.seq_len, target_len=self.target_len,
+                                            noise_density=self.density, mean_span_length=self.mean_span)
+                for window, segment in zip(windows, segments)]
+
+        def packed(parts: list[list[np.ndarray]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+            joined = lambda row: np.concatenate(row) if row else np.zeros(0, np.int32)  # noqa: E731
+            ids, _ = data.pad_rows([joined(row) for row in parts], length, pad)
+            numbered = [joined([np.full(len(p), i + 1) for i, p in enumerate(row)]) for row in parts]
+            return ids, data.pad_rows(numbered, length, 0)[0]
+
+        input_ids, segment_ids = packed([[source for source, _ in row] for row in rows], self.seq_len, self.pad)
+        labels, decoder_segment_ids = packed([[target for _, target in row] for row in rows], self.target_len,
+                                             self.pad)
+        decoder_inputs, _ = packed([[np.concatenate([[self.decoder_start], target[:-1]]) for _, target in row]
+                                    for row in rows], self.target_len, self.pad)
+        return {"input_ids": input_ids, "attention_mask": (segment_ids > 0).astype(np.int32),
+                "segment_ids": segment_ids, "decoder_input_ids": decoder_inputs,
+                "decoder_attention_mask": (decoder_segment_ids > 0).astype(np.int32),
+                "decoder_segment_ids": decoder_segment_ids,
+                "labels": np.where(decoder_segment_ids > 0, labels, IGNORE).astype(np.int32)}
+
+    def _windows(self, stream: data.PackedStream, starts: np.ndarray, rng: np.random.Generator) -> dict:
+        if self.documents:
+            return self._packed(stream.cut(starts), stream.segments(starts), rng)
+        return self._corrupt(stream.cut(starts), rng)
+
     def batch(self, step, batch_size):
         rng = data.step_rng(self.seed, step)
-        return self._corrupt(self.train.windows(rng, batch_size), rng)
+        return self._windows(self.train, self.train.random_starts(rng, batch_size), rng)
 
     def eval_batches(self, count, batch_size):
-        windows = self.held_out.fixed_windows(count * batch_size)
-        return [self._corrupt(windows[i * batch_size:(i + 1) * batch_size], data.step_rng(self.seed, i, stream=1))
-                for i in range(count)]
+        starts = self.held_out.fixed_starts(count * batch_size)
+        return [self._windows(self.held_out, starts[i * batch_size:(i + 1) * batch_size],
+                              data.step_rng(self.seed, i, stream=1)) for i in range(count)]
 
 
 class RecordObjective(Objective):

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from jaxformer.train.data import UL2_DENOISERS, parse_denoisers
+from jaxformer.train.data import PACKINGS, UL2_DENOISERS, parse_denoisers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +51,12 @@ class DataSection:
     doc_stride: int = 0
     max_question_len: int = 0
     max_answer_len: int = 30
+    # causal_lm, span_corruption, mlm without a pair task: documents (each packed row carries segment ids,
+    # attention stays inside a document, positions restart at each) | concatenate (windows read across
+    # documents, as before packing was document-aware). Unset: documents for a new run; a run folder's
+    # existing run keeps what it had (concatenate when its config.yaml predates the key), so a resume
+    # computes what the run computed.
+    packing: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,6 +245,10 @@ class RunConfig:
             raise ValueError(f"data.target_fraction={self.data.target_fraction} must lie in (0, 0.5] (the mean share "
                              "of a window that is target; 0.5 splits it at a uniformly random point)")
         parse_denoisers(self.data.denoisers)
+        if not self.data.packing:
+            object.__setattr__(self, "data", dataclasses.replace(self.data, packing=_run_packing(self.run.dir)))
+        if self.data.packing not in PACKINGS:
+            raise ValueError(f"data.packing={self.data.packing!r}; valid: {', '.join(map(repr, PACKINGS))}")
         if self.data.doc_stride < 0 or self.data.max_question_len < 0 or self.data.max_answer_len < 1:
             raise ValueError(f"data.doc_stride={self.data.doc_stride} and data.max_question_len="
                              f"{self.data.max_question_len} must be >= 0 (0: the default), data.max_answer_len="
@@ -305,6 +315,21 @@ SECTIONS = {"run": RunSection, "model": ModelSection, "data": DataSection, "trai
             "eval": EvalSection, "optim": OptimSection, "checkpoint": CheckpointSection, "mesh": MeshSection,
             "finetune": FinetuneSection}
 NESTED = {"finetune.lora": LoraSection}  # sections inside a section: finetune.lora.rank
+
+
+def _run_packing(run_dir: str) -> str:
+    """data.packing when none is given: what the run in ``run_dir`` was trained with (its config.yaml from
+    before the key existed: concatenate), or documents for a new run."""
+    stored = Path(run_dir) / "config.yaml"  # (run.CONFIG_FILE: run.py reads this module, not the other way)
+    if not stored.is_file():
+        return "documents"
+    try:
+        saved = yaml.safe_load(stored.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return "documents"  # not a run's config: resuming refuses it by its own checks
+    section = saved.get("data") if isinstance(saved, dict) else None
+    packing = section.get("packing") if isinstance(section, dict) else None
+    return packing or "concatenate"
 
 
 def _valid_keys() -> list[str]:
