@@ -357,3 +357,31 @@ def test_mlm_without_a_pair_task_packs_examples_and_trains_on_them(tmp_path):
     with_pairs, _ = _objective(tmp_path, "train.seq_len=64", "train.objective=mlm", preset="tiny-bert",
                                vocab_size=360)
     assert not with_pairs.documents and "segment_ids" not in with_pairs.batch(0, 4)  # NSP: one pair a row
+
+
+def test_a_run_folder_from_before_the_key_resumes_as_it_trained(tmp_path):
+    """A run folder whose config.yaml predates data.packing resumes with concatenate: exactly the losses of an
+    uninterrupted concatenate run; asking it for documents is a refused change of what it computes."""
+    import json
+
+    from jaxformer.train.run import main
+
+    def losses(run_dir):
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+    common = ["train.batch_size=8", "train.seq_len=64", "train.log_every=5", "eval.every=20", "eval.batches=1",
+              "optim.schedule=constant", "optim.warmup_steps=2", "train.sample_tokens=0", "checkpoint.every=10",
+              f"data.train={short_documents(tmp_path)}"]
+    clean, old = tmp_path / "clean", tmp_path / "old"
+    main(common + ["train.steps=20", f"run.dir={clean}", "data.packing=concatenate"])
+    main(common + ["train.steps=10", f"run.dir={old}", "data.packing=concatenate"])
+    stored = (old / "config.yaml").read_text()
+    assert "  packing: concatenate\n" in stored
+    (old / "config.yaml").write_text(stored.replace("  packing: concatenate\n", ""))  # as written before the key
+    with pytest.raises(ValueError, match="data.packing: 'concatenate' -> 'documents'"):
+        main(common + ["train.steps=10", f"run.dir={old}", "data.packing=documents"])
+    main(common + ["train.steps=20", f"run.dir={old}", "train.resume=force"])  # (force: only the steps change)
+    records = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]
+    assert [r["resumed_with_changes"] for r in records if "resumed_with_changes" in r] == [["train.steps: 10 -> 20"]]
+    assert losses(old) == losses(clean)
