@@ -140,6 +140,15 @@ def mask_pictures(length: int = 12) -> list[Picture]:
     pictures.append(Picture("left_padding", "causal decoder: a batch with a left-padded row", tuple(panels),
                             "left padding"))
 
+    # Packed documents (data.packing=documents): one row of up to three documents, each at its own positions
+    # (as ``Embeddings.document_positions`` restarts them), a token seeing only its own document, causally.
+    lengths = np.diff(np.linspace(0, T, min(3, T) + 1).astype(int))
+    segments = jnp.asarray(np.repeat(np.arange(1, len(lengths) + 1), lengths))[None]
+    at = jnp.asarray(np.concatenate([np.arange(n) for n in lengths]))[None]
+    labels = [f"{'abc'[d]}{p}" for d, n in enumerate(lengths) for p in range(n)]
+    single("packed_documents", f"packed documents: {len(lengths)} in one causal row", "packed documents",
+           visibility_mask("causal", at, at, segments=(segments, segments)), labels, labels)
+
     # Transformer-XL: an empty memory of M slots rolled forward by an earlier segment shorter than M
     # (cache.Memory's own ``extend``), so its oldest slots are still empty.
     slots = max(2, T // 2)

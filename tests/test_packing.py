@@ -385,3 +385,15 @@ def test_a_run_folder_from_before_the_key_resumes_as_it_trained(tmp_path):
     records = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]
     assert [r["resumed_with_changes"] for r in records if "resumed_with_changes" in r] == [["train.steps: 10 -> 20"]]
     assert losses(old) == losses(clean)
+
+
+def test_the_packed_documents_picture_is_causal_inside_each_document():
+    from jaxformer.viz import mask_pictures
+
+    picture = next(p for p in mask_pictures(12) if p.name == "packed_documents")
+    (panel,) = picture.panels
+    blocks = np.zeros((12, 12), bool)
+    for start in (0, 4, 8):  # three documents of 4 tokens, each its own lower triangle
+        blocks[start:start + 4, start:start + 4] = np.tril(np.ones((4, 4), bool))
+    np.testing.assert_array_equal(panel.visible, blocks)
+    assert panel.query_labels[:5] == ["a0", "a1", "a2", "a3", "b0"]

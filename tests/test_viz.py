@@ -55,7 +55,7 @@ def test_masks_command_writes_a_png_per_pattern_and_the_overview(tmp_path, pictu
 def test_every_pattern_is_drawn(pictures):
     assert set(pictures) == {"encoder_bidirectional", "decoder_causal", "prefix_lm", "cross_attention",
                              "sliding_window", "alternating", "chunked", "bidirectional_sliding", "left_padding",
-                             "transformer_xl_memory"}
+                             "packed_documents", "transformer_xl_memory"}
     for picture in pictures.values():
         for panel in picture.panels:
             T, S = panel.visible.shape
