@@ -15,8 +15,7 @@
 
 Under a mesh whose ``sequence`` axis splits the tokens (context parallelism), ``auto`` and ``xla`` calls
 run ``ring_attention`` instead: each device keeps its queries and passes keys and values around the ring.
-Packed documents (segment ids) are not passed around the ring: such calls run on XLA, whose partitioner
-gathers the keys, as for a biased call.
+Packed documents ride the ring too: each key block travels with its segment ids.
 
 A fused kernel serves full-sequence calls: training, evaluation, a forward pass. Calls with a KV cache
 (generation), attention dropout, prefix-LM masks, GPT-3's alternating layers and user-given
@@ -63,8 +62,7 @@ def platform() -> str:
     return jax.default_backend()
 
 
-def fused_backend(cfg: ModelConfig, pattern: str, T: int, S: int, *, has_bias: bool = False,
-                  has_segments: bool = False) -> str:
+def fused_backend(cfg: ModelConfig, pattern: str, T: int, S: int, *, has_bias: bool = False) -> str:
     """The fused kernel a full-sequence attention call of ``cfg`` (T queries, S keys) uses, or 'xla'.
 
     An explicit ``attention_backend`` that cannot serve the model at all (a kernel for another
@@ -72,7 +70,7 @@ def fused_backend(cfg: ModelConfig, pattern: str, T: int, S: int, *, has_bias: b
     reach (a mask pattern, bias or length it cannot take) runs on XLA, as the module doc says.
     """
     requested = cfg.attention_backend
-    if requested in ("auto", "xla") and ring_fits(pattern, T, S, has_bias) and not has_segments:
+    if requested in ("auto", "xla") and ring_fits(pattern, T, S, has_bias):
         return "ring"
     if requested == "xla" or pattern not in FUSED_PATTERNS or cfg.attention_softcap is not None or cfg.attention_sinks:
         return "xla"  # (Gemma 2's soft-capped scores, gpt-oss's sinks: neither kernel is wired for them)
@@ -119,8 +117,7 @@ def fused_mask(cfg: ModelConfig, dense: Array, pattern: str, *, key_valid: Array
                segments: tuple[Array, Array] | None = None) -> Array | FusedMask:
     """``dense`` as a FusedMask when ``cfg``'s backend would run this call fused, else ``dense`` itself.
     ``segments``: the queries' and keys' documents when documents are packed (``dense`` already holds them)."""
-    backend = fused_backend(cfg, pattern, dense.shape[-2], dense.shape[-1], has_bias=has_bias,
-                            has_segments=segments is not None)
+    backend = fused_backend(cfg, pattern, dense.shape[-2], dense.shape[-1], has_bias=has_bias)
     if backend == "xla":
         return dense
     window = cfg.window_size if pattern == "sliding" else None
@@ -307,7 +304,8 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
     Causal and sliding masks are balanced: the tokens are first exchanged so that device d holds chunks d and
     2n-1-d of 2n (``_zigzag``), and a (query half, key half) block that its pattern masks whole is skipped
     (``lax.cond``), so every device computes two of its four blocks per hop, the diagonal aside. Visibility
-    follows token indices, as the fused kernels' does; padding masks keys. Rows of the batch over data x
+    follows token indices, as the fused kernels' does; padding masks keys; packed documents travel with their
+    keys (each block's segment ids), a query folding in only its own document's. Rows of the batch over data x
     fsdp and kv heads over tensor, as the other kernels split them. Gradients flow through the ring (the
     transpose of a ppermute is the reverse hop). Equal to XLA's attention, except for a query that may see
     no key at all (a pad before a left-padded row's first token), whose output no real token ever reads."""
@@ -325,8 +323,12 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
     P = jax.sharding.PartitionSpec
     tokens = P(BATCH_AXES, "sequence", heads)
     key_valid = jnp.ones((B, T), bool) if mask.key_valid is None else mask.key_valid.astype(bool)
+    packed = mask.key_segments is not None
+    # (without documents every token is document 0 and the comparison below is left out when tracing)
+    key_ids, query_ids = ((mask.key_segments.astype(jnp.int32), mask.query_segments.astype(jnp.int32)) if packed
+                          else (jnp.zeros((B, T), jnp.int32),) * 2)
 
-    def local(q, k, v, key_valid, sinks):
+    def local(q, k, v, key_valid, key_ids, query_ids, sinks):
         d = jax.lax.axis_index("sequence")
         L = q.shape[1]
         half = L // 2
@@ -336,6 +338,9 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
         if balanced:
             q, k, v = (_zigzag(a, n) for a in (q, k, v))
             key_valid = _zigzag(key_valid.astype(jnp.int32), n) > 0
+            key_ids, query_ids = _zigzag(key_ids, n), _zigzag(query_ids, n)
+        # each query half's documents [b, G*half], its rows laid out as the queries' below (g*half + t)
+        q_segments = [jnp.tile(ids, (1, G)) for ids in jnp.split(query_ids, 2, axis=1)]
 
         def chunk_starts(device):  # the first token index of each of a device's two chunks
             if balanced:
@@ -359,7 +364,7 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
                 seen &= k_start + half - 1 > q_start - window
             return seen
 
-        def fold(state, qh, q_start, kh, vh, valid_h, k_start):
+        def fold(state, qh, q_start, q_ids, kh, vh, valid_h, k_ids, k_start):
             m, l, acc = state
             s = jnp.einsum("BKMH,BKSH->BKMS", qh, kh, preferred_element_type=jnp.float32) * scale
             if softcap is not None:
@@ -372,6 +377,8 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
             if mask.pattern == "sliding":
                 allowed &= ki[None, :] > qi[:, None] - window
             allowed = jnp.tile(allowed, (G, 1))[None, None] & valid_h[:, None, None, :]
+            if packed:
+                allowed &= (q_ids[:, :, None] == k_ids[:, None, :])[:, None]
             s = jnp.where(allowed, s, jnp.finfo(jnp.float32).min)
             m_new = jnp.maximum(m, jnp.max(s, axis=-1))
             p = jnp.exp(s - m_new[..., None])
@@ -383,15 +390,16 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
 
         def fold_hop(states, kv, hop):
             """Every (query half, key half) block of this hop folded in; a block its pattern masks whole is skipped."""
-            k_now, v_now, valid_now = kv
+            k_now, v_now, valid_now, ids_now = kv
             k_starts = chunk_starts((d - hop) % n)  # this hop's keys are device d - hop's
             k_halves = [a.transpose(0, 2, 1, 3) for a in jnp.split(k_now, 2, axis=1)]  # [b, K, half, H]
             v_halves = [a.transpose(0, 2, 1, 3) for a in jnp.split(v_now, 2, axis=1)]
-            valid_halves = jnp.split(valid_now, 2, axis=1)
+            valid_halves, id_halves = jnp.split(valid_now, 2, axis=1), jnp.split(ids_now, 2, axis=1)
             states = list(states)
             for i in (0, 1):
                 for j in (0, 1):
-                    args = (q_halves[i], q_starts[i], k_halves[j], v_halves[j], valid_halves[j], k_starts[j])
+                    args = (q_halves[i], q_starts[i], q_segments[i], k_halves[j], v_halves[j], valid_halves[j],
+                            id_halves[j], k_starts[j])
                     states[i] = jax.lax.cond(visible_somewhere(q_starts[i], k_starts[j]),
                                              lambda state, *a: fold(state, *a), lambda state, *a: state,
                                              states[i], *args)
@@ -406,7 +414,7 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
             states = fold_hop(states, kv, hop)
             return (states, jax.lax.ppermute(kv, "sequence", [(e, (e + 1) % n) for e in range(n)])), None
 
-        (states, kv), _ = jax.lax.scan(hop_then_pass, (tuple(carry), (k, v, key_valid)), jnp.arange(n - 1))
+        (states, kv), _ = jax.lax.scan(hop_then_pass, (tuple(carry), (k, v, key_valid, key_ids)), jnp.arange(n - 1))
         last_hop = jax.checkpoint(fold_hop, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(2,))
         carry = last_hop(states, kv, n - 1)  # the last hop passes nothing on
         outs = []
@@ -424,12 +432,17 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
 
     sink_spec = P(heads) if sinks is not None else P()
     sinks_in = sinks if sinks is not None else jnp.zeros(())
-    run = lambda q, k, v, valid, s: local(q, k, v, valid, s if sinks is not None else None)  # noqa: E731
-    # Rematerialised whole: the layer scan's backward keeps only q, k, v and validity (checkpointing the hops
-    # alone left one score block per hop saved across the layer scan, measured: 2x shorter longest sequences).
-    run = jax.checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
-    return jax.shard_map(run, mesh=mesh, in_specs=(tokens, tokens, tokens, P(BATCH_AXES, "sequence"), sink_spec),
-                         out_specs=tokens, check_vma=False)(q, k, v, key_valid, sinks_in)
+
+    def ring(q, k, v, valid, key_ids, query_ids, s):
+        return local(q, k, v, valid, key_ids, query_ids, s if sinks is not None else None)
+
+    # Rematerialised whole: the layer scan's backward keeps only q, k, v, validity and documents (checkpointing
+    # the hops alone left one score block per hop saved across the layer scan, measured: 2x shorter longest
+    # sequences).
+    run = jax.checkpoint(ring, policy=jax.checkpoint_policies.nothing_saveable)
+    rows = P(BATCH_AXES, "sequence")
+    return jax.shard_map(run, mesh=mesh, in_specs=(tokens, tokens, tokens, rows, rows, rows, sink_spec),
+                         out_specs=tokens, check_vma=False)(q, k, v, key_valid, key_ids, query_ids, sinks_in)
 
 
 def unstack_decode_loops() -> bool:

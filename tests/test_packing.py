@@ -2,11 +2,16 @@
 gives alone (logits and every hidden state, to 1e-5), for a decoder with rotary positions and one with learned
 positions, an encoder (MLM) and T5 (inputs and targets packed as t5x packs them); no gradient crosses a
 document; the fused kernels that take segment ids (splash, interpreted on CPU; cuDNN's call through jax's XLA
-implementation) equal XLA; bad segment ids are refused; train.py's documents packing trains."""
+implementation; ring attention over simulated devices) equal XLA; bad segment ids are refused; train.py's
+documents packing trains, and a run folder from before the key resumes as it trained."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +24,7 @@ from jaxformer import kernels
 from jaxformer.train import data
 from conftest import jitted, tiny_model
 
+ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-5
 # two rows: three documents and padding, then two documents filling the row
 LAYOUTS = ([5, 9, 7], [11, 13])
@@ -198,16 +204,18 @@ def test_cudnn_kernel_takes_segment_ids_in_bfloat16(case):
     _compare_kernel(case, "cudnn", 5e-2, dtype="bfloat16")
 
 
-def test_segment_ids_never_take_the_ring():
-    """Ring attention passes no segment ids around: a packed call under context parallelism runs on XLA."""
-    cfg = jf.config("tiny-llama")
-    original = kernels.ring_fits
-    try:
-        kernels.ring_fits = lambda *a: True
-        assert kernels.fused_backend(cfg, "causal", 128, 128) == "ring"
-        assert kernels.fused_backend(cfg, "causal", 128, 128, has_segments=True) == "xla"
-    finally:
-        kernels.ring_fits = original
+def test_packed_documents_ride_the_ring_and_equal_one_device():
+    """Context parallelism (ring attention over the ``sequence`` axis) with documents crossing the devices'
+    chunks: loss, logits and every gradient of a causal, a sliding, a bidirectional model and T5's cross-
+    attention equal one device's (tests/packing_ring_check.py, one subprocess of 8 simulated devices)."""
+    out = subprocess.run([sys.executable, "tests/packing_ring_check.py"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(report) == 4
+    for name, row in report.items():
+        # float32: a running softmax over blocks against one softmax (ignoring the ids gives 0.04 to 0.66 here)
+        assert max(row["loss"], row["logits"], row["grads"]) < 1e-5, (name, row)
+        assert row["ring_calls"] >= 1, (name, row)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -362,8 +370,6 @@ def test_mlm_without_a_pair_task_packs_examples_and_trains_on_them(tmp_path):
 def test_a_run_folder_from_before_the_key_resumes_as_it_trained(tmp_path):
     """A run folder whose config.yaml predates data.packing resumes with concatenate: exactly the losses of an
     uninterrupted concatenate run; asking it for documents is a refused change of what it computes."""
-    import json
-
     from jaxformer.train.run import main
 
     def losses(run_dir):
