@@ -203,9 +203,11 @@ def test_context_parallelism_equals_one_device():
     """The `sequence` axis (ring attention) beside data, fsdp and tensor: loss, logits and every gradient of a
     causal, a sliding-window, a sinks-and-soft-caps and a bidirectional model, and a prefill through the
     cached step, equal one device's; T5's biased self-attention stays on XLA, its cross-attention rides the
-    ring (tests/context_parallel_check.py, one subprocess of 8 simulated devices)."""
+    ring. Each case again on rows of packed documents whose boundaries fall inside every device's chunk: the
+    key blocks carry their segment ids around the ring (ignoring them gives 0.04 to 0.66). One subprocess of
+    8 simulated devices (tests/context_parallel_check.py)."""
     report = _json_report("tests/context_parallel_check.py")
-    assert len(report) == 5
+    assert len(report) == 10 and sum(name.startswith("packed: ") for name in report) == 5
     for name, row in report.items():
         # float32: a running softmax over blocks, and sums split over devices, against one softmax
         assert max(row["loss"], row["logits"], row["grads"], row.get("prefill", 0.0)) < 1e-5, (name, row)
