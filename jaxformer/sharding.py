@@ -284,14 +284,24 @@ def initialize_distributed(coordinator: str = "", num_processes: int = 0, proces
     return True
 
 
-def local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The rows of a global batch that this process feeds (all of them in a one-process run)."""
+def process_rows(batch_size: int) -> range:
+    """The rows of a global batch of ``batch_size`` that this process feeds (all of them in a one-process run)."""
     count, index = jax.process_count(), jax.process_index()
-    rows = len(next(iter(batch.values())))
-    return {k: v[index * rows // count:(index + 1) * rows // count] for k, v in batch.items()}
+    return range(index * batch_size // count, (index + 1) * batch_size // count)
+
+
+def local_rows(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """This process's rows of a global batch (``process_rows``)."""
+    rows = process_rows(len(next(iter(batch.values()))))
+    return {k: v[rows.start:rows.stop] for k, v in batch.items()}
 
 
 def to_device(batch: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
-    """A global batch assembled from each process's own rows."""
+    """A global batch assembled from each process's own rows of it."""
+    return from_process_rows(local_rows(batch), sharding)
+
+
+def from_process_rows(rows: dict[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    """A global batch assembled from the rows each process built (``process_rows``)."""
     return {k: jax.make_array_from_process_local_data(sharding, v, (len(v) * jax.process_count(), *v.shape[1:]))
-            for k, v in local_rows(batch).items()}
+            for k, v in rows.items()}

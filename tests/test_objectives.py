@@ -157,13 +157,13 @@ def test_jsonl_fields_of_the_wrong_type_are_refused_with_file_and_line(tmp_path,
     bad.write_text(f"{good}\n\n{record}\n")  # a blank line between: the line number counts it
     with pytest.raises(ValueError) as err:
         _objective(objective, f"data.train={bad}")
-    assert str(err.value) == f"{bad}:3: {message}"
+    assert str(err.value).startswith(f"{bad}:3: {message}")  # text tokenized into the cache adds how to skip it
 
 
 def test_training_text_that_is_not_utf8_is_refused_by_name(tmp_path):
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("caf\u00e9 au lait\n\nmore text".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"latin1.txt is not UTF-8 text \(byte 3"):
+    with pytest.raises(ValueError, match=r"latin1.txt:1: byte b'\\xe9' is not UTF-8 text"):
         _objective("causal_lm", f"data.train={latin}")
 
 

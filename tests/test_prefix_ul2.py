@@ -30,7 +30,7 @@ def _objective(name: str, model_cfg, *overrides: str, tokenizer=TOKENIZER):
 
 def _in_stream(objective, tokens) -> bool:
     """Whether ``tokens`` (text bytes) are a contiguous piece of the training stream."""
-    stream = objective.train.tokens.astype(np.uint8).tobytes()
+    stream = objective.train.stream.read(0, len(objective.train.stream)).astype(np.uint8).tobytes()
     return np.asarray(tokens, np.uint8).tobytes() in stream
 
 

@@ -73,7 +73,7 @@ def test_ordered_batches_continue_each_row_where_the_last_step_ended():
     cfg = run_config.load(None, TINY)
     objective = make_objective(cfg, ByteTokenizer())
     objective.adapt(jf.config(PRESET).replace(memory_len=MEMORY), fresh=True)
-    tokens = objective.train.tokens
+    tokens = objective.train.stream.read(0, len(objective.train.stream))
     row_len = len(tokens) // ROWS
     per_row = (row_len - 1) // SEQ
     first = objective.batch(0, ROWS)
@@ -134,7 +134,7 @@ def _saved(run_dir: Path) -> list[int]:
 def _final_state(built, run_dir: Path) -> dict:
     cfg, model, _, _, optimizer = built
     manager = checkpoint_manager(run_dir, 2, read_only=True)
-    state, step = restore(manager, init_state(cfg, model, optimizer))
+    state, step, _ = restore(manager, init_state(cfg, model, optimizer))
     manager.close()
     assert step == STEPS
     return state

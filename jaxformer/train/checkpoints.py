@@ -1,5 +1,5 @@
 """Run checkpoints (Orbax): params, optimizer state, progress (step, skipped, key), the data position
-and, for a model with segment memory, the batch rows' memory (the rows' context at that position, so a
+(with the Grain loader's iterator state) and, for a model with segment memory, the batch rows' memory (the rows' context at that position, so a
 resumed run computes what an uninterrupted one would), saved asynchronously and restored onto whatever
 mesh the state has now.
 
@@ -92,7 +92,8 @@ def restore(manager, state: dict, step: int | None = None, params_only: bool = F
     """The checkpoint at ``step`` (default: the newest finalized one; Orbax never lists a half-written
     one) restored with the shardings of ``state``; a tree that does not match the model is a ValueError.
     With ``base`` (a LoRA run's reference to the base it loaded) the checkpoint's own reference must
-    match it (``check_base``); ``state["frozen"]`` (that base) is carried over as it is."""
+    match it (``check_base``); ``state["frozen"]`` (that base) is carried over as it is. Returns (state, step,
+    the data position saved with it: step, seed, objective, batch size and the data loader's state)."""
     import orbax.checkpoint as ocp
 
     step = manager.latest_step() if step is None else step
@@ -126,4 +127,5 @@ def restore(manager, state: dict, step: int | None = None, params_only: bool = F
                          f"data position {restored['data']}, train step {int(restored['progress']['step'])}")
     carried = {"memory": dataclasses.replace(state["memory"], **restored["memory"])} if "memory" in state else {}
     carried |= {"frozen": state["frozen"]} if "frozen" in state else {}  # the base, loaded from its reference
-    return {"params": restored["params"], "opt_state": restored["opt_state"], **restored["progress"], **carried}, step
+    return ({"params": restored["params"], "opt_state": restored["opt_state"], **restored["progress"], **carried},
+            step, restored["data"])

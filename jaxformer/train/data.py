@@ -2,10 +2,10 @@
 the host-side corruptions objectives apply to it (BERT's masking, T5's span corruption, the prefix-LM
 split and UL2's mixture of denoisers).
 
-Every batch is a pure function of (seed, step): the pipeline's position *is* the step, which the
-checkpoint holds, so a resumed run sees exactly the batches an uninterrupted one would have seen, on
-any number of processes. Shapes are static: text is packed into fixed windows, records are padded
-to fixed lengths.
+Every row of a batch is a pure function of (seed, step, row): the pipeline's position *is* the step, which
+the checkpoint holds, so a resumed run sees exactly the batches an uninterrupted one would have seen, and
+each process builds only its own rows, the same ones whatever the number of processes. Shapes are static:
+text is packed into fixed windows (``TokenStream``, ``PackedStream``), records are padded to fixed lengths.
 """
 
 from __future__ import annotations
@@ -130,6 +130,10 @@ def read_documents(source: str) -> list[str]:
     if source.endswith(".jsonl"):
         return [record_field(r, "text", source, line) for line, r in read_jsonl(source)]
     path = Path(source)
+    if path.is_dir():
+        raise ValueError(f"data source {source!r} is a folder; token shards (jaxformer tokenize) feed causal_lm, "
+                         "span_corruption, prefix_lm and ul2, while this objective reads the text itself: give "
+                         "a .txt or .jsonl file")
     if not path.is_file():
         raise ValueError(f"data source {source!r} is neither {DEFAULT_CORPUS!r} nor a readable file")
     return [doc for doc in read_text(path).split("\n\n") if doc.strip()]
@@ -197,6 +201,11 @@ def step_rng(seed: int, step: int, stream: int = 0) -> np.random.Generator:
     return np.random.default_rng((seed, step, stream))
 
 
+def row_rngs(seed: int, step: int, rows, stream: int = 0) -> list[np.random.Generator]:
+    """One random stream per row of a step: a row draws the same on whichever process builds it."""
+    return [np.random.default_rng((seed, step, stream, row)) for row in rows]
+
+
 def epoch_indices(count: int, seed: int, step: int, batch_size: int) -> np.ndarray:
     """Rows of step ``step`` when ``count`` records are visited in a fresh seeded order every epoch."""
     positions = np.arange(step * batch_size, (step + 1) * batch_size)
@@ -228,67 +237,153 @@ def pack_documents(tokenizer, documents: list[str], separator: np.ndarray | None
     return tokens, np.asarray(starts, np.int64)
 
 
-class PackedStream:
-    """Documents tokenized and packed end to end (``separator`` between them) into one stream; a step's
-    batch is ``batch_size`` windows of ``length`` tokens at seeded offsets; held-out windows are fixed.
-    Models with segment memory read it in order instead (``row_windows``). ``document_starts`` (where each
-    document begins in the stream) gives a window's segment ids (``segments``)."""
+class TokenStream:
+    """Token ids end to end, over pieces that each hold whole documents (a corpus's memory-mapped shards, or
+    one array in memory), and where each document starts; a view ``[begin, end)`` of them. Only the bytes a
+    read touches are read (``bytes_read`` counts them), so host memory does not grow with the corpus."""
 
-    def __init__(self, tokens: np.ndarray, length: int, name: str, document_starts: np.ndarray | None = None):
-        if len(tokens) <= length:
-            raise ValueError(f"the {name} split has {len(tokens)} tokens, too few for windows of {length} "
-                             "(lower train.seq_len or give more text)")
-        self.tokens, self.length, self.name = tokens, length, name
-        self.document_starts = np.zeros(1, np.int64) if document_starts is None else document_starts
+    def __init__(self, pieces: list[np.ndarray], boundaries: list[np.ndarray], begin: int = 0,
+                 end: int | None = None, max_id: int | None = None):
+        self.pieces, self.boundaries = pieces, boundaries  # boundaries[p]: int64 [documents + 1], 0 .. len
+        self.piece_starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
+        self.begin, self.end = begin, int(self.piece_starts[-1]) if end is None else end
+        self.max_id = max_id  # the largest id in the pieces, when known without reading them
+        self.bytes_read = 0
 
     @classmethod
-    def from_documents(cls, tokenizer, documents: list[str], length: int, name: str,
-                       separator: np.ndarray | None = None):
+    def from_documents(cls, tokenizer, documents: list[str], separator: np.ndarray | None = None) -> "TokenStream":
+        """Documents tokenized in memory, ``separator`` after each (it belongs to the document it closes)."""
         tokens, starts = pack_documents(tokenizer, documents, separator)
-        return cls(tokens, length, name, starts)
+        return cls([tokens], [np.append(starts, len(tokens))], max_id=int(tokens.max()) if len(tokens) else 0)
 
-    def random_starts(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        """Where a step's ``count`` windows start in the stream (seeded offsets)."""
-        return rng.integers(0, len(self.tokens) - self.length + 1, count)
+    def __len__(self) -> int:
+        return self.end - self.begin
+
+    def _pieces(self, start: int, count: int):
+        """(piece, first, last, where in the read) of each piece a read of ``count`` tokens at ``start`` meets."""
+        at = self.begin + start
+        if start < 0 or count < 0 or at + count > self.end:
+            raise IndexError(f"tokens [{start}, {start + count}) lie outside a stream of {len(self)}")
+        piece = int(np.searchsorted(self.piece_starts, at, side="right")) - 1
+        done = 0
+        while done < count:
+            first = at + done - int(self.piece_starts[piece])
+            last = min(len(self.pieces[piece]), first + count - done)
+            yield piece, first, last, done
+            done += last - first
+            piece += 1
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """``count`` ids from ``start`` (stream positions), as int32."""
+        out = np.empty(count, np.int32)
+        for piece, first, last, at in self._pieces(start, count):
+            window = self.pieces[piece][first:last]
+            self.bytes_read += window.nbytes
+            out[at:at + last - first] = window
+        return out
+
+    def segments(self, start: int, count: int) -> np.ndarray:
+        """Segment ids [count] of ``count`` tokens from ``start``: 1 for the document the read begins in (or
+        its tail), 2 for the next, ... (int32, packed rows as t5x and MaxText number them)."""
+        begins = np.zeros(count, np.int32)
+        for piece, first, last, at in self._pieces(start, count):
+            bounds = self.boundaries[piece]
+            lo, hi = np.searchsorted(bounds, [first, last], side="left")
+            inside = np.asarray(bounds[lo:hi]) - first + at  # documents beginning inside this part of the read
+            begins[inside[inside > 0]] = 1
+        return np.cumsum(begins, dtype=np.int32) + 1
+
+    def document_count(self) -> int:
+        return sum(len(b) - 1 for b in self.boundaries)
+
+    def split(self, fraction: float, name: str) -> tuple["TokenStream", "TokenStream"]:
+        """The stream cut at a document boundary into the first documents and the last ``fraction`` of them."""
+        documents = self.document_count()
+        cut = int(round(documents * (1 - fraction)))
+        if cut in (0, documents):
+            raise ValueError(f"data.eval_fraction={fraction} of {name}'s {documents} documents leaves an empty "
+                             "split; give more data or a data.eval")
+        counts = np.cumsum([len(b) - 1 for b in self.boundaries])
+        piece = int(np.searchsorted(counts, cut, side="right"))
+        before = cut - (int(counts[piece - 1]) if piece else 0)
+        at = int(self.piece_starts[piece]) + int(self.boundaries[piece][before])
+        head, tail = (TokenStream(self.pieces, self.boundaries, b, e, self.max_id)
+                      for b, e in ((self.begin, at), (at, self.end)))
+        return head, tail
+
+
+class PackedStream:
+    """A token stream cut into windows of ``length`` tokens that follow each other ``stride`` tokens apart
+    (``length - 1`` for next-token prediction: a window's last token, its last label, is the next one's first
+    input, so every token is predicted once an epoch). ``regions`` ((begin, end, weight) each; default the
+    whole stream) are the sources of a mixture laid end to end: no window crosses one, and training rows draw
+    from each in proportion to its weight.
+
+    Training rows visit each region's windows in a seeded order reshuffled every epoch (Grain's lazy index
+    shuffle: no permutation is held in memory; Grain's mix weighs the regions), so row ``g`` of a run is a pure
+    function of (seed, g); held-out windows are fixed. Models with segment memory read the stream in order
+    instead (``row_windows``)."""
+
+    def __init__(self, stream: TokenStream, length: int, name: str, stride: int | None = None,
+                 regions: list[tuple[int, int, float]] | None = None):
+        self.stream, self.length, self.name = stream, length, name
+        self.stride = length if stride is None else stride
+        self.regions = [(0, len(stream), 1.0)] if regions is None else regions
+        self.counts = []  # windows per region
+        for i, (begin, end, _) in enumerate(self.regions):
+            if end - begin < length:
+                which = f"the {name} split" + (f" of data.mixture[{i}]" if len(self.regions) > 1 else "")
+                raise ValueError(f"{which} has {end - begin} tokens, too few for windows of {length} "
+                                 "(lower train.seq_len or give more text)")
+            self.counts.append((end - begin - length) // self.stride + 1)
+
+    def order(self, seed: int):
+        """Window starts in training order: ``order(seed)[g]`` is where row g of the run begins (a Grain
+        MapDataset, endless)."""
+        import grain
+
+        orders = [grain.MapDataset.range(count).shuffle(seed=(seed + i) % 2**32).repeat()
+                  .map(lambda window, begin=begin: begin + window * self.stride)
+                  for i, (count, (begin, _, _)) in enumerate(zip(self.counts, self.regions))]
+        return orders[0] if len(orders) == 1 else grain.MapDataset.mix(orders, [w for _, _, w in self.regions])
 
     def fixed_starts(self, count: int) -> np.ndarray:
-        """``count`` window starts evenly spaced over the stream: the same every time."""
-        return np.linspace(0, len(self.tokens) - self.length, count).astype(int)
+        """``count`` window starts evenly spaced over each region, regions sharing them by weight: the same
+        every time."""
+        weights = np.array([w for _, _, w in self.regions])
+        shares = np.maximum(np.round(count * weights / weights.sum()).astype(int), 1)
+        shares[0] = max(shares[0] + count - shares.sum(), 0)  # the rounding's remainder: ``count`` rows in all
+        return np.concatenate([begin + np.linspace(0, n - 1, share).astype(np.int64) * self.stride
+                               for (begin, _, _), n, share in zip(self.regions, self.counts, shares)])[:count]
 
-    def cut(self, starts: np.ndarray) -> np.ndarray:
+    def cut(self, starts) -> np.ndarray:
         """The windows [count, length] that begin at ``starts``."""
-        return np.stack([self.tokens[s:s + self.length] for s in starts])
+        return np.stack([self.stream.read(int(s), self.length) for s in starts])
 
-    def segments(self, starts: np.ndarray) -> np.ndarray:
-        """Segment ids [count, length] of the windows at ``starts``: 1 for the document a window begins in (or
-        its tail), 2 for the next, ... (int32; packed rows as t5x and MaxText number them)."""
-        at = np.asarray(starts)[:, None] + np.arange(self.length)[None, :]
-        document = np.searchsorted(self.document_starts, at, side="right")
-        return (document - document[:, :1] + 1).astype(np.int32)
+    def segments(self, starts) -> np.ndarray:
+        """Segment ids [count, length] of the windows at ``starts`` (``TokenStream.segments``)."""
+        return np.stack([self.stream.segments(int(s), self.length) for s in starts])
 
-    def windows(self, rng: np.random.Generator, count: int) -> np.ndarray:
-        return self.cut(self.random_starts(rng, count))
-
-    def fixed_windows(self, count: int) -> np.ndarray:
-        """``count`` windows evenly spaced over the stream: the same every time."""
-        return self.cut(self.fixed_starts(count))
-
-    def row_windows(self, index: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    def row_windows(self, index: int, rows: int, which=None) -> tuple[np.ndarray, np.ndarray]:
         """Transformer-XL's ordered batches: the stream cut into ``rows`` contiguous rows, each read window
         after window, so a row's segment memory always holds the text just before its window. Batch
         ``index`` is window ``index mod windows_per_row`` of every row; consecutive windows share one token
         (a window's last token, its last label, is the next window's first input), so inputs follow each
-        other without a gap and every token is predicted once per pass. Returns the windows [rows, length]
-        and ``fresh`` [rows]: true on a row's first window, where its memory must be emptied."""
-        row_len, advance = len(self.tokens) // rows, self.length - 1
+        other without a gap and every token is predicted once per pass. ``which``: the rows to read (this
+        process's; default all). Returns the windows [len(which), length] and ``fresh``: true on a row's first
+        window, where its memory must be emptied."""
+        if len(self.regions) > 1:
+            raise ValueError("a model with segment memory reads one stream in order; it cannot read data.mixture")
+        row_len, advance = len(self.stream) // rows, self.length - 1
         per_row = (row_len - 1) // advance
         if per_row < 1:
-            raise ValueError(f"the {self.name} split has {len(self.tokens)} tokens, too few to cut into {rows} "
+            raise ValueError(f"the {self.name} split has {len(self.stream)} tokens, too few to cut into {rows} "
                              f"contiguous rows of windows of {self.length} (lower train.batch_size or "
                              "train.seq_len, or give more text)")
         window = index % per_row
-        starts = np.arange(rows) * row_len + window * advance
-        return np.stack([self.tokens[s:s + self.length] for s in starts]), np.full(rows, window == 0)
+        which = range(rows) if which is None else which
+        starts = np.asarray(which, np.int64) * row_len + window * advance
+        return self.cut(starts), np.full(len(starts), window == 0)
 
 
 def pad_rows(rows: list[np.ndarray], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:

@@ -31,7 +31,7 @@ from flax import nnx
 from jaxformer.checks import segment_problem
 from jaxformer.config import ModelConfig
 from jaxformer.generate import GenerationConfig, generate_tokens
-from jaxformer.train import data
+from jaxformer.train import corpus, data
 from jaxformer.train.data import IGNORE, mask_tokens, span_corrupt
 
 # --------------------------------------------------------------------------------------------------
@@ -135,6 +135,11 @@ class Objective:
     def batch(self, step: int, batch_size: int) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def batch_rows(self, step: int, batch_size: int, rows: range) -> dict[str, np.ndarray]:
+        """Rows ``rows`` of step ``step``'s batch (a process's share). Objectives that read a token stream
+        build only those; the rest, whose examples are few and in memory, cut them from the whole batch."""
+        return {k: v[rows.start:rows.stop] for k, v in self.batch(step, batch_size).items()}
+
     def eval_batches(self, count: int, batch_size: int) -> list[dict[str, np.ndarray]]:
         raise NotImplementedError
 
@@ -179,13 +184,11 @@ class CausalLM(Objective):
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
-        documents = data.read_documents(run.data.train)
-        train_docs, held_out = data.split_held_out(documents, run.data.eval, run.data.eval_fraction,
-                                                   data.read_documents)
-        separator = tokenizer.document_separator
-        self.train = data.PackedStream.from_documents(tokenizer, train_docs, self.seq_len + 1, "training", separator)
-        self.held_out = data.PackedStream.from_documents(tokenizer, held_out, self.seq_len + 1, "held-out", separator)
-        self.vocab_needed = int(max(self.train.tokens.max(), self.held_out.tokens.max())) + 1
+        text = corpus.open_text(run, tokenizer, tokenizer.document_separator)
+        self.notes += text.notes
+        self.train, self.held_out = text.packed(self.seq_len + 1, stride=self.seq_len)
+        self.order = self.train.order(self.seed)
+        self.vocab_needed = text.max_id + 1
 
     def adapt(self, cfg: ModelConfig, fresh: bool) -> ModelConfig:
         cfg = super().adapt(cfg, fresh)
@@ -211,9 +214,12 @@ class CausalLM(Objective):
         return self._split(stream.cut(starts), segments=stream.segments(starts) if self.documents else None)
 
     def batch(self, step, batch_size):
+        return self.batch_rows(step, batch_size, range(batch_size))
+
+    def batch_rows(self, step, batch_size, rows):
         if self.ordered:  # step s reads window s mod windows_per_row of each row: still a function of the step
-            return self._split(*self.train.row_windows(step, batch_size))
-        return self._windows(self.train, self.train.random_starts(data.step_rng(self.seed, step), batch_size))
+            return self._split(*self.train.row_windows(step, batch_size, rows))
+        return self._windows(self.train, row_starts(self.order, step, batch_size, rows))
 
     def eval_batches(self, count, batch_size):
         if self.ordered:  # consecutive windows of each held-out row, evaluated in order with the memory carried
@@ -229,6 +235,11 @@ class CausalLM(Objective):
         sums = token_cross_entropy(out.logits, batch["labels"], self.run.train.label_smoothing)
         loss, sums = with_aux_loss(ratio(sums["loss"]), sums, out)
         return (loss, sums) if memory is None else (loss, {**sums, MEMORY: out.memory})
+
+
+def row_starts(order, step: int, batch_size: int, rows: range) -> np.ndarray:
+    """Where rows ``rows`` of step ``step``'s batch begin: row g = step * batch_size + r of the run's order."""
+    return np.array([order[step * batch_size + r] for r in rows], np.int64)
 
 
 def documents_packing(objective: Objective, cfg: ModelConfig) -> bool:
@@ -542,21 +553,24 @@ class SpanCorruption(_EncoderDecoderObjective):
         self.density, self.mean_span = run.data.noise_density, run.data.mean_span_length
         self.raw_length = max(n for n in range(2, 4 * self.seq_len) if self._lengths(n)[0] <= self.seq_len)
         self.target_len = self._lengths(self.raw_length)[1]
-        documents = data.read_documents(run.data.train)
-        train_docs, held_out = data.split_held_out(documents, run.data.eval, run.data.eval_fraction,
-                                                   data.read_documents)
-        eos = np.array([self.ids["eos"]], np.int32)
-        self.train = data.PackedStream.from_documents(tokenizer, train_docs, self.raw_length, "training", eos)
-        self.held_out = data.PackedStream.from_documents(tokenizer, held_out, self.raw_length, "held-out", eos)
+        text = corpus.open_text(run, tokenizer, np.array([self.ids["eos"]], np.int32))
+        self.notes += text.notes
+        self.train, self.held_out = text.packed(self.raw_length)
+        self.order = self.train.order(self.seed)
+        self.vocab_needed = max(self.vocab_needed, text.max_id + 1)
 
     def _lengths(self, raw: int) -> tuple[int, int]:
         """(input, target) lengths with EOS, for a window of ``raw`` tokens (as random_spans_noise_mask counts)."""
         noise, spans = data.span_counts(raw, self.density, self.mean_span)
         return raw - noise + spans + 1, noise + spans + 2
 
-    def _corrupt(self, windows: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        inputs, targets = span_corrupt(windows, rng, sentinel_start=self.ids["sentinel"],
-                                       noise_density=self.density, mean_span_length=self.mean_span)
+    def _corrupt(self, windows: np.ndarray, rngs: list[np.random.Generator]) -> dict[str, np.ndarray]:
+        inputs, targets = [], []
+        for window, rng in zip(windows, rngs):
+            source, target = span_corrupt(window[None], rng, sentinel_start=self.ids["sentinel"],
+                                          noise_density=self.density, mean_span_length=self.mean_span)
+            inputs += source
+            targets += target
         eos = [self.ids["eos"]]
         input_ids, mask = data.pad_rows([np.concatenate([row, eos]) for row in inputs], self.seq_len, self.pad)
         labels = np.stack([np.concatenate([row, eos]) for row in targets]).astype(np.int32)
@@ -568,14 +582,15 @@ class SpanCorruption(_EncoderDecoderObjective):
         self.documents = documents_packing(self, cfg)
         return cfg
 
-    def _packed(self, windows: np.ndarray, segments: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    def _packed(self, windows: np.ndarray, segments: np.ndarray,
+                rngs: list[np.random.Generator]) -> dict[str, np.ndarray]:
         """Each window's documents corrupted one by one, then packed t5x's way: inputs into a row of
         train.seq_len, targets into one of target_len, example i numbered i on both sides (0: padding); each
         example's decoder inputs start from the start token."""
         rows = [data.span_corrupt_documents(window, segment, rng, sentinel_start=self.ids["sentinel"],
                                             eos=self.ids["eos"], input_len=self.seq_len, target_len=self.target_len,
                                             noise_density=self.density, mean_span_length=self.mean_span)
-                for window, segment in zip(windows, segments)]
+                for window, segment, rng in zip(windows, segments, rngs)]
 
         def packed(parts: list[list[np.ndarray]], length: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
             joined = lambda row: np.concatenate(row) if row else np.zeros(0, np.int32)  # noqa: E731
@@ -594,19 +609,22 @@ class SpanCorruption(_EncoderDecoderObjective):
                 "decoder_segment_ids": decoder_segment_ids,
                 "labels": np.where(decoder_segment_ids > 0, labels, IGNORE).astype(np.int32)}
 
-    def _windows(self, stream: data.PackedStream, starts: np.ndarray, rng: np.random.Generator) -> dict:
+    def _windows(self, stream: data.PackedStream, starts: np.ndarray, rngs: list[np.random.Generator]) -> dict:
         if self.documents:
-            return self._packed(stream.cut(starts), stream.segments(starts), rng)
-        return self._corrupt(stream.cut(starts), rng)
+            return self._packed(stream.cut(starts), stream.segments(starts), rngs)
+        return self._corrupt(stream.cut(starts), rngs)
 
     def batch(self, step, batch_size):
-        rng = data.step_rng(self.seed, step)
-        return self._windows(self.train, self.train.random_starts(rng, batch_size), rng)
+        return self.batch_rows(step, batch_size, range(batch_size))
+
+    def batch_rows(self, step, batch_size, rows):
+        return self._windows(self.train, row_starts(self.order, step, batch_size, rows),
+                             data.row_rngs(self.seed, step, rows))
 
     def eval_batches(self, count, batch_size):
         starts = self.held_out.fixed_starts(count * batch_size)
         return [self._windows(self.held_out, starts[i * batch_size:(i + 1) * batch_size],
-                              data.step_rng(self.seed, i, stream=1)) for i in range(count)]
+                              data.row_rngs(self.seed, i, range(batch_size), stream=1)) for i in range(count)]
 
 
 class RecordObjective(Objective):
@@ -858,12 +876,8 @@ class _Denoising(_EncoderDecoderObjective):
         weights = np.array([d.weight for d in denoisers])
         self.weights = weights / weights.sum()
         self.modes = data.require(tokenizer, *sorted({f"mode_{d.mode}" for d in denoisers})) if self.with_modes else {}
-        documents = data.read_documents(run.data.train)
-        train_docs, held_out = data.split_held_out(documents, run.data.eval, run.data.eval_fraction,
-                                                   data.read_documents)
-        separator = tokenizer.document_separator
-        self.tokens = {"training": data.pack(tokenizer, train_docs, separator),
-                       "held-out": data.pack(tokenizer, held_out, separator)}
+        self.text = corpus.open_text(run, tokenizer, tokenizer.document_separator)
+        self.notes += self.text.notes
         self.raw_lengths: list[int] = []  # per denoiser, set by ``adapt``
 
     def adapt(self, cfg, fresh):
@@ -919,23 +933,21 @@ class _Denoising(_EncoderDecoderObjective):
                                  f"{self.raw_lengths[i]} tokens (train.seq_len={seq_len}); data.tokenizer="
                                  f"{self.tokenizer.name!r} has {budget} besides the mode tokens: lower "
                                  "train.seq_len, the rate or raise the mean_span")
-        window = max(self.raw_lengths)
-        self.train = data.PackedStream(self.tokens["training"], window, "training")
-        self.held_out = data.PackedStream(self.tokens["held-out"], window, "held-out")
-        used = [*self.ids.values(), *self.modes.values(), *(t.max() for t in self.tokens.values() if len(t))]
-        self.vocab_needed = int(max(used)) + 1
+        self.train, self.held_out = self.text.packed(max(self.raw_lengths))
+        self.order = self.train.order(self.seed)
+        self.vocab_needed = int(max([*self.ids.values(), *self.modes.values(), self.text.max_id])) + 1
 
     def _describe(self, i: int) -> str:
         d = self.denoisers[i]
         what = f"rate {d.rate}" if d.mode == "S" else f"mean_span {d.mean_span:g}, rate {d.rate}"
         return f"data.denoisers[{i}] ({d.mode}: {what})" if self.with_modes else f"train.objective={self.name!r}"
 
-    def _examples(self, windows: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    def _examples(self, windows: np.ndarray, rngs: list[np.random.Generator]) -> dict[str, np.ndarray]:
         if not self.raw_lengths:
             raise RuntimeError(f"{type(self).__name__}.adapt(model_config) lays out the batches; call it first")
-        chosen = rng.choice(len(self.denoisers), size=len(windows), p=self.weights)
         pairs = []
-        for window, i in zip(windows, chosen):
+        for window, rng in zip(windows, rngs):
+            i = rng.choice(len(self.denoisers), p=self.weights)
             denoiser = self.denoisers[i]
             source, target = denoiser.apply(window[:self.raw_lengths[i]], rng, self.ids.get("sentinel"))
             if self.with_modes:
@@ -951,13 +963,18 @@ class _Denoising(_EncoderDecoderObjective):
         return {"input_ids": ids[:, :-1], "labels": labels.astype(np.int32), "prefix_lengths": prefix}
 
     def batch(self, step, batch_size):
-        rng = data.step_rng(self.seed, step)
-        return self._examples(self.train.windows(rng, batch_size), rng)
+        return self.batch_rows(step, batch_size, range(batch_size))
+
+    def batch_rows(self, step, batch_size, rows):
+        if not self.raw_lengths:
+            raise RuntimeError(f"{type(self).__name__}.adapt(model_config) lays out the batches; call it first")
+        windows = self.train.cut(row_starts(self.order, step, batch_size, rows))
+        return self._examples(windows, data.row_rngs(self.seed, step, rows))
 
     def eval_batches(self, count, batch_size):
-        windows = self.held_out.fixed_windows(count * batch_size)
-        return [self._examples(windows[i * batch_size:(i + 1) * batch_size], data.step_rng(self.seed, i, stream=1))
-                for i in range(count)]
+        windows = self.held_out.cut(self.held_out.fixed_starts(count * batch_size))
+        return [self._examples(windows[i * batch_size:(i + 1) * batch_size],
+                               data.row_rngs(self.seed, i, range(batch_size), stream=1)) for i in range(count)]
 
     def loss(self, model, batch, key):
         if model.config.family == "encoder_decoder":

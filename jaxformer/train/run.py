@@ -33,7 +33,7 @@ from jaxformer.lora import quantized, trainable, with_lora
 from jaxformer.models import build
 from jaxformer.presets import config as preset_config
 from jaxformer.sharding import shardings_of
-from jaxformer.train import data
+from jaxformer.train import data, loader
 from jaxformer.train.checkpoints import checkpoint_manager, fingerprint, restore, save_checkpoint
 from jaxformer.train.lifecycle import (InterruptRequests, Interrupted, RunDirLock, check_run_dir,
                                        discard_partial_checkpoints, disk_full, finalized_steps, full_disk_error)
@@ -381,7 +381,7 @@ def write_run_folder(run: Run, notes: list[str]) -> None:
 # never what a step computes (the model, the data and its order, the objective, batch, lengths, schedule,
 # precision).
 _RESUMABLE_CHANGES = {"run.dir", "model.init_from", "train.log_every", "train.sample_tokens", "train.on_nan",
-                      "train.max_skipped_steps", "train.resume",
+                      "train.max_skipped_steps", "train.resume", "data.loader_threads", "data.prefetch",
                       "data.tokenizer"}  # compared by what it resolves to: _tokenizer_difference
 _RESUMABLE_SECTIONS = ("eval", "checkpoint", "mesh")
 _RESUMABLE_MODEL_FIELDS = {"name", "attention_backend"}  # the same function, another kernel
@@ -535,17 +535,20 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
     state = init_state(cfg, run.model, optimizer)
     train_step, eval_step = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh, shardings_of(state))
     rows = batch_sharding(run.mesh)
-    state, start_step = restore(manager, state, base=run.base) if resuming else (state, 0)
+    state, start_step, position = restore(manager, state, base=run.base) if resuming else (state, 0, {})
     if jax.process_index() == 0:
         write_run_folder(run, notes)
     eval_batches = run.objective.eval_batches(cfg.eval.batches, cfg.train.batch_size)
     eval_memory = held_out_memory(run)
     report = Report(cfg, run.objective, run.model.config, schedule, start_step, int(state["skipped"]), progress,
                     forced_changes=forced)
+    dataset = loader.batches(run.objective, cfg.train.batch_size, cfg.train.steps,
+                             sharding.process_rows(cfg.train.batch_size), cfg.data.loader_threads, cfg.data.prefetch)
+    batches = loader.start(dataset, start_step, position.get("loader"))
     started = time.perf_counter()
     try:
         for step in range(start_step, cfg.train.steps):
-            state, metrics = train_step(state, sharding.to_device(run.objective.batch(step, cfg.train.batch_size), rows))
+            state, metrics = train_step(state, sharding.from_process_rows(next(batches), rows))
             done = step + 1
             interrupted = interrupts.signum is not None
             evaluate = done % cfg.eval.every == 0 or done == cfg.train.steps
@@ -562,7 +565,8 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
                 report.log(done, metrics, int(state["skipped"]), held_out if evaluate else None)
             if save:
                 save_checkpoint(manager, state, {"step": done, "seed": cfg.run.seed, "objective": run.objective.name,
-                                                 "batch_size": cfg.train.batch_size}, run.base)
+                                                 "batch_size": cfg.train.batch_size,
+                                                 "loader": batches.get_state()}, run.base)
                 interrupts.writing = lambda step=done: step if manager.is_saving_in_progress() else None
             if interrupted and done < cfg.train.steps:  # the checkpoint is finalized below, before this leaves
                 raise Interrupted(done, interrupts.signum, saved=manager is not None)

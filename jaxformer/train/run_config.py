@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from jaxformer.train.corpus import parse_mixture
 from jaxformer.train.data import PACKINGS, UL2_DENOISERS, parse_denoisers
 
 
@@ -33,8 +34,17 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class DataSection:
-    train: str = "python-docs"  # python-docs (English text shipped with Python), a .txt or a .jsonl file
-    eval: str = ""  # a held-out file; empty: the last eval_fraction of the training documents or records
+    # python-docs (English text shipped with Python), a .txt or .jsonl file, or (causal_lm, span_corruption,
+    # prefix_lm, ul2) a folder of token shards from `jaxformer tokenize`; those objectives tokenize a file into
+    # run.dir/data-cache once and memory-map it (.jsonl.gz, .jsonl.zst and .parquet too)
+    train: str = "python-docs"
+    eval: str = ""  # held-out text (as data.train); empty: the last eval_fraction of the training documents or records
+    # causal_lm, span_corruption, prefix_lm, ul2: training sources [{path, weight}] (folders or files, as data.train),
+    # each row drawn from one in proportion to its weight; held out: data.eval, else each one's last eval_fraction
+    mixture: list = dataclasses.field(default_factory=list)
+    on_error: str = "stop"  # a bad record in a file tokenized into the cache: stop (named) | skip (counted, noted)
+    loader_threads: int = 2  # threads that build the next batches while a step runs (Grain)
+    prefetch: int = 4  # batches built ahead
     eval_fraction: float = 0.1
     tokenizer: str = "auto"  # bytes | a tokenizer.json (or its folder) | auto: init_from's tokenizer, else bytes
     target_len: int = 0  # seq2seq target length; 0: train.seq_len
@@ -247,6 +257,14 @@ class RunConfig:
         parse_denoisers(self.data.denoisers)
         if not self.data.packing:
             object.__setattr__(self, "data", dataclasses.replace(self.data, packing=_run_packing(self.run.dir)))
+        if self.data.on_error not in ("stop", "skip"):
+            raise ValueError(f"data.on_error={self.data.on_error!r}; valid: 'stop', 'skip'")
+        for key in ("loader_threads", "prefetch"):
+            value = getattr(self.data, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"data.{key}={value!r} must be a positive integer")
+        if self.data.mixture:
+            parse_mixture(self.data.mixture)
         if self.data.packing not in PACKINGS:
             raise ValueError(f"data.packing={self.data.packing!r}; valid: {', '.join(map(repr, PACKINGS))}")
         if self.data.doc_stride < 0 or self.data.max_question_len < 0 or self.data.max_answer_len < 1:

@@ -73,7 +73,7 @@ class Bad:
 # Sources: files, globs, directories and Hugging Face datasets folders
 
 
-def _kind(path: Path) -> str | None:
+def kind_of(path: Path) -> str | None:
     name = path.name.lower()
     return next((kind for suffix, kind in KINDS.items() if name.endswith(suffix)), None)
 
@@ -98,12 +98,12 @@ def _expand_one(path: Path, ignored: list[Path]) -> list[Source]:
             return _dataset_folder(path)
         found = []
         for child in sorted(path.iterdir()):
-            if child.is_dir() or _kind(child):
+            if child.is_dir() or kind_of(child):
                 found += _expand_one(child, ignored)
             else:
                 ignored.append(child)
         return found
-    kind = _kind(path)
+    kind = kind_of(path)
     if kind is None:
         raise ValueError(f"{path} is not a source jaxformer tokenize reads; valid: {', '.join(KINDS)} files, "
                          "directories of them, or a datasets folder written by save_to_disk")
@@ -441,7 +441,7 @@ class ShardWriter:
         self.out, self.manifest, self.shard_tokens, self.dtype = out, manifest, shard_tokens, dtype
         self.sources = sources  # this run's live entries, in reading order
         self.on_shard = on_shard
-        self.file, self.size, self.lengths = None, 0, []
+        self.file, self.size, self.lengths, self.max_id = None, 0, [], 0
 
     def documents(self, order: int, tokens: np.ndarray, lengths: np.ndarray, units: list[int]) -> None:
         bounds = np.concatenate([[0], np.cumsum(lengths)])
@@ -470,6 +470,7 @@ class ShardWriter:
         self.file.write(tokens.tobytes())
         self.size += len(tokens)
         self.lengths.append(lengths)
+        self.max_id = max(self.max_id, int(tokens.max())) if len(tokens) else self.max_id
 
     def close_shard(self) -> None:
         if self.file is None:
@@ -482,8 +483,9 @@ class ShardWriter:
         lengths = np.concatenate(self.lengths)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         _write_atomically(self.out / f"{name}.idx.npy", lambda f: np.save(f, offsets))
-        self.manifest["shards"].append({"name": name, "tokens": self.size, "documents": len(lengths)})
-        self.file, self.size, self.lengths = None, 0, []
+        self.manifest["shards"].append({"name": name, "tokens": self.size, "documents": len(lengths),
+                                        "max_id": self.max_id})
+        self.file, self.size, self.lengths, self.max_id = None, 0, [], 0
         self.commit()
         self.on_shard()
 
@@ -586,8 +588,9 @@ class Summary:
 
 def tokenize(arguments: list[str], tokenizer: str, out: str | Path, *, field: str = "text",
              shard_tokens: int = DEFAULT_SHARD_TOKENS, workers: int | None = None, on_error: str = "stop",
-             progress: bool = True) -> Summary:
-    """Tokenize ``arguments`` (files, globs, directories) into shards under ``out``: see the module docstring."""
+             progress: bool = True, skip_hint: str = "--on-error skip") -> Summary:
+    """Tokenize ``arguments`` (files, globs, directories) into shards under ``out``: see the module docstring.
+    ``skip_hint``: how the caller's user asks to skip bad units, named in the error that stops at one."""
     if on_error not in ("stop", "skip"):
         raise ValueError(f"--on-error {on_error!r}; valid: stop, skip")
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
@@ -613,7 +616,7 @@ def tokenize(arguments: list[str], tokenizer: str, out: str | Path, *, field: st
             workers = 1  # under a chunk per core, starting the pool would cost more than it shares
         shards_before = len(manifest["shards"])
         tokens_before, documents_before = manifest["tokens"], manifest["documents"]
-        _run(plan, manifest, out, encoder, tokenizer, field, shard_tokens, workers, on_error, progress)
+        _run(plan, manifest, out, encoder, tokenizer, field, shard_tokens, workers, on_error, progress, skip_hint)
     skipped, first = {}, {}
     for entry in plan:
         for reason, count in entry["skipped"].items():
@@ -634,7 +637,7 @@ def _pool(workers: int, spec: str):
                                                   initargs=(spec,))
 
 
-def _run(plan, manifest, out, encoder, spec, field, shard_tokens, workers, on_error, progress) -> None:
+def _run(plan, manifest, out, encoder, spec, field, shard_tokens, workers, on_error, progress, skip_hint) -> None:
     from tqdm import tqdm
 
     todo = sum(entry["size"] for entry in plan)
@@ -664,7 +667,7 @@ def _run(plan, manifest, out, encoder, spec, field, shard_tokens, workers, on_er
             elif event[0] == "bad":
                 _, order, unit, bad, _ = event
                 if on_error == "stop":
-                    raise ValueError(f"{bad.message()} (--on-error skip skips and counts such units)")
+                    raise ValueError(f"{bad.message()} ({skip_hint} skips and counts such units)")
                 writer.skipped(order, unit, bad)
             elif event[0] == "end":
                 plan[event[1]]["complete"] = True
@@ -740,7 +743,7 @@ def _produce(plan, field, on_error, encode, events, stop) -> None:
 @dataclasses.dataclass
 class Shards:
     """A shard folder, memory-mapped: ``tokens[i]`` is shard i's ids, ``offsets[i]`` its document
-    boundaries (int64, one more than its documents)."""
+    boundaries (int64, one more than its documents, memory-mapped too)."""
 
     manifest: dict
     tokens: list[np.ndarray]
@@ -759,11 +762,18 @@ class Shards:
         start, end = self.offsets[shard][index], self.offsets[shard][index + 1]
         return self.tokens[shard][start:end]
 
+    def stream(self) -> data.TokenStream:
+        """The shards end to end as one token stream (nothing read until a window is)."""
+        known = [shard.get("max_id") for shard in self.manifest["shards"]]  # folders before it: the vocabulary
+        max_id = max(known, default=0) if None not in known else self.manifest["vocab_size"] - 1
+        return data.TokenStream(self.tokens, self.offsets, max_id=max_id)
+
 
 def open_shards(folder: str | Path, tokenizer: str | None = None) -> Shards:
     """Memory-map a folder written by ``jaxformer tokenize``: every shard's size and index are checked against
     the manifest (a truncated or missing shard is named); ``tokenizer`` (a data.tokenizer spec), when given,
-    must be the one the shards were written with."""
+    must be the one the shards were written with. Nothing is read but the indexes' ends, so opening costs
+    the same at any corpus size."""
     folder = Path(folder)
     manifest = read_manifest(folder)
     if tokenizer is not None:
@@ -778,9 +788,12 @@ def open_shards(folder: str | Path, tokenizer: str | None = None) -> Shards:
         if bin_path.stat().st_size != expected:
             raise ValueError(f"shard {bin_path} holds {bin_path.stat().st_size} bytes; the manifest says "
                              f"{shard['tokens']} tokens ({expected} bytes): it is truncated or damaged")
-        index = np.load(idx_path)
-        if (index.dtype != np.int64 or len(index) != shard["documents"] + 1 or index[0] != 0
-                or index[-1] != shard["tokens"] or np.any(np.diff(index) < 0)):
+        try:
+            index = np.load(idx_path, mmap_mode="r")
+        except (ValueError, OSError) as err:
+            raise ValueError(f"index {idx_path} cannot be read ({err}): it is truncated or damaged") from None
+        if (index.dtype != np.int64 or index.shape != (shard["documents"] + 1,) or index[0] != 0
+                or index[-1] != shard["tokens"]):
             raise ValueError(f"index {idx_path} does not describe {shard['documents']} documents of "
                              f"{shard['tokens']} tokens, as the manifest says")
         tokens.append(np.memmap(bin_path, dtype, "r") if expected else np.zeros(0, dtype))
