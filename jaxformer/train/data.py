@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -248,7 +249,7 @@ class TokenStream:
         self.piece_starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
         self.begin, self.end = begin, int(self.piece_starts[-1]) if end is None else end
         self.max_id = max_id  # the largest id in the pieces, when known without reading them
-        self.bytes_read = 0
+        self.bytes_read, self._counting = 0, threading.Lock()  # the loader's threads read at once
 
     @classmethod
     def from_documents(cls, tokenizer, documents: list[str], separator: np.ndarray | None = None) -> "TokenStream":
@@ -278,8 +279,9 @@ class TokenStream:
         out = np.empty(count, np.int32)
         for piece, first, last, at in self._pieces(start, count):
             window = self.pieces[piece][first:last]
-            self.bytes_read += window.nbytes
             out[at:at + last - first] = window
+            with self._counting:
+                self.bytes_read += window.nbytes
         return out
 
     def segments(self, start: int, count: int) -> np.ndarray:
