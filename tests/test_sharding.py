@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxformer import sharding
 from conftest import simulated_devices
+from data_processes_check import write_shards
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,9 +130,12 @@ TRAIN = ["train.steps=8", "train.batch_size=8", "train.seq_len=32", "train.log_e
 
 
 def test_two_processes_on_loopback_train_like_one_process_with_four_devices(tmp_path):
+    """From a token-shard folder (memory-mapped, about 85 shards): each process reads and feeds its own rows."""
+    corpus = write_shards(tmp_path / "shards")
+
     def launch(extra, devices, env_extra=None):
         env = simulated_devices(devices, **(env_extra or {}))
-        return subprocess.Popen([sys.executable, "train.py", *TRAIN, *extra], cwd=ROOT, env=env,
+        return subprocess.Popen([sys.executable, "train.py", *TRAIN, f"data.train={corpus}", *extra], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     port = _free_port()
@@ -144,6 +148,7 @@ def test_two_processes_on_loopback_train_like_one_process_with_four_devices(tmp_
         assert process.returncode == 0, err[-3000:]
         outputs.append(out)
     assert "trained 8 steps" in outputs[0] and "trained" not in outputs[1]  # process 0 alone reports
+    assert f"shards of {corpus}, memory-mapped" in outputs[0]
     two = [json.loads(line) for line in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()]
     one = [json.loads(line) for line in (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()]
     # Same mesh and program; the cross-process all-reduce (gloo) sums in another order than the
