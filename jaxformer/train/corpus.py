@@ -92,8 +92,13 @@ def parse_mixture(items) -> list[tuple[str, float]]:
     parsed = []
     for i, item in enumerate(items):
         where = f"data.mixture[{i}]"
-        if not isinstance(item, dict) or set(item) - {"path", "weight"} or "path" not in item:
+        if not isinstance(item, dict):
             raise ValueError(f"{where} must be a mapping with keys path and weight (default 1), not {item!r}")
+        unknown = sorted(set(item) - {"path", "weight"})
+        if unknown:
+            raise ValueError(f"{where} has unknown keys {unknown}; valid: path, weight")
+        if "path" not in item:
+            raise ValueError(f"{where}.path is missing: a shard folder or a text file")
         path, weight = item["path"], item.get("weight", 1.0)
         if not isinstance(path, str) or not path:
             raise ValueError(f"{where}.path={path!r} must be a shard folder or a text file")
@@ -111,17 +116,39 @@ def open_source(source: str, run, tokenizer, separator, notes: list[str], key: s
         return data.TokenStream.from_documents(tokenizer, data.default_documents(), separator)
     path = Path(source)
     if path.is_dir():
-        opened = shards.open_shards(path, tokenizer=tokenizer.name)
+        try:
+            opened = shards.open_shards(path, tokenizer=tokenizer.name)
+        except ValueError as err:  # another tokenizer, a truncated shard: say which data key named the folder
+            raise ValueError(f"{key}={source!r}: {err}") from None
         notes.append(f"{key}: {opened.total_tokens:,} tokens in {len(opened.tokens)} shards of {path}, "
                      "memory-mapped")
-        return opened.stream()
+        return nonempty(opened, key, source)
     if not path.is_file():
         raise ValueError(f"{key}={source!r} is neither {data.DEFAULT_CORPUS!r}, a folder jaxformer tokenize wrote, "
                          "nor a readable file")
     if shards.kind_of(path) is None:
         raise ValueError(f"{key}={source!r}: a text source is one of {', '.join(shards.KINDS)}, or a folder "
                          "jaxformer tokenize wrote")
-    return shards.open_shards(cached(path, run, tokenizer, notes, key)).stream()
+    return nonempty(shards.open_shards(cached(path, run, tokenizer, notes, key)), key, source)
+
+
+def nonempty(opened: shards.Shards, key: str, source: str) -> data.TokenStream:
+    """The shards' stream; a folder without a token (an empty source, or every record skipped) is refused by
+    name rather than as an empty split."""
+    if opened.total_tokens == 0:
+        count, first = skipped_records(opened.manifest)
+        raise ValueError(f"{key}={source!r} holds no documents" + (f" (skipped {count} bad records, first: {first})"
+                                                                   if count else ""))
+    return opened.stream()
+
+
+def skipped_records(manifest: dict) -> tuple[int, str]:
+    """How many records a folder's tokenization skipped (data.on_error=skip), and the first one's fault."""
+    count, first = 0, ""
+    for source in manifest["sources"]:
+        count += sum(source["skipped"].values())
+        first = first or next(iter(source.get("first_skipped", {}).values()), "")
+    return count, first
 
 
 def cached(path: Path, run, tokenizer, notes: list[str], key: str) -> Path:
@@ -135,15 +162,18 @@ def cached(path: Path, run, tokenizer, notes: list[str], key: str) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f"{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process of this run tokenizing it: wait, then read its shards
-        if _complete(folder):
-            notes.append(f"{key}: {path} read from its token cache {folder}")
+        if _complete(folder):  # records skipped when it was tokenized are said again: never silent
+            count, first = skipped_records(shards.read_manifest(folder))
+            notes.append(f"{key}: {path} read from its token cache {folder}"
+                         + (f" (skipped {count} bad records when tokenized, first: {first})" if count else ""))
             return folder
-        summary = shards.tokenize([str(path)], tokenizer.name, folder, on_error=run.data.on_error,
-                                  progress=sys.stderr.isatty(), skip_hint="data.on_error=skip")
-    skipped = sum(summary.skipped.values())
-    notes.append(f"{key}: tokenized {path} once into {folder} ({summary.tokens_written:,} tokens"
-                 + (f"; skipped {skipped} bad records, first: {next(iter(summary.first_skipped.values()))}"
-                    if skipped else "") + "); later runs memory-map it from there")
+        shards.tokenize([str(path)], tokenizer.name, folder, on_error=run.data.on_error,
+                        progress=sys.stderr.isatty(), skip_hint="data.on_error=skip")
+    manifest = shards.read_manifest(folder)  # a tokenization resumed after a kill: the whole folder's counts
+    count, first = skipped_records(manifest)
+    notes.append(f"{key}: tokenized {path} once into {folder} ({manifest['tokens']:,} tokens"
+                 + (f"; skipped {count} bad records, first: {first}" if count else "")
+                 + "); later runs memory-map it from there")
     return folder
 
 
