@@ -1,5 +1,6 @@
 """The accelerator benchmark: its report from a ``--small`` run, and the chip tables behind MFU and the
-decoding bound (matched against the ``device_kind`` strings real chips report)."""
+decoding bound (matched against the ``device_kind`` strings real chips report); the data benchmark's
+``--loader`` mode at a toy size."""
 
 from __future__ import annotations
 
@@ -108,6 +109,21 @@ def test_accelerator_benchmark_small_run_reports_every_row():
         assert "error" not in row, row
         assert row["tokens_per_s"] > 0 and row["compile_s"] > 0, row
         assert 0 < row["bandwidth_fraction"] <= 1.5, row
+
+
+def test_data_benchmark_loader_mode_reports_both_sides_and_their_ratio():
+    """benchmarks/data.py --loader at a toy size: a shard folder made and read, both sides timed, the ratio theirs."""
+    out = subprocess.run([sys.executable, "benchmarks/data.py", "--loader", "--mb", "0.3", "--loader-batches", "4",
+                          "--steps", "2", "--repeats", "1", "--json"],
+                         cwd=ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    assert (report["batch_size"], report["seq_len"]) == (16, 128)  # configs/default.yaml's run
+    assert report["loader_tokens_per_s"] > 0 and report["step_tokens_per_s"] > 0
+    assert len(report["loader_all"]) == len(report["step_all"]) == 1
+    assert report["ratio"] == pytest.approx(report["loader_tokens_per_s"] / report["step_tokens_per_s"], rel=1e-2,
+                                           abs=0.01)
 
 
 def test_cpu_utilization_never_passes_one(monkeypatch):
