@@ -120,8 +120,13 @@ def open_source(source: str, run, tokenizer, separator, notes: list[str], key: s
             opened = shards.open_shards(path, tokenizer=tokenizer.name)
         except ValueError as err:  # another tokenizer, a truncated shard: say which data key named the folder
             raise ValueError(f"{key}={source!r}: {err}") from None
+        count, first = skipped_records(opened.manifest)
+        unfinished = [entry["path"] for entry in opened.manifest["sources"] if not entry["complete"]]
         notes.append(f"{key}: {opened.total_tokens:,} tokens in {len(opened.tokens)} shards of {path}, "
-                     "memory-mapped")
+                     "memory-mapped" + (f" (skipped {count} bad records when tokenized, first: {first})" if count
+                                        else "")
+                     + (f"; its tokenization stopped before the end of {', '.join(unfinished)}: rerun jaxformer "
+                        "tokenize to finish it" if unfinished else ""))
         return nonempty(opened, key, source)
     if not path.is_file():
         raise ValueError(f"{key}={source!r} is neither {data.DEFAULT_CORPUS!r}, a folder jaxformer tokenize wrote, "
