@@ -461,3 +461,29 @@ def test_a_shard_truncated_on_disk_is_named(corpus_files, tmp_path, damage, on_e
         "cannot be read", "it is truncated or damaged")
     refused([f"data.train={folder}", f"data.on_error={on_error}"], tmp_path / "run", f"data.train={str(folder)!r}",
             str(damaged), *expected)
+
+
+def test_a_shard_folder_says_what_its_tokenization_skipped_or_left_unfinished(tmp_path, monkeypatch):
+    """A folder from a `jaxformer tokenize --on-error skip` that was killed after two shards trains on what it
+    holds, and the run's note says both: the records skipped and the source left unfinished."""
+    source, folder = tmp_path / "bad.jsonl", tmp_path / "shards"
+    source.write_text("\n".join(GOOD[:5] + ['{"text": "no end'] + GOOD[5:]) + "\n", encoding="utf-8")
+    close = shards.ShardWriter.close_shard
+
+    def killed_at_the_third(writer):
+        if len(writer.manifest["shards"]) == 2:
+            raise RuntimeError("killed")
+        close(writer)
+
+    monkeypatch.setattr(shards.ShardWriter, "close_shard", killed_at_the_third)
+    with pytest.raises(RuntimeError, match="killed"):
+        shards.tokenize([str(source)], "bytes", folder, shard_tokens=2_000, on_error="skip", progress=False)
+    monkeypatch.undo()
+    overrides = TINY + [f"data.train={folder}", f"run.dir={tmp_path / 'run'}"]
+    note = make_objective(run_config.load(None, overrides), ByteTokenizer()).notes[0]
+    assert note.startswith(f"data.train: {shards.read_manifest(folder)['tokens']:,} tokens in 2 shards of {folder}")
+    assert f"(skipped 1 bad records when tokenized, first: {source}:6: not JSON" in note
+    assert note.endswith(f"; its tokenization stopped before the end of {source}: rerun jaxformer tokenize to finish it")
+    shards.tokenize([str(source)], "bytes", folder, shard_tokens=2_000, on_error="skip", progress=False)
+    note = make_objective(run_config.load(None, overrides), ByteTokenizer()).notes[0]
+    assert "skipped 1 bad records" in note and "stopped before the end" not in note
