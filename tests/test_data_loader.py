@@ -248,7 +248,7 @@ def test_sigkill_then_rerun_resumes_bit_exactly_with_the_loader_state_in_the_che
     position = manager.restore(2 * EVERY, args=ocp.args.Composite(data=ocp.args.JsonRestore()))["data"]
     manager.close()
     assert position == {"step": 2 * EVERY, "seed": 0, "objective": "causal_lm", "batch_size": ROWS,
-                        "loader": {"next_index": 2 * EVERY}}
+                        "loader": {"next_index": 2 * EVERY}, "text": shard_run["result"]["objective"].text_identity}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         resumed = train(run_config.load(shard_run["config"], [f"run.dir={crashed}"]), progress=False)
@@ -333,6 +333,13 @@ def test_a_text_file_is_tokenized_once_into_the_run_folder_then_memory_mapped(co
     assert any(f"data.train: tokenized {txt} once into" in note for note in changed.notes)
     assert len([p for p in cache.iterdir() if p.is_dir()]) == 3
     assert {k: v for k, v in _cache_state(cache).items() if k in before} == before
+    # The run cannot resume onto the changed text unawares: its checkpoint names the text it was trained on.
+    with pytest.raises(ValueError, match=r"trained on other text than data.train, data.eval and data.mixture give "
+                                         r"now \(the training text: [0-9a-f]{16} -> [0-9a-f]{16}"):
+        printed_train(overrides)
+    printed_train(overrides + ["train.resume=force"])  # forced through, and on the record
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["resumed_with_changes"][0].startswith("the training text: ")
 
 
 def test_python_docs_is_tokenized_in_memory_and_writes_no_cache(tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import json
 import sys
 from pathlib import Path
 
@@ -36,6 +37,14 @@ class Text:
     @property
     def max_id(self) -> int:
         return max(self.train.max_id, self.held_out.max_id)
+
+    @property
+    def identity(self) -> str:
+        """A hash of which tokens train and which are held out: a checkpoint keeps it, so a resume onto text
+        that changed since (a file edited, sources appended to a shard folder) is caught."""
+        parts = [(s.identity, s.begin, s.end, r) for s, r in ((self.train, self.train_regions),
+                                                               (self.held_out, self.held_out_regions))]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
     def packed(self, length: int, stride: int | None = None) -> tuple[data.PackedStream, data.PackedStream]:
         """Training and held-out windows of ``length`` tokens, ``stride`` apart."""
@@ -81,7 +90,8 @@ def joined(parts: list[tuple[data.TokenStream, float]]) -> tuple[data.TokenStrea
         pieces += stream.pieces
         boundaries += stream.boundaries
         regions.append((base + stream.begin, base + stream.end, weight))
-    whole = data.TokenStream(pieces, boundaries, max_id=max(stream.max_id for stream, _ in parts))
+    whole = data.TokenStream(pieces, boundaries, max_id=max(stream.max_id for stream, _ in parts),
+                             identity=hashlib.sha256("|".join(s.identity for s, _ in parts).encode()).hexdigest()[:16])
     return whole, regions
 
 

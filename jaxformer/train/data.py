@@ -11,6 +11,7 @@ text is packed into fixed windows (``TokenStream``, ``PackedStream``), records a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import threading
 from pathlib import Path
@@ -244,18 +245,20 @@ class TokenStream:
     read touches are read (``bytes_read`` counts them), so host memory does not grow with the corpus."""
 
     def __init__(self, pieces: list[np.ndarray], boundaries: list[np.ndarray], begin: int = 0,
-                 end: int | None = None, max_id: int | None = None):
+                 end: int | None = None, max_id: int | None = None, identity: str = ""):
         self.pieces, self.boundaries = pieces, boundaries  # boundaries[p]: int64 [documents + 1], 0 .. len
         self.piece_starts = np.concatenate([[0], np.cumsum([len(p) for p in pieces])]).astype(np.int64)
         self.begin, self.end = begin, int(self.piece_starts[-1]) if end is None else end
         self.max_id = max_id  # the largest id in the pieces, when known without reading them
+        self.identity = identity  # names the pieces' tokens (a hash), so a resume can tell the text changed
         self.bytes_read, self._counting = 0, threading.Lock()  # the loader's threads read at once
 
     @classmethod
     def from_documents(cls, tokenizer, documents: list[str], separator: np.ndarray | None = None) -> "TokenStream":
         """Documents tokenized in memory, ``separator`` after each (it belongs to the document it closes)."""
         tokens, starts = pack_documents(tokenizer, documents, separator)
-        return cls([tokens], [np.append(starts, len(tokens))], max_id=int(tokens.max()) if len(tokens) else 0)
+        return cls([tokens], [np.append(starts, len(tokens))], max_id=int(tokens.max()) if len(tokens) else 0,
+                   identity=hashlib.sha256(tokens.tobytes()).hexdigest()[:16])
 
     def __len__(self) -> int:
         return self.end - self.begin
@@ -309,7 +312,7 @@ class TokenStream:
         piece = int(np.searchsorted(counts, cut, side="right"))
         before = cut - (int(counts[piece - 1]) if piece else 0)
         at = int(self.piece_starts[piece]) + int(self.boundaries[piece][before])
-        head, tail = (TokenStream(self.pieces, self.boundaries, b, e, self.max_id)
+        head, tail = (TokenStream(self.pieces, self.boundaries, b, e, self.max_id, self.identity)
                       for b, e in ((self.begin, at), (at, self.end)))
         return head, tail
 

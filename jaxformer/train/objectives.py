@@ -111,6 +111,7 @@ class Objective:
     # the loss is the weighted sum of these metrics' ratios (explicit data parallelism needs it)
     loss_terms: dict[str, float] = {"loss": 1.0}
     _cut = 0  # records cut to length since the last note
+    text_identity: str | None = None  # objectives reading a token stream: ``corpus.Text.identity``
 
     def __init__(self, run, tokenizer):
         self.run, self.tokenizer = run, tokenizer
@@ -185,7 +186,7 @@ class CausalLM(Objective):
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
         text = corpus.open_text(run, tokenizer, tokenizer.document_separator)
-        self.notes += text.notes
+        self.notes, self.text_identity = self.notes + text.notes, text.identity
         self.train, self.held_out = text.packed(self.seq_len + 1, stride=self.seq_len)
         self.order = self.train.order(self.seed)
         self.vocab_needed = text.max_id + 1
@@ -554,7 +555,7 @@ class SpanCorruption(_EncoderDecoderObjective):
         self.raw_length = max(n for n in range(2, 4 * self.seq_len) if self._lengths(n)[0] <= self.seq_len)
         self.target_len = self._lengths(self.raw_length)[1]
         text = corpus.open_text(run, tokenizer, np.array([self.ids["eos"]], np.int32))
-        self.notes += text.notes
+        self.notes, self.text_identity = self.notes + text.notes, text.identity
         self.train, self.held_out = text.packed(self.raw_length)
         self.order = self.train.order(self.seed)
         self.vocab_needed = max(self.vocab_needed, text.max_id + 1)
@@ -877,7 +878,7 @@ class _Denoising(_EncoderDecoderObjective):
         self.weights = weights / weights.sum()
         self.modes = data.require(tokenizer, *sorted({f"mode_{d.mode}" for d in denoisers})) if self.with_modes else {}
         self.text = corpus.open_text(run, tokenizer, tokenizer.document_separator)
-        self.notes += self.text.notes
+        self.notes, self.text_identity = self.notes + self.text.notes, self.text.identity
         self.raw_lengths: list[int] = []  # per denoiser, set by ``adapt``
 
     def adapt(self, cfg, fresh):

@@ -473,6 +473,21 @@ def _flat(tree: dict, prefix: str = "") -> list[tuple[str, object]]:
     return out
 
 
+def accept_text(run: Run, position: dict) -> list[str]:
+    """Refuse to resume onto training or held-out text other than the checkpoint's (a file edited since, sources
+    appended to a shard folder: the same step would read other windows), unless train.resume=force; returns
+    the difference forced through. Checkpoints from before the text was named pass."""
+    stored, now = position.get("text"), run.objective.text_identity
+    if stored is None or stored == now:
+        return []
+    difference = f"the training text: {stored} -> {now} (a hash of the tokens and the held-out split)"
+    if run.cfg.train.resume != "force":
+        raise ValueError(f"{run.cfg.run.dir} holds a run trained on other text than data.train, data.eval and "
+                         f"data.mixture give now ({difference}): a source changed since. Restore it, use a new "
+                         "run.dir, or train.resume=force to resume on the new text anyway")
+    return [difference]
+
+
 def accept_resume(run: Run) -> list[str]:
     """Refuse to resume a run.dir's run with settings that change what a step computes (the list of
     differences), unless train.resume=force; returns the differences forced through."""
@@ -536,6 +551,7 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
     train_step, eval_step = make_steps(graphdef, rest, optimizer, run.objective, cfg, run.mesh, shardings_of(state))
     rows = batch_sharding(run.mesh)
     state, start_step, position = restore(manager, state, base=run.base) if resuming else (state, 0, {})
+    forced += accept_text(run, position)
     if jax.process_index() == 0:
         write_run_folder(run, notes)
     eval_batches = run.objective.eval_batches(cfg.eval.batches, cfg.train.batch_size)
@@ -566,7 +582,8 @@ def run_training(cfg: RunConfig, interrupts: InterruptRequests, progress: bool =
             if save:
                 save_checkpoint(manager, state, {"step": done, "seed": cfg.run.seed, "objective": run.objective.name,
                                                  "batch_size": cfg.train.batch_size,
-                                                 "loader": batches.get_state()}, run.base)
+                                                 "loader": batches.get_state(),
+                                                 "text": run.objective.text_identity}, run.base)
                 interrupts.writing = lambda step=done: step if manager.is_saving_in_progress() else None
             if interrupted and done < cfg.train.steps:  # the checkpoint is finalized below, before this leaves
                 raise Interrupted(done, interrupts.signum, saved=manager is not None)

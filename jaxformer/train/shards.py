@@ -766,7 +766,9 @@ class Shards:
         """The shards end to end as one token stream (nothing read until a window is)."""
         known = [shard.get("max_id") for shard in self.manifest["shards"]]  # folders before it: the vocabulary
         max_id = max(known, default=0) if None not in known else self.manifest["vocab_size"] - 1
-        return data.TokenStream(self.tokens, self.offsets, max_id=max_id)
+        written = json.dumps([self.manifest["tokenizer"], self.manifest["shards"]], sort_keys=True)
+        return data.TokenStream(self.tokens, self.offsets, max_id=max_id,
+                                identity=hashlib.sha256(written.encode()).hexdigest()[:16])
 
 
 def open_shards(folder: str | Path, tokenizer: str | None = None) -> Shards:
