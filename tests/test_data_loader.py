@@ -494,3 +494,11 @@ def test_a_shard_folder_says_what_its_tokenization_skipped_or_left_unfinished(tm
     shards.tokenize([str(source)], "bytes", folder, shard_tokens=2_000, on_error="skip", progress=False)
     note = make_objective(run_config.load(None, overrides), ByteTokenizer()).notes[0]
     assert "skipped 1 bad records" in note and "stopped before the end" not in note
+
+
+def test_a_model_with_segment_memory_refuses_a_mixture_before_anything_compiles(tmp_path):
+    """Transformer-XL reads one text in order, row after row: a mixture has no such order."""
+    a, b = _letter_folder(tmp_path, "a"), _letter_folder(tmp_path, "b")
+    refused(["model.preset=tiny-transformer-xl", "model.overrides.memory_len=16",
+             f"data.mixture=[{{path: {a}}}, {{path: {b}}}]"], tmp_path / "run",
+            "carries a segment memory, so it reads one text in order; it cannot read data.mixture")

@@ -298,12 +298,12 @@ class TokenStream:
             begins[inside[inside > 0]] = 1
         return np.cumsum(begins, dtype=np.int32) + 1
 
-    def document_count(self) -> int:
-        return sum(len(b) - 1 for b in self.boundaries)
-
     def split(self, fraction: float, name: str) -> tuple["TokenStream", "TokenStream"]:
-        """The stream cut at a document boundary into the first documents and the last ``fraction`` of them."""
-        documents = self.document_count()
+        """The whole stream (not a view) cut at a document boundary into its first documents and the last
+        ``fraction`` of them."""
+        if (self.begin, self.end) != (0, int(self.piece_starts[-1])):
+            raise ValueError("only a whole token stream splits into training and held-out documents")
+        documents = sum(len(b) - 1 for b in self.boundaries)
         cut = int(round(documents * (1 - fraction)))
         if cut in (0, documents):
             raise ValueError(f"data.eval_fraction={fraction} of {name}'s {documents} documents leaves an empty "
@@ -377,8 +377,6 @@ class PackedStream:
         other without a gap and every token is predicted once per pass. ``which``: the rows to read (this
         process's; default all). Returns the windows [len(which), length] and ``fresh``: true on a row's first
         window, where its memory must be emptied."""
-        if len(self.regions) > 1:
-            raise ValueError("a model with segment memory reads one stream in order; it cannot read data.mixture")
         row_len, advance = len(self.stream) // rows, self.length - 1
         per_row = (row_len - 1) // advance
         if per_row < 1:

@@ -199,6 +199,9 @@ class CausalLM(Objective):
         if cfg.head != "lm":
             cfg = cfg.replace(head="lm")
         self.ordered = carries_memory(cfg)
+        if self.ordered and len(self.train.regions) > 1:
+            raise ValueError(f"model {cfg.name!r} carries a segment memory, so it reads one text in order; it "
+                             "cannot read data.mixture: give one source as data.train")
         self.documents = documents_packing(self, cfg)
         return cfg
 
@@ -943,9 +946,11 @@ class _Denoising(_EncoderDecoderObjective):
         what = f"rate {d.rate}" if d.mode == "S" else f"mean_span {d.mean_span:g}, rate {d.rate}"
         return f"data.denoisers[{i}] ({d.mode}: {what})" if self.with_modes else f"train.objective={self.name!r}"
 
-    def _examples(self, windows: np.ndarray, rngs: list[np.random.Generator]) -> dict[str, np.ndarray]:
+    def _laid_out(self) -> None:
         if not self.raw_lengths:
             raise RuntimeError(f"{type(self).__name__}.adapt(model_config) lays out the batches; call it first")
+
+    def _examples(self, windows: np.ndarray, rngs: list[np.random.Generator]) -> dict[str, np.ndarray]:
         pairs = []
         for window, rng in zip(windows, rngs):
             i = rng.choice(len(self.denoisers), p=self.weights)
@@ -967,12 +972,12 @@ class _Denoising(_EncoderDecoderObjective):
         return self.batch_rows(step, batch_size, range(batch_size))
 
     def batch_rows(self, step, batch_size, rows):
-        if not self.raw_lengths:
-            raise RuntimeError(f"{type(self).__name__}.adapt(model_config) lays out the batches; call it first")
+        self._laid_out()
         windows = self.train.cut(row_starts(self.order, step, batch_size, rows))
         return self._examples(windows, data.row_rngs(self.seed, step, rows))
 
     def eval_batches(self, count, batch_size):
+        self._laid_out()
         windows = self.held_out.cut(self.held_out.fixed_starts(count * batch_size))
         return [self._examples(windows[i * batch_size:(i + 1) * batch_size],
                                data.row_rngs(self.seed, i, range(batch_size), stream=1)) for i in range(count)]
