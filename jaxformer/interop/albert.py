@@ -37,6 +37,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
            "one group of one shared layer (every published ALBERT) is supported")
     refuse(hf.get("position_embedding_type", "absolute") != "absolute",
            f"albert: position_embedding_type={hf.get('position_embedding_type')!r} is not supported")
+    refuse(hf["embedding_size"] is None, "albert: embedding_size is null; ALBERT's embeddings always have a width, "
+           "projected to hidden_size")
     head = _HEADS[arch.removeprefix("Albert")]
     # AlbertModel's pooler: always in the pretraining and sequence-classification classes, in a saved base model
     # when its file has one (add_pooling_layer is not in config.json)
@@ -55,17 +57,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 pooler=pooler, num_labels=num_labels, label_names=label_names,
                 dropout_rate=hf["hidden_dropout_prob"], attention_dropout_rate=hf["attention_probs_dropout_prob"],
                 tie_embeddings=hf["tie_word_embeddings"])
-
-
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if not (cfg.family == "encoder" and cfg.shared_layers and cfg.embedding_size is not None
-            and cfg.position == "learned" and cfg.head in _HEADS.values() and cfg.pooler_activation == "tanh"
-            and cfg.norm == "layernorm" and cfg.norm_bias and cfg.norm_position == "post" and cfg.embedding_norm
-            and not cfg.position_offset and not cfg.pad_aware_positions
-            and cfg.qkv_bias and cfg.out_bias and cfg.mlp_bias and cfg.activation in INVERSE_ACTIVATIONS
-            and cfg.kv_heads == cfg.num_heads and cfg.head_dim_ * cfg.num_heads == cfg.d_model):
-        return None
-    return "albert", "Albert" + {v: k for k, v in _HEADS.items()}[cfg.head]
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
@@ -109,7 +100,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return out, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"albert": "albert."}, ("AlbertModel",), config_from_hf, target, config_to_hf,
+ARCHITECTURE = Architecture(CLASSES, {"albert": "albert."}, ("AlbertModel",), config_from_hf, config_to_hf,
                             rules, defaults=DEFAULTS, harmless={
                                 **dict.fromkeys(("down_scale_factor", "gap_size", "net_structure_type",
                                                  "num_memory_blocks"),

@@ -53,21 +53,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 dropout_rate=hf.get("dropout", 0.1), attention_dropout_rate=hf.get("attention_dropout", 0.0))
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """BART: the post-norm encoder-decoder with learned positions and embedding norms (pre-norm relatives, whose
-    files spell other names, are not BART's)."""
-    if not (cfg.family == "encoder_decoder" and cfg.position == "learned" and cfg.embedding_norm
-            and cfg.position_offset == 2 and not cfg.pad_aware_positions and cfg.shared_embeddings
-            and (cfg.norm_position, cfg.final_norm) in (("post", False), ("pre", True))):
-        return None
-    stem = "Bart" if cfg.norm_position == "post" else "MBart"  # mBART: pre-norm with final norms
-    tasks = cfg.head in ("sequence_classification", "question_answering")
-    if cfg.head not in HEADS.values() or cfg.pooler_activation != "tanh" or (
-            tasks and cfg.wrap_decoder_start != (stem == "MBart")):  # (their heads derive decoder inputs so)
-        return None
-    return stem.lower(), stem + {v: k for k, v in HEADS.items()}[cfg.head]
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(d_model=cfg.d_model, encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
                encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
@@ -123,7 +108,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, {"bart": "model.", "mbart": "model."}, ("BartModel", "MBartModel"), config_from_hf,
-                            target, config_to_hf, rules,
+                            config_to_hf, rules,
                             harmless={**dict.fromkeys(("is_decoder", "is_encoder_decoder"),
                                                       "the class decides which stack is which"),
                                       **dict.fromkeys(("add_bias_logits", "normalize_embedding",

@@ -50,26 +50,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 tie_embeddings=hf.get("tie_word_embeddings", True))
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if cfg.family != "encoder" or cfg.position != "learned" or cfg.head not in _HEADS.values():
-        return None
-    return _target(cfg, "roberta" if cfg.pad_aware_positions else "bert")
-
-
-def _target(cfg: ModelConfig, model_type: str) -> tuple[str, str]:
-    arch = STEMS[model_type] + {v: k for k, v in _HEADS.items()}[cfg.head]
-    refuse(arch not in CLASSES[model_type], f"{arch} is not a supported export target")
-    return model_type, arch
-
-
-def target_as(cfg: ModelConfig, model_type: str) -> tuple[str, str] | None:
-    """An XLM-R file is written back as XLM-R (it holds what RoBERTa's files hold)."""
-    found = target(cfg)
-    if found is not None and model_type == "xlm-roberta" and found[0] == "roberta":
-        return _target(cfg, model_type)
-    return found if found is not None and found[0] == model_type else None
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, intermediate_size=cfg.d_ff,
                num_hidden_layers=cfg.encoder_layers, layer_norm_eps=cfg.norm_eps,
@@ -155,8 +135,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, {"bert": "bert.", "roberta": "roberta.", "xlm-roberta": "roberta."},
-                            ("BertModel", "RobertaModel", "XLMRobertaModel"), config_from_hf, target, config_to_hf,
-                            rules, target_as=target_as, harmless=dict.fromkeys(
+                            ("BertModel", "RobertaModel", "XLMRobertaModel"), config_from_hf, config_to_hf,
+                            rules, only_as_loaded=("xlm-roberta",), harmless=dict.fromkeys(
                                 ("directionality", "pooler_fc_size", "pooler_num_attention_heads",
                                  "pooler_num_fc_layers", "pooler_size_per_head", "pooler_type"),
                                 "the original TensorFlow release's settings, which transformers' BERT never reads"),

@@ -108,25 +108,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 attention_dropout_rate=hf["attention_probs_dropout_prob"], tie_embeddings=True, **fields)
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """v1 holds a model whose keys have no bias (and nothing of v2's); v2 holds one whose keys have one."""
-    if not (cfg.family == "encoder" and cfg.position == "disentangled" and cfg.head in _HEADS.values()
-            and cfg.norm == "layernorm" and cfg.norm_bias and cfg.norm_position == "post" and cfg.embedding_norm
-            and not cfg.final_norm and cfg.embedding_size is None and not cfg.shared_layers and cfg.tie_embeddings
-            and cfg.pooler == (cfg.head == "sequence_classification") and not cfg.prediction_head
-            and cfg.classifier_pooling == "cls" and cfg.head_bias and cfg.mlm_bias
-            and cfg.qkv_bias and cfg.out_bias and cfg.mlp_bias and cfg.activation in INVERSE_ACTIVATIONS
-            and cfg.kv_heads == cfg.num_heads and cfg.head_dim_ * cfg.num_heads == cfg.d_model
-            and not cfg.position_offset and not cfg.pad_aware_positions and not cfg.generator_width):
-        return None
-    v2_only = (cfg.position_buckets or cfg.share_attention_key or cfg.relative_embedding_norm
-               or cfg.conv_kernel_size)
-    if not cfg.key_bias and v2_only:
-        return None
-    model_type = "deberta-v2" if cfg.key_bias else "deberta"
-    return model_type, STEMS[model_type] + {v: k for k, v in _HEADS.items()}[cfg.head]
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, intermediate_size=cfg.d_ff,
                num_hidden_layers=cfg.encoder_layers, hidden_act=INVERSE_ACTIVATIONS[cfg.activation],
@@ -239,7 +220,7 @@ def ignored(hf: dict, names: set[str]) -> tuple[set[str], str]:
 
 
 ARCHITECTURE = Architecture(CLASSES, {"deberta": "deberta.", "deberta-v2": "deberta."},
-                            ("DebertaModel", "DebertaV2Model"), config_from_hf, target, config_to_hf, rules,
+                            ("DebertaModel", "DebertaV2Model"), config_from_hf, config_to_hf, rules,
                             ignored=ignored, defaults=DEFAULTS, harmless={
                                 **dict.fromkeys(("pooler_dropout", "cls_dropout"),
                                                 "the heads' training-time dropout, not modelled (no effect in "

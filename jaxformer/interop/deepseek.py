@@ -82,6 +82,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     if v32:  # always interleaved (a rope_interleave key is not read by its class), always a low-rank query
         refuse(hf["q_lora_rank"] is None, "deepseek_v32: q_lora_rank must be set (its indexer reads the compressed "
                "query)")
+        refuse(not hf["index_n_heads"], f"deepseek_v32: index_n_heads={hf['index_n_heads']!r}; its sparse attention "
+               "needs the indexer's heads")
         indexer = dict(index_heads=hf["index_n_heads"], index_head_dim=hf["index_head_dim"],
                        index_topk=hf["index_topk"])
         hf.get("rope_interleave")  # read, and left: V3.2's class never reads it (its latent attention interleaves)
@@ -102,24 +104,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         router_score="sigmoid" if v3 else "softmax", router_groups=groups, router_topk_groups=topk_groups,
         router_bias=v3, normalize_router_weights=bool(hf["norm_topk_prob"]) if v3 else False,
         routed_scaling=float(hf["routed_scaling_factor"]))
-
-
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """V3 holds sigmoid routing with its correction bias; V2 softmax routing without renormalisation."""
-    if not (cfg.family == "decoder" and cfg.mla and cfg.num_experts and cfg.activation == "swiglu"
-            and cfg.norm == "rmsnorm" and cfg.attention == "causal" and not cfg.out_bias and not cfg.mlp_bias
-            and cfg.router_aux_loss == "batch"):
-        return None
-    suffix = "ForCausalLM" if cfg.head == "lm" else "Model"
-    if cfg.index_heads:
-        if cfg.router_score == "sigmoid" and cfg.router_bias and cfg.rope_interleave and cfg.q_lora_rank is not None:
-            return "deepseek_v32", f"DeepseekV32{suffix}"
-        return None
-    if cfg.router_score == "sigmoid" and cfg.router_bias:
-        return "deepseek_v3", f"DeepseekV3{suffix}"
-    if cfg.router_score == "softmax" and not cfg.router_bias and not cfg.normalize_router_weights and cfg.rope_interleave:
-        return "deepseek_v2", f"DeepseekV2{suffix}"
-    return None
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
@@ -239,6 +223,6 @@ HARMLESS = {
 }
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLASSES},
-                            ("DeepseekV2Model", "DeepseekV3Model", "DeepseekV32Model"), config_from_hf, target,
+                            ("DeepseekV2Model", "DeepseekV3Model", "DeepseekV32Model"), config_from_hf,
                             config_to_hf, rules,
                             ignored=ignored, harmless=HARMLESS, defaults=DEFAULTS)

@@ -41,20 +41,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 tie_embeddings=hf["tie_word_embeddings"])
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """DistilBERT holds BERT's post-norm encoder without token types or an offset, at eps 1e-12, with a ReLU
-    pooler only in front of its sequence classifier."""
-    if not (cfg.family == "encoder" and cfg.position == "learned" and cfg.type_vocab_size == 0
-            and cfg.norm == "layernorm" and cfg.norm_bias and cfg.norm_position == "post" and cfg.embedding_norm
-            and cfg.norm_eps == EPS and not cfg.position_offset and not cfg.pad_aware_positions
-            and cfg.pooler_activation == "relu" and cfg.pooler == (cfg.head == "sequence_classification")
-            and cfg.head != "pretraining" and cfg.qkv_bias and cfg.out_bias and cfg.mlp_bias
-            and cfg.activation in INVERSE_ACTIVATIONS and cfg.kv_heads == cfg.num_heads
-            and cfg.head_dim_ * cfg.num_heads == cfg.d_model):
-        return None
-    return "distilbert", "DistilBert" + {v: k for k, v in _HEADS.items()}[cfg.head]
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(dim=cfg.d_model, n_heads=cfg.num_heads, hidden_dim=cfg.d_ff, n_layers=cfg.encoder_layers,
                activation=INVERSE_ACTIVATIONS[cfg.activation], max_position_embeddings=cfg.max_positions,
@@ -90,7 +76,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return out, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"distilbert": "distilbert."}, ("DistilBertModel",), config_from_hf, target,
+ARCHITECTURE = Architecture(CLASSES, {"distilbert": "distilbert."}, ("DistilBertModel",), config_from_hf,
                             config_to_hf, rules, defaults=DEFAULTS, harmless={
                                 **dict.fromkeys(("qa_dropout", "seq_classif_dropout"),
                                                 "the heads' training-time dropout, not modelled (no effect in "

@@ -56,22 +56,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 tie_embeddings=hf["tie_word_embeddings"])
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """ELECTRA holds BERT's post-norm encoder (no offset, no pad-aware positions), its embedding projection only
-    where the widths differ, a gelu pooler only in front of its sequence classifier."""
-    if not (cfg.family == "encoder" and cfg.position == "learned" and cfg.head in _HEADS.values()
-            and cfg.embedding_size != cfg.d_model and not cfg.shared_layers
-            and cfg.norm == "layernorm" and cfg.norm_bias and cfg.norm_position == "post" and cfg.embedding_norm
-            and not cfg.position_offset and not cfg.pad_aware_positions
-            and cfg.pooler == (cfg.head == "sequence_classification")
-            and cfg.pooler_activation == ("gelu" if cfg.pooler else cfg.pooler_activation)
-            and (cfg.head != "mlm" or cfg.activation == "gelu")
-            and cfg.qkv_bias and cfg.out_bias and cfg.mlp_bias and cfg.activation in INVERSE_ACTIVATIONS
-            and cfg.kv_heads == cfg.num_heads and cfg.head_dim_ * cfg.num_heads == cfg.d_model):
-        return None
-    return "electra", "Electra" + {v: k for k, v in _HEADS.items()}[cfg.head]
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, embedding_size=cfg.embedding_size or cfg.d_model,
                num_attention_heads=cfg.num_heads, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.encoder_layers,
@@ -105,7 +89,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return out, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"electra": "electra."}, ("ElectraModel",), config_from_hf, target, config_to_hf,
+ARCHITECTURE = Architecture(CLASSES, {"electra": "electra."}, ("ElectraModel",), config_from_hf, config_to_hf,
                             rules, defaults=DEFAULTS, harmless={
                                 **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation",
                                                  "summary_last_dropout"),

@@ -10,7 +10,6 @@ window w into the exclusive bound w // 2 + 1 on |query - key|); nothing else cha
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from jaxformer.config import ModelConfig
@@ -135,39 +134,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 head="none" if arch.endswith("Model") else "lm")
 
 
-def gemma_block(cfg: ModelConfig) -> bool:
-    """Whether ``cfg``'s blocks are Gemma 2's or 3's (what Gemma files can hold)."""
-    return (cfg.position == "rope" and cfg.norm == "rmsnorm" and cfg.norm_scale_offset == 1.0 and cfg.sandwich_norm
-            and cfg.activation == "geglu" and cfg.scale_embeddings and not cfg.mlp_bias and not cfg.num_experts
-            and not cfg.mla and cfg.qkv_bias == cfg.out_bias
-            and cfg.attention in ("causal", "sliding", "alternating", "bidirectional")
-            and cfg.rotary_dim is None and not cfg.rope_interleave and not cfg.parallel_residual
-            # the scale must be some query_pre_attn_scalar ** -0.5 (1 / sqrt(h) and h ** -0.5 may differ in the last bit)
-            and math.isclose(round(cfg.scale ** -2) ** -0.5, cfg.scale, rel_tol=1e-12))
-
-
-def _gemma_encoder(cfg: ModelConfig) -> bool:
-    """Whether ``cfg`` is an encoder a bidirectional Gemma 3 file holds (EmbeddingGemma): Gemma 3 blocks, the
-    base model's outputs, none of the BERT family's extras; sliding layers with an even file window 2w."""
-    return (cfg.family == "encoder" and cfg.head == "none" and cfg.qk_norm and cfg.type_vocab_size == 0
-            and not cfg.pooler and not cfg.embedding_norm and cfg.final_norm and cfg.first_attn_norm
-            and cfg.norm_position == "pre" and cfg.embedding_size is None and not cfg.shared_layers)
-
-
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if cfg.family == "encoder" and gemma_block(cfg) and _gemma_encoder(cfg) and cfg.attention_softcap is None:
-        return "gemma3_text", "Gemma3TextModel"
-    if cfg.family != "decoder" or not gemma_block(cfg):
-        return None
-    if cfg.qk_norm:
-        if cfg.attention_softcap is not None:
-            return None  # Gemma 3 files cannot say it (see block_config)
-        return "gemma3_text", "Gemma3TextModel" if cfg.head == "none" else "Gemma3ForCausalLM"
-    if cfg.local_rope_theta is not None:
-        return None  # Gemma 2 has one rotary base
-    return "gemma2", "Gemma2Model" if cfg.head == "none" else "Gemma2ForCausalLM"
-
-
 def block_to_hf(cfg: ModelConfig, model_type: str, out: dict, layers: int) -> None:
     """config.json fields of a Gemma block (also each half of a T5Gemma)."""
     sliding = cfg.sliding_layers[:layers] if cfg.attention == "alternating" else (cfg.attention == "sliding",) * layers
@@ -231,7 +197,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in CLASSES},
-                            tuple(classes[0] for classes in CLASSES.values()), config_from_hf, target, config_to_hf,
+                            tuple(classes[0] for classes in CLASSES.values()), config_from_hf, config_to_hf,
                             rules, harmless={"_sliding_window_pattern": "a private copy; layer_types decides",
                                              "hidden_act": "Gemma's MLP reads hidden_activation",
                                              "sliding_window_size": "an older copy of sliding_window, which "

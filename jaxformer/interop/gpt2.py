@@ -42,26 +42,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 dropout_rate=hf.get("resid_pdrop", 0.1), attention_dropout_rate=hf.get("attn_pdrop", 0.1))
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """GPT-2 holds learned-position pre-norm decoders with causal attention, scaled or not (and by layer),
-    biased q, k, v, o and MLP, and a plain activation; GPT-1 the post-norm ones without a final norm."""
-    if not (cfg.family == "decoder" and cfg.position == "learned" and cfg.norm == "layernorm"
-            and cfg.attention == "causal" and cfg.qkv_bias and cfg.out_bias and cfg.mlp_bias
-            and cfg.activation not in GATED_ACTIVATIONS and cfg.kv_heads == cfg.num_heads
-            and cfg.head_dim_ * cfg.num_heads == cfg.d_model and not cfg.scale_embeddings
-            and not cfg.embedding_norm and not cfg.parallel_residual):
-        return None
-    suffix = "LMHeadModel" if cfg.head == "lm" else "Model"
-    if cfg.norm_position == "post":  # GPT-1: no final norm, scaled scores, a 4 x wide MLP
-        if (cfg.final_norm or cfg.attention_scale is not None or cfg.inverse_layer_scale
-                or cfg.d_ff != 4 * cfg.d_model or cfg.activation not in ("gelu_tanh", "relu", "silu")):
-            return None
-        return "openai-gpt", f"OpenAIGPT{suffix}"
-    if not cfg.final_norm or cfg.attention_scale not in (None, 1.0):
-        return None
-    return "gpt2", f"GPT2{suffix}"
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     if model_type == "openai-gpt":
         out.update(n_embd=cfg.d_model, n_head=cfg.num_heads, n_layer=cfg.decoder_layers,
@@ -114,7 +94,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, dict.fromkeys(CLASSES, "transformer."), ("GPT2Model", "OpenAIGPTModel"),
-                            config_from_hf, target, config_to_hf, rules, harmless={
+                            config_from_hf, config_to_hf, rules, harmless={
                                 **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation",
                                                  "summary_proj_to_labels", "predict_special_tokens"),
                                                 "the double-heads models' multiple-choice head only"),

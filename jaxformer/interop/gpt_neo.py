@@ -51,19 +51,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 attention_dropout_rate=float(hf["attention_dropout"]))
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """GPT-Neo holds learned-position pre-norm decoders with unscaled scores and biases only on the output
-    projection and the MLP."""
-    if not (cfg.family == "decoder" and cfg.position == "learned" and cfg.norm == "layernorm"
-            and cfg.norm_position == "pre" and cfg.final_norm and cfg.attention_scale == 1.0 and not cfg.qkv_bias
-            and cfg.out_bias and cfg.mlp_bias and cfg.activation not in GATED_ACTIVATIONS
-            and cfg.attention in ("causal", "sliding", "alternating") and cfg.kv_heads == cfg.num_heads
-            and cfg.head_dim_ * cfg.num_heads == cfg.d_model and not cfg.inverse_layer_scale
-            and not cfg.scale_embeddings and not cfg.embedding_norm and not cfg.parallel_residual):
-        return None
-    return "gpt_neo", "GPTNeoForCausalLM" if cfg.head == "lm" else "GPTNeoModel"
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     kinds = ["local" if sliding else "global" for sliding in cfg.sliding_layers[:cfg.decoder_layers]]
     out.update(hidden_size=cfg.d_model, num_heads=cfg.num_heads, num_layers=cfg.decoder_layers,
@@ -96,7 +83,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return out + head, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"gpt_neo": "transformer."}, ("GPTNeoModel",), config_from_hf, target,
+ARCHITECTURE = Architecture(CLASSES, {"gpt_neo": "transformer."}, ("GPTNeoModel",), config_from_hf,
                             config_to_hf, rules, harmless={
                                 "attention_layers": "derived from attention_types by the config class",
                                 **dict.fromkeys(("summary_type", "summary_use_proj", "summary_activation",

@@ -66,25 +66,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 dropout_rate=float(hf["hidden_dropout"]), attention_dropout_rate=float(hf["attention_dropout"]))
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """NeoX holds rotary layernorm decoders with biased MLPs, side by side or in turn; GPT-J the side-by-side
-    ones with one norm, adjacent rotary pairs, no attention biases and a biased head."""
-    if not (cfg.family == "decoder" and cfg.position == "rope" and not cfg.mla and cfg.norm == "layernorm"
-            and cfg.norm_position == "pre" and cfg.final_norm and cfg.attention == "causal" and cfg.mlp_bias
-            and cfg.activation not in GATED_ACTIVATIONS and cfg.kv_heads == cfg.num_heads
-            and cfg.head_dim_ * cfg.num_heads == cfg.d_model and cfg.attention_scale is None and not cfg.qk_norm
-            and not cfg.scale_embeddings and not cfg.embedding_norm and not cfg.inverse_layer_scale):
-        return None
-    if cfg.parallel_shared_norm:
-        if (cfg.rope_interleave and not cfg.qkv_bias and not cfg.out_bias and cfg.rope_scaling is None
-                and cfg.rope_theta == 10000.0 and cfg.lm_head_bias == (cfg.head == "lm")):
-            return "gptj", "GPTJForCausalLM" if cfg.head == "lm" else "GPTJModel"
-        return None
-    if cfg.rope_interleave or cfg.qkv_bias != cfg.out_bias or cfg.lm_head_bias:
-        return None
-    return "gpt_neox", "GPTNeoXForCausalLM" if cfg.head == "lm" else "GPTNeoXModel"
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     if model_type == "gptj":
         out.update(n_embd=cfg.d_model, n_head=cfg.num_heads, n_layer=cfg.decoder_layers, n_inner=cfg.d_ff,
@@ -167,7 +148,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, {"gpt_neox": "gpt_neox.", "gptj": "transformer."},
-                            ("GPTNeoXModel", "GPTJModel"), config_from_hf, target, config_to_hf, rules, harmless={
+                            ("GPTNeoXModel", "GPTJModel"), config_from_hf, config_to_hf, rules, harmless={
                                 "embd_pdrop": "training-time dropout on the embeddings, not modelled",
                                 "is_decoder": "bookkeeping (GPT-NeoX is a decoder whatever it says)",
                                 **dict.fromkeys(("rotary", "scale_attn_weights", "summary_type", "summary_use_proj",

@@ -82,24 +82,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 router_aux_loss_coef=hf["router_aux_loss_coef"])
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """gpt-oss holds LLaMA-shaped blocks with sinks, biased experts behind a biased softmax top-k router
-    (renormalised, experts as wide as d_ff, no shared experts) and the clamped SwiGLU (its ``+ 1`` on the up
-    projection comes with the clamp: a plain SwiGLU has no gpt-oss form)."""
-    if not (cfg.family == "decoder" and cfg.position == "rope" and not cfg.mla and cfg.norm == "rmsnorm"
-            and cfg.norm_position == "pre" and cfg.final_norm and cfg.attention_sinks and cfg.swiglu_limit is not None
-            and cfg.num_experts and cfg.expert_bias and cfg.router_logit_bias and cfg.qkv_bias == cfg.out_bias
-            and cfg.router_score == "softmax" and cfg.router_groups == 1 and not cfg.router_bias
-            and cfg.normalize_router_weights and cfg.routed_scaling == 1.0 and not cfg.shared_experts
-            and not cfg.dense_layers and cfg.expert_width == cfg.d_ff and cfg.router_aux_loss == "batch"
-            and cfg.attention in ("causal", "sliding", "alternating") and cfg.rotary_dim is None
-            and not cfg.rope_interleave and not cfg.qk_norm and not cfg.sandwich_norm and not cfg.norm_scale_offset
-            and not cfg.scale_embeddings and cfg.attention_softcap is None and cfg.logits_softcap is None
-            and cfg.attention_scale is None and cfg.local_rope_theta is None and not cfg.parallel_residual):
-        return None
-    return "gpt_oss", "GptOssForCausalLM" if cfg.head == "lm" else "GptOssModel"
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     kinds = ["sliding_attention" if cfg.attention == "sliding" or (cfg.attention == "alternating" and sliding)
              else "full_attention" for sliding in cfg.sliding_layers[:cfg.decoder_layers]]
@@ -149,7 +131,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return out + head, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"gpt_oss": "model."}, ("GptOssModel",), config_from_hf, target, config_to_hf,
+ARCHITECTURE = Architecture(CLASSES, {"gpt_oss": "model."}, ("GptOssModel",), config_from_hf, config_to_hf,
                             rules, defaults=DEFAULTS, harmless={
                                 "experts_per_token": "the original release's name of num_experts_per_tok, which "
                                                      "transformers reads instead",

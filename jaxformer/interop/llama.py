@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, fused_heads_in, fused_linear,
-                                     heads_out, linear, lm_head, partial_rope_from_hf, refuse, rope_from_hf,
-                                     rope_to_hf, rotary_width, stacked_experts)
+from jaxformer.interop.rules import (PRETRAINED_LENGTH, Architecture, Rule, activation, attention, copy, fused_heads_in,
+                                     fused_linear, heads_out, linear, lm_head, partial_rope_from_hf, refuse,
+                                     rope_from_hf, rope_to_hf, rotary_width, stacked_experts)
 
 STEMS = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral",
          "phi3": "Phi3", "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "glm": "Glm", "glm4": "Glm4"}
@@ -120,6 +120,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     if model_type in GLM:  # biases on q, k and v only; GLM-4 norms each sublayer's output too
         cfg.update(rotary_dim=rotary, rope_interleave=True, out_bias=False, sandwich_norm=model_type == "glm4")
     if model_type == "mixtral":
+        refuse(not hf["num_local_experts"], f"mixtral: num_local_experts={hf['num_local_experts']!r}; a Mixtral "
+               "model needs experts")
         cfg.update(num_experts=hf["num_local_experts"], experts_per_token=hf["num_experts_per_tok"],
                    router_aux_loss_coef=hf["router_aux_loss_coef"])
     if model_type == "phi3":
@@ -140,6 +142,7 @@ def _qwen_experts(hf: dict, model_type: str) -> dict[str, Any]:
     # Qwen3-MoE's config class keeps num_experts as num_local_experts (what it writes), which wins
     local, named = hf.get("num_local_experts"), hf["num_experts"]
     experts = local or named
+    refuse(not experts, f"{model_type}: num_experts={experts!r}; a {model_type} model needs experts")
     out = dict(num_experts=experts, experts_per_token=hf["num_experts_per_tok"], expert_d_ff=width,
                normalize_router_weights=bool(hf["norm_topk_prob"]), router_aux_loss_coef=hf["router_aux_loss_coef"],
                dense_layers=len(dense))
@@ -149,85 +152,6 @@ def _qwen_experts(hf: dict, model_type: str) -> dict[str, Any]:
                f"moe_intermediate_size={width}; jaxformer's shared experts are whole experts wide")
         out.update(shared_experts=shared // width, shared_expert_gate=True)
     return out
-
-
-def mixtral_shaped(cfg: ModelConfig) -> bool:
-    """A mixture of experts Mixtral's files can hold: softmax top-k with renormalised weights, experts
-    as wide as d_ff, nothing of DeepSeekMoE's."""
-    return (cfg.router_score == "softmax" and cfg.router_groups == 1 and not cfg.router_bias
-            and cfg.normalize_router_weights and cfg.routed_scaling == 1.0 and not cfg.shared_experts
-            and not cfg.dense_layers and cfg.expert_width == cfg.d_ff and cfg.router_aux_loss == "batch")
-
-
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    return _target(cfg, partial_rotary=False)
-
-
-def _target(cfg: ModelConfig, partial_rotary: bool) -> tuple[str, str] | None:
-    """The LLaMA-like type that holds ``cfg``; with ``partial_rotary``, also when only the first rotary_dim
-    numbers of each head rotate (what Phi-3's files can say, LLaMA's cannot)."""
-    if cfg.family != "decoder" or cfg.position != "rope" or cfg.mla:
-        return None
-    if cfg.rope_interleave:  # GLM's layout (GPT-J's is a layernorm model: gpt_neox.py)
-        return _glm_target(cfg) if cfg.norm == "rmsnorm" else None
-    gemma_parts = (cfg.sandwich_norm, cfg.norm_scale_offset, cfg.scale_embeddings, cfg.attention_softcap,
-                   cfg.logits_softcap, cfg.attention == "alternating", cfg.attention_scale is not None,
-                   cfg.rotary_dim is not None and not partial_rotary, cfg.rope_interleave,
-                   cfg.parallel_residual)  # or NeoX's, GPT-J's
-    if any(gemma_parts):  # nothing LLaMA's files can say
-        return None
-    if cfg.num_experts and not (mixtral_shaped(cfg) and not cfg.qk_norm and not cfg.qkv_bias):
-        return _qwen_moe_target(cfg)
-    if cfg.qk_norm:  # Qwen3: one attention_bias for all four projections
-        if cfg.qkv_bias != cfg.out_bias:
-            return None
-        model_type = "qwen3"
-    elif cfg.num_experts:
-        model_type = "mixtral"
-    elif cfg.qkv_bias and not cfg.out_bias:
-        model_type = "qwen2"
-    elif cfg.attention == "sliding":
-        model_type = "mistral"
-    else:
-        model_type = "llama"
-    return model_type, STEMS[model_type] + ("ForCausalLM" if cfg.head == "lm" else "Model")
-
-
-def _qwen_moe_target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """Qwen3-MoE holds softmax top-k experts with q/k norms; Qwen2-MoE the same with q/k/v biases and one
-    gated shared expert."""
-    if not (cfg.router_score == "softmax" and cfg.router_groups == 1 and not cfg.router_bias
-            and cfg.routed_scaling == 1.0 and cfg.router_aux_loss == "batch"):
-        return None
-    suffix = "ForCausalLM" if cfg.head == "lm" else "Model"
-    if cfg.qk_norm and not cfg.shared_experts and cfg.qkv_bias == cfg.out_bias and cfg.attention == "causal":
-        return "qwen3_moe", f"Qwen3Moe{suffix}"
-    if not cfg.qk_norm and cfg.shared_expert_gate and not cfg.out_bias:
-        return "qwen2_moe", f"Qwen2Moe{suffix}"
-    return None
-
-
-def _glm_target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """GLM holds LLaMA-like blocks whose rotary pairs are adjacent, with q/k/v biases or none; GLM-4 the
-    same with each sublayer's output normed (plain RMSNorm, no offset)."""
-    if (cfg.norm_scale_offset or cfg.scale_embeddings or cfg.attention_softcap or cfg.logits_softcap or cfg.qk_norm
-            or cfg.num_experts or cfg.parallel_residual or cfg.out_bias or cfg.mlp_bias or cfg.attention != "causal"
-            or cfg.attention_scale is not None or cfg.activation != "swiglu"):
-        return None
-    model_type = "glm4" if cfg.sandwich_norm else "glm"
-    return model_type, STEMS[model_type] + ("ForCausalLM" if cfg.head == "lm" else "Model")
-
-
-def target_as(cfg: ModelConfig, model_type: str) -> tuple[str, str] | None:
-    """A model loaded from ``model_type`` is written back as it when that type holds it: Phi-3 holds what
-    plain LLaMA (or Mistral, with a window) holds, in fused tensors, and a partial rotary (Phi-4-mini)."""
-    suffix = "ForCausalLM" if cfg.head == "lm" else "Model"
-    if model_type == "phi3":
-        found = _target(cfg, partial_rotary=True)
-        if found is not None and found[0] in ("llama", "mistral") and not cfg.qkv_bias:
-            return "phi3", f"Phi3{suffix}"
-    found = target(cfg)
-    return found if found is not None and found[0] == model_type else None
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
@@ -244,6 +168,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
         out["sliding_window"] = cfg.window_size
     if model_type == "phi3":
         out.update(resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate)
+        if cfg.rope_scaling is not None and cfg.rope_scaling.kind in PRETRAINED_LENGTH:  # beside the rope dict, it wins
+            out["original_max_position_embeddings"] = cfg.rope_scaling.original_max_positions
         out.pop("attention_bias", None)
     if model_type in ("qwen3", "qwen3_moe"):
         out["attention_bias"] = cfg.qkv_bias
@@ -328,8 +254,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, {model_type: "model." for model_type in STEMS},
-                            tuple(f"{stem}Model" for stem in STEMS.values()), config_from_hf, target, config_to_hf,
+                            tuple(f"{stem}Model" for stem in STEMS.values()), config_from_hf, config_to_hf,
                             rules, harmless={"pretraining_tp": "transformers 5 never reads it",
                                              "max_window_layers": "in Qwen3-MoE's files, which nothing of it reads "
                                                                   "(Qwen2's and Qwen3's read theirs)"},
-                            target_as=target_as, defaults=DEFAULTS)
+                            defaults=DEFAULTS, only_as_loaded=("phi3",))

@@ -106,26 +106,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     return cfg
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """Llama 4 holds LLaMA blocks rotating adjacent pairs, with chunked or full layers, NoPE layers only when
-    global, a weightless q/k norm or none, and sigmoid top-k experts on their inputs with one shared expert."""
-    chunked = cfg.attention == "alternating" and "chunked" in (cfg.layer_types or ())
-    nope_global = all(not cfg.sliding_layers[i] for i in cfg.nope_layers) if chunked else True
-    experts_ok = not cfg.num_experts or (
-        cfg.router_score == "sigmoid" and cfg.router_weights_on_input and not cfg.normalize_router_weights
-        and cfg.shared_experts == 1 and not cfg.shared_expert_gate and cfg.router_groups == 1 and not cfg.router_bias
-        and cfg.routed_scaling == 1.0)
-    if not (cfg.family == "decoder" and cfg.position == "rope" and not cfg.mla and cfg.norm == "rmsnorm"
-            and cfg.norm_position == "pre" and cfg.final_norm and cfg.activation == "swiglu" and cfg.rope_interleave
-            and cfg.rotary_dim is None and (chunked or cfg.attention == "causal") and nope_global
-            and (not cfg.qk_norm or not cfg.qk_norm_scale) and cfg.qkv_bias == cfg.out_bias and not cfg.mlp_bias
-            and not cfg.sandwich_norm and not cfg.norm_scale_offset and not cfg.scale_embeddings
-            and cfg.attention_softcap is None and cfg.logits_softcap is None and cfg.attention_scale is None
-            and not cfg.parallel_residual and experts_ok):  # (gpt-oss's ideas: registry.HELD_ONLY_BY)
-        return None
-    return "llama4_text", "Llama4ForCausalLM" if cfg.head == "lm" else "Llama4TextModel"
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     L = cfg.decoder_layers
     rotary = [int(i not in cfg.nope_layers) for i in range(L)]
@@ -211,5 +191,5 @@ HARMLESS = {**_TEXT_HARMLESS, **{f"text_config.{key}": why for key, why in _TEXT
                             "image placeholder tokens, which only the vision path reads")}
 
 ARCHITECTURE = Architecture(CLASSES, {"llama4_text": "model.", "llama4": MULTIMODAL_PREFIX + "model."},
-                            ("Llama4TextModel",), config_from_hf, target, config_to_hf, rules, ignored=ignored,
+                            ("Llama4TextModel",), config_from_hf, config_to_hf, rules, ignored=ignored,
                             defaults=DEFAULTS, harmless=HARMLESS)

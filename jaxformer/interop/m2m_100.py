@@ -44,19 +44,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 dropout_rate=hf["dropout"], attention_dropout_rate=hf["attention_dropout"])
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if not (cfg.family == "encoder_decoder" and cfg.position == "sinusoidal" and cfg.sinusoids == "fairseq"
-            and cfg.pad_aware_positions and cfg.pad_token_id is not None
-            and cfg.position_offset == cfg.pad_token_id + 1 and cfg.norm_position == "pre" and cfg.final_norm
-            and not cfg.embedding_norm and cfg.norm == "layernorm" and cfg.norm_bias and cfg.norm_eps == 1e-5
-            and cfg.qkv_bias and cfg.out_bias and cfg.mlp_bias and cfg.activation in INVERSE_ACTIVATIONS
-            and cfg.kv_heads == cfg.num_heads and cfg.head_dim_ * cfg.num_heads == cfg.d_model
-            and cfg.shared_embeddings and not cfg.logits_bias and not cfg.scale_tied_logits
-            and cfg.head in ("lm", "none")):
-        return None
-    return "m2m_100", "M2M100ForConditionalGeneration" if cfg.head == "lm" else "M2M100Model"
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(d_model=cfg.d_model, encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
                encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
@@ -80,7 +67,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return out + head, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"m2m_100": "model."}, ("M2M100Model",), config_from_hf, target, config_to_hf,
+ARCHITECTURE = Architecture(CLASSES, {"m2m_100": "model."}, ("M2M100Model",), config_from_hf, config_to_hf,
                             rules, defaults=DEFAULTS, harmless={
                                 **dict.fromkeys(("encoder_layerdrop", "decoder_layerdrop"),
                                                 "training-time layer dropping, not modelled (no effect in "

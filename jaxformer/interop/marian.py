@@ -65,23 +65,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 logits_bias=bias, dropout_rate=hf["dropout"], attention_dropout_rate=hf["attention_dropout"])
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """Marian: post-norm without final norms (either embedding arrangement); Pegasus: pre-norm with final norms
-    and one shared table."""
-    if not (cfg.family == "encoder_decoder" and cfg.position == "sinusoidal" and cfg.sinusoids == "marian"
-            and cfg.position_offset == 0 and not cfg.pad_aware_positions and not cfg.embedding_norm
-            and cfg.norm == "layernorm" and cfg.norm_bias and cfg.norm_eps == 1e-5 and cfg.qkv_bias and cfg.key_bias
-            and cfg.out_bias and cfg.mlp_bias and cfg.activation in INVERSE_ACTIVATIONS
-            and cfg.kv_heads == cfg.num_heads and cfg.head_dim_ * cfg.num_heads == cfg.d_model
-            and not cfg.scale_tied_logits and cfg.head in ("lm", "none") and (cfg.head == "lm" or not cfg.logits_bias)):
-        return None
-    if (cfg.norm_position, cfg.final_norm) == ("post", False):
-        return "marian", "MarianMTModel" if cfg.head == "lm" else "MarianModel"
-    if (cfg.norm_position, cfg.final_norm) == ("pre", True) and cfg.shared_embeddings:
-        return "pegasus", "PegasusForConditionalGeneration" if cfg.head == "lm" else "PegasusModel"
-    return None
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     name = INVERSE_ACTIVATIONS[cfg.activation]
     out.update(d_model=cfg.d_model, encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
@@ -137,7 +120,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 ARCHITECTURE = Architecture(CLASSES, {"marian": "model.", "pegasus": "model."}, ("MarianModel", "PegasusModel"),
-                            config_from_hf, target, config_to_hf, rules, defaults=DEFAULTS, harmless={
+                            config_from_hf, config_to_hf, rules, defaults=DEFAULTS, harmless={
                                 **dict.fromkeys(("encoder_layerdrop", "decoder_layerdrop"),
                                                 "training-time layer dropping, not modelled (no effect in "
                                                 "evaluation)"),

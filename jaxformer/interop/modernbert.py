@@ -98,21 +98,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 tie_embeddings=hf["tie_word_embeddings"])
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if not (cfg.family == "encoder" and cfg.position == "rope" and cfg.rope_dim == cfg.head_dim_
-            and not cfg.rope_interleave and cfg.norm == "layernorm" and cfg.norm_position == "pre"
-            and cfg.embedding_norm and cfg.final_norm and not cfg.first_attn_norm and cfg.activation in _UNIT
-            and cfg.type_vocab_size == 0 and not cfg.pooler and cfg.head in _HEADS.values()
-            and cfg.prediction_head == (cfg.head in ("sequence_classification", "token_classification",
-                                                     "question_answering"))
-            and not (cfg.qkv_bias or cfg.out_bias or cfg.mlp_bias) and cfg.kv_heads == cfg.num_heads
-            and cfg.head_dim_ * cfg.num_heads == cfg.d_model and cfg.embedding_size is None
-            and not cfg.qk_norm and not cfg.sandwich_norm and cfg.norm_scale_offset == 0
-            and (cfg.attention == "bidirectional" or cfg.layer_types is not None)):
-        return None
-    return "modernbert", "ModernBert" + {v: k for k, v in _HEADS.items()}[cfg.head]
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     kinds = cfg.layer_types or ("full",) * cfg.encoder_layers
     local = cfg.local_rope_theta if cfg.local_rope_theta is not None else cfg.rope_theta
@@ -163,7 +148,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return out, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"modernbert": "model."}, ("ModernBertModel",), config_from_hf, target,
+ARCHITECTURE = Architecture(CLASSES, {"modernbert": "model."}, ("ModernBertModel",), config_from_hf,
                             config_to_hf, rules, defaults=DEFAULTS, harmless={
                                 "classifier_dropout": "the heads' training-time dropout, not modelled (no effect in "
                                                       "evaluation)",

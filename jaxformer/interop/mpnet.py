@@ -54,12 +54,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 tie_embeddings=hf.get("tie_word_embeddings", True))
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if not cfg.index_relative_bias or cfg.head not in _HEADS.values():
-        return None
-    return "mpnet", {head: arch for arch, head in _HEADS.items()}[cfg.head]
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, intermediate_size=cfg.d_ff,
                num_hidden_layers=cfg.encoder_layers, layer_norm_eps=cfg.norm_eps,
@@ -105,5 +99,5 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return out, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"mpnet": "mpnet."}, ("MPNetModel",), config_from_hf, target, config_to_hf,
+ARCHITECTURE = Architecture(CLASSES, {"mpnet": "mpnet."}, ("MPNetModel",), config_from_hf, config_to_hf,
                             rules, defaults=DEFAULTS)

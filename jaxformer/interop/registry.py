@@ -7,13 +7,15 @@ Hugging Face folders shares (model weights in ``hf``, PEFT adapters in ``peft``)
 
 from __future__ import annotations
 
-from typing import Callable
+import dataclasses
+import math
+import warnings
 
 from jaxformer.config import ModelConfig
 from jaxformer.interop import (albert, bart, bert, deberta, deepseek, distilbert, electra, gemma, gpt2, gpt_neo,
                                gpt_neox, gpt_oss, llama, llama4, m2m_100, marian, modernbert, mpnet, t5, t5gemma, umt5,
                                xlnet)
-from jaxformer.interop.rules import Architecture, Rule
+from jaxformer.interop.rules import Architecture, ConfigReader, Rule, with_defaults
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     bert.ARCHITECTURE,
@@ -59,54 +61,114 @@ def architecture_of(hf: dict) -> tuple[str, str]:
     return model_type, arch
 
 
-# Ideas only some model types' files can say (each with the test that the config uses it): a config that uses
-# one goes to one of those types or nowhere, whatever another architecture's ``target`` (written before the idea
-# existed) would claim.
-HELD_ONLY_BY: dict[str, tuple[tuple[str, ...], Callable[[ModelConfig], bool]]] = {
-    "inverse_layer_scale": (("gpt2",), lambda c: c.inverse_layer_scale),
-    **{field: (("gpt_oss",), lambda c, f=field: bool(getattr(c, f)))
-       for field in ("attention_sinks", "swiglu_limit", "expert_bias", "router_logit_bias")},
-    "swiglu_alpha": (("gpt_oss",), lambda c: c.swiglu_alpha != 1.0),
-    **{field: (("llama4_text",), lambda c, f=field: bool(getattr(c, f)))
-       for field in ("attention_chunk_size", "nope_layers", "temperature_floor_scale", "router_weights_on_input")},
-    "qk_norm_scale": (("llama4_text",), lambda c: not c.qk_norm_scale),
-    "pooler_activation=relu": (("distilbert", "deberta", "deberta-v2"), lambda c: c.pooler_activation == "relu"),
-    "pooler_activation=gelu": (("electra", "deberta", "deberta-v2"), lambda c: c.pooler_activation == "gelu"),
-    "key_bias": (("deberta",), lambda c: not c.key_bias),
-    "mlm_head_legacy": (("deberta", "deberta-v2"), lambda c: not c.mlm_head_legacy),
-    "conv_kernel_size": (("deberta-v2",), lambda c: bool(c.conv_kernel_size)),
-    "sinusoids=fairseq": (("m2m_100",), lambda c: c.sinusoids == "fairseq"),
-    "sinusoids=marian": (("marian", "pegasus"), lambda c: c.sinusoids == "marian"),
-    "index_heads": (("deepseek_v32",), lambda c: bool(c.index_heads)),
-    "moe_layer_step": (("llama4_text",), lambda c: c.moe_layer_step > 1),
-    "relative_bias_per_layer": (("umt5",), lambda c: c.relative_bias_per_layer),
-    "index_relative_bias": (("mpnet",), lambda c: c.index_relative_bias),
-    "embedding_size": (("albert", "electra"), lambda c: c.embedding_size is not None),
-    "shared_layers": (("albert",), lambda c: c.shared_layers),
-    "head=discriminator": (("electra",), lambda c: c.head == "discriminator"),
-    "generator_width": (("electra",), lambda c: bool(c.generator_width)),
-    **{field: (("modernbert",), used) for field, used in (
-        ("first_attn_norm", lambda c: not c.first_attn_norm), ("prediction_head", lambda c: c.prediction_head),
-        ("classifier_pooling", lambda c: c.classifier_pooling != "cls"), ("head_bias", lambda c: not c.head_bias),
-        ("mlm_bias", lambda c: not c.mlm_bias), ("activation=geglu_erf", lambda c: c.activation == "geglu_erf"))},
+# ModelConfig fields that change neither what a model computes nor what its files store, with why: no file needs to
+# say them, so an export target is chosen without them (``hf_target``).
+NOT_IN_FILES = {
+    "name": "a label",
+    **dict.fromkeys(("dtype", "param_dtype", "attention_backend", "scan_layers", "remat", "pipeline_microbatches",
+                     "pipeline_repeats", "moe_dispatch"), "how this runtime computes and lays out the same numbers"),
+    "init_std": "initialisation of new weights only",
+    **dict.fromkeys(("dropout_rate", "attention_dropout_rate", "router_aux_loss_coef"),
+                    "training only (dropout, the balancing loss's weight): no effect on what the model computes"),
+    **dict.fromkeys(("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "lora_rslora", "lora_trainable"),
+                    "LoRA adapters, written apart (interop/peft.py)"),
+    **dict.fromkeys(("quantize", "quantize_embeddings"), "int8 kernels, how this runtime stores the same weights"),
+    "generator_width": "ELECTRA's generator, written apart (model.generator.save_pretrained)",
+    "clamp_float16": "a float16 overflow guard (transformers' T5 clamps whatever its file says), not a number",
 }
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+_ROUTING = ("experts_per_token", "router_score", "router_groups", "router_topk_groups", "normalize_router_weights",
+            "routed_scaling", "router_aux_loss")
 
 
-def _holds(model_type: str, cfg: ModelConfig) -> bool:
-    return all(model_type in owners for owners, used in HELD_ONLY_BY.values() if used(cfg))
+def _inert(cfg: ModelConfig) -> list[str]:
+    """Fields that ``cfg``'s other fields leave without effect: routing without experts, an indexer's sizes
+    without its heads, rotary settings without rotary positions, labels without a classifier, tying without a
+    head onto the vocabulary. (A pooler's activation stays: DistilBERT's relu tells its base model from BERT's.)"""
+    inert = [] if cfg.num_experts else list(_ROUTING)
+    inert += [] if cfg.index_heads else ["index_head_dim", "index_topk"]
+    inert += [] if cfg.position == "rope" else ["rope_theta", "rope_scaling"]
+    inert += [] if cfg.position == "disentangled" else ["disentangled_terms"]
+    inert += [] if cfg.head in ("sequence_classification", "token_classification") else ["num_labels", "label_names"]
+    return inert + ([] if cfg.head in ("lm", "mlm", "pretraining") else ["tie_embeddings", "scale_tied_logits"])
+
+
+def _computed(cfg: ModelConfig) -> dict:
+    """What of ``cfg`` a file must say, each thing spelled one way: an explicit head_dim, attention scale or
+    layer list equal to the one derived is the same model as None, and an inert field is at its default."""
+    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in NOT_IN_FILES}
+    fields.update({name: _DEFAULTS[name] for name in _inert(cfg)}, head_dim=cfg.head_dim_, attention_scale=cfg.scale)
+    if cfg.attention == "alternating" and cfg.layer_types is None:  # GPT-3's: odd layers sliding
+        fields["layer_types"] = tuple("sliding" if local else "full" for local in cfg.sliding_layers)
+    return fields
+
+
+def _written_names(cfg: ModelConfig, model_type: str, arch: str) -> set[str]:
+    """The tensor names an export as ``arch`` writes, no tensor touched; a config reader looks only at
+    tensors outside the layers (a pooler, a head), so a per-layer name stands once, for the first layer."""
+    names = set()
+    for rule in rules_for(cfg, model_type, arch)[0]:
+        written = rule.names if rule.paths else rule.names[:len(rule.save([]))]  # (a check-only rule may write none)
+        names.update(name.format(i=next(iter(rule.layer_range(cfg)), 0)) for name in written)
+    return names
+
+
+def _read_back(cfg: ModelConfig, model_type: str, arch: str) -> ModelConfig:
+    """``cfg`` written as ``arch`` of ``model_type`` and read again, the header every type writes alike
+    (vocabulary, token ids) as ``hf.config_to_hf`` and ``hf.config_from_hf`` write and read it."""
+    architecture = BY_MODEL_TYPE[model_type]
+    out = {"model_type": model_type, "architectures": [arch], "vocab_size": cfg.vocab_size}
+    out.update({key: list(value) if isinstance(value, tuple) else value
+                for key in TOKEN_IDS for value in (getattr(cfg, key),)})
+    architecture.config_to_hf(cfg, model_type, out)
+    hf = with_defaults(ConfigReader(out), architecture.defaults.get(model_type, {}))
+    fields = architecture.config_from_hf(hf, model_type, arch, _written_names(cfg, model_type, arch))
+    ids = {key: tuple(value) if isinstance(value, list) else value for key in TOKEN_IDS for value in (hf.get(key),)}
+    return ModelConfig(**{"vocab_size": hf["vocab_size"], **fields,
+                          **{key: value for key, value in ids.items() if value is not None or key not in fields}})
+
+
+def same_model(cfg: ModelConfig, back: ModelConfig) -> bool:
+    """Whether ``back`` (``cfg`` written to a config.json and read again) is the model ``cfg`` is, in all a file
+    must say (``_computed``). Two numbers a file says its own way: the attention scale (Gemma's
+    query_pre_attn_scalar ** -0.5 for 1 / sqrt(head_dim): equal but for the last bit), and BART's
+    final_logits_bias, which its LM classes always carry (transformers fills in zeros when a file leaves it
+    out): a model without one reads back with a zero bias."""
+    wanted, got = _computed(cfg), _computed(back)
+    if math.isclose(got["attention_scale"], wanted["attention_scale"], rel_tol=1e-12):
+        got["attention_scale"] = wanted["attention_scale"]
+    if not wanted["logits_bias"]:
+        got["logits_bias"] = False
+    return got == wanted
+
+
+def _holds(cfg: ModelConfig, model_type: str, arch: str) -> bool:
+    """Whether ``arch`` of ``model_type`` holds ``cfg``: reading back what it would write gives the same model.
+    A writer given a config its files cannot say may fail in any way (an activation it has no name for, a
+    field its reader refuses); it holds nothing then."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a reader's notes on a candidate that may not be chosen
+            back = _read_back(cfg, model_type, arch)
+    except (ValueError, LookupError, TypeError, AttributeError, ArithmeticError):
+        return False
+    return same_model(cfg, back)
 
 
 def hf_target(cfg: ModelConfig, prefer: str | None = None) -> tuple[str, str]:
-    """The transformers model_type and class that hold exactly this configuration: ``prefer`` (the
-    model_type a model was loaded from) when it can, else the first architecture that claims it."""
-    if prefer in BY_MODEL_TYPE and BY_MODEL_TYPE[prefer].target_as is not None:
-        found = BY_MODEL_TYPE[prefer].target_as(cfg, prefer)
-        if found is not None and _holds(found[0], cfg):
-            return found
-    for architecture in ARCHITECTURES:
-        found = architecture.target(cfg)
-        if found is not None and _holds(found[0], cfg):
-            return found
+    """The transformers model_type and class that hold exactly this configuration: the first whose
+    config.json, written and read back, gives ``cfg`` again (``same_model``). ``prefer`` (the model_type a model
+    was loaded from) is tried first, then every architecture's types in the order of ``ARCHITECTURES``
+    (most specific first) and of its ``classes``, but for those written only for a model loaded from one
+    (``Architecture.only_as_loaded``); the classes of a type in their order (the head picks one)."""
+    model_types = [prefer] if prefer in BY_MODEL_TYPE else []
+    model_types += [model_type for architecture in ARCHITECTURES for model_type in architecture.classes
+                    if model_type not in architecture.only_as_loaded and model_type != prefer]
+    for model_type in model_types:
+        for arch in BY_MODEL_TYPE[model_type].classes[model_type]:
+            if _holds(cfg, model_type, arch):
+                return model_type, arch
     raise ValueError(f"{cfg.name!r} ({cfg.family}, {cfg.position} positions) has no Hugging Face architecture; "
                      "the 2017 Transformer maps to torch.nn.Transformer (jaxformer.interop.nn_transformer)")
 

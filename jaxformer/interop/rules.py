@@ -40,7 +40,6 @@ class Architecture:
     ``prefix``: model_type -> where head classes nest the base model's tensors ("model.", ...).
     ``base_classes``: classes whose tensors are not nested (saved alone).
     ``config_from_hf(hf, model_type, arch, tensor_names)``: ModelConfig fields of a config.json.
-    ``target(cfg)``: the (model_type, class) that holds exactly this config, or None.
     ``config_to_hf(cfg, model_type, out)``: fills a config.json dict for ``cfg``.
     ``rules(cfg, model_type, arch, prefix)``: tensor rules and tied-tensor aliases.
     """
@@ -49,7 +48,6 @@ class Architecture:
     prefix: dict[str, str]
     base_classes: tuple[str, ...]
     config_from_hf: Callable[[dict, str, str, set[str]], dict[str, Any]]
-    target: Callable[[ModelConfig], tuple[str, str] | None]
     config_to_hf: Callable[[ModelConfig, str, dict], None]
     rules: Callable[[ModelConfig, str, str, str], tuple[list[Rule], dict[str, str]]]
     # ``ignored(hf, tensor_names) -> (names, note)``: tensors a file may carry that the forward pass never
@@ -58,10 +56,10 @@ class Architecture:
     # config.json keys (by path: 'decoder.is_decoder') that change no number of this architecture's forward
     # pass, each with the reason; any other key its config_from_hf does not read is refused at load.
     harmless: dict[str, str] = dataclasses.field(default_factory=dict)
-    # ``target_as(cfg, model_type)``: the class of this architecture's ``model_type`` that holds ``cfg`` too,
-    # or None; where several model types hold one config (Phi-3's fused tensors hold LLaMA's numbers), a
-    # model loaded from one is written back as the same. None: only ``target`` counts.
-    target_as: Callable[[ModelConfig, str], tuple[str, str] | None] | None = None
+    # Model types that hold only what another type of this file holds, or little more (XLM-R's files are RoBERTa's,
+    # mT5's T5's, Phi-3's LLaMA's and Mistral's in fused tensors): written only for a model loaded from one. Every
+    # other type is an export target for any config it holds (registry.hf_target), in the order of ``classes``.
+    only_as_loaded: tuple[str, ...] = ()
     # model_type -> its config class's defaults for the keys a file may leave out (token ids included):
     # the loader fills them in before config_from_hf reads the file, as transformers' config class does.
     defaults: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)

@@ -60,22 +60,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 dropout_rate=hf.get("dropout_rate", 0.1))
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if cfg.position != "relative" or cfg.family == "decoder" or cfg.wrap_decoder_start or cfg.pooler_activation != "tanh":
-        return None
-    if cfg.family == "encoder":
-        return "t5", "T5EncoderModel"
-    return "t5", next(name for name, head in HEADS.items() if head == cfg.head)
-
-
-def target_as(cfg: ModelConfig, model_type: str) -> tuple[str, str] | None:
-    """A model loaded from an mT5 file is written back as mT5 (unless it scales tied outputs, which mT5 never does)."""
-    found = target(cfg)
-    if found is None or model_type != "mt5" or cfg.scale_tied_logits:
-        return found if found is not None and found[0] == model_type else None
-    return "mt5", "M" + found[1]
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     act = {"relu": "relu", "gelu": "gelu", "geglu": "gated-gelu", "swiglu": "gated-silu"}[cfg.activation]
     out.update(d_model=cfg.d_model, num_heads=cfg.num_heads, d_kv=cfg.head_dim_, d_ff=cfg.d_ff,
@@ -134,8 +118,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 # T5 names its tensors the same with or without a head: nothing is nested (but T5ForSequenceClassification's,
 # under transformer.: ``rules`` adds it).
-ARCHITECTURE = Architecture(CLASSES, {"t5": "", "mt5": ""}, CLASSES["t5"] + CLASSES["mt5"], config_from_hf, target,
-                            config_to_hf, rules, target_as=target_as, harmless={
+ARCHITECTURE = Architecture(CLASSES, {"t5": "", "mt5": ""}, CLASSES["t5"] + CLASSES["mt5"], config_from_hf,
+                            config_to_hf, rules, only_as_loaded=("mt5",), harmless={
     "is_decoder": "the class decides which stack is which",
     "num_decoder_layers": "read for models with a decoder; T5EncoderModel has none",
     # (T5 reads it: it decides T5 v1.0's output scaling)

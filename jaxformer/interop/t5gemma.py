@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxformer.config import ModelConfig
-from jaxformer.interop.gemma import DEFAULTS, block_config, block_rules, block_to_hf, gemma_block
+from jaxformer.interop.gemma import DEFAULTS, block_config, block_rules, block_to_hf
 from jaxformer.interop.rules import Architecture, Rule, copy, linear, refuse, sub_config, with_defaults
 
 CLASSES = {"t5gemma": ("T5GemmaForConditionalGeneration", "T5GemmaModel")}
@@ -38,14 +38,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 tie_embeddings=hf.get("tie_word_embeddings", True), decoder_start_token_id=decoder.get("bos_token_id"),
                 dropout_rate=float(hf.get("dropout_rate") or 0.0),
                 head="lm" if arch == "T5GemmaForConditionalGeneration" else "none")
-
-
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    if (cfg.family != "encoder_decoder" or not gemma_block(cfg) or cfg.shared_embeddings or cfg.qk_norm
-            or cfg.local_rope_theta is not None or cfg.encoder_layers != cfg.decoder_layers
-            or cfg.head not in ("lm", "none")):  # (a classifier or span head would be dropped)
-        return None
-    return "t5gemma", "T5GemmaForConditionalGeneration" if cfg.head == "lm" else "T5GemmaModel"
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
@@ -78,7 +70,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return out + [linear(("lm_head", "kernel"), "lm_head.out_proj.weight")], {}
 
 
-ARCHITECTURE = Architecture(CLASSES, {"t5gemma": "model."}, ("T5GemmaModel",), config_from_hf, target, config_to_hf,
+ARCHITECTURE = Architecture(CLASSES, {"t5gemma": "model."}, ("T5GemmaModel",), config_from_hf, config_to_hf,
                             rules, harmless={
                                 "is_encoder_decoder": "the class decides", "attention_dropout": "training-time dropout",
                                 **{f"{half}.{key}": why for half in ("encoder", "decoder") for key, why in (

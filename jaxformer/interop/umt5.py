@@ -37,12 +37,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     return {**fields, "relative_bias_per_layer": True}
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    found = t5.target(cfg) if cfg.relative_bias_per_layer else None
-    arch = None if found is None else "U" + found[1].replace("T5", "MT5", 1)
-    return ("umt5", arch) if arch in CLASSES["umt5"] else None
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     t5.config_to_hf(cfg, "t5", out)  # scale_decoder_outputs written: transformers 5 reads it back
 
@@ -56,6 +50,6 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     return [rule for rule in out if rule not in shared] + per_layer, aliases
 
 
-ARCHITECTURE = Architecture(CLASSES, {"umt5": ""}, CLASSES["umt5"], config_from_hf, target, config_to_hf, rules,
+ARCHITECTURE = Architecture(CLASSES, {"umt5": ""}, CLASSES["umt5"], config_from_hf, config_to_hf, rules,
                             harmless={key: why for key, why in t5.ARCHITECTURE.harmless.items()
                                       if key != "tie_word_embeddings"}, defaults=DEFAULTS)

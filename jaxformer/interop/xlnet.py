@@ -46,19 +46,6 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 dropout_rate=hf.get("dropout", 0.1), attention_dropout_rate=hf.get("dropout", 0.1))
 
 
-def target(cfg: ModelConfig) -> tuple[str, str] | None:
-    """XLNet holds exactly the Transformer-XL configs built like it: post-norm layernorm blocks with
-    biased MLPs, unbiased attention, segment terms, no embedding scale, a biased LM head."""
-    xlnet_like = (cfg.family == "decoder" and cfg.position == "xl" and cfg.norm == "layernorm"
-                  and cfg.norm_position == "post" and not cfg.final_norm and not cfg.embedding_norm
-                  and not cfg.scale_embeddings and not (cfg.qkv_bias or cfg.out_bias) and cfg.mlp_bias
-                  and cfg.relative_segments and cfg.activation in ("relu", "gelu", "gelu_tanh")
-                  and cfg.head_dim_ * cfg.num_heads == cfg.d_model and cfg.lm_head_bias == (cfg.head == "lm"))
-    if not xlnet_like:
-        return None
-    return "xlnet", "XLNetLMHeadModel" if cfg.head == "lm" else "XLNetModel"
-
-
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(d_model=cfg.d_model, n_head=cfg.num_heads, d_head=cfg.head_dim_, d_inner=cfg.d_ff,
                n_layer=cfg.decoder_layers, layer_norm_eps=cfg.norm_eps, ff_activation=INVERSE_ACTIVATIONS[cfg.activation],
@@ -121,7 +108,7 @@ def ignored(hf: dict, tensor_names: set[str]) -> tuple[set[str], str]:
                      "stream (Transformer-XL), and does not write mask_emb back")
 
 
-ARCHITECTURE = Architecture(CLASSES, {"xlnet": "transformer."}, ("XLNetModel",), config_from_hf, target,
+ARCHITECTURE = Architecture(CLASSES, {"xlnet": "transformer."}, ("XLNetModel",), config_from_hf,
                             config_to_hf, rules, ignored, harmless={
                                 **dict.fromkeys(("start_n_top", "end_n_top", "summary_type", "summary_use_proj",
                                                  "summary_activation"), "the QA and sequence-summary heads only"),
