@@ -416,162 +416,257 @@ def lookup_drafts(text: Array, known: Array, length: Array, count: int, ngram: i
     return drafts, real.astype(jnp.int32)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _DraftingCarry:
+    """What one drafting round hands the next: the ``while_loop`` carry of ``_drafted``."""
+    step: Array  # tokens emitted so far (the next one's column of the output)
+    state: DecodeState  # the target's cache: every token before the last one emitted
+    assistant_state: DecodeState | None  # the assistant's: every token before the last two (None: prompt lookup)
+    pair: Array  # [B, 2] the last two tokens emitted: the assistant's round runs both, the target's the second
+    text: Array  # [B, C + N + K + 1] the prompt (an encoder-decoder's source), then what was emitted
+    known: Array  # [B, C + N + K + 1] which of ``text`` are real tokens (not padding, not yet written)
+    finished: Array  # [B] rows that emitted an EOS
+    drafts_now: Array  # how many drafts the assistant proposes this round (the heuristic schedule moves it)
+    key: Array
+    bad: Array  # the first step whose logits were not finite (-1: none)
+    rounds: Array  # target steps taken after the prefill
+
+
+@dataclasses.dataclass(frozen=True)
+class _Drafting:
+    """What every round of one drafted generation shares (fixed for the loop, so not carried)."""
+    target: Any  # the target's decode-loop form
+    assistant: Any  # the assistant's decode-loop form; None: prompt lookup drafts
+    gc: GenerationConfig
+    vocab: int  # the target's
+    next_position: Array  # [B] the position of the first emitted token
+    prompt_columns: int  # C: where the emitted tokens start in ``text``
+    first_tokens: Array | None  # each row's forced first token (``process_logits``)
+
+
+def _assistant_choice(logits: Array, at, key: Array, gc: GenerationConfig, vocab: int) -> tuple[Array, Array | None]:
+    """The assistant's draft [B] from its logits over the target's vocabulary, processed as the target's
+    are, and (sampling) the distribution q [B, V] it was drawn from."""
+    scores = process_logits(_in_vocabulary(logits, vocab), at, gc.max_new_tokens, gc)
+    if gc.do_sample:
+        warped = warp_logits(scores, gc)
+        return jax.random.categorical(key, warped, axis=-1).astype(jnp.int32), jax.nn.softmax(warped, axis=-1)
+    return jnp.argmax(scores, axis=-1).astype(jnp.int32), None
+
+
+def _draft_from_assistant(run: _Drafting, carry: _DraftingCarry, key: Array):
+    """``carry.drafts_now`` cached assistant steps: the first runs the last two tokens emitted, each next one
+    the draft before it. Returns drafts [B, K], how many are real [B], their probabilities q [B, K, V]
+    (sampling; else None) and the assistant's state."""
+    gc, step, B = run.gc, carry.step, carry.pair.shape[0]
+    K = gc.draft_tokens
+    keys = jax.random.split(key, K)
+    pair_positions = (run.next_position + step - 2)[:, None] + jnp.arange(2)
+    logits, a_state = run.assistant.step(carry.pair, pair_positions, jnp.ones((B, 2), bool), carry.assistant_state)
+    token, q = _assistant_choice(logits, step, keys[0], gc, run.vocab)
+    drafts = jnp.zeros((B, K), jnp.int32).at[:, 0].set(token)
+    probs = None if q is None else jnp.zeros((B, K, run.vocab), jnp.float32).at[:, 0].set(q)
+
+    def one_more(loop):
+        j, a_state, drafts, probs = loop
+        logits, a_state = run.assistant.step(jax.lax.dynamic_slice_in_dim(drafts, j - 1, 1, axis=1),
+                                             (run.next_position + step - 1 + j)[:, None], jnp.ones((B, 1), bool),
+                                             a_state)
+        token, q = _assistant_choice(logits, step + j, keys[j], gc, run.vocab)
+        drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], j, axis=1)
+        if probs is not None:
+            probs = jax.lax.dynamic_update_slice_in_dim(probs, q[:, None], j, axis=1)
+        return j + 1, a_state, drafts, probs
+
+    drafted = lambda loop: loop[0] < carry.drafts_now  # noqa: E731  (loop: j, a_state, drafts, probs)
+    _, a_state, drafts, probs = jax.lax.while_loop(drafted, one_more, (jnp.int32(1), a_state, drafts, probs))
+    return drafts, jnp.full((B,), carry.drafts_now, jnp.int32), probs, a_state
+
+
+def _draft_from_lookup(run: _Drafting, carry: _DraftingCarry):
+    """Prompt lookup's drafts [B, K] and how many are real [B] (``lookup_drafts``), in the assistant's shape
+    (no q: a lookup draft is a point mass; the assistant state stays None)."""
+    drafts, real = lookup_drafts(carry.text, carry.known, run.prompt_columns + carry.step, run.gc.draft_tokens,
+                                 run.gc.max_matching_ngram_size)
+    return drafts, real, None, carry.assistant_state
+
+
+def _target_scores(run: _Drafting, step: Array, state: DecodeState, last: Array, drafts: Array):
+    """The target's one step over ``last`` [B] and ``drafts`` [B, W - 1]: processed scores [B, W, V] (column
+    i's choose the token after the i-th token fed: ``last``, then the drafts), its state, and whether every
+    logit was finite."""
+    B, width = drafts.shape[0], drafts.shape[1] + 1
+    fed = jnp.concatenate([last[:, None], drafts], axis=1)
+    logits, state = run.target.step(fed, (run.next_position + step - 1)[:, None] + jnp.arange(width),
+                                    jnp.ones((B, width), bool), state, every_position=True)
+    at = step + jnp.arange(width)
+    process = lambda sc, t: process_logits(sc, t, run.gc.max_new_tokens, run.gc, run.first_tokens)  # noqa: E731
+    scores = jax.vmap(process, in_axes=(1, 0), out_axes=1)(logits, at)
+    return scores, state, jnp.all(jnp.isfinite(logits))
+
+
+def _accept_greedy(scores: Array, drafts: Array) -> tuple[Array, Array]:
+    """Greedy acceptance: a draft [B, W - 1] is kept where it is the target's own choice; a row stopping at
+    column i emits the target's choice there. Returns what is kept and the token per stopping column [B, W]."""
+    own = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+    return drafts == own[:, :-1], own
+
+
+def _accept_sampled(scores: Array, drafts: Array, q: Array | None, real: Array, key: Array,
+                    gc: GenerationConfig) -> tuple[Array, Array]:
+    """Speculative sampling: a draft x is kept with probability min(1, p(x) / q(x)); a row stopping at a
+    rejected draft emits a draw from max(0, p - q) renormalised (p where that is all 0), past the drafts a
+    draw from p. A lookup draft (``q`` None, a point mass) is kept when the target's own draw equals it.
+    Returns what is kept [B, W - 1] and the token per stopping column [B, W], as ``_accept_greedy``."""
+    keys = jax.random.split(key, 3)
+    warped = warp_logits(scores, gc)
+    own = jax.random.categorical(keys[0], warped, axis=-1).astype(jnp.int32)
+    if q is None:
+        return drafts == own[:, :-1], own
+    drafted = jnp.arange(drafts.shape[1]) < real[:, None]
+    p = jax.nn.softmax(warped, axis=-1)
+    q = q[:, :drafts.shape[1]]
+    ratio = (jnp.take_along_axis(p[:, :-1], drafts[..., None], -1)
+             / jnp.take_along_axis(q, drafts[..., None], -1))[..., 0]
+    accept = jax.random.uniform(keys[1], ratio.shape) < ratio
+    residual = jnp.maximum(p[:, :-1] - q, 0.0)
+    total = jnp.sum(residual, axis=-1, keepdims=True)
+    residual = jnp.where(total > 0, residual / jnp.where(total > 0, total, 1.0), p[:, :-1])
+    corrected = jax.random.categorical(keys[2], jnp.log(residual), axis=-1).astype(jnp.int32)
+    return accept, own.at[:, :-1].set(jnp.where(drafted, corrected, own[:, :-1]))
+
+
+def _verify(width: int, run: _Drafting, step, state, last, drafts, real, q, key):
+    """The target's step over ``last`` and the first ``width - 1`` drafts, judged by the acceptance rule: each
+    row's count of drafts kept before its first rejected one [B], the token it emits if it stops at each column
+    [B, K + 1], the state, and whether every logit was finite."""
+    gc = run.gc
+    drafts = drafts[:, :width - 1]
+    scores, state, finite = _target_scores(run, step, state, last, drafts)
+    if gc.do_sample:
+        accept, stop = _accept_sampled(scores, drafts, q, real, key, gc)
+    else:
+        accept, stop = _accept_greedy(scores, drafts)
+    accept &= jnp.arange(width - 1) < real[:, None]
+    accepted = jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
+    stop = jnp.pad(stop, ((0, 0), (0, gc.draft_tokens + 1 - width)), constant_values=gc.pad_token_id)
+    return accepted, stop, state, finite
+
+
+def _emitted(n: Array, accepted: Array, drafts: Array, stop: Array, pad: int) -> tuple[Array, Array, Array]:
+    """A round's n + 1 tokens per row [B, K + 1] (padded after), rows advancing together by n drafts: the n
+    drafts, then at column n the row's own next draft where it accepted more, else the target's token there.
+    Also that last token [B] and which columns are emitted [K + 1]."""
+    B = drafts.shape[0]
+    column = jnp.arange(drafts.shape[1] + 1)
+    emitting = column <= n
+    drafts = jnp.pad(drafts, ((0, 0), (0, 1)), constant_values=pad)
+    at_n = jnp.where(accepted > n, drafts[:, n], jnp.take_along_axis(stop, jnp.full((B, 1), n), 1)[:, 0])
+    emitted = jnp.where(column < n, drafts, at_n[:, None])
+    return jnp.where(emitting, emitted, pad), at_n, emitting
+
+
+def _ended(emitted: Array, emitting: Array, n: Array, finished: Array,
+           gc: GenerationConfig) -> tuple[Array, Array, Array]:
+    """Where a round's tokens end rows: what is written to the text [B, K + 1] (padded from a row's EOS on, and
+    for rows finished before), the rows finished now, and how far the output advances (n + 1 tokens; once every
+    row has finished, only as far as the last row needed)."""
+    eos = _is_eos(emitted, gc) & emitting & ~finished[:, None]
+    after_eos = (jnp.cumsum(eos, axis=1) - eos) > 0
+    shown = jnp.where(finished[:, None] | after_eos, gc.pad_token_id, emitted)
+    ended = jnp.any(eos, axis=1)
+    now_finished = finished | ended
+    needed = jnp.where(finished, 0, jnp.where(ended, jnp.argmax(eos, axis=1) + 1, n + 1))
+    return shown, now_finished, jnp.where(jnp.all(now_finished), jnp.max(needed), n + 1)
+
+
+def _drafting_round(run: _Drafting, carry: _DraftingCarry) -> _DraftingCarry:
+    """One round: draft, verify the drafts with the target's step, accept, rewind both caches past what was
+    rejected, append what was emitted."""
+    gc, step = run.gc, carry.step
+    K = gc.draft_tokens
+    key, draft_key, verify_key = jax.random.split(carry.key, 3)
+    if run.assistant is None:  # draft
+        drafts, real, q, a_state = _draft_from_lookup(run, carry)
+    else:
+        drafts, real, q, a_state = _draft_from_assistant(run, carry, draft_key)
+
+    last = carry.pair[:, 1]  # verify with the target's step, each row by the acceptance rule
+    args = (step, carry.state, last, drafts, real, q, verify_key)
+    if run.assistant is None:  # where no row found a match, a plain one-token step
+        accepted, stop, state, finite = jax.lax.cond(jnp.any(real > 0), functools.partial(_verify, K + 1, run),
+                                                     functools.partial(_verify, 1, run), *args)
+    else:
+        accepted, stop, state, finite = _verify(K + 1, run, *args)
+
+    n = jnp.min(jnp.where(carry.finished, K, accepted))  # accept: every unfinished row accepted at least n drafts
+    emitted, at_n, emitting = _emitted(n, accepted, drafts, stop, gc.pad_token_id)
+    shown, finished, advance = _ended(emitted, emitting, n, carry.finished, gc)
+
+    state = state.rewind(carry.state.kv.index + n + 1)  # rewind: everything before the last token emitted
+    if a_state is not None:  # everything before the last two
+        a_state = a_state.rewind(carry.assistant_state.kv.index + n + 1)
+
+    at = run.prompt_columns + step  # append
+    previous = jnp.take_along_axis(emitted, jnp.full((emitted.shape[0], 1), jnp.maximum(n - 1, 0)), 1)[:, 0]
+    before = jnp.where(n > 0, previous, last)  # the next round's pair: the last two tokens emitted
+    drafts_now = carry.drafts_now
+    if gc.num_assistant_tokens_schedule == "heuristic":  # transformers': +2 after a full round, else -1
+        drafts_now = jnp.where(n == drafts_now, jnp.minimum(drafts_now + 2, K), jnp.maximum(drafts_now - 1, 1))
+    return _DraftingCarry(
+        step=step + advance, state=state, assistant_state=a_state, pair=jnp.stack([before, at_n], axis=1),
+        text=jax.lax.dynamic_update_slice_in_dim(carry.text, shown, at, axis=1),
+        known=jax.lax.dynamic_update_slice_in_dim(carry.known, jnp.arange(K + 1)[None] <= n, at, axis=1),
+        finished=finished, drafts_now=drafts_now, key=key, bad=jnp.where((carry.bad < 0) & ~finite, step, carry.bad),
+        rounds=carry.rounds + 1)
+
+
 def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationConfig, first_tokens=None):
     """Greedy or sampled decoding that emits several tokens per target step: a round drafts K tokens (the
     ``assistant``'s own cached greedy or sampled steps, or, with ``assistant`` None, prompt lookup), the
     target's ``step`` runs its last token and the K drafts at once (the same step that decodes one token,
     with every position's logits), keeps the drafts it agrees with and adds its own next token, and both
-    caches are rewound past what it rejected. Greedy output is plain greedy's; sampling accepts a draft
-    with probability min(1, p/q) and otherwise draws from max(0, p - q) (speculative sampling; a lookup
-    draft, q a point mass, is accepted when the target's own draw equals it), so every token is drawn from
-    the target's distribution. Rows of a batch advance together by the fewest any unfinished row accepted.
+    caches are rewound past what it rejected (``_drafting_round``). Greedy output is plain greedy's;
+    sampling accepts a draft with probability min(1, p/q) and otherwise draws from max(0, p - q)
+    (speculative sampling; a lookup draft, q a point mass, is accepted when the target's own draw equals
+    it), so every token is drawn from the target's distribution. Rows of a batch advance together by the
+    fewest any unfinished row accepted.
 
     The target's cache holds every token before the last one emitted; the assistant's every token before
     the last two, which open its next round (so a round whose drafts were all accepted needs no extra
     assistant step for the last of them). Returns tokens, steps and bad step as ``_greedy_or_sample`` does,
     and the number of target steps taken after the prefill (rounds)."""
-    N, K, V = gc.max_new_tokens, gc.draft_tokens, model.config.vocab_size
+    N, K = gc.max_new_tokens, gc.draft_tokens
     ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, N + K)
     B = ids.shape[0]
     logits, state = model.step(ids, positions, valid, state)
-    looping = model.for_decode_loop()
     key, sub = jax.random.split(key)
     first = _choose(logits, 0, sub, gc, first_tokens)
-    next_position = positions[:, -1] + 1  # the first emitted token's
-    bad = first_non_finite(jnp.int32(-1), logits, 0)
 
     # The text drafts look up and results are written to: the prompt (an encoder-decoder's source), then
     # what was emitted; room for one round past max_new_tokens.
     C = input_ids.shape[1]
     text = jnp.concatenate([input_ids.astype(jnp.int32), jnp.full((B, N + K + 1), gc.pad_token_id, jnp.int32)], axis=1)
-    text = text.at[:, C].set(first)
-    known = jnp.concatenate([attention_mask.astype(bool), jnp.zeros((B, N + K + 1), bool)], axis=1).at[:, C].set(True)
-
-    drafting = None
+    known = jnp.concatenate([attention_mask.astype(bool), jnp.zeros((B, N + K + 1), bool)], axis=1)
+    a_state = None
     if assistant is not None:
-        drafting = assistant.for_decode_loop()
         a_ids, a_positions, a_valid, a_state = _prefill_inputs(assistant, input_ids, attention_mask, gc, 1, N + K)
         _, a_state = assistant.step(a_ids, a_positions, a_valid, a_state)
         a_state = a_state.rewind(a_state.kv.index - 1)  # its last prompt token opens the first round
-    else:
-        a_state = None
-    pair = jnp.stack([ids[:, -1], first], axis=1)  # the last two tokens: the target's next step starts at the second
 
-    def propose(step, a_state, pair, drafts_now, text, known, key):
-        """K drafts [B, K], how many are real [B], the assistant's probabilities of them [B, K, V] (sampling
-        only) and its state."""
-        if assistant is None:
-            found, real = lookup_drafts(text, known, C + step, K, gc.max_matching_ngram_size)
-            return found, real, None, a_state
-
-        def pick(logits, at, key):
-            scores = process_logits(_in_vocabulary(logits, V), at, N, gc)
-            if gc.do_sample:
-                warped = warp_logits(scores, gc)
-                return jax.random.categorical(key, warped, axis=-1).astype(jnp.int32), jax.nn.softmax(warped, axis=-1)
-            return jnp.argmax(scores, axis=-1).astype(jnp.int32), None
-
-        keys = jax.random.split(key, K)
-        pair_positions = (next_position + step - 2)[:, None] + jnp.arange(2)
-        logits, a_state = drafting.step(pair, pair_positions, jnp.ones((B, 2), bool), a_state)
-        token, q = pick(logits, step, keys[0])
-        drafts = jnp.zeros((B, K), jnp.int32).at[:, 0].set(token)
-        probs = None if q is None else jnp.zeros((B, K, V), jnp.float32).at[:, 0].set(q)
-
-        def more(carry):
-            j, a_state, drafts, probs = carry
-            logits, a_state = drafting.step(jax.lax.dynamic_slice_in_dim(drafts, j - 1, 1, axis=1),
-                                            (next_position + step - 1 + j)[:, None], jnp.ones((B, 1), bool), a_state)
-            token, q = pick(logits, step + j, keys[j])
-            drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], j, axis=1)
-            if probs is not None:
-                probs = jax.lax.dynamic_update_slice_in_dim(probs, q[:, None], j, axis=1)
-            return j + 1, a_state, drafts, probs
-
-        _, a_state, drafts, probs = jax.lax.while_loop(lambda c: c[0] < drafts_now, more,
-                                                       (jnp.int32(1), a_state, drafts, probs))
-        return drafts, jnp.full((B,), drafts_now, jnp.int32), probs, a_state
-
-    def verify(width, step, state, last, drafts, real, q, key):
-        """The target's step over ``last`` and the first ``width - 1`` drafts: each row's accepted count [B],
-        per position the token emitted if the row stops there [B, K + 1], the state, and whether every logit
-        was finite."""
-        drafts = drafts[:, :width - 1]
-        fed = jnp.concatenate([last[:, None], drafts], axis=1)
-        logits, state = looping.step(fed, (next_position + step - 1)[:, None] + jnp.arange(width),
-                                     jnp.ones((B, width), bool), state, every_position=True)
-        at = step + jnp.arange(width)
-        scores = jax.vmap(lambda sc, t: process_logits(sc, t, N, gc, first_tokens), in_axes=(1, 0), out_axes=1)(
-            logits, at)
-        keys = jax.random.split(key, 3)
-        if not gc.do_sample:
-            own = jnp.argmax(scores, axis=-1).astype(jnp.int32)
-            accept, stop = drafts == own[:, :-1], own
-        else:
-            warped = warp_logits(scores, gc)
-            own = jax.random.categorical(keys[0], warped, axis=-1).astype(jnp.int32)
-            if q is None:  # a lookup draft: kept when the target's own draw is the same token
-                accept, stop = drafts == own[:, :-1], own
-            else:
-                p = jax.nn.softmax(warped, axis=-1)
-                q = q[:, :width - 1]
-                ratio = (jnp.take_along_axis(p[:, :-1], drafts[..., None], -1)
-                         / jnp.take_along_axis(q, drafts[..., None], -1))[..., 0]
-                accept = jax.random.uniform(keys[1], ratio.shape) < ratio
-                residual = jnp.maximum(p[:, :-1] - q, 0.0)
-                total = jnp.sum(residual, axis=-1, keepdims=True)
-                residual = jnp.where(total > 0, residual / jnp.where(total > 0, total, 1.0), p[:, :-1])
-                corrected = jax.random.categorical(keys[2], jnp.log(residual), axis=-1).astype(jnp.int32)
-                drafted_here = jnp.arange(width - 1) < real[:, None]
-                stop = own.at[:, :-1].set(jnp.where(drafted_here, corrected, own[:, :-1]))
-        accept &= jnp.arange(width - 1) < real[:, None]
-        accepted = jnp.sum(jnp.cumprod(accept, axis=1), axis=1).astype(jnp.int32)
-        stop = jnp.pad(stop, ((0, 0), (0, K + 1 - width)), constant_values=gc.pad_token_id)
-        return accepted, stop, state, jnp.all(jnp.isfinite(logits))
-
-    def round_(carry):
-        step, state, a_state, pair, text, known, finished, drafts_now, key, bad, rounds = carry
-        key, draft_key, verify_key = jax.random.split(key, 3)
-        start, a_start = state.kv.index, None if a_state is None else a_state.kv.index
-        drafts, real, q, a_state = propose(step, a_state, pair, drafts_now, text, known, draft_key)
-        last = pair[:, 1]
-        args = (step, state, last, drafts, real, q, verify_key)
-        if assistant is None:  # where no row found a match, a plain one-token step
-            accepted, stop, state, finite = jax.lax.cond(jnp.any(real > 0), functools.partial(verify, K + 1),
-                                                         functools.partial(verify, 1), *args)
-        else:
-            accepted, stop, state, finite = verify(K + 1, *args)
-        bad = jnp.where((bad < 0) & ~finite, step, bad)
-        n = jnp.min(jnp.where(finished, K, accepted))  # every unfinished row accepted at least n drafts
-        column = jnp.arange(K + 1)
-        drafts_ = jnp.pad(drafts, ((0, 0), (0, 1)), constant_values=gc.pad_token_id)
-        at_n = jnp.where(accepted > n, drafts_[:, n], jnp.take_along_axis(stop, jnp.full((B, 1), n), 1)[:, 0])
-        emitted = jnp.where(column < n, drafts_, at_n[:, None])
-        emitted = jnp.where(column <= n, emitted, gc.pad_token_id)
-        eos = _is_eos(emitted, gc) & (column <= n) & ~finished[:, None]
-        after_eos = (jnp.cumsum(eos, axis=1) - eos) > 0
-        shown = jnp.where(finished[:, None] | after_eos, gc.pad_token_id, emitted)
-        ended = jnp.any(eos, axis=1)
-        now_finished = finished | ended
-        needed = jnp.where(finished, 0, jnp.where(ended, jnp.argmax(eos, axis=1) + 1, n + 1))
-        advance = jnp.where(jnp.all(now_finished), jnp.max(needed), n + 1)
-        text = jax.lax.dynamic_update_slice_in_dim(text, shown, C + step, axis=1)
-        known = jax.lax.dynamic_update_slice_in_dim(known, column[None] <= n, C + step, axis=1)
-        state = state.rewind(start + n + 1)  # everything before the last token emitted
-        if a_state is not None:  # everything before the last two
-            a_state = a_state.rewind(a_start + n + 1)
-        before = jnp.where(n > 0, jnp.take_along_axis(emitted, jnp.full((B, 1), jnp.maximum(n - 1, 0)), 1)[:, 0], last)
-        pair = jnp.stack([before, at_n], axis=1)
-        if gc.num_assistant_tokens_schedule == "heuristic":  # transformers': +2 after a full round, else -1
-            drafts_now = jnp.where(n == drafts_now, jnp.minimum(drafts_now + 2, K), jnp.maximum(drafts_now - 1, 1))
-        return (step + advance, state, a_state, pair, text, known, now_finished, drafts_now, key, bad, rounds + 1)
-
-    carry = (jnp.int32(1), state, a_state, pair, text, known, _is_eos(first, gc), jnp.int32(K), key, bad, jnp.int32(0))
-    steps, _, _, _, text, _, _, _, _, bad, rounds = jax.lax.while_loop(
-        lambda c: (c[0] < N) & ~jnp.all(c[6]), round_, carry)
-    steps = jnp.minimum(steps, N)
-    tokens = jnp.where(jnp.arange(N) < steps, text[:, C:C + N], gc.pad_token_id)
-    return tokens, steps, bad, rounds
+    drafting = None if assistant is None else assistant.for_decode_loop()
+    run = _Drafting(target=model.for_decode_loop(), assistant=drafting, gc=gc, vocab=model.config.vocab_size,
+                    next_position=positions[:, -1] + 1, prompt_columns=C, first_tokens=first_tokens)
+    carry = _DraftingCarry(
+        step=jnp.int32(1), state=state, assistant_state=a_state, pair=jnp.stack([ids[:, -1], first], axis=1),
+        text=text.at[:, C].set(first), known=known.at[:, C].set(True), finished=_is_eos(first, gc),
+        drafts_now=jnp.int32(K), key=key, bad=first_non_finite(jnp.int32(-1), logits, 0), rounds=jnp.int32(0))
+    going = lambda carry: (carry.step < N) & ~jnp.all(carry.finished)  # noqa: E731
+    carry = jax.lax.while_loop(going, functools.partial(_drafting_round, run), carry)
+    steps = jnp.minimum(carry.step, N)
+    tokens = jnp.where(jnp.arange(N) < steps, carry.text[:, C:C + N], gc.pad_token_id)
+    return tokens, steps, carry.bad, carry.rounds
 
 
 def generate_tokens(graphdef, state, input_ids: Array, attention_mask: Array, key: Array,
