@@ -617,7 +617,7 @@ def _drafting_round(run: _Drafting, carry: _DraftingCarry) -> _DraftingCarry:
     return _DraftingCarry(
         step=step + advance, state=state, assistant_state=a_state, pair=jnp.stack([before, at_n], axis=1),
         text=jax.lax.dynamic_update_slice_in_dim(carry.text, shown, at, axis=1),
-        known=jax.lax.dynamic_update_slice_in_dim(carry.known, jnp.arange(K + 1)[None] <= n, at, axis=1),
+        known=jax.lax.dynamic_update_slice_in_dim(carry.known, jnp.broadcast_to(emitting, shown.shape), at, axis=1),
         finished=finished, drafts_now=drafts_now, key=key, bad=jnp.where((carry.bad < 0) & ~finite, step, carry.bad),
         rounds=carry.rounds + 1)
 
