@@ -70,7 +70,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import jaxformer as jf
 from jaxformer import flops, sharding
 from jaxformer import generate as gen
-from jaxformer.config import REMAT_POLICIES
+from jaxformer.model_config import REMAT_POLICIES
 
 TRAIN_NUMERICS = dict(dtype="bfloat16", param_dtype="float32", scan_layers=True, attention_backend="auto",
                       dropout_rate=0.0, attention_dropout_rate=0.0)

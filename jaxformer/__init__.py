@@ -12,7 +12,7 @@ Shape legend, used in every einsum and docstring:
     graphdef, state = jf.split(model)      # pure-function use under jax.jit / jax.grad
 
 Layers: this face -> the edges (generate, interop, checkpoint, compare, train, cli) -> the families
-(encoder, decoder, encoder_decoder, built through ``models``) -> layers, kernels, cache, config.
+(encoder, decoder, encoder_decoder, built through ``models``) -> layers, kernels, cache, model_config.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 from flax import nnx
 
 from jaxformer.adapt import adapt
-from jaxformer.config import ModelConfig, RopeScaling
+from jaxformer.model_config import ModelConfig, RopeScaling
 from jaxformer.decoder import Decoder
 from jaxformer.embedder import Embedder
 from jaxformer.encoder import Encoder

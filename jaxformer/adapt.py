@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.models import Model, build
 
 KINDS = ("encoder_decoder", "prefix_lm")

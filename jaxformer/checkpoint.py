@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.models import HF_FILES, abstract_model
 
 CONFIG_FILE = "jaxformer.json"

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.cache import Memory
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 
 
 # Keyword flags that choose what a call returns: static under jit (one compilation per choice)

@@ -18,7 +18,7 @@ from flax import nnx
 from jaxformer import kernels
 from jaxformer.cache import DecodeState, KVCache, LatentCache, Memory, MemoryKV, empty_cache
 from jaxformer.checks import check_inputs, check_memory, check_prefix_lengths, check_segments, public_call
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
                               load_balancing_loss, packed_validity, split_key)
 from jaxformer.outputs import ModelOutput

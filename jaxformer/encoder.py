@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.checks import check_inputs, check_segments, public_call
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.layers import (Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, embedding_width,
                               packed_validity, param, split_key)
 from jaxformer.outputs import ModelOutput

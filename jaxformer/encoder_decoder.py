@@ -20,7 +20,7 @@ from flax import nnx
 
 from jaxformer.cache import DecodeState, EncoderKV, KVCache, empty_cache
 from jaxformer.checks import check_inputs, check_segments, public_call
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.decoder import step_logits, lm_logits, make_lm_head, unstacked_decoder
 from jaxformer.layers import (Dense, Embed, Embeddings, EncoderOutput, Stack, StackOutput, Tokens, activate, dropout,
                               dtype_of, packed_validity, split_key)

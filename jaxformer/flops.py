@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.cache import cache_numbers, cache_numbers_per_token
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.layers import RouterBias
 from jaxformer.models import abstract_params
 

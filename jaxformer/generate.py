@@ -28,7 +28,7 @@ from flax import nnx
 
 from jaxformer import checks
 from jaxformer.cache import DecodeState, cache_numbers, cache_numbers_per_token
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.layers import left_padded_positions
 
 Array = jax.Array

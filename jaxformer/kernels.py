@@ -31,7 +31,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 
 Array = jax.Array
 

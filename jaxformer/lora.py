@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.layers.weights import LoraParam, LoRA, Quantized, kernel, layout, quantize_kernel
 from jaxformer.models import FAMILIES, Model, carry_hf_files
 from jaxformer.sharding import LAYER_AXES

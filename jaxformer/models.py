@@ -10,7 +10,7 @@ import math
 
 from flax import nnx
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.decoder import Decoder
 from jaxformer.encoder import Encoder
 from jaxformer.encoder_decoder import EncoderDecoder

@@ -6,7 +6,7 @@ released config.json); its parameter count matches Hugging Face's exactly (tests
 
 from __future__ import annotations
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 
 
 def _transformer_2017(d_model: int, heads: int, d_ff: int, dropout: float) -> dict:

@@ -20,7 +20,7 @@ ROOT = PACKAGE.parent
 EDGES = ("jaxformer.interop", "jaxformer.train", "jaxformer.cli", "jaxformer.checkpoint", "jaxformer.compare",
          "jaxformer.generate", "jaxformer.adapt", "jaxformer.lora", "jaxformer.embedder", "jaxformer.viz")
 # Model code: the families and everything they are built from.
-MODEL_CODE = ("jaxformer.config", "jaxformer.presets", "jaxformer.layers", "jaxformer.kernels", "jaxformer.cache",
+MODEL_CODE = ("jaxformer.model_config", "jaxformer.presets", "jaxformer.layers", "jaxformer.kernels", "jaxformer.cache",
               "jaxformer.checks", "jaxformer.outputs", "jaxformer.models", "jaxformer.encoder", "jaxformer.decoder",
               "jaxformer.encoder_decoder", "jaxformer.sharding")
 
@@ -182,3 +182,16 @@ def test_a_public_call_checks_its_inputs_once(name, monkeypatch):
     calls.clear()
     jax.jit(lambda ids: model(ids, **kwargs).last_hidden_state)(ids)
     assert len(calls) == streams
+
+
+def test_jaxformer_config_is_the_preset_function_and_no_module_hides_behind_it():
+    """``jf.config(name)`` is the public function; ModelConfig's module has its own name, so importing
+    ``jaxformer.config`` can never yield a function where a module was meant."""
+    import importlib.util
+
+    import jaxformer as jf
+    from jaxformer import model_config
+
+    assert importlib.util.find_spec("jaxformer.config") is None
+    assert isinstance(jf.config("tiny-gpt"), jf.ModelConfig)
+    assert model_config.ModelConfig is jf.ModelConfig

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.bert import layer_rules, layer_tail_rules, mlm_head_rules
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, bias_heads, copy, dense,
                                      heads_in, heads_out, labels_from_hf, labels_to_hf, norm, refuse)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, heads_out,
                                      linear, norm, rope_spec, rope_to_hf, rotary_width)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
                                      rope_from_hf, rope_to_hf)
 

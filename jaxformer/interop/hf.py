@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.config import QUANTIZATIONS, ModelConfig
+from jaxformer.model_config import QUANTIZATIONS, ModelConfig
 from jaxformer.interop import mxfp4, peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
 from jaxformer.interop.reference_keys import class_default

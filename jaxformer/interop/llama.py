@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (PRETRAINED_LENGTH, Architecture, Rule, activation, attention, copy, fused_heads_in,
                                      fused_linear, heads_out, linear, lm_head, partial_rope_from_hf, refuse,
                                      rope_from_hf, rope_to_hf, rotary_width, stacked_experts)

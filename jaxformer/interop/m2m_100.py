@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.bart import layer_rules
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, copy, lm_head, norm,
                                      refuse)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.bert import mlm_head_rules
 from jaxformer.interop.rules import (Architecture, Rule, copy, dense, fused_heads_in, fused_linear, heads_out,
                                      labels_from_hf, labels_to_hf, linear, norm, refuse, rope_spec, rope_to_hf)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, dense,
                                      labels_from_hf, labels_to_hf, linear, norm, refuse)
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.models import build
 from jaxformer.interop.rules import Rule, build_from_tensors, copy, export_with_rules, linear
 

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.config import LORA_PROJECTIONS, ModelConfig
+from jaxformer.model_config import LORA_PROJECTIONS, ModelConfig
 from jaxformer.interop.files import read_json, write_safetensors
 from jaxformer.interop.registry import architecture_of, hf_target, rules_for
 from jaxformer.interop.rules import Rule

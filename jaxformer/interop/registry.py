@@ -11,7 +11,7 @@ import dataclasses
 import math
 import warnings
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop import (albert, bart, bert, deberta, deepseek, distilbert, electra, gemma, gpt2, gpt_neo,
                                gpt_neox, gpt_oss, llama, llama4, m2m_100, marian, modernbert, mpnet, t5, t5gemma, umt5,
                                xlnet)

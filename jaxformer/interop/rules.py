@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.config import ModelConfig, RopeScaling
+from jaxformer.model_config import ModelConfig, RopeScaling
 from jaxformer.interop.reference_keys import harmless_reason
 from jaxformer.models import abstract_model
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.gemma import DEFAULTS, block_config, block_rules, block_to_hf
 from jaxformer.interop.rules import Architecture, Rule, copy, linear, refuse, sub_config, with_defaults
 

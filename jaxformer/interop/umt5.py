@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop import t5
 from jaxformer.interop.rules import Architecture, Rule, copy, refuse
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, copy, lm_head, norm, refuse)
 
 CLASSES = {"xlnet": ("XLNetLMHeadModel", "XLNetModel")}

@@ -14,7 +14,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import kernels
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.layers.core import Norm, dropout, dtype_of, normalize, param
 from jaxformer.layers.positions import apply_rope, relative_shift
 from jaxformer.layers.weights import kernel, project, projection

@@ -12,7 +12,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.layers.core import activate, dropout, dtype_of, linear, param
 from jaxformer.layers.weights import kernel, project, projection
 from jaxformer.sharding import BATCH_AXES, axis_size

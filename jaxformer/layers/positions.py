@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.layers.core import Dense, Norm, dropout, dtype_of, param
 from jaxformer.layers.weights import Quantized, project, quantize_kernel
 

@@ -21,7 +21,7 @@ from flax import nnx
 
 from jaxformer import kernels
 from jaxformer.cache import EncoderKV, KVCache, LatentCache, Memory, MemoryKV, SplitKVCache
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.layers.attention import (Attention, DisentangledAttention, DisentangledInputs, LatentAttention,
                                         RelativeAttention, layer_patterns, memory_visibility_mask, visibility_mask)
 from jaxformer.layers.convolution import SequenceConvolution

@@ -12,7 +12,7 @@ import yaml
 
 from flax import nnx
 
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.tokenizer import Tokenizer, byte_level_tokenizer, load_tokenizer, write_byte_level_tokenizer
 from jaxformer.sharding import shardings_of
 from jaxformer.train.checkpoints import checkpoint_manager, restore

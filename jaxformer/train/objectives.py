@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.checks import segment_problem
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.generate import GenerationConfig, generate_tokens
 from jaxformer.train import corpus, data
 from jaxformer.train.data import IGNORE, mask_tokens, span_corrupt

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from jaxformer import checks
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.train import data, squad
 from jaxformer.train.objectives import longest_first
 from jaxformer.train.evaluate import restore_run

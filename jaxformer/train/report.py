@@ -12,7 +12,7 @@ import jax
 from tqdm import tqdm
 
 from jaxformer import flops, kernels, sharding
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.layers.feedforward import exchanged_experts, expert_dispatch
 from jaxformer.layers.pipeline import schedule
 from jaxformer.train.objectives import Objective

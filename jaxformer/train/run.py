@@ -26,7 +26,7 @@ from flax import nnx
 
 from jaxformer import sharding
 from jaxformer.adapt import adapt, adapted_config
-from jaxformer.config import ModelConfig
+from jaxformer.model_config import ModelConfig
 from jaxformer.interop.hf import from_pretrained
 from jaxformer.layers.stack import check_pipeline_stacks
 from jaxformer.lora import quantized, trainable, with_lora

@@ -193,7 +193,7 @@ class LoraSection:
                 raise ValueError(f"finetune.lora.{field}={value!r} must be a list of names"
                                  + (" or 'auto'" if field == "trainable" else ""))
         if self.rank:
-            from jaxformer.config import check_lora_targets
+            from jaxformer.model_config import check_lora_targets
 
             if not self.targets:
                 raise ValueError("finetune.lora.targets is empty; name the projections to adapt, e.g. [q, v]")
