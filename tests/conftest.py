@@ -9,6 +9,7 @@ a whole model cost far more than one compilation of it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -46,6 +47,23 @@ if str(TESTS_DIR) not in sys.path:  # so tests can `import hf_reference`
     sys.path.insert(0, str(TESTS_DIR))
 
 TINY = [name for name in jf.presets() if name.startswith("tiny-")]
+
+
+@contextlib.contextmanager
+def no_compilation():
+    """Fails the test if JAX traces, lowers or compiles anything inside the block."""
+    events: list[str] = []
+
+    def listener(name, duration, **kwargs):
+        if name.startswith("/jax/core/compile"):
+            events.append(name)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert not events, f"JAX compiled before rejecting the input: {sorted(set(events))}"
 
 
 def simulated_devices(count: int, **extra: str) -> dict[str, str]:

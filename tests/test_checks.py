@@ -3,7 +3,6 @@ anything is traced or compiled (JAX would otherwise clamp out-of-range gathers s
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 
 import jax
@@ -12,24 +11,7 @@ import numpy as np
 import pytest
 
 import jaxformer as jf
-from conftest import tiny_model, token_ids
-
-
-@contextlib.contextmanager
-def no_compilation():
-    """Fails the test if JAX traces, lowers or compiles anything inside the block."""
-    events: list[str] = []
-
-    def listener(name, duration, **kwargs):
-        if name.startswith("/jax/core/compile"):
-            events.append(name)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert not events, f"JAX compiled before rejecting the input: {sorted(set(events))}"
+from conftest import no_compilation, tiny_model, token_ids
 
 
 def rejects(call, *fragments: str):

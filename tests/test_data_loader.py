@@ -28,6 +28,7 @@ from jaxformer.train.checkpoints import checkpoint_manager
 from jaxformer.train.data import IGNORE, ByteTokenizer
 from jaxformer.train.run import train
 from jaxformer.train.tasks import make_objective
+from conftest import no_compilation
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS, SEQ, STEPS, EVERY = 4, 32, 40, 10
@@ -36,23 +37,6 @@ ROWS, SEQ, STEPS, EVERY = 4, 32, 40, 10
 TINY = ["model.preset=tiny-gpt", f"train.steps={STEPS}", f"train.batch_size={ROWS}", f"train.seq_len={SEQ}",
         "train.log_every=5", "train.sample_tokens=0", "eval.every=1000", "eval.batches=2", "optim.warmup_steps=5",
         f"checkpoint.every={EVERY}", "checkpoint.keep=2"]
-
-
-@contextlib.contextmanager
-def no_compilation():
-    """Fails the test if JAX traces, lowers or compiles anything inside the block."""
-    events: list[str] = []
-
-    def listener(name, duration, **kwargs):
-        if name.startswith("/jax/core/compile"):
-            events.append(name)
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    assert not events, f"JAX compiled before rejecting the input: {sorted(set(events))}"
 
 
 def refused(overrides: list[str], run_dir: Path, *fragments: str) -> str:
