@@ -9,7 +9,7 @@ import re
 import pytest
 
 import jaxformer as jf
-from jaxformer.config import REMAT_POLICIES, ModelConfig, RopeScaling
+from jaxformer.model_config import REMAT_POLICIES, ModelConfig, RopeScaling
 
 # Valid starting points, one per family (tiny presets, so derived sizes are small and known).
 BASE = {
