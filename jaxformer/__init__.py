@@ -11,8 +11,9 @@ Shape legend, used in every einsum and docstring:
     out = model(input_ids)
     graphdef, state = jf.split(model)      # pure-function use under jax.jit / jax.grad
 
-Layers: this face -> the edges (generate, interop, checkpoint, compare, train, cli) -> the families
-(encoder, decoder, encoder_decoder, built through ``models``) -> layers, kernels, cache, model_config.
+Layers: this face -> the edges (interop, checkpoint, compare, train, cli) -> the families
+(encoder, decoder, encoder_decoder, built through ``models``) -> generate (the decode loop) -> layers, kernels,
+cache, model_config.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from jaxformer.decoder import Decoder
 from jaxformer.embedder import Embedder
 from jaxformer.encoder import Encoder
 from jaxformer.encoder_decoder import EncoderDecoder
-from jaxformer import generate as generation  # the module: `jaxformer.generate` stays the module
 from jaxformer.interop.hf import from_pretrained, save_pretrained
 from jaxformer.interop.peft import save_adapter
 from jaxformer.interop.tokenizer import load_tokenizer
@@ -39,13 +39,13 @@ __all__ = ["ModelConfig", "RopeScaling", "ModelOutput", "Encoder", "Decoder", "E
            "load_tokenizer", "adapt", "with_lora", "quantized", "Embedder"]
 
 
-# The edges' operations as model methods. Model code imports no edge module; the face binds them.
+# The edges' operations as model methods (``generate`` is each family's own). Model code imports no edge
+# module; the face binds them.
 for _family in (Encoder, Decoder, EncoderDecoder):
     _family.save_pretrained = save_pretrained
-    _family.generate = generation.generate
     _family.merge_adapter = merge_adapter
     _family.save_adapter = save_adapter
-del _family, generation
+del _family
 
 split = nnx.split
 merge = nnx.merge

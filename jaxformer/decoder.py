@@ -17,6 +17,7 @@ from flax import nnx
 
 from jaxformer import kernels
 from jaxformer.cache import DecodeState, KVCache, LatentCache, Memory, MemoryKV, empty_cache
+from jaxformer import generate as generation  # the decode loop: model code, it calls .step
 from jaxformer.checks import check_inputs, check_memory, check_prefix_lengths, check_segments, public_call
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
@@ -109,6 +110,10 @@ class Decoder(nnx.Module):
         return self.decoder(x, tokens, cache=cache, memory=memory,
                             token_types=token_types, collect_hidden=collect_hidden,
                             collect_attentions=collect_attentions, key=keys[1])
+
+    def generate(self, input_ids, attention_mask=None, **kwargs):
+        """Hugging Face's ``generate`` (greedy, sampling, beams, drafting): ``jaxformer.generate.generate``."""
+        return generation.generate(self, input_ids, attention_mask, **kwargs)
 
     @public_call
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,

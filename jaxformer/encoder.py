@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer import generate as generation  # the decode loop: model code, it calls .step
 from jaxformer.checks import check_inputs, check_segments, public_call
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers import (Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, embedding_width,
@@ -94,6 +95,10 @@ class Encoder(nnx.Module):
                  inputs_embeds=None, segment_ids=None, **_) -> None:
         shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
         check_segments(segment_ids, shape, self.config)
+
+    def generate(self, input_ids, attention_mask=None, **kwargs):
+        """Refused with a ValueError: an encoder has no LM head to generate from (``jaxformer.generate``)."""
+        return generation.generate(self, input_ids, attention_mask, **kwargs)
 
     @public_call
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,

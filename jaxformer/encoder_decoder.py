@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.cache import DecodeState, EncoderKV, KVCache, empty_cache
+from jaxformer import generate as generation  # the decode loop: model code, it calls .step
 from jaxformer.checks import check_inputs, check_segments, public_call
 from jaxformer.model_config import ModelConfig
 from jaxformer.decoder import step_logits, lm_logits, make_lm_head, unstacked_decoder
@@ -122,6 +123,10 @@ class EncoderDecoder(nnx.Module):
                              f"head={cfg.head!r} shifts input_ids right across documents. Pass decoder_input_ids")
         if cfg.head == "sequence_classification":
             check_eos_pooling(cfg, input_ids, decoder_shape[1])
+
+    def generate(self, input_ids, attention_mask=None, **kwargs):
+        """Hugging Face's ``generate`` (greedy, sampling, beams, drafting): ``jaxformer.generate.generate``."""
+        return generation.generate(self, input_ids, attention_mask, **kwargs)
 
     @public_call
     def __call__(self, input_ids: Array | None = None, attention_mask: Array | None = None,
