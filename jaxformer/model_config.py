@@ -13,7 +13,9 @@ from typing import Any
 
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
 NORMS = ("layernorm", "rmsnorm")
-NORM_POSITIONS = ("pre", "post")
+# pre: x + f(norm(x)); post: norm(x + f(x)) (BERT, 2017); output: x + norm(f(x)) (OLMo-2)
+NORM_POSITIONS = ("pre", "post", "output")
+QK_NORM_SPANS = ("head", "projection")
 # the gated ones: swiglu (silu gate), geglu (tanh-form gelu gate: T5 v1.1, Gemma), geglu_erf (exact gelu: ModernBERT)
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_erf")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_erf")
@@ -265,6 +267,8 @@ class ModelConfig:
     attention_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
     qk_norm: bool = False  # RMSNorm over each query and key head before rotary positions (Gemma 3, Qwen3)
     qk_norm_scale: bool = True  # that norm's learned scale; False: none (Llama 4's weightless norm)
+    # what the query/key norm spans: each head (Gemma 3, Qwen3) or the whole projection, all heads at once (OLMo-2)
+    qk_norm_span: str = "head"
     # attention sinks: a learned logit per head joins each softmax as one more key with no value, so a query
     # may give part of its attention to nothing (gpt-oss)
     attention_sinks: bool = False
@@ -626,6 +630,13 @@ class ModelConfig:
                 raise ValueError("ModelConfig.temperature_floor_scale tunes the NoPE layers' attention; set nope_layers")
             if not self.temperature_scale > 0:
                 raise ValueError(f"ModelConfig.temperature_scale={self.temperature_scale!r} must be > 0")
+        _one_of("qk_norm_span", self.qk_norm_span, QK_NORM_SPANS)
+        if self.qk_norm_span != "head" and not self.qk_norm:
+            raise ValueError(f"ModelConfig.qk_norm_span={self.qk_norm_span!r} shapes the query/key norm; it needs "
+                             "qk_norm=True")
+        if self.norm_position == "output" and (self.family != "decoder" or self.position == "xl"):
+            raise ValueError("ModelConfig.norm_position='output' (OLMo-2: x + norm(f(x))) needs family='decoder' "
+                             f"without Transformer-XL memory, not family={self.family!r}, position={self.position!r}")
         if not self.qk_norm_scale and not self.qk_norm:
             raise ValueError("ModelConfig.qk_norm_scale=False shapes the query/key norm; it needs qk_norm=True")
         if self.attention_sinks and (self.mla or self.position == "xl"):
