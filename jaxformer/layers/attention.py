@@ -185,6 +185,29 @@ def _attend(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights
     return result if with_weights else (result, None)
 
 
+class ProjectionNorm(nnx.Module):
+    """A norm over a whole projection [B, T, N, H] (all N heads' numbers at once, OLMo-2's q_norm and k_norm),
+    in float32 like ``Norm``. Its scale (and LayerNorm bias) is stored [N, H] with the projection's head
+    axes, so it shards as the heads do; the statistics then reduce over the split heads."""
+
+    def __init__(self, cfg: ModelConfig, heads: int, heads_axis: str, *, rngs: nnx.Rngs):
+        self.kind, self.eps, self.dtype, self.offset = cfg.norm, cfg.norm_eps, dtype_of(cfg.dtype), cfg.norm_scale_offset
+        shape, axes = (heads, cfg.head_dim_), (heads_axis, "head_dim")
+        self.scale = (param(rngs, shape, axes, cfg, init="zeros" if self.offset else "ones") if cfg.qk_norm_scale
+                      else None)
+        self.bias = param(rngs, shape, axes, cfg, init="zeros") if cfg.norm == "layernorm" and cfg.norm_bias else None
+
+    def __call__(self, x: Array) -> Array:
+        flat = x.reshape(*x.shape[:-2], -1).astype(jnp.float32)
+        width = flat.shape[-1]
+        scale = (jnp.ones((width,), jnp.float32) if self.scale is None
+                 else self.scale[...].reshape(width).astype(jnp.float32))
+        if self.offset:
+            scale = scale + self.offset
+        bias = None if self.bias is None else self.bias[...].reshape(width).astype(jnp.float32)
+        return normalize(flat, scale, bias, self.kind, self.eps).reshape(x.shape).astype(self.dtype)
+
+
 class Attention(nnx.Module):
     """Multi-head attention with separate kv heads (MHA, GQA, MQA), self or cross.
 
@@ -216,8 +239,13 @@ class Attention(nnx.Module):
         self.rotary_dim, self.rope_interleave = cfg.rotary_dim, cfg.rope_interleave
         # Gemma 3, Qwen3: each query and key head is normalised before its rotary positions (Llama 4: without a
         # learned scale, and on the rotated layers only)
-        qk_norm = lambda: Norm(cfg, rngs=rngs, width=H, axis="head_dim", scaled=cfg.qk_norm_scale)  # noqa: E731
-        self.q_norm, self.k_norm = (qk_norm(), qk_norm()) if cfg.qk_norm else (None, None)
+        # OLMo-2 (qk_norm_span='projection'): one norm over the whole q projection, another over the whole k
+        if cfg.qk_norm and cfg.qk_norm_span == "projection":
+            self.q_norm = ProjectionNorm(cfg, N, "heads", rngs=rngs)
+            self.k_norm = ProjectionNorm(cfg, K, "kv_heads", rngs=rngs)
+        else:
+            qk_norm = lambda: Norm(cfg, rngs=rngs, width=H, axis="head_dim", scaled=cfg.qk_norm_scale)  # noqa: E731
+            self.q_norm, self.k_norm = (qk_norm(), qk_norm()) if cfg.qk_norm else (None, None)
         self.sinks = param(rngs, (N,), ("heads",), cfg) if cfg.attention_sinks else None
 
     def _project(self, x: Array, name: str, bias: nnx.Param | None, key: Array | None = None) -> Array:

@@ -147,10 +147,12 @@ class Block(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, dense: bool = False, rngs: nnx.Rngs,
                  attn_norm: bool = True):
         self.pre_norm = cfg.norm_position == "pre"
+        # OLMo-2: x = x + norm(f(x)), the sublayers read x unnormed (the output norms are the sandwich's)
+        self.output_norm = cfg.norm_position == "output"
         self.dropout_rate = cfg.dropout_rate
         self.clamp_float16 = cfg.clamp_float16
         # attn_norm=False: the attention reads x as it comes (ModernBERT's first layer, after the embedding norm)
-        self.attn_norm = Norm(cfg, rngs=rngs) if attn_norm else None
+        self.attn_norm = Norm(cfg, rngs=rngs) if attn_norm and not self.output_norm else None
         attention = (LatentAttention if cfg.mla else RelativeAttention if cfg.position == "xl" else
                      DisentangledAttention if cfg.position == "disentangled" else Attention)
         self.attn = attention(cfg, rngs=rngs)
@@ -164,9 +166,11 @@ class Block(nnx.Module):
         else:
             self.cross_norm = self.cross_attn = None
         self.parallel = cfg.parallel_residual
-        self.mlp_norm = None if cfg.parallel_shared_norm else Norm(cfg, rngs=rngs)  # GPT-J: attn_norm serves both
+        # GPT-J: attn_norm serves both
+        self.mlp_norm = None if cfg.parallel_shared_norm or self.output_norm else Norm(cfg, rngs=rngs)
         self.mlp = MoE(cfg, rngs=rngs) if cfg.num_experts and not dense else MLP(cfg, rngs=rngs)
-        sandwich = lambda present=True: Norm(cfg, rngs=rngs) if cfg.sandwich_norm and present else None  # noqa: E731
+        outputs_normed = cfg.sandwich_norm or self.output_norm
+        sandwich = lambda present=True: Norm(cfg, rngs=rngs) if outputs_normed and present else None  # noqa: E731
         self.attn_post_norm, self.cross_post_norm, self.mlp_post_norm = sandwich(), sandwich(cross_attention), sandwich()
 
     def __call__(self, x: Array, inputs: LayerInputs, key: Array | None = None
@@ -181,14 +185,15 @@ class Block(nnx.Module):
             h, new_kv, weights["self"] = self.self_attention(normed, inputs, keys.attn)
             m, stats = self.feed_forward(normed if self.mlp_norm is None else self.mlp_norm(x), inputs, keys.mlp)
             x = self.in_range(x + drop(h, keys.attn_out) + drop(m, keys.mlp_out))
-        elif self.pre_norm:  # GPT-2, LLaMA, T5: x = x + f(norm(x)); Gemma: x = x + norm_out(f(norm(x)))
+        elif self.pre_norm or self.output_norm:
+            # GPT-2, LLaMA, T5: x = x + f(norm(x)); Gemma: x = x + norm_out(f(norm(x))); OLMo-2: x = x + norm_out(f(x))
             normed = x if self.attn_norm is None else self.attn_norm(x)
             h, new_kv, weights["self"] = self.self_attention(normed, inputs, keys.attn)
             x = self.in_range(x + drop(self.sandwiched(h, self.attn_post_norm), keys.attn_out))
             if self.cross_attn is not None:
                 h, _, weights["cross"] = self.cross_attention(self.cross_norm(x), inputs, keys.cross)
                 x = self.in_range(x + drop(self.sandwiched(h, self.cross_post_norm), keys.cross_out))
-            h, stats = self.feed_forward(self.mlp_norm(x), inputs, keys.mlp)
+            h, stats = self.feed_forward(self.sandwiched(x, self.mlp_norm), inputs, keys.mlp)
             x = self.in_range(x + drop(self.sandwiched(h, self.mlp_post_norm), keys.mlp_out))
         else:  # the 2017 Transformer, BERT, BART: x = norm(x + f(x))
             h, new_kv, weights["self"] = self.self_attention(x, inputs, keys.attn)
