@@ -167,13 +167,626 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Sub-configs: one frozen dataclass per concern. An optional one is None where the model has no such part (a dense
+# model's ``experts``, a model without latent attention's ``latent``); each checks its own fields, and ModelConfig
+# checks only what joins two concerns. Their fields' flat spellings (``num_experts`` for ``experts.count``: presets,
+# config readers, YAML overrides and run folders written before the sub-configs) are listed in ``FLAT`` below.
+
+
+@dataclasses.dataclass(frozen=True)
+class Norms:
+    """Where and how the blocks normalise (``position``: pre x + f(norm(x)), post norm(x + f(x)), output x + norm(f(x)))."""
+
+    kind: str = "layernorm"
+    position: str = "pre"
+    eps: float = 1e-5
+    bias: bool = True  # layernorm only; rmsnorm has no bias
+    scale_offset: float = 0.0  # the norm multiplies by (offset + scale): Gemma stores scale - 1 (offset 1.0)
+    sandwich: bool = False  # pre-norm plus a norm of each sublayer's output before the residual (Gemma 2/3)
+    embedding: bool = False  # a norm right after the embeddings (BERT, BART)
+    first_attention: bool = True  # False: the first layer's attention reads its input unnormed (ModernBERT)
+    final: bool = True  # a norm after the last block (pre-norm stacks)
+
+    def __post_init__(self):
+        _one_of("norm", self.kind, NORMS)
+        if self.scale_offset not in (0.0, 1.0):
+            raise ValueError(f"ModelConfig.norm_scale_offset={self.scale_offset!r} must be 0.0 or 1.0 (Gemma)")
+        if self.sandwich and self.position != "pre":
+            raise ValueError("ModelConfig.sandwich_norm=True adds output norms to a pre-norm block; set "
+                             f"norm_position='pre', not {self.position!r}")
+        _one_of("norm_position", self.position, NORM_POSITIONS)
+        if not self.eps > 0:
+            raise ValueError(f"ModelConfig.norm_eps={self.eps!r} must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClampedSwiGLU:
+    """gpt-oss's SwiGLU: the gate clamped to <= limit, the up projection to [-limit, limit], and
+    gate * sigmoid(alpha * gate) * (up + 1); limit None: no clamp, alpha then the gate's gain."""
+
+    limit: float | None = None
+    alpha: float = 1.0
+
+    def __post_init__(self):
+        if self.limit is not None and not self.limit > 0:
+            raise ValueError(f"ModelConfig.swiglu_limit={self.limit!r} must be > 0")
+        if not self.alpha > 0:
+            raise ValueError(f"ModelConfig.swiglu_alpha={self.alpha!r} must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Embeddings:
+    """The token, type and absolute position tables, and how the output projection relates to them."""
+
+    tie: bool = True  # the output projection shares the token embedding
+    scale: bool = False  # multiply token embeddings by sqrt(d_model) in the compute dtype (2017, Gemma)
+    shared: bool = True  # encoder-decoder: one token table for both sides (False: T5Gemma's two)
+    types: int = 0  # token-type (segment) embeddings; 0 for none
+    # factorised embeddings (ALBERT, ELECTRA): the tables and the embedding norm are this wide, and a projection
+    # (with bias) takes them to d_model; an MLM head projects back before its tied output. None: d_model wide.
+    width: int | None = None
+    position_offset: int = 0  # rows before position 0 in a learned table (RoBERTa, BART use 2)
+    pad_aware_positions: bool = False  # RoBERTa: positions count non-pad tokens; pads use row pad_token_id
+    # position="sinusoidal": the 2017 paper's layout (sin and cos interleaved), fairseq's (M2M-100, NLLB: all sines
+    # then all cosines, frequencies 10000^(-i / (D/2 - 1)), the pad id's row zero) or Marian's halves
+    sinusoids: str = "transformer"
+
+    def __post_init__(self):
+        _non_negative("position_offset", self.position_offset)
+        _non_negative("type_vocab_size", self.types)
+        if self.width is not None:
+            _positive("embedding_size", self.width)
+        _one_of("sinusoids", self.sinusoids, SINUSOID_LAYOUTS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rotary:
+    """Rotary positions (present exactly when position='rope')."""
+
+    theta: float = 10000.0
+    scaling: RopeScaling | None = None
+    local_theta: float | None = None  # sliding-window layers' own base, unscaled (Gemma 3); None: theta
+    interleave: bool = False  # rotary pairs are adjacent (x0, x1), (x2, x3), as DeepSeek and GPT-J lay them out
+    # partial rotary: only the first dim numbers of each query and key head rotate, the rest pass through
+    # (GPT-NeoX's rotary_pct of the head, GPT-J's rotary_dim); None: the whole head (MLA: rope_head_dim)
+    dim: int | None = None
+
+    def __post_init__(self):
+        if not self.theta > 0:
+            raise ValueError(f"ModelConfig.rope_theta={self.theta!r} must be > 0")
+        if isinstance(self.scaling, dict):  # YAML and JSON hand us plain mappings
+            object.__setattr__(self, "scaling", RopeScaling(**self.scaling))
+        if self.scaling is not None and not isinstance(self.scaling, RopeScaling):
+            raise ValueError(f"ModelConfig.rope_scaling={self.scaling!r} must be a RopeScaling")
+        if self.local_theta is not None and not self.local_theta > 0:
+            raise ValueError(f"ModelConfig.local_rope_theta={self.local_theta!r} must be > 0")
+        if self.dim is not None and not (isinstance(self.dim, int) and self.dim > 0 and self.dim % 2 == 0):
+            raise ValueError(f"ModelConfig.rotary_dim={self.dim!r} must be a positive even integer")
+
+
+@dataclasses.dataclass(frozen=True)
+class RelativeBias:
+    """T5's bucketed relative position bias: the positions of position='relative', or beside absolute positions
+    (MPNet: one table for the stack, distances between token indices 0..T-1 whatever the position ids)."""
+
+    buckets: int = 32
+    max_distance: int = 128
+    per_layer: bool = False  # each layer's self-attention has its own table (UMT5), not one per stack (T5)
+
+    def __post_init__(self):
+        _positive("relative_buckets", self.buckets)
+        _positive("relative_max_distance", self.max_distance)
+        if self.buckets < 4:
+            raise ValueError(f"ModelConfig.relative_buckets={self.buckets} must be >= 4")
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerXL:
+    """Transformer-XL relative attention (present exactly when position='xl'): sinusoidal encodings of key-query
+    distances inside attention with learned global content and position biases (u, v); decoder family only."""
+
+    memory_len: int = 0  # segment memory: each layer's inputs of the last memory_len tokens (0: none)
+    clamp_len: int = 0  # distances beyond clamp_len use clamp_len's encoding (0: no clamp)
+    shared_biases: bool = False  # one u and v for all layers (Transformer-XL) or per layer (XLNet untie_r)
+    segments: bool = False  # XLNet: token types enter attention as same/different-segment biases
+
+    def __post_init__(self):
+        _non_negative("memory_len", self.memory_len)
+        _non_negative("clamp_len", self.clamp_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class Disentangled:
+    """DeBERTa's disentangled attention (present exactly when position='disentangled'): a score adds, to content .
+    content, the query's content against the key's relative position (c2p) and the key's content against the
+    query's (p2c), each term's position vectors from one table of 2 * span relative-position embeddings [span =
+    buckets or max_relative_positions] projected per layer; the scale is (head_dim * (1 + terms)) ** -0.5."""
+
+    terms: tuple[str, ...] = ("c2p", "p2c")
+    max_relative_positions: int = 0  # distances are clamped to +-this (0: max_positions)
+    buckets: int = 0  # >0: distances beyond half of it share log-spaced buckets (DeBERTa v2/v3)
+    share_key: bool = False  # positions projected by the layer's own q and k (v2/v3), not their own
+    norm_table: bool = False  # the relative table is layer-normed before use (v2/v3 norm_rel_ebd)
+    absolute_input: bool = False  # a learned absolute table also adds to the input (position_biased_input)
+
+    def __post_init__(self):
+        if isinstance(self.terms, list):  # YAML and JSON hand us lists
+            object.__setattr__(self, "terms", tuple(self.terms))
+        terms = self.terms
+        if not terms or len(set(terms)) != len(terms) or not set(terms) <= set(DISENTANGLED_TERMS):
+            raise ValueError(f"ModelConfig.disentangled_terms={terms!r} must name distinct terms among "
+                             f"{DISENTANGLED_TERMS} (at least one)")
+        _non_negative("max_relative_positions", self.max_relative_positions)
+        _non_negative("position_buckets", self.buckets)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoPE:
+    """Layers without rotary positions (Llama 4 every fourth): their queries and keys are not rotated, and the
+    query/key norm applies to the rotated layers only. With ``temperature_floor_scale``, their queries are scaled
+    by (1 + temperature_scale * log1p(floor((i + 1) / temperature_floor_scale))), i the token's index in the
+    sequence, pads included (as transformers counts it)."""
+
+    layers: tuple[int, ...] = ()
+    temperature_floor_scale: int | None = None
+    temperature_scale: float = 0.1
+
+    def __post_init__(self):
+        if isinstance(self.layers, list):  # YAML and JSON hand us lists
+            object.__setattr__(self, "layers", tuple(self.layers))
+        if sorted(set(self.layers)) != list(self.layers) or not self.layers or not all(
+                isinstance(i, int) and i >= 0 for i in self.layers):
+            raise ValueError(f"ModelConfig.nope_layers={self.layers!r} must list distinct layer indices in "
+                             "increasing order")
+        if self.temperature_floor_scale is not None:
+            _positive("temperature_floor_scale", self.temperature_floor_scale)
+            if not self.temperature_scale > 0:
+                raise ValueError(f"ModelConfig.temperature_scale={self.temperature_scale!r} must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """What shapes the attention scores besides q . k."""
+
+    scale: float | None = None  # None: head_dim ** -0.5 (T5 uses 1.0)
+    inverse_layer_scale: bool = False  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores also / (i + 1)
+    softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
+    # attention sinks: a learned logit per head joins each softmax as one more key with no value, so a query
+    # may give part of its attention to nothing (gpt-oss)
+    sinks: bool = False
+
+    def __post_init__(self):
+        if self.scale is not None and not self.scale > 0:
+            raise ValueError(f"ModelConfig.attention_scale={self.scale!r} must be > 0")
+        _finite_cap("attention_softcap", self.softcap)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryKeyNorm:
+    """An RMSNorm over queries and keys before rotary positions: per head (Gemma 3, Qwen3) or over the whole
+    projection, all heads at once (OLMo-2)."""
+
+    scale: bool = True  # the norm's learned scale; False: none (Llama 4's weightless norm)
+    span: str = "head"
+
+    def __post_init__(self):
+        _one_of("qk_norm_span", self.span, QK_NORM_SPANS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Indexer:
+    """DeepSeek-V3.2's lightning indexer: a small scorer picks each query's ``topk`` keys, and latent attention
+    attends to those alone (DeepSeek sparse attention)."""
+
+    heads: int
+    head_dim: int = 128
+    topk: int = 2048
+
+    def __post_init__(self):
+        for field, value in (("index_heads", self.heads), ("index_head_dim", self.head_dim),
+                             ("index_topk", self.topk)):
+            _positive(field, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Latent:
+    """Multi-head latent attention (DeepSeek-V2/V3). Keys and values are expanded per head from one shared latent
+    of ``kv_rank`` numbers per token (what a cache holds, with one shared rotary key of ``rope_head_dim``);
+    head_dim is then the query/key part without positions, and the scale (head_dim + rope_head_dim) ** -0.5."""
+
+    kv_rank: int
+    q_rank: int | None = None  # a low-rank query projection through this width; None: a plain one
+    rope_head_dim: int = 64  # the rotary part of each query and key head
+    v_head_dim: int | None = None  # the value head size; None: head_dim
+    indexer: Indexer | None = None
+
+    def __post_init__(self):
+        if isinstance(self.indexer, dict):
+            object.__setattr__(self, "indexer", Indexer(**self.indexer))
+        _positive("kv_lora_rank", self.kv_rank)
+        if self.q_rank is not None:
+            _positive("q_lora_rank", self.q_rank)
+        _positive("rope_head_dim", self.rope_head_dim)
+        if self.rope_head_dim % 2:
+            raise ValueError(f"ModelConfig.rope_head_dim={self.rope_head_dim} must be even")
+        if self.v_head_dim is not None:
+            _positive("v_head_dim", self.v_head_dim)
+        if self.indexer is not None:
+            if self.q_rank is None:
+                raise ValueError("ModelConfig.index_heads (DeepSeek-V3.2's indexer) reads the compressed query: it "
+                                 "needs q_lora_rank")
+            if not self.rope_head_dim <= self.indexer.head_dim:
+                raise ValueError(f"ModelConfig.index_head_dim={self.indexer.head_dim} must hold the rotary part "
+                                 f"(rope_head_dim={self.rope_head_dim})")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelResidual:
+    """Attention and MLP read the same input and join the residual together, x + attn(norm(x)) + mlp(norm'(x))
+    (GPT-NeoX, GPT-J); with ``shared_norm`` both read one norm (GPT-J)."""
+
+    shared_norm: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Biases:
+    qkv: bool = True
+    key: bool = True  # with qkv: the key projection's (and DeBERTa's position key's) bias; DeBERTa v1 has none
+    out: bool = True
+    mlp: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Logits:
+    """What the LM head adds to its projection."""
+
+    scale_tied: bool = False  # T5 v1.0: decoder output * d_model**-0.5 before the tied head
+    fixed_bias: bool = False  # a fixed (non-trained) bias on the logits (BART's final_logits_bias)
+    trained_bias: bool = False  # a trained bias on the logits (XLNet's lm_loss.bias)
+    softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+
+    def __post_init__(self):
+        _finite_cap("logits_softcap", self.softcap)
+
+
+@dataclasses.dataclass(frozen=True)
+class Convolution:
+    """DeBERTa v2's convolution beside the first layer: LayerNorm(layer output + act(conv(embeddings))), a 1-D
+    convolution over the sequence, ``kernel_size`` wide (odd: the sequence keeps its length), in ``groups``."""
+
+    kernel_size: int
+    groups: int = 1
+    activation: str = "tanh"
+
+    def __post_init__(self):
+        _positive("conv_kernel_size", self.kernel_size)
+        _positive("conv_groups", self.groups)
+        _one_of("conv_activation", self.activation, CONV_ACTIVATIONS)
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadOptions:
+    """The parts of the task heads that vary between families."""
+
+    pooler: bool = False  # BERT pooler: tanh(dense(h[:, 0]))
+    # the pooler's nonlinearity: tanh (BERT, RoBERTa), relu (DistilBERT) or exact gelu (ELECTRA's classifier)
+    pooler_activation: str = "tanh"
+    # ModernBERT: the sequence, token and span classifiers read dense -> activation -> norm of their input first
+    # (the MLM head's transform); the sequence classifier's input is the first token or the real tokens' mean
+    prediction_head: bool = False
+    classifier_pooling: str = "cls"
+    # DeBERTa's MLM head is stored as cls.predictions (transformers' legacy=True) or lm_predictions.lm_head (the
+    # enhanced mask decoder's head): the same numbers under two names, kept so a file is written back as it came
+    mlm_legacy: bool = True
+    dense_bias: bool = True  # the bias of the heads' dense transform (MLM, ModernBERT's prediction head)
+    mlm_bias: bool = True  # the MLM head's output bias (ModernBERT's decoder_bias)
+    num_labels: int = 2
+    label_names: tuple[str, ...] = ()  # classification heads: the name of each label id (HF's id2label); () unnamed
+
+    def __post_init__(self):
+        _positive("num_labels", self.num_labels)
+        if isinstance(self.label_names, list):  # JSON hands us a list
+            object.__setattr__(self, "label_names", tuple(self.label_names))
+        if self.label_names and len(self.label_names) != self.num_labels:
+            raise ValueError(f"ModelConfig.label_names holds {len(self.label_names)} names for num_labels="
+                             f"{self.num_labels}; give one name per label, or none")
+        _one_of("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
+        _one_of("classifier_pooling", self.classifier_pooling, CLASSIFIER_POOLINGS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Experts:
+    """A top-k mixture of experts in place of the dense MLP (Mixtral, DeepSeekMoE, Llama 4, gpt-oss)."""
+
+    count: int
+    per_token: int = 2
+    d_ff: int | None = None  # a routed expert's hidden size; None: the model's d_ff
+    shared: int = 0  # always-on experts (DeepSeekMoE): one gated MLP of shared * d_ff
+    shared_gate: bool = False  # the shared experts' output times sigmoid(x . w_gate) per token (Qwen2-MoE)
+    dense_layers: int = 0  # the first layers keep a dense MLP of d_ff (DeepSeek's first_k_dense_replace)
+    # every layer_step-th layer holds the experts, the others a dense MLP of d_ff (Llama 4 Maverick's
+    # interleave_moe_layer_step: layers step-1, 2 step-1, ...); 1: every layer past dense_layers
+    layer_step: int = 1
+    router_score: str = "softmax"  # softmax over experts (Mixtral, DeepSeek-V2) or per-expert sigmoid (V3)
+    router_groups: int = 1  # experts split into groups; a token first picks router_topk_groups of them
+    router_topk_groups: int = 1  # (group score: best expert under softmax, sum of the best two under sigmoid)
+    router_bias: bool = False  # V3: a per-expert bias added for selection only, moved by balancing, not gradients
+    router_logit_bias: bool = False  # a trained bias on the router logits, like any linear layer's (gpt-oss)
+    bias: bool = False  # each routed expert's projections carry biases (gpt-oss)
+    normalize_weights: bool = True  # the k chosen weights are divided by their sum
+    weights_on_input: bool = False  # a chosen expert's weight multiplies its input, not its output (Llama 4)
+    routed_scaling: float = 1.0  # the routed experts' output is scaled by this (DeepSeek routed_scaling_factor)
+    aux_loss_coef: float = 0.0
+    aux_loss: str = "batch"  # batch: Switch/Mixtral over all tokens; sequence: DeepSeek-V3, per row
+    # grouped: tokens sorted into blocks by expert, only the chosen run (GSPMD partitions it under a mesh);
+    # all_to_all: grouped, with tokens sent to their experts' devices under an expert mesh axis;
+    # dense: every expert on every token; auto: all_to_all unless every expert is chosen anyway (then dense)
+    dispatch: str = "auto"
+
+    def __post_init__(self):
+        _positive("num_experts", self.count)
+        if not 1 <= self.per_token <= self.count:
+            raise ValueError(f"ModelConfig.experts_per_token={self.per_token} must lie in [1, num_experts="
+                             f"{self.count}]")
+        _non_negative("shared_experts", self.shared)
+        _non_negative("dense_layers", self.dense_layers)
+        if self.d_ff is not None:
+            _positive("expert_d_ff", self.d_ff)
+        _positive("moe_layer_step", self.layer_step)
+        _one_of("router_score", self.router_score, ROUTER_SCORES)
+        self._check_groups()
+        if not (isinstance(self.routed_scaling, (int, float)) and math.isfinite(self.routed_scaling)
+                and self.routed_scaling > 0):
+            raise ValueError(f"ModelConfig.routed_scaling={self.routed_scaling!r} must be a finite number > 0")
+        if self.aux_loss_coef < 0:
+            raise ValueError(f"ModelConfig.router_aux_loss_coef={self.aux_loss_coef!r} must be >= 0")
+        _one_of("router_aux_loss", self.aux_loss, ROUTER_AUX_LOSSES)
+        _one_of("moe_dispatch", self.dispatch, MOE_DISPATCHES)
+        if self.shared_gate and not self.shared:
+            raise ValueError("ModelConfig.shared_expert_gate=True gates the shared experts; it needs "
+                             "shared_experts > 0")
+
+    def _check_groups(self) -> None:
+        _positive("router_groups", self.router_groups)
+        _positive("router_topk_groups", self.router_topk_groups)
+        if self.count % self.router_groups:
+            raise ValueError(f"ModelConfig.router_groups={self.router_groups} does not divide num_experts="
+                             f"{self.count}")
+        if self.router_topk_groups > self.router_groups:
+            raise ValueError(f"ModelConfig.router_topk_groups={self.router_topk_groups} must be <= "
+                             f"router_groups={self.router_groups}")
+        per_group = self.count // self.router_groups
+        if self.router_topk_groups * per_group < self.per_token:
+            raise ValueError(f"ModelConfig.router_topk_groups={self.router_topk_groups} groups of {per_group} "
+                             f"experts hold fewer than experts_per_token={self.per_token}")
+        if self.router_groups > 1 and self.router_score == "sigmoid" and per_group < 2:
+            raise ValueError("ModelConfig.router_groups: sigmoid routing scores a group by its best two "
+                             "experts, so each group needs at least 2")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    """Special token ids the model itself uses (positions, classification pooling, generation)."""
+
+    pad: int | None = None
+    bos: int | None = None
+    eos: int | tuple[int, ...] | None = None
+    decoder_start: int | None = None  # first decoder token of encoder-decoder generation
+    # mBART: decoder inputs derived from input_ids (the classification and span heads' default) start with each
+    # row's last non-pad token (its language code), not decoder_start
+    wrap_decoder_start: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.eos, list):
+            object.__setattr__(self, "eos", tuple(self.eos))
+
+    @property
+    def eos_ids(self) -> tuple:
+        return self.eos if isinstance(self.eos, tuple) else (self.eos,)
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """How the layers run: scanned or unrolled, what is rematerialised, which attention kernel, and under a
+    ``stage`` mesh axis (pipeline parallelism, ``layers/pipeline.py``) the microbatches a full pass cuts its rows
+    into (0: one per stage) and the chunks each stage holds (1: GPipe; more: the circular schedule, each stage
+    holding every S-th chunk of L / (S x repeats) layers). None of it changes the numbers."""
+
+    scan_layers: bool = True
+    remat: str = "none"
+    attention_backend: str = "auto"  # auto | xla | cudnn | splash (jaxformer/kernels.py)
+    pipeline_microbatches: int = 0
+    pipeline_repeats: int = 1
+
+    def __post_init__(self):
+        _one_of("remat", self.remat, REMAT_POLICIES)
+        _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _non_negative("pipeline_microbatches", self.pipeline_microbatches)
+        if self.pipeline_repeats < 1:
+            raise ValueError(f"ModelConfig.pipeline_repeats={self.pipeline_repeats} must be >= 1 (1: GPipe)")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRA:
+    """LoRA adapters (jaxformer/layers/weights.py) on the projections ``targets`` names."""
+
+    rank: int
+    alpha: float = 8.0
+    targets: tuple[str, ...] = ()  # LORA_PROJECTIONS, alone or as "sublayer.name" (LORA_SUBLAYERS)
+    dropout: float = 0.0  # on the adapter's input only
+    rslora: bool = False  # scale by alpha / sqrt(rank) instead of alpha / rank
+    trainable: tuple[str, ...] = ()  # parameter paths ('/'-joined) trained in full with the adapters (modules_to_save)
+
+    def __post_init__(self):
+        for field in ("targets", "trainable"):
+            value = getattr(self, field)
+            if isinstance(value, (list, str)):  # YAML and JSON hand us lists
+                object.__setattr__(self, field, (value,) if isinstance(value, str) else tuple(value))
+        _positive("lora_rank", self.rank)
+        _rate("lora_dropout", self.dropout)
+        if not self.targets:
+            raise ValueError(f"ModelConfig.lora_rank={self.rank} needs lora_targets: projection names from "
+                             f"{LORA_PROJECTIONS}, alone or as sublayer.name with a sublayer from {LORA_SUBLAYERS}")
+        check_lora_targets(self.targets, "ModelConfig.lora_targets")
+        if not self.alpha > 0:
+            raise ValueError(f"ModelConfig.lora_alpha={self.alpha!r} must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """int8 projection kernels: 'int8' multiplies in dtype (weight-only), 'int8_dynamic' in int8 (CPU)."""
+
+    kind: str
+    embeddings: bool = False  # the token table (and so a tied LM head) int8 too, per vocab row
+
+    def __post_init__(self):
+        _one_of("quantize", self.kind, QUANTIZATIONS)
+
+
+def _finite_cap(field: str, value: Any) -> None:
+    if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise ValueError(f"ModelConfig.{field}={value!r} must be a finite number > 0 (or None: no capping)")
+
+
+# The flat spelling of every sub-config field: its path in the config. Presets, config readers, overrides (YAML,
+# ``jf.config(name, **overrides)``, ``replace``) and run folders written before the sub-configs use it.
+FLAT: dict[str, tuple[str, ...]] = {
+    "norm": ("norms", "kind"), "norm_position": ("norms", "position"), "norm_eps": ("norms", "eps"),
+    "norm_bias": ("norms", "bias"), "norm_scale_offset": ("norms", "scale_offset"),
+    "sandwich_norm": ("norms", "sandwich"), "embedding_norm": ("norms", "embedding"),
+    "first_attn_norm": ("norms", "first_attention"), "final_norm": ("norms", "final"),
+    "swiglu_limit": ("swiglu_clamp", "limit"), "swiglu_alpha": ("swiglu_clamp", "alpha"),
+    "tie_embeddings": ("embeddings", "tie"), "scale_embeddings": ("embeddings", "scale"),
+    "shared_embeddings": ("embeddings", "shared"), "type_vocab_size": ("embeddings", "types"),
+    "embedding_size": ("embeddings", "width"), "position_offset": ("embeddings", "position_offset"),
+    "pad_aware_positions": ("embeddings", "pad_aware_positions"), "sinusoids": ("embeddings", "sinusoids"),
+    "rope_theta": ("rotary", "theta"), "rope_scaling": ("rotary", "scaling"),
+    "local_rope_theta": ("rotary", "local_theta"), "rope_interleave": ("rotary", "interleave"),
+    "rotary_dim": ("rotary", "dim"),
+    "relative_buckets": ("relative_bias", "buckets"), "relative_max_distance": ("relative_bias", "max_distance"),
+    "relative_bias_per_layer": ("relative_bias", "per_layer"),
+    "memory_len": ("xl", "memory_len"), "clamp_len": ("xl", "clamp_len"),
+    "shared_relative_biases": ("xl", "shared_biases"), "relative_segments": ("xl", "segments"),
+    "disentangled_terms": ("disentangled", "terms"),
+    "max_relative_positions": ("disentangled", "max_relative_positions"),
+    "position_buckets": ("disentangled", "buckets"), "share_attention_key": ("disentangled", "share_key"),
+    "relative_embedding_norm": ("disentangled", "norm_table"),
+    "position_biased_input": ("disentangled", "absolute_input"),
+    "nope_layers": ("nope", "layers"), "temperature_floor_scale": ("nope", "temperature_floor_scale"),
+    "temperature_scale": ("nope", "temperature_scale"),
+    "attention_scale": ("scores", "scale"), "inverse_layer_scale": ("scores", "inverse_layer_scale"),
+    "attention_softcap": ("scores", "softcap"), "attention_sinks": ("scores", "sinks"),
+    "qk_norm_scale": ("query_key_norm", "scale"), "qk_norm_span": ("query_key_norm", "span"),
+    "kv_lora_rank": ("latent", "kv_rank"), "q_lora_rank": ("latent", "q_rank"),
+    "rope_head_dim": ("latent", "rope_head_dim"), "v_head_dim": ("latent", "v_head_dim"),
+    "index_heads": ("latent", "indexer", "heads"), "index_head_dim": ("latent", "indexer", "head_dim"),
+    "index_topk": ("latent", "indexer", "topk"),
+    "parallel_shared_norm": ("parallel", "shared_norm"),
+    "qkv_bias": ("biases", "qkv"), "key_bias": ("biases", "key"), "out_bias": ("biases", "out"),
+    "mlp_bias": ("biases", "mlp"),
+    "scale_tied_logits": ("logits", "scale_tied"), "logits_bias": ("logits", "fixed_bias"),
+    "lm_head_bias": ("logits", "trained_bias"), "logits_softcap": ("logits", "softcap"),
+    "conv_kernel_size": ("conv", "kernel_size"), "conv_groups": ("conv", "groups"),
+    "conv_activation": ("conv", "activation"),
+    "pooler": ("head_options", "pooler"), "pooler_activation": ("head_options", "pooler_activation"),
+    "prediction_head": ("head_options", "prediction_head"),
+    "classifier_pooling": ("head_options", "classifier_pooling"), "mlm_head_legacy": ("head_options", "mlm_legacy"),
+    "head_bias": ("head_options", "dense_bias"), "mlm_bias": ("head_options", "mlm_bias"),
+    "num_labels": ("head_options", "num_labels"), "label_names": ("head_options", "label_names"),
+    "num_experts": ("experts", "count"), "experts_per_token": ("experts", "per_token"),
+    "expert_d_ff": ("experts", "d_ff"), "shared_experts": ("experts", "shared"),
+    "shared_expert_gate": ("experts", "shared_gate"), "dense_layers": ("experts", "dense_layers"),
+    "moe_layer_step": ("experts", "layer_step"), "router_score": ("experts", "router_score"),
+    "router_groups": ("experts", "router_groups"), "router_topk_groups": ("experts", "router_topk_groups"),
+    "router_bias": ("experts", "router_bias"), "router_logit_bias": ("experts", "router_logit_bias"),
+    "expert_bias": ("experts", "bias"), "normalize_router_weights": ("experts", "normalize_weights"),
+    "router_weights_on_input": ("experts", "weights_on_input"), "routed_scaling": ("experts", "routed_scaling"),
+    "router_aux_loss_coef": ("experts", "aux_loss_coef"), "router_aux_loss": ("experts", "aux_loss"),
+    "moe_dispatch": ("experts", "dispatch"),
+    "pad_token_id": ("tokens", "pad"), "bos_token_id": ("tokens", "bos"), "eos_token_id": ("tokens", "eos"),
+    "decoder_start_token_id": ("tokens", "decoder_start"), "wrap_decoder_start": ("tokens", "wrap_decoder_start"),
+    "scan_layers": ("execution", "scan_layers"), "remat": ("execution", "remat"),
+    "attention_backend": ("execution", "attention_backend"),
+    "pipeline_microbatches": ("execution", "pipeline_microbatches"),
+    "pipeline_repeats": ("execution", "pipeline_repeats"),
+    "lora_rank": ("lora", "rank"), "lora_alpha": ("lora", "alpha"), "lora_targets": ("lora", "targets"),
+    "lora_dropout": ("lora", "dropout"), "lora_rslora": ("lora", "rslora"), "lora_trainable": ("lora", "trainable"),
+    "quantize": ("quantization", "kind"), "quantize_embeddings": ("quantization", "embeddings"),
+}
+GROUPS: dict[str, type] = {
+    "norms": Norms, "swiglu_clamp": ClampedSwiGLU, "embeddings": Embeddings, "rotary": Rotary,
+    "relative_bias": RelativeBias, "xl": TransformerXL, "disentangled": Disentangled, "nope": NoPE,
+    "scores": Scores, "query_key_norm": QueryKeyNorm, "latent": Latent, "parallel": ParallelResidual,
+    "biases": Biases, "logits": Logits, "conv": Convolution, "head_options": HeadOptions, "experts": Experts,
+    "tokens": Tokens, "execution": Execution, "lora": LoRA, "quantization": Quantization,
+}
+OPTIONAL_GROUPS = ("swiglu_clamp", "rotary", "relative_bias", "xl", "disentangled", "nope", "query_key_norm",
+                   "latent", "parallel", "conv", "experts", "lora", "quantization")
+# flat keys that say only whether an optional part is there
+PRESENCE_KEYS = {"qk_norm": "query_key_norm", "parallel_residual": "parallel", "index_relative_bias": "relative_bias"}
+
+
+def _flat_default(name: str) -> Any:
+    path = FLAT[name]
+    cls = Indexer if path[:2] == ("latent", "indexer") else GROUPS[path[0]]
+    default = {f.name: f.default for f in dataclasses.fields(cls)}[path[-1]]
+    return default if default is not dataclasses.MISSING else OFF[name]
+
+
+# the flat value of an absent optional part's defining field (its other fields take their dataclass defaults)
+OFF = {"num_experts": 0, "kv_lora_rank": None, "index_heads": 0, "conv_kernel_size": 0, "lora_rank": 0,
+       "quantize": None, "qk_norm": False, "parallel_residual": False, "index_relative_bias": False}
+
+
+def _present(group: str, flat: dict) -> bool:
+    """Whether a model spelled ``flat`` (every key given) has ``group``."""
+    position = flat["position"]
+    return {
+        "swiglu_clamp": flat["swiglu_limit"] is not None or flat["swiglu_alpha"] != 1.0,
+        "rotary": position == "rope", "xl": position == "xl", "disentangled": position == "disentangled",
+        "relative_bias": position == "relative" or flat["index_relative_bias"],
+        "nope": bool(flat["nope_layers"]), "query_key_norm": flat["qk_norm"], "latent": flat["kv_lora_rank"] is not None,
+        "parallel": flat["parallel_residual"], "conv": flat["conv_kernel_size"] != 0, "experts": flat["num_experts"] != 0,
+        "lora": flat["lora_rank"] != 0, "quantization": flat["quantize"] is not None,
+    }[group]
+
+
+# what an absent part's settings need, as its refusal says (flat spelling, ``flat`` the model's)
+_NEEDS = {
+    "swiglu_clamp": lambda f: f"activation='swiglu' with a limit or alpha",
+    "rotary": lambda f: f"position='rope', not {f['position']!r}",
+    "xl": lambda f: "position='xl' (Transformer-XL relative attention)",
+    "disentangled": lambda f: "position='disentangled' (DeBERTa)",
+    "relative_bias": lambda f: f"position='relative' or index_relative_bias=True, not position={f['position']!r}",
+    "nope": lambda f: "nope_layers (the NoPE layers it tunes)",
+    "query_key_norm": lambda f: "qk_norm=True",
+    "latent": lambda f: "kv_lora_rank (multi-head latent attention)",
+    "parallel": lambda f: "parallel_residual=True",
+    "conv": lambda f: "conv_kernel_size > 0",
+    "experts": lambda f: "num_experts > 0",
+    "lora": lambda f: "lora_rank > 0",
+    "quantization": lambda f: f"quantize set (one of {QUANTIZATIONS}): the table takes that kind, not None",
+}
+# settings an absent part leaves without effect that were always accepted: read and let go (they change nothing)
+_INERT_WHEN_ABSENT = {
+    "experts_per_token", "router_score", "router_groups", "router_topk_groups", "normalize_router_weights",
+    "routed_scaling", "router_aux_loss_coef", "router_aux_loss", "moe_dispatch", "rope_theta", "relative_buckets",
+    "relative_max_distance", "disentangled_terms", "temperature_scale", "rope_head_dim", "index_head_dim",
+    "index_topk", "conv_groups", "conv_activation", "lora_alpha", "lora_dropout", "lora_rslora", "lora_trainable",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Architecture, numerics and compilation choices of one model.
 
-    Layer counts: an encoder uses ``encoder_layers``, a decoder ``decoder_layers``, an
-    encoder-decoder both. ``attention`` is the self-attention pattern of the decoder side; encoder
-    self-attention is always bidirectional.
+    The top level holds what every model has; each concern some models lack is a sub-config, None where absent
+    (``experts``, ``latent``, ``rotary``, ``xl``, ...). Build one nested (``ModelConfig(experts=Experts(8))``) or
+    from the flat spelling (``ModelConfig.from_dict({"num_experts": 8, ...})``, ``cfg.replace(num_experts=8)``).
+
+    Layer counts: an encoder uses ``encoder_layers``, a decoder ``decoder_layers``, an encoder-decoder both.
+    ``attention`` is the self-attention pattern of the decoder side; encoder self-attention is bidirectional.
 
     Precision policy (the one place it is stated; jaxformer.layers follows it):
     - ``param_dtype`` is how parameters are stored; optimizer state follows the parameters.
@@ -196,54 +809,17 @@ class ModelConfig:
     d_ff: int = 2048
     encoder_layers: int = 0
     decoder_layers: int = 6
-
-    norm: str = "layernorm"
-    norm_position: str = "pre"
-    norm_eps: float = 1e-5
-    norm_bias: bool = True  # layernorm only; rmsnorm has no bias
-    norm_scale_offset: float = 0.0  # the norm multiplies by (offset + scale): Gemma stores scale - 1 (offset 1.0)
-    sandwich_norm: bool = False  # pre-norm plus a norm of each sublayer's output before the residual (Gemma 2/3)
-    embedding_norm: bool = False  # a norm right after the embeddings (BERT, BART)
-    first_attn_norm: bool = True  # False: the first layer's attention reads its input unnormed (ModernBERT)
-    final_norm: bool = True  # a norm after the last block (pre-norm stacks)
-
+    norms: Norms = Norms()
+    # the gated ones: swiglu (silu gate), geglu (tanh-form gelu gate: T5 v1.1, Gemma), geglu_erf (exact gelu)
     activation: str = "gelu"
-    # gpt-oss's clamped SwiGLU: the gate clamped to <= limit, the up projection to [-limit, limit], and
-    # gate * sigmoid(swiglu_alpha * gate) * (up + 1); None: plain SwiGLU (swiglu_alpha is then the gate's gain)
-    swiglu_limit: float | None = None
-    swiglu_alpha: float = 1.0
-
+    swiglu_clamp: ClampedSwiGLU | None = None
     position: str = "learned"
     max_positions: int = 1024  # longest sequence; learned/sinusoidal tables hold this many rows
-    position_offset: int = 0  # rows before position 0 in a learned table (RoBERTa, BART use 2)
-    pad_aware_positions: bool = False  # RoBERTa: positions count non-pad tokens; pads use row pad_token_id
-    sinusoids: str = "transformer"  # position="sinusoidal": the layout (SINUSOID_LAYOUTS)
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling | None = None
-    local_rope_theta: float | None = None  # sliding-window layers' own rotary base, unscaled (Gemma 3); None: rope_theta
-    relative_buckets: int = 32  # T5 relative position bias
-    relative_max_distance: int = 128
-    # position="relative": each layer's self-attention has its own bias table (UMT5), not one per stack (T5)
-    relative_bias_per_layer: bool = False
-    # a T5 relative bias beside absolute positions (MPNet, bidirectional): one table for the stack, its
-    # distances counted between token indices 0..T-1 whatever the position ids
-    index_relative_bias: bool = False
-    # Transformer-XL (position="xl"): sinusoidal encodings of key-query distances inside attention, with
-    # learned global content and position biases (u, v); decoder family only.
-    memory_len: int = 0  # segment memory: each layer's inputs of the last memory_len tokens (0: none)
-    clamp_len: int = 0  # distances beyond clamp_len use clamp_len's encoding (0: no clamp)
-    shared_relative_biases: bool = False  # one u and v for all layers (Transformer-XL) or per layer (XLNet untie_r)
-    relative_segments: bool = False  # XLNet: token types enter attention as same/different-segment biases
-    # DeBERTa (position="disentangled"): a score adds, to content . content, the query's content against the key's
-    # relative position (c2p) and the key's content against the query's (p2c), each term's position vectors from
-    # one table of 2 * span relative-position embeddings [span = position_buckets or max_relative_positions]
-    # projected per layer; the scale is (head_dim * (1 + terms)) ** -0.5.
-    disentangled_terms: tuple[str, ...] = ("c2p", "p2c")
-    max_relative_positions: int = 0  # distances are clamped to +-this (0: max_positions)
-    position_buckets: int = 0  # >0: distances beyond half of it share log-spaced buckets (DeBERTa v2/v3)
-    share_attention_key: bool = False  # positions projected by the layer's own q and k (v2/v3), not their own
-    relative_embedding_norm: bool = False  # the relative table is layer-normed before use (v2/v3 norm_rel_ebd)
-    position_biased_input: bool = False  # disentangled positions also add a learned absolute table to the input
+    embeddings: Embeddings = Embeddings()
+    rotary: Rotary | None = None  # position='rope'
+    relative_bias: RelativeBias | None = None  # position='relative' (T5), or beside absolute positions (MPNet)
+    xl: TransformerXL | None = None  # position='xl'
+    disentangled: Disentangled | None = None  # position='disentangled'
 
     attention: str = "causal"
     window_size: int | None = None  # sliding and alternating-local attention: keys in (t - w, t]
@@ -254,255 +830,166 @@ class ModelConfig:
     # 'chunked' layers: the sequence is cut into chunks of this many positions and a query sees the keys of its
     # own chunk up to itself (Llama 4's local layers)
     attention_chunk_size: int | None = None
-    # layers without rotary positions (NoPE; Llama 4 every fourth): their queries and keys are not rotated, and
-    # qk_norm applies to the rotated layers only
-    nope_layers: tuple[int, ...] = ()
-    # attention temperature on the NoPE layers (Llama 4): queries x (1 + temperature_scale * log1p(floor((i + 1) /
-    # temperature_floor_scale))), i the token's index in the sequence, pads included (as transformers counts it)
-    temperature_floor_scale: int | None = None
-    temperature_scale: float = 0.1
-    attention_scale: float | None = None  # None: head_dim ** -0.5 (T5 uses 1.0)
-    inverse_layer_scale: bool = False  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores also / (i + 1)
-    attention_backend: str = "auto"  # auto | xla | cudnn | splash (jaxformer/kernels.py)
-    attention_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2)
-    qk_norm: bool = False  # RMSNorm over each query and key head before rotary positions (Gemma 3, Qwen3)
-    qk_norm_scale: bool = True  # that norm's learned scale; False: none (Llama 4's weightless norm)
-    # what the query/key norm spans: each head (Gemma 3, Qwen3) or the whole projection, all heads at once (OLMo-2)
-    qk_norm_span: str = "head"
-    # attention sinks: a learned logit per head joins each softmax as one more key with no value, so a query
-    # may give part of its attention to nothing (gpt-oss)
-    attention_sinks: bool = False
+    nope: NoPE | None = None
+    scores: Scores = Scores()
+    query_key_norm: QueryKeyNorm | None = None
+    latent: Latent | None = None
+    parallel: ParallelResidual | None = None
+    biases: Biases = Biases()
 
-    # Multi-head latent attention (DeepSeek-V2/V3), on when kv_lora_rank is set. Keys and values are
-    # expanded per head from one shared latent of kv_lora_rank numbers per token (what a cache holds,
-    # with one shared rotary key of rope_head_dim); head_dim is then the query/key part without
-    # positions (qk_nope_head_dim), and the scale is (head_dim + rope_head_dim) ** -0.5.
-    kv_lora_rank: int | None = None
-    q_lora_rank: int | None = None  # MLA: a low-rank query projection through this width; None: a plain one
-    rope_head_dim: int = 64  # MLA: the rotary part of each query and key head
-    v_head_dim: int | None = None  # MLA: the value head size; None: head_dim
-    # DeepSeek-V3.2's lightning indexer (on when index_heads > 0): a small scorer picks each query's index_topk
-    # keys, and latent attention attends to those alone (DeepSeek sparse attention)
-    index_heads: int = 0
-    index_head_dim: int = 128
-    index_topk: int = 2048
-    rope_interleave: bool = False  # rotary pairs are adjacent (x0, x1), (x2, x3), as DeepSeek and GPT-J lay them out
-    # partial rotary: only the first rotary_dim numbers of each query and key head rotate, the rest pass through
-    # (GPT-NeoX's rotary_pct of the head, GPT-J's rotary_dim); None: the whole head (MLA: rope_head_dim)
-    rotary_dim: int | None = None
-    # attention and MLP read the same input and join the residual together, x + attn(norm(x)) + mlp(norm'(x))
-    # (GPT-NeoX, GPT-J); with parallel_shared_norm both read one norm (GPT-J)
-    parallel_residual: bool = False
-    parallel_shared_norm: bool = False
-
-    qkv_bias: bool = True
-    key_bias: bool = True  # with qkv_bias: the key projection's (and DeBERTa's position key's) bias; v1 has none
-    out_bias: bool = True
-    mlp_bias: bool = True
-
-    tie_embeddings: bool = True  # output projection shares the token embedding
-    scale_embeddings: bool = False  # multiply token embeddings by sqrt(d_model) in the compute dtype (2017, Gemma)
-    shared_embeddings: bool = True  # encoder-decoder: one token table for both sides (False: T5Gemma's two)
-    scale_tied_logits: bool = False  # T5 v1.0: decoder output * d_model**-0.5 before tied head
+    logits: Logits = Logits()
     clamp_float16: bool = False  # T5: in float16, clamp each sublayer's output into range, as transformers does
-    type_vocab_size: int = 0  # token-type (segment) embeddings; 0 for none
-    # factorised embeddings (ALBERT, ELECTRA): the token, position and type tables and the embedding norm are
-    # this wide, and a projection (with bias) takes them to d_model; an MLM head projects back to this width
-    # before its tied output. None: the tables are d_model wide and nothing projects.
-    embedding_size: int | None = None
     shared_layers: bool = False  # ALBERT: one layer's parameters, applied at every layer of the stack
-    # DeBERTa v2's convolution beside the first layer: LayerNorm(layer output + act(conv(embeddings))), a 1-D
-    # convolution over the sequence of this width (0: none) with ``conv_groups`` groups
-    conv_kernel_size: int = 0
-    conv_groups: int = 1
-    conv_activation: str = "tanh"
+    conv: Convolution | None = None
     # ELECTRA pretraining (the 'rtd' objective): a discriminator also holds the generator it trains beside, an MLM
     # encoder this wide (heads and d_ff scaled alike, same depth) reading the discriminator's token, position and
     # type embeddings; 0: none. Export writes the discriminator alone (``model.generator`` saves on its own).
     generator_width: int = 0
-    logits_bias: bool = False  # a fixed (non-trained) bias on the LM logits (BART's final_logits_bias)
-    lm_head_bias: bool = False  # a trained bias on the LM logits (XLNet's lm_loss.bias)
-    logits_softcap: float | None = None  # LM logits -> cap * tanh(logits / cap) (Gemma 2)
-
     head: str = "lm"
-    pooler: bool = False  # BERT pooler: tanh(dense(h[:, 0]))
-    # the pooler's nonlinearity: tanh (BERT, RoBERTa), relu (DistilBERT) or exact gelu (ELECTRA's classifier)
-    pooler_activation: str = "tanh"
-    # ModernBERT: the sequence, token and span classifiers read dense -> activation -> norm of their input first
-    # (the MLM head's transform); the sequence classifier's input is the first token or the real tokens' mean
-    prediction_head: bool = False
-    classifier_pooling: str = "cls"
-    # DeBERTa's MLM head is stored as cls.predictions (transformers' legacy=True) or lm_predictions.lm_head (the
-    # enhanced mask decoder's head): the same numbers under two names, kept so a file is written back as it came
-    mlm_head_legacy: bool = True
-    head_bias: bool = True  # the bias of the heads' dense transform (MLM, ModernBERT's prediction head)
-    mlm_bias: bool = True  # the MLM head's output bias (ModernBERT's decoder_bias)
-    num_labels: int = 2
-    label_names: tuple[str, ...] = ()  # classification heads: the name of each label id (HF's id2label); () unnamed
-
+    head_options: HeadOptions = HeadOptions()
     dropout_rate: float = 0.0
     attention_dropout_rate: float = 0.0
-
-    num_experts: int = 0  # 0: dense FFN; >0: top-k mixture of experts (Mixtral, DeepSeekMoE)
-    experts_per_token: int = 2
-    expert_d_ff: int | None = None  # a routed expert's hidden size; None: d_ff
-    shared_experts: int = 0  # always-on experts (DeepSeekMoE): one gated MLP of shared_experts * expert_d_ff
-    shared_expert_gate: bool = False  # the shared experts' output times sigmoid(x . w_gate) per token (Qwen2-MoE)
-    dense_layers: int = 0  # the first layers keep a dense MLP of d_ff (DeepSeek's first_k_dense_replace)
-    # every moe_layer_step-th layer holds the experts, the others a dense MLP of d_ff (Llama 4 Maverick's
-    # interleave_moe_layer_step: layers step-1, 2 step-1, ...); 1: every layer past dense_layers
-    moe_layer_step: int = 1
-    router_score: str = "softmax"  # softmax over experts (Mixtral, DeepSeek-V2) or per-expert sigmoid (V3)
-    router_groups: int = 1  # experts split into groups; a token first picks router_topk_groups of them
-    router_topk_groups: int = 1  # (group score: best expert under softmax, sum of the best two under sigmoid)
-    router_bias: bool = False  # V3: a per-expert bias added for selection only, moved by balancing, not gradients
-    router_logit_bias: bool = False  # a trained bias on the router logits, like any linear layer's (gpt-oss)
-    expert_bias: bool = False  # each routed expert's projections carry biases (gpt-oss)
-    normalize_router_weights: bool = True  # the k chosen weights are divided by their sum
-    router_weights_on_input: bool = False  # a chosen expert's weight multiplies its input, not its output (Llama 4)
-    routed_scaling: float = 1.0  # the routed experts' output is scaled by this (DeepSeek routed_scaling_factor)
-    router_aux_loss_coef: float = 0.0
-    router_aux_loss: str = "batch"  # batch: Switch/Mixtral over all tokens; sequence: DeepSeek-V3, per row
-    # grouped: tokens sorted into blocks by expert, only the chosen run (GSPMD partitions it under a mesh);
-    # all_to_all: grouped, with tokens sent to their experts' devices under an expert mesh axis;
-    # dense: every expert on every token; auto: all_to_all unless every expert is chosen anyway (then dense)
-    moe_dispatch: str = "auto"
-
-    pad_token_id: int | None = None
-    bos_token_id: int | None = None
-    eos_token_id: int | tuple[int, ...] | None = None
-    decoder_start_token_id: int | None = None  # first decoder token of encoder-decoder generation
-    # mBART: decoder inputs derived from input_ids (the classification and span heads' default) start with each
-    # row's last non-pad token (its language code), not decoder_start_token_id
-    wrap_decoder_start: bool = False
+    experts: Experts | None = None
+    tokens: Tokens = Tokens()
 
     dtype: str = "float32"  # compute dtype; softmax, norms and losses always run in float32 (see above)
     param_dtype: str = "float32"
-    scan_layers: bool = True
-    remat: str = "none"
-    # Under a ``stage`` mesh axis (pipeline parallelism, ``layers/pipeline.py``): the microbatches a full pass
-    # cuts its rows into (0: one per stage) and the chunks each stage holds (1: GPipe; more: the circular
-    # schedule, each stage holding every S-th chunk of L / (S x repeats) layers). No effect without the axis.
-    pipeline_microbatches: int = 0
-    pipeline_repeats: int = 1
     init_std: float = 0.02
-
-    # LoRA adapters (jaxformer/layers/weights.py): rank 0 builds none
-    lora_rank: int = 0
-    lora_alpha: float = 8.0
-    lora_targets: tuple[str, ...] = ()  # LORA_PROJECTIONS, alone or as "sublayer.name" (LORA_SUBLAYERS)
-    lora_dropout: float = 0.0  # on the adapter's input only
-    lora_rslora: bool = False  # scale by alpha / sqrt(rank) instead of alpha / rank
-    lora_trainable: tuple[str, ...] = ()  # parameter paths ('/'-joined) trained in full with the adapters (PEFT's modules_to_save)
-    # int8 projection kernels: 'int8' multiplies in dtype (weight-only), 'int8_dynamic' in int8 (CPU)
-    quantize: str | None = None
-    quantize_embeddings: bool = False  # the token table (and so a tied LM head) int8 too, per vocab row
+    execution: Execution = Execution()
+    lora: LoRA | None = None
+    quantization: Quantization | None = None
 
     def __post_init__(self):
+        for name, cls in GROUPS.items():  # JSON and YAML hand the nested form as mappings
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                object.__setattr__(self, name, cls(**value))
+            elif value is not None and not isinstance(value, cls):
+                raise ValueError(f"ModelConfig.{name}={value!r} must be a {cls.__name__}")
+            elif value is None and name not in OPTIONAL_GROUPS:
+                raise ValueError(f"ModelConfig.{name} is always present (a {cls.__name__}); it cannot be None")
+        for name, kind in (("rotary", "rope"), ("xl", "xl"), ("disentangled", "disentangled"),
+                           ("relative_bias", "relative")):
+            if getattr(self, name) is None and self.position == kind:  # the part's defaults, as position names it
+                object.__setattr__(self, name, GROUPS[name]())
+        self._check_sizes()
+        self._check_positions()
+        self._check_attention_pattern()
+        self._check_attention()
+        self._check_heads()
+        self._check_experts()
+        self._check_tokens()
+        _one_of("dtype", self.dtype, DTYPES)
+        _one_of("param_dtype", self.param_dtype, DTYPES)
+        if not self.init_std > 0:
+            raise ValueError(f"ModelConfig.init_std={self.init_std!r} must be > 0")
+        _rate("dropout_rate", self.dropout_rate)
+        _rate("attention_dropout_rate", self.attention_dropout_rate)
+        self._check_adapters()
+
+    def _check_sizes(self) -> None:
         _one_of("family", self.family, FAMILIES)
-        for field in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions", "num_labels"):
+        for field in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
             _positive(field, getattr(self, field))
         _non_negative("encoder_layers", self.encoder_layers)
         _non_negative("decoder_layers", self.decoder_layers)
-        _non_negative("position_offset", self.position_offset)
-        _non_negative("type_vocab_size", self.type_vocab_size)
-        need_encoder = self.family in ("encoder", "encoder_decoder")
-        need_decoder = self.family in ("decoder", "encoder_decoder")
-        if need_encoder != (self.encoder_layers > 0):
-            raise ValueError(
-                f"ModelConfig.encoder_layers={self.encoder_layers} does not fit family={self.family!r}: "
-                f"{'must be > 0' if need_encoder else 'must be 0'}")
-        if need_decoder != (self.decoder_layers > 0):
-            raise ValueError(
-                f"ModelConfig.decoder_layers={self.decoder_layers} does not fit family={self.family!r}: "
-                f"{'must be > 0' if need_decoder else 'must be 0'}")
-
+        for need, field in ((self.family in ("encoder", "encoder_decoder"), "encoder_layers"),
+                            (self.family in ("decoder", "encoder_decoder"), "decoder_layers")):
+            if need != (getattr(self, field) > 0):
+                raise ValueError(f"ModelConfig.{field}={getattr(self, field)} does not fit family={self.family!r}: "
+                                 f"{'must be > 0' if need else 'must be 0'}")
         if self.head_dim is None:
             if self.d_model % self.num_heads:
-                raise ValueError(
-                    f"ModelConfig.num_heads={self.num_heads} does not divide d_model={self.d_model}; "
-                    "choose a divisor or set head_dim explicitly")
+                raise ValueError(f"ModelConfig.num_heads={self.num_heads} does not divide d_model={self.d_model}; "
+                                 "choose a divisor or set head_dim explicitly")
         else:
             _positive("head_dim", self.head_dim)
         if self.num_kv_heads is not None:
             _positive("num_kv_heads", self.num_kv_heads)
             if self.num_heads % self.num_kv_heads:
-                raise ValueError(
-                    f"ModelConfig.num_kv_heads={self.num_kv_heads} does not divide num_heads="
-                    f"{self.num_heads}; valid: a divisor of {self.num_heads}")
-
-        _one_of("norm", self.norm, NORMS)
-        if self.norm_scale_offset not in (0.0, 1.0):
-            raise ValueError(f"ModelConfig.norm_scale_offset={self.norm_scale_offset!r} must be 0.0 or 1.0 (Gemma)")
-        if self.sandwich_norm and self.norm_position != "pre":
-            raise ValueError("ModelConfig.sandwich_norm=True adds output norms to a pre-norm block; set "
-                             f"norm_position='pre', not {self.norm_position!r}")
-        _one_of("norm_position", self.norm_position, NORM_POSITIONS)
-        if not self.norm_eps > 0:
-            raise ValueError(f"ModelConfig.norm_eps={self.norm_eps!r} must be > 0")
+                raise ValueError(f"ModelConfig.num_kv_heads={self.num_kv_heads} does not divide num_heads="
+                                 f"{self.num_heads}; valid: a divisor of {self.num_heads}")
         _one_of("activation", self.activation, ACTIVATIONS)
-        if self.swiglu_limit is not None or self.swiglu_alpha != 1.0:
-            if self.activation != "swiglu":
-                raise ValueError(f"ModelConfig.swiglu_limit / swiglu_alpha shape a SwiGLU; activation is "
-                                 f"{self.activation!r}, not 'swiglu'")
-            if self.swiglu_limit is not None and not self.swiglu_limit > 0:
-                raise ValueError(f"ModelConfig.swiglu_limit={self.swiglu_limit!r} must be > 0")
-            if not self.swiglu_alpha > 0:
-                raise ValueError(f"ModelConfig.swiglu_alpha={self.swiglu_alpha!r} must be > 0")
+        if self.swiglu_clamp is not None and self.activation != "swiglu":
+            raise ValueError(f"ModelConfig.swiglu_limit / swiglu_alpha shape a SwiGLU; activation is "
+                             f"{self.activation!r}, not 'swiglu'")
+        if self.embeddings.width is not None and self.family != "encoder":
+            raise ValueError(f"ModelConfig.embedding_size factorises an encoder's embeddings (ALBERT, ELECTRA); "
+                             f"family={self.family!r} does not take it")
+        if not self.embeddings.shared and self.family != "encoder_decoder":
+            raise ValueError(f"ModelConfig.shared_embeddings=False (separate encoder and decoder token tables) needs "
+                             f"family='encoder_decoder', not {self.family!r}")
+        norms = self.norms
+        if norms.position == "output" and (self.family != "decoder" or self.position == "xl"):
+            raise ValueError("ModelConfig.norm_position='output' (OLMo-2: x + norm(f(x))) needs family='decoder' "
+                             f"without Transformer-XL memory, not family={self.family!r}, position={self.position!r}")
+        if not norms.first_attention and (norms.position != "pre" or self.family != "encoder"
+                                          or self.shared_layers or self.encoder_layers < 2):
+            raise ValueError("ModelConfig.first_attn_norm=False drops the first layer's pre-attention norm "
+                             "(ModernBERT): it needs family='encoder', norm_position='pre', two or more layers and no "
+                             f"shared_layers (family={self.family!r}, norm_position={norms.position!r})")
+
+    def _check_positions(self) -> None:
         _one_of("position", self.position, POSITIONS)
-        if self.position == "rope":
-            if self.kv_lora_rank is None and self.head_dim_ % 2:
-                raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim_}")
-            if not self.rope_theta > 0:
-                raise ValueError(f"ModelConfig.rope_theta={self.rope_theta!r} must be > 0")
-        if self.local_rope_theta is not None:
-            if self.position != "rope" or self.attention != "alternating" or not self.local_rope_theta > 0:
-                raise ValueError(f"ModelConfig.local_rope_theta={self.local_rope_theta!r} is the rotary base of "
-                                 "the sliding layers: it needs position='rope', attention='alternating' and a value > 0")
-        if self.rope_scaling is not None:
-            if self.position != "rope":
-                raise ValueError(f"ModelConfig.rope_scaling is set but position={self.position!r}, not 'rope'")
-            if isinstance(self.rope_scaling, dict):  # YAML and JSON hand us plain mappings
-                object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
-            if not isinstance(self.rope_scaling, RopeScaling):
-                raise ValueError(f"ModelConfig.rope_scaling={self.rope_scaling!r} must be a RopeScaling")
-            kind, pairs = self.rope_scaling.kind, self.rope_dim // 2
-            if kind == "longrope" and len(self.rope_scaling.short_factor) != pairs:
-                raise ValueError(f"RopeScaling longrope has {len(self.rope_scaling.short_factor)} factors but the "
+        for name, kind in (("rotary", "rope"), ("xl", "xl"), ("disentangled", "disentangled")):
+            if getattr(self, name) is not None and self.position != kind:
+                raise ValueError(f"ModelConfig.{name} is set but position={self.position!r}, not {kind!r}")
+        if self.rotary is not None:
+            self._check_rotary(self.rotary)
+        if self.relative_bias is not None and self.position != "relative" and (
+                self.family != "encoder" or self.position not in ("learned", "sinusoidal")):
+            raise ValueError("ModelConfig.index_relative_bias=True (MPNet) adds a relative bias beside absolute "
+                             f"positions in an encoder; family={self.family!r}, position={self.position!r}")
+        if self.relative_bias is not None and self.relative_bias.per_layer and self.position != "relative":
+            raise ValueError(f"ModelConfig.relative_bias_per_layer=True needs position='relative', not {self.position!r}")
+        if self.xl is not None:
+            if self.family != "decoder" or self.attention not in ("causal", "bidirectional"):
+                raise ValueError("ModelConfig.position='xl' (Transformer-XL relative attention) needs family='decoder' "
+                                 f"and attention 'causal' or 'bidirectional', not {self.family!r} and {self.attention!r}")
+            if self.num_kv_heads not in (None, self.num_heads) or self.experts is not None:
+                raise ValueError("ModelConfig.position='xl' supports multi-head attention with a dense MLP: leave "
+                                 "num_kv_heads None and num_experts 0")
+            if self.embeddings.types:
+                raise ValueError("ModelConfig.type_vocab_size: Transformer-XL models take token types as relative "
+                                 "segments (relative_segments=True), not as embeddings")
+        if self.disentangled is not None:
+            if self.family != "encoder" or self.num_kv_heads not in (None, self.num_heads):
+                raise ValueError("ModelConfig.position='disentangled' (DeBERTa) needs family='encoder' with "
+                                 f"multi-head attention (family={self.family!r}, num_kv_heads={self.num_kv_heads})")
+            if self.disentangled.buckets and not self.relative_span // 2 < self.max_relative_distance - 1:
+                raise ValueError(f"ModelConfig.position_buckets={self.disentangled.buckets} spaces buckets up to "
+                                 f"max_relative_positions={self.max_relative_distance}, which must exceed half the "
+                                 "buckets plus one")
+        embeddings = self.embeddings
+        if embeddings.pad_aware_positions and (self.tokens.pad is None or self.position not in ("learned", "sinusoidal")
+                                               or embeddings.position_offset <= self.tokens.pad):
+            raise ValueError("ModelConfig.pad_aware_positions=True needs learned or sinusoidal positions, a "
+                             "pad_token_id, and position_offset > pad_token_id (RoBERTa: pad_token_id=1, "
+                             "position_offset=2)")
+        if embeddings.sinusoids != "transformer" and self.position != "sinusoidal":
+            raise ValueError(f"ModelConfig.sinusoids={embeddings.sinusoids!r} lays out sinusoidal positions; "
+                             f"position is {self.position!r}")
+
+    def _check_rotary(self, rotary: Rotary) -> None:
+        if self.latent is None and self.head_dim_ % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim_}")
+        if rotary.local_theta is not None and self.attention != "alternating":
+            raise ValueError(f"ModelConfig.local_rope_theta={rotary.local_theta!r} is the rotary base of the "
+                             "sliding layers: it needs position='rope', attention='alternating' and a value > 0")
+        if rotary.dim is not None and (self.latent is not None or rotary.dim > self.head_dim_):
+            raise ValueError(f"ModelConfig.rotary_dim={rotary.dim!r} (partial rotary) must be an even integer in "
+                             f"(0, head_dim={self.head_dim_}] with standard attention (latent attention sets its "
+                             "rotary width with rope_head_dim)")
+        if rotary.scaling is not None:
+            kind, pairs = rotary.scaling.kind, self.rope_dim // 2
+            if kind == "longrope" and len(rotary.scaling.short_factor) != pairs:
+                raise ValueError(f"RopeScaling longrope has {len(rotary.scaling.short_factor)} factors but the "
                                  f"rotated head width {self.rope_dim} has {pairs} frequency pairs")
             if kind == "dynamic" and self.rope_dim <= 2:
                 raise ValueError(f"RopeScaling dynamic raises the base to H / (H - 2); the rotated width "
                                  f"{self.rope_dim} must be > 2")
-        if self.position == "relative" or self.index_relative_bias:
-            _positive("relative_buckets", self.relative_buckets)
-            _positive("relative_max_distance", self.relative_max_distance)
-            if self.relative_buckets < 4:
-                raise ValueError(f"ModelConfig.relative_buckets={self.relative_buckets} must be >= 4")
-        if self.relative_bias_per_layer and self.position != "relative":
-            raise ValueError(f"ModelConfig.relative_bias_per_layer=True needs position='relative', not {self.position!r}")
-        if self.index_relative_bias and (self.family != "encoder" or self.position not in ("learned", "sinusoidal")):
-            raise ValueError("ModelConfig.index_relative_bias=True (MPNet) adds a relative bias beside absolute "
-                             f"positions in an encoder; family={self.family!r}, position={self.position!r}")
 
-        _non_negative("memory_len", self.memory_len)
-        _non_negative("clamp_len", self.clamp_len)
-        if self.position == "xl":
-            if self.family != "decoder" or self.attention not in ("causal", "bidirectional"):
-                raise ValueError("ModelConfig.position='xl' (Transformer-XL relative attention) needs family='decoder' "
-                                 f"and attention 'causal' or 'bidirectional', not {self.family!r} and {self.attention!r}")
-            if self.num_kv_heads not in (None, self.num_heads) or self.num_experts:
-                raise ValueError("ModelConfig.position='xl' supports multi-head attention with a dense MLP: leave "
-                                 "num_kv_heads None and num_experts 0")
-            if self.type_vocab_size:
-                raise ValueError("ModelConfig.type_vocab_size: Transformer-XL models take token types as relative "
-                                 "segments (relative_segments=True), not as embeddings")
-        else:
-            xl_only = {"memory_len": 0, "clamp_len": 0, "shared_relative_biases": False, "relative_segments": False}
-            for field, off in xl_only.items():
-                if getattr(self, field) != off:
-                    raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs position='xl' "
-                                     "(Transformer-XL relative attention)")
-        self._check_disentangled()
+    def _check_attention_pattern(self) -> None:
         _one_of("attention", self.attention, ATTENTION_PATTERNS)
         if self.family == "encoder" and self.attention not in ("bidirectional", "alternating"):
             raise ValueError(
@@ -513,9 +1000,10 @@ class ModelConfig:
                 f"ModelConfig.attention='bidirectional' does not fit family={self.family!r}; valid: "
                 "'causal', 'prefix', 'sliding', 'alternating' (or position='xl': XLNet's bidirectional form)")
         if self.family == "encoder_decoder" and self.attention not in ("causal", "sliding", "alternating"):
-            raise ValueError(
-                f"ModelConfig.attention={self.attention!r} does not fit family='encoder_decoder'; "
-                "the decoder attends 'causal', 'sliding' or 'alternating'")
+            raise ValueError(f"ModelConfig.attention={self.attention!r} does not fit family='encoder_decoder'; "
+                             "the decoder attends 'causal', 'sliding' or 'alternating'")
+        if isinstance(self.layer_types, list):  # YAML and JSON hand us lists
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         chunked = self.attention == "alternating" and "chunked" in (self.layer_types or ())
         if chunked:
             if self.family != "decoder" or self.window_size is not None:
@@ -530,154 +1018,83 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.attention={self.attention!r} needs window_size (a positive int)")
             _positive("window_size", self.window_size)
         elif self.window_size is not None:
-            raise ValueError(
-                f"ModelConfig.window_size={self.window_size} is set but attention={self.attention!r}; "
-                "set attention='sliding' or 'alternating', or window_size=None")
+            raise ValueError(f"ModelConfig.window_size={self.window_size} is set but attention={self.attention!r}; "
+                             "set attention='sliding' or 'alternating', or window_size=None")
         if self.layer_types is not None:
-            if isinstance(self.layer_types, list):  # YAML and JSON hand us lists
-                object.__setattr__(self, "layer_types", tuple(self.layer_types))
-            if self.attention != "alternating":
-                raise ValueError(f"ModelConfig.layer_types is set but attention={self.attention!r}; it lists the "
-                                 "'full' and 'sliding' (or 'chunked') layers of attention='alternating'")
-            wrong = sorted({t for t in self.layer_types if t not in LAYER_TYPES}, key=str)
-            if wrong:
-                raise ValueError(f"ModelConfig.layer_types holds {wrong}; each entry must be one of {LAYER_TYPES}")
-            if {"sliding", "chunked"} <= set(self.layer_types):
-                raise ValueError("ModelConfig.layer_types mixes 'sliding' and 'chunked' layers; a stack has one kind "
-                                 "of local layer")
-            counts = ({self.encoder_layers} if self.family == "encoder" else
-                      {self.decoder_layers} | ({self.encoder_layers} if self.family == "encoder_decoder" else set()))
-            if len(counts) > 1 or len(self.layer_types) not in counts:
-                raise ValueError(f"ModelConfig.layer_types has {len(self.layer_types)} entries; it needs one per layer "
-                                 f"({max(counts)}; an encoder-decoder's two stacks share it, so both need "
-                                 "that many layers)")
-        for field in ("attention_softcap", "logits_softcap"):
-            value = getattr(self, field)
-            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"ModelConfig.{field}={value!r} must be a finite number > 0 (or None: no capping)")
-        if self.qk_norm and (self.mla or self.position == "xl"):
+            self._check_layer_types()
+
+    def _check_layer_types(self) -> None:
+        if self.attention != "alternating":
+            raise ValueError(f"ModelConfig.layer_types is set but attention={self.attention!r}; it lists the "
+                             "'full' and 'sliding' (or 'chunked') layers of attention='alternating'")
+        wrong = sorted({t for t in self.layer_types if t not in LAYER_TYPES}, key=str)
+        if wrong:
+            raise ValueError(f"ModelConfig.layer_types holds {wrong}; each entry must be one of {LAYER_TYPES}")
+        if {"sliding", "chunked"} <= set(self.layer_types):
+            raise ValueError("ModelConfig.layer_types mixes 'sliding' and 'chunked' layers; a stack has one kind "
+                             "of local layer")
+        counts = ({self.encoder_layers} if self.family == "encoder" else
+                  {self.decoder_layers} | ({self.encoder_layers} if self.family == "encoder_decoder" else set()))
+        if len(counts) > 1 or len(self.layer_types) not in counts:
+            raise ValueError(f"ModelConfig.layer_types has {len(self.layer_types)} entries; it needs one per layer "
+                             f"({max(counts)}; an encoder-decoder's two stacks share it, so both need "
+                             "that many layers)")
+
+    def _check_attention(self) -> None:
+        standard = self.latent is None and self.position != "xl"
+        if self.query_key_norm is not None and not standard:
             raise ValueError("ModelConfig.qk_norm=True needs standard attention (not kv_lora_rank or position='xl')")
-        if not self.shared_embeddings and self.family != "encoder_decoder":
-            raise ValueError(f"ModelConfig.shared_embeddings=False (separate encoder and decoder token tables) needs "
-                             f"family='encoder_decoder', not {self.family!r}")
-        _one_of("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        if self.kv_lora_rank is not None:
-            _positive("kv_lora_rank", self.kv_lora_rank)
-            if self.q_lora_rank is not None:
-                _positive("q_lora_rank", self.q_lora_rank)
-            _positive("rope_head_dim", self.rope_head_dim)
-            if self.v_head_dim is not None:
-                _positive("v_head_dim", self.v_head_dim)
+        if self.latent is not None:
             if self.family != "decoder" or self.position != "rope":
                 raise ValueError("ModelConfig.kv_lora_rank (multi-head latent attention) needs family='decoder' "
                                  f"and position='rope', not {self.family!r} and {self.position!r}")
-            if self.rope_head_dim % 2:
-                raise ValueError(f"ModelConfig.rope_head_dim={self.rope_head_dim} must be even")
             if self.kv_heads != self.num_heads:
                 raise ValueError(f"ModelConfig.num_kv_heads={self.num_kv_heads}: multi-head latent attention "
                                  "expands keys and values for every head; leave num_kv_heads None")
-            if self.qkv_bias:
+            if self.biases.qkv:
                 raise ValueError("ModelConfig.qkv_bias=True is not supported with multi-head latent attention")
-            if self.index_heads:
-                for field in ("index_heads", "index_head_dim", "index_topk"):
-                    _positive(field, getattr(self, field))
-                if self.q_lora_rank is None:
-                    raise ValueError("ModelConfig.index_heads (DeepSeek-V3.2's indexer) reads the compressed query: it "
-                                     "needs q_lora_rank")
-                if not self.rope_head_dim <= self.index_head_dim:
-                    raise ValueError(f"ModelConfig.index_head_dim={self.index_head_dim} must hold the rotary part "
-                                     f"(rope_head_dim={self.rope_head_dim})")
-        else:
-            if self.index_heads:
-                raise ValueError("ModelConfig.index_heads (DeepSeek-V3.2's indexer) needs kv_lora_rank (multi-head "
-                                 "latent attention)")
-            for field, off in {"q_lora_rank": None, "v_head_dim": None}.items():
-                if getattr(self, field) != off:
-                    raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs kv_lora_rank "
-                                     "(multi-head latent attention)")
-        if self.rope_interleave and self.position != "rope":
-            raise ValueError(f"ModelConfig.rope_interleave=True needs position='rope', not {self.position!r}")
-        if self.rotary_dim is not None:
-            if self.position != "rope" or self.mla:
-                raise ValueError("ModelConfig.rotary_dim (partial rotary) needs position='rope' and standard "
-                                 "attention (latent attention sets its rotary width with rope_head_dim)")
-            if not (isinstance(self.rotary_dim, int) and 0 < self.rotary_dim <= self.head_dim_
-                    and self.rotary_dim % 2 == 0):
-                raise ValueError(f"ModelConfig.rotary_dim={self.rotary_dim!r} must be an even integer in "
-                                 f"(0, head_dim={self.head_dim_}]")
-        if self.parallel_shared_norm and not self.parallel_residual:
-            raise ValueError("ModelConfig.parallel_shared_norm=True needs parallel_residual=True")
-        if self.parallel_residual and (self.norm_position != "pre" or self.family != "decoder" or self.sandwich_norm
-                                       or self.position == "xl"):
+        if self.parallel is not None and (self.norms.position != "pre" or self.family != "decoder"
+                                          or self.norms.sandwich or self.position == "xl"):
             raise ValueError("ModelConfig.parallel_residual=True needs a pre-norm decoder without sandwich norms or "
                              "Transformer-XL memory")
-        if self.inverse_layer_scale and (self.mla or self.position == "xl"):
+        if self.scores.inverse_layer_scale and not standard:
             raise ValueError("ModelConfig.inverse_layer_scale scales standard self-attention; multi-head latent and "
                              "Transformer-XL attention do not take it")
-        if isinstance(self.nope_layers, list):  # YAML and JSON hand us lists
-            object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
-        if self.nope_layers:
-            if self.position != "rope" or self.mla or self.family != "decoder":
-                raise ValueError("ModelConfig.nope_layers leaves some layers of a rotary decoder unrotated; it needs "
-                                 "family='decoder', position='rope' and standard attention")
-            if sorted(set(self.nope_layers)) != list(self.nope_layers) or not all(
-                    isinstance(i, int) and 0 <= i < self.decoder_layers for i in self.nope_layers):
-                raise ValueError(f"ModelConfig.nope_layers={self.nope_layers!r} must list distinct layer indices in "
-                                 f"[0, {self.decoder_layers}) in increasing order")
-        if self.temperature_floor_scale is not None:
-            _positive("temperature_floor_scale", self.temperature_floor_scale)
-            if not self.nope_layers:
-                raise ValueError("ModelConfig.temperature_floor_scale tunes the NoPE layers' attention; set nope_layers")
-            if not self.temperature_scale > 0:
-                raise ValueError(f"ModelConfig.temperature_scale={self.temperature_scale!r} must be > 0")
-        _one_of("qk_norm_span", self.qk_norm_span, QK_NORM_SPANS)
-        if self.qk_norm_span != "head" and not self.qk_norm:
-            raise ValueError(f"ModelConfig.qk_norm_span={self.qk_norm_span!r} shapes the query/key norm; it needs "
-                             "qk_norm=True")
-        if self.norm_position == "output" and (self.family != "decoder" or self.position == "xl"):
-            raise ValueError("ModelConfig.norm_position='output' (OLMo-2: x + norm(f(x))) needs family='decoder' "
-                             f"without Transformer-XL memory, not family={self.family!r}, position={self.position!r}")
-        if not self.qk_norm_scale and not self.qk_norm:
-            raise ValueError("ModelConfig.qk_norm_scale=False shapes the query/key norm; it needs qk_norm=True")
-        if self.attention_sinks and (self.mla or self.position == "xl"):
+        if self.scores.sinks and not standard:
             raise ValueError("ModelConfig.attention_sinks=True joins standard attention's softmax; multi-head latent "
                              "and Transformer-XL attention do not take it")
-        if self.attention_scale is not None and not self.attention_scale > 0:
-            raise ValueError(f"ModelConfig.attention_scale={self.attention_scale!r} must be > 0")
+        if self.nope is not None:
+            if self.position != "rope" or self.latent is not None or self.family != "decoder":
+                raise ValueError("ModelConfig.nope_layers leaves some layers of a rotary decoder unrotated; it needs "
+                                 "family='decoder', position='rope' and standard attention")
+            if self.nope.layers[-1] >= self.decoder_layers:
+                raise ValueError(f"ModelConfig.nope_layers={self.nope.layers!r} must list distinct layer indices in "
+                                 f"[0, {self.decoder_layers}) in increasing order")
+        if self.conv is not None and (self.family != "encoder" or self.conv.kernel_size % 2 == 0 or self.shared_layers):
+            raise ValueError(f"ModelConfig.conv_kernel_size={self.conv.kernel_size} (DeBERTa's convolution) needs "
+                             "family='encoder', an odd width (the sequence keeps its length) and no shared_layers")
+        if self.conv is not None and self.d_model % self.conv.groups:
+            raise ValueError(f"ModelConfig.conv_groups={self.conv.groups} must divide d_model={self.d_model}")
 
+    def _check_heads(self) -> None:
         _one_of("head", self.head, HEADS)
+        options = self.head_options
         if self.family == "encoder":
             if self.head not in ENCODER_HEADS:
                 raise ValueError(f"ModelConfig.head={self.head!r} does not fit family='encoder'; "
                                  f"expected one of {ENCODER_HEADS}")
-            if self.head == "pretraining" and not self.pooler or (
-                    self.head == "sequence_classification" and not (self.pooler or self.prediction_head)):
+            if self.head == "pretraining" and not options.pooler or (
+                    self.head == "sequence_classification" and not (options.pooler or options.prediction_head)):
                 raise ValueError(f"ModelConfig.head={self.head!r} reads the pooled output; set pooler=True")
         elif self.family == "encoder_decoder":
             self._check_encoder_decoder_head()
         elif self.head not in ("none", "lm"):
             raise ValueError(f"ModelConfig.head={self.head!r} does not fit family={self.family!r}; "
                              "expected 'lm' or 'none'")
-        if isinstance(self.label_names, list):  # JSON hands us a list
-            object.__setattr__(self, "label_names", tuple(self.label_names))
-        if self.label_names and len(self.label_names) != self.num_labels:
-            raise ValueError(f"ModelConfig.label_names holds {len(self.label_names)} names for num_labels="
-                             f"{self.num_labels}; give one name per label, or none")
-        _one_of("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
-        _one_of("classifier_pooling", self.classifier_pooling, CLASSIFIER_POOLINGS)
-        if (self.prediction_head or self.classifier_pooling != "cls") and (self.family != "encoder" or self.pooler):
+        if (options.prediction_head or options.classifier_pooling != "cls") and (
+                self.family != "encoder" or options.pooler):
             raise ValueError("ModelConfig.prediction_head and classifier_pooling='mean' are ModernBERT's heads: they "
-                             f"need family='encoder' without a pooler (family={self.family!r}, pooler={self.pooler})")
-        if not self.first_attn_norm and (self.norm_position != "pre" or self.family != "encoder"
-                                         or self.shared_layers or self.encoder_layers < 2):
-            raise ValueError("ModelConfig.first_attn_norm=False drops the first layer's pre-attention norm "
-                             "(ModernBERT): it needs family='encoder', norm_position='pre', two or more layers and no "
-                             f"shared_layers (family={self.family!r}, norm_position={self.norm_position!r})")
-        if self.embedding_size is not None:
-            _positive("embedding_size", self.embedding_size)
-            if self.family != "encoder":
-                raise ValueError(f"ModelConfig.embedding_size factorises an encoder's embeddings (ALBERT, ELECTRA); "
-                                 f"family={self.family!r} does not take it")
+                             f"need family='encoder' without a pooler (family={self.family!r}, pooler={options.pooler})")
         _non_negative("generator_width", self.generator_width)
         if self.generator_width:
             if self.family != "encoder" or self.head != "discriminator":
@@ -687,190 +1104,72 @@ class ModelConfig:
             if self.generator_width % self.head_dim_ or self.generator_width > self.d_model:
                 raise ValueError(f"ModelConfig.generator_width={self.generator_width} must be a multiple of the head "
                                  f"size {self.head_dim_} (the generator keeps it) and at most d_model={self.d_model}")
-        if self.shared_layers and (self.family != "encoder" or self.num_experts):
+        if self.shared_layers and (self.family != "encoder" or self.experts is not None):
             raise ValueError("ModelConfig.shared_layers=True (ALBERT's one set of layer weights) needs a dense "
                              f"family='encoder' model, not family={self.family!r}")
-        if self.pooler and self.family != "encoder" and not (
+        if options.pooler and self.family != "encoder" and not (
                 self.family == "encoder_decoder" and self.head == "sequence_classification"):
             raise ValueError(f"ModelConfig.pooler=True needs family='encoder' (or an encoder-decoder's "
                              f"sequence_classification head), not family={self.family!r}, head={self.head!r}")
-        if self.wrap_decoder_start and self.family != "encoder_decoder":
-            raise ValueError(f"ModelConfig.wrap_decoder_start=True (mBART's decoder inputs) needs "
-                             f"family='encoder_decoder', not {self.family!r}")
-        if self.scale_tied_logits and not (self.tie_embeddings and self.head == "lm"):
+        if self.logits.scale_tied and not (self.embeddings.tie and self.head == "lm"):
             raise ValueError("ModelConfig.scale_tied_logits=True needs tie_embeddings=True and head='lm'")
-
-        _rate("dropout_rate", self.dropout_rate)
-        _rate("attention_dropout_rate", self.attention_dropout_rate)
-
-        _non_negative("num_experts", self.num_experts)
-        if self.num_experts:
-            if self.family != "decoder":
-                raise ValueError(f"ModelConfig.num_experts={self.num_experts} is supported for "
-                                 f"family='decoder', not {self.family!r}")
-            if not 1 <= self.experts_per_token <= self.num_experts:
-                raise ValueError(
-                    f"ModelConfig.experts_per_token={self.experts_per_token} must lie in "
-                    f"[1, num_experts={self.num_experts}]")
-            for field in ("shared_experts", "dense_layers"):
-                _non_negative(field, getattr(self, field))
-            if self.expert_d_ff is not None:
-                _positive("expert_d_ff", self.expert_d_ff)
-            if self.dense_layers >= self.decoder_layers:
-                raise ValueError(f"ModelConfig.dense_layers={self.dense_layers} must be < decoder_layers="
-                                 f"{self.decoder_layers} (the remaining layers hold the experts)")
-            _positive("moe_layer_step", self.moe_layer_step)
-            if self.moe_layer_step > 1 and (self.dense_layers or self.decoder_layers % self.moe_layer_step):
-                raise ValueError(f"ModelConfig.moe_layer_step={self.moe_layer_step} interleaves dense and expert layers "
-                                 f"in periods: it needs dense_layers=0 and decoder_layers={self.decoder_layers} a "
-                                 "multiple of it")
-            _one_of("router_score", self.router_score, ROUTER_SCORES)
-            _positive("router_groups", self.router_groups)
-            _positive("router_topk_groups", self.router_topk_groups)
-            if self.num_experts % self.router_groups:
-                raise ValueError(f"ModelConfig.router_groups={self.router_groups} does not divide num_experts="
-                                 f"{self.num_experts}")
-            if self.router_topk_groups > self.router_groups:
-                raise ValueError(f"ModelConfig.router_topk_groups={self.router_topk_groups} must be <= "
-                                 f"router_groups={self.router_groups}")
-            per_group = self.num_experts // self.router_groups
-            if self.router_topk_groups * per_group < self.experts_per_token:
-                raise ValueError(
-                    f"ModelConfig.router_topk_groups={self.router_topk_groups} groups of {per_group} experts "
-                    f"hold fewer than experts_per_token={self.experts_per_token}")
-            if self.router_groups > 1 and self.router_score == "sigmoid" and per_group < 2:
-                raise ValueError("ModelConfig.router_groups: sigmoid routing scores a group by its best two "
-                                 "experts, so each group needs at least 2")
-            if not (isinstance(self.routed_scaling, (int, float)) and math.isfinite(self.routed_scaling)
-                    and self.routed_scaling > 0):
-                raise ValueError(f"ModelConfig.routed_scaling={self.routed_scaling!r} must be a finite number > 0")
-            _one_of("router_aux_loss", self.router_aux_loss, ROUTER_AUX_LOSSES)
-            _one_of("moe_dispatch", self.moe_dispatch, MOE_DISPATCHES)
-            if self.shared_expert_gate and not self.shared_experts:
-                raise ValueError("ModelConfig.shared_expert_gate=True gates the shared experts; it needs "
-                                 "shared_experts > 0")
-        else:
-            moe_only = {"expert_d_ff": None, "shared_experts": 0, "dense_layers": 0, "moe_layer_step": 1,
-                        "router_bias": False,
-                        "shared_expert_gate": False, "router_logit_bias": False, "expert_bias": False,
-                        "router_weights_on_input": False}
-            for field, off in moe_only.items():
-                if getattr(self, field) != off:
-                    raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs num_experts > 0")
-        if self.router_aux_loss_coef < 0:
-            raise ValueError(f"ModelConfig.router_aux_loss_coef={self.router_aux_loss_coef!r} must be >= 0")
-
-        for field in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
-            value = getattr(self, field)
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(f"ModelConfig.{field}={value} must lie in [0, vocab_size={self.vocab_size})")
-        if isinstance(self.eos_token_id, list):
-            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
-        eos = self.eos_token_id if isinstance(self.eos_token_id, tuple) else (self.eos_token_id,)
-        if any(e is not None and not 0 <= e < self.vocab_size for e in eos):
-            raise ValueError(f"ModelConfig.eos_token_id={self.eos_token_id} must lie in [0, vocab_size={self.vocab_size})")
-        if self.pad_aware_positions and (self.pad_token_id is None or self.position not in ("learned", "sinusoidal")
-                                         or self.position_offset <= self.pad_token_id):
-            raise ValueError("ModelConfig.pad_aware_positions=True needs learned or sinusoidal positions, a "
-                             "pad_token_id, and position_offset > pad_token_id (RoBERTa: pad_token_id=1, "
-                             "position_offset=2)")
-        _one_of("sinusoids", self.sinusoids, SINUSOID_LAYOUTS)
-        if self.sinusoids != "transformer" and self.position != "sinusoidal":
-            raise ValueError(f"ModelConfig.sinusoids={self.sinusoids!r} lays out sinusoidal positions; position is "
-                             f"{self.position!r}")
-        for field in ("logits_bias", "lm_head_bias"):
-            if getattr(self, field) and self.head != "lm":
+        for field, value in (("logits_bias", self.logits.fixed_bias), ("lm_head_bias", self.logits.trained_bias)):
+            if value and self.head != "lm":
                 raise ValueError(f"ModelConfig.{field}=True needs head='lm'")
-
-        _one_of("dtype", self.dtype, DTYPES)
-        _one_of("param_dtype", self.param_dtype, DTYPES)
-        _one_of("remat", self.remat, REMAT_POLICIES)
-        _non_negative("pipeline_microbatches", self.pipeline_microbatches)
-        if self.pipeline_repeats < 1:
-            raise ValueError(f"ModelConfig.pipeline_repeats={self.pipeline_repeats} must be >= 1 (1: GPipe)")
-        if not self.init_std > 0:
-            raise ValueError(f"ModelConfig.init_std={self.init_std!r} must be > 0")
-        self._check_adapters()
 
     def _check_encoder_decoder_head(self) -> None:
         if self.head not in ENCODER_DECODER_HEADS:
             raise ValueError(f"ModelConfig.head={self.head!r} does not fit family='encoder_decoder'; "
                              f"expected one of {ENCODER_DECODER_HEADS}")
-        if self.head == "sequence_classification" and not self.pooler:
+        eos, pad = self.tokens.eos, self.tokens.pad
+        if self.head == "sequence_classification" and not self.head_options.pooler:
             raise ValueError("ModelConfig.head='sequence_classification' of an encoder-decoder reads the pooled "
                              "output (dense -> tanh of the decoder state at the last EOS); set pooler=True")
-        if self.head == "sequence_classification" and (isinstance(self.eos_token_id, bool)
-                                                       or not isinstance(self.eos_token_id, int)):
+        if self.head == "sequence_classification" and (isinstance(eos, bool) or not isinstance(eos, int)):
             raise ValueError(f"ModelConfig.head='sequence_classification' of an encoder-decoder pools at the last "
-                             f"eos_token_id of each row; it needs one id, not {self.eos_token_id!r}")
-        if self.wrap_decoder_start and (self.head not in ("sequence_classification", "question_answering")
-                                        or self.pad_token_id is None):
+                             f"eos_token_id of each row; it needs one id, not {eos!r}")
+        if self.tokens.wrap_decoder_start and (self.head not in ("sequence_classification", "question_answering")
+                                               or pad is None):
             raise ValueError("ModelConfig.wrap_decoder_start=True (mBART) derives decoder inputs for the "
                              "sequence_classification and question_answering heads from the last non-pad token: it "
-                             f"needs one of those heads and a pad_token_id (head={self.head!r}, "
-                             f"pad_token_id={self.pad_token_id})")
+                             f"needs one of those heads and a pad_token_id (head={self.head!r}, pad_token_id={pad})")
+
+    def _check_experts(self) -> None:
+        experts = self.experts
+        if experts is None:
+            return
+        if self.family != "decoder":
+            raise ValueError(f"ModelConfig.num_experts={experts.count} is supported for family='decoder', not "
+                             f"{self.family!r}")
+        if experts.dense_layers >= self.decoder_layers:
+            raise ValueError(f"ModelConfig.dense_layers={experts.dense_layers} must be < decoder_layers="
+                             f"{self.decoder_layers} (the remaining layers hold the experts)")
+        if experts.layer_step > 1 and (experts.dense_layers or self.decoder_layers % experts.layer_step):
+            raise ValueError(f"ModelConfig.moe_layer_step={experts.layer_step} interleaves dense and expert layers "
+                             f"in periods: it needs dense_layers=0 and decoder_layers={self.decoder_layers} a "
+                             "multiple of it")
+
+    def _check_tokens(self) -> None:
+        tokens = self.tokens
+        for field, value in (("pad_token_id", tokens.pad), ("bos_token_id", tokens.bos),
+                             ("decoder_start_token_id", tokens.decoder_start)):
+            if value is not None and not 0 <= value < self.vocab_size:
+                raise ValueError(f"ModelConfig.{field}={value} must lie in [0, vocab_size={self.vocab_size})")
+        if any(e is not None and not 0 <= e < self.vocab_size for e in tokens.eos_ids):
+            raise ValueError(f"ModelConfig.eos_token_id={tokens.eos} must lie in [0, vocab_size={self.vocab_size})")
+        if tokens.wrap_decoder_start and self.family != "encoder_decoder":
+            raise ValueError(f"ModelConfig.wrap_decoder_start=True (mBART's decoder inputs) needs "
+                             f"family='encoder_decoder', not {self.family!r}")
 
     def _check_adapters(self) -> None:
-        for field in ("lora_targets", "lora_trainable"):
-            if isinstance(getattr(self, field), (list, str)):  # YAML and JSON hand us lists
-                value = getattr(self, field)
-                object.__setattr__(self, field, (value,) if isinstance(value, str) else tuple(value))
-        _non_negative("lora_rank", self.lora_rank)
-        _rate("lora_dropout", self.lora_dropout)
-        if self.lora_rank and not self.lora_targets:
-            raise ValueError(f"ModelConfig.lora_rank={self.lora_rank} needs lora_targets: projection names from "
-                             f"{LORA_PROJECTIONS}, alone or as sublayer.name with a sublayer from {LORA_SUBLAYERS}")
-        if self.lora_targets and not self.lora_rank:
-            raise ValueError("ModelConfig.lora_targets is set but lora_rank=0; give the adapters a rank > 0")
-        check_lora_targets(self.lora_targets, "ModelConfig.lora_targets")
-        if self.lora_rank and not self.lora_alpha > 0:
-            raise ValueError(f"ModelConfig.lora_alpha={self.lora_alpha!r} must be > 0")
-        expert_targets = [t for t in self.lora_targets if t in ("wi", "wi_gate", "wo") or t.startswith("experts.")]
-        if self.lora_dropout and self.num_experts and expert_targets:
-            raise ValueError(f"ModelConfig.lora_dropout={self.lora_dropout} cannot reach the experts' adapters "
+        lora = self.lora
+        if lora is None:
+            return
+        expert_targets = [t for t in lora.targets if t in ("wi", "wi_gate", "wo") or t.startswith("experts.")]
+        if lora.dropout and self.experts is not None and expert_targets:
+            raise ValueError(f"ModelConfig.lora_dropout={lora.dropout} cannot reach the experts' adapters "
                              f"(merged into each expert's kernel for the dispatch), which lora_targets {expert_targets} "
                              "name; use lora_dropout=0 or target 'mlp.*' / 'shared_experts.*' only")
-        if self.quantize is not None:
-            _one_of("quantize", self.quantize, QUANTIZATIONS)
-        if self.quantize_embeddings and self.quantize is None:
-            raise ValueError("ModelConfig.quantize_embeddings=True needs quantize set (one of "
-                             f"{QUANTIZATIONS}): the table takes that kind, not None")
-
-    def _check_disentangled(self) -> None:
-        """DeBERTa's fields: disentangled positions and the convolution beside the first layer."""
-        if isinstance(self.disentangled_terms, list):  # YAML and JSON hand us lists
-            object.__setattr__(self, "disentangled_terms", tuple(self.disentangled_terms))
-        _non_negative("max_relative_positions", self.max_relative_positions)
-        _non_negative("position_buckets", self.position_buckets)
-        if self.position == "disentangled":
-            terms = self.disentangled_terms
-            if not terms or len(set(terms)) != len(terms) or not set(terms) <= set(DISENTANGLED_TERMS):
-                raise ValueError(f"ModelConfig.disentangled_terms={terms!r} must name distinct terms among "
-                                 f"{DISENTANGLED_TERMS} (at least one)")
-            if self.family != "encoder" or self.num_kv_heads not in (None, self.num_heads) or self.mla:
-                raise ValueError("ModelConfig.position='disentangled' (DeBERTa) needs family='encoder' with "
-                                 f"multi-head attention (family={self.family!r}, num_kv_heads={self.num_kv_heads})")
-            if self.position_buckets and not self.relative_span // 2 < self.max_relative_distance - 1:
-                raise ValueError(f"ModelConfig.position_buckets={self.position_buckets} spaces buckets up to "
-                                 f"max_relative_positions={self.max_relative_distance}, which must exceed half the "
-                                 "buckets plus one")
-        else:
-            deberta_only = {"max_relative_positions": 0, "position_buckets": 0, "share_attention_key": False,
-                            "relative_embedding_norm": False, "position_biased_input": False}
-            for field, off in deberta_only.items():
-                if getattr(self, field) != off:
-                    raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r} needs position='disentangled' "
-                                     "(DeBERTa)")
-        _non_negative("conv_kernel_size", self.conv_kernel_size)
-        if self.conv_kernel_size:
-            if self.family != "encoder" or self.conv_kernel_size % 2 == 0 or self.shared_layers:
-                raise ValueError(f"ModelConfig.conv_kernel_size={self.conv_kernel_size} (DeBERTa's convolution) "
-                                 "needs family='encoder', an odd width (the sequence keeps its length) and no "
-                                 "shared_layers")
-            _positive("conv_groups", self.conv_groups)
-            if self.d_model % self.conv_groups:
-                raise ValueError(f"ModelConfig.conv_groups={self.conv_groups} must divide d_model={self.d_model}")
-            _one_of("conv_activation", self.conv_activation, CONV_ACTIVATIONS)
 
     # Derived sizes: properties, so there is one source of truth and replace() never goes stale.
     @property
@@ -893,12 +1192,13 @@ class ModelConfig:
     @property
     def dense_layer_ids(self) -> tuple[int, ...]:
         """The decoder layers of a mixture-of-experts model that keep a dense MLP: the first ``dense_layers``,
-        or those outside every ``moe_layer_step``-th (none without experts)."""
-        if not self.num_experts:
+        or those outside every ``layer_step``-th (none without experts)."""
+        experts = self.experts
+        if experts is None:
             return ()
-        if self.moe_layer_step > 1:
-            return tuple(i for i in range(self.decoder_layers) if (i + 1) % self.moe_layer_step)
-        return tuple(range(self.dense_layers))
+        if experts.layer_step > 1:
+            return tuple(i for i in range(self.decoder_layers) if (i + 1) % experts.layer_step)
+        return tuple(range(experts.dense_layers))
 
     @property
     def gated(self) -> bool:
@@ -906,40 +1206,44 @@ class ModelConfig:
 
     @property
     def mla(self) -> bool:
-        return self.kv_lora_rank is not None
+        return self.latent is not None
 
     @property
     def rope_dim(self) -> int:
-        """Width of the rotated part of a query/key head: all of it, ``rotary_dim``, or MLA's rope_head_dim."""
-        return self.rope_head_dim if self.mla else self.rotary_dim or self.head_dim_
+        """Width of the rotated part of a query/key head: all of it, ``rotary.dim``, or MLA's rope_head_dim."""
+        if self.latent is not None:
+            return self.latent.rope_head_dim
+        return (self.rotary.dim if self.rotary is not None else None) or self.head_dim_
 
     @property
     def value_dim(self) -> int:
-        return self.v_head_dim if self.v_head_dim is not None else self.head_dim_
+        latent = self.latent
+        return latent.v_head_dim if latent is not None and latent.v_head_dim is not None else self.head_dim_
 
     @property
     def expert_width(self) -> int:
-        return self.expert_d_ff if self.expert_d_ff is not None else self.d_ff
+        return self.experts.d_ff if self.experts is not None and self.experts.d_ff is not None else self.d_ff
 
     @property
     def relative_span(self) -> int:
         """DeBERTa: half the rows of the relative-position table (distances -span .. span - 1 after bucketing)."""
-        return self.position_buckets or self.max_relative_distance
+        return self.disentangled.buckets or self.max_relative_distance
 
     @property
     def max_relative_distance(self) -> int:
         """DeBERTa: the largest distance told apart (its log buckets reach it): max_relative_positions, else max_positions."""
-        return self.max_relative_positions or self.max_positions
+        return self.disentangled.max_relative_positions or self.max_positions
 
     @property
     def scale(self) -> float:
-        if self.attention_scale is not None:
-            return self.attention_scale
-        if self.position == "disentangled":  # DeBERTa divides by sqrt(head_dim * (1 + position terms))
-            return 1.0 / math.sqrt(self.head_dim_ * (1 + len(self.disentangled_terms)))
-        scale = 1.0 / math.sqrt(self.head_dim_ + (self.rope_head_dim if self.mla else 0))
-        s = self.rope_scaling
-        if self.mla and s is not None and s.mscale_all_dim:  # DeepSeek's yarn softmax correction
+        if self.scores.scale is not None:
+            return self.scores.scale
+        if self.disentangled is not None:  # DeBERTa divides by sqrt(head_dim * (1 + position terms))
+            return 1.0 / math.sqrt(self.head_dim_ * (1 + len(self.disentangled.terms)))
+        latent = self.latent
+        scale = 1.0 / math.sqrt(self.head_dim_ + (latent.rope_head_dim if latent is not None else 0))
+        s = self.rotary.scaling if self.rotary is not None else None
+        if latent is not None and s is not None and s.mscale_all_dim:  # DeepSeek's yarn softmax correction
             scale *= _yarn_mscale(s.factor, s.mscale_all_dim) ** 2
         return scale
 
@@ -951,24 +1255,116 @@ class ModelConfig:
         """ELECTRA's generator of this discriminator (``generator_width``): as deep, its heads of the same size,
         d_ff scaled with the width, its embeddings those of the discriminator (projected when widths differ)."""
         width, scale = self.generator_width, self.generator_width / self.d_model
-        embedding = self.embedding_size or self.d_model
+        embedding = self.embeddings.width or self.d_model
         return self.replace(d_model=width, num_heads=width // self.head_dim_, num_kv_heads=None, head_dim=None,
                             d_ff=max(1, round(self.d_ff * scale)), head="mlm", pooler=False, generator_width=0,
                             embedding_size=None if embedding == width else embedding, name=f"{self.name}-generator")
 
+    # ---- the flat spelling -------------------------------------------------------------------------------------
+
     def replace(self, **changes: Any) -> "ModelConfig":
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
-        if unknown:
-            raise ValueError(f"ModelConfig has no field(s) {sorted(unknown)}")
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes``, each a top-level field (``experts=Experts(8)``, ``experts=None``) or a
+        flat name (``num_experts=8``, ``lora_rank=0``)."""
+        nested = {k: v for k, v in changes.items() if k in GROUPS}
+        flat = {k: v for k, v in changes.items() if k not in GROUPS}
+        cfg = dataclasses.replace(self, **nested) if nested else self
+        return ModelConfig.from_flat({**cfg.to_flat(), **flat}) if flat else cfg
 
     def to_dict(self) -> dict[str, Any]:
+        """The nested form (what run folders and checkpoints store; ``from_dict`` reads it back)."""
         return dataclasses.asdict(self)
+
+    def to_flat(self) -> dict[str, Any]:
+        """Every setting under its flat name (absent parts at their 'off' values)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in GROUPS}
+        for name, path in FLAT.items():
+            out[name] = _read_path(self, path, name)
+        for name, group in PRESENCE_KEYS.items():
+            out[name] = getattr(self, group) is not None
+        out["index_relative_bias"] = self.relative_bias is not None and self.position != "relative"
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - known
+        """A config from its nested form (``to_dict``), its flat spelling, or a mix (nested parts expand first)."""
+        flat = {}
+        for key, value in data.items():
+            if key in GROUPS:
+                part = GROUPS[key](**value) if isinstance(value, dict) else value
+                flat.update(_flat_part(key, part, data.get("position", cls.position)))
+        return cls.from_flat({**flat, **{key: value for key, value in data.items() if key not in GROUPS}})
+
+    @classmethod
+    def from_flat(cls, data: dict[str, Any]) -> "ModelConfig":
+        """A config from flat names (``FLAT``) and top-level fields; an absent part's setting at a value that
+        changes something is refused, naming what the part needs."""
+        top = {f.name for f in dataclasses.fields(cls) if f.name not in GROUPS}
+        unknown = set(data) - top - set(FLAT) - set(PRESENCE_KEYS)
         if unknown:
             raise ValueError(f"ModelConfig has no field(s) {sorted(unknown)}")
-        return cls(**data)
+        flat = {**{name: _flat_default(name) for name in FLAT}, **dict.fromkeys(PRESENCE_KEYS, False),
+                "position": cls.position, **data}
+        fields = {name: flat[name] for name in top if name in flat}
+        if flat["router_aux_loss_coef"] < 0:
+            raise ValueError(f"ModelConfig.router_aux_loss_coef={flat['router_aux_loss_coef']!r} must be >= 0")
+        _rate("lora_dropout", flat["lora_dropout"])
+        for group in GROUPS:
+            fields[group] = _part(group, flat, data)
+        return cls(**fields)
+
+    def __getattr__(self, name: str) -> Any:
+        # the flat spelling read as an attribute: ``cfg.num_experts`` (0 on a dense model)
+        if name in FLAT or name in PRESENCE_KEYS:
+            return self.to_flat()[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+def _read_path(cfg: ModelConfig, path: tuple[str, ...], name: str) -> Any:
+    value = cfg
+    for step in path:
+        value = getattr(value, step)
+        if value is None and step != path[-1]:
+            return OFF[name] if name in OFF else _flat_default(name)
+    return value
+
+
+def _flat_part(group: str, value: Any, position: str) -> dict[str, Any]:
+    """The flat names of one part given in nested form (None: the part absent)."""
+    if group in PRESENCE_KEYS.values():
+        key = next(k for k, g in PRESENCE_KEYS.items() if g == group)
+        present = {key: value is not None}
+        if group == "relative_bias":
+            present = {key: value is not None and position != "relative"}
+    else:
+        present = {}
+    if value is None:
+        return {**present, **{name: OFF[name] for name, path in FLAT.items() if path[0] == group and name in OFF}}
+    flat = dict(present)
+    for name, path in FLAT.items():
+        if path[0] == group:
+            part = value if len(path) == 2 else getattr(value, path[1])
+            flat[name] = getattr(part, path[-1]) if part is not None else OFF.get(name, _flat_default(name))
+    return flat
+
+
+def _part(group: str, flat: dict, given: dict) -> Any:
+    """The sub-config ``group`` of a model spelled ``flat`` (``given``: what the caller set), or None if absent."""
+    names = [name for name, path in FLAT.items() if path[0] == group]
+    if group in OPTIONAL_GROUPS and not _present(group, flat):
+        for name in names:
+            if name in given and name not in _INERT_WHEN_ABSENT and _as_tuple(given[name]) != _off_value(name):
+                raise ValueError(f"ModelConfig.{name}={given[name]!r} needs {_NEEDS[group](flat)}")
+        return None
+    values = {FLAT[name][1]: flat[name] for name in names if len(FLAT[name]) == 2}
+    if group == "latent":  # the indexer, a part of latent attention, is there when it has heads
+        values["indexer"] = (Indexer(flat["index_heads"], flat["index_head_dim"], flat["index_topk"])
+                             if flat["index_heads"] != 0 else None)
+    return GROUPS[group](**values)
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value  # JSON and YAML hand tuples back as lists
+
+
+def _off_value(name: str) -> Any:
+    return OFF[name] if name in OFF else _flat_default(name)

@@ -465,4 +465,4 @@ def config(name: str) -> ModelConfig:
     """The frozen ModelConfig of a preset; ``.replace(...)`` derives variants."""
     if name not in _PRESETS:
         raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(_PRESETS)}")
-    return ModelConfig(name=name, **_PRESETS[name])
+    return ModelConfig.from_dict({"name": name, **_PRESETS[name]})

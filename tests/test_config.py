@@ -150,9 +150,11 @@ def test_invalid_config_raises_naming_field_and_value(base, changes, fragments):
     message = str(err.value)
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} missing from error message: {message}"
-    # ... and through the constructor: same check, same message.
+    # ... and from the flat spelling and the nested form (as a run folder stores it): same check, same message.
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
-        ModelConfig(**{**dataclasses.asdict(cfg), **changes})
+        ModelConfig.from_dict({**cfg.to_flat(), **changes})
+    with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):
+        ModelConfig.from_dict({**cfg.to_dict(), **changes})
 
 
 def test_each_base_config_is_valid():
@@ -243,9 +245,9 @@ def test_eos_list_becomes_tuple_and_round_trips():
 def test_rope_scaling_round_trips_as_dataclass(scaling):
     cfg = jf.config("llama-3-8b").replace(rope_scaling=scaling)
     data = json.loads(json.dumps(cfg.to_dict()))
-    assert data["rope_scaling"]["kind"] == scaling.kind
+    assert data["rotary"]["scaling"]["kind"] == scaling.kind
     back = ModelConfig.from_dict(data)
-    assert isinstance(back.rope_scaling, RopeScaling)
+    assert isinstance(back.rotary.scaling, RopeScaling)
     assert back == cfg
 
 

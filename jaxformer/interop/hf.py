@@ -75,7 +75,7 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
         raise
     account_for_every_key(hf, BY_MODEL_TYPE[model_type], model_type, f"{arch} ({model_type})")
     try:
-        return ModelConfig(**{**fields, **special})
+        return ModelConfig.from_dict({**fields, **special})
     except ValueError as err:
         _name_class_defaults(err, filled, fields, model_type)
         raise

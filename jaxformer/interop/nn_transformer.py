@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from jaxformer.model_config import ModelConfig
+from jaxformer.model_config import Embeddings, ModelConfig, Norms
 from jaxformer.models import build
 from jaxformer.interop.rules import Rule, build_from_tensors, copy, export_with_rules, linear
 
@@ -24,9 +24,9 @@ def config_for(d_model: int, nhead: int, num_encoder_layers: int, num_decoder_la
     """The ModelConfig matching a ``torch.nn.Transformer`` built with these arguments."""
     return ModelConfig(name=name, family="encoder_decoder", vocab_size=vocab_size, d_model=d_model, num_heads=nhead,
                        d_ff=dim_feedforward, encoder_layers=num_encoder_layers, decoder_layers=num_decoder_layers,
-                       norm="layernorm", norm_position="post", norm_eps=layer_norm_eps, final_norm=True,
+                       norms=Norms(kind="layernorm", position="post", eps=layer_norm_eps, final=True),
                        activation=activation, position="sinusoidal", max_positions=max_positions,
-                       scale_embeddings=True, tie_embeddings=True)
+                       embeddings=Embeddings(scale=True, tie=True))
 
 
 def _attention_rules(cfg: ModelConfig, path: tuple[str, ...], name: str) -> list[Rule]:

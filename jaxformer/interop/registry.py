@@ -125,7 +125,7 @@ def _read_back(cfg: ModelConfig, model_type: str, arch: str) -> ModelConfig:
     hf = with_defaults(ConfigReader(out), architecture.defaults.get(model_type, {}))
     fields = architecture.config_from_hf(hf, model_type, arch, _written_names(cfg, model_type, arch))
     ids = {key: tuple(value) if isinstance(value, list) else value for key in TOKEN_IDS for value in (hf.get(key),)}
-    return ModelConfig(**{"vocab_size": hf["vocab_size"], **fields,
+    return ModelConfig.from_dict({"vocab_size": hf["vocab_size"], **fields,
                           **{key: value for key, value in ids.items() if value is not None or key not in fields}})
 
 

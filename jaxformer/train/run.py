@@ -402,11 +402,14 @@ def resume_differences(run: Run) -> list[str]:
             differences.append(f"{key}: {old!r} -> {new!r}")
     differences += _tokenizer_difference(run, stored.data.tokenizer) + pipeline_difference(stored, run)
     stored_model = json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8"))
-    for key, new in run.model.config.to_dict().items():
-        old = stored_model.get(key)
-        if key == "label_names" and old is None:
+    # compared in the flat spelling, which reads a model.json of either form (flat: written before the sub-configs)
+    named = "label_names" in stored_model or "label_names" in stored_model.get("head_options", {})
+    stored_flat = ModelConfig.from_dict(stored_model).to_flat()
+    for key, new in run.model.config.to_flat().items():
+        old = stored_flat[key]
+        if key == "label_names" and not named:
             continue  # a model.json from before label names were kept: same labels, now named
-        if key not in _RESUMABLE_MODEL_FIELDS | _PIPELINE_MODEL_FIELDS and json.dumps(old) != json.dumps(new):
+        if key not in _RESUMABLE_MODEL_FIELDS | _PIPELINE_MODEL_FIELDS and old != new:
             differences.append(f"model {key}: {old!r} -> {new!r}")
     return differences
 
