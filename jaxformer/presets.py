@@ -169,6 +169,22 @@ def _gpt_oss(layers: int, experts: int) -> dict:
                   pad_token_id=199999, eos_token_id=200002)
 
 
+def _olmo2(d_model: int, layers: int, heads: int, d_ff: int) -> dict:
+    # OLMo-2: LLaMA's parts with each sublayer's output normed before the residual add (no input norms) and
+    # q/k norms over the whole projection; full multi-head attention, 100K vocabulary, 4096 positions
+    return _llama(d_model, layers, heads, heads, d_ff, 100352, 500000.0, 4096, norm_eps=1e-6, norm_position="output",
+                  qk_norm=True, qk_norm_span="projection", pad_token_id=100277, eos_token_id=100257)
+
+
+def _starcoder2(d_model: int, layers: int, heads: int, kv_heads: int, theta: float, tied: bool, init_std: float) -> dict:
+    # StarCoder2: pre-norm LayerNorms, biases everywhere, a plain tanh-GELU MLP 4x wide, GQA with rotary positions,
+    # a 4096-token window over 16384 positions
+    return dict(family="decoder", vocab_size=49152, d_model=d_model, num_heads=heads, num_kv_heads=kv_heads,
+                d_ff=4 * d_model, decoder_layers=layers, norm="layernorm", norm_eps=1e-5, activation="gelu_tanh",
+                position="rope", rope_theta=theta, max_positions=16384, attention="sliding", window_size=4096,
+                tie_embeddings=tied, init_std=init_std, bos_token_id=0, eos_token_id=0)
+
+
 def _deepseek(d_model: int, layers: int, heads: int, d_ff: int, expert_d_ff: int, experts: int, k: int, shared: int,
               dense: int, vocab: int, *, v3: bool, q_lora_rank: int | None, **kw) -> dict:
     # Multi-head latent attention (latent 512, rotary 64, no-position 128, values 128), DeepSeekMoE
@@ -410,6 +426,12 @@ _PRESETS: dict[str, dict] = {
                                 num_experts=60, experts_per_token=4, expert_d_ff=1408, normalize_router_weights=False,
                                 shared_experts=4, shared_expert_gate=True, router_aux_loss_coef=0.001),
     "qwen3-8b": _llama(4096, 36, 32, 8, 12288, 151936, 1e6, 40960, head_dim=128, qk_norm=True, norm_eps=1e-6),
+    "olmo-2-1b": _olmo2(2048, 16, 16, 8192),  # OLMo-2-0425-1B
+    "olmo-2-7b": _olmo2(4096, 32, 32, 11008),  # OLMo-2-1124-7B
+    # StarCoder2 3B and 7B tie their head to the embeddings, 15B has its own
+    "starcoder2-3b": _starcoder2(3072, 30, 24, 2, 999999.4420358813, True, 0.018042),
+    "starcoder2-7b": _starcoder2(4608, 32, 36, 4, 1e6, True, 0.018042),
+    "starcoder2-15b": _starcoder2(6144, 40, 48, 4, 1e5, False, 0.01275),
     "deepseek-v2-lite": _deepseek(2048, 27, 16, 10944, 1408, 64, 6, 2, 1, 102400, v3=False, q_lora_rank=None,
                                   bos_token_id=100000, eos_token_id=100001),
     "deepseek-v3": _deepseek(7168, 61, 128, 18432, 2048, 256, 8, 1, 3, 129280, v3=True, q_lora_rank=1536,

@@ -87,6 +87,7 @@ _GEMMA3 = {**_GEMMA2, "layer_types": ["sliding_attention", "sliding_attention", 
            "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}
 _T5GEMMA_HALF = {k: v for k, v in _GEMMA2.items() if k != "attn_implementation"}
+_STARCODER2 = {**{k: v for k, v in _LLAMA.items() if k != "rms_norm_eps"}, "norm_epsilon": 1e-6}
 _DEEPSEEK_V3 = {**_DEEPSEEK, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1}
 
 # name -> (config class, model class, config kwargs)
@@ -317,6 +318,20 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "t5gemma": ("T5GemmaConfig", "T5GemmaForConditionalGeneration",
                 dict(encoder=_T5GEMMA_HALF, decoder=_T5GEMMA_HALF, vocab_size=97, attn_implementation="eager")),
     "xlnet-tied-clamped": ("XLNetConfig", "XLNetLMHeadModel", {**_XLNET, "untie_r": False, "clamp_len": 3}),
+    # StarCoder2: LayerNorms, biases everywhere, a plain tanh-GELU MLP, GQA, a window of 4 shorter than the test
+    # sequences, tied head; the base model without biases or window, its own head_dim and a linearly scaled rope
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", {**_STARCODER2, "sliding_window": 4}),
+    "starcoder2-base": ("Starcoder2Config", "Starcoder2Model",
+                        {**_STARCODER2, "use_bias": False, "head_dim": 12, "tie_word_embeddings": False,
+                         "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}}),
+    # OLMo-2: x + norm(f(x)) with no input norms, q/k norms over the whole projection, GQA; the base model with
+    # attention biases, its own head_dim and llama3 rope
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {**_LLAMA, "pad_token_id": 0}),
+    "olmo2-base": ("Olmo2Config", "Olmo2Model",
+                   {**_LLAMA, "pad_token_id": 0, "attention_bias": True, "head_dim": 12,
+                    "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 16}}),
 }
 # Encoder-decoders' classification and span heads: apart from CHECKPOINTS (whose shared tests feed inputs without
 # the EOS tokens a classifier pools at); tests/test_seq2seq_heads.py runs them. T5 v1.1's gated layers for mT5.

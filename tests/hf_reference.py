@@ -114,6 +114,23 @@ def _gpt_oss(layers: int, experts: int) -> dict:
                 pad_token_id=199999, eos_token_id=200002)
 
 
+def _olmo2(hidden: int, layers: int, heads: int, intermediate: int) -> dict:
+    # OLMo-2-0425-1B's and OLMo-2-1124-7B's config.json
+    return dict(vocab_size=100352, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=heads, hidden_act="silu", max_position_embeddings=4096,
+                rms_norm_eps=1e-6, rope_parameters=_rope(500000.0), attention_bias=False, tie_word_embeddings=False,
+                pad_token_id=100277, eos_token_id=100257, bos_token_id=None)
+
+
+def _starcoder2(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, theta: float,
+                init: float, **kw) -> dict:
+    # bigcode/starcoder2-{3b,7b,15b}'s config.json (the class's tied head unless the file unties it: 15B)
+    return dict(vocab_size=49152, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv_heads, hidden_act="gelu_pytorch_tanh",
+                max_position_embeddings=16384, norm_epsilon=1e-5, rope_parameters=_rope(theta), sliding_window=4096,
+                use_bias=True, initializer_range=init, bos_token_id=0, eos_token_id=0, **kw)
+
+
 def _deepseek_yarn(mscale: float) -> dict:
     """DeepSeek-V2's and V3's published context extension: 4096 pre-trained positions, 40-fold by yarn."""
     return {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
@@ -495,6 +512,12 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
              max_position_embeddings=40960, rms_norm_eps=1e-6, rope_parameters=_rope(1000000.0),
              attention_bias=False, use_sliding_window=False, max_window_layers=36, tie_word_embeddings=False),
     ),
+    "olmo-2-1b": ("Olmo2ForCausalLM", _olmo2(2048, 16, 16, 8192)),
+    "olmo-2-7b": ("Olmo2ForCausalLM", _olmo2(4096, 32, 32, 11008)),
+    "starcoder2-3b": ("Starcoder2ForCausalLM", _starcoder2(3072, 12288, 30, 24, 2, 999999.4420358813, 0.018042)),
+    "starcoder2-7b": ("Starcoder2ForCausalLM", _starcoder2(4608, 18432, 32, 36, 4, 1000000.0, 0.018042)),
+    "starcoder2-15b": ("Starcoder2ForCausalLM", _starcoder2(6144, 24576, 40, 48, 4, 100000.0, 0.01275,
+                                                            tie_word_embeddings=False)),
     "qwen3-30b-a3b": (
         "Qwen3MoeForCausalLM",
         dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48, num_attention_heads=32,

@@ -15,6 +15,7 @@ from jaxformer.model_config import ModelConfig
 from jaxformer.interop import (albert, bart, bert, deberta, deepseek, distilbert, electra, gemma, gpt2, gpt_neo,
                                gpt_neox, gpt_oss, llama, llama4, m2m_100, marian, modernbert, mpnet, t5, t5gemma, umt5,
                                xlnet)
+from jaxformer.interop import olmo2, starcoder2
 from jaxformer.interop.rules import Architecture, ConfigReader, Rule, with_defaults
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -27,9 +28,11 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     gpt2.ARCHITECTURE,
     gpt_neo.ARCHITECTURE,
     gpt_neox.ARCHITECTURE,
+    starcoder2.ARCHITECTURE,
     deepseek.ARCHITECTURE,
     gemma.ARCHITECTURE,
     gpt_oss.ARCHITECTURE,
+    olmo2.ARCHITECTURE,
     llama4.ARCHITECTURE,
     llama.ARCHITECTURE,
     t5.ARCHITECTURE,
@@ -77,7 +80,7 @@ NOT_IN_FILES = {
     "clamp_float16": "a float16 overflow guard (transformers' T5 clamps whatever its file says), not a number",
 }
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+_DEFAULTS = ModelConfig().to_flat()
 _ROUTING = ("experts_per_token", "router_score", "router_groups", "router_topk_groups", "normalize_router_weights",
             "routed_scaling", "router_aux_loss")
 
@@ -86,8 +89,8 @@ def _inert(cfg: ModelConfig) -> list[str]:
     """Fields that ``cfg``'s other fields leave without effect: routing without experts, an indexer's sizes
     without its heads, rotary settings without rotary positions, labels without a classifier, tying without a
     head onto the vocabulary. (A pooler's activation stays: DistilBERT's relu tells its base model from BERT's.)"""
-    inert = [] if cfg.num_experts else list(_ROUTING)
-    inert += [] if cfg.index_heads else ["index_head_dim", "index_topk"]
+    inert = [] if cfg.experts is not None else list(_ROUTING)
+    inert += [] if cfg.indexer is not None else ["index_head_dim", "index_topk"]
     inert += [] if cfg.position == "rope" else ["rope_theta", "rope_scaling"]
     inert += [] if cfg.position == "disentangled" else ["disentangled_terms"]
     inert += [] if cfg.head in ("sequence_classification", "token_classification") else ["num_labels", "label_names"]
@@ -97,7 +100,7 @@ def _inert(cfg: ModelConfig) -> list[str]:
 def _computed(cfg: ModelConfig) -> dict:
     """What of ``cfg`` a file must say, each thing spelled one way: an explicit head_dim, attention scale or
     layer list equal to the one derived is the same model as None, and an inert field is at its default."""
-    fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in NOT_IN_FILES}
+    fields = {name: value for name, value in cfg.to_flat().items() if name not in NOT_IN_FILES}
     fields.update({name: _DEFAULTS[name] for name in _inert(cfg)}, head_dim=cfg.head_dim_, attention_scale=cfg.scale)
     if cfg.attention == "alternating" and cfg.layer_types is None:  # GPT-3's: odd layers sliding
         fields["layer_types"] = tuple("sliding" if local else "full" for local in cfg.sliding_layers)
@@ -120,7 +123,7 @@ def _read_back(cfg: ModelConfig, model_type: str, arch: str) -> ModelConfig:
     architecture = BY_MODEL_TYPE[model_type]
     out = {"model_type": model_type, "architectures": [arch], "vocab_size": cfg.vocab_size}
     out.update({key: list(value) if isinstance(value, tuple) else value
-                for key in TOKEN_IDS for value in (getattr(cfg, key),)})
+                for key in TOKEN_IDS for value in (cfg.to_flat()[key],)})
     architecture.config_to_hf(cfg, model_type, out)
     hf = with_defaults(ConfigReader(out), architecture.defaults.get(model_type, {}))
     fields = architecture.config_from_hf(hf, model_type, arch, _written_names(cfg, model_type, arch))

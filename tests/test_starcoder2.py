@@ -1,0 +1,144 @@
+"""StarCoder2 (``starcoder2``) as transformers computes it: files as published (StarCoder2-15B's keys, legacy
+rope keys) read as their transformers-5 form and match transformers' numbers; settings jaxformer cannot honour
+are refused by name; greedy and beam generation are token-identical; the presets have transformers' parameter
+counts and export as StarCoder2. Parity of every layer and the bit-exact round trip of the tiny checkpoints
+(``starcoder2``: biases, window of 4; ``starcoder2-base``: no biases, explicit head_dim, linear rope) are in
+test_hf_parity.py, every key changed one at a time in test_config_keys.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import jaxformer as jf  # noqa: E402
+from jaxformer.compare import compare, format_table, reference_model  # noqa: E402
+from jaxformer.interop.hf import config_from_hf  # noqa: E402
+from jaxformer.interop.registry import hf_target  # noqa: E402
+
+from hf_reference import hf_param_count  # noqa: E402
+
+TOLERANCE = 1e-5
+# bigcode/starcoder2-15b's config.json, every key kept (its rms_norm_eps and layer_norm keys, which transformers'
+# Starcoder2 never reads for its LayerNorms), sizes those of the tiny checkpoint, token ids inside its vocabulary
+PUBLISHED_15B = {"_name_or_path": "/aot/checkpoints/15b/config.json", "architectures": ["Starcoder2ForCausalLM"],
+                 "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 0, "hidden_act": "gelu_pytorch_tanh",
+                 "hidden_size": 32, "initializer_range": 0.01275, "intermediate_size": 48,
+                 "max_position_embeddings": 64, "mlp_type": "default", "model_type": "starcoder2",
+                 "norm_epsilon": 1e-05, "norm_type": "layer_norm", "num_attention_heads": 4, "num_hidden_layers": 2,
+                 "num_key_value_heads": 2, "rms_norm_eps": 1e-05, "rope_theta": 100000, "sliding_window": 4,
+                 "tie_word_embeddings": True, "torch_dtype": "float32", "transformers_version": "4.37.0.dev0",
+                 "use_bias": True, "use_cache": True, "vocab_size": 97}
+
+
+def _rewritten(source, folder, hf: dict):
+    """A copy of the checkpoint ``source`` with ``hf`` as its config.json."""
+    shutil.copytree(source, folder)
+    (folder / "config.json").write_text(json.dumps(hf))
+    return folder
+
+
+def _matches_transformers(folder, length=9):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 97, size=(2, length))
+    mask = np.ones_like(ids)
+    mask[1, length - 3:] = 0
+    rows = compare(folder, ids, mask)
+    assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
+
+
+def _read(hf: dict) -> jf.ModelConfig:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return config_from_hf(copy.deepcopy(hf))
+
+
+def _as_transformers_writes_it(hf: dict) -> dict:
+    return json.loads(transformers.Starcoder2Config.from_dict(copy.deepcopy(hf)).to_json_string(use_diff=False))
+
+
+def test_the_published_file_reads_as_its_transformers_5_form_and_matches_transformers(checkpoints, tmp_path):
+    cfg = _read(PUBLISHED_15B)
+    assert (cfg.norm, cfg.norm_eps, cfg.activation, cfg.attention, cfg.window_size) == \
+        ("layernorm", 1e-5, "gelu_tanh", "sliding", 4)
+    assert (cfg.rope_theta, cfg.num_kv_heads, cfg.qkv_bias, cfg.out_bias, cfg.mlp_bias) == (1e5, 2, True, True, True)
+    assert _read(_as_transformers_writes_it(PUBLISHED_15B)).replace(name=cfg.name) == cfg
+    _matches_transformers(_rewritten(checkpoints("starcoder2"), tmp_path / "published", PUBLISHED_15B))
+
+
+def test_legacy_rope_keys_read_as_rope_parameters(checkpoints, tmp_path):
+    """rope_theta beside a rope_scaling of the older spelling ('type'), as transformers 4 wrote them."""
+    source = checkpoints("starcoder2-base")
+    modern = json.loads((source / "config.json").read_text())
+    legacy = {key: value for key, value in modern.items() if key != "rope_parameters"}
+    rope = modern["rope_parameters"]
+    legacy.update(rope_theta=rope["rope_theta"], rope_scaling={"type": "linear", "factor": rope["factor"]})
+    assert _read(legacy) == _read(modern) and _read(legacy).rope_scaling.factor == 2.0
+    _matches_transformers(_rewritten(source, tmp_path / "legacy", legacy), length=20)
+
+
+def test_no_window_is_causal_and_keys_left_out_take_the_class_defaults():
+    sizes = dict(model_type="starcoder2", vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4)
+    cfg = _read(sizes)
+    assert (cfg.attention, cfg.window_size, cfg.num_kv_heads, cfg.max_positions, cfg.tie_embeddings) == \
+        ("causal", None, 2, 4096, True)
+    assert (cfg.rope_theta, cfg.init_std, cfg.activation) == (10000.0, 0.018042, "gelu_tanh")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hidden_act": "quick_gelu"}, "activation 'quick_gelu' is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor=0.5"),
+    ({"rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "rope type 'su' is not supported"),
+])
+def test_a_setting_jaxformer_cannot_honour_is_refused_by_name(changes, message):
+    with pytest.raises(ValueError, match=message):
+        config_from_hf({**PUBLISHED_15B, **changes})
+
+
+def test_keys_transformers_never_reads_load_at_any_value():
+    """LLaMA's attention_bias and mlp_bias (Starcoder2 reads use_bias), the published norm_type: nothing of
+    transformers' Starcoder2 reads them, so no value of theirs changes a number."""
+    changed = {**PUBLISHED_15B, "attention_bias": False, "mlp_bias": True, "norm_type": "rms_norm",
+               "rms_norm_eps": 0.5}
+    assert _read(changed) == _read(PUBLISHED_15B)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_generation_is_token_identical_to_transformers(num_beams, checkpoints):
+    """Left-padded prompts of 7 and 10 new tokens: past the window of 4, so the ring cache is what decodes."""
+    folder = checkpoints("starcoder2")
+    model, reference = jf.from_pretrained(folder), reference_model(folder)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 97, (3, 7))
+    mask = np.ones_like(ids)
+    mask[1, :2], mask[2, :4] = 0, 0
+    ids = ids * mask
+    kwargs = dict(max_new_tokens=10, num_beams=num_beams, do_sample=False, length_penalty=1.0)
+    kwargs["eos_token_id"] = int(model.generate(ids, mask, **kwargs)[0, 7 + 2])  # so stopping is exercised
+    ours = model.generate(ids, mask, **kwargs)
+    with torch.no_grad():
+        theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **kwargs).numpy()
+    np.testing.assert_array_equal(ours, theirs)
+
+
+PRESETS = ["starcoder2-3b", "starcoder2-7b", "starcoder2-15b"]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_count_as_transformers_and_export_as_starcoder2(name):
+    assert jf.param_count(name) == hf_param_count(name)
+    assert hf_target(jf.config(name)) == ("starcoder2", "Starcoder2ForCausalLM")
+
+
+def test_the_published_counts():
+    """3.03B, 7.17B (heads tied to the embeddings) and 15.96B (its own head), as the model cards give them."""
+    assert [jf.param_count(name) for name in PRESETS] == [3_030_371_328, 7_173_923_840, 15_957_889_024]
