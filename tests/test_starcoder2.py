@@ -1,9 +1,9 @@
-"""StarCoder2 (``starcoder2``) as transformers computes it: files as published (StarCoder2-15B's keys, legacy
-rope keys) read as their transformers-5 form and match transformers' numbers; settings jaxformer cannot honour
-are refused by name; greedy and beam generation are token-identical; the presets have transformers' parameter
-counts and export as StarCoder2. Parity of every layer and the bit-exact round trip of the tiny checkpoints
-(``starcoder2``: biases, window of 4; ``starcoder2-base``: no biases, explicit head_dim, linear rope) are in
-test_hf_parity.py, every key changed one at a time in test_config_keys.py."""
+"""StarCoder2 (``starcoder2``) as transformers computes it: files as published (StarCoder2-15B's keys, legacy rope
+keys) read as their transformers-5 form and match transformers' numbers; settings jaxformer cannot honour are
+refused by name; greedy and beam generation are token-identical; a QLoRA fine-tune starts from the file and
+learns; the presets have transformers' parameter counts and export as StarCoder2. Parity of every layer and the
+bit-exact round trip of the tiny checkpoints (``starcoder2``: biases, window of 4; ``starcoder2-base``: no biases,
+explicit head_dim, linear rope) are in test_hf_parity.py, every key changed one at a time in test_config_keys.py."""
 
 from __future__ import annotations
 
@@ -22,6 +22,9 @@ import jaxformer as jf  # noqa: E402
 from jaxformer.compare import compare, format_table, reference_model  # noqa: E402
 from jaxformer.interop.hf import config_from_hf  # noqa: E402
 from jaxformer.interop.registry import hf_target  # noqa: E402
+
+from jaxformer.train import run_config  # noqa: E402
+from jaxformer.train.run import train  # noqa: E402
 
 from hf_reference import hf_param_count  # noqa: E402
 
@@ -142,3 +145,16 @@ def test_presets_count_as_transformers_and_export_as_starcoder2(name):
 def test_the_published_counts():
     """3.03B, 7.17B (heads tied to the embeddings) and 15.96B (its own head), as the model cards give them."""
     assert [jf.param_count(name) for name in PRESETS] == [3_030_371_328, 7_173_923_840, 15_957_889_024]
+
+
+# test_family_tree.py's QLoRA run: an int8 base with adapters on q, v and the MLP input, 8 steps on the bytes tokenizer
+QLORA = ["train.steps=8", "train.batch_size=8", "train.seq_len=32", "train.log_every=2", "eval.every=8",
+         "eval.batches=1", "optim.warmup_steps=1", "train.sample_tokens=0", "checkpoint.every=0", "optim.lr=2e-2",
+         "finetune.lora.rank=4", "finetune.lora.targets=q,v,wi", "finetune.lora.base_dtype=int8",
+         "model.overrides.vocab_size=227"]  # the bytes tokenizer's ids; the tiny file holds 97 rows
+
+
+def test_a_qlora_fine_tune_starts_from_the_file_and_its_loss_falls(checkpoints, tmp_path):
+    cfg = run_config.load(None, QLORA + [f"model.init_from=hf:{checkpoints('starcoder2')}", f"run.dir={tmp_path}"])
+    losses = [record["loss"] for record in train(cfg, progress=False)["history"]]
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.2, losses

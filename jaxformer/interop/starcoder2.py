@@ -82,6 +82,6 @@ ARCHITECTURE = Architecture(CLASSES, {"starcoder2": "model."}, ("Starcoder2Model
                             rules, defaults=DEFAULTS, harmless={
                                 "embedding_dropout": "training-time dropout on the embeddings, which jaxformer's "
                                                      "dropout_rate (the file's residual_dropout) covers too",
-                                "rms_norm_eps": "in StarCoder2-15B's file beside norm_epsilon; its norms are LayerNorms "
-                                                "of norm_epsilon (transformers reads rms_norm_eps only in "
-                                                "multi-token-prediction layers, which StarCoder2 has none of)"})
+                                "rms_norm_eps": "in StarCoder2-15B's file beside norm_epsilon; its norms are "
+                                                "LayerNorms of norm_epsilon (transformers reads rms_norm_eps only "
+                                                "in multi-token-prediction layers, which StarCoder2 has none of)"})
