@@ -78,7 +78,7 @@ def jaxformer_step(cfg, family: str, batch, jax, jnp, optax, nnx, jf, abstract: 
     def count(tree):
         return sum(x.size for x in jax.tree.leaves(tree))
 
-    if cfg.num_experts:  # routed experts only
+    if cfg.experts is not None:  # routed experts only
         from jaxformer.flops import train_flops_per_step
 
         tokens_per_example = batch["tokens"].shape[1] - 1
@@ -124,7 +124,7 @@ def lora_steps(cfg, batch, jax, jnp, optax, nnx, jf) -> dict:
                                      "quantize": "int8"})):
         model_cfg = cfg.replace(**changes)
         model = jf.build(model_cfg)
-        train_filter = trainable(model_cfg) if model_cfg.lora_rank else nnx.Param
+        train_filter = trainable(model_cfg) if model_cfg.lora is not None else nnx.Param
         frozen_filter = nnx.All(nnx.Any(nnx.Param, Quantized), nnx.Not(train_filter))
         graphdef, params, frozen, rest = nnx.split(model, train_filter, frozen_filter, ...)
         optimizer = optax.adamw(1e-4, weight_decay=0.01)

@@ -37,16 +37,16 @@ def adapted_config(cfg: ModelConfig, kind: str) -> ModelConfig:
                              f"{cfg.attention!r} and position={cfg.position!r}, whose windows or memory a prefix "
                              "mask would drop")
         return cfg.replace(attention="prefix")
-    unsupported = {"num_experts": cfg.num_experts > 0, "kv_lora_rank": cfg.mla, "position='xl'": cfg.position == "xl",
-                   "type_vocab_size": cfg.type_vocab_size > 0, "lm_head_bias": cfg.lm_head_bias}
+    unsupported = {"num_experts": cfg.experts is not None, "kv_lora_rank": cfg.mla, "position='xl'": cfg.position == "xl",
+                   "type_vocab_size": cfg.embeddings.types > 0, "lm_head_bias": cfg.logits.trained_bias}
     named = [name for name, present in unsupported.items() if present]
     if named:
         raise ValueError(f"adapt(kind='encoder_decoder'): {cfg.name!r} has {', '.join(named)}, which the "
                          "encoder-decoder family does not build; adaptable decoders are dense, with multi-head, "
                          "grouped or multi-query attention (GPT-2, LLaMA, Qwen2, Mistral, Gemma)")
-    start = cfg.decoder_start_token_id
+    start = cfg.tokens.decoder_start
     if start is None:  # T5Gemma's decoder starts from <bos>, as the decoder-only model began its documents
-        start = cfg.bos_token_id if cfg.bos_token_id is not None else cfg.pad_token_id
+        start = cfg.tokens.bos if cfg.tokens.bos is not None else cfg.tokens.pad
     # T5Gemma keeps one token table per side, both starting as the decoder-only model's
     return cfg.replace(family="encoder_decoder", name=f"{cfg.name}-encoder-decoder", encoder_layers=cfg.decoder_layers,
                        attention="causal" if cfg.attention == "prefix" else cfg.attention, head="lm",

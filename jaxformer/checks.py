@@ -137,21 +137,21 @@ def check_positions(position_ids: Any, shape: tuple[int, ...], cfg: ModelConfig,
 def check_token_types(token_type_ids: Any, shape: tuple[int, ...], cfg: ModelConfig) -> None:
     if token_type_ids is None:
         return
-    if cfg.relative_segments:  # XLNet compares types for equality only: any non-negative ids
+    if cfg.xl is not None and cfg.xl.segments:  # XLNet compares types for equality only: any non-negative ids
         if _shape(token_type_ids) != tuple(shape):
             raise ValueError(f"token_type_ids has shape {_shape(token_type_ids)} but input_ids has shape {tuple(shape)}")
         if _concrete(token_type_ids) and np.asarray(token_type_ids).min() < 0:
             raise ValueError("token_type_ids must be non-negative segment ids")
         return
-    if not cfg.type_vocab_size:
+    if not cfg.embeddings.types:
         raise ValueError(f"token_type_ids given but {cfg.name!r} has no token-type embeddings (type_vocab_size=0)")
     if _shape(token_type_ids) != tuple(shape):
         raise ValueError(f"token_type_ids has shape {_shape(token_type_ids)} but input_ids has shape {tuple(shape)}")
     if _concrete(token_type_ids):
         values = np.asarray(token_type_ids)
-        if values.min() < 0 or values.max() >= cfg.type_vocab_size:
+        if values.min() < 0 or values.max() >= cfg.embeddings.types:
             raise ValueError(f"token_type_ids hold {int(values.min())}..{int(values.max())}; valid types lie in "
-                             f"[0, {cfg.type_vocab_size})")
+                             f"[0, {cfg.embeddings.types})")
 
 
 def check_memory(memory: Any, cfg: ModelConfig, batch: int) -> None:
@@ -192,9 +192,9 @@ def segment_problem(cfg: ModelConfig) -> str | None:
         return "Transformer-XL's segment memory carries every token of a row into the next call"
     if cfg.attention == "prefix":
         return "attention='prefix' has one bidirectional prefix a row, not one a document"
-    if cfg.conv_kernel_size:
+    if cfg.conv is not None:
         return "DeBERTa v2's convolution beside the first layer mixes neighbouring tokens across documents"
-    if cfg.temperature_floor_scale is not None:
+    if cfg.nope is not None and cfg.nope.temperature_floor_scale is not None:
         return "Llama 4's attention temperature counts each token's index in the row, not in its document"
     return None
 

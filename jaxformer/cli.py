@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
+from jaxformer.layer_plan import stack_plans
 from jaxformer.models import param_count
 from jaxformer.presets import config, presets
 
@@ -37,12 +39,16 @@ def info(args: argparse.Namespace) -> int:
     record = {"name": args.name, "family": cfg.family, "params": param_count(cfg), "config": cfg.to_dict()}
     if cfg.family != "encoder":
         record["decode_cache"] = _decode_cache(cfg)
+    plans = stack_plans(cfg)  # what each layer of each stack is
+    record["layer_plan"] = {stack: [dataclasses.asdict(spec) for spec in plan.layers] for stack, plan in plans.items()}
     if args.json:
         print(json.dumps(record, indent=1))
     else:
         print(f"{args.name}: {cfg.family}, {record['params']:,} parameters")
         if cfg.family != "encoder":
             print(f"  decode cache: {record['decode_cache']['summary']}")
+        for stack, plan in plans.items():
+            print(f"  {stack} layer plan:\n" + "\n".join("    " + line for line in plan.table().splitlines()))
         for key, value in record["config"].items():
             print(f"  {key:<24} {value}")
     return 0

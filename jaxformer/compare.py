@@ -72,7 +72,7 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
     ours_kwargs = dict(attention_mask=mask, output_hidden_states=True, output_attentions=True)
     if cfg.family == "encoder_decoder":
         if decoder_input_ids is None:
-            start = cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else 0
+            start = cfg.tokens.decoder_start if cfg.tokens.decoder_start is not None else 0
             decoder_input_ids = np.concatenate([np.full((input_ids.shape[0], 1), start), input_ids[:, :-1]], 1)
         kwargs["decoder_input_ids"] = t(decoder_input_ids)
         # every decoder token is real: said explicitly, since T5Gemma would otherwise mask ids equal to its pad

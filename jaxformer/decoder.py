@@ -31,10 +31,10 @@ def make_lm_head(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Dense | None, Buffer
     """The LM head's own parameters: a [D, V] projection unless tied, and a logits bias: BART's fixed
     one or XLNet's trained one."""
     lm_head = (Dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs, bias=False)
-               if cfg.head == "lm" and not cfg.tie_embeddings else None)
+               if cfg.head == "lm" and not cfg.embeddings.tie else None)
     zeros = jnp.zeros((cfg.vocab_size,), dtype_of(cfg.param_dtype))
-    bias = (Buffer(zeros, axes=("vocab",)) if cfg.logits_bias else
-            nnx.Param(zeros, axes=("vocab",)) if cfg.lm_head_bias else None)
+    bias = (Buffer(zeros, axes=("vocab",)) if cfg.logits.fixed_bias else
+            nnx.Param(zeros, axes=("vocab",)) if cfg.logits.trained_bias else None)
     return lm_head, bias
 
 
@@ -44,13 +44,13 @@ def lm_logits(model: nnx.Module, x: Array) -> Array:
     if model.lm_head is not None:
         logits = model.lm_head(x)
     else:
-        if cfg.scale_tied_logits:  # T5 v1.0 rescales before reusing the input embedding
+        if cfg.logits.scale_tied:  # T5 v1.0 rescales before reusing the input embedding
             x = x * jnp.asarray(cfg.d_model ** -0.5, x.dtype)
         logits = model.embed.attend(x)
     if model.logits_bias is not None:
         logits = logits + model.logits_bias[...].astype(logits.dtype)
-    if cfg.logits_softcap is not None:  # Gemma 2: logits bounded to (-cap, cap)
-        logits = jnp.tanh(logits / cfg.logits_softcap) * cfg.logits_softcap
+    if cfg.logits.softcap is not None:  # Gemma 2: logits bounded to (-cap, cap)
+        logits = jnp.tanh(logits / cfg.logits.softcap) * cfg.logits.softcap
     return logits
 
 
@@ -102,7 +102,7 @@ class Decoder(nnx.Module):
         """The one forward pass: embeddings, then the causal stack over ``cache`` or ``memory`` (if any).
         ``segments``: packed documents, each at its own positions unless ``positions`` are given."""
         keys = split_key(key, 2)
-        indexed = positions is None and cache is None and not self.config.pad_aware_positions
+        indexed = positions is None and cache is None and not self.config.embeddings.pad_aware_positions
         if segments is not None and positions is None:
             positions = self.embeddings.document_positions(segments)
         x, at = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=positions, key=keys[0])
@@ -134,7 +134,7 @@ class Decoder(nnx.Module):
         logits = lm_logits(self, out.hidden) if cfg.head == "lm" else None
         aux = load = None
         if out.router_stats is not None:
-            aux = cfg.router_aux_loss_coef * load_balancing_loss(out.router_stats, cfg)
+            aux = cfg.experts.aux_loss_coef * load_balancing_loss(out.router_stats, cfg)
             load = out.router_stats["load"]
         return ModelOutput(logits=logits, last_hidden_state=out.hidden, hidden_states=out.hidden_states,
                            attentions=out.attentions, aux_loss=aux, router_load=load, memory=out.memory)
@@ -143,7 +143,7 @@ class Decoder(nnx.Module):
         """An empty Transformer-XL memory of ``length`` tokens per row (None: the config's memory_len); any
         length works, so evaluation may remember more than training did."""
         cfg = self.config
-        length = cfg.memory_len if length is None else length
+        length = cfg.segment_memory if length is None else length
         if cfg.position != "xl" or isinstance(length, bool) or not isinstance(length, int) or length < 0:
             raise ValueError(f"init_memory needs a Transformer-XL model (position='xl', not {cfg.position!r}) and a "
                              f"memory length >= 0, got {length!r}")
@@ -158,7 +158,7 @@ class Decoder(nnx.Module):
         has no memory_len)."""
         cfg = self.config
         if cfg.position == "xl":
-            window = cfg.memory_len or length
+            window = cfg.segment_memory or length
             return DecodeState(MemoryKV.empty(cfg.decoder_layers, batch, window, cfg.kv_heads, cfg.head_dim_,
                                               dtype_of(cfg.dtype)))
         cache = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype), rewind)

@@ -24,7 +24,7 @@ class PredictionHead(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, axis: str = "embed_out"):
         self.activation = cfg.activation
         width = width or cfg.d_model
-        self.transform = Dense(cfg, cfg.d_model, width, ("embed", axis), rngs=rngs, bias=cfg.head_bias)
+        self.transform = Dense(cfg, cfg.d_model, width, ("embed", axis), rngs=rngs, bias=cfg.head_options.dense_bias)
         self.norm = Norm(cfg, rngs=rngs, width=width, axis="embed" if axis == "embed_out" else axis)
 
     def __call__(self, x: Array) -> Array:
@@ -38,9 +38,9 @@ class MaskedLMHead(PredictionHead):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         width, axis = embedding_width(cfg)
         super().__init__(cfg, rngs=rngs, width=width, axis="embed_out" if axis == "embed" else axis)
-        self.decoder = (None if cfg.tie_embeddings else
+        self.decoder = (None if cfg.embeddings.tie else
                         Dense(cfg, width, cfg.vocab_size, (axis, "vocab"), rngs=rngs, bias=False))
-        self.bias = param(rngs, (cfg.vocab_size,), ("vocab",), cfg, init="zeros") if cfg.mlm_bias else None
+        self.bias = param(rngs, (cfg.vocab_size,), ("vocab",), cfg, init="zeros") if cfg.head_options.mlm_bias else None
 
     def __call__(self, x: Array, embed: Embed) -> Array:
         h = super().__call__(x)
@@ -69,17 +69,17 @@ class Encoder(nnx.Module):
         self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs, axes=("vocab", axis), width=width)
         self.embeddings = Embeddings(cfg, rngs=rngs, token_types=True)
         self.encoder = Stack(cfg, cfg.encoder_layers, pattern="bidirectional", rngs=rngs)
-        self.pooler = Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs) if cfg.pooler else None
+        self.pooler = Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs) if cfg.head_options.pooler else None
         self.mlm = MaskedLMHead(cfg, rngs=rngs) if cfg.head in ("mlm", "pretraining") else None
         self.nsp = Dense(cfg, cfg.d_model, 2, ("embed", "labels"), rngs=rngs) if cfg.head == "pretraining" else None
         self.discriminator = DiscriminatorHead(cfg, rngs=rngs) if cfg.head == "discriminator" else None
-        label_count = {"sequence_classification": cfg.num_labels, "token_classification": cfg.num_labels,
+        label_count = {"sequence_classification": cfg.head_options.num_labels, "token_classification": cfg.head_options.num_labels,
                        "question_answering": 2}.get(cfg.head)
         self.classifier = (Dense(cfg, cfg.d_model, label_count, ("embed", "labels"), rngs=rngs)
                            if label_count else None)
         self.generator = self._generator(cfg, rngs) if cfg.generator_width else None
         # ModernBERT: the classifiers read the prediction head's transform of their input
-        self.prediction = (PredictionHead(cfg, rngs=rngs) if cfg.prediction_head and label_count else None)
+        self.prediction = (PredictionHead(cfg, rngs=rngs) if cfg.head_options.prediction_head and label_count else None)
 
     def _generator(self, cfg: ModelConfig, rngs: nnx.Rngs) -> Encoder:
         """ELECTRA's generator: an MLM encoder reading this model's token, position and type embeddings and
@@ -110,7 +110,7 @@ class Encoder(nnx.Module):
         token attends only within its document, whose positions start at 0."""
         cfg = self.config
         keys = split_key(dropout_key, 3)
-        indexed = position_ids is None and not cfg.pad_aware_positions
+        indexed = position_ids is None and not cfg.embeddings.pad_aware_positions
         if segment_ids is not None and position_ids is None:
             position_ids = self.embeddings.document_positions(segment_ids)
         x, positions = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=position_ids,
@@ -122,7 +122,7 @@ class Encoder(nnx.Module):
         pooled = None
         if self.pooler is not None:  # BERT's tanh, DistilBERT's relu (its pre_classifier), ELECTRA's gelu
             pooled = self.pooler(h[:, 0])
-            pooled = jnp.tanh(pooled) if cfg.pooler_activation == "tanh" else activate(cfg.pooler_activation, pooled)
+            pooled = jnp.tanh(pooled) if cfg.head_options.pooler_activation == "tanh" else activate(cfg.head_options.pooler_activation, pooled)
         features = h  # what the token and span classifiers read
         if self.prediction is not None:  # ModernBERT
             if cfg.head == "sequence_classification":
@@ -148,7 +148,7 @@ class Encoder(nnx.Module):
 
     def _summary(self, h: Array, attention_mask: Array | None) -> Array:
         """The sequence classifier's input [B, D]: the first token, or the mean over the real tokens."""
-        if self.config.classifier_pooling == "cls":
+        if self.config.head_options.classifier_pooling == "cls":
             return h[:, 0]
         if attention_mask is None:
             return h.mean(axis=1)

@@ -36,7 +36,7 @@ class EncoderDecoder(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.config = cfg
         self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs)  # the decoder's (and the tied head's), and the encoder's
-        self.encoder_embed = None if cfg.shared_embeddings else Embed(cfg.vocab_size, cfg, rngs=rngs)  # T5Gemma's own
+        self.encoder_embed = None if cfg.embeddings.shared else Embed(cfg.vocab_size, cfg, rngs=rngs)  # T5Gemma's own
         self.encoder_embeddings = Embeddings(cfg, rngs=rngs)
         self.encoder = Stack(cfg, cfg.encoder_layers, pattern="bidirectional", rngs=rngs)
         self.decoder_embeddings = Embeddings(cfg, rngs=rngs)
@@ -46,7 +46,7 @@ class EncoderDecoder(nnx.Module):
         # classifier; their span head (qa_outputs) as its one-layer classifier of two outputs
         self.pooler = (Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs)
                        if cfg.head == "sequence_classification" else None)
-        outputs = {"sequence_classification": cfg.num_labels, "question_answering": 2}.get(cfg.head)
+        outputs = {"sequence_classification": cfg.head_options.num_labels, "question_answering": 2}.get(cfg.head)
         self.classifier = Dense(cfg, cfg.d_model, outputs, ("embed", "labels"), rngs=rngs) if outputs else None
 
     def encode(self, input_ids: Array | None = None, attention_mask: Array | None = None, *,
@@ -85,7 +85,7 @@ class EncoderDecoder(nnx.Module):
             positions = self.decoder_embeddings.document_positions(segments)
         x, at = self.decoder_embeddings(self.embed, decoder_input_ids, inputs_embeds=inputs_embeds,
                                         positions=positions, key=keys[0])
-        if positions is None and self.config.pad_aware_positions:  # (M2M-100) causal visibility goes by index
+        if positions is None and self.config.embeddings.pad_aware_positions:  # (M2M-100) causal visibility goes by index
             at = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
         tokens = Tokens(at, packed_validity(valid, segments), indexed=indexed, segments=segments)
         return self.decoder(x, tokens, cache=cache, cross=source, collect_hidden=collect_hidden,
@@ -156,7 +156,7 @@ class EncoderDecoder(nnx.Module):
             heads["logits"] = lm_logits(self, h)
         elif cfg.head == "sequence_classification":
             pooled = self.pooler(last_eos_state(cfg, h, input_ids))
-            pooled = jnp.tanh(pooled) if cfg.pooler_activation == "tanh" else activate(cfg.pooler_activation, pooled)
+            pooled = jnp.tanh(pooled) if cfg.head_options.pooler_activation == "tanh" else activate(cfg.head_options.pooler_activation, pooled)
             heads["logits"] = self.classifier(dropout(pooled, cfg.dropout_rate, keys[2]))
         elif cfg.head == "question_answering":
             span = self.classifier(h)
@@ -193,33 +193,33 @@ def shifted_right(cfg: ModelConfig, input_ids: Array) -> Array:
     them: input_ids shifted one to the right behind decoder_start_token_id (BART, T5), or (mBART) behind
     each row's last non-pad token, its language code."""
     input_ids = jnp.asarray(input_ids)
-    if cfg.wrap_decoder_start:
-        last = jnp.sum(input_ids != cfg.pad_token_id, axis=1) - 1
+    if cfg.tokens.wrap_decoder_start:
+        last = jnp.sum(input_ids != cfg.tokens.pad, axis=1) - 1
         start = jnp.take_along_axis(input_ids, last[:, None], axis=1)
     else:
-        start = jnp.full((input_ids.shape[0], 1), cfg.decoder_start_token_id, input_ids.dtype)
+        start = jnp.full((input_ids.shape[0], 1), cfg.tokens.decoder_start, input_ids.dtype)
     return jnp.concatenate([start, input_ids[:, :-1]], axis=1)
 
 
 def last_eos_state(cfg: ModelConfig, hidden: Array, input_ids: Array) -> Array:
     """[B, D]: each row's decoder state at the position of its last eos_token_id in input_ids (what BART's
     and T5's classifiers read; ``check_eos_pooling`` makes sure every row has one)."""
-    is_eos = input_ids == cfg.eos_token_id
+    is_eos = input_ids == cfg.tokens.eos
     last = is_eos.shape[1] - 1 - jnp.argmax(is_eos[:, ::-1], axis=1)
     return jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
 
 
 def check_derivable(cfg: ModelConfig, input_ids) -> None:
     """Deriving decoder inputs from input_ids needs the ids transformers' shift needs."""
-    if cfg.pad_token_id is None or (cfg.decoder_start_token_id is None and not cfg.wrap_decoder_start):
+    if cfg.tokens.pad is None or (cfg.tokens.decoder_start is None and not cfg.tokens.wrap_decoder_start):
         raise ValueError(f"without decoder_input_ids, head={cfg.head!r} shifts input_ids right behind "
                          f"decoder_start_token_id, and needs a pad_token_id (as transformers does); the config has "
-                         f"decoder_start_token_id={cfg.decoder_start_token_id}, pad_token_id={cfg.pad_token_id}: "
+                         f"decoder_start_token_id={cfg.tokens.decoder_start}, pad_token_id={cfg.tokens.pad}: "
                          "set them, or pass decoder_input_ids")
-    if cfg.wrap_decoder_start and not isinstance(input_ids, jax.core.Tracer):
-        empty = np.flatnonzero((np.asarray(input_ids) != cfg.pad_token_id).sum(axis=1) == 0)
+    if cfg.tokens.wrap_decoder_start and not isinstance(input_ids, jax.core.Tracer):
+        empty = np.flatnonzero((np.asarray(input_ids) != cfg.tokens.pad).sum(axis=1) == 0)
         if empty.size:
-            raise ValueError(f"rows {empty.tolist()} of input_ids hold only pad_token_id={cfg.pad_token_id}: without "
+            raise ValueError(f"rows {empty.tolist()} of input_ids hold only pad_token_id={cfg.tokens.pad}: without "
                              "decoder_input_ids, mBART's decoder starts from each row's last non-pad token")
 
 
@@ -233,11 +233,11 @@ def check_eos_pooling(cfg: ModelConfig, input_ids, decoder_length: int) -> None:
                          f"{decoder_length}")
     if isinstance(input_ids, jax.core.Tracer):
         return
-    counts = (np.asarray(input_ids) == cfg.eos_token_id).sum(axis=1)
+    counts = (np.asarray(input_ids) == cfg.tokens.eos).sum(axis=1)
     if len(set(counts.tolist())) > 1:
-        raise ValueError(f"all rows of input_ids must hold the same number of eos_token_id={cfg.eos_token_id} "
+        raise ValueError(f"all rows of input_ids must hold the same number of eos_token_id={cfg.tokens.eos} "
                          f"tokens (transformers' BART and T5 classifiers refuse otherwise); their counts are "
                          f"{counts.tolist()}")
     if counts.size and counts[0] == 0:
-        raise ValueError(f"each row of input_ids must hold eos_token_id={cfg.eos_token_id}: the classifier reads "
+        raise ValueError(f"each row of input_ids must hold eos_token_id={cfg.tokens.eos}: the classifier reads "
                          "the decoder state at the last one, and these rows hold none")

@@ -73,7 +73,7 @@ def _stack_params(cfg: ModelConfig, stack: str) -> float:
         size = math.prod(leaf.shape)
         axes = leaf.get_metadata().get("axes", ())
         if "experts" in axes:
-            size *= cfg.experts_per_token / cfg.num_experts
+            size *= cfg.experts.per_token / cfg.experts.count
         total += size
     # ALBERT: the one stored layer is applied at every layer
     return total * cfg.encoder_layers if cfg.shared_layers and stack == "encoder" else total
@@ -81,8 +81,8 @@ def _stack_params(cfg: ModelConfig, stack: str) -> float:
 
 def _head_params(cfg: ModelConfig) -> float:
     if cfg.family == "encoder":
-        width = cfg.embedding_size or cfg.d_model  # factorised embeddings: in front of the stack, behind the MLM head
-        project = 0 if cfg.embedding_size is None else width * cfg.d_model
+        width = cfg.embeddings.width or cfg.d_model  # factorised embeddings: in front of the stack, behind the MLM head
+        project = 0 if cfg.embeddings.width is None else width * cfg.d_model
         if cfg.head in ("mlm", "pretraining"):
             return project + cfg.d_model * width + width * cfg.vocab_size
         return project + (cfg.d_model * cfg.d_model + cfg.d_model if cfg.head == "discriminator" else 0)
@@ -101,7 +101,7 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
     and ``target_length`` tokens for an encoder-decoder)."""
     # The two attention products per key: scores over the query/key head size, the weighted sum over the
     # value head size (they differ under multi-head latent attention); 12 x width counts both.
-    width = cfg.num_heads * (cfg.head_dim_ + (cfg.rope_head_dim if cfg.mla else 0) + cfg.value_dim) / 2
+    width = cfg.num_heads * (cfg.head_dim_ + (cfg.latent.rope_head_dim if cfg.latent is not None else 0) + cfg.value_dim) / 2
     if cfg.family == "encoder_decoder":
         target = target_length or length
         encoder = 6 * _stack_params(cfg, "encoder") + 12 * cfg.encoder_layers * width * length
@@ -114,13 +114,13 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
     keys = _keys_seen(pattern, length, length, cfg.window_size)
     per_token = 6 * (_stack_params(cfg, stack) + _head_params(cfg)) + 12 * cfg.num_layers * width * keys
     if cfg.position == "xl":
-        M, heads = cfg.memory_len, cfg.num_heads * cfg.head_dim_
+        M, heads = cfg.segment_memory, cfg.num_heads * cfg.head_dim_
         distances = M + length + (length - 1 if pattern == "bidirectional" else 1)
         per_token += cfg.num_layers * (12 * width * M + 6 * heads * distances
                                        + 4 * (M / length) * 2 * cfg.d_model * heads)
     per_call = 0.0
     if cfg.position == "disentangled":  # DeBERTa: each term scores a query (c2p) or key (p2c) against every row
-        rows, heads, terms = 2 * cfg.relative_span, cfg.num_heads * cfg.head_dim_, len(cfg.disentangled_terms)
+        rows, heads, terms = 2 * cfg.relative_span, cfg.num_heads * cfg.head_dim_, len(cfg.disentangled.terms)
         per_token += cfg.num_layers * 6 * heads * rows * terms
         per_call = cfg.num_layers * 6 * rows * terms * cfg.d_model * heads  # the table's projections
     if cfg.generator_width:  # ELECTRA: the generator trains beside the discriminator on the same rows
@@ -135,8 +135,9 @@ def _decode_weight_bytes(cfg: ModelConfig, batch_size: int) -> float:
     Embedding tables are read one row per token (left out) unless tied, when the head reads all of it;
     cross-attention key/value projections run once, on the encoder output, before decoding. A MoE
     layer reads the experts its tokens are routed to, at most all of them."""
-    read = {"decoder", "lm_head"} | ({"embed"} if cfg.tie_embeddings and cfg.head == "lm" else set())
-    experts_read = min(cfg.num_experts, batch_size * cfg.experts_per_token) / max(cfg.num_experts, 1)
+    read = {"decoder", "lm_head"} | ({"embed"} if cfg.embeddings.tie and cfg.head == "lm" else set())
+    experts = cfg.experts
+    experts_read = min(experts.count, batch_size * experts.per_token) / experts.count if experts is not None else 0.0
     total = 0.0
     for path, leaf in nnx.to_flat_state(abstract_params(cfg)):
         once = "cross_attn" in path and path[-1] in ("k", "v", "k_bias", "v_bias")

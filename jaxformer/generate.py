@@ -69,7 +69,8 @@ def generation_defaults(model) -> dict[str, Any]:
                       if isinstance(source.get(k), dict)), {})
         source = {k: inner.get(k) if source.get(k) is None else source[k] for k in CHECKPOINT_SETTINGS}
     else:
-        source = {k: getattr(cfg, k, None) for k in GENERATION_IDS}
+        flat = cfg.to_flat()
+        source = {k: flat.get(k) for k in GENERATION_IDS}
 
     def in_vocab(value):
         if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):  # bad_words_ids
@@ -818,7 +819,8 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     # Transformer-XL has no position table and a bounded memory: it generates past any length; dynamic rope
     # scaling exists to stretch a model past its max_positions, as it does with transformers
     table = cfg.position in ("learned", "sinusoidal")
-    unbounded = cfg.position == "xl" or (cfg.rope_scaling is not None and cfg.rope_scaling.kind == "dynamic")
+    scaling = cfg.rotary.scaling if cfg.rotary is not None else None
+    unbounded = cfg.position == "xl" or (scaling is not None and scaling.kind == "dynamic")
     if longest > cfg.max_positions and not unbounded and (table or not allow_beyond_max_positions):
         limit = (f"has {cfg.max_positions} positions" if table else
                  f"was configured for {cfg.max_positions} (max_positions; to generate past it, pass "
@@ -834,7 +836,7 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     _refuse_a_cache_rebuild(model, ids.shape[1], gc.max_new_tokens)
     slots = ids.shape[1] + gc.max_new_tokens - 1 if cfg.family == "decoder" else gc.max_new_tokens
     if cfg.position == "xl":  # the memory holds memory_len tokens (all of them when it has no memory_len)
-        slots = cfg.memory_len or slots
+        slots = cfg.segment_memory or slots
     slots += gc.draft_tokens  # a verifying step writes its drafts before rewinding
     check_cache_memory(cfg, ids.shape[0] * gc.num_beams, slots, gc.draft_tokens)
     if assistant_model is not None:
@@ -874,7 +876,7 @@ def _refuse_a_cache_rebuild(model, columns: int, max_new_tokens: int) -> None:
     loop keeps its cache (as transformers' other longrope models do). A Phi-3 generation that crosses that
     length would differ from transformers' without a word, so it is refused."""
     cfg: ModelConfig = model.config
-    s = cfg.rope_scaling
+    s = cfg.rotary.scaling if cfg.rotary is not None else None
     if s is None or s.kind != "longrope" or json.loads(getattr(model, "hf_config", None) or "{}").get(
             "model_type") != "phi3":
         return

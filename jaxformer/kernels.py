@@ -69,10 +69,10 @@ def fused_backend(cfg: ModelConfig, pattern: str, T: int, S: int, *, has_bias: b
     platform, a dtype or head size it refuses) is a ValueError naming both; a call outside a kernel's
     reach (a mask pattern, bias or length it cannot take) runs on XLA, as the module doc says.
     """
-    requested = cfg.attention_backend
+    requested = cfg.execution.attention_backend
     if requested in ("auto", "xla") and ring_fits(pattern, T, S, has_bias):
         return "ring"
-    if requested == "xla" or pattern not in FUSED_PATTERNS or cfg.attention_softcap is not None or cfg.attention_sinks:
+    if requested == "xla" or pattern not in FUSED_PATTERNS or cfg.scores.softcap is not None or cfg.scores.sinks:
         return "xla"  # (Gemma 2's soft-capped scores, gpt-oss's sinks: neither kernel is wired for them)
     here = platform()
     # cuDNN's biased backward kernel needs even lengths; splash tiles need lengths it can block.

@@ -73,12 +73,12 @@ def with_lora(model: Model, rank: int = 8, alpha: float = 8.0, targets: tuple[st
     """``model`` with LoRA adapters of ``rank`` on the projections ``targets`` names (B zero, so its outputs
     are unchanged until trained), sharing nothing with the input. An existing adapter is an error."""
     cfg = model.config
-    if cfg.lora_rank:
-        raise ValueError(f"{cfg.name!r} already has LoRA adapters (rank {cfg.lora_rank}); merge_adapter() first")
+    if cfg.lora is not None:
+        raise ValueError(f"{cfg.name!r} already has LoRA adapters (rank {cfg.lora.rank}); merge_adapter() first")
     new = cfg.replace(lora_rank=rank, lora_alpha=alpha, lora_targets=tuple(targets), lora_dropout=dropout,
                       lora_rslora=rslora, lora_trainable=tuple(trainable))
     model_paths = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(model))}
-    unknown = [t for t in new.lora_trainable if not any(p == t or p.startswith(t + "/") for p in model_paths)]
+    unknown = [t for t in new.lora.trainable if not any(p == t or p.startswith(t + "/") for p in model_paths)]
     if unknown:
         raise ValueError(f"lora_trainable {unknown} match no parameter path of {cfg.name!r}")
     lora = _rebuilt(new, _values(model), seed, source=model)
@@ -91,7 +91,7 @@ def merge_adapter(model: Model) -> Model:
     """A plain model (no adapters) whose kernels are W + scaling * A B: what PEFT's ``merge_and_unload``
     gives. The merge runs in float32; an int8 base is dequantized first, so the result is a float model."""
     cfg = model.config
-    if not cfg.lora_rank:
+    if cfg.lora is None:
         raise ValueError(f"{cfg.name!r} has no LoRA adapters to merge")
     plain = cfg.replace(lora_rank=0, lora_targets=(), lora_dropout=0.0, lora_rslora=False, lora_trainable=(),
                         quantize=None, quantize_embeddings=False)
@@ -118,8 +118,8 @@ def quantized(model: Model, kind: str = "int8", embeddings: bool = False) -> Mod
     ``embeddings`` makes the token table (and so a tied LM head) int8 too, one scale per vocab row.
     An adapter stays as it is, in float, on top of the int8 kernel (QLoRA's arrangement)."""
     cfg = model.config
-    if cfg.quantize is not None:
-        raise ValueError(f"{cfg.name!r} is already quantized ({cfg.quantize})")
+    if cfg.quantization is not None:
+        raise ValueError(f"{cfg.name!r} is already quantized ({cfg.quantization.kind})")
     target = cfg.replace(quantize=kind, quantize_embeddings=bool(embeddings))
     abstract = nnx.eval_shape(lambda: _build(target, 0))
     values = _values(model)
@@ -141,7 +141,7 @@ _quantize_kernel = jax.jit(quantize_kernel, static_argnums=(1, 2))
 def trainable(cfg: ModelConfig) -> nnx.filterlib.Filter:
     """The variables a LoRA fine-tune trains: the adapters and the paths ``lora_trainable`` lists (a
     classification head, say). Everything else stays frozen."""
-    prefixes = tuple(cfg.lora_trainable)
+    prefixes = tuple(cfg.lora.trainable)
 
     def listed(path, variable) -> bool:
         joined = "/".join(map(str, path))

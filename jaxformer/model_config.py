@@ -8,7 +8,9 @@ config fails where it is written, naming the field, the value and what would be 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import typing
 from typing import Any
 
 FAMILIES = ("encoder", "decoder", "encoder_decoder")
@@ -1227,12 +1229,13 @@ class ModelConfig:
     @property
     def relative_span(self) -> int:
         """DeBERTa: half the rows of the relative-position table (distances -span .. span - 1 after bucketing)."""
-        return self.disentangled.buckets or self.max_relative_distance
+        return (self.disentangled.buckets if self.disentangled is not None else 0) or self.max_relative_distance
 
     @property
     def max_relative_distance(self) -> int:
         """DeBERTa: the largest distance told apart (its log buckets reach it): max_relative_positions, else max_positions."""
-        return self.disentangled.max_relative_positions or self.max_positions
+        limit = self.disentangled.max_relative_positions if self.disentangled is not None else 0
+        return limit or self.max_positions
 
     @property
     def scale(self) -> float:
@@ -1246,6 +1249,16 @@ class ModelConfig:
         if latent is not None and s is not None and s.mscale_all_dim:  # DeepSeek's yarn softmax correction
             scale *= _yarn_mscale(s.factor, s.mscale_all_dim) ** 2
         return scale
+
+    @property
+    def indexer(self) -> Indexer | None:
+        """DeepSeek-V3.2's lightning indexer, a part of latent attention (None without it)."""
+        return self.latent.indexer if self.latent is not None else None
+
+    @property
+    def segment_memory(self) -> int:
+        """Tokens of segment memory each layer keeps (Transformer-XL's memory_len; 0: none)."""
+        return self.xl.memory_len if self.xl is not None else 0
 
     @property
     def num_layers(self) -> int:
@@ -1368,3 +1381,13 @@ def _as_tuple(value: Any) -> Any:
 
 def _off_value(name: str) -> Any:
     return OFF[name] if name in OFF else _flat_default(name)
+
+
+@functools.cache
+def flat_type_hints() -> dict[str, Any]:
+    """The type of each top-level field and flat name (the presence keys are bools)."""
+    hints = {name: hint for name, hint in typing.get_type_hints(ModelConfig).items() if name not in GROUPS}
+    for name, path in FLAT.items():
+        part = Indexer if path[:2] == ("latent", "indexer") else GROUPS[path[0]]
+        hints[name] = typing.get_type_hints(part)[path[-1]]
+    return {**hints, **dict.fromkeys(PRESENCE_KEYS, bool)}

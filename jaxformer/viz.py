@@ -360,7 +360,7 @@ def attention_maps(model, tokenizer, text: str, *, stack: str = "self", target: 
         out = model(jnp.asarray(ids)[None], attention_mask=jnp.ones((1, ids.size), jnp.int32), output_attentions=True)
         labels = token_labels(tokenizer, ids)
         return [np.asarray(a[0]) for a in out.attentions], labels, labels
-    start = cfg.decoder_start_token_id if cfg.decoder_start_token_id is not None else 0
+    start = cfg.tokens.decoder_start if cfg.tokens.decoder_start is not None else 0
     decoder_ids = np.concatenate([[start], _encode(tokenizer, text if target is None else target)]).astype(np.int32)
     out = model(jnp.asarray(ids)[None], attention_mask=jnp.ones((1, ids.size), jnp.int32),
                 decoder_input_ids=jnp.asarray(decoder_ids)[None], output_attentions=True)

@@ -116,9 +116,9 @@ def mesh_shape(strategy: str, n: int, cfg, seq_len: int) -> dict[str, int]:
     if strategy == "fsdp_tp":
         tensor = largest_divisor(n, split_by_tensor, max(n // 2, 1))
         return {"fsdp": n // tensor, "tensor": tensor}
-    if not cfg.num_experts:
+    if cfg.experts is None:
         raise ValueError(f"strategy {strategy!r} needs a mixture-of-experts model; {cfg.name} has none")
-    expert = largest_divisor(n, [cfg.num_experts], n)
+    expert = largest_divisor(n, [cfg.experts.count], n)
     return {"data": n // expert, "expert": expert}
 
 
@@ -266,7 +266,7 @@ def main(argv=None) -> int:
         placed = jax.device_put(host_state, NamedSharding(mesh, P()))
         return mapped, placed, jax.device_put(batch, NamedSharding(mesh, P("data")))
 
-    if model_cfg.num_experts:
+    if model_cfg.experts is not None:
         # Explicit data parallelism computes the MoE load-balancing loss per device, which is not the
         # loss of the whole batch; compare it only where the step sees the whole batch.
         args.strategies = [s for s in args.strategies if s not in ("pmap", "shard_map")]

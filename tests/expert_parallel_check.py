@@ -50,7 +50,7 @@ PREFILL = ("Mixtral, 4 devices", "Mixtral, 8 devices (expert 4 x sequence 2)", "
 
 def loss_and_grads(cfg, mesh_shape, ids, mask, with_prefill):
     model = jf.build(cfg, seed=0)
-    if cfg.expert_bias:  # give the zero-initialised biases values, so that a misplaced one shows
+    if cfg.experts.bias:  # give the zero-initialised biases values, so that a misplaced one shows
         graphdef, state = nnx.split(model)
         leaves, tree = jax.tree.flatten(state)
         keys = jax.random.split(jax.random.key(1), len(leaves))

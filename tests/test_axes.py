@@ -66,20 +66,22 @@ CASES = [pytest.param(name, {}, id=name) for name in TINY] + [
 
 def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
     """The length each logical axis name must have in a model of ``cfg``."""
+    f = cfg.to_flat()  # every setting, an absent part's at its 'off' value
     return {
         "embed": {cfg.d_model}, "embed_out": {cfg.d_model}, "heads": {cfg.num_heads}, "kv_heads": {cfg.kv_heads},
-        "head_dim": {cfg.head_dim_} | ({cfg.head_dim_ + cfg.rope_head_dim, cfg.value_dim} if cfg.mla else set()),
-        "mlp": {cfg.d_ff, cfg.expert_width, cfg.shared_experts * cfg.expert_width}, "vocab": {cfg.vocab_size},
-        "experts": {cfg.num_experts},
-        "latent": {cfg.kv_lora_rank, cfg.q_lora_rank, cfg.kv_lora_rank + cfg.rope_head_dim} if cfg.mla else set(),
-        "positions": {cfg.max_positions + cfg.position_offset}, "types": {cfg.type_vocab_size},
-        "buckets": {cfg.relative_buckets},
-        "labels": {cfg.num_labels, 2, 1},  # classifiers: num_labels; NSP and QA spans: 2; ELECTRA's discriminator: 1
+        "head_dim": {cfg.head_dim_} | ({cfg.head_dim_ + f["rope_head_dim"], cfg.value_dim} if cfg.mla else set()),
+        "mlp": {cfg.d_ff, cfg.expert_width, f["shared_experts"] * cfg.expert_width}, "vocab": {cfg.vocab_size},
+        "experts": {f["num_experts"]},
+        "latent": {f["kv_lora_rank"], f["q_lora_rank"], f["kv_lora_rank"] + f["rope_head_dim"]} if cfg.mla else set(),
+        "positions": {cfg.max_positions + f["position_offset"]}, "types": {f["type_vocab_size"]},
+        "buckets": {f["relative_buckets"]},
+        "labels": {f["num_labels"], 2, 1},  # classifiers: num_labels; NSP and QA spans: 2; ELECTRA's discriminator: 1
         "segments": {2},  # XLNet's relative segment encodings: same segment, other segment
-        "index_heads": {cfg.index_heads}, "index_head_dim": {cfg.index_head_dim},  # DeepSeek-V3.2's indexer
-        "embedding": {cfg.embedding_size},  # factorised embeddings (ALBERT, ELECTRA)
+        "index_heads": {f["index_heads"]}, "index_head_dim": {f["index_head_dim"]},  # DeepSeek-V3.2's indexer
+        "embedding": {f["embedding_size"]},  # factorised embeddings (ALBERT, ELECTRA)
         # DeBERTa: the relative-position table's rows, v2's convolution
-        "relative": {2 * cfg.relative_span}, "conv_width": {cfg.conv_kernel_size}, "conv_in": {cfg.d_model // cfg.conv_groups},
+        "relative": {2 * cfg.relative_span}, "conv_width": {f["conv_kernel_size"]},
+        "conv_in": {cfg.d_model // f["conv_groups"]},
     }
 
 
@@ -87,7 +89,7 @@ def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], ob
     """``flat``: parameter path -> (shape, axes metadata)."""
     sizes = _expected_sizes(cfg)
     dense = len(cfg.dense_layer_ids)
-    first = 0 if cfg.first_attn_norm and not cfg.conv_kernel_size else 1  # ModernBERT's, DeBERTa v2's first layer
+    first = 0 if cfg.norms.first_attention and cfg.conv is None else 1  # ModernBERT's, DeBERTa v2's first layer
     stack_layers = {("encoder", "blocks"): 1 if cfg.shared_layers else cfg.encoder_layers - first,
                     ("encoder", "first_block"): first, ("decoder", "blocks"): cfg.decoder_layers - dense,
                     ("decoder", "dense_blocks"): dense}
@@ -132,7 +134,7 @@ def test_every_parameter_has_axes(base, changes):
                for path, var in nnx.to_flat_state(nnx.state(model, Buffer))}
     if buffers:
         _check_axes(cfg, buffers)
-    if cfg.logits_bias:
+    if cfg.logits.fixed_bias:
         assert buffers[("logits_bias",)] == ((cfg.vocab_size,), ("vocab",))
 
 

@@ -231,7 +231,7 @@ def test_presets_round_trip_through_dict_and_json(name):
 
 def test_eos_list_becomes_tuple_and_round_trips():
     cfg = jf.config("tiny-llama").replace(eos_token_id=[1, 2])
-    assert cfg.eos_token_id == (1, 2)
+    assert cfg.tokens.eos == (1, 2)
     assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 
 

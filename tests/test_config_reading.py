@@ -150,12 +150,12 @@ def test_gemma3_without_any_rotary_keys_takes_the_class_bases():
     hf = {"model_type": "gemma3_text", "vocab_size": 97, "hidden_size": 32, "intermediate_size": 48,
           "num_hidden_layers": 6, "num_attention_heads": 4}
     cfg = config_from_hf(hf)
-    assert (cfg.rope_theta, cfg.local_rope_theta, cfg.rope_scaling) == (1e6, 1e4, None)
+    assert (cfg.rotary.theta, cfg.rotary.local_theta, cfg.rotary.scaling) == (1e6, 1e4, None)
     assert cfg.layer_types == ("sliding",) * 5 + ("full",) and cfg.window_size == 4096
     assert (cfg.num_kv_heads, cfg.head_dim, cfg.max_positions) == (4, 256, 131072)
     reference = transformers.Gemma3TextConfig.from_dict(hf)
-    assert reference.rope_parameters["full_attention"]["rope_theta"] == cfg.rope_theta
-    assert reference.rope_parameters["sliding_attention"]["rope_theta"] == cfg.local_rope_theta
+    assert reference.rope_parameters["full_attention"]["rope_theta"] == cfg.rotary.theta
+    assert reference.rope_parameters["sliding_attention"]["rope_theta"] == cfg.rotary.local_theta
 
 
 def test_a_rope_scaling_entry_beside_rope_parameters_is_applied_as_transformers_does(checkpoints, tmp_path):
@@ -168,8 +168,8 @@ def test_a_rope_scaling_entry_beside_rope_parameters_is_applied_as_transformers_
     folder = _published(checkpoints("llama"), tmp_path / "scaled", edit)
     cfg = jf.from_pretrained(folder).config
     reference = transformers.AutoConfig.from_pretrained(folder).rope_parameters
-    assert cfg.rope_scaling.kind == reference["rope_type"] == "linear"
-    assert cfg.rope_scaling.factor == reference["factor"] == 4.0 and cfg.rope_theta == reference["rope_theta"]
+    assert cfg.rotary.scaling.kind == reference["rope_type"] == "linear"
+    assert cfg.rotary.scaling.factor == reference["factor"] == 4.0 and cfg.rotary.theta == reference["rope_theta"]
     _matches_transformers(folder, length=40)
 
 
@@ -194,14 +194,14 @@ def test_keys_left_out_take_the_class_defaults():
     base = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
             "num_attention_heads": 8}
     mixtral = config_from_hf({"model_type": "mixtral", **base})
-    assert (mixtral.rope_theta, mixtral.num_kv_heads, mixtral.norm_eps, mixtral.num_experts,
-            mixtral.experts_per_token) == (1e6, 8, 1e-5, 8, 2)
+    assert (mixtral.rotary.theta, mixtral.num_kv_heads, mixtral.norms.eps, mixtral.experts.count,
+            mixtral.experts.per_token) == (1e6, 8, 1e-5, 8, 2)
     mistral = config_from_hf({"model_type": "mistral", **base, "num_key_value_heads": 2})
     assert (mistral.attention, mistral.window_size) == ("sliding", 4096)
     assert config_from_hf({"model_type": "mistral", **base, "num_key_value_heads": 2,
                            "sliding_window": None}).attention == "causal"  # v0.3's explicit null
     gemma2 = config_from_hf({"model_type": "gemma2", **base})
-    assert (gemma2.attention_softcap, gemma2.logits_softcap, gemma2.layer_types) == (50.0, 30.0, ("sliding", "full"))
+    assert (gemma2.scores.softcap, gemma2.logits.softcap, gemma2.layer_types) == (50.0, 30.0, ("sliding", "full"))
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -263,9 +263,9 @@ def test_a_published_multimodal_llama4_file_reads_as_its_transformers_form():
                  "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.51.0.dev0",
                  "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 16, "num_hidden_layers": 1}}
     cfg = config_from_hf(copy.deepcopy(published))
-    assert (cfg.nope_layers, cfg.temperature_floor_scale, cfg.layer_types) == (
+    assert (cfg.nope.layers, cfg.nope.temperature_floor_scale, cfg.layer_types) == (
         (3,), 8192, ("chunked", "chunked", "chunked", "full"))
-    assert (cfg.vocab_size, cfg.eos_token_id, cfg.pad_token_id) == (202048, (200001, 200007, 200008), 200018)
+    assert (cfg.vocab_size, cfg.tokens.eos, cfg.tokens.pad) == (202048, (200001, 200007, 200008), 200018)
     accepted = copy.deepcopy(published)
     accepted["text_config"]["attn_temperature_tuning"] = True
     reference = transformers.CONFIG_MAPPING["llama4"].from_dict(accepted)
@@ -299,7 +299,7 @@ def test_a_published_deepseek_v32_file_is_refused_for_its_fp8_weights_and_reads_
         config_from_hf(copy.deepcopy(published))
     converted = {k: v for k, v in published.items() if k != "quantization_config"}
     cfg = config_from_hf(copy.deepcopy(converted))
-    assert (cfg.index_heads, cfg.index_head_dim, cfg.index_topk, cfg.dense_layers) == (2, 16, 2048, 1)
+    assert (cfg.indexer.heads, cfg.indexer.head_dim, cfg.indexer.topk, cfg.experts.dense_layers) == (2, 16, 2048, 1)
     reference = transformers.CONFIG_MAPPING["deepseek_v32"].from_dict(copy.deepcopy(converted))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

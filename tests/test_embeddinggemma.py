@@ -125,7 +125,7 @@ def test_published_config_reads_as_a_windowed_encoder():
     assert (cfg.family, cfg.head, cfg.encoder_layers, cfg.decoder_layers) == ("encoder", "none", 6, 0)
     assert cfg.attention == "alternating" and cfg.layer_types == ("sliding",) * 5 + ("full",)
     assert cfg.window_size == 4  # the file's 8 spans both sides: Gemma3TextConfig's exclusive bound 8 // 2 + 1
-    assert (cfg.rope_theta, cfg.local_rope_theta, cfg.qk_norm, cfg.sandwich_norm) == (1e6, 1e4, True, True)
+    assert (cfg.rotary.theta, cfg.rotary.local_theta, cfg.query_key_norm is not None, cfg.norms.sandwich) == (1e6, 1e4, True, True)
     assert config_from_hf({**PUBLISHED, "sliding_window": 9}).window_size == 4  # 9 // 2 + 1 = 5, as 8's
     full = config_from_hf({**PUBLISHED, "layer_types": ["full_attention"] * 6})
     assert (full.attention, full.window_size) == ("bidirectional", None)

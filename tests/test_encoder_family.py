@@ -182,7 +182,7 @@ def test_sop_pairs_are_consecutive_segments_swapped_half_the_time():
     batch = objective.batch(0, 8)
     assert set(batch) == {"input_ids", "attention_mask", "token_type_ids", "labels", "pair_labels"}
     cfg = objective.adapt(jf.config("tiny-bert").replace(vocab_size=360), fresh=True)
-    assert cfg.head == "pretraining" and cfg.pooler
+    assert cfg.head == "pretraining" and cfg.head_options.pooler
 
 
 def test_rtd_corrupts_with_generator_samples_and_only_the_mlm_loss_trains_the_generator():

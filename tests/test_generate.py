@@ -112,10 +112,10 @@ def test_latent_cache_holds_latent_and_rope_key_only():
     """MLA caches C + R numbers per token and layer (the README's table), not per-head keys and values."""
     cfg = jf.config("tiny-deepseek")
     state = jf.build(cfg).init_cache(2, 10)
-    width = cfg.kv_lora_rank + cfg.rope_head_dim
+    width = cfg.latent.kv_rank + cfg.latent.rope_head_dim
     assert state.kv.latent.shape == (cfg.decoder_layers, 2, 10, width)
     assert state.kv.latent.nbytes // (2 * 10) == cfg.decoder_layers * width * 4
-    expanded = cfg.decoder_layers * cfg.num_heads * (cfg.head_dim_ + cfg.rope_head_dim + cfg.value_dim)
+    expanded = cfg.decoder_layers * cfg.num_heads * (cfg.head_dim_ + cfg.latent.rope_head_dim + cfg.value_dim)
     assert gen.cache_numbers_per_token(cfg) == cfg.decoder_layers * width < expanded
 
 
@@ -383,7 +383,7 @@ def test_an_encoder_decoder_without_a_decoder_start_starts_from_bos(tmp_path):
         theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), max_new_tokens=4,
                                     do_sample=False, num_beams=1).numpy()
     np.testing.assert_array_equal(ours, theirs)
-    assert (ours[:, 0] == model.config.bos_token_id).all()
+    assert (ours[:, 0] == model.config.tokens.bos).all()
     for name in ("config.json", "generation_config.json"):
         _rewrite(tmp_path, name, bos_token_id=_DROP)
     reference = reference_model(tmp_path)

@@ -179,7 +179,7 @@ def test_a_lora_checkpoint_refers_to_its_base_resumes_and_converts(tmp_path):
     out = tmp_path / "merged"
     assert cli(["convert", str(run_dir), "--to-hf", str(out), "--merge"]) == 0
     merged = jf.from_pretrained(out)
-    assert not merged.config.lora_rank
+    assert merged.config.lora is None
     ids = np.arange(16, dtype=np.int32).reshape(2, 8) % 200
     lora_logits = nnx.jit(lambda m, x: m(x).logits)(second["model"], ids)
     np.testing.assert_allclose(np.asarray(nnx.jit(lambda m, x: m(x).logits)(merged, ids)), np.asarray(lora_logits),

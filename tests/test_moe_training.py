@@ -107,7 +107,7 @@ def test_rate_zero_leaves_the_bias_and_causal_lm_adds_the_sequence_wise_aux_loss
     overrides = ["train.router_bias_rate=0", "train.grad_accum=2", "model.overrides.router_aux_loss=sequence",
                  "model.overrides.router_aux_loss_coef=0.01"]
     cfg = run_config.load(None, BASE + overrides)
-    assert jf.config(cfg.model.preset).replace(**cfg.model.overrides).router_aux_loss == "sequence"  # as run.py builds
+    assert jf.config(cfg.model.preset).replace(**cfg.model.overrides).experts.aux_loss == "sequence"  # as run.py builds
     sequence_kind = _variant(deepseek, **cfg.model.overrides)
     batch_kind = _variant(deepseek, router_aux_loss_coef=0.01)
     _, objective, _, state, train_step = _setup(overrides, sequence_kind)

@@ -73,7 +73,7 @@ def test_mpnet_base_matches_transformers_past_the_exact_buckets(left, tmp_path):
     padding on either side moves RoBERTa-style positions but not the bias, which counts indices."""
     folder, _ = _save(MPNET_BASE, tmp_path, "MPNetForMaskedLM")
     model = jf.from_pretrained(folder)
-    assert model.config.head == "mlm" and model.config.index_relative_bias
+    assert model.config.head == "mlm" and (model.config.relative_bias is not None and model.config.position != "relative")
     rows = compare(folder, *_padded(40, left), model=model)
     assert any(r.name == "logits" for r in rows)
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
@@ -88,7 +88,7 @@ def test_the_bias_counts_indices_whatever_the_position_ids(tmp_path):
         theirs = reference(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
                            position_ids=torch.as_tensor(positions)).logits.numpy()
     # (jaxformer's position ids count from 0: a RoBERTa-style table's row is position + position_offset)
-    ours = np.asarray(model(ids, mask, position_ids=positions - model.config.position_offset).logits)
+    ours = np.asarray(model(ids, mask, position_ids=positions - model.config.embeddings.position_offset).logits)
     real = mask.astype(bool)
     assert np.abs(ours - theirs)[real].max() <= TOLERANCE
 
@@ -96,7 +96,7 @@ def test_the_bias_counts_indices_whatever_the_position_ids(tmp_path):
 def test_all_mpnet_base_v2_reads_as_the_base_model_its_folder_holds(tmp_path):
     folder, _ = _save(ALL_MPNET_BASE_V2, tmp_path / "st", "MPNetModel")
     model = jf.from_pretrained(folder)
-    assert model.config.head == "none" and model.config.pooler
+    assert model.config.head == "none" and model.config.head_options.pooler
     reference = transformers.MPNetModel.from_pretrained(folder, attn_implementation="eager").eval()
     rows = compare(folder, *_padded(40), model=model, reference=reference)
     assert any(r.name == "pooler" for r in rows)

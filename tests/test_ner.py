@@ -218,7 +218,7 @@ def test_pair_batches_hold_token_types_and_a_short_run_trains_and_predicts(tmp_p
     for row, types, cut, mask in zip(batch["input_ids"], batch["token_type_ids"], first_sep, batch["attention_mask"]):
         assert (types[:cut + 1] == 0).all() and (types[cut + 1:mask.sum()] == 1).all()
     result = train(cfg, progress=False)
-    assert result["model"].config.label_names == ("contradiction", "entailment")
+    assert result["model"].config.head_options.label_names == ("contradiction", "entailment")
     assert np.isfinite(result["history"][-1]["eval_loss"])
 
     from jaxformer.cli import main

@@ -107,7 +107,7 @@ def test_adapter_matches_peft_and_round_trips(case, tmp_path, name):
     again = _torch_logits(reloaded, _ids(), name.startswith("t5"))
     assert np.abs(again - got).max() < TOL
     if name == "bert-classifier":  # the head trains in full and goes out as modules_to_save
-        assert ours.config.lora_trainable == ("classifier/kernel", "classifier/bias")
+        assert ours.config.lora.trainable == ("classifier/kernel", "classifier/bias")
         assert json.loads((tmp_path / "adapter_config.json").read_text())["modules_to_save"] == ["classifier"]
     if name.startswith("gpt2"):
         assert json.loads((tmp_path / "adapter_config.json").read_text())["fan_in_fan_out"] is True
@@ -133,7 +133,7 @@ def test_gpt2_trained_qkv_adapters_go_out_through_c_attn(case, tmp_path, trained
     reloaded = peft.PeftModel.from_pretrained(build_reference("gpt2"), str(tmp_path)).eval()
     assert np.abs(_torch_logits(reloaded, _ids(), False) - want).max() < TOL
     back = jf.from_pretrained(base, adapter=tmp_path)
-    assert back.config.lora_rank == rank
+    assert back.config.lora.rank == rank
     assert np.abs(_jax_logits(back, _ids()) - want).max() < TOL
 
 
@@ -149,7 +149,7 @@ def test_merged_export_equals_merge_and_unload(case, tmp_path):
 def test_int8_base_under_the_adapter(case, tmp_path):
     base, folder, _, want, _ = case("llama-all")
     ours = jf.from_pretrained(base, adapter=folder, quantize="int8")
-    assert (ours.config.quantize, ours.config.lora_rank) == ("int8", 4)
+    assert (ours.config.quantization.kind, ours.config.lora.rank) == ("int8", 4)
     got = _jax_logits(ours, _ids())
     assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
     ours.save_adapter(tmp_path)  # QLoRA: the float adapter of an int8 base goes out as it is

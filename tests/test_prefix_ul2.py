@@ -91,7 +91,7 @@ def test_prefix_lm_decoder_sees_its_prefix_both_ways_and_its_target_causally():
 
 def test_prefix_lm_encoder_decoder_reads_the_prefix_and_predicts_the_rest():
     objective, cfg = _objective("prefix_lm", T5, "train.seq_len=32", "data.target_fraction=0.25")
-    assert cfg.decoder_start_token_id == PAD and objective.raw_lengths == [32] and objective.target_len == 17
+    assert cfg.tokens.decoder_start == PAD and objective.raw_lengths == [32] and objective.target_len == 17
     batch = objective.batch(0, 64)
     assert batch["input_ids"].shape == (64, 32) and batch["labels"].shape == (64, 17)
     assert (batch["decoder_input_ids"][:, 0] == PAD).all()

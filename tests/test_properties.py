@@ -528,7 +528,7 @@ def test_moe_routing_matches_topk_reference(k):
     y, stats = _jit_call(moe, x)
     chex.assert_shape(y, x.shape)
     np.testing.assert_allclose(np.asarray(y), _moe_reference(moe, np.asarray(x), k), atol=1e-6, rtol=1e-4)
-    chex.assert_shape((stats["load"], stats["prob"]), ((cfg.num_experts,), (cfg.num_experts,)))
+    chex.assert_shape((stats["load"], stats["prob"]), ((cfg.experts.count,), (cfg.experts.count,)))
     np.testing.assert_allclose(np.sum(stats["load"]), 1.0, rtol=1e-6)  # shares of the token-expert pairs
     np.testing.assert_allclose(np.sum(stats["prob"]), 1.0, rtol=1e-6)
 
@@ -576,7 +576,7 @@ def test_grouped_dispatch_equals_dense_experts_forward_and_gradients(preset, cha
 
     def loss(dispatch, x, router, weights):
         routing = route(cfg, jnp.einsum("BTD,DE->BTE", x, router), None)
-        y = dispatch(x, routing, weights, Unit.of(cfg), cfg.router_weights_on_input)
+        y = dispatch(x, routing, weights, Unit.of(cfg), cfg.experts.weights_on_input)
         return jnp.sum(y * cotangent), y
 
     results = {}
@@ -605,7 +605,7 @@ def test_grouped_dispatch_with_repeated_and_idle_experts():
     x = embeds(2, 3, cfg.d_model, seed=33)
     experts = jnp.array([[[1, 1], [1, 2], [2, 1]], [[1, 1], [2, 2], [1, 2]]])  # experts 0 and 3..7 idle
     gates = jax.random.uniform(jax.random.PRNGKey(34), experts.shape)
-    routing = Routing(experts, gates, jnp.zeros((2, 3, cfg.num_experts)))
+    routing = Routing(experts, gates, jnp.zeros((2, 3, cfg.experts.count)))
 
     def both(x, weights):
         return (grouped_experts(x, routing, weights, Unit.of(cfg)),
@@ -627,17 +627,17 @@ def test_deepseek_router_groups_and_bias_select_but_do_not_weigh():
     """V3 routing: the bias changes which experts are chosen, never their weights (those are the raw
     sigmoid scores, renormalised and scaled); group-limited selection stays inside the best groups."""
     cfg = tiny_config("tiny-deepseek")
-    logits = jax.random.normal(jax.random.PRNGKey(35), (2, 5, cfg.num_experts)) * 3
-    bias = jnp.zeros(cfg.num_experts).at[0].set(10.0)  # expert 0 always wins selection
+    logits = jax.random.normal(jax.random.PRNGKey(35), (2, 5, cfg.experts.count)) * 3
+    bias = jnp.zeros(cfg.experts.count).at[0].set(10.0)  # expert 0 always wins selection
     plain, biased = route(cfg, logits, None), route(cfg, logits, bias)
     assert bool(jnp.all(jnp.any(biased.experts == 0, axis=-1)))
     scores = jax.nn.sigmoid(logits)
     chosen = jnp.take_along_axis(scores, biased.experts, axis=-1)
-    np.testing.assert_allclose(biased.weights, cfg.routed_scaling * chosen / chosen.sum(-1, keepdims=True), rtol=1e-6)
-    per_group = cfg.num_experts // cfg.router_groups
+    np.testing.assert_allclose(biased.weights, cfg.experts.routed_scaling * chosen / chosen.sum(-1, keepdims=True), rtol=1e-6)
+    per_group = cfg.experts.count // cfg.experts.router_groups
     groups = plain.experts // per_group  # at most router_topk_groups distinct groups per token
-    distinct = jnp.sum(jax.nn.one_hot(groups, cfg.router_groups).max(axis=-2), axis=-1)
-    assert int(distinct.max()) <= cfg.router_topk_groups
+    distinct = jnp.sum(jax.nn.one_hot(groups, cfg.experts.router_groups).max(axis=-2), axis=-1)
+    assert int(distinct.max()) <= cfg.experts.router_topk_groups
 
 
 # ==================================================================================================

@@ -44,7 +44,7 @@ def test_int8_logits_stay_near_float32(name, changes):
     reference = call(model, ids).logits
     for kind, embeddings, bound in FORMS[:1] + FORMS[2 if name in TIED else 1:][:1]:
         int8 = jf.quantized(model, kind, embeddings=embeddings)
-        assert int8.config.quantize == kind and int8.config.quantize_embeddings == embeddings
+        assert int8.config.quantization.kind == kind and int8.config.quantization.embeddings == embeddings
         error = _relative_error(call(int8, ids).logits, reference)
         assert error < bound, f"{name} {kind} embeddings={embeddings}: relative error {error:.4f} >= {bound}"
 

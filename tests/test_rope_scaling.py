@@ -72,7 +72,7 @@ def test_frequencies_and_attention_factor_are_transformers_own(form):
     on device, where the length is traced)."""
     cfg, reference = _both(form)
     kind = reference.rope_parameters["rope_type"]
-    assert (cfg.rope_scaling.kind if cfg.rope_scaling else "default") == kind
+    assert (cfg.rotary.scaling.kind if cfg.rotary.scaling else "default") == kind
     for length in (None, 8, 17, 65, 1000):
         theirs, factor = ROPE_INIT_FUNCTIONS[kind](reference, None, seq_len=None if length is None else
                                                    torch.tensor(length) if kind == "dynamic" else length)
@@ -81,9 +81,9 @@ def test_frequencies_and_attention_factor_are_transformers_own(form):
             np.testing.assert_allclose(ours, theirs.numpy(), rtol=4e-7, atol=0)
             assert not np.allclose(ours, rope_frequencies(cfg), rtol=1e-3)  # the base really grew
         else:
-            long = kind == "longrope" and length is not None and length > cfg.rope_scaling.original_max_positions
+            long = kind == "longrope" and length is not None and length > cfg.rotary.scaling.original_max_positions
             np.testing.assert_allclose(rope_frequencies(cfg, long=long), theirs.numpy(), rtol=2.4e-7, atol=0)
-        assert (cfg.rope_scaling.cos_sin_factor if cfg.rope_scaling else 1.0) == pytest.approx(factor, rel=1e-15)
+        assert (cfg.rotary.scaling.cos_sin_factor if cfg.rotary.scaling else 1.0) == pytest.approx(factor, rel=1e-15)
 
 
 @pytest.mark.parametrize("form", sorted(FORMS))
@@ -91,7 +91,7 @@ def test_written_back_it_reads_the_same(form):
     """rope_to_hf writes every setting; transformers and jaxformer read the written file as the original."""
     cfg, reference = _both(form)
     written = {"model_type": FORMS[form][0], **BASE, "rope_parameters": rope_to_hf(cfg)}
-    assert config_from_hf(written).rope_scaling == cfg.rope_scaling
+    assert config_from_hf(written).rotary.scaling == cfg.rotary.scaling
     again = transformers.CONFIG_MAPPING[FORMS[form][0]](**{k: v for k, v in written.items() if k != "model_type"})
     kind = reference.rope_parameters["rope_type"]
     for length in (None, 65):
@@ -109,7 +109,7 @@ def test_deepseek_yarn_also_corrects_the_softmax_scale():
     cfg = config_from_hf({"model_type": "deepseek_v3", **kwargs})
     reference = DeepseekV3Attention(transformers.DeepseekV3Config(**kwargs), layer_idx=0)
     assert cfg.scale == pytest.approx(reference.scaling, rel=1e-12)
-    assert cfg.scale > 1.8 * (cfg.head_dim_ + cfg.rope_head_dim) ** -0.5  # (0.1 ln 40 + 1)^2 = 1.87
+    assert cfg.scale > 1.8 * (cfg.head_dim_ + cfg.latent.rope_head_dim) ** -0.5  # (0.1 ln 40 + 1)^2 = 1.87
 
 
 @pytest.mark.parametrize("name, threshold", [("qwen2-rope-yarn", 16), ("llama-rope-dynamic", 16),

@@ -90,13 +90,13 @@ def test_phi4_mini_reads_as_a_partial_rotary_with_longrope():
     comes from the ratio of the two lengths (32), as transformers' longrope computes it."""
     cfg = config_from_hf(copy.deepcopy(PHI4_MINI))
     reference = transformers.Phi3Config.from_dict(copy.deepcopy(PHI4_MINI))
-    assert (cfg.rotary_dim, cfg.rope_dim, cfg.head_dim_, cfg.tie_embeddings) == (24, 24, 32, True)
-    assert (cfg.rope_scaling.kind, cfg.rope_scaling.factor, cfg.rope_scaling.original_max_positions) == (
+    assert (cfg.rotary.dim, cfg.rope_dim, cfg.head_dim_, cfg.embeddings.tie) == (24, 24, 32, True)
+    assert (cfg.rotary.scaling.kind, cfg.rotary.scaling.factor, cfg.rotary.scaling.original_max_positions) == (
         "longrope", 32.0, 4096)
     for length, long in ((None, False), (4097, True)):
         theirs, factor = ROPE_INIT_FUNCTIONS["longrope"](reference, None, seq_len=length)
         np.testing.assert_allclose(rope_frequencies(cfg, long=long), theirs.numpy(), rtol=2.4e-7, atol=0)
-        assert cfg.rope_scaling.cos_sin_factor == pytest.approx(factor, rel=1e-15)
+        assert cfg.rotary.scaling.cos_sin_factor == pytest.approx(factor, rel=1e-15)
 
 
 @pytest.mark.parametrize("form", ["published", "modern"])

@@ -29,9 +29,9 @@ def eos_batch(cfg: jf.ModelConfig, length: int = 9) -> tuple[np.ndarray, np.ndar
     EOS, which sits at different positions (the first row's last token, the second's sixth)."""
     ids = np.random.default_rng(0).integers(3, 97, size=(2, length))
     mask = np.ones_like(ids)
-    ids[0, [2, length - 1]] = cfg.eos_token_id
-    ids[1, [1, 5]] = cfg.eos_token_id
-    ids[1, 6:], mask[1, 6:] = cfg.pad_token_id, 0
+    ids[0, [2, length - 1]] = cfg.tokens.eos
+    ids[1, [1, 5]] = cfg.tokens.eos
+    ids[1, 6:], mask[1, 6:] = cfg.tokens.pad, 0
     return ids, mask
 
 
@@ -60,7 +60,7 @@ def test_every_layer_and_the_head_match_transformers(name, checkpoints):
     for key, got in head_outputs(ours).items():
         np.testing.assert_allclose(got, getattr(theirs, key).numpy(), atol=TOLERANCE, rtol=0, err_msg=key)
     if model.config.head == "sequence_classification":  # (BartConfig's default: 3 labels; MBartConfig's: 2)
-        assert ours.logits.shape == (2, model.config.num_labels) and model.config.num_labels == reference.config.num_labels
+        assert ours.logits.shape == (2, model.config.head_options.num_labels) and model.config.head_options.num_labels == reference.config.num_labels
 
 
 @pytest.mark.parametrize("name", sorted(SEQ2SEQ_HEADS))
@@ -105,7 +105,7 @@ def test_the_published_bart_large_mnli_config_loads_with_its_labels(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(BART_LARGE_MNLI))
     model = jf.from_pretrained(tmp_path)
     cfg = model.config
-    assert (cfg.head, cfg.num_labels, cfg.label_names) == ("sequence_classification", 3,
+    assert (cfg.head, cfg.head_options.num_labels, cfg.head_options.label_names) == ("sequence_classification", 3,
                                                            ("contradiction", "neutral", "entailment"))
     reference = reference_model(tmp_path)
     assert reference.config.id2label == {0: "contradiction", 1: "neutral", 2: "entailment"}
@@ -218,8 +218,8 @@ def test_train_py_trains_an_encoder_decoder_classifier(tmp_path):
     assert evals[-1]["eval_loss"] < min(evals[0]["eval_loss"], 0.5 * np.log(2))  # chance: log 2 (two classes)
     assert evals[-1]["eval_accuracy"] > 0.8
     model = result["model"]
-    assert (model.config.family, model.config.head, model.config.eos_token_id) == (
-        "encoder_decoder", "sequence_classification", model.config.decoder_start_token_id)
+    assert (model.config.family, model.config.head, model.config.tokens.eos) == (
+        "encoder_decoder", "sequence_classification", model.config.tokens.decoder_start)
     # jaxformer predict's classifier reads it (no token types: the decoder reads the row shifted right)
     predicted = classify(model, make_tokenizer("bytes"), 48, "the parser was clear and fast", None)
     assert set(predicted["probabilities"]) == {"negative", "positive"}
@@ -230,7 +230,7 @@ def zero_shot(model, tokenizer, text: str, labels: list[str], template: str = "T
     """The zero-shot recipe of docs (transformers' zero-shot-classification pipeline, written out): each label's
     hypothesis read with the text as one NLI pair; single-label, a softmax of the entailment logits over the
     labels; multi-label (or one label), each label's own softmax over contradiction and entailment."""
-    names = [name.lower() for name in model.config.label_names]
+    names = [name.lower() for name in model.config.head_options.label_names]
     entail = next(i for i, name in enumerate(names) if name.startswith("entail"))
     logits = np.stack([np.asarray(model([tokenizer.encode(text, template.format(label)).ids]).logits[0])
                        for label in labels])

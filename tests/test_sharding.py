@@ -295,7 +295,7 @@ def test_router_statistics_pooled_over_microbatches_equal_the_whole_batchs():
     from jaxformer.layers.feedforward import Routing, pooled_router_statistics, router_statistics
 
     cfg = jf.config("tiny-deepseek")  # sigmoid scores, k = 2 of 8 experts
-    B, T, E, k, M = 8, 5, cfg.num_experts, cfg.experts_per_token, 4
+    B, T, E, k, M = 8, 5, cfg.experts.count, cfg.experts.per_token, 4
     keys = jax.random.split(jax.random.key(0), 3)
     experts = jax.random.randint(keys[0], (B, T, k), 0, E)
     routing = Routing(experts, jnp.ones((B, T, k)), jax.nn.sigmoid(jax.random.normal(keys[1], (B, T, E))))

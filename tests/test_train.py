@@ -397,7 +397,7 @@ def test_fine_tuning_a_hugging_face_checkpoint_for_classification(tmp_path, caps
     assert "freshly initialised" in capsys.readouterr().out  # the new pooler and classifier are named
     assert result["history"][-1]["eval_accuracy"] > 0.8  # two balanced classes: chance is 0.5
     model = result["model"]
-    assert model.config.head == "sequence_classification" and model.config.num_labels == 2
+    assert model.config.head == "sequence_classification" and model.config.head_options.num_labels == 2
 
 
 def test_gradient_accumulation_equals_one_big_batch():

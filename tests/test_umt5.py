@@ -92,7 +92,7 @@ def test_every_layer_matches_transformers_past_the_exact_buckets(name, form, sav
     of them exact) fall in the logarithmic buckets, each layer's own table read at them."""
     folder = saved(name)[form]
     model = jf.from_pretrained(folder)
-    assert model.config.relative_bias_per_layer and model.config.scale_tied_logits is False
+    assert model.config.relative_bias.per_layer and model.config.logits.scale_tied is False
     ids, mask = _padded(40)
     rows = compare(folder, ids, mask, model=model)
     layers = [r for r in rows if r.name.endswith(tuple("0123456789")) and "attention" not in r.name]

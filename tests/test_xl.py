@@ -156,7 +156,7 @@ def test_xlnet_options_outside_the_content_stream_are_refused(tmp_path):
         with pytest.raises(ValueError, match=field if field != "attn_type" else "attn_type"):
             config_from_hf({**base, field: value})
     cfg = config_from_hf({**base, "mem_len": None, "clamp_len": -1, "untie_r": False})
-    assert (cfg.memory_len, cfg.clamp_len, cfg.shared_relative_biases) == (0, 0, True)
+    assert (cfg.segment_memory, cfg.xl.clamp_len, cfg.xl.shared_biases) == (0, 0, True)
 
 
 def test_training_flops_count_the_memory():

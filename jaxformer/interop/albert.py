@@ -60,12 +60,12 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
-    out.update(hidden_size=cfg.d_model, embedding_size=cfg.embedding_size, num_attention_heads=cfg.num_heads,
+    out.update(hidden_size=cfg.d_model, embedding_size=cfg.embeddings.width, num_attention_heads=cfg.num_heads,
                intermediate_size=cfg.d_ff, num_hidden_layers=cfg.encoder_layers, num_hidden_groups=1,
-               inner_group_num=1, layer_norm_eps=cfg.norm_eps, hidden_act=INVERSE_ACTIVATIONS[cfg.activation],
-               max_position_embeddings=cfg.max_positions, type_vocab_size=cfg.type_vocab_size,
+               inner_group_num=1, layer_norm_eps=cfg.norms.eps, hidden_act=INVERSE_ACTIVATIONS[cfg.activation],
+               max_position_embeddings=cfg.max_positions, type_vocab_size=cfg.embeddings.types,
                hidden_dropout_prob=cfg.dropout_rate, attention_probs_dropout_prob=cfg.attention_dropout_rate,
-               tie_word_embeddings=cfg.tie_embeddings)
+               tie_word_embeddings=cfg.embeddings.tie)
     labels_to_hf(cfg, out)
 
 
@@ -83,7 +83,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
               *norm(L + ("mlp_norm",), f"{layer}.full_layer_layer_norm", True)]
     out = [*embedding_rules(cfg, p), *dense(("embeddings", "project"), f"{p}encoder.embedding_hidden_mapping_in"),
            *(rule.at_layers((0,)) for rule in shared)]
-    if cfg.pooler:
+    if cfg.head_options.pooler:
         out += dense(("pooler",), f"{p}pooler")
     aliases = {}
     if cfg.head in ("mlm", "pretraining"):

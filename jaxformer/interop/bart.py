@@ -57,9 +57,9 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(d_model=cfg.d_model, encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
                encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
                encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=INVERSE_ACTIVATIONS[cfg.activation],
-               max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
+               max_position_embeddings=cfg.max_positions, scale_embedding=cfg.embeddings.scale,
                dropout=cfg.dropout_rate, attention_dropout=cfg.attention_dropout_rate,
-               tie_word_embeddings=cfg.tie_embeddings, is_encoder_decoder=True)
+               tie_word_embeddings=cfg.embeddings.tie, is_encoder_decoder=True)
     labels_to_hf(cfg, out)
 
 
@@ -92,7 +92,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         out += [copy((f"{side}_embeddings", "positions", "table"), f"{p}{side}.embed_positions.weight"),
                 *norm((f"{side}_embeddings", "norm"), f"{p}{side}.layernorm_embedding", True),
                 *layer_rules(cfg, side, f"{p}{side}.layers.{{i}}")]
-        if cfg.final_norm:  # mBART
+        if cfg.norms.final:  # mBART
             out += norm((side, "final_norm"), f"{p}{side}.layer_norm", True)
     head, head_aliases = lm_head(cfg, f"{p}shared.weight")
     out += head
@@ -101,7 +101,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         out += dense(("pooler",), "classification_head.dense") + dense(("classifier",), "classification_head.out_proj")
     if cfg.head == "question_answering":
         out += dense(("classifier",), "qa_outputs")
-    if cfg.logits_bias:
+    if cfg.logits.fixed_bias:
         out.append(Rule((("logits_bias",),), ("final_logits_bias",), lambda t: [t[0].reshape(-1)],
                         lambda ps: [ps[0].reshape(1, -1)]))
     return out, aliases

@@ -52,16 +52,16 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, intermediate_size=cfg.d_ff,
-               num_hidden_layers=cfg.encoder_layers, layer_norm_eps=cfg.norm_eps,
+               num_hidden_layers=cfg.encoder_layers, layer_norm_eps=cfg.norms.eps,
                hidden_act=INVERSE_ACTIVATIONS[cfg.activation],
-               max_position_embeddings=cfg.max_positions + cfg.position_offset,
-               type_vocab_size=cfg.type_vocab_size, hidden_dropout_prob=cfg.dropout_rate,
-               attention_probs_dropout_prob=cfg.attention_dropout_rate, tie_word_embeddings=cfg.tie_embeddings)
+               max_position_embeddings=cfg.max_positions + cfg.embeddings.position_offset,
+               type_vocab_size=cfg.embeddings.types, hidden_dropout_prob=cfg.dropout_rate,
+               attention_probs_dropout_prob=cfg.attention_dropout_rate, tie_word_embeddings=cfg.embeddings.tie)
     labels_to_hf(cfg, out)
 
 
 def _norm_bias(cfg: ModelConfig) -> bool:
-    return cfg.norm == "layernorm" and cfg.norm_bias
+    return cfg.norms.kind == "layernorm" and cfg.norms.bias
 
 
 def embedding_rules(cfg: ModelConfig, prefix: str) -> list[Rule]:
@@ -70,7 +70,7 @@ def embedding_rules(cfg: ModelConfig, prefix: str) -> list[Rule]:
     out = [copy(("embed", "table"), f"{p}embeddings.word_embeddings.weight"),
            copy(("embeddings", "positions", "table"), f"{p}embeddings.position_embeddings.weight"),
            *norm(("embeddings", "norm"), f"{p}embeddings.LayerNorm", _norm_bias(cfg))]
-    if cfg.type_vocab_size:
+    if cfg.embeddings.types:
         out.append(copy(("embeddings", "token_types", "table"), f"{p}embeddings.token_type_embeddings.weight"))
     return out
 
@@ -101,10 +101,10 @@ def mlm_head_rules(cfg: ModelConfig, transform: str, layer_norm: str, bias: str 
     """A BERT-style MLM head's tensors (ALBERT's, DistilBERT's, ELECTRA's generator's, ModernBERT's): the
     transform's dense layer and norm, the output bias (None: none), the output weights ``decoder``, tied to the
     token table ``table`` (an alias) or its own."""
-    out = [*dense(("mlm", "transform"), transform, cfg.head_bias), *norm(("mlm", "norm"), layer_norm, _norm_bias(cfg))]
+    out = [*dense(("mlm", "transform"), transform, cfg.head_options.dense_bias), *norm(("mlm", "norm"), layer_norm, _norm_bias(cfg))]
     if bias is not None:
         out.append(copy(("mlm", "bias"), bias))
-    if cfg.tie_embeddings:
+    if cfg.embeddings.tie:
         return out, {decoder: table}
     return out + [linear(("mlm", "decoder", "kernel"), decoder)], {}
 
@@ -113,7 +113,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     p, ln = prefix, _norm_bias(cfg)
     out = embedding_rules(cfg, p) + layer_rules(cfg, f"{p}encoder.layer.{{i}}")
     roberta_classifier = model_type in ROBERTA and cfg.head == "sequence_classification"
-    if cfg.pooler:  # RoBERTa's classification head holds the pooler's dense layer (tanh after it, as BERT's)
+    if cfg.head_options.pooler:  # RoBERTa's classification head holds the pooler's dense layer (tanh after it, as BERT's)
         out += dense(("pooler",), "classifier.dense" if roberta_classifier else f"{p}pooler.dense")
     aliases = {}
     if cfg.head in ("mlm", "pretraining"):

@@ -111,18 +111,18 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, intermediate_size=cfg.d_ff,
                num_hidden_layers=cfg.encoder_layers, hidden_act=INVERSE_ACTIVATIONS[cfg.activation],
-               layer_norm_eps=cfg.norm_eps, max_position_embeddings=cfg.max_positions,
-               type_vocab_size=cfg.type_vocab_size, relative_attention=True,
-               max_relative_positions=cfg.max_relative_positions or -1, position_biased_input=cfg.position_biased_input,
-               pos_att_type=list(cfg.disentangled_terms), pooler_hidden_size=cfg.d_model,
-               pooler_hidden_act=_INVERSE[cfg.pooler_activation], legacy=cfg.mlm_head_legacy,
+               layer_norm_eps=cfg.norms.eps, max_position_embeddings=cfg.max_positions,
+               type_vocab_size=cfg.embeddings.types, relative_attention=True,
+               max_relative_positions=cfg.disentangled.max_relative_positions or -1, position_biased_input=cfg.disentangled.absolute_input,
+               pos_att_type=list(cfg.disentangled.terms), pooler_hidden_size=cfg.d_model,
+               pooler_hidden_act=_INVERSE[cfg.head_options.pooler_activation], legacy=cfg.head_options.mlm_legacy,
                hidden_dropout_prob=cfg.dropout_rate, attention_probs_dropout_prob=cfg.attention_dropout_rate,
                tie_word_embeddings=True)
     if model_type == "deberta-v2":
-        out.update(position_buckets=cfg.position_buckets or -1, share_att_key=cfg.share_attention_key,
-                   norm_rel_ebd="layer_norm" if cfg.relative_embedding_norm else "none",
-                   conv_kernel_size=cfg.conv_kernel_size, conv_groups=cfg.conv_groups,
-                   conv_act=_INVERSE[cfg.conv_activation])
+        out.update(position_buckets=cfg.disentangled.buckets or -1, share_att_key=cfg.disentangled.share_key,
+                   norm_rel_ebd="layer_norm" if cfg.disentangled.norm_table else "none",
+                   conv_kernel_size=cfg.conv.kernel_size, conv_groups=cfg.conv.groups,
+                   conv_act=_INVERSE[cfg.conv.activation])
     labels_to_hf(cfg, out)
 
 
@@ -152,11 +152,11 @@ def _layer_rules(cfg: ModelConfig, model_type: str, layer: str, stack: tuple[str
                heads_out(A + ("o",), f"{layer}.attention.output.dense.weight", N, H),
                copy(A + ("o_bias",), f"{layer}.attention.output.dense.bias"), *layer_tail_rules(cfg, layer, stack)]
         position = {"c2p": ("pos_k", "pos_proj"), "p2c": ("pos_q", "pos_q_proj")}
-    if not cfg.share_attention_key:
-        for term in cfg.disentangled_terms:
+    if not cfg.disentangled.share_key:
+        for term in cfg.disentangled.terms:
             path, name = position[term]
             out.append(heads_in(A + (path,), f"{own}.{name}.weight", N, H))
-            if term == "p2c" or cfg.key_bias:  # v1's c2p projection has no bias
+            if term == "p2c" or cfg.biases.key:  # v1's c2p projection has no bias
                 out.append(bias_heads(A + (f"{path}_bias",), f"{own}.{name}.bias", N, H))
     return out
 
@@ -166,14 +166,14 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     out = [copy(("embed", "table"), f"{p}embeddings.word_embeddings.weight"),
            *norm(("embeddings", "norm"), f"{p}embeddings.LayerNorm", True),
            copy(("encoder", "relative_embeddings", "table"), f"{p}encoder.rel_embeddings.weight")]
-    if cfg.position_biased_input:
+    if cfg.disentangled.absolute_input:
         out.append(copy(("embeddings", "positions", "table"), f"{p}embeddings.position_embeddings.weight"))
-    if cfg.type_vocab_size:
+    if cfg.embeddings.types:
         out.append(copy(("embeddings", "token_types", "table"), f"{p}embeddings.token_type_embeddings.weight"))
-    if cfg.relative_embedding_norm:
+    if cfg.disentangled.norm_table:
         out += norm(("encoder", "relative_embeddings", "norm"), f"{p}encoder.LayerNorm", True)
     layer = f"{p}encoder.layer.{{i}}"
-    if cfg.conv_kernel_size:  # the first layer is a stack of its own, the convolution after it
+    if cfg.conv is not None:  # the first layer is a stack of its own, the convolution after it
         out += [rule.at_layers((0,)) for rule in _layer_rules(cfg, model_type, layer, ("encoder", "first_block"))]
         out += [rule.at_layers(range(1, cfg.encoder_layers))
                 for rule in _layer_rules(cfg, model_type, layer, ("encoder", "blocks"))]
@@ -184,7 +184,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     else:
         out += _layer_rules(cfg, model_type, layer, ("encoder", "blocks"))
     aliases: dict[str, str] = {}
-    if cfg.head == "mlm" and cfg.mlm_head_legacy:  # BERT's names, the decoder tied to the token table
+    if cfg.head == "mlm" and cfg.head_options.mlm_legacy:  # BERT's names, the decoder tied to the token table
         head_rules, aliases = mlm_head_rules(cfg, "cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
                                              "cls.predictions.bias", "cls.predictions.decoder.weight",
                                              f"{p}embeddings.word_embeddings.weight")

@@ -108,29 +108,29 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
-               qk_nope_head_dim=cfg.head_dim_, qk_rope_head_dim=cfg.rope_head_dim, v_head_dim=cfg.value_dim,
-               kv_lora_rank=cfg.kv_lora_rank, q_lora_rank=cfg.q_lora_rank, intermediate_size=cfg.d_ff,
+               qk_nope_head_dim=cfg.head_dim_, qk_rope_head_dim=cfg.latent.rope_head_dim, v_head_dim=cfg.value_dim,
+               kv_lora_rank=cfg.latent.kv_rank, q_lora_rank=cfg.latent.q_rank, intermediate_size=cfg.d_ff,
                moe_intermediate_size=cfg.expert_width, num_hidden_layers=cfg.decoder_layers,
-               rms_norm_eps=cfg.norm_eps, hidden_act="silu", max_position_embeddings=cfg.max_positions,
-               rope_parameters=rope_to_hf(cfg), tie_word_embeddings=cfg.tie_embeddings,
-               attention_dropout=cfg.attention_dropout_rate, attention_bias=False, n_routed_experts=cfg.num_experts,
-               num_experts_per_tok=cfg.experts_per_token, n_shared_experts=cfg.shared_experts,
-               first_k_dense_replace=cfg.dense_layers, n_group=cfg.router_groups, topk_group=cfg.router_topk_groups,
-               routed_scaling_factor=cfg.routed_scaling)
+               rms_norm_eps=cfg.norms.eps, hidden_act="silu", max_position_embeddings=cfg.max_positions,
+               rope_parameters=rope_to_hf(cfg), tie_word_embeddings=cfg.embeddings.tie,
+               attention_dropout=cfg.attention_dropout_rate, attention_bias=False, n_routed_experts=cfg.experts.count,
+               num_experts_per_tok=cfg.experts.per_token, n_shared_experts=cfg.experts.shared,
+               first_k_dense_replace=cfg.experts.dense_layers, n_group=cfg.experts.router_groups, topk_group=cfg.experts.router_topk_groups,
+               routed_scaling_factor=cfg.experts.routed_scaling)
     out.pop("rope_theta", None)
     out.pop("rope_scaling", None)
     if model_type == "deepseek_v3":
-        out.update(norm_topk_prob=cfg.normalize_router_weights, rope_interleave=cfg.rope_interleave)
+        out.update(norm_topk_prob=cfg.experts.normalize_weights, rope_interleave=cfg.rotary.interleave)
         out["num_nextn_predict_layers"] = 0  # no multi-token-prediction layers are written
     elif model_type == "deepseek_v32":
-        k, L = cfg.dense_layers, cfg.decoder_layers
-        out.update(norm_topk_prob=cfg.normalize_router_weights, index_n_heads=cfg.index_heads,
-                   index_head_dim=cfg.index_head_dim, index_topk=cfg.index_topk,
+        k, L = cfg.experts.dense_layers, cfg.decoder_layers
+        out.update(norm_topk_prob=cfg.experts.normalize_weights, index_n_heads=cfg.indexer.heads,
+                   index_head_dim=cfg.indexer.head_dim, index_topk=cfg.indexer.topk,
                    mlp_layer_types=["dense"] * k + ["sparse"] * (L - k), layer_types=["indexed_attention"] * L)
         for key in ("rope_interleave", "num_nextn_predict_layers"):  # not its class's keys: none is written
             out.pop(key, None)
     else:
-        out.update(topk_method="group_limited_greedy" if cfg.router_groups > 1 else "greedy", mlp_bias=False)
+        out.update(topk_method="group_limited_greedy" if cfg.experts.router_groups > 1 else "greedy", mlp_bias=False)
 
 
 def _latent_up(C: int, N: int, Hn: int, Hv: int) -> tuple:
@@ -149,7 +149,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     p = prefix
     layer = f"{p}layers.{{i}}"
     a, m = f"{layer}.self_attn", f"{layer}.mlp"
-    N, Hq, Hv = cfg.num_heads, cfg.head_dim_ + cfg.rope_head_dim, cfg.value_dim
+    N, Hq, Hv = cfg.num_heads, cfg.head_dim_ + cfg.latent.rope_head_dim, cfg.value_dim
 
     def block_rules(S: tuple[str, ...], moe: bool) -> list[Rule]:
         A = S + ("attn",)
@@ -158,16 +158,16 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
                linear(A + ("kv_down",), f"{a}.kv_a_proj_with_mqa.weight"),
                copy(A + ("kv_norm",), f"{a}.kv_a_layernorm.weight"),
                Rule((A + ("k_up",), A + ("v_up",)), (f"{a}.kv_b_proj.weight",),
-                    *_latent_up(cfg.kv_lora_rank, N, cfg.head_dim_, Hv)),
+                    *_latent_up(cfg.latent.kv_rank, N, cfg.head_dim_, Hv)),
                heads_out(A + ("o",), f"{a}.o_proj.weight", N, Hv)]
-        if cfg.index_heads:
+        if cfg.indexer is not None:
             I = A + ("indexer",)
-            out += [heads_in(I + ("wq",), f"{a}.indexer.wq_b.weight", cfg.index_heads, cfg.index_head_dim),
+            out += [heads_in(I + ("wq",), f"{a}.indexer.wq_b.weight", cfg.indexer.heads, cfg.indexer.head_dim),
                     linear(I + ("wk",), f"{a}.indexer.wk.weight"),
                     copy(I + ("k_norm_scale",), f"{a}.indexer.k_norm.weight"),
                     copy(I + ("k_norm_bias",), f"{a}.indexer.k_norm.bias"),
                     linear(I + ("wproj",), f"{a}.indexer.weights_proj.weight")]
-        if cfg.q_lora_rank is None:
+        if cfg.latent.q_rank is None:
             out.append(heads_in(A + ("q",), f"{a}.q_proj.weight", N, Hq))
         else:
             out += [linear(A + ("q_down",), f"{a}.q_a_proj.weight"), copy(A + ("q_norm",), f"{a}.q_a_layernorm.weight"),
@@ -176,21 +176,21 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         if not moe:
             return out + [linear(mlp + ("wi_gate",), f"{m}.gate_proj.weight"), linear(mlp + ("wi",), f"{m}.up_proj.weight"),
                           linear(mlp + ("wo",), f"{m}.down_proj.weight")]
-        experts = range(cfg.num_experts)
+        experts = range(cfg.experts.count)
         out += [linear(mlp + ("router",), f"{m}.gate.weight"),
                 stacked_experts(mlp + ("wi_gate",), [f"{m}.experts.{e}.gate_proj.weight" for e in experts]),
                 stacked_experts(mlp + ("wi",), [f"{m}.experts.{e}.up_proj.weight" for e in experts]),
                 stacked_experts(mlp + ("wo",), [f"{m}.experts.{e}.down_proj.weight" for e in experts])]
-        if cfg.router_bias:
+        if cfg.experts.router_bias:
             out.append(copy(mlp + ("router_bias",), f"{m}.gate.e_score_correction_bias"))
-        if cfg.shared_experts:
+        if cfg.experts.shared:
             shared = mlp + ("shared",)
             out += [linear(shared + ("wi_gate",), f"{m}.shared_experts.gate_proj.weight"),
                     linear(shared + ("wi",), f"{m}.shared_experts.up_proj.weight"),
                     linear(shared + ("wo",), f"{m}.shared_experts.down_proj.weight")]
         return out
 
-    k, L = cfg.dense_layers, cfg.decoder_layers
+    k, L = cfg.experts.dense_layers, cfg.decoder_layers
     out = [copy(("embed", "table"), f"{p}embed_tokens.weight"), copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
     if k:
         out += [rule.in_layers(0, k) for rule in block_rules(("decoder", "dense_blocks"), moe=False)]

@@ -45,7 +45,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(dim=cfg.d_model, n_heads=cfg.num_heads, hidden_dim=cfg.d_ff, n_layers=cfg.encoder_layers,
                activation=INVERSE_ACTIVATIONS[cfg.activation], max_position_embeddings=cfg.max_positions,
                dropout=cfg.dropout_rate, attention_dropout=cfg.attention_dropout_rate,
-               tie_word_embeddings=cfg.tie_embeddings, sinusoidal_pos_embds=False)
+               tie_word_embeddings=cfg.embeddings.tie, sinusoidal_pos_embds=False)
     labels_to_hf(cfg, out)
 
 

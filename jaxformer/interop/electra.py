@@ -57,19 +57,19 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
-    out.update(hidden_size=cfg.d_model, embedding_size=cfg.embedding_size or cfg.d_model,
+    out.update(hidden_size=cfg.d_model, embedding_size=cfg.embeddings.width or cfg.d_model,
                num_attention_heads=cfg.num_heads, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.encoder_layers,
-               layer_norm_eps=cfg.norm_eps, hidden_act=INVERSE_ACTIVATIONS[cfg.activation],
-               max_position_embeddings=cfg.max_positions, type_vocab_size=cfg.type_vocab_size,
+               layer_norm_eps=cfg.norms.eps, hidden_act=INVERSE_ACTIVATIONS[cfg.activation],
+               max_position_embeddings=cfg.max_positions, type_vocab_size=cfg.embeddings.types,
                hidden_dropout_prob=cfg.dropout_rate, attention_probs_dropout_prob=cfg.attention_dropout_rate,
-               tie_word_embeddings=cfg.tie_embeddings)
+               tie_word_embeddings=cfg.embeddings.tie)
     labels_to_hf(cfg, out)
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
     p = prefix
     out = embedding_rules(cfg, p) + layer_rules(cfg, f"{p}encoder.layer.{{i}}")
-    if cfg.embedding_size is not None:
+    if cfg.embeddings.width is not None:
         out += dense(("embeddings", "project"), f"{p}embeddings_project")
     aliases = {}
     if cfg.head == "discriminator":

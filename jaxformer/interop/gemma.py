@@ -138,17 +138,17 @@ def block_to_hf(cfg: ModelConfig, model_type: str, out: dict, layers: int) -> No
     """config.json fields of a Gemma block (also each half of a T5Gemma)."""
     sliding = cfg.sliding_layers[:layers] if cfg.attention == "alternating" else (cfg.attention == "sliding",) * layers
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
-               head_dim=cfg.head_dim_, intermediate_size=cfg.d_ff, num_hidden_layers=layers, rms_norm_eps=cfg.norm_eps,
+               head_dim=cfg.head_dim_, intermediate_size=cfg.d_ff, num_hidden_layers=layers, rms_norm_eps=cfg.norms.eps,
                hidden_activation="gelu_pytorch_tanh", max_position_embeddings=cfg.max_positions,
-               query_pre_attn_scalar=round(cfg.scale ** -2), attn_logit_softcapping=cfg.attention_softcap,
-               sliding_window=cfg.window_size or cfg.max_positions, attention_bias=cfg.qkv_bias,
+               query_pre_attn_scalar=round(cfg.scale ** -2), attn_logit_softcapping=cfg.scores.softcap,
+               sliding_window=cfg.window_size or cfg.max_positions, attention_bias=cfg.biases.qkv,
                layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
                attention_dropout=cfg.attention_dropout_rate)
     out.pop("hidden_act", None)
     out.pop("rope_theta", None)
     out.pop("rope_scaling", None)
     if model_type.startswith("gemma3"):
-        local = cfg.local_rope_theta if cfg.local_rope_theta is not None else cfg.rope_theta
+        local = cfg.rotary.local_theta if cfg.rotary.local_theta is not None else cfg.rotary.theta
         out.update(rope_parameters={"full_attention": rope_to_hf(cfg),
                                     "sliding_attention": {"rope_type": "default", "rope_theta": local}},
                    use_bidirectional_attention=False)
@@ -159,7 +159,7 @@ def block_to_hf(cfg: ModelConfig, model_type: str, out: dict, layers: int) -> No
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     encoder = cfg.family == "encoder"
     block_to_hf(cfg, model_type, out, cfg.encoder_layers if encoder else cfg.decoder_layers)
-    out.update(final_logit_softcapping=cfg.logits_softcap, tie_word_embeddings=cfg.tie_embeddings)
+    out.update(final_logit_softcapping=cfg.logits.softcap, tie_word_embeddings=cfg.embeddings.tie)
     if encoder:  # the file's window spans both sides: Gemma3TextConfig reads w back as |t - s| <= w // 2
         out.update(use_bidirectional_attention=True,
                    sliding_window=2 * cfg.window_size if cfg.window_size else out["sliding_window"])
@@ -174,7 +174,7 @@ def block_rules(cfg: ModelConfig, L: tuple[str, str], layer: str, norms: dict[st
         out += attention(cfg, L + (module,), f"{a}.q_proj.weight", f"{a}.k_proj.weight", f"{a}.v_proj.weight",
                          f"{a}.o_proj.weight", f"{a}.q_proj.bias", f"{a}.k_proj.bias", f"{a}.v_proj.bias",
                          f"{a}.o_proj.bias")
-        if cfg.qk_norm:
+        if cfg.query_key_norm is not None:
             out += [copy(L + (module, "q_norm", "scale"), f"{a}.q_norm.weight"),
                     copy(L + (module, "k_norm", "scale"), f"{a}.k_norm.weight")]
     out += [linear(L + ("mlp", "wi_gate"), f"{layer}.mlp.gate_proj.weight"),

@@ -45,16 +45,16 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     if model_type == "openai-gpt":
         out.update(n_embd=cfg.d_model, n_head=cfg.num_heads, n_layer=cfg.decoder_layers,
-                   n_positions=cfg.max_positions, layer_norm_epsilon=cfg.norm_eps,
+                   n_positions=cfg.max_positions, layer_norm_epsilon=cfg.norms.eps,
                    afn={"gelu_tanh": "gelu", "relu": "relu", "silu": "silu"}[cfg.activation],
-                   tie_word_embeddings=cfg.tie_embeddings, resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate,
+                   tie_word_embeddings=cfg.embeddings.tie, resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate,
                    attn_pdrop=cfg.attention_dropout_rate)
         return
     out.update(n_embd=cfg.d_model, n_head=cfg.num_heads, n_inner=cfg.d_ff, n_layer=cfg.decoder_layers,
-               n_positions=cfg.max_positions, layer_norm_epsilon=cfg.norm_eps,
-               activation_function=INVERSE_ACTIVATIONS[cfg.activation], scale_attn_weights=cfg.attention_scale is None,
-               tie_word_embeddings=cfg.tie_embeddings, resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate,
-               attn_pdrop=cfg.attention_dropout_rate, scale_attn_by_inverse_layer_idx=cfg.inverse_layer_scale)
+               n_positions=cfg.max_positions, layer_norm_epsilon=cfg.norms.eps,
+               activation_function=INVERSE_ACTIVATIONS[cfg.activation], scale_attn_weights=cfg.scores.scale is None,
+               tie_word_embeddings=cfg.embeddings.tie, resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate,
+               attn_pdrop=cfg.attention_dropout_rate, scale_attn_by_inverse_layer_idx=cfg.scores.inverse_layer_scale)
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:

@@ -56,8 +56,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_heads=cfg.num_heads, num_layers=cfg.decoder_layers,
                intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_positions,
                attention_types=[[[kind], 1] for kind in kinds], window_size=cfg.window_size or 256,
-               layer_norm_epsilon=cfg.norm_eps, activation_function=INVERSE_ACTIVATIONS[cfg.activation],
-               tie_word_embeddings=cfg.tie_embeddings, resid_dropout=cfg.dropout_rate, embed_dropout=cfg.dropout_rate,
+               layer_norm_epsilon=cfg.norms.eps, activation_function=INVERSE_ACTIVATIONS[cfg.activation],
+               tie_word_embeddings=cfg.embeddings.tie, resid_dropout=cfg.dropout_rate, embed_dropout=cfg.dropout_rate,
                attention_dropout=cfg.attention_dropout_rate)
     out.pop("attention_layers", None)  # derived by the config class from attention_types
 

@@ -69,17 +69,17 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     if model_type == "gptj":
         out.update(n_embd=cfg.d_model, n_head=cfg.num_heads, n_layer=cfg.decoder_layers, n_inner=cfg.d_ff,
-                   n_positions=cfg.max_positions, rotary_dim=cfg.rope_dim, layer_norm_epsilon=cfg.norm_eps,
-                   activation_function=INVERSE_ACTIVATIONS[cfg.activation], tie_word_embeddings=cfg.tie_embeddings,
+                   n_positions=cfg.max_positions, rotary_dim=cfg.rope_dim, layer_norm_epsilon=cfg.norms.eps,
+                   activation_function=INVERSE_ACTIVATIONS[cfg.activation], tie_word_embeddings=cfg.embeddings.tie,
                    resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate, attn_pdrop=cfg.attention_dropout_rate)
         return
     rope = rope_to_hf(cfg)
     rope["partial_rotary_factor"] = cfg.rope_dim / cfg.head_dim_
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_hidden_layers=cfg.decoder_layers,
                intermediate_size=cfg.d_ff, hidden_act=INVERSE_ACTIVATIONS[cfg.activation],
-               max_position_embeddings=cfg.max_positions, layer_norm_eps=cfg.norm_eps, rope_parameters=rope,
-               use_parallel_residual=cfg.parallel_residual, attention_bias=cfg.qkv_bias,
-               tie_word_embeddings=cfg.tie_embeddings, hidden_dropout=cfg.dropout_rate,
+               max_position_embeddings=cfg.max_positions, layer_norm_eps=cfg.norms.eps, rope_parameters=rope,
+               use_parallel_residual=cfg.parallel is not None, attention_bias=cfg.biases.qkv,
+               tie_word_embeddings=cfg.embeddings.tie, hidden_dropout=cfg.dropout_rate,
                attention_dropout=cfg.attention_dropout_rate)
     for legacy in ("rope_scaling", "rope_theta", "rotary_pct", "rotary_emb_base"):
         out.pop(legacy, None)
@@ -135,12 +135,12 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
            linear(L + ("mlp", "wo"), f"{layer}.mlp.dense_4h_to_h.weight"),
            copy(L + ("mlp", "bo"), f"{layer}.mlp.dense_4h_to_h.bias"),
            *norm(("decoder", "final_norm"), f"{p}final_layer_norm", True)]
-    if cfg.qkv_bias:
+    if cfg.biases.qkv:
         out += [Rule(tuple(L + ("attn", f"{n}_bias") for n in "qkv"), (f"{a}.query_key_value.bias",), load_bias,
                      save_bias), copy(L + ("attn", "o_bias"), f"{a}.dense.bias")]
     aliases = {}
     if cfg.head == "lm":
-        if cfg.tie_embeddings:
+        if cfg.embeddings.tie:
             aliases["embed_out.weight"] = f"{p}embed_in.weight"
         else:
             out.append(linear(("lm_head", "kernel"), "embed_out.weight"))

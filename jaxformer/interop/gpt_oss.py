@@ -87,12 +87,12 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
              else "full_attention" for sliding in cfg.sliding_layers[:cfg.decoder_layers]]
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
                head_dim=cfg.head_dim_, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.decoder_layers,
-               rms_norm_eps=cfg.norm_eps, hidden_act="silu", max_position_embeddings=cfg.max_positions,
-               rope_parameters=rope_to_hf(cfg), tie_word_embeddings=cfg.tie_embeddings,
-               attention_dropout=cfg.attention_dropout_rate, attention_bias=cfg.qkv_bias, layer_types=kinds,
-               sliding_window=cfg.window_size, num_local_experts=cfg.num_experts,
-               num_experts_per_tok=cfg.experts_per_token, router_aux_loss_coef=cfg.router_aux_loss_coef,
-               swiglu_limit=cfg.swiglu_limit, swiglu_alpha=cfg.swiglu_alpha)
+               rms_norm_eps=cfg.norms.eps, hidden_act="silu", max_position_embeddings=cfg.max_positions,
+               rope_parameters=rope_to_hf(cfg), tie_word_embeddings=cfg.embeddings.tie,
+               attention_dropout=cfg.attention_dropout_rate, attention_bias=cfg.biases.qkv, layer_types=kinds,
+               sliding_window=cfg.window_size, num_local_experts=cfg.experts.count,
+               num_experts_per_tok=cfg.experts.per_token, router_aux_loss_coef=cfg.experts.aux_loss_coef,
+               swiglu_limit=cfg.swiglu_clamp.limit, swiglu_alpha=cfg.swiglu_clamp.alpha)
     for key in ("rope_theta", "rope_scaling", "quantization_config"):  # written as float tensors, never MXFP4
         out.pop(key, None)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer.model_config import QUANTIZATIONS, ModelConfig
+from jaxformer.model_config import QUANTIZATIONS, ModelConfig, flat_type_hints
 from jaxformer.interop import mxfp4, peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
 from jaxformer.interop.reference_keys import class_default
@@ -107,7 +107,7 @@ _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a s
 def _check_field_types(fields: dict, arch: str) -> None:
     """Values read from config.json must have their ModelConfig field's type (a string where a width
     belongs would otherwise fail later, far from its cause)."""
-    hints = typing.get_type_hints(ModelConfig)
+    hints = flat_type_hints()
     for name, value in fields.items():
         allowed = typing.get_args(hints[name]) or (hints[name],)
         if any(k not in _KINDS and k is not type(None) for k in allowed) or (value is None and type(None) in allowed):
@@ -126,7 +126,9 @@ def config_to_hf(cfg: ModelConfig, base: dict | None = None) -> dict:
     out = dict(base or {})
     out.update(model_type=model_type, architectures=[arch], vocab_size=cfg.vocab_size, dtype=cfg.param_dtype,
                initializer_range=cfg.init_std)
-    ids = {k: getattr(cfg, k) for k in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")}
+    tokens = cfg.tokens
+    ids = {"pad_token_id": tokens.pad, "bos_token_id": tokens.bos, "eos_token_id": tokens.eos,
+           "decoder_start_token_id": tokens.decoder_start}
     for key, value in ids.items():
         if value is not None:
             out[key] = list(value) if isinstance(value, tuple) else value

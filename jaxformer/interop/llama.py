@@ -157,32 +157,32 @@ def _qwen_experts(hf: dict, model_type: str) -> dict[str, Any]:
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
                head_dim=cfg.head_dim_, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.decoder_layers,
-               rms_norm_eps=cfg.norm_eps, hidden_act="silu" if cfg.activation == "swiglu" else "gelu_pytorch_tanh",
+               rms_norm_eps=cfg.norms.eps, hidden_act="silu" if cfg.activation == "swiglu" else "gelu_pytorch_tanh",
                max_position_embeddings=cfg.max_positions, rope_parameters=rope_to_hf(cfg),
-               tie_word_embeddings=cfg.tie_embeddings, attention_dropout=cfg.attention_dropout_rate)
+               tie_word_embeddings=cfg.embeddings.tie, attention_dropout=cfg.attention_dropout_rate)
     out.pop("rope_theta", None)
     out.pop("rope_scaling", None)
     if model_type == "llama":
-        out.update(attention_bias=cfg.qkv_bias, mlp_bias=False)
+        out.update(attention_bias=cfg.biases.qkv, mlp_bias=False)
     if model_type in ("mistral", "mixtral", "phi3", *QWEN):
         out["sliding_window"] = cfg.window_size
     if model_type == "phi3":
         out.update(resid_pdrop=cfg.dropout_rate, embd_pdrop=cfg.dropout_rate)
-        if cfg.rope_scaling is not None and cfg.rope_scaling.kind in PRETRAINED_LENGTH:  # beside the rope dict, it wins
-            out["original_max_position_embeddings"] = cfg.rope_scaling.original_max_positions
+        if cfg.rotary.scaling is not None and cfg.rotary.scaling.kind in PRETRAINED_LENGTH:  # beside the rope dict, it wins
+            out["original_max_position_embeddings"] = cfg.rotary.scaling.original_max_positions
         out.pop("attention_bias", None)
     if model_type in ("qwen3", "qwen3_moe"):
-        out["attention_bias"] = cfg.qkv_bias
+        out["attention_bias"] = cfg.biases.qkv
     if model_type in QWEN_MOE:
-        out.update(num_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
-                   moe_intermediate_size=cfg.expert_width, norm_topk_prob=cfg.normalize_router_weights,
-                   router_aux_loss_coef=cfg.router_aux_loss_coef, decoder_sparse_step=1,
-                   mlp_only_layers=list(range(cfg.dense_layers)))
+        out.update(num_experts=cfg.experts.count, num_experts_per_tok=cfg.experts.per_token,
+                   moe_intermediate_size=cfg.expert_width, norm_topk_prob=cfg.experts.normalize_weights,
+                   router_aux_loss_coef=cfg.experts.aux_loss_coef, decoder_sparse_step=1,
+                   mlp_only_layers=list(range(cfg.experts.dense_layers)))
     if model_type == "qwen2_moe":
-        out.update(qkv_bias=cfg.qkv_bias, shared_expert_intermediate_size=cfg.shared_experts * cfg.expert_width)
-    if model_type in GLM or (model_type == "phi3" and cfg.rotary_dim is not None):
+        out.update(qkv_bias=cfg.biases.qkv, shared_expert_intermediate_size=cfg.experts.shared * cfg.expert_width)
+    if model_type in GLM or (model_type == "phi3" and cfg.rotary.dim is not None):
         out["rope_parameters"]["partial_rotary_factor"] = cfg.rope_dim / cfg.head_dim_
-        out.update(attention_bias=cfg.qkv_bias)
+        out.update(attention_bias=cfg.biases.qkv)
     if model_type in QWEN:
         sliding = cfg.attention == "sliding"
         out.update(use_sliding_window=sliding,
@@ -190,8 +190,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
         if sliding:
             out["max_window_layers"] = 0
     if model_type == "mixtral":
-        out.update(num_local_experts=cfg.num_experts, num_experts_per_tok=cfg.experts_per_token,
-                   router_aux_loss_coef=cfg.router_aux_loss_coef, router_jitter_noise=0.0)
+        out.update(num_local_experts=cfg.experts.count, num_experts_per_tok=cfg.experts.per_token,
+                   router_aux_loss_coef=cfg.experts.aux_loss_coef, router_jitter_noise=0.0)
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
@@ -211,23 +211,23 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         mlp, m = S + ("mlp",), f"{layer}.mlp"
         out = [*[Rule(tuple(S + path[2:] for path in r.paths), r.names, r.load, r.save) for r in projections],
                *([copy(S + ("attn", "q_norm", "scale"), f"{a}.q_norm.weight"),
-                  copy(S + ("attn", "k_norm", "scale"), f"{a}.k_norm.weight")] if cfg.qk_norm else []),
+                  copy(S + ("attn", "k_norm", "scale"), f"{a}.k_norm.weight")] if cfg.query_key_norm is not None else []),
                copy(S + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
                copy(S + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight"),
                *([copy(S + ("attn_post_norm", "scale"), f"{layer}.post_self_attn_layernorm.weight"),
                   copy(S + ("mlp_post_norm", "scale"), f"{layer}.post_mlp_layernorm.weight")]
-                 if cfg.sandwich_norm else [])]  # GLM-4
+                 if cfg.norms.sandwich else [])]  # GLM-4
         if moe and model_type == "mixtral":
             moe_name = f"{layer}.block_sparse_moe"
             return out + [linear(mlp + ("router",), f"{moe_name}.gate.weight"),
                           *[stacked_experts(mlp + (path,), [f"{moe_name}.experts.{e}.{w}.weight"
-                                                            for e in range(cfg.num_experts)])
+                                                            for e in range(cfg.experts.count)])
                             for w, path in (("w1", "wi_gate"), ("w3", "wi"), ("w2", "wo"))]]
         if moe:  # the Qwen MoEs
             out += [linear(mlp + ("router",), f"{m}.gate.weight"),
-                    *[stacked_experts(mlp + (path,), [f"{m}.experts.{e}.{w}.weight" for e in range(cfg.num_experts)])
+                    *[stacked_experts(mlp + (path,), [f"{m}.experts.{e}.{w}.weight" for e in range(cfg.experts.count)])
                       for w, path in (("gate_proj", "wi_gate"), ("up_proj", "wi"), ("down_proj", "wo"))]]
-            if cfg.shared_experts:
+            if cfg.experts.shared:
                 out += [linear(mlp + ("shared", "wi_gate"), f"{m}.shared_expert.gate_proj.weight"),
                         linear(mlp + ("shared", "wi"), f"{m}.shared_expert.up_proj.weight"),
                         linear(mlp + ("shared", "wo"), f"{m}.shared_expert.down_proj.weight"),
@@ -237,18 +237,18 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         if model_type in ("phi3", *GLM):  # the gate, then the up projection, in one tensor
             return out + [fused_linear([mlp + ("wi_gate",), mlp + ("wi",)], f"{m}.gate_up_proj.weight"),
                           linear(mlp + ("wo",), f"{m}.down_proj.weight")]
-        if cfg.mlp_bias:
+        if cfg.biases.mlp:
             # jaxformer's gated MLP has one input bias (on the up projection); HF has one on each.
             raise ValueError("llama: mlp_bias=True is not supported")
         return out + [linear(mlp + ("wi_gate",), f"{m}.gate_proj.weight"), linear(mlp + ("wi",), f"{m}.up_proj.weight"),
                       linear(mlp + ("wo",), f"{m}.down_proj.weight")]
 
-    k, L = cfg.dense_layers, cfg.decoder_layers
+    k, L = len(cfg.dense_layer_ids), cfg.decoder_layers
     out = [copy(("embed", "table"), f"{p}embed_tokens.weight"),
            copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
     if k:
         out += [rule.in_layers(0, k) for rule in block_rules(("decoder", "dense_blocks"), moe=False)]
-    out += [rule.in_layers(k, L) if k else rule for rule in block_rules(("decoder", "blocks"), bool(cfg.num_experts))]
+    out += [rule.in_layers(k, L) if k else rule for rule in block_rules(("decoder", "blocks"), cfg.experts is not None)]
     head, aliases = lm_head(cfg, f"{p}embed_tokens.weight")
     return out + head, aliases
 

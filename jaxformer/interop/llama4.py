@@ -108,23 +108,23 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     L = cfg.decoder_layers
-    rotary = [int(i not in cfg.nope_layers) for i in range(L)]
+    rotary = [int(i not in cfg.nope.layers) for i in range(L)]
     chunked = cfg.attention == "alternating"
     kinds = ["chunked_attention" if chunked and cfg.sliding_layers[i] else "full_attention" for i in range(L)]
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
-               head_dim=cfg.head_dim_, intermediate_size=cfg.expert_width if cfg.num_experts else cfg.d_ff,
-               intermediate_size_mlp=cfg.d_ff, num_hidden_layers=L, rms_norm_eps=cfg.norm_eps, hidden_act="silu",
+               head_dim=cfg.head_dim_, intermediate_size=cfg.expert_width if cfg.experts is not None else cfg.d_ff,
+               intermediate_size_mlp=cfg.d_ff, num_hidden_layers=L, rms_norm_eps=cfg.norms.eps, hidden_act="silu",
                max_position_embeddings=cfg.max_positions, rope_parameters=rope_to_hf(cfg),
-               tie_word_embeddings=cfg.tie_embeddings, attention_dropout=cfg.attention_dropout_rate,
-               attention_bias=cfg.qkv_bias, no_rope_layers=rotary, layer_types=kinds,
-               attention_chunk_size=cfg.attention_chunk_size, use_qk_norm=cfg.qk_norm,
-               attn_temperature_tuning=cfg.temperature_floor_scale is not None,
-               floor_scale=cfg.temperature_floor_scale or 8192, attn_scale=cfg.temperature_scale,
-               moe_layers=[i for i in range(L) if i not in cfg.dense_layer_ids] if cfg.num_experts else [],
-               interleave_moe_layer_step=cfg.moe_layer_step,
-               num_local_experts=cfg.num_experts or 16,
-               num_experts_per_tok=cfg.experts_per_token if cfg.num_experts else 1,
-               router_aux_loss_coef=cfg.router_aux_loss_coef)
+               tie_word_embeddings=cfg.embeddings.tie, attention_dropout=cfg.attention_dropout_rate,
+               attention_bias=cfg.biases.qkv, no_rope_layers=rotary, layer_types=kinds,
+               attention_chunk_size=cfg.attention_chunk_size, use_qk_norm=cfg.query_key_norm is not None,
+               attn_temperature_tuning=cfg.nope.temperature_floor_scale is not None,
+               floor_scale=cfg.nope.temperature_floor_scale or 8192, attn_scale=cfg.nope.temperature_scale,
+               moe_layers=[i for i in range(L) if i not in cfg.dense_layer_ids] if cfg.experts is not None else [],
+               interleave_moe_layer_step=cfg.experts.layer_step,
+               num_local_experts=cfg.experts.count if cfg.experts is not None else 16,
+               num_experts_per_tok=cfg.experts.per_token if cfg.experts is not None else 1,
+               router_aux_loss_coef=cfg.experts.aux_loss_coef)
     for key in ("rope_theta", "rope_scaling"):
         out.pop(key, None)
 
@@ -166,7 +166,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         out += [rule.at_layers(dense) for rule in block_rules(("decoder", "dense_blocks"), moe=False)]
         out += [rule.at_layers(experts) for rule in block_rules(("decoder", "blocks"), moe=True)]
     else:
-        out += block_rules(("decoder", "blocks"), bool(cfg.num_experts))
+        out += block_rules(("decoder", "blocks"), bool(cfg.experts.count))
     head, aliases = lm_head(cfg, f"{p}embed_tokens.weight")
     if model_type == "llama4":  # the head sits beside the text model, inside language_model
         head = [Rule(r.paths, tuple(MULTIMODAL_PREFIX + n for n in r.names), r.load, r.save) for r in head]

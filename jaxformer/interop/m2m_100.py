@@ -49,8 +49,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
                encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
                activation_function=INVERSE_ACTIVATIONS[cfg.activation], max_position_embeddings=cfg.max_positions,
-               scale_embedding=cfg.scale_embeddings, dropout=cfg.dropout_rate,
-               attention_dropout=cfg.attention_dropout_rate, tie_word_embeddings=cfg.tie_embeddings,
+               scale_embedding=cfg.embeddings.scale, dropout=cfg.dropout_rate,
+               attention_dropout=cfg.attention_dropout_rate, tie_word_embeddings=cfg.embeddings.tie,
                is_encoder_decoder=True)
 
 

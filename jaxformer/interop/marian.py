@@ -71,11 +71,11 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
                encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
                activation_function="swish" if model_type == "marian" and name == "silu" else name,
-               max_position_embeddings=cfg.max_positions, scale_embedding=cfg.scale_embeddings,
+               max_position_embeddings=cfg.max_positions, scale_embedding=cfg.embeddings.scale,
                dropout=cfg.dropout_rate, attention_dropout=cfg.attention_dropout_rate,
-               tie_word_embeddings=cfg.tie_embeddings, is_encoder_decoder=True)
+               tie_word_embeddings=cfg.embeddings.tie, is_encoder_decoder=True)
     if model_type == "marian":
-        out.update(share_encoder_decoder_embeddings=cfg.shared_embeddings, decoder_vocab_size=cfg.vocab_size)
+        out.update(share_encoder_decoder_embeddings=cfg.embeddings.shared, decoder_vocab_size=cfg.vocab_size)
 
 
 def sinusoid_table(cfg: ModelConfig, name: str, written: bool) -> Rule:
@@ -98,7 +98,7 @@ def sinusoid_table(cfg: ModelConfig, name: str, written: bool) -> Rule:
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
     p = prefix
-    if cfg.shared_embeddings:
+    if cfg.embeddings.shared:
         table = f"{p}shared.weight"
         out = [copy(("embed", "table"), table)]
         aliases = {f"{p}encoder.embed_tokens.weight": table, f"{p}decoder.embed_tokens.weight": table}
@@ -109,11 +109,11 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     for side in ("encoder", "decoder"):
         out += [sinusoid_table(cfg, f"{p}{side}.embed_positions.weight", arch in WRITES_TABLES),
                 *layer_rules(cfg, side, f"{p}{side}.layers.{{i}}")]
-        if cfg.final_norm:  # Pegasus
+        if cfg.norms.final:  # Pegasus
             out += norm((side, "final_norm"), f"{p}{side}.layer_norm", True)
     head, head_aliases = lm_head(cfg, table)
     aliases.update(head_aliases)
-    if cfg.logits_bias:
+    if cfg.logits.fixed_bias:
         out.append(Rule((("logits_bias",),), ("final_logits_bias",), lambda t: [t[0].reshape(-1)],
                         lambda ps: [ps[0].reshape(1, -1)]))
     return out + head, aliases

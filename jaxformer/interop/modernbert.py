@@ -100,19 +100,19 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     kinds = cfg.layer_types or ("full",) * cfg.encoder_layers
-    local = cfg.local_rope_theta if cfg.local_rope_theta is not None else cfg.rope_theta
+    local = cfg.rotary.local_theta if cfg.rotary.local_theta is not None else cfg.rotary.theta
     full = rope_to_hf(cfg)
     out.update(hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.encoder_layers,
                num_attention_heads=cfg.num_heads, hidden_activation=_UNIT[cfg.activation],
                classifier_activation=_UNIT[cfg.activation], max_position_embeddings=cfg.max_positions,
-               norm_eps=cfg.norm_eps, norm_bias=cfg.norm_bias, attention_bias=False, mlp_bias=False,
+               norm_eps=cfg.norms.eps, norm_bias=cfg.norms.bias, attention_bias=False, mlp_bias=False,
                attention_dropout=cfg.attention_dropout_rate, embedding_dropout=cfg.dropout_rate,
                mlp_dropout=cfg.dropout_rate, local_attention=2 * (cfg.window_size or 64),
                layer_types=[f"{kind}_attention" for kind in kinds],
                rope_parameters={"full_attention": full,
                                 "sliding_attention": {"rope_type": "default", "rope_theta": local}},
-               classifier_pooling=cfg.classifier_pooling, classifier_bias=cfg.head_bias, decoder_bias=cfg.mlm_bias,
-               tie_word_embeddings=cfg.tie_embeddings)
+               classifier_pooling=cfg.head_options.classifier_pooling, classifier_bias=cfg.head_options.dense_bias, decoder_bias=cfg.head_options.mlm_bias,
+               tie_word_embeddings=cfg.embeddings.tie)
     labels_to_hf(cfg, out)
 
 
@@ -122,8 +122,8 @@ def _layer_rules(cfg: ModelConfig, stack: tuple[str, ...], layers, attn_norm: bo
     out = [fused_heads_in([stack + ("attn", "q"), stack + ("attn", "k"), stack + ("attn", "v")],
                           f"{layer}.attn.Wqkv.weight", (N, N, N), H),
            heads_out(stack + ("attn", "o"), f"{layer}.attn.Wo.weight", N, H),
-           *(norm(stack + ("attn_norm",), f"{layer}.attn_norm", cfg.norm_bias) if attn_norm else []),
-           *norm(stack + ("mlp_norm",), f"{layer}.mlp_norm", cfg.norm_bias),
+           *(norm(stack + ("attn_norm",), f"{layer}.attn_norm", cfg.norms.bias) if attn_norm else []),
+           *norm(stack + ("mlp_norm",), f"{layer}.mlp_norm", cfg.norms.bias),
            fused_linear([stack + ("mlp", "wi_gate"), stack + ("mlp", "wi")], f"{layer}.mlp.Wi.weight"),
            linear(stack + ("mlp", "wo"), f"{layer}.mlp.Wo.weight")]
     return [rule.at_layers(layers) for rule in out]
@@ -132,19 +132,19 @@ def _layer_rules(cfg: ModelConfig, stack: tuple[str, ...], layers, attn_norm: bo
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
     p = prefix
     out = [copy(("embed", "table"), f"{p}embeddings.tok_embeddings.weight"),
-           *norm(("embeddings", "norm"), f"{p}embeddings.norm", cfg.norm_bias),
+           *norm(("embeddings", "norm"), f"{p}embeddings.norm", cfg.norms.bias),
            # layer 0 has no attention norm: its own stack (jaxformer's ``Stack.first_block``)
            *_layer_rules(cfg, ("encoder", "first_block"), (0,), False, p),
            *_layer_rules(cfg, ("encoder", "blocks"), range(1, cfg.encoder_layers), True, p),
-           *norm(("encoder", "final_norm"), f"{p}final_norm", cfg.norm_bias)]
+           *norm(("encoder", "final_norm"), f"{p}final_norm", cfg.norms.bias)]
     aliases = {}
     if cfg.head == "mlm":
-        head_rules, aliases = mlm_head_rules(cfg, "head.dense", "head.norm", "decoder.bias" if cfg.mlm_bias else None,
+        head_rules, aliases = mlm_head_rules(cfg, "head.dense", "head.norm", "decoder.bias" if cfg.head_options.mlm_bias else None,
                                              "decoder.weight", f"{p}embeddings.tok_embeddings.weight")
         out += head_rules
-    if cfg.prediction_head:
-        out += [*dense(("prediction", "transform"), "head.dense", cfg.head_bias),
-                *norm(("prediction", "norm"), "head.norm", cfg.norm_bias), *dense(("classifier",), "classifier")]
+    if cfg.head_options.prediction_head:
+        out += [*dense(("prediction", "transform"), "head.dense", cfg.head_options.dense_bias),
+                *norm(("prediction", "norm"), "head.norm", cfg.norms.bias), *dense(("classifier",), "classifier")]
     return out, aliases
 
 

@@ -56,11 +56,11 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, intermediate_size=cfg.d_ff,
-               num_hidden_layers=cfg.encoder_layers, layer_norm_eps=cfg.norm_eps,
+               num_hidden_layers=cfg.encoder_layers, layer_norm_eps=cfg.norms.eps,
                hidden_act=INVERSE_ACTIVATIONS[cfg.activation],
-               max_position_embeddings=cfg.max_positions + cfg.position_offset,
-               relative_attention_num_buckets=cfg.relative_buckets, hidden_dropout_prob=cfg.dropout_rate,
-               attention_probs_dropout_prob=cfg.attention_dropout_rate, tie_word_embeddings=cfg.tie_embeddings)
+               max_position_embeddings=cfg.max_positions + cfg.embeddings.position_offset,
+               relative_attention_num_buckets=cfg.relative_bias.buckets, hidden_dropout_prob=cfg.dropout_rate,
+               attention_probs_dropout_prob=cfg.attention_dropout_rate, tie_word_embeddings=cfg.embeddings.tie)
     labels_to_hf(cfg, out)
 
 
@@ -81,13 +81,13 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
            copy(stack + ("mlp", "bo"), f"{layer}.output.dense.bias"),
            *norm(stack + ("mlp_norm",), f"{layer}.output.LayerNorm", True)]
     classifier = cfg.head == "sequence_classification"  # RoBERTa's: dense, tanh, out_proj on <s>
-    if cfg.pooler:
+    if cfg.head_options.pooler:
         out += dense(("pooler",), "classifier.dense" if classifier else f"{p}pooler.dense")
     aliases = {}
     if cfg.head == "mlm":
         out += [*dense(("mlm", "transform"), "lm_head.dense"), *norm(("mlm", "norm"), "lm_head.layer_norm", True),
                 copy(("mlm", "bias"), "lm_head.bias")]
-        if cfg.tie_embeddings:
+        if cfg.embeddings.tie:
             aliases["lm_head.decoder.weight"] = f"{p}embeddings.word_embeddings.weight"
         else:
             out.append(linear(("mlm", "decoder", "kernel"), "lm_head.decoder.weight"))

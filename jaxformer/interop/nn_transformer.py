@@ -72,7 +72,7 @@ def from_state_dict(state_dict: Mapping[str, Any], cfg: ModelConfig, embedding: 
     The token embedding is ``embedding`` [vocab, d_model] if given, else freshly initialised from
     ``seed``. Missing, unexpected and mis-shaped tensors are reported together; nothing partial loads.
     """
-    if cfg.family != "encoder_decoder" or cfg.norm_position != "post" or not cfg.final_norm:
+    if cfg.family != "encoder_decoder" or cfg.norms.position != "post" or not cfg.norms.final:
         raise ValueError("torch.nn.Transformer maps to a post-norm encoder-decoder with final norms; "
                          "build the config with jaxformer.interop.nn_transformer.config_for")
     tensors = _numpy_state(state_dict)

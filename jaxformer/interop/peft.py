@@ -273,7 +273,7 @@ def load_adapter(model, path: str | os.PathLike, names: set[str] | None = None, 
     folder = Path(path)
     config = config if config is not None else read_config(folder)
     cfg: ModelConfig = model.config
-    if cfg.lora_rank or cfg.quantize:
+    if cfg.lora is not None or cfg.quantization is not None:
         raise ValueError(f"{cfg.name!r} already has adapters or int8 kernels; load the adapter onto the float base")
     if not (folder / WEIGHTS).exists():
         raise ValueError(f"{folder} has no {WEIGHTS} (pickled adapter_model.bin files are not read)")
@@ -383,7 +383,7 @@ def load_adapter(model, path: str | os.PathLike, names: set[str] | None = None, 
     have = {tuple(map(str, p)) for p, v in flat if isinstance(v, LoraParam)}
     missing = sorted("/".join(k) for k in factors if k[:-1] + (k[-1] + "_lora", "a") not in have)
     if missing:  # a sublayer _role misreads; never expected
-        raise ValueError(f"adapter targets {adapted_cfg.lora_targets} leave {missing} without an adapter")
+        raise ValueError(f"adapter targets {adapted_cfg.lora.targets} leave {missing} without an adapter")
     return carry_hf_files(model, nnx.merge(graphdef, nnx.from_flat_state(flat)))
 
 
@@ -413,7 +413,7 @@ def _saved_modules(cfg: ModelConfig, rules: list[Rule], modules_to_save) -> dict
 def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     """The model's adapters (and ``lora_trainable`` modules) as PEFT's tensors and adapter_config.json."""
     cfg: ModelConfig = model.config
-    if not cfg.lora_rank:
+    if cfg.lora is None:
         raise ValueError(f"{cfg.name!r} has no LoRA adapters to save")
     _, arch, rules, _ = _rules_of(model)
     plain = cfg.replace(lora_rank=0, lora_targets=(), lora_trainable=(), lora_dropout=0.0, lora_rslora=False,
@@ -421,7 +421,7 @@ def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     modules, refused = _modules(plain, rules)
     flat = {tuple(map(str, p)): np.asarray(v[...], np.float32) for p, v in nnx.to_flat_state(nnx.state(model))}
     adapters = {p[:-2] + (p[-2].removesuffix("_lora"),) for p in flat if p[-1] in ("a", "b") and p[-2].endswith("_lora")}
-    R, alpha = cfg.lora_rank, cfg.lora_alpha
+    R, alpha = cfg.lora.rank, cfg.lora.alpha
     tensors, rank_pattern, alpha_pattern, exported = {}, {}, {}, set()
     covered = set()
     for m in modules.values():
@@ -453,7 +453,7 @@ def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
         if not shared:
             leaf = m.name.rsplit(".", 2)[-2]
             rank_pattern[leaf] = rank
-            alpha_pattern[leaf] = alpha * (math.sqrt(k) if cfg.lora_rslora else k)
+            alpha_pattern[leaf] = alpha * (math.sqrt(k) if cfg.lora.rslora else k)
     for path in sorted(adapters - covered):
         a = flat[path[:-1] + (path[-1] + "_lora", "a")]
         b = flat[path[:-1] + (path[-1] + "_lora", "b")]
@@ -465,19 +465,19 @@ def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     # modules_to_save: the torch tensors of every rule whose parameters lora_trainable lists.
     saved_modules = set()
     for rule in rules:
-        listed = [any("/".join(p) == t or "/".join(p).startswith(t + "/") for t in cfg.lora_trainable)
+        listed = [any("/".join(p) == t or "/".join(p).startswith(t + "/") for t in cfg.lora.trainable)
                   for p in rule.paths]
         if not any(listed):
             continue
         if not all(listed) or rule.per_layer:
-            raise ValueError(f"lora_trainable {cfg.lora_trainable} covers part of {rule.names} or a layer of the "
+            raise ValueError(f"lora_trainable {cfg.lora.trainable} covers part of {rule.names} or a layer of the "
                              "stack; PEFT's modules_to_save holds whole modules outside the layers")
         for name, t in zip(rule.names, rule.save([flat[p] for p in rule.paths])):
             tensors[PREFIX + name] = np.ascontiguousarray(t)
             saved_modules.add(name.rsplit(".", 1)[0])
     config = {"peft_type": "LORA", "task_type": None, "base_model_name_or_path": _base_name(model), "r": R,
               "lora_alpha": alpha, "target_modules": _target_modules(exported, rules, cfg),
-              "use_rslora": cfg.lora_rslora, "lora_dropout": cfg.lora_dropout,
+              "use_rslora": cfg.lora.rslora, "lora_dropout": cfg.lora.dropout,
               "fan_in_fan_out": any(m.conv1d for m in modules.values() if any(p.path in covered for p in m.pieces)),
               "bias": "none", "use_dora": False, "init_lora_weights": True, "inference_mode": True,
               "modules_to_save": sorted(saved_modules) or None, "rank_pattern": rank_pattern,

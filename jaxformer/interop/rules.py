@@ -205,7 +205,7 @@ def labels_from_hf(hf: dict) -> tuple[int, tuple[str, ...]]:
 def labels_to_hf(cfg: ModelConfig, out: dict) -> None:
     """A classifier's id2label and label2id (its names, or transformers' defaults), unless the file had them."""
     if cfg.head in ("sequence_classification", "token_classification"):
-        names = cfg.label_names or tuple(f"LABEL_{i}" for i in range(cfg.num_labels))
+        names = cfg.head_options.label_names or tuple(f"LABEL_{i}" for i in range(cfg.head_options.num_labels))
         out.setdefault("id2label", {str(i): name for i, name in enumerate(names)})
         out.setdefault("label2id", {name: i for i, name in enumerate(names)})
 
@@ -328,8 +328,8 @@ def rope_spec(params: dict, max_positions: int | None) -> tuple[float, RopeScali
 
 def rope_to_hf(cfg: ModelConfig) -> dict[str, Any]:
     """transformers 5's ``rope_parameters`` of ``cfg``: every setting written, none left to a default."""
-    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-    s = cfg.rope_scaling
+    rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rotary.theta}
+    s = cfg.rotary.scaling
     if s is None:
         return rope
     rope.update(rope_type=s.kind, factor=s.factor)
@@ -456,11 +456,11 @@ def attention(cfg: ModelConfig, path, q, k, v, o, q_bias=None, k_bias=None, v_bi
     N, K, H = cfg.num_heads, cfg.kv_heads, cfg.head_dim_
     rules = [heads_in(path + ("q",), q, N, H), heads_in(path + ("k",), k, K, H),
              heads_in(path + ("v",), v, K, H), heads_out(path + ("o",), o, N, H)]
-    if cfg.qkv_bias:
+    if cfg.biases.qkv:
         rules += [bias_heads(path + ("q_bias",), q_bias, N, H), bias_heads(path + ("v_bias",), v_bias, K, H)]
-        if cfg.key_bias:
+        if cfg.biases.key:
             rules.append(bias_heads(path + ("k_bias",), k_bias, K, H))
-    if cfg.out_bias:
+    if cfg.biases.out:
         rules.append(copy(path + ("o_bias",), o_bias))
     return rules
 
@@ -475,7 +475,7 @@ def lm_head(cfg: ModelConfig, embedding: str) -> tuple[list[Rule], dict[str, str
     copy, which must then equal it), else its own [V, D] tensor."""
     if cfg.head != "lm":
         return [], {}
-    if cfg.tie_embeddings:
+    if cfg.embeddings.tie:
         return [], {"lm_head.weight": embedding}
     return [linear(("lm_head", "kernel"), "lm_head.weight")], {}
 

@@ -45,13 +45,13 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     for side, layers in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
         half = dict(out.get(side) or {})
         block_to_hf(cfg, model_type, half, layers)
-        half.update(vocab_size=cfg.vocab_size, final_logit_softcapping=cfg.logits_softcap,
-                    pad_token_id=cfg.pad_token_id, eos_token_id=out.get("eos_token_id"), bos_token_id=cfg.bos_token_id,
-                    dropout_rate=cfg.dropout_rate, tie_word_embeddings=cfg.tie_embeddings)
+        half.update(vocab_size=cfg.vocab_size, final_logit_softcapping=cfg.logits.softcap,
+                    pad_token_id=cfg.tokens.pad, eos_token_id=out.get("eos_token_id"), bos_token_id=cfg.tokens.bos,
+                    dropout_rate=cfg.dropout_rate, tie_word_embeddings=cfg.embeddings.tie)
         halves[side] = half
     # T5Gemma starts decoding from its decoder's bos_token_id
-    halves["decoder"]["bos_token_id"] = cfg.decoder_start_token_id
-    out.update(halves, tie_word_embeddings=cfg.tie_embeddings, dropout_rate=cfg.dropout_rate,
+    halves["decoder"]["bos_token_id"] = cfg.tokens.decoder_start
+    out.update(halves, tie_word_embeddings=cfg.embeddings.tie, dropout_rate=cfg.dropout_rate,
                attention_dropout=cfg.attention_dropout_rate, is_encoder_decoder=True)
 
 
@@ -65,7 +65,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
            copy(("decoder", "final_norm", "scale"), f"{p}decoder.norm.weight")]
     if cfg.head != "lm":
         return out, {}
-    if cfg.tie_embeddings:
+    if cfg.embeddings.tie:
         return out, {"lm_head.out_proj.weight": decoder_table}
     return out + [linear(("lm_head", "kernel"), "lm_head.out_proj.weight")], {}
 

@@ -48,10 +48,10 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(d_model=cfg.d_model, n_head=cfg.num_heads, d_head=cfg.head_dim_, d_inner=cfg.d_ff,
-               n_layer=cfg.decoder_layers, layer_norm_eps=cfg.norm_eps, ff_activation=INVERSE_ACTIVATIONS[cfg.activation],
-               attn_type="uni" if cfg.attention == "causal" else "bi", mem_len=cfg.memory_len or None,
-               clamp_len=cfg.clamp_len or -1, untie_r=not cfg.shared_relative_biases,
-               tie_word_embeddings=cfg.tie_embeddings, dropout=cfg.dropout_rate, bi_data=False, same_length=False)
+               n_layer=cfg.decoder_layers, layer_norm_eps=cfg.norms.eps, ff_activation=INVERSE_ACTIVATIONS[cfg.activation],
+               attn_type="uni" if cfg.attention == "causal" else "bi", mem_len=cfg.segment_memory or None,
+               clamp_len=cfg.xl.clamp_len or -1, untie_r=not cfg.xl.shared_biases,
+               tie_word_embeddings=cfg.embeddings.tie, dropout=cfg.dropout_rate, bi_data=False, same_length=False)
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
@@ -88,7 +88,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         copy(L + ("attn", "segment_bias"), f"{attn}.r_s_bias"),
         copy(L + ("attn", "segment_embed"), f"{attn}.seg_embed"),
     ]
-    if cfg.shared_relative_biases:
+    if cfg.xl.shared_biases:
         out += [shared(("decoder", "content_bias"), "r_w_bias"), shared(("decoder", "position_bias"), "r_r_bias")]
     else:
         out += [copy(L + ("attn", "content_bias"), f"{attn}.r_w_bias"),

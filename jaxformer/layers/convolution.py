@@ -20,11 +20,11 @@ class SequenceConvolution(nnx.Module):
     width])."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        D, width, groups = cfg.d_model, cfg.conv_kernel_size, cfg.conv_groups
+        D, width, groups = cfg.d_model, cfg.conv.kernel_size, cfg.conv.groups
         self.kernel = param(rngs, (width, D // groups, D), ("conv_width", "conv_in", "embed"), cfg)
         self.bias = param(rngs, (D,), ("embed",), cfg, init="zeros")
         self.norm = Norm(cfg, rngs=rngs)
-        self.groups, self.activation, self.dropout_rate = groups, cfg.conv_activation, cfg.dropout_rate
+        self.groups, self.activation, self.dropout_rate = groups, cfg.conv.activation, cfg.dropout_rate
         self.dtype = dtype_of(cfg.dtype)
 
     def __call__(self, embeddings: Array, layer_output: Array, valid: Array | None, key: Array | None = None

@@ -149,13 +149,13 @@ class Norm(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, axis: str = "embed",
                  scaled: bool = True):
-        self.kind, self.eps, self.dtype = cfg.norm, cfg.norm_eps, dtype_of(cfg.dtype)
-        self.offset = cfg.norm_scale_offset
+        self.kind, self.eps, self.dtype = cfg.norms.kind, cfg.norms.eps, dtype_of(cfg.dtype)
+        self.offset = cfg.norms.scale_offset
         width = width or cfg.d_model
         self.width = width
         self.scale = param(rngs, (width,), (axis,), cfg, init="zeros" if self.offset else "ones") if scaled else None
         self.bias = (param(rngs, (width,), (axis,), cfg, init="zeros")
-                     if cfg.norm == "layernorm" and cfg.norm_bias else None)
+                     if cfg.norms.kind == "layernorm" and cfg.norms.bias else None)
 
     def __call__(self, x: Array) -> Array:
         bias = None if self.bias is None else self.bias[...].astype(jnp.float32)

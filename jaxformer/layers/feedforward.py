@@ -12,7 +12,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
-from jaxformer.model_config import ModelConfig
+from jaxformer.model_config import ClampedSwiGLU, ModelConfig
 from jaxformer.layers.core import activate, dropout, dtype_of, linear, param
 from jaxformer.layers.weights import kernel, project, projection
 from jaxformer.sharding import BATCH_AXES, axis_size
@@ -33,7 +33,8 @@ class Unit(NamedTuple):
 
     @classmethod
     def of(cls, cfg: ModelConfig) -> Unit:
-        return cls(cfg.activation, cfg.gated, cfg.swiglu_alpha, cfg.swiglu_limit)
+        clamp = cfg.swiglu_clamp or ClampedSwiGLU()
+        return cls(cfg.activation, cfg.gated, clamp.alpha, clamp.limit)
 
     def __call__(self, g: Array, h: Array) -> Array:
         if not self.gated:
@@ -52,7 +53,7 @@ class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, bias: bool | None = None,
                  role: str = "mlp"):
         D, F = cfg.d_model, width or cfg.d_ff
-        bias = cfg.mlp_bias if bias is None else bias
+        bias = cfg.biases.mlp if bias is None else bias
         self.unit, self.dtype = Unit.of(cfg), dtype_of(cfg.dtype)
         self.dropout_rate = cfg.dropout_rate
         projection(self, "wi", cfg, rngs, (D, F), ("embed", "mlp"), role=role)
@@ -111,24 +112,24 @@ def route(cfg: ModelConfig, logits: Array, bias: Array | None) -> Routing:
     its best expert under softmax, V2; the sum of its best two under sigmoid, V3). The k chosen
     scores are optionally divided by their sum, then scaled by ``routed_scaling``.
     """
-    E, k = cfg.num_experts, cfg.experts_per_token
+    E, k = cfg.experts.count, cfg.experts.per_token
     logits = logits.astype(jnp.float32)
-    scores = jax.nn.softmax(logits, axis=-1) if cfg.router_score == "softmax" else jax.nn.sigmoid(logits)
+    scores = jax.nn.softmax(logits, axis=-1) if cfg.experts.router_score == "softmax" else jax.nn.sigmoid(logits)
     choice = scores if bias is None else scores + bias.astype(jnp.float32)
-    if cfg.router_groups > 1:
-        grouped = choice.reshape(*choice.shape[:-1], cfg.router_groups, E // cfg.router_groups)
-        if cfg.router_score == "softmax":
+    if cfg.experts.router_groups > 1:
+        grouped = choice.reshape(*choice.shape[:-1], cfg.experts.router_groups, E // cfg.experts.router_groups)
+        if cfg.experts.router_score == "softmax":
             group_score = jnp.max(grouped, axis=-1)
         else:
             group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)
-        _, best_groups = jax.lax.top_k(group_score, cfg.router_topk_groups)
-        keep = jnp.sum(jax.nn.one_hot(best_groups, cfg.router_groups, dtype=bool), axis=-2, dtype=bool)
+        _, best_groups = jax.lax.top_k(group_score, cfg.experts.router_topk_groups)
+        keep = jnp.sum(jax.nn.one_hot(best_groups, cfg.experts.router_groups, dtype=bool), axis=-2, dtype=bool)
         choice = jnp.where(keep[..., None], grouped, -jnp.inf).reshape(choice.shape)
     _, experts = jax.lax.top_k(choice, k)
     weights = jnp.take_along_axis(scores, experts, axis=-1)
-    if cfg.normalize_router_weights:
+    if cfg.experts.normalize_weights:
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
-    return Routing(experts, weights * cfg.routed_scaling, scores)
+    return Routing(experts, weights * cfg.experts.routed_scaling, scores)
 
 
 # Rows per block of the grouped dispatch: large enough that each block's matmuls run near peak, small
@@ -441,9 +442,9 @@ def dense_experts(x: Array, routing: Routing, weights: ExpertWeights, unit: Unit
 
 def use_grouped_dispatch(cfg: ModelConfig) -> bool:
     """``moe_dispatch`` 'auto': the grouped dispatch unless every expert is chosen anyway."""
-    if cfg.moe_dispatch != "auto":
-        return cfg.moe_dispatch in ("grouped", "all_to_all")
-    return cfg.experts_per_token < cfg.num_experts
+    if cfg.experts.dispatch != "auto":
+        return cfg.experts.dispatch in ("grouped", "all_to_all")
+    return cfg.experts.per_token < cfg.experts.count
 
 
 def expert_dispatch(cfg: ModelConfig, batch: int):
@@ -455,7 +456,7 @@ def expert_dispatch(cfg: ModelConfig, batch: int):
     rows_split = batch % math.prod(axis_size(axis) for axis in BATCH_AXES) == 0
     # (under a ``stage`` axis the MoE layers run inside the pipeline's vmap over stages, where the exchange's
     # shard_map does not yet trace: GSPMD partitions the grouped dispatch there)
-    if cfg.moe_dispatch != "grouped" and axis_size("expert") > 1 and rows_split and axis_size("stage") == 1:
+    if cfg.experts.dispatch != "grouped" and axis_size("expert") > 1 and rows_split and axis_size("stage") == 1:
         return exchanged_experts
     return grouped_experts
 
@@ -471,12 +472,12 @@ class MoE(nnx.Module):
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        E, D, F = cfg.num_experts, cfg.d_model, cfg.expert_width
+        E, D, F = cfg.experts.count, cfg.d_model, cfg.expert_width
         self.config, self.dtype = cfg, dtype_of(cfg.dtype)
         self.router = param(rngs, (D, E), ("embed", "experts"), cfg)
         # Moved between steps by the balancing rule (train.router_bias_rate), never by gradients.
         self.router_bias = (RouterBias(jnp.zeros((E,), dtype_of(cfg.param_dtype)), axes=("experts",))
-                            if cfg.router_bias else None)
+                            if cfg.experts.router_bias else None)
         # Expert kernels are read whole by the dispatch (dequantized, LoRA merged per expert: ``kernel``).
         projection(self, "wi", cfg, rngs, (E, D, F), ("experts", "embed", "mlp"), batch=1, role="experts")
         if cfg.gated:
@@ -486,15 +487,15 @@ class MoE(nnx.Module):
         projection(self, "wo", cfg, rngs, (E, F, D), ("experts", "mlp", "embed"), batch=1, role="experts")
         # gpt-oss: biases on every expert's projections and on the router's logits
         bias = lambda shape, axes, present=True: (  # noqa: E731
-            param(rngs, shape, axes, cfg, init="zeros") if cfg.expert_bias and present else None)
+            param(rngs, shape, axes, cfg, init="zeros") if cfg.experts.bias and present else None)
         self.bi, self.bi_gate = bias((E, F), ("experts", "mlp")), bias((E, F), ("experts", "mlp"), cfg.gated)
         self.bo = bias((E, D), ("experts", "embed"))
-        self.router_logit_bias = param(rngs, (E,), ("experts",), cfg, init="zeros") if cfg.router_logit_bias else None
+        self.router_logit_bias = param(rngs, (E,), ("experts",), cfg, init="zeros") if cfg.experts.router_logit_bias else None
         self.unit = Unit.of(cfg)
-        self.shared = (MLP(cfg, rngs=rngs, width=cfg.shared_experts * F, bias=False, role="shared_experts")
-                       if cfg.shared_experts else None)
+        self.shared = (MLP(cfg, rngs=rngs, width=cfg.experts.shared * F, bias=False, role="shared_experts")
+                       if cfg.experts.shared else None)
         # Qwen2-MoE: how much of the shared experts' output each token takes, sigmoid(x . w)
-        self.shared_gate = param(rngs, (D,), ("embed",), cfg) if cfg.shared_expert_gate else None
+        self.shared_gate = param(rngs, (D,), ("embed",), cfg) if cfg.experts.shared_gate else None
 
     def __call__(self, x: Array, token_mask: Array | None = None) -> tuple[Array, dict[str, Array]]:
         cfg, dt = self.config, self.dtype
@@ -508,7 +509,7 @@ class MoE(nnx.Module):
         weights = ExpertWeights(kernel(self, "wi", dt, batch=1),
                                 None if self.wi_gate is None else kernel(self, "wi_gate", dt, batch=1),
                                 kernel(self, "wo", dt, batch=1), value(self.bi), value(self.bi_gate), value(self.bo))
-        y = expert_dispatch(cfg, x.shape[0])(x, routing, weights, self.unit, cfg.router_weights_on_input)
+        y = expert_dispatch(cfg, x.shape[0])(x, routing, weights, self.unit, cfg.experts.weights_on_input)
         if self.shared is not None:
             shared = self.shared(x)
             if self.shared_gate is not None:
@@ -523,12 +524,12 @@ def router_statistics(cfg: ModelConfig, routing: Routing, token_mask: Array | No
     ``load`` [E], the share of the token-expert assignments each expert received (sums to 1);
     ``prob`` [E], the mean routing probability (sigmoid scores normalized per token);
     ``sequence_loss`` [], DeepSeek-V3's sequence-wise balance term, averaged over rows."""
-    E, k = cfg.num_experts, cfg.experts_per_token
+    E, k = cfg.experts.count, cfg.experts.per_token
     B, T = routing.experts.shape[:2]
     w = jnp.ones((B, T), jnp.float32) if token_mask is None else token_mask.astype(jnp.float32)
     chosen = jnp.sum(jax.nn.one_hot(routing.experts, E, dtype=jnp.float32), axis=-2)  # [B, T, E]
     probs = routing.scores
-    if cfg.router_score == "sigmoid":
+    if cfg.experts.router_score == "sigmoid":
         probs = probs / (jnp.sum(probs, axis=-1, keepdims=True) + 1e-20)
     row_tokens = jnp.sum(w, axis=1)  # [B]
     row_counts = jnp.einsum("BT,BTE->BE", w, chosen)  # pairs per row and expert
@@ -565,8 +566,8 @@ def load_balancing_loss(stats: dict[str, Array], cfg: ModelConfig) -> Array:
     batch: Switch/Mixtral's E * sum_e f_e * p_e, f_e the fraction of tokens routed to e (summing to k)
     and p_e its mean probability, each averaged over layers; sequence: DeepSeek-V3's per-row term,
     summed over layers."""
-    if cfg.router_aux_loss == "sequence":
+    if cfg.experts.aux_loss == "sequence":
         return jnp.sum(stats["sequence_loss"])
-    token_fraction = cfg.experts_per_token * jnp.mean(stats["load"], axis=0)
+    token_fraction = cfg.experts.per_token * jnp.mean(stats["load"], axis=0)
     router_prob = jnp.mean(stats["prob"], axis=0)
-    return cfg.num_experts * jnp.sum(token_fraction * router_prob)
+    return cfg.experts.count * jnp.sum(token_fraction * router_prob)

@@ -21,7 +21,7 @@ Array = jax.Array
 def embedding_width(cfg: ModelConfig) -> tuple[int, str]:
     """The token tables' width and its logical axis: d_model ('embed'), or factorised embeddings' own width
     ('embedding', left unsharded: 128 numbers a row in ALBERT and ELECTRA-small)."""
-    return (cfg.d_model, "embed") if cfg.embedding_size is None else (cfg.embedding_size, "embedding")
+    return (cfg.d_model, "embed") if cfg.embeddings.width is None else (cfg.embeddings.width, "embedding")
 
 
 class Embed(nnx.Module):
@@ -33,9 +33,9 @@ class Embed(nnx.Module):
     def __init__(self, num: int, cfg: ModelConfig, *, rngs: nnx.Rngs, axes=("vocab", "embed"),
                  width: int | None = None):
         table = param(rngs, (num, width or cfg.d_model), axes, cfg)
-        if cfg.quantize_embeddings and axes[0] == "vocab":
+        if cfg.quantization is not None and cfg.quantization.embeddings and axes[0] == "vocab":
             q, scale = quantize_kernel(table[...], 1, 1)
-            self.table = Quantized(q, axes=axes, dynamic=cfg.quantize == "int8_dynamic")
+            self.table = Quantized(q, axes=axes, dynamic=cfg.quantization.kind == "int8_dynamic")
             self.table_scale = Quantized(scale.astype(dtype_of(cfg.param_dtype)), axes=axes[:1])
         else:
             self.table = table
@@ -89,11 +89,11 @@ class Positions(nnx.Module):
     (rotary and relative schemes act inside attention instead)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, width: int | None = None, axis: str = "embed"):
-        self.kind, self.offset, self.dtype = cfg.position, cfg.position_offset, dtype_of(cfg.dtype)
-        self.layout, self.pad_token_id = cfg.sinusoids, cfg.pad_token_id
+        self.kind, self.offset, self.dtype = cfg.position, cfg.embeddings.position_offset, dtype_of(cfg.dtype)
+        self.layout, self.pad_token_id = cfg.embeddings.sinusoids, cfg.tokens.pad
         self.d_model, self.max_positions = width or cfg.d_model, cfg.max_positions
-        learned = cfg.position == "learned" or cfg.position_biased_input  # DeBERTa may add one to its relative terms
-        self.table = (param(rngs, (cfg.max_positions + cfg.position_offset, self.d_model), ("positions", axis), cfg)
+        learned = cfg.position == "learned" or (cfg.disentangled is not None and cfg.disentangled.absolute_input)  # DeBERTa may add one to its relative terms
+        self.table = (param(rngs, (cfg.max_positions + cfg.embeddings.position_offset, self.d_model), ("positions", axis), cfg)
                       if learned else None)
 
     def __call__(self, positions: Array) -> Array | None:
@@ -119,9 +119,9 @@ def rope_frequencies(cfg: ModelConfig, long: bool = False) -> np.ndarray:
     where the operations do."""
     H = cfg.rope_dim
     exponents = np.arange(0, H, 2, dtype=np.float32) / np.float32(H)
-    powers = (np.float32(cfg.rope_theta) ** exponents).astype(np.float32)
+    powers = (np.float32(cfg.rotary.theta) ** exponents).astype(np.float32)
     inv_freq = (1.0 / powers).astype(np.float32)
-    s = cfg.rope_scaling
+    s = cfg.rotary.scaling
     if s is None or s.kind == "dynamic":
         return inv_freq
     if s.kind == "linear":
@@ -130,7 +130,7 @@ def rope_frequencies(cfg: ModelConfig, long: bool = False) -> np.ndarray:
         factors = np.asarray(s.long_factor if long else s.short_factor, np.float32)
         return (1.0 / (factors * powers)).astype(np.float32)
     if s.kind == "yarn":
-        return _yarn_frequencies(s, H, cfg.rope_theta, powers)
+        return _yarn_frequencies(s, H, cfg.rotary.theta, powers)
     return _llama3_frequencies(s, inv_freq)
 
 
@@ -178,10 +178,10 @@ def _yarn_frequencies(s, H: int, theta: float, powers: np.ndarray) -> np.ndarray
 def _dynamic_frequencies(cfg: ModelConfig, length: Array) -> Array:
     """Dynamic NTK: the frequencies of a call whose largest position is ``length`` - 1 > max_positions,
     the base raised as transformers raises it, in float32 on device (the length is traced)."""
-    H, s = cfg.rope_dim, cfg.rope_scaling
+    H, s = cfg.rope_dim, cfg.rotary.scaling
     growth = (jnp.float32(s.factor) * length.astype(jnp.float32) / jnp.float32(cfg.max_positions)
               - jnp.float32(s.factor - 1))
-    base = jnp.float32(cfg.rope_theta) * growth ** jnp.float32(H / (H - 2))
+    base = jnp.float32(cfg.rotary.theta) * growth ** jnp.float32(H / (H - 2))
     return 1.0 / base ** (jnp.arange(0, H, 2, dtype=jnp.float32) / jnp.float32(H))
 
 
@@ -193,7 +193,7 @@ def rope_tables(cfg: ModelConfig, positions: Array) -> tuple[Array, Array]:
     back under max_positions; here each call is its own, which is what a fresh transformers model does
     and what its generation does, whose lengths only grow.)"""
     inv_freq = jnp.asarray(rope_frequencies(cfg))
-    s = cfg.rope_scaling
+    s = cfg.rotary.scaling
     if s is not None and s.kind in ("dynamic", "longrope"):
         length = jnp.max(positions) + 1
         if s.kind == "longrope":
@@ -243,7 +243,7 @@ def relative_position_buckets(relative: Array, bidirectional: bool, num_buckets:
 def distance_buckets(cfg: ModelConfig, q_positions: Array, k_positions: Array, bidirectional: bool) -> Array:
     """The T5 bucket [B, T, S] of each key - query distance, from query positions [B, T] and key positions [B, S]."""
     relative = k_positions[:, None, :] - q_positions[:, :, None]
-    return relative_position_buckets(relative, bidirectional, cfg.relative_buckets, cfg.relative_max_distance)
+    return relative_position_buckets(relative, bidirectional, cfg.relative_bias.buckets, cfg.relative_bias.max_distance)
 
 
 class RelativeBias(nnx.Module):
@@ -252,7 +252,7 @@ class RelativeBias(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, bidirectional: bool, rngs: nnx.Rngs):
         self.bidirectional, self.config = bidirectional, cfg
-        self.table = param(rngs, (cfg.relative_buckets, cfg.num_heads), ("buckets", "heads"), cfg)
+        self.table = param(rngs, (cfg.relative_bias.buckets, cfg.num_heads), ("buckets", "heads"), cfg)
 
     def lookup(self, buckets: Array) -> Array:
         """Bias [B, N, T, S] of buckets [B, T, S]."""
@@ -300,17 +300,17 @@ class Embeddings(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, token_types: bool = False):
         width, axis = embedding_width(cfg)
-        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else None
+        self.scale = math.sqrt(cfg.d_model) if cfg.embeddings.scale else None
         self.positions = Positions(cfg, rngs=rngs, width=width, axis=axis)
-        self.token_types = (Embed(cfg.type_vocab_size, cfg, rngs=rngs, axes=("types", axis), width=width)
-                            if token_types and cfg.type_vocab_size else None)
-        self.norm = Norm(cfg, rngs=rngs, width=width, axis=axis) if cfg.embedding_norm else None
+        self.token_types = (Embed(cfg.embeddings.types, cfg, rngs=rngs, axes=("types", axis), width=width)
+                            if token_types and cfg.embeddings.types else None)
+        self.norm = Norm(cfg, rngs=rngs, width=width, axis=axis) if cfg.norms.embedding else None
         self.project = (Dense(cfg, width, cfg.d_model, (axis, "embed"), rngs=rngs)
-                        if cfg.embedding_size is not None else None)
+                        if cfg.embeddings.width is not None else None)
         self.dropout_rate = cfg.dropout_rate
         # RoBERTa counts real tokens only; a pad sits on table row pad_token_id.
-        self.pad_aware_positions, self.pad_token_id = cfg.pad_aware_positions, cfg.pad_token_id
-        self.position_offset = cfg.position_offset
+        self.pad_aware_positions, self.pad_token_id = cfg.embeddings.pad_aware_positions, cfg.tokens.pad
+        self.position_offset = cfg.embeddings.position_offset
 
     def default_positions(self, input_ids: Array | None, shape: tuple[int, int]) -> Array:
         """Positions [B, T] when none are given: 0..T-1 in every row, or RoBERTa's count of real tokens."""
@@ -378,7 +378,7 @@ class RelativeEmbeddings(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.table = param(rngs, (2 * cfg.relative_span, cfg.d_model), ("relative", "embed"), cfg)
-        self.norm = Norm(cfg, rngs=rngs) if cfg.relative_embedding_norm else None
+        self.norm = Norm(cfg, rngs=rngs) if cfg.disentangled.norm_table else None
         self.dtype = dtype_of(cfg.dtype)
 
     def __call__(self) -> Array:

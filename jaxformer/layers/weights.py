@@ -47,12 +47,12 @@ class Quantized(nnx.Variable):
 
 def lora_scaling(cfg: ModelConfig) -> float:
     """alpha / rank, or alpha / sqrt(rank) with rsLoRA (Kalajdzievski 2023), as PEFT scales."""
-    return cfg.lora_alpha / (math.sqrt(cfg.lora_rank) if cfg.lora_rslora else cfg.lora_rank)
+    return cfg.lora.alpha / (math.sqrt(cfg.lora.rank) if cfg.lora.rslora else cfg.lora.rank)
 
 
 def targeted(cfg: ModelConfig, role: str, name: str) -> bool:
     """Does ``lora_targets`` name this projection: by its name alone ('q') or with its sublayer ('attn.q')?"""
-    return cfg.lora_rank > 0 and (name in cfg.lora_targets or f"{role}.{name}" in cfg.lora_targets)
+    return cfg.lora is not None and (name in cfg.lora.targets or f"{role}.{name}" in cfg.lora.targets)
 
 
 class LoRA(nnx.Module):
@@ -61,14 +61,14 @@ class LoRA(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, shape: tuple[int, ...], axes: tuple[str, ...], batch: int, inputs: int,
                  *, rngs: nnx.Rngs):
-        R, dtype = cfg.lora_rank, dtype_of(cfg.param_dtype)
+        R, dtype = cfg.lora.rank, dtype_of(cfg.param_dtype)
         lead, ins, outs = shape[:batch], shape[batch:batch + inputs], shape[batch + inputs:]
         lead_axes, in_axes, out_axes = axes[:batch], axes[batch:batch + inputs], axes[batch + inputs:]
         bound = 1.0 / math.sqrt(math.prod(ins))  # kaiming_uniform_(a=sqrt(5)) over fan_in, as PEFT
         a = jax.random.uniform(rngs.params(), (*lead, *ins, R), jnp.float32, -bound, bound)
         self.a = LoraParam(a.astype(dtype), axes=(*lead_axes, *in_axes, "lora_rank"))
         self.b = LoraParam(jnp.zeros((*lead, R, *outs), dtype), axes=(*lead_axes, "lora_rank", *out_axes))
-        self.scaling, self.dropout_rate = lora_scaling(cfg), cfg.lora_dropout
+        self.scaling, self.dropout_rate = lora_scaling(cfg), cfg.lora.dropout
 
     def __call__(self, x: Array, equation: str, dtype, key: Array | None) -> Array:
         """scaling * (dropout(x) A) B for a projection written as ``equation`` ('BTD,DNH->BTNH')."""
@@ -102,11 +102,11 @@ def projection(module: nnx.Module, name: str, cfg: ModelConfig, rngs: nnx.Rngs, 
     """Create ``module.<name>``: a kernel of ``shape`` = batch + inputs + outputs dims (float, or int8 with
     ``<name>_scale`` over batch + outputs) and, when ``lora_targets`` names it, ``<name>_lora``."""
     kernel = param(rngs, shape, axes, cfg)
-    if cfg.quantize is None:
+    if cfg.quantization is None:
         setattr(module, name, kernel)
     else:
         q, scale = quantize_kernel(kernel[...], batch, inputs)
-        setattr(module, name, Quantized(q, axes=axes, dynamic=cfg.quantize == "int8_dynamic"))
+        setattr(module, name, Quantized(q, axes=axes, dynamic=cfg.quantization.kind == "int8_dynamic"))
         setattr(module, f"{name}_scale", Quantized(scale.astype(dtype_of(cfg.param_dtype)),
                                                    axes=axes[:batch] + axes[batch + inputs:]))
     setattr(module, f"{name}_lora", LoRA(cfg, shape, axes, batch, inputs, rngs=rngs)

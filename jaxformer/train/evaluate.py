@@ -59,7 +59,7 @@ def evaluate(run_dir: str | Path, step: int | None = None, overrides: tuple[str,
         overrides = ("eval.bleu=true", *overrides)
     run, step = restore_run(run_dir, step, overrides)
     graphdef, params, rest = split_model(run.model)
-    if run.model.config.lora_rank:  # the frozen base is read by the step, not baked into it
+    if run.model.config.lora is not None:  # the frozen base is read by the step, not baked into it
         params = (params, nnx.state(run.model, frozen_filter(run.model.config)))
     memory = held_out_memory(run)
     eval_step = make_eval_step(graphdef, rest, run.objective, run.mesh, shardings_of(params),
@@ -84,10 +84,10 @@ def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None, 
     (dequantized, for an int8 one) as a plain model (``merge_adapter``)."""
     run, step = restore_run(run_dir, step)
     model = run.model
-    if model.config.lora_rank and not merge:
+    if model.config.lora is not None and not merge:
         raise ValueError(f"{run_dir} is a LoRA fine-tune: write it merged into its base with --to-hf OUT --merge, or "
                          "its adapters alone with --to-peft OUT")
-    if merge and not model.config.lora_rank:
+    if merge and model.config.lora is None:
         raise ValueError(f"{run_dir} has no LoRA adapters to merge; leave out --merge")
     (model.merge_adapter() if merge else model).save_pretrained(output)
     if run.tokenizer_file is not None:

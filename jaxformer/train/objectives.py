@@ -73,7 +73,7 @@ MEMORY = "memory"
 
 def carries_memory(cfg: ModelConfig) -> bool:
     """Whether a model keeps Transformer-XL's segment memory from one call to the next."""
-    return cfg.position == "xl" and cfg.memory_len > 0
+    return cfg.position == "xl" and cfg.segment_memory > 0
 
 
 def with_aux_loss(loss: jax.Array, sums: dict, output) -> tuple[jax.Array, dict]:
@@ -95,7 +95,7 @@ def with_aux_loss(loss: jax.Array, sums: dict, output) -> tuple[jax.Array, dict]
 def pad_changes(cfg, pad: int) -> dict:
     """The config changes that give a fresh model the tokenizer's pad id: positions counted from the pad (RoBERTa,
     M2M-100's ``pad_aware_positions``) start at the row after it, so the offset moves with it."""
-    return {"pad_token_id": pad, **({"position_offset": pad + 1} if cfg.pad_aware_positions else {})}
+    return {"pad_token_id": pad, **({"position_offset": pad + 1} if cfg.embeddings.pad_aware_positions else {})}
 
 class Objective:
     """Base: the data splits, the model head, batches and the loss of one objective.
@@ -300,12 +300,12 @@ class MaskedLM(Objective):
     def adapt(self, cfg, fresh):
         cfg = super().adapt(cfg, fresh)
         head = "pretraining" if self.pairs else "mlm"
-        changes = {"head": head, "pooler": cfg.pooler or head == "pretraining"}
+        changes = {"head": head, "pooler": cfg.head_options.pooler or head == "pretraining"}
         if fresh:
             changes.update(pad_changes(cfg, self.ids["pad"]))
-        if cfg.type_vocab_size < 2 and self.pairs:
+        if cfg.embeddings.types < 2 and self.pairs:
             raise ValueError(f"{self.pair_task} needs token types (type_vocab_size >= 2); model {cfg.name!r} has "
-                             f"{cfg.type_vocab_size}" + (" (set data.nsp=false for RoBERTa-style MLM)"
+                             f"{cfg.embeddings.types}" + (" (set data.nsp=false for RoBERTa-style MLM)"
                                                          if self.name == "mlm" else ""))
         # a pair task's head reads one pair a row: rows stay one example each, padded
         self.documents = not self.pairs and documents_packing(self, cfg)
@@ -388,7 +388,7 @@ class MaskedLM(Objective):
     def token_types(model, batch) -> jax.Array | None:
         """The batch's segment ids for a model with token-type embeddings; None for one without (DistilBERT,
         ModernBERT, DeBERTa), which refuses them."""
-        return batch["token_type_ids"] if model.config.type_vocab_size else None
+        return batch["token_type_ids"] if model.config.embeddings.types else None
 
     def loss(self, model, batch, key):
         out = model(batch["input_ids"], batch["attention_mask"], self.token_types(model, batch), dropout_key=key,
@@ -509,14 +509,14 @@ class _EncoderDecoderObjective(Objective):
         # tokenizer's only where it has none (a decoder-only model adapted into an encoder-decoder, say).
         ids = {"pad_token_id": self.tokenizer.special("pad"), "eos_token_id": self.tokenizer.special("eos"),
                "decoder_start_token_id": self.decoder_start}
-        changes = {field: value for field, value in ids.items() if fresh or getattr(cfg, field) is None}
+        changes = {field: value for field, value in ids.items() if fresh or cfg.to_flat()[field] is None}
         if "pad_token_id" in changes:
             changes.update(pad_changes(cfg, changes["pad_token_id"]))
         cfg = cfg.replace(**changes)
-        if cfg.decoder_start_token_id is None:
+        if cfg.tokens.decoder_start is None:
             raise ValueError(f"model {cfg.name!r} has no decoder_start_token_id; set model.overrides."
                              "decoder_start_token_id")
-        self.decoder_start = cfg.decoder_start_token_id
+        self.decoder_start = cfg.tokens.decoder_start
         return cfg.replace(head="lm") if cfg.head != "lm" else cfg
 
     def _decoder_inputs(self, targets: np.ndarray) -> np.ndarray:
@@ -815,9 +815,9 @@ class Classification(RecordObjective):
             changes.update(pad_changes(cfg, self.ids["pad"]))
         if cfg.family == "encoder_decoder":
             return self._encoder_decoder(cfg, fresh, changes)
-        if self.pairs and cfg.type_vocab_size < 2:
+        if self.pairs and cfg.embeddings.types < 2:
             raise ValueError(f"sentence-pair classification tells the two texts apart by token types "
-                             f"(type_vocab_size >= 2); model {cfg.name!r} has type_vocab_size={cfg.type_vocab_size}")
+                             f"(type_vocab_size >= 2); model {cfg.name!r} has type_vocab_size={cfg.embeddings.types}")
         return cfg.replace(**changes)
 
     def _encoder_decoder(self, cfg, fresh, changes):
@@ -828,10 +828,10 @@ class Classification(RecordObjective):
         changes.update(scale_tied_logits=False, logits_bias=False)  # (the LM head's settings go with it)
         if fresh:
             changes.update(eos_token_id=sep, decoder_start_token_id=sep)
-        elif cfg.eos_token_id != sep:
-            raise ValueError(f"model {cfg.name!r} pools at eos_token_id={cfg.eos_token_id}, but data.tokenizer="
+        elif cfg.tokens.eos != sep:
+            raise ValueError(f"model {cfg.name!r} pools at eos_token_id={cfg.tokens.eos}, but data.tokenizer="
                              f"{self.tokenizer.name!r} closes each row with {sep}; use the model's own tokenizer")
-        elif cfg.decoder_start_token_id is None and not cfg.wrap_decoder_start:
+        elif cfg.tokens.decoder_start is None and not cfg.tokens.wrap_decoder_start:
             changes["decoder_start_token_id"] = sep
         return cfg.replace(**changes)
 
@@ -849,7 +849,7 @@ class Classification(RecordObjective):
         if model.config.family == "encoder_decoder":  # (its decoder reads the rows shifted right)
             out = model(batch["input_ids"], batch["attention_mask"], dropout_key=key)
         else:
-            types = batch["token_type_ids"] if model.config.type_vocab_size else None
+            types = batch["token_type_ids"] if model.config.embeddings.types else None
             out = model(batch["input_ids"], batch["attention_mask"], types, dropout_key=key)
         sums = token_cross_entropy(out.logits, batch["labels"])
         return ratio(sums["loss"]), sums

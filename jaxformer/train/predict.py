@@ -47,7 +47,7 @@ def load_for_prediction(run_dir: str | Path, step: int | None = None):
     of the tokenizer, the rebuilt ``Run`` of a LoRA or question-answering run."""
     cfg, run_dir = run_settings(run_dir), Path(run_dir)
     trained = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8")))
-    if trained.lora_rank or cfg.train.objective == "question_answering":
+    if trained.lora is not None or cfg.train.objective == "question_answering":
         # The run rebuilt as `jaxformer eval` does: a LoRA run's adapters need their frozen base, and answer
         # spans are windowed and decoded by the run's own objective (squad.predict_answers reads it).
         run, _ = restore_run(run_dir, step)
@@ -57,13 +57,13 @@ def load_for_prediction(run_dir: str | Path, step: int | None = None):
 
 def _label_names(model) -> list[str]:
     cfg = model.config
-    return list(cfg.label_names) if cfg.label_names else [str(i) for i in range(cfg.num_labels)]
+    return list(cfg.head_options.label_names) if cfg.head_options.label_names else [str(i) for i in range(cfg.head_options.num_labels)]
 
 
 def tag_entities(model, tokenizer, seq_len: int, text: str) -> tuple[list[dict], int]:
     """The entities of ``text`` (type, text, character start and end, score: the mean probability of their
     words' tags) and how many of its words did not fit ``seq_len`` tokens (left untagged)."""
-    names = model.config.label_names
+    names = model.config.head_options.label_names
     if not names:
         raise ValueError("this token-classification model has no label_names (a run from before they were kept in "
                          "model.json); retrain it to predict entities by name")
@@ -97,7 +97,7 @@ def classify(model, tokenizer, seq_len: int, text: str, text_pair: str | None) -
         a, b = longest_first(a, tokenizer.encode(text_pair), seq_len - 3)
         row = np.concatenate([[cls], a, [sep], b, [sep]])
         types = np.concatenate([np.zeros(len(a) + 2), np.ones(len(b) + 1)]).astype(np.int32)[None]
-    if not model.config.type_vocab_size:
+    if not model.config.embeddings.types:
         types = None
     # (an encoder-decoder classifier takes no token types: its decoder reads the row shifted right)
     typed = {} if model.config.family == "encoder_decoder" else {"token_type_ids": types}

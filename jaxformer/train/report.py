@@ -25,7 +25,7 @@ def attention_note(model_cfg: ModelConfig, seq_len: int) -> str:
     machine cannot serve fails here, before compiling)."""
     pattern = "bidirectional" if model_cfg.family == "encoder" else model_cfg.attention
     backend = kernels.fused_backend(model_cfg, pattern, seq_len, seq_len, has_bias=model_cfg.position == "relative")
-    note = f"self-attention runs on {backend} (attention_backend={model_cfg.attention_backend!r}, {kernels.platform()})"
+    note = f"self-attention runs on {backend} (attention_backend={model_cfg.execution.attention_backend!r}, {kernels.platform()})"
     if backend != "xla" and model_cfg.attention_dropout_rate > 0:
         note += "; attention dropout is on, so training steps use xla (model.overrides.attention_dropout_rate=0 fuses)"
     return note
@@ -34,11 +34,11 @@ def attention_note(model_cfg: ModelConfig, seq_len: int) -> str:
 def expert_note(model_cfg: ModelConfig, rows: int) -> list[str]:
     """How a MoE model's experts are split under a mesh with an ``expert`` axis (none: nothing to say)."""
     devices = sharding.axis_size("expert")
-    if not model_cfg.num_experts or devices == 1:
+    if model_cfg.experts is None or devices == 1:
         return []
     how = ("tokens sent to them and back by all-to-all" if expert_dispatch(model_cfg, rows) is exchanged_experts
-           else f"dispatch partitioned by the compiler (moe_dispatch={model_cfg.moe_dispatch!r})")
-    return [f"experts: {model_cfg.num_experts // devices} a device over mesh.expert={devices}, {how}"]
+           else f"dispatch partitioned by the compiler (moe_dispatch={model_cfg.experts.dispatch!r})")
+    return [f"experts: {model_cfg.experts.count // devices} a device over mesh.expert={devices}, {how}"]
 
 
 def pipeline_note(model_cfg: ModelConfig, rows: int) -> list[str]:
@@ -46,7 +46,7 @@ def pipeline_note(model_cfg: ModelConfig, rows: int) -> list[str]:
     stages = sharding.axis_size("stage")
     if stages == 1:
         return []
-    repeats, microbatches = model_cfg.pipeline_repeats, model_cfg.pipeline_microbatches or stages
+    repeats, microbatches = model_cfg.execution.pipeline_repeats, model_cfg.execution.pipeline_microbatches or stages
     iterations, bubble = schedule(stages, repeats, microbatches)
     kind = "GPipe" if repeats == 1 else f"circular, {repeats} chunks a stage"
     return [f"pipeline: {stages} stages ({kind}), {microbatches} microbatches of {rows // microbatches} rows; each "

@@ -72,7 +72,7 @@ def load_run_model(run_dir: Path, step: int | None = None):
     newest), restored into abstract shapes: building the model first would initialise every weight only to
     overwrite it (16 s of a 17 s load of tiny-bert on CPU)."""
     trained = ModelConfig.from_dict(json.loads((run_dir / MODEL_FILE).read_text(encoding="utf-8")))
-    if trained.lora_rank:
+    if trained.lora is not None:
         raise ValueError(f"{run_dir} is a LoRA fine-tune (its checkpoints hold adapters, not a model); write it "
                          f"out merged with `jaxformer convert {run_dir} --to-hf OUT --merge`, then init_from=hf:OUT")
     if not (run_dir / "checkpoints").is_dir():
@@ -254,12 +254,12 @@ def check_memory_settings(cfg: RunConfig, model_cfg) -> None:
     if carries_memory(model_cfg) and cfg.train.grad_accum > 1:
         # Micro-batches would split the rows whose memories follow their own streams from step to step.
         raise ValueError(f"train.grad_accum={cfg.train.grad_accum} does not work with a segment memory (model "
-                         f"memory_len={model_cfg.memory_len}): each batch row carries its memory to the next "
+                         f"memory_len={model_cfg.segment_memory}): each batch row carries its memory to the next "
                          "step; use train.grad_accum=1, or model.overrides.memory_len=0 to train without memory")
     if cfg.eval.memory_len and not carries_memory(model_cfg):
         raise ValueError(f"eval.memory_len={cfg.eval.memory_len} needs a model with segment memory (position='xl' "
                          f"and memory_len > 0); model {model_cfg.name!r} has position={model_cfg.position!r} and "
-                         f"memory_len={model_cfg.memory_len}. Leave eval.memory_len=0")
+                         f"memory_len={model_cfg.segment_memory}. Leave eval.memory_len=0")
 
 
 def held_out_memory(run: Run):
@@ -346,18 +346,18 @@ def run_notes(run: Run) -> list[str]:
 def lora_notes(run: Run) -> list[str]:
     """What a LoRA fine-tune trains, and a freshly initialised parameter that it leaves frozen."""
     model_cfg = run.model.config
-    if not model_cfg.lora_rank:
+    if model_cfg.lora is None:
         return []
     params = nnx.state(run.model, trainable(model_cfg))
     count = sum(x.size for x in jax.tree.leaves(params))
     total = count + sum(x.size for x in jax.tree.leaves(nnx.state(run.model, nnx.Not(trainable(model_cfg)))))
-    also = f" and {', '.join(model_cfg.lora_trainable)}" if model_cfg.lora_trainable else ""
-    int8 = ", base int8 (QLoRA)" if model_cfg.quantize else ""
-    notes = [f"LoRA r={model_cfg.lora_rank} on {', '.join(model_cfg.lora_targets)}{int8}: training the adapters{also}, "
+    also = f" and {', '.join(model_cfg.lora.trainable)}" if model_cfg.lora.trainable else ""
+    int8 = ", base int8 (QLoRA)" if model_cfg.quantization is not None else ""
+    notes = [f"LoRA r={model_cfg.lora.rank} on {', '.join(model_cfg.lora.targets)}{int8}: training the adapters{also}, "
              f"{count:,} of {total:,} numbers ({100 * count / total:.2f}%); base {run.base['source']} "
              f"(sha256 {run.base['fingerprint'][:12]})"]
     frozen_fresh = [name for name in run.fresh_params
-                    if not any(name.replace(".", "/").startswith(p) for p in model_cfg.lora_trainable)]
+                    if not any(name.replace(".", "/").startswith(p) for p in model_cfg.lora.trainable)]
     if frozen_fresh:
         notes.append(f"freshly initialised but frozen under LoRA: {', '.join(frozen_fresh)}; list them in "
                      "finetune.lora.trainable to train them")

@@ -277,7 +277,7 @@ class QuestionAnswering(Objective):
 
     def adapt(self, cfg, fresh):
         cfg = super().adapt(cfg, fresh)
-        self.token_types = cfg.type_vocab_size >= 2
+        self.token_types = cfg.embeddings.types >= 2
         changes = {"head": "question_answering"}
         if fresh:
             changes["pad_token_id"] = self.ids["pad"]

@@ -142,7 +142,7 @@ def empty_memory(model, batch: int, length: int | None, mesh):
 def trained_filter(model_cfg):
     """What a run differentiates and optimizes: every parameter, or with LoRA adapters only what
     ``jaxformer.lora.trainable`` selects."""
-    return trainable(model_cfg) if model_cfg.lora_rank else nnx.Param
+    return trainable(model_cfg) if model_cfg.lora is not None else nnx.Param
 
 
 def frozen_filter(model_cfg):
@@ -154,7 +154,7 @@ def split_model(model):
     """``(graphdef, params, rest)`` for the steps: the parameters that train, and the rest of the model's
     variables (buffers, RNG state) closed over; a LoRA model's frozen base is in neither (``init_state``
     puts it in the train state, so it is an argument of the step rather than a constant baked into it)."""
-    if not model.config.lora_rank:
+    if model.config.lora is None:
         return nnx.split(model, nnx.Param, ...)
     graphdef, params, _, rest = nnx.split(model, trained_filter(model.config), frozen_filter(model.config), ...)
     return graphdef, params, rest
@@ -169,7 +169,7 @@ def init_state(cfg: RunConfig, model, optimizer) -> dict:
     progress = {"step": jnp.int32(0), "skipped": jnp.int32(0), "key": jax.random.PRNGKey(cfg.run.seed)}
     state = {"params": params, "opt_state": sharding.sharded_optimizer_state(optimizer, params),
              **jax.device_put(progress, NamedSharding(mesh, P()))}
-    if model.config.lora_rank:
+    if model.config.lora is not None:
         state["frozen"] = nnx.state(model, frozen_filter(model.config))
     if carries_memory(model.config):
         state["memory"] = empty_memory(model, cfg.train.batch_size, None, mesh)
@@ -187,7 +187,7 @@ def _loss_fn(graphdef, rest, objective: Objective):
     def loss_fn(params, batch, key, memory=None, frozen=None):
         model = _merge(graphdef, rest, params, frozen)
         c = model.config
-        key = key if c.dropout_rate or c.attention_dropout_rate or c.lora_dropout else None
+        key = key if c.dropout_rate or c.attention_dropout_rate or (c.lora is not None and c.lora.dropout) else None
         if memory is None:
             loss, sums = objective.loss(model, batch, key)
             return loss, (sums, None)
