@@ -67,9 +67,9 @@ def _as_transformers_writes_it(hf: dict) -> dict:
 
 def test_the_published_file_reads_as_its_transformers_5_form_and_matches_transformers(checkpoints, tmp_path):
     cfg = _read(PUBLISHED_7B)
-    assert (cfg.norm, cfg.norm_position, cfg.qk_norm, cfg.qk_norm_span, cfg.activation) == \
-        ("rmsnorm", "output", True, "projection", "swiglu")
-    assert (cfg.rope_theta, cfg.rope_scaling, cfg.norm_eps, cfg.qkv_bias, cfg.tie_embeddings) == \
+    assert (cfg.norms.kind, cfg.norms.position, cfg.query_key_norm.span, cfg.activation) == \
+        ("rmsnorm", "output", "projection", "swiglu")
+    assert (cfg.rotary.theta, cfg.rotary.scaling, cfg.norms.eps, cfg.biases.qkv, cfg.embeddings.tie) == \
         (500000.0, None, 1e-6, False, False)
     assert _read(_as_transformers_writes_it(PUBLISHED_7B)).replace(name=cfg.name) == cfg
     _matches_transformers(_rewritten(checkpoints("olmo2"), tmp_path / "published", PUBLISHED_7B))
@@ -82,7 +82,7 @@ def test_legacy_rope_keys_read_as_rope_parameters(checkpoints, tmp_path):
     legacy = {key: value for key, value in modern.items() if key != "rope_parameters"}
     rope = dict(modern["rope_parameters"])
     legacy.update(rope_theta=rope.pop("rope_theta"), rope_scaling=rope)
-    assert _read(legacy) == _read(modern) and _read(legacy).rope_scaling.kind == "llama3"
+    assert _read(legacy) == _read(modern) and _read(legacy).rotary.scaling.kind == "llama3"
     _matches_transformers(_rewritten(source, tmp_path / "legacy", legacy), length=20)
 
 
@@ -90,7 +90,7 @@ def test_keys_left_out_take_the_class_defaults():
     sizes = dict(model_type="olmo2", vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4)
     cfg = _read(sizes)
-    assert (cfg.num_kv_heads, cfg.max_positions, cfg.norm_eps, cfg.rope_theta, cfg.tie_embeddings) == \
+    assert (cfg.num_kv_heads, cfg.max_positions, cfg.norms.eps, cfg.rotary.theta, cfg.embeddings.tie) == \
         (4, 2048, 1e-5, 10000.0, False)
 
 

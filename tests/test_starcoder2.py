@@ -69,9 +69,10 @@ def _as_transformers_writes_it(hf: dict) -> dict:
 
 def test_the_published_file_reads_as_its_transformers_5_form_and_matches_transformers(checkpoints, tmp_path):
     cfg = _read(PUBLISHED_15B)
-    assert (cfg.norm, cfg.norm_eps, cfg.activation, cfg.attention, cfg.window_size) == \
+    assert (cfg.norms.kind, cfg.norms.eps, cfg.activation, cfg.attention, cfg.window_size) == \
         ("layernorm", 1e-5, "gelu_tanh", "sliding", 4)
-    assert (cfg.rope_theta, cfg.num_kv_heads, cfg.qkv_bias, cfg.out_bias, cfg.mlp_bias) == (1e5, 2, True, True, True)
+    assert (cfg.rotary.theta, cfg.num_kv_heads, cfg.biases.qkv, cfg.biases.out, cfg.biases.mlp) == \
+        (1e5, 2, True, True, True)
     assert _read(_as_transformers_writes_it(PUBLISHED_15B)).replace(name=cfg.name) == cfg
     _matches_transformers(_rewritten(checkpoints("starcoder2"), tmp_path / "published", PUBLISHED_15B))
 
@@ -83,7 +84,7 @@ def test_legacy_rope_keys_read_as_rope_parameters(checkpoints, tmp_path):
     legacy = {key: value for key, value in modern.items() if key != "rope_parameters"}
     rope = modern["rope_parameters"]
     legacy.update(rope_theta=rope["rope_theta"], rope_scaling={"type": "linear", "factor": rope["factor"]})
-    assert _read(legacy) == _read(modern) and _read(legacy).rope_scaling.factor == 2.0
+    assert _read(legacy) == _read(modern) and _read(legacy).rotary.scaling.factor == 2.0
     _matches_transformers(_rewritten(source, tmp_path / "legacy", legacy), length=20)
 
 
@@ -91,9 +92,9 @@ def test_no_window_is_causal_and_keys_left_out_take_the_class_defaults():
     sizes = dict(model_type="starcoder2", vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4)
     cfg = _read(sizes)
-    assert (cfg.attention, cfg.window_size, cfg.num_kv_heads, cfg.max_positions, cfg.tie_embeddings) == \
+    assert (cfg.attention, cfg.window_size, cfg.num_kv_heads, cfg.max_positions, cfg.embeddings.tie) == \
         ("causal", None, 2, 4096, True)
-    assert (cfg.rope_theta, cfg.init_std, cfg.activation) == (10000.0, 0.018042, "gelu_tanh")
+    assert (cfg.rotary.theta, cfg.init_std, cfg.activation) == (10000.0, 0.018042, "gelu_tanh")
 
 
 @pytest.mark.parametrize("changes, message", [

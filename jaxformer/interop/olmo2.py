@@ -47,9 +47,9 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
-               intermediate_size=cfg.d_ff, num_hidden_layers=cfg.decoder_layers, rms_norm_eps=cfg.norm_eps,
+               intermediate_size=cfg.d_ff, num_hidden_layers=cfg.decoder_layers, rms_norm_eps=cfg.norms.eps,
                hidden_act=GATED_NAMES.get(cfg.activation, cfg.activation), max_position_embeddings=cfg.max_positions,
-               rope_parameters=rope_to_hf(cfg), attention_bias=cfg.qkv_bias, tie_word_embeddings=cfg.tie_embeddings,
+               rope_parameters=rope_to_hf(cfg), attention_bias=cfg.biases.qkv, tie_word_embeddings=cfg.embeddings.tie,
                attention_dropout=cfg.attention_dropout_rate)
     if cfg.head_dim_ != cfg.d_model // cfg.num_heads:
         out["head_dim"] = cfg.head_dim_

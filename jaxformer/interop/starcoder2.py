@@ -48,9 +48,9 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     # one use_bias for all: a model whose biases differ reads back otherwise, so it is not written as StarCoder2
     act = "gelu_pytorch_tanh" if cfg.activation == "gelu_tanh" else INVERSE_ACTIVATIONS[cfg.activation]
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
-               intermediate_size=cfg.d_ff, num_hidden_layers=cfg.decoder_layers, norm_epsilon=cfg.norm_eps,
+               intermediate_size=cfg.d_ff, num_hidden_layers=cfg.decoder_layers, norm_epsilon=cfg.norms.eps,
                hidden_act=act, max_position_embeddings=cfg.max_positions, rope_parameters=rope_to_hf(cfg),
-               sliding_window=cfg.window_size, use_bias=cfg.qkv_bias, tie_word_embeddings=cfg.tie_embeddings,
+               sliding_window=cfg.window_size, use_bias=cfg.biases.qkv, tie_word_embeddings=cfg.embeddings.tie,
                attention_dropout=cfg.attention_dropout_rate, residual_dropout=cfg.dropout_rate,
                embedding_dropout=cfg.dropout_rate)
     if cfg.head_dim_ != cfg.d_model // cfg.num_heads:
@@ -72,7 +72,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
            linear(L + ("mlp", "wi"), f"{m}.c_fc.weight"),
            linear(L + ("mlp", "wo"), f"{m}.c_proj.weight"),
            *norm(("decoder", "final_norm"), f"{p}norm", True)]
-    if cfg.mlp_bias:
+    if cfg.biases.mlp:
         out += [copy(L + ("mlp", "bi"), f"{m}.c_fc.bias"), copy(L + ("mlp", "bo"), f"{m}.c_proj.bias")]
     head, aliases = lm_head(cfg, f"{p}embed_tokens.weight")
     return out + head, aliases
