@@ -36,16 +36,8 @@ from jaxformer.presets import config, presets
 
 __all__ = ["ModelConfig", "RopeScaling", "ModelOutput", "Encoder", "Decoder", "EncoderDecoder", "build",
            "config", "presets", "split", "merge", "abstract_params", "param_count", "from_pretrained",
-           "load_tokenizer", "adapt", "with_lora", "quantized", "Embedder"]
-
-
-# The edges' operations as model methods (``generate`` is each family's own). Model code imports no edge
-# module; the face binds them.
-for _family in (Encoder, Decoder, EncoderDecoder):
-    _family.save_pretrained = save_pretrained
-    _family.merge_adapter = merge_adapter
-    _family.save_adapter = save_adapter
-del _family
+           "load_tokenizer", "adapt", "with_lora", "quantized", "Embedder", "save_pretrained", "save_adapter",
+           "merge_adapter"]
 
 split = nnx.split
 merge = nnx.merge

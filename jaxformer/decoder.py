@@ -19,6 +19,7 @@ from jaxformer import kernels
 from jaxformer.cache import DecodeState, KVCache, LatentCache, Memory, MemoryKV, empty_cache
 from jaxformer import generate as generation  # the decode loop: model code, it calls .step
 from jaxformer.checks import check_inputs, check_memory, check_prefix_lengths, check_segments, public_call
+from jaxformer.edges import EdgeMethods
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
                               load_balancing_loss, packed_validity, split_key)
@@ -72,7 +73,7 @@ def unstacked_decoder(model: nnx.Module) -> nnx.Module:
     return copy
 
 
-class Decoder(nnx.Module):
+class Decoder(EdgeMethods, nnx.Module):
     """The decoder-only model: token (+ position) embeddings, a causal stack, an LM head."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):

@@ -8,6 +8,7 @@ from flax import nnx
 
 from jaxformer import generate as generation  # the decode loop: model code, it calls .step
 from jaxformer.checks import check_inputs, check_segments, public_call
+from jaxformer.edges import EdgeMethods
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers import (Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, embedding_width,
                               packed_validity, param, split_key)
@@ -60,7 +61,7 @@ class DiscriminatorHead(nnx.Module):
         return self.prediction(activate(self.activation, self.dense(x)))[..., 0]
 
 
-class Encoder(nnx.Module):
+class Encoder(EdgeMethods, nnx.Module):
     """The encoder-only model: embeddings, a bidirectional stack, and the head named by ``config.head``."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):

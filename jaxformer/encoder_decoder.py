@@ -21,6 +21,7 @@ from flax import nnx
 from jaxformer.cache import DecodeState, EncoderKV, KVCache, empty_cache
 from jaxformer import generate as generation  # the decode loop: model code, it calls .step
 from jaxformer.checks import check_inputs, check_segments, public_call
+from jaxformer.edges import EdgeMethods
 from jaxformer.model_config import ModelConfig
 from jaxformer.decoder import step_logits, lm_logits, make_lm_head, unstacked_decoder
 from jaxformer.layers import (Dense, Embed, Embeddings, EncoderOutput, Stack, StackOutput, Tokens, activate, dropout,
@@ -32,7 +33,7 @@ Array = jax.Array
 TASK_HEADS = ("sequence_classification", "question_answering")
 
 
-class EncoderDecoder(nnx.Module):
+class EncoderDecoder(EdgeMethods, nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.config = cfg
         self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs)  # the decoder's (and the tied head's), and the encoder's

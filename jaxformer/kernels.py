@@ -293,6 +293,50 @@ def _zigzag(x: Array, n: int, inverse: bool = False) -> Array:
     return jnp.concatenate(out, axis=1)
 
 
+def _ring_fold(state, qh, q_start, q_ids, kh, vh, valid_h, k_ids, k_start, *, mask: FusedMask, scale: float,
+               softcap: float | None, packed: bool, groups: int):
+    """Ring attention's one (query half, key half) block folded into the running softmax (maximum, sum, weighted
+    values; float32): queries [b, K, G*half, H] with rows g*half + t, keys and values [b, K, half, H]."""
+    m, l, acc = state
+    half = kh.shape[2]
+    s = jnp.einsum("BKMH,BKSH->BKMS", qh, kh, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        s = jnp.tanh(s / softcap) * softcap
+    qi = q_start + jnp.arange(half)
+    ki = k_start + jnp.arange(half)
+    allowed = jnp.ones((half, half), bool)
+    if mask.pattern != "bidirectional":
+        allowed = ki[None, :] <= qi[:, None]
+    if mask.pattern == "sliding":
+        allowed &= ki[None, :] > qi[:, None] - mask.window
+    allowed = jnp.tile(allowed, (groups, 1))[None, None] & valid_h[:, None, None, :]
+    if packed:
+        allowed &= (q_ids[:, :, None] == k_ids[:, None, :])[:, None]
+    s = jnp.where(allowed, s, jnp.finfo(jnp.float32).min)
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    p = jnp.exp(s - m_new[..., None])
+    correction = jnp.exp(m - m_new)
+    l = l * correction + jnp.sum(p, axis=-1)
+    acc = acc * correction[..., None] + jnp.einsum("BKMS,BKSH->BKMH", p.astype(vh.dtype), vh,
+                                                   preferred_element_type=jnp.float32)
+    return m_new, l, acc
+
+
+def _ring_output(state, sinks: Array | None, groups: int) -> Array:
+    """A query half's attention output [b, half, K*G, Hv] from its running softmax [b, K, G*half, ...]."""
+    m, l, acc = state
+    b, k_local, rows = m.shape
+    half = rows // groups
+    if sinks is not None:  # gpt-oss: each head's sink logit joins the denominator
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, k_local, groups, 1),
+                                (b, k_local, groups, half)).reshape(b, k_local, rows)
+        m_new = jnp.maximum(m, sink)
+        correction = jnp.exp(m - m_new)
+        l, acc = l * correction + jnp.exp(sink - m_new), acc * correction[..., None]
+    out = acc / l[..., None]
+    return out.reshape(b, k_local, groups, half, -1).transpose(0, 3, 1, 2, 4).reshape(b, half, k_local * groups, -1)
+
+
 def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, softcap: float | None = None,
                    sinks: Array | None = None) -> Array:
     """Self-attention with the tokens split over the mesh's ``sequence`` axis (context parallelism): each
@@ -364,29 +408,7 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
                 seen &= k_start + half - 1 > q_start - window
             return seen
 
-        def fold(state, qh, q_start, q_ids, kh, vh, valid_h, k_ids, k_start):
-            m, l, acc = state
-            s = jnp.einsum("BKMH,BKSH->BKMS", qh, kh, preferred_element_type=jnp.float32) * scale
-            if softcap is not None:
-                s = jnp.tanh(s / softcap) * softcap
-            qi = q_start + jnp.arange(half)
-            ki = k_start + jnp.arange(half)
-            allowed = jnp.ones((half, half), bool)
-            if mask.pattern != "bidirectional":
-                allowed = ki[None, :] <= qi[:, None]
-            if mask.pattern == "sliding":
-                allowed &= ki[None, :] > qi[:, None] - window
-            allowed = jnp.tile(allowed, (G, 1))[None, None] & valid_h[:, None, None, :]
-            if packed:
-                allowed &= (q_ids[:, :, None] == k_ids[:, None, :])[:, None]
-            s = jnp.where(allowed, s, jnp.finfo(jnp.float32).min)
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-            p = jnp.exp(s - m_new[..., None])
-            correction = jnp.exp(m - m_new)
-            l = l * correction + jnp.sum(p, axis=-1)
-            acc = acc * correction[..., None] + jnp.einsum("BKMS,BKSH->BKMH", p.astype(vh.dtype), vh,
-                                                           preferred_element_type=jnp.float32)
-            return m_new, l, acc
+        block = dict(mask=mask, scale=scale, softcap=softcap, packed=packed, groups=G)
 
         def fold_hop(states, kv, hop):
             """Every (query half, key half) block of this hop folded in; a block its pattern masks whole is skipped."""
@@ -401,7 +423,7 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
                     args = (q_halves[i], q_starts[i], q_segments[i], k_halves[j], v_halves[j], valid_halves[j],
                             id_halves[j], k_starts[j])
                     states[i] = jax.lax.cond(visible_somewhere(q_starts[i], k_starts[j]),
-                                             lambda state, *a: fold(state, *a), lambda state, *a: state,
+                                             lambda state, *a: _ring_fold(state, *a, **block), lambda state, *a: state,
                                              states[i], *args)
             return tuple(states)
 
@@ -417,16 +439,7 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
         (states, kv), _ = jax.lax.scan(hop_then_pass, (tuple(carry), (k, v, key_valid, key_ids)), jnp.arange(n - 1))
         last_hop = jax.checkpoint(fold_hop, policy=jax.checkpoint_policies.nothing_saveable, static_argnums=(2,))
         carry = last_hop(states, kv, n - 1)  # the last hop passes nothing on
-        outs = []
-        for m, l, acc in carry:
-            if sinks is not None:  # gpt-oss: each head's sink logit joins the denominator
-                sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, k_local, G, 1),
-                                        (b, k_local, G, half)).reshape(b, k_local, G * half)
-                m_new = jnp.maximum(m, sink)
-                correction = jnp.exp(m - m_new)
-                l, acc = l * correction + jnp.exp(sink - m_new), acc * correction[..., None]
-            out = acc / l[..., None]
-            outs.append(out.reshape(b, k_local, G, half, -1).transpose(0, 3, 1, 2, 4).reshape(b, half, n_local, -1))
+        outs = [_ring_output(state, sinks, G) for state in carry]
         out = jnp.concatenate(outs, axis=1).astype(v.dtype)
         return _zigzag(out, n, inverse=True) if balanced else out
 

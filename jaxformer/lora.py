@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxformer import edges
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.weights import LoraParam, LoRA, Quantized, kernel, layout, quantize_kernel
 from jaxformer.models import FAMILIES, Model, carry_hf_files
@@ -96,6 +97,9 @@ def merge_adapter(model: Model) -> Model:
     plain = cfg.replace(lora_rank=0, lora_targets=(), lora_dropout=0.0, lora_rslora=False, lora_trainable=(),
                         quantize=None, quantize_embeddings=False)
     return _rebuilt(plain, _dense_values(model, jnp.dtype(cfg.param_dtype)), source=model)
+
+
+edges.provide("merge_adapter", merge_adapter)
 
 
 def _dense_values(model: Model, dtype) -> dict[tuple, Any]:

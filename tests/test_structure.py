@@ -22,7 +22,7 @@ EDGES = ("jaxformer.interop", "jaxformer.train", "jaxformer.cli", "jaxformer.che
 # Model code: the families and everything they are built from.
 MODEL_CODE = ("jaxformer.model_config", "jaxformer.presets", "jaxformer.layers", "jaxformer.kernels", "jaxformer.cache",
               "jaxformer.checks", "jaxformer.outputs", "jaxformer.models", "jaxformer.encoder", "jaxformer.decoder",
-              "jaxformer.encoder_decoder", "jaxformer.sharding", "jaxformer.generate")
+              "jaxformer.encoder_decoder", "jaxformer.sharding", "jaxformer.generate", "jaxformer.edges")
 
 
 def _module_name(path: Path) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxformer import edges
 from jaxformer.model_config import QUANTIZATIONS, ModelConfig, flat_type_hints
 from jaxformer.interop import mxfp4, peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
@@ -212,6 +213,9 @@ def save_pretrained(model, path: str | os.PathLike) -> None:
         tmp = folder / (name + ".tmp")
         tmp.write_text(json.dumps(content, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         os.replace(tmp, folder / name)
+
+
+edges.provide("save_pretrained", save_pretrained)
 
 
 def _name_generation_settings(generation: dict, folder: Path) -> None:

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxformer import edges
 from jaxformer.model_config import LORA_PROJECTIONS, ModelConfig
 from jaxformer.interop.files import read_json, write_safetensors
 from jaxformer.interop.registry import architecture_of, hf_target, rules_for
@@ -517,3 +518,6 @@ def save_adapter(model, path: str | os.PathLike) -> None:
     tmp = folder / (CONFIG + ".tmp")
     tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, folder / CONFIG)
+
+
+edges.provide("save_adapter", save_adapter)
