@@ -756,7 +756,7 @@ def _present(group: str, flat: dict) -> bool:
 
 # what an absent part's settings need, as its refusal says (flat spelling, ``flat`` the model's)
 _NEEDS = {
-    "swiglu_clamp": lambda f: f"activation='swiglu' with a limit or alpha",
+    "swiglu_clamp": lambda f: "activation='swiglu' with a limit or alpha",
     "rotary": lambda f: f"position='rope', not {f['position']!r}",
     "xl": lambda f: "position='xl' (Transformer-XL relative attention)",
     "disentangled": lambda f: "position='disentangled' (DeBERTa)",
@@ -874,304 +874,20 @@ class ModelConfig:
                            ("relative_bias", "relative")):
             if getattr(self, name) is None and self.position == kind:  # the part's defaults, as position names it
                 object.__setattr__(self, name, GROUPS[name]())
-        self._check_sizes()
-        self._check_positions()
-        self._check_attention_pattern()
-        self._check_attention()
-        self._check_heads()
-        self._check_experts()
-        self._check_tokens()
+        _check_sizes(self)
+        _check_positions(self)
+        _check_attention_pattern(self)
+        _check_attention(self)
+        _check_heads(self)
+        _check_experts(self)
+        _check_tokens(self)
         _one_of("dtype", self.dtype, DTYPES)
         _one_of("param_dtype", self.param_dtype, DTYPES)
         if not self.init_std > 0:
             raise ValueError(f"ModelConfig.init_std={self.init_std!r} must be > 0")
         _rate("dropout_rate", self.dropout_rate)
         _rate("attention_dropout_rate", self.attention_dropout_rate)
-        self._check_adapters()
-
-    def _check_sizes(self) -> None:
-        _one_of("family", self.family, FAMILIES)
-        for field in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
-            _positive(field, getattr(self, field))
-        _non_negative("encoder_layers", self.encoder_layers)
-        _non_negative("decoder_layers", self.decoder_layers)
-        for need, field in ((self.family in ("encoder", "encoder_decoder"), "encoder_layers"),
-                            (self.family in ("decoder", "encoder_decoder"), "decoder_layers")):
-            if need != (getattr(self, field) > 0):
-                raise ValueError(f"ModelConfig.{field}={getattr(self, field)} does not fit family={self.family!r}: "
-                                 f"{'must be > 0' if need else 'must be 0'}")
-        if self.head_dim is None:
-            if self.d_model % self.num_heads:
-                raise ValueError(f"ModelConfig.num_heads={self.num_heads} does not divide d_model={self.d_model}; "
-                                 "choose a divisor or set head_dim explicitly")
-        else:
-            _positive("head_dim", self.head_dim)
-        if self.num_kv_heads is not None:
-            _positive("num_kv_heads", self.num_kv_heads)
-            if self.num_heads % self.num_kv_heads:
-                raise ValueError(f"ModelConfig.num_kv_heads={self.num_kv_heads} does not divide num_heads="
-                                 f"{self.num_heads}; valid: a divisor of {self.num_heads}")
-        _one_of("activation", self.activation, ACTIVATIONS)
-        if self.swiglu_clamp is not None and self.activation != "swiglu":
-            raise ValueError(f"ModelConfig.swiglu_limit / swiglu_alpha shape a SwiGLU; activation is "
-                             f"{self.activation!r}, not 'swiglu'")
-        if self.embeddings.width is not None and self.family != "encoder":
-            raise ValueError(f"ModelConfig.embedding_size factorises an encoder's embeddings (ALBERT, ELECTRA); "
-                             f"family={self.family!r} does not take it")
-        if not self.embeddings.shared and self.family != "encoder_decoder":
-            raise ValueError(f"ModelConfig.shared_embeddings=False (separate encoder and decoder token tables) needs "
-                             f"family='encoder_decoder', not {self.family!r}")
-        norms = self.norms
-        if norms.position == "output" and (self.family != "decoder" or self.position == "xl"):
-            raise ValueError("ModelConfig.norm_position='output' (OLMo-2: x + norm(f(x))) needs family='decoder' "
-                             f"without Transformer-XL memory, not family={self.family!r}, position={self.position!r}")
-        if not norms.first_attention and (norms.position != "pre" or self.family != "encoder"
-                                          or self.shared_layers or self.encoder_layers < 2):
-            raise ValueError("ModelConfig.first_attn_norm=False drops the first layer's pre-attention norm "
-                             "(ModernBERT): it needs family='encoder', norm_position='pre', two or more layers and no "
-                             f"shared_layers (family={self.family!r}, norm_position={norms.position!r})")
-
-    def _check_positions(self) -> None:
-        _one_of("position", self.position, POSITIONS)
-        for name, kind in (("rotary", "rope"), ("xl", "xl"), ("disentangled", "disentangled")):
-            if getattr(self, name) is not None and self.position != kind:
-                raise ValueError(f"ModelConfig.{name} is set but position={self.position!r}, not {kind!r}")
-        if self.rotary is not None:
-            self._check_rotary(self.rotary)
-        if self.relative_bias is not None and self.position != "relative" and (
-                self.family != "encoder" or self.position not in ("learned", "sinusoidal")):
-            raise ValueError("ModelConfig.index_relative_bias=True (MPNet) adds a relative bias beside absolute "
-                             f"positions in an encoder; family={self.family!r}, position={self.position!r}")
-        if self.relative_bias is not None and self.relative_bias.per_layer and self.position != "relative":
-            raise ValueError(f"ModelConfig.relative_bias_per_layer=True needs position='relative', not {self.position!r}")
-        if self.xl is not None:
-            if self.family != "decoder" or self.attention not in ("causal", "bidirectional"):
-                raise ValueError("ModelConfig.position='xl' (Transformer-XL relative attention) needs family='decoder' "
-                                 f"and attention 'causal' or 'bidirectional', not {self.family!r} and {self.attention!r}")
-            if self.num_kv_heads not in (None, self.num_heads) or self.experts is not None:
-                raise ValueError("ModelConfig.position='xl' supports multi-head attention with a dense MLP: leave "
-                                 "num_kv_heads None and num_experts 0")
-            if self.embeddings.types:
-                raise ValueError("ModelConfig.type_vocab_size: Transformer-XL models take token types as relative "
-                                 "segments (relative_segments=True), not as embeddings")
-        if self.disentangled is not None:
-            if self.family != "encoder" or self.num_kv_heads not in (None, self.num_heads):
-                raise ValueError("ModelConfig.position='disentangled' (DeBERTa) needs family='encoder' with "
-                                 f"multi-head attention (family={self.family!r}, num_kv_heads={self.num_kv_heads})")
-            if self.disentangled.buckets and not self.relative_span // 2 < self.max_relative_distance - 1:
-                raise ValueError(f"ModelConfig.position_buckets={self.disentangled.buckets} spaces buckets up to "
-                                 f"max_relative_positions={self.max_relative_distance}, which must exceed half the "
-                                 "buckets plus one")
-        embeddings = self.embeddings
-        if embeddings.pad_aware_positions and (self.tokens.pad is None or self.position not in ("learned", "sinusoidal")
-                                               or embeddings.position_offset <= self.tokens.pad):
-            raise ValueError("ModelConfig.pad_aware_positions=True needs learned or sinusoidal positions, a "
-                             "pad_token_id, and position_offset > pad_token_id (RoBERTa: pad_token_id=1, "
-                             "position_offset=2)")
-        if embeddings.sinusoids != "transformer" and self.position != "sinusoidal":
-            raise ValueError(f"ModelConfig.sinusoids={embeddings.sinusoids!r} lays out sinusoidal positions; "
-                             f"position is {self.position!r}")
-
-    def _check_rotary(self, rotary: Rotary) -> None:
-        if self.latent is None and self.head_dim_ % 2:
-            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim_}")
-        if rotary.local_theta is not None and self.attention != "alternating":
-            raise ValueError(f"ModelConfig.local_rope_theta={rotary.local_theta!r} is the rotary base of the "
-                             "sliding layers: it needs position='rope', attention='alternating' and a value > 0")
-        if rotary.dim is not None and (self.latent is not None or rotary.dim > self.head_dim_):
-            raise ValueError(f"ModelConfig.rotary_dim={rotary.dim!r} (partial rotary) must be an even integer in "
-                             f"(0, head_dim={self.head_dim_}] with standard attention (latent attention sets its "
-                             "rotary width with rope_head_dim)")
-        if rotary.scaling is not None:
-            kind, pairs = rotary.scaling.kind, self.rope_dim // 2
-            if kind == "longrope" and len(rotary.scaling.short_factor) != pairs:
-                raise ValueError(f"RopeScaling longrope has {len(rotary.scaling.short_factor)} factors but the "
-                                 f"rotated head width {self.rope_dim} has {pairs} frequency pairs")
-            if kind == "dynamic" and self.rope_dim <= 2:
-                raise ValueError(f"RopeScaling dynamic raises the base to H / (H - 2); the rotated width "
-                                 f"{self.rope_dim} must be > 2")
-
-    def _check_attention_pattern(self) -> None:
-        _one_of("attention", self.attention, ATTENTION_PATTERNS)
-        if self.family == "encoder" and self.attention not in ("bidirectional", "alternating"):
-            raise ValueError(
-                f"ModelConfig.attention={self.attention!r} does not fit family='encoder'; encoders attend "
-                "'bidirectional', or 'alternating' (full layers and layers within window_size either side: ModernBERT)")
-        if self.family != "encoder" and self.attention == "bidirectional" and self.position != "xl":
-            raise ValueError(
-                f"ModelConfig.attention='bidirectional' does not fit family={self.family!r}; valid: "
-                "'causal', 'prefix', 'sliding', 'alternating' (or position='xl': XLNet's bidirectional form)")
-        if self.family == "encoder_decoder" and self.attention not in ("causal", "sliding", "alternating"):
-            raise ValueError(f"ModelConfig.attention={self.attention!r} does not fit family='encoder_decoder'; "
-                             "the decoder attends 'causal', 'sliding' or 'alternating'")
-        if isinstance(self.layer_types, list):  # YAML and JSON hand us lists
-            object.__setattr__(self, "layer_types", tuple(self.layer_types))
-        chunked = self.attention == "alternating" and "chunked" in (self.layer_types or ())
-        if chunked:
-            if self.family != "decoder" or self.window_size is not None:
-                raise ValueError("ModelConfig.layer_types with 'chunked' layers (Llama 4) needs family='decoder' and "
-                                 "window_size None (the chunk is attention_chunk_size)")
-            _positive("attention_chunk_size", self.attention_chunk_size)
-        elif self.attention_chunk_size is not None:
-            raise ValueError(f"ModelConfig.attention_chunk_size={self.attention_chunk_size} is set but no layer is "
-                             "'chunked' (attention='alternating' with 'chunked' in layer_types)")
-        if self.attention in ("sliding", "alternating") and not chunked:
-            if self.window_size is None:
-                raise ValueError(f"ModelConfig.attention={self.attention!r} needs window_size (a positive int)")
-            _positive("window_size", self.window_size)
-        elif self.window_size is not None:
-            raise ValueError(f"ModelConfig.window_size={self.window_size} is set but attention={self.attention!r}; "
-                             "set attention='sliding' or 'alternating', or window_size=None")
-        if self.layer_types is not None:
-            self._check_layer_types()
-
-    def _check_layer_types(self) -> None:
-        if self.attention != "alternating":
-            raise ValueError(f"ModelConfig.layer_types is set but attention={self.attention!r}; it lists the "
-                             "'full' and 'sliding' (or 'chunked') layers of attention='alternating'")
-        wrong = sorted({t for t in self.layer_types if t not in LAYER_TYPES}, key=str)
-        if wrong:
-            raise ValueError(f"ModelConfig.layer_types holds {wrong}; each entry must be one of {LAYER_TYPES}")
-        if {"sliding", "chunked"} <= set(self.layer_types):
-            raise ValueError("ModelConfig.layer_types mixes 'sliding' and 'chunked' layers; a stack has one kind "
-                             "of local layer")
-        counts = ({self.encoder_layers} if self.family == "encoder" else
-                  {self.decoder_layers} | ({self.encoder_layers} if self.family == "encoder_decoder" else set()))
-        if len(counts) > 1 or len(self.layer_types) not in counts:
-            raise ValueError(f"ModelConfig.layer_types has {len(self.layer_types)} entries; it needs one per layer "
-                             f"({max(counts)}; an encoder-decoder's two stacks share it, so both need "
-                             "that many layers)")
-
-    def _check_attention(self) -> None:
-        standard = self.latent is None and self.position != "xl"
-        if self.query_key_norm is not None and not standard:
-            raise ValueError("ModelConfig.qk_norm=True needs standard attention (not kv_lora_rank or position='xl')")
-        if self.latent is not None:
-            if self.family != "decoder" or self.position != "rope":
-                raise ValueError("ModelConfig.kv_lora_rank (multi-head latent attention) needs family='decoder' "
-                                 f"and position='rope', not {self.family!r} and {self.position!r}")
-            if self.kv_heads != self.num_heads:
-                raise ValueError(f"ModelConfig.num_kv_heads={self.num_kv_heads}: multi-head latent attention "
-                                 "expands keys and values for every head; leave num_kv_heads None")
-            if self.biases.qkv:
-                raise ValueError("ModelConfig.qkv_bias=True is not supported with multi-head latent attention")
-        if self.parallel is not None and (self.norms.position != "pre" or self.family != "decoder"
-                                          or self.norms.sandwich or self.position == "xl"):
-            raise ValueError("ModelConfig.parallel_residual=True needs a pre-norm decoder without sandwich norms or "
-                             "Transformer-XL memory")
-        if self.scores.inverse_layer_scale and not standard:
-            raise ValueError("ModelConfig.inverse_layer_scale scales standard self-attention; multi-head latent and "
-                             "Transformer-XL attention do not take it")
-        if self.scores.sinks and not standard:
-            raise ValueError("ModelConfig.attention_sinks=True joins standard attention's softmax; multi-head latent "
-                             "and Transformer-XL attention do not take it")
-        if self.nope is not None:
-            if self.position != "rope" or self.latent is not None or self.family != "decoder":
-                raise ValueError("ModelConfig.nope_layers leaves some layers of a rotary decoder unrotated; it needs "
-                                 "family='decoder', position='rope' and standard attention")
-            if self.nope.layers[-1] >= self.decoder_layers:
-                raise ValueError(f"ModelConfig.nope_layers={self.nope.layers!r} must list distinct layer indices in "
-                                 f"[0, {self.decoder_layers}) in increasing order")
-        if self.conv is not None and (self.family != "encoder" or self.conv.kernel_size % 2 == 0 or self.shared_layers):
-            raise ValueError(f"ModelConfig.conv_kernel_size={self.conv.kernel_size} (DeBERTa's convolution) needs "
-                             "family='encoder', an odd width (the sequence keeps its length) and no shared_layers")
-        if self.conv is not None and self.d_model % self.conv.groups:
-            raise ValueError(f"ModelConfig.conv_groups={self.conv.groups} must divide d_model={self.d_model}")
-
-    def _check_heads(self) -> None:
-        _one_of("head", self.head, HEADS)
-        options = self.head_options
-        if self.family == "encoder":
-            if self.head not in ENCODER_HEADS:
-                raise ValueError(f"ModelConfig.head={self.head!r} does not fit family='encoder'; "
-                                 f"expected one of {ENCODER_HEADS}")
-            if self.head == "pretraining" and not options.pooler or (
-                    self.head == "sequence_classification" and not (options.pooler or options.prediction_head)):
-                raise ValueError(f"ModelConfig.head={self.head!r} reads the pooled output; set pooler=True")
-        elif self.family == "encoder_decoder":
-            self._check_encoder_decoder_head()
-        elif self.head not in ("none", "lm"):
-            raise ValueError(f"ModelConfig.head={self.head!r} does not fit family={self.family!r}; "
-                             "expected 'lm' or 'none'")
-        if (options.prediction_head or options.classifier_pooling != "cls") and (
-                self.family != "encoder" or options.pooler):
-            raise ValueError("ModelConfig.prediction_head and classifier_pooling='mean' are ModernBERT's heads: they "
-                             f"need family='encoder' without a pooler (family={self.family!r}, pooler={options.pooler})")
-        _non_negative("generator_width", self.generator_width)
-        if self.generator_width:
-            if self.family != "encoder" or self.head != "discriminator":
-                raise ValueError("ModelConfig.generator_width is ELECTRA's generator, trained beside a discriminator: "
-                                 f"it needs family='encoder' and head='discriminator', not {self.family!r}, "
-                                 f"{self.head!r}")
-            if self.generator_width % self.head_dim_ or self.generator_width > self.d_model:
-                raise ValueError(f"ModelConfig.generator_width={self.generator_width} must be a multiple of the head "
-                                 f"size {self.head_dim_} (the generator keeps it) and at most d_model={self.d_model}")
-        if self.shared_layers and (self.family != "encoder" or self.experts is not None):
-            raise ValueError("ModelConfig.shared_layers=True (ALBERT's one set of layer weights) needs a dense "
-                             f"family='encoder' model, not family={self.family!r}")
-        if options.pooler and self.family != "encoder" and not (
-                self.family == "encoder_decoder" and self.head == "sequence_classification"):
-            raise ValueError(f"ModelConfig.pooler=True needs family='encoder' (or an encoder-decoder's "
-                             f"sequence_classification head), not family={self.family!r}, head={self.head!r}")
-        if self.logits.scale_tied and not (self.embeddings.tie and self.head == "lm"):
-            raise ValueError("ModelConfig.scale_tied_logits=True needs tie_embeddings=True and head='lm'")
-        for field, value in (("logits_bias", self.logits.fixed_bias), ("lm_head_bias", self.logits.trained_bias)):
-            if value and self.head != "lm":
-                raise ValueError(f"ModelConfig.{field}=True needs head='lm'")
-
-    def _check_encoder_decoder_head(self) -> None:
-        if self.head not in ENCODER_DECODER_HEADS:
-            raise ValueError(f"ModelConfig.head={self.head!r} does not fit family='encoder_decoder'; "
-                             f"expected one of {ENCODER_DECODER_HEADS}")
-        eos, pad = self.tokens.eos, self.tokens.pad
-        if self.head == "sequence_classification" and not self.head_options.pooler:
-            raise ValueError("ModelConfig.head='sequence_classification' of an encoder-decoder reads the pooled "
-                             "output (dense -> tanh of the decoder state at the last EOS); set pooler=True")
-        if self.head == "sequence_classification" and (isinstance(eos, bool) or not isinstance(eos, int)):
-            raise ValueError(f"ModelConfig.head='sequence_classification' of an encoder-decoder pools at the last "
-                             f"eos_token_id of each row; it needs one id, not {eos!r}")
-        if self.tokens.wrap_decoder_start and (self.head not in ("sequence_classification", "question_answering")
-                                               or pad is None):
-            raise ValueError("ModelConfig.wrap_decoder_start=True (mBART) derives decoder inputs for the "
-                             "sequence_classification and question_answering heads from the last non-pad token: it "
-                             f"needs one of those heads and a pad_token_id (head={self.head!r}, pad_token_id={pad})")
-
-    def _check_experts(self) -> None:
-        experts = self.experts
-        if experts is None:
-            return
-        if self.family != "decoder":
-            raise ValueError(f"ModelConfig.num_experts={experts.count} is supported for family='decoder', not "
-                             f"{self.family!r}")
-        if experts.dense_layers >= self.decoder_layers:
-            raise ValueError(f"ModelConfig.dense_layers={experts.dense_layers} must be < decoder_layers="
-                             f"{self.decoder_layers} (the remaining layers hold the experts)")
-        if experts.layer_step > 1 and (experts.dense_layers or self.decoder_layers % experts.layer_step):
-            raise ValueError(f"ModelConfig.moe_layer_step={experts.layer_step} interleaves dense and expert layers "
-                             f"in periods: it needs dense_layers=0 and decoder_layers={self.decoder_layers} a "
-                             "multiple of it")
-
-    def _check_tokens(self) -> None:
-        tokens = self.tokens
-        for field, value in (("pad_token_id", tokens.pad), ("bos_token_id", tokens.bos),
-                             ("decoder_start_token_id", tokens.decoder_start)):
-            if value is not None and not 0 <= value < self.vocab_size:
-                raise ValueError(f"ModelConfig.{field}={value} must lie in [0, vocab_size={self.vocab_size})")
-        if any(e is not None and not 0 <= e < self.vocab_size for e in tokens.eos_ids):
-            raise ValueError(f"ModelConfig.eos_token_id={tokens.eos} must lie in [0, vocab_size={self.vocab_size})")
-        if tokens.wrap_decoder_start and self.family != "encoder_decoder":
-            raise ValueError(f"ModelConfig.wrap_decoder_start=True (mBART's decoder inputs) needs "
-                             f"family='encoder_decoder', not {self.family!r}")
-
-    def _check_adapters(self) -> None:
-        lora = self.lora
-        if lora is None:
-            return
-        expert_targets = [t for t in lora.targets if t in ("wi", "wi_gate", "wo") or t.startswith("experts.")]
-        if lora.dropout and self.experts is not None and expert_targets:
-            raise ValueError(f"ModelConfig.lora_dropout={lora.dropout} cannot reach the experts' adapters "
-                             f"(merged into each expert's kernel for the dispatch), which lora_targets {expert_targets} "
-                             "name; use lora_dropout=0 or target 'mlp.*' / 'shared_experts.*' only")
+        _check_adapters(self)
 
     # Derived sizes: properties, so there is one source of truth and replace() never goes stale.
     @property
@@ -1330,6 +1046,292 @@ class ModelConfig:
         if name in FLAT or name in PRESENCE_KEYS:
             return self.to_flat()[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+# The checks that join two concerns (each part checks its own fields), in the order a config is read.
+def _check_sizes(cfg: ModelConfig) -> None:
+    _one_of("family", cfg.family, FAMILIES)
+    for field in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
+        _positive(field, getattr(cfg, field))
+    _non_negative("encoder_layers", cfg.encoder_layers)
+    _non_negative("decoder_layers", cfg.decoder_layers)
+    for need, field in ((cfg.family in ("encoder", "encoder_decoder"), "encoder_layers"),
+                        (cfg.family in ("decoder", "encoder_decoder"), "decoder_layers")):
+        if need != (getattr(cfg, field) > 0):
+            raise ValueError(f"ModelConfig.{field}={getattr(cfg, field)} does not fit family={cfg.family!r}: "
+                             f"{'must be > 0' if need else 'must be 0'}")
+    if cfg.head_dim is None:
+        if cfg.d_model % cfg.num_heads:
+            raise ValueError(f"ModelConfig.num_heads={cfg.num_heads} does not divide d_model={cfg.d_model}; "
+                             "choose a divisor or set head_dim explicitly")
+    else:
+        _positive("head_dim", cfg.head_dim)
+    if cfg.num_kv_heads is not None:
+        _positive("num_kv_heads", cfg.num_kv_heads)
+        if cfg.num_heads % cfg.num_kv_heads:
+            raise ValueError(f"ModelConfig.num_kv_heads={cfg.num_kv_heads} does not divide num_heads="
+                             f"{cfg.num_heads}; valid: a divisor of {cfg.num_heads}")
+    _one_of("activation", cfg.activation, ACTIVATIONS)
+    if cfg.swiglu_clamp is not None and cfg.activation != "swiglu":
+        raise ValueError(f"ModelConfig.swiglu_limit / swiglu_alpha shape a SwiGLU; activation is "
+                         f"{cfg.activation!r}, not 'swiglu'")
+    if cfg.embeddings.width is not None and cfg.family != "encoder":
+        raise ValueError(f"ModelConfig.embedding_size factorises an encoder's embeddings (ALBERT, ELECTRA); "
+                         f"family={cfg.family!r} does not take it")
+    if not cfg.embeddings.shared and cfg.family != "encoder_decoder":
+        raise ValueError(f"ModelConfig.shared_embeddings=False (separate encoder and decoder token tables) needs "
+                         f"family='encoder_decoder', not {cfg.family!r}")
+    norms = cfg.norms
+    if norms.position == "output" and (cfg.family != "decoder" or cfg.position == "xl"):
+        raise ValueError("ModelConfig.norm_position='output' (OLMo-2: x + norm(f(x))) needs family='decoder' "
+                         f"without Transformer-XL memory, not family={cfg.family!r}, position={cfg.position!r}")
+    if not norms.first_attention and (norms.position != "pre" or cfg.family != "encoder"
+                                      or cfg.shared_layers or cfg.encoder_layers < 2):
+        raise ValueError("ModelConfig.first_attn_norm=False drops the first layer's pre-attention norm "
+                         "(ModernBERT): it needs family='encoder', norm_position='pre', two or more layers and no "
+                         f"shared_layers (family={cfg.family!r}, norm_position={norms.position!r})")
+
+def _check_positions(cfg: ModelConfig) -> None:
+    _one_of("position", cfg.position, POSITIONS)
+    for name, kind in (("rotary", "rope"), ("xl", "xl"), ("disentangled", "disentangled")):
+        if getattr(cfg, name) is not None and cfg.position != kind:
+            raise ValueError(f"ModelConfig.{name} is set but position={cfg.position!r}, not {kind!r}")
+    if cfg.rotary is not None:
+        _check_rotary(cfg, cfg.rotary)
+    if cfg.relative_bias is not None and cfg.position != "relative" and (
+            cfg.family != "encoder" or cfg.position not in ("learned", "sinusoidal")):
+        raise ValueError("ModelConfig.index_relative_bias=True (MPNet) adds a relative bias beside absolute "
+                         f"positions in an encoder; family={cfg.family!r}, position={cfg.position!r}")
+    if cfg.relative_bias is not None and cfg.relative_bias.per_layer and cfg.position != "relative":
+        raise ValueError(f"ModelConfig.relative_bias_per_layer=True needs position='relative', not {cfg.position!r}")
+    if cfg.xl is not None:
+        if cfg.family != "decoder" or cfg.attention not in ("causal", "bidirectional"):
+            raise ValueError("ModelConfig.position='xl' (Transformer-XL relative attention) needs family='decoder' "
+                             f"and attention 'causal' or 'bidirectional', not {cfg.family!r} and {cfg.attention!r}")
+        if cfg.num_kv_heads not in (None, cfg.num_heads) or cfg.experts is not None:
+            raise ValueError("ModelConfig.position='xl' supports multi-head attention with a dense MLP: leave "
+                             "num_kv_heads None and num_experts 0")
+        if cfg.embeddings.types:
+            raise ValueError("ModelConfig.type_vocab_size: Transformer-XL models take token types as relative "
+                             "segments (relative_segments=True), not as embeddings")
+    if cfg.disentangled is not None:
+        if cfg.family != "encoder" or cfg.num_kv_heads not in (None, cfg.num_heads):
+            raise ValueError("ModelConfig.position='disentangled' (DeBERTa) needs family='encoder' with "
+                             f"multi-head attention (family={cfg.family!r}, num_kv_heads={cfg.num_kv_heads})")
+        if cfg.disentangled.buckets and not cfg.relative_span // 2 < cfg.max_relative_distance - 1:
+            raise ValueError(f"ModelConfig.position_buckets={cfg.disentangled.buckets} spaces buckets up to "
+                             f"max_relative_positions={cfg.max_relative_distance}, which must exceed half the "
+                             "buckets plus one")
+    embeddings = cfg.embeddings
+    if embeddings.pad_aware_positions and (cfg.tokens.pad is None or cfg.position not in ("learned", "sinusoidal")
+                                           or embeddings.position_offset <= cfg.tokens.pad):
+        raise ValueError("ModelConfig.pad_aware_positions=True needs learned or sinusoidal positions, a "
+                         "pad_token_id, and position_offset > pad_token_id (RoBERTa: pad_token_id=1, "
+                         "position_offset=2)")
+    if embeddings.sinusoids != "transformer" and cfg.position != "sinusoidal":
+        raise ValueError(f"ModelConfig.sinusoids={embeddings.sinusoids!r} lays out sinusoidal positions; "
+                         f"position is {cfg.position!r}")
+
+def _check_rotary(cfg: ModelConfig, rotary: Rotary) -> None:
+    if cfg.latent is None and cfg.head_dim_ % 2:
+        raise ValueError(f"rotary positions need an even head_dim, got {cfg.head_dim_}")
+    if rotary.local_theta is not None and cfg.attention != "alternating":
+        raise ValueError(f"ModelConfig.local_rope_theta={rotary.local_theta!r} is the rotary base of the "
+                         "sliding layers: it needs position='rope', attention='alternating' and a value > 0")
+    if rotary.dim is not None and (cfg.latent is not None or rotary.dim > cfg.head_dim_):
+        raise ValueError(f"ModelConfig.rotary_dim={rotary.dim!r} (partial rotary) must be an even integer in "
+                         f"(0, head_dim={cfg.head_dim_}] with standard attention (latent attention sets its "
+                         "rotary width with rope_head_dim)")
+    if rotary.scaling is not None:
+        kind, pairs = rotary.scaling.kind, cfg.rope_dim // 2
+        if kind == "longrope" and len(rotary.scaling.short_factor) != pairs:
+            raise ValueError(f"RopeScaling longrope has {len(rotary.scaling.short_factor)} factors but the "
+                             f"rotated head width {cfg.rope_dim} has {pairs} frequency pairs")
+        if kind == "dynamic" and cfg.rope_dim <= 2:
+            raise ValueError(f"RopeScaling dynamic raises the base to H / (H - 2); the rotated width "
+                             f"{cfg.rope_dim} must be > 2")
+
+def _check_attention_pattern(cfg: ModelConfig) -> None:
+    _one_of("attention", cfg.attention, ATTENTION_PATTERNS)
+    if cfg.family == "encoder" and cfg.attention not in ("bidirectional", "alternating"):
+        raise ValueError(
+            f"ModelConfig.attention={cfg.attention!r} does not fit family='encoder'; encoders attend "
+            "'bidirectional', or 'alternating' (full layers and layers within window_size either side: ModernBERT)")
+    if cfg.family != "encoder" and cfg.attention == "bidirectional" and cfg.position != "xl":
+        raise ValueError(
+            f"ModelConfig.attention='bidirectional' does not fit family={cfg.family!r}; valid: "
+            "'causal', 'prefix', 'sliding', 'alternating' (or position='xl': XLNet's bidirectional form)")
+    if cfg.family == "encoder_decoder" and cfg.attention not in ("causal", "sliding", "alternating"):
+        raise ValueError(f"ModelConfig.attention={cfg.attention!r} does not fit family='encoder_decoder'; "
+                         "the decoder attends 'causal', 'sliding' or 'alternating'")
+    if isinstance(cfg.layer_types, list):  # YAML and JSON hand us lists
+        object.__setattr__(cfg, "layer_types", tuple(cfg.layer_types))
+    chunked = cfg.attention == "alternating" and "chunked" in (cfg.layer_types or ())
+    if chunked:
+        if cfg.family != "decoder" or cfg.window_size is not None:
+            raise ValueError("ModelConfig.layer_types with 'chunked' layers (Llama 4) needs family='decoder' and "
+                             "window_size None (the chunk is attention_chunk_size)")
+        _positive("attention_chunk_size", cfg.attention_chunk_size)
+    elif cfg.attention_chunk_size is not None:
+        raise ValueError(f"ModelConfig.attention_chunk_size={cfg.attention_chunk_size} is set but no layer is "
+                         "'chunked' (attention='alternating' with 'chunked' in layer_types)")
+    if cfg.attention in ("sliding", "alternating") and not chunked:
+        if cfg.window_size is None:
+            raise ValueError(f"ModelConfig.attention={cfg.attention!r} needs window_size (a positive int)")
+        _positive("window_size", cfg.window_size)
+    elif cfg.window_size is not None:
+        raise ValueError(f"ModelConfig.window_size={cfg.window_size} is set but attention={cfg.attention!r}; "
+                         "set attention='sliding' or 'alternating', or window_size=None")
+    if cfg.layer_types is not None:
+        _check_layer_types(cfg)
+
+def _check_layer_types(cfg: ModelConfig) -> None:
+    if cfg.attention != "alternating":
+        raise ValueError(f"ModelConfig.layer_types is set but attention={cfg.attention!r}; it lists the "
+                         "'full' and 'sliding' (or 'chunked') layers of attention='alternating'")
+    wrong = sorted({t for t in cfg.layer_types if t not in LAYER_TYPES}, key=str)
+    if wrong:
+        raise ValueError(f"ModelConfig.layer_types holds {wrong}; each entry must be one of {LAYER_TYPES}")
+    if {"sliding", "chunked"} <= set(cfg.layer_types):
+        raise ValueError("ModelConfig.layer_types mixes 'sliding' and 'chunked' layers; a stack has one kind "
+                         "of local layer")
+    counts = ({cfg.encoder_layers} if cfg.family == "encoder" else
+              {cfg.decoder_layers} | ({cfg.encoder_layers} if cfg.family == "encoder_decoder" else set()))
+    if len(counts) > 1 or len(cfg.layer_types) not in counts:
+        raise ValueError(f"ModelConfig.layer_types has {len(cfg.layer_types)} entries; it needs one per layer "
+                         f"({max(counts)}; an encoder-decoder's two stacks share it, so both need "
+                         "that many layers)")
+
+def _check_attention(cfg: ModelConfig) -> None:
+    standard = cfg.latent is None and cfg.position != "xl"
+    if cfg.query_key_norm is not None and not standard:
+        raise ValueError("ModelConfig.qk_norm=True needs standard attention (not kv_lora_rank or position='xl')")
+    if cfg.latent is not None:
+        if cfg.family != "decoder" or cfg.position != "rope":
+            raise ValueError("ModelConfig.kv_lora_rank (multi-head latent attention) needs family='decoder' "
+                             f"and position='rope', not {cfg.family!r} and {cfg.position!r}")
+        if cfg.kv_heads != cfg.num_heads:
+            raise ValueError(f"ModelConfig.num_kv_heads={cfg.num_kv_heads}: multi-head latent attention "
+                             "expands keys and values for every head; leave num_kv_heads None")
+        if cfg.biases.qkv:
+            raise ValueError("ModelConfig.qkv_bias=True is not supported with multi-head latent attention")
+    if cfg.parallel is not None and (cfg.norms.position != "pre" or cfg.family != "decoder"
+                                      or cfg.norms.sandwich or cfg.position == "xl"):
+        raise ValueError("ModelConfig.parallel_residual=True needs a pre-norm decoder without sandwich norms or "
+                         "Transformer-XL memory")
+    if cfg.scores.inverse_layer_scale and not standard:
+        raise ValueError("ModelConfig.inverse_layer_scale scales standard cfg-attention; multi-head latent and "
+                         "Transformer-XL attention do not take it")
+    if cfg.scores.sinks and not standard:
+        raise ValueError("ModelConfig.attention_sinks=True joins standard attention's softmax; multi-head latent "
+                         "and Transformer-XL attention do not take it")
+    if cfg.nope is not None:
+        if cfg.position != "rope" or cfg.latent is not None or cfg.family != "decoder":
+            raise ValueError("ModelConfig.nope_layers leaves some layers of a rotary decoder unrotated; it needs "
+                             "family='decoder', position='rope' and standard attention")
+        if cfg.nope.layers[-1] >= cfg.decoder_layers:
+            raise ValueError(f"ModelConfig.nope_layers={cfg.nope.layers!r} must list distinct layer indices in "
+                             f"[0, {cfg.decoder_layers}) in increasing order")
+    if cfg.conv is not None and (cfg.family != "encoder" or cfg.conv.kernel_size % 2 == 0 or cfg.shared_layers):
+        raise ValueError(f"ModelConfig.conv_kernel_size={cfg.conv.kernel_size} (DeBERTa's convolution) needs "
+                         "family='encoder', an odd width (the sequence keeps its length) and no shared_layers")
+    if cfg.conv is not None and cfg.d_model % cfg.conv.groups:
+        raise ValueError(f"ModelConfig.conv_groups={cfg.conv.groups} must divide d_model={cfg.d_model}")
+
+def _check_heads(cfg: ModelConfig) -> None:
+    _one_of("head", cfg.head, HEADS)
+    options = cfg.head_options
+    if cfg.family == "encoder":
+        if cfg.head not in ENCODER_HEADS:
+            raise ValueError(f"ModelConfig.head={cfg.head!r} does not fit family='encoder'; "
+                             f"expected one of {ENCODER_HEADS}")
+        if cfg.head == "pretraining" and not options.pooler or (
+                cfg.head == "sequence_classification" and not (options.pooler or options.prediction_head)):
+            raise ValueError(f"ModelConfig.head={cfg.head!r} reads the pooled output; set pooler=True")
+    elif cfg.family == "encoder_decoder":
+        _check_encoder_decoder_head(cfg)
+    elif cfg.head not in ("none", "lm"):
+        raise ValueError(f"ModelConfig.head={cfg.head!r} does not fit family={cfg.family!r}; "
+                         "expected 'lm' or 'none'")
+    if (options.prediction_head or options.classifier_pooling != "cls") and (
+            cfg.family != "encoder" or options.pooler):
+        raise ValueError("ModelConfig.prediction_head and classifier_pooling='mean' are ModernBERT's heads: they "
+                         f"need family='encoder' without a pooler (family={cfg.family!r}, pooler={options.pooler})")
+    _non_negative("generator_width", cfg.generator_width)
+    if cfg.generator_width:
+        if cfg.family != "encoder" or cfg.head != "discriminator":
+            raise ValueError("ModelConfig.generator_width is ELECTRA's generator, trained beside a discriminator: "
+                             f"it needs family='encoder' and head='discriminator', not {cfg.family!r}, "
+                             f"{cfg.head!r}")
+        if cfg.generator_width % cfg.head_dim_ or cfg.generator_width > cfg.d_model:
+            raise ValueError(f"ModelConfig.generator_width={cfg.generator_width} must be a multiple of the head "
+                             f"size {cfg.head_dim_} (the generator keeps it) and at most d_model={cfg.d_model}")
+    if cfg.shared_layers and (cfg.family != "encoder" or cfg.experts is not None):
+        raise ValueError("ModelConfig.shared_layers=True (ALBERT's one set of layer weights) needs a dense "
+                         f"family='encoder' model, not family={cfg.family!r}")
+    if options.pooler and cfg.family != "encoder" and not (
+            cfg.family == "encoder_decoder" and cfg.head == "sequence_classification"):
+        raise ValueError(f"ModelConfig.pooler=True needs family='encoder' (or an encoder-decoder's "
+                         f"sequence_classification head), not family={cfg.family!r}, head={cfg.head!r}")
+    if cfg.logits.scale_tied and not (cfg.embeddings.tie and cfg.head == "lm"):
+        raise ValueError("ModelConfig.scale_tied_logits=True needs tie_embeddings=True and head='lm'")
+    for field, value in (("logits_bias", cfg.logits.fixed_bias), ("lm_head_bias", cfg.logits.trained_bias)):
+        if value and cfg.head != "lm":
+            raise ValueError(f"ModelConfig.{field}=True needs head='lm'")
+
+def _check_encoder_decoder_head(cfg: ModelConfig) -> None:
+    if cfg.head not in ENCODER_DECODER_HEADS:
+        raise ValueError(f"ModelConfig.head={cfg.head!r} does not fit family='encoder_decoder'; "
+                         f"expected one of {ENCODER_DECODER_HEADS}")
+    eos, pad = cfg.tokens.eos, cfg.tokens.pad
+    if cfg.head == "sequence_classification" and not cfg.head_options.pooler:
+        raise ValueError("ModelConfig.head='sequence_classification' of an encoder-decoder reads the pooled "
+                         "output (dense -> tanh of the decoder state at the last EOS); set pooler=True")
+    if cfg.head == "sequence_classification" and (isinstance(eos, bool) or not isinstance(eos, int)):
+        raise ValueError(f"ModelConfig.head='sequence_classification' of an encoder-decoder pools at the last "
+                         f"eos_token_id of each row; it needs one id, not {eos!r}")
+    if cfg.tokens.wrap_decoder_start and (cfg.head not in ("sequence_classification", "question_answering")
+                                           or pad is None):
+        raise ValueError("ModelConfig.wrap_decoder_start=True (mBART) derives decoder inputs for the "
+                         "sequence_classification and question_answering heads from the last non-pad token: it "
+                         f"needs one of those heads and a pad_token_id (head={cfg.head!r}, pad_token_id={pad})")
+
+def _check_experts(cfg: ModelConfig) -> None:
+    experts = cfg.experts
+    if experts is None:
+        return
+    if cfg.family != "decoder":
+        raise ValueError(f"ModelConfig.num_experts={experts.count} is supported for family='decoder', not "
+                         f"{cfg.family!r}")
+    if experts.dense_layers >= cfg.decoder_layers:
+        raise ValueError(f"ModelConfig.dense_layers={experts.dense_layers} must be < decoder_layers="
+                         f"{cfg.decoder_layers} (the remaining layers hold the experts)")
+    if experts.layer_step > 1 and (experts.dense_layers or cfg.decoder_layers % experts.layer_step):
+        raise ValueError(f"ModelConfig.moe_layer_step={experts.layer_step} interleaves dense and expert layers "
+                         f"in periods: it needs dense_layers=0 and decoder_layers={cfg.decoder_layers} a "
+                         "multiple of it")
+
+def _check_tokens(cfg: ModelConfig) -> None:
+    tokens = cfg.tokens
+    for field, value in (("pad_token_id", tokens.pad), ("bos_token_id", tokens.bos),
+                         ("decoder_start_token_id", tokens.decoder_start)):
+        if value is not None and not 0 <= value < cfg.vocab_size:
+            raise ValueError(f"ModelConfig.{field}={value} must lie in [0, vocab_size={cfg.vocab_size})")
+    if any(e is not None and not 0 <= e < cfg.vocab_size for e in tokens.eos_ids):
+        raise ValueError(f"ModelConfig.eos_token_id={tokens.eos} must lie in [0, vocab_size={cfg.vocab_size})")
+    if tokens.wrap_decoder_start and cfg.family != "encoder_decoder":
+        raise ValueError(f"ModelConfig.wrap_decoder_start=True (mBART's decoder inputs) needs "
+                         f"family='encoder_decoder', not {cfg.family!r}")
+
+def _check_adapters(cfg: ModelConfig) -> None:
+    lora = cfg.lora
+    if lora is None:
+        return
+    expert_targets = [t for t in lora.targets if t in ("wi", "wi_gate", "wo") or t.startswith("experts.")]
+    if lora.dropout and cfg.experts is not None and expert_targets:
+        raise ValueError(f"ModelConfig.lora_dropout={lora.dropout} cannot reach the experts' adapters "
+                         f"(merged into each expert's kernel for the dispatch), which lora_targets {expert_targets} "
+                         "name; use lora_dropout=0 or target 'mlp.*' / 'shared_experts.*' only")
 
 
 def _read_path(cfg: ModelConfig, path: tuple[str, ...], name: str) -> Any:
