@@ -1,8 +1,19 @@
 """ModelConfig: one frozen, validated description of every architecture jaxformer builds.
 
-Components are chosen by fields, not by subclasses: a BERT, a GPT-2, a LLaMA, a T5 and the 2017
-Transformer differ only in the values below. Every check runs in ``__post_init__`` so that a bad
-config fails where it is written, naming the field, the value and what would be valid.
+Components are chosen by fields, not by subclasses: a BERT, a GPT-2, a LLaMA, a T5 and the 2017 Transformer
+differ only in the values below. Each concern some models lack is a small frozen part, None where absent; each
+part checks its own fields and ModelConfig what joins two of them, when it is built, so that a bad config fails
+where it is written, naming the field, the value and what would be valid.
+
+Precision policy (the one place it is stated; jaxformer.layers follows it):
+- ``param_dtype`` is how parameters are stored; optimizer state follows the parameters. Training keeps float32
+  master parameters (``train.compute_dtype`` changes ``dtype`` only).
+- ``dtype`` is the compute dtype: weights are cast to it where they are used, and matmul inputs and activations
+  between layers are in it.
+- Always float32, whatever ``dtype``: attention scores, bias and softmax (matmuls accumulate into float32),
+  norms, rotary angles, the MoE router's softmax, logits' loss (the objectives cast).
+- Inference in bfloat16 or float16 sets both (``jf.from_pretrained(path, dtype="bfloat16")``,
+  ``jf.build(name, dtype=..., param_dtype=...)``), halving the bytes a decode step reads.
 """
 
 from __future__ import annotations
@@ -789,16 +800,7 @@ class ModelConfig:
 
     Layer counts: an encoder uses ``encoder_layers``, a decoder ``decoder_layers``, an encoder-decoder both.
     ``attention`` is the self-attention pattern of the decoder side; encoder self-attention is bidirectional.
-
-    Precision policy (the one place it is stated; jaxformer.layers follows it):
-    - ``param_dtype`` is how parameters are stored; optimizer state follows the parameters.
-      Training keeps float32 master parameters (``train.compute_dtype`` changes ``dtype`` only).
-    - ``dtype`` is the compute dtype: weights are cast to it where they are used, and matmul
-      inputs and activations between layers are in it.
-    - Always float32, whatever ``dtype``: attention scores, bias and softmax (matmuls accumulate into
-      float32), norms, rotary angles, the MoE router's softmax, logits' loss (the objectives cast).
-    - Inference in bfloat16 or float16 sets both (``jf.from_pretrained(path, dtype="bfloat16")``,
-      ``jf.build(name, dtype=..., param_dtype=...)``), halving the bytes a decode step reads.
+    Precision: see the module docstring.
     """
 
     family: str = "decoder"
@@ -1005,13 +1007,7 @@ class ModelConfig:
 
     def to_flat(self) -> dict[str, Any]:
         """Every setting under its flat name (absent parts at their 'off' values)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in GROUPS}
-        for name, path in FLAT.items():
-            out[name] = _read_path(self, path, name)
-        for name, group in PRESENCE_KEYS.items():
-            out[name] = getattr(self, group) is not None
-        out["index_relative_bias"] = self.relative_bias is not None and self.position != "relative"
-        return out
+        return _to_flat(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
@@ -1027,19 +1023,7 @@ class ModelConfig:
     def from_flat(cls, data: dict[str, Any]) -> "ModelConfig":
         """A config from flat names (``FLAT``) and top-level fields; an absent part's setting at a value that
         changes something is refused, naming what the part needs."""
-        top = {f.name for f in dataclasses.fields(cls) if f.name not in GROUPS}
-        unknown = set(data) - top - set(FLAT) - set(PRESENCE_KEYS)
-        if unknown:
-            raise ValueError(f"ModelConfig has no field(s) {sorted(unknown)}")
-        flat = {**{name: _flat_default(name) for name in FLAT}, **dict.fromkeys(PRESENCE_KEYS, False),
-                "position": cls.position, **data}
-        fields = {name: flat[name] for name in top if name in flat}
-        if flat["router_aux_loss_coef"] < 0:
-            raise ValueError(f"ModelConfig.router_aux_loss_coef={flat['router_aux_loss_coef']!r} must be >= 0")
-        _rate("lora_dropout", flat["lora_dropout"])
-        for group in GROUPS:
-            fields[group] = _part(group, flat, data)
-        return cls(**fields)
+        return cls(**_fields_from_flat(data))
 
     def __getattr__(self, name: str) -> Any:
         # the flat spelling read as an attribute: ``cfg.num_experts`` (0 on a dense model)
@@ -1332,6 +1316,32 @@ def _check_adapters(cfg: ModelConfig) -> None:
         raise ValueError(f"ModelConfig.lora_dropout={lora.dropout} cannot reach the experts' adapters "
                          f"(merged into each expert's kernel for the dispatch), which lora_targets {expert_targets} "
                          "name; use lora_dropout=0 or target 'mlp.*' / 'shared_experts.*' only")
+
+
+
+def _to_flat(cfg: ModelConfig) -> dict[str, Any]:
+    out = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in GROUPS}
+    for name, path in FLAT.items():
+        out[name] = _read_path(cfg, path, name)
+    out.update(qk_norm=cfg.query_key_norm is not None, parallel_residual=cfg.parallel is not None,
+               index_relative_bias=cfg.relative_bias is not None and cfg.position != "relative")
+    return out
+
+
+def _fields_from_flat(data: dict[str, Any]) -> dict[str, Any]:
+    top = {f.name for f in dataclasses.fields(ModelConfig) if f.name not in GROUPS}
+    unknown = set(data) - top - set(FLAT) - set(PRESENCE_KEYS)
+    if unknown:
+        raise ValueError(f"ModelConfig has no field(s) {sorted(unknown)}")
+    flat = {**{name: _flat_default(name) for name in FLAT}, **dict.fromkeys(PRESENCE_KEYS, False),
+            "position": ModelConfig.position, **data}
+    fields = {name: flat[name] for name in top if name in flat}
+    if flat["router_aux_loss_coef"] < 0:  # checked on a dense model too, as it always was
+        raise ValueError(f"ModelConfig.router_aux_loss_coef={flat['router_aux_loss_coef']!r} must be >= 0")
+    _rate("lora_dropout", flat["lora_dropout"])
+    for group in GROUPS:
+        fields[group] = _part(group, flat, data)
+    return fields
 
 
 def _read_path(cfg: ModelConfig, path: tuple[str, ...], name: str) -> Any:
