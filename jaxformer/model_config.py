@@ -864,18 +864,7 @@ class ModelConfig:
     quantization: Quantization | None = None
 
     def __post_init__(self):
-        for name, cls in GROUPS.items():  # JSON and YAML hand the nested form as mappings
-            value = getattr(self, name)
-            if isinstance(value, dict):
-                object.__setattr__(self, name, cls(**value))
-            elif value is not None and not isinstance(value, cls):
-                raise ValueError(f"ModelConfig.{name}={value!r} must be a {cls.__name__}")
-            elif value is None and name not in OPTIONAL_GROUPS:
-                raise ValueError(f"ModelConfig.{name} is always present (a {cls.__name__}); it cannot be None")
-        for name, kind in (("rotary", "rope"), ("xl", "xl"), ("disentangled", "disentangled"),
-                           ("relative_bias", "relative")):
-            if getattr(self, name) is None and self.position == kind:  # the part's defaults, as position names it
-                object.__setattr__(self, name, GROUPS[name]())
+        _settle_parts(self)
         _check_sizes(self)
         _check_positions(self)
         _check_attention_pattern(self)
@@ -1030,6 +1019,22 @@ class ModelConfig:
         if name in FLAT or name in PRESENCE_KEYS:
             return self.to_flat()[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+def _settle_parts(cfg: ModelConfig) -> None:
+    """Each part as its class (JSON and YAML hand the nested form as mappings), and a part that ``position``
+    names there with its defaults when it was left out."""
+    for name, cls in GROUPS.items():
+        value = getattr(cfg, name)
+        if isinstance(value, dict):
+            object.__setattr__(cfg, name, cls(**value))
+        elif value is not None and not isinstance(value, cls):
+            raise ValueError(f"ModelConfig.{name}={value!r} must be a {cls.__name__}")
+        elif value is None and name not in OPTIONAL_GROUPS:
+            raise ValueError(f"ModelConfig.{name} is always present (a {cls.__name__}); it cannot be None")
+    for name, kind in (("rotary", "rope"), ("xl", "xl"), ("disentangled", "disentangled"), ("relative_bias", "relative")):
+        if getattr(cfg, name) is None and cfg.position == kind:
+            object.__setattr__(cfg, name, GROUPS[name]())
 
 
 # The checks that join two concerns (each part checks its own fields), in the order a config is read.
