@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.layer_plan import layer_plan
+
 Array = jax.Array
 
 
@@ -251,15 +253,10 @@ class SplitKVCache:
 
 
 def windowed_layers(cfg, layers: int) -> tuple[tuple[bool, ...], int | None]:
-    """(which of a decoder stack's ``layers`` attend within a window, that window) for a causal stack:
-    every layer of a 'sliding' one, the local layers of an 'alternating' one (Llama 4's chunks: the chunk
-    size); (all False, None) otherwise."""
-    if cfg.attention == "sliding":
-        return (True,) * layers, cfg.window_size
-    if cfg.attention == "alternating":
-        local = tuple(cfg.sliding_layers[:layers])
-        return local, cfg.attention_chunk_size if "chunked" in (cfg.layer_types or ()) else cfg.window_size
-    return (False,) * layers, None
+    """(which of a decoder stack's ``layers`` keep a ring of their window when cached, that window), as the
+    stack's layer plan says: every layer of a 'sliding' one, the local layers of an 'alternating' one (Llama
+    4's chunks: the chunk size); (all False, None) otherwise."""
+    return layer_plan(cfg, cfg.attention, layers).windowed()
 
 
 def empty_cache(cfg, layers: int, batch: int, length: int, dtype, rewind: int = 0

@@ -24,8 +24,8 @@ from jaxformer.layers.feedforward import (MLP, ExpertWeights, MoE, RouterBias, R
                                           router_statistics)
 from jaxformer.layers.positions import (Embed, Embeddings, Positions, RelativeBias, apply_rope, embedding_width,
                                         rope_angles, rope_frequencies, rope_tables, sinusoids)
-from jaxformer.layers.stack import (REMAT_POLICIES, Block, EncoderOutput, Stack, StackOutput, Tokens, packed_validity,
-                                    run_stack)
+from jaxformer.layers.stack import (REMAT_POLICIES, Block, EncoderOutput, LayerOutput, Stack, StackOutput, Tokens,
+                                    packed_validity, run_layers)
 
 __all__ = ["Attention", "Indexer", "IndexerParam", "LatentAttention", "dot_product_attention", "softmax",
            "visibility_mask", "layer_patterns", "memory_visibility_mask", "left_padded_positions", "Buffer", "Dense",
@@ -34,4 +34,5 @@ __all__ = ["Attention", "Indexer", "IndexerParam", "LatentAttention", "dot_produ
            "ragged_experts", "route", "router_statistics", "Embed", "embedding_width",
            "Embeddings", "Positions", "RelativeBias", "apply_rope", "rope_angles", "rope_frequencies", "rope_tables",
            "sinusoids",
-           "REMAT_POLICIES", "Block", "EncoderOutput", "Stack", "StackOutput", "Tokens", "packed_validity", "run_stack"]
+           "REMAT_POLICIES", "Block", "EncoderOutput", "Stack", "StackOutput", "Tokens", "packed_validity",
+           "LayerOutput", "run_layers"]

@@ -14,6 +14,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import kernels
+from jaxformer.layer_plan import stack_patterns
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.core import Norm, dropout, dtype_of, normalize, param
 from jaxformer.layers.positions import apply_rope, relative_shift
@@ -59,17 +60,8 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
     return allowed[:, None, :, :]
 
 
-def layer_patterns(stack_pattern: str, attention: str, layer_types: tuple[str, ...] | None = None
-                   ) -> tuple[str, str | None]:
-    """(the pattern of a stack's dense layers, that of its local layers or None): an 'alternating'
-    decoder's local layers use 'sliding' (or 'chunked', when ``layer_types`` say so) and the others
-    'causal'; the encoder of an alternating encoder-decoder (T5Gemma) uses 'bidirectional_sliding' on its
-    sliding layers."""
-    if stack_pattern == "alternating":
-        return "causal", "chunked" if "chunked" in (layer_types or ()) else "sliding"
-    if stack_pattern == "bidirectional" and attention == "alternating":
-        return "bidirectional", "bidirectional_sliding"
-    return stack_pattern, None
+# (the pattern of a stack's full layers, that of its local layers or None): the layer plan decides it
+layer_patterns = stack_patterns
 
 
 def memory_visibility_mask(pattern: str, positions: Array, valid: Array | None, memory_valid: Array) -> Array:
@@ -255,10 +247,13 @@ class Attention(nnx.Module):
 
     @staticmethod
     def _normed(norm: Norm | None, x: Array, nope: Array | None) -> Array:
-        """``norm(x)``, except on a layer without rotary positions (``nope``, a traced flag: Llama 4)."""
+        """``norm(x)``, except on a layer without rotary positions (Llama 4's ``nope``: a Python bool where the
+        layer is known, a traced flag in a scanned body whose layers differ)."""
         if norm is None:
             return x
-        return norm(x) if nope is None else jnp.where(nope, x, norm(x))
+        if nope is None or isinstance(nope, bool):
+            return x if nope else norm(x)
+        return jnp.where(nope, x, norm(x))
 
     def key_values(self, source: Array, key: Array | None = None, nope: Array | None = None) -> tuple[Array, Array]:
         """Keys and values [B, S, K, H] of ``source`` (computed once per encoder output when cached).

@@ -21,9 +21,10 @@ from flax import nnx
 
 from jaxformer import kernels
 from jaxformer.cache import EncoderKV, KVCache, LatentCache, Memory, MemoryKV, SplitKVCache
+from jaxformer.layer_plan import LayerPlan, LayerSpec, Segment, layer_plan
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.attention import (Attention, DisentangledAttention, DisentangledInputs, LatentAttention,
-                                        RelativeAttention, layer_patterns, memory_visibility_mask, visibility_mask)
+                                        RelativeAttention, memory_visibility_mask, visibility_mask)
 from jaxformer.layers.convolution import SequenceConvolution
 from jaxformer.layers.core import Norm, dropout, param, split_key
 from jaxformer.layers.feedforward import MLP, MoE, pooled_router_statistics
@@ -101,27 +102,36 @@ class XLInputs:
 
 
 @dataclasses.dataclass(frozen=True)
+class CrossInputs:
+    """Cross-attention's mask and source: the encoder output [B, S, D], or this layer's precomputed keys and
+    values (a cached step's)."""
+
+    mask: Any
+    source: Array | None = None
+    kv: tuple[Array, Array] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class LayerInputs:
     """What one block's sublayers read besides x: self-attention's mask (a [B, 1, T, S] array, a
     (cache, own) pair, or a ``kernels.FusedMask``), bias and rotary angles, this layer's cache slice;
-    cross-attention's mask and source (an encoder output, or this layer's precomputed keys and values);
-    and which tokens are real, for MoE load statistics."""
+    cross-attention's inputs; which tokens are real, for MoE load statistics; the relative-position inputs
+    of the layer's attention (Transformer-XL's with its memory, DeBERTa's table and index)."""
 
     mask: Any
     bias: Any = None
     rope: tuple[Array, Array] | None = None
     cache: dict | None = None
-    cross_mask: Any = None
-    cross_source: Array | None = None
-    cross_kv: tuple[Array, Array] | None = None
+    cross: CrossInputs | None = None
     token_mask: Array | None = None
+    relative: XLInputs | DisentangledInputs | None = None
     memory: dict | None = None  # Transformer-XL: this layer's memory, {"hidden"} or {"k", "v"}
-    relative: XLInputs | None = None
-    disentangled: DisentangledInputs | None = None  # DeBERTa: the relative-position table and its index
     output_attentions: bool = False  # return each sublayer's attention probabilities
     # this layer's extra factor on its self-attention scores: GPT-2's 1 / (i + 1), Llama 4's temperature [1, T, 1, 1]
     query_scale: Array | None = None
-    nope: Array | None = None  # Llama 4: is this a layer without rotary positions (no query/key norm then)
+    # Llama 4: is this a layer without rotary positions (no query/key norm then): a Python bool where the plan
+    # knows the layer, an array in a scanned body whose layers differ; None in a stack without such layers
+    nope: Array | bool | None = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -227,7 +237,7 @@ class Block(nnx.Module):
             return self.attn(h, mask=inputs.mask, relative=inputs.relative, memory=memory, key=key,
                              output_attentions=weights)
         if isinstance(self.attn, DisentangledAttention):
-            return self.attn(h, mask=inputs.mask, relative=inputs.disentangled, key=key, output_attentions=weights)
+            return self.attn(h, mask=inputs.mask, relative=inputs.relative, key=key, output_attentions=weights)
         # GPT-2's per-layer factor, Llama 4's NoPE layers; the config allows them on standard attention only
         scaled = {} if inputs.query_scale is None else {"query_scale": inputs.query_scale}
         if inputs.nope is not None:
@@ -239,7 +249,8 @@ class Block(nnx.Module):
                          output_attentions=weights, **scaled)
 
     def cross_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, None, Array | None]:
-        return self.cross_attn(h, inputs.cross_source, mask=inputs.cross_mask, kv=inputs.cross_kv, key=key,
+        cross = inputs.cross
+        return self.cross_attn(h, cross.source, mask=cross.mask, kv=cross.kv, key=key,
                                output_attentions=inputs.output_attentions)
 
     def feed_forward(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None]:
@@ -279,172 +290,218 @@ REMAT_POLICIES: dict[str, Any] = {
 }
 
 
-def run_stack(blocks: Block | tuple[Block, ...], x: Array, layer_fn: Callable, per_layer: Any,
-              cfg: ModelConfig) -> tuple[Array, Any]:
-    """Apply blocks in order: ``x, out = layer_fn(block, x, per_layer_slice)`` per layer.
+class LayerOutput(NamedTuple):
+    """What the runner gathers from each layer, stacked [L, ...] in layer order (the router statistics: the
+    expert layers' alone, [L_moe, ...])."""
 
-    Stacked blocks are scanned (one compiled body for all layers) when ``cfg.scan_layers``, else
-    unrolled over slices of the same stacked parameters; a tuple of blocks (``Stack.unstacked``) is
-    unrolled as it is. Per-layer outputs come back stacked on axis 0. ``cfg.remat`` wraps the body in
-    ``jax.checkpoint`` with the named policy.
-    """
+    hidden: Array | None  # the layer's output (when the call collects hidden states)
+    router_stats: dict | None  # an MoE layer's load statistics (``feedforward.router_statistics``)
+    new_kv: dict | None  # this call's keys and values, for the caller's cache or Transformer-XL's memory
+    layer_input: Array | None  # the layer's input (Transformer-XL's hidden-state memory)
+    weights: dict  # attention probabilities {"self", "cross"} (each None unless collected)
+
+
+# The per-layer flags a scanned body reads as arrays when its layers differ in them (and as Python values when
+# the plan knows the layer: unrolled layers, a scanned period's positions, a run of layers alike in them)
+_KIND_FLAGS = ("local", "nope")
+
+
+def _with_kind(extra: dict, spec: LayerSpec, nope_layers: bool) -> dict:
+    """``extra`` with the layer's kind flags as the plan states them (Python bools; ``nope`` None in a stack
+    without NoPE layers)."""
+    return dict(extra, local=spec.local, nope=spec.nope if nope_layers else None)
+
+
+def _stacked_outputs(outs: list[LayerOutput]) -> LayerOutput:
+    """Per-layer outputs stacked on a new axis 0; the router statistics of the layers that have them."""
+    stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+    stats = [out.router_stats for out in outs if out.router_stats is not None]
+    fields = jax.tree.map(stack, *[out._replace(router_stats=None) for out in outs])
+    return fields._replace(router_stats=jax.tree.map(stack, *stats) if stats else None)
+
+
+def _joined(parts: list[LayerOutput]) -> LayerOutput:
+    """Consecutive runs' outputs, concatenated in layer order."""
+    if len(parts) == 1:
+        return parts[0]
+    join = lambda *xs: jnp.concatenate(xs)  # noqa: E731
+    stats = [part.router_stats for part in parts if part.router_stats is not None]
+    fields = jax.tree.map(join, *[part._replace(router_stats=None) for part in parts])
+    return fields._replace(router_stats=(stats[0] if len(stats) == 1 else jax.tree.map(join, *stats)) if stats else None)
+
+
+def _layer_of(blocks: Block | tuple[Block, ...], index: int) -> tuple[Any, Any]:
+    """(graphdef, parameters) of one layer of a block group: a slice of stacked parameters, or a separate block."""
     if isinstance(blocks, tuple):
-        graphdef = nnx.graphdef(blocks[0])
-        layer_params = [nnx.state(block) for block in blocks]
-    else:
-        graphdef, params = nnx.split(blocks)
-        layer_params = None
+        return nnx.split(blocks[index])
+    graphdef, params = nnx.split(blocks)
+    return graphdef, jax.tree.map(lambda a: a[index], params)
+
+
+def run_layers(plan: LayerPlan, groups: dict[str, Block | tuple[Block, ...]], x: Array, layer_fn: Callable,
+               per_layer: dict, cfg: ModelConfig, *, caches: dict[bool, dict] | None = None,
+               segments: list[Segment] | None = None, after_first: Callable | None = None) -> tuple[Array, LayerOutput]:
+    """The one layer runner: x through the layers of ``plan``, each ``x, out = layer_fn(block, x, extra)`` with
+    its block from ``groups`` (the stack's block groups by name: stacked, or separate blocks from
+    ``Stack.unstacked``) and its slice ``extra`` of ``per_layer`` (leaves [L, ...]).
+
+    Each of the plan's segments (``plan.segments``; or those given) runs as one ``jax.lax.scan`` over its
+    period when ``cfg.scan_layers`` and its blocks are stacked: a period of one layer scans the stacked
+    parameters directly; a longer one (Llama 4 Maverick's dense and expert layers, the kinds of a split
+    cache) has one compiled body of one period, each position a known layer, and the layers past its last
+    whole period unrolled. Separate blocks and ``scan_layers=False`` unroll every layer. ``caches`` (a
+    ``SplitKVCache``'s layer arrays by kind) hands each layer its slice of its own kind's cache as
+    ``extra["cache"]``. ``after_first`` maps the output of a segment that ends at layer 1 (DeBERTa's
+    convolution). ``cfg.remat`` wraps each scanned body (unrolled: each layer) in ``jax.checkpoint``."""
+    parts = []
+    for segment in plan.segments(caches is not None) if segments is None else segments:
+        stacked = all(not isinstance(groups[spec.group], tuple) for spec in plan.layers[segment.start:segment.end])
+        if cfg.scan_layers and stacked and segment.period == 1:
+            x, out = _scan_layers(plan, segment, groups, x, layer_fn, per_layer, cfg, caches)
+        else:
+            x, out = _scan_periods(plan, segment, groups, x, layer_fn, per_layer, cfg, caches,
+                                   scan=cfg.scan_layers and stacked)
+        if after_first is not None and segment.end == 1:
+            x = after_first(x)
+            out = out._replace(hidden=None if out.hidden is None else x[None])
+        parts.append(out)
+    return x, _joined(parts) if parts else LayerOutput(None, None, None, None, {"self": None, "cross": None})
+
+
+def _remat(fn: Callable, cfg: ModelConfig, prevent_cse: bool, **kwargs) -> Callable:
+    return fn if cfg.remat == "none" else jax.checkpoint(fn, policy=REMAT_POLICIES[cfg.remat], prevent_cse=prevent_cse,
+                                                         **kwargs)
+
+
+def _cache_ranks(plan: LayerPlan) -> list[int]:
+    """Each layer's index in its own kind's cache (a split cache keeps the windowed layers' apart)."""
+    return [plan.local[:i].count(plan.local[i]) for i in range(len(plan))]
+
+
+def _scan_layers(plan, segment, groups, x, layer_fn, per_layer, cfg, caches):
+    """A segment of layers of one group, one parameter slot each (or ALBERT's one shared slot): a scan over the
+    stacked parameters and the per-layer inputs. Flags alike in every layer reach the body as Python values."""
+    start, end, _ = segment
+    specs = plan.layers[start:end]
+    graphdef, params = nnx.split(groups[specs[0].group])
+    extra = jax.tree.map(lambda a: a[start:end], per_layer)
+    if caches is not None:
+        rank = _cache_ranks(plan)[start]
+        extra["cache"] = jax.tree.map(lambda a: a[rank:rank + end - start], caches[specs[0].local])
+    known = plan.known and len({(spec.local, spec.nope) for spec in specs}) == 1
+    nope_layers = per_layer.get("nope") is not None
+    if known:
+        extra = {name: value for name, value in extra.items() if name not in _KIND_FLAGS}
+    first, size = specs[0].index, jax.tree.leaves(params)[0].shape[0]
+    shared = len(specs) > 1 and all(spec.index == first for spec in specs)  # ALBERT
 
     def body(carry, inputs):
-        params, extra = inputs
-        return layer_fn(nnx.merge(graphdef, params), constrain_activations(carry), extra)
+        layer_params, layer_extra = inputs
+        if known:
+            layer_extra = _with_kind(layer_extra, specs[0], nope_layers)
+        return layer_fn(nnx.merge(graphdef, layer_params), constrain_activations(carry), layer_extra)
 
-    if cfg.remat != "none":
-        body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat], prevent_cse=not cfg.scan_layers)
-    if cfg.shared_layers:  # ALBERT: the one layer's parameters at every layer (their gradients summed over layers)
-        count = len(per_layer["local"])
-        shared = layer_params[0] if layer_params is not None else jax.tree.map(lambda a: a[0], params)
-        if cfg.scan_layers and layer_params is None:
-            return jax.lax.scan(lambda carry, extra: body(carry, (shared, extra)), x, per_layer)
-        layer_params = [shared] * count
-    if layer_params is None and cfg.scan_layers:
-        return jax.lax.scan(body, x, (params, per_layer))
-    if layer_params is None:
-        layer_params = [jax.tree.map(lambda a: a[i], params) for i in range(jax.tree.leaves(params)[0].shape[0])]
-    outputs = []
-    for i, params_i in enumerate(layer_params):
-        x, out = body(x, (params_i, jax.tree.map(lambda a: a[i], per_layer)))
-        outputs.append(out)
-    return x, jax.tree.map(lambda *xs: jnp.stack(xs), *outputs)
+    body = _remat(body, cfg, prevent_cse=False)
+    if shared:
+        one = jax.tree.map(lambda a: a[first], params)
+        return jax.lax.scan(lambda carry, layer_extra: body(carry, (one, layer_extra)), x, extra, length=len(specs))
+    if (first, len(specs)) != (0, size):
+        params = jax.tree.map(lambda a: a[first:first + len(specs)], params)
+    return jax.lax.scan(body, x, (params, extra), length=len(specs))
 
 
-def run_interleaved(dense: Block | tuple[Block, ...], experts: Block | tuple[Block, ...], x: Array,
-                    layer_fn: Callable, per_layer: Any, cfg: ModelConfig, num_layers: int) -> tuple[Array, tuple]:
-    """Llama 4 Maverick's layers: periods of ``cfg.moe_layer_step`` layers, the dense blocks of a period
-    (stacked in ``dense``) before its expert block (stacked in ``experts``). Scanned over the periods (one
-    compiled body of one period) when ``cfg.scan_layers`` and the blocks are stacked, else unrolled layer by
-    layer. Returns x and the layers' outputs as ``layer_fn`` gives them (hidden, stats, new_kv, input,
-    weights), each field stacked [L, ...] in layer order, the router statistics [L / step, ...] of the expert
-    layers alone."""
-    step = cfg.moe_layer_step
-    periods = num_layers // step
+def _scan_whole_periods(plan, segment, periods, groups, x, layer_fn, per_layer, cfg, caches):
+    """``periods`` whole periods of a segment as one scan whose body runs one period, each position a known
+    layer. Without a split cache the parameters and per-layer inputs are scanned over, [periods, ...] (their
+    gradients then stack); a split cache's layers read their parameters, inputs and cache slice at their index
+    inside the body, not sliced out first, which would copy them on every decode step."""
+    start, _, period = segment
+    specs, ranks = plan.layers, _cache_ranks(plan)
+    window = specs[start:start + period]
+    split = {name: nnx.split(groups[name]) for name in dict.fromkeys(spec.group for spec in window)}
+    first = {name: min(spec.index for spec in window if spec.group == name) for name in split}
+    per_period = {name: sum(spec.group == name for spec in window) for name in split}
+    kinds = {kind: sum(spec.local == kind for spec in window) for kind in (False, True)}
+    nope_layers = per_layer.get("nope") is not None
+    # a position whose layers differ in their flags across periods (Maverick's dense/expert period of 2 over its
+    # chunked/full period of 4) reads them as arrays
+    alike = [plan.known and len({(specs[i].local, specs[i].nope)
+                                 for i in range(start + j, start + periods * period, period)}) == 1
+             for j in range(period)]
+    at = lambda tree, i: jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), tree)  # noqa: E731
 
-    def in_order(dense_outs, expert_outs):
-        """[P, step - 1, ...] and [P, ...] per field -> [L, ...], the router statistics [P, ...]."""
-        def field(i):
-            return jax.tree.map(lambda d, e: jnp.concatenate([d, e[:, None]], axis=1).reshape(num_layers, *e.shape[1:]),
-                                dense_outs[i], expert_outs[i])
-        return field(0), expert_outs[1], field(2), field(3), field(4)
+    def by_period(a: Array, lo: int, n: int) -> Array:
+        """[layers, ...] -> [periods, n, ...] from slot ``lo`` ([periods, ...] when n is 1)."""
+        a = a if (lo, periods * n) == (0, a.shape[0]) else a[lo:lo + periods * n]
+        return a if n == 1 else a.reshape(periods, n, *a.shape[1:])
 
-    if not isinstance(dense, tuple) and cfg.scan_layers:
-        dense_graph, dense_params = nnx.split(dense)
-        expert_graph, expert_params = nnx.split(experts)
-        dense_params = jax.tree.map(lambda a: a.reshape(periods, step - 1, *a.shape[1:]), dense_params)
-        by_period = jax.tree.map(lambda a: a.reshape(periods, step, *a.shape[1:]), per_layer)
-        dense_extra = jax.tree.map(lambda a: a[:, :-1], by_period)
-        expert_extra = jax.tree.map(lambda a: a[:, -1], by_period)
-        pick = lambda tree, j: jax.tree.map(lambda a: a[j], tree)  # noqa: E731
+    def body(h, inputs):
+        p, params, extras = inputs
+        outs = []
+        for j, spec in enumerate(window):
+            graphdef, stacked = split[spec.group]
+            if caches is None:  # this period's slice, scanned over
+                slot = spec.index - first[spec.group]
+                layer_params = (params[spec.group] if per_period[spec.group] == 1 else
+                                jax.tree.map(lambda a: a[slot], params[spec.group]))
+                extra = jax.tree.map(lambda a: a[j], extras)
+            else:
+                layer_params = at(stacked, spec.index + p * per_period[spec.group])
+                extra = at(per_layer, start + p * period + j)
+                extra["cache"] = at(caches[spec.local], ranks[start + j] + p * kinds[spec.local])
+            if alike[j]:
+                extra = _with_kind(extra, spec, nope_layers)
+            h, out = layer_fn(nnx.merge(graphdef, layer_params), constrain_activations(h), extra)
+            outs.append(out)
+        return h, _stacked_outputs(outs)
 
-        def period(h, inputs):
-            d_params, e_params, d_extra, e_extra = inputs
-            outs = []
-            for j in range(step - 1):
-                h, out = layer_fn(nnx.merge(dense_graph, pick(d_params, j)), constrain_activations(h), pick(d_extra, j))
-                outs.append(out)
-            h, expert_out = layer_fn(nnx.merge(expert_graph, e_params), constrain_activations(h), e_extra)
-            return h, (jax.tree.map(lambda *xs: jnp.stack(xs), *outs), expert_out)
+    xs = (jnp.arange(periods), None, None)
+    if caches is None:
+        params = {name: jax.tree.map(lambda a: by_period(a, first[name], per_period[name]), stacked)
+                  for name, (_, stacked) in split.items()}
+        xs = (xs[0], params, jax.tree.map(lambda a: by_period(a, start, period), per_layer))
+    x, scanned = jax.lax.scan(_remat(body, cfg, prevent_cse=False), x, xs)
+    return x, jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), scanned)
 
-        if cfg.remat != "none":
-            period = jax.checkpoint(period, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
-        x, (dense_outs, expert_outs) = jax.lax.scan(period, x, (dense_params, expert_params, dense_extra,
-                                                                expert_extra))
-        return x, in_order(dense_outs, expert_outs)
 
-    def layers_of(blocks) -> list[tuple[Any, Any]]:
-        """(graphdef, params) of each layer of stacked blocks (or of separate ones, ``Stack.unstacked``)."""
-        return [nnx.split(block) for block in _each_layer(blocks)]
+def _scan_periods(plan, segment, groups, x, layer_fn, per_layer, cfg, caches, *, scan: bool):
+    """A segment scanned period by period (``scan`` and two or more whole periods: ``_scan_whole_periods``),
+    the layers past the last whole period unrolled; every layer unrolled without ``scan``."""
+    start, end, period = segment
+    specs, ranks = plan.layers, _cache_ranks(plan)
+    nope_layers = per_layer.get("nope") is not None
+    periods = (end - start) // period if scan else 0
+    periods = periods if periods > 1 else 0
+    parts = []
+    if periods:
+        x, out = _scan_whole_periods(plan, segment, periods, groups, x, layer_fn, per_layer, cfg, caches)
+        parts.append(out)
 
     def one_layer(graphdef, params, h, extra):
         return layer_fn(nnx.merge(graphdef, params), constrain_activations(h), extra)
 
-    if cfg.remat != "none":
-        one_layer = jax.checkpoint(one_layer, policy=REMAT_POLICIES[cfg.remat], static_argnums=(0,))
-    dense_layers, expert_layers = layers_of(dense), layers_of(experts)
-    dense_outs, expert_outs = [], []
-    for i in range(num_layers):
-        expert_layer = (i + 1) % step == 0
-        graphdef, params = expert_layers[i // step] if expert_layer else dense_layers[i - (i + 1) // step]
-        x, out = one_layer(graphdef, params, x, jax.tree.map(lambda a: a[i], per_layer))
-        (expert_outs if expert_layer else dense_outs).append(out)
-    stack = lambda outs: jax.tree.map(lambda *xs: jnp.stack(xs), *outs)  # noqa: E731
-    dense_by_period = jax.tree.map(lambda a: a.reshape(periods, step - 1, *a.shape[1:]), stack(dense_outs))
-    return x, in_order(dense_by_period, stack(expert_outs))
-
-
-def _each_layer(blocks: Block | tuple[Block, ...]) -> list[Block]:
-    """The layers of stacked blocks as separate blocks (slices of the stacked parameters); separate ones as
-    they are."""
-    if isinstance(blocks, tuple):
-        return list(blocks)
-    graphdef, params = nnx.split(blocks)
-    count = jax.tree.leaves(params)[0].shape[0]
-    return [nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params)) for i in range(count)]
-
-
-def run_split(blocks: Block | tuple[Block, ...] | list[Block], x: Array, layer_fn: Callable, per_layer: Any,
-              cache: SplitKVCache, cfg: ModelConfig) -> tuple[Array, tuple]:
-    """Layers over a ``SplitKVCache``: each layer reads its slice of its own kind's cache (a ring for the
-    windowed layers, full slots for the others), so a layer's kind must be known when it is traced; it
-    reaches ``layer_fn`` as ``extra["local"]``, a Python bool, with ``extra["cache"]`` its slice.
-
-    ``blocks``: the stack's one group of stacked blocks, scanned over the period of the layer kinds (Gemma 2:
-    2, Gemma 3: 6, Llama 4: 4; one compiled body of one period, then the layers past the last whole period)
-    when ``cfg.scan_layers``; else (separate blocks, a list in layer order, or no scan) unrolled. Every
-    per-layer input and cache slice is read at its index inside the body, not sliced out of the stacks first,
-    which would copy them. Returns x and the per-layer outputs as ``run_interleaved`` does."""
-    kinds = cache.local_layers
-    count = len(kinds)
-    rank = [kinds[:i].count(kinds[i]) for i in range(count)]  # each layer's index in its kind's cache
-    caches = {kind: slots.layers() for kind, slots in cache.kinds().items()}
-    at = lambda tree, i: jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), tree)  # noqa: E731
-
-    def one_layer(block, h, i, layer, local):
-        """Layer ``i`` (traced: a scanned period's) of kind ``local``, the ``layer``-th of its kind."""
-        extra = dict(at(per_layer, i), local=local, cache=at(caches[local], layer))
-        return layer_fn(block, constrain_activations(h), extra)
-
-    period = next(p for p in range(1, count + 1) if all(kinds[i] == kinds[i % p] for i in range(count)))
-    periods = count // period if cfg.scan_layers and not isinstance(blocks, (tuple, list)) else 0
-    periods = periods if periods > 1 else 0  # one period: unrolled
+    one_layer = _remat(one_layer, cfg, prevent_cse=True, static_argnums=(0,))
     outs = []
-    if periods:
-        graphdef, params = nnx.split(blocks)
-        per_period = {kind: kinds[:period].count(kind) for kind in (False, True)}
+    for i in range(start + periods * period, end):
+        spec = specs[i]
+        extra = jax.tree.map(lambda a: a[i], per_layer)
+        if plan.known:
+            extra = _with_kind(extra, spec, nope_layers)
+        if caches is not None:
+            extra["cache"] = jax.tree.map(lambda a: a[ranks[i]], caches[spec.local])
+        x, out = one_layer(*_layer_of(groups[spec.group], spec.index), x, extra)
+        outs.append(out)
+    if outs:
+        parts.append(_stacked_outputs(outs))
+    return x, _joined(parts)
 
-        def body(h, p):
-            period_outs = []
-            for j in range(period):
-                i = p * period + j
-                block = nnx.merge(graphdef, at(params, i))
-                h, out = one_layer(block, h, i, p * per_period[kinds[j]] + rank[j], kinds[j])
-                period_outs.append(out)
-            return h, jax.tree.map(lambda *xs: jnp.stack(xs), *period_outs)
 
-        if cfg.remat != "none":
-            body = jax.checkpoint(body, policy=REMAT_POLICIES[cfg.remat], prevent_cse=False)
-        x, scanned = jax.lax.scan(body, x, jnp.arange(periods))
-        outs.append(jax.tree.map(lambda a: a.reshape(periods * period, *a.shape[2:]), scanned))
-    layers = _each_layer(blocks) if not isinstance(blocks, list) else blocks
-    rest = []
-    for i in range(periods * period, count):
-        x, out = one_layer(layers[i], x, i, rank[i], kinds[i])
-        rest.append(out)
-    if rest:  # router statistics come from the expert layers alone (Maverick's are every other one)
-        stats = [out[1] for out in rest if out[1] is not None]
-        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *[(o[0], o[2], o[3], o[4]) for o in rest])
-        outs.append((stacked[0], jax.tree.map(lambda *xs: jnp.stack(xs), *stats) if stats else None, *stacked[1:]))
-    joined = jax.tree.map(lambda *parts: jnp.concatenate(parts), *outs) if len(outs) > 1 else outs[0]
-    return x, joined
+def _pick(flag: bool | Array, when_set: Any, otherwise: Any) -> Any:
+    """``when_set`` where a layer's kind flag is set: chosen while tracing when the flag is known (a Python
+    bool), else per element (a traced flag of a scanned body whose layers differ in it)."""
+    if isinstance(flag, bool):
+        return when_set if flag else otherwise
+    return jnp.where(flag, when_set, otherwise)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -458,20 +515,19 @@ class Stack(nnx.Module):
     def __init__(self, cfg: ModelConfig, num_layers: int, *, pattern: str, cross_attention: bool = False,
                  rngs: nnx.Rngs):
         self.config, self.pattern, self.num_layers = cfg, pattern, num_layers
-        # DeepSeek's first layers keep a dense MLP: a separate stack, run before the expert layers (Llama 4
-        # Maverick's dense layers between its expert layers too: ``run_interleaved``).
-        dense = len(cfg.dense_layer_ids) if not cross_attention else 0
+        # what each layer is, decided once: its masks, rotary table, cache, feed-forward and block group
+        self.plan = layer_plan(cfg, pattern, num_layers, cross_attention=cross_attention)
+        # the block groups the plan places layers in. DeepSeek's first layers keep a dense MLP (Llama 4
+        # Maverick's dense layers lie between its expert layers): a group of their own.
+        dense = self.plan.count("dense_blocks")
         self.dense_blocks = (stacked_blocks(cfg, dense, rngs=rngs, cross_attention=cross_attention, dense=True,
                                             axis="unstaged_layers") if dense else None)
-        # ModernBERT's first layer has no attention norm, DeBERTa's has a convolution beside it: a stack of its
-        # own, run first
-        first = 0 if cfg.first_attn_norm and not cfg.conv_kernel_size else 1
-        self.first_block = (None if first == 0 else
-                            stacked_blocks(cfg, 1, rngs=rngs, attn_norm=cfg.first_attn_norm, axis="unstaged_layers"))
+        # ModernBERT's first layer has no attention norm, DeBERTa's has a convolution beside it: a group of its own
+        self.first_block = (stacked_blocks(cfg, 1, rngs=rngs, attn_norm=cfg.first_attn_norm, axis="unstaged_layers")
+                            if self.plan.count("first_block") else None)
         self.conv = SequenceConvolution(cfg, rngs=rngs) if cfg.conv_kernel_size else None
-        # ALBERT's shared layers: one stacked layer, applied num_layers times (``run_stack``)
-        self.blocks = stacked_blocks(cfg, 1 if cfg.shared_layers else num_layers - dense - first, rngs=rngs,
-                                     cross_attention=cross_attention)
+        # ALBERT's shared layers: one stacked layer, which the plan places at every layer
+        self.blocks = stacked_blocks(cfg, self.plan.count("blocks"), rngs=rngs, cross_attention=cross_attention)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.final_norm else None
         # T5's one table per stack, MPNet's beside absolute positions (UMT5's tables are in the blocks)
         shared_table = (cfg.position == "relative" and not cfg.relative_bias_per_layer) or cfg.index_relative_bias
@@ -483,23 +539,10 @@ class Stack(nnx.Module):
         self.content_bias, self.position_bias = (xl_bias(), xl_bias()) if shared else (None, None)
         self.relative_embeddings = RelativeEmbeddings(cfg, rngs=rngs) if cfg.position == "disentangled" else None
 
-    def groups(self) -> list[tuple[Block | tuple[Block, ...], int, int]]:
-        """(blocks, first layer, end layer) of each run of identical layers, in order."""
-        if self.first_block is not None:  # (an encoder's: never beside DeepSeek's dense layers)
-            return [(self.first_block, 0, 1), (self.blocks, 1, self.num_layers)]
-        first = 0 if self.dense_blocks is None else self.config.dense_layers
-        groups = [] if self.dense_blocks is None else [(self.dense_blocks, 0, first)]
-        return groups + [(self.blocks, first, self.num_layers)]
-
-    def blocks_in_order(self) -> list[Block]:
-        """Every layer's block, in layer order, whatever the grouping (DeepSeek's dense layers first, Llama 4
-        Maverick's between its expert layers): what ``run_split`` unrolls."""
-        if self.config.moe_layer_step > 1 and self.dense_blocks is not None:
-            step = self.config.moe_layer_step
-            dense, experts = _each_layer(self.dense_blocks), _each_layer(self.blocks)
-            return [experts[i // step] if (i + 1) % step == 0 else dense[i - (i + 1) // step]
-                    for i in range(self.num_layers)]
-        return [block for blocks, _, _ in self.groups() for block in _each_layer(blocks)]
+    def block_groups(self) -> dict[str, Block | tuple[Block, ...]]:
+        """The block groups by the names the plan gives them (and the parameter paths keep)."""
+        groups = {"first_block": self.first_block, "dense_blocks": self.dense_blocks, "blocks": self.blocks}
+        return {name: blocks for name, blocks in groups.items() if blocks is not None}
 
     def cross_key_values(self, encoder: EncoderOutput) -> EncoderKV:
         """Every layer's cross-attention keys and values [L, B, S, K, H] of a fixed encoder output:
@@ -516,7 +559,9 @@ class Stack(nnx.Module):
         runs an unstacked copy, made once before the loop (``kernels.unstack_decode_loops``).
         """
         def separate(blocks: Block) -> tuple[Block, ...]:
-            return tuple(_each_layer(blocks))
+            graphdef, params = nnx.split(blocks)
+            count = jax.tree.leaves(params)[0].shape[0]
+            return tuple(nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params)) for i in range(count))
 
         copy = nnx.merge(*nnx.split(self))
         copy.blocks = separate(self.blocks)
@@ -543,35 +588,20 @@ class Stack(nnx.Module):
         setup = functools.partial(self._layer_function, x.shape[1], cache=cache, memory=memory,
                                   collect_hidden=collect_hidden, collect_attentions=collect_attentions)
         pipelined = self._pipelined(cache, memory, collect_hidden, collect_attentions)
-        out, outputs = x, []
-        if split:
-            layer, per_layer, _ = setup(tokens, cross, token_types, key=key)
-            out, (hidden, stats, new_kv, layer_inputs, weights) = run_split(
-                self.blocks if len(self.groups()) == 1 else self.blocks_in_order(), out, layer, per_layer, cache, cfg)
-        elif cfg.moe_layer_step > 1 and self.dense_blocks is not None:
-            layer, per_layer, _ = setup(tokens, cross, token_types, key=key)
-            out, (hidden, stats, new_kv, layer_inputs, weights) = run_interleaved(
-                self.dense_blocks, self.blocks, out, layer, per_layer, cfg, self.num_layers)
+        layer, per_layer, conv_key = setup(tokens, cross, token_types, key=key)
+        segments = self.plan.segments(split)
+        # DeBERTa v2: the convolution joins the first layer's output
+        after_first = None if self.conv is None else (lambda out: self.conv(x, out, tokens.valid, conv_key))
+        out, outputs = run_layers(self.plan, self.block_groups(), x, layer, per_layer, cfg, after_first=after_first,
+                                  caches={kind: slots.layers() for kind, slots in cache.kinds().items()} if split
+                                  else None, segments=segments[:-1] if pipelined else segments)
+        if pipelined:  # the main run, after any layers that run apart; nothing per layer to hand back
+            out, stats = self._run_pipeline(out, tokens, cross, token_types, key, setup, segments[-1].start)
+            hidden = new_kv = layer_inputs = None
+            weights = {"self": None, "cross": None}
         else:
-            layer, per_layer, conv_key = setup(tokens, cross, token_types, key=key)
-            for blocks, first, end in self.groups():
-                if pipelined and blocks is self.blocks:  # the main run, after any layers that run apart
-                    out, stats = self._run_pipeline(out, tokens, cross, token_types, key, setup, first)
-                    break
-                out, group_outputs = run_stack(blocks, out, layer, jax.tree.map(lambda a: a[first:end], per_layer),
-                                               cfg)
-                if self.conv is not None and end == 1:  # DeBERTa v2: the convolution joins the first layer's output
-                    out = self.conv(x, out, tokens.valid, conv_key)
-                    group_outputs = (None if group_outputs[0] is None else out[None], *group_outputs[1:])
-                outputs.append(group_outputs)
-            if pipelined:  # a full pass without collected states: nothing per layer to hand back
-                hidden = new_kv = layer_inputs = None
-                weights = {"self": None, "cross": None}
-            else:
-                hidden, new_kv, layer_inputs, weights = (
-                    jax.tree.map(lambda *parts: jnp.concatenate(parts), *[(o[0], o[2], o[3], o[4]) for o in outputs])
-                    if len(outputs) > 1 else (outputs[0][0], outputs[0][2], outputs[0][3], outputs[0][4]))
-                stats = outputs[-1][1]  # the expert layers come last
+            hidden, stats, new_kv = outputs.hidden, outputs.router_stats, outputs.new_kv
+            layer_inputs, weights = outputs.layer_input, outputs.weights
         valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
         if cache is not None:
             cache = cache.write(new_kv, tokens.positions, valid)
@@ -595,13 +625,12 @@ class Stack(nnx.Module):
     def staged_layers(self) -> int:
         """The layers of the stack's main run (``self.blocks``), which a pipeline splits into stages; layers
         that run apart before it (DeepSeek's dense ones, ModernBERT's and DeBERTa's first) every stage keeps."""
-        _, first, end = self.groups()[-1]
-        return end - first
+        return self.num_layers - self.plan.apart()
 
     def pipeline_problem(self) -> str | None:
         """Why this stack cannot run as a pipeline over a ``stage`` mesh axis (None: it can)."""
         cfg = self.config
-        if cfg.moe_layer_step > 1 and self.dense_blocks is not None:
+        if any(spec.group != "blocks" for spec in self.plan.layers[self.plan.apart():]):
             return "Llama 4 Maverick's dense layers interleave with its expert layers"
         if cfg.shared_layers:
             return "ALBERT shares one layer's parameters across the stack: there is nothing to split into stages"
@@ -623,7 +652,7 @@ class Stack(nnx.Module):
     def _run_pipeline(self, x: Array, tokens: Tokens, cross: EncoderOutput | None, token_types: Array | None,
                       key: Array | None, setup: Callable, first: int) -> tuple[Array, dict[str, Array] | None]:
         """The main run of layers (``self.blocks``, from layer ``first``) as a pipeline over the ``stage`` mesh
-        axis (``pipeline.run_pipeline``): each stage runs its chunk of layers with ``run_stack``, on masks
+        axis (``pipeline.run_pipeline``): each stage runs its chunk of layers with ``run_layers``, on masks
         built for the microbatch it holds. Returns the output and the MoE layers' router statistics of the
         whole batch, pooled from each microbatch's. Dropout draws a microbatch's masks from the call's key
         folded with its index."""
@@ -638,8 +667,9 @@ class Stack(nnx.Module):
             layer, per_layer, _ = setup(*rows, key=microbatch_key)
             extra = jax.tree.map(
                 lambda a: jax.lax.dynamic_slice_in_dim(a, first + virtual_stage * per_chunk, per_chunk), per_layer)
-            h, (_, stats, _, _, _) = run_stack(nnx.merge(graphdef, chunk), h, layer, extra, cfg)
-            return h, stats
+            h, outputs = run_layers(self.plan.chunk(per_chunk), {"blocks": nnx.merge(graphdef, chunk)}, h, layer,
+                                    extra, cfg)
+            return h, outputs.router_stats
 
         microbatches = cfg.pipeline_microbatches or stages
         out, stats = run_pipeline(params, x, (tokens, cross, token_types), stage, repeats=repeats,
@@ -680,47 +710,45 @@ class Stack(nnx.Module):
         cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
         split = isinstance(cache, SplitKVCache)
         per_layer = {
-            # alternating attention: which layers are sliding (Gemma's layer_types; GPT-3: the odd ones)
-            "local": jnp.asarray(cfg.sliding_layers[:self.num_layers]),
+            # the plan's kind flags, for a scanned body whose layers differ in them (the runner hands a layer it
+            # knows its flags as Python bools): which layers read the local mask (Gemma's sliding layers)
+            "local": jnp.asarray(self.plan.local),
             "key": None if key is None else jax.random.split(key, self.num_layers),
             "cross_kv": cross_kv,
-            # a split cache's layers hold slices of two shapes: handed out by ``run_split``
+            # a split cache's layers hold slices of two shapes: handed out by ``run_layers``
             "cache": None if cache is None or split else cache.layers(),
             "memory": None if memory is None else memory.layers(),
             "query_scale": (jnp.asarray(1.0 / np.arange(1, self.num_layers + 1), jnp.float32)
                             if cfg.inverse_layer_scale else None),
             # Llama 4: the layers without rotary positions
-            "nope": (jnp.asarray([i in cfg.nope_layers for i in range(self.num_layers)]) if cfg.nope_layers
-                     else None),
+            "nope": jnp.asarray(self.plan.nope) if any(self.plan.nope) else None,
         }
         temperature = self._temperature(tokens, cache)
 
-        def layer(block: Block, h: Array, extra: dict):
-            if isinstance(extra["local"], bool):  # known per layer (``run_split``): the masks may differ in shape
-                pick = lambda local, full: local if extra["local"] else full  # noqa: E731
-            else:
-                pick = lambda local, full: jnp.where(extra["local"], local, full)  # noqa: E731
-            layer_mask = mask if local_mask is None else jax.tree.map(pick, local_mask, mask)
-            layer_rope = rope if local_rope is None else jax.tree.map(pick, local_rope, rope)
-            query_scale, nope = extra["query_scale"], extra["nope"]
-            if nope is not None:  # a NoPE layer rotates by zero angles (cos 1, sin 0: exactly the identity)
+        def layer(block: Block, h: Array, extra: dict) -> tuple[Array, LayerOutput]:
+            local, nope = extra["local"], extra["nope"]
+            layer_mask = mask if local_mask is None else jax.tree.map(functools.partial(_pick, local), local_mask, mask)
+            layer_rope = rope if local_rope is None else jax.tree.map(functools.partial(_pick, local), local_rope, rope)
+            query_scale = extra["query_scale"]
+            if nope is not None and nope is not False:
+                # a NoPE layer rotates by zero angles (cos 1, sin 0: exactly the identity)
                 unrotated = (jnp.ones_like(layer_rope[0]), jnp.zeros_like(layer_rope[1]))
-                layer_rope = jax.tree.map(lambda a, b: jnp.where(nope, a, b), unrotated, layer_rope)
-            if temperature is not None:
-                tuned = jnp.where(nope, temperature, 1.0)
+                layer_rope = jax.tree.map(functools.partial(_pick, nope), unrotated, layer_rope)
+            if temperature is not None and nope is not False:  # (a layer known to be rotated keeps its scale)
+                tuned = _pick(nope, temperature, 1.0)
                 query_scale = tuned if query_scale is None else query_scale * tuned
-            inputs = LayerInputs(layer_mask, bias, layer_rope, extra["cache"], cross_mask, cross_source, extra["cross_kv"],
+            inputs = LayerInputs(layer_mask, bias, layer_rope, extra["cache"],
+                                 cross=None if cross is None else CrossInputs(cross_mask, cross_source, extra["cross_kv"]),
                                  # MoE load statistics count real tokens only
                                  token_mask=tokens.valid if cache is None else None,
-                                 memory=extra["memory"], relative=relative, disentangled=disentangled,
-                                 output_attentions=collect_attentions,
-                                 query_scale=query_scale, nope=nope)
+                                 relative=relative if relative is not None else disentangled, memory=extra["memory"],
+                                 output_attentions=collect_attentions, query_scale=query_scale, nope=nope)
             h_in = h
             h, new_kv, stats, weights = block(h, inputs, extra["key"])
             if relative is not None and not keeps_kv:
                 new_kv = None  # a hidden-state memory keeps the layer's input instead
-            return h, (h if collect_hidden else None, stats, new_kv, h_in if remember and not keeps_kv else None,
-                       weights)
+            return h, LayerOutput(hidden=h if collect_hidden else None, router_stats=stats, new_kv=new_kv,
+                                  layer_input=h_in if remember and not keeps_kv else None, weights=weights)
 
         return layer, per_layer, conv_key
 
@@ -762,7 +790,7 @@ class Stack(nnx.Module):
         cache each is a (cache slots, this call's tokens) pair; a full pass that a fused kernel can take
         gets a ``kernels.FusedMask``."""
         cfg = self.config
-        base_pattern, local_pattern = layer_patterns(self.pattern, cfg.attention, cfg.layer_types)
+        base_pattern, local_pattern = self.plan.patterns
         q = tokens.positions
         shape = dict(window=cfg.window_size, prefix_lengths=tokens.prefix_lengths, chunk=cfg.attention_chunk_size)
 

@@ -1,0 +1,230 @@
+"""What each layer of a stack is, decided once from the config: the layer plan.
+
+``layer_plan(cfg, pattern, num_layers)`` gives one small frozen ``LayerSpec`` per layer (its attention
+pattern and window, which rotary table it reads, which cache it keeps, its feed-forward, where its
+parameters live) and the stack's repeating period, as transformers and the flax gemma example build
+per-layer types at construction and MaxText scans a named period of mixed layers. Everything that asks
+"what is layer i" reads it: the stack's block groups and its one runner, the masks, the caches
+(``cache.empty_cache``), and ``jaxformer info``, which prints it as a table.
+
+It sits beside ``model_config`` (it reads nothing but the config), so the caches and the layers both read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+from jaxformer.model_config import ModelConfig
+
+
+def stack_patterns(stack_pattern: str, attention: str, layer_types: tuple[str, ...] | None = None
+                   ) -> tuple[str, str | None]:
+    """(the pattern of a stack's full layers, that of its local layers or None): an 'alternating' decoder's
+    local layers use 'sliding' (or 'chunked', when ``layer_types`` say so) and the others 'causal'; the
+    encoder of an alternating encoder-decoder (T5Gemma) uses 'bidirectional_sliding' on its sliding layers."""
+    if stack_pattern == "alternating":
+        return "causal", "chunked" if "chunked" in (layer_types or ()) else "sliding"
+    if stack_pattern == "bidirectional" and attention == "alternating":
+        return "bidirectional", "bidirectional_sliding"
+    return stack_pattern, None
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSpec:
+    """One layer, as the plan decides it (all static)."""
+
+    attention: str  # its visibility pattern: causal, sliding, chunked, prefix, bidirectional, bidirectional_sliding
+    window: int | None  # sliding: keys within this many positions; chunked: the chunk size
+    local: bool  # reads the stack's local mask (an alternating stack's sliding or chunked layers)
+    # which rotary table it reads: 'global', 'local' (Gemma 3's own base), 'none' (a NoPE layer of a rotary stack:
+    # Llama 4); None: the stack has no rotary positions
+    rotary: str | None
+    mixer: str  # 'standard', 'latent' (MLA), 'relative' (T5's bias), 'xl' (Transformer-XL), 'disentangled'
+    cache: str  # what a cached step keeps: 'full', 'window' (a ring of window slots), 'latent', 'memory', 'none'
+    feed_forward: str  # 'dense', 'experts', 'experts+shared'
+    group: str  # the stack's block group holding its parameters: 'first_block', 'dense_blocks' or 'blocks'
+    index: int  # its index in that group's stacked parameters (ALBERT: 0 for every layer)
+    special: str | None = None  # the first layer's: 'unnormed attention' (ModernBERT), 'convolution' (DeBERTa v2)
+
+    @property
+    def nope(self) -> bool:
+        return self.rotary == "none"
+
+
+class Segment(NamedTuple):
+    """Layers [start, end) that one scan runs: ``period`` layers a step (the rest past whole periods unrolled)."""
+
+    start: int
+    end: int
+    period: int
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    """Every layer's spec, the stack's two mask patterns, and whether the specs are known per layer when the
+    layers are traced (``known``; False for a pipeline stage's chunk, whose layers are picked by a traced stage
+    index: there the per-layer flags travel as arrays)."""
+
+    layers: tuple[LayerSpec, ...]
+    patterns: tuple[str, str | None]
+    known: bool = True
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, i: int) -> LayerSpec:
+        return self.layers[i]
+
+    @property
+    def local(self) -> tuple[bool, ...]:
+        return tuple(spec.local for spec in self.layers)
+
+    @property
+    def nope(self) -> tuple[bool, ...]:
+        return tuple(spec.nope for spec in self.layers)
+
+    def count(self, group: str) -> int:
+        """How many parameter slots a block group holds (ALBERT's shared 'blocks': one)."""
+        return len({spec.index for spec in self.layers if spec.group == group})
+
+    def windowed(self) -> tuple[tuple[bool, ...], int | None]:
+        """(which layers keep a ring of their window when cached, that window or None when none does)."""
+        flags = tuple(spec.cache == "window" for spec in self.layers)
+        return flags, next((spec.window for spec in self.layers if spec.cache == "window"), None)
+
+    def apart(self) -> int:
+        """How many leading layers run apart from the repeating rest (ModernBERT's and DeBERTa's first layer,
+        DeepSeek's dense ones): those before the runner's last segment."""
+        return self.segments()[-1].start if self.layers else 0
+
+    def period(self) -> int:
+        """The repeating period of the layers past those run apart (Gemma 3: 6, Llama 4 Maverick: 4)."""
+        kinds = [dataclasses.replace(spec, index=0) for spec in self.layers[self.apart():]]
+        return _period(kinds)
+
+    def segments(self, split_cache: bool = False) -> list[Segment]:
+        """The runs the runner scans: each group's leading run of its own, then the rest by its period of
+        parameter shapes (which group, and under a split cache which kind of cache slice). Layers that
+        differ only in mask, rotary table or NoPE share a scanned body, told apart by per-layer flags."""
+        keys = [(spec.group, spec.local if split_cache else None) for spec in self.layers]
+        segments, start = [], 0
+        while start < len(keys):
+            end = start
+            while end < len(keys) and keys[end][0] == keys[start][0]:
+                end += 1
+            if any(key[0] == keys[start][0] for key in keys[end:]):  # interleaved groups: one periodic run
+                end = len(keys)
+            segments.append(Segment(start, end, _period(keys[start:end])))
+            start = end
+        return segments
+
+    def chunk(self, length: int) -> LayerPlan:
+        """A pipeline stage's chunk of ``length`` layers of the main group, picked by a traced stage index."""
+        spec = self.layers[-1]
+        return LayerPlan(tuple(dataclasses.replace(spec, index=i) for i in range(length)), self.patterns, known=False)
+
+    def table(self) -> str:
+        """The plan as a text table: the layers run apart one a row, then one row per position of the period
+        (the layers it covers: ``a-b`` for a period of one, else every period-th from the first)."""
+        head = ("layers", "attention", "window", "rotary", "mixer", "cache", "feed-forward", "parameters", "special")
+        apart, period, count = self.apart(), self.period(), len(self.layers)
+        rows = [head]
+        for first in [*range(apart), *range(apart, min(apart + period, count))]:
+            covered = [first] if first < apart else list(range(first, count, period))
+            s = self.layers[first]
+            rows.append((_layer_list(covered), s.attention, "" if s.window is None else str(s.window), s.rotary or "",
+                         s.mixer, s.cache, s.feed_forward, s.group, s.special or ""))
+        shown = [c for c in range(len(head)) if any(row[c] for row in rows[1:])]  # no column that is empty throughout
+        rows = [[row[c] for c in shown] for row in rows]
+        widths = [max(len(row[c]) for row in rows) for c in range(len(shown))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        groups = ", ".join(f"{group} {self.count(group)}" for group in ("first_block", "dense_blocks", "blocks")
+                           if self.count(group))
+        lines.append(f"{count} layers; period {period}" + (f" after {apart} run apart" if apart else "")
+                     + f"; parameters: {groups}")
+        return "\n".join(lines)
+
+
+def _layer_list(layers: list[int]) -> str:
+    if len(layers) == 1:
+        return str(layers[0])
+    if layers[1] - layers[0] == 1:
+        return f"{layers[0]}-{layers[-1]}"
+    shown = layers if len(layers) <= 4 else [*layers[:2], "...", layers[-1]]
+    return ",".join(map(str, shown))
+
+
+def _period(kinds: list) -> int:
+    count = len(kinds)
+    return next((p for p in range(1, count + 1) if all(kinds[i] == kinds[i % p] for i in range(count))), 1)
+
+
+def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attention: bool = False) -> LayerPlan:
+    """The plan of a stack of ``num_layers`` layers of visibility ``pattern`` (a decoder's: ``cfg.attention``;
+    an encoder's: 'bidirectional'), with cross-attention in each layer or not."""
+    full, local_pattern = stack_patterns(pattern, cfg.attention, cfg.layer_types)
+    local = cfg.sliding_layers[:num_layers] if local_pattern else (False,) * num_layers
+    dense = set(cfg.dense_layer_ids) if not cross_attention else set()
+    first_apart = not cfg.first_attn_norm or bool(cfg.conv_kernel_size)
+    special = "convolution" if cfg.conv_kernel_size else "unnormed attention" if not cfg.first_attn_norm else None
+    counts = {"first_block": 0, "dense_blocks": 0, "blocks": 0}
+    layers = []
+    for i in range(num_layers):
+        attention = local_pattern if local[i] else full
+        window = cfg.attention_chunk_size if attention == "chunked" else (
+            cfg.window_size if attention in ("sliding", "bidirectional_sliding") else None)
+        group = "first_block" if first_apart and i == 0 else "dense_blocks" if i in dense else "blocks"
+        index = 0 if group == "blocks" and cfg.shared_layers else counts[group]
+        counts[group] += 1
+        layers.append(LayerSpec(
+            attention=attention, window=window, local=local[i], rotary=_rotary(cfg, i, local[i]), mixer=_mixer(cfg),
+            cache=_cache(cfg, pattern, attention), feed_forward=_feed_forward(cfg, group),
+            group=group, index=index, special=special if group == "first_block" else None))
+    return LayerPlan(tuple(layers), (full, local_pattern))
+
+
+def _rotary(cfg: ModelConfig, i: int, local: bool) -> str | None:
+    if cfg.position != "rope":
+        return None
+    if i in cfg.nope_layers:
+        return "none"
+    return "local" if local and cfg.local_rope_theta is not None else "global"
+
+
+def _mixer(cfg: ModelConfig) -> str:
+    if cfg.mla:
+        return "latent"
+    if cfg.position in ("xl", "disentangled"):
+        return cfg.position
+    if cfg.position == "relative" or cfg.index_relative_bias:
+        return "relative"
+    return "standard"
+
+
+def _cache(cfg: ModelConfig, pattern: str, attention: str) -> str:
+    if pattern.startswith("bidirectional"):
+        return "none"
+    if cfg.position == "xl":
+        return "memory"
+    if cfg.mla:
+        return "latent"
+    return "window" if attention in ("sliding", "chunked") else "full"
+
+
+def _feed_forward(cfg: ModelConfig, group: str) -> str:
+    if not cfg.num_experts or group == "dense_blocks":
+        return "dense"
+    return "experts+shared" if cfg.shared_experts else "experts"
+
+
+def stack_plans(cfg: ModelConfig) -> dict[str, LayerPlan]:
+    """The plan of each stack a model of ``cfg`` builds, by the stack's name: an encoder's bidirectional one,
+    a decoder's of ``cfg.attention`` (with cross-attention in an encoder-decoder)."""
+    plans = {}
+    if cfg.family in ("encoder", "encoder_decoder"):
+        plans["encoder"] = layer_plan(cfg, "bidirectional", cfg.encoder_layers)
+    if cfg.family in ("decoder", "encoder_decoder"):
+        plans["decoder"] = layer_plan(cfg, cfg.attention, cfg.decoder_layers,
+                                      cross_attention=cfg.family == "encoder_decoder")
+    return plans
