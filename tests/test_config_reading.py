@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 import jaxformer as jf  # noqa: E402
 from jaxformer.compare import compare, format_table  # noqa: E402
-from jaxformer.interop import gemma, llama  # noqa: E402
+from jaxformer.interop import gemma, glm, llama, mixtral, phi3, qwen  # noqa: E402
 from jaxformer.interop.hf import config_from_hf  # noqa: E402
 from jaxformer.interop.registry import ARCHITECTURES, SUPPORTED  # noqa: E402
 
@@ -39,6 +39,9 @@ def _class_defaults(model_type: str) -> dict:
     return fields
 
 
+# The rotary base a file without one means, for the LLaMA lineage's files (each names it once)
+THETAS = {model_type: module.DEFAULT_THETA for module in (llama, mixtral, qwen, phi3, glm)
+          for model_type in module.DEFAULTS}
 TABLES = {**gemma.DEFAULTS,
           **{model_type: table for arch in ARCHITECTURES for model_type, table in arch.defaults.items()}}
 
@@ -47,9 +50,8 @@ TABLES = {**gemma.DEFAULTS,
 def test_defaults_for_keys_a_file_leaves_out_are_the_config_classes(model_type, ours):
     theirs = _class_defaults(model_type)
     assert {key: theirs.get(key, "not a field") for key in ours} == ours
-    if model_type in llama.DEFAULTS:
-        cls = transformers.CONFIG_MAPPING[model_type]
-        assert llama.DEFAULT_THETA.get(model_type, 1e4) == cls.default_theta
+    if model_type in THETAS:
+        assert THETAS[model_type] == transformers.CONFIG_MAPPING[model_type].default_theta
 
 
 # Each model type's sizes (a file must give them); every other key is left to the config class.
