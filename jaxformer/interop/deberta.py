@@ -119,10 +119,11 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                hidden_dropout_prob=cfg.dropout_rate, attention_probs_dropout_prob=cfg.attention_dropout_rate,
                tie_word_embeddings=True)
     if model_type == "deberta-v2":
+        flat = cfg.to_flat()  # no convolution: the file's kernel size 0, its groups and activation the defaults
         out.update(position_buckets=cfg.disentangled.buckets or -1, share_att_key=cfg.disentangled.share_key,
                    norm_rel_ebd="layer_norm" if cfg.disentangled.norm_table else "none",
-                   conv_kernel_size=cfg.conv.kernel_size, conv_groups=cfg.conv.groups,
-                   conv_act=_INVERSE[cfg.conv.activation])
+                   conv_kernel_size=flat["conv_kernel_size"], conv_groups=flat["conv_groups"],
+                   conv_act=_INVERSE[flat["conv_activation"]])
     labels_to_hf(cfg, out)
 
 

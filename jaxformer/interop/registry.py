@@ -7,7 +7,6 @@ Hugging Face folders shares (model weights in ``hf``, PEFT adapters in ``peft``)
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import warnings
 
