@@ -46,6 +46,7 @@ class LayerSpec:
     group: str  # the stack's block group holding its parameters: 'first_block', 'dense_blocks' or 'blocks'
     index: int  # its index in that group's stacked parameters (ALBERT: 0 for every layer)
     special: str | None = None  # the first layer's: 'unnormed attention' (ModernBERT), 'convolution' (DeBERTa v2)
+    cross_attention: bool = False  # attends to an encoder's output too (an encoder-decoder's decoder)
 
     @property
     def nope(self) -> bool:
@@ -83,6 +84,10 @@ class LayerPlan:
     @property
     def nope(self) -> tuple[bool, ...]:
         return tuple(spec.nope for spec in self.layers)
+
+    def first_of(self, group: str) -> LayerSpec:
+        """The spec of a group's first layer: what its blocks are built as (a group's layers share their shapes)."""
+        return next(spec for spec in self.layers if spec.group == group)
 
     def count(self, group: str) -> int:
         """How many parameter slots a block group holds (ALBERT's shared 'blocks': one)."""
@@ -180,7 +185,8 @@ def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attenti
         layers.append(LayerSpec(
             attention=attention, window=window, local=local[i], rotary=_rotary(cfg, i, local[i]), mixer=_mixer(cfg),
             cache=_cache(cfg, pattern, attention), feed_forward=_feed_forward(cfg, group),
-            group=group, index=index, special=special if group == "first_block" else None))
+            group=group, index=index, special=special if group == "first_block" else None,
+            cross_attention=cross_attention))
     return LayerPlan(tuple(layers), (full, local_pattern))
 
 

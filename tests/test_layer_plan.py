@@ -12,7 +12,7 @@ from flax import nnx
 import jaxformer as jf
 from jaxformer.cache import SplitKVCache
 from jaxformer.cli import main as cli_main
-from jaxformer.layer_plan import LayerPlan, Segment, stack_plans
+from jaxformer.layer_plan import LayerPlan, Segment, layer_plan, stack_plans
 from jaxformer.layers.attention import Attention, visibility_mask
 from jaxformer.layers.stack import Block, LayerInputs
 
@@ -59,7 +59,7 @@ def test_projection_qk_norm_is_one_rms_norm_over_all_heads():
 
 def test_output_norm_block_adds_the_normed_sublayer_outputs():
     cfg = jf.config("tiny-llama").replace(**OLMO2_LIKE)
-    block = randomized(Block(cfg, rngs=nnx.Rngs(0)))
+    block = randomized(Block(cfg, layer_plan(cfg, "causal", 1)[0], rngs=nnx.Rngs(0)))
     assert block.attn_norm is None and block.mlp_norm is None  # OLMo-2 has no input norms
     x = jax.random.normal(jax.random.key(3), (2, 6, cfg.d_model))
     positions = jnp.broadcast_to(jnp.arange(6), (2, 6))

@@ -6,7 +6,8 @@ are viewed as [S, R, L / (S R), ...] chunks, stage s holding chunks (r, s) for e
 [S, rows, ...] holds each stage's current microbatch. One iteration runs every stage at once (``jax.vmap``
 over the stage axis, which the mesh splits, so each device computes its own stage) and then shifts the
 buffer one stage on (``jnp.roll`` of a stage-split array: a collective permute). The layer code is the
-stack's own: a stage runs its chunk through ``run_stack`` with the masks of the microbatch it holds.
+stack's own: a stage runs its chunk through ``run_layers`` (the runner every stack uses, over the plan of the
+chunk's layers) with the masks of the microbatch it holds.
 
 Schedules. GPipe (R = 1): microbatch m enters stage 0 at iteration m and leaves stage S - 1 at m + S - 1;
 M + S - 1 iterations in all. Circular (R > 1, "interleaved"): each stage holds R chunks of L / (S R)

@@ -150,22 +150,24 @@ class BlockKeys(NamedTuple):
 
 
 class Block(nnx.Module):
-    """One transformer layer: self-attention (or latent, or Transformer-XL's relative attention),
-    optional cross-attention, feed-forward (or MoE, unless ``dense``: DeepSeek's first layers). With
-    ``sandwich_norm`` (Gemma 2/3) each sublayer's output is normed too before it joins the residual."""
+    """One transformer layer, built as its ``LayerSpec`` says: self-attention (or latent, Transformer-XL's
+    relative or DeBERTa's disentangled attention), optional cross-attention, feed-forward (or MoE; DeepSeek's
+    first layers keep a dense one). With ``sandwich_norm`` (Gemma 2/3) each sublayer's output is normed too
+    before it joins the residual."""
 
-    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, dense: bool = False, rngs: nnx.Rngs,
-                 attn_norm: bool = True):
+    _MIXERS = {"latent": LatentAttention, "xl": RelativeAttention, "disentangled": DisentangledAttention}
+
+    def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
+        cross_attention = spec.cross_attention
         self.pre_norm = cfg.norm_position == "pre"
         # OLMo-2: x = x + norm(f(x)), the sublayers read x unnormed (the output norms are the sandwich's)
         self.output_norm = cfg.norm_position == "output"
         self.dropout_rate = cfg.dropout_rate
         self.clamp_float16 = cfg.clamp_float16
-        # attn_norm=False: the attention reads x as it comes (ModernBERT's first layer, after the embedding norm)
-        self.attn_norm = Norm(cfg, rngs=rngs) if attn_norm and not self.output_norm else None
-        attention = (LatentAttention if cfg.mla else RelativeAttention if cfg.position == "xl" else
-                     DisentangledAttention if cfg.position == "disentangled" else Attention)
-        self.attn = attention(cfg, rngs=rngs)
+        # ModernBERT's first layer: the attention reads x as it comes (after the embedding norm)
+        unnormed = spec.special == "unnormed attention" or self.output_norm
+        self.attn_norm = None if unnormed else Norm(cfg, rngs=rngs)
+        self.attn = self._MIXERS.get(spec.mixer, Attention)(cfg, rngs=rngs)
         # UMT5: this layer's own relative-bias table, read at the buckets its stack computed (the direction is
         # the stack's, so ``bidirectional`` is unused here)
         self.relative_bias = (RelativeBias(cfg, bidirectional=False, rngs=rngs) if cfg.relative_bias_per_layer
@@ -178,7 +180,7 @@ class Block(nnx.Module):
         self.parallel = cfg.parallel_residual
         # GPT-J: attn_norm serves both
         self.mlp_norm = None if cfg.parallel_shared_norm or self.output_norm else Norm(cfg, rngs=rngs)
-        self.mlp = MoE(cfg, rngs=rngs) if cfg.num_experts and not dense else MLP(cfg, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs) if spec.feed_forward == "dense" else MoE(cfg, rngs=rngs)
         outputs_normed = cfg.sandwich_norm or self.output_norm
         sandwich = lambda present=True: Norm(cfg, rngs=rngs) if outputs_normed and present else None  # noqa: E731
         self.attn_post_norm, self.cross_post_norm, self.mlp_post_norm = sandwich(), sandwich(cross_attention), sandwich()
@@ -259,10 +261,11 @@ class Block(nnx.Module):
         return self.mlp(h, key), None
 
 
-def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_attention: bool = False,
-                   dense: bool = False, attn_norm: bool = True, axis: str = "layers") -> Block:
-    """``num_layers`` Blocks as one Block whose parameters have a leading ``axis`` ('layers'; the few layers
-    that run apart from a stack's main run: 'unstaged_layers', which pipeline stages leave whole).
+def stacked_blocks(cfg: ModelConfig, num_layers: int, spec: LayerSpec, *, rngs: nnx.Rngs,
+                   axis: str = "layers") -> Block:
+    """``num_layers`` Blocks built as ``spec`` says, as one Block whose parameters have a leading ``axis``
+    ('layers'; the few layers that run apart from a stack's main run: 'unstaged_layers', which pipeline
+    stages leave whole).
 
     The parameter layout is the same whether the forward pass scans or unrolls, so checkpoints do
     not depend on ``scan_layers``.
@@ -271,7 +274,7 @@ def stacked_blocks(cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs, cross_a
     @nnx.split_rngs(splits=num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: axis, "axes": axis})
     def make(rngs: nnx.Rngs) -> Block:
-        return Block(cfg, cross_attention=cross_attention, dense=dense, rngs=rngs, attn_norm=attn_norm)
+        return Block(cfg, spec, rngs=rngs)
 
     return make(rngs)
 
@@ -519,15 +522,18 @@ class Stack(nnx.Module):
         self.plan = layer_plan(cfg, pattern, num_layers, cross_attention=cross_attention)
         # the block groups the plan places layers in. DeepSeek's first layers keep a dense MLP (Llama 4
         # Maverick's dense layers lie between its expert layers): a group of their own.
-        dense = self.plan.count("dense_blocks")
-        self.dense_blocks = (stacked_blocks(cfg, dense, rngs=rngs, cross_attention=cross_attention, dense=True,
-                                            axis="unstaged_layers") if dense else None)
+        group = lambda name, axis="unstaged_layers": (  # noqa: E731
+            stacked_blocks(cfg, self.plan.count(name), self.plan.first_of(name), rngs=rngs, axis=axis)
+            if self.plan.count(name) else None)
+        self.dense_blocks = group("dense_blocks")
         # ModernBERT's first layer has no attention norm, DeBERTa's has a convolution beside it: a group of its own
-        self.first_block = (stacked_blocks(cfg, 1, rngs=rngs, attn_norm=cfg.first_attn_norm, axis="unstaged_layers")
-                            if self.plan.count("first_block") else None)
+        self.first_block = group("first_block")
         self.conv = SequenceConvolution(cfg, rngs=rngs) if cfg.conv_kernel_size else None
         # ALBERT's shared layers: one stacked layer, which the plan places at every layer
-        self.blocks = stacked_blocks(cfg, self.plan.count("blocks"), rngs=rngs, cross_attention=cross_attention)
+        # (the main group is built even when the plan places no layer in it: a one-layer stack whose first layer
+        # runs apart keeps an empty 'blocks', as checkpoints hold it)
+        self.blocks = group("blocks", "layers") or stacked_blocks(
+            cfg, 0, layer_plan(cfg, pattern, 1, cross_attention=cross_attention)[0], rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.final_norm else None
         # T5's one table per stack, MPNet's beside absolute positions (UMT5's tables are in the blocks)
         shared_table = (cfg.position == "relative" and not cfg.relative_bias_per_layer) or cfg.index_relative_bias
