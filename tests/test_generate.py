@@ -24,7 +24,7 @@ CACHE_CASES = {
     "gpt-causal": _decoder_case("tiny-gpt"),
     "llama-gqa": _decoder_case("tiny-llama"),
     "llama-sliding-3": _decoder_case("tiny-llama", attention="sliding", window_size=3),
-    # five layers: two periods of (full, sliding) scanned, then one past them (the prefill; ``run_split``)
+    # five layers: two periods of (full, sliding) scanned, then one past them (the prefill; ``run_layers``)
     "gpt-alternating-2": _decoder_case("tiny-gpt", attention="alternating", window_size=2, decoder_layers=5),
     "llama-prefix": _decoder_case("tiny-llama", attention="prefix"),
     "mixtral": _decoder_case("tiny-mixtral"),
