@@ -264,11 +264,11 @@ def empty_cache(cfg, layers: int, batch: int, length: int, dtype, rewind: int = 
     """The empty self-attention cache a config's layers fill: latents for MLA (with the indexer's keys for
     DeepSeek-V3.2), else keys and values, the windowed layers' in a ring of window + ``rewind`` slots (the
     most a step writes and then rewinds: drafts) when that is shorter than ``length``."""
-    if cfg.mla and cfg.index_heads:
-        return IndexedLatentCache.empty(layers, batch, length, cfg.kv_lora_rank + cfg.rope_head_dim, dtype,
-                                        cfg.index_head_dim)
+    if cfg.mla and cfg.indexer is not None:
+        return IndexedLatentCache.empty(layers, batch, length, cfg.latent.kv_rank + cfg.latent.rope_head_dim, dtype,
+                                        cfg.indexer.head_dim)
     if cfg.mla:
-        return LatentCache.empty(layers, batch, length, cfg.kv_lora_rank + cfg.rope_head_dim, dtype)
+        return LatentCache.empty(layers, batch, length, cfg.latent.kv_rank + cfg.latent.rope_head_dim, dtype)
     local, window = windowed_layers(cfg, layers)
     ring = None if window is None else window + rewind
     if ring is None or ring >= length:
@@ -285,7 +285,7 @@ def cache_numbers_per_token(cfg) -> int:
     MLA (and the indexer's key), 2 x kv heads x head size per layer otherwise (Transformer-XL's
     ``MemoryKV`` too). Windowed layers count as full ones here; ``cache_numbers`` bounds them."""
     if cfg.mla:
-        per_layer = cfg.kv_lora_rank + cfg.rope_head_dim + (cfg.index_head_dim if cfg.index_heads else 0)
+        per_layer = cfg.latent.kv_rank + cfg.latent.rope_head_dim + (cfg.indexer.head_dim if cfg.indexer is not None else 0)
     else:
         per_layer = 2 * cfg.kv_heads * cfg.head_dim_
     return cfg.decoder_layers * per_layer

@@ -69,7 +69,7 @@ def _decode_cache(cfg) -> dict:
     size = lambda n: f"{n:,} bytes" if n < 2**20 else f"{n / 2**20:,.1f} MiB"  # noqa: E731
     if cfg.position == "xl":
         summary = f"{size(per_token)} per token of memory ({kind}, {cfg.dtype}" + (
-            f"; {cfg.memory_len} tokens kept)" if cfg.memory_len else ")")
+            f"; {cfg.segment_memory} tokens kept)" if cfg.segment_memory else ")")
     elif bounded:
         full, windowed = local.count(False), local.count(True)
         rings = f"at most {size(bounded)} in the rolling caches of {windowed} windowed layers ({window} slots each)"
@@ -176,7 +176,7 @@ def _run_to_peft(source, args: argparse.Namespace) -> int:
     if args.to_hf or args.output or args.merge:
         raise ValueError("--to-peft OUT writes the adapters alone; give no other output (--to-hf, OUTPUT, --merge)")
     run, step = restore_run(source, args.step)
-    if not run.model.config.lora_rank:
+    if run.model.config.lora is None:
         raise ValueError(f"{source} is a full fine-tune (no LoRA adapters); write it with --to-hf OUT")
     write_checkpoint_folder(args.to_peft, lambda folder: save_adapter(run.model, folder), args.overwrite)
     print(f"wrote PEFT adapter {args.to_peft} from step {step} of {source} (base {run.base['source']})")

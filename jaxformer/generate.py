@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import checks
-from jaxformer.cache import DecodeState, cache_numbers, cache_numbers_per_token
+from jaxformer.cache import DecodeState, cache_numbers
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers import left_padded_positions
 

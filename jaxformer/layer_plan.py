@@ -18,6 +18,26 @@ from typing import NamedTuple
 from jaxformer.model_config import ModelConfig
 
 
+def local_layers(cfg: ModelConfig) -> tuple[bool, ...]:
+    """Which layers of an 'alternating' stack attend locally (within the window, or Llama 4's chunk):
+    ``layer_types``, or GPT-3's odd layers. An encoder-decoder's stacks have equal depth whenever layer_types is
+    given."""
+    if cfg.layer_types is not None:
+        return tuple(t != "full" for t in cfg.layer_types)
+    return tuple(i % 2 == 1 for i in range(max(cfg.decoder_layers, cfg.encoder_layers)))
+
+
+def dense_layers(cfg: ModelConfig) -> tuple[int, ...]:
+    """The decoder layers of a mixture-of-experts model that keep a dense MLP: the first ``dense_layers``, or those
+    outside every ``layer_step``-th (Llama 4 Maverick); none without experts."""
+    experts = cfg.experts
+    if experts is None:
+        return ()
+    if experts.layer_step > 1:
+        return tuple(i for i in range(cfg.decoder_layers) if (i + 1) % experts.layer_step)
+    return tuple(range(experts.dense_layers))
+
+
 def stack_patterns(stack_pattern: str, attention: str, layer_types: tuple[str, ...] | None = None
                    ) -> tuple[str, str | None]:
     """(the pattern of a stack's full layers, that of its local layers or None): an 'alternating' decoder's
@@ -169,10 +189,10 @@ def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attenti
     """The plan of a stack of ``num_layers`` layers of visibility ``pattern`` (a decoder's: ``cfg.attention``;
     an encoder's: 'bidirectional'), with cross-attention in each layer or not."""
     full, local_pattern = stack_patterns(pattern, cfg.attention, cfg.layer_types)
-    local = cfg.sliding_layers[:num_layers] if local_pattern else (False,) * num_layers
-    dense = set(cfg.dense_layer_ids) if not cross_attention else set()
-    first_apart = not cfg.first_attn_norm or bool(cfg.conv_kernel_size)
-    special = "convolution" if cfg.conv_kernel_size else "unnormed attention" if not cfg.first_attn_norm else None
+    local = local_layers(cfg)[:num_layers] if local_pattern else (False,) * num_layers
+    dense = set(dense_layers(cfg)) if not cross_attention else set()
+    first_apart = not cfg.norms.first_attention or cfg.conv is not None
+    special = "convolution" if cfg.conv is not None else "unnormed attention" if not cfg.norms.first_attention else None
     counts = {"first_block": 0, "dense_blocks": 0, "blocks": 0}
     layers = []
     for i in range(num_layers):
@@ -193,9 +213,9 @@ def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attenti
 def _rotary(cfg: ModelConfig, i: int, local: bool) -> str | None:
     if cfg.position != "rope":
         return None
-    if i in cfg.nope_layers:
+    if cfg.nope is not None and i in cfg.nope.layers:
         return "none"
-    return "local" if local and cfg.local_rope_theta is not None else "global"
+    return "local" if local and cfg.rotary.local_theta is not None else "global"
 
 
 def _mixer(cfg: ModelConfig) -> str:
@@ -203,7 +223,7 @@ def _mixer(cfg: ModelConfig) -> str:
         return "latent"
     if cfg.position in ("xl", "disentangled"):
         return cfg.position
-    if cfg.position == "relative" or cfg.index_relative_bias:
+    if cfg.relative_bias is not None:  # T5's, or MPNet's beside absolute positions
         return "relative"
     return "standard"
 
@@ -219,9 +239,9 @@ def _cache(cfg: ModelConfig, pattern: str, attention: str) -> str:
 
 
 def _feed_forward(cfg: ModelConfig, group: str) -> str:
-    if not cfg.num_experts or group == "dense_blocks":
+    if cfg.experts is None or group == "dense_blocks":
         return "dense"
-    return "experts+shared" if cfg.shared_experts else "experts"
+    return "experts+shared" if cfg.experts.shared else "experts"
 
 
 def stack_plans(cfg: ModelConfig) -> dict[str, LayerPlan]:

@@ -890,26 +890,6 @@ class ModelConfig:
         return self.num_kv_heads if self.num_kv_heads is not None else self.num_heads
 
     @property
-    def sliding_layers(self) -> tuple[bool, ...]:
-        """Which layers of an 'alternating' stack attend locally (within the window, or Llama 4's chunk):
-        ``layer_types``, or GPT-3's odd layers. An encoder-decoder's stacks have equal depth whenever
-        layer_types is given."""
-        if self.layer_types is not None:
-            return tuple(t != "full" for t in self.layer_types)
-        return tuple(i % 2 == 1 for i in range(max(self.decoder_layers, self.encoder_layers)))
-
-    @property
-    def dense_layer_ids(self) -> tuple[int, ...]:
-        """The decoder layers of a mixture-of-experts model that keep a dense MLP: the first ``dense_layers``,
-        or those outside every ``layer_step``-th (none without experts)."""
-        experts = self.experts
-        if experts is None:
-            return ()
-        if experts.layer_step > 1:
-            return tuple(i for i in range(self.decoder_layers) if (i + 1) % experts.layer_step)
-        return tuple(range(experts.dense_layers))
-
-    @property
     def gated(self) -> bool:
         return self.activation in GATED_ACTIVATIONS
 
@@ -1014,11 +994,6 @@ class ModelConfig:
         changes something is refused, naming what the part needs."""
         return cls(**_fields_from_flat(data))
 
-    def __getattr__(self, name: str) -> Any:
-        # the flat spelling read as an attribute: ``cfg.num_experts`` (0 on a dense model)
-        if name in FLAT or name in PRESENCE_KEYS:
-            return self.to_flat()[name]
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def _settle_parts(cfg: ModelConfig) -> None:

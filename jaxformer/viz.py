@@ -15,6 +15,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.layer_plan import local_layers
 from jaxformer import checks
 from jaxformer.cache import Memory
 from jaxformer.layers.attention import (layer_patterns, left_padded_positions, memory_visibility_mask,
@@ -103,11 +104,11 @@ def mask_pictures(length: int = 12) -> list[Picture]:
     single("sliding_window", f"sliding window of {window} (Mistral)", f"sliding window {window}",
            visibility_mask("sliding", one, one, window=window))
 
-    # GPT-3's alternating layers: which layer is banded comes from the preset's own ``sliding_layers``.
+    # GPT-3's alternating layers: which layer is banded comes from the preset's own layers (``layer_plan.local_layers``).
     gpt3 = preset_config("gpt3-175b")
     panels = []
     for layer in (0, 1):
-        banded = gpt3.sliding_layers[layer]
+        banded = local_layers(gpt3)[layer]
         dense_pattern, banded_pattern = layer_patterns("alternating", gpt3.attention)
         pattern = banded_pattern if banded else dense_pattern
         mask = visibility_mask(pattern, one, one, window=window)

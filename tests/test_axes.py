@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
+from jaxformer.layer_plan import dense_layers
 from jaxformer.layers import Buffer, RouterBias, logical_axes, param
 from conftest import TINY, tiny_config, tiny_model
 
@@ -88,7 +89,7 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
 def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], object]]) -> None:
     """``flat``: parameter path -> (shape, axes metadata)."""
     sizes = _expected_sizes(cfg)
-    dense = len(cfg.dense_layer_ids)
+    dense = len(dense_layers(cfg))
     first = 0 if cfg.norms.first_attention and cfg.conv is None else 1  # ModernBERT's, DeBERTa v2's first layer
     stack_layers = {("encoder", "blocks"): 1 if cfg.shared_layers else cfg.encoder_layers - first,
                     ("encoder", "first_block"): first, ("decoder", "blocks"): cfg.decoder_layers - dense,

@@ -44,9 +44,9 @@ def test_projection_qk_norm_is_one_rms_norm_over_all_heads():
 
     weight = lambda name: np.asarray(getattr(attn, name)[...])  # noqa: E731
     q = rms_norm(np.einsum("btd,dnh->btnh", x, weight("q")).reshape(2, T, N * H),
-                 np.asarray(attn.q_norm.scale[...]).reshape(-1), cfg.norm_eps).reshape(2, T, N, H)
+                 np.asarray(attn.q_norm.scale[...]).reshape(-1), cfg.norms.eps).reshape(2, T, N, H)
     k = rms_norm(np.einsum("btd,dkh->btkh", x, weight("k")).reshape(2, T, K * H),
-                 np.asarray(attn.k_norm.scale[...]).reshape(-1), cfg.norm_eps).reshape(2, T, K, H)
+                 np.asarray(attn.k_norm.scale[...]).reshape(-1), cfg.norms.eps).reshape(2, T, K, H)
     v = np.einsum("btd,dkh->btkh", x, weight("v"))
     k, v = np.repeat(k, N // K, axis=2), np.repeat(v, N // K, axis=2)
     scores = np.einsum("btnh,bsnh->bnts", q, k) * cfg.scale
@@ -67,7 +67,7 @@ def test_output_norm_block_adds_the_normed_sublayer_outputs():
     out = block(x, inputs)[0]
 
     def norm(h, module):
-        return rms_norm(np.asarray(h), np.asarray(module.scale[...]), cfg.norm_eps)
+        return rms_norm(np.asarray(h), np.asarray(module.scale[...]), cfg.norms.eps)
 
     after_attention = np.asarray(x) + norm(block.attn(x, mask=inputs.mask)[0], block.attn_post_norm)
     expected = after_attention + norm(block.mlp(jnp.asarray(after_attention), None), block.mlp_post_norm)

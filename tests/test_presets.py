@@ -14,6 +14,7 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
+from jaxformer.layer_plan import dense_layers, local_layers
 from jaxformer.cli import main as cli_main
 from hf_reference import HF_REFERENCE, hf_param_count
 
@@ -100,7 +101,7 @@ def test_a_preset_is_what_its_published_config_reads_as(name):
 
 def _settings(cfg: jf.ModelConfig, names) -> dict:
     """Each named setting, under its flat name or as a derived property (kv_heads, scale, ...)."""
-    flat = cfg.to_flat()
+    flat = {**cfg.to_flat(), "sliding_layers": local_layers(cfg), "dense_layer_ids": dense_layers(cfg)}
     return {name: flat[name] if name in flat else getattr(cfg, name) for name in names}
 
 

@@ -19,6 +19,7 @@ from absl.testing import parameterized
 from flax import nnx
 
 import jaxformer as jf
+from jaxformer.layer_plan import local_layers
 from jaxformer.layers import (Attention, ExpertWeights, MoE, Routing, Unit, apply_rope, dense_experts, dropout,
                               grouped_experts, ragged_experts, rope_angles, rope_frequencies, route, visibility_mask)
 from conftest import call, dependency, embeds, jitted, tiny_config, tiny_model, token_ids
@@ -446,7 +447,7 @@ def test_attentions_are_the_visibility_pattern_as_distributions(name):
         else:
             upper = np.triu(np.ones((T, T), bool), 1)
             assert not np.asarray(weights)[:, :, upper].any(), "a query attended to a later token"
-            if cfg.attention == "alternating" and cfg.sliding_layers[i]:
+            if cfg.attention == "alternating" and local_layers(cfg)[i]:
                 band = np.tril(np.ones((T, T), bool), -cfg.window_size)
                 assert not np.asarray(weights)[:, :, band].any(), "a sliding layer looked beyond its window"
     if cfg.family == "encoder_decoder":

@@ -78,7 +78,7 @@ def test_the_matrices_are_visibility_mask_outputs(pictures):
     prefix_lm = matrix(pictures, "prefix_lm")
     np.testing.assert_array_equal(prefix_lm, same("prefix", prefix_lengths=jnp.array([prefix])))
     assert prefix_lm[:, :prefix].all() and np.array_equal(prefix_lm[prefix:, prefix:], causal[prefix:, prefix:])
-    # GPT-3: layer 0 dense, layer 1 banded, as the preset's sliding_layers says
+    # GPT-3: layer 0 dense, layer 1 banded, as the preset's local layers say
     np.testing.assert_array_equal(matrix(pictures, "alternating", 0), causal)
     np.testing.assert_array_equal(matrix(pictures, "alternating", 1), same("sliding", window=window))
     chunked = matrix(pictures, "chunked")  # Llama 4: causal inside each chunk of `window` positions, nothing across

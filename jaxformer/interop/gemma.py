@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxformer.layer_plan import local_layers
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
                                      rope_from_hf, rope_spec, rope_to_hf, with_defaults)
@@ -136,7 +137,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def block_to_hf(cfg: ModelConfig, model_type: str, out: dict, layers: int) -> None:
     """config.json fields of a Gemma block (also each half of a T5Gemma)."""
-    sliding = cfg.sliding_layers[:layers] if cfg.attention == "alternating" else (cfg.attention == "sliding",) * layers
+    sliding = local_layers(cfg)[:layers] if cfg.attention == "alternating" else (cfg.attention == "sliding",) * layers
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
                head_dim=cfg.head_dim_, intermediate_size=cfg.d_ff, num_hidden_layers=layers, rms_norm_eps=cfg.norms.eps,
                hidden_activation="gelu_pytorch_tanh", max_position_embeddings=cfg.max_positions,

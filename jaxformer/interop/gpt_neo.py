@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxformer.layer_plan import local_layers
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, linear,
                                      lm_head, norm, refuse)
@@ -52,7 +53,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
-    kinds = ["local" if sliding else "global" for sliding in cfg.sliding_layers[:cfg.decoder_layers]]
+    kinds = ["local" if sliding else "global" for sliding in local_layers(cfg)[:cfg.decoder_layers]]
     out.update(hidden_size=cfg.d_model, num_heads=cfg.num_heads, num_layers=cfg.decoder_layers,
                intermediate_size=cfg.d_ff, max_position_embeddings=cfg.max_positions,
                attention_types=[[[kind], 1] for kind in kinds], window_size=cfg.window_size or 256,

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxformer.layer_plan import local_layers
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
                                      rope_from_hf, rope_to_hf)
@@ -84,7 +85,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     kinds = ["sliding_attention" if cfg.attention == "sliding" or (cfg.attention == "alternating" and sliding)
-             else "full_attention" for sliding in cfg.sliding_layers[:cfg.decoder_layers]]
+             else "full_attention" for sliding in local_layers(cfg)[:cfg.decoder_layers]]
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
                head_dim=cfg.head_dim_, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.decoder_layers,
                rms_norm_eps=cfg.norms.eps, hidden_act="silu", max_position_embeddings=cfg.max_positions,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from jaxformer.layer_plan import dense_layers
 from jaxformer.model_config import ModelConfig, RopeScaling
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, fused_linear, linear, lm_head,
                                      rope_from_hf, rope_to_hf)
@@ -125,7 +126,7 @@ def decoder_rules(cfg: ModelConfig, prefix: str, block: Block) -> tuple[list[Rul
     experts), the final norm and the LM head."""
     p = prefix
     layer = f"{p}layers.{{i}}"
-    k, n = len(cfg.dense_layer_ids), cfg.decoder_layers
+    k, n = len(dense_layers(cfg)), cfg.decoder_layers
     out = [copy(("embed", "table"), f"{p}embed_tokens.weight"),
            copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
     if k:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxformer.layer_plan import dense_layers, local_layers
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
                                      rope_from_hf, rope_to_hf, sub_config, with_defaults)
@@ -110,7 +111,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     L = cfg.decoder_layers
     rotary = [int(i not in cfg.nope.layers) for i in range(L)]
     chunked = cfg.attention == "alternating"
-    kinds = ["chunked_attention" if chunked and cfg.sliding_layers[i] else "full_attention" for i in range(L)]
+    kinds = ["chunked_attention" if chunked and local_layers(cfg)[i] else "full_attention" for i in range(L)]
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
                head_dim=cfg.head_dim_, intermediate_size=cfg.expert_width if cfg.experts is not None else cfg.d_ff,
                intermediate_size_mlp=cfg.d_ff, num_hidden_layers=L, rms_norm_eps=cfg.norms.eps, hidden_act="silu",
@@ -120,7 +121,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                attention_chunk_size=cfg.attention_chunk_size, use_qk_norm=cfg.query_key_norm is not None,
                attn_temperature_tuning=cfg.nope.temperature_floor_scale is not None,
                floor_scale=cfg.nope.temperature_floor_scale or 8192, attn_scale=cfg.nope.temperature_scale,
-               moe_layers=[i for i in range(L) if i not in cfg.dense_layer_ids] if cfg.experts is not None else [],
+               moe_layers=[i for i in range(L) if i not in dense_layers(cfg)] if cfg.experts is not None else [],
                interleave_moe_layer_step=cfg.experts.layer_step,
                num_local_experts=cfg.experts.count if cfg.experts is not None else 16,
                num_experts_per_tok=cfg.experts.per_token if cfg.experts is not None else 1,
@@ -158,7 +159,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
                       linear(mlp + ("shared", "wi"), f"{f}.shared_expert.up_proj.weight"),
                       linear(mlp + ("shared", "wo"), f"{f}.shared_expert.down_proj.weight")]
 
-    dense = cfg.dense_layer_ids  # the first layers, or (Maverick) all but every moe_layer_step-th
+    dense = dense_layers(cfg)  # the first layers, or (Maverick) all but every moe_layer_step-th
     out = [copy(("embed", "table"), f"{p}embed_tokens.weight"),
            copy(("decoder", "final_norm", "scale"), f"{p}norm.weight")]
     if dense:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import warnings
 
+from jaxformer.layer_plan import local_layers
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop import (albert, bart, bert, deberta, deepseek, distilbert, electra, gemma, gpt2, gpt_neo,
                                gpt_neox, gpt_oss, llama, llama4, m2m_100, marian, modernbert, mpnet, t5, t5gemma, umt5,
@@ -106,7 +107,7 @@ def _computed(cfg: ModelConfig) -> dict:
     fields = {name: value for name, value in cfg.to_flat().items() if name not in NOT_IN_FILES}
     fields.update({name: _DEFAULTS[name] for name in _inert(cfg)}, head_dim=cfg.head_dim_, attention_scale=cfg.scale)
     if cfg.attention == "alternating" and cfg.layer_types is None:  # GPT-3's: odd layers sliding
-        fields["layer_types"] = tuple("sliding" if local else "full" for local in cfg.sliding_layers)
+        fields["layer_types"] = tuple("sliding" if local else "full" for local in local_layers(cfg))
     return fields
 
 

@@ -183,11 +183,11 @@ class ProjectionNorm(nnx.Module):
     axes, so it shards as the heads do; the statistics then reduce over the split heads."""
 
     def __init__(self, cfg: ModelConfig, heads: int, heads_axis: str, *, rngs: nnx.Rngs):
-        self.kind, self.eps, self.dtype, self.offset = cfg.norm, cfg.norm_eps, dtype_of(cfg.dtype), cfg.norm_scale_offset
+        self.kind, self.eps, self.dtype, self.offset = cfg.norms.kind, cfg.norms.eps, dtype_of(cfg.dtype), cfg.norms.scale_offset
         shape, axes = (heads, cfg.head_dim_), (heads_axis, "head_dim")
-        self.scale = (param(rngs, shape, axes, cfg, init="zeros" if self.offset else "ones") if cfg.qk_norm_scale
+        self.scale = (param(rngs, shape, axes, cfg, init="zeros" if self.offset else "ones") if cfg.query_key_norm.scale
                       else None)
-        self.bias = param(rngs, shape, axes, cfg, init="zeros") if cfg.norm == "layernorm" and cfg.norm_bias else None
+        self.bias = param(rngs, shape, axes, cfg, init="zeros") if cfg.norms.kind == "layernorm" and cfg.norms.bias else None
 
     def __call__(self, x: Array) -> Array:
         flat = x.reshape(*x.shape[:-2], -1).astype(jnp.float32)
@@ -215,30 +215,30 @@ class Attention(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, role: str = "attn"):
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim_
-        self.dtype, self.scale, self.softcap = dtype_of(cfg.dtype), cfg.scale, cfg.attention_softcap
+        self.dtype, self.scale, self.softcap = dtype_of(cfg.dtype), cfg.scale, cfg.scores.softcap
         self.dropout_rate = cfg.attention_dropout_rate
         projection(self, "q", cfg, rngs, (D, N, H), ("embed", "heads", "head_dim"), role=role)
         projection(self, "k", cfg, rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), role=role)
         projection(self, "v", cfg, rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), role=role)
         projection(self, "o", cfg, rngs, (N, H, D), ("heads", "head_dim", "embed"), inputs=2, role=role)
-        if cfg.qkv_bias:
+        if cfg.biases.qkv:
             self.q_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg, init="zeros")
-            self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros") if cfg.key_bias else None
+            self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros") if cfg.biases.key else None
             self.v_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
         else:
             self.q_bias = self.k_bias = self.v_bias = None
-        self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
-        self.rotary_dim, self.rope_interleave = cfg.rotary_dim, cfg.rope_interleave
+        self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.biases.out else None
+        self.rotary_dim, self.rope_interleave = (cfg.rotary.dim, cfg.rotary.interleave) if cfg.rotary else (None, False)
         # Gemma 3, Qwen3: each query and key head is normalised before its rotary positions (Llama 4: without a
         # learned scale, and on the rotated layers only)
         # OLMo-2 (qk_norm_span='projection'): one norm over the whole q projection, another over the whole k
-        if cfg.qk_norm and cfg.qk_norm_span == "projection":
+        if cfg.query_key_norm is not None and cfg.query_key_norm.span == "projection":
             self.q_norm = ProjectionNorm(cfg, N, "heads", rngs=rngs)
             self.k_norm = ProjectionNorm(cfg, K, "kv_heads", rngs=rngs)
         else:
-            qk_norm = lambda: Norm(cfg, rngs=rngs, width=H, axis="head_dim", scaled=cfg.qk_norm_scale)  # noqa: E731
-            self.q_norm, self.k_norm = (qk_norm(), qk_norm()) if cfg.qk_norm else (None, None)
-        self.sinks = param(rngs, (N,), ("heads",), cfg) if cfg.attention_sinks else None
+            qk_norm = lambda: Norm(cfg, rngs=rngs, width=H, axis="head_dim", scaled=cfg.query_key_norm.scale)  # noqa: E731
+            self.q_norm, self.k_norm = (qk_norm(), qk_norm()) if cfg.query_key_norm is not None else (None, None)
+        self.sinks = param(rngs, (N,), ("heads",), cfg) if cfg.scores.sinks else None
 
     def _project(self, x: Array, name: str, bias: nnx.Param | None, key: Array | None = None) -> Array:
         # N here is the kernel's head count: query heads for q, kv heads (K) for k and v
@@ -326,12 +326,12 @@ class RelativeAttention(Attention):
         super().__init__(cfg, rngs=rngs)
         D, N, H = cfg.d_model, cfg.num_heads, cfg.head_dim_
         self.r = param(rngs, (D, N, H), ("embed", "heads", "head_dim"), cfg)
-        if cfg.shared_relative_biases:
+        if cfg.xl.shared_biases:
             self.content_bias = self.position_bias = None
         else:
             self.content_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg)
             self.position_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg)
-        if cfg.relative_segments:
+        if cfg.xl.segments:
             self.segment_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg)
             self.segment_embed = param(rngs, (2, N, H), ("segments", "heads", "head_dim"), cfg)
         else:
@@ -388,7 +388,7 @@ class DisentangledAttention(Attention):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)
         D, N, H = cfg.d_model, cfg.num_heads, cfg.head_dim_
-        self.terms, self.share = cfg.disentangled_terms, cfg.share_attention_key
+        self.terms, self.share = cfg.disentangled.terms, cfg.disentangled.share_key
         self.relative_dropout = cfg.dropout_rate
         own_k, own_q = not self.share and "c2p" in self.terms, not self.share and "p2c" in self.terms
         bias = lambda present: (param(rngs, (N, H), ("heads", "head_dim"), cfg, init="zeros")  # noqa: E731
@@ -398,8 +398,8 @@ class DisentangledAttention(Attention):
         if own_q:
             projection(self, "pos_q", cfg, rngs, (D, N, H), ("embed", "heads", "head_dim"))
         # v1's position key has no bias, as its key has none
-        self.pos_k_bias = bias(own_k and cfg.qkv_bias and cfg.key_bias)
-        self.pos_q_bias = bias(own_q and cfg.qkv_bias)
+        self.pos_k_bias = bias(own_k and cfg.biases.qkv and cfg.biases.key)
+        self.pos_q_bias = bias(own_q and cfg.biases.qkv)
 
     def _positions(self, table: Array, name: str, key: Array | None) -> Array:
         """The table projected per head [P, N, H] by the position key or query ``name`` (or the shared k or q)."""
@@ -451,8 +451,8 @@ class Indexer(nnx.Module):
     KEY_NORM_EPS = 1e-6  # transformers' LayerNorm default, whatever the model's eps
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        D, Cq, H, Dh = cfg.d_model, cfg.q_lora_rank, cfg.index_heads, cfg.index_head_dim
-        self.dtype, self.rotated, self.topk = dtype_of(cfg.dtype), cfg.rope_head_dim, cfg.index_topk
+        D, Cq, H, Dh = cfg.d_model, cfg.latent.q_rank, cfg.indexer.heads, cfg.indexer.head_dim
+        self.dtype, self.rotated, self.topk = dtype_of(cfg.dtype), cfg.latent.rope_head_dim, cfg.indexer.topk
         weight = lambda shape, axes, init="normal": IndexerParam(  # noqa: E731
             param(rngs, shape, axes, cfg, init=init).get_value(), axes=axes)
         self.wq = weight((Cq, H, Dh), ("latent", "index_heads", "index_head_dim"))
@@ -511,10 +511,10 @@ class LatentAttention(nnx.Module):
     LATENT_NORM_EPS = 1e-6
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        D, N, Hn, R, Hv = cfg.d_model, cfg.num_heads, cfg.head_dim_, cfg.rope_head_dim, cfg.value_dim
-        C, Cq = cfg.kv_lora_rank, cfg.q_lora_rank
+        D, N, Hn, R, Hv = cfg.d_model, cfg.num_heads, cfg.head_dim_, cfg.latent.rope_head_dim, cfg.value_dim
+        C, Cq = cfg.latent.kv_rank, cfg.latent.q_rank
         self.dtype, self.scale, self.dropout_rate = dtype_of(cfg.dtype), cfg.scale, cfg.attention_dropout_rate
-        self.rope_interleave, self.latent_width = cfg.rope_interleave, C
+        self.rope_interleave, self.latent_width = cfg.rotary.interleave, C
         if Cq is None:
             projection(self, "q", cfg, rngs, (D, N, Hn + R), ("embed", "heads", "head_dim"), role="attn")
             self.q_down = self.q_norm = self.q_up = None
@@ -529,8 +529,8 @@ class LatentAttention(nnx.Module):
         projection(self, "k_up", cfg, rngs, (C, N, Hn), ("latent", "heads", "head_dim"))
         projection(self, "v_up", cfg, rngs, (C, N, Hv), ("latent", "heads", "head_dim"))
         projection(self, "o", cfg, rngs, (N, Hv, D), ("heads", "head_dim", "embed"), inputs=2, role="attn")
-        self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.out_bias else None
-        self.indexer = Indexer(cfg, rngs=rngs) if cfg.index_heads else None
+        self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.biases.out else None
+        self.indexer = Indexer(cfg, rngs=rngs) if cfg.indexer is not None else None
 
     def _rms(self, x: Array, scale: nnx.Param) -> Array:
         y = normalize(x.astype(jnp.float32), scale[...].astype(jnp.float32), None, "rmsnorm", self.LATENT_NORM_EPS)

@@ -159,9 +159,9 @@ class Block(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
         cross_attention = spec.cross_attention
-        self.pre_norm = cfg.norm_position == "pre"
+        self.pre_norm = cfg.norms.position == "pre"
         # OLMo-2: x = x + norm(f(x)), the sublayers read x unnormed (the output norms are the sandwich's)
-        self.output_norm = cfg.norm_position == "output"
+        self.output_norm = cfg.norms.position == "output"
         self.dropout_rate = cfg.dropout_rate
         self.clamp_float16 = cfg.clamp_float16
         # ModernBERT's first layer: the attention reads x as it comes (after the embedding norm)
@@ -170,18 +170,19 @@ class Block(nnx.Module):
         self.attn = self._MIXERS.get(spec.mixer, Attention)(cfg, rngs=rngs)
         # UMT5: this layer's own relative-bias table, read at the buckets its stack computed (the direction is
         # the stack's, so ``bidirectional`` is unused here)
-        self.relative_bias = (RelativeBias(cfg, bidirectional=False, rngs=rngs) if cfg.relative_bias_per_layer
-                              else None)
+        per_layer = cfg.relative_bias is not None and cfg.relative_bias.per_layer
+        self.relative_bias = RelativeBias(cfg, bidirectional=False, rngs=rngs) if per_layer else None
         if cross_attention:
             self.cross_norm = Norm(cfg, rngs=rngs)
             self.cross_attn = Attention(cfg, rngs=rngs, role="cross_attn")
         else:
             self.cross_norm = self.cross_attn = None
-        self.parallel = cfg.parallel_residual
+        self.parallel = cfg.parallel is not None
         # GPT-J: attn_norm serves both
-        self.mlp_norm = None if cfg.parallel_shared_norm or self.output_norm else Norm(cfg, rngs=rngs)
+        shared_norm = cfg.parallel is not None and cfg.parallel.shared_norm
+        self.mlp_norm = None if shared_norm or self.output_norm else Norm(cfg, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs) if spec.feed_forward == "dense" else MoE(cfg, rngs=rngs)
-        outputs_normed = cfg.sandwich_norm or self.output_norm
+        outputs_normed = cfg.norms.sandwich or self.output_norm
         sandwich = lambda present=True: Norm(cfg, rngs=rngs) if outputs_normed and present else None  # noqa: E731
         self.attn_post_norm, self.cross_post_norm, self.mlp_post_norm = sandwich(), sandwich(cross_attention), sandwich()
 
@@ -359,11 +360,11 @@ def run_layers(plan: LayerPlan, groups: dict[str, Block | tuple[Block, ...]], x:
     parts = []
     for segment in plan.segments(caches is not None) if segments is None else segments:
         stacked = all(not isinstance(groups[spec.group], tuple) for spec in plan.layers[segment.start:segment.end])
-        if cfg.scan_layers and stacked and segment.period == 1:
+        if cfg.execution.scan_layers and stacked and segment.period == 1:
             x, out = _scan_layers(plan, segment, groups, x, layer_fn, per_layer, cfg, caches)
         else:
             x, out = _scan_periods(plan, segment, groups, x, layer_fn, per_layer, cfg, caches,
-                                   scan=cfg.scan_layers and stacked)
+                                   scan=cfg.execution.scan_layers and stacked)
         if after_first is not None and segment.end == 1:
             x = after_first(x)
             out = out._replace(hidden=None if out.hidden is None else x[None])
@@ -372,7 +373,7 @@ def run_layers(plan: LayerPlan, groups: dict[str, Block | tuple[Block, ...]], x:
 
 
 def _remat(fn: Callable, cfg: ModelConfig, prevent_cse: bool, **kwargs) -> Callable:
-    return fn if cfg.remat == "none" else jax.checkpoint(fn, policy=REMAT_POLICIES[cfg.remat], prevent_cse=prevent_cse,
+    return fn if cfg.execution.remat == "none" else jax.checkpoint(fn, policy=REMAT_POLICIES[cfg.execution.remat], prevent_cse=prevent_cse,
                                                          **kwargs)
 
 
@@ -528,19 +529,19 @@ class Stack(nnx.Module):
         self.dense_blocks = group("dense_blocks")
         # ModernBERT's first layer has no attention norm, DeBERTa's has a convolution beside it: a group of its own
         self.first_block = group("first_block")
-        self.conv = SequenceConvolution(cfg, rngs=rngs) if cfg.conv_kernel_size else None
+        self.conv = SequenceConvolution(cfg, rngs=rngs) if cfg.conv is not None else None
         # ALBERT's shared layers: one stacked layer, which the plan places at every layer
         # (the main group is built even when the plan places no layer in it: a one-layer stack whose first layer
         # runs apart keeps an empty 'blocks', as checkpoints hold it)
         self.blocks = group("blocks", "layers") or stacked_blocks(
             cfg, 0, layer_plan(cfg, pattern, 1, cross_attention=cross_attention)[0], rngs=rngs)
-        self.final_norm = Norm(cfg, rngs=rngs) if cfg.final_norm else None
+        self.final_norm = Norm(cfg, rngs=rngs) if cfg.norms.final else None
         # T5's one table per stack, MPNet's beside absolute positions (UMT5's tables are in the blocks)
-        shared_table = (cfg.position == "relative" and not cfg.relative_bias_per_layer) or cfg.index_relative_bias
+        shared_table = cfg.relative_bias is not None and not cfg.relative_bias.per_layer
         self.relative_bias = (RelativeBias(cfg, bidirectional=pattern == "bidirectional", rngs=rngs)
                               if shared_table else None)
         # Transformer-XL's global content (u) and position (v) biases, when all layers share one pair
-        shared = cfg.position == "xl" and cfg.shared_relative_biases
+        shared = cfg.position == "xl" and cfg.xl.shared_biases
         xl_bias = lambda: param(rngs, (cfg.num_heads, cfg.head_dim_), ("heads", "head_dim"), cfg)  # noqa: E731
         self.content_bias, self.position_bias = (xl_bias(), xl_bias()) if shared else (None, None)
         self.relative_embeddings = RelativeEmbeddings(cfg, rngs=rngs) if cfg.position == "disentangled" else None
@@ -613,7 +614,7 @@ class Stack(nnx.Module):
             cache = cache.write(new_kv, tokens.positions, valid)
         if remember:
             if memory is None:
-                memory = Memory.empty(self.num_layers, x.shape[0], cfg.memory_len, cfg.d_model, x.dtype)
+                memory = Memory.empty(self.num_layers, x.shape[0], cfg.segment_memory, cfg.d_model, x.dtype)
             memory = memory.extend(new_kv if keeps_kv else {"hidden": layer_inputs}, valid)
         if self.final_norm is not None:
             out = self.final_norm(out)
@@ -626,7 +627,7 @@ class Stack(nnx.Module):
 
     def _remembers(self, memory: Memory | MemoryKV | None) -> bool:
         """Whether this call rolls Transformer-XL's segment memory forward."""
-        return self.config.position == "xl" and (memory is not None or self.config.memory_len > 0)
+        return self.config.position == "xl" and (memory is not None or self.config.segment_memory > 0)
 
     def staged_layers(self) -> int:
         """The layers of the stack's main run (``self.blocks``), which a pipeline splits into stages; layers
@@ -663,7 +664,7 @@ class Stack(nnx.Module):
         whole batch, pooled from each microbatch's. Dropout draws a microbatch's masks from the call's key
         folded with its index."""
         cfg = self.config
-        stages, repeats = axis_size("stage"), cfg.pipeline_repeats
+        stages, repeats = axis_size("stage"), cfg.execution.pipeline_repeats
         per_chunk = self.staged_layers() // (stages * repeats)
         graphdef, params = nnx.split(self.blocks)
 
@@ -677,7 +678,7 @@ class Stack(nnx.Module):
                                     extra, cfg)
             return h, outputs.router_stats
 
-        microbatches = cfg.pipeline_microbatches or stages
+        microbatches = cfg.execution.pipeline_microbatches or stages
         out, stats = run_pipeline(params, x, (tokens, cross, token_types), stage, repeats=repeats,
                                   microbatches=microbatches)
         if stats is None:
@@ -703,7 +704,7 @@ class Stack(nnx.Module):
         disentangled = None
         if self.relative_embeddings is not None:  # DeBERTa: distances by index, as transformers counts them
             disentangled = DisentangledInputs(self.relative_embeddings(), disentangled_index(
-                length, cfg.relative_span, cfg.position_buckets, cfg.max_relative_distance))
+                length, cfg.relative_span, cfg.disentangled.buckets, cfg.max_relative_distance))
         conv_key = None
         if self.conv is not None:
             key, conv_key = split_key(key, 2)
@@ -711,8 +712,8 @@ class Stack(nnx.Module):
         keeps_kv = isinstance(memory, MemoryKV)  # generation's memory rolls keys and values, not layer inputs
         rope = rope_tables(cfg, tokens.positions) if cfg.position == "rope" else None
         local_rope = None
-        if cfg.local_rope_theta is not None:  # Gemma 3: the sliding layers rotate by their own, unscaled base
-            local_rope = rope_tables(cfg.replace(rope_theta=cfg.local_rope_theta, rope_scaling=None), tokens.positions)
+        if cfg.rotary is not None and cfg.rotary.local_theta is not None:  # Gemma 3: the sliding layers rotate by their own, unscaled base
+            local_rope = rope_tables(cfg.replace(rope_theta=cfg.rotary.local_theta, rope_scaling=None), tokens.positions)
         cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
         split = isinstance(cache, SplitKVCache)
         per_layer = {
@@ -725,7 +726,7 @@ class Stack(nnx.Module):
             "cache": None if cache is None or split else cache.layers(),
             "memory": None if memory is None else memory.layers(),
             "query_scale": (jnp.asarray(1.0 / np.arange(1, self.num_layers + 1), jnp.float32)
-                            if cfg.inverse_layer_scale else None),
+                            if cfg.scores.inverse_layer_scale else None),
             # Llama 4: the layers without rotary positions
             "nope": jnp.asarray(self.plan.nope) if any(self.plan.nope) else None,
         }
@@ -764,11 +765,11 @@ class Stack(nnx.Module):
         counts every slot, pads included, as transformers counts it (the cache's write index, not
         ``tokens.positions``)."""
         cfg = self.config
-        if cfg.temperature_floor_scale is None:
+        if cfg.nope is None or cfg.nope.temperature_floor_scale is None:
             return None
         start = 0 if cache is None else cache.index
         index = (start + jnp.arange(tokens.positions.shape[1])).astype(jnp.float32)
-        tuned = jnp.log1p(jnp.floor((index + 1.0) / cfg.temperature_floor_scale)) * cfg.temperature_scale + 1.0
+        tuned = jnp.log1p(jnp.floor((index + 1.0) / cfg.nope.temperature_floor_scale)) * cfg.nope.temperature_scale + 1.0
         return tuned[None, :, None, None]
 
     def _xl_inputs(self, tokens: Tokens, memory: Memory | MemoryKV | None, token_types: Array | None,
@@ -781,7 +782,7 @@ class Stack(nnx.Module):
         M = 0 if memory is None else memory.length
         mask = (visibility_mask(self.pattern, q, q, tokens.valid) if memory is None
                 else memory_visibility_mask(self.pattern, q, tokens.valid, memory.valid))
-        distances = xl_distances(T, M + T, self.pattern == "bidirectional", cfg.clamp_len)
+        distances = xl_distances(T, M + T, self.pattern == "bidirectional", cfg.xl.clamp_len)
         encodings = dropout(xl_encodings(distances, cfg.d_model), cfg.dropout_rate, key)
         other_segment = None
         if token_types is not None:  # XLNet: memory tokens count as type 0
@@ -816,11 +817,11 @@ class Stack(nnx.Module):
         full_slots, local_slots = (cache.full, cache.window) if isinstance(cache, SplitKVCache) else (cache, cache)
         mask, local_mask = masks(base_pattern, full_slots), masks(local_pattern, local_slots)
         bias = None
-        if cfg.position == "relative" or cfg.index_relative_bias:
+        if cfg.position == "relative" or (cfg.relative_bias is not None and cfg.position != "relative"):
             # Index positions are the same in every row: one [1, N, T, S] bias, broadcast over the batch
             # (MPNet's distances are between indices whatever the positions).
             rows = q[:1] if tokens.indexed and cache is None else q
-            if cfg.index_relative_bias or (tokens.indexed and segments is not None):
+            if (cfg.relative_bias is not None and cfg.position != "relative") or (tokens.indexed and segments is not None):
                 # (packed documents: inside one, distances between positions are distances between indices)
                 rows = jnp.arange(q.shape[1], dtype=jnp.int32)[None]
             buckets = lambda at, keys: distance_buckets(cfg, at, keys, self.pattern == "bidirectional")  # noqa: E731
@@ -868,5 +869,5 @@ def check_pipeline_stacks(model: nnx.Module, stages: int, rows: int) -> None:
             if problem:
                 raise ValueError(f"mesh.stage={stages}: {what} cannot run as a pipeline: {problem}")
             cfg = module.config
-            check_schedule(module.staged_layers(), rows, stages, cfg.pipeline_repeats,
-                           cfg.pipeline_microbatches or stages, what + (f" (past {apart} run apart)" if apart else ""))
+            check_schedule(module.staged_layers(), rows, stages, cfg.execution.pipeline_repeats,
+                           cfg.execution.pipeline_microbatches or stages, what + (f" (past {apart} run apart)" if apart else ""))
