@@ -252,8 +252,9 @@ def test_ner_config_trains_past_the_all_o_baseline(ner_run):
     assert 0 < last["eval_precision"] <= 1 and 0 < last["eval_recall"] <= 1
     assert last["eval_accuracy"] > 0.8
     model = json.loads((ner_run / "model.json").read_text())
-    assert model["head"] == "token_classification" and model["label_names"][0] == "O"
-    assert model["num_labels"] == len(model["label_names"]) == 9
+    labels = model["head_options"]
+    assert model["head"] == "token_classification" and labels["label_names"][0] == "O"
+    assert labels["num_labels"] == len(labels["label_names"]) == 9
 
 
 def test_predict_prints_the_entities_of_a_ner_run(ner_run, capsys):
