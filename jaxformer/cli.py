@@ -386,6 +386,35 @@ def argument_parser() -> argparse.ArgumentParser:
                    help="replace the checkpoint files of a non-empty output folder (and nothing else in it)")
     p.set_defaults(run=convert)
 
+    _generate_command(commands)
+
+    p = commands.add_parser("predict", help="a fine-tuned run's predictions: entities (token_classification), "
+                                            "answer spans (question_answering) or labels (classification)")
+    p.add_argument("run_dir", help="a train.py run folder (run.dir)")
+    p.add_argument("--text", action="append", required=True,
+                   help="the text (question answering: the context); repeat for several")
+    p.add_argument("--text-pair", help="classification runs trained on pairs: the second text")
+    p.add_argument("--question", help="question-answering runs: the question asked of each --text")
+    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=predict)
+
+    p = commands.add_parser("embed", help="sentence embeddings from a sentence-transformers folder")
+    p.add_argument("path", help="a sentence-transformers folder: modules.json, the pooling config, the encoder")
+    p.add_argument("--text", action="append", required=True, help="a sentence; repeat for several")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--prompt-name", help="one of the folder's prompts (config_sentence_transformers.json), e.g. "
+                                         "EmbeddingGemma's query or document")
+    p.add_argument("--json", action="store_true", help='print {"embeddings": [[...], ...]}')
+    p.set_defaults(run=embed)
+
+    _tokenize_command(commands)
+    _viz_command(commands)
+    return parser
+
+
+def _generate_command(commands) -> None:
     p = commands.add_parser("generate", help="generate text from a Hugging Face checkpoint folder (with "
                                              "tokenizer.json) or a train.py run folder")
     p.add_argument("path", help="checkpoint folder (config.json, model.safetensors, tokenizer.json) or a train.py "
@@ -415,27 +444,8 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.set_defaults(run=generate)
 
-    p = commands.add_parser("predict", help="a fine-tuned run's predictions: entities (token_classification), "
-                                            "answer spans (question_answering) or labels (classification)")
-    p.add_argument("run_dir", help="a train.py run folder (run.dir)")
-    p.add_argument("--text", action="append", required=True,
-                   help="the text (question answering: the context); repeat for several")
-    p.add_argument("--text-pair", help="classification runs trained on pairs: the second text")
-    p.add_argument("--question", help="question-answering runs: the question asked of each --text")
-    p.add_argument("--step", type=int, help="the checkpoint's step (default: the newest)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(run=predict)
 
-    p = commands.add_parser("embed", help="sentence embeddings from a sentence-transformers folder")
-    p.add_argument("path", help="a sentence-transformers folder: modules.json, the pooling config, the encoder")
-    p.add_argument("--text", action="append", required=True, help="a sentence; repeat for several")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--prompt-name", help="one of the folder's prompts (config_sentence_transformers.json), e.g. "
-                                         "EmbeddingGemma's query or document")
-    p.add_argument("--json", action="store_true", help='print {"embeddings": [[...], ...]}')
-    p.set_defaults(run=embed)
-
+def _tokenize_command(commands) -> None:
     p = commands.add_parser("tokenize", help="tokenize a corpus once into memory-mappable token shards "
                                              "(resumable; rerun with more sources to append)")
     p.add_argument("sources", nargs="+", metavar="SRC",
@@ -453,6 +463,8 @@ def argument_parser() -> argparse.ArgumentParser:
                         "or is skipped and counted")
     p.set_defaults(run=tokenize)
 
+
+def _viz_command(commands) -> None:
     p = commands.add_parser("viz", help="pictures (PNG): the families' visibility masks, a model's attention maps")
     pictures = p.add_subparsers(dest="picture", required=True)
     q = pictures.add_parser("masks", help="one labelled heatmap per visibility pattern, from the models' mask code")
@@ -468,7 +480,6 @@ def argument_parser() -> argparse.ArgumentParser:
     q.add_argument("--target", help="encoder-decoders: the decoder's text after its start token (default: --text)")
     q.add_argument("--out", required=True, help="the PNG to write")
     p.set_defaults(run=viz)
-    return parser
 
 
 if __name__ == "__main__":
