@@ -9,7 +9,7 @@ from flax import nnx
 from jaxformer import generate as generation  # the decode loop: model code, it calls .step
 from jaxformer.checks import check_inputs, check_segments, public_call
 from jaxformer.edges import EdgeMethods
-from jaxformer.model_config import ModelConfig
+from jaxformer.model_config import ModelConfig, generator_config
 from jaxformer.layers import (Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, embedding_width,
                               packed_validity, param, split_key)
 from jaxformer.outputs import ModelOutput
@@ -85,7 +85,7 @@ class Encoder(EdgeMethods, nnx.Module):
     def _generator(self, cfg: ModelConfig, rngs: nnx.Rngs) -> Encoder:
         """ELECTRA's generator: an MLM encoder reading this model's token, position and type embeddings and
         their norm (the same variables, so both losses train them), with its own projection to its width."""
-        generator = Encoder(cfg.generator_config(), rngs=rngs)
+        generator = Encoder(generator_config(cfg), rngs=rngs)
         generator.embed = self.embed
         shared = generator.embeddings
         shared.positions, shared.token_types, shared.norm = (self.embeddings.positions, self.embeddings.token_types,

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxformer.cache import cache_numbers, cache_numbers_per_token
-from jaxformer.model_config import ModelConfig
+from jaxformer.model_config import ModelConfig, generator_config
 from jaxformer.layers import RouterBias
 from jaxformer.models import abstract_params
 
@@ -120,12 +120,12 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
                                        + 4 * (M / length) * 2 * cfg.d_model * heads)
     per_call = 0.0
     if cfg.position == "disentangled":  # DeBERTa: each term scores a query (c2p) or key (p2c) against every row
-        rows, heads, terms = 2 * cfg.relative_span, cfg.num_heads * cfg.head_dim_, len(cfg.disentangled.terms)
+        rows, heads, terms = 2 * cfg.disentangled.span(cfg.max_positions), cfg.num_heads * cfg.head_dim_, len(cfg.disentangled.terms)
         per_token += cfg.num_layers * 6 * heads * rows * terms
         per_call = cfg.num_layers * 6 * rows * terms * cfg.d_model * heads  # the table's projections
     if cfg.generator_width:  # ELECTRA: the generator trains beside the discriminator on the same rows
         return (batch_size * length * per_token + per_call
-                + train_flops_per_step(cfg.generator_config(), batch_size, length))
+                + train_flops_per_step(generator_config(cfg), batch_size, length))
     return batch_size * length * per_token + per_call
 
 

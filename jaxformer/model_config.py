@@ -333,6 +333,14 @@ class Disentangled:
         _non_negative("max_relative_positions", self.max_relative_positions)
         _non_negative("position_buckets", self.buckets)
 
+    def max_distance(self, max_positions: int) -> int:
+        """The largest distance told apart (its log buckets reach it): max_relative_positions, else max_positions."""
+        return self.max_relative_positions or max_positions
+
+    def span(self, max_positions: int) -> int:
+        """Half the rows of the relative-position table (distances -span .. span - 1 after bucketing)."""
+        return self.buckets or self.max_distance(max_positions)
+
 
 @dataclasses.dataclass(frozen=True)
 class NoPE:
@@ -795,13 +803,11 @@ class ModelConfig:
     """Architecture, numerics and compilation choices of one model.
 
     The top level holds what every model has; each concern some models lack is a sub-config, None where absent
-    (``experts``, ``latent``, ``rotary``, ``xl``, ...). Build one nested (``ModelConfig(experts=Experts(8))``) or
-    from the flat spelling (``ModelConfig.from_dict({"num_experts": 8, ...})``, ``cfg.replace(num_experts=8)``).
+    (``experts``, ``latent``, ``rotary``, ...): build it nested (``experts=Experts(8)``) or flat (``num_experts=8``).
 
     Layer counts: an encoder uses ``encoder_layers``, a decoder ``decoder_layers``, an encoder-decoder both.
-    ``attention`` is the self-attention pattern of the decoder side; encoder self-attention is bidirectional.
-    Precision: see the module docstring.
-    """
+    ``attention`` is the decoder side's self-attention pattern (an encoder's is bidirectional). Precision: see
+    the module docstring."""
 
     family: str = "decoder"
     name: str = "custom"
@@ -814,8 +820,7 @@ class ModelConfig:
     encoder_layers: int = 0
     decoder_layers: int = 6
     norms: Norms = Norms()
-    # the gated ones: swiglu (silu gate), geglu (tanh-form gelu gate: T5 v1.1, Gemma), geglu_erf (exact gelu)
-    activation: str = "gelu"
+    activation: str = "gelu"  # ACTIVATIONS
     swiglu_clamp: ClampedSwiGLU | None = None
     position: str = "learned"
     max_positions: int = 1024  # longest sequence; learned/sinusoidal tables hold this many rows
@@ -824,15 +829,12 @@ class ModelConfig:
     relative_bias: RelativeBias | None = None  # position='relative' (T5), or beside absolute positions (MPNet)
     xl: TransformerXL | None = None  # position='xl'
     disentangled: Disentangled | None = None  # position='disentangled'
-
     attention: str = "causal"
     window_size: int | None = None  # sliding and alternating-local attention: keys in (t - w, t]
-    # 'alternating': which layers are 'full' and which 'sliding' (Gemma: layer_types) or 'chunked' (Llama 4);
-    # None: GPT-3's, odd layers sliding. An encoder-decoder's encoder follows the same list with keys within w
-    # of the query either side.
+    # 'alternating': which layers are 'full' and which 'sliding' (Gemma) or 'chunked' (Llama 4); None: GPT-3's, odd
+    # layers sliding. An encoder-decoder's encoder follows the same list with keys within w either side.
     layer_types: tuple[str, ...] | None = None
-    # 'chunked' layers: the sequence is cut into chunks of this many positions and a query sees the keys of its
-    # own chunk up to itself (Llama 4's local layers)
+    # 'chunked' layers (Llama 4's local ones): a query sees the keys of its own chunk of this many, up to itself
     attention_chunk_size: int | None = None
     nope: NoPE | None = None
     scores: Scores = Scores()
@@ -840,14 +842,12 @@ class ModelConfig:
     latent: Latent | None = None
     parallel: ParallelResidual | None = None
     biases: Biases = Biases()
-
     logits: Logits = Logits()
     clamp_float16: bool = False  # T5: in float16, clamp each sublayer's output into range, as transformers does
     shared_layers: bool = False  # ALBERT: one layer's parameters, applied at every layer of the stack
     conv: Convolution | None = None
-    # ELECTRA pretraining (the 'rtd' objective): a discriminator also holds the generator it trains beside, an MLM
-    # encoder this wide (heads and d_ff scaled alike, same depth) reading the discriminator's token, position and
-    # type embeddings; 0: none. Export writes the discriminator alone (``model.generator`` saves on its own).
+    # ELECTRA pretraining ('rtd'): the width of the MLM generator this discriminator trains beside (0: none); see
+    # generator_config. Export writes the discriminator alone (``model.generator`` saves on its own).
     generator_width: int = 0
     head: str = "lm"
     head_options: HeadOptions = HeadOptions()
@@ -855,7 +855,6 @@ class ModelConfig:
     attention_dropout_rate: float = 0.0
     experts: Experts | None = None
     tokens: Tokens = Tokens()
-
     dtype: str = "float32"  # compute dtype; softmax, norms and losses always run in float32 (see above)
     param_dtype: str = "float32"
     init_std: float = 0.02
@@ -872,15 +871,9 @@ class ModelConfig:
         _check_heads(self)
         _check_experts(self)
         _check_tokens(self)
-        _one_of("dtype", self.dtype, DTYPES)
-        _one_of("param_dtype", self.param_dtype, DTYPES)
-        if not self.init_std > 0:
-            raise ValueError(f"ModelConfig.init_std={self.init_std!r} must be > 0")
-        _rate("dropout_rate", self.dropout_rate)
-        _rate("attention_dropout_rate", self.attention_dropout_rate)
+        _check_numerics(self)
         _check_adapters(self)
 
-    # Derived sizes: properties, so there is one source of truth and replace() never goes stale.
     @property
     def head_dim_(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
@@ -900,9 +893,7 @@ class ModelConfig:
     @property
     def rope_dim(self) -> int:
         """Width of the rotated part of a query/key head: all of it, ``rotary.dim``, or MLA's rope_head_dim."""
-        if self.latent is not None:
-            return self.latent.rope_head_dim
-        return (self.rotary.dim if self.rotary is not None else None) or self.head_dim_
+        return self.latent.rope_head_dim if self.latent else (self.rotary and self.rotary.dim) or self.head_dim_
 
     @property
     def value_dim(self) -> int:
@@ -914,61 +905,28 @@ class ModelConfig:
         return self.experts.d_ff if self.experts is not None and self.experts.d_ff is not None else self.d_ff
 
     @property
-    def relative_span(self) -> int:
-        """DeBERTa: half the rows of the relative-position table (distances -span .. span - 1 after bucketing)."""
-        return (self.disentangled.buckets if self.disentangled is not None else 0) or self.max_relative_distance
-
-    @property
-    def max_relative_distance(self) -> int:
-        """DeBERTa: the largest distance told apart (its log buckets reach it): max_relative_positions, else max_positions."""
-        limit = self.disentangled.max_relative_positions if self.disentangled is not None else 0
-        return limit or self.max_positions
-
-    @property
     def scale(self) -> float:
-        if self.scores.scale is not None:
-            return self.scores.scale
-        if self.disentangled is not None:  # DeBERTa divides by sqrt(head_dim * (1 + position terms))
-            return 1.0 / math.sqrt(self.head_dim_ * (1 + len(self.disentangled.terms)))
-        latent = self.latent
-        scale = 1.0 / math.sqrt(self.head_dim_ + (latent.rope_head_dim if latent is not None else 0))
-        s = self.rotary.scaling if self.rotary is not None else None
-        if latent is not None and s is not None and s.mscale_all_dim:  # DeepSeek's yarn softmax correction
-            scale *= _yarn_mscale(s.factor, s.mscale_all_dim) ** 2
-        return scale
+        """The softmax scale of q . k (``scores.scale``, else derived: see ``_attention_scale``)."""
+        return self.scores.scale if self.scores.scale is not None else _attention_scale(self)
 
     @property
-    def indexer(self) -> Indexer | None:
-        """DeepSeek-V3.2's lightning indexer, a part of latent attention (None without it)."""
+    def indexer(self) -> Indexer | None:  # DeepSeek-V3.2's, a part of latent attention
         return self.latent.indexer if self.latent is not None else None
 
     @property
-    def segment_memory(self) -> int:
-        """Tokens of segment memory each layer keeps (Transformer-XL's memory_len; 0: none)."""
+    def segment_memory(self) -> int:  # tokens of Transformer-XL's memory each layer keeps (0: none)
         return self.xl.memory_len if self.xl is not None else 0
 
     @property
     def num_layers(self) -> int:
         return self.encoder_layers + self.decoder_layers
 
-    def generator_config(self) -> "ModelConfig":
-        """ELECTRA's generator of this discriminator (``generator_width``): as deep, its heads of the same size,
-        d_ff scaled with the width, its embeddings those of the discriminator (projected when widths differ)."""
-        width, scale = self.generator_width, self.generator_width / self.d_model
-        embedding = self.embeddings.width or self.d_model
-        return self.replace(d_model=width, num_heads=width // self.head_dim_, num_kv_heads=None, head_dim=None,
-                            d_ff=max(1, round(self.d_ff * scale)), head="mlm", pooler=False, generator_width=0,
-                            embedding_size=None if embedding == width else embedding, name=f"{self.name}-generator")
-
-    # ---- the flat spelling -------------------------------------------------------------------------------------
-
+    # the flat spelling
     def replace(self, **changes: Any) -> "ModelConfig":
-        """A copy with ``changes``, each a top-level field (``experts=Experts(8)``, ``experts=None``) or a
-        flat name (``num_experts=8``, ``lora_rank=0``)."""
-        nested = {k: v for k, v in changes.items() if k in GROUPS}
+        """A copy with ``changes``: top-level fields (``experts=None``) or flat names (``num_experts=8``)."""
+        cfg = dataclasses.replace(self, **{k: v for k, v in changes.items() if k in GROUPS})
         flat = {k: v for k, v in changes.items() if k not in GROUPS}
-        cfg = dataclasses.replace(self, **nested) if nested else self
-        return ModelConfig.from_flat({**cfg.to_flat(), **flat}) if flat else cfg
+        return ModelConfig(**_fields_from_flat({**cfg.to_flat(), **flat})) if flat else cfg
 
     def to_dict(self) -> dict[str, Any]:
         """The nested form (what run folders and checkpoints store; ``from_dict`` reads it back)."""
@@ -980,20 +938,36 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        """A config from its nested form (``to_dict``), its flat spelling, or a mix (nested parts expand first)."""
+        """A config from its nested form (``to_dict``), its flat spelling (``FLAT``), or a mix; a setting of an
+        absent part at a value that changes something is refused, naming what the part needs."""
         flat = {}
-        for key, value in data.items():
+        for key, value in data.items():  # nested parts expand first: a flat name given beside one wins
             if key in GROUPS:
                 part = GROUPS[key](**value) if isinstance(value, dict) else value
                 flat.update(_flat_part(key, part, data.get("position", cls.position)))
-        return cls.from_flat({**flat, **{key: value for key, value in data.items() if key not in GROUPS}})
+        return cls(**_fields_from_flat({**flat, **{k: v for k, v in data.items() if k not in GROUPS}}))
 
-    @classmethod
-    def from_flat(cls, data: dict[str, Any]) -> "ModelConfig":
-        """A config from flat names (``FLAT``) and top-level fields; an absent part's setting at a value that
-        changes something is refused, naming what the part needs."""
-        return cls(**_fields_from_flat(data))
 
+
+def generator_config(cfg: ModelConfig) -> ModelConfig:
+    """ELECTRA's generator of a discriminator ``cfg`` (``generator_width``): as deep, its heads of the same size,
+    d_ff scaled with the width, its embeddings those of the discriminator (projected when widths differ)."""
+    width, scale = cfg.generator_width, cfg.generator_width / cfg.d_model
+    embedding = cfg.embeddings.width or cfg.d_model
+    return cfg.replace(d_model=width, num_heads=width // cfg.head_dim_, num_kv_heads=None, head_dim=None,
+                       d_ff=max(1, round(cfg.d_ff * scale)), head="mlm", pooler=False, generator_width=0,
+                       embedding_size=None if embedding == width else embedding, name=f"{cfg.name}-generator")
+
+
+def _attention_scale(cfg: ModelConfig) -> float:
+    if cfg.disentangled is not None:  # DeBERTa divides by sqrt(head_dim * (1 + position terms))
+        return 1.0 / math.sqrt(cfg.head_dim_ * (1 + len(cfg.disentangled.terms)))
+    latent = cfg.latent
+    scale = 1.0 / math.sqrt(cfg.head_dim_ + (latent.rope_head_dim if latent is not None else 0))
+    s = cfg.rotary.scaling if cfg.rotary is not None else None
+    if latent is not None and s is not None and s.mscale_all_dim:  # DeepSeek's yarn softmax correction
+        scale *= _yarn_mscale(s.factor, s.mscale_all_dim) ** 2
+    return scale
 
 
 def _settle_parts(cfg: ModelConfig) -> None:
@@ -1082,9 +1056,10 @@ def _check_positions(cfg: ModelConfig) -> None:
         if cfg.family != "encoder" or cfg.num_kv_heads not in (None, cfg.num_heads):
             raise ValueError("ModelConfig.position='disentangled' (DeBERTa) needs family='encoder' with "
                              f"multi-head attention (family={cfg.family!r}, num_kv_heads={cfg.num_kv_heads})")
-        if cfg.disentangled.buckets and not cfg.relative_span // 2 < cfg.max_relative_distance - 1:
-            raise ValueError(f"ModelConfig.position_buckets={cfg.disentangled.buckets} spaces buckets up to "
-                             f"max_relative_positions={cfg.max_relative_distance}, which must exceed half the "
+        d, longest = cfg.disentangled, cfg.disentangled.max_distance(cfg.max_positions)
+        if d.buckets and not d.span(cfg.max_positions) // 2 < longest - 1:
+            raise ValueError(f"ModelConfig.position_buckets={d.buckets} spaces buckets up to "
+                             f"max_relative_positions={longest}, which must exceed half the "
                              "buckets plus one")
     embeddings = cfg.embeddings
     if embeddings.pad_aware_positions and (cfg.tokens.pad is None or cfg.position not in ("learned", "sinusoidal")
@@ -1286,6 +1261,15 @@ def _check_tokens(cfg: ModelConfig) -> None:
     if tokens.wrap_decoder_start and cfg.family != "encoder_decoder":
         raise ValueError(f"ModelConfig.wrap_decoder_start=True (mBART's decoder inputs) needs "
                          f"family='encoder_decoder', not {cfg.family!r}")
+
+def _check_numerics(cfg: ModelConfig) -> None:
+    _one_of("dtype", cfg.dtype, DTYPES)
+    _one_of("param_dtype", cfg.param_dtype, DTYPES)
+    if not cfg.init_std > 0:
+        raise ValueError(f"ModelConfig.init_std={cfg.init_std!r} must be > 0")
+    _rate("dropout_rate", cfg.dropout_rate)
+    _rate("attention_dropout_rate", cfg.attention_dropout_rate)
+
 
 def _check_adapters(cfg: ModelConfig) -> None:
     lora = cfg.lora

@@ -81,7 +81,7 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
         "index_heads": {f["index_heads"]}, "index_head_dim": {f["index_head_dim"]},  # DeepSeek-V3.2's indexer
         "embedding": {f["embedding_size"]},  # factorised embeddings (ALBERT, ELECTRA)
         # DeBERTa: the relative-position table's rows, v2's convolution
-        "relative": {2 * cfg.relative_span}, "conv_width": {f["conv_kernel_size"]},
+        "relative": {2 * cfg.disentangled.span(cfg.max_positions)} if cfg.disentangled else set(), "conv_width": {f["conv_kernel_size"]},
         "conv_in": {cfg.d_model // f["conv_groups"]},
     }
 

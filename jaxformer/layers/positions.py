@@ -377,7 +377,7 @@ class RelativeEmbeddings(nnx.Module):
     weights), layer-normed before use in v2/v3 (``relative_embedding_norm``)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.table = param(rngs, (2 * cfg.relative_span, cfg.d_model), ("relative", "embed"), cfg)
+        self.table = param(rngs, (2 * cfg.disentangled.span(cfg.max_positions), cfg.d_model), ("relative", "embed"), cfg)
         self.norm = Norm(cfg, rngs=rngs) if cfg.disentangled.norm_table else None
         self.dtype = dtype_of(cfg.dtype)
 

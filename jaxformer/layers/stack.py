@@ -704,7 +704,8 @@ class Stack(nnx.Module):
         disentangled = None
         if self.relative_embeddings is not None:  # DeBERTa: distances by index, as transformers counts them
             disentangled = DisentangledInputs(self.relative_embeddings(), disentangled_index(
-                length, cfg.relative_span, cfg.disentangled.buckets, cfg.max_relative_distance))
+                length, cfg.disentangled.span(cfg.max_positions), cfg.disentangled.buckets,
+                cfg.disentangled.max_distance(cfg.max_positions)))
         conv_key = None
         if self.conv is not None:
             key, conv_key = split_key(key, 2)
