@@ -101,3 +101,24 @@ def test_a_run_folder_written_before_the_sub_configs_resumes_as_it_trained(tmp_p
     records = [json.loads(line) for line in (old / "metrics.jsonl").read_text().splitlines()]
     assert [r["resumed_with_changes"] for r in records if "resumed_with_changes" in r] == [["train.steps: 10 -> 20"]]
     assert _losses(old) == _losses(clean)
+
+
+def test_a_jaxformer_checkpoint_written_before_the_sub_configs_loads(tmp_path):
+    """Its meta file holds the config in the flat spelling; the weights restore into the same model."""
+    import numpy as np
+    from flax import nnx
+
+    from jaxformer.checkpoint import CONFIG_FILE, load_model, save_model
+
+    model = jf.build("tiny-deepseek", seed=0)  # latent attention, experts, rotary scaling: parts in play
+    save_model(model, tmp_path)
+    meta = json.loads((tmp_path / CONFIG_FILE).read_text())
+    flat = {key: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            for key, value in model.config.to_flat().items() if key != "qk_norm_span"}
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**meta, "config": flat}))
+    loaded = load_model(tmp_path)
+    assert loaded.config == model.config
+    ids = np.arange(1, 9)[None]
+    np.testing.assert_array_equal(np.asarray(loaded(ids).logits), np.asarray(model(ids).logits))
+    paths = lambda m: [path for path, _ in nnx.to_flat_state(nnx.state(m))]  # noqa: E731
+    assert paths(loaded) == paths(model)
