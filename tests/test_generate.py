@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 import jaxformer as jf
 from jaxformer import generate as gen
-from jaxformer.cache import RingKVCache, SplitKVCache, windowed_layers
+from jaxformer.cache import RingKVCache, SplitKVCache, cache_numbers_per_token, windowed_layers
 
 TOL = 1e-5
 
@@ -116,7 +116,7 @@ def test_latent_cache_holds_latent_and_rope_key_only():
     assert state.kv.latent.shape == (cfg.decoder_layers, 2, 10, width)
     assert state.kv.latent.nbytes // (2 * 10) == cfg.decoder_layers * width * 4
     expanded = cfg.decoder_layers * cfg.num_heads * (cfg.head_dim_ + cfg.latent.rope_head_dim + cfg.value_dim)
-    assert gen.cache_numbers_per_token(cfg) == cfg.decoder_layers * width < expanded
+    assert cache_numbers_per_token(cfg) == cfg.decoder_layers * width < expanded
 
 
 def test_gqa_cache_holds_only_kv_heads():
