@@ -37,7 +37,8 @@ def adapted_config(cfg: ModelConfig, kind: str) -> ModelConfig:
                              f"{cfg.attention!r} and position={cfg.position!r}, whose windows or memory a prefix "
                              "mask would drop")
         return cfg.replace(attention="prefix")
-    unsupported = {"num_experts": cfg.experts is not None, "kv_lora_rank": cfg.mla, "position='xl'": cfg.position == "xl",
+    unsupported = {"num_experts": cfg.experts is not None, "kv_lora_rank": cfg.mla,
+                   "position='xl'": cfg.position == "xl",
                    "type_vocab_size": cfg.embeddings.types > 0, "lm_head_bias": cfg.logits.trained_bias}
     named = [name for name, present in unsupported.items() if present]
     if named:

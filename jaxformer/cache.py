@@ -285,7 +285,8 @@ def cache_numbers_per_token(cfg) -> int:
     MLA (and the indexer's key), 2 x kv heads x head size per layer otherwise (Transformer-XL's
     ``MemoryKV`` too). Windowed layers count as full ones here; ``cache_numbers`` bounds them."""
     if cfg.mla:
-        per_layer = cfg.latent.kv_rank + cfg.latent.rope_head_dim + (cfg.indexer.head_dim if cfg.indexer is not None else 0)
+        indexer = cfg.indexer.head_dim if cfg.indexer is not None else 0
+        per_layer = cfg.latent.kv_rank + cfg.latent.rope_head_dim + indexer
     else:
         per_layer = 2 * cfg.kv_heads * cfg.head_dim_
     return cfg.decoder_layers * per_layer

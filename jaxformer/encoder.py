@@ -70,11 +70,13 @@ class Encoder(EdgeMethods, nnx.Module):
         self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs, axes=("vocab", axis), width=width)
         self.embeddings = Embeddings(cfg, rngs=rngs, token_types=True)
         self.encoder = Stack(cfg, cfg.encoder_layers, pattern="bidirectional", rngs=rngs)
-        self.pooler = Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs) if cfg.head_options.pooler else None
+        self.pooler = (Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs)
+                       if cfg.head_options.pooler else None)
         self.mlm = MaskedLMHead(cfg, rngs=rngs) if cfg.head in ("mlm", "pretraining") else None
         self.nsp = Dense(cfg, cfg.d_model, 2, ("embed", "labels"), rngs=rngs) if cfg.head == "pretraining" else None
         self.discriminator = DiscriminatorHead(cfg, rngs=rngs) if cfg.head == "discriminator" else None
-        label_count = {"sequence_classification": cfg.head_options.num_labels, "token_classification": cfg.head_options.num_labels,
+        labels = cfg.head_options.num_labels
+        label_count = {"sequence_classification": labels, "token_classification": labels,
                        "question_answering": 2}.get(cfg.head)
         self.classifier = (Dense(cfg, cfg.d_model, label_count, ("embed", "labels"), rngs=rngs)
                            if label_count else None)
@@ -123,7 +125,8 @@ class Encoder(EdgeMethods, nnx.Module):
         pooled = None
         if self.pooler is not None:  # BERT's tanh, DistilBERT's relu (its pre_classifier), ELECTRA's gelu
             pooled = self.pooler(h[:, 0])
-            pooled = jnp.tanh(pooled) if cfg.head_options.pooler_activation == "tanh" else activate(cfg.head_options.pooler_activation, pooled)
+            act = cfg.head_options.pooler_activation
+            pooled = jnp.tanh(pooled) if act == "tanh" else activate(act, pooled)
         features = h  # what the token and span classifiers read
         if self.prediction is not None:  # ModernBERT
             if cfg.head == "sequence_classification":

@@ -86,7 +86,8 @@ class EncoderDecoder(EdgeMethods, nnx.Module):
             positions = self.decoder_embeddings.document_positions(segments)
         x, at = self.decoder_embeddings(self.embed, decoder_input_ids, inputs_embeds=inputs_embeds,
                                         positions=positions, key=keys[0])
-        if positions is None and self.config.embeddings.pad_aware_positions:  # (M2M-100) causal visibility goes by index
+        # (M2M-100) causal visibility goes by index
+        if positions is None and self.config.embeddings.pad_aware_positions:
             at = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
         tokens = Tokens(at, packed_validity(valid, segments), indexed=indexed, segments=segments)
         return self.decoder(x, tokens, cache=cache, cross=source, collect_hidden=collect_hidden,
@@ -157,7 +158,8 @@ class EncoderDecoder(EdgeMethods, nnx.Module):
             heads["logits"] = lm_logits(self, h)
         elif cfg.head == "sequence_classification":
             pooled = self.pooler(last_eos_state(cfg, h, input_ids))
-            pooled = jnp.tanh(pooled) if cfg.head_options.pooler_activation == "tanh" else activate(cfg.head_options.pooler_activation, pooled)
+            act = cfg.head_options.pooler_activation
+            pooled = jnp.tanh(pooled) if act == "tanh" else activate(act, pooled)
             heads["logits"] = self.classifier(dropout(pooled, cfg.dropout_rate, keys[2]))
         elif cfg.head == "question_answering":
             span = self.classifier(h)

@@ -101,7 +101,8 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
     and ``target_length`` tokens for an encoder-decoder)."""
     # The two attention products per key: scores over the query/key head size, the weighted sum over the
     # value head size (they differ under multi-head latent attention); 12 x width counts both.
-    width = cfg.num_heads * (cfg.head_dim_ + (cfg.latent.rope_head_dim if cfg.latent is not None else 0) + cfg.value_dim) / 2
+    rotary = cfg.latent.rope_head_dim if cfg.latent is not None else 0
+    width = cfg.num_heads * (cfg.head_dim_ + rotary + cfg.value_dim) / 2
     if cfg.family == "encoder_decoder":
         target = target_length or length
         encoder = 6 * _stack_params(cfg, "encoder") + 12 * cfg.encoder_layers * width * length
@@ -120,7 +121,8 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
                                        + 4 * (M / length) * 2 * cfg.d_model * heads)
     per_call = 0.0
     if cfg.position == "disentangled":  # DeBERTa: each term scores a query (c2p) or key (p2c) against every row
-        rows, heads, terms = 2 * cfg.disentangled.span(cfg.max_positions), cfg.num_heads * cfg.head_dim_, len(cfg.disentangled.terms)
+        rows, heads = 2 * cfg.disentangled.span(cfg.max_positions), cfg.num_heads * cfg.head_dim_
+        terms = len(cfg.disentangled.terms)
         per_token += cfg.num_layers * 6 * heads * rows * terms
         per_call = cfg.num_layers * 6 * rows * terms * cfg.d_model * heads  # the table's projections
     if cfg.generator_width:  # ELECTRA: the generator trains beside the discriminator on the same rows

@@ -189,7 +189,8 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Norms:
-    """Where and how the blocks normalise (``position``: pre x + f(norm(x)), post norm(x + f(x)), output x + norm(f(x)))."""
+    """Where and how the blocks normalise (``position``: pre x + f(norm(x)), post norm(x + f(x)), output
+    x + norm(f(x)))."""
 
     kind: str = "layernorm"
     position: str = "pre"
@@ -767,8 +768,9 @@ def _present(group: str, flat: dict) -> bool:
         "swiglu_clamp": flat["swiglu_limit"] is not None or flat["swiglu_alpha"] != 1.0,
         "rotary": position == "rope", "xl": position == "xl", "disentangled": position == "disentangled",
         "relative_bias": position == "relative" or flat["index_relative_bias"],
-        "nope": bool(flat["nope_layers"]), "query_key_norm": flat["qk_norm"], "latent": flat["kv_lora_rank"] is not None,
-        "parallel": flat["parallel_residual"], "conv": flat["conv_kernel_size"] != 0, "experts": flat["num_experts"] != 0,
+        "nope": bool(flat["nope_layers"]), "query_key_norm": flat["qk_norm"],
+        "latent": flat["kv_lora_rank"] is not None, "parallel": flat["parallel_residual"],
+        "conv": flat["conv_kernel_size"] != 0, "experts": flat["num_experts"] != 0,
         "lora": flat["lora_rank"] != 0, "quantization": flat["quantize"] is not None,
     }[group]
 
@@ -981,7 +983,8 @@ def _settle_parts(cfg: ModelConfig) -> None:
             raise ValueError(f"ModelConfig.{name}={value!r} must be a {cls.__name__}")
         elif value is None and name not in OPTIONAL_GROUPS:
             raise ValueError(f"ModelConfig.{name} is always present (a {cls.__name__}); it cannot be None")
-    for name, kind in (("rotary", "rope"), ("xl", "xl"), ("disentangled", "disentangled"), ("relative_bias", "relative")):
+    named = (("rotary", "rope"), ("xl", "xl"), ("disentangled", "disentangled"), ("relative_bias", "relative"))
+    for name, kind in named:
         if getattr(cfg, name) is None and cfg.position == kind:
             object.__setattr__(cfg, name, GROUPS[name]())
 

@@ -176,7 +176,8 @@ def _olmo2(d_model: int, layers: int, heads: int, d_ff: int) -> dict:
                   qk_norm=True, qk_norm_span="projection", pad_token_id=100277, eos_token_id=100257)
 
 
-def _starcoder2(d_model: int, layers: int, heads: int, kv_heads: int, theta: float, tied: bool, init_std: float) -> dict:
+def _starcoder2(d_model: int, layers: int, heads: int, kv_heads: int, theta: float, tied: bool,
+                init_std: float) -> dict:
     # StarCoder2: pre-norm LayerNorms, biases everywhere, a plain tanh-GELU MLP 4x wide, GQA with rotary positions,
     # a 4096-token window over 16384 positions
     return dict(family="decoder", vocab_size=49152, d_model=d_model, num_heads=heads, num_kv_heads=kv_heads,

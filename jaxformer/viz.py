@@ -104,7 +104,7 @@ def mask_pictures(length: int = 12) -> list[Picture]:
     single("sliding_window", f"sliding window of {window} (Mistral)", f"sliding window {window}",
            visibility_mask("sliding", one, one, window=window))
 
-    # GPT-3's alternating layers: which layer is banded comes from the preset's own layers (``layer_plan.local_layers``).
+    # GPT-3's alternating layers: which layer is banded comes from the preset (``layer_plan.local_layers``).
     gpt3 = preset_config("gpt3-175b")
     panels = []
     for layer in (0, 1):

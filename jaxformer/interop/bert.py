@@ -101,7 +101,8 @@ def mlm_head_rules(cfg: ModelConfig, transform: str, layer_norm: str, bias: str 
     """A BERT-style MLM head's tensors (ALBERT's, DistilBERT's, ELECTRA's generator's, ModernBERT's): the
     transform's dense layer and norm, the output bias (None: none), the output weights ``decoder``, tied to the
     token table ``table`` (an alias) or its own."""
-    out = [*dense(("mlm", "transform"), transform, cfg.head_options.dense_bias), *norm(("mlm", "norm"), layer_norm, _norm_bias(cfg))]
+    out = [*dense(("mlm", "transform"), transform, cfg.head_options.dense_bias),
+           *norm(("mlm", "norm"), layer_norm, _norm_bias(cfg))]
     if bias is not None:
         out.append(copy(("mlm", "bias"), bias))
     if cfg.embeddings.tie:
@@ -113,7 +114,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
     p, ln = prefix, _norm_bias(cfg)
     out = embedding_rules(cfg, p) + layer_rules(cfg, f"{p}encoder.layer.{{i}}")
     roberta_classifier = model_type in ROBERTA and cfg.head == "sequence_classification"
-    if cfg.head_options.pooler:  # RoBERTa's classification head holds the pooler's dense layer (tanh after it, as BERT's)
+    # RoBERTa's classification head holds the pooler's dense layer (tanh after it, as BERT's)
+    if cfg.head_options.pooler:
         out += dense(("pooler",), "classifier.dense" if roberta_classifier else f"{p}pooler.dense")
     aliases = {}
     if cfg.head in ("mlm", "pretraining"):

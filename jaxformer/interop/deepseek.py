@@ -115,7 +115,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                rope_parameters=rope_to_hf(cfg), tie_word_embeddings=cfg.embeddings.tie,
                attention_dropout=cfg.attention_dropout_rate, attention_bias=False, n_routed_experts=cfg.experts.count,
                num_experts_per_tok=cfg.experts.per_token, n_shared_experts=cfg.experts.shared,
-               first_k_dense_replace=cfg.experts.dense_layers, n_group=cfg.experts.router_groups, topk_group=cfg.experts.router_topk_groups,
+               first_k_dense_replace=cfg.experts.dense_layers, n_group=cfg.experts.router_groups,
+               topk_group=cfg.experts.router_topk_groups,
                routed_scaling_factor=cfg.experts.routed_scaling)
     out.pop("rope_theta", None)
     out.pop("rope_scaling", None)

@@ -111,7 +111,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                layer_types=[f"{kind}_attention" for kind in kinds],
                rope_parameters={"full_attention": full,
                                 "sliding_attention": {"rope_type": "default", "rope_theta": local}},
-               classifier_pooling=cfg.head_options.classifier_pooling, classifier_bias=cfg.head_options.dense_bias, decoder_bias=cfg.head_options.mlm_bias,
+               classifier_pooling=cfg.head_options.classifier_pooling, classifier_bias=cfg.head_options.dense_bias,
+               decoder_bias=cfg.head_options.mlm_bias,
                tie_word_embeddings=cfg.embeddings.tie)
     labels_to_hf(cfg, out)
 
@@ -139,7 +140,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
            *norm(("encoder", "final_norm"), f"{p}final_norm", cfg.norms.bias)]
     aliases = {}
     if cfg.head == "mlm":
-        head_rules, aliases = mlm_head_rules(cfg, "head.dense", "head.norm", "decoder.bias" if cfg.head_options.mlm_bias else None,
+        output_bias = "decoder.bias" if cfg.head_options.mlm_bias else None
+        head_rules, aliases = mlm_head_rules(cfg, "head.dense", "head.norm", output_bias,
                                              "decoder.weight", f"{p}embeddings.tok_embeddings.weight")
         out += head_rules
     if cfg.head_options.prediction_head:

@@ -64,7 +64,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     act = {"relu": "relu", "gelu": "gelu", "geglu": "gated-gelu", "swiglu": "gated-silu"}[cfg.activation]
     out.update(d_model=cfg.d_model, num_heads=cfg.num_heads, d_kv=cfg.head_dim_, d_ff=cfg.d_ff,
                num_layers=cfg.encoder_layers, num_decoder_layers=cfg.decoder_layers or cfg.encoder_layers,
-               layer_norm_epsilon=cfg.norms.eps, feed_forward_proj=act, relative_attention_num_buckets=cfg.relative_bias.buckets,
+               layer_norm_epsilon=cfg.norms.eps, feed_forward_proj=act,
+               relative_attention_num_buckets=cfg.relative_bias.buckets,
                relative_attention_max_distance=cfg.relative_bias.max_distance, dropout_rate=cfg.dropout_rate,
                tie_word_embeddings=cfg.embeddings.tie, is_encoder_decoder=cfg.family == "encoder_decoder")
     if model_type == "t5":  # (mT5 never scales: its config has no such key)

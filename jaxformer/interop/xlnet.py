@@ -48,7 +48,8 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     out.update(d_model=cfg.d_model, n_head=cfg.num_heads, d_head=cfg.head_dim_, d_inner=cfg.d_ff,
-               n_layer=cfg.decoder_layers, layer_norm_eps=cfg.norms.eps, ff_activation=INVERSE_ACTIVATIONS[cfg.activation],
+               n_layer=cfg.decoder_layers, layer_norm_eps=cfg.norms.eps,
+               ff_activation=INVERSE_ACTIVATIONS[cfg.activation],
                attn_type="uni" if cfg.attention == "causal" else "bi", mem_len=cfg.segment_memory or None,
                clamp_len=cfg.xl.clamp_len or -1, untie_r=not cfg.xl.shared_biases,
                tie_word_embeddings=cfg.embeddings.tie, dropout=cfg.dropout_rate, bi_data=False, same_length=False)

@@ -183,11 +183,12 @@ class ProjectionNorm(nnx.Module):
     axes, so it shards as the heads do; the statistics then reduce over the split heads."""
 
     def __init__(self, cfg: ModelConfig, heads: int, heads_axis: str, *, rngs: nnx.Rngs):
-        self.kind, self.eps, self.dtype, self.offset = cfg.norms.kind, cfg.norms.eps, dtype_of(cfg.dtype), cfg.norms.scale_offset
+        norms = cfg.norms
+        self.kind, self.eps, self.dtype, self.offset = norms.kind, norms.eps, dtype_of(cfg.dtype), norms.scale_offset
         shape, axes = (heads, cfg.head_dim_), (heads_axis, "head_dim")
         self.scale = (param(rngs, shape, axes, cfg, init="zeros" if self.offset else "ones") if cfg.query_key_norm.scale
                       else None)
-        self.bias = param(rngs, shape, axes, cfg, init="zeros") if cfg.norms.kind == "layernorm" and cfg.norms.bias else None
+        self.bias = param(rngs, shape, axes, cfg, init="zeros") if norms.kind == "layernorm" and norms.bias else None
 
     def __call__(self, x: Array) -> Array:
         flat = x.reshape(*x.shape[:-2], -1).astype(jnp.float32)
@@ -236,7 +237,8 @@ class Attention(nnx.Module):
             self.q_norm = ProjectionNorm(cfg, N, "heads", rngs=rngs)
             self.k_norm = ProjectionNorm(cfg, K, "kv_heads", rngs=rngs)
         else:
-            qk_norm = lambda: Norm(cfg, rngs=rngs, width=H, axis="head_dim", scaled=cfg.query_key_norm.scale)  # noqa: E731
+            qk_norm = lambda: Norm(cfg, rngs=rngs, width=H, axis="head_dim",  # noqa: E731
+                                   scaled=cfg.query_key_norm.scale)
             self.q_norm, self.k_norm = (qk_norm(), qk_norm()) if cfg.query_key_norm is not None else (None, None)
         self.sinks = param(rngs, (N,), ("heads",), cfg) if cfg.scores.sinks else None
 

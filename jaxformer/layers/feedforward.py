@@ -490,7 +490,8 @@ class MoE(nnx.Module):
             param(rngs, shape, axes, cfg, init="zeros") if cfg.experts.bias and present else None)
         self.bi, self.bi_gate = bias((E, F), ("experts", "mlp")), bias((E, F), ("experts", "mlp"), cfg.gated)
         self.bo = bias((E, D), ("experts", "embed"))
-        self.router_logit_bias = param(rngs, (E,), ("experts",), cfg, init="zeros") if cfg.experts.router_logit_bias else None
+        self.router_logit_bias = (param(rngs, (E,), ("experts",), cfg, init="zeros") if cfg.experts.router_logit_bias
+                                  else None)
         self.unit = Unit.of(cfg)
         self.shared = (MLP(cfg, rngs=rngs, width=cfg.experts.shared * F, bias=False, role="shared_experts")
                        if cfg.experts.shared else None)

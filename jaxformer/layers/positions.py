@@ -92,8 +92,10 @@ class Positions(nnx.Module):
         self.kind, self.offset, self.dtype = cfg.position, cfg.embeddings.position_offset, dtype_of(cfg.dtype)
         self.layout, self.pad_token_id = cfg.embeddings.sinusoids, cfg.tokens.pad
         self.d_model, self.max_positions = width or cfg.d_model, cfg.max_positions
-        learned = cfg.position == "learned" or (cfg.disentangled is not None and cfg.disentangled.absolute_input)  # DeBERTa may add one to its relative terms
-        self.table = (param(rngs, (cfg.max_positions + cfg.embeddings.position_offset, self.d_model), ("positions", axis), cfg)
+        # DeBERTa may add one to its relative terms
+        learned = cfg.position == "learned" or (cfg.disentangled is not None and cfg.disentangled.absolute_input)
+        rows = cfg.max_positions + cfg.embeddings.position_offset
+        self.table = (param(rngs, (rows, self.d_model), ("positions", axis), cfg)
                       if learned else None)
 
     def __call__(self, positions: Array) -> Array | None:
@@ -377,7 +379,8 @@ class RelativeEmbeddings(nnx.Module):
     weights), layer-normed before use in v2/v3 (``relative_embedding_norm``)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.table = param(rngs, (2 * cfg.disentangled.span(cfg.max_positions), cfg.d_model), ("relative", "embed"), cfg)
+        rows = 2 * cfg.disentangled.span(cfg.max_positions)
+        self.table = param(rngs, (rows, cfg.d_model), ("relative", "embed"), cfg)
         self.norm = Norm(cfg, rngs=rngs) if cfg.disentangled.norm_table else None
         self.dtype = dtype_of(cfg.dtype)
 

@@ -331,7 +331,8 @@ def _joined(parts: list[LayerOutput]) -> LayerOutput:
     join = lambda *xs: jnp.concatenate(xs)  # noqa: E731
     stats = [part.router_stats for part in parts if part.router_stats is not None]
     fields = jax.tree.map(join, *[part._replace(router_stats=None) for part in parts])
-    return fields._replace(router_stats=(stats[0] if len(stats) == 1 else jax.tree.map(join, *stats)) if stats else None)
+    joined = (stats[0] if len(stats) == 1 else jax.tree.map(join, *stats)) if stats else None
+    return fields._replace(router_stats=joined)
 
 
 def _layer_of(blocks: Block | tuple[Block, ...], index: int) -> tuple[Any, Any]:
@@ -373,8 +374,8 @@ def run_layers(plan: LayerPlan, groups: dict[str, Block | tuple[Block, ...]], x:
 
 
 def _remat(fn: Callable, cfg: ModelConfig, prevent_cse: bool, **kwargs) -> Callable:
-    return fn if cfg.execution.remat == "none" else jax.checkpoint(fn, policy=REMAT_POLICIES[cfg.execution.remat], prevent_cse=prevent_cse,
-                                                         **kwargs)
+    remat = cfg.execution.remat
+    return fn if remat == "none" else jax.checkpoint(fn, policy=REMAT_POLICIES[remat], prevent_cse=prevent_cse, **kwargs)
 
 
 def _cache_ranks(plan: LayerPlan) -> list[int]:
@@ -713,8 +714,10 @@ class Stack(nnx.Module):
         keeps_kv = isinstance(memory, MemoryKV)  # generation's memory rolls keys and values, not layer inputs
         rope = rope_tables(cfg, tokens.positions) if cfg.position == "rope" else None
         local_rope = None
-        if cfg.rotary is not None and cfg.rotary.local_theta is not None:  # Gemma 3: the sliding layers rotate by their own, unscaled base
-            local_rope = rope_tables(cfg.replace(rope_theta=cfg.rotary.local_theta, rope_scaling=None), tokens.positions)
+        if cfg.rotary is not None and cfg.rotary.local_theta is not None:
+            # Gemma 3: the sliding layers rotate by their own, unscaled base
+            local_cfg = cfg.replace(rope_theta=cfg.rotary.local_theta, rope_scaling=None)
+            local_rope = rope_tables(local_cfg, tokens.positions)
         cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
         split = isinstance(cache, SplitKVCache)
         per_layer = {
@@ -746,7 +749,8 @@ class Stack(nnx.Module):
                 tuned = _pick(nope, temperature, 1.0)
                 query_scale = tuned if query_scale is None else query_scale * tuned
             inputs = LayerInputs(layer_mask, bias, layer_rope, extra["cache"],
-                                 cross=None if cross is None else CrossInputs(cross_mask, cross_source, extra["cross_kv"]),
+                                 cross=None if cross is None else CrossInputs(cross_mask, cross_source,
+                                                                              extra["cross_kv"]),
                                  # MoE load statistics count real tokens only
                                  token_mask=tokens.valid if cache is None else None,
                                  relative=relative if relative is not None else disentangled, memory=extra["memory"],
@@ -770,7 +774,8 @@ class Stack(nnx.Module):
             return None
         start = 0 if cache is None else cache.index
         index = (start + jnp.arange(tokens.positions.shape[1])).astype(jnp.float32)
-        tuned = jnp.log1p(jnp.floor((index + 1.0) / cfg.nope.temperature_floor_scale)) * cfg.nope.temperature_scale + 1.0
+        nope = cfg.nope
+        tuned = jnp.log1p(jnp.floor((index + 1.0) / nope.temperature_floor_scale)) * nope.temperature_scale + 1.0
         return tuned[None, :, None, None]
 
     def _xl_inputs(self, tokens: Tokens, memory: Memory | MemoryKV | None, token_types: Array | None,
@@ -822,7 +827,8 @@ class Stack(nnx.Module):
             # Index positions are the same in every row: one [1, N, T, S] bias, broadcast over the batch
             # (MPNet's distances are between indices whatever the positions).
             rows = q[:1] if tokens.indexed and cache is None else q
-            if (cfg.relative_bias is not None and cfg.position != "relative") or (tokens.indexed and segments is not None):
+            beside_absolute = cfg.relative_bias is not None and cfg.position != "relative"  # MPNet
+            if beside_absolute or (tokens.indexed and segments is not None):
                 # (packed documents: inside one, distances between positions are distances between indices)
                 rows = jnp.arange(q.shape[1], dtype=jnp.int32)[None]
             buckets = lambda at, keys: distance_buckets(cfg, at, keys, self.pattern == "bidirectional")  # noqa: E731
@@ -870,5 +876,7 @@ def check_pipeline_stacks(model: nnx.Module, stages: int, rows: int) -> None:
             if problem:
                 raise ValueError(f"mesh.stage={stages}: {what} cannot run as a pipeline: {problem}")
             cfg = module.config
-            check_schedule(module.staged_layers(), rows, stages, cfg.execution.pipeline_repeats,
-                           cfg.execution.pipeline_microbatches or stages, what + (f" (past {apart} run apart)" if apart else ""))
+            execution = cfg.execution
+            check_schedule(module.staged_layers(), rows, stages, execution.pipeline_repeats,
+                           execution.pipeline_microbatches or stages,
+                           what + (f" (past {apart} run apart)" if apart else ""))

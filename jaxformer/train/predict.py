@@ -57,7 +57,8 @@ def load_for_prediction(run_dir: str | Path, step: int | None = None):
 
 def _label_names(model) -> list[str]:
     cfg = model.config
-    return list(cfg.head_options.label_names) if cfg.head_options.label_names else [str(i) for i in range(cfg.head_options.num_labels)]
+    options = cfg.head_options
+    return list(options.label_names) if options.label_names else [str(i) for i in range(options.num_labels)]
 
 
 def tag_entities(model, tokenizer, seq_len: int, text: str) -> tuple[list[dict], int]:

@@ -25,7 +25,8 @@ def attention_note(model_cfg: ModelConfig, seq_len: int) -> str:
     machine cannot serve fails here, before compiling)."""
     pattern = "bidirectional" if model_cfg.family == "encoder" else model_cfg.attention
     backend = kernels.fused_backend(model_cfg, pattern, seq_len, seq_len, has_bias=model_cfg.position == "relative")
-    note = f"self-attention runs on {backend} (attention_backend={model_cfg.execution.attention_backend!r}, {kernels.platform()})"
+    chosen = model_cfg.execution.attention_backend
+    note = f"self-attention runs on {backend} (attention_backend={chosen!r}, {kernels.platform()})"
     if backend != "xla" and model_cfg.attention_dropout_rate > 0:
         note += "; attention dropout is on, so training steps use xla (model.overrides.attention_dropout_rate=0 fuses)"
     return note

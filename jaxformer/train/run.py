@@ -420,7 +420,8 @@ def pipeline_difference(stored: RunConfig, run: Run) -> list[str]:
     from the step's key folded with the microbatch's index, so whether the layers run as a pipeline and
     into how many microbatches the rows split decide the masks (the stages and repeats do not)."""
     flat = run.model.config.to_flat()
-    rates = [f"{name}={flat[name]}" for name in ("dropout_rate", "attention_dropout_rate", "lora_dropout") if flat[name]]
+    rates = [f"{name}={flat[name]}" for name in ("dropout_rate", "attention_dropout_rate", "lora_dropout")
+             if flat[name]]
     before = _dropout_draws(stored.mesh.stage, stored.train.microbatches)
     after = _dropout_draws(run.mesh.shape["stage"], run.cfg.train.microbatches)
     if not rates or before == after:
