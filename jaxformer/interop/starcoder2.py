@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxformer.model_config import ModelConfig
+from jaxformer.interop.llama import head_dim
 from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, attention, copy, linear,
                                      lm_head, norm, rope_from_hf, rope_to_hf)
 
@@ -23,18 +24,12 @@ DEFAULTS = {"starcoder2": dict(num_key_value_heads=2, hidden_act="gelu_pytorch_t
                                eos_token_id=50256, pad_token_id=None, initializer_range=0.018042)}
 
 
-def _head_dim(hf: dict, heads: int) -> int | None:
-    """The file's head_dim (its attention and rotary read one when present) or None: hidden_size / heads."""
-    head_dim = hf.get("head_dim")
-    return None if head_dim in (None, hf["hidden_size"] // heads) else int(head_dim)
-
-
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     heads = hf["num_attention_heads"]
     theta, scaling = rope_from_hf(hf)
     window, bias = hf["sliding_window"], bool(hf["use_bias"])
     return dict(family="decoder", d_model=hf["hidden_size"], num_heads=heads,
-                num_kv_heads=hf["num_key_value_heads"] or heads, head_dim=_head_dim(hf, heads),
+                num_kv_heads=hf["num_key_value_heads"] or heads, head_dim=head_dim(hf, heads),
                 d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"], norm="layernorm",
                 norm_eps=hf["norm_epsilon"], norm_bias=True, activation=activation(hf["hidden_act"], False, model_type),
                 position="rope", rope_theta=theta, rope_scaling=scaling, max_positions=hf["max_position_embeddings"],
