@@ -161,14 +161,31 @@ def project(module: nnx.Module, name: str, x: Array, equation: str, dtype, *, ke
     (the MLP's ``linear``, whose weight gradient is faster on CPU)."""
     w = getattr(module, name)
     if isinstance(w, Quantized):
-        y = _int8_matmul(x, w[...], getattr(module, f"{name}_scale")[...], equation, dtype,
+        flat_x, flat_q, flat_equation = _merged_contraction(x, w[...], equation)
+        y = _int8_matmul(flat_x, flat_q, getattr(module, f"{name}_scale")[...], flat_equation, dtype,
                          w.get_metadata().get("dynamic", False))
     elif dense is not None:
         y = dense(x, w[...].astype(dtype))
     else:
-        y = jnp.einsum(equation, x, w[...].astype(dtype))
+        flat_x, flat_w, flat_equation = _merged_contraction(x, w[...], equation)
+        y = jnp.einsum(flat_equation, flat_x, flat_w.astype(dtype))
     lora = getattr(module, f"{name}_lora", None)
     return y if lora is None else y + lora(x, equation, dtype, key)
+
+
+def _merged_contraction(x: Array, w: Array, equation: str) -> tuple[Array, Array, str]:
+    """x, the kernel w and the equation with the contracted axes merged into one where they are x's trailing
+    axes and w's leading ones in the same order ("BTNH,NHD->BTD" as "BTC,CD->BTD", both reshapes free): one
+    plain GEMM. Given the head axes apart, XLA CPU transposed the [N, H, D] output kernel into a new array at
+    every decode step (about 40% of gpt2's batch-1 step) instead of the [1, N*H] activation."""
+    x_spec, w_spec, y_spec = _parse(equation)
+    contracted = "".join(c for c in x_spec if c in w_spec and c not in y_spec)
+    if len(contracted) < 2 or not x_spec.endswith(contracted) or not w_spec.startswith(contracted):
+        return x, w, equation
+    merged = min(set("ABCDEFGHIJKLMNOPQRSTUVWXYZ") - set(equation))
+    kept, inputs = len(x_spec) - len(contracted), len(contracted)
+    return (x.reshape(*x.shape[:kept], -1), w.reshape(-1, *w.shape[inputs:]),
+            f"{x_spec[:kept]}{merged},{merged}{w_spec[inputs:]}->{y_spec}")
 
 
 def _aligned(a: Array, a_spec: str, y_spec: str) -> Array:
