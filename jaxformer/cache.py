@@ -91,11 +91,19 @@ class _Slots(_PerLayer):
     def reorder(self, rows: Array):
         return dataclasses.replace(super().reorder(rows), positions=self.positions[rows])
 
-    def rewind(self, index: Array):
+    def rewind(self, index: Array, span: int | None = None):
         """The cache as it was when ``index`` slots were written: the slots from ``index`` on stop being
-        keys and are written again next (drafted tokens the target rejected)."""
-        kept = jnp.arange(self.length) < index
-        return dataclasses.replace(self, index=jnp.asarray(index, jnp.int32), valid=self.valid & kept)
+        keys and are written again next (drafted tokens the target rejected). ``span``: at most that many
+        slots were written from ``index`` on, so only they are cleared (the work of a rewind then grows with
+        the drafts, not the cache)."""
+        index = jnp.asarray(index, jnp.int32)
+        if span is None or span >= self.length:
+            return dataclasses.replace(self, index=index, valid=self.valid & (jnp.arange(self.length) < index))
+        start = jnp.minimum(index, self.length - span)  # as dynamic_slice clamps it: the window stays inside
+        window = jax.lax.dynamic_slice_in_dim(self.valid, start, span, axis=1)
+        window = window & (start + jnp.arange(span) < index)
+        return dataclasses.replace(self, index=index,
+                                   valid=jax.lax.dynamic_update_slice_in_dim(self.valid, window, start, axis=1))
 
 
 def _empty_slots(batch: int, length: int) -> tuple[Array, Array, Array]:
@@ -206,9 +214,10 @@ class RingKVCache(KVCache):
             valid=put(self.valid, tail(valid.astype(bool), 1), 1),
             written=put(self.written, first + jnp.arange(kept, dtype=jnp.int32), 0), index=self.index + T)
 
-    def rewind(self, index: Array) -> RingKVCache:
+    def rewind(self, index: Array, span: int | None = None) -> RingKVCache:
         """As ``KVCache.rewind``: the slots written at ``index`` or later stop being keys. The older tokens they
-        replaced lie outside every later query's window, as R leaves room for the rewound writes."""
+        replaced lie outside every later query's window, as R leaves room for the rewound writes. The ring is
+        bounded by the window, so ``span`` is not needed to keep the work small."""
         index = jnp.asarray(index, jnp.int32)
         return dataclasses.replace(self, index=index, valid=self.valid & (self.written < index)[None])
 
@@ -248,8 +257,8 @@ class SplitKVCache:
     def reorder(self, rows: Array) -> SplitKVCache:
         return dataclasses.replace(self, full=self.full.reorder(rows), window=self.window.reorder(rows))
 
-    def rewind(self, index: Array) -> SplitKVCache:
-        return dataclasses.replace(self, full=self.full.rewind(index), window=self.window.rewind(index))
+    def rewind(self, index: Array, span: int | None = None) -> SplitKVCache:
+        return dataclasses.replace(self, full=self.full.rewind(index, span), window=self.window.rewind(index, span))
 
 
 def windowed_layers(cfg, layers: int) -> tuple[tuple[bool, ...], int | None]:
@@ -412,6 +421,7 @@ class DecodeState:
         and prefix, so those stay where they are."""
         return dataclasses.replace(self, kv=self.kv.reorder(rows))
 
-    def rewind(self, index: Array) -> DecodeState:
-        """Drafting: the self-attention cache back to ``index`` written slots (a memory window cannot rewind)."""
-        return dataclasses.replace(self, kv=self.kv.rewind(index))
+    def rewind(self, index: Array, span: int | None = None) -> DecodeState:
+        """Drafting: the self-attention cache back to ``index`` written slots, of which at most ``span`` were
+        written past it (a memory window cannot rewind)."""
+        return dataclasses.replace(self, kv=self.kv.rewind(index, span))

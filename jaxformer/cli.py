@@ -436,7 +436,10 @@ def _generate_command(commands) -> None:
                    help="speculative decoding: a smaller checkpoint (or run) folder with the same tokenizer drafts "
                         "tokens that the model verifies several at a time (greedy output unchanged)")
     p.add_argument("--num-assistant-tokens", type=int, help="drafts per round (default 5)")
-    p.add_argument("--num-assistant-tokens-schedule", choices=["constant", "heuristic"], default="constant")
+    p.add_argument("--num-assistant-tokens-schedule", choices=["adaptive", "constant", "heuristic"],
+                   help="how many a drafting round drafts: adaptive (the default: from the acceptance so far and "
+                        "the costs measured on this device, plain steps where drafting does not pay), constant "
+                        "(always the bound), heuristic (transformers': +2 after a fully kept round, else -1)")
     p.add_argument("--prompt-lookup-num-tokens", type=int,
                    help="prompt lookup decoding: draft this many tokens from n-gram matches in the prompt")
     p.add_argument("--max-matching-ngram-size", type=int, help="longest n-gram prompt lookup matches (default 2)")

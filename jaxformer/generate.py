@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import time
 import warnings
 from typing import Any
 
@@ -104,14 +105,28 @@ class GenerationConfig:
     # transformers' schedule adapts how many, within that bound), or n-grams of the text so far propose up to
     # ``prompt_lookup_num_tokens``; 0: no drafting
     num_assistant_tokens: int = 0
-    num_assistant_tokens_schedule: str = "constant"
+    num_assistant_tokens_schedule: str = "constant"  # also "heuristic" (transformers'), "adaptive" (below)
     prompt_lookup_num_tokens: int = 0
     max_matching_ngram_size: int = 2
+    # "adaptive": each round drafts the count among ``draft_counts`` (0: a plain step) that emits the most tokens
+    # per unit of time, from the acceptance measured so far and these costs, in plain target steps: one
+    # assistant step, and each token a verifying step runs past the first (``measure_draft_costs``)
+    draft_costs: tuple[float, float] = ()
 
     @property
     def draft_tokens(self) -> int:
-        """How many drafted tokens one target step verifies (0: no drafting)."""
+        """How many drafted tokens one target step verifies at most (0: no drafting)."""
         return self.num_assistant_tokens or self.prompt_lookup_num_tokens
+
+    @property
+    def draft_counts(self) -> tuple[int, ...]:
+        """The draft counts a round may choose among, each its own compiled verify width: the adaptive
+        schedule's plain step (0), powers of two below the bound and the bound; otherwise the bound (the
+        heuristic drafts fewer within that width), and for prompt lookup a plain step where nothing matched."""
+        K = self.draft_tokens
+        if self.num_assistant_tokens_schedule == "adaptive":
+            return (0, *sorted({2 ** i for i in range(K.bit_length()) if 2 ** i < K} | {K}))
+        return (K,) if self.num_assistant_tokens else (0, K)
 
     def validate(self, cfg: ModelConfig) -> None:
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -153,9 +168,17 @@ class GenerationConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (
                     name == "max_matching_ngram_size" and value < 1):
                 raise ValueError(f"{name}={value!r} must be an integer >= 1")
-        if self.num_assistant_tokens_schedule not in ("constant", "heuristic"):
-            raise ValueError(f"num_assistant_tokens_schedule={self.num_assistant_tokens_schedule!r}; valid: "
-                             "'constant', 'heuristic'")
+        schedules = ("constant", "heuristic", "adaptive") if self.num_assistant_tokens else ("constant", "adaptive")
+        if self.num_assistant_tokens_schedule not in schedules:
+            source = "an assistant" if self.num_assistant_tokens else "prompt lookup"
+            raise ValueError(f"num_assistant_tokens_schedule={self.num_assistant_tokens_schedule!r}; valid with "
+                             f"{source}: {', '.join(map(repr, schedules))}")
+        if self.num_assistant_tokens_schedule == "adaptive" and self.draft_tokens:
+            costs = self.draft_costs
+            if len(costs) != 2 or not all(isinstance(c, float) and 0 <= c < float("inf") for c in costs):
+                raise ValueError(f"draft_costs={costs!r}: the adaptive schedule needs (assistant step, each verified "
+                                 "token past the first) as two finite floats >= 0 in plain target steps "
+                                 "(measure_draft_costs gives them; generate() measures them itself)")
         if self.draft_tokens and self.num_beams > 1:
             raise ValueError("drafting (assistant_model or prompt_lookup_num_tokens) verifies one sequence per row; "
                              "it does not combine with beam search (num_beams > 1)")
@@ -429,6 +452,9 @@ class _DraftingCarry:
     known: Array  # [B, C + N + K + 1] which of ``text`` are real tokens (not padding, not yet written)
     finished: Array  # [B] rows that emitted an EOS
     drafts_now: Array  # how many drafts the assistant proposes this round (the heuristic schedule moves it)
+    kept: Array  # the adaptive schedule's evidence, decayed each round it drafts: drafts kept, and rounds that
+    lost: Array  # ended on a rejected draft (a draft is then kept with probability kept / (kept + lost))
+    plain_run: Array  # rounds since the adaptive schedule last drafted
     key: Array
     bad: Array  # the first step whose logits were not finite (-1: none)
     rounds: Array  # target steps taken after the prefill
@@ -446,6 +472,11 @@ class _Drafting:
     first_tokens: Array | None  # each row's forced first token (``process_logits``)
 
 
+# The adaptive schedule: how fast its evidence fades (a prompt's easy and hard stretches differ), the evidence
+# it starts from (a draft kept half the time), and after how many plain rounds it drafts once to look again
+EVIDENCE_DECAY, PRIOR_KEPT, PRIOR_LOST, PROBE_AFTER = 0.9, 1.0, 1.0, 16
+
+
 def _assistant_choice(logits: Array, at, key: Array, gc: GenerationConfig, vocab: int) -> tuple[Array, Array | None]:
     """The assistant's draft [B] from its logits over the target's vocabulary, processed as the target's
     are, and (sampling) the distribution q [B, V] it was drawn from."""
@@ -456,41 +487,57 @@ def _assistant_choice(logits: Array, at, key: Array, gc: GenerationConfig, vocab
     return jnp.argmax(scores, axis=-1).astype(jnp.int32), None
 
 
-def _draft_from_assistant(run: _Drafting, carry: _DraftingCarry, key: Array):
-    """``carry.drafts_now`` cached assistant steps: the first runs the last two tokens emitted, each next one
-    the draft before it. Returns drafts [B, K], how many are real [B], their probabilities q [B, K, V]
-    (sampling; else None) and the assistant's state."""
+def _draft_from_assistant(run: _Drafting, carry: _DraftingCarry, key: Array, count: int):
+    """``count`` cached assistant steps in one scan: the first runs the last two tokens emitted, each next one
+    the draft before it (the heuristic schedule: only the first ``carry.drafts_now`` of them run). Returns
+    drafts [B, count], their probabilities q [B, count, V] (sampling; else None) and the assistant's state."""
     gc, step, B = run.gc, carry.step, carry.pair.shape[0]
-    K = gc.draft_tokens
-    keys = jax.random.split(key, K)
+    keys = jax.random.split(key, count)
     pair_positions = (run.next_position + step - 2)[:, None] + jnp.arange(2)
     logits, a_state = run.assistant.step(carry.pair, pair_positions, jnp.ones((B, 2), bool), carry.assistant_state)
-    token, q = _assistant_choice(logits, step, keys[0], gc, run.vocab)
-    drafts = jnp.zeros((B, K), jnp.int32).at[:, 0].set(token)
-    probs = None if q is None else jnp.zeros((B, K, run.vocab), jnp.float32).at[:, 0].set(q)
+    first, first_q = _assistant_choice(logits, step, keys[0], gc, run.vocab)
 
-    def one_more(loop):
-        j, a_state, drafts, probs = loop
-        logits, a_state = run.assistant.step(jax.lax.dynamic_slice_in_dim(drafts, j - 1, 1, axis=1),
-                                             (run.next_position + step - 1 + j)[:, None], jnp.ones((B, 1), bool),
-                                             a_state)
+    def one_more(loop, j):
+        a_state, token, q = loop
+        logits, a_state = run.assistant.step(token[:, None], (run.next_position + step - 1 + j)[:, None],
+                                             jnp.ones((B, 1), bool), a_state)
         token, q = _assistant_choice(logits, step + j, keys[j], gc, run.vocab)
-        drafts = jax.lax.dynamic_update_slice_in_dim(drafts, token[:, None], j, axis=1)
-        if probs is not None:
-            probs = jax.lax.dynamic_update_slice_in_dim(probs, q[:, None], j, axis=1)
-        return j + 1, a_state, drafts, probs
+        return (a_state, token, q), (token, q)
 
-    drafted = lambda loop: loop[0] < carry.drafts_now  # noqa: E731  (loop: j, a_state, drafts, probs)
-    _, a_state, drafts, probs = jax.lax.while_loop(drafted, one_more, (jnp.int32(1), a_state, drafts, probs))
-    return drafts, jnp.full((B,), carry.drafts_now, jnp.int32), probs, a_state
+    def maybe_one_more(loop, j):  # the heuristic's count moves at run time within the compiled width
+        return jax.lax.cond(j < carry.drafts_now, one_more, lambda loop, j: (loop, loop[1:]), loop, j)
+
+    more = maybe_one_more if gc.num_assistant_tokens_schedule == "heuristic" else one_more
+    (a_state, _, _), (tokens, qs) = jax.lax.scan(more, (a_state, first, first_q), jnp.arange(1, count))
+    drafts = jnp.concatenate([first[:, None], tokens.T], axis=1)
+    probs = None if first_q is None else jnp.concatenate([first_q[:, None], qs.transpose(1, 0, 2)], axis=1)
+    return drafts, probs, a_state
 
 
-def _draft_from_lookup(run: _Drafting, carry: _DraftingCarry):
-    """Prompt lookup's drafts [B, K] and how many are real [B] (``lookup_drafts``), in the assistant's shape
-    (no q: a lookup draft is a point mass; the assistant state stays None)."""
-    drafts, real = lookup_drafts(carry.text, carry.known, run.prompt_columns + carry.step, run.gc.draft_tokens,
-                                 run.gc.max_matching_ngram_size)
-    return drafts, real, None, carry.assistant_state
+def _chosen_count(run: _Drafting, carry: _DraftingCarry, matched: Array | None) -> Array:
+    """Which of ``gc.draft_counts`` this round drafts (an index). Prompt lookup without matches (``matched``,
+    the most drafts any row found, is 0) takes a plain step. The adaptive schedule takes the count whose
+    expected tokens, 1 + a + ... + a^k for a draft kept with probability a, over its cost in plain steps (k
+    assistant steps, a verifying step k tokens wider) is highest, a plain step when none beats one; after
+    PROBE_AFTER plain rounds it drafts once, which is all that can show the acceptance has risen."""
+    gc, counts = run.gc, jnp.asarray(run.gc.draft_counts)
+    if len(gc.draft_counts) == 1:
+        return jnp.int32(0)
+    can_draft = jnp.bool_(True) if matched is None else matched > 0
+    if gc.num_assistant_tokens_schedule != "adaptive":  # prompt lookup, constant: (0, K)
+        return can_draft.astype(jnp.int32)
+    assistant_cost, verify_cost = gc.draft_costs
+    if run.assistant is None:
+        assistant_cost = 0.0
+    usable = counts if matched is None else jnp.minimum(counts, matched)
+    kept = carry.kept / (carry.kept + carry.lost)
+    powers = kept ** jnp.arange(gc.draft_tokens + 1)
+    expected = jnp.sum(jnp.where(jnp.arange(gc.draft_tokens + 1) <= usable[:, None], powers, 0.0), axis=1)
+    # a plain round still runs the assistant once, over the token it has not seen
+    cost = 1.0 + counts * verify_cost + jnp.maximum(counts, 1) * assistant_cost
+    best = jnp.argmax(expected / cost).astype(jnp.int32)
+    probe = (best == 0) & (carry.plain_run >= PROBE_AFTER) & can_draft
+    return jnp.where(probe, 1, best)
 
 
 def _target_scores(run: _Drafting, step: Array, state: DecodeState, last: Array, drafts: Array):
@@ -582,45 +629,71 @@ def _ended(emitted: Array, emitting: Array, n: Array, finished: Array,
     return shown, now_finished, jnp.where(jnp.all(now_finished), jnp.max(needed), n + 1)
 
 
+def _round_of(count: int, run: _Drafting, carry: _DraftingCarry, looked_up: Array | None, matches: Array | None,
+              draft_key: Array, verify_key: Array):
+    """Draft ``count`` tokens (0: none, a plain step) and verify them with one target step ``count + 1`` wide.
+    Returns each row's count of drafts kept [B], the token it emits if it stops at each column [B, K + 1], the
+    drafts [B, K], the target's and the assistant's states, whether every logit was finite, and how many drafts
+    every unfinished row had (the acceptance the adaptive schedule learns from)."""
+    gc, B, K = run.gc, carry.pair.shape[0], run.gc.draft_tokens
+    q, a_state = None, carry.assistant_state
+    if run.assistant is None:
+        drafts, real = looked_up[:, :count], jnp.minimum(matches, count)
+    elif count:
+        drafts, q, a_state = _draft_from_assistant(run, carry, draft_key, count)
+        real = jnp.full((B,), jnp.minimum(carry.drafts_now, count), jnp.int32)
+    else:  # a plain step; the assistant still takes the older of the last two tokens, to stay one behind
+        drafts, real = jnp.zeros((B, 0), jnp.int32), jnp.zeros((B,), jnp.int32)
+        position = (run.next_position + carry.step - 2)[:, None]
+        _, a_state = run.assistant.step(carry.pair[:, :1], position, jnp.ones((B, 1), bool), a_state)
+    accepted, stop, state, finite = _verify(count + 1, run, carry.step, carry.state, carry.pair[:, 1], drafts, real,
+                                            q, verify_key)
+    drafted = jnp.min(jnp.where(carry.finished, count, real))
+    return accepted, stop, jnp.pad(drafts, ((0, 0), (0, K - count))), state, a_state, finite, drafted
+
+
 def _drafting_round(run: _Drafting, carry: _DraftingCarry) -> _DraftingCarry:
-    """One round: draft, verify the drafts with the target's step, accept, rewind both caches past what was
-    rejected, append what was emitted."""
+    """One round: choose how many to draft, draft, verify the drafts with the target's step, accept, rewind both
+    caches past what was rejected (only the slots this round wrote), append what was emitted."""
     gc, step = run.gc, carry.step
     K = gc.draft_tokens
     key, draft_key, verify_key = jax.random.split(carry.key, 3)
-    if run.assistant is None:  # draft
-        drafts, real, q, a_state = _draft_from_lookup(run, carry)
-    else:
-        drafts, real, q, a_state = _draft_from_assistant(run, carry, draft_key)
-
-    last = carry.pair[:, 1]  # verify with the target's step, each row by the acceptance rule
-    args = (step, carry.state, last, drafts, real, q, verify_key)
-    if run.assistant is None:  # where no row found a match, a plain one-token step
-        accepted, stop, state, finite = jax.lax.cond(jnp.any(real > 0), functools.partial(_verify, K + 1, run),
-                                                     functools.partial(_verify, 1, run), *args)
-    else:
-        accepted, stop, state, finite = _verify(K + 1, run, *args)
+    looked_up = matches = None
+    if run.assistant is None:
+        looked_up, matches = lookup_drafts(carry.text, carry.known, run.prompt_columns + step, K,
+                                           gc.max_matching_ngram_size)
+    chosen = _chosen_count(run, carry, None if matches is None else jnp.max(jnp.where(carry.finished, 0, matches)))
+    rounds = [functools.partial(_round_of, count, run) for count in gc.draft_counts]
+    operands = (carry, looked_up, matches, draft_key, verify_key)
+    accepted, stop, drafts, state, a_state, finite, drafted = (
+        rounds[0](*operands) if len(rounds) == 1 else jax.lax.switch(chosen, rounds, *operands))
 
     n = jnp.min(jnp.where(carry.finished, K, accepted))  # accept: every unfinished row accepted at least n drafts
     emitted, at_n, emitting = _emitted(n, accepted, drafts, stop, gc.pad_token_id)
     shown, finished, advance = _ended(emitted, emitting, n, carry.finished, gc)
 
-    state = state.rewind(carry.state.kv.index + n + 1)  # rewind: everything before the last token emitted
+    state = state.rewind(carry.state.kv.index + n + 1, K + 1)  # rewind: everything before the last token emitted
     if a_state is not None:  # everything before the last two
-        a_state = a_state.rewind(carry.assistant_state.kv.index + n + 1)
+        a_state = a_state.rewind(carry.assistant_state.kv.index + n + 1, K + 1)
 
     at = run.prompt_columns + step  # append
+    last = carry.pair[:, 1]
     previous = jnp.take_along_axis(emitted, jnp.full((emitted.shape[0], 1), jnp.maximum(n - 1, 0)), 1)[:, 0]
     before = jnp.where(n > 0, previous, last)  # the next round's pair: the last two tokens emitted
     drafts_now = carry.drafts_now
     if gc.num_assistant_tokens_schedule == "heuristic":  # transformers': +2 after a full round, else -1
         drafts_now = jnp.where(n == drafts_now, jnp.minimum(drafts_now + 2, K), jnp.maximum(drafts_now - 1, 1))
+    observed = drafted > 0  # the adaptive schedule's evidence: n kept of `drafted`, and whether one was rejected
+    decay = jnp.where(observed, EVIDENCE_DECAY, 1.0)
     return _DraftingCarry(
         step=step + advance, state=state, assistant_state=a_state, pair=jnp.stack([before, at_n], axis=1),
         text=jax.lax.dynamic_update_slice_in_dim(carry.text, shown, at, axis=1),
         known=jax.lax.dynamic_update_slice_in_dim(carry.known, jnp.broadcast_to(emitting, shown.shape), at, axis=1),
-        finished=finished, drafts_now=drafts_now, key=key, bad=jnp.where((carry.bad < 0) & ~finite, step, carry.bad),
-        rounds=carry.rounds + 1)
+        finished=finished, drafts_now=drafts_now,
+        kept=carry.kept * decay + jnp.where(observed, jnp.minimum(n, drafted), 0),
+        lost=carry.lost * decay + (observed & (n < drafted)),
+        plain_run=jnp.where(observed, 0, carry.plain_run + 1), key=key,
+        bad=jnp.where((carry.bad < 0) & ~finite, step, carry.bad), rounds=carry.rounds + 1)
 
 
 def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationConfig, first_tokens=None):
@@ -662,7 +735,8 @@ def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationCon
     carry = _DraftingCarry(
         step=jnp.int32(1), state=state, assistant_state=a_state, pair=jnp.stack([ids[:, -1], first], axis=1),
         text=text.at[:, C].set(first), known=known.at[:, C].set(True), finished=_is_eos(first, gc),
-        drafts_now=jnp.int32(K), key=key, bad=first_non_finite(jnp.int32(-1), logits, 0), rounds=jnp.int32(0))
+        drafts_now=jnp.int32(K), kept=jnp.float32(PRIOR_KEPT), lost=jnp.float32(PRIOR_LOST), plain_run=jnp.int32(0),
+        key=key, bad=first_non_finite(jnp.int32(-1), logits, 0), rounds=jnp.int32(0))
     going = lambda carry: (carry.step < N) & ~jnp.all(carry.finished)  # noqa: E731
     carry = jax.lax.while_loop(going, functools.partial(_drafting_round, run), carry)
     steps = jnp.minimum(carry.step, N)
@@ -755,10 +829,12 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
             pad_token_id=FROM_MODEL, decoder_start_token_id=FROM_MODEL, forced_bos_token_id=FROM_MODEL,
             forced_eos_token_id=FROM_MODEL, bad_words_ids=FROM_MODEL, renormalize_logits=FROM_MODEL, seed: int = 0,
             allow_beyond_max_positions: bool = False, assistant_model=None, num_assistant_tokens: int | None = None,
-            num_assistant_tokens_schedule: str = "constant", prompt_lookup_num_tokens: int | None = None,
-            max_matching_ngram_size: int | None = None) -> tuple[tuple, GenerationConfig]:
+            num_assistant_tokens_schedule: str | None = None, prompt_lookup_num_tokens: int | None = None,
+            max_matching_ngram_size: int | None = None, draft_costs: tuple[float, float] | None = None
+            ) -> tuple[tuple, GenerationConfig]:
     """Validate everything on the host and return the arguments of ``generate_tokens`` (after the
-    static config) and the config. Nothing is traced, compiled or allocated here.
+    static config) and the config. Nothing is traced, compiled or allocated here, but for the adaptive
+    drafting schedule's one measurement of its costs on this device (``measure_draft_costs``, once per shape).
 
     The token ids (``eos_token_id``, an int or a list; ``pad_token_id``, ``decoder_start_token_id``,
     ``forced_bos_token_id``, ``forced_eos_token_id``, and ``bad_words_ids``, single tokens never chosen) and
@@ -769,16 +845,26 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     the memory free on the device.
 
     Drafting, as transformers' assisted generation: ``assistant_model`` (a jaxformer model of the same family
-    and tokenizer, usually smaller) drafts ``num_assistant_tokens`` tokens a round (default 5;
-    ``num_assistant_tokens_schedule='heuristic'`` adapts the count within that bound), or
+    and tokenizer, usually smaller) drafts up to ``num_assistant_tokens`` tokens a round (default 5), or up to
     ``prompt_lookup_num_tokens`` tokens are drafted from the longest n-gram match (up to
     ``max_matching_ngram_size``, default 2) in the prompt and the text so far. The target verifies a round's
-    drafts in one step; greedy output is unchanged, sampled output is drawn from the target's distribution."""
+    drafts in one step; greedy output is unchanged, sampled output is drawn from the target's distribution.
+    How many a round drafts, ``num_assistant_tokens_schedule``: 'adaptive' (the default) chooses each round
+    from the acceptance so far and the costs of drafting measured on this device (or given, ``draft_costs``),
+    taking plain steps while drafting does not pay, so that drafting is never much slower than plain decoding;
+    'constant' always drafts the bound (prompt lookup: wherever a match is found); 'heuristic' (an assistant
+    only) is transformers' schedule, +2 after a round whose drafts were all kept, else -1. Sampled output
+    under 'adaptive' depends on the costs (the random draws fall differently): pass ``draft_costs`` or
+    'constant' to make it repeat across machines."""
     cfg: ModelConfig = model.config
     if assistant_model is not None and prompt_lookup_num_tokens is not None:
         raise ValueError("pass assistant_model or prompt_lookup_num_tokens, not both: each is a way of drafting")
-    if assistant_model is None and (num_assistant_tokens is not None or num_assistant_tokens_schedule != "constant"):
-        raise ValueError("num_assistant_tokens and num_assistant_tokens_schedule need an assistant_model")
+    if assistant_model is None and num_assistant_tokens is not None:
+        raise ValueError("num_assistant_tokens counts an assistant's drafts: they need an assistant_model")
+    if assistant_model is None and prompt_lookup_num_tokens is None and (
+            num_assistant_tokens_schedule is not None or draft_costs is not None):
+        raise ValueError("num_assistant_tokens_schedule and draft_costs need drafting (assistant_model or "
+                         "prompt_lookup_num_tokens)")
     if prompt_lookup_num_tokens is None and max_matching_ngram_size is not None:
         raise ValueError("max_matching_ngram_size needs prompt_lookup_num_tokens")
     if assistant_model is not None:
@@ -791,9 +877,14 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     for name, value in counts.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name}={value!r} must be an integer >= 1")
+    draft_source = assistant_model is not None or prompt_lookup_num_tokens is not None
+    measure_costs = draft_source and num_assistant_tokens_schedule in (None, "adaptive") and draft_costs is None
     drafting = dict(  # transformers' default n-gram; a smaller draft count than its 20, verified in one step
         num_assistant_tokens=0 if assistant_model is None else counts["num_assistant_tokens"] or 5,
-        num_assistant_tokens_schedule=num_assistant_tokens_schedule,
+        num_assistant_tokens_schedule=num_assistant_tokens_schedule or ("adaptive" if draft_source else "constant"),
+        # measured below, once everything else is known to be valid
+        draft_costs=(0.0, 0.0) if measure_costs else () if draft_costs is None else tuple(
+            float(c) if isinstance(c, (int, float)) and not isinstance(c, bool) else c for c in draft_costs),
         prompt_lookup_num_tokens=counts["prompt_lookup_num_tokens"] or 0,
         max_matching_ngram_size=counts["max_matching_ngram_size"] or 2)
     gc = _config_from_kwargs(model, dict(
@@ -844,7 +935,61 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     graphdef, state = nnx.split(model if assistant_model is None else (model, assistant_model))
     args = (graphdef, state, jnp.asarray(ids, jnp.int32), jnp.asarray(mask, jnp.int32),
             jax.random.key(integers["seed"]))
+    if measure_costs:
+        gc = dataclasses.replace(gc, draft_costs=measure_draft_costs(model, assistant_model, args[2], args[3], gc))
     return args, gc
+
+
+MEASURED_DRAFT_COSTS: dict = {}  # measure_draft_costs's results, by everything the timings depend on
+TIMED_STEPS = 8  # decode steps per timed call: one dispatch is then a small part of what is timed
+
+
+def measure_draft_costs(model, assistant, input_ids: Array, attention_mask: Array, gc: GenerationConfig,
+                        repeats: int = 3) -> tuple[float, float]:
+    """What drafting costs on this device, in plain target steps: (one assistant step, each token a verifying
+    target step runs past the first). Timed over the caches this generation allocates: the target's decode
+    step 1 and ``gc.draft_tokens + 1`` tokens wide and the assistant's 1 wide (none for prompt lookup), each
+    TIMED_STEPS steps in one compiled loop, the fastest of ``repeats`` calls. Measured once per model pair,
+    batch and length; the adaptive schedule reads them (``_chosen_count``)."""
+    shape_key = (nnx.graphdef(model), None if assistant is None else nnx.graphdef(assistant), input_ids.shape,
+                 gc.max_new_tokens, gc.draft_tokens)
+    if shape_key not in MEASURED_DRAFT_COSTS:
+        plain = decode_step_seconds(model, input_ids, attention_mask, gc, 1, repeats)
+        wide = decode_step_seconds(model, input_ids, attention_mask, gc, gc.draft_tokens + 1, repeats)
+        drafting = 0.0 if assistant is None else decode_step_seconds(assistant, input_ids, attention_mask, gc, 1, repeats)
+        MEASURED_DRAFT_COSTS[shape_key] = (round(drafting / plain, 3),
+                                           round(max(wide / plain - 1.0, 0.0) / gc.draft_tokens, 3))
+    return MEASURED_DRAFT_COSTS[shape_key]
+
+
+def decode_step_seconds(model, input_ids: Array, attention_mask: Array, gc: GenerationConfig, width: int,
+                  repeats: int) -> float:
+    """Seconds of one of ``model``'s cached decode steps ``width`` tokens wide, over the empty cache a drafted
+    generation of ``gc`` allocates (a step reads every slot, written or not), rewound after each step."""
+    graphdef, weights = nnx.split(model)
+    empty = jax.jit(lambda weights: _prefill_inputs(nnx.merge(graphdef, weights), input_ids, attention_mask, gc, 1,
+                                                    gc.max_new_tokens + gc.draft_tokens)[3])(weights)
+    rows = input_ids.shape[0]
+
+    @jax.jit
+    def steps(weights, state):
+        looping = nnx.merge(graphdef, weights).for_decode_loop()
+        positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (rows, width))
+
+        def one(i, carry):  # each step's tokens depend on the last one's logits: no step is left out
+            token, state = carry
+            logits, written = looping.step(jnp.broadcast_to(token, (rows, width)), positions,
+                                           jnp.ones((rows, width), bool), state, every_position=width > 1)
+            return jnp.argmax(logits.reshape(-1, logits.shape[-1])[0]).astype(jnp.int32), written.rewind(0)
+        return jax.lax.fori_loop(0, TIMED_STEPS, one, (jnp.int32(0), state))[0]
+
+    jax.block_until_ready(steps(weights, empty))  # compile
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(steps(weights, empty))
+        best = min(best, time.perf_counter() - start)
+    return best / TIMED_STEPS
 
 
 def _check_assistant(model, assistant) -> None:

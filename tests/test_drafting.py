@@ -67,7 +67,7 @@ def test_drafted_greedy_is_plain_greedy(case):
     kwargs = dict(max_new_tokens=N, eos_token_id=None, decoder_start_token_id=0)
     plain = model.generate(ids, mask, **kwargs)
     args, gc = gen.prepare(model, ids, mask, assistant_model=_perturbed(model, 0.02, seed=2), num_assistant_tokens=4,
-                           **kwargs)
+                           num_assistant_tokens_schedule="constant", **kwargs)
     tokens, steps, bad, rounds = gen.drafted_tokens_jit(*args, config=gc)
     np.testing.assert_array_equal(gen.assemble(model, ids, tokens, steps, bad, gc), plain)
     assert N / 5 < int(rounds) + 1 < N, int(rounds)  # some drafts accepted, and some rejected
@@ -211,6 +211,10 @@ def test_speculative_sampling_draws_from_the_target(top_k):
     (dict(assistant_model="self", num_assistant_tokens=0), "num_assistant_tokens=0"),
     (dict(assistant_model="self", num_assistant_tokens_schedule="dynamic"), "num_assistant_tokens_schedule"),
     (dict(assistant_model="xl"), "Transformer-XL"),
+    (dict(prompt_lookup_num_tokens=2, num_assistant_tokens_schedule="heuristic"), "valid with prompt lookup"),
+    (dict(num_assistant_tokens_schedule="constant"), "need drafting"),
+    (dict(assistant_model="self", draft_costs=(0.1,)), "draft_costs"),
+    (dict(assistant_model="self", draft_costs=(0.1, float("nan"))), "draft_costs"),
     (dict(target="xl", prompt_lookup_num_tokens=2), "cannot be rewound"),
 ])
 def test_bad_drafting_arguments_are_refused_before_tracing(kwargs, message):
@@ -223,3 +227,50 @@ def test_bad_drafting_arguments_are_refused_before_tracing(kwargs, message):
     with pytest.raises(ValueError, match=message):
         model.generate(np.array([[5, 6, 7]]), max_new_tokens=4, **kwargs)
     assert gen.TRACE_COUNT["generate"] == traces
+
+
+def _rounds(model, ids, **kwargs):
+    """(tokens as generate() returns them, target steps after the prefill) of one drafted generation."""
+    args, gc = gen.prepare(model, ids, max_new_tokens=24, eos_token_id=None, **kwargs)
+    tokens, steps, bad, rounds = gen.drafted_tokens_jit(*args, config=gc)
+    return gen.assemble(model, ids, tokens, steps, bad, gc), int(rounds)
+
+
+def test_the_adaptive_schedule_drafts_when_it_pays_and_steps_plainly_when_not():
+    """Given costs (no timing in the test): with the model as its own assistant (every draft kept) and cheap
+    drafting, rounds draft the bound, 4 tokens a step; with a random one-layer assistant (drafts rejected), or
+    drafting priced above what a kept draft saves, rounds are plain steps but for the probes every PROBE_AFTER
+    rounds. Every run emits plain greedy's tokens."""
+    cfg = CASES["llama-gqa"]
+    model, stranger = jf.build(cfg, seed=1), jf.build(cfg.replace(decoder_layers=1), seed=7)
+    ids = np.random.default_rng(0).integers(3, cfg.vocab_size, (1, 8))
+    plain = model.generate(ids, max_new_tokens=24, eos_token_id=None)
+    cheap, dear = dict(draft_costs=(0.05, 0.05)), dict(draft_costs=(0.0, 3.0))
+    most_plain = 23 - 23 // (gen.PROBE_AFTER + 1)  # plain rounds, a probe after every PROBE_AFTER of them
+    for assistant, costs, bounds in ((model, cheap, (5, 6)), (stranger, cheap, (most_plain, 23)),
+                                     (model, dear, (most_plain, 23))):
+        out, rounds = _rounds(model, ids, assistant_model=assistant, num_assistant_tokens=4, **costs)
+        np.testing.assert_array_equal(out, plain)
+        assert bounds[0] <= rounds <= bounds[1], (costs, rounds)
+    # prompt lookup over a vocabulary of 8 (greedy text repeats): cheap verification drafts, dear does not
+    small = jf.build(jf.config("tiny-llama").replace(vocab_size=8), seed=1)
+    prompt = np.asarray([[1, 2, 3, 1, 2]])
+    repeats = small.generate(prompt, max_new_tokens=24, eos_token_id=None)
+    for costs, bounds in (((0.0, 0.05), (1, 11)), ((0.0, 3.0), (most_plain, 23))):
+        out, rounds = _rounds(small, prompt, prompt_lookup_num_tokens=3, draft_costs=costs)
+        np.testing.assert_array_equal(out, repeats)
+        assert bounds[0] <= rounds <= bounds[1], (costs, rounds)
+
+
+def test_draft_costs_are_measured_once_per_shape():
+    """generate() measures what drafting costs on this device once per model pair and shape: two finite
+    numbers >= 0 in plain target steps, kept and reused."""
+    cfg = CASES["gpt-learned-positions"]
+    model, assistant = jf.build(cfg, seed=1), jf.build(cfg.replace(decoder_layers=1), seed=2)
+    ids = np.random.default_rng(0).integers(3, cfg.vocab_size, (2, 6))
+    before = dict(gen.MEASURED_DRAFT_COSTS)
+    _, gc = gen.prepare(model, ids, max_new_tokens=8, assistant_model=assistant, num_assistant_tokens=3)
+    assert len(gc.draft_costs) == 2 and all(0 <= c < float("inf") for c in gc.draft_costs), gc.draft_costs
+    assert len(gen.MEASURED_DRAFT_COSTS) == len(before) + 1
+    _, again = gen.prepare(model, ids, max_new_tokens=8, assistant_model=assistant, num_assistant_tokens=3)
+    assert again.draft_costs == gc.draft_costs and len(gen.MEASURED_DRAFT_COSTS) == len(before) + 1

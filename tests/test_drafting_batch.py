@@ -20,7 +20,8 @@ def test_every_row_of_a_batch_looks_up_its_own_emitted_text():
     plain = model.generate(prompt, **kwargs)
     rounds = {}
     for rows in (1, 2):
-        args, gc = gen.prepare(model, np.repeat(prompt, rows, 0), prompt_lookup_num_tokens=3, **kwargs)
+        args, gc = gen.prepare(model, np.repeat(prompt, rows, 0), prompt_lookup_num_tokens=3,
+                               num_assistant_tokens_schedule="constant", **kwargs)
         tokens, steps, bad, rounds[rows] = gen.drafted_tokens_jit(*args, config=gc)
         np.testing.assert_array_equal(gen.assemble(model, np.repeat(prompt, rows, 0), tokens, steps, bad, gc),
                                       np.repeat(plain, rows, 0))
