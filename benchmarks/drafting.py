@@ -282,7 +282,19 @@ def measure(target, assistant, folders: dict[str, Path], args, log=print) -> dic
             runners["transformers assisted"] = [transformers_runner(reference, ids, N, reference_assistant)
                                                 for ids in calls]
         rows.update(timed(runners, batch, N, args.repeats, log))
+        log(table({name: row for name, row in rows.items() if row["batch"] == batch}))  # shown as soon as known
     return rows
+
+
+def table(rows: dict[str, dict]) -> str:
+    lines = [f"{'batch, decoding':<30} {'tok/s':>8} {'vs plain':>9} {'tok/step':>9} {'accepted':>9}  "
+             "same tokens as plain"]
+    for name, row in rows.items():
+        per_step = "" if row["tokens_per_target_step"] is None else f"{row['tokens_per_target_step']:.2f}"
+        accepted = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
+        lines.append(f"{name:<30} {row['tok_s']:>8.1f} {row['vs_plain']:>8.2f}x {per_step:>9} {accepted:>9}  "
+                     f"{row['identical']}")
+    return "\n".join(lines)
 
 
 def transformers_pair(folders: dict[str, Path]):
@@ -353,12 +365,7 @@ def main() -> None:
           f"{d['agreement']:.1%}, repeating the last token {d['repeat_rate']:.1%})")
     print(f"{args.prompts} held-out calls per batch size, prompt {PROMPT} random ids, {args.new_tokens} new tokens, "
           f"no EOS, median of {args.repeats}, round-robin")
-    print(f"{'batch, decoding':<30} {'tok/s':>8} {'vs plain':>9} {'tok/step':>9} {'accepted':>9}  same tokens as plain")
-    for name, row in rows.items():
-        per_step = "" if row["tokens_per_target_step"] is None else f"{row['tokens_per_target_step']:.2f}"
-        accepted = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
-        print(f"{name:<30} {row['tok_s']:>8.1f} {row['vs_plain']:>8.2f}x {per_step:>9} {accepted:>9}  "
-              f"{row['identical']}")
+    print(table(rows))
     print(f"memory bandwidth {bandwidth / 1e9:.1f} GB/s ({source}); a batch-1 step at {cache_length} cached tokens "
           f"reads {step_bytes['target'] / 1e6:.0f} MB (target), {step_bytes['assistant'] / 1e6:.1f} MB (assistant): "
           f"bound {bandwidth / step_bytes['target']:.1f} target steps/s")
