@@ -136,9 +136,10 @@ def test_a_sharded_int8_model_matches_one_device():
       one, whichever axis the mesh splits (the q/k/v input ``embed`` over fsdp, the output projection's
       heads and the MLP's width over tensor): int8 x int8 products add up exactly in int32 in any order,
       and a row's scale is a maximum, also exact;
-    - the whole weight-only ``int8`` model, whose arithmetic is float, equals one device as every sharded
-      float model does (float rounding of the reductions), and decodes greedily from tokens that one device
-      ranks first too.
+    - the whole weight-only ``int8`` model equals one device within 1e-4: at these few rows its matmuls split
+      the activations into two int8 limbs (15 bits a row), and a last-bit float difference from the sharded
+      reductions can move a limb by one step (3e-5 in the logits here); it decodes greedily from tokens that
+      one device ranks first too.
 
     The whole ``int8_dynamic`` model is not compared logit by logit: between its projections the norms and
     softmax are float reductions whose last bits follow the reduction order, and rounding an activation
@@ -173,7 +174,7 @@ for module, name, equation, x_shape in (("attn", "q", "BTD,DNH->BTNH", (2, 4, 64
 weight_only = cfg.replace(quantize="int8", quantize_embeddings=False)
 split, whole = sharding.shard_model(jf.build(weight_only), mesh), jf.build(weight_only)
 expected = np.asarray(whole(ids).logits)
-np.testing.assert_allclose(np.asarray(split(ids).logits), expected, rtol=1e-4, atol=1e-5)
+np.testing.assert_allclose(np.asarray(split(ids).logits), expected, rtol=1e-4, atol=1e-4)
 tokens = split.generate(ids, max_new_tokens=6)
 ranked = np.asarray(whole(tokens[:, :-1]).logits)[:, 3:]  # one device's logits for each chosen token
 chosen = np.take_along_axis(ranked, tokens[:, 4:, None], axis=-1)[..., 0]

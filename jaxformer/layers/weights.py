@@ -195,27 +195,35 @@ def _aligned(a: Array, a_spec: str, y_spec: str) -> Array:
     return a.reshape([a.shape[order.index(c)] if c in a_spec else 1 for c in y_spec])
 
 
+LIMB_ROWS = 64  # weight-only int8 with at most this many rows of x multiplies in int8 (``_int8_matmul``)
+
+
 def _int8_matmul(x: Array, q: Array, scale: Array, equation: str, dtype, dynamic: bool) -> Array:
+    """x times the int8 kernel q (its per-output-channel ``scale``) as ``equation``.
+
+    Dynamic: each row of x (every index of its non-contracted axes) rounded to int8 with its own scale, one
+    int8 GEMM. Weight-only, few rows (a decode step): XLA CPU would convert the whole kernel to float before
+    the matmul (inside generate's loop, once, keeping a float copy alive and reading it: float32's speed), so
+    x is instead split into two int8 limbs, x = s * (high + low / 127), and both go through one int8 GEMM that
+    reads each weight byte once; x keeps 15 bits per row, far finer than the int8 weights' own rounding.
+    Weight-only, many rows (a prefill, training): the kernel converted, one float GEMM."""
     x_spec, w_spec, y_spec = _parse(equation)
     scale = _aligned(scale.astype(jnp.float32), "".join(c for c in w_spec if c in y_spec), y_spec)
-    if not dynamic:
-        # XLA CPU converts the whole kernel before the matmul (a 768x3072 matvec: 2x float32's time). Inside
-        # generate's decode loop the conversion is loop-invariant and XLA hoists it, so weight-only int8
-        # decodes at float32's speed there (benchmarks/generate.py --int8: 0.98-1.01x) with a float copy alive.
+    row_spec = "".join(c for c in x_spec if c not in w_spec)
+    rows = math.prod(x.shape[i] for i, c in enumerate(x_spec) if c in row_spec)
+    if not dynamic and rows > LIMB_ROWS:
         return (jnp.einsum(equation, x, q.astype(dtype)).astype(jnp.float32) * scale).astype(dtype)
-    # Dynamic: each row of x (every index of its non-contracted axes) rounded to int8 with its own scale.
     contracted = tuple(i for i, c in enumerate(x_spec) if c in w_spec)
     x32 = x.astype(jnp.float32)
     row_scale = jnp.max(jnp.abs(x32), axis=contracted) / 127.0
     row_scale = jnp.where(row_scale == 0, 1.0, row_scale)
-    row_spec = "".join(c for c in x_spec if c not in w_spec)
-    xq = jnp.round(x32 / _aligned(row_scale, row_spec, x_spec)).astype(jnp.int8)
-    # XLA CPU multiplies an int8 matrix by a single int8 row with a slow generic loop; two rows take its
-    # int8 GEMM (measured 3-6x faster), so a lone row (one decode step at batch 1) is padded to two.
-    pad = math.prod(row_scale.shape) == 1
-    if pad:
-        xq = jnp.concatenate([xq, jnp.zeros_like(xq)], axis=0)
-    y = jnp.einsum(equation, xq, q, preferred_element_type=jnp.int32)
-    if pad:
-        y = y[:1]
-    return (y.astype(jnp.float32) * _aligned(row_scale, row_spec, y_spec) * scale).astype(dtype)
+    units = x32 / _aligned(row_scale, row_spec, x_spec)
+    high = jnp.round(units)
+    # stacked along x's first axis (a row axis, as y's): one GEMM for every limb. XLA CPU multiplies an int8
+    # matrix by a single int8 row with a slow generic loop; two rows take its int8 GEMM (measured 3-6x
+    # faster), so a lone dynamic row (one decode step at batch 1) is padded to two.
+    limbs = [high, jnp.round((units - high) * 127.0)] if not dynamic else [high] if rows > 1 else [high, 0 * high]
+    y = jnp.einsum(equation, jnp.concatenate(limbs, axis=0).astype(jnp.int8), q, preferred_element_type=jnp.int32)
+    y = jnp.split(y.astype(jnp.float32), len(limbs), axis=0)
+    y = y[0] + y[1] / 127.0 if not dynamic else y[0]
+    return (y * _aligned(row_scale, row_spec, y_spec) * scale).astype(dtype)
