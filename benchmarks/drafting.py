@@ -4,7 +4,7 @@ The target is ``jf.build("gpt2", seed=0)`` (GPT-2's 124M shape and 50257-token v
 float32). A random gpt2's greedy continuation of a prompt is not degenerate: it repeats a token for a while
 (three tokens in four repeat the one before), then moves to another (one it wrote before, or one of a few it
 favours), a deterministic function of the context. The assistant is GPT-2's architecture at 2 x 128 with the
-same vocabulary and positions (a step reads about a seventeenth of the target's bytes), distilled here:
+same vocabulary and positions (a step reads 27.5 MB, an eighteenth of the target's 502 MB), distilled here:
 
 - its token and position tables are the target's times one random projection 768 -> 128, kept frozen: it
   starts knowing every token as the target does, the ones its training text never shows included (a table
@@ -15,7 +15,10 @@ same vocabulary and positions (a step reads about a seventeenth of the target's 
   held-out prompts, beside the agreement of an assistant that only ever repeats the last token.
 
 The pair is saved as Hugging Face folders under runs/drafting_distilled/ and reused by the next run
-(``--retrain`` distils again; the data and training times are printed and kept beside the folders).
+(``--retrain`` distils again; the data and training times are printed and kept beside the folders). On the
+project's 2-core CPU it took 246 s of data and 38 s of training, and the assistant learned to repeat the last
+token (held-out agreement 74.5%, repeating alone 74.7%): it never foresees a switch, so a round ends at the
+target's next switch and a target step emits about 2.3 tokens at K = 4.
 
 The measured part: held-out prompts (random ids, a seed neither the training nor the agreement prompts used),
 ``--new-tokens`` new tokens each, no EOS, ``--prompts`` calls per batch size. At batch 1 and batch 4, plain
