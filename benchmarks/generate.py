@@ -20,10 +20,14 @@ by train.py when runs/ lacks them (about 11 minutes; ``--retrain`` trains again)
 folders. Prompts come from the held-out tenth of that file, which neither run trained on: "continue" is a
 paragraph's first 100 bytes; "grounded" is an edit task, a paragraph, "Edited:" and the edited version's
 first 20 bytes (the rest of what to write lies in the prompt). Interleaved, plain greedy against: the
-assistant drafting ``--draft-tokens`` a round, prompt lookup (6 tokens, n-grams up to 4 bytes), transformers'
-plain greedy and its assisted generation with the same exported pair (its defaults: 20 drafts,
-confidence-stopped). Each row reports tokens/s, the ratio to jaxformer's plain greedy on the same task, the
-acceptance rate (drafts kept / drafts proposed) and whether the tokens equal plain greedy's.
+assistant drafting up to ``--draft-tokens`` a round, prompt lookup (up to 6 tokens, n-grams up to 4 bytes),
+each under every ``--schedules`` (the adaptive default, and constant: always the bound), transformers' plain
+greedy and its assisted generation with the same exported pair (its defaults: 20 drafts, confidence-stopped).
+Each row reports tokens/s, the ratio to jaxformer's plain greedy on the same task, the tokens one target step
+emits, what a target step (a drafting round, drafts included) costs in plain greedy steps, and whether the
+tokens equal plain greedy's. This pair is the overhead case: a target step costs little more than an
+assistant step, so what a round spends besides the two models shows; benchmarks/drafting.py is the case
+drafting exists for, a target whose step is expensive.
 
 With ``--window`` it measures the rolling caches of windowed layers: two models of one shape (8 x 512, GQA 8/2,
 random weights, vocabulary 8192), one whose every layer attends within ``--window-size`` tokens (Mistral) and
@@ -58,6 +62,8 @@ def main() -> None:
     parser.add_argument("--draft-tokens", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=4, help="held-out documents (drafting)")
     parser.add_argument("--retrain", action="store_true", help="train the drafting pair again")
+    parser.add_argument("--schedules", default="adaptive,constant",
+                        help="drafting schedules, comma-separated (drafting; 'constant' alone runs on older versions)")
     parser.add_argument("--window", action="store_true", help="rolling caches of windowed layers vs full caches")
     parser.add_argument("--window-size", type=int, default=256)
     args = parser.parse_args()
@@ -190,9 +196,13 @@ def drafting_main(args) -> None:
     tasks = {"continue": [tokenizer.encode(text[:100])[None] for text in plain_paragraphs],
              "grounded": [tokenizer.encode(f"{before}\nEdited: {after[:20]}")[None] for before, after in edits]}
     N, K = args.new_tokens, args.draft_tokens
-    settings = {"plain": {}, f"assistant K={K}": dict(assistant_model=assistant, num_assistant_tokens=K),
-                # bytes: a 2-byte n-gram (transformers' default size, meant for word pieces) matches almost anywhere
-                "prompt lookup K=6, n-gram 4": dict(prompt_lookup_num_tokens=6, max_matching_ngram_size=4)}
+    settings = {"plain": {}}
+    for schedule in args.schedules.split(","):
+        settings[f"assistant K={K}, {schedule}"] = dict(assistant_model=assistant, num_assistant_tokens=K,
+                                                       num_assistant_tokens_schedule=schedule)
+        # bytes: a 2-byte n-gram (transformers' default size, meant for word pieces) matches almost anywhere
+        settings[f"prompt lookup K=6, n-gram 4, {schedule}"] = dict(
+            prompt_lookup_num_tokens=6, max_matching_ngram_size=4, num_assistant_tokens_schedule=schedule)
 
     def compiled(ids, kwargs):
         call_args, gc = gen.prepare(target, ids, max_new_tokens=N, eos_token_id=None, **kwargs)
@@ -202,8 +212,8 @@ def drafting_main(args) -> None:
         def run():
             tokens, steps, bad, *rounds = program(*call_args[1:])
             out = gen.assemble(target, ids, tokens, steps, bad, gc)
-            accepted = int(steps) - 1 - int(rounds[0]) if rounds else 0
-            return out, accepted, int(rounds[0]) * gc.draft_tokens if rounds else 0
+            target_steps = int(rounds[0]) + 1 if rounds else N
+            return out, target_steps
         return run
 
     def hf(ids, kwargs):
@@ -212,7 +222,7 @@ def drafting_main(args) -> None:
                 out = reference.generate(torch.as_tensor(ids), attention_mask=torch.ones(ids.shape, dtype=torch.long),
                                          max_new_tokens=N, min_new_tokens=N, do_sample=False, pad_token_id=0,
                                          eos_token_id=None, **kwargs).numpy()
-            return out, 0, 0
+            return out, None
         return run
 
     rows = {}
@@ -231,17 +241,34 @@ def drafting_main(args) -> None:
                 for run in runs:
                     run()
                 times[name].append(time.perf_counter() - start)
+        plain_step = statistics.median(times["plain"]) / (N * len(prompts))  # seconds of one plain step
         for name in runners:
-            tok_s = N * len(prompts) / statistics.median(times[name])
-            accepted = sum(o[1] for o in outputs[name])
-            proposed = sum(o[2] for o in outputs[name])
+            seconds = statistics.median(times[name])
+            target_steps = None if outputs[name][0][1] is None else sum(o[1] for o in outputs[name])
             rows[f"{task}: {name}"] = dict(
-                tok_s=round(tok_s, 1), identical=all(np.array_equal(o[0], p) for o, p in zip(outputs[name], plain)),
-                acceptance=round(accepted / proposed, 3) if proposed else None)
+                tok_s=round(N * len(prompts) / seconds, 1),
+                identical=all(np.array_equal(o[0], p) for o, p in zip(outputs[name], plain)),
+                # tokens a target step emits, and what a step (a drafting round) costs in plain steps
+                tokens_per_step=None if target_steps is None else round(N * len(prompts) / target_steps, 2),
+                step_cost=None if target_steps is None else round(seconds / target_steps / plain_step, 2))
         base = rows[f"{task}: plain"]["tok_s"]
         for name in runners:
             rows[f"{task}: {name}"]["vs_plain"] = round(rows[f"{task}: {name}"]["tok_s"] / base, 2)
-    ours, theirs = rows[f"continue: assistant K={K}"]["tok_s"], rows["continue: transformers assisted"]["tok_s"]
+        if task == "continue" and f"assistant K={K}, constant" in runners and hasattr(gen, "decode_step_seconds"):
+            ids = prompts[0]
+            _, gc = gen.prepare(target, ids, max_new_tokens=N, eos_token_id=None, assistant_model=assistant,
+                                num_assistant_tokens=K, num_assistant_tokens_schedule="constant")
+            parts = {"assistant": gen.decode_step_seconds(assistant, ids, np.ones_like(ids), gc, 1, 5) * K,
+                     "verify": gen.decode_step_seconds(target, ids, np.ones_like(ids), gc, K + 1, 5),
+                     "plain step": gen.decode_step_seconds(target, ids, np.ones_like(ids), gc, 1, 5)}
+            row = rows[f"continue: assistant K={K}, constant"]
+            round_s = row["step_cost"] * plain_step
+            rows["round"] = {name: round(seconds / plain_step, 3) for name, seconds in parts.items()}
+            rows["round"]["round"] = row["step_cost"]
+            rows["round"]["rest"] = round((round_s - parts["assistant"] - parts["verify"]) / plain_step, 3)
+    first = args.schedules.split(",")[0]
+    ours = rows[f"continue: assistant K={K}, {first}"]["tok_s"]
+    theirs = rows["continue: transformers assisted"]["tok_s"]
     rows["assisted vs transformers assisted"] = round(ours / theirs, 2)
     if args.json:
         print(json.dumps(rows))
@@ -250,12 +277,22 @@ def drafting_main(args) -> None:
     print(f"drafting at batch 1: target GPT {shape(target.config)}, assistant {shape(assistant.config)} (bytes of "
           f"configs/data/drafting.jsonl), {args.prompts} held-out prompts per task, {N} new tokens each, median of "
           f"{args.repeats}, interleaved")
-    print(f"{'task: decoding':<44} {'tok/s':>8} {'vs plain':>9} {'accepted':>9}  same tokens as plain")
+    print(f"{'task: decoding':<52} {'tok/s':>8} {'vs plain':>9} {'tok/step':>9} {'step cost':>10}  same tokens")
     for name, row in rows.items():
-        if isinstance(row, dict):
-            accepted = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
-            print(f"{name:<44} {row['tok_s']:>8.1f} {row['vs_plain']:>8.2f}x {accepted:>9}  {row['identical']}")
+        if isinstance(row, dict) and "tok_s" in row:
+            per_step = "" if row["tokens_per_step"] is None else f"{row['tokens_per_step']:.2f}"
+            cost = "" if row["step_cost"] is None else f"{row['step_cost']:.2f}"
+            print(f"{name:<52} {row['tok_s']:>8.1f} {row['vs_plain']:>8.2f}x {per_step:>9} {cost:>10}  "
+                  f"{row['identical']}")
+    print("tok/step: tokens a target step emits; step cost: a target step's time (a drafting round's, with its "
+          "drafts) in plain greedy steps")
     print(f"jaxformer assisted vs transformers assisted: {rows['assisted vs transformers assisted']:.2f}x")
+    if "round" in rows:
+        r = rows["round"]
+        print(f"a constant round of {K} drafts costs {r['round']:.2f} plain steps (a plain step in the loop; "
+              f"{r['plain step']:.2f} timed alone): {K} assistant steps {r['assistant']:.2f} + the {K + 1}-token "
+              f"verifying step {r['verify']:.2f} + the rest (choosing, accepting, rewinding, appending) "
+              f"{r['rest']:.2f}")
 
 
 def window_main(args) -> None:

@@ -954,9 +954,10 @@ def measure_draft_costs(model, assistant, input_ids: Array, attention_mask: Arra
     shape_key = (nnx.graphdef(model), None if assistant is None else nnx.graphdef(assistant), input_ids.shape,
                  gc.max_new_tokens, gc.draft_tokens)
     if shape_key not in MEASURED_DRAFT_COSTS:
-        plain = decode_step_seconds(model, input_ids, attention_mask, gc, 1, repeats)
-        wide = decode_step_seconds(model, input_ids, attention_mask, gc, gc.draft_tokens + 1, repeats)
-        drafting = 0.0 if assistant is None else decode_step_seconds(assistant, input_ids, attention_mask, gc, 1, repeats)
+        timed = functools.partial(decode_step_seconds, input_ids=input_ids, attention_mask=attention_mask, gc=gc,
+                                  repeats=repeats)
+        plain, wide = timed(model, width=1), timed(model, width=gc.draft_tokens + 1)
+        drafting = 0.0 if assistant is None else timed(assistant, width=1)
         MEASURED_DRAFT_COSTS[shape_key] = (round(drafting / plain, 3),
                                            round(max(wide / plain - 1.0, 0.0) / gc.draft_tokens, 3))
     return MEASURED_DRAFT_COSTS[shape_key]
