@@ -177,7 +177,8 @@ def _merged_contraction(x: Array, w: Array, equation: str) -> tuple[Array, Array
     """x, the kernel w and the equation with the contracted axes merged into one where they are x's trailing
     axes and w's leading ones in the same order ("BTNH,NHD->BTD" as "BTC,CD->BTD", both reshapes free): one
     plain GEMM. Given the head axes apart, XLA CPU transposed the [N, H, D] output kernel into a new array at
-    every decode step (about 40% of gpt2's batch-1 step) instead of the [1, N*H] activation."""
+    every decode step instead of the [1, N*H] activation (gpt2's batch-1 step timed alone: 36 ms with the
+    copies, 26 ms without)."""
     x_spec, w_spec, y_spec = _parse(equation)
     contracted = "".join(c for c in x_spec if c in w_spec and c not in y_spec)
     if len(contracted) < 2 or not x_spec.endswith(contracted) or not w_spec.startswith(contracted):
