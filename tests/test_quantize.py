@@ -184,3 +184,21 @@ print("ok")
     env = simulated_devices(8)
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_weight_only_int8_at_decode_sizes_differentiates_as_its_float_product():
+    """A few rows of x go through the int8 GEMM in two rounded limbs; the gradient with respect to x is the
+    float product's (rounding's derivative is zero almost everywhere, which would starve a QLoRA adapter
+    below the projection), and the value stays within the limbs' rounding of it."""
+    from jaxformer.layers.weights import _int8_matmul
+
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.integers(-127, 128, (16, 8)), jnp.int8)
+    scale = jnp.asarray(rng.random(8) + 0.5, jnp.float32)
+    x = jnp.asarray(rng.standard_normal((2, 3, 16)), jnp.float32)  # 6 rows: the limb path
+    weights_out = jnp.asarray(rng.standard_normal((2, 3, 8)), jnp.float32)
+    int8 = lambda x: _int8_matmul(x, q, scale, "BTD,DF->BTF", jnp.float32, False)  # noqa: E731
+    exact = lambda x: jnp.einsum("BTD,DF->BTF", x, q.astype(jnp.float32)) * scale  # noqa: E731
+    np.testing.assert_allclose(int8(x), exact(x), rtol=0, atol=1e-3 * float(jnp.abs(exact(x)).max()))
+    grads = [jax.grad(lambda x, f=f: jnp.sum(f(x) * weights_out))(x) for f in (int8, exact)]
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-5)

@@ -23,6 +23,7 @@ conversion, so the weight-only form there reads the kernel as float anyway and r
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -205,26 +206,57 @@ def _int8_matmul(x: Array, q: Array, scale: Array, equation: str, dtype, dynamic
     Dynamic: each row of x (every index of its non-contracted axes) rounded to int8 with its own scale, one
     int8 GEMM. Weight-only, few rows (a decode step): XLA CPU would convert the whole kernel to float before
     the matmul (inside generate's loop, once, keeping a float copy alive and reading it: float32's speed), so
-    x is instead split into two int8 limbs, x = s * (high + low / 127), and both go through one int8 GEMM that
-    reads each weight byte once; x keeps 15 bits per row, far finer than the int8 weights' own rounding.
-    Weight-only, many rows (a prefill, training): the kernel converted, one float GEMM."""
+    x goes through the int8 GEMM in two limbs (``_limb_product``). Weight-only, many rows (a prefill,
+    training): the kernel converted, one float GEMM."""
     x_spec, w_spec, y_spec = _parse(equation)
     scale = _aligned(scale.astype(jnp.float32), "".join(c for c in w_spec if c in y_spec), y_spec)
     row_spec = "".join(c for c in x_spec if c not in w_spec)
     rows = math.prod(x.shape[i] for i, c in enumerate(x_spec) if c in row_spec)
-    if not dynamic and rows > LIMB_ROWS:
-        return (jnp.einsum(equation, x, q.astype(dtype)).astype(jnp.float32) * scale).astype(dtype)
-    contracted = tuple(i for i, c in enumerate(x_spec) if c in w_spec)
+    if not dynamic:
+        y = (_limb_product(x, q, equation) if rows <= LIMB_ROWS
+             else jnp.einsum(equation, x, q.astype(dtype)).astype(jnp.float32))
+        return (y * scale).astype(dtype)
     x32 = x.astype(jnp.float32)
-    row_scale = jnp.max(jnp.abs(x32), axis=contracted) / 127.0
-    row_scale = jnp.where(row_scale == 0, 1.0, row_scale)
+    row_scale = _row_scale(x32, x_spec, w_spec)
+    xq = jnp.round(x32 / _aligned(row_scale, row_spec, x_spec))
+    # XLA CPU multiplies an int8 matrix by a single int8 row with a slow generic loop; two rows take its int8
+    # GEMM (measured 3-6x faster), so a lone row (one decode step at batch 1) is padded to two.
+    limbs = [xq] if rows > 1 else [xq, jnp.zeros_like(xq)]
+    y = _stacked_int8_product(limbs, q, equation)[0]
+    return (y * _aligned(row_scale, row_spec, y_spec) * scale).astype(dtype)
+
+
+def _row_scale(x32: Array, x_spec: str, w_spec: str) -> Array:
+    """Each row's max |x| / 127 (1 for an all-zero row): the scale that maps the row into int8."""
+    row_scale = jnp.max(jnp.abs(x32), axis=tuple(i for i, c in enumerate(x_spec) if c in w_spec)) / 127.0
+    return jnp.where(row_scale == 0, 1.0, row_scale)
+
+
+def _stacked_int8_product(limbs: list[Array], q: Array, equation: str) -> list[Array]:
+    """Each of ``limbs`` (whole numbers within int8, x's shape) times q, as float32: stacked along x's first
+    axis (a row axis, as y's), one int8 x int8 -> int32 GEMM for all of them."""
+    y = jnp.einsum(equation, jnp.concatenate(limbs, axis=0).astype(jnp.int8), q, preferred_element_type=jnp.int32)
+    return jnp.split(y.astype(jnp.float32), len(limbs), axis=0)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _limb_product(x: Array, q: Array, equation: str) -> Array:
+    """x times the int8 matrix q, as float32, through the int8 GEMM: each row of x split into two int8 limbs,
+    x = s * (high + low / 127) with s = max|x| / 127, so one GEMM reads each weight byte once and x keeps 15
+    bits a row, far finer than the int8 weights' own rounding. Differentiated as the float product it stands
+    for (rounding has no useful derivative: a QLoRA adapter below it still gets its gradient)."""
+    x_spec, w_spec, y_spec = _parse(equation)
+    row_spec = "".join(c for c in x_spec if c not in w_spec)
+    x32 = x.astype(jnp.float32)
+    row_scale = _row_scale(x32, x_spec, w_spec)
     units = x32 / _aligned(row_scale, row_spec, x_spec)
     high = jnp.round(units)
-    # stacked along x's first axis (a row axis, as y's): one GEMM for every limb. XLA CPU multiplies an int8
-    # matrix by a single int8 row with a slow generic loop; two rows take its int8 GEMM (measured 3-6x
-    # faster), so a lone dynamic row (one decode step at batch 1) is padded to two.
-    limbs = [high, jnp.round((units - high) * 127.0)] if not dynamic else [high] if rows > 1 else [high, 0 * high]
-    y = jnp.einsum(equation, jnp.concatenate(limbs, axis=0).astype(jnp.int8), q, preferred_element_type=jnp.int32)
-    y = jnp.split(y.astype(jnp.float32), len(limbs), axis=0)
-    y = y[0] + y[1] / 127.0 if not dynamic else y[0]
-    return (y * _aligned(row_scale, row_spec, y_spec) * scale).astype(dtype)
+    y_high, y_low = _stacked_int8_product([high, jnp.round((units - high) * 127.0)], q, equation)
+    return (y_high + y_low / 127.0) * _aligned(row_scale, row_spec, y_spec)
+
+
+@_limb_product.defjvp
+def _limb_product_jvp(equation: str, primals, tangents):
+    x, q = primals
+    return _limb_product(x, q, equation), jnp.einsum(equation, tangents[0].astype(jnp.float32),
+                                                     q.astype(jnp.float32))
