@@ -15,6 +15,7 @@ trims the output the way transformers does.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -940,8 +941,18 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     return args, gc
 
 
-MEASURED_DRAFT_COSTS: dict = {}  # measure_draft_costs's results, by everything the timings depend on
+# measure_draft_costs's results by model pair, batch, draft count and cache-length bucket; the oldest dropped
+# past MEASURED_DRAFT_COSTS_KEPT, so a server seeing every prompt length holds a bounded table
+MEASURED_DRAFT_COSTS: collections.OrderedDict = collections.OrderedDict()
+MEASURED_DRAFT_COSTS_KEPT = 64
 TIMED_STEPS = 8  # decode steps per timed call: one dispatch is then a small part of what is timed
+
+
+def cache_length_bucket(slots: int) -> int:
+    """The power of two at or above ``slots``: the costs of drafting change slowly with the cache's length,
+    so generations whose caches share a bucket share one measurement (three programs compiled and timed)
+    rather than each new prompt length paying for its own."""
+    return 1 << max(slots - 1, 0).bit_length()
 
 
 def measure_draft_costs(model, assistant, input_ids: Array, attention_mask: Array, gc: GenerationConfig,
@@ -950,17 +961,22 @@ def measure_draft_costs(model, assistant, input_ids: Array, attention_mask: Arra
     target step runs past the first). Timed over the caches this generation allocates: the target's decode
     step 1 and ``gc.draft_tokens + 1`` tokens wide and the assistant's 1 wide (none for prompt lookup), each
     TIMED_STEPS steps in one compiled loop, the fastest of ``repeats`` calls. Measured once per model pair,
-    batch and length; the adaptive schedule reads them (``_chosen_count``)."""
-    shape_key = (nnx.graphdef(model), None if assistant is None else nnx.graphdef(assistant), input_ids.shape,
-                 gc.max_new_tokens, gc.draft_tokens)
-    if shape_key not in MEASURED_DRAFT_COSTS:
-        timed = functools.partial(decode_step_seconds, input_ids=input_ids, attention_mask=attention_mask, gc=gc,
-                                  repeats=repeats)
-        plain, wide = timed(model, width=1), timed(model, width=gc.draft_tokens + 1)
-        drafting = 0.0 if assistant is None else timed(assistant, width=1)
-        MEASURED_DRAFT_COSTS[shape_key] = (round(drafting / plain, 3),
-                                           round(max(wide / plain - 1.0, 0.0) / gc.draft_tokens, 3))
-    return MEASURED_DRAFT_COSTS[shape_key]
+    batch, draft count and ``cache_length_bucket`` of prompt + new tokens (at the first length seen in it);
+    the adaptive schedule reads them (``_chosen_count``)."""
+    shape_key = (nnx.graphdef(model), None if assistant is None else nnx.graphdef(assistant), input_ids.shape[0],
+                 cache_length_bucket(input_ids.shape[1] + gc.max_new_tokens), gc.draft_tokens)
+    if shape_key in MEASURED_DRAFT_COSTS:
+        MEASURED_DRAFT_COSTS.move_to_end(shape_key)
+        return MEASURED_DRAFT_COSTS[shape_key]
+    timed = functools.partial(decode_step_seconds, input_ids=input_ids, attention_mask=attention_mask, gc=gc,
+                              repeats=repeats)
+    plain, wide = timed(model, width=1), timed(model, width=gc.draft_tokens + 1)
+    drafting = 0.0 if assistant is None else timed(assistant, width=1)
+    MEASURED_DRAFT_COSTS[shape_key] = costs = (round(drafting / plain, 3),
+                                               round(max(wide / plain - 1.0, 0.0) / gc.draft_tokens, 3))
+    while len(MEASURED_DRAFT_COSTS) > MEASURED_DRAFT_COSTS_KEPT:
+        MEASURED_DRAFT_COSTS.popitem(last=False)
+    return costs
 
 
 def decode_step_seconds(model, input_ids: Array, attention_mask: Array, gc: GenerationConfig, width: int,

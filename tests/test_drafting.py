@@ -263,14 +263,26 @@ def test_the_adaptive_schedule_drafts_when_it_pays_and_steps_plainly_when_not():
 
 
 def test_draft_costs_are_measured_once_per_shape():
-    """generate() measures what drafting costs on this device once per model pair and shape: two finite
-    numbers >= 0 in plain target steps, kept and reused."""
+    """generate() measures what drafting costs on this device once per model pair, batch and cache-length
+    bucket: two finite numbers >= 0 in plain target steps, kept and reused by a prompt one token longer (same
+    bucket), measured again for a batch of another size; the table keeps at most MEASURED_DRAFT_COSTS_KEPT."""
     cfg = CASES["gpt-learned-positions"]
     model, assistant = jf.build(cfg, seed=1), jf.build(cfg.replace(decoder_layers=1), seed=2)
     ids = np.random.default_rng(0).integers(3, cfg.vocab_size, (2, 6))
     before = dict(gen.MEASURED_DRAFT_COSTS)
-    _, gc = gen.prepare(model, ids, max_new_tokens=8, assistant_model=assistant, num_assistant_tokens=3)
+    pair = dict(assistant_model=assistant, num_assistant_tokens=3)
+    _, gc = gen.prepare(model, ids, max_new_tokens=8, **pair)
     assert len(gc.draft_costs) == 2 and all(0 <= c < float("inf") for c in gc.draft_costs), gc.draft_costs
     assert len(gen.MEASURED_DRAFT_COSTS) == len(before) + 1
-    _, again = gen.prepare(model, ids, max_new_tokens=8, assistant_model=assistant, num_assistant_tokens=3)
+    assert gen.cache_length_bucket(6 + 8) == gen.cache_length_bucket(7 + 8) == 16
+    _, again = gen.prepare(model, np.concatenate([ids, ids[:, :1]], axis=1), max_new_tokens=8, **pair)
     assert again.draft_costs == gc.draft_costs and len(gen.MEASURED_DRAFT_COSTS) == len(before) + 1
+    gen.prepare(model, ids[:1], max_new_tokens=8, **pair)
+    assert len(gen.MEASURED_DRAFT_COSTS) == len(before) + 2
+    kept = gen.MEASURED_DRAFT_COSTS_KEPT
+    try:
+        gen.MEASURED_DRAFT_COSTS_KEPT = len(gen.MEASURED_DRAFT_COSTS) - 1
+        gen.prepare(model, ids, max_new_tokens=40, **pair)  # bucket 64: measured, the oldest entry dropped
+        assert len(gen.MEASURED_DRAFT_COSTS) == gen.MEASURED_DRAFT_COSTS_KEPT
+    finally:
+        gen.MEASURED_DRAFT_COSTS_KEPT = kept
