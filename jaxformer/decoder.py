@@ -21,6 +21,7 @@ from jaxformer import generate as generation  # the decode loop: model code, it 
 from jaxformer.checks import check_inputs, check_memory, check_prefix_lengths, check_segments, public_call
 from jaxformer.edges import EdgeMethods
 from jaxformer.model_config import ModelConfig
+from jaxformer.layers.weights import output_major
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
                               load_balancing_loss, packed_validity, split_key)
 from jaxformer.outputs import ModelOutput
@@ -65,11 +66,29 @@ def step_logits(model: nnx.Module, h: Array, every_position: bool = False) -> Ar
 
 def unstacked_decoder(model: nnx.Module) -> nnx.Module:
     """``model`` for a loop of many cached steps: on CPU a copy whose decoder layers are sliced out of
-    the stack once (``Stack.unstacked``), elsewhere the model itself."""
-    if not kernels.unstack_decode_loops():
+    the stack once (``Stack.unstacked``), elsewhere (or when they already are: ``decoding_copy``) the model
+    itself."""
+    if not kernels.unstack_decode_loops() or isinstance(model.decoder.blocks, tuple):
         return model
     copy = nnx.merge(*nnx.split(model))
     copy.decoder = model.decoder.unstacked()
+    return copy
+
+
+def decoding_copy(model: nnx.Module) -> nnx.Module:
+    """A copy of ``model`` laid out once for decoding on CPU (elsewhere the model itself): its decoder layers
+    sliced out of the stack and its projection kernels stored outputs first (``weights.output_major``), made
+    here, eagerly, so that every generation on it skips both. The turn is for CPUs: XLA's matrix-vector
+    product there streams an [outputs, inputs] kernel 1.37x faster than an [inputs, outputs] one (a loop of
+    gpt2's MLP kernels, batch 1), but a transpose inside the generation program costs more than a short
+    generation gains (200 ms a call for gpt2) and XLA moved it into the loop unless its layout was pinned.
+    The copy runs the same family code to the same numbers (float32 rounding apart) and the same tokens; it
+    is not for training, and saving, exporting and merging it are refused (``weights.refuse_decoding_copy``)."""
+    if not kernels.unstack_decode_loops():
+        return model
+    copy = unstacked_decoder(model)
+    copy = nnx.merge(*nnx.split(copy)) if copy is model else copy
+    output_major(copy)
     return copy
 
 
@@ -179,4 +198,8 @@ class Decoder(EdgeMethods, nnx.Module):
 
     def for_decode_loop(self) -> Decoder:
         return unstacked_decoder(self)
+
+    def decoding_copy(self) -> Decoder:
+        """This model laid out once for many generations on CPU (``decoder.decoding_copy``)."""
+        return decoding_copy(self)
 

@@ -23,7 +23,7 @@ from jaxformer import generate as generation  # the decode loop: model code, it 
 from jaxformer.checks import check_inputs, check_segments, public_call
 from jaxformer.edges import EdgeMethods
 from jaxformer.model_config import ModelConfig
-from jaxformer.decoder import step_logits, lm_logits, make_lm_head, unstacked_decoder
+from jaxformer.decoder import decoding_copy, step_logits, lm_logits, make_lm_head, unstacked_decoder
 from jaxformer.layers import (Dense, Embed, Embeddings, EncoderOutput, Stack, StackOutput, Tokens, activate, dropout,
                               dtype_of, packed_validity, split_key)
 from jaxformer.outputs import ModelOutput
@@ -189,6 +189,10 @@ class EncoderDecoder(EdgeMethods, nnx.Module):
 
     def for_decode_loop(self) -> EncoderDecoder:
         return unstacked_decoder(self)
+
+    def decoding_copy(self) -> EncoderDecoder:
+        """This model laid out once for many generations on CPU (``decoder.decoding_copy``)."""
+        return decoding_copy(self)
 
 
 def shifted_right(cfg: ModelConfig, input_ids: Array) -> Array:

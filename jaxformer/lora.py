@@ -21,7 +21,8 @@ from flax import nnx
 
 from jaxformer import edges
 from jaxformer.model_config import ModelConfig
-from jaxformer.layers.weights import LoraParam, LoRA, Quantized, kernel, layout, quantize_kernel
+from jaxformer.layers.weights import (LoraParam, LoRA, Quantized, kernel, layout, quantize_kernel,
+                                      refuse_decoding_copy)
 from jaxformer.models import FAMILIES, Model, carry_hf_files
 from jaxformer.sharding import LAYER_AXES
 
@@ -91,6 +92,7 @@ def with_lora(model: Model, rank: int = 8, alpha: float = 8.0, targets: tuple[st
 def merge_adapter(model: Model) -> Model:
     """A plain model (no adapters) whose kernels are W + scaling * A B: what PEFT's ``merge_and_unload``
     gives. The merge runs in float32; an int8 base is dequantized first, so the result is a float model."""
+    refuse_decoding_copy(model, "merge its adapters")
     cfg = model.config
     if cfg.lora is None:
         raise ValueError(f"{cfg.name!r} has no LoRA adapters to merge")

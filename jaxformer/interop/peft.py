@@ -40,7 +40,7 @@ from jaxformer.model_config import LORA_PROJECTIONS, ModelConfig
 from jaxformer.interop.files import read_json, write_safetensors
 from jaxformer.interop.registry import architecture_of, hf_target, rules_for
 from jaxformer.interop.rules import Rule
-from jaxformer.layers.weights import LoraParam
+from jaxformer.layers.weights import LoraParam, refuse_decoding_copy
 from jaxformer.models import abstract_model, carry_hf_files
 
 CONFIG, WEIGHTS, PREFIX = "adapter_config.json", "adapter_model.safetensors", "base_model.model."
@@ -413,6 +413,7 @@ def _saved_modules(cfg: ModelConfig, rules: list[Rule], modules_to_save) -> dict
 
 def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     """The model's adapters (and ``lora_trainable`` modules) as PEFT's tensors and adapter_config.json."""
+    refuse_decoding_copy(model, "save its adapters")
     cfg: ModelConfig = model.config
     if cfg.lora is None:
         raise ValueError(f"{cfg.name!r} has no LoRA adapters to save")

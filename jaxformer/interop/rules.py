@@ -24,6 +24,7 @@ from flax import nnx
 
 from jaxformer.model_config import ModelConfig, RopeScaling
 from jaxformer.interop.reference_keys import harmless_reason
+from jaxformer.layers.weights import refuse_decoding_copy
 from jaxformer.models import abstract_model
 
 
@@ -596,6 +597,7 @@ def _to_device(array: np.ndarray) -> jax.Array:
 
 def export_with_rules(model, rules: list[Rule]) -> dict[str, np.ndarray]:
     """Run ``rules`` backwards: the model's parameters as named numpy arrays (layers unstacked)."""
+    refuse_decoding_copy(model, "export or save")
     cfg: ModelConfig = model.config
     flat = {tuple(map(str, p)): v for p, v in nnx.to_flat_state(nnx.state(model))}
     tensors: dict[str, np.ndarray] = {}

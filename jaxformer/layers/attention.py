@@ -516,7 +516,7 @@ class LatentAttention(nnx.Module):
         D, N, Hn, R, Hv = cfg.d_model, cfg.num_heads, cfg.head_dim_, cfg.latent.rope_head_dim, cfg.value_dim
         C, Cq = cfg.latent.kv_rank, cfg.latent.q_rank
         self.dtype, self.scale, self.dropout_rate = dtype_of(cfg.dtype), cfg.scale, cfg.attention_dropout_rate
-        self.rope_interleave, self.latent_width = cfg.rotary.interleave, C
+        self.rope_interleave, self.latent_width, self.nope_head_dim = cfg.rotary.interleave, C, Hn
         if Cq is None:
             projection(self, "q", cfg, rngs, (D, N, Hn + R), ("embed", "heads", "head_dim"), role="attn")
             self.q_down = self.q_norm = self.q_up = None
@@ -556,7 +556,7 @@ class LatentAttention(nnx.Module):
             c = self._rms(project(self, "q_down", x, "BTD,DC->BTC", dt), self.q_norm)
             q = project(self, "q_up", c, "BTC,CNH->BTNH", dt)
         q = checkpoint_name(q, "qkv")
-        nope = self.k_up.shape[-1]
+        nope = self.nope_head_dim
         return q[..., :nope], self._rotate(q[..., nope:], rope), c
 
     def latents(self, x: Array, rope: tuple[Array, Array]) -> Array:

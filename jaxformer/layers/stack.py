@@ -555,6 +555,9 @@ class Stack(nnx.Module):
     def cross_key_values(self, encoder: EncoderOutput) -> EncoderKV:
         """Every layer's cross-attention keys and values [L, B, S, K, H] of a fixed encoder output:
         computed once per generation instead of once per decoded token."""
+        if isinstance(self.blocks, tuple):  # separate layers (``unstacked``)
+            k, v = (jnp.stack(parts) for parts in zip(*[b.cross_attn.key_values(encoder.hidden) for b in self.blocks]))
+            return EncoderKV(k, v, encoder.valid)
         graphdef, params = nnx.split(self.blocks)
         k, v = jax.vmap(lambda p: nnx.merge(graphdef, p).cross_attn.key_values(encoder.hidden))(params)
         return EncoderKV(k, v, encoder.valid)
