@@ -33,8 +33,10 @@ only; its defaults: 20 drafts, confidence-stopped). Beside the table: the machin
 (``jaxformer.flops.peak_bandwidth``) and the bytes a target step and an assistant step read
 (``jaxformer.flops.decode_bytes_per_step``).
 
+With ``--decoding-copy`` jaxformer's sides run on ``model.decoding_copy()`` of both models (made once).
+
     python benchmarks/drafting.py [--repeats 3] [--new-tokens 128] [--prompts 4] [--k 1 2 3 4 5 6 7 8]
-                                  [--retrain] [--json]
+                                  [--retrain] [--decoding-copy] [--json]
 """
 
 from __future__ import annotations
@@ -344,6 +346,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4, help="held-out calls per batch size")
     parser.add_argument("--k", type=int, nargs="+", default=list(range(1, 9)), help="drafts a round")
     parser.add_argument("--retrain", action="store_true", help="distil the assistant again")
+    parser.add_argument("--decoding-copy", action="store_true",
+                        help="jaxformer's sides on model.decoding_copy() of the target and the assistant")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -353,6 +357,8 @@ def main() -> None:
     log = (lambda message: None) if args.json else (lambda message: print(message, flush=True))  # noqa: E731
     folders, distillation = distilled_pair(args.retrain, log)
     models = {role: jf.from_pretrained(folder) for role, folder in folders.items()}
+    if args.decoding_copy:
+        models = {role: model.decoding_copy() for role, model in models.items()}
     rows = measure(models["target"], models["assistant"], folders, args, log)
     cache_length = PROMPT + args.new_tokens // 2
     step_bytes = {role: flops.decode_bytes_per_step(model.config, 1, cache_length) for role, model in models.items()}
