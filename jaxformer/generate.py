@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxformer import checks
+from jaxformer import checks, kernels
 from jaxformer.cache import DecodeState, cache_numbers
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers import left_padded_positions
@@ -278,13 +278,19 @@ def _prefill_inputs(model, input_ids: Array, attention_mask: Array, gc: Generati
     return ids, rep(positions), rep(mask.astype(bool)), state
 
 
+def _for_the_loop(model, state):
+    """The model and decode state a loop of many cached steps runs: ``model.for_decode_loop()`` and, where
+    that runs the layers apart (CPU), the state's caches as each layer's own arrays (``DecodeState.per_layer``)."""
+    return model.for_decode_loop(), state.per_layer() if kernels.unstack_decode_loops() else state
+
+
 def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfig, first_tokens=None):
     N = gc.max_new_tokens
     ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, N)
     B = ids.shape[0]
     logits, state = model.step(ids, positions, valid, state)
     next_position = positions[:, -1] + 1
-    looping = model.for_decode_loop()  # the one-off prefill keeps the scanned stack (faster to compile)
+    looping, state = _for_the_loop(model, state)  # the one-off prefill keeps the scanned stack (faster to compile)
     choose = lambda logits, step, key: _choose(logits, step, key, gc, first_tokens)  # noqa: E731
     key, sub = jax.random.split(key)
     first = choose(logits, 0, sub)
@@ -328,7 +334,7 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig, first_t
     B = ids.shape[0] // nb
     logits, state = model.step(ids, positions, valid, state)
     next_position = positions[:, -1] + 1
-    looping = model.for_decode_loop()
+    looping, state = _for_the_loop(model, state)
     keep = max(2, 1 + len(gc.eos_token_ids)) * nb
     top_mask = jnp.arange(keep) < nb
     fill = gc.pad_token_id or (gc.eos_token_ids[0] if gc.eos_token_ids else gc.pad_token_id)
@@ -730,8 +736,11 @@ def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationCon
         _, a_state = assistant.step(a_ids, a_positions, a_valid, a_state)
         a_state = a_state.rewind(a_state.kv.index - 1)  # its last prompt token opens the first round
 
-    drafting = None if assistant is None else assistant.for_decode_loop()
-    run = _Drafting(target=model.for_decode_loop(), assistant=drafting, gc=gc, vocab=model.config.vocab_size,
+    looping, state = _for_the_loop(model, state)
+    drafting = None
+    if assistant is not None:
+        drafting, a_state = _for_the_loop(assistant, a_state)
+    run = _Drafting(target=looping, assistant=drafting, gc=gc, vocab=model.config.vocab_size,
                     next_position=positions[:, -1] + 1, prompt_columns=C, first_tokens=first_tokens)
     carry = _DraftingCarry(
         step=jnp.int32(1), state=state, assistant_state=a_state, pair=jnp.stack([ids[:, -1], first], axis=1),
@@ -990,7 +999,7 @@ def decode_step_seconds(model, input_ids: Array, attention_mask: Array, gc: Gene
 
     @jax.jit
     def steps(weights, state):
-        looping = nnx.merge(graphdef, weights).for_decode_loop()
+        looping, state = _for_the_loop(nnx.merge(graphdef, weights), state)
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (rows, width))
 
         def one(i, carry):  # each step's tokens depend on the last one's logits: no step is left out

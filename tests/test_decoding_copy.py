@@ -4,12 +4,14 @@ outputs first) computes what the model computes, generates its tokens, and refus
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from flax import nnx
 
 import jaxformer as jf
+from jaxformer import generate as gen
 from jaxformer.layers.weights import LoraParam, OutputMajor, Quantized
 from test_drafting import CASES as DRAFTING_CASES, _batch
 
@@ -80,3 +82,33 @@ def test_decoding_copy_drafts_and_refuses_to_be_saved(tmp_path):
     for action in (lambda: adapted.save_adapter(tmp_path / "adapter"), adapted.merge_adapter):
         with pytest.raises(ValueError, match="decoding copy"):
             action()
+
+
+@pytest.mark.parametrize("case", ["llama-gqa", "mistral-sliding-3", "llama4-chunked", "deepseek-latent-cache",
+                                  "t5-encoder-decoder"])
+def test_a_per_layer_state_steps_as_the_stacked_one(case):
+    """A decode loop over separate layers carries each layer's cache as its own array (``per_layer``): a
+    prefill then two steps (one token, then three, as a drafting round verifies) give the same logits and
+    write the same caches as the stacked state, for plain, ring, split, latent and encoder-decoder caches; a
+    beam reorder takes the same rows."""
+    cfg = CASES[case]
+    model = jf.build(cfg, seed=1).for_decode_loop()
+    ids, mask = _batch(cfg.family, np.random.default_rng(0), cfg.vocab_size)
+    gc = gen.prepare(model, ids, mask, max_new_tokens=6, decoder_start_token_id=0)[1]
+    ids, positions, valid, state = gen._prefill_inputs(model, jnp.asarray(ids), jnp.asarray(mask), gc, 1, 6)
+    _, stacked = model.step(ids, positions, valid, state)
+    split = stacked.per_layer()
+    assert jax.tree.structure(split) != jax.tree.structure(stacked)  # each layer field became a tuple of layers
+    step = positions[:, -1:] + 1
+    for width in (1, 3):
+        tokens, at = jnp.full((ids.shape[0], width), 5, jnp.int32), step + jnp.arange(width)
+        wide = dict(every_position=width > 1)
+        expected, stacked = model.step(tokens, at, jnp.ones_like(tokens, bool), stacked, **wide)
+        got, split = model.step(tokens, at, jnp.ones_like(tokens, bool), split, **wide)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+        step = step + width
+    for mine, theirs in zip(jax.tree.leaves(split), jax.tree.leaves(stacked.per_layer())):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
+    rows = jnp.asarray([1, 1])
+    for mine, theirs in zip(jax.tree.leaves(split.reorder(rows)), jax.tree.leaves(stacked.reorder(rows).per_layer())):
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))

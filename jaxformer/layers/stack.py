@@ -20,7 +20,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import EncoderKV, KVCache, LatentCache, Memory, MemoryKV, SplitKVCache
+from jaxformer.cache import EncoderKV, KVCache, LatentCache, LayerArrays, Memory, MemoryKV, SplitKVCache
 from jaxformer.layer_plan import LayerPlan, LayerSpec, Segment, layer_plan
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.attention import (Attention, DisentangledAttention, DisentangledInputs, LatentAttention,
@@ -863,7 +863,7 @@ class Stack(nnx.Module):
         if cache is None:
             mask = kernels.fused_mask(self.config, mask, "bidirectional", key_valid=cross.valid, segments=segments)
         if isinstance(cross, EncoderKV):
-            return mask, None, (cross.k, cross.v)
+            return mask, None, tuple(LayerArrays(a) if isinstance(a, tuple) else a for a in (cross.k, cross.v))
         return mask, cross.hidden, None
 
 
