@@ -73,8 +73,8 @@ class _PerLayer:
         return self.valid.shape[1]
 
     def layers(self) -> dict[str, Array | LayerArrays]:
-        return {name: LayerArrays(value) if isinstance(value, tuple) else value
-                for name in self.LAYER_FIELDS for value in [getattr(self, name)]}
+        fields = {name: getattr(self, name) for name in self.LAYER_FIELDS}
+        return {name: LayerArrays(value) if isinstance(value, tuple) else value for name, value in fields.items()}
 
     def per_layer(self):
         """This state as a loop over separate layers carries it (``_Slots.per_layer``); a segment memory,

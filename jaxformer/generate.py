@@ -993,13 +993,19 @@ def decode_step_seconds(model, input_ids: Array, attention_mask: Array, gc: Gene
     """Seconds of one of ``model``'s cached decode steps ``width`` tokens wide, over the empty cache a drafted
     generation of ``gc`` allocates (a step reads every slot, written or not), rewound after each step."""
     graphdef, weights = nnx.split(model)
-    empty = jax.jit(lambda weights: _prefill_inputs(nnx.merge(graphdef, weights), input_ids, attention_mask, gc, 1,
-                                                    gc.max_new_tokens + gc.draft_tokens)[3])(weights)
+
+    @jax.jit
+    def empty_state(weights):  # as the loop carries it
+        model = nnx.merge(graphdef, weights)
+        state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, gc.max_new_tokens + gc.draft_tokens)[3]
+        return _for_the_loop(model, state)[1]
+
+    empty = empty_state(weights)
     rows = input_ids.shape[0]
 
     @jax.jit
     def steps(weights, state):
-        looping, state = _for_the_loop(nnx.merge(graphdef, weights), state)
+        looping = nnx.merge(graphdef, weights).for_decode_loop()
         positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (rows, width))
 
         def one(i, carry):  # each step's tokens depend on the last one's logits: no step is left out
