@@ -74,6 +74,7 @@ def with_lora(model: Model, rank: int = 8, alpha: float = 8.0, targets: tuple[st
               dropout: float = 0.0, rslora: bool = False, trainable: tuple[str, ...] = (), seed: int = 0) -> Model:
     """``model`` with LoRA adapters of ``rank`` on the projections ``targets`` names (B zero, so its outputs
     are unchanged until trained), sharing nothing with the input. An existing adapter is an error."""
+    refuse_decoding_copy(model, "add adapters to")
     cfg = model.config
     if cfg.lora is not None:
         raise ValueError(f"{cfg.name!r} already has LoRA adapters (rank {cfg.lora.rank}); merge_adapter() first")
@@ -92,7 +93,7 @@ def with_lora(model: Model, rank: int = 8, alpha: float = 8.0, targets: tuple[st
 def merge_adapter(model: Model) -> Model:
     """A plain model (no adapters) whose kernels are W + scaling * A B: what PEFT's ``merge_and_unload``
     gives. The merge runs in float32; an int8 base is dequantized first, so the result is a float model."""
-    refuse_decoding_copy(model, "merge its adapters")
+    refuse_decoding_copy(model, "merge the adapters of")
     cfg = model.config
     if cfg.lora is None:
         raise ValueError(f"{cfg.name!r} has no LoRA adapters to merge")
@@ -123,6 +124,7 @@ def quantized(model: Model, kind: str = "int8", embeddings: bool = False) -> Mod
     """``model`` with int8 projection kernels (symmetric, per output channel) and everything else as it was;
     ``embeddings`` makes the token table (and so a tied LM head) int8 too, one scale per vocab row.
     An adapter stays as it is, in float, on top of the int8 kernel (QLoRA's arrangement)."""
+    refuse_decoding_copy(model, "quantize")
     cfg = model.config
     if cfg.quantization is not None:
         raise ValueError(f"{cfg.name!r} is already quantized ({cfg.quantization.kind})")

@@ -65,8 +65,8 @@ def test_decoding_copy_computes_and_generates_what_the_model_does(case):
 
 
 def test_decoding_copy_drafts_and_refuses_to_be_saved(tmp_path):
-    """A copy drafts for a copy (tokens as plain greedy's); saving, exporting or merging one is refused with a
-    ValueError that names the model to use instead, and nothing is written."""
+    """A copy drafts for a copy (tokens as plain greedy's); saving, exporting, merging, adding adapters to or
+    quantizing one is refused with a ValueError that names the model to use instead, and nothing is written."""
     cfg = CASES["llama-gqa"]
     model = jf.build(cfg, seed=1)
     copy, assistant = model.decoding_copy(), jf.build(cfg.replace(decoder_layers=1), seed=2).decoding_copy()
@@ -79,7 +79,8 @@ def test_decoding_copy_drafts_and_refuses_to_be_saved(tmp_path):
         copy.save_pretrained(tmp_path / "out")
     assert not (tmp_path / "out" / "model.safetensors").exists()
     adapted = jf.build(CASES["llama-lora"], seed=1).decoding_copy()
-    for action in (lambda: adapted.save_adapter(tmp_path / "adapter"), adapted.merge_adapter):
+    for action in (lambda: adapted.save_adapter(tmp_path / "adapter"), adapted.merge_adapter,
+                   lambda: jf.with_lora(copy), lambda: jf.quantized(copy)):
         with pytest.raises(ValueError, match="decoding copy"):
             action()
 

@@ -413,7 +413,7 @@ def _saved_modules(cfg: ModelConfig, rules: list[Rule], modules_to_save) -> dict
 
 def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     """The model's adapters (and ``lora_trainable`` modules) as PEFT's tensors and adapter_config.json."""
-    refuse_decoding_copy(model, "save its adapters")
+    refuse_decoding_copy(model, "save the adapters of")
     cfg: ModelConfig = model.config
     if cfg.lora is None:
         raise ValueError(f"{cfg.name!r} has no LoRA adapters to save")

@@ -4,7 +4,9 @@ scales (``quantize``), and in either case an optional LoRA adapter beside it (``
 A module creates each projection with ``projection(self, "q", ...)``, which sets ``self.q`` and, where the
 config asks, ``self.q_scale`` (int8) and ``self.q_lora`` (the adapter), and applies it with
 ``project(self, "q", x, "BTD,DNH->BTNH")``. The kernel keeps its name, shape and logical axes whatever its
-form, so the Hugging Face tensor rules, sharding and checkpoints see the same parameter tree.
+form, so the Hugging Face tensor rules, sharding and checkpoints see the same parameter tree. The one exception
+is a decoding copy (``output_major``): its float kernels are stored outputs first for CPU decoding, and it is
+never saved, exported or rebuilt (``refuse_decoding_copy``).
 
 LoRA (Hu et al. 2021) adds scale * (dropout(x) A) B to the projection's output: A [in.., R] and
 B [R, out..] (R the rank) carry the kernel's own input and output axes, so they shard with it, and are
@@ -240,10 +242,10 @@ def output_major(model: nnx.Module) -> None:
 
 def refuse_decoding_copy(model: nnx.Module, action: str) -> None:
     """A ``ValueError`` for writing out or rebuilding a decoding copy (its kernels are turned and its layers
-    separate): ``action`` is what was asked ('save it')."""
+    separate): ``action`` is what was asked, said of the model ('export or save', 'quantize')."""
     if nnx.state(model, OutputMajor):
-        raise ValueError(f"this model is a decoding copy (model.decoding_copy()), laid out for generation; {action} "
-                         "from the model it was made from")
+        raise ValueError(f"this model is a decoding copy (model.decoding_copy()), laid out for generation only: "
+                         f"{action} the model it was made from instead")
 
 
 def _aligned(a: Array, a_spec: str, y_spec: str) -> Array:
