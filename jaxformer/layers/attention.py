@@ -528,8 +528,8 @@ class LatentAttention(nnx.Module):
         projection(self, "kv_down", cfg, rngs, (D, C + R), ("embed", "latent"), role="attn")
         self.kv_norm = param(rngs, (C,), ("latent",), cfg, init="ones")
         # read whole (absorbed into the query and output of a decode step): int8 but never LoRA targets
-        projection(self, "k_up", cfg, rngs, (C, N, Hn), ("latent", "heads", "head_dim"))
-        projection(self, "v_up", cfg, rngs, (C, N, Hv), ("latent", "heads", "head_dim"))
+        projection(self, "k_up", cfg, rngs, (C, N, Hn), ("latent", "heads", "head_dim"), read_whole=True)
+        projection(self, "v_up", cfg, rngs, (C, N, Hv), ("latent", "heads", "head_dim"), read_whole=True)
         projection(self, "o", cfg, rngs, (N, Hv, D), ("heads", "head_dim", "embed"), inputs=2, role="attn")
         self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.biases.out else None
         self.indexer = Indexer(cfg, rngs=rngs) if cfg.indexer is not None else None

@@ -108,12 +108,15 @@ def _parse(equation: str) -> tuple[str, str, str]:
 
 
 def projection(module: nnx.Module, name: str, cfg: ModelConfig, rngs: nnx.Rngs, shape: tuple[int, ...],
-               axes: tuple[str, ...], *, inputs: int = 1, batch: int = 0, role: str = "") -> None:
+               axes: tuple[str, ...], *, inputs: int = 1, batch: int = 0, role: str = "",
+               read_whole: bool = False) -> None:
     """Create ``module.<name>``: a kernel of ``shape`` = batch + inputs + outputs dims (float, or int8 with
-    ``<name>_scale`` over batch + outputs) and, when ``lora_targets`` names it, ``<name>_lora``."""
+    ``<name>_scale`` over batch + outputs) and, when ``lora_targets`` names it, ``<name>_lora``. A kernel
+    some step reads whole (``kernel``: ``read_whole``, or an experts axis) is never turned by ``output_major``,
+    which would make that step turn it back every time."""
     kernel = param(rngs, shape, axes, cfg)
     if cfg.quantization is None:
-        if batch == 0:  # how ``output_major`` can turn it (an expert kernel is read whole, by ``kernel``)
+        if batch == 0 and not read_whole:  # how ``output_major`` can turn it
             kernel.set_metadata(inputs=inputs)
         setattr(module, name, kernel)
     else:
@@ -139,7 +142,7 @@ def kernel(module: nnx.Module, name: str, dtype, inputs: int = 1, batch: int = 0
     """``module.<name>`` as a dense array in ``dtype``: dequantized if int8, with its LoRA update merged. For
     the uses that need the whole kernel (expert dispatch, latent attention's absorbed form, merging)."""
     w = getattr(module, name)
-    if isinstance(w, OutputMajor):
+    if isinstance(w, OutputMajor):  # layers never read one whole (``read_whole``); other readers get it back
         inputs = w.get_metadata()["inputs"]
         w = jnp.moveaxis(w[...], tuple(range(w.ndim - inputs, w.ndim)), tuple(range(inputs)))
     elif isinstance(w, Quantized):
