@@ -41,7 +41,7 @@ def make_lm_head(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Dense | None, Buffer
 
 
 def lm_logits(model: nnx.Module, x: Array) -> Array:
-    """Next-token logits from the tied embedding or a separate [D, V] projection (+ a bias, soft-capped)."""
+    """Next-token logits from the tied embedding or a separate [D, V] projection (+ a bias, divided, soft-capped)."""
     cfg: ModelConfig = model.config
     if model.lm_head is not None:
         logits = model.lm_head(x)
@@ -51,6 +51,8 @@ def lm_logits(model: nnx.Module, x: Array) -> Array:
         logits = model.embed.attend(x)
     if model.logits_bias is not None:
         logits = logits + model.logits_bias[...].astype(logits.dtype)
+    if cfg.logits.divisor != 1.0:  # Granite's logits_scaling
+        logits = logits / jnp.asarray(cfg.logits.divisor, logits.dtype)
     if cfg.logits.softcap is not None:  # Gemma 2: logits bounded to (-cap, cap)
         logits = jnp.tanh(logits / cfg.logits.softcap) * cfg.logits.softcap
     return logits

@@ -28,7 +28,7 @@ FAMILIES = ("encoder", "decoder", "encoder_decoder")
 NORMS = ("layernorm", "rmsnorm")
 # pre: x + f(norm(x)); post: norm(x + f(x)) (BERT, 2017); output: x + norm(f(x)) (OLMo-2)
 NORM_POSITIONS = ("pre", "post", "output")
-QK_NORM_SPANS = ("head", "projection")
+QK_NORM_SPANS = ("head", "projection", "each_head")
 # the gated ones: swiglu (silu gate), geglu (tanh-form gelu gate: T5 v1.1, Gemma), geglu_erf (exact gelu: ModernBERT)
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_erf")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_erf")
@@ -245,8 +245,10 @@ class Embeddings:
     # position="sinusoidal": the 2017 paper's layout (sin and cos interleaved), fairseq's (M2M-100, NLLB: all sines
     # then all cosines, frequencies 10000^(-i / (D/2 - 1)), the pad id's row zero) or Marian's halves
     sinusoids: str = "transformer"
+    multiplier: float = 1.0  # token vectors times this, in the compute dtype (Granite's embedding_multiplier)
 
     def __post_init__(self):
+        _finite_positive("embedding_multiplier", self.multiplier)
         _non_negative("position_offset", self.position_offset)
         _non_negative("type_vocab_size", self.types)
         if self.width is not None:
@@ -386,14 +388,18 @@ class Scores:
 
 @dataclasses.dataclass(frozen=True)
 class QueryKeyNorm:
-    """An RMSNorm over queries and keys before rotary positions: per head (Gemma 3, Qwen3) or over the whole
-    projection, all heads at once (OLMo-2)."""
+    """A norm (the model's kind) over queries and keys before rotary positions: per head with one scale that
+    every head shares (``span='head'``: Gemma 3, Qwen3), over the whole projection, all heads at once
+    ('projection': OLMo-2), or per head with each head's own scale and no bias ('each_head': StableLM)."""
 
     scale: bool = True  # the norm's learned scale; False: none (Llama 4's weightless norm)
     span: str = "head"
 
     def __post_init__(self):
         _one_of("qk_norm_span", self.span, QK_NORM_SPANS)
+        if self.span == "each_head" and not self.scale:
+            raise ValueError("ModelConfig.qk_norm_span='each_head' is a norm by each head's own learned scale: "
+                             "it needs qk_norm_scale=True")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,9 +473,11 @@ class Logits:
     fixed_bias: bool = False  # a fixed (non-trained) bias on the logits (BART's final_logits_bias)
     trained_bias: bool = False  # a trained bias on the logits (XLNet's lm_loss.bias)
     softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
+    divisor: float = 1.0  # logits / divisor before any softcap (Granite's logits_scaling)
 
     def __post_init__(self):
         _finite_cap("logits_softcap", self.softcap)
+        _finite_positive("logits_divisor", self.divisor)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -666,6 +674,11 @@ class Quantization:
         _one_of("quantize", self.kind, QUANTIZATIONS)
 
 
+def _finite_positive(field: str, value: Any) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+        raise ValueError(f"ModelConfig.{field}={value!r} must be a finite number > 0")
+
+
 def _finite_cap(field: str, value: Any) -> None:
     if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise ValueError(f"ModelConfig.{field}={value!r} must be a finite number > 0 (or None: no capping)")
@@ -683,6 +696,7 @@ FLAT: dict[str, tuple[str, ...]] = {
     "shared_embeddings": ("embeddings", "shared"), "type_vocab_size": ("embeddings", "types"),
     "embedding_size": ("embeddings", "width"), "position_offset": ("embeddings", "position_offset"),
     "pad_aware_positions": ("embeddings", "pad_aware_positions"), "sinusoids": ("embeddings", "sinusoids"),
+    "embedding_multiplier": ("embeddings", "multiplier"),
     "rope_theta": ("rotary", "theta"), "rope_scaling": ("rotary", "scaling"),
     "local_rope_theta": ("rotary", "local_theta"), "rope_interleave": ("rotary", "interleave"),
     "rotary_dim": ("rotary", "dim"),
@@ -709,6 +723,7 @@ FLAT: dict[str, tuple[str, ...]] = {
     "mlp_bias": ("biases", "mlp"),
     "scale_tied_logits": ("logits", "scale_tied"), "logits_bias": ("logits", "fixed_bias"),
     "lm_head_bias": ("logits", "trained_bias"), "logits_softcap": ("logits", "softcap"),
+    "logits_divisor": ("logits", "divisor"),
     "conv_kernel_size": ("conv", "kernel_size"), "conv_groups": ("conv", "groups"),
     "conv_activation": ("conv", "activation"),
     "pooler": ("head_options", "pooler"), "pooler_activation": ("head_options", "pooler_activation"),
@@ -845,6 +860,8 @@ class ModelConfig:
     parallel: ParallelResidual | None = None
     biases: Biases = Biases()
     logits: Logits = Logits()
+    # each sublayer's output times this as it joins the residual stream (Granite's residual_multiplier)
+    residual_multiplier: float = 1.0
     clamp_float16: bool = False  # T5: in float16, clamp each sublayer's output into range, as transformers does
     shared_layers: bool = False  # ALBERT: one layer's parameters, applied at every layer of the stack
     conv: Convolution | None = None
@@ -1272,6 +1289,7 @@ def _check_numerics(cfg: ModelConfig) -> None:
         raise ValueError(f"ModelConfig.init_std={cfg.init_std!r} must be > 0")
     _rate("dropout_rate", cfg.dropout_rate)
     _rate("attention_dropout_rate", cfg.attention_dropout_rate)
+    _finite_positive("residual_multiplier", cfg.residual_multiplier)
 
 
 def _check_adapters(cfg: ModelConfig) -> None:

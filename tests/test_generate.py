@@ -46,6 +46,15 @@ CACHE_CASES = {
     "llama4-interleaved": _decoder_case("tiny-mixtral", decoder_layers=4, moe_layer_step=2, router_score="sigmoid",
                                         normalize_router_weights=False, router_weights_on_input=True,
                                         shared_experts=1, expert_d_ff=32),
+    # Granite: muP's multipliers on the embeddings, each residual branch, the attention scale and the logits
+    "granite": _decoder_case("tiny-llama", embedding_multiplier=3.0, residual_multiplier=0.5, attention_scale=0.1,
+                             logits_divisor=4.0),
+    # SmolLM3: a NoPE layer that slides (window 2) beside a rotary one in full
+    "smollm3": _decoder_case("tiny-llama", nope_layers=(1,), attention="alternating", window_size=2,
+                             layer_types=("full", "sliding")),
+    # StableLM 2 12B: LayerNorms, rotary positions on half of each head, each head's own q/k norm, parallel residual
+    "stablelm": _decoder_case("tiny-llama", norm="layernorm", norm_bias=True, rotary_dim=4, qk_norm=True,
+                              qk_norm_span="each_head", parallel_residual=True, parallel_shared_norm=True),
     # Gemma: sliding and full layers with a window of 2, soft caps (2), Gemma 3's local rotary base; T5Gemma
     "gemma2": _decoder_case("tiny-gemma", window_size=2, attention_softcap=2.0, logits_softcap=3.0),
     "gemma3": _decoder_case("tiny-gemma3", window_size=2),

@@ -201,6 +201,19 @@ class ProjectionNorm(nnx.Module):
         return normalize(flat, scale, bias, self.kind, self.eps).reshape(x.shape).astype(self.dtype)
 
 
+class EachHeadNorm(nnx.Module):
+    """A norm over each head [.., N, H] alone, with each head's own scale [N, H] and no bias (StableLM's
+    qk_layernorm: one LayerNorm per head), in float32 like ``Norm``."""
+
+    def __init__(self, cfg: ModelConfig, heads: int, heads_axis: str, *, rngs: nnx.Rngs):
+        self.kind, self.eps, self.dtype = cfg.norms.kind, cfg.norms.eps, dtype_of(cfg.dtype)
+        self.scale = param(rngs, (heads, cfg.head_dim_), (heads_axis, "head_dim"), cfg, init="ones")
+
+    def __call__(self, x: Array) -> Array:
+        y = normalize(x.astype(jnp.float32), self.scale[...].astype(jnp.float32), None, self.kind, self.eps)
+        return y.astype(self.dtype)
+
+
 class Attention(nnx.Module):
     """Multi-head attention with separate kv heads (MHA, GQA, MQA), self or cross.
 
@@ -233,9 +246,11 @@ class Attention(nnx.Module):
         # Gemma 3, Qwen3: each query and key head is normalised before its rotary positions (Llama 4: without a
         # learned scale, and on the rotated layers only)
         # OLMo-2 (qk_norm_span='projection'): one norm over the whole q projection, another over the whole k
-        if cfg.query_key_norm is not None and cfg.query_key_norm.span == "projection":
-            self.q_norm = ProjectionNorm(cfg, N, "heads", rngs=rngs)
-            self.k_norm = ProjectionNorm(cfg, K, "kv_heads", rngs=rngs)
+        # StableLM (qk_norm_span='each_head'): each head normed alone, with its own scale
+        span = cfg.query_key_norm.span if cfg.query_key_norm is not None else None
+        if span in ("projection", "each_head"):
+            headed = ProjectionNorm if span == "projection" else EachHeadNorm
+            self.q_norm, self.k_norm = headed(cfg, N, "heads", rngs=rngs), headed(cfg, K, "kv_heads", rngs=rngs)
         else:
             qk_norm = lambda: Norm(cfg, rngs=rngs, width=H, axis="head_dim",  # noqa: E731
                                    scaled=cfg.query_key_norm.scale)

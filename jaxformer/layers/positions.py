@@ -297,12 +297,14 @@ def relative_shift(scores: Array, key_length: int) -> Array:
 
 class Embeddings(nnx.Module):
     """A stack's front end: token vectors (from a table the family may share between stacks) ->
-    optional sqrt(D) scale -> absolute positions -> token types -> optional norm -> dropout -> with
+    optional sqrt(D) scale or multiplier -> absolute positions -> token types -> optional norm -> dropout -> with
     factorised embeddings (``embedding_size``: ALBERT, ELECTRA), a projection to d_model."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, token_types: bool = False):
         width, axis = embedding_width(cfg)
-        self.scale = math.sqrt(cfg.d_model) if cfg.embeddings.scale else None
+        # the 2017 paper's sqrt(D) and Granite's embedding_multiplier: one product either way
+        scale = (math.sqrt(cfg.d_model) if cfg.embeddings.scale else 1.0) * cfg.embeddings.multiplier
+        self.scale = None if scale == 1.0 else scale
         self.positions = Positions(cfg, rngs=rngs, width=width, axis=axis)
         self.token_types = (Embed(cfg.embeddings.types, cfg, rngs=rngs, axes=("types", axis), width=width)
                             if token_types and cfg.embeddings.types else None)

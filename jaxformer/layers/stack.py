@@ -162,7 +162,7 @@ class Block(nnx.Module):
         self.pre_norm = cfg.norms.position == "pre"
         # OLMo-2: x = x + norm(f(x)), the sublayers read x unnormed (the output norms are the sandwich's)
         self.output_norm = cfg.norms.position == "output"
-        self.dropout_rate = cfg.dropout_rate
+        self.dropout_rate, self.residual_multiplier = cfg.dropout_rate, cfg.residual_multiplier
         self.clamp_float16 = cfg.clamp_float16
         # ModernBERT's first layer: the attention reads x as it comes (after the embedding norm)
         unnormed = spec.special == "unnormed attention" or self.output_norm
@@ -191,7 +191,7 @@ class Block(nnx.Module):
         """Returns x, this call's new keys and values (for the caller's cache), MoE router stats, and the
         attention probabilities {"self", "cross"} (None unless ``inputs.output_attentions``)."""
         keys = BlockKeys(*split_key(key, 6))
-        drop = lambda h, key: dropout(h, self.dropout_rate, key)  # noqa: E731
+        drop = lambda h, key: self.scaled(dropout(h, self.dropout_rate, key))  # noqa: E731
         weights = {"self": None, "cross": None}
         if self.parallel:  # GPT-NeoX: x = x + attn(norm(x)) + mlp(norm'(x)); GPT-J: one norm for both
             normed = self.attn_norm(x)
@@ -217,6 +217,10 @@ class Block(nnx.Module):
             h, stats = self.feed_forward(x, inputs, keys.mlp)
             x = self.mlp_norm(x + drop(h, keys.mlp_out))
         return x, new_kv, stats, weights
+
+    def scaled(self, h: Array) -> Array:
+        """A sublayer's output as it joins the residual: times ``residual_multiplier`` (Granite)."""
+        return h if self.residual_multiplier == 1.0 else h * jnp.asarray(self.residual_multiplier, h.dtype)
 
     @staticmethod
     def sandwiched(h: Array, post_norm: Norm | None) -> Array:
