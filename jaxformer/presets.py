@@ -186,6 +186,20 @@ def _starcoder2(d_model: int, layers: int, heads: int, kv_heads: int, theta: flo
                 tie_embeddings=tied, init_std=init_std, bos_token_id=0, eos_token_id=0)
 
 
+def _granite(d_model: int, d_ff: int, head_dim: int, logits_divisor: float) -> dict:
+    # Granite 3.0: LLaMA's layers, 40 deep with GQA 32/8, under muP's multipliers (attention 1 / head_dim),
+    # 49155-token vocabulary, tied head, 4096 positions
+    return _llama(d_model, 40, 32, 8, d_ff, 49155, 10000.0, 4096, tie_embeddings=True, embedding_multiplier=12.0,
+                  residual_multiplier=0.22, attention_scale=1 / head_dim, logits_divisor=logits_divisor,
+                  bos_token_id=0, eos_token_id=0, pad_token_id=0)
+
+
+def _stablelm(vocab: int, d_model: int, d_ff: int, layers: int, kv_heads: int, **kw) -> dict:
+    # StableLM: LayerNorms with biases, SwiGLU without biases, 32 heads rotating a quarter of each, 4096 positions
+    return _llama(d_model, layers, 32, kv_heads, d_ff, vocab, 10000.0, 4096, norm="layernorm", norm_bias=True,
+                  rotary_dim=d_model // 32 // 4, **kw)
+
+
 def _deepseek(d_model: int, layers: int, heads: int, d_ff: int, expert_d_ff: int, experts: int, k: int, shared: int,
               dense: int, vocab: int, *, v3: bool, q_lora_rank: int | None, **kw) -> dict:
     # Multi-head latent attention (latent 512, rotary 64, no-position 128, values 128), DeepSeekMoE
@@ -427,6 +441,18 @@ _PRESETS: dict[str, dict] = {
                                 num_experts=60, experts_per_token=4, expert_d_ff=1408, normalize_router_weights=False,
                                 shared_experts=4, shared_expert_gate=True, router_aux_loss_coef=0.001),
     "qwen3-8b": _llama(4096, 36, 32, 8, 12288, 151936, 1e6, 40960, head_dim=128, qk_norm=True, norm_eps=1e-6),
+    "granite-3.0-2b": _granite(2048, 8192, 64, 8.0),
+    "granite-3.0-8b": _granite(4096, 12800, 128, 16.0),
+    # SmolLM3-3B: every fourth layer without rotary positions, tied head, 64K positions
+    "smollm3-3b": _llama(2048, 36, 16, 4, 11008, 128256, 5e6, 65536, norm_eps=1e-6, tie_embeddings=True,
+                         nope_layers=tuple(range(3, 36, 4)), pad_token_id=128004, eos_token_id=128012),
+    "stablelm-3b-4e1t": _stablelm(50304, 2560, 6912, 32, 32, bos_token_id=0, eos_token_id=0),
+    # StableLM 2: q/k/v biases (1.6B); per-head q/k LayerNorms, GQA and a parallel residual (12B)
+    "stablelm-2-1.6b": _stablelm(100352, 2048, 5632, 24, 32, qkv_bias=True, bos_token_id=100257,
+                                 eos_token_id=100257),
+    "stablelm-2-12b": _stablelm(100352, 5120, 13824, 40, 8, qk_norm=True, qk_norm_span="each_head",
+                                parallel_residual=True, parallel_shared_norm=True, bos_token_id=100257,
+                                eos_token_id=100257),
     "olmo-2-1b": _olmo2(2048, 16, 16, 8192),  # OLMo-2-0425-1B
     "olmo-2-7b": _olmo2(4096, 32, 32, 11008),  # OLMo-2-1124-7B
     # StarCoder2 3B and 7B tie their head to the embeddings, 15B has its own

@@ -88,6 +88,11 @@ _GEMMA3 = {**_GEMMA2, "layer_types": ["sliding_attention", "sliding_attention", 
                                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}
 _T5GEMMA_HALF = {k: v for k, v in _GEMMA2.items() if k != "attn_implementation"}
 _STARCODER2 = {**{k: v for k, v in _LLAMA.items() if k != "rms_norm_eps"}, "norm_epsilon": 1e-6}
+_GRANITE = {**_LLAMA, "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.0625,
+            "logits_scaling": 4.0, "pad_token_id": 0}
+_SMOLLM3 = {**_LLAMA, "no_rope_layer_interval": 2, "pad_token_id": 0}
+_STABLELM = {**{k: v for k, v in _LLAMA.items() if k != "rms_norm_eps"}, "layer_norm_eps": 1e-5,
+             "num_key_value_heads": 4, "use_qkv_bias": True, "partial_rotary_factor": 0.5}
 _DEEPSEEK_V3 = {**_DEEPSEEK, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1}
 
 # name -> (config class, model class, config kwargs)
@@ -332,6 +337,22 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                     "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0,
                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                         "original_max_position_embeddings": 16}}),
+    # Granite: LLaMA's layers under muP's multipliers (embeddings, residual branches, the attention scale, the
+    # logits); the base model with attention biases and its own head_dim
+    "granite": ("GraniteConfig", "GraniteForCausalLM", _GRANITE),
+    "granite-base": ("GraniteConfig", "GraniteModel", {**_GRANITE, "attention_bias": True, "head_dim": 12,
+                                                        "tie_word_embeddings": True}),
+    # SmolLM3: every second layer without rotary positions; the base model's unrotated layer sliding (a window
+    # of 4 shorter than the test sequences)
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", _SMOLLM3),
+    "smollm3-sliding": ("SmolLM3Config", "SmolLM3Model", {**_SMOLLM3, "use_sliding_window": True,
+                                                           "sliding_window": 4, "attention_bias": True}),
+    # StableLM: LayerNorms with biases, rotary positions on half of each head, q/k/v biases (StableLM 2 1.6B);
+    # StableLM 2 12B's per-head q/k LayerNorms and parallel residual, with GQA and the default quarter rotated
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", _STABLELM),
+    "stablelm-12b": ("StableLmConfig", "StableLmForCausalLM",
+                     {**_STABLELM, "use_qkv_bias": False, "qk_layernorm": True, "use_parallel_residual": True,
+                      "num_key_value_heads": 2, "partial_rotary_factor": 0.25}),
 }
 # Encoder-decoders' classification and span heads: apart from CHECKPOINTS (whose shared tests feed inputs without
 # the EOS tokens a classifier pools at); tests/test_seq2seq_heads.py runs them. T5 v1.1's gated layers for mT5.

@@ -131,6 +131,24 @@ def _starcoder2(hidden: int, intermediate: int, layers: int, heads: int, kv_head
                 use_bias=True, initializer_range=init, bos_token_id=0, eos_token_id=0, **kw)
 
 
+def _granite(hidden: int, intermediate: int, attention: float, logits: float) -> dict:
+    # ibm-granite/granite-3.0-{2b,8b}-base's config.json
+    return dict(vocab_size=49155, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=40,
+                num_attention_heads=32, num_key_value_heads=8, hidden_act="silu", max_position_embeddings=4096,
+                rms_norm_eps=1e-5, rope_parameters=_rope(10000.0), attention_bias=False, mlp_bias=False,
+                embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=attention,
+                logits_scaling=logits, attention_dropout=0.1, tie_word_embeddings=True, bos_token_id=0,
+                eos_token_id=0, pad_token_id=0)
+
+
+def _stablelm(vocab: int, hidden: int, intermediate: int, layers: int, kv_heads: int, **kw) -> dict:
+    # stabilityai/stablelm-3b-4e1t's, stablelm-2-1_6b's and stablelm-2-12b's config.json
+    return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                num_attention_heads=32, num_key_value_heads=kv_heads, hidden_act="silu", max_position_embeddings=4096,
+                layer_norm_eps=1e-5, rope_parameters={**_rope(10000.0), "partial_rotary_factor": 0.25},
+                tie_word_embeddings=False, **kw)
+
+
 def _deepseek_yarn(mscale: float) -> dict:
     """DeepSeek-V2's and V3's published context extension: 4096 pre-trained positions, 40-fold by yarn."""
     return {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
@@ -512,6 +530,24 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
              max_position_embeddings=40960, rms_norm_eps=1e-6, rope_parameters=_rope(1000000.0),
              attention_bias=False, use_sliding_window=False, max_window_layers=36, tie_word_embeddings=False),
     ),
+    "granite-3.0-2b": ("GraniteForCausalLM", _granite(2048, 8192, 0.015625, 8.0)),
+    "granite-3.0-8b": ("GraniteForCausalLM", _granite(4096, 12800, 0.0078125, 16.0)),
+    # HuggingFaceTB/SmolLM3-3B's config.json: no rotary positions on every fourth layer
+    "smollm3-3b": (
+        "SmolLM3ForCausalLM",
+        dict(vocab_size=128256, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+             num_attention_heads=16, num_key_value_heads=4, hidden_act="silu", max_position_embeddings=65536,
+             rms_norm_eps=1e-6, rope_parameters=_rope(5000000.0), no_rope_layers=[int((i + 1) % 4 != 0) for i in
+                                                                                  range(36)],
+             use_sliding_window=False, sliding_window=None, tie_word_embeddings=True, bos_token_id=None,
+             eos_token_id=128012, pad_token_id=128004),
+    ),
+    "stablelm-3b-4e1t": ("StableLmForCausalLM", _stablelm(50304, 2560, 6912, 32, 32, bos_token_id=0, eos_token_id=0)),
+    "stablelm-2-1.6b": ("StableLmForCausalLM", _stablelm(100352, 2048, 5632, 24, 32, use_qkv_bias=True,
+                                                          bos_token_id=100257, eos_token_id=100257)),
+    "stablelm-2-12b": ("StableLmForCausalLM", _stablelm(100352, 5120, 13824, 40, 8, qk_layernorm=True,
+                                                         use_parallel_residual=True, bos_token_id=100257,
+                                                         eos_token_id=100257)),
     "olmo-2-1b": ("Olmo2ForCausalLM", _olmo2(2048, 16, 16, 8192)),
     "olmo-2-7b": ("Olmo2ForCausalLM", _olmo2(4096, 32, 32, 11008)),
     "starcoder2-3b": ("Starcoder2ForCausalLM", _starcoder2(3072, 12288, 30, 24, 2, 999999.4420358813, 0.018042)),

@@ -15,7 +15,7 @@ from jaxformer.model_config import ModelConfig
 from jaxformer.interop import (albert, bart, bert, deberta, deepseek, distilbert, electra, gemma, gpt2, gpt_neo,
                                gpt_neox, gpt_oss, llama, llama4, m2m_100, marian, modernbert, mpnet, t5, t5gemma, umt5,
                                xlnet)
-from jaxformer.interop import glm, mixtral, olmo2, phi3, qwen, starcoder2
+from jaxformer.interop import glm, granite, mixtral, olmo2, phi3, qwen, smollm3, stablelm, starcoder2
 from jaxformer.interop.rules import Architecture, ConfigReader, Rule, with_defaults
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -35,6 +35,9 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     olmo2.ARCHITECTURE,
     llama4.ARCHITECTURE,
     llama.ARCHITECTURE,
+    granite.ARCHITECTURE,
+    smollm3.ARCHITECTURE,
+    stablelm.ARCHITECTURE,
     mixtral.ARCHITECTURE,  # tried before the Qwen MoEs for an export target, as when one file held them
     qwen.ARCHITECTURE,
     phi3.ARCHITECTURE,
