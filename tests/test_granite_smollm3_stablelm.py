@@ -10,22 +10,16 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import warnings
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-import jaxformer as jf  # noqa: E402
-from jaxformer.compare import compare, format_table, reference_model  # noqa: E402
 from jaxformer.interop.hf import config_from_hf  # noqa: E402
-from jaxformer.train import run_config  # noqa: E402
-from jaxformer.train.run import train  # noqa: E402
 
-TOLERANCE = 1e-5
+from family_files import (generates_as_transformers, matches_transformers, qlora_loss_falls, read,  # noqa: E402
+                          rewritten)
 _TINY = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_hidden_layers=2, num_key_value_heads=2,
              vocab_size=97, max_position_embeddings=64, initializer_range=0.2)
 # The published config.json files, every key kept, sizes (and token ids) those of the tiny checkpoints. Granite's
@@ -57,42 +51,20 @@ PUBLISHED = {
 CLASSES = {"granite": "GraniteConfig", "smollm3": "SmolLM3Config", "stablelm-12b": "StableLmConfig"}
 
 
-def _rewritten(source, folder, hf: dict):
-    """A copy of the checkpoint ``source`` with ``hf`` as its config.json."""
-    shutil.copytree(source, folder)
-    (folder / "config.json").write_text(json.dumps(hf))
-    return folder
-
-
-def _matches_transformers(folder, length=9):
-    rng = np.random.default_rng(0)
-    ids = rng.integers(3, 97, size=(2, length))
-    mask = np.ones_like(ids)
-    mask[1, length - 3:] = 0
-    rows = compare(folder, ids, mask)
-    assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
-
-
-def _read(hf: dict) -> jf.ModelConfig:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return config_from_hf(copy.deepcopy(hf))
-
-
 def _as_transformers_writes_it(name: str, hf: dict) -> dict:
     config = getattr(transformers, CLASSES[name]).from_dict(copy.deepcopy(hf))
     return json.loads(config.to_json_string(use_diff=False))
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
-def test_the_published_file_reads_as_its_transformers_5_form_and_matches_transformers(name, checkpoints, tmp_path):
-    cfg = _read(PUBLISHED[name])
-    assert _read(_as_transformers_writes_it(name, PUBLISHED[name])).replace(name=cfg.name) == cfg
-    _matches_transformers(_rewritten(checkpoints(name), tmp_path / "published", PUBLISHED[name]))
+def test_the_published_file_reads_as_its_transformers_5_form_andmatches_transformers(name, checkpoints, tmp_path):
+    cfg = read(PUBLISHED[name])
+    assert read(_as_transformers_writes_it(name, PUBLISHED[name])).replace(name=cfg.name) == cfg
+    matches_transformers(rewritten(checkpoints(name), tmp_path / "published", PUBLISHED[name]))
 
 
 def test_what_the_published_files_say():
-    granite, smollm3, stablelm = (_read(PUBLISHED[name]) for name in ("granite", "smollm3", "stablelm-12b"))
+    granite, smollm3, stablelm = (read(PUBLISHED[name]) for name in ("granite", "smollm3", "stablelm-12b"))
     assert (granite.embeddings.multiplier, granite.residual_multiplier, granite.scale, granite.logits.divisor) == \
         (12.0, 0.22, 0.015625, 8.0)
     assert (smollm3.nope.layers, smollm3.attention, smollm3.rotary.theta) == ((1,), "causal", 5e6)
@@ -105,13 +77,13 @@ def test_smollm3_windows_follow_layer_types_and_use_sliding_window(checkpoints, 
     """A window on the NoPE layers by default when use_sliding_window says so; on the layers layer_types names
     whatever use_sliding_window says (transformers' masks follow layer_types)."""
     published = {**PUBLISHED["smollm3"], "layer_types": None, "sliding_window": 4}
-    assert _read(published).attention == "causal"
-    by_default = _read({**published, "use_sliding_window": True})
+    assert read(published).attention == "causal"
+    by_default = read({**published, "use_sliding_window": True})
     assert (by_default.attention, by_default.layer_types, by_default.window_size) == \
         ("alternating", ("full", "sliding"), 4)
     named = {**published, "layer_types": ["sliding_attention", "full_attention"]}
-    assert _read(named).layer_types == ("sliding", "full")
-    _matches_transformers(_rewritten(checkpoints("smollm3"), tmp_path / "named", named), length=12)
+    assert read(named).layer_types == ("sliding", "full")
+    matches_transformers(rewritten(checkpoints("smollm3"), tmp_path / "named", named), length=12)
 
 
 @pytest.mark.parametrize("name, changes, message", [
@@ -135,34 +107,13 @@ def test_generation_is_token_identical_to_transformers(name, window, num_beams, 
     """Left-padded prompts of 7 and 10 new tokens; SmolLM3's NoPE layer slides over a window of 4."""
     folder = checkpoints(name)
     if window is not None:
-        folder = _rewritten(folder, tmp_path / "windowed", {**PUBLISHED[name], "use_sliding_window": True,
-                                                            "sliding_window": window, "layer_types": None})
-    model, reference = jf.from_pretrained(folder), reference_model(folder)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(3, 97, (3, 7))
-    mask = np.ones_like(ids)
-    mask[1, :2], mask[2, :4] = 0, 0
-    ids = ids * mask
-    kwargs = dict(max_new_tokens=10, num_beams=num_beams, do_sample=False, length_penalty=1.0)
-    kwargs["eos_token_id"] = int(model.generate(ids, mask, **kwargs)[0, 7 + 2])  # so stopping is exercised
-    ours = model.generate(ids, mask, **kwargs)
-    with torch.no_grad():
-        theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **kwargs).numpy()
-    np.testing.assert_array_equal(ours, theirs)
-
-
-# test_family_tree.py's QLoRA run: an int8 base with adapters on q, v and the MLP input, 8 steps on the bytes tokenizer
-QLORA = ["train.steps=8", "train.batch_size=8", "train.seq_len=32", "train.log_every=2", "eval.every=8",
-         "eval.batches=1", "optim.warmup_steps=1", "train.sample_tokens=0", "checkpoint.every=0", "optim.lr=2e-2",
-         "finetune.lora.rank=4", "finetune.lora.targets=q,v,wi", "finetune.lora.base_dtype=int8",
-         "model.overrides.vocab_size=227"]  # the bytes tokenizer's ids; the tiny file holds 97 rows
+        folder = rewritten(folder, tmp_path / "windowed", {**PUBLISHED[name], "use_sliding_window": True,
+                                                           "sliding_window": window, "layer_types": None})
+    generates_as_transformers(folder, num_beams)
 
 
 # Granite's tiny file divides its logits by 4 and halves each residual branch: its adapters move the loss
 # more slowly, so they learn at a higher rate
 @pytest.mark.parametrize("name, lr", [("granite", 8e-2), ("smollm3", 2e-2), ("stablelm-12b", 2e-2)])
 def test_a_qlora_fine_tune_starts_from_the_file_and_its_loss_falls(name, lr, checkpoints, tmp_path):
-    cfg = run_config.load(None, QLORA + [f"optim.lr={lr}", f"model.init_from=hf:{checkpoints(name)}",
-                                         f"run.dir={tmp_path}"])
-    losses = [record["loss"] for record in train(cfg, progress=False)["history"]]
-    assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.2, losses
+    qlora_loss_falls(checkpoints(name), tmp_path, f"optim.lr={lr}")

@@ -9,26 +9,20 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import warnings
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import jaxformer as jf  # noqa: E402
-from jaxformer.compare import compare, format_table, reference_model  # noqa: E402
 from jaxformer.interop.hf import config_from_hf  # noqa: E402
 from jaxformer.interop.registry import hf_target  # noqa: E402
 
-from jaxformer.train import run_config  # noqa: E402
-from jaxformer.train.run import train  # noqa: E402
-
+from family_files import (generates_as_transformers, matches_transformers, qlora_loss_falls, read,  # noqa: E402
+                          rewritten)
 from hf_reference import hf_param_count  # noqa: E402
 
-TOLERANCE = 1e-5
 # bigcode/starcoder2-15b's config.json, every key kept (its rms_norm_eps and layer_norm keys, which transformers'
 # Starcoder2 never reads for its LayerNorms), sizes those of the tiny checkpoint, token ids inside its vocabulary
 PUBLISHED_15B = {"_name_or_path": "/aot/checkpoints/15b/config.json", "architectures": ["Starcoder2ForCausalLM"],
@@ -41,40 +35,18 @@ PUBLISHED_15B = {"_name_or_path": "/aot/checkpoints/15b/config.json", "architect
                  "use_bias": True, "use_cache": True, "vocab_size": 97}
 
 
-def _rewritten(source, folder, hf: dict):
-    """A copy of the checkpoint ``source`` with ``hf`` as its config.json."""
-    shutil.copytree(source, folder)
-    (folder / "config.json").write_text(json.dumps(hf))
-    return folder
-
-
-def _matches_transformers(folder, length=9):
-    rng = np.random.default_rng(0)
-    ids = rng.integers(3, 97, size=(2, length))
-    mask = np.ones_like(ids)
-    mask[1, length - 3:] = 0
-    rows = compare(folder, ids, mask)
-    assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
-
-
-def _read(hf: dict) -> jf.ModelConfig:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return config_from_hf(copy.deepcopy(hf))
-
-
 def _as_transformers_writes_it(hf: dict) -> dict:
     return json.loads(transformers.Starcoder2Config.from_dict(copy.deepcopy(hf)).to_json_string(use_diff=False))
 
 
-def test_the_published_file_reads_as_its_transformers_5_form_and_matches_transformers(checkpoints, tmp_path):
-    cfg = _read(PUBLISHED_15B)
+def test_the_published_file_reads_as_its_transformers_5_form_andmatches_transformers(checkpoints, tmp_path):
+    cfg = read(PUBLISHED_15B)
     assert (cfg.norms.kind, cfg.norms.eps, cfg.activation, cfg.attention, cfg.window_size) == \
         ("layernorm", 1e-5, "gelu_tanh", "sliding", 4)
     assert (cfg.rotary.theta, cfg.num_kv_heads, cfg.biases.qkv, cfg.biases.out, cfg.biases.mlp) == \
         (1e5, 2, True, True, True)
-    assert _read(_as_transformers_writes_it(PUBLISHED_15B)).replace(name=cfg.name) == cfg
-    _matches_transformers(_rewritten(checkpoints("starcoder2"), tmp_path / "published", PUBLISHED_15B))
+    assert read(_as_transformers_writes_it(PUBLISHED_15B)).replace(name=cfg.name) == cfg
+    matches_transformers(rewritten(checkpoints("starcoder2"), tmp_path / "published", PUBLISHED_15B))
 
 
 def test_legacy_rope_keys_read_as_rope_parameters(checkpoints, tmp_path):
@@ -84,14 +56,14 @@ def test_legacy_rope_keys_read_as_rope_parameters(checkpoints, tmp_path):
     legacy = {key: value for key, value in modern.items() if key != "rope_parameters"}
     rope = modern["rope_parameters"]
     legacy.update(rope_theta=rope["rope_theta"], rope_scaling={"type": "linear", "factor": rope["factor"]})
-    assert _read(legacy) == _read(modern) and _read(legacy).rotary.scaling.factor == 2.0
-    _matches_transformers(_rewritten(source, tmp_path / "legacy", legacy), length=20)
+    assert read(legacy) == read(modern) and read(legacy).rotary.scaling.factor == 2.0
+    matches_transformers(rewritten(source, tmp_path / "legacy", legacy), length=20)
 
 
 def test_no_window_is_causal_and_keys_left_out_take_the_class_defaults():
     sizes = dict(model_type="starcoder2", vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                  num_attention_heads=4)
-    cfg = _read(sizes)
+    cfg = read(sizes)
     assert (cfg.attention, cfg.window_size, cfg.num_kv_heads, cfg.max_positions, cfg.embeddings.tie) == \
         ("causal", None, 2, 4096, True)
     assert (cfg.rotary.theta, cfg.init_std, cfg.activation) == (10000.0, 0.018042, "gelu_tanh")
@@ -113,25 +85,13 @@ def test_keys_transformers_never_reads_load_at_any_value():
     transformers' Starcoder2 reads them, so no value of theirs changes a number."""
     changed = {**PUBLISHED_15B, "attention_bias": False, "mlp_bias": True, "norm_type": "rms_norm",
                "rms_norm_eps": 0.5}
-    assert _read(changed) == _read(PUBLISHED_15B)
+    assert read(changed) == read(PUBLISHED_15B)
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_generation_is_token_identical_to_transformers(num_beams, checkpoints):
     """Left-padded prompts of 7 and 10 new tokens: past the window of 4, so the ring cache is what decodes."""
-    folder = checkpoints("starcoder2")
-    model, reference = jf.from_pretrained(folder), reference_model(folder)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(3, 97, (3, 7))
-    mask = np.ones_like(ids)
-    mask[1, :2], mask[2, :4] = 0, 0
-    ids = ids * mask
-    kwargs = dict(max_new_tokens=10, num_beams=num_beams, do_sample=False, length_penalty=1.0)
-    kwargs["eos_token_id"] = int(model.generate(ids, mask, **kwargs)[0, 7 + 2])  # so stopping is exercised
-    ours = model.generate(ids, mask, **kwargs)
-    with torch.no_grad():
-        theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **kwargs).numpy()
-    np.testing.assert_array_equal(ours, theirs)
+    generates_as_transformers(checkpoints("starcoder2"), num_beams)
 
 
 PRESETS = ["starcoder2-3b", "starcoder2-7b", "starcoder2-15b"]
@@ -148,14 +108,6 @@ def test_the_published_counts():
     assert [jf.param_count(name) for name in PRESETS] == [3_030_371_328, 7_173_923_840, 15_957_889_024]
 
 
-# test_family_tree.py's QLoRA run: an int8 base with adapters on q, v and the MLP input, 8 steps on the bytes tokenizer
-QLORA = ["train.steps=8", "train.batch_size=8", "train.seq_len=32", "train.log_every=2", "eval.every=8",
-         "eval.batches=1", "optim.warmup_steps=1", "train.sample_tokens=0", "checkpoint.every=0", "optim.lr=2e-2",
-         "finetune.lora.rank=4", "finetune.lora.targets=q,v,wi", "finetune.lora.base_dtype=int8",
-         "model.overrides.vocab_size=227"]  # the bytes tokenizer's ids; the tiny file holds 97 rows
-
 
 def test_a_qlora_fine_tune_starts_from_the_file_and_its_loss_falls(checkpoints, tmp_path):
-    cfg = run_config.load(None, QLORA + [f"model.init_from=hf:{checkpoints('starcoder2')}", f"run.dir={tmp_path}"])
-    losses = [record["loss"] for record in train(cfg, progress=False)["history"]]
-    assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.2, losses
+    qlora_loss_falls(checkpoints('starcoder2'), tmp_path)
