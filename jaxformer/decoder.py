@@ -23,7 +23,7 @@ from jaxformer.edges import EdgeMethods
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.weights import output_major
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
-                              load_balancing_loss, packed_validity, split_key)
+                              left_padded_positions, load_balancing_loss, packed_validity, split_key)
 from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
@@ -41,7 +41,7 @@ def make_lm_head(cfg: ModelConfig, rngs: nnx.Rngs) -> tuple[Dense | None, Buffer
 
 
 def lm_logits(model: nnx.Module, x: Array) -> Array:
-    """Next-token logits from the tied embedding or a separate [D, V] projection (+ a bias, divided, soft-capped)."""
+    """Next-token logits from the tied embedding or a separate [D, V] projection (+ a bias, scaled, soft-capped)."""
     cfg: ModelConfig = model.config
     if model.lm_head is not None:
         logits = model.lm_head(x)
@@ -51,6 +51,8 @@ def lm_logits(model: nnx.Module, x: Array) -> Array:
         logits = model.embed.attend(x)
     if model.logits_bias is not None:
         logits = logits + model.logits_bias[...].astype(logits.dtype)
+    if cfg.logits.multiplier != 1.0:  # Cohere's logit_scale, as torch scales by a Python float: in float32
+        logits = (logits.astype(jnp.float32) * jnp.float32(cfg.logits.multiplier)).astype(logits.dtype)
     if cfg.logits.divisor != 1.0:  # Granite's logits_scaling
         logits = logits / jnp.asarray(cfg.logits.divisor, logits.dtype)
     if cfg.logits.softcap is not None:  # Gemma 2: logits bounded to (-cap, cap)
@@ -124,6 +126,8 @@ class Decoder(EdgeMethods, nnx.Module):
         """The one forward pass: embeddings, then the causal stack over ``cache`` or ``memory`` (if any).
         ``segments``: packed documents, each at its own positions unless ``positions`` are given."""
         keys = split_key(key, 2)
+        if positions is None and valid is not None and segments is None and self.config.embeddings.positions_from_mask:
+            positions = left_padded_positions(valid)  # OPT: each row counts its real tokens from 0
         indexed = positions is None and cache is None and not self.config.embeddings.pad_aware_positions
         if segments is not None and positions is None:
             positions = self.embeddings.document_positions(segments)

@@ -242,6 +242,9 @@ class Embeddings:
     width: int | None = None
     position_offset: int = 0  # rows before position 0 in a learned table (RoBERTa, BART use 2)
     pad_aware_positions: bool = False  # RoBERTa: positions count non-pad tokens; pads use row pad_token_id
+    # a decoder called without position ids counts each row's real tokens of its attention mask (OPT), so a
+    # left-padded row sits at the positions an unpadded one does; False: columns 0..T-1 whatever the mask
+    positions_from_mask: bool = False
     # position="sinusoidal": the 2017 paper's layout (sin and cos interleaved), fairseq's (M2M-100, NLLB: all sines
     # then all cosines, frequencies 10000^(-i / (D/2 - 1)), the pad id's row zero) or Marian's halves
     sinusoids: str = "transformer"
@@ -474,10 +477,14 @@ class Logits:
     trained_bias: bool = False  # a trained bias on the logits (XLNet's lm_loss.bias)
     softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2)
     divisor: float = 1.0  # logits / divisor before any softcap (Granite's logits_scaling)
+    # logits * multiplier before any divisor and softcap, computed in float32 (Cohere's logit_scale; its 5 / 6 is
+    # no divisor exactly: 1.2 as a float32 divisor moves a fifth of the logits by a bit)
+    multiplier: float = 1.0
 
     def __post_init__(self):
         _finite_cap("logits_softcap", self.softcap)
         _finite_positive("logits_divisor", self.divisor)
+        _finite_positive("logits_multiplier", self.multiplier)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -696,6 +703,7 @@ FLAT: dict[str, tuple[str, ...]] = {
     "shared_embeddings": ("embeddings", "shared"), "type_vocab_size": ("embeddings", "types"),
     "embedding_size": ("embeddings", "width"), "position_offset": ("embeddings", "position_offset"),
     "pad_aware_positions": ("embeddings", "pad_aware_positions"), "sinusoids": ("embeddings", "sinusoids"),
+    "positions_from_mask": ("embeddings", "positions_from_mask"),
     "embedding_multiplier": ("embeddings", "multiplier"),
     "rope_theta": ("rotary", "theta"), "rope_scaling": ("rotary", "scaling"),
     "local_rope_theta": ("rotary", "local_theta"), "rope_interleave": ("rotary", "interleave"),
@@ -723,7 +731,7 @@ FLAT: dict[str, tuple[str, ...]] = {
     "mlp_bias": ("biases", "mlp"),
     "scale_tied_logits": ("logits", "scale_tied"), "logits_bias": ("logits", "fixed_bias"),
     "lm_head_bias": ("logits", "trained_bias"), "logits_softcap": ("logits", "softcap"),
-    "logits_divisor": ("logits", "divisor"),
+    "logits_divisor": ("logits", "divisor"), "logits_multiplier": ("logits", "multiplier"),
     "conv_kernel_size": ("conv", "kernel_size"), "conv_groups": ("conv", "groups"),
     "conv_activation": ("conv", "activation"),
     "pooler": ("head_options", "pooler"), "pooler_activation": ("head_options", "pooler_activation"),
@@ -1087,6 +1095,9 @@ def _check_positions(cfg: ModelConfig) -> None:
         raise ValueError("ModelConfig.pad_aware_positions=True needs learned or sinusoidal positions, a "
                          "pad_token_id, and position_offset > pad_token_id (RoBERTa: pad_token_id=1, "
                          "position_offset=2)")
+    if embeddings.positions_from_mask and (cfg.family != "decoder" or embeddings.pad_aware_positions):
+        raise ValueError("ModelConfig.positions_from_mask=True counts a decoder's positions from its attention mask "
+                         f"(OPT): it needs family='decoder' (not {cfg.family!r}) and pad_aware_positions=False")
     if embeddings.sinusoids != "transformer" and cfg.position != "sinusoidal":
         raise ValueError(f"ModelConfig.sinusoids={embeddings.sinusoids!r} lays out sinusoidal positions; "
                          f"position is {cfg.position!r}")
