@@ -1,7 +1,8 @@
-"""What the test files of single decoder families share (test_olmo2.py, test_starcoder2.py,
-test_granite_smollm3_stablelm.py): a tiny checkpoint under another config.json, parity with transformers on a
-padded batch, a config.json read quietly, greedy or beam generation against transformers' with left padding,
-and the QLoRA run of test_family_tree.py started from a file."""
+"""What the test files of single decoder families share (test_olmo2.py, test_starcoder2.py, test_cohere.py,
+test_granite_smollm3_stablelm.py, test_olmoe_granitemoe_ernie.py, ...): a tiny checkpoint under another
+config.json, parity with transformers on a padded batch, a config.json read quietly and as transformers writes it,
+greedy or beam generation against transformers' with left padding, and the QLoRA run of test_family_tree.py
+started from a file."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import warnings
 
 import numpy as np
 import torch
+import transformers
 
 import jaxformer as jf
 from jaxformer.compare import compare, format_table, reference_model
@@ -20,6 +22,9 @@ from jaxformer.train import run_config
 from jaxformer.train.run import train
 
 TOLERANCE = 1e-5
+# The sizes of the tiny checkpoints (tests/hf_factory.py's LLaMA-like ones), for published files made tiny
+TINY = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_hidden_layers=2, num_key_value_heads=2,
+            vocab_size=97, max_position_embeddings=64, initializer_range=0.2)
 # test_family_tree.py's QLoRA run: an int8 base with adapters on q, v and the MLP input, 8 steps on the bytes tokenizer
 QLORA = ["train.steps=8", "train.batch_size=8", "train.seq_len=32", "train.log_every=2", "eval.every=8",
          "eval.batches=1", "optim.warmup_steps=1", "train.sample_tokens=0", "checkpoint.every=0", "optim.lr=2e-2",
@@ -49,6 +54,12 @@ def read(hf: dict) -> jf.ModelConfig:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return config_from_hf(copy.deepcopy(hf))
+
+
+def as_transformers_writes_it(hf: dict) -> dict:
+    """The config.json transformers' config class writes for ``hf``: its transformers-5 form, every key spelled out."""
+    config = transformers.CONFIG_MAPPING[hf["model_type"]].from_dict(copy.deepcopy(hf))
+    return json.loads(config.to_json_string(use_diff=False))
 
 
 def generates_as_transformers(folder, num_beams: int) -> None:

@@ -90,9 +90,16 @@ _T5GEMMA_HALF = {k: v for k, v in _GEMMA2.items() if k != "attn_implementation"}
 _STARCODER2 = {**{k: v for k, v in _LLAMA.items() if k != "rms_norm_eps"}, "norm_epsilon": 1e-6}
 _GRANITE = {**_LLAMA, "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.0625,
             "logits_scaling": 4.0, "pad_token_id": 0}
+_OLMOE = {**_LLAMA, "num_experts": 4, "num_experts_per_tok": 2, "pad_token_id": 0}
 _SMOLLM3 = {**_LLAMA, "no_rope_layer_interval": 2, "pad_token_id": 0}
+_COHERE = {**{k: v for k, v in _LLAMA.items() if k != "rms_norm_eps"}, "layer_norm_eps": 1e-5, "pad_token_id": 0,
+           "logit_scale": 0.8333333333333334}
 _STABLELM = {**{k: v for k, v in _LLAMA.items() if k != "rms_norm_eps"}, "layer_norm_eps": 1e-5,
              "num_key_value_heads": 4, "use_qkv_bias": True, "partial_rotary_factor": 0.5}
+_OPT = dict(vocab_size=97, hidden_size=32, ffn_dim=48, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=40, init_std=STD, pad_token_id=1, bos_token_id=2, eos_token_id=2)
+_FALCON = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, ffn_hidden_size=48,
+               max_position_embeddings=64, initializer_range=STD, bos_token_id=1, eos_token_id=2)
 _DEEPSEEK_V3 = {**_DEEPSEEK, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1}
 
 # name -> (config class, model class, config kwargs)
@@ -347,12 +354,51 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", _SMOLLM3),
     "smollm3-sliding": ("SmolLM3Config", "SmolLM3Model", {**_SMOLLM3, "use_sliding_window": True,
                                                            "sliding_window": 4, "attention_bias": True}),
+    # ERNIE 4.5: LLaMA's layers with adjacent rotary pairs over the whole head, its own head_dim, tied head
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", {**_LLAMA, "head_dim": 12, "pad_token_id": 0}),
+    "ernie4_5-base": ("Ernie4_5Config", "Ernie4_5Model", {**_LLAMA, "pad_token_id": 0, "head_dim": 8,
+                                                          "rope_parameters": {"rope_type": "default",
+                                                                              "rope_theta": 10000.0}}),
+    # OLMoE: OLMo-2's q/k norms over the whole projection in pre-norm layers, softmax top-2 of 4 experts not
+    # renormalised; the base model renormalised, with attention biases
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", _OLMOE),
+    "olmoe-base": ("OlmoeConfig", "OlmoeModel", {**_OLMOE, "norm_topk_prob": True, "attention_bias": True}),
+    # Granite MoE: Granite's multipliers over softmaxed top-2 of 4 experts with fused gate and up projections
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", {**_GRANITE, "num_local_experts": 4,
+                                                                  "num_experts_per_tok": 2}),
     # StableLM: LayerNorms with biases, rotary positions on half of each head, q/k/v biases (StableLM 2 1.6B);
     # StableLM 2 12B's per-head q/k LayerNorms and parallel residual, with GQA and the default quarter rotated
+    # OPT: pre-norm with a final LayerNorm, ReLU, biases, positions two rows into their table counted from the
+    # attention mask, tied head; the base model post-norm without a final norm (OPT-350m's blocks), no biases
+    "opt": ("OPTConfig", "OPTForCausalLM", _OPT),
+    "opt-base": ("OPTConfig", "OPTModel", {**_OPT, "do_layer_norm_before": False, "enable_bias": False}),
     "stablelm": ("StableLmConfig", "StableLmForCausalLM", _STABLELM),
     "stablelm-12b": ("StableLmConfig", "StableLmForCausalLM",
                      {**_STABLELM, "use_qkv_bias": False, "qk_layernorm": True, "use_parallel_residual": True,
                       "num_key_value_heads": 2, "partial_rotary_factor": 0.25}),
+    # Command R: one LayerNorm without bias before attention and MLP side by side, adjacent rotary pairs, GQA, a
+    # tied head times Command R+'s logit_scale; R+'s per-head q/k norms with an untied head; the base model with
+    # attention biases, its own head_dim and a linearly scaled rope; Command R7B: three sliding layers (window 4,
+    # shorter than the test sequences) and a fourth in full without rotary positions
+    "cohere": ("CohereConfig", "CohereForCausalLM", _COHERE),
+    "cohere-qk-norm": ("CohereConfig", "CohereForCausalLM", {**_COHERE, "use_qk_norm": True,
+                                                              "tie_word_embeddings": False, "logit_scale": 0.0625}),
+    "cohere-base": ("CohereConfig", "CohereModel",
+                    {**_COHERE, "attention_bias": True, "head_dim": 12,
+                     "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}}),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {**_COHERE, "num_hidden_layers": 4, "sliding_window": 4,
+                                                        "logit_scale": 0.25}),
+    # Falcon: 7B's layout (one kv head, attention and MLP side by side through one norm, tied head); 40B's (the new
+    # decoder architecture: 2 kv heads, ln_attn and ln_mlp) with biases, an untied head and its own rotary base;
+    # the base models in 11B's layout (new architecture, one shared norm) and in the sequential multi-head one
+    "falcon": ("FalconConfig", "FalconForCausalLM", _FALCON),
+    "falcon-40b": ("FalconConfig", "FalconForCausalLM",
+                   {**_FALCON, "new_decoder_architecture": True, "num_kv_heads": 2, "bias": True,
+                    "tie_word_embeddings": False, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}),
+    "falcon-11b-base": ("FalconConfig", "FalconModel", {**_FALCON, "new_decoder_architecture": True, "num_kv_heads": 2,
+                                                         "num_ln_in_parallel_attn": 1}),
+    "falcon-sequential-base": ("FalconConfig", "FalconModel", {**_FALCON, "multi_query": False, "parallel_attn": False,
+                                                                "bias": True}),
 }
 # Encoder-decoders' classification and span heads: apart from CHECKPOINTS (whose shared tests feed inputs without
 # the EOS tokens a classifier pools at); tests/test_seq2seq_heads.py runs them. T5 v1.1's gated layers for mT5.
@@ -405,8 +451,14 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
     with torch.no_grad():  # norms start at exactly 1 and 0; perturb them so their mapping is tested
         for n, p in model.named_parameters():
             if (p.dim() == 1 and ("norm" in n.lower() or n.endswith((".bias", ".q_bias", ".v_bias")))
+                    or n.endswith((".q_norm.weight", ".k_norm.weight"))  # (Cohere's [heads, head_dim])
                     or n.endswith("_proj_bias")):  # (DeBERTa v1's query and value biases start at zero)
                 p.add_(torch.randn_like(p) * 0.1)
+    if name.startswith("falcon"):  # Falcon's ln_attn, ln_mlp and ln_f have no "norm" in their names
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if ".ln_" in n and n.endswith(".weight"):
+                    p.add_(torch.randn_like(p) * 0.1)
     return model
 
 

@@ -141,12 +141,45 @@ def _granite(hidden: int, intermediate: int, attention: float, logits: float) ->
                 eos_token_id=0, pad_token_id=0)
 
 
+def _granite_moe(hidden: int, layers: int, heads: int, experts: int) -> dict:
+    # ibm-granite/granite-3.0-{1b-a400m,3b-a800m}-base's config.json
+    dense = {k: v for k, v in _granite(hidden, 512, 0.015625, 6.0).items() if k != "mlp_bias"}
+    return {**dense, "num_hidden_layers": layers, "num_attention_heads": heads, "num_local_experts": experts,
+            "num_experts_per_tok": 8, "router_aux_loss_coef": 0.001}
+
+
+def _opt(hidden: int, layers: int, heads: int) -> dict:
+    # facebook/opt-{125m,1.3b,6.7b}'s config.json
+    return dict(vocab_size=50272, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                ffn_dim=4 * hidden, max_position_embeddings=2048, do_layer_norm_before=True,
+                word_embed_proj_dim=hidden, activation_function="relu", dropout=0.1, attention_dropout=0.0,
+                layerdrop=0.0, pad_token_id=1, bos_token_id=2, eos_token_id=2)
+
+
 def _stablelm(vocab: int, hidden: int, intermediate: int, layers: int, kv_heads: int, **kw) -> dict:
     # stabilityai/stablelm-3b-4e1t's, stablelm-2-1_6b's and stablelm-2-12b's config.json
     return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
                 num_attention_heads=32, num_key_value_heads=kv_heads, hidden_act="silu", max_position_embeddings=4096,
                 layer_norm_eps=1e-5, rope_parameters={**_rope(10000.0), "partial_rotary_factor": 0.25},
                 tie_word_embeddings=False, **kw)
+
+
+def _falcon(hidden: int, layers: int, heads: int, **kw) -> dict:
+    # tiiuae/falcon-7b's, falcon-40b's and falcon-180B's config.json (the class's 2048 positions, rotary base 1e4,
+    # 4x MLP, exact GELU and tied head)
+    return dict(vocab_size=65024, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                layer_norm_epsilon=1e-5, alibi=False, bias=False, parallel_attn=True, hidden_dropout=0.0,
+                attention_dropout=0.0, bos_token_id=11, eos_token_id=11, **kw)
+
+
+def _cohere(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, theta: float, logit_scale: float,
+            **kw) -> dict:
+    # CohereForAI/c4ai-command-r-v01's and c4ai-command-r-plus's config.json (and c4ai-command-r7b-12-2024's)
+    return {**dict(vocab_size=256000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                   num_key_value_heads=kv_heads, intermediate_size=intermediate, hidden_act="silu",
+                   max_position_embeddings=8192, layer_norm_eps=1e-5, rope_parameters=_rope(theta),
+                   logit_scale=logit_scale, attention_bias=False, tie_word_embeddings=True, pad_token_id=0,
+                   bos_token_id=5, eos_token_id=255001), **kw}
 
 
 def _deepseek_yarn(mscale: float) -> dict:
@@ -532,6 +565,25 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
     ),
     "granite-3.0-2b": ("GraniteForCausalLM", _granite(2048, 8192, 0.015625, 8.0)),
     "granite-3.0-8b": ("GraniteForCausalLM", _granite(4096, 12800, 0.0078125, 16.0)),
+    "granite-3.0-1b-a400m": ("GraniteMoeForCausalLM", _granite_moe(1024, 24, 16, 32)),
+    "granite-3.0-3b-a800m": ("GraniteMoeForCausalLM", _granite_moe(1536, 32, 24, 40)),
+    # baidu/ERNIE-4.5-0.3B-PT's config.json
+    "ernie-4.5-0.3b": (
+        "Ernie4_5ForCausalLM",
+        dict(vocab_size=103424, hidden_size=1024, intermediate_size=3072, num_hidden_layers=18, num_attention_heads=16,
+             num_key_value_heads=2, head_dim=128, hidden_act="silu", max_position_embeddings=131072,
+             rms_norm_eps=1e-5, rope_parameters=_rope(500000.0), use_bias=False, tie_word_embeddings=True,
+             pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    ),
+    # allenai/OLMoE-1B-7B-0924's config.json
+    "olmoe-1b-7b": (
+        "OlmoeForCausalLM",
+        dict(vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_hidden_layers=16, num_attention_heads=16,
+             num_key_value_heads=16, hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-5,
+             rope_parameters=_rope(10000.0), attention_bias=False, clip_qkv=None, num_experts=64,
+             num_experts_per_tok=8, norm_topk_prob=False, router_aux_loss_coef=0.01, tie_word_embeddings=False,
+             pad_token_id=1, bos_token_id=None, eos_token_id=50279),
+    ),
     # HuggingFaceTB/SmolLM3-3B's config.json: no rotary positions on every fourth layer
     "smollm3-3b": (
         "SmolLM3ForCausalLM",
@@ -548,6 +600,18 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
     "stablelm-2-12b": ("StableLmForCausalLM", _stablelm(100352, 5120, 13824, 40, 8, qk_layernorm=True,
                                                          use_parallel_residual=True, bos_token_id=100257,
                                                          eos_token_id=100257)),
+    "falcon-7b": ("FalconForCausalLM", _falcon(4544, 32, 71, multi_query=True, new_decoder_architecture=False)),
+    "falcon-40b": ("FalconForCausalLM", _falcon(8192, 60, 128, new_decoder_architecture=True, num_kv_heads=8)),
+    "falcon-180b": ("FalconForCausalLM", _falcon(14848, 80, 232, new_decoder_architecture=True, num_kv_heads=8)),
+    "opt-125m": ("OPTForCausalLM", _opt(768, 12, 12)),
+    "opt-1.3b": ("OPTForCausalLM", _opt(2048, 24, 32)),
+    "opt-6.7b": ("OPTForCausalLM", _opt(4096, 32, 32)),
+    "c4ai-command-r-v01": ("CohereForCausalLM", _cohere(8192, 40, 64, 64, 22528, 8000000.0, 0.0625)),
+    "c4ai-command-r-plus": ("CohereForCausalLM", _cohere(12288, 64, 96, 8, 33792, 75000000.0, 0.8333333333333334,
+                                                          use_qk_norm=True)),
+    "c4ai-command-r7b-12-2024": ("Cohere2ForCausalLM", _cohere(4096, 32, 32, 8, 14336, 50000.0, 0.25,
+                                                                max_position_embeddings=132096, sliding_window=4096,
+                                                                sliding_window_pattern=4)),
     "olmo-2-1b": ("Olmo2ForCausalLM", _olmo2(2048, 16, 16, 8192)),
     "olmo-2-7b": ("Olmo2ForCausalLM", _olmo2(4096, 32, 32, 11008)),
     "starcoder2-3b": ("Starcoder2ForCausalLM", _starcoder2(3072, 12288, 30, 24, 2, 999999.4420358813, 0.018042)),

@@ -25,14 +25,16 @@ CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "al
                "deberta-v2": "deberta-v2-conv", "roberta": "roberta-mlm", "xlm-roberta": "xlm-roberta-mlm", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
                "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3-longrope", "gpt_neo": "gpt-neo",
                "openai-gpt": "openai-gpt", "qwen2_moe": "qwen2-moe", "qwen3_moe": "qwen3-moe",
-               "gpt_neox": "gpt-neox", "gptj": "gptj", "glm": "glm", "glm4": "glm4",
+               "gpt_neox": "gpt-neox", "gptj": "gptj", "glm": "glm", "glm4": "glm4", "opt": "opt",
                "mixtral": "mixtral", "gpt_oss": "gpt-oss", "llama4_text": "llama4",
                "deepseek_v2": "deepseek-v2", "deepseek_v3": "deepseek-v3",
                "deepseek_v32": "deepseek-v32",
                "gemma2": "gemma2", "gemma3_text": "gemma3", "t5": "t5", "mt5": "mt5", "umt5": "umt5", "mpnet": "mpnet-mlm",
                "bart": "bart", "m2m_100": "m2m100", "mbart": "mbart", "marian": "marian", "pegasus": "pegasus", "t5gemma": "t5gemma",
                "xlnet": "xlnet", "starcoder2": "starcoder2", "olmo2": "olmo2", "granite": "granite",
-               "smollm3": "smollm3", "stablelm": "stablelm-12b"}
+               "smollm3": "smollm3", "stablelm": "stablelm-12b", "falcon": "falcon-40b",
+               "cohere": "cohere-qk-norm", "cohere2": "cohere2", "olmoe": "olmoe", "granitemoe": "granitemoe",
+               "ernie4_5": "ernie4_5"}
 # Changed string values: another valid choice where the key has choices, so the change means something.
 OTHER_STRING = {"gelu": "relu", "relu": "gelu", "silu": "gelu", "gelu_new": "relu", "gelu_pytorch_tanh": "silu",
                 "float32": "bfloat16", "gated-gelu": "relu", "absolute": "relative_key", "uni": "bi",

@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 
 import jaxformer as jf  # noqa: E402
 from jaxformer.compare import compare, format_table  # noqa: E402
-from jaxformer.interop import gemma, glm, llama, mixtral, phi3, qwen  # noqa: E402
+from jaxformer.interop import cohere, gemma, glm, llama, mixtral, phi3, qwen  # noqa: E402
 from jaxformer.interop.hf import config_from_hf  # noqa: E402
 from jaxformer.interop.registry import ARCHITECTURES, SUPPORTED  # noqa: E402
 
@@ -42,6 +42,7 @@ def _class_defaults(model_type: str) -> dict:
 # The rotary base a file without one means, for the LLaMA lineage's files (each names it once)
 THETAS = {model_type: module.DEFAULT_THETA for module in (llama, mixtral, qwen, phi3, glm)
           for model_type in module.DEFAULTS}
+THETAS.update(cohere.DEFAULT_THETAS)
 TABLES = {**gemma.DEFAULTS,
           **{model_type: table for arch in ARCHITECTURES for model_type, table in arch.defaults.items()}}
 
@@ -65,6 +66,7 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "gptj": dict(n_embd=64, n_head=4, n_layer=2, rotary_dim=8, vocab_size=97),
          "gpt_neox": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=48,
                           vocab_size=97),
+         "opt": dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, ffn_dim=48, vocab_size=97),
          **dict.fromkeys(("t5", "mt5", "umt5"), dict(d_model=32, d_ff=48, d_kv=8, num_heads=4, num_layers=2, vocab_size=97)),
          **dict.fromkeys(("marian", "pegasus"), dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48,
                                                      encoder_attention_heads=4, decoder_attention_heads=4,

@@ -8,9 +8,6 @@ transformers' in test_presets.py, cache == no cache in test_generate.py."""
 
 from __future__ import annotations
 
-import copy
-import json
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -18,10 +15,8 @@ transformers = pytest.importorskip("transformers")
 
 from jaxformer.interop.hf import config_from_hf  # noqa: E402
 
-from family_files import (generates_as_transformers, matches_transformers, qlora_loss_falls, read,  # noqa: E402
-                          rewritten)
-_TINY = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_hidden_layers=2, num_key_value_heads=2,
-             vocab_size=97, max_position_embeddings=64, initializer_range=0.2)
+from family_files import (TINY, as_transformers_writes_it, generates_as_transformers,  # noqa: E402
+                          matches_transformers, qlora_loss_falls, read, rewritten)
 # The published config.json files, every key kept, sizes (and token ids) those of the tiny checkpoints. Granite's
 # head is untied here as the tiny file's is (ibm-granite/granite-3.0-2b-base ties it).
 PUBLISHED = {
@@ -31,7 +26,7 @@ PUBLISHED = {
                 "hidden_act": "silu", "logits_scaling": 8.0, "mlp_bias": False, "model_type": "granite",
                 "pad_token_id": 0, "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_scaling": None,
                 "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-                "transformers_version": "4.46.0.dev0", "use_cache": True, **_TINY},
+                "transformers_version": "4.46.0.dev0", "use_cache": True, **TINY},
     # HuggingFaceTB/SmolLM3-3B: Qwen2-era keys it never reads (max_window_layers), LLaMA's pretraining_tp
     "smollm3": {"architectures": ["SmolLM3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
                 "bos_token_id": None, "eos_token_id": 2, "hidden_act": "silu",
@@ -39,27 +34,21 @@ PUBLISHED = {
                 "model_type": "smollm3", "no_rope_layer_interval": 4, "no_rope_layers": [1, 0], "pad_token_id": 0,
                 "pretraining_tp": 2, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 5000000.0,
                 "sliding_window": None, "torch_dtype": "bfloat16", "transformers_version": "4.54.0.dev0",
-                "use_cache": False, "use_sliding_window": False, **_TINY},
+                "use_cache": False, "use_sliding_window": False, **TINY},
     # stabilityai/stablelm-2-12b: per-head q/k LayerNorms, parallel residual, the top-level partial_rotary_factor
     "stablelm-12b": {"architectures": ["StableLmForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
                      "eos_token_id": 2, "hidden_act": "silu", "hidden_dropout": 0.0, "layer_norm_eps": 1e-05,
                      "model_type": "stablelm", "partial_rotary_factor": 0.25, "qk_layernorm": True,
                      "rope_scaling": None, "rope_theta": 10000, "tie_word_embeddings": False,
                      "torch_dtype": "bfloat16", "transformers_version": "4.40.0.dev0", "use_cache": True,
-                     "use_parallel_residual": True, "use_qkv_bias": False, **_TINY},
+                     "use_parallel_residual": True, "use_qkv_bias": False, **TINY},
 }
-CLASSES = {"granite": "GraniteConfig", "smollm3": "SmolLM3Config", "stablelm-12b": "StableLmConfig"}
-
-
-def _as_transformers_writes_it(name: str, hf: dict) -> dict:
-    config = getattr(transformers, CLASSES[name]).from_dict(copy.deepcopy(hf))
-    return json.loads(config.to_json_string(use_diff=False))
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_the_published_file_reads_as_its_transformers_5_form_andmatches_transformers(name, checkpoints, tmp_path):
     cfg = read(PUBLISHED[name])
-    assert read(_as_transformers_writes_it(name, PUBLISHED[name])).replace(name=cfg.name) == cfg
+    assert read(as_transformers_writes_it(PUBLISHED[name])).replace(name=cfg.name) == cfg
     matches_transformers(rewritten(checkpoints(name), tmp_path / "published", PUBLISHED[name]))
 
 

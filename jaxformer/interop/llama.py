@@ -61,7 +61,8 @@ def decoder_config(hf: dict, model_type: str, arch: str, rope: tuple[float, Rope
                 rope_theta=theta, rope_scaling=scaling, max_positions=hf["max_position_embeddings"],
                 attention="causal" if window is None else "sliding", window_size=window, qkv_bias=bias,
                 out_bias=bias, mlp_bias=bool(hf.get("mlp_bias", False)), tie_embeddings=hf["tie_word_embeddings"],
-                head="none" if arch.endswith("Model") else "lm", attention_dropout_rate=hf["attention_dropout"],
+                head="none" if arch.endswith("Model") else "lm",
+                attention_dropout_rate=hf.get("attention_dropout", 0.0),
                 qk_norm=False)
 
 

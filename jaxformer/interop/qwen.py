@@ -114,7 +114,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
             out["max_window_layers"] = 0
 
 
-def _expert_rules(cfg: ModelConfig, mlp: tuple[str, ...], m: str) -> list[Rule]:
+def expert_rules(cfg: ModelConfig, mlp: tuple[str, ...], m: str) -> list[Rule]:
     """The router, each expert's gate, up and down projections, and Qwen2-MoE's gated shared expert."""
     out = [linear(mlp + ("router",), f"{m}.gate.weight"),
            *[stacked_experts(mlp + (path,), [f"{m}.experts.{e}.{w}.weight" for e in range(cfg.experts.count)])
@@ -135,7 +135,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
                       copy(S + ("attn", "k_norm", "scale"), f"{a}.k_norm.weight")]
         return [*llama.attention_rules(cfg, S, a), *(head_norms if cfg.query_key_norm is not None else []),
                 *llama.norm_rules(S, layer),
-                *(_expert_rules(cfg, S + ("mlp",), m) if experts else llama.gated_mlp_rules(cfg, S, m))]
+                *(expert_rules(cfg, S + ("mlp",), m) if experts else llama.gated_mlp_rules(cfg, S, m))]
 
     return llama.decoder_rules(cfg, prefix, block)
 

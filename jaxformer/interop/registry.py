@@ -15,7 +15,8 @@ from jaxformer.model_config import ModelConfig
 from jaxformer.interop import (albert, bart, bert, deberta, deepseek, distilbert, electra, gemma, gpt2, gpt_neo,
                                gpt_neox, gpt_oss, llama, llama4, m2m_100, marian, modernbert, mpnet, t5, t5gemma, umt5,
                                xlnet)
-from jaxformer.interop import glm, granite, mixtral, olmo2, phi3, qwen, smollm3, stablelm, starcoder2
+from jaxformer.interop import (cohere, ernie4_5, falcon, glm, granite, mixtral, olmo2, olmoe, opt, phi3, qwen, smollm3,
+                               stablelm, starcoder2)
 from jaxformer.interop.rules import Architecture, ConfigReader, Rule, with_defaults
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -27,21 +28,26 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     deberta.ARCHITECTURE,
     gpt2.ARCHITECTURE,
     gpt_neo.ARCHITECTURE,
+    opt.ARCHITECTURE,
     gpt_neox.ARCHITECTURE,
     starcoder2.ARCHITECTURE,
     deepseek.ARCHITECTURE,
     gemma.ARCHITECTURE,
     gpt_oss.ARCHITECTURE,
     olmo2.ARCHITECTURE,
+    olmoe.ARCHITECTURE,
     llama4.ARCHITECTURE,
     llama.ARCHITECTURE,
-    granite.ARCHITECTURE,
     smollm3.ARCHITECTURE,
     stablelm.ARCHITECTURE,
+    cohere.ARCHITECTURE,
     mixtral.ARCHITECTURE,  # tried before the Qwen MoEs for an export target, as when one file held them
     qwen.ARCHITECTURE,
     phi3.ARCHITECTURE,
+    ernie4_5.ARCHITECTURE,  # before GLM, which also holds a whole-head interleaved rotary model
     glm.ARCHITECTURE,
+    falcon.ARCHITECTURE,  # after the other LayerNorm decoders: a model one of them holds exports as theirs
+    granite.ARCHITECTURE,  # after LLaMA's and Mixtral's lineage: with its multipliers at 1 it holds their models too
     t5.ARCHITECTURE,
     umt5.ARCHITECTURE,
     mpnet.ARCHITECTURE,
