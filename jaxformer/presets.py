@@ -194,10 +194,47 @@ def _granite(d_model: int, d_ff: int, head_dim: int, logits_divisor: float) -> d
                   bos_token_id=0, eos_token_id=0, pad_token_id=0)
 
 
+def _granite_moe(d_model: int, layers: int, heads: int, experts: int) -> dict:
+    # Granite 3.0 MoE: Granite's multipliers (logits / 6) over 512-wide SwiGLU experts, the top 8 softmaxed
+    return {**_granite(d_model, 512, 64, 6.0), "decoder_layers": layers, "num_heads": heads, "num_experts": experts,
+            "experts_per_token": 8, "router_aux_loss_coef": 0.001}
+
+
+def _opt(d_model: int, layers: int, heads: int) -> dict:
+    # OPT (Zhang et al. 2022): GPT-2's pre-norm layout with a final LayerNorm, a ReLU MLP 4x wide, biases, 2048
+    # learned positions two rows into their table and counted from the attention mask, a head tied to the
+    # 50272-token embeddings
+    return dict(family="decoder", vocab_size=50272, d_model=d_model, num_heads=heads, d_ff=4 * d_model,
+                decoder_layers=layers, norm_eps=1e-5, activation="relu", position="learned", max_positions=2048,
+                position_offset=2, positions_from_mask=True, attention="causal", dropout_rate=0.1, pad_token_id=1,
+                bos_token_id=2, eos_token_id=2)
+
+
 def _stablelm(vocab: int, d_model: int, d_ff: int, layers: int, kv_heads: int, **kw) -> dict:
     # StableLM: LayerNorms with biases, SwiGLU without biases, 32 heads rotating a quarter of each, 4096 positions
     return _llama(d_model, layers, 32, kv_heads, d_ff, vocab, 10000.0, 4096, norm="layernorm", norm_bias=True,
                   rotary_dim=d_model // 32 // 4, **kw)
+
+
+def _falcon(d_model: int, layers: int, heads: int, kv_heads: int, shared_norm: bool) -> dict:
+    # Falcon: LayerNorm blocks with attention and MLP side by side, rotary positions on whole heads, an exact-GELU
+    # MLP 4x wide, no biases, a head tied to the 65024-token vocabulary, 2048 positions
+    return dict(family="decoder", vocab_size=65024, d_model=d_model, num_heads=heads, num_kv_heads=kv_heads,
+                d_ff=4 * d_model, decoder_layers=layers, norm="layernorm", norm_eps=1e-5, norm_bias=True,
+                activation="gelu", position="rope", rope_theta=10000.0, max_positions=2048, attention="causal",
+                parallel_residual=True, parallel_shared_norm=shared_norm, qkv_bias=False, out_bias=False,
+                mlp_bias=False, tie_embeddings=True, dropout_rate=0.0, attention_dropout_rate=0.0, bos_token_id=11,
+                eos_token_id=11)
+
+
+def _cohere(d_model: int, layers: int, heads: int, kv_heads: int, d_ff: int, theta: float, logit_scale: float,
+            max_positions: int = 8192, **kw) -> dict:
+    # Command R: one LayerNorm without bias before attention and MLP side by side, adjacent rotary pairs over the
+    # whole head, SwiGLU, a tied head whose logits are scaled, a 256K vocabulary
+    return _llama(d_model, layers, heads, kv_heads, d_ff, 256000, theta, max_positions, norm="layernorm",
+                  norm_bias=False, rope_interleave=True, parallel_residual=True, parallel_shared_norm=True,
+                  tie_embeddings=True, logits_multiplier=logit_scale, pad_token_id=0, bos_token_id=5,
+                  eos_token_id=255001, **kw)
 
 
 def _deepseek(d_model: int, layers: int, heads: int, d_ff: int, expert_d_ff: int, experts: int, k: int, shared: int,
@@ -443,6 +480,15 @@ _PRESETS: dict[str, dict] = {
     "qwen3-8b": _llama(4096, 36, 32, 8, 12288, 151936, 1e6, 40960, head_dim=128, qk_norm=True, norm_eps=1e-6),
     "granite-3.0-2b": _granite(2048, 8192, 64, 8.0),
     "granite-3.0-8b": _granite(4096, 12800, 128, 16.0),
+    "granite-3.0-1b-a400m": _granite_moe(1024, 24, 16, 32),
+    "granite-3.0-3b-a800m": _granite_moe(1536, 32, 24, 40),
+    # ERNIE-4.5-0.3B: adjacent rotary pairs over 128-wide heads, GQA 16/2, tied head, 131072 positions
+    "ernie-4.5-0.3b": _llama(1024, 18, 16, 2, 3072, 103424, 500000.0, 131072, head_dim=128, rope_interleave=True,
+                             tie_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    # OLMoE-1B-7B-0924: OLMo-2's q/k norms in pre-norm layers, 64 experts 1024 wide, the top 8 not renormalised
+    "olmoe-1b-7b": _llama(2048, 16, 16, 16, 1024, 50304, 10000.0, 4096, qk_norm=True, qk_norm_span="projection",
+                          num_experts=64, experts_per_token=8, normalize_router_weights=False,
+                          router_aux_loss_coef=0.01, pad_token_id=1, eos_token_id=50279),
     # SmolLM3-3B: every fourth layer without rotary positions, tied head, 64K positions
     "smollm3-3b": _llama(2048, 36, 16, 4, 11008, 128256, 5e6, 65536, norm_eps=1e-6, tie_embeddings=True,
                          nope_layers=tuple(range(3, 36, 4)), pad_token_id=128004, eos_token_id=128012),
@@ -453,6 +499,23 @@ _PRESETS: dict[str, dict] = {
     "stablelm-2-12b": _stablelm(100352, 5120, 13824, 40, 8, qk_norm=True, qk_norm_span="each_head",
                                 parallel_residual=True, parallel_shared_norm=True, bos_token_id=100257,
                                 eos_token_id=100257),
+    # Falcon: 7B with one kv head and one norm for both branches; 40B and 180B in the new decoder architecture
+    # (8 kv heads, ln_attn and ln_mlp)
+    "falcon-7b": _falcon(4544, 32, 71, 1, True),
+    "falcon-40b": _falcon(8192, 60, 128, 8, False),
+    "falcon-180b": _falcon(14848, 80, 232, 8, False),
+    # Command R (35B, full multi-head attention) and R+ (104B: GQA, each head's own q/k LayerNorm); Command R7B's
+    # layers slide over 4096 keys three in four, the fourth attends in full without rotary positions
+    "c4ai-command-r-v01": _cohere(8192, 40, 64, 64, 22528, 8e6, 0.0625),
+    "c4ai-command-r-plus": _cohere(12288, 64, 96, 8, 33792, 7.5e7, 0.8333333333333334, qk_norm=True,
+                                   qk_norm_span="each_head"),
+    "c4ai-command-r7b-12-2024": _cohere(4096, 32, 32, 8, 14336, 50000.0, 0.25, 132096, attention="alternating",
+                                        window_size=4096, layer_types=("sliding", "sliding", "sliding", "full") * 8,
+                                        nope_layers=tuple(range(3, 32, 4))),
+    # OPT-350m (post-norm, a 512-wide table projected in and out) is refused by interop/opt.py
+    "opt-125m": _opt(768, 12, 12),
+    "opt-1.3b": _opt(2048, 24, 32),
+    "opt-6.7b": _opt(4096, 32, 32),
     "olmo-2-1b": _olmo2(2048, 16, 16, 8192),  # OLMo-2-0425-1B
     "olmo-2-7b": _olmo2(4096, 32, 32, 11008),  # OLMo-2-1124-7B
     # StarCoder2 3B and 7B tie their head to the embeddings, 15B has its own
