@@ -210,6 +210,17 @@ def _opt(d_model: int, layers: int, heads: int) -> dict:
                 bos_token_id=2, eos_token_id=2)
 
 
+def _glm45(d_model: int, layers: int, d_ff: int, expert_d_ff: int, experts: int, dense: int, scaling: float,
+           qk_norm: bool) -> dict:
+    # GLM-4.5: GQA 96/8 over 128-wide heads rotating their first half, q/k/v biases, DeepSeek-V3's sigmoid-routed
+    # top-8 experts with a shared one after the first dense layers
+    return _llama(d_model, layers, 96, 8, d_ff, 151552, 1e6, 131072, head_dim=128, rotary_dim=64, qkv_bias=True,
+                  qk_norm=qk_norm, num_experts=experts, experts_per_token=8, expert_d_ff=expert_d_ff,
+                  shared_experts=1, dense_layers=dense, router_score="sigmoid", router_bias=True,
+                  normalize_router_weights=True, routed_scaling=scaling, pad_token_id=151329,
+                  eos_token_id=(151329, 151336, 151338))
+
+
 def _stablelm(vocab: int, d_model: int, d_ff: int, layers: int, kv_heads: int, **kw) -> dict:
     # StableLM: LayerNorms with biases, SwiGLU without biases, 32 heads rotating a quarter of each, 4096 positions
     return _llama(d_model, layers, 32, kv_heads, d_ff, vocab, 10000.0, 4096, norm="layernorm", norm_bias=True,
@@ -485,6 +496,8 @@ _PRESETS: dict[str, dict] = {
     # ERNIE-4.5-0.3B: adjacent rotary pairs over 128-wide heads, GQA 16/2, tied head, 131072 positions
     "ernie-4.5-0.3b": _llama(1024, 18, 16, 2, 3072, 103424, 500000.0, 131072, head_dim=128, rope_interleave=True,
                              tie_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    "glm-4.5": _glm45(5120, 92, 12288, 1536, 160, 3, 2.5, True),
+    "glm-4.5-air": _glm45(4096, 46, 10944, 1408, 128, 1, 1.0, False),
     # OLMoE-1B-7B-0924: OLMo-2's q/k norms in pre-norm layers, 64 experts 1024 wide, the top 8 not renormalised
     "olmoe-1b-7b": _llama(2048, 16, 16, 16, 1024, 50304, 10000.0, 4096, qk_norm=True, qk_norm_span="projection",
                           num_experts=64, experts_per_token=8, normalize_router_weights=False,

@@ -90,6 +90,9 @@ _T5GEMMA_HALF = {k: v for k, v in _GEMMA2.items() if k != "attn_implementation"}
 _STARCODER2 = {**{k: v for k, v in _LLAMA.items() if k != "rms_norm_eps"}, "norm_epsilon": 1e-6}
 _GRANITE = {**_LLAMA, "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.0625,
             "logits_scaling": 4.0, "pad_token_id": 0}
+_GLM4_MOE = {**_LLAMA, "head_dim": 12, "attention_bias": True, "moe_intermediate_size": 16, "n_routed_experts": 4,
+             "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "pad_token_id": 0,
+             "partial_rotary_factor": 0.5}
 _OLMOE = {**_LLAMA, "num_experts": 4, "num_experts_per_tok": 2, "pad_token_id": 0}
 _SMOLLM3 = {**_LLAMA, "no_rope_layer_interval": 2, "pad_token_id": 0}
 _COHERE = {**{k: v for k, v in _LLAMA.items() if k != "rms_norm_eps"}, "layer_norm_eps": 1e-5, "pad_token_id": 0,
@@ -359,6 +362,12 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "ernie4_5-base": ("Ernie4_5Config", "Ernie4_5Model", {**_LLAMA, "pad_token_id": 0, "head_dim": 8,
                                                           "rope_parameters": {"rope_type": "default",
                                                                               "rope_theta": 10000.0}}),
+    # GLM-4.5: half of each head rotating (LLaMA's halves), q/k/v biases, per-head q/k norms, one dense layer then
+    # DeepSeek-V3's experts (sigmoid scores, a selection bias, two groups, a shared expert, scaled weights); the
+    # base model (GLM-4.5-Air's choices) without q/k norms or groups
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", {**_GLM4_MOE, "use_qk_norm": True, "n_group": 2,
+                                                          "topk_group": 1, "routed_scaling_factor": 2.5}),
+    "glm4_moe-base": ("Glm4MoeConfig", "Glm4MoeModel", {**_GLM4_MOE, "attention_bias": False}),
     # OLMoE: OLMo-2's q/k norms over the whole projection in pre-norm layers, softmax top-2 of 4 experts not
     # renormalised; the base model renormalised, with attention biases
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", _OLMOE),

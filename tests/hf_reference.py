@@ -156,6 +156,19 @@ def _opt(hidden: int, layers: int, heads: int) -> dict:
                 layerdrop=0.0, pad_token_id=1, bos_token_id=2, eos_token_id=2)
 
 
+def _glm45(hidden: int, layers: int, intermediate: int, moe: int, experts: int, dense: int, scaling: float,
+           qk_norm: bool) -> dict:
+    # zai-org/GLM-4.5's and GLM-4.5-Air's config.json (their multi-token-prediction layer is not part of the model)
+    return dict(vocab_size=151552, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                num_attention_heads=96, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+                max_position_embeddings=131072, rms_norm_eps=1e-5, partial_rotary_factor=0.5,
+                rope_parameters=_rope(1000000.0), attention_bias=True, use_qk_norm=qk_norm,
+                moe_intermediate_size=moe, num_experts_per_tok=8, n_shared_experts=1, n_routed_experts=experts,
+                routed_scaling_factor=scaling, n_group=1, topk_group=1, first_k_dense_replace=dense,
+                norm_topk_prob=True, num_nextn_predict_layers=1, tie_word_embeddings=False, pad_token_id=151329,
+                eos_token_id=[151329, 151336, 151338])
+
+
 def _stablelm(vocab: int, hidden: int, intermediate: int, layers: int, kv_heads: int, **kw) -> dict:
     # stabilityai/stablelm-3b-4e1t's, stablelm-2-1_6b's and stablelm-2-12b's config.json
     return dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
@@ -575,6 +588,8 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
              rms_norm_eps=1e-5, rope_parameters=_rope(500000.0), use_bias=False, tie_word_embeddings=True,
              pad_token_id=0, bos_token_id=1, eos_token_id=2),
     ),
+    "glm-4.5": ("Glm4MoeForCausalLM", _glm45(5120, 92, 12288, 1536, 160, 3, 2.5, True)),
+    "glm-4.5-air": ("Glm4MoeForCausalLM", _glm45(4096, 46, 10944, 1408, 128, 1, 1.0, False)),
     # allenai/OLMoE-1B-7B-0924's config.json
     "olmoe-1b-7b": (
         "OlmoeForCausalLM",

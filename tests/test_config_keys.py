@@ -34,7 +34,7 @@ CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "al
                "xlnet": "xlnet", "starcoder2": "starcoder2", "olmo2": "olmo2", "granite": "granite",
                "smollm3": "smollm3", "stablelm": "stablelm-12b", "falcon": "falcon-40b",
                "cohere": "cohere-qk-norm", "cohere2": "cohere2", "olmoe": "olmoe", "granitemoe": "granitemoe",
-               "ernie4_5": "ernie4_5"}
+               "ernie4_5": "ernie4_5", "glm4_moe": "glm4_moe"}
 # Changed string values: another valid choice where the key has choices, so the change means something.
 OTHER_STRING = {"gelu": "relu", "relu": "gelu", "silu": "gelu", "gelu_new": "relu", "gelu_pytorch_tanh": "silu",
                 "float32": "bfloat16", "gated-gelu": "relu", "absolute": "relative_key", "uni": "bi",

@@ -84,6 +84,7 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "deepseek_v2": _DEEPSEEK, "deepseek_v3": _DEEPSEEK,
          "deepseek_v32": dict(_DEEPSEEK, index_n_heads=2, index_head_dim=16, n_group=1, topk_group=1),
          "stablelm": dict(_SIZES, num_key_value_heads=2),  # StableLmConfig's default is 32
+         "glm4_moe": dict(_SIZES, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2),
          "qwen2_moe": dict(_SIZES, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2),
          "qwen3_moe": dict(_SIZES, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2),
          "gpt_oss": dict(_SIZES, num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2),

@@ -15,8 +15,8 @@ from jaxformer.model_config import ModelConfig
 from jaxformer.interop import (albert, bart, bert, deberta, deepseek, distilbert, electra, gemma, gpt2, gpt_neo,
                                gpt_neox, gpt_oss, llama, llama4, m2m_100, marian, modernbert, mpnet, t5, t5gemma, umt5,
                                xlnet)
-from jaxformer.interop import (cohere, ernie4_5, falcon, glm, granite, mixtral, olmo2, olmoe, opt, phi3, qwen, smollm3,
-                               stablelm, starcoder2)
+from jaxformer.interop import (cohere, ernie4_5, falcon, glm, glm4_moe, granite, mixtral, olmo2, olmoe, opt, phi3,
+                               qwen, smollm3, stablelm, starcoder2)
 from jaxformer.interop.rules import Architecture, ConfigReader, Rule, with_defaults
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -46,6 +46,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     phi3.ARCHITECTURE,
     ernie4_5.ARCHITECTURE,  # before GLM, which also holds a whole-head interleaved rotary model
     glm.ARCHITECTURE,
+    glm4_moe.ARCHITECTURE,
     falcon.ARCHITECTURE,  # after the other LayerNorm decoders: a model one of them holds exports as theirs
     granite.ARCHITECTURE,  # after LLaMA's and Mixtral's lineage: with its multipliers at 1 it holds their models too
     t5.ARCHITECTURE,
