@@ -126,10 +126,9 @@ def test_a_setting_jaxformer_cannot_honour_is_refused_by_name(name, changes, mes
 
 
 @pytest.mark.parametrize("name", ["cohere", "cohere-qk-norm", "cohere2"])
-@pytest.mark.parametrize("num_beams", [1, 3])
-def test_generation_is_token_identical_to_transformers(name, num_beams, checkpoints):
+def test_generation_is_token_identical_to_transformers(name, checkpoints):
     """Left-padded prompts of 7 and 10 new tokens; Command R7B's sliding layers see windows of 4."""
-    generates_as_transformers(checkpoints(name), num_beams)
+    generates_as_transformers(checkpoints(name))
 
 
 # Command R7B's tiny file quarters its logits: its adapters move the loss more slowly, so they learn at a higher rate

@@ -46,23 +46,21 @@ CACHE_CASES = {
     "llama4-interleaved": _decoder_case("tiny-mixtral", decoder_layers=4, moe_layer_step=2, router_score="sigmoid",
                                         normalize_router_weights=False, router_weights_on_input=True,
                                         shared_experts=1, expert_d_ff=32),
-    # Granite: muP's multipliers on the embeddings, each residual branch, the attention scale and the logits
-    "granite": _decoder_case("tiny-llama", embedding_multiplier=3.0, residual_multiplier=0.5, attention_scale=0.1,
-                             logits_divisor=4.0),
+    # Granite's muP multipliers (embeddings, residual branches, attention scale, logits) on SmolLM3's layers: a NoPE
+    # layer that slides (window 2) beside a rotary one in full
+    "granite-smollm3": _decoder_case("tiny-llama", embedding_multiplier=3.0, residual_multiplier=0.5,
+                                     attention_scale=0.1, logits_divisor=4.0, nope_layers=(1,),
+                                     attention="alternating", window_size=2, layer_types=("full", "sliding")),
     # OLMoE: q/k norms over the whole projection, softmax top-2 experts not renormalised
     "olmoe": _decoder_case("tiny-mixtral", qk_norm=True, qk_norm_span="projection", normalize_router_weights=False),
-    # SmolLM3: a NoPE layer that slides (window 2) beside a rotary one in full
-    "smollm3": _decoder_case("tiny-llama", nope_layers=(1,), attention="alternating", window_size=2,
-                             layer_types=("full", "sliding")),
-    # StableLM 2 12B: LayerNorms, rotary positions on half of each head, each head's own q/k norm, parallel residual
-    "stablelm": _decoder_case("tiny-llama", norm="layernorm", norm_bias=True, rotary_dim=4, qk_norm=True,
-                              qk_norm_span="each_head", parallel_residual=True, parallel_shared_norm=True),
-    # Command R7B: one bias-free LayerNorm for attention and MLP side by side, adjacent rotary pairs on the sliding
-    # layer (window 2), a NoPE layer in full, each head's own q/k norm (R+'s), logits times 5 / 6
-    "cohere": _decoder_case("tiny-llama", norm="layernorm", norm_bias=False, rope_interleave=True,
-                            parallel_residual=True, parallel_shared_norm=True, qk_norm=True, qk_norm_span="each_head",
-                            attention="alternating", window_size=2, layer_types=("sliding", "full"), nope_layers=(1,),
-                            logits_multiplier=0.8333333333333334),
+    # Command R7B with StableLM's and Command R+'s parts: one bias-free LayerNorm for attention and MLP side by
+    # side, adjacent rotary pairs on half of each head of the sliding layer (window 2), a NoPE layer in full, each
+    # head's own q/k norm, logits times 5 / 6
+    "cohere-stablelm": _decoder_case("tiny-llama", norm="layernorm", norm_bias=False, rope_interleave=True,
+                                     rotary_dim=4, parallel_residual=True, parallel_shared_norm=True, qk_norm=True,
+                                     qk_norm_span="each_head", attention="alternating", window_size=2,
+                                     layer_types=("sliding", "full"), nope_layers=(1,),
+                                     logits_multiplier=0.8333333333333334),
     # OPT: post-norm (OPT-350m's blocks) without a final norm, ReLU, positions two rows into their table and
     # counted from the attention mask
     "opt": _decoder_case("tiny-gpt", norm_position="post", final_norm=False, activation="relu", position_offset=2,
