@@ -11,14 +11,13 @@ V3 (always interleaved, always a low-rank query) plus the lightning indexer of D
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
 
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, copy, heads_in, heads_out, linear, lm_head,
-                                     refuse, rope_from_hf, rope_to_hf, stacked_experts)
+                                     prediction_layers, refuse, rope_from_hf, rope_to_hf, stacked_experts)
 
 CLASSES = {"deepseek_v2": ("DeepseekV2Model", "DeepseekV2ForCausalLM"),
            "deepseek_v3": ("DeepseekV3Model", "DeepseekV3ForCausalLM"),
@@ -203,13 +202,8 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 def ignored(hf: dict, names: set[str]) -> tuple[set[str], str]:
     """DeepSeek-V3 files carry their multi-token-prediction modules as layers past num_hidden_layers;
     ordinary next-token prediction never reads them."""
-    layers = hf.get("num_hidden_layers", 0)
     mtp = (hf.get("num_nextn_predict_layers") or 0) if hf.get("model_type") in SIGMOID_ROUTED else 0
-    extra = {n for n in names
-             if (found := re.search(r"(?:^|\.)layers\.(\d+)\.", n)) and layers <= int(found.group(1)) < layers + mtp}
-    note = (f"{len(extra)} tensors of multi-token-prediction layers (index >= num_hidden_layers={layers}) are not "
-            "used by jaxformer and were skipped") if extra else ""
-    return extra, note
+    return prediction_layers(hf, names, mtp)
 
 
 # config.json keys that change no number of transformers' DeepSeek, with the reason (see rules.Architecture).

@@ -13,14 +13,13 @@ which next-token prediction never reads: skipped with a note, as transformers sk
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.llama import (architecture, attention_rules, decoder_config, decoder_rules, decoder_to_hf,
                                      gated_mlp_rules, norm_rules)
-from jaxformer.interop.rules import (Rule, copy, linear, refuse, rope_spec, rope_to_hf, rotary_width,
-                                     stacked_experts)
+from jaxformer.interop.rules import (Rule, copy, linear, partial_rope_from_hf, prediction_layers, refuse,
+                                     rope_to_hf, rotary_width, stacked_experts)
 
 STEMS = {"glm4_moe": "Glm4Moe"}
 # Glm4MoeConfig's defaults for the keys a file may leave out (checked by tests/test_config_reading.py)
@@ -33,21 +32,13 @@ DEFAULTS = {"glm4_moe": dict(num_key_value_heads=8, hidden_act="silu", max_posit
 DEFAULT_PARTIAL_ROTARY = 0.5  # Glm4MoeConfig's when no key says
 
 
-def _rotary(hf: dict, width: int) -> tuple[float, Any, int | None]:
-    """(theta, scaling, rotary_dim): the rope dict (``rope_scaling`` replacing ``rope_parameters``) with its base and
-    partial_rotary_factor, else the file's top-level ``rope_theta`` and ``partial_rotary_factor``."""
-    params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
-    params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
-    fraction = float(params.pop("partial_rotary_factor", hf.get("partial_rotary_factor", DEFAULT_PARTIAL_ROTARY)))
-    theta, scaling = rope_spec(params, hf["max_position_embeddings"])
-    return theta, scaling, rotary_width(width, fraction, "glm4_moe")
-
-
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     experts = hf["n_routed_experts"]
     refuse(not experts, f"glm4_moe: n_routed_experts={experts!r}; a GLM-4.5 model needs routed experts")
     fields = decoder_config(hf, model_type, arch, (10000.0, None))
-    theta, scaling, rotary = _rotary(hf, fields["head_dim"] or hf["hidden_size"] // hf["num_attention_heads"])
+    width = fields["head_dim"] or hf["hidden_size"] // hf["num_attention_heads"]
+    theta, scaling, fraction = partial_rope_from_hf(hf, DEFAULT_PARTIAL_ROTARY)
+    rotary = rotary_width(width, fraction, model_type)
     dense = hf["first_k_dense_replace"] or 0
     refuse(dense > hf["num_hidden_layers"], f"glm4_moe: first_k_dense_replace={dense} is more than the "
            f"{hf['num_hidden_layers']} layers")
@@ -99,15 +90,9 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
 
 
 def ignored(hf: dict, names: set[str]) -> tuple[set[str], str]:
-    """The published files' multi-token-prediction layers, past num_hidden_layers: next-token prediction never
-    reads them (transformers' GLM-4.5 skips them on load too)."""
-    layers = hf.get("num_hidden_layers", 0)
-    mtp = hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers")) or 0
-    extra = {n for n in names
-             if (found := re.search(r"(?:^|\.)layers\.(\d+)\.", n)) and layers <= int(found.group(1)) < layers + mtp}
-    note = (f"{len(extra)} tensors of multi-token-prediction layers (index >= num_hidden_layers={layers}) are not "
-            "used by jaxformer and were skipped") if extra else ""
-    return extra, note
+    """The published files' multi-token-prediction layers, past num_hidden_layers (transformers' GLM-4.5 skips
+    them on load too)."""
+    return prediction_layers(hf, names, hf.get("num_nextn_predict_layers", hf.get("num_mtp_layers")) or 0)
 
 
 ARCHITECTURE = architecture(STEMS, config_from_hf, config_to_hf, rules, defaults=DEFAULTS, ignored=ignored,

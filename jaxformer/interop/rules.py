@@ -14,6 +14,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import os
+import re
 import warnings
 from typing import Any, Callable
 
@@ -254,6 +255,17 @@ def rotary_width(head_dim: int, fraction: float, model_type: str) -> int | None:
     refuse(not 0 < rotary <= head_dim or rotary % 2, f"{model_type}: partial_rotary_factor={fraction} gives "
            f"{rotary} rotating numbers of a {head_dim}-wide head; they must be even and > 0")
     return None if rotary == head_dim else rotary
+
+
+def prediction_layers(hf: dict, names: set[str], count: int) -> tuple[set[str], str]:
+    """The tensors of ``count`` multi-token-prediction layers that files (DeepSeek-V3, GLM-4.5) carry past
+    num_hidden_layers, which next-token prediction never reads, and the note that says they were skipped."""
+    layers = hf.get("num_hidden_layers", 0)
+    extra = {n for n in names
+             if (found := re.search(r"(?:^|\.)layers\.(\d+)\.", n)) and layers <= int(found.group(1)) < layers + count}
+    note = (f"{len(extra)} tensors of multi-token-prediction layers (index >= num_hidden_layers={layers}) are not "
+            "used by jaxformer and were skipped") if extra else ""
+    return extra, note
 
 
 def _rope_params(hf: dict, default_theta: float) -> dict:

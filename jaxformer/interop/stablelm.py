@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.llama import architecture, attention_rules, decoder_rules, gated_mlp_rules, head_dim
-from jaxformer.interop.rules import Rule, activation, norm, refuse, rope_spec, rope_to_hf, rotary_width
+from jaxformer.interop.rules import Rule, activation, norm, partial_rope_from_hf, refuse, rope_to_hf, rotary_width
 
 STEMS = {"stablelm": "StableLm"}
 # StableLmConfig's defaults for the keys a file may leave out (checked by tests/test_config_reading.py)
@@ -30,22 +30,12 @@ DEFAULTS = {"stablelm": dict(num_key_value_heads=32, hidden_act="silu", max_posi
 DEFAULT_PARTIAL_ROTARY = 0.25
 
 
-def _rotary(hf: dict, width: int) -> tuple[float, Any, int | None]:
-    """(theta, scaling, rotary_dim) as StableLmConfig reads them: the rope dict (``rope_scaling`` replacing
-    ``rope_parameters``) with its base and partial_rotary_factor, else the file's top-level ``rope_theta`` and
-    ``partial_rotary_factor`` (0.25 when no key says)."""
-    params = dict(hf.get("rope_scaling") or hf.get("rope_parameters") or {})
-    params.setdefault("rope_theta", hf.get("rope_theta", 10000.0))
-    fraction = float(params.pop("partial_rotary_factor", hf.get("partial_rotary_factor", DEFAULT_PARTIAL_ROTARY)))
-    theta, scaling = rope_spec(params, hf["max_position_embeddings"])
-    return theta, scaling, rotary_width(width, fraction, "stablelm")
-
-
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     heads = hf["num_attention_heads"]
     refuse(head_dim(hf, heads) is not None, f"stablelm: head_dim={hf.get('head_dim')} is not supported: StableLM's "
            f"heads are hidden_size / num_attention_heads = {hf['hidden_size'] // heads} wide")
-    theta, scaling, rotary = _rotary(hf, hf["hidden_size"] // heads)
+    theta, scaling, fraction = partial_rope_from_hf(hf, DEFAULT_PARTIAL_ROTARY)
+    rotary = rotary_width(hf["hidden_size"] // heads, fraction, model_type)
     parallel, qkv_bias = bool(hf["use_parallel_residual"]), bool(hf["use_qkv_bias"])
     return dict(family="decoder", d_model=hf["hidden_size"], num_heads=heads,
                 num_kv_heads=hf["num_key_value_heads"] or heads, d_ff=hf["intermediate_size"],
