@@ -285,15 +285,21 @@ class SplitKVCache:
     def index(self) -> Array:
         return self.full.index
 
-    def kinds(self) -> dict[bool, KVCache]:
-        """Each kind's cache, keyed as ``local_layers`` names the layers (True: windowed)."""
-        return {False: self.full, True: self.window}
+    def kinds(self) -> dict[str, KVCache]:
+        """Each kind's cache, keyed as the plan's ``LayerSpec.cache`` names the layers' ('full', 'window')."""
+        return {"full": self.full, "window": self.window}
 
     def check_room(self, count: int) -> None:
         self.full.check_room(count)
 
     def write(self, new: dict[str, Array], positions: Array, valid: Array) -> SplitKVCache:
-        """``new`` holds every layer's T tokens [L, B, K, T, H] in layer order; each kind takes its layers'."""
+        """``new`` holds every layer's T tokens [L, B, K, T, H] in layer order; each kind takes its layers'. (Gemma 4's
+        full layers of a shape of their own hand theirs apart, as ``full_k`` and ``full_v``.)"""
+        if "full_k" in new:
+            return dataclasses.replace(self, full=self.full.write({"k": new["full_k"], "v": new["full_v"]}, positions,
+                                                                  valid),
+                                       window=self.window.write({"k": new["k"], "v": new["v"]}, positions, valid))
+
         def of(local):
             rows = np.array([i for i, windowed in enumerate(self.local_layers) if windowed == local])
             return {name: array[rows] for name, array in new.items()}
@@ -311,6 +317,76 @@ class SplitKVCache:
         return dataclasses.replace(self, full=self.full.rewind(index, span), window=self.window.rewind(index, span))
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LinearState:
+    """What the linear layers (the gated delta rule: Qwen3-Next) carry, in their order: the convolution's last
+    inputs ``conv`` [L, B, K - 1, C] and each value head's state matrix ``state`` [L, B, Hv, Dk, Dv] (float32).
+    Its size never grows with the sequence: a step replaces both (``write``)."""
+
+    LAYER_FIELDS: ClassVar[tuple[str, ...]] = ("conv", "state")
+    conv: Array
+    state: Array
+
+    @classmethod
+    def empty(cls, cfg, layers: int, batch: int, dtype) -> LinearState:
+        linear = cfg.linear_attention
+        return cls(jnp.zeros((layers, batch, linear.conv_kernel - 1, linear.conv_width), dtype),
+                   jnp.zeros((layers, batch, linear.value_heads, linear.key_head_dim, linear.value_head_dim),
+                             jnp.float32))
+
+    def layers(self) -> dict[str, Array | LayerArrays]:
+        return {name: LayerArrays(getattr(self, name)) if isinstance(getattr(self, name), tuple)
+                else getattr(self, name) for name in self.LAYER_FIELDS}
+
+    def write(self, new: dict[str, Array]) -> LinearState:
+        """The state after a call: ``new`` holds every linear layer's [L, B, ...], in place of the old."""
+        def replaced(old, part):
+            return tuple(part.astype(old[0].dtype)) if isinstance(old, tuple) else part.astype(old.dtype)
+        return dataclasses.replace(self, **{name: replaced(getattr(self, name), new[name])
+                                            for name in self.LAYER_FIELDS})
+
+    def reorder(self, rows: Array) -> LinearState:
+        return dataclasses.replace(self, **{name: _rows_of(getattr(self, name), rows) for name in self.LAYER_FIELDS})
+
+    def per_layer(self) -> LinearState:
+        return dataclasses.replace(self, **{name: tuple(getattr(self, name)) for name in self.LAYER_FIELDS})
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["full", "linear"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class HybridCache:
+    """The cache of a stack mixing attention layers with linear ones (Qwen3-Next: three linear layers to one
+    full): a ``KVCache`` of the attention layers and a ``LinearState`` of the linear ones, each in layer order.
+    The stack hands each layer its slice of its own kind's (``kinds``, keyed as the plan's ``LayerSpec.cache``).
+    A recurrent state cannot be rewound past drafts a target rejected: drafting refuses these models."""
+
+    full: KVCache
+    linear: LinearState
+
+    @property
+    def index(self) -> Array:
+        return self.full.index
+
+    def kinds(self) -> dict[str, KVCache | LinearState]:
+        return {"full": self.full, "state": self.linear}
+
+    def check_room(self, count: int) -> None:
+        self.full.check_room(count)
+
+    def write(self, new: dict[str, Array], positions: Array, valid: Array) -> HybridCache:
+        """``new`` holds the attention layers' keys and values {"k", "v"} and the linear layers' states
+        {"conv", "state"}, each kind's layers in order."""
+        return dataclasses.replace(self, full=self.full.write({"k": new["k"], "v": new["v"]}, positions, valid),
+                                   linear=self.linear.write(new))
+
+    def reorder(self, rows: Array) -> HybridCache:
+        return dataclasses.replace(self, full=self.full.reorder(rows), linear=self.linear.reorder(rows))
+
+    def per_layer(self) -> HybridCache:
+        return dataclasses.replace(self, full=self.full.per_layer(), linear=self.linear.per_layer())
+
+
 def windowed_layers(cfg, layers: int) -> tuple[tuple[bool, ...], int | None]:
     """(which of a decoder stack's ``layers`` keep a ring of their window when cached, that window), as the
     stack's layer plan says: every layer of a 'sliding' one, the local layers of an 'alternating' one (Llama
@@ -319,10 +395,15 @@ def windowed_layers(cfg, layers: int) -> tuple[tuple[bool, ...], int | None]:
 
 
 def empty_cache(cfg, layers: int, batch: int, length: int, dtype, rewind: int = 0
-                ) -> KVCache | LatentCache | SplitKVCache:
+                ) -> KVCache | LatentCache | SplitKVCache | HybridCache:
     """The empty self-attention cache a config's layers fill: latents for MLA (with the indexer's keys for
     DeepSeek-V3.2), else keys and values, the windowed layers' in a ring of window + ``rewind`` slots (the
-    most a step writes and then rewinds: drafts) when that is shorter than ``length``."""
+    most a step writes and then rewinds: drafts) when that is shorter than ``length``; beside the linear layers'
+    states where a stack has them (``HybridCache``)."""
+    if cfg.linear_attention is not None:
+        linear = len(cfg.linear_attention.layers)
+        return HybridCache(KVCache.empty(layers - linear, batch, length, cfg.kv_heads, cfg.head_dim_, dtype),
+                           LinearState.empty(cfg, linear, batch, dtype))
     if cfg.mla and cfg.indexer is not None:
         return IndexedLatentCache.empty(layers, batch, length, cfg.latent.kv_rank + cfg.latent.rope_head_dim, dtype,
                                         cfg.indexer.head_dim)
@@ -330,13 +411,17 @@ def empty_cache(cfg, layers: int, batch: int, length: int, dtype, rewind: int = 
         return LatentCache.empty(layers, batch, length, cfg.latent.kv_rank + cfg.latent.rope_head_dim, dtype)
     local, window = windowed_layers(cfg, layers)
     ring = None if window is None else window + rewind
-    if ring is None or ring >= length:
-        return KVCache.empty(layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype)
+    # Gemma 4: kv-shared layers keep no cache (they read an earlier layer's); full layers may have heads of their own
+    local = local[:layers - cfg.scores.kv_shared_layers]
+    full_kv, full_width = cfg.scores.full_kv_heads or cfg.kv_heads, cfg.scores.full_head_dim or cfg.head_dim_
+    own_full = (full_kv, full_width) != (cfg.kv_heads, cfg.head_dim_) or cfg.scores.full_keys_as_values
+    if (ring is None or ring >= length) and not own_full:
+        return KVCache.empty(len(local), batch, length, cfg.kv_heads, cfg.head_dim_, dtype)
     if all(local):
-        return RingKVCache.empty(layers, batch, ring, cfg.kv_heads, cfg.head_dim_, dtype)
-    return SplitKVCache(KVCache.empty(local.count(False), batch, length, cfg.kv_heads, cfg.head_dim_, dtype),
-                        RingKVCache.empty(local.count(True), batch, ring, cfg.kv_heads, cfg.head_dim_, dtype),
-                        local)
+        return RingKVCache.empty(len(local), batch, ring, cfg.kv_heads, cfg.head_dim_, dtype)
+    return SplitKVCache(KVCache.empty(local.count(False), batch, length, full_kv, full_width, dtype),
+                        RingKVCache.empty(local.count(True), batch, min(ring, length), cfg.kv_heads, cfg.head_dim_,
+                                          dtype), local)
 
 
 def cache_numbers_per_token(cfg) -> int:
@@ -348,7 +433,31 @@ def cache_numbers_per_token(cfg) -> int:
         per_layer = cfg.latent.kv_rank + cfg.latent.rope_head_dim + indexer
     else:
         per_layer = 2 * cfg.kv_heads * cfg.head_dim_
-    return cfg.decoder_layers * per_layer
+    linear = len(cfg.linear_attention.layers) if cfg.linear_attention is not None else 0
+    full_layers, full_extra = _own_full_layers(cfg)
+    return (cfg.decoder_layers - linear - cfg.scores.kv_shared_layers) * per_layer + full_layers * full_extra
+
+
+def _own_full_layers(cfg) -> tuple[int, int]:
+    """(Gemma 4's caching full layers with heads of their own, the numbers each adds a token beyond a sliding
+    layer's); (0, 0) otherwise."""
+    scores = cfg.scores
+    if scores.full_head_dim is None and scores.full_kv_heads is None:
+        return 0, 0
+    local = windowed_layers(cfg, cfg.decoder_layers)[0][:cfg.decoder_layers - scores.kv_shared_layers]
+    full = 2 * (scores.full_kv_heads or cfg.kv_heads) * (scores.full_head_dim or cfg.head_dim_)
+    return local.count(False), full - 2 * cfg.kv_heads * cfg.head_dim_
+
+
+def linear_state_bytes(cfg) -> int:
+    """Bytes one row's linear layers carry (``LinearState``), whatever the length: each layer's state matrices
+    in float32 and its convolution window in ``cfg.dtype``; 0 without linear layers."""
+    linear = cfg.linear_attention
+    if linear is None:
+        return 0
+    state = linear.value_heads * linear.key_head_dim * linear.value_head_dim * 4
+    window = (linear.conv_kernel - 1) * linear.conv_width * jnp.dtype(cfg.dtype).itemsize
+    return len(linear.layers) * (state + window)
 
 
 def _rings(cfg) -> tuple[int, int, int, int] | None:
@@ -359,6 +468,7 @@ def _rings(cfg) -> tuple[int, int, int, int] | None:
     local, window = windowed_layers(cfg, cfg.decoder_layers)
     if window is None:
         return None
+    local = local[:cfg.decoder_layers - cfg.scores.kv_shared_layers]  # (Gemma 4's kv-shared layers keep none)
     return 2 * cfg.kv_heads * cfg.head_dim_, local.count(False), local.count(True), window
 
 
@@ -369,7 +479,8 @@ def cache_footprint(cfg) -> tuple[int, int]:
     if rings is None:
         return cache_numbers_per_token(cfg), 0
     per_layer, full, windowed, window = rings
-    return per_layer * full, per_layer * windowed * window
+    full_layers, full_extra = _own_full_layers(cfg)
+    return per_layer * full + full_layers * full_extra, per_layer * windowed * window
 
 
 def cache_numbers(cfg, slots: int, rewind: int = 0) -> int:
@@ -379,7 +490,8 @@ def cache_numbers(cfg, slots: int, rewind: int = 0) -> int:
     if rings is None:
         return cache_numbers_per_token(cfg) * slots
     per_layer, full, windowed, window = rings
-    return per_layer * (full * slots + windowed * min(slots, window + rewind))
+    full_layers, full_extra = _own_full_layers(cfg)
+    return per_layer * (full * slots + windowed * min(slots, window + rewind)) + full_layers * full_extra * slots
 
 
 class _Window(_PerLayer):

@@ -60,10 +60,11 @@ def _decode_cache(cfg) -> dict:
     layers' rolling caches)."""
     import jax.numpy as jnp
 
-    from jaxformer.cache import cache_footprint, windowed_layers
+    from jaxformer.cache import cache_footprint, linear_state_bytes, windowed_layers
 
     itemsize = jnp.dtype(cfg.dtype).itemsize
     per_token, bounded = (numbers * itemsize for numbers in cache_footprint(cfg))
+    state = linear_state_bytes(cfg)
     local, window = windowed_layers(cfg, cfg.decoder_layers)
     kind = "latents" if cfg.mla else "keys and values"
     size = lambda n: f"{n:,} bytes" if n < 2**20 else f"{n / 2**20:,.1f} MiB"  # noqa: E731
@@ -77,7 +78,13 @@ def _decode_cache(cfg) -> dict:
                    if full else f"{rings}, {cfg.dtype}: nothing grows with the length")
     else:
         summary = f"{size(per_token)} per token ({kind}, {cfg.dtype})"
-    return {"bytes_per_token": per_token, "windowed_bytes_at_most": bounded, "summary": summary}
+    if state:  # the linear layers' state matrices and convolution windows: the same at any length
+        linear = len(cfg.linear_attention.layers)
+        full = cfg.decoder_layers - linear
+        summary = (f"{size(per_token)} per token ({kind}, {cfg.dtype}, {full} attention layer{'s' * (full != 1)}) + "
+                   f"{size(state)} of state in {linear} linear layers, whatever the length")
+    return {"bytes_per_token": per_token, "windowed_bytes_at_most": bounded, "linear_state_bytes": state,
+            "summary": summary}
 
 
 def compare(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import numpy as np
 from jaxformer import checks
 from jaxformer.interop.files import read_json
 from jaxformer.interop.hf import from_pretrained
+from jaxformer.interop.longformer import global_attentions
 from jaxformer.interop.registry import architecture_of
 
 
@@ -55,8 +56,10 @@ def reference_model(path: str | Path, dtype: str = "float32"):
 
 def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
             decoder_input_ids: np.ndarray | None = None, token_type_ids: np.ndarray | None = None,
-            dtype: str = "float32", model=None, reference=None) -> list[Row]:
-    """Run both implementations and return one Row per compared tensor."""
+            dtype: str = "float32", model=None, reference=None, global_attention_mask: np.ndarray | None = None
+            ) -> list[Row]:
+    """Run both implementations and return one Row per compared tensor (``global_attention_mask``: Longformer's
+    global tokens, given to both)."""
     import torch
 
     model = model if model is not None else from_pretrained(path, dtype=dtype)  # first: it names a missing config.json
@@ -81,8 +84,13 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
     if token_type_ids is not None:
         kwargs["token_type_ids"] = t(token_type_ids)
         ours_kwargs["token_type_ids"] = np.asarray(token_type_ids)
+    if global_attention_mask is not None:
+        kwargs["global_attention_mask"] = t(global_attention_mask)
+        ours_kwargs["global_attention_mask"] = np.asarray(global_attention_mask)
     with torch.no_grad():
         ref = reference(**kwargs)
+    if cfg.scores.sparse_block_size is not None:  # BigBird: transformers' padding to a multiple of its block cut off
+        _cut_block_padding(ref, input_ids.shape[1])
     out = model(input_ids, **ours_kwargs)
 
     def f(x):
@@ -99,7 +107,14 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
         rows += _attention_rows("cross attention", ref.cross_attentions, out.cross_attentions, None)
         hidden, label = ref.decoder_hidden_states, "decoder"
     else:
-        rows += _attention_rows("attention", ref.attentions, out.attentions, mask)
+        ref_attentions = ref.attentions
+        if cfg.scores.global_tokens:  # Longformer's come banded, its global tokens' apart: made [B, N, T, T]
+            is_global = model.global_token_mask(input_ids, global_attention_mask, mask)
+            is_global = np.zeros(input_ids.shape, bool) if is_global is None else np.asarray(is_global)
+            global_probs = ref.global_attentions or (None,) * len(ref_attentions)
+            ref_attentions = [global_attentions(f(local), None if probs is None else f(probs), is_global,
+                                                cfg.window_size) for local, probs in zip(ref_attentions, global_probs)]
+        rows += _attention_rows("attention", ref_attentions, out.attentions, mask)
         hidden, label = ref.hidden_states, "layer"
     if len(hidden) != len(out.hidden_states):
         raise ValueError(f"reference has {len(hidden)} hidden states, jaxformer {len(out.hidden_states)}")
@@ -125,6 +140,15 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
         rows.append(_row("start logits", f(ref.start_logits)[..., None], np.asarray(out.start_logits)[..., None], valid))
         rows.append(_row("end logits", f(ref.end_logits)[..., None], np.asarray(out.end_logits)[..., None], valid))
     return rows
+
+
+def _cut_block_padding(ref, length: int) -> None:
+    """BigBird's (encoder's) hidden states and attentions as long as the input: transformers pads a block-sparse
+    input to a multiple of its block and returns those per-layer outputs padded."""
+    for name in ("hidden_states", "attentions", "encoder_hidden_states", "encoder_attentions"):
+        states = getattr(ref, name, None)
+        if states is not None and (name.startswith("encoder") or not hasattr(ref, "encoder_last_hidden_state")):
+            ref[name] = tuple(s[:, :length] if s.dim() == 3 else s[:, :, :length, :length] for s in states)
 
 
 def _attention_rows(name: str, reference, ours, valid: np.ndarray | None) -> list[Row]:

@@ -22,6 +22,7 @@ from jaxformer.checks import check_inputs, check_memory, check_prefix_lengths, c
 from jaxformer.edges import EdgeMethods
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.weights import output_major
+from jaxformer.layers.positions import PerLayerInputs
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
                               left_padded_positions, load_balancing_loss, packed_validity, split_key)
 from jaxformer.outputs import ModelOutput
@@ -105,6 +106,9 @@ class Decoder(EdgeMethods, nnx.Module):
         self.embeddings = Embeddings(cfg, rngs=rngs)
         self.decoder = Stack(cfg, cfg.decoder_layers, pattern=cfg.attention, rngs=rngs)
         self.lm_head, self.logits_bias = make_lm_head(cfg, rngs)
+        # Gemma 4: a second table and a projection of the embeddings, a slice of which each layer reads
+        self.per_layer_inputs = (PerLayerInputs(cfg, cfg.decoder_layers, rngs=rngs)
+                                 if cfg.embeddings.per_layer_width else None)
 
     def validate(self, input_ids=None, attention_mask=None, position_ids=None, *, prefix_lengths=None,
                  inputs_embeds=None, token_type_ids=None, memory=None, segment_ids=None, **others) -> None:
@@ -133,9 +137,15 @@ class Decoder(EdgeMethods, nnx.Module):
             positions = self.embeddings.document_positions(segments)
         x, at = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=positions, key=keys[0])
         tokens = Tokens(at, packed_validity(valid, segments), prefix_lengths, indexed, segments)
+        per_layer = None
+        if self.per_layer_inputs is not None:
+            if input_ids is None:
+                raise ValueError("per-layer inputs (Gemma 4) look up input_ids in their own table: pass input_ids, "
+                                 "not inputs_embeds")
+            per_layer = self.per_layer_inputs(input_ids, x)
         return self.decoder(x, tokens, cache=cache, memory=memory,
                             token_types=token_types, collect_hidden=collect_hidden,
-                            collect_attentions=collect_attentions, key=keys[1])
+                            collect_attentions=collect_attentions, key=keys[1], per_layer_inputs=per_layer)
 
     def generate(self, input_ids, attention_mask=None, **kwargs):
         """Hugging Face's ``generate`` (greedy, sampling, beams, drafting): ``jaxformer.generate.generate``."""

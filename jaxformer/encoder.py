@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxformer import generate as generation  # the decode loop: model code, it calls .step
@@ -61,6 +62,22 @@ class DiscriminatorHead(nnx.Module):
         return self.prediction(activate(self.activation, self.dense(x)))[..., 0]
 
 
+class SpanFeedForward(nnx.Module):
+    """BigBird's span head's own sublayer in front of its classifier: LayerNorm(h + W2 act(W1 h)), a BERT
+    feed-forward sublayer (``span_feed_forward``)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.activation, self.dropout_rate = cfg.activation, cfg.dropout_rate
+        self.wi = Dense(cfg, cfg.d_model, cfg.d_ff, ("embed", "mlp"), rngs=rngs)
+        self.wo = Dense(cfg, cfg.d_ff, cfg.d_model, ("mlp", "embed"), rngs=rngs)
+        self.norm = Norm(cfg, rngs=rngs)
+
+    def __call__(self, h: Array, key: Array | None = None) -> Array:
+        keys = split_key(key, 2)
+        inner = activate(self.activation, self.wi(dropout(h, self.dropout_rate, keys[0])))
+        return self.norm(h + dropout(self.wo(inner), self.dropout_rate, keys[1]))
+
+
 class Encoder(EdgeMethods, nnx.Module):
     """The encoder-only model: embeddings, a bidirectional stack, and the head named by ``config.head``."""
 
@@ -80,6 +97,10 @@ class Encoder(EdgeMethods, nnx.Module):
                        "question_answering": 2}.get(cfg.head)
         self.classifier = (Dense(cfg, cfg.d_model, label_count, ("embed", "labels"), rngs=rngs)
                            if label_count else None)
+        options = cfg.head_options  # BigBird's: the classifier's own dense layer, the span head's sublayer
+        self.classifier_transform = (Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs)
+                                     if options.classifier_transform else None)
+        self.span_feed_forward = SpanFeedForward(cfg, rngs=rngs) if options.span_feed_forward else None
         self.generator = self._generator(cfg, rngs) if cfg.generator_width else None
         # ModernBERT: the classifiers read the prediction head's transform of their input
         self.prediction = (PredictionHead(cfg, rngs=rngs) if cfg.head_options.prediction_head and label_count else None)
@@ -95,9 +116,54 @@ class Encoder(EdgeMethods, nnx.Module):
         return generator
 
     def validate(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, *,
-                 inputs_embeds=None, segment_ids=None, **_) -> None:
+                 inputs_embeds=None, segment_ids=None, global_attention_mask=None, **_) -> None:
         shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
         check_segments(segment_ids, shape, self.config)
+        self._check_global_tokens(global_attention_mask, input_ids, shape)
+
+    def _check_global_tokens(self, global_attention_mask, input_ids, shape: tuple[int, int]) -> None:
+        """Longformer's global tokens: a mask of the input's shape holding 0 and 1, on a model that has them; the
+        span head's default (the question, before the first separator) needs the three separators of a question
+        and its context in every row, as transformers asserts."""
+        cfg = self.config
+        if global_attention_mask is not None:
+            if not cfg.scores.global_tokens:
+                raise ValueError("global_attention_mask names Longformer's global tokens; this model has none "
+                                 "(ModelConfig.global_tokens=False)")
+            if tuple(global_attention_mask.shape) != tuple(shape):
+                raise ValueError(f"global_attention_mask has shape {tuple(global_attention_mask.shape)} but the input "
+                                 f"has shape {tuple(shape)}; they must match")
+            if not isinstance(global_attention_mask, jax.core.Tracer) and not np.isin(
+                    np.asarray(global_attention_mask), (0, 1)).all():
+                raise ValueError("global_attention_mask must hold only 0 (local attention) and 1 (global attention)")
+        elif (cfg.scores.global_tokens and cfg.head == "question_answering" and input_ids is not None
+              and not isinstance(input_ids, jax.core.Tracer)):
+            counts = (np.asarray(input_ids) == cfg.tokens.sep).sum(axis=1)
+            if cfg.tokens.sep is None or (counts != 3).any():
+                raise ValueError(f"without global_attention_mask the question's tokens (those before the first "
+                                 f"sep_token_id={cfg.tokens.sep}) attend globally, which needs exactly three "
+                                 f"separators in every row (question, context); rows hold {counts.tolist()}. Pass "
+                                 "global_attention_mask to choose the global tokens")
+
+    def global_token_mask(self, input_ids: Array | None, global_attention_mask: Array | None = None,
+                          valid: Array | None = None, shape: tuple[int, int] | None = None) -> Array | None:
+        """Which tokens attend globally [B, T] (Longformer; None: none), as transformers' heads choose them when the
+        call names none: the classifier's first token, the span head's question (the tokens before the first
+        separator); none for the other heads. Padding (``valid`` 0) is never global."""
+        cfg = self.config
+        shape = tuple(input_ids.shape) if shape is None else shape
+        if not cfg.scores.global_tokens:
+            return None
+        if global_attention_mask is not None:
+            chosen = global_attention_mask.astype(bool)
+        elif cfg.head == "sequence_classification":
+            chosen = jnp.zeros(shape, bool).at[:, 0].set(True)
+        elif cfg.head == "question_answering" and input_ids is not None:
+            question_end = jnp.argmax(input_ids == cfg.tokens.sep, axis=1)
+            chosen = jnp.arange(shape[1])[None, :] < question_end[:, None]
+        else:
+            return None
+        return chosen if valid is None else chosen & valid.astype(bool)
 
     def generate(self, input_ids, attention_mask=None, **kwargs):
         """Refused with a ValueError: an encoder has no LM head to generate from (``jaxformer.generate``)."""
@@ -108,17 +174,27 @@ class Encoder(EdgeMethods, nnx.Module):
                  token_type_ids: Array | None = None, position_ids: Array | None = None, *,
                  inputs_embeds: Array | None = None, output_hidden_states: bool = False,
                  output_attentions: bool = False, dropout_key: Array | None = None,
-                 segment_ids: Array | None = None) -> ModelOutput:
+                 segment_ids: Array | None = None, global_attention_mask: Array | None = None) -> ModelOutput:
         """``segment_ids`` [B, T]: documents packed into one row (1, 2, ... per document, 0 on padding); a
-        token attends only within its document, whose positions start at 0."""
+        token attends only within its document, whose positions start at 0. ``global_attention_mask`` [B, T]
+        (Longformer): 1 where a token attends to every token and every token to it."""
         cfg = self.config
         keys = split_key(dropout_key, 3)
         indexed = position_ids is None and not cfg.embeddings.pad_aware_positions
+        question = None
+        if cfg.head_options.question_out_of_span and input_ids is not None:
+            # BigBird: the question ends at the first separator (the first token when a row holds none)
+            question_end = jnp.argmax(input_ids == cfg.tokens.sep, axis=1)
+            question = jnp.arange(input_ids.shape[1])[None, :] <= question_end[:, None]
+            if token_type_ids is None:
+                token_type_ids = (~question).astype(jnp.int32)
         if segment_ids is not None and position_ids is None:
             position_ids = self.embeddings.document_positions(segment_ids)
         x, positions = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=position_ids,
                                        token_type_ids=token_type_ids, key=keys[0])
-        tokens = Tokens(positions, packed_validity(attention_mask, segment_ids), indexed=indexed, segments=segment_ids)
+        valid = packed_validity(attention_mask, segment_ids)
+        tokens = Tokens(positions, valid, indexed=indexed, segments=segment_ids,
+                        global_tokens=self.global_token_mask(input_ids, global_attention_mask, valid, x.shape[:2]))
         encoded = self.encoder(x, tokens,
                                collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=keys[1])
         h, hidden = encoded.hidden, encoded.hidden_states
@@ -141,12 +217,21 @@ class Encoder(EdgeMethods, nnx.Module):
             out["nsp_logits"] = self.nsp(pooled)
         if self.discriminator is not None:
             out["logits"] = self.discriminator(h)
-        if cfg.head == "sequence_classification":
+        if self.classifier_transform is not None:  # BigBird: dense -> activation of the first token, beside the pooler
+            drop = split_key(keys[2], 2)
+            summary = activate(cfg.activation, self.classifier_transform(dropout(h[:, 0], cfg.dropout_rate, drop[0])))
+            out["logits"] = self.classifier(dropout(summary, cfg.dropout_rate, drop[1]))
+        elif cfg.head == "sequence_classification":
             out["logits"] = self.classifier(dropout(pooled, cfg.dropout_rate, keys[2]))
         elif cfg.head == "token_classification":
             out["logits"] = self.classifier(dropout(features, cfg.dropout_rate, keys[2]))
         elif cfg.head == "question_answering":
+            if self.span_feed_forward is not None:
+                features = self.span_feed_forward(features, keys[2])
             span = self.classifier(features)
+            if question is not None:  # BigBird: the question (but the first token) is no answer
+                outside = question & (jnp.arange(question.shape[1]) > 0)[None, :]
+                span = span - outside[..., None].astype(span.dtype) * 1e6
             out["start_logits"], out["end_logits"] = span[..., 0], span[..., 1]
         return ModelOutput(**out)
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from flax import nnx
 
-from jaxformer.cache import cache_numbers, cache_numbers_per_token
+from jaxformer.cache import cache_numbers, cache_numbers_per_token, linear_state_bytes
 from jaxformer.model_config import ModelConfig, generator_config
 from jaxformer.layers import RouterBias
 from jaxformer.models import abstract_params
@@ -152,13 +152,14 @@ def _decode_weight_bytes(cfg: ModelConfig, batch_size: int) -> float:
 def decode_bytes_per_step(cfg: ModelConfig, batch_size: int, cache_length: int, source_length: int = 0) -> float:
     """Bytes one cached decode step must read from memory: every weight it uses once (in
     ``cfg.param_dtype``) and the keys and values of ``cache_length`` tokens per row in every layer (in
-    ``cfg.dtype``; a windowed layer reads its rolling cache, at most its window), plus an encoder-decoder's
-    cross-attention keys and values of ``source_length`` tokens. Dividing by the memory bandwidth gives the
-    step's lower bound on time, which small batches come close to."""
+    ``cfg.dtype``; a windowed layer reads its rolling cache, at most its window; a linear layer its state), plus
+    an encoder-decoder's cross-attention keys and values of ``source_length`` tokens. Dividing by the memory
+    bandwidth gives the step's lower bound on time, which small batches come close to."""
     if cfg.family == "encoder":
         raise ValueError(f"decode_bytes_per_step needs a decoder; {cfg.name!r} is an encoder")
     itemsize = jnp.dtype(cfg.dtype).itemsize
     kv_bytes = (cache_numbers(cfg, cache_length) + cache_numbers_per_token(cfg) * source_length) * itemsize
+    kv_bytes += linear_state_bytes(cfg)  # the linear layers' states, read and written whole
     return _decode_weight_bytes(cfg, batch_size) + batch_size * kv_bytes
 
 

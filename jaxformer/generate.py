@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import checks, kernels
-from jaxformer.cache import DecodeState, cache_numbers
+from jaxformer.cache import DecodeState, cache_numbers, linear_state_bytes
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers import left_padded_positions
 
@@ -185,6 +185,9 @@ class GenerationConfig:
                              "it does not combine with beam search (num_beams > 1)")
         if self.draft_tokens and cfg.position == "xl":
             raise ValueError(f"{cfg.name!r} carries a Transformer-XL memory window, which cannot be rewound past "
+                             "rejected drafts; generate without assistant_model / prompt_lookup_num_tokens")
+        if self.draft_tokens and cfg.linear_attention is not None:
+            raise ValueError(f"{cfg.name!r} has linear-attention layers, whose recurrent state cannot be rewound past "
                              "rejected drafts; generate without assistant_model / prompt_lookup_num_tokens")
 
 
@@ -1038,6 +1041,9 @@ def _check_assistant(model, assistant) -> None:
     if own.position == "xl":
         raise ValueError(f"assistant_model {own.name!r} carries a Transformer-XL memory window, which cannot be "
                          "rewound past rejected drafts")
+    if own.linear_attention is not None:
+        raise ValueError(f"assistant_model {own.name!r} has linear-attention layers, whose recurrent state cannot be "
+                         "rewound past rejected drafts")
 
 
 def _integer(value):
@@ -1069,7 +1075,7 @@ def check_cache_memory(cfg: ModelConfig, rows: int, slots: int, rewind: int = 0)
     """Refuse, before allocating it, a KV cache larger than the memory free on the device (windowed layers
     hold window + ``rewind`` slots)."""
     itemsize = jnp.dtype(cfg.dtype).itemsize
-    needed = cache_numbers(cfg, slots, rewind) * rows * itemsize
+    needed = (cache_numbers(cfg, slots, rewind) * itemsize + linear_state_bytes(cfg)) * rows
     free = free_memory()
     if free is not None and needed > free:
         raise ValueError(f"the KV cache for {rows} rows x {slots} tokens needs {needed / 2**30:.1f} GiB "

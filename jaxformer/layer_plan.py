@@ -60,17 +60,32 @@ class LayerSpec:
     # which rotary table it reads: 'global', 'local' (Gemma 3's own base), 'none' (a NoPE layer of a rotary stack:
     # Llama 4); None: the stack has no rotary positions
     rotary: str | None
-    mixer: str  # 'standard', 'latent' (MLA), 'relative' (T5's bias), 'xl' (Transformer-XL), 'disentangled'
-    cache: str  # what a cached step keeps: 'full', 'window' (a ring of window slots), 'latent', 'memory', 'none'
+    # 'standard', 'latent' (MLA), 'relative' (T5's bias), 'xl' (Transformer-XL), 'disentangled', 'linear' (the gated
+    # delta rule: Qwen3-Next's linear layers), 'global' (Longformer's global tokens beside the layer's pattern),
+    # 'block_sparse' (BigBird's blocks: global, window and random, on inputs past the dense threshold)
+    mixer: str
+    # what a cached step keeps: 'full', 'window' (a ring of window slots), 'latent', 'memory', 'state' (a linear
+    # layer's state matrix and convolution window), 'none'
+    cache: str
     feed_forward: str  # 'dense', 'experts', 'experts+shared'
-    group: str  # the stack's block group holding its parameters: 'first_block', 'dense_blocks' or 'blocks'
+    # the stack's block group holding its parameters (``GROUPS``): 'first_block', 'dense_blocks', 'linear_blocks',
+    # 'blocks', and Gemma 4's 'full_blocks', 'shared_blocks', 'shared_full_blocks'
+    group: str
     index: int  # its index in that group's stacked parameters (ALBERT: 0 for every layer)
+    # Gemma 4's kv-shared layers: the earlier layer whose keys and values (of this call, and its cache slice) this
+    # one reads; such a layer has no key or value weights and keeps no cache ('none'). None: its own
+    kv_source: int | None = None
     special: str | None = None  # the first layer's: 'unnormed attention' (ModernBERT), 'convolution' (DeBERTa v2)
     cross_attention: bool = False  # attends to an encoder's output too (an encoder-decoder's decoder)
 
     @property
     def nope(self) -> bool:
         return self.rotary == "none"
+
+
+# the block groups a stack may hold, in the order the runner meets their first layers in ``table``'s summary
+GROUPS = ("first_block", "dense_blocks", "linear_blocks", "blocks", "full_blocks", "shared_blocks",
+          "shared_full_blocks")
 
 
 class Segment(NamedTuple):
@@ -132,14 +147,17 @@ class LayerPlan:
         """The runs the runner scans: each group's leading run of its own, then the rest by its period of
         parameter shapes (which group, and under a split cache which kind of cache slice). Layers that
         differ only in mask, rotary table or NoPE share a scanned body, told apart by per-layer flags."""
-        keys = [(spec.group, spec.local if split_cache else None) for spec in self.layers]
+        keys = [(spec.group, spec.cache if split_cache else None) for spec in self.layers]
         segments, start = [], 0
         while start < len(keys):
             end = start
             while end < len(keys) and keys[end][0] == keys[start][0]:
                 end += 1
-            if any(key[0] == keys[start][0] for key in keys[end:]):  # interleaved groups: one periodic run
-                end = len(keys)
+            # interleaved groups: one periodic run, to the last layer of any group met in it (Gemma 4's kv-shared
+            # layers, groups of their own, then run after the layers they read)
+            last = lambda group: max(i for i, key in enumerate(keys) if key[0] == group) + 1  # noqa: E731
+            while end < len(keys) and (reach := max(last(key[0]) for key in keys[start:end])) > end:
+                end = reach
             segments.append(Segment(start, end, _period(keys[start:end])))
             start = end
         return segments
@@ -164,8 +182,7 @@ class LayerPlan:
         rows = [[row[c] for c in shown] for row in rows]
         widths = [max(len(row[c]) for row in rows) for c in range(len(shown))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-        groups = ", ".join(f"{group} {self.count(group)}" for group in ("first_block", "dense_blocks", "blocks")
-                           if self.count(group))
+        groups = ", ".join(f"{group} {self.count(group)}" for group in GROUPS if self.count(group))
         lines.append(f"{count} layers; period {period}" + (f" after {apart} run apart" if apart else "")
                      + f"; parameters: {groups}")
         return "\n".join(lines)
@@ -193,21 +210,59 @@ def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attenti
     dense = set(dense_layers(cfg)) if not cross_attention else set()
     first_apart = not cfg.norms.first_attention or cfg.conv is not None
     special = "convolution" if cfg.conv is not None else "unnormed attention" if not cfg.norms.first_attention else None
-    counts = {"first_block": 0, "dense_blocks": 0, "blocks": 0}
+    linear = set(cfg.linear_attention.layers) if cfg.linear_attention is not None and not cross_attention else set()
+    scores = cfg.scores
+    own_full = scores.full_head_dim is not None or scores.full_kv_heads is not None or scores.full_keys_as_values
+    sources = kv_sources(local, scores.kv_shared_layers) if pattern == cfg.attention else {}
+    counts = dict.fromkeys(GROUPS, 0)
     layers = []
     for i in range(num_layers):
         attention = local_pattern if local[i] else full
         window = cfg.attention_chunk_size if attention == "chunked" else (
             cfg.window_size if attention in ("sliding", "bidirectional_sliding") else None)
-        group = "first_block" if first_apart and i == 0 else "dense_blocks" if i in dense else "blocks"
+        group = ("first_block" if first_apart and i == 0 else "dense_blocks" if i in dense else
+                 "linear_blocks" if i in linear else "blocks")
+        # Gemma 4: full layers with attention of their own shape, and the kv-shared layers (no key or value weights,
+        # their own MLP width) of each kind, each a group of their own
+        kv_source = sources.get(i)
+        if kv_source is not None:
+            group = "shared_blocks" if local[i] else "shared_full_blocks"
+        elif own_full and not local[i] and group == "blocks":
+            group = "full_blocks"
         index = 0 if group == "blocks" and cfg.shared_layers else counts[group]
         counts[group] += 1
+        rotary = None if i in linear else _rotary(cfg, i, local[i])  # (a linear layer reads no positions)
         layers.append(LayerSpec(
-            attention=attention, window=window, local=local[i], rotary=_rotary(cfg, i, local[i]), mixer=_mixer(cfg),
-            cache=_cache(cfg, pattern, attention), feed_forward=_feed_forward(cfg, group),
-            group=group, index=index, special=special if group == "first_block" else None,
-            cross_attention=cross_attention))
+            attention=attention, window=window, local=local[i], rotary=rotary,
+            mixer="linear" if i in linear else _mixer(cfg, pattern),
+            cache="state" if i in linear else "none" if kv_source is not None else _cache(cfg, pattern, attention),
+            feed_forward=_feed_forward(cfg, group), group=group, index=index,
+            special=special if group == "first_block" else None, cross_attention=cross_attention, kv_source=kv_source))
     return LayerPlan(tuple(layers), (full, local_pattern))
+
+
+def kv_sources(local: tuple[bool, ...], shared: int) -> dict[int, int]:
+    """Gemma 4's kv-shared layers (the last ``shared``) and the layer each reads: the last earlier layer of its kind
+    (local or not) before them, as transformers' ``kv_sharing_modes`` pairs them."""
+    first = len(local) - shared
+    if not shared or first < 1:
+        return {}
+    producer = {kind: max(i for i in range(first) if local[i] == kind) for kind in set(local[:first])}
+    return {i: producer[local[i]] for i in range(first, len(local))}
+
+
+def layer_config(cfg: ModelConfig, spec: LayerSpec) -> ModelConfig:
+    """The config a layer's block is built from: Gemma 4's full layers' own head size and kv head count, its kv-shared
+    layers' own MLP width (the model's config for every other layer)."""
+    scores, changes = cfg.scores, {}
+    if not spec.local and spec.group in ("full_blocks", "shared_full_blocks"):
+        if scores.full_head_dim is not None:
+            changes["head_dim"] = scores.full_head_dim
+        if scores.full_kv_heads is not None:
+            changes["num_kv_heads"] = scores.full_kv_heads
+    if spec.kv_source is not None and scores.kv_shared_d_ff is not None:
+        changes["d_ff"] = scores.kv_shared_d_ff
+    return cfg.replace(**changes) if changes else cfg
 
 
 def _rotary(cfg: ModelConfig, i: int, local: bool) -> str | None:
@@ -218,13 +273,17 @@ def _rotary(cfg: ModelConfig, i: int, local: bool) -> str | None:
     return "local" if local and cfg.rotary.local_theta is not None else "global"
 
 
-def _mixer(cfg: ModelConfig) -> str:
+def _mixer(cfg: ModelConfig, pattern: str) -> str:
+    if cfg.scores.sparse_block_size is not None and pattern == "bidirectional":  # BigBird: an encoder's stack only
+        return "block_sparse"
     if cfg.mla:
         return "latent"
     if cfg.position in ("xl", "disentangled"):
         return cfg.position
     if cfg.relative_bias is not None:  # T5's, or MPNet's beside absolute positions
         return "relative"
+    if cfg.scores.global_tokens:  # Longformer: the layer's pattern plus global tokens with their own projections
+        return "global"
     return "standard"
 
 

@@ -42,7 +42,8 @@ CONV_ACTIVATIONS = ("tanh", "relu", "gelu", "gelu_tanh", "silu")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
 LAYER_TYPES = ("full", "sliding", "chunked")
 ROPE_SCALINGS = ("linear", "llama3", "yarn", "dynamic", "longrope")
-ROUTER_SCORES = ("softmax", "sigmoid")
+# sparsemixer: PhiMoE's top-2, each weight a softmax over the experts near the best (Experts.jitter_eps)
+ROUTER_SCORES = ("softmax", "sigmoid", "sparsemixer")
 ROUTER_AUX_LOSSES = ("batch", "sequence")
 MOE_DISPATCHES = ("auto", "grouped", "all_to_all", "dense")
 HEADS = (
@@ -249,9 +250,19 @@ class Embeddings:
     # then all cosines, frequencies 10000^(-i / (D/2 - 1)), the pad id's row zero) or Marian's halves
     sinusoids: str = "transformer"
     multiplier: float = 1.0  # token vectors times this, in the compute dtype (Granite's embedding_multiplier)
+    # per-layer inputs (Gemma 4's per-layer embeddings): a second table of per_layer_width numbers per layer
+    # for each token (per_layer_vocab rows; 0: vocab_size), joined with a projection of the embeddings and mixed
+    # into each layer's output through its own gate; 0: none
+    per_layer_width: int = 0
+    per_layer_vocab: int = 0
 
     def __post_init__(self):
         _finite_positive("embedding_multiplier", self.multiplier)
+        _non_negative("per_layer_input_size", self.per_layer_width)
+        _non_negative("per_layer_vocab_size", self.per_layer_vocab)
+        if self.per_layer_vocab and not self.per_layer_width:
+            raise ValueError(f"ModelConfig.per_layer_vocab_size={self.per_layer_vocab} sizes the per-layer input "
+                             "table: it needs per_layer_input_size > 0")
         _non_negative("position_offset", self.position_offset)
         _non_negative("type_vocab_size", self.types)
         if self.width is not None:
@@ -270,8 +281,13 @@ class Rotary:
     # partial rotary: only the first dim numbers of each query and key head rotate, the rest pass through
     # (GPT-NeoX's rotary_pct of the head, GPT-J's rotary_dim); None: the whole head (MLA: rope_head_dim)
     dim: int | None = None
+    # proportional rotary (Gemma 4's full layers): the whole head turns by rotate_half, but only the first
+    # int(proportion * H / 2) frequencies (base^(-2i/H), H the head width) are non-zero, the rest stand still
+    proportion: float | None = None
 
     def __post_init__(self):
+        if self.proportion is not None and not 0 < self.proportion <= 1:
+            raise ValueError(f"ModelConfig.rope_proportion={self.proportion!r} must lie in (0, 1]")
         if not self.theta > 0:
             raise ValueError(f"ModelConfig.rope_theta={self.theta!r} must be > 0")
         if isinstance(self.scaling, dict):  # YAML and JSON hand us plain mappings
@@ -373,8 +389,44 @@ class NoPE:
 
 
 @dataclasses.dataclass(frozen=True)
+class LinearAttention:
+    """Layers that mix tokens by the gated delta rule (Gated DeltaNet: Qwen3-Next, Qwen3.5) in place of softmax
+    attention. Each value head keeps a state matrix S [key_head_dim, value_head_dim] that every token decays
+    by exp(g) and corrects toward its value (S += beta k (v - S^T k)^T); a query reads S^T q. Queries, keys and
+    values pass a short causal depthwise convolution first. A cached step carries S and the convolution's last
+    ``conv_kernel - 1`` inputs, whatever the length: no KV cache. ``chunk``: tokens per chunk of the parallel form
+    that training and prefill run (decoding runs the recurrent form); it changes only float rounding."""
+
+    layers: tuple[int, ...] = ()
+    key_heads: int = 16
+    value_heads: int = 32
+    key_head_dim: int = 128
+    value_head_dim: int = 128
+    conv_kernel: int = 4
+    chunk: int = 64
+
+    def __post_init__(self):
+        if isinstance(self.layers, list):  # YAML and JSON hand us lists
+            object.__setattr__(self, "layers", tuple(self.layers))
+        if sorted(set(self.layers)) != list(self.layers) or not self.layers or not all(
+                isinstance(i, int) and i >= 0 for i in self.layers):
+            raise ValueError(f"ModelConfig.linear_layers={self.layers!r} must list distinct layer indices in "
+                             "increasing order")
+        for name in ("key_heads", "value_heads", "key_head_dim", "value_head_dim", "conv_kernel", "chunk"):
+            _positive(f"linear_{name}", getattr(self, name))
+        if self.value_heads % self.key_heads:
+            raise ValueError(f"ModelConfig.linear_key_heads={self.key_heads} must divide linear_value_heads="
+                             f"{self.value_heads} (each key head serves a group of value heads)")
+
+    @property
+    def conv_width(self) -> int:
+        """Channels of the convolution: every query, key and value number of a token."""
+        return 2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+
+
+@dataclasses.dataclass(frozen=True)
 class Scores:
-    """What shapes the attention scores besides q . k."""
+    """What shapes attention besides q . k: its scores, and (``output_gate``) each head's output."""
 
     scale: float | None = None  # None: head_dim ** -0.5 (T5 uses 1.0)
     inverse_layer_scale: bool = False  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores also / (i + 1)
@@ -382,11 +434,49 @@ class Scores:
     # attention sinks: a learned logit per head joins each softmax as one more key with no value, so a query
     # may give part of its attention to nothing (gpt-oss)
     sinks: bool = False
+    # Longformer: the tokens a call names (``global_attention_mask``) attend to every token and every token to them,
+    # by their own query, key and value projections in a softmax of their own (the others keep the layer's pattern)
+    global_tokens: bool = False
+    # each head's output times sigmoid(x . w_gate) before the output projection (Qwen3-Next's gated attention)
+    output_gate: bool = False
+    # block-sparse attention (BigBird) in an encoder's stack, on inputs longer than (5 + 2 r) blocks: the sequence
+    # cut into blocks of this many tokens, the first and last block global, every other block seeing its two
+    # neighbours, the global blocks and r = sparse_random_blocks "random" blocks, which in evaluation are block 0
+    # each time (transformers' draw outside training), so block 0 counts 1 + r times in those softmaxes. None: dense
+    sparse_block_size: int | None = None
+    sparse_random_blocks: int = 0
+    # where a layer's keys and values come from when the layers of a stack differ (Gemma 4): the full layers of an
+    # alternating stack with a head size and kv head count of their own (None: the model's), their values the
+    # keys as projected (before the key norm and rotary; the value norm still applies), and the last
+    # kv_shared_layers layers reading the keys and values of the last earlier layer of their kind (computed in the
+    # same call; they have no key or value weights and keep no cache), their MLP kv_shared_d_ff wide (None: d_ff)
+    full_head_dim: int | None = None
+    full_kv_heads: int | None = None
+    full_keys_as_values: bool = False
+    kv_shared_layers: int = 0
+    kv_shared_d_ff: int | None = None
 
     def __post_init__(self):
         if self.scale is not None and not self.scale > 0:
             raise ValueError(f"ModelConfig.attention_scale={self.scale!r} must be > 0")
+        for name in ("full_head_dim", "full_kv_heads", "kv_shared_d_ff"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        _non_negative("kv_shared_layers", self.kv_shared_layers)
         _finite_cap("attention_softcap", self.softcap)
+        if self.sparse_block_size is not None:
+            _positive("sparse_block_size", self.sparse_block_size)
+        _non_negative("sparse_random_blocks", self.sparse_random_blocks)
+        if self.sparse_random_blocks and self.sparse_block_size is None:
+            raise ValueError(f"ModelConfig.sparse_random_blocks={self.sparse_random_blocks} belongs to block-sparse "
+                             "attention: it needs sparse_block_size")
+
+    def sparse_threshold(self) -> int | None:
+        """The longest input that still attends densely (transformers' switch to 'original_full' at
+        seq_length <= (5 + 2 r) * block_size); None without block-sparse attention."""
+        if self.sparse_block_size is None:
+            return None
+        return (5 + 2 * self.sparse_random_blocks) * self.sparse_block_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,9 +487,13 @@ class QueryKeyNorm:
 
     scale: bool = True  # the norm's learned scale; False: none (Llama 4's weightless norm)
     span: str = "head"
+    values: bool = False  # the values too, each head by a norm without a learned scale (Gemma 4)
 
     def __post_init__(self):
         _one_of("qk_norm_span", self.span, QK_NORM_SPANS)
+        if self.values and self.span != "head":
+            raise ValueError(f"ModelConfig.v_norm=True norms each value head: it needs qk_norm_span='head', not "
+                             f"{self.span!r}")
         if self.span == "each_head" and not self.scale:
             raise ValueError("ModelConfig.qk_norm_span='each_head' is a norm by each head's own learned scale: "
                              "it needs qk_norm_scale=True")
@@ -413,6 +507,8 @@ class Indexer:
     heads: int
     head_dim: int = 128
     topk: int = 2048
+    # its queries' and keys' rotary part rotates adjacent pairs (GLM-5), not the halves (DeepSeek-V3.2)
+    rope_interleave: bool = False
 
     def __post_init__(self):
         for field, value in (("index_heads", self.heads), ("index_head_dim", self.head_dim),
@@ -520,6 +616,14 @@ class HeadOptions:
     mlm_bias: bool = True  # the MLM head's output bias (ModernBERT's decoder_bias)
     num_labels: int = 2
     label_names: tuple[str, ...] = ()  # classification heads: the name of each label id (HF's id2label); () unnamed
+    # BigBird's heads: the sequence classifier reads dense -> the model's activation of the first token, a layer of
+    # its own beside the pooler (whose tanh output is pooler_output alone); the span classifier reads a post-norm
+    # feed-forward sublayer of its own first, LayerNorm(h + W2 act(W1 h)); and the span head keeps the question out
+    # of the answer: its tokens (through the first sep_token_id, the first token aside) score 1e6 lower, and without
+    # token_type_ids the question's tokens get type 0, the rest type 1
+    classifier_transform: bool = False
+    span_feed_forward: bool = False
+    question_out_of_span: bool = False
 
     def __post_init__(self):
         _positive("num_labels", self.num_labels)
@@ -550,6 +654,8 @@ class Experts:
     router_topk_groups: int = 1  # (group score: best expert under softmax, sum of the best two under sigmoid)
     router_bias: bool = False  # V3: a per-expert bias added for selection only, moved by balancing, not gradients
     router_logit_bias: bool = False  # a trained bias on the router logits, like any linear layer's (gpt-oss)
+    # sparsemixer: an expert joins a pick's softmax when (best - logit) / max(|logit|, best) <= 2 jitter_eps
+    jitter_eps: float = 0.0
     bias: bool = False  # each routed expert's projections carry biases (gpt-oss)
     normalize_weights: bool = True  # the k chosen weights are divided by their sum
     weights_on_input: bool = False  # a chosen expert's weight multiplies its input, not its output (Llama 4)
@@ -573,6 +679,7 @@ class Experts:
         _positive("moe_layer_step", self.layer_step)
         _one_of("router_score", self.router_score, ROUTER_SCORES)
         self._check_groups()
+        self._check_sparsemixer()
         if not (isinstance(self.routed_scaling, (int, float)) and math.isfinite(self.routed_scaling)
                 and self.routed_scaling > 0):
             raise ValueError(f"ModelConfig.routed_scaling={self.routed_scaling!r} must be a finite number > 0")
@@ -583,6 +690,25 @@ class Experts:
         if self.shared_gate and not self.shared:
             raise ValueError("ModelConfig.shared_expert_gate=True gates the shared experts; it needs "
                              "shared_experts > 0")
+
+    def _check_sparsemixer(self) -> None:
+        if not (isinstance(self.jitter_eps, (int, float)) and math.isfinite(self.jitter_eps) and self.jitter_eps >= 0):
+            raise ValueError(f"ModelConfig.router_jitter_eps={self.jitter_eps!r} must be a finite number >= 0")
+        if self.router_score != "sparsemixer":
+            if self.jitter_eps:
+                raise ValueError(f"ModelConfig.router_jitter_eps={self.jitter_eps!r} belongs to router_score="
+                                 f"'sparsemixer', not {self.router_score!r}")
+            return
+        # its picks are two, ungrouped and unbiased, each weighted by its own softmax (never renormalised)
+        wrong = [f"{name}={value!r}" for name, value, wanted in (
+            ("experts_per_token", self.per_token, 2), ("router_groups", self.router_groups, 1),
+            ("router_bias", self.router_bias, False), ("normalize_router_weights", self.normalize_weights, False),
+            ("router_weights_on_input", self.weights_on_input, False)) if value != wanted]
+        if wrong:
+            raise ValueError(f"ModelConfig.router_score='sparsemixer' picks two experts, ungrouped and unbiased, each "
+                             f"weighted by its own softmax share; it needs experts_per_token=2, router_groups=1, "
+                             f"router_bias=False, normalize_router_weights=False, router_weights_on_input=False, "
+                             f"not {', '.join(wrong)}")
 
     def _check_groups(self) -> None:
         _positive("router_groups", self.router_groups)
@@ -610,6 +736,7 @@ class Tokens:
     bos: int | None = None
     eos: int | tuple[int, ...] | None = None
     decoder_start: int | None = None  # first decoder token of encoder-decoder generation
+    sep: int | None = None  # the separator; Longformer's span head puts global attention on the tokens before the first
     # mBART: decoder inputs derived from input_ids (the classification and span heads' default) start with each
     # row's last non-pad token (its language code), not decoder_start
     wrap_decoder_start: bool = False
@@ -705,9 +832,11 @@ FLAT: dict[str, tuple[str, ...]] = {
     "pad_aware_positions": ("embeddings", "pad_aware_positions"), "sinusoids": ("embeddings", "sinusoids"),
     "positions_from_mask": ("embeddings", "positions_from_mask"),
     "embedding_multiplier": ("embeddings", "multiplier"),
+    "per_layer_input_size": ("embeddings", "per_layer_width"),
+    "per_layer_vocab_size": ("embeddings", "per_layer_vocab"),
     "rope_theta": ("rotary", "theta"), "rope_scaling": ("rotary", "scaling"),
     "local_rope_theta": ("rotary", "local_theta"), "rope_interleave": ("rotary", "interleave"),
-    "rotary_dim": ("rotary", "dim"),
+    "rotary_dim": ("rotary", "dim"), "rope_proportion": ("rotary", "proportion"),
     "relative_buckets": ("relative_bias", "buckets"), "relative_max_distance": ("relative_bias", "max_distance"),
     "relative_bias_per_layer": ("relative_bias", "per_layer"),
     "memory_len": ("xl", "memory_len"), "clamp_len": ("xl", "clamp_len"),
@@ -717,15 +846,27 @@ FLAT: dict[str, tuple[str, ...]] = {
     "position_buckets": ("disentangled", "buckets"), "share_attention_key": ("disentangled", "share_key"),
     "relative_embedding_norm": ("disentangled", "norm_table"),
     "position_biased_input": ("disentangled", "absolute_input"),
+    "linear_layers": ("linear_attention", "layers"), "linear_key_heads": ("linear_attention", "key_heads"),
+    "linear_value_heads": ("linear_attention", "value_heads"),
+    "linear_key_head_dim": ("linear_attention", "key_head_dim"),
+    "linear_value_head_dim": ("linear_attention", "value_head_dim"),
+    "linear_conv_kernel": ("linear_attention", "conv_kernel"), "linear_chunk": ("linear_attention", "chunk"),
     "nope_layers": ("nope", "layers"), "temperature_floor_scale": ("nope", "temperature_floor_scale"),
     "temperature_scale": ("nope", "temperature_scale"),
     "attention_scale": ("scores", "scale"), "inverse_layer_scale": ("scores", "inverse_layer_scale"),
     "attention_softcap": ("scores", "softcap"), "attention_sinks": ("scores", "sinks"),
+    "attention_gate": ("scores", "output_gate"),
+    "global_tokens": ("scores", "global_tokens"),
+    "full_head_dim": ("scores", "full_head_dim"), "full_kv_heads": ("scores", "full_kv_heads"),
+    "full_keys_as_values": ("scores", "full_keys_as_values"), "kv_shared_layers": ("scores", "kv_shared_layers"),
+    "kv_shared_d_ff": ("scores", "kv_shared_d_ff"),
+    "sparse_block_size": ("scores", "sparse_block_size"), "sparse_random_blocks": ("scores", "sparse_random_blocks"),
     "qk_norm_scale": ("query_key_norm", "scale"), "qk_norm_span": ("query_key_norm", "span"),
+    "v_norm": ("query_key_norm", "values"),
     "kv_lora_rank": ("latent", "kv_rank"), "q_lora_rank": ("latent", "q_rank"),
     "rope_head_dim": ("latent", "rope_head_dim"), "v_head_dim": ("latent", "v_head_dim"),
     "index_heads": ("latent", "indexer", "heads"), "index_head_dim": ("latent", "indexer", "head_dim"),
-    "index_topk": ("latent", "indexer", "topk"),
+    "index_topk": ("latent", "indexer", "topk"), "index_rope_interleave": ("latent", "indexer", "rope_interleave"),
     "parallel_shared_norm": ("parallel", "shared_norm"),
     "qkv_bias": ("biases", "qkv"), "key_bias": ("biases", "key"), "out_bias": ("biases", "out"),
     "mlp_bias": ("biases", "mlp"),
@@ -735,6 +876,9 @@ FLAT: dict[str, tuple[str, ...]] = {
     "conv_kernel_size": ("conv", "kernel_size"), "conv_groups": ("conv", "groups"),
     "conv_activation": ("conv", "activation"),
     "pooler": ("head_options", "pooler"), "pooler_activation": ("head_options", "pooler_activation"),
+    "classifier_transform": ("head_options", "classifier_transform"),
+    "span_feed_forward": ("head_options", "span_feed_forward"),
+    "question_out_of_span": ("head_options", "question_out_of_span"),
     "prediction_head": ("head_options", "prediction_head"),
     "classifier_pooling": ("head_options", "classifier_pooling"), "mlm_head_legacy": ("head_options", "mlm_legacy"),
     "head_bias": ("head_options", "dense_bias"), "mlm_bias": ("head_options", "mlm_bias"),
@@ -745,12 +889,14 @@ FLAT: dict[str, tuple[str, ...]] = {
     "moe_layer_step": ("experts", "layer_step"), "router_score": ("experts", "router_score"),
     "router_groups": ("experts", "router_groups"), "router_topk_groups": ("experts", "router_topk_groups"),
     "router_bias": ("experts", "router_bias"), "router_logit_bias": ("experts", "router_logit_bias"),
+    "router_jitter_eps": ("experts", "jitter_eps"),
     "expert_bias": ("experts", "bias"), "normalize_router_weights": ("experts", "normalize_weights"),
     "router_weights_on_input": ("experts", "weights_on_input"), "routed_scaling": ("experts", "routed_scaling"),
     "router_aux_loss_coef": ("experts", "aux_loss_coef"), "router_aux_loss": ("experts", "aux_loss"),
     "moe_dispatch": ("experts", "dispatch"),
     "pad_token_id": ("tokens", "pad"), "bos_token_id": ("tokens", "bos"), "eos_token_id": ("tokens", "eos"),
     "decoder_start_token_id": ("tokens", "decoder_start"), "wrap_decoder_start": ("tokens", "wrap_decoder_start"),
+    "sep_token_id": ("tokens", "sep"),
     "scan_layers": ("execution", "scan_layers"), "remat": ("execution", "remat"),
     "attention_backend": ("execution", "attention_backend"),
     "pipeline_microbatches": ("execution", "pipeline_microbatches"),
@@ -762,11 +908,13 @@ FLAT: dict[str, tuple[str, ...]] = {
 GROUPS: dict[str, type] = {
     "norms": Norms, "swiglu_clamp": ClampedSwiGLU, "embeddings": Embeddings, "rotary": Rotary,
     "relative_bias": RelativeBias, "xl": TransformerXL, "disentangled": Disentangled, "nope": NoPE,
+    "linear_attention": LinearAttention,
     "scores": Scores, "query_key_norm": QueryKeyNorm, "latent": Latent, "parallel": ParallelResidual,
     "biases": Biases, "logits": Logits, "conv": Convolution, "head_options": HeadOptions, "experts": Experts,
     "tokens": Tokens, "execution": Execution, "lora": LoRA, "quantization": Quantization,
 }
-OPTIONAL_GROUPS = ("swiglu_clamp", "rotary", "relative_bias", "xl", "disentangled", "nope", "query_key_norm",
+OPTIONAL_GROUPS = ("swiglu_clamp", "rotary", "relative_bias", "xl", "disentangled", "nope", "linear_attention",
+                   "query_key_norm",
                    "latent", "parallel", "conv", "experts", "lora", "quantization")
 # flat keys that say only whether an optional part is there
 PRESENCE_KEYS = {"qk_norm": "query_key_norm", "parallel_residual": "parallel", "index_relative_bias": "relative_bias"}
@@ -791,7 +939,8 @@ def _present(group: str, flat: dict) -> bool:
         "swiglu_clamp": flat["swiglu_limit"] is not None or flat["swiglu_alpha"] != 1.0,
         "rotary": position == "rope", "xl": position == "xl", "disentangled": position == "disentangled",
         "relative_bias": position == "relative" or flat["index_relative_bias"],
-        "nope": bool(flat["nope_layers"]), "query_key_norm": flat["qk_norm"],
+        "nope": bool(flat["nope_layers"]), "linear_attention": bool(flat["linear_layers"]),
+        "query_key_norm": flat["qk_norm"],
         "latent": flat["kv_lora_rank"] is not None, "parallel": flat["parallel_residual"],
         "conv": flat["conv_kernel_size"] != 0, "experts": flat["num_experts"] != 0,
         "lora": flat["lora_rank"] != 0, "quantization": flat["quantize"] is not None,
@@ -806,6 +955,7 @@ _NEEDS = {
     "disentangled": lambda f: "position='disentangled' (DeBERTa)",
     "relative_bias": lambda f: f"position='relative' or index_relative_bias=True, not position={f['position']!r}",
     "nope": lambda f: "nope_layers (the NoPE layers it tunes)",
+    "linear_attention": lambda f: "linear_layers (the layers that run the gated delta rule)",
     "query_key_norm": lambda f: "qk_norm=True",
     "latent": lambda f: "kv_lora_rank (multi-head latent attention)",
     "parallel": lambda f: "parallel_residual=True",
@@ -818,8 +968,12 @@ _NEEDS = {
 _INERT_WHEN_ABSENT = {
     "experts_per_token", "router_score", "router_groups", "router_topk_groups", "normalize_router_weights",
     "routed_scaling", "router_aux_loss_coef", "router_aux_loss", "moe_dispatch", "rope_theta", "relative_buckets",
+    "router_jitter_eps",
     "relative_max_distance", "disentangled_terms", "temperature_scale", "rope_head_dim", "index_head_dim",
-    "index_topk", "conv_groups", "conv_activation", "lora_alpha", "lora_dropout", "lora_rslora", "lora_trainable",
+    "index_topk", "index_rope_interleave", "conv_groups", "conv_activation", "lora_alpha", "lora_dropout",
+    "lora_rslora", "lora_trainable",
+    "linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel",
+    "linear_chunk",
 }
 
 
@@ -862,6 +1016,7 @@ class ModelConfig:
     # 'chunked' layers (Llama 4's local ones): a query sees the keys of its own chunk of this many, up to itself
     attention_chunk_size: int | None = None
     nope: NoPE | None = None
+    linear_attention: LinearAttention | None = None  # Gated DeltaNet layers among the attention layers
     scores: Scores = Scores()
     query_key_norm: QueryKeyNorm | None = None
     latent: Latent | None = None
@@ -870,6 +1025,8 @@ class ModelConfig:
     logits: Logits = Logits()
     # each sublayer's output times this as it joins the residual stream (Granite's residual_multiplier)
     residual_multiplier: float = 1.0
+    # each layer's output (the residual stream it hands on) times a stored scalar of its own (Gemma 4's layer_scalar)
+    layer_output_scale: bool = False
     clamp_float16: bool = False  # T5: in float16, clamp each sublayer's output into range, as transformers does
     shared_layers: bool = False  # ALBERT: one layer's parameters, applied at every layer of the stack
     conv: Convolution | None = None
@@ -1041,6 +1198,11 @@ def _check_sizes(cfg: ModelConfig) -> None:
     if cfg.swiglu_clamp is not None and cfg.activation != "swiglu":
         raise ValueError(f"ModelConfig.swiglu_limit / swiglu_alpha shape a SwiGLU; activation is "
                          f"{cfg.activation!r}, not 'swiglu'")
+    if cfg.embeddings.per_layer_width and (cfg.family != "decoder" or cfg.norms.position != "pre"
+                                           or cfg.parallel is not None or cfg.position == "xl"):
+        raise ValueError(f"ModelConfig.per_layer_input_size={cfg.embeddings.per_layer_width} (per-layer inputs) "
+                         f"needs a pre-norm family='decoder' without parallel_residual or position='xl', not "
+                         f"family={cfg.family!r}, norm_position={cfg.norms.position!r}")
     if cfg.embeddings.width is not None and cfg.family != "encoder":
         raise ValueError(f"ModelConfig.embedding_size factorises an encoder's embeddings (ALBERT, ELECTRA); "
                          f"family={cfg.family!r} does not take it")
@@ -1108,6 +1270,9 @@ def _check_rotary(cfg: ModelConfig, rotary: Rotary) -> None:
     if rotary.local_theta is not None and cfg.attention != "alternating":
         raise ValueError(f"ModelConfig.local_rope_theta={rotary.local_theta!r} is the rotary base of the "
                          "sliding layers: it needs position='rope', attention='alternating' and a value > 0")
+    if rotary.proportion is not None and (cfg.latent is not None or rotary.dim is not None):
+        raise ValueError(f"ModelConfig.rope_proportion={rotary.proportion!r} (proportional rotary) turns the whole "
+                         "head of standard attention: it needs rotary_dim None and no kv_lora_rank")
     if rotary.dim is not None and (cfg.latent is not None or rotary.dim > cfg.head_dim_):
         raise ValueError(f"ModelConfig.rotary_dim={rotary.dim!r} (partial rotary) must be an even integer in "
                          f"(0, head_dim={cfg.head_dim_}] with standard attention (latent attention sets its "
@@ -1174,6 +1339,18 @@ def _check_layer_types(cfg: ModelConfig) -> None:
 
 def _check_attention(cfg: ModelConfig) -> None:
     standard = cfg.latent is None and cfg.position != "xl"
+    if cfg.scores.global_tokens and (cfg.family != "encoder" or cfg.position not in ("learned", "sinusoidal", "rope")
+                              or cfg.relative_bias is not None):
+        raise ValueError(f"ModelConfig.global_tokens=True (Longformer) needs family='encoder' and plain attention "
+                         f"(learned, sinusoidal or rotary positions, no relative bias), not family={cfg.family!r}, "
+                         f"position={cfg.position!r}")
+    if cfg.scores.sparse_block_size is not None and (
+            cfg.family == "decoder" or cfg.position not in ("learned", "sinusoidal") or cfg.relative_bias is not None
+            or cfg.scores.global_tokens or cfg.scores.softcap is not None or cfg.scores.sinks):
+        raise ValueError(f"ModelConfig.sparse_block_size={cfg.scores.sparse_block_size} (BigBird's block-sparse "
+                         "attention) needs an encoder's stack of plain attention (learned or sinusoidal positions; no "
+                         f"relative bias, global tokens, softcap or sinks), not family={cfg.family!r}, "
+                         f"position={cfg.position!r}")
     if cfg.query_key_norm is not None and not standard:
         raise ValueError("ModelConfig.qk_norm=True needs standard attention (not kv_lora_rank or position='xl')")
     if cfg.latent is not None:
@@ -1202,11 +1379,64 @@ def _check_attention(cfg: ModelConfig) -> None:
         if cfg.nope.layers[-1] >= cfg.decoder_layers:
             raise ValueError(f"ModelConfig.nope_layers={cfg.nope.layers!r} must list distinct layer indices in "
                              f"[0, {cfg.decoder_layers}) in increasing order")
+    if cfg.scores.output_gate and not standard:
+        raise ValueError("ModelConfig.attention_gate=True gates standard attention's heads; multi-head latent and "
+                         "Transformer-XL attention do not take it")
+    linear = cfg.linear_attention
+    if linear is not None:
+        if cfg.family != "decoder" or cfg.attention != "causal" or not standard or cfg.shared_layers:
+            raise ValueError("ModelConfig.linear_layers (Gated DeltaNet layers) needs family='decoder', "
+                             "attention='causal' beside standard attention and no shared_layers, not "
+                             f"family={cfg.family!r}, attention={cfg.attention!r}")
+        if linear.layers[-1] >= cfg.decoder_layers:
+            raise ValueError(f"ModelConfig.linear_layers={linear.layers!r} must list distinct layer indices in "
+                             f"[0, {cfg.decoder_layers}) in increasing order")
+        if cfg.experts is not None and (cfg.experts.dense_layers or cfg.experts.layer_step > 1):
+            raise ValueError("ModelConfig.linear_layers with experts needs experts in every layer "
+                             f"(dense_layers={cfg.experts.dense_layers}, moe_layer_step={cfg.experts.layer_step})")
+    _check_layer_key_values(cfg, standard)
     if cfg.conv is not None and (cfg.family != "encoder" or cfg.conv.kernel_size % 2 == 0 or cfg.shared_layers):
         raise ValueError(f"ModelConfig.conv_kernel_size={cfg.conv.kernel_size} (DeBERTa's convolution) needs "
                          "family='encoder', an odd width (the sequence keeps its length) and no shared_layers")
     if cfg.conv is not None and cfg.d_model % cfg.conv.groups:
         raise ValueError(f"ModelConfig.conv_groups={cfg.conv.groups} must divide d_model={cfg.d_model}")
+
+def _check_layer_key_values(cfg: ModelConfig, standard: bool) -> None:
+    """Gemma 4's full layers with attention of their own shape, and its layers reading another's keys and values."""
+    scores = cfg.scores
+    own_full = scores.full_head_dim is not None or scores.full_kv_heads is not None or scores.full_keys_as_values
+    if own_full and (cfg.family != "decoder" or cfg.attention != "alternating" or not standard
+                     or not {"full", "sliding"} <= set(local_pattern_kinds(cfg))):
+        raise ValueError("ModelConfig.full_head_dim, full_kv_heads and full_keys_as_values shape the full layers of "
+                         "an alternating decoder stack (beside its sliding ones) of standard attention, not "
+                         f"family={cfg.family!r}, attention={cfg.attention!r}")
+    if scores.full_kv_heads is not None and cfg.num_heads % scores.full_kv_heads:
+        raise ValueError(f"ModelConfig.full_kv_heads={scores.full_kv_heads} must divide num_heads={cfg.num_heads}")
+    if scores.kv_shared_d_ff is not None and not scores.kv_shared_layers:
+        raise ValueError(f"ModelConfig.kv_shared_d_ff={scores.kv_shared_d_ff} sizes the MLP of the layers that "
+                         "share keys and values: it needs kv_shared_layers > 0")
+    if not scores.kv_shared_layers:
+        return
+    if cfg.family != "decoder" or not standard or cfg.position != "rope" or cfg.shared_layers \
+            or cfg.linear_attention is not None or cfg.attention not in ("causal", "alternating"):
+        raise ValueError(f"ModelConfig.kv_shared_layers={scores.kv_shared_layers} (Gemma 4) needs a rotary decoder "
+                         "of standard attention, causal or alternating, without shared_layers or linear layers")
+    first = cfg.decoder_layers - scores.kv_shared_layers
+    kinds = local_pattern_kinds(cfg)
+    if first < 1 or not set(kinds[first:]) <= set(kinds[:first]):
+        raise ValueError(f"ModelConfig.kv_shared_layers={scores.kv_shared_layers}: the last layers read the keys and "
+                         "values of an earlier layer of their kind (full or sliding), so each kind among them needs "
+                         f"one among the first {max(first, 0)} of the {cfg.decoder_layers} layers")
+
+
+def local_pattern_kinds(cfg: ModelConfig) -> tuple[str, ...]:
+    """Each decoder layer's kind, 'full' or 'sliding' (any local pattern), as the layer plan places them."""
+    if cfg.attention == "alternating":  # (as layer_plan.local_layers reads them: layer_types, else odd layers local)
+        if cfg.layer_types is not None:
+            return tuple("full" if t == "full" else "sliding" for t in cfg.layer_types)
+        return tuple("sliding" if i % 2 else "full" for i in range(cfg.decoder_layers))
+    return ("sliding" if cfg.attention == "sliding" else "full",) * cfg.decoder_layers
+
 
 def _check_heads(cfg: ModelConfig) -> None:
     _one_of("head", cfg.head, HEADS)
@@ -1227,6 +1457,17 @@ def _check_heads(cfg: ModelConfig) -> None:
             cfg.family != "encoder" or options.pooler):
         raise ValueError("ModelConfig.prediction_head and classifier_pooling='mean' are ModernBERT's heads: they "
                          f"need family='encoder' without a pooler (family={cfg.family!r}, pooler={options.pooler})")
+    if options.classifier_transform and (cfg.family != "encoder" or cfg.head != "sequence_classification"):
+        raise ValueError("ModelConfig.classifier_transform=True is an encoder's sequence classifier's own dense "
+                         f"layer: it needs family='encoder' and head='sequence_classification', not {cfg.family!r}, "
+                         f"{cfg.head!r}")
+    for field in ("span_feed_forward", "question_out_of_span"):
+        if getattr(options, field) and (cfg.family != "encoder" or cfg.head != "question_answering"):
+            raise ValueError(f"ModelConfig.{field}=True belongs to an encoder's span head: it needs family='encoder' "
+                             f"and head='question_answering', not {cfg.family!r}, {cfg.head!r}")
+    if options.question_out_of_span and cfg.tokens.sep is None:
+        raise ValueError("ModelConfig.question_out_of_span=True finds the question's end at the first sep_token_id; "
+                         "set sep_token_id")
     _non_negative("generator_width", cfg.generator_width)
     if cfg.generator_width:
         if cfg.family != "encoder" or cfg.head != "discriminator":
@@ -1284,7 +1525,7 @@ def _check_experts(cfg: ModelConfig) -> None:
 def _check_tokens(cfg: ModelConfig) -> None:
     tokens = cfg.tokens
     for field, value in (("pad_token_id", tokens.pad), ("bos_token_id", tokens.bos),
-                         ("decoder_start_token_id", tokens.decoder_start)):
+                         ("decoder_start_token_id", tokens.decoder_start), ("sep_token_id", tokens.sep)):
         if value is not None and not 0 <= value < cfg.vocab_size:
             raise ValueError(f"ModelConfig.{field}={value} must lie in [0, vocab_size={cfg.vocab_size})")
     if any(e is not None and not 0 <= e < cfg.vocab_size for e in tokens.eos_ids):
@@ -1378,8 +1619,10 @@ def _part(group: str, flat: dict, given: dict) -> Any:
         return None
     values = {FLAT[name][1]: flat[name] for name in names if len(FLAT[name]) == 2}
     if group == "latent":  # the indexer, a part of latent attention, is there when it has heads
-        values["indexer"] = (Indexer(flat["index_heads"], flat["index_head_dim"], flat["index_topk"])
-                             if flat["index_heads"] != 0 else None)
+        values["indexer"] = (Indexer(flat["index_heads"], flat["index_head_dim"], flat["index_topk"],
+                                     flat["index_rope_interleave"]) if flat["index_heads"] != 0 else None)
+        if flat["index_heads"] == 0 and given.get("index_rope_interleave"):
+            raise ValueError("ModelConfig.index_rope_interleave=True needs index_heads > 0 (the indexer it rotates)")
     return GROUPS[group](**values)
 
 

@@ -34,6 +34,20 @@ def _roberta(d_model: int, layers: int, heads: int, vocab: int) -> dict:
                  norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2)
 
 
+def _longformer(d_model: int, layers: int, heads: int) -> dict:
+    # RoBERTa's model whose layers see 256 tokens either side (attention_window 512) plus the global tokens a call
+    # names, through their own projections; positions extended to 4096 (4098 rows: pad offset 2)
+    return {**_roberta(d_model, layers, heads, 50265), "max_positions": 4096, "attention": "alternating",
+            "window_size": 256, "layer_types": ("sliding",) * layers, "global_tokens": True, "sep_token_id": 2}
+
+
+def _big_bird(d_model: int, layers: int, heads: int) -> dict:
+    # BERT's model over 4096 positions (a 50358-token vocabulary, the tanh GELU) whose attention is block-sparse on
+    # inputs past 704 tokens: blocks of 64, the first and last global, 3 random blocks (block 0 in evaluation)
+    return _bert(d_model, layers, heads, vocab=50358, max_positions=4096, activation="gelu_tanh", pad_token_id=0,
+                 bos_token_id=1, eos_token_id=2, sep_token_id=66, sparse_block_size=64, sparse_random_blocks=3)
+
+
 def _albert(d_model: int, layers: int, heads: int) -> dict:
     # BERT's block with 128-wide embeddings projected to d_model and one layer's weights shared by all layers;
     # the v2 models train without dropout and use the tanh form of GELU
@@ -221,6 +235,17 @@ def _glm45(d_model: int, layers: int, d_ff: int, expert_d_ff: int, experts: int,
                   eos_token_id=(151329, 151336, 151338))
 
 
+def _qwen3_next(vocab: int, d_model: int, layers: int, kv_heads: int, d_ff: int, max_positions: int, theta: float,
+                **kw) -> dict:
+    # Qwen3-Next and Qwen3.5: three Gated DeltaNet layers (16 key heads serving 32 value heads, 128 wide, a
+    # 4-wide convolution) to one gated attention layer (16 heads of 256, a quarter of each rotating, q/k norms),
+    # norms scaling by (1 + w)
+    return _llama(d_model, layers, 16, kv_heads, d_ff, vocab, theta, max_positions, head_dim=256, rotary_dim=64,
+                  norm_eps=1e-6, norm_scale_offset=1.0, qk_norm=True, attention_gate=True,
+                  linear_layers=tuple(i for i in range(layers) if (i + 1) % 4), linear_key_heads=16,
+                  linear_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel=4, **kw)
+
+
 def _stablelm(vocab: int, d_model: int, d_ff: int, layers: int, kv_heads: int, **kw) -> dict:
     # StableLM: LayerNorms with biases, SwiGLU without biases, 32 heads rotating a quarter of each, 4096 positions
     return _llama(d_model, layers, 32, kv_heads, d_ff, vocab, 10000.0, 4096, norm="layernorm", norm_bias=True,
@@ -311,6 +336,19 @@ def _gemma(d_model: int, layers: int, heads: int, kv_heads: int, d_ff: int, voca
     return {**base, **kw}
 
 
+def _gemma4(d_model: int, layers: int, heads: int, kv_heads: int, d_ff: int, window: int, every: int,
+            max_positions: int, *, per_layer: int = 256, shared: int = 0, **kw) -> dict:
+    # Gemma 4 text: Gemma 3's sandwiched layers with RMSNorm scaled by w (not 1 + w), unscaled scores (query, key and
+    # value heads normed), a stored scalar per layer; sliding layers of 256-wide heads (base 10^4) and a full one
+    # every ``every`` layers with 512-wide heads whose rotary turns a quarter (base 10^6); per-layer inputs
+    # ``per_layer`` wide (E2B, E4B); the last ``shared`` layers reading earlier layers' keys and values
+    base = _gemma(d_model, layers, heads, kv_heads, d_ff, 262144, window, every, max_positions, gemma3=True,
+                  norm_scale_offset=0.0, attention_scale=1.0, v_norm=True, layer_output_scale=True,
+                  rope_proportion=0.25, full_head_dim=512, logits_softcap=30.0, per_layer_input_size=per_layer,
+                  kv_shared_layers=shared)
+    return {**base, **kw}
+
+
 def _t5gemma(gemma: dict, **kw) -> dict:
     # T5Gemma (Zhang et al. 2025): a Gemma 2 block on both sides, one token table each, the decoder starting
     # from <bos>; the encoder's sliding layers see the window on both sides.
@@ -333,6 +371,13 @@ _PRESETS: dict[str, dict] = {
     # XLM-RoBERTa: RoBERTa's model with a 250K-token vocabulary over 100 languages
     "xlm-roberta-base": _roberta(768, 12, 12, 250002),
     "xlm-roberta-large": _roberta(1024, 24, 16, 250002),
+    # Longformer (Beltagy et al. 2020): RoBERTa with windowed attention plus global tokens over 4096 tokens
+    "longformer-base-4096": _longformer(768, 12, 12),
+    "longformer-large-4096": _longformer(1024, 24, 16),
+    # BigBird (Zaheer et al. 2020): BERT with block-sparse attention (global, window and random blocks) over 4096
+    # tokens, warm-started from RoBERTa
+    "bigbird-roberta-base": _big_bird(768, 12, 12),
+    "bigbird-roberta-large": _big_bird(1024, 24, 16),
     # ALBERT v2: factorised embeddings (E = 128) and shared layers
     "albert-base-v2": _albert(768, 12, 12),
     "albert-large-v2": _albert(1024, 24, 16),
@@ -425,6 +470,16 @@ _PRESETS: dict[str, dict] = {
                           sinusoids="marian", max_positions=1024, position_offset=0, scale_embeddings=True,
                           tie_embeddings=True, logits_bias=True, dropout_rate=0.1, attention_dropout_rate=0.1,
                           pad_token_id=0, bos_token_id=0, eos_token_id=1, decoder_start_token_id=0),
+    # BigBird-Pegasus (Zaheer et al. 2020): Pegasus' layers with learned positions over 4096 tokens, no attention
+    # biases, the encoder's attention block-sparse past 704 tokens (blocks of 64, 3 random blocks); arXiv summaries
+    "bigbird-pegasus-large-arxiv": dict(family="encoder_decoder", vocab_size=96103, d_model=1024, num_heads=16,
+                                        d_ff=4096, encoder_layers=16, decoder_layers=16, norm_position="pre",
+                                        norm_eps=1e-5, embedding_norm=False, final_norm=True, activation="gelu_tanh",
+                                        position="learned", max_positions=4096, position_offset=0,
+                                        scale_embeddings=True, tie_embeddings=True, logits_bias=True, qkv_bias=False,
+                                        out_bias=False, sparse_block_size=64, sparse_random_blocks=3,
+                                        dropout_rate=0.1, attention_dropout_rate=0.1, pad_token_id=0, bos_token_id=2,
+                                        eos_token_id=1, decoder_start_token_id=0),
     "llama-3-8b": _llama(4096, 32, 32, 8, 14336, 128256, 500000.0, 8192),
     "llama-3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 500000.0, 8192),
     "mistral-7b": _llama(4096, 32, 32, 8, 14336, 32000, 10000.0, 32768, attention="sliding", window_size=4096),
@@ -443,6 +498,13 @@ _PRESETS: dict[str, dict] = {
                            rope_scaling=dict(kind="longrope", factor=32.0, original_max_positions=4096,
                                              short_factor=_PHI35_SHORT, long_factor=_PHI35_LONG),
                            pad_token_id=32000, bos_token_id=1, eos_token_id=32000),
+    # Phi-3.5-MoE: 16 experts of Phi-3-mini's width under LayerNorms, biases on q, k, v, o and the head, the sparse
+    # mixer's top 2 (jitter eps 0.01), a window as long as the context. (Its published longrope factors, 64 short
+    # and 64 long, are not written here: rotary positions without scaling.)
+    "phi-3.5-moe": _llama(4096, 32, 32, 8, 6400, 32064, 10000.0, 131072, norm="layernorm", norm_bias=True,
+                          qkv_bias=True, out_bias=True, lm_head_bias=True, attention="sliding", window_size=131072,
+                          num_experts=16, experts_per_token=2, router_score="sparsemixer",
+                          normalize_router_weights=False, router_jitter_eps=0.01, bos_token_id=1, eos_token_id=32000),
     # Phi-4-mini: Phi-3.5-mini's recipe with GQA (24 heads, 8 kv), a 200K vocabulary tied to the head, and
     # three quarters of each head rotating (96 of 128, longrope sized for them)
     "phi-4-mini": _llama(3072, 32, 24, 8, 8192, 200064, 10000.0, 131072, attention="sliding", window_size=262144,
@@ -498,6 +560,16 @@ _PRESETS: dict[str, dict] = {
                              tie_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "glm-4.5": _glm45(5120, 92, 12288, 1536, 160, 3, 2.5, True),
     "glm-4.5-air": _glm45(4096, 46, 10944, 1408, 128, 1, 1.0, False),
+    # Qwen3-Next-80B-A3B: 512 experts 512 wide, 10 per token, one sigmoid-gated shared expert, in every layer
+    "qwen3-next-80b-a3b": _qwen3_next(151936, 2048, 48, 2, 5120, 262144, 1e7, num_experts=512, experts_per_token=10,
+                                      expert_d_ff=512, shared_experts=1, shared_expert_gate=True,
+                                      router_aux_loss_coef=0.001, eos_token_id=151645),
+    # Qwen3.5's text models as transformers' config classes describe them ("Qwen3.5-9B style", "Qwen3.5-35B-A3B
+    # style"): dense, and 256 experts (8 per token, renormalised) with a gated shared one
+    "qwen3.5-9b": _qwen3_next(248320, 4096, 32, 4, 12288, 32768, 1e4),
+    "qwen3.5-35b-a3b": _qwen3_next(248320, 2048, 40, 2, 512, 32768, 1e4, num_experts=256, experts_per_token=8,
+                                   expert_d_ff=512, shared_experts=1, shared_expert_gate=True,
+                                   router_aux_loss_coef=0.001),
     # OLMoE-1B-7B-0924: OLMo-2's q/k norms in pre-norm layers, 64 experts 1024 wide, the top 8 not renormalised
     "olmoe-1b-7b": _llama(2048, 16, 16, 16, 1024, 50304, 10000.0, 4096, qk_norm=True, qk_norm_span="projection",
                           num_experts=64, experts_per_token=8, normalize_router_weights=False,
@@ -539,15 +611,37 @@ _PRESETS: dict[str, dict] = {
                                   bos_token_id=100000, eos_token_id=100001),
     "deepseek-v3": _deepseek(7168, 61, 128, 18432, 2048, 256, 8, 1, 3, 129280, v3=True, q_lora_rank=1536,
                              router_groups=8, router_topk_groups=4, routed_scaling=2.5, bos_token_id=0, eos_token_id=1),
+    # Kimi K2.5's text model (moonshotai/Kimi-K2.5's text_config): DeepSeek-V3's shape with 384 experts (8 per
+    # token, one shared, one dense layer, no groups), 64 heads, a 160K vocabulary, 256K positions by yarn
+    "kimi-k2.5": _deepseek(7168, 61, 64, 18432, 2048, 384, 8, 1, 1, 163840, v3=True, q_lora_rank=1536,
+                           routed_scaling=2.827, rope_theta=50000.0, max_positions=262144,
+                           rope_scaling=dict(kind="yarn", factor=64.0, original_max_positions=4096, beta_fast=1.0,
+                                             beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+                           bos_token_id=163584, eos_token_id=163585),
     # DeepSeek-V3.2: V3's model with DeepSeek sparse attention, the lightning indexer keeping 2048 keys per query
     "deepseek-v3.2": _deepseek(7168, 61, 128, 18432, 2048, 256, 8, 1, 3, 129280, v3=True, q_lora_rank=1536,
                                router_groups=8, router_topk_groups=4, routed_scaling=2.5, bos_token_id=0,
                                eos_token_id=1, index_heads=64, index_head_dim=128, index_topk=2048),
+    # GLM-5 (zai-org, 2026): V3.2's layers, 64 heads (192 + 64 rotary query/key, 256 values), 32 indexer heads
+    # rotating adjacent pairs, 256 experts after 3 dense layers; sizes from GlmMoeDsaConfig's defaults (its docstring's
+    # zai-org/GLM-5), the rotary base (1e6) and token ids as public copies of its config.json give them (not checked
+    # against the hub file)
+    "glm-5": _deepseek(6144, 78, 64, 12288, 2048, 256, 8, 1, 3, 154880, v3=True, q_lora_rank=2048, head_dim=192,
+                       v_head_dim=256, norm_eps=1e-5, rope_theta=1e6, rope_scaling=None, max_positions=202752,
+                       routed_scaling=2.5, index_heads=32, index_head_dim=128, index_topk=2048,
+                       index_rope_interleave=True, bos_token_id=0, pad_token_id=154820,
+                       eos_token_id=(154820, 154827, 154829)),
     "gemma-2-2b": _gemma(2304, 26, 8, 4, 9216, 256000, 4096, 2, 8192, gemma3=False),
     "gemma-2-9b": _gemma(3584, 42, 16, 8, 14336, 256000, 4096, 2, 8192, gemma3=False),
     "gemma-3-1b": _gemma(1152, 26, 4, 1, 6912, 262144, 512, 6, 32768, gemma3=True),
     "gemma-3-4b": _gemma(2560, 34, 8, 4, 10240, 262208, 1024, 6, 131072, gemma3=True,
                          rope_scaling={"kind": "linear", "factor": 8.0}),
+    # Gemma 4's text models, from third-party copies of google/gemma-4-{E2B,E4B,31B}'s config.json (not checked
+    # against the hub); the 26B A4B's experts beside the MLP are not supported yet
+    "gemma-4-e2b": _gemma4(1536, 35, 8, 1, 6144, 512, 5, 131072, shared=20, kv_shared_d_ff=12288),
+    "gemma-4-e4b": _gemma4(2560, 42, 8, 2, 10240, 512, 6, 131072, shared=18),
+    "gemma-4-31b": _gemma4(5376, 60, 32, 16, 21504, 1024, 6, 262144, per_layer=0, full_kv_heads=4,
+                           full_keys_as_values=True),
     "t5gemma-2b-2b": _t5gemma(_gemma(2304, 26, 8, 4, 9216, 256000, 4096, 2, 8192, gemma3=False)),
     # EmbeddingGemma (Google 2025): a Gemma 3 encoder; its file's sliding_window 512 spans both sides, so each
     # sliding layer sees the keys within 256 either way. Pooling, Dense and Normalize live in the ST folder.

@@ -15,6 +15,12 @@ _BERT = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_h
              max_position_embeddings=40, type_vocab_size=2, initializer_range=STD, pad_token_id=0)
 _ROBERTA = {**_BERT, "max_position_embeddings": 42, "type_vocab_size": 1, "pad_token_id": 1, "bos_token_id": 0,
             "eos_token_id": 2, "layer_norm_eps": 1e-5}
+# Longformer: RoBERTa's layout whose layers see 2 tokens either side (attention_window 4, shorter than the test
+# sequences) and global tokens through their own projections (the classifier's first token, the span head's question)
+_LONGFORMER = {**_ROBERTA, "attention_window": 4, "sep_token_id": 2}
+# BigBird: BERT's layout with blocks of 1 token and 1 random block, so the 9-token test inputs (longer than the
+# (5 + 2 * 1) * 1 tokens of transformers' dense fallback) run block-sparse; sep_token_id away from the test ids
+_BIG_BIRD = {**_BERT, "block_size": 1, "num_random_blocks": 1, "sep_token_id": 2, "hidden_act": "gelu_new"}
 _DISTILBERT = dict(vocab_size=97, dim=32, n_layers=2, n_heads=4, hidden_dim=48, max_position_embeddings=40,
                    initializer_range=STD, pad_token_id=0)
 # ALBERT: 3 layers sharing one set of weights, embeddings 16 wide projected to 32; ELECTRA's generator as
@@ -67,6 +73,12 @@ _MARIAN = dict(_M2M100, activation_function="swish", scale_embedding=True, pad_t
                bos_token_id=None, decoder_start_token_id=1, forced_eos_token_id=0)
 _PEGASUS = dict(_M2M100, activation_function="relu", scale_embedding=True, pad_token_id=0, eos_token_id=1,
                 bos_token_id=None, decoder_start_token_id=0, forced_eos_token_id=1)
+# BigBird-Pegasus: Pegasus' pre-norm layers, learned positions, blocks of one token and one random block in the
+# encoder (block-sparse on the 9-token test inputs), attention without biases (use_bias false, as published)
+_BIGBIRD_PEGASUS = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                        decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40,
+                        init_std=STD, pad_token_id=0, eos_token_id=1, bos_token_id=2, decoder_start_token_id=0,
+                        block_size=1, num_random_blocks=1)
 
 _DEEPSEEK = dict(vocab_size=97, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
                  num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=12, q_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=8,
@@ -87,6 +99,21 @@ _GEMMA3 = {**_GEMMA2, "layer_types": ["sliding_attention", "sliding_attention", 
            "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}
 _T5GEMMA_HALF = {k: v for k, v in _GEMMA2.items() if k != "attn_implementation"}
+# Gemma 4: sliding and full layers (the last full, as transformers forces), the full layers with heads of their own
+# (16 wide, 2 kv heads: global_head_dim, num_global_key_value_heads) whose values are their keys (attention_k_eq_v),
+# their proportional rotary turning half the head; the last two layers reading layers 0 and 1's keys and values
+# (num_kv_shared_layers) with a double-wide MLP; per-layer inputs, soft-capped logits. Kept well-conditioned, so
+# that transformers' own float32 stays within ~8e-6 of its float64 (what 1e-5 parity needs): 4 layers (6 left it
+# 1.4e-5 away), per-layer inputs 32 wide (a norm over 4 numbers left it 2e-5 away), eps 1e-3 and MHA sliding layers
+# (the 8-wide head norms; GQA there left layer 3 at 1.5e-5)
+_GEMMA4 = {**{k: v for k, v in _GEMMA2.items() if k not in ("query_pre_attn_scalar", "attn_logit_softcapping")},
+           "num_hidden_layers": 4, "global_head_dim": 16, "hidden_size_per_layer_input": 32, "rms_norm_eps": 1e-3,
+           "num_key_value_heads": 4, "attention_k_eq_v": True, "num_global_key_value_heads": 2,
+           "num_kv_shared_layers": 2, "use_double_wide_mlp": True,
+           "vocab_size_per_layer_input": 97, "layer_types": ["sliding_attention", "full_attention"] * 2,
+           "rope_parameters": {"full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                                                  "rope_theta": 1e6},
+                               "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}}
 _STARCODER2 = {**{k: v for k, v in _LLAMA.items() if k != "rms_norm_eps"}, "norm_epsilon": 1e-6}
 _GRANITE = {**_LLAMA, "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.0625,
             "logits_scaling": 4.0, "pad_token_id": 0}
@@ -104,6 +131,19 @@ _OPT = dict(vocab_size=97, hidden_size=32, ffn_dim=48, num_hidden_layers=2, num_
 _FALCON = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, ffn_hidden_size=48,
                max_position_embeddings=64, initializer_range=STD, bos_token_id=1, eos_token_id=2)
 _DEEPSEEK_V3 = {**_DEEPSEEK, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5, "n_shared_experts": 1}
+# Phi-3.5-MoE: LayerNorms, q/k/v/o and head biases, a window of 4, the sparse mixer over 4 experts (a wide jitter
+# eps, so that its softmax holds several), longrope's short factors past a pretraining length of 4 (and one mscale)
+_PHIMOE = {**_LLAMA, "num_local_experts": 4, "attention_bias": True, "lm_head_bias": True, "sliding_window": 4,
+           "router_jitter_noise": 0.15, "pad_token_id": 0,
+           "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.05, 1.2, 1.6],
+                               "long_factor": [1.0, 1.8, 3.5, 9.0], "short_mscale": 1.2, "long_mscale": 1.2,
+                               "original_max_position_embeddings": 4}}
+# Qwen3-Next and Qwen3.5: three Gated DeltaNet layers (2 key heads serving 4 value heads, widths 8 and 6) then one
+# gated attention layer with a quarter of each head rotating, then a fifth linear layer past the period
+_QWEN3_NEXT = {**_LLAMA, "initializer_range": 0.05, "num_hidden_layers": 5, "head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+               "linear_key_head_dim": 8, "linear_value_head_dim": 6, "pad_token_id": 0}
+_QWEN3_NEXT_MOE = {**_QWEN3_NEXT, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+                   "shared_expert_intermediate_size": 16}
 
 # name -> (config class, model class, config kwargs)
 CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
@@ -141,6 +181,17 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "electra-seqcls": ("ElectraConfig", "ElectraForSequenceClassification", {**_ELECTRA, "num_labels": 3}),
     "electra-tokcls": ("ElectraConfig", "ElectraForTokenClassification", {**_ELECTRA, "num_labels": 5}),
     "electra-qa": ("ElectraConfig", "ElectraForQuestionAnswering", _ELECTRA),
+    "longformer": ("LongformerConfig", "LongformerModel", _LONGFORMER),
+    "longformer-mlm": ("LongformerConfig", "LongformerForMaskedLM", _LONGFORMER),
+    "longformer-seqcls": ("LongformerConfig", "LongformerForSequenceClassification", {**_LONGFORMER, "num_labels": 3}),
+    "longformer-tokcls": ("LongformerConfig", "LongformerForTokenClassification", {**_LONGFORMER, "num_labels": 5}),
+    "longformer-qa": ("LongformerConfig", "LongformerForQuestionAnswering", _LONGFORMER),
+    "big_bird": ("BigBirdConfig", "BigBirdModel", _BIG_BIRD),
+    "big_bird-mlm": ("BigBirdConfig", "BigBirdForMaskedLM", _BIG_BIRD),
+    "big_bird-pretraining": ("BigBirdConfig", "BigBirdForPreTraining", _BIG_BIRD),
+    "big_bird-seqcls": ("BigBirdConfig", "BigBirdForSequenceClassification", {**_BIG_BIRD, "num_labels": 3}),
+    "big_bird-tokcls": ("BigBirdConfig", "BigBirdForTokenClassification", {**_BIG_BIRD, "num_labels": 5}),
+    "big_bird-qa": ("BigBirdConfig", "BigBirdForQuestionAnswering", _BIG_BIRD),
     "modernbert": ("ModernBertConfig", "ModernBertModel", _MODERNBERT),
     "modernbert-mlm": ("ModernBertConfig", "ModernBertForMaskedLM", _MODERNBERT),
     "modernbert-seqcls": ("ModernBertConfig", "ModernBertForSequenceClassification",
@@ -287,6 +338,14 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "deepseek-v32": ("DeepseekV32Config", "DeepseekV32ForCausalLM",
                      {**_DEEPSEEK_V3, "index_n_heads": 4, "index_head_dim": 12, "index_topk": 4,
                       "attn_implementation": "eager"}),
+    # GLM-5: V3.2's layers (top 4 keys per query, fewer than the test sequences hold) whose indexer rotates
+    # adjacent pairs of its 8 rotary numbers out of 12, two expert groups, the 1e6 rotary base. 8 indexer heads:
+    # a key every head scores below zero scores exactly 0 (ReLU), and with 4 heads such ties fell where the top 4
+    # are cut, which torch and XLA break differently (transformers' own cached and full passes disagreed there)
+    "glm_moe_dsa": ("GlmMoeDsaConfig", "GlmMoeDsaForCausalLM",
+                    {**_DEEPSEEK_V3, "index_n_heads": 8, "index_head_dim": 12, "index_topk": 4,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+                     "attn_implementation": "eager"}),
     "t5": ("T5Config", "T5ForConditionalGeneration", _T5),
     "t5-v1_1": ("T5Config", "T5ForConditionalGeneration",
                 {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}),
@@ -318,6 +377,8 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "marian-separate": ("MarianConfig", "MarianMTModel", {**_MARIAN, "share_encoder_decoder_embeddings": False}),
     "pegasus": ("PegasusConfig", "PegasusForConditionalGeneration", _PEGASUS),
     "pegasus-base": ("PegasusConfig", "PegasusModel", {**_PEGASUS, "activation_function": "gelu"}),
+    "bigbird_pegasus": ("BigBirdPegasusConfig", "BigBirdPegasusForConditionalGeneration", _BIGBIRD_PEGASUS),
+    "bigbird_pegasus-base": ("BigBirdPegasusConfig", "BigBirdPegasusModel", {**_BIGBIRD_PEGASUS, "use_bias": True}),
     # XLNet's content stream = Transformer-XL: causal and bidirectional, gelu and relu, per-layer and shared
     # u/v biases (untie_r=False: every layer holds the same pair), clamped distances
     "xlnet": ("XLNetConfig", "XLNetLMHeadModel", _XLNET),
@@ -325,6 +386,7 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", _GEMMA2),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {**_GEMMA3, "attn_logit_softcapping": None}),
     "gemma3-base": ("Gemma3TextConfig", "Gemma3TextModel", {**_GEMMA3, "attn_logit_softcapping": None}),
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", _GEMMA4),
     # EmbeddingGemma's shape: a bidirectional Gemma 3 (sliding layers see |t - s| <= 6 // 2 = 3, as the file's
     # window 6 means there)
     "embeddinggemma": ("Gemma3TextConfig", "Gemma3TextModel",
@@ -368,6 +430,18 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", {**_GLM4_MOE, "use_qk_norm": True, "n_group": 2,
                                                           "topk_group": 1, "routed_scaling_factor": 2.5}),
     "glm4_moe-base": ("Glm4MoeConfig", "Glm4MoeModel", {**_GLM4_MOE, "attention_bias": False}),
+    # Qwen3-Next: experts (softmax top-2 of 4, renormalised) with a sigmoid-gated shared expert in every layer; the
+    # base model not renormalised, with a 1-in-2 full layer pattern; Qwen3.5 dense and Qwen3.5-MoE
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", _QWEN3_NEXT_MOE),
+    "qwen3_next-base": ("Qwen3NextConfig", "Qwen3NextModel",
+                        {**_QWEN3_NEXT_MOE, "norm_topk_prob": False, "num_hidden_layers": 4,
+                         "layer_types": ["linear_attention", "full_attention"] * 2}),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", _QWEN3_NEXT),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", _QWEN3_NEXT_MOE),
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", _PHIMOE),
+    # the base model with plain rotary positions, no attention biases or window, the published jitter eps
+    "phimoe-base": ("PhimoeConfig", "PhimoeModel", {**_PHIMOE, "attention_bias": False, "sliding_window": None,
+                                                     "router_jitter_noise": 0.01, "rope_parameters": None}),
     # OLMoE: OLMo-2's q/k norms over the whole projection in pre-norm layers, softmax top-2 of 4 experts not
     # renormalised; the base model renormalised, with attention biases
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", _OLMOE),
@@ -445,7 +519,8 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
             model.lm_head.weight.mul_(0.25)
     if name in ("mt5", "umt5"):  # (U)MT5Config ties whatever it is told; the published files hold their own head
         model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.shared.weight) * 0.25)
-    if name.startswith(("bart", "mbart", "marian", "pegasus")):  # final_logits_bias starts at zero; give it values so the test sees it
+    # final_logits_bias starts at zero; give it values so the test sees it
+    if name.startswith(("bart", "mbart", "marian", "pegasus", "bigbird_pegasus")):
         if hasattr(model, "final_logits_bias"):
             model.final_logits_bias.normal_(0, STD)
     with torch.no_grad():  # V3's selection bias starts at zero; random values make it change the choice
@@ -463,6 +538,10 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
                     or n.endswith((".q_norm.weight", ".k_norm.weight"))  # (Cohere's [heads, head_dim])
                     or n.endswith("_proj_bias")):  # (DeBERTa v1's query and value biases start at zero)
                 p.add_(torch.randn_like(p) * 0.1)
+    with torch.no_grad():  # Gemma 4's layer_scalar buffers start at 1; give them values so the test sees them
+        for n, buffer in model.named_buffers():
+            if n.endswith(".layer_scalar"):
+                buffer.copy_(1 + torch.randn_like(buffer) * 0.1)
     if name.startswith("falcon"):  # Falcon's ln_attn, ln_mlp and ln_f have no "norm" in their names
         with torch.no_grad():
             for n, p in model.named_parameters():

@@ -206,6 +206,12 @@ def _gemma(hidden: int, layers: int, heads: int, kv: int, intermediate: int, voc
                 num_key_value_heads=kv, head_dim=256, intermediate_size=intermediate, **kw)
 
 
+def _gemma4(hidden: int, layers: int, heads: int, kv: int, intermediate: int, window: int, every: int, **kw) -> dict:
+    kinds = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+    return dict(_gemma(hidden, layers, heads, kv, intermediate, 262144, sliding_window=window, layer_types=kinds,
+                       global_head_dim=512, final_logit_softcapping=30.0), **kw)
+
+
 HF_REFERENCE: dict[str, tuple[str, dict]] = {
     # --- Gemma (tied head) and T5Gemma (one table per side, the head tied to the decoder's) ---
     "gemma-2-2b": ("Gemma2ForCausalLM", _gemma(2304, 26, 8, 4, 9216, 256000)),
@@ -219,6 +225,13 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
     # EmbeddingGemma: the base model, bidirectional (google/embeddinggemma-300m's config.json)
     "embeddinggemma-300m": ("Gemma3TextModel", _gemma(768, 24, 3, 1, 1152, 262144, sliding_window=512,
                                                       max_position_embeddings=2048, use_bidirectional_attention=True)),
+    # Gemma 4's text models: third-party copies of google/gemma-4-{E2B,E4B,31B}'s text_config (not hub-verified)
+    "gemma-4-e2b": ("Gemma4ForCausalLM", _gemma4(1536, 35, 8, 1, 6144, 512, 5, num_kv_shared_layers=20,
+                                                 use_double_wide_mlp=True)),
+    "gemma-4-e4b": ("Gemma4ForCausalLM", _gemma4(2560, 42, 8, 2, 10240, 512, 6, num_kv_shared_layers=18)),
+    "gemma-4-31b": ("Gemma4ForCausalLM", _gemma4(5376, 60, 32, 16, 21504, 1024, 6, hidden_size_per_layer_input=0,
+                                                 max_position_embeddings=262144, attention_k_eq_v=True,
+                                                 num_global_key_value_heads=4)),
     "t5gemma-2b-2b": ("T5GemmaForConditionalGeneration",
                       dict(encoder=_gemma(2304, 26, 8, 4, 9216, 256000), decoder=_gemma(2304, 26, 8, 4, 9216, 256000),
                            vocab_size=256000)),
@@ -247,6 +260,22 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             eos_token_id=2,
         ),
     ),
+    **{name: ("LongformerModel", dict(vocab_size=50265, hidden_size=hidden, num_hidden_layers=layers,
+                                      num_attention_heads=heads, intermediate_size=4 * hidden, hidden_act="gelu",
+                                      max_position_embeddings=4098, type_vocab_size=1, layer_norm_eps=1e-5,
+                                      attention_window=512, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                      sep_token_id=2))
+       for name, hidden, layers, heads in (("longformer-base-4096", 768, 12, 12),
+                                           ("longformer-large-4096", 1024, 24, 16))},
+    # google/bigbird-roberta-base and -large's config.json (BigBirdConfig's defaults are the base model's)
+    **{name: ("BigBirdModel", dict(vocab_size=50358, hidden_size=hidden, num_hidden_layers=layers,
+                                   num_attention_heads=heads, intermediate_size=4 * hidden, hidden_act="gelu_new",
+                                   max_position_embeddings=4096, type_vocab_size=2, layer_norm_eps=1e-12,
+                                   pad_token_id=0, bos_token_id=1, eos_token_id=2, sep_token_id=66,
+                                   attention_type="block_sparse", block_size=64, num_random_blocks=3, use_bias=True,
+                                   rescale_embeddings=False))
+       for name, hidden, layers, heads in (("bigbird-roberta-base", 768, 12, 12),
+                                           ("bigbird-roberta-large", 1024, 24, 16))},
     "distilbert-base-uncased": ("DistilBertModel", dict(vocab_size=30522, dim=768, n_layers=6, n_heads=12,
                                                         hidden_dim=3072, max_position_embeddings=512, pad_token_id=0)),
     **{name: ("AlbertModel", dict(vocab_size=30000, embedding_size=128, hidden_size=hidden, num_hidden_layers=layers,
@@ -390,6 +419,13 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
         decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024,
         activation_function="relu", scale_embedding=True, pad_token_id=0, bos_token_id=0, eos_token_id=1,
         decoder_start_token_id=0, dropout=0.1, attention_dropout=0.1)),
+    # google/bigbird-pegasus-large-arxiv's config.json (reconstructed)
+    "bigbird-pegasus-large-arxiv": ("BigBirdPegasusForConditionalGeneration", dict(
+        vocab_size=96103, d_model=1024, encoder_layers=16, decoder_layers=16, encoder_attention_heads=16,
+        decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=4096,
+        activation_function="gelu_new", scale_embedding=True, use_bias=False, attention_type="block_sparse",
+        block_size=64, num_random_blocks=3, pad_token_id=0, bos_token_id=2, eos_token_id=1, decoder_start_token_id=0,
+        dropout=0.1, attention_dropout=0.1)),
     # --- decoder-only LLMs -----------------------------------------------------
     "llama-3-8b": (
         "LlamaForCausalLM",
@@ -589,7 +625,41 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
              pad_token_id=0, bos_token_id=1, eos_token_id=2),
     ),
     "glm-4.5": ("Glm4MoeForCausalLM", _glm45(5120, 92, 12288, 1536, 160, 3, 2.5, True)),
+    # microsoft/Phi-3.5-MoE-instruct's config.json, but its longrope (see the preset)
+    "phi-3.5-moe": ("PhimoeForCausalLM",
+                    dict(vocab_size=32064, hidden_size=4096, intermediate_size=6400, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, hidden_act="silu",
+                         max_position_embeddings=131072, rms_norm_eps=1e-5, rope_parameters=_rope(10000.0),
+                         sliding_window=131072, attention_bias=True, lm_head_bias=True, num_local_experts=16,
+                         num_experts_per_tok=2, router_jitter_noise=0.01, input_jitter_noise=0.01,
+                         router_aux_loss_coef=0.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=32000)),
+    # moonshotai/Kimi-K2.5's text_config (its DeepseekV3 text model; the vision tower is not counted)
+    "kimi-k2.5": ("DeepseekV3ForCausalLM",
+                  dict(vocab_size=163840, hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
+                       num_hidden_layers=61, num_attention_heads=64, num_key_value_heads=64, n_shared_experts=1,
+                       n_routed_experts=384, num_experts_per_tok=8, routed_scaling_factor=2.827, kv_lora_rank=512,
+                       q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=1,
+                       topk_group=1, first_k_dense_replace=1, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                       rope_parameters={"rope_type": "yarn", "rope_theta": 50000.0, "factor": 64.0,
+                                        "original_max_position_embeddings": 4096, "beta_fast": 1.0, "beta_slow": 1.0,
+                                        "mscale": 1.0, "mscale_all_dim": 1.0},
+                       tie_word_embeddings=False, bos_token_id=163584, eos_token_id=163585)),
     "glm-4.5-air": ("Glm4MoeForCausalLM", _glm45(4096, 46, 10944, 1408, 128, 1, 1.0, False)),
+    # Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (its multi-token-prediction module is not part of the model)
+    "qwen3-next-80b-a3b": ("Qwen3NextForCausalLM",
+                           dict(vocab_size=151936, hidden_size=2048, intermediate_size=5120, num_hidden_layers=48,
+                                num_attention_heads=16, num_key_value_heads=2, head_dim=256, hidden_act="silu",
+                                max_position_embeddings=262144, rms_norm_eps=1e-6, partial_rotary_factor=0.25,
+                                rope_parameters=_rope(10000000.0), attention_bias=False, linear_conv_kernel_dim=4,
+                                linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+                                linear_num_value_heads=32, full_attention_interval=4, decoder_sparse_step=1,
+                                moe_intermediate_size=512, shared_expert_intermediate_size=512, num_experts=512,
+                                num_experts_per_tok=10, norm_topk_prob=True, router_aux_loss_coef=0.001,
+                                mlp_only_layers=[], tie_word_embeddings=False, eos_token_id=151645)),
+    # Qwen3.5's text models as transformers' config classes default them (the classes' docstrings name them
+    # Qwen3.5-9B and Qwen3.5-35B-A3B style configurations)
+    "qwen3.5-9b": ("Qwen3_5ForCausalLM", {}),
+    "qwen3.5-35b-a3b": ("Qwen3_5MoeForCausalLM", {}),
     # allenai/OLMoE-1B-7B-0924's config.json
     "olmoe-1b-7b": (
         "OlmoeForCausalLM",
@@ -710,6 +780,18 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
              q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128, qk_nope_head_dim=128, n_group=8, topk_group=4,
              first_k_dense_replace=3, max_position_embeddings=163840, rope_parameters=_deepseek_yarn(1.0),
              index_n_heads=64, index_head_dim=128, index_topk=2048, tie_word_embeddings=False),
+    ),
+    # GLM-5: GlmMoeDsaConfig's defaults (its docstring names zai-org/GLM-5), the rotary base and token ids of public
+    # copies of zai-org/GLM-5's config.json (not checked against the hub file)
+    "glm-5": (
+        "GlmMoeDsaForCausalLM",
+        dict(vocab_size=154880, hidden_size=6144, intermediate_size=12288, moe_intermediate_size=2048,
+             num_hidden_layers=78, num_attention_heads=64, num_key_value_heads=64, n_shared_experts=1,
+             n_routed_experts=256, num_experts_per_tok=8, routed_scaling_factor=2.5, kv_lora_rank=512,
+             q_lora_rank=2048, qk_rope_head_dim=64, v_head_dim=256, qk_nope_head_dim=192, n_group=1, topk_group=1,
+             first_k_dense_replace=3, max_position_embeddings=202752, rms_norm_eps=1e-5,
+             rope_parameters=_rope(1000000.0), index_n_heads=32, index_head_dim=128, index_topk=2048,
+             tie_word_embeddings=False, pad_token_id=154820, eos_token_id=[154820, 154827, 154829]),
     ),
 }
 

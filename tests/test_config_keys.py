@@ -28,13 +28,16 @@ CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "al
                "gpt_neox": "gpt-neox", "gptj": "gptj", "glm": "glm", "glm4": "glm4", "opt": "opt",
                "mixtral": "mixtral", "gpt_oss": "gpt-oss", "llama4_text": "llama4",
                "deepseek_v2": "deepseek-v2", "deepseek_v3": "deepseek-v3",
-               "deepseek_v32": "deepseek-v32",
-               "gemma2": "gemma2", "gemma3_text": "gemma3", "t5": "t5", "mt5": "mt5", "umt5": "umt5", "mpnet": "mpnet-mlm",
+               "deepseek_v32": "deepseek-v32", "glm_moe_dsa": "glm_moe_dsa",
+               "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma4_text": "gemma4", "t5": "t5", "mt5": "mt5", "umt5": "umt5", "mpnet": "mpnet-mlm",
                "bart": "bart", "m2m_100": "m2m100", "mbart": "mbart", "marian": "marian", "pegasus": "pegasus", "t5gemma": "t5gemma",
                "xlnet": "xlnet", "starcoder2": "starcoder2", "olmo2": "olmo2", "granite": "granite",
                "smollm3": "smollm3", "stablelm": "stablelm-12b", "falcon": "falcon-40b",
                "cohere": "cohere-qk-norm", "cohere2": "cohere2", "olmoe": "olmoe", "granitemoe": "granitemoe",
-               "ernie4_5": "ernie4_5", "glm4_moe": "glm4_moe"}
+               "ernie4_5": "ernie4_5", "glm4_moe": "glm4_moe", "longformer": "longformer-mlm",
+               "big_bird": "big_bird-mlm", "bigbird_pegasus": "bigbird_pegasus",
+               "phimoe": "phimoe", "qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_5",
+               "qwen3_5_moe_text": "qwen3_5_moe"}
 # Changed string values: another valid choice where the key has choices, so the change means something.
 OTHER_STRING = {"gelu": "relu", "relu": "gelu", "silu": "gelu", "gelu_new": "relu", "gelu_pytorch_tanh": "silu",
                 "float32": "bfloat16", "gated-gelu": "relu", "absolute": "relative_key", "uni": "bi",
@@ -110,6 +113,12 @@ def _torch_logits(arch: str, hf: dict, source, folder, ids, encoder_decoder: boo
 # Model types whose keys another entry covers: a multimodal Llama 4 file's text_config is llama4_text's, read by
 # the same code (and its load is tested in test_family_tree.py); its own keys are the vision tower's.
 COVERED_BY = {"llama4": "llama4_text"}
+# Kimi K2.5's file: its text_config is deepseek_v3's (tests/test_phimoe_kimi.py loads it)
+COVERED_BY["kimi_k25"] = "deepseek_v3"
+# Gemma 4's multimodal file: its text_config is gemma4_text's (tests/test_gemma4.py loads it); the rest the towers'
+COVERED_BY["gemma4"] = "gemma4_text"
+# Qwen3.5's multimodal files: their text_config is qwen3_5_text's / qwen3_5_moe_text's (tests/test_qwen3_next.py)
+COVERED_BY.update(qwen3_5="qwen3_5_text", qwen3_5_moe="qwen3_5_moe_text")
 
 
 @pytest.mark.parametrize("model_type", sorted(CHECKPOINTS))
@@ -154,8 +163,9 @@ MODELING = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra":
             "deberta": "deberta", "deberta-v2": "deberta_v2", "gpt2": "gpt2", "llama": "llama", "mistral": "mistral",
             "qwen2": "qwen2", "mixtral": "mixtral", "deepseek_v2": "deepseek_v2", "deepseek_v3": "deepseek_v3",
             "gemma2": "gemma2", "deepseek_v32": "deepseek_v32", "gpt_oss": "gpt_oss", "llama4_text": "llama4",
-            "gemma3_text": "gemma3", "t5": "t5", "mt5": "mt5", "umt5": "umt5", "mpnet": "mpnet", "bart": "bart", "mbart": "mbart", "m2m_100": "m2m_100", "t5gemma": "t5gemma",
-            "marian": "marian", "pegasus": "pegasus", "xlnet": "xlnet"}
+            "gemma3_text": "gemma3", "gemma4_text": "gemma4", "t5": "t5", "mt5": "mt5", "umt5": "umt5", "mpnet": "mpnet", "bart": "bart", "mbart": "mbart", "m2m_100": "m2m_100", "t5gemma": "t5gemma",
+            "marian": "marian", "pegasus": "pegasus", "xlnet": "xlnet", "longformer": "longformer",
+            "big_bird": "big_bird"}
 
 
 def test_keys_said_never_read_are_not_read_by_transformers():

@@ -117,6 +117,9 @@ OLD_PRESET_TARGETS = {
     "ernie-4.5-0.3b": ("ernie4_5", "Ernie4_5ForCausalLM"),
     "glm-4.5": ("glm4_moe", "Glm4MoeForCausalLM"),
     "glm-4.5-air": ("glm4_moe", "Glm4MoeForCausalLM"),
+    "qwen3-next-80b-a3b": ("qwen3_next", "Qwen3NextForCausalLM"),
+    "qwen3.5-9b": ("qwen3_5_text", "Qwen3_5ForCausalLM"),
+    "qwen3.5-35b-a3b": ("qwen3_next", "Qwen3NextForCausalLM"),  # (its layers are Qwen3-Next's; see qwen3_5_moe)
     "stablelm-3b-4e1t": ("stablelm", "StableLmForCausalLM"),
     "stablelm-2-1.6b": ("stablelm", "StableLmForCausalLM"),
     "stablelm-2-12b": ("stablelm", "StableLmForCausalLM"),
@@ -129,15 +132,27 @@ OLD_PRESET_TARGETS = {
     "opt-125m": ("opt", "OPTForCausalLM"),
     "opt-1.3b": ("opt", "OPTForCausalLM"),
     "opt-6.7b": ("opt", "OPTForCausalLM"),
+    # added with their architecture (issue 50 row 7)
+    "longformer-base-4096": ("longformer", "LongformerModel"),
+    "longformer-large-4096": ("longformer", "LongformerModel"),
+    "bigbird-roberta-base": ("big_bird", "BigBirdModel"),
+    "bigbird-roberta-large": ("big_bird", "BigBirdModel"),
+    "bigbird-pegasus-large-arxiv": ("bigbird_pegasus", "BigBirdPegasusForConditionalGeneration"),
+    # added with their architectures (issue 50: Phi-3.5-MoE; Kimi K2.5's text model, written as DeepSeek-V3)
+    "phi-3.5-moe": ("phimoe", "PhimoeForCausalLM"),
+    "kimi-k2.5": ("deepseek_v3", "DeepseekV3ForCausalLM"),
     "deepseek-v2-lite": ("deepseek_v2", "DeepseekV2ForCausalLM"),
     "deepseek-v3": ("deepseek_v3", "DeepseekV3ForCausalLM"),
     "deepseek-v3.2": ("deepseek_v32", "DeepseekV32ForCausalLM"),
+    "glm-5": ("glm_moe_dsa", "GlmMoeDsaForCausalLM"),  # added with its architecture (issue 50 row 5)
     "gemma-2-2b": ("gemma2", "Gemma2ForCausalLM"),
     "gemma-2-9b": ("gemma2", "Gemma2ForCausalLM"),
     "gemma-3-1b": ("gemma3_text", "Gemma3ForCausalLM"),
     "gemma-3-4b": ("gemma3_text", "Gemma3ForCausalLM"),
     "t5gemma-2b-2b": ("t5gemma", "T5GemmaForConditionalGeneration"),
     "embeddinggemma-300m": ("gemma3_text", "Gemma3TextModel"),
+    # added with their architecture (issue 50: Gemma 4's text models)
+    **dict.fromkeys(("gemma-4-e2b", "gemma-4-e4b", "gemma-4-31b"), ("gemma4_text", "Gemma4ForCausalLM")),
     "transformer-xl": None,
     "transformer-xl-large": None,
     "xlnet-base-cased": ("xlnet", "XLNetLMHeadModel"),
@@ -242,6 +257,7 @@ OLD_CHECKPOINT_TARGETS = {
     "deepseek-v3-yarn": _twice("deepseek_v3", "DeepseekV3ForCausalLM"),
     "deepseek-v3-base": _twice("deepseek_v3", "DeepseekV3Model"),
     "deepseek-v32": _twice("deepseek_v32", "DeepseekV32ForCausalLM"),
+    "glm_moe_dsa": _twice("glm_moe_dsa", "GlmMoeDsaForCausalLM"),
     "t5": _twice("t5", "T5ForConditionalGeneration"),
     "t5-v1_1": _twice("t5", "T5ForConditionalGeneration"),
     "t5-encoder": _twice("t5", "T5EncoderModel"),
@@ -270,6 +286,7 @@ OLD_CHECKPOINT_TARGETS = {
     "gemma2": _twice("gemma2", "Gemma2ForCausalLM"),
     "gemma3": _twice("gemma3_text", "Gemma3ForCausalLM"),
     "gemma3-base": _twice("gemma3_text", "Gemma3TextModel"),
+    "gemma4": _twice("gemma4_text", "Gemma4ForCausalLM"),
     "embeddinggemma": _twice("gemma3_text", "Gemma3TextModel"),
     "t5gemma": _twice("t5gemma", "T5GemmaForConditionalGeneration"),
     "xlnet-tied-clamped": _twice("xlnet", "XLNetLMHeadModel"),
@@ -289,6 +306,14 @@ OLD_CHECKPOINT_TARGETS = {
     "ernie4_5-base": _twice("ernie4_5", "Ernie4_5Model"),
     "glm4_moe": _twice("glm4_moe", "Glm4MoeForCausalLM"),
     "glm4_moe-base": _twice("glm4_moe", "Glm4MoeModel"),
+    "phimoe": _twice("phimoe", "PhimoeForCausalLM"),
+    "phimoe-base": _twice("phimoe", "PhimoeModel"),
+    "qwen3_next": _twice("qwen3_next", "Qwen3NextForCausalLM"),
+    "qwen3_next-base": _twice("qwen3_next", "Qwen3NextModel"),
+    "qwen3_5": _twice("qwen3_5_text", "Qwen3_5ForCausalLM"),
+    # Qwen3.5-MoE's layers are Qwen3-Next's (renormalised experts): a fresh export is written as the first type
+    # that holds them, a model loaded from a Qwen3.5-MoE file as it came
+    "qwen3_5_moe": (("qwen3_next", "Qwen3NextForCausalLM"), ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM")),
     "smollm3-sliding": _twice("smollm3", "SmolLM3Model"),
     "stablelm": _twice("stablelm", "StableLmForCausalLM"),
     "stablelm-12b": _twice("stablelm", "StableLmForCausalLM"),
@@ -303,6 +328,19 @@ OLD_CHECKPOINT_TARGETS = {
     "cohere2": _twice("cohere2", "Cohere2ForCausalLM"),
     "opt": _twice("opt", "OPTForCausalLM"),
     "opt-base": _twice("opt", "OPTModel"),
+    "longformer": _twice("longformer", "LongformerModel"),
+    "longformer-mlm": _twice("longformer", "LongformerForMaskedLM"),
+    "longformer-seqcls": _twice("longformer", "LongformerForSequenceClassification"),
+    "longformer-tokcls": _twice("longformer", "LongformerForTokenClassification"),
+    "longformer-qa": _twice("longformer", "LongformerForQuestionAnswering"),
+    "big_bird": _twice("big_bird", "BigBirdModel"),
+    "big_bird-mlm": _twice("big_bird", "BigBirdForMaskedLM"),
+    "big_bird-pretraining": _twice("big_bird", "BigBirdForPreTraining"),
+    "big_bird-seqcls": _twice("big_bird", "BigBirdForSequenceClassification"),
+    "big_bird-tokcls": _twice("big_bird", "BigBirdForTokenClassification"),
+    "big_bird-qa": _twice("big_bird", "BigBirdForQuestionAnswering"),
+    "bigbird_pegasus": _twice("bigbird_pegasus", "BigBirdPegasusForConditionalGeneration"),
+    "bigbird_pegasus-base": _twice("bigbird_pegasus", "BigBirdPegasusModel"),
     "bart-seqcls": _twice("bart", "BartForSequenceClassification"),
     "bart-qa": _twice("bart", "BartForQuestionAnswering"),
     "mbart-seqcls": _twice("mbart", "MBartForSequenceClassification"),
@@ -439,3 +477,14 @@ def test_a_partial_rotary_decoder_is_written_as_phi3_only_when_loaded_from_one()
 
 def test_the_fields_no_file_says_are_config_fields():
     assert set(NOT_IN_FILES) <= set(jf.config("tiny-gpt").to_flat())
+
+
+def test_the_docs_table_of_model_types_is_the_registrys():
+    """docs/checkpoints-and-interop.md's "Which model types load" is generated from the registry, not written by
+    hand: a new architecture without ``python -m jaxformer.interop.registry`` fails here."""
+    from pathlib import Path
+
+    from jaxformer.interop.registry import TABLE_END, TABLE_START, model_types_table
+
+    page = (Path(__file__).parent.parent / "docs" / "checkpoints-and-interop.md").read_text()
+    assert page[page.index(TABLE_START) + len(TABLE_START):page.index(TABLE_END)].strip() == model_types_table()

@@ -11,13 +11,13 @@ import jax.numpy as jnp
 
 import jaxformer as jf
 from jaxformer import generate as gen
-from jaxformer.cache import RingKVCache, SplitKVCache, cache_numbers_per_token, windowed_layers
+from jaxformer.cache import HybridCache, RingKVCache, SplitKVCache, cache_numbers_per_token, windowed_layers
 
 TOL = 1e-5
 
 
 def _decoder_case(name, **changes):
-    return jf.config(name).replace(init_std=0.2, **changes)
+    return jf.config(name).replace(**{"init_std": 0.2, **changes})
 
 
 CACHE_CASES = {
@@ -31,6 +31,8 @@ CACHE_CASES = {
     "deepseek-mla": _decoder_case("tiny-deepseek"),  # latent cache: prefill expanded, steps absorbed
     # DeepSeek-V3.2: the indexer keeps 3 keys per query (its keys cached beside the latents)
     "deepseek-v32": _decoder_case("tiny-deepseek", index_heads=2, index_head_dim=16, index_topk=3),
+    # GLM-5: the same indexer rotating adjacent pairs of its rotary part (its cached keys in that order)
+    "glm-5": _decoder_case("tiny-deepseek", index_heads=2, index_head_dim=16, index_topk=3, index_rope_interleave=True),
     # gpt-oss: sinks in every softmax, sliding (window 2) and full layers, biased experts, the clamped SwiGLU
     "gpt-oss": _decoder_case("tiny-mixtral", attention="alternating", window_size=2, layer_types=("sliding", "full"),
                              attention_sinks=True, qkv_bias=True, out_bias=True, expert_bias=True,
@@ -53,6 +55,10 @@ CACHE_CASES = {
                                      attention="alternating", window_size=2, layer_types=("full", "sliding")),
     # OLMoE: q/k norms over the whole projection, softmax top-2 experts not renormalised
     "olmoe": _decoder_case("tiny-mixtral", qk_norm=True, qk_norm_span="projection", normalize_router_weights=False),
+    # Phi-3.5-MoE: the sparse mixer's two picks (a wide jitter eps), LayerNorms with biases, q/k/v/o and head biases
+    "phimoe": _decoder_case("tiny-mixtral", router_score="sparsemixer", normalize_router_weights=False,
+                            router_jitter_eps=0.2, norm="layernorm", norm_bias=True, qkv_bias=True, out_bias=True,
+                            lm_head_bias=True),
     # Command R7B with StableLM's and Command R+'s parts: one bias-free LayerNorm for attention and MLP side by
     # side, adjacent rotary pairs on half of each head of the sliding layer (window 2), a NoPE layer in full, each
     # head's own q/k norm, logits times 5 / 6
@@ -65,9 +71,26 @@ CACHE_CASES = {
     # counted from the attention mask
     "opt": _decoder_case("tiny-gpt", norm_position="post", final_norm=False, activation="relu", position_offset=2,
                          positions_from_mask=True),
+    # Qwen3-Next: Gated DeltaNet layers (chunks of 2, so prefill and the full pass cross chunks) around one gated
+    # attention layer each period, experts with a gated shared one; two periods of 4 scanned (every other step).
+    # Weights at std 0.05: at 0.2 the logits reach 6 and the two forms' float32 roundings differ by up to 3e-5
+    "qwen3-next": _decoder_case("tiny-mixtral", init_std=0.05, decoder_layers=8, linear_layers=(0, 1, 2, 4, 5, 6),
+                                linear_key_heads=2,
+                                linear_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6, linear_chunk=2,
+                                attention_gate=True, shared_experts=1, shared_expert_gate=True, expert_d_ff=32,
+                                norm_scale_offset=1.0, qk_norm=True),
     # Gemma: sliding and full layers with a window of 2, soft caps (2), Gemma 3's local rotary base; T5Gemma
     "gemma2": _decoder_case("tiny-gemma", window_size=2, attention_softcap=2.0, logits_softcap=3.0),
     "gemma3": _decoder_case("tiny-gemma3", window_size=2),
+    # Gemma 4's settings on Gemma 3's layers: per-layer inputs (a step reads its own tokens' rows), normed values,
+    # stored layer scalars, the full layer's proportional rotary turning half of each head
+    "gemma4": _decoder_case("tiny-gemma3", window_size=2, per_layer_input_size=8, v_norm=True,
+                            layer_output_scale=True, rope_proportion=0.5, norm_scale_offset=0.0),
+    # and its layer kinds: full layers with wider heads and fewer kv heads whose values are their keys, the last
+    # three layers reading layers 1 and 2's keys and values (their cache slices when cached) with a wider MLP
+    "gemma4-shared": _decoder_case("tiny-gemma3", window_size=2, v_norm=True, norm_scale_offset=0.0,
+                                   decoder_layers=6, layer_types=("sliding", "full") * 3, full_head_dim=32,
+                                   full_kv_heads=1, full_keys_as_values=True, kv_shared_layers=3, kv_shared_d_ff=96),
     "t5gemma": jf.config("tiny-t5gemma").replace(init_std=0.2, window_size=2, attention_softcap=2.0),
     "t5": jf.config("tiny-t5").replace(init_std=0.1),
     "transformer-2017": jf.config("tiny-transformer").replace(init_std=0.2),
@@ -103,13 +126,13 @@ def test_cache_equals_no_cache(case):
     step = jax.jit(lambda m, i, p, s: m.for_decode_loop().step(i, p, jnp.ones(i.shape, bool), s))
     # windowed layers: every other step through the stacked layers too (on CPU the loop runs them unstacked)
     stacked = jax.jit(lambda m, i, p, s: m.step(i, p, jnp.ones(i.shape, bool), s))
-    windowed = windowed_layers(cfg, cfg.decoder_layers)[1] is not None
+    windowed = windowed_layers(cfg, cfg.decoder_layers)[1] is not None or cfg.linear_attention is not None
     for t in range(prefill, T):
         logits, state = (stacked if windowed and t % 2 else step)(model, ids[:, t:t + 1], positions[:, t:t + 1], state)
         np.testing.assert_allclose(logits, full[:, t], atol=TOL, rtol=0, err_msg=f"{case} position {t}")
     assert int(state.kv.index) == T
     local, window = windowed_layers(cfg, cfg.decoder_layers)
-    full = state.kv.full if isinstance(state.kv, SplitKVCache) else None if all(local) else state.kv
+    full = state.kv.full if isinstance(state.kv, (SplitKVCache, HybridCache)) else None if all(local) else state.kv
     if full is not None:
         np.testing.assert_array_equal(full.positions, positions)
     if window is not None:  # the windowed layers kept their last `window` tokens only, T being several windows

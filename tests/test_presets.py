@@ -77,7 +77,10 @@ SHAPE = ("family", "d_model", "num_heads", "kv_heads", "head_dim_", "value_dim",
          "router_weights_on_input", "index_heads", "index_head_dim", "index_topk", "dense_layer_ids", "embedding_size",
          "shared_layers", "pooler_activation", "first_attn_norm", "head_bias", "mlm_bias", "disentangled_terms",
          "max_relative_positions", "position_buckets", "share_attention_key", "relative_embedding_norm",
-         "position_biased_input", "key_bias", "conv_kernel_size", "type_vocab_size")
+         "position_biased_input", "key_bias", "conv_kernel_size", "type_vocab_size", "linear_layers",
+         "linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel",
+         "attention_gate", "norm_scale_offset", "rotary_dim", "full_head_dim", "full_kv_heads", "full_keys_as_values",
+         "kv_shared_layers", "kv_shared_d_ff", "per_layer_input_size", "v_norm", "rope_proportion", "layer_output_scale")
 
 
 @pytest.mark.parametrize("name", sorted(HF_REFERENCE))
@@ -123,13 +126,19 @@ def test_2017_transformer_close_to_paper(name, paper):
 
 def test_info_prints_the_decode_cache_per_token_and_the_windowed_layers_bound(capsys):
     """Mistral's every layer is windowed (nothing grows with the length), Gemma 3 1B keeps 4 full layers of 26
-    (1 KV head of 256: 2 x 256 x 4 bytes each per token) and rings of 512 slots in the other 22."""
+    (1 KV head of 256: 2 x 256 x 4 bytes each per token) and rings of 512 slots in the other 22; Qwen3-Next's
+    linear layers a state whatever the length."""
     mistral, gemma3, gpt2 = (_info_json(capsys, name)["decode_cache"] for name in ("mistral-7b", "gemma-3-1b", "gpt2"))
     assert mistral["bytes_per_token"] == 0 and mistral["windowed_bytes_at_most"] == 32 * 4096 * 2 * 8 * 128 * 4
     assert gemma3["bytes_per_token"] == 4 * 2 * 256 * 4
     assert gemma3["windowed_bytes_at_most"] == 22 * 512 * 2 * 256 * 4
-    assert gpt2 == {"bytes_per_token": 12 * 2 * 768 * 4, "windowed_bytes_at_most": 0,
+    assert gpt2 == {"bytes_per_token": 12 * 2 * 768 * 4, "windowed_bytes_at_most": 0, "linear_state_bytes": 0,
                     "summary": "73,728 bytes per token (keys and values, float32)"}
+    # Qwen3-Next: keys and values in its 12 attention layers (2 kv heads of 256), a fixed state in the 36 linear ones
+    # (32 value heads' 128 x 128 float32 matrices, a window of 3 inputs over 2 x 16 x 128 + 32 x 128 channels)
+    qwen3_next = _info_json(capsys, "qwen3-next-80b-a3b")["decode_cache"]
+    assert qwen3_next["bytes_per_token"] == 12 * 2 * 2 * 256 * 4
+    assert qwen3_next["linear_state_bytes"] == 36 * (32 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 32 * 128) * 4)
     assert cli_main(["info", "gemma-3-1b"]) == 0
     assert "decode cache: 8,192 bytes per token" in capsys.readouterr().out
     assert "decode_cache" not in _info_json(capsys, "bert-base-uncased")

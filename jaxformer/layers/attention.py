@@ -227,18 +227,31 @@ class Attention(nnx.Module):
     - ``kv`` (k, v) [B, S, K, H]: precomputed keys/values (cross-attention to a fixed encoder output).
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, role: str = "attn"):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, role: str = "attn", own_keys: bool = True,
+                 keys_as_values: bool = False):
+        """``own_keys`` False: a Gemma 4 kv-shared layer, reading an earlier layer's keys and values (no k or v
+        weights); ``keys_as_values``: the values are the keys as projected (Gemma 4's full layers: no v weights)."""
         D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim_
         self.dtype, self.scale, self.softcap = dtype_of(cfg.dtype), cfg.scale, cfg.scores.softcap
         self.dropout_rate = cfg.attention_dropout_rate
+        self.own_keys, self.keys_as_values = own_keys, keys_as_values and own_keys
         projection(self, "q", cfg, rngs, (D, N, H), ("embed", "heads", "head_dim"), role=role)
-        projection(self, "k", cfg, rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), role=role)
-        projection(self, "v", cfg, rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), role=role)
+        if own_keys:
+            projection(self, "k", cfg, rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), role=role)
+        if own_keys and not keys_as_values:
+            projection(self, "v", cfg, rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), role=role)
         projection(self, "o", cfg, rngs, (N, H, D), ("heads", "head_dim", "embed"), inputs=2, role=role)
+        # Qwen3-Next: each head's output times sigmoid(x . w_gate), a gate the query projection computes beside it
+        if cfg.scores.output_gate and role == "attn":
+            projection(self, "gate", cfg, rngs, (D, N, H), ("embed", "heads", "head_dim"), role=role)
+        else:
+            self.gate = None
         if cfg.biases.qkv:
             self.q_bias = param(rngs, (N, H), ("heads", "head_dim"), cfg, init="zeros")
-            self.k_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros") if cfg.biases.key else None
-            self.v_bias = param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
+            self.k_bias = (param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
+                           if cfg.biases.key and own_keys else None)
+            self.v_bias = (param(rngs, (K, H), ("kv_heads", "head_dim"), cfg, init="zeros")
+                           if own_keys and not keys_as_values else None)
         else:
             self.q_bias = self.k_bias = self.v_bias = None
         self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.biases.out else None
@@ -255,6 +268,11 @@ class Attention(nnx.Module):
             qk_norm = lambda: Norm(cfg, rngs=rngs, width=H, axis="head_dim",  # noqa: E731
                                    scaled=cfg.query_key_norm.scale)
             self.q_norm, self.k_norm = (qk_norm(), qk_norm()) if cfg.query_key_norm is not None else (None, None)
+            if not own_keys:
+                self.k_norm = None
+        # Gemma 4: each value head normed too, without a learned scale
+        self.v_norm = (Norm(cfg, rngs=rngs, width=H, axis="head_dim", scaled=False)
+                       if cfg.query_key_norm is not None and cfg.query_key_norm.values and own_keys else None)
         self.sinks = param(rngs, (N,), ("heads",), cfg) if cfg.scores.sinks else None
 
     def _project(self, x: Array, name: str, bias: nnx.Param | None, key: Array | None = None) -> Array:
@@ -277,22 +295,38 @@ class Attention(nnx.Module):
         ``key`` drives LoRA dropout on the adapters' inputs."""
         keys = _lora_keys(key)
         k = checkpoint_name(self._project(source, "k", self.k_bias, keys[1]), "qkv")
-        v = checkpoint_name(self._project(source, "v", self.v_bias, keys[2]), "qkv")
-        return self._normed(self.k_norm, k, nope), v
+        # Gemma 4's full layers: the values are the keys as projected, before the key norm and rotary
+        v = k if self.keys_as_values else checkpoint_name(self._project(source, "v", self.v_bias, keys[2]), "qkv")
+        return self._normed(self.k_norm, k, nope), v if self.v_norm is None else self.v_norm(v)
 
     def __call__(self, x: Array, kv_input: Array | None = None, *, mask: Array, bias: Array | None = None,
                  rope: tuple[Array, Array] | None = None, cache: dict | None = None,
                  kv: tuple[Array, Array] | None = None, key: Array | None = None,
-                 output_attentions: bool = False, query_scale: Array | None = None, nope: Array | None = None
-                 ) -> tuple[Array, dict | None, Array | None]:
+                 output_attentions: bool = False, query_scale: Array | None = None, nope: Array | None = None,
+                 shared_kv: tuple | None = None, return_kv: bool = False) -> tuple[Array, dict | None, Array | None]:
+        """``shared_kv``: Gemma 4's kv-shared layers read an earlier layer's keys and values, normed and rotated:
+        (k, v) [B, S, K, H] in a full pass, or head-major (cache slice, this call's) pairs in a cached step.
+        ``return_kv``: return this call's keys and values [B, T, K, H] even without a cache (for such layers)."""
         q = checkpoint_name(self._project(x, "q", self.q_bias, _lora_keys(key)[0]), "qkv")
         q = self._normed(self.q_norm, q, nope)
         if query_scale is not None:  # a factor on the scores (per layer, or per token), on q alone: the cache keeps k
             q = q * query_scale.astype(q.dtype)
+        if shared_kv is not None:
+            q = q if rope is None else self._rotate(q, rope)
+            (k, v), sinks = shared_kv, None if self.sinks is None else self.sinks[...]
+            head_major = isinstance(k, tuple)
+            if isinstance(mask, kernels.FusedMask):
+                if (key is None or self.dropout_rate == 0.0) and not output_attentions and not head_major:
+                    out = kernels.attend(q, k, v, mask, bias, self.scale, self.softcap, sinks)
+                    return self._output(self._gated(out, x), key), None, None
+                mask = mask.dense
+            out, weights = _attend(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap,
+                                   output_attentions, head_major=head_major, sinks=sinks)
+            return self._output(self._gated(out, x), key), None, weights
         k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input, key, nope)
         if rope is not None:
             q, k = self._rotate(q, rope), self._rotate(k, rope)
-        new_kv = None
+        new_kv = {"k": k, "v": v} if return_kv and cache is None else None
         if cache is not None:  # this call's keys and values head-major [B, K, T, H], as the cache holds them
             new_kv = {"k": k.astype(cache["k"].dtype).transpose(0, 2, 1, 3),
                       "v": v.astype(cache["v"].dtype).transpose(0, 2, 1, 3)}
@@ -301,11 +335,18 @@ class Attention(nnx.Module):
         if isinstance(mask, kernels.FusedMask):  # full-sequence calls only: Stack gives none with a cache
             if (key is None or self.dropout_rate == 0.0) and not output_attentions:
                 out = kernels.attend(q, k, v, mask, bias, self.scale, self.softcap, sinks)
-                return self._output(out, key), new_kv, None
+                return self._output(self._gated(out, x), key), new_kv, None
             mask = mask.dense  # attention dropout and returned weights run on XLA
         out, weights = _attend(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap, output_attentions,
                                head_major=cache is not None, sinks=sinks)
-        return self._output(out, key), new_kv, weights
+        return self._output(self._gated(out, x), key), new_kv, weights
+
+    def _gated(self, out: Array, x: Array) -> Array:
+        """Each head's output [B, T, N, H] times its gate sigmoid(x . w_gate) (``attention_gate``), in the compute
+        dtype as transformers gates it."""
+        if self.gate is None:
+            return out
+        return out * jax.nn.sigmoid(project(self, "gate", x, "BTD,DNH->BTNH", self.dtype)).astype(out.dtype)
 
     def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:
         """Rotary positions on [B, T, N, H]: on the first ``rotary_dim`` numbers of each head, the rest passing
@@ -448,6 +489,118 @@ class DisentangledAttention(Attention):
         return self._output(out, key), None, weights
 
 
+@dataclasses.dataclass(frozen=True)
+class GlobalInputs:
+    """Longformer's global tokens in one call: which tokens are global [B, T] (bool) and the keys a global token
+    sees [B, 1, T, S] (every real key of its row, or of its document when rows are packed)."""
+
+    tokens: Array
+    visible: Array
+
+
+class GlobalAttention(Attention):
+    """Longformer's attention (Beltagy et al. 2020): a token attends to the keys its layer's pattern shows it (the
+    window of w either side) and to every global token, by the layer's q, k and v; a global token attends to
+    every key by its own projections (``q_global``, ``k_global``, ``v_global``) in a softmax of its own, and that
+    output replaces its windowed one. Written densely: both attentions run over the whole sequence under masks
+    and each query keeps its own. transformers' banded form scores the same keys with the same products, so the
+    numbers agree (to float rounding) at O(T^2) instead of O(T w) memory. Without global tokens in a call, the
+    layer is plain windowed attention."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, rngs=rngs)
+        D, N, K, H = cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_dim_
+        projection(self, "q_global", cfg, rngs, (D, N, H), ("embed", "heads", "head_dim"), role="attn")
+        projection(self, "k_global", cfg, rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), role="attn")
+        projection(self, "v_global", cfg, rngs, (D, K, H), ("embed", "kv_heads", "head_dim"), role="attn")
+        bias = lambda heads, axis: (param(rngs, (heads, H), (axis, "head_dim"), cfg, init="zeros")  # noqa: E731
+                                    if cfg.biases.qkv else None)
+        self.q_global_bias, self.v_global_bias = bias(N, "heads"), bias(K, "kv_heads")
+        self.k_global_bias = bias(K, "kv_heads") if cfg.biases.key else None
+
+    def __call__(self, x: Array, *, mask, global_tokens: GlobalInputs | None, key: Array | None = None,
+                 output_attentions: bool = False) -> tuple[Array, None, Array | None]:
+        keys = _lora_keys(key)
+        q = checkpoint_name(self._project(x, "q", self.q_bias, keys[0]), "qkv")
+        k, v = self.key_values(x, key)
+        if isinstance(mask, kernels.FusedMask):
+            mask = mask.dense
+        if global_tokens is None:
+            out, weights = _attend(q, k, v, mask, None, self.scale, self.dropout_rate, key, None, output_attentions)
+            return self._output(out, key), None, weights
+        is_global = global_tokens.tokens.astype(bool)
+        # every token also sees the global tokens (those it may see at all: real, of its document)
+        local_mask = mask | (global_tokens.visible & is_global[:, None, None, :])
+        out, weights = _attend(q, k, v, local_mask, None, self.scale, self.dropout_rate, key, None, output_attentions)
+        global_key = None if key is None else jax.random.fold_in(key, 3000)
+        qg = self._project(x, "q_global", self.q_global_bias)
+        kg, vg = self._project(x, "k_global", self.k_global_bias), self._project(x, "v_global", self.v_global_bias)
+        g_out, g_weights = _attend(qg, kg, vg, global_tokens.visible, None, self.scale, self.dropout_rate, global_key,
+                                   None, output_attentions)
+        out = jnp.where(is_global[:, :, None, None], g_out.astype(out.dtype), out)
+        if weights is not None:
+            weights = jnp.where(is_global[:, None, :, None], g_weights, weights)
+        return self._output(out, key), None, weights
+
+
+def block_sparse_copies(length: int, block: int, random_blocks: int) -> Array:
+    """How many times key s counts in query t's softmax under BigBird's block-sparse attention [T, T] (0: unseen),
+    for an input of ``length`` tokens cut into blocks of ``block`` (the last one filled up with padding, as
+    transformers pads the input to a multiple of the block). The first and last blocks see every key; every other
+    block sees its own block and its neighbours, the first and last blocks, and ``random_blocks`` blocks that
+    transformers draws as block 0 every time outside training (``_bigbird_block_rand_mask_with_head`` returns
+    zeros in eval), so block 0's keys count 1 + random_blocks times there. Computed in the program from iotas, not
+    held as a [T, T] constant."""
+    blocks = -(-length // block)
+    of = jnp.arange(length) // block
+    q, k = of[:, None], of[None, :]
+    global_query = (q == 0) | (q == blocks - 1)
+    seen = global_query | (k == 0) | (k == blocks - 1) | (jnp.abs(q - k) <= 1)
+    return seen.astype(jnp.int32) + jnp.where(~global_query & (k == 0), random_blocks, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSparseInputs:
+    """BigBird's block-sparse layout for one call: how many times each key counts in each query's softmax
+    [1, 1, T, T] (``block_sparse_copies``; 0: unseen) and which queries are real [B, T] (None: all)."""
+
+    copies: Array
+    valid: Array | None
+
+    @classmethod
+    def of(cls, length: int, block: int, random_blocks: int, valid: Array | None) -> BlockSparseInputs:
+        return cls(block_sparse_copies(length, block, random_blocks)[None, None], valid)
+
+
+class BlockSparseAttention(Attention):
+    """BigBird's block-sparse attention (Zaheer et al. 2020) as transformers evaluates it: global, window and random
+    blocks (``block_sparse_copies``), written as one dense masked softmax where a key that transformers' blocked
+    form gathers several times carries the log of its count as a bias (the same sum of exponentials). A padded
+    query's output is zero, as transformers multiplies it by the query mask, and no probability is dropped (its
+    block-sparse form has no attention dropout). Inputs no longer than the dense threshold (``sparse`` None)
+    attend densely, as transformers' 'original_full' fallback does. Returned probabilities are one copy's, as
+    transformers scatters them into its [B, N, T, T] map."""
+
+    def __call__(self, x: Array, *, mask, sparse: BlockSparseInputs | None, key: Array | None = None,
+                 output_attentions: bool = False) -> tuple[Array, None, Array | None]:
+        if sparse is None:
+            return super().__call__(x, mask=mask, key=key, output_attentions=output_attentions)
+        q = checkpoint_name(self._project(x, "q", self.q_bias, _lora_keys(key)[0]), "qkv")
+        k, v = self.key_values(x, key)
+        if isinstance(mask, kernels.FusedMask):
+            mask = mask.dense
+        copies = sparse.copies.astype(jnp.float32)
+        # log(count) on the scores: one copy's exponential times its count, as the blocked softmax sums them
+        bias = jnp.broadcast_to(jnp.log(jnp.maximum(copies, 1.0)), (1, q.shape[2], *copies.shape[2:]))
+        out, weights = _attend(q, k, v, mask & (sparse.copies > 0), bias, self.scale, 0.0, None, None,
+                               output_attentions)
+        if sparse.valid is not None:
+            out = out * sparse.valid[:, :, None, None].astype(out.dtype)
+        if weights is not None:
+            weights = weights / jnp.maximum(copies, 1.0)
+        return self._output(out, key), None, weights
+
+
 class IndexerParam(nnx.Param):
     """A weight of DeepSeek-V3.2's lightning indexer. Its choice of keys is discrete, so no gradient of the
     language-model loss reaches it (DeepSeek trains it apart, as transformers' forward runs it under
@@ -470,6 +623,7 @@ class Indexer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         D, Cq, H, Dh = cfg.d_model, cfg.latent.q_rank, cfg.indexer.heads, cfg.indexer.head_dim
         self.dtype, self.rotated, self.topk = dtype_of(cfg.dtype), cfg.latent.rope_head_dim, cfg.indexer.topk
+        self.rope_interleave = cfg.indexer.rope_interleave
         weight = lambda shape, axes, init="normal": IndexerParam(  # noqa: E731
             param(rngs, shape, axes, cfg, init=init).get_value(), axes=axes)
         self.wq = weight((Cq, H, Dh), ("latent", "index_heads", "index_head_dim"))
@@ -479,8 +633,13 @@ class Indexer(nnx.Module):
         self.wproj = weight((D, H), ("embed", "index_heads"))
 
     def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:
+        """GLM-5's adjacent pairs (``rope_interleave``) as LatentAttention turns them into halves: even
+        coordinates first, then odd; queries and keys share the order, so the scores do not change."""
         R = self.rotated
-        return jnp.concatenate([apply_rope(x[..., :R], *rope), x[..., R:]], axis=-1)
+        rotary = x[..., :R]
+        if self.rope_interleave:
+            rotary = jnp.concatenate([rotary[..., 0::2], rotary[..., 1::2]], axis=-1)
+        return jnp.concatenate([apply_rope(rotary, *rope), x[..., R:]], axis=-1)
 
     def keys(self, x: Array, rope: tuple[Array, Array]) -> Array:
         """[B, T, index_head_dim]: what a cache keeps per token."""

@@ -114,6 +114,9 @@ def route(cfg: ModelConfig, logits: Array, bias: Array | None) -> Routing:
     """
     E, k = cfg.experts.count, cfg.experts.per_token
     logits = logits.astype(jnp.float32)
+    if cfg.experts.router_score == "sparsemixer":  # (its balancing loss reads the plain softmax, as PhiMoE's does)
+        experts, weights = sparsemixer(logits, cfg.experts.jitter_eps)
+        return Routing(experts, weights * cfg.experts.routed_scaling, jax.nn.softmax(logits, axis=-1))
     scores = jax.nn.softmax(logits, axis=-1) if cfg.experts.router_score == "softmax" else jax.nn.sigmoid(logits)
     choice = scores if bias is None else scores + bias.astype(jnp.float32)
     if cfg.experts.router_groups > 1:
@@ -130,6 +133,28 @@ def route(cfg: ModelConfig, logits: Array, bias: Array | None) -> Routing:
     if cfg.experts.normalize_weights:
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
     return Routing(experts, weights * cfg.experts.routed_scaling, scores)
+
+
+def sparsemixer(logits: Array, eps: float) -> tuple[Array, Array]:
+    """PhiMoE's two experts per token from router logits [..., E] (SparseMixer, Liu et al. 2024) as transformers
+    evaluates them: the best expert, weighted by its share of a softmax over the experts whose logits lie near the
+    best, (best - logit) / max(|logit|, best) <= 2 ``eps``; then the best of the others the same way, the first
+    left out. Returns the experts [..., 2] and their weights [..., 2]. (Training samples each pick instead, with
+    Gumbel noise, and rescales its gradient by Heun's third-order rule: not modelled, so a fine-tune routes as
+    evaluation does, with the plain gradient of these weights.)"""
+
+    def pick(scores: Array) -> tuple[Array, Array]:
+        best = jnp.max(scores, axis=-1, keepdims=True)
+        chosen = jnp.argmax(scores, axis=-1)[..., None]
+        # measured against the unmasked logits in both picks, as transformers does
+        far = jax.lax.stop_gradient((best - logits) / jnp.maximum(jnp.abs(logits), best) > 2 * eps)
+        gates = jax.nn.softmax(jnp.where(far, -jnp.inf, scores), axis=-1)
+        return chosen, jnp.take_along_axis(gates, chosen, axis=-1)
+
+    first, first_weight = pick(logits)
+    taken = jax.nn.one_hot(first[..., 0], logits.shape[-1], dtype=bool)
+    second, second_weight = pick(jnp.where(taken, -jnp.inf, logits))
+    return jnp.concatenate([first, second], axis=-1), jnp.concatenate([first_weight, second_weight], axis=-1)
 
 
 # Rows per block of the grouped dispatch: large enough that each block's matmuls run near peak, small

@@ -54,6 +54,29 @@ class Embed(nnx.Module):
         return jnp.einsum("BTD,VD->BTV", x, self.table[...].astype(self.dtype))
 
 
+class PerLayerInputs(nnx.Module):
+    """Gemma 4's per-layer inputs [B, T, L, P]: each token's row of a second table (L x P numbers, times sqrt(P))
+    plus a projection of its embedding (times D^-1/2, each layer's P numbers normed), the sum times 2^-1/2,
+    as transformers' Gemma4TextModel computes them; layer i's block reads [:, :, i] (``Block.per_layer_mix``)."""
+
+    def __init__(self, cfg: ModelConfig, num_layers: int, *, rngs: nnx.Rngs):
+        self.layers, self.width, self.d_model = num_layers, cfg.embeddings.per_layer_width, cfg.d_model
+        vocab = cfg.embeddings.per_layer_vocab or cfg.vocab_size
+        self.table = Embed(vocab, cfg, rngs=rngs, axes=("vocab", "embedding"), width=num_layers * self.width)
+        self.projection = Dense(cfg, cfg.d_model, num_layers * self.width, ("embed", "embedding"), rngs=rngs,
+                                bias=False)
+        self.norm = Norm(cfg, rngs=rngs, width=self.width, axis="embedding")
+
+    def __call__(self, ids: Array, embedded: Array) -> Array:
+        """From the token ids [B, T] and their (scaled) embeddings [B, T, D]."""
+        shape = (*ids.shape, self.layers, self.width)
+        tokens = self.table(ids)
+        tokens = (tokens * jnp.asarray(math.sqrt(self.width), tokens.dtype)).reshape(shape)
+        projected = self.projection(embedded) * jnp.asarray(self.d_model ** -0.5, embedded.dtype)
+        projected = self.norm(projected.reshape(shape))
+        return (projected + tokens) * jnp.asarray(2 ** -0.5, projected.dtype)
+
+
 def sinusoids(positions: Array, d_model: int, layout: str = "transformer") -> Array:
     """Sinusoidal encodings [B, T, D] of positions [B, T]. ``transformer`` (the 2017 paper): PE[p, 2i] =
     sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same). ``fairseq`` (M2M-100, NLLB): the first D/2 numbers sin(p f_i),
@@ -123,6 +146,8 @@ def rope_frequencies(cfg: ModelConfig, long: bool = False) -> np.ndarray:
     exponents = np.arange(0, H, 2, dtype=np.float32) / np.float32(H)
     powers = (np.float32(cfg.rotary.theta) ** exponents).astype(np.float32)
     inv_freq = (1.0 / powers).astype(np.float32)
+    if cfg.rotary.proportion is not None:  # Gemma 4's proportional rotary: the later frequencies stand still
+        inv_freq[int(cfg.rotary.proportion * H // 2):] = 0.0
     s = cfg.rotary.scaling
     if s is None or s.kind == "dynamic":
         return inv_freq

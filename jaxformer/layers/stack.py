@@ -20,14 +20,16 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import EncoderKV, KVCache, LatentCache, LayerArrays, Memory, MemoryKV, SplitKVCache
-from jaxformer.layer_plan import LayerPlan, LayerSpec, Segment, layer_plan
+from jaxformer.cache import EncoderKV, HybridCache, KVCache, LatentCache, LayerArrays, Memory, MemoryKV, SplitKVCache
+from jaxformer.layer_plan import LayerPlan, LayerSpec, Segment, layer_config, layer_plan
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.attention import (Attention, DisentangledAttention, DisentangledInputs, LatentAttention,
                                         RelativeAttention, memory_visibility_mask, visibility_mask)
+from jaxformer.layers.attention import BlockSparseAttention, BlockSparseInputs, GlobalAttention, GlobalInputs
 from jaxformer.layers.convolution import SequenceConvolution
-from jaxformer.layers.core import Norm, dropout, param, split_key
+from jaxformer.layers.core import Buffer, Dense, Norm, activate, dropout, dtype_of, param, split_key
 from jaxformer.layers.feedforward import MLP, MoE, pooled_router_statistics
+from jaxformer.layers.linear_attention import GatedDeltaNet
 from jaxformer.layers.positions import (RelativeBias, RelativeEmbeddings, disentangled_index, distance_buckets,
                                         rope_tables, xl_distances, xl_encodings)
 from jaxformer.layers.pipeline import check_schedule, run_pipeline
@@ -40,7 +42,8 @@ Array = jax.Array
 # What a stack call is told about its tokens and what it attends to
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["positions", "valid", "prefix_lengths", "segments"],
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["positions", "valid", "prefix_lengths", "segments", "global_tokens"],
                    meta_fields=["indexed"])
 @dataclasses.dataclass(frozen=True)
 class Tokens:
@@ -56,6 +59,7 @@ class Tokens:
     prefix_lengths: Array | None = None
     indexed: bool = False
     segments: Array | None = None
+    global_tokens: Array | None = None  # Longformer: which tokens attend globally [B, T] (None: none)
 
 
 def packed_validity(valid: Array | None, segments: Array | None) -> Array | None:
@@ -83,7 +87,7 @@ class EncoderOutput:
 class StackOutput(NamedTuple):
     hidden: Array  # [B, T, D], after the final norm
     hidden_states: tuple[Array, ...] | None  # the input, then every layer's output (when collected)
-    cache: KVCache | SplitKVCache | LatentCache | None  # the cache with this call's keys and values written
+    cache: KVCache | SplitKVCache | HybridCache | LatentCache | None  # the cache with this call's writes
     router_stats: dict[str, Array] | None  # MoE layers' ``router_statistics``, each [L_moe, ...]
     memory: Memory | MemoryKV | None = None  # Transformer-XL: the segment memory rolled forward by this call
     attentions: tuple[Array, ...] | None = None  # per layer [B, N, T, S] self-attention probabilities (when collected)
@@ -132,6 +136,15 @@ class LayerInputs:
     # Llama 4: is this a layer without rotary positions (no query/key norm then): a Python bool where the plan
     # knows the layer, an array in a scanned body whose layers differ; None in a stack without such layers
     nope: Array | bool | None = None
+    valid: Array | None = None  # which of this call's tokens are real [B, T] (a linear layer zeroes the others)
+    segments: Array | None = None  # the packed documents of a full pass [B, T] (a linear layer restarts at each)
+    per_layer_input: Array | None = None  # Gemma 4: this layer's slice [B, T, P] of the per-layer inputs
+    # Gemma 4's kv-shared layers: the keys and values they read (``Attention``'s ``shared_kv``); and whether a layer
+    # returns its keys and values in a full pass too (a stack with such layers: the runner hands them on)
+    shared_kv: tuple | None = None
+    return_kv: bool = False
+    global_tokens: GlobalInputs | None = None  # Longformer's global tokens (a 'global' mixer reads them)
+    block_sparse: BlockSparseInputs | None = None  # BigBird's blocks (None: the 'block_sparse' mixer attends densely)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,7 +168,8 @@ class Block(nnx.Module):
     first layers keep a dense one). With ``sandwich_norm`` (Gemma 2/3) each sublayer's output is normed too
     before it joins the residual."""
 
-    _MIXERS = {"latent": LatentAttention, "xl": RelativeAttention, "disentangled": DisentangledAttention}
+    _MIXERS = {"latent": LatentAttention, "xl": RelativeAttention, "disentangled": DisentangledAttention,
+               "global": GlobalAttention, "linear": GatedDeltaNet, "block_sparse": BlockSparseAttention}
 
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
         cross_attention = spec.cross_attention
@@ -167,7 +181,11 @@ class Block(nnx.Module):
         # ModernBERT's first layer: the attention reads x as it comes (after the embedding norm)
         unnormed = spec.special == "unnormed attention" or self.output_norm
         self.attn_norm = None if unnormed else Norm(cfg, rngs=rngs)
-        self.attn = self._MIXERS.get(spec.mixer, Attention)(cfg, rngs=rngs)
+        if spec.mixer in self._MIXERS:
+            self.attn = self._MIXERS[spec.mixer](cfg, rngs=rngs)
+        else:  # (Gemma 4: a kv-shared layer has no key or value weights, a full layer's values may be its keys)
+            self.attn = Attention(cfg, rngs=rngs, own_keys=spec.kv_source is None,
+                                  keys_as_values=cfg.scores.full_keys_as_values and not spec.local)
         # UMT5: this layer's own relative-bias table, read at the buckets its stack computed (the direction is
         # the stack's, so ``bidirectional`` is unused here)
         per_layer = cfg.relative_bias is not None and cfg.relative_bias.per_layer
@@ -185,6 +203,17 @@ class Block(nnx.Module):
         outputs_normed = cfg.norms.sandwich or self.output_norm
         sandwich = lambda present=True: Norm(cfg, rngs=rngs) if outputs_normed and present else None  # noqa: E731
         self.attn_post_norm, self.cross_post_norm, self.mlp_post_norm = sandwich(), sandwich(cross_attention), sandwich()
+        # Gemma 4's per-layer inputs: the layer's own slice gates a projection of its output, normed, added back
+        width, self.activation = cfg.embeddings.per_layer_width, cfg.activation
+        self.per_layer_gate = (Dense(cfg, cfg.d_model, width, ("embed", "embedding"), rngs=rngs, bias=False)
+                               if width else None)
+        self.per_layer_projection = (Dense(cfg, width, cfg.d_model, ("embedding", "embed"), rngs=rngs, bias=False)
+                                     if width else None)
+        self.per_layer_norm = Norm(cfg, rngs=rngs) if width else None
+        # Gemma 4's layer_scalar: the layer's output times a stored number of its own (a buffer, as transformers
+        # keeps it: part of the checkpoint, never trained)
+        self.output_scale = (Buffer(jnp.ones((), dtype_of(cfg.param_dtype)), axes=())
+                             if cfg.layer_output_scale else None)
 
     def __call__(self, x: Array, inputs: LayerInputs, key: Array | None = None
                  ) -> tuple[Array, dict | None, dict | None, dict]:
@@ -208,6 +237,8 @@ class Block(nnx.Module):
                 x = self.in_range(x + drop(self.sandwiched(h, self.cross_post_norm), keys.cross_out))
             h, stats = self.feed_forward(self.sandwiched(x, self.mlp_norm), inputs, keys.mlp)
             x = self.in_range(x + drop(self.sandwiched(h, self.mlp_post_norm), keys.mlp_out))
+            if self.per_layer_gate is not None:
+                x = x + self.per_layer_mix(x, inputs.per_layer_input)
         else:  # the 2017 Transformer, BERT, BART: x = norm(x + f(x))
             h, new_kv, weights["self"] = self.self_attention(x, inputs, keys.attn)
             x = self.attn_norm(x + drop(h, keys.attn_out))
@@ -216,7 +247,14 @@ class Block(nnx.Module):
                 x = self.cross_norm(x + drop(h, keys.cross_out))
             h, stats = self.feed_forward(x, inputs, keys.mlp)
             x = self.mlp_norm(x + drop(h, keys.mlp_out))
+        if self.output_scale is not None:
+            x = x * self.output_scale[...].astype(x.dtype)
         return x, new_kv, stats, weights
+
+    def per_layer_mix(self, x: Array, per_layer_input: Array) -> Array:
+        """Gemma 4: norm(projection(act(gate(x)) * this layer's per-layer input)), what joins the stream."""
+        gated = activate(self.activation, self.per_layer_gate(x)) * per_layer_input.astype(x.dtype)
+        return self.per_layer_norm(self.per_layer_projection(gated))
 
     def scaled(self, h: Array) -> Array:
         """A sublayer's output as it joins the residual: times ``residual_multiplier`` (Granite)."""
@@ -237,6 +275,8 @@ class Block(nnx.Module):
 
     def self_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None, Array | None]:
         weights = inputs.output_attentions
+        if isinstance(self.attn, GatedDeltaNet):  # no attention probabilities to return
+            return self.attn(h, valid=inputs.valid, cache=inputs.cache, segments=inputs.segments, key=key)
         if isinstance(self.attn, RelativeAttention):
             memory = inputs.memory
             if memory is not None and "hidden" in memory and self.pre_norm:  # layer inputs: normed like this call's
@@ -245,6 +285,11 @@ class Block(nnx.Module):
                              output_attentions=weights)
         if isinstance(self.attn, DisentangledAttention):
             return self.attn(h, mask=inputs.mask, relative=inputs.relative, key=key, output_attentions=weights)
+        if isinstance(self.attn, BlockSparseAttention):
+            return self.attn(h, mask=inputs.mask, sparse=inputs.block_sparse, key=key, output_attentions=weights)
+        if isinstance(self.attn, GlobalAttention):
+            return self.attn(h, mask=inputs.mask, global_tokens=inputs.global_tokens, key=key,
+                             output_attentions=weights)
         # GPT-2's per-layer factor, Llama 4's NoPE layers; the config allows them on standard attention only
         scaled = {} if inputs.query_scale is None else {"query_scale": inputs.query_scale}
         if inputs.nope is not None:
@@ -252,6 +297,10 @@ class Block(nnx.Module):
         bias = inputs.bias  # (UMT5: the buckets, each (cache, own) part looked up in this layer's table)
         if self.relative_bias is not None:
             bias = jax.tree.map(self.relative_bias.lookup, bias)
+        if inputs.shared_kv is not None:  # (Gemma 4: standard attention alone reads or hands on keys and values)
+            scaled["shared_kv"] = inputs.shared_kv
+        if inputs.return_kv:
+            scaled["return_kv"] = True
         return self.attn(h, mask=inputs.mask, bias=bias, rope=inputs.rope, cache=inputs.cache, key=key,
                          output_attentions=weights, **scaled)
 
@@ -275,6 +324,8 @@ def stacked_blocks(cfg: ModelConfig, num_layers: int, spec: LayerSpec, *, rngs: 
     The parameter layout is the same whether the forward pass scans or unrolls, so checkpoints do
     not depend on ``scan_layers``.
     """
+
+    cfg = layer_config(cfg, spec)  # (Gemma 4's full and kv-shared layers: their own head and MLP sizes)
 
     @nnx.split_rngs(splits=num_layers)
     @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: axis, "axes": axis})
@@ -320,12 +371,25 @@ def _with_kind(extra: dict, spec: LayerSpec, nope_layers: bool) -> dict:
     return dict(extra, local=spec.local, nope=spec.nope if nope_layers else None)
 
 
+def _by_field(parts: list[dict | None], join: Callable) -> dict | None:
+    """Each field of the layers' outputs joined over the layers that return it (not None), in layer order:
+    attention layers return new states {"k", "v"} and linear ones {"conv", "state"}, each kind's cache taking
+    its own fields; a linear layer has no attention probabilities to return."""
+    names = dict.fromkeys(name for part in parts if part is not None for name in part)
+    joined = {name: [part[name] for part in parts if part is not None and part.get(name) is not None]
+              for name in names}
+    return {name: join(*values) if values else None for name, values in joined.items()} or None
+
+
 def _stacked_outputs(outs: list[LayerOutput]) -> LayerOutput:
-    """Per-layer outputs stacked on a new axis 0; the router statistics of the layers that have them."""
+    """Per-layer outputs stacked on a new axis 0; the router statistics and new states of the layers that
+    have them."""
     stack = lambda *xs: jnp.stack(xs)  # noqa: E731
     stats = [out.router_stats for out in outs if out.router_stats is not None]
-    fields = jax.tree.map(stack, *[out._replace(router_stats=None) for out in outs])
-    return fields._replace(router_stats=jax.tree.map(stack, *stats) if stats else None)
+    fields = jax.tree.map(stack, *[out._replace(router_stats=None, new_kv=None, weights=None) for out in outs])
+    return fields._replace(router_stats=jax.tree.map(stack, *stats) if stats else None,
+                           new_kv=_by_field([out.new_kv for out in outs], stack),
+                           weights=_by_field([out.weights for out in outs], stack))
 
 
 def _joined(parts: list[LayerOutput]) -> LayerOutput:
@@ -334,9 +398,10 @@ def _joined(parts: list[LayerOutput]) -> LayerOutput:
         return parts[0]
     join = lambda *xs: jnp.concatenate(xs)  # noqa: E731
     stats = [part.router_stats for part in parts if part.router_stats is not None]
-    fields = jax.tree.map(join, *[part._replace(router_stats=None) for part in parts])
+    fields = jax.tree.map(join, *[part._replace(router_stats=None, new_kv=None, weights=None) for part in parts])
     joined = (stats[0] if len(stats) == 1 else jax.tree.map(join, *stats)) if stats else None
-    return fields._replace(router_stats=joined)
+    return fields._replace(router_stats=joined, new_kv=_by_field([part.new_kv for part in parts], join),
+                           weights=_by_field([part.weights for part in parts], join))
 
 
 def _layer_of(blocks: Block | tuple[Block, ...], index: int) -> tuple[Any, Any]:
@@ -348,7 +413,7 @@ def _layer_of(blocks: Block | tuple[Block, ...], index: int) -> tuple[Any, Any]:
 
 
 def run_layers(plan: LayerPlan, groups: dict[str, Block | tuple[Block, ...]], x: Array, layer_fn: Callable,
-               per_layer: dict, cfg: ModelConfig, *, caches: dict[bool, dict] | None = None,
+               per_layer: dict, cfg: ModelConfig, *, caches: dict[str, dict] | None = None,
                segments: list[Segment] | None = None, after_first: Callable | None = None) -> tuple[Array, LayerOutput]:
     """The one layer runner: x through the layers of ``plan``, each ``x, out = layer_fn(block, x, extra)`` with
     its block from ``groups`` (the stack's block groups by name: stacked, or separate blocks from
@@ -359,7 +424,7 @@ def run_layers(plan: LayerPlan, groups: dict[str, Block | tuple[Block, ...]], x:
     parameters directly; a longer one (Llama 4 Maverick's dense and expert layers, the kinds of a split
     cache) has one compiled body of one period, each position a known layer, and the layers past its last
     whole period unrolled. Separate blocks and ``scan_layers=False`` unroll every layer. ``caches`` (a
-    ``SplitKVCache``'s layer arrays by kind) hands each layer its slice of its own kind's cache as
+    ``SplitKVCache``'s or ``HybridCache``'s layer arrays by kind) hands each layer its slice of its own kind's cache as
     ``extra["cache"]``. ``after_first`` maps the output of a segment that ends at layer 1 (DeBERTa's
     convolution). ``cfg.remat`` wraps each scanned body (unrolled: each layer) in ``jax.checkpoint``."""
     parts = []
@@ -383,8 +448,10 @@ def _remat(fn: Callable, cfg: ModelConfig, prevent_cse: bool, **kwargs) -> Calla
 
 
 def _cache_ranks(plan: LayerPlan) -> list[int]:
-    """Each layer's index in its own kind's cache (a split cache keeps the windowed layers' apart)."""
-    return [plan.local[:i].count(plan.local[i]) for i in range(len(plan))]
+    """Each layer's index in its own kind's cache (a split cache keeps the windowed layers' apart, a hybrid one
+    the linear layers' states)."""
+    kinds = [spec.cache for spec in plan.layers]
+    return [kinds[:i].count(kinds[i]) for i in range(len(kinds))]
 
 
 def _scan_layers(plan, segment, groups, x, layer_fn, per_layer, cfg, caches):
@@ -396,7 +463,7 @@ def _scan_layers(plan, segment, groups, x, layer_fn, per_layer, cfg, caches):
     extra = jax.tree.map(lambda a: a[start:end], per_layer)
     if caches is not None:
         rank = _cache_ranks(plan)[start]
-        extra["cache"] = jax.tree.map(lambda a: a[rank:rank + end - start], caches[specs[0].local])
+        extra["cache"] = jax.tree.map(lambda a: a[rank:rank + end - start], caches[specs[0].cache])
     known = plan.known and len({(spec.local, spec.nope) for spec in specs}) == 1
     nope_layers = per_layer.get("nope") is not None
     if known:
@@ -430,7 +497,7 @@ def _scan_whole_periods(plan, segment, periods, groups, x, layer_fn, per_layer, 
     split = {name: nnx.split(groups[name]) for name in dict.fromkeys(spec.group for spec in window)}
     first = {name: min(spec.index for spec in window if spec.group == name) for name in split}
     per_period = {name: sum(spec.group == name for spec in window) for name in split}
-    kinds = {kind: sum(spec.local == kind for spec in window) for kind in (False, True)}
+    kinds = {kind: sum(spec.cache == kind for spec in window) for kind in {spec.cache for spec in window}}
     nope_layers = per_layer.get("nope") is not None
     # a position whose layers differ in their flags across periods (Maverick's dense/expert period of 2 over its
     # chunked/full period of 4) reads them as arrays
@@ -457,7 +524,7 @@ def _scan_whole_periods(plan, segment, periods, groups, x, layer_fn, per_layer, 
             else:
                 layer_params = at(stacked, spec.index + p * per_period[spec.group])
                 extra = at(per_layer, start + p * period + j)
-                extra["cache"] = at(caches[spec.local], ranks[start + j] + p * kinds[spec.local])
+                extra["cache"] = at(caches[spec.cache], ranks[start + j] + p * kinds[spec.cache])
             if alike[j]:
                 extra = _with_kind(extra, spec, nope_layers)
             h, out = layer_fn(nnx.merge(graphdef, layer_params), constrain_activations(h), extra)
@@ -497,7 +564,7 @@ def _scan_periods(plan, segment, groups, x, layer_fn, per_layer, cfg, caches, *,
         if plan.known:
             extra = _with_kind(extra, spec, nope_layers)
         if caches is not None:
-            extra["cache"] = jax.tree.map(lambda a: a[ranks[i]], caches[spec.local])
+            extra["cache"] = jax.tree.map(lambda a: a[ranks[i]], caches[spec.cache])
         x, out = one_layer(*_layer_of(groups[spec.group], spec.index), x, extra)
         outs.append(out)
     if outs:
@@ -532,6 +599,13 @@ class Stack(nnx.Module):
             stacked_blocks(cfg, self.plan.count(name), self.plan.first_of(name), rngs=rngs, axis=axis)
             if self.plan.count(name) else None)
         self.dense_blocks = group("dense_blocks")
+        # Qwen3-Next's linear layers (the gated delta rule) between its attention layers: a group of their own
+        self.linear_blocks = group("linear_blocks")
+        # Gemma 4: full layers with attention of their own shape; the kv-shared layers of each kind (no key or value
+        # weights), run after the layers whose keys and values they read
+        self.full_blocks = group("full_blocks")
+        self.shared_blocks = group("shared_blocks")
+        self.shared_full_blocks = group("shared_full_blocks")
         # ModernBERT's first layer has no attention norm, DeBERTa's has a convolution beside it: a group of its own
         self.first_block = group("first_block")
         self.conv = SequenceConvolution(cfg, rngs=rngs) if cfg.conv is not None else None
@@ -553,7 +627,9 @@ class Stack(nnx.Module):
 
     def block_groups(self) -> dict[str, Block | tuple[Block, ...]]:
         """The block groups by the names the plan gives them (and the parameter paths keep)."""
-        groups = {"first_block": self.first_block, "dense_blocks": self.dense_blocks, "blocks": self.blocks}
+        groups = {"first_block": self.first_block, "dense_blocks": self.dense_blocks,
+                  "linear_blocks": self.linear_blocks, "blocks": self.blocks, "full_blocks": self.full_blocks,
+                  "shared_blocks": self.shared_blocks, "shared_full_blocks": self.shared_full_blocks}
         return {name: blocks for name, blocks in groups.items() if blocks is not None}
 
     def cross_key_values(self, encoder: EncoderOutput) -> EncoderKV:
@@ -582,34 +658,51 @@ class Stack(nnx.Module):
         copy.blocks = separate(self.blocks)
         if self.dense_blocks is not None:
             copy.dense_blocks = separate(self.dense_blocks)
+        if self.linear_blocks is not None:
+            copy.linear_blocks = separate(self.linear_blocks)
+        for name in ("full_blocks", "shared_blocks", "shared_full_blocks"):
+            if getattr(self, name) is not None:
+                setattr(copy, name, separate(getattr(self, name)))
         if self.first_block is not None:
             copy.first_block = separate(self.first_block)
         return copy
 
-    def __call__(self, x: Array, tokens: Tokens, *, cache: KVCache | SplitKVCache | LatentCache | None = None,
+    def __call__(self, x: Array, tokens: Tokens, *,
+                 cache: KVCache | SplitKVCache | HybridCache | LatentCache | None = None,
                  cross: EncoderOutput | EncoderKV | None = None, memory: Memory | MemoryKV | None = None,
                  token_types: Array | None = None, collect_hidden: bool = False, collect_attentions: bool = False,
-                 key: Array | None = None) -> StackOutput:
+                 key: Array | None = None, per_layer_inputs: Array | None = None) -> StackOutput:
         """Run the blocks over x [B, T, D] at ``tokens``. With a ``cache``, its slots are keys too,
         attended where they lie next to this call's own, and this call's keys and values are written
         into it once, after the layer loop. Transformer-XL's layers attend over their ``memory`` the same
         way, and each layer's input (or, for a ``MemoryKV``, its keys and values) is rolled into it after
         the loop (a model with ``memory_len`` starts an empty ``Memory`` when given none). Hidden states
         follow Hugging Face: the input, then every layer's output, the last one after the final norm;
-        ``collect_attentions`` returns each layer's attention probabilities too (never through a fused kernel)."""
+        ``collect_attentions`` returns each layer's attention probabilities too (never through a fused kernel).
+        ``per_layer_inputs`` [B, T, L, P]: Gemma 4's, each layer reading its own slice."""
         cfg = self.config
-        split = isinstance(cache, SplitKVCache)
+        split = isinstance(cache, (SplitKVCache, HybridCache))
         remember, keeps_kv = self._remembers(memory), isinstance(memory, MemoryKV)
         setup = functools.partial(self._layer_function, x.shape[1], cache=cache, memory=memory,
-                                  collect_hidden=collect_hidden, collect_attentions=collect_attentions)
+                                  collect_hidden=collect_hidden, collect_attentions=collect_attentions,
+                                  per_layer_inputs=per_layer_inputs)
         pipelined = self._pipelined(cache, memory, collect_hidden, collect_attentions)
         layer, per_layer, conv_key = setup(tokens, cross, token_types, key=key)
         segments = self.plan.segments(split)
+        # Gemma 4's kv-shared layers run after the layers whose keys and values they read
+        first_shared = next((i for i, spec in enumerate(self.plan.layers) if spec.kv_source is not None), None)
+        main = segments if first_shared is None else [seg for seg in segments if seg.start < first_shared]
         # DeBERTa v2: the convolution joins the first layer's output
         after_first = None if self.conv is None else (lambda out: self.conv(x, out, tokens.valid, conv_key))
+        caches = {kind: slots.layers() for kind, slots in cache.kinds().items()} if split else None
         out, outputs = run_layers(self.plan, self.block_groups(), x, layer, per_layer, cfg, after_first=after_first,
-                                  caches={kind: slots.layers() for kind, slots in cache.kinds().items()} if split
-                                  else None, segments=segments[:-1] if pipelined else segments)
+                                  caches=caches, segments=main[:-1] if pipelined else main)
+        if first_shared is not None:
+            read = self._shared_key_values(outputs.new_kv, cache, caches)
+            out, shared = run_layers(  # (each reads its kind's keys and values: its kind is known while tracing)
+                self.plan, self.block_groups(), out, lambda block, h, extra: layer(block, h, extra, read[extra["local"]]),
+                {**per_layer, "cache": None}, cfg, segments=[seg for seg in segments if seg.start >= first_shared])
+            outputs = _joined([outputs, shared])
         if pipelined:  # the main run, after any layers that run apart; nothing per layer to hand back
             out, stats = self._run_pipeline(out, tokens, cross, token_types, key, setup, segments[-1].start)
             hidden = new_kv = layer_inputs = None
@@ -633,6 +726,23 @@ class Stack(nnx.Module):
         return StackOutput(out, hidden_states, cache, stats, memory if remember else None,
                            per_layer_weights(weights["self"]), per_layer_weights(weights["cross"]))
 
+    def _shared_key_values(self, new_kv: dict, cache, caches: dict | None) -> dict[bool, tuple]:
+        """The keys and values Gemma 4's kv-shared layers read, by kind (local or not): those of the layer each kind
+        reads, as that layer attended over them: this call's [B, T, K, H] in a full pass; in a cached step its
+        cache slice and this call's, head-major, as (cache, own) pairs."""
+        layers, own_full = self.plan.layers, self.full_blocks is not None
+        read = {}
+        for j in sorted({spec.kv_source for spec in layers if spec.kv_source is not None}):
+            spec = layers[j]
+            field = "full_" if own_full and not spec.local else ""  # (a full layer of its own shape: fields apart)
+            rank = sum(other.kv_source is None and (not own_full or other.local == spec.local) for other in layers[:j])
+            k, v = new_kv[field + "k"][rank], new_kv[field + "v"][rank]
+            if cache is not None:
+                slots, at = (caches[spec.cache], _cache_ranks(self.plan)[j]) if caches is not None else (cache.layers(), j)
+                k, v = (slots["k"][at], k), (slots["v"][at], v)
+            read[spec.local] = (k, v)
+        return read
+
     def _remembers(self, memory: Memory | MemoryKV | None) -> bool:
         """Whether this call rolls Transformer-XL's segment memory forward."""
         return self.config.position == "xl" and (memory is not None or self.config.segment_memory > 0)
@@ -646,11 +756,16 @@ class Stack(nnx.Module):
         """Why this stack cannot run as a pipeline over a ``stage`` mesh axis (None: it can)."""
         cfg = self.config
         if any(spec.group != "blocks" for spec in self.plan.layers[self.plan.apart():]):
-            return "Llama 4 Maverick's dense layers interleave with its expert layers"
+            return ("its linear layers interleave with its attention layers" if self.linear_blocks is not None else
+                    "Llama 4 Maverick's dense layers interleave with its expert layers")
         if cfg.shared_layers:
             return "ALBERT shares one layer's parameters across the stack: there is nothing to split into stages"
         if self._remembers(None):
             return "Transformer-XL's segment memory keeps every layer's input, per row, across calls"
+        if cfg.embeddings.per_layer_width:
+            return "Gemma 4's per-layer inputs are computed for the whole batch, not per microbatch"
+        if cfg.scores.kv_shared_layers:
+            return "Gemma 4's kv-shared layers read keys and values that earlier layers hand on"
         return None
 
     def _pipelined(self, cache, memory, collect_hidden: bool, collect_attentions: bool) -> bool:
@@ -696,7 +811,8 @@ class Stack(nnx.Module):
 
     def _layer_function(self, length: int, tokens: Tokens, cross: EncoderOutput | EncoderKV | None,
                         token_types: Array | None, *, cache, memory, key: Array | None, collect_hidden: bool,
-                        collect_attentions: bool) -> tuple[Callable, dict, Array | None]:
+                        collect_attentions: bool, per_layer_inputs: Array | None = None
+                        ) -> tuple[Callable, dict, Array | None]:
         """What the layer loop runs for these ``length`` tokens: ``layer(block, h, extra)`` with the masks,
         rotary angles and relative inputs of ``tokens`` built once, the per-layer inputs ``extra`` [L, ...]
         (which layers are local, dropout keys, cache and memory slices) and DeBERTa's convolution's dropout
@@ -719,31 +835,51 @@ class Stack(nnx.Module):
             key, conv_key = split_key(key, 2)
         remember = self._remembers(memory)
         keeps_kv = isinstance(memory, MemoryKV)  # generation's memory rolls keys and values, not layer inputs
-        rope = rope_tables(cfg, tokens.positions) if cfg.position == "rope" else None
+        # (Gemma 4: the full layers' heads may have a width of their own, their table as wide)
+        full_width = cfg.scores.full_head_dim
+        rope = (rope_tables(cfg.replace(head_dim=full_width) if full_width else cfg, tokens.positions)
+                if cfg.position == "rope" else None)
         local_rope = None
         if cfg.rotary is not None and cfg.rotary.local_theta is not None:
             # Gemma 3: the sliding layers rotate by their own, unscaled base
-            local_cfg = cfg.replace(rope_theta=cfg.rotary.local_theta, rope_scaling=None)
+            local_cfg = cfg.replace(rope_theta=cfg.rotary.local_theta, rope_scaling=None, rope_proportion=None)
             local_rope = rope_tables(local_cfg, tokens.positions)
+        elif rope is not None and full_width:
+            local_rope = rope_tables(cfg, tokens.positions)
+        # Gemma 4: a stack with kv-shared layers hands its layers' keys and values on (a full layer of its own shape
+        # under fields of its own, as the split cache keeps them)
+        hands_on = any(spec.kv_source is not None for spec in self.plan.layers)
+        own_full = self.full_blocks is not None
         cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
-        split = isinstance(cache, SplitKVCache)
+        split = isinstance(cache, (SplitKVCache, HybridCache))
         per_layer = {
             # the plan's kind flags, for a scanned body whose layers differ in them (the runner hands a layer it
             # knows its flags as Python bools): which layers read the local mask (Gemma's sliding layers)
             "local": jnp.asarray(self.plan.local),
             "key": None if key is None else jax.random.split(key, self.num_layers),
             "cross_kv": cross_kv,
-            # a split cache's layers hold slices of two shapes: handed out by ``run_layers``
+            # a split (or hybrid) cache's layers hold slices of two shapes: handed out by ``run_layers``
             "cache": None if cache is None or split else cache.layers(),
             "memory": None if memory is None else memory.layers(),
             "query_scale": (jnp.asarray(1.0 / np.arange(1, self.num_layers + 1), jnp.float32)
                             if cfg.scores.inverse_layer_scale else None),
             # Llama 4: the layers without rotary positions
             "nope": jnp.asarray(self.plan.nope) if any(self.plan.nope) else None,
+            # Gemma 4: each layer's per-layer input [L, B, T, P]
+            "per_layer_input": None if per_layer_inputs is None else jnp.moveaxis(per_layer_inputs, 2, 0),
         }
         temperature = self._temperature(tokens, cache)
+        global_tokens = None
+        if tokens.global_tokens is not None:  # Longformer: what a global token sees is every real key (of its document)
+            segments = None if tokens.segments is None else (tokens.segments, tokens.segments)
+            global_tokens = GlobalInputs(tokens.global_tokens, visibility_mask(
+                "bidirectional", tokens.positions, tokens.positions, tokens.valid, segments=segments))
+        block_sparse, threshold = None, cfg.scores.sparse_threshold()
+        if threshold is not None and self.pattern == "bidirectional" and length > threshold:  # BigBird's blocks
+            block_sparse = BlockSparseInputs.of(length, cfg.scores.sparse_block_size, cfg.scores.sparse_random_blocks,
+                                                tokens.valid)
 
-        def layer(block: Block, h: Array, extra: dict) -> tuple[Array, LayerOutput]:
+        def layer(block: Block, h: Array, extra: dict, shared_kv: tuple | None = None) -> tuple[Array, LayerOutput]:
             local, nope = extra["local"], extra["nope"]
             layer_mask = mask if local_mask is None else jax.tree.map(functools.partial(_pick, local), local_mask, mask)
             layer_rope = rope if local_rope is None else jax.tree.map(functools.partial(_pick, local), local_rope, rope)
@@ -761,9 +897,15 @@ class Stack(nnx.Module):
                                  # MoE load statistics count real tokens only
                                  token_mask=tokens.valid if cache is None else None,
                                  relative=relative if relative is not None else disentangled, memory=extra["memory"],
-                                 output_attentions=collect_attentions, query_scale=query_scale, nope=nope)
+                                 output_attentions=collect_attentions, query_scale=query_scale, nope=nope,
+                                 per_layer_input=extra["per_layer_input"], shared_kv=shared_kv,
+                                 return_kv=hands_on and shared_kv is None,
+                                 global_tokens=global_tokens, valid=tokens.valid, segments=tokens.segments,
+                                 block_sparse=block_sparse)
             h_in = h
             h, new_kv, stats, weights = block(h, inputs, extra["key"])
+            if own_full and new_kv is not None and local is False:
+                new_kv = {f"full_{name}": value for name, value in new_kv.items()}
             if relative is not None and not keeps_kv:
                 new_kv = None  # a hidden-state memory keeps the layer's input instead
             return h, LayerOutput(hidden=h if collect_hidden else None, router_stats=stats, new_kv=new_kv,
@@ -827,7 +969,8 @@ class Stack(nnx.Module):
             return visibility_mask(pattern, q, slots.positions, slots.valid, **shape), own
 
         # a split cache's windowed layers attend over their ring, the others over the full slots
-        full_slots, local_slots = (cache.full, cache.window) if isinstance(cache, SplitKVCache) else (cache, cache)
+        full_slots, local_slots = ((cache.full, cache.window) if isinstance(cache, SplitKVCache) else
+                                   (cache.full, cache.full) if isinstance(cache, HybridCache) else (cache, cache))
         mask, local_mask = masks(base_pattern, full_slots), masks(local_pattern, local_slots)
         bias = None
         if cfg.position == "relative" or (cfg.relative_bias is not None and cfg.position != "relative"):
