@@ -424,8 +424,8 @@ def run_layers(plan: LayerPlan, groups: dict[str, Block | tuple[Block, ...]], x:
     parameters directly; a longer one (Llama 4 Maverick's dense and expert layers, the kinds of a split
     cache) has one compiled body of one period, each position a known layer, and the layers past its last
     whole period unrolled. Separate blocks and ``scan_layers=False`` unroll every layer. ``caches`` (a
-    ``SplitKVCache``'s or ``HybridCache``'s layer arrays by kind) hands each layer its slice of its own kind's cache as
-    ``extra["cache"]``. ``after_first`` maps the output of a segment that ends at layer 1 (DeBERTa's
+    ``SplitKVCache``'s or ``HybridCache``'s layer arrays by kind) hands each layer its slice of its own kind's
+    cache as ``extra["cache"]``. ``after_first`` maps the output of a segment that ends at layer 1 (DeBERTa's
     convolution). ``cfg.remat`` wraps each scanned body (unrolled: each layer) in ``jax.checkpoint``."""
     parts = []
     for segment in plan.segments(caches is not None) if segments is None else segments:
@@ -699,9 +699,10 @@ class Stack(nnx.Module):
                                   caches=caches, segments=main[:-1] if pipelined else main)
         if first_shared is not None:
             read = self._shared_key_values(outputs.new_kv, cache, caches)
-            out, shared = run_layers(  # (each reads its kind's keys and values: its kind is known while tracing)
-                self.plan, self.block_groups(), out, lambda block, h, extra: layer(block, h, extra, read[extra["local"]]),
-                {**per_layer, "cache": None}, cfg, segments=[seg for seg in segments if seg.start >= first_shared])
+            # (each reads its kind's keys and values: its kind is known while tracing)
+            reading = lambda block, h, extra: layer(block, h, extra, read[extra["local"]])  # noqa: E731
+            out, shared = run_layers(self.plan, self.block_groups(), out, reading, {**per_layer, "cache": None}, cfg,
+                                     segments=[seg for seg in segments if seg.start >= first_shared])
             outputs = _joined([outputs, shared])
         if pipelined:  # the main run, after any layers that run apart; nothing per layer to hand back
             out, stats = self._run_pipeline(out, tokens, cross, token_types, key, setup, segments[-1].start)
@@ -738,7 +739,8 @@ class Stack(nnx.Module):
             rank = sum(other.kv_source is None and (not own_full or other.local == spec.local) for other in layers[:j])
             k, v = new_kv[field + "k"][rank], new_kv[field + "v"][rank]
             if cache is not None:
-                slots, at = (caches[spec.cache], _cache_ranks(self.plan)[j]) if caches is not None else (cache.layers(), j)
+                slots, at = ((caches[spec.cache], _cache_ranks(self.plan)[j]) if caches is not None
+                             else (cache.layers(), j))
                 k, v = (slots["k"][at], k), (slots["v"][at], v)
             read[spec.local] = (k, v)
         return read
