@@ -10,13 +10,14 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
-from jaxformer.layer_plan import dense_layers
+from jaxformer.layer_plan import GROUPS, stack_plans
 from jaxformer.layers import Buffer, RouterBias, logical_axes, param
 from conftest import TINY, tiny_config, tiny_model
 
 AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "unstaged_layers", "experts",
               "positions", "types", "buckets", "labels", "latent", "segments", "index_heads", "index_head_dim",
-              "embedding", "relative", "conv_width", "conv_in"}
+              "embedding", "relative", "conv_width", "conv_in", "conv_channels",
+              "scalar"}
 
 VARIANTS = {
     "untied-lm-head": ("tiny-gpt", dict(tie_embeddings=False)),
@@ -68,10 +69,16 @@ CASES = [pytest.param(name, {}, id=name) for name in TINY] + [
 def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
     """The length each logical axis name must have in a model of ``cfg``."""
     f = cfg.to_flat()  # every setting, an absent part's at its 'off' value
+    linear = cfg.linear_attention  # (Qwen3-Next's linear layers: key heads serving groups of value heads)
+    own = {k for k in (f["full_kv_heads"],) if k}, {d for d in (f["full_head_dim"],) if d}  # Gemma 4's full layers
     return {
-        "embed": {cfg.d_model}, "embed_out": {cfg.d_model}, "heads": {cfg.num_heads}, "kv_heads": {cfg.kv_heads},
-        "head_dim": {cfg.head_dim_} | ({cfg.head_dim_ + f["rope_head_dim"], cfg.value_dim} if cfg.mla else set()),
-        "mlp": {cfg.d_ff, cfg.expert_width, f["shared_experts"] * cfg.expert_width}, "vocab": {cfg.vocab_size},
+        "embed": {cfg.d_model}, "embed_out": {cfg.d_model},
+        "heads": {cfg.num_heads} | ({linear.value_heads} if linear else set()),
+        "kv_heads": {cfg.kv_heads} | ({linear.key_heads} if linear else set()) | own[0],
+        "head_dim": {cfg.head_dim_} | ({cfg.head_dim_ + f["rope_head_dim"], cfg.value_dim} if cfg.mla else set())
+        | ({linear.key_head_dim, linear.value_head_dim} if linear else set()) | own[1],
+        "mlp": {cfg.d_ff, cfg.expert_width, f["shared_experts"] * cfg.expert_width, f["kv_shared_d_ff"]},
+        "vocab": {cfg.vocab_size, f["per_layer_vocab_size"]},
         "experts": {f["num_experts"]},
         "latent": {f["kv_lora_rank"], f["q_lora_rank"], f["kv_lora_rank"] + f["rope_head_dim"]} if cfg.mla else set(),
         "positions": {cfg.max_positions + f["position_offset"]}, "types": {f["type_vocab_size"]},
@@ -79,21 +86,21 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
         "labels": {f["num_labels"], 2, 1},  # classifiers: num_labels; NSP and QA spans: 2; ELECTRA's discriminator: 1
         "segments": {2},  # XLNet's relative segment encodings: same segment, other segment
         "index_heads": {f["index_heads"]}, "index_head_dim": {f["index_head_dim"]},  # DeepSeek-V3.2's indexer
-        "embedding": {f["embedding_size"]},  # factorised embeddings (ALBERT, ELECTRA)
+        # factorised embeddings (ALBERT, ELECTRA); Gemma 4's per-layer inputs, one slice or every layer's
+        "embedding": {f["embedding_size"], f["per_layer_input_size"], f["per_layer_input_size"] * cfg.decoder_layers},
+        "scalar": {1},  # Gemma 4's stored per-layer output scale
         # DeBERTa: the relative-position table's rows, v2's convolution
-        "relative": {2 * cfg.disentangled.span(cfg.max_positions)} if cfg.disentangled else set(), "conv_width": {f["conv_kernel_size"]},
-        "conv_in": {cfg.d_model // f["conv_groups"]},
+        "relative": {2 * cfg.disentangled.span(cfg.max_positions)} if cfg.disentangled else set(),
+        "conv_width": {f["conv_kernel_size"]} | ({linear.conv_kernel} if linear else set()),
+        "conv_in": {cfg.d_model // f["conv_groups"]}, "conv_channels": {linear.conv_width} if linear else set(),
     }
 
 
 def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], object]]) -> None:
     """``flat``: parameter path -> (shape, axes metadata)."""
     sizes = _expected_sizes(cfg)
-    dense = len(dense_layers(cfg))
-    first = 0 if cfg.norms.first_attention and cfg.conv is None else 1  # ModernBERT's, DeBERTa v2's first layer
-    stack_layers = {("encoder", "blocks"): 1 if cfg.shared_layers else cfg.encoder_layers - first,
-                    ("encoder", "first_block"): first, ("decoder", "blocks"): cfg.decoder_layers - dense,
-                    ("decoder", "dense_blocks"): dense}
+    # each block group holds as many layers as the layer plan places in it (ALBERT's shared group: one)
+    stack_layers = {(stack, group): plan.count(group) for stack, plan in stack_plans(cfg).items() for group in GROUPS}
     assert flat, "no parameters found"
     for path, (shape, axes) in flat.items():
         where = "/".join(map(str, path))
@@ -101,11 +108,11 @@ def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], ob
         assert len(axes) == len(shape), f"{where}: shape {shape} but axes {axes}"
         assert set(axes) <= AXIS_NAMES, f"{where}: unknown axis names {set(axes) - AXIS_NAMES}"
         assert len(set(axes)) == len(axes), f"{where}: repeated axis name in {axes} (unshardable)"
-        stacked = "blocks" in path or "dense_blocks" in path or "first_block" in path
+        stacked = len(path) > 1 and path[1] in GROUPS
         if stacked:
-            # a stack's main run leads with 'layers' (pipeline stages split it); the layers run apart before
-            # it with 'unstaged_layers' (every stage keeps them whole)
-            leading = "layers" if "blocks" in path else "unstaged_layers"
+            # a stack's main run leads with 'layers' (pipeline stages split it); the other groups (layers run apart
+            # before it, or of shapes of their own) with 'unstaged_layers' (every stage keeps them whole)
+            leading = "layers" if path[1] == "blocks" else "unstaged_layers"
             assert axes[0] == leading, f"{where}: stacked block parameter must lead with {leading!r}, got {axes}"
             assert shape[0] == stack_layers[path[:2]], f"{where}: {shape[0]} layers in stack {path[:2]!r}"
         else:

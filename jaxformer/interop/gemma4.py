@@ -228,8 +228,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
 
 
 def _scalar(path, name) -> Rule:
-    """A layer's ``layer_scalar`` [1] <-> a scalar parameter."""
-    return Rule((path,), (name,), lambda t: [t[0].reshape(())], lambda p: [np.asarray(p[0]).reshape(1)])
+    """A layer's ``layer_scalar`` [1] <-> the layer's stored scale [1]."""
+    return Rule((path,), (name,), lambda t: [t[0].reshape(1)], lambda p: [np.asarray(p[0]).reshape(1)])
 
 
 def _block_rules(cfg: ModelConfig, S: tuple[str, ...], layer: str, own_keys: bool, keys_as_values: bool

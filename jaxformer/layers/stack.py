@@ -212,7 +212,7 @@ class Block(nnx.Module):
         self.per_layer_norm = Norm(cfg, rngs=rngs) if width else None
         # Gemma 4's layer_scalar: the layer's output times a stored number of its own (a buffer, as transformers
         # keeps it: part of the checkpoint, never trained)
-        self.output_scale = (Buffer(jnp.ones((), dtype_of(cfg.param_dtype)), axes=())
+        self.output_scale = (Buffer(jnp.ones((1,), dtype_of(cfg.param_dtype)), axes=("scalar",))
                              if cfg.layer_output_scale else None)
 
     def __call__(self, x: Array, inputs: LayerInputs, key: Array | None = None
