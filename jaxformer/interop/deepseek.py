@@ -43,16 +43,16 @@ DEFAULTS["deepseek_v32"] = {**{k: v for k, v in DEFAULTS["deepseek_v3"].items() 
                             "index_topk": 2048, "mlp_layer_types": None, "layer_types": None}
 
 
-def _v32_layers(hf: dict) -> int:
-    """V3.2's dense layers (its mlp_layer_types, or the first first_k_dense_replace), refusing dense layers
-    after expert ones and any attention but the indexed kind."""
+def indexed_dense_layers(hf: dict, model_type: str) -> int:
+    """The dense layers of DeepSeek sparse attention's files (V3.2, GLM-5: their mlp_layer_types, or the first
+    first_k_dense_replace), refusing dense layers after expert ones and any attention but the indexed kind."""
     layers, first = hf["num_hidden_layers"], hf["first_k_dense_replace"] or 0
     kinds = hf["mlp_layer_types"] or ["dense"] * min(first, layers) + ["sparse"] * (layers - min(first, layers))
     dense = [i for i, kind in enumerate(kinds) if kind == "dense"]
-    refuse(set(kinds) - {"dense", "sparse"} or dense != list(range(len(dense))), f"deepseek_v32: mlp_layer_types "
+    refuse(set(kinds) - {"dense", "sparse"} or dense != list(range(len(dense))), f"{model_type}: mlp_layer_types "
            f"{kinds} are supported as dense layers first, then sparse ones")
     attention = set(hf["layer_types"] or ["indexed_attention"])
-    refuse(attention != {"indexed_attention"}, f"deepseek_v32: layer_types {sorted(attention)} are not supported; "
+    refuse(attention != {"indexed_attention"}, f"{model_type}: layer_types {sorted(attention)} are not supported; "
            "expected 'indexed_attention'")
     return len(dense)
 
@@ -86,7 +86,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         indexer = dict(index_heads=hf["index_n_heads"], index_head_dim=hf["index_head_dim"],
                        index_topk=hf["index_topk"])
         hf.get("rope_interleave")  # read, and left: V3.2's class never reads it (its latent attention interleaves)
-    dense = _v32_layers(hf) if v32 else hf["first_k_dense_replace"] or 0
+    dense = indexed_dense_layers(hf, "deepseek_v32") if v32 else hf["first_k_dense_replace"] or 0
     return dict(
         **indexer,
         family="decoder", d_model=hf["hidden_size"], num_heads=heads, head_dim=hf["qk_nope_head_dim"],

@@ -52,20 +52,6 @@ def indexer_types(hf: dict) -> list[str]:
     return list(kinds)
 
 
-def dense_layer_count(hf: dict, model_type: str) -> int:
-    """The dense layers (``mlp_layer_types``, or the first ``first_k_dense_replace``), refusing dense layers after
-    expert ones and any attention but the indexed kind."""
-    layers, first = hf["num_hidden_layers"], hf["first_k_dense_replace"] or 0
-    kinds = hf["mlp_layer_types"] or ["dense"] * min(first, layers) + ["sparse"] * (layers - min(first, layers))
-    dense = [i for i, kind in enumerate(kinds) if kind == "dense"]
-    refuse(set(kinds) - {"dense", "sparse"} or dense != list(range(len(dense))), f"{model_type}: mlp_layer_types "
-           f"{kinds} are supported as dense layers first, then sparse ones")
-    attention = set(hf["layer_types"] or ["indexed_attention"])
-    refuse(attention != {"indexed_attention"}, f"{model_type}: layer_types {sorted(attention)} are not supported; "
-           "expected 'indexed_attention'")
-    return len(dense)
-
-
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     heads, kv_heads = hf["num_attention_heads"], hf["num_key_value_heads"]
     # latent attention gives every head its own key; transformers then repeats them heads // kv_heads times
@@ -94,7 +80,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         attention="causal", qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=hf["tie_word_embeddings"],
         head="none" if arch.endswith("Model") else "lm", attention_dropout_rate=hf["attention_dropout"],
         num_experts=experts, experts_per_token=hf["num_experts_per_tok"], expert_d_ff=hf["moe_intermediate_size"],
-        shared_experts=hf["n_shared_experts"] or 0, dense_layers=dense_layer_count(hf, model_type),
+        shared_experts=hf["n_shared_experts"] or 0, dense_layers=deepseek.indexed_dense_layers(hf, model_type),
         router_score="sigmoid", router_groups=hf["n_group"] or 1, router_topk_groups=hf["topk_group"] or 1,
         router_bias=True, normalize_router_weights=bool(hf["norm_topk_prob"]),
         routed_scaling=float(hf["routed_scaling_factor"]))
