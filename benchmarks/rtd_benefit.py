@@ -63,7 +63,7 @@ def main() -> None:
         batch, length = 16, 128
         ratio = train_flops_per_step(rtd_cfg, batch, length) / train_flops_per_step(mlm_cfg, batch, length)
         mlm_steps = round(args.steps * ratio)
-        mlm = _train(args.config, common + [
+        _train(args.config, common + [
             f"run.dir={root / 'mlm'}", "train.objective=mlm", "data.nsp=false", f"train.steps={mlm_steps}",
             f"eval.every={mlm_steps}", f"checkpoint.every={mlm_steps}"])
         model = run_config.load(str(ROOT / args.config)).model  # the scratch start: the same preset and overrides

@@ -645,7 +645,7 @@ def _round_of(count: int, run: _Drafting, carry: _DraftingCarry, looked_up: Arra
     Returns each row's count of drafts kept [B], the token it emits if it stops at each column [B, K + 1], the
     drafts [B, K], the target's and the assistant's states, whether every logit was finite, and how many drafts
     every unfinished row had (the acceptance the adaptive schedule learns from)."""
-    gc, B, K = run.gc, carry.pair.shape[0], run.gc.draft_tokens
+    B, K = carry.pair.shape[0], run.gc.draft_tokens
     q, a_state = None, carry.assistant_state
     if run.assistant is None:
         drafts, real = looked_up[:, :count], jnp.minimum(matches, count)

@@ -378,7 +378,7 @@ def test_the_command_line(tmp_path, capsys):
     source = write_jsonl(tmp_path / "a.jsonl", documents(10))
     assert cli.main(["tokenize", str(source), "--tokenizer", "bytes", "--out", str(tmp_path / "out"),
                      "--workers", "1"]) == 0
-    assert f"wrote 1 shards" in capsys.readouterr().out
+    assert "wrote 1 shards" in capsys.readouterr().out
     (tmp_path / "b.jsonl").write_text('{"text": "x"}\nnot json\n')
     assert cli.main(["tokenize", str(tmp_path / "b.jsonl"), "--tokenizer", "bytes", "--out", str(tmp_path / "out"),
                      "--workers", "1"]) == 2

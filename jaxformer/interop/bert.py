@@ -111,7 +111,7 @@ def mlm_head_rules(cfg: ModelConfig, transform: str, layer_norm: str, bias: str 
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
-    p, ln = prefix, _norm_bias(cfg)
+    p = prefix
     out = embedding_rules(cfg, p) + layer_rules(cfg, f"{p}encoder.layer.{{i}}")
     roberta_classifier = model_type in ROBERTA and cfg.head == "sequence_classification"
     # RoBERTa's classification head holds the pooler's dense layer (tanh after it, as BERT's)
