@@ -121,6 +121,16 @@ def test_packed_documents_each_start_from_a_zero_state():
         np.testing.assert_allclose(packed[at], np.asarray(model(document[None]).logits)[0], atol=1e-5, rtol=0)
 
 
+def test_a_wrapper_whose_text_config_ties_otherwise_is_refused():
+    """transformers ties a wrapper's head by the file's own tie_word_embeddings: a text_config saying otherwise
+    is refused (rules.text_model_from_hf, shared by the Llama 4, Gemma 4 and Qwen3.5 wrappers)."""
+    text = {**PUBLISHED, "model_type": "qwen3_5_text", "tie_word_embeddings": True}
+    wrapper = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+               "tie_word_embeddings": False, "text_config": text}
+    with pytest.raises(ValueError, match="qwen3_5: tie_word_embeddings differs between the file and its text_config"):
+        config_from_hf(wrapper)
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"attention_bias": True}, "qwen3_next: attention_bias=true is not supported"),
     ({"mlp_only_layers": [0]}, r"dense layers \[0\] .* beside linear-attention layers are not supported"),

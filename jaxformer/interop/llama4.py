@@ -28,7 +28,7 @@ import numpy as np
 from jaxformer.layer_plan import dense_layers, local_layers
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, linear, lm_head, refuse,
-                                     rope_from_hf, rope_to_hf, sub_config, with_defaults)
+                                     rope_from_hf, rope_to_hf, text_model_from_hf)
 
 CLASSES = {"llama4_text": ("Llama4TextModel", "Llama4ForCausalLM"), "llama4": ("Llama4ForConditionalGeneration",)}
 MULTIMODAL_PREFIX = "language_model."  # where Llama4ForConditionalGeneration keeps its Llama4ForCausalLM
@@ -64,13 +64,9 @@ def _layers(hf: dict) -> tuple[list[bool], list[str], list[int]]:
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-    if model_type == "llama4":  # the text model of a multimodal file, with its vocabulary and token ids
-        text = with_defaults(sub_config(hf, "text_config"), DEFAULTS["llama4_text"])
-        refuse(bool(hf["tie_word_embeddings"]) != bool(text["tie_word_embeddings"]), "llama4: tie_word_embeddings "
-               "differs between the file and its text_config")
-        ids = {k: text[k] for k in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")}
-        return {**config_from_hf(text, "llama4_text", "Llama4ForCausalLM", tensor_names),
-                **{k: v for k, v in ids.items() if v is not None}}
+    if model_type == "llama4":  # the text model of a multimodal file
+        return text_model_from_hf(hf, model_type, DEFAULTS["llama4_text"], lambda text: config_from_hf(
+            text, "llama4_text", "Llama4ForCausalLM", tensor_names))
     layers, heads = hf["num_hidden_layers"], hf["num_attention_heads"]
     rotary, kinds, moe = _layers(hf)
     chunk = hf["attention_chunk_size"]

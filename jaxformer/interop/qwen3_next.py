@@ -30,7 +30,8 @@ from jaxformer.model_config import ModelConfig
 from jaxformer.interop.llama import decoder_config, decoder_to_hf, gated_mlp_rules, norm_rules
 from jaxformer.interop.qwen import expert_rules
 from jaxformer.interop.rules import (Architecture, ConfigReader, Rule, copy, heads_in, heads_out, linear, lm_head,
-                                     partial_rope_from_hf, refuse, rope_to_hf, rotary_width, sub_config, with_defaults)
+                                     partial_rope_from_hf, refuse, rope_to_hf, rotary_width,
+                                     text_model_from_hf)
 
 CLASSES = {"qwen3_next": ("Qwen3NextModel", "Qwen3NextForCausalLM"),
            "qwen3_5_text": ("Qwen3_5TextModel", "Qwen3_5ForCausalLM"),
@@ -103,12 +104,8 @@ def _without_mrope(hf: dict) -> dict:
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     if model_type in WRAPPED:  # the text model of a multimodal file, with its vocabulary and token ids
         text_type = WRAPPED[model_type]
-        text = with_defaults(sub_config(hf, "text_config"), DEFAULTS[text_type])
-        refuse(bool(hf["tie_word_embeddings"]) != bool(text["tie_word_embeddings"]), f"{model_type}: "
-               "tie_word_embeddings differs between the file and its text_config")
-        ids = {k: text[k] for k in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")}
-        return {**config_from_hf(text, text_type, CLASSES[text_type][1], tensor_names),
-                **{k: v for k, v in ids.items() if v is not None}}
+        return text_model_from_hf(hf, model_type, DEFAULTS[text_type], lambda text: config_from_hf(
+            text, text_type, CLASSES[text_type][1], tensor_names))
     refuse(bool(hf["attention_bias"]), f"{model_type}: attention_bias=true is not supported (the query projection's "
            "bias would have to be split between queries and gates, which jaxformer's gate does not carry)")
     moe = model_type in MOE

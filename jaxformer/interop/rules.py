@@ -196,6 +196,19 @@ def with_defaults(hf: dict, defaults: dict) -> dict:
     return {**defaults, **hf}
 
 
+def text_model_from_hf(hf: dict, model_type: str, defaults: dict,
+                       read_text: Callable[[dict], dict[str, Any]]) -> dict[str, Any]:
+    """The fields of a multimodal file's text model (its ``text_config`` over the text config class's
+    ``defaults``, read by ``read_text``) with the file's vocabulary and token ids, which live in the text config.
+    The wrapper's own tie_word_embeddings is the one transformers ties by, so a text config that disagrees is
+    refused rather than read either way."""
+    text = with_defaults(sub_config(hf, "text_config"), defaults)
+    refuse(bool(hf["tie_word_embeddings"]) != bool(text["tie_word_embeddings"]), f"{model_type}: "
+           "tie_word_embeddings differs between the file and its text_config")
+    ids = {k: text[k] for k in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")}
+    return {**read_text(text), **{k: v for k, v in ids.items() if v is not None}}
+
+
 def labels_from_hf(hf: dict) -> tuple[int, tuple[str, ...]]:
     """(num_labels, label names) of a classifier's config.json: id2label's count and names (transformers'
     defaults, LABEL_0 ..., say nothing a label id does not, so they are dropped), else num_labels."""
