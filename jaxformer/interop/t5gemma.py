@@ -15,10 +15,13 @@ CLASSES = {"t5gemma": ("T5GemmaForConditionalGeneration", "T5GemmaModel")}
 _NORMS = {"attn_norm": "pre_self_attn_layernorm", "attn_post_norm": "post_self_attn_layernorm",
           "mlp_norm": "pre_feedforward_layernorm", "mlp_post_norm": "post_feedforward_layernorm"}
 _CROSS_NORMS = {"cross_norm": "pre_cross_attn_layernorm", "cross_post_norm": "post_cross_attn_layernorm"}
+# T5GemmaModuleConfig's token ids: T5GemmaConfig takes each id its file leaves out from the decoder's
+_DECODER_IDS = dict(pad_token_id=0, eos_token_id=1, bos_token_id=2)
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     encoder, decoder = sub_config(hf, "encoder"), sub_config(hf, "decoder")
+    ids = {key: with_defaults(decoder, _DECODER_IDS)[key] for key in _DECODER_IDS}  # (the top level's win)
     block = block_config(decoder, model_type)
     cross = decoder.get("cross_attention_hidden_size")
     refuse(cross not in (None, encoder["hidden_size"]), f"t5gemma: decoder.cross_attention_hidden_size={cross} "
@@ -35,7 +38,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 decoder_layers=decoder["num_hidden_layers"], **block,
                 logits_softcap=with_defaults(decoder, DEFAULTS[model_type])["final_logit_softcapping"],
                 shared_embeddings=False,
-                tie_embeddings=hf.get("tie_word_embeddings", True), decoder_start_token_id=decoder.get("bos_token_id"),
+                tie_embeddings=hf.get("tie_word_embeddings", True), decoder_start_token_id=ids["bos_token_id"], **ids,
                 dropout_rate=float(hf.get("dropout_rate") or 0.0),
                 head="lm" if arch == "T5GemmaForConditionalGeneration" else "none")
 
