@@ -11,6 +11,8 @@ segment memory) is a new type or field here, never a second forward pass.
   former and a ring of the latter.
 - ``LatentCache``: the same slots for multi-head latent attention, holding each token's compressed
   latent and shared rotary key instead of per-head keys and values.
+- ``CompressedCache``: DeepSeek-V4's, by layer kind: each layer's last window keys, its compressors' last blocks
+  of projected tokens and the compressed entry of every closed block.
 - ``Memory``: Transformer-XL's segment memory, every layer's input hidden states of the last M tokens;
   a bounded window that rolls forward with each call (training, evaluation, the public call).
 - ``MemoryKV``: the same window as generation carries it, the keys and values those hidden states
@@ -361,23 +363,24 @@ class HybridCache:
     The stack hands each layer its slice of its own kind's (``kinds``, keyed as the plan's ``LayerSpec.cache``).
     A recurrent state cannot be rewound past drafts a target rejected: drafting refuses these models."""
 
-    full: KVCache
+    full: KVCache | LatentCache  # (Kimi Linear's attention layers are latent attention's: a LatentCache)
     linear: LinearState
 
     @property
     def index(self) -> Array:
         return self.full.index
 
-    def kinds(self) -> dict[str, KVCache | LinearState]:
-        return {"full": self.full, "state": self.linear}
+    def kinds(self) -> dict[str, KVCache | LatentCache | LinearState]:
+        return {"latent" if isinstance(self.full, LatentCache) else "full": self.full, "state": self.linear}
 
     def check_room(self, count: int) -> None:
         self.full.check_room(count)
 
     def write(self, new: dict[str, Array], positions: Array, valid: Array) -> HybridCache:
-        """``new`` holds the attention layers' keys and values {"k", "v"} and the linear layers' states
-        {"conv", "state"}, each kind's layers in order."""
-        return dataclasses.replace(self, full=self.full.write({"k": new["k"], "v": new["v"]}, positions, valid),
+        """``new`` holds the attention layers' keys and values {"k", "v"} (or latents {"latent"}) and the linear
+        layers' states {"conv", "state"}, each kind's layers in order."""
+        attention = {name: new[name] for name in self.full.LAYER_FIELDS}
+        return dataclasses.replace(self, full=self.full.write(attention, positions, valid),
                                    linear=self.linear.write(new))
 
     def reorder(self, rows: Array) -> HybridCache:
@@ -385,6 +388,104 @@ class HybridCache:
 
     def per_layer(self) -> HybridCache:
         return dataclasses.replace(self, full=self.full.per_layer(), linear=self.linear.per_layer())
+
+
+class _KindSlots:
+    """One kind's arrays of a ``CompressedCache`` as the stack hands them out (``kinds``): ``layers()`` [L, ...]."""
+
+    def __init__(self, arrays: dict[str, Array]):
+        self.arrays = arrays
+
+    def layers(self) -> dict[str, Array]:
+        return self.arrays
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["by_kind", "positions", "valid", "index"],
+                   meta_fields=["length", "rates"])
+@dataclasses.dataclass(frozen=True)
+class CompressedCache:
+    """DeepSeek-V4's state (compressed attention), per layer kind ('sliding', 'sparse', 'heavy'; ``by_kind``: each
+    kind's arrays [L_kind, B, ...], in layer order). Every layer keeps its window's last ``window - 1`` keys
+    ``keys`` [.., W - 1, H] (its values too), oldest first, their positions and validity ``positions`` / ``valid``
+    [B, W - 1] shared by all. A compressed layer keeps its compressor's last ``copies * rate`` projected tokens and
+    gates ``kv_tail`` / ``gate_tail`` [.., copies * rate, copies * H] (the unfinished block; CSA's overlapping
+    entries read the block before it too) and every closed block's entry ``entries`` [.., length // rate, H] in
+    block order; a CSA layer keeps its indexer's the same way (``index_kv_tail``, ``index_gate_tail``,
+    ``index_entries`` of index_head_dim). How many blocks have closed follows from ``index`` (every row writes
+    each token), so no count is kept. Drafting refuses these models: a compressor's state is not rewound."""
+
+    by_kind: dict[str, dict[str, Array]]
+    positions: Array
+    valid: Array
+    index: Array
+    length: int
+    rates: tuple[tuple[str, int], ...]  # each compressed kind's block size, ("compressed_sparse", 4), ...
+
+    @classmethod
+    def empty(cls, cfg, batch: int, length: int, dtype) -> CompressedCache:
+        part, H = cfg.scores.compressed, cfg.head_dim_
+        kept = max(cfg.window_size - 1, 0)
+        kinds = {}
+        for kind in dict.fromkeys(part.layers):
+            L = part.layers.count(kind)
+            arrays = {"keys": jnp.zeros((L, batch, kept, H), dtype)}
+            widths = {"": H, "index_": part.index_head_dim} if kind == "sparse" else {"": H} if kind == "heavy" else {}
+            copies = 2 if kind == "sparse" else 1
+            for prefix, width in widths.items():
+                rate = part.rate(kind)
+                tail = (L, batch, copies * rate, copies * width)
+                arrays.update({f"{prefix}kv_tail": jnp.zeros(tail, dtype),
+                               f"{prefix}gate_tail": jnp.full(tail, -jnp.inf, dtype),  # (as ``Compressor.empty_tail``)
+                               f"{prefix}entries": jnp.zeros((L, batch, length // rate, width), dtype)})
+            kinds[f"compressed_{kind}"] = arrays
+        rates = tuple((f"compressed_{kind}", part.rate(kind)) for kind in ("sparse", "heavy"))
+        return cls(kinds, jnp.zeros((batch, kept), jnp.int32), jnp.zeros((batch, kept), bool), jnp.int32(0), length,
+                   rates)
+
+    def kinds(self) -> dict[str, _KindSlots]:
+        """Each kind's arrays, keyed as the plan's ``LayerSpec.cache`` ('compressed_sparse', ...), with the write
+        index as ``start`` (one per layer, so each layer's slice holds it)."""
+        return {kind: _KindSlots({**arrays, "start": jnp.full((arrays["keys"].shape[0],), self.index, jnp.int32)})
+                for kind, arrays in self.by_kind.items()}
+
+    def check_room(self, count: int) -> None:
+        if not isinstance(self.index, jax.core.Tracer) and int(self.index) + count > self.length:
+            raise ValueError(f"decoding {count} tokens at cache index {int(self.index)} overflows a cache of "
+                             f"{self.length} slots")
+
+    def write(self, new: dict[str, Array], positions: Array, valid: Array) -> CompressedCache:
+        """``new`` holds each layer's next window keys and compressor tails ({kind}_keys, ...: replacing the old) and
+        the entries of the blocks this call's T tokens may close ({kind}_entries [L, B, T // rate + 1, H]: those that
+        closed are written at their block numbers, the rest dropped)."""
+        T, rates = positions.shape[1], dict(self.rates)
+        kinds = {}
+        for kind, arrays in self.by_kind.items():
+            short = kind[len("compressed_"):]
+            kinds[kind] = {name: (self._entries(old, new[f"{short}_{name}"], T, rates[kind]) if name.endswith("entries")
+                                  else new[f"{short}_{name}"].astype(old.dtype)) for name, old in arrays.items()}
+        kept = self.positions.shape[1]
+
+        def keep(old, part):  # the window's last kept slots
+            return jnp.concatenate([old, part.astype(old.dtype)], axis=1)[:, T:] if kept else old
+        return dataclasses.replace(self, by_kind=kinds, positions=keep(self.positions, positions),
+                                   valid=keep(self.valid, valid), index=self.index + T)
+
+    def _entries(self, old: Array, candidates: Array, T: int, rate: int) -> Array:
+        """``old`` [L, B, W, H] with the ``candidates`` [L, B, K, H] of blocks index // rate + k written at their
+        numbers where they closed among this call's T tokens (an unclosed one's number is past W: dropped)."""
+        numbers = self.index // rate + jnp.arange(candidates.shape[2], dtype=jnp.int32)
+        numbers = jnp.where((numbers + 1) * rate <= self.index + T, numbers, old.shape[2])
+        return old.at[:, :, numbers].set(candidates.astype(old.dtype), mode="drop")
+
+    def reorder(self, rows: Array) -> CompressedCache:
+        return dataclasses.replace(self, by_kind=jax.tree.map(lambda a: a[:, rows], self.by_kind),
+                                   positions=self.positions[rows], valid=self.valid[rows])
+
+    def per_layer(self) -> CompressedCache:
+        return self
+
+    def rewind(self, index: Array, span: int | None = None) -> CompressedCache:
+        raise ValueError("compressed_layers (DeepSeek-V4): a compressor's state cannot be rewound past rejected drafts")
 
 
 def windowed_layers(cfg, layers: int) -> tuple[tuple[bool, ...], int | None]:
@@ -400,10 +501,13 @@ def empty_cache(cfg, layers: int, batch: int, length: int, dtype, rewind: int = 
     DeepSeek-V3.2), else keys and values, the windowed layers' in a ring of window + ``rewind`` slots (the
     most a step writes and then rewinds: drafts) when that is shorter than ``length``; beside the linear layers'
     states where a stack has them (``HybridCache``)."""
+    if cfg.scores.compressed is not None:  # DeepSeek-V4: windows, compressor tails and entries, by layer kind
+        return CompressedCache.empty(cfg, batch, length, dtype)
     if cfg.linear_attention is not None:
         linear = len(cfg.linear_attention.layers)
-        return HybridCache(KVCache.empty(layers - linear, batch, length, cfg.kv_heads, cfg.head_dim_, dtype),
-                           LinearState.empty(cfg, linear, batch, dtype))
+        full = (LatentCache.empty(layers - linear, batch, length, cfg.latent.kv_rank + cfg.latent.rope_head_dim, dtype)
+                if cfg.mla else KVCache.empty(layers - linear, batch, length, cfg.kv_heads, cfg.head_dim_, dtype))
+        return HybridCache(full, LinearState.empty(cfg, linear, batch, dtype))
     if cfg.mla and cfg.indexer is not None:
         return IndexedLatentCache.empty(layers, batch, length, cfg.latent.kv_rank + cfg.latent.rope_head_dim, dtype,
                                         cfg.indexer.head_dim)
@@ -472,9 +576,29 @@ def _rings(cfg) -> tuple[int, int, int, int] | None:
     return 2 * cfg.kv_heads * cfg.head_dim_, local.count(False), local.count(True), window
 
 
+def compressed_footprint(cfg) -> tuple[int, int]:
+    """DeepSeek-V4's state per row as numbers, as ``CompressedCache`` holds it: (what each token adds: one entry of
+    head_dim per block of rate tokens in each compressed layer, the indexer's of index_head_dim beside each CSA one,
+    rounded up; what stays bounded: every layer's window - 1 keys, which are its values too, and each compressor's
+    last copies x rate projected tokens and gates, copies x width each: CSA's two halves, over its unfinished block
+    and the one before it)."""
+    part, H = cfg.scores.compressed, cfg.head_dim_
+    per_token, bounded = 0, len(part.layers) * max(cfg.window_size - 1, 0) * H
+    for kind in part.layers:
+        if kind == "sliding":
+            continue
+        rate, copies = part.rate(kind), 2 if kind == "sparse" else 1
+        widths = (H, part.index_head_dim) if kind == "sparse" else (H,)
+        per_token += -(-sum(widths) // rate)
+        bounded += sum(2 * (copies * rate) * (copies * width) for width in widths)
+    return per_token, bounded
+
+
 def cache_footprint(cfg) -> tuple[int, int]:
     """A decoder's self-attention cache per row as numbers: (what each token adds, all full layers; what the
     windowed layers' rings hold at most, all of them). What ``jaxformer info`` prints."""
+    if cfg.scores.compressed is not None:
+        return compressed_footprint(cfg)
     rings = _rings(cfg)
     if rings is None:
         return cache_numbers_per_token(cfg), 0

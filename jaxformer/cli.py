@@ -78,6 +78,11 @@ def _decode_cache(cfg) -> dict:
                    if full else f"{rings}, {cfg.dtype}: nothing grows with the length")
     else:
         summary = f"{size(per_token)} per token ({kind}, {cfg.dtype})"
+    if cfg.scores.compressed is not None:  # DeepSeek-V4: compressed entries grow; windows and open blocks do not
+        compressed = sum(kind != "sliding" for kind in cfg.scores.compressed.layers)
+        summary = (f"{size(per_token)} per token (compressed entries of {compressed} compressed layers, {cfg.dtype}) + "
+                   f"at most {size(bounded)} in every layer's last {cfg.window_size - 1} keys of its window (which are "
+                   "its values) and the compressors' last blocks of projected tokens and gates")
     if state:  # the linear layers' state matrices and convolution windows: the same at any length
         linear = len(cfg.linear_attention.layers)
         full = cfg.decoder_layers - linear

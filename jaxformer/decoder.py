@@ -136,7 +136,7 @@ class Decoder(EdgeMethods, nnx.Module):
         if segments is not None and positions is None:
             positions = self.embeddings.document_positions(segments)
         x, at = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=positions, key=keys[0])
-        tokens = Tokens(at, packed_validity(valid, segments), prefix_lengths, indexed, segments)
+        tokens = Tokens(at, packed_validity(valid, segments), prefix_lengths, indexed, segments, ids=input_ids)
         per_layer = None
         if self.per_layer_inputs is not None:
             if input_ids is None:

@@ -186,6 +186,10 @@ class GenerationConfig:
         if self.draft_tokens and cfg.position == "xl":
             raise ValueError(f"{cfg.name!r} carries a Transformer-XL memory window, which cannot be rewound past "
                              "rejected drafts; generate without assistant_model / prompt_lookup_num_tokens")
+        if self.draft_tokens and cfg.scores.compressed is not None:
+            raise ValueError(f"{cfg.name!r} has compressed-attention layers (compressed_layers), whose compressors' "
+                             "state cannot be rewound past rejected drafts; generate without assistant_model / "
+                             "prompt_lookup_num_tokens")
         if self.draft_tokens and cfg.linear_attention is not None:
             raise ValueError(f"{cfg.name!r} has linear-attention layers, whose recurrent state cannot be rewound past "
                              "rejected drafts; generate without assistant_model / prompt_lookup_num_tokens")

@@ -65,9 +65,10 @@ class LayerSpec:
     # 'block_sparse' (BigBird's blocks: global, window and random, on inputs past the dense threshold)
     mixer: str
     # what a cached step keeps: 'full', 'window' (a ring of window slots), 'latent', 'memory', 'state' (a linear
-    # layer's state matrix and convolution window), 'none'
+    # layer's state matrix and convolution window), 'compressed_sliding' / '_sparse' / '_heavy' (DeepSeek-V4's kinds:
+    # ``cache.CompressedCache``), 'none'
     cache: str
-    feed_forward: str  # 'dense', 'experts', 'experts+shared'
+    feed_forward: str  # 'dense', 'experts', 'experts+shared', 'dense+experts' (Gemma 4: the experts beside the MLP)
     # the stack's block group holding its parameters (``GROUPS``): 'first_block', 'dense_blocks', 'linear_blocks',
     # 'blocks', and Gemma 4's 'full_blocks', 'shared_blocks', 'shared_full_blocks'
     group: str
@@ -76,6 +77,8 @@ class LayerSpec:
     # one reads; such a layer has no key or value weights and keeps no cache ('none'). None: its own
     kv_source: int | None = None
     special: str | None = None  # the first layer's: 'unnormed attention' (ModernBERT), 'convolution' (DeBERTa v2)
+    # DeepSeek-V4's 'compressed' mixer: the layer's kind, 'sliding' (the window alone), 'sparse' (CSA), 'heavy' (HCA)
+    compressed: str | None = None
     cross_attention: bool = False  # attends to an encoder's output too (an encoder-decoder's decoder)
 
     @property
@@ -83,9 +86,14 @@ class LayerSpec:
         return self.rotary == "none"
 
 
+# DeepSeek-V4's block groups: a compressed-attention kind's layers (its compressor and indexer, or none), and the
+# hash-routed expert layers of each kind apart (their token table, no router bias)
+COMPRESSED_GROUPS = tuple(f"{hashed}{kind}_blocks" for hashed in ("hash_", "")
+                          for kind in ("sliding", "sparse", "heavy"))
+
 # the block groups a stack may hold, in the order the runner meets their first layers in ``table``'s summary
 GROUPS = ("first_block", "dense_blocks", "linear_blocks", "blocks", "full_blocks", "shared_blocks",
-          "shared_full_blocks")
+          "shared_full_blocks", *COMPRESSED_GROUPS)
 
 
 class Segment(NamedTuple):
@@ -232,12 +240,22 @@ def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attenti
         index = 0 if group == "blocks" and cfg.shared_layers else counts[group]
         counts[group] += 1
         rotary = None if i in linear else _rotary(cfg, i, local[i])  # (a linear layer reads no positions)
+        compressed = cfg.scores.compressed.layers[i] if cfg.scores.compressed is not None else None
+        feed_forward = _feed_forward(cfg, group)
+        if compressed is not None:  # DeepSeek-V4: a group per kind, its hash-routed expert layers apart
+            hashed = cfg.experts is not None and i - cfg.experts.dense_layers in range(cfg.experts.hash_layers)
+            group = f"{'hash_' if hashed else ''}{compressed}_blocks" if group == "blocks" else group
+            index = counts[group]
+            counts[group] += 1
+            feed_forward = "hashed " + feed_forward if hashed else feed_forward
         layers.append(LayerSpec(
             attention=attention, window=window, local=local[i], rotary=rotary,
-            mixer="linear" if i in linear else _mixer(cfg, pattern),
-            cache="state" if i in linear else "none" if kv_source is not None else _cache(cfg, pattern, attention),
-            feed_forward=_feed_forward(cfg, group), group=group, index=index,
-            special=special if group == "first_block" else None, cross_attention=cross_attention, kv_source=kv_source))
+            mixer="linear" if i in linear else "compressed" if compressed else _mixer(cfg, pattern),
+            cache=("state" if i in linear else "none" if kv_source is not None else
+                   f"compressed_{compressed}" if compressed else _cache(cfg, pattern, attention)),
+            feed_forward=feed_forward, group=group, index=index,
+            special=special if group == "first_block" else None, cross_attention=cross_attention, kv_source=kv_source,
+            compressed=compressed))
     return LayerPlan(tuple(layers), (full, local_pattern))
 
 
@@ -300,6 +318,8 @@ def _cache(cfg: ModelConfig, pattern: str, attention: str) -> str:
 def _feed_forward(cfg: ModelConfig, group: str) -> str:
     if cfg.experts is None or group == "dense_blocks":
         return "dense"
+    if cfg.experts.beside_dense:
+        return "dense+experts"
     return "experts+shared" if cfg.experts.shared else "experts"
 
 

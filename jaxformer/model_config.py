@@ -29,11 +29,13 @@ NORMS = ("layernorm", "rmsnorm")
 # pre: x + f(norm(x)); post: norm(x + f(x)) (BERT, 2017); output: x + norm(f(x)) (OLMo-2)
 NORM_POSITIONS = ("pre", "post", "output")
 QK_NORM_SPANS = ("head", "projection", "each_head")
+LINEAR_DECAYS = ("head", "channel")  # what one decay rate of a linear layer covers
 # the gated ones: swiglu (silu gate), geglu (tanh-form gelu gate: T5 v1.1, Gemma), geglu_erf (exact gelu: ModernBERT)
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_erf")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_erf")
 CLASSIFIER_POOLINGS = ("cls", "mean")
-POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl", "disentangled")
+# (none: no positions at all, a causal stack telling order by its mask: Kimi Linear, whose latent attention is NoPE)
+POSITIONS = ("sinusoidal", "learned", "rope", "relative", "xl", "disentangled", "none")
 # sinusoidal positions: the 2017 paper's (sin and cos interleaved) or fairseq's (M2M-100, NLLB: all sines then
 # all cosines, frequencies 10000^(-i / (D/2 - 1)), the pad id's row zero)
 SINUSOID_LAYOUTS = ("transformer", "fairseq", "marian")  # interleaved; M2M-100's halves; Marian/Pegasus' halves
@@ -43,7 +45,8 @@ ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternati
 LAYER_TYPES = ("full", "sliding", "chunked")
 ROPE_SCALINGS = ("linear", "llama3", "yarn", "dynamic", "longrope")
 # sparsemixer: PhiMoE's top-2, each weight a softmax over the experts near the best (Experts.jitter_eps)
-ROUTER_SCORES = ("softmax", "sigmoid", "sparsemixer")
+ROUTER_SCORES = ("softmax", "sigmoid", "sparsemixer", "sqrtsoftplus")
+ROUTER_GROUP_SCORES = ("best", "best_two")
 ROUTER_AUX_LOSSES = ("batch", "sequence")
 MOE_DISPATCHES = ("auto", "grouped", "all_to_all", "dense")
 HEADS = (
@@ -189,6 +192,65 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
+class HyperConnections:
+    """Manifold-constrained hyper-connections (DeepSeek-V4): the residual stream is ``streams`` copies (hc_mult), each
+    sublayer reading a weighted sum of them and joining them through a per-token mixing matrix that
+    ``sinkhorn_iters`` Sinkhorn-Knopp rounds bring toward doubly stochastic; ``eps`` floors the weights and sums."""
+
+    streams: int
+    sinkhorn_iters: int = 20
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        _positive("hc_streams", self.streams)
+        _positive("hc_sinkhorn_iters", self.sinkhorn_iters)
+        if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps >= 0):
+            raise ValueError(f"ModelConfig.hc_eps={self.eps!r} must be a finite number >= 0")
+
+
+COMPRESSED_KINDS = ("sliding", "sparse", "heavy")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressedAttention:
+    """DeepSeek-V4's attention: one shared key-value head over a sliding window plus compressed entries, one per
+    block of earlier tokens (``layers``: each layer's kind: 'sliding' the window alone, 'sparse' CSA, whose
+    overlapping blocks of ``sparse_rate`` an indexer of ``index_heads`` x ``index_head_dim`` narrows to each query's
+    ``index_topk``, 'heavy' HCA, blocks of ``heavy_rate`` all visible once passed). Queries through a low rank
+    ``q_rank``; the compressed layers rotate by ``rope_theta`` and ``rope_scaling`` of their own (the window-only
+    layers by the model's base, unscaled); the output projection is ``out_groups`` groups of heads, each to
+    ``out_rank``, then one projection to d_model."""
+
+    layers: tuple[str, ...]
+    q_rank: int = 1024
+    sparse_rate: int = 4
+    heavy_rate: int = 128
+    rope_theta: float = 160000.0
+    rope_scaling: RopeScaling | None = None
+    index_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 512
+    out_groups: int = 8
+    out_rank: int = 1024
+
+    def __post_init__(self):
+        if isinstance(self.layers, list):  # YAML and JSON hand us lists
+            object.__setattr__(self, "layers", tuple(self.layers))
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if not self.layers or any(kind not in COMPRESSED_KINDS for kind in self.layers):
+            raise ValueError(f"ModelConfig.compressed_layers={self.layers!r} must give each layer's kind, one of "
+                             f"{COMPRESSED_KINDS}")
+        for name in ("q_rank", "sparse_rate", "heavy_rate", "index_heads", "index_head_dim", "index_topk",
+                     "out_groups", "out_rank"):
+            _positive(f"compressed_{name}", getattr(self, name))
+        _finite_positive("compressed_rope_theta", self.rope_theta)
+
+    def rate(self, kind: str) -> int:
+        return self.sparse_rate if kind == "sparse" else self.heavy_rate
+
+
+@dataclasses.dataclass(frozen=True)
 class Norms:
     """Where and how the blocks normalise (``position``: pre x + f(norm(x)), post norm(x + f(x)), output
     x + norm(f(x)))."""
@@ -202,8 +264,12 @@ class Norms:
     embedding: bool = False  # a norm right after the embeddings (BERT, BART)
     first_attention: bool = True  # False: the first layer's attention reads its input unnormed (ModernBERT)
     final: bool = True  # a norm after the last block (pre-norm stacks)
+    # DeepSeek-V4: each sublayer joins a residual of several copies (the wiring of the block, as position is)
+    hyper_connections: HyperConnections | None = None
 
     def __post_init__(self):
+        if isinstance(self.hyper_connections, dict):
+            object.__setattr__(self, "hyper_connections", HyperConnections(**self.hyper_connections))
         _one_of("norm", self.kind, NORMS)
         if self.scale_offset not in (0.0, 1.0):
             raise ValueError(f"ModelConfig.norm_scale_offset={self.scale_offset!r} must be 0.0 or 1.0 (Gemma)")
@@ -222,6 +288,7 @@ class ClampedSwiGLU:
 
     limit: float | None = None
     alpha: float = 1.0
+    offset: float = 1.0  # what the clamped up projection is shifted by: gpt-oss's 1, DeepSeek-V4's 0 (silu(g) * up)
 
     def __post_init__(self):
         if self.limit is not None and not self.limit > 0:
@@ -395,7 +462,10 @@ class LinearAttention:
     by exp(g) and corrects toward its value (S += beta k (v - S^T k)^T); a query reads S^T q. Queries, keys and
     values pass a short causal depthwise convolution first. A cached step carries S and the convolution's last
     ``conv_kernel - 1`` inputs, whatever the length: no KV cache. ``chunk``: tokens per chunk of the parallel form
-    that training and prefill run (decoding runs the recurrent form); it changes only float rounding."""
+    that training and prefill run (decoding runs the recurrent form); it changes only float rounding.
+    ``decay``: what one decay rate covers, 'head' (a scalar per value head: Gated DeltaNet) or 'channel' (one per
+    key channel of each value head: Kimi Delta Attention, whose decay and output gate each come through a
+    head-wide low-rank projection and whose output gate is a sigmoid, not silu)."""
 
     layers: tuple[int, ...] = ()
     key_heads: int = 16
@@ -404,6 +474,7 @@ class LinearAttention:
     value_head_dim: int = 128
     conv_kernel: int = 4
     chunk: int = 64
+    decay: str = "head"
 
     def __post_init__(self):
         if isinstance(self.layers, list):  # YAML and JSON hand us lists
@@ -417,6 +488,7 @@ class LinearAttention:
         if self.value_heads % self.key_heads:
             raise ValueError(f"ModelConfig.linear_key_heads={self.key_heads} must divide linear_value_heads="
                              f"{self.value_heads} (each key head serves a group of value heads)")
+        _one_of("linear_decay", self.decay, LINEAR_DECAYS)
 
     @property
     def conv_width(self) -> int:
@@ -455,10 +527,26 @@ class Scores:
     full_keys_as_values: bool = False
     kv_shared_layers: int = 0
     kv_shared_d_ff: int | None = None
+    # position-dependent query scaling (Mistral 4's llama_4_scaling_beta): every layer's queries times
+    # 1 + position_scale * ln(1 + floor(p / position_span)), p each token's position, so attention sharpens with
+    # distance past each span of positions (the pretraining length); None: no such factor
+    position_scale: float | None = None
+    position_span: int | None = None
+    # DeepSeek-V4's compressed attention (a mixer of its own: ``layers.compressed_attention``)
+    compressed: CompressedAttention | None = None
 
     def __post_init__(self):
+        if isinstance(self.compressed, dict):
+            object.__setattr__(self, "compressed", CompressedAttention(**self.compressed))
         if self.scale is not None and not self.scale > 0:
             raise ValueError(f"ModelConfig.attention_scale={self.scale!r} must be > 0")
+        if (self.position_scale is None) != (self.position_span is None):
+            raise ValueError(f"ModelConfig.query_position_scale={self.position_scale!r} and query_position_span="
+                             f"{self.position_span!r} go together: set both or neither")
+        if self.position_scale is not None:
+            if not (isinstance(self.position_scale, (int, float)) and math.isfinite(self.position_scale)):
+                raise ValueError(f"ModelConfig.query_position_scale={self.position_scale!r} must be a finite number")
+            _positive("query_position_span", self.position_span)
         for name in ("full_head_dim", "full_kv_heads", "kv_shared_d_ff"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
@@ -646,12 +734,18 @@ class Experts:
     shared: int = 0  # always-on experts (DeepSeekMoE): one gated MLP of shared * d_ff
     shared_gate: bool = False  # the shared experts' output times sigmoid(x . w_gate) per token (Qwen2-MoE)
     dense_layers: int = 0  # the first layers keep a dense MLP of d_ff (DeepSeek's first_k_dense_replace)
+    # the first hash_layers expert layers pick a token's experts by a fixed table of its id (DeepSeek-V4's tid2eid,
+    # read from the checkpoint, never trained); the router's scores still weight them
+    hash_layers: int = 0
     # every layer_step-th layer holds the experts, the others a dense MLP of d_ff (Llama 4 Maverick's
     # interleave_moe_layer_step: layers step-1, 2 step-1, ...); 1: every layer past dense_layers
     layer_step: int = 1
     router_score: str = "softmax"  # softmax over experts (Mixtral, DeepSeek-V2) or per-expert sigmoid (V3)
     router_groups: int = 1  # experts split into groups; a token first picks router_topk_groups of them
     router_topk_groups: int = 1  # (group score: best expert under softmax, sum of the best two under sigmoid)
+    # a group's score: its best expert ('best') or the sum of its best two ('best_two': Mistral 4's softmax
+    # router); None: as router_score implies (best under softmax, best two under sigmoid)
+    router_group_score: str | None = None
     router_bias: bool = False  # V3: a per-expert bias added for selection only, moved by balancing, not gradients
     router_logit_bias: bool = False  # a trained bias on the router logits, like any linear layer's (gpt-oss)
     # sparsemixer: an expert joins a pick's softmax when (best - logit) / max(|logit|, best) <= 2 jitter_eps
@@ -660,6 +754,15 @@ class Experts:
     normalize_weights: bool = True  # the k chosen weights are divided by their sum
     weights_on_input: bool = False  # a chosen expert's weight multiplies its input, not its output (Llama 4)
     routed_scaling: float = 1.0  # the routed experts' output is scaled by this (DeepSeek routed_scaling_factor)
+    # each chosen expert's weight times a learned scale of that expert's, after normalising (Gemma 4)
+    expert_scale: bool = False
+    # the router reads RMSNorm(x) (no scale of the norm's own) times a learned scale per channel and d_model^-0.5
+    # (Gemma 4)
+    router_norm: bool = False
+    # the experts beside the layer's dense MLP of d_ff, not in its place (Gemma 4's enable_moe_block): the MLP reads
+    # the layer's normed input, the experts their own normed copy (the router the input itself), each branch's output
+    # normed, their sum the feed-forward's output
+    beside_dense: bool = False
     aux_loss_coef: float = 0.0
     aux_loss: str = "batch"  # batch: Switch/Mixtral over all tokens; sequence: DeepSeek-V3, per row
     # grouped: tokens sorted into blocks by expert, only the chosen run (GSPMD partitions it under a mesh);
@@ -674,10 +777,13 @@ class Experts:
                              f"{self.count}]")
         _non_negative("shared_experts", self.shared)
         _non_negative("dense_layers", self.dense_layers)
+        _non_negative("hash_layers", self.hash_layers)
         if self.d_ff is not None:
             _positive("expert_d_ff", self.d_ff)
         _positive("moe_layer_step", self.layer_step)
         _one_of("router_score", self.router_score, ROUTER_SCORES)
+        if self.router_group_score is not None:
+            _one_of("router_group_score", self.router_group_score, ROUTER_GROUP_SCORES)
         self._check_groups()
         self._check_sparsemixer()
         if not (isinstance(self.routed_scaling, (int, float)) and math.isfinite(self.routed_scaling)
@@ -723,9 +829,16 @@ class Experts:
         if self.router_topk_groups * per_group < self.per_token:
             raise ValueError(f"ModelConfig.router_topk_groups={self.router_topk_groups} groups of {per_group} "
                              f"experts hold fewer than experts_per_token={self.per_token}")
-        if self.router_groups > 1 and self.router_score == "sigmoid" and per_group < 2:
-            raise ValueError("ModelConfig.router_groups: sigmoid routing scores a group by its best two "
-                             "experts, so each group needs at least 2")
+        if self.router_groups > 1 and self.group_score == "best_two" and per_group < 2:
+            raise ValueError("ModelConfig.router_groups: a group scored by its best two experts (sigmoid routing, "
+                             "router_group_score='best_two') needs at least 2")
+
+    @property
+    def group_score(self) -> str:
+        """How a group of experts is scored: ``router_group_score``, else as ``router_score`` implies."""
+        if self.router_group_score is not None:
+            return self.router_group_score
+        return "best_two" if self.router_score == "sigmoid" else "best"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -826,6 +939,7 @@ FLAT: dict[str, tuple[str, ...]] = {
     "sandwich_norm": ("norms", "sandwich"), "embedding_norm": ("norms", "embedding"),
     "first_attn_norm": ("norms", "first_attention"), "final_norm": ("norms", "final"),
     "swiglu_limit": ("swiglu_clamp", "limit"), "swiglu_alpha": ("swiglu_clamp", "alpha"),
+    "swiglu_offset": ("swiglu_clamp", "offset"),
     "tie_embeddings": ("embeddings", "tie"), "scale_embeddings": ("embeddings", "scale"),
     "shared_embeddings": ("embeddings", "shared"), "type_vocab_size": ("embeddings", "types"),
     "embedding_size": ("embeddings", "width"), "position_offset": ("embeddings", "position_offset"),
@@ -851,11 +965,13 @@ FLAT: dict[str, tuple[str, ...]] = {
     "linear_key_head_dim": ("linear_attention", "key_head_dim"),
     "linear_value_head_dim": ("linear_attention", "value_head_dim"),
     "linear_conv_kernel": ("linear_attention", "conv_kernel"), "linear_chunk": ("linear_attention", "chunk"),
+    "linear_decay": ("linear_attention", "decay"),
     "nope_layers": ("nope", "layers"), "temperature_floor_scale": ("nope", "temperature_floor_scale"),
     "temperature_scale": ("nope", "temperature_scale"),
     "attention_scale": ("scores", "scale"), "inverse_layer_scale": ("scores", "inverse_layer_scale"),
     "attention_softcap": ("scores", "softcap"), "attention_sinks": ("scores", "sinks"),
     "attention_gate": ("scores", "output_gate"),
+    "query_position_scale": ("scores", "position_scale"), "query_position_span": ("scores", "position_span"),
     "global_tokens": ("scores", "global_tokens"),
     "full_head_dim": ("scores", "full_head_dim"), "full_kv_heads": ("scores", "full_kv_heads"),
     "full_keys_as_values": ("scores", "full_keys_as_values"), "kv_shared_layers": ("scores", "kv_shared_layers"),
@@ -863,6 +979,19 @@ FLAT: dict[str, tuple[str, ...]] = {
     "sparse_block_size": ("scores", "sparse_block_size"), "sparse_random_blocks": ("scores", "sparse_random_blocks"),
     "qk_norm_scale": ("query_key_norm", "scale"), "qk_norm_span": ("query_key_norm", "span"),
     "v_norm": ("query_key_norm", "values"),
+    "hc_streams": ("norms", "hyper_connections", "streams"),
+    "hc_sinkhorn_iters": ("norms", "hyper_connections", "sinkhorn_iters"),
+    "hc_eps": ("norms", "hyper_connections", "eps"),
+    "compressed_layers": ("scores", "compressed", "layers"), "compressed_q_rank": ("scores", "compressed", "q_rank"),
+    "compressed_sparse_rate": ("scores", "compressed", "sparse_rate"),
+    "compressed_heavy_rate": ("scores", "compressed", "heavy_rate"),
+    "compressed_rope_theta": ("scores", "compressed", "rope_theta"),
+    "compressed_rope_scaling": ("scores", "compressed", "rope_scaling"),
+    "compressed_index_heads": ("scores", "compressed", "index_heads"),
+    "compressed_index_head_dim": ("scores", "compressed", "index_head_dim"),
+    "compressed_index_topk": ("scores", "compressed", "index_topk"),
+    "compressed_out_groups": ("scores", "compressed", "out_groups"),
+    "compressed_out_rank": ("scores", "compressed", "out_rank"),
     "kv_lora_rank": ("latent", "kv_rank"), "q_lora_rank": ("latent", "q_rank"),
     "rope_head_dim": ("latent", "rope_head_dim"), "v_head_dim": ("latent", "v_head_dim"),
     "index_heads": ("latent", "indexer", "heads"), "index_head_dim": ("latent", "indexer", "head_dim"),
@@ -886,12 +1015,16 @@ FLAT: dict[str, tuple[str, ...]] = {
     "num_experts": ("experts", "count"), "experts_per_token": ("experts", "per_token"),
     "expert_d_ff": ("experts", "d_ff"), "shared_experts": ("experts", "shared"),
     "shared_expert_gate": ("experts", "shared_gate"), "dense_layers": ("experts", "dense_layers"),
+    "hash_layers": ("experts", "hash_layers"),
     "moe_layer_step": ("experts", "layer_step"), "router_score": ("experts", "router_score"),
     "router_groups": ("experts", "router_groups"), "router_topk_groups": ("experts", "router_topk_groups"),
+    "router_group_score": ("experts", "router_group_score"),
     "router_bias": ("experts", "router_bias"), "router_logit_bias": ("experts", "router_logit_bias"),
     "router_jitter_eps": ("experts", "jitter_eps"),
     "expert_bias": ("experts", "bias"), "normalize_router_weights": ("experts", "normalize_weights"),
     "router_weights_on_input": ("experts", "weights_on_input"), "routed_scaling": ("experts", "routed_scaling"),
+    "router_expert_scale": ("experts", "expert_scale"), "router_norm": ("experts", "router_norm"),
+    "experts_beside_dense": ("experts", "beside_dense"),
     "router_aux_loss_coef": ("experts", "aux_loss_coef"), "router_aux_loss": ("experts", "aux_loss"),
     "moe_dispatch": ("experts", "dispatch"),
     "pad_token_id": ("tokens", "pad"), "bos_token_id": ("tokens", "bos"), "eos_token_id": ("tokens", "eos"),
@@ -922,13 +1055,18 @@ PRESENCE_KEYS = {"qk_norm": "query_key_norm", "parallel_residual": "parallel", "
 
 def _flat_default(name: str) -> Any:
     path = FLAT[name]
-    cls = Indexer if path[:2] == ("latent", "indexer") else GROUPS[path[0]]
+    cls = NESTED.get(path[:2]) or GROUPS[path[0]]
     default = {f.name: f.default for f in dataclasses.fields(cls)}[path[-1]]
     return default if default is not dataclasses.MISSING else OFF[name]
 
 
+# the parts nested in a part, by their path
+NESTED = {("latent", "indexer"): Indexer, ("norms", "hyper_connections"): HyperConnections,
+          ("scores", "compressed"): CompressedAttention}
+
 # the flat value of an absent optional part's defining field (its other fields take their dataclass defaults)
 OFF = {"num_experts": 0, "kv_lora_rank": None, "index_heads": 0, "conv_kernel_size": 0, "lora_rank": 0,
+       "hc_streams": 0, "compressed_layers": (),
        "quantize": None, "qk_norm": False, "parallel_residual": False, "index_relative_bias": False}
 
 
@@ -968,12 +1106,12 @@ _NEEDS = {
 _INERT_WHEN_ABSENT = {
     "experts_per_token", "router_score", "router_groups", "router_topk_groups", "normalize_router_weights",
     "routed_scaling", "router_aux_loss_coef", "router_aux_loss", "moe_dispatch", "rope_theta", "relative_buckets",
-    "router_jitter_eps",
+    "router_jitter_eps", "router_group_score",
     "relative_max_distance", "disentangled_terms", "temperature_scale", "rope_head_dim", "index_head_dim",
     "index_topk", "index_rope_interleave", "conv_groups", "conv_activation", "lora_alpha", "lora_dropout",
     "lora_rslora", "lora_trainable",
     "linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel",
-    "linear_chunk",
+    "linear_chunk", "linear_decay",
 }
 
 
@@ -1054,6 +1192,7 @@ class ModelConfig:
         _check_attention(self)
         _check_heads(self)
         _check_experts(self)
+        _check_compressed_attention(self)
         _check_tokens(self)
         _check_numerics(self)
         _check_adapters(self)
@@ -1354,9 +1493,10 @@ def _check_attention(cfg: ModelConfig) -> None:
     if cfg.query_key_norm is not None and not standard:
         raise ValueError("ModelConfig.qk_norm=True needs standard attention (not kv_lora_rank or position='xl')")
     if cfg.latent is not None:
-        if cfg.family != "decoder" or cfg.position != "rope":
+        # position='none': the rotary part of each query and key passes unrotated (Kimi Linear's MLA)
+        if cfg.family != "decoder" or cfg.position not in ("rope", "none"):
             raise ValueError("ModelConfig.kv_lora_rank (multi-head latent attention) needs family='decoder' "
-                             f"and position='rope', not {cfg.family!r} and {cfg.position!r}")
+                             f"and position 'rope' or 'none', not {cfg.family!r} and {cfg.position!r}")
         if cfg.kv_heads != cfg.num_heads:
             raise ValueError(f"ModelConfig.num_kv_heads={cfg.num_kv_heads}: multi-head latent attention "
                              "expands keys and values for every head; leave num_kv_heads None")
@@ -1369,6 +1509,10 @@ def _check_attention(cfg: ModelConfig) -> None:
     if cfg.scores.inverse_layer_scale and not standard:
         raise ValueError("ModelConfig.inverse_layer_scale scales standard cfg-attention; multi-head latent and "
                          "Transformer-XL attention do not take it")
+    if cfg.scores.position_scale is not None and (cfg.family != "decoder" or cfg.position != "rope"
+                                                   or cfg.disentangled is not None):
+        raise ValueError("ModelConfig.query_position_scale scales a rotary decoder's queries by their positions; it "
+                         f"needs family='decoder' and position='rope', not {cfg.family!r} and {cfg.position!r}")
     if cfg.scores.sinks and not standard:
         raise ValueError("ModelConfig.attention_sinks=True joins standard attention's softmax; multi-head latent "
                          "and Transformer-XL attention do not take it")
@@ -1384,16 +1528,20 @@ def _check_attention(cfg: ModelConfig) -> None:
                          "Transformer-XL attention do not take it")
     linear = cfg.linear_attention
     if linear is not None:
-        if cfg.family != "decoder" or cfg.attention != "causal" or not standard or cfg.shared_layers:
+        if cfg.family != "decoder" or cfg.attention != "causal" or cfg.position == "xl" or cfg.shared_layers:
             raise ValueError("ModelConfig.linear_layers (Gated DeltaNet layers) needs family='decoder', "
-                             "attention='causal' beside standard attention and no shared_layers, not "
-                             f"family={cfg.family!r}, attention={cfg.attention!r}")
+                             "attention='causal' beside standard or latent attention and no shared_layers, not "
+                             f"family={cfg.family!r}, attention={cfg.attention!r}, position={cfg.position!r}")
         if linear.layers[-1] >= cfg.decoder_layers:
             raise ValueError(f"ModelConfig.linear_layers={linear.layers!r} must list distinct layer indices in "
                              f"[0, {cfg.decoder_layers}) in increasing order")
-        if cfg.experts is not None and (cfg.experts.dense_layers or cfg.experts.layer_step > 1):
-            raise ValueError("ModelConfig.linear_layers with experts needs experts in every layer "
-                             f"(dense_layers={cfg.experts.dense_layers}, moe_layer_step={cfg.experts.layer_step})")
+        # the dense layers are one block group: all linear layers (Kimi Linear's first) or none of them
+        dense = set(range(cfg.experts.dense_layers)) if cfg.experts is not None else set()
+        if cfg.experts is not None and (cfg.experts.layer_step > 1 or (dense & set(linear.layers) and
+                                                                        not dense <= set(linear.layers))):
+            raise ValueError("ModelConfig.linear_layers with experts needs experts in every layer past the first "
+                             f"dense_layers={cfg.experts.dense_layers}, and those all linear or none "
+                             f"(moe_layer_step={cfg.experts.layer_step}, linear_layers={linear.layers})")
     _check_layer_key_values(cfg, standard)
     if cfg.conv is not None and (cfg.family != "encoder" or cfg.conv.kernel_size % 2 == 0 or cfg.shared_layers):
         raise ValueError(f"ModelConfig.conv_kernel_size={cfg.conv.kernel_size} (DeBERTa's convolution) needs "
@@ -1517,10 +1665,45 @@ def _check_experts(cfg: ModelConfig) -> None:
     if experts.dense_layers >= cfg.decoder_layers:
         raise ValueError(f"ModelConfig.dense_layers={experts.dense_layers} must be < decoder_layers="
                          f"{cfg.decoder_layers} (the remaining layers hold the experts)")
+    if experts.beside_dense and (cfg.norms.position != "pre" or cfg.parallel is not None):
+        raise ValueError("ModelConfig.experts_beside_dense=True (the experts beside a dense MLP, each branch normed) "
+                         f"is built for pre-norm sequential blocks, not norm_position={cfg.norms.position!r}"
+                         + (" with parallel_residual" if cfg.parallel is not None else ""))
+    if experts.hash_layers and (experts.layer_step > 1
+                                or experts.dense_layers + experts.hash_layers > cfg.decoder_layers):
+        raise ValueError(f"ModelConfig.hash_layers={experts.hash_layers} must count expert layers that follow the "
+                         f"dense_layers={experts.dense_layers}, within decoder_layers={cfg.decoder_layers} (and "
+                         f"moe_layer_step=1, not {experts.layer_step})")
     if experts.layer_step > 1 and (experts.dense_layers or cfg.decoder_layers % experts.layer_step):
         raise ValueError(f"ModelConfig.moe_layer_step={experts.layer_step} interleaves dense and expert layers "
                          f"in periods: it needs dense_layers=0 and decoder_layers={cfg.decoder_layers} a "
                          "multiple of it")
+
+def _check_compressed_attention(cfg: ModelConfig) -> None:
+    """DeepSeek-V4's compressed attention and hyper-connections, as its layers build them."""
+    part, hyper = cfg.scores.compressed, cfg.norms.hyper_connections
+    if hyper is not None and (cfg.family != "decoder" or cfg.norms.position != "pre" or cfg.parallel is not None):
+        raise ValueError(f"ModelConfig.hc_streams={hyper.streams} (hyper-connections) is built for a decoder of "
+                         "pre-norm sequential blocks")
+    if part is None:
+        return
+    if cfg.family != "decoder" or len(part.layers) != cfg.decoder_layers:
+        raise ValueError(f"ModelConfig.compressed_layers gives {len(part.layers)} kinds: it needs a decoder with as "
+                         f"many layers (decoder_layers={cfg.decoder_layers}, family={cfg.family!r})")
+    rotary = cfg.rotary
+    if rotary is None or not rotary.interleave or rotary.dim is None or rotary.dim % 2:
+        raise ValueError("ModelConfig.compressed_layers rotates each head's trailing rotary_dim numbers in adjacent "
+                         "pairs: it needs position='rope', rope_interleave=True and an even rotary_dim")
+    if rotary.dim > min(cfg.head_dim_, part.index_head_dim):
+        raise ValueError(f"ModelConfig.rotary_dim={rotary.dim} must fit in head_dim={cfg.head_dim_} and "
+                         f"compressed_index_head_dim={part.index_head_dim}")
+    if cfg.attention != "sliding" or cfg.window_size is None or not cfg.scores.sinks or cfg.num_kv_heads != 1:
+        raise ValueError("ModelConfig.compressed_layers attend over a sliding window with sinks, one key-value head: "
+                         "they need attention='sliding', a window_size, attention_sinks=True and num_kv_heads=1")
+    if (cfg.num_heads * cfg.head_dim_) % part.out_groups:
+        raise ValueError(f"ModelConfig.compressed_out_groups={part.out_groups} must divide num_heads * head_dim = "
+                         f"{cfg.num_heads * cfg.head_dim_}")
+
 
 def _check_tokens(cfg: ModelConfig) -> None:
     tokens = cfg.tokens
@@ -1618,6 +1801,13 @@ def _part(group: str, flat: dict, given: dict) -> Any:
                 raise ValueError(f"ModelConfig.{name}={given[name]!r} needs {_NEEDS[group](flat)}")
         return None
     values = {FLAT[name][1]: flat[name] for name in names if len(FLAT[name]) == 2}
+    if group == "norms":  # hyper-connections, the block's residual wiring, are there when they have streams
+        values["hyper_connections"] = (HyperConnections(flat["hc_streams"], flat["hc_sinkhorn_iters"], flat["hc_eps"])
+                                       if flat["hc_streams"] != 0 else None)
+    if group == "scores":  # compressed attention is there when it gives the layers' kinds
+        names = [name for name, path in FLAT.items() if path[:2] == ("scores", "compressed")]
+        values["compressed"] = (CompressedAttention(**{FLAT[name][2]: flat[name] for name in names})
+                                if flat["compressed_layers"] else None)
     if group == "latent":  # the indexer, a part of latent attention, is there when it has heads
         values["indexer"] = (Indexer(flat["index_heads"], flat["index_head_dim"], flat["index_topk"],
                                      flat["index_rope_interleave"]) if flat["index_heads"] != 0 else None)
@@ -1639,6 +1829,6 @@ def flat_type_hints() -> dict[str, Any]:
     """The type of each top-level field and flat name (the presence keys are bools)."""
     hints = {name: hint for name, hint in typing.get_type_hints(ModelConfig).items() if name not in GROUPS}
     for name, path in FLAT.items():
-        part = Indexer if path[:2] == ("latent", "indexer") else GROUPS[path[0]]
+        part = NESTED.get(path[:2]) or GROUPS[path[0]]
         hints[name] = typing.get_type_hints(part)[path[-1]]
     return {**hints, **dict.fromkeys(PRESENCE_KEYS, bool)}

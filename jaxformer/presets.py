@@ -292,6 +292,29 @@ def _deepseek(d_model: int, layers: int, heads: int, d_ff: int, expert_d_ff: int
     return {**base, **kw}
 
 
+def _deepseek_v4(d_model: int, layers: int, heads: int, expert_d_ff: int, experts: int, q_rank: int, out_groups: int,
+                 routed_scaling: float, kinds: list[str]) -> dict:
+    # DeepSeek-V4: one shared key-value head of 512 (its last 64 rotated in adjacent pairs) over a window of 128
+    # with sinks, plus compressed entries (CSA: blocks of 4 narrowed to 512 per query by an indexer of 64 x 128
+    # heads; HCA: blocks of 128); queries through a low rank, a grouped output projection (groups x 1024); a residual
+    # of 4 copies mixed by hyper-connections (20 Sinkhorn rounds); 6 of the experts by sqrt(softplus) plus one shared,
+    # SwiGLU clamped at 10, the first 3 layers' experts by token id; yarn (16 x 65536) on the compressed layers only
+    yarn = dict(kind="yarn", factor=16.0, original_max_positions=65536, beta_fast=32.0, beta_slow=1.0,
+                attention_factor=1.0)
+    return dict(family="decoder", vocab_size=129280, d_model=d_model, num_heads=heads, num_kv_heads=1, head_dim=512,
+                d_ff=expert_d_ff, decoder_layers=layers, norm="rmsnorm", norm_eps=1e-6, norm_bias=False,
+                activation="swiglu", swiglu_limit=10.0, swiglu_offset=0.0, position="rope", rope_theta=10000.0,
+                rotary_dim=64, rope_interleave=True, max_positions=1048576, attention="sliding", window_size=128,
+                attention_sinks=True, qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=False,
+                num_experts=experts, experts_per_token=6, expert_d_ff=expert_d_ff, shared_experts=1,
+                router_score="sqrtsoftplus", router_bias=True, hash_layers=3, routed_scaling=routed_scaling,
+                router_aux_loss_coef=0.001, hc_streams=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
+                compressed_layers=kinds, compressed_q_rank=q_rank, compressed_sparse_rate=4,
+                compressed_heavy_rate=128, compressed_rope_theta=160000.0, compressed_rope_scaling=yarn,
+                compressed_index_heads=64, compressed_index_head_dim=128, compressed_index_topk=512,
+                compressed_out_groups=out_groups, compressed_out_rank=1024, bos_token_id=0, eos_token_id=1)
+
+
 def _transformer_xl(d_model: int, layers: int, heads: int, d_ff: int, memory_len: int, dropout: float,
                     attention_dropout: float, **kw) -> dict:
     # Dai et al. 2019, WikiText-103: post-norm, ReLU, relative attention with one u/v pair shared by all
@@ -483,6 +506,9 @@ _PRESETS: dict[str, dict] = {
     "llama-3-8b": _llama(4096, 32, 32, 8, 14336, 128256, 500000.0, 8192),
     "llama-3-70b": _llama(8192, 80, 64, 8, 28672, 128256, 500000.0, 8192),
     "mistral-7b": _llama(4096, 32, 32, 8, 14336, 32000, 10000.0, 32768, attention="sliding", window_size=4096),
+    # Mistral Small 3.1 (mistralai/Mistral-Small-3.1-24B-Instruct-2503's text model, 2025; 3.2's is the same shape):
+    # 40 layers of 5120 with 32 heads of 128 (8 kv heads), no window, rotary base 1e9; its published text_config
+    "mistral-small-3.1-24b": _llama(5120, 40, 32, 8, 32768, 131072, 1e9, 131072, head_dim=128),
     "mixtral-8x7b": _llama(4096, 32, 32, 8, 14336, 32000, 1e6, 32768, num_experts=8, experts_per_token=2,
                            router_aux_loss_coef=0.02),
     "qwen2-7b": _llama(3584, 28, 28, 4, 18944, 152064, 1e6, 131072, qkv_bias=True, norm_eps=1e-6),
@@ -618,7 +644,27 @@ _PRESETS: dict[str, dict] = {
                            rope_scaling=dict(kind="yarn", factor=64.0, original_max_positions=4096, beta_fast=1.0,
                                              beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
                            bos_token_id=163584, eos_token_id=163585),
+    # moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json: Kimi Delta Attention (32 heads of 128, one decay per
+    # channel, a 4-wide convolution) in 20 of the 27 layers, NoPE latent attention (32 heads; latent 512, "rotary"
+    # 64 unrotated, 128 + 128) in layers 3, 7, ..., 23 and 26 (its full_attn_layers, 1-based), one dense layer then
+    # 256 experts (8 per token by sigmoid scores, renormalised and scaled 2.446, one shared); 1M positions
+    "kimi-linear-48b-a3b": dict(
+        family="decoder", vocab_size=163840, d_model=2304, num_heads=32, head_dim=128, rope_head_dim=64,
+        v_head_dim=128, kv_lora_rank=512, q_lora_rank=None, d_ff=9216, decoder_layers=27, norm="rmsnorm",
+        norm_eps=1e-5, norm_bias=False, activation="swiglu", position="none", max_positions=1048576,
+        attention="causal", qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=False,
+        linear_layers=tuple(i for i in range(27) if i not in (3, 7, 11, 15, 19, 23, 26)), linear_key_heads=32,
+        linear_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel=4,
+        linear_decay="channel", num_experts=256, experts_per_token=8, expert_d_ff=1024, shared_experts=1,
+        dense_layers=1, router_score="sigmoid", router_bias=True, normalize_router_weights=True, routed_scaling=2.446,
+        bos_token_id=163584, eos_token_id=163586, pad_token_id=163839),
     # DeepSeek-V3.2: V3's model with DeepSeek sparse attention, the lightning indexer keeping 2048 keys per query
+    # DeepSeek-V4-Flash: two window-only layers, then CSA and HCA in turn (the published compress_ratios 0, 0, 4,
+    # 128, 4, ...); V4-Pro: its config class's default schedule (two HCA layers, then HCA and CSA in turn)
+    "deepseek-v4-flash": _deepseek_v4(4096, 43, 64, 2048, 256, 1024, 8, 1.5,
+                                      ["sliding"] * 2 + ["sparse" if i % 2 == 0 else "heavy" for i in range(41)]),
+    "deepseek-v4-pro": _deepseek_v4(7168, 61, 128, 3072, 384, 1536, 16, 2.5,
+                                    ["heavy"] * 2 + ["sparse" if i % 2 else "heavy" for i in range(59)]),
     "deepseek-v3.2": _deepseek(7168, 61, 128, 18432, 2048, 256, 8, 1, 3, 129280, v3=True, q_lora_rank=1536,
                                router_groups=8, router_topk_groups=4, routed_scaling=2.5, bos_token_id=0,
                                eos_token_id=1, index_heads=64, index_head_dim=128, index_topk=2048),
@@ -631,17 +677,34 @@ _PRESETS: dict[str, dict] = {
                        routed_scaling=2.5, index_heads=32, index_head_dim=128, index_topk=2048,
                        index_rope_interleave=True, bos_token_id=0, pad_token_id=154820,
                        eos_token_id=(154820, 154827, 154829)),
+    # Mistral Small 4 (mistralai/Mistral-Small-4-119B-2603's text model, 2026): V3's latent attention (64 + 64 rotary
+    # query/key, 128 values, a 256-wide latent, 1024-wide query) with every layer's queries scaled by their position
+    # (beta 0.1 per 8192), 128 experts (4 a token, one shared, no dense layer) under a softmax router; sizes from
+    # Mistral4Config's defaults, whose docstring names that checkpoint (not checked against the hub file)
+    "mistral-small-4-119b": _deepseek(4096, 36, 32, 12288, 2048, 128, 4, 1, 0, 131072, v3=False, q_lora_rank=1024,
+                                      head_dim=64, kv_lora_rank=256, max_positions=1048576,
+                                      rope_scaling=dict(kind="yarn", factor=128.0, original_max_positions=8192,
+                                                        beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+                                      router_group_score="best_two", normalize_router_weights=True,
+                                      query_position_scale=0.1, query_position_span=8192, bos_token_id=1,
+                                      eos_token_id=2, pad_token_id=11),
     "gemma-2-2b": _gemma(2304, 26, 8, 4, 9216, 256000, 4096, 2, 8192, gemma3=False),
     "gemma-2-9b": _gemma(3584, 42, 16, 8, 14336, 256000, 4096, 2, 8192, gemma3=False),
     "gemma-3-1b": _gemma(1152, 26, 4, 1, 6912, 262144, 512, 6, 32768, gemma3=True),
     "gemma-3-4b": _gemma(2560, 34, 8, 4, 10240, 262208, 1024, 6, 131072, gemma3=True,
                          rope_scaling={"kind": "linear", "factor": 8.0}),
     # Gemma 4's text models, from third-party copies of google/gemma-4-{E2B,E4B,31B}'s config.json (not checked
-    # against the hub); the 26B A4B's experts beside the MLP are not supported yet
+    # against the hub)
     "gemma-4-e2b": _gemma4(1536, 35, 8, 1, 6144, 512, 5, 131072, shared=20, kv_shared_d_ff=12288),
     "gemma-4-e4b": _gemma4(2560, 42, 8, 2, 10240, 512, 6, 131072, shared=18),
     "gemma-4-31b": _gemma4(5376, 60, 32, 16, 21504, 1024, 6, 262144, per_layer=0, full_kv_heads=4,
                            full_keys_as_values=True),
+    # the 26B A4B (third-party copies of google/gemma-4-26B-A4B-it's text_config: MaxText's gemma4-26b.yml and
+    # re-releases' config.json agree): the 31B's attention layout at 2816 wide, 30 layers, and beside each layer's
+    # 2112-wide MLP 128 experts 704 wide, 8 a token
+    "gemma-4-26b-a4b": _gemma4(2816, 30, 16, 8, 2112, 1024, 6, 262144, per_layer=0, full_kv_heads=2,
+                               full_keys_as_values=True, num_experts=128, experts_per_token=8, expert_d_ff=704,
+                               router_norm=True, router_expert_scale=True, experts_beside_dense=True),
     "t5gemma-2b-2b": _t5gemma(_gemma(2304, 26, 8, 4, 9216, 256000, 4096, 2, 8192, gemma3=False)),
     # EmbeddingGemma (Google 2025): a Gemma 3 encoder; its file's sliding_window 512 spans both sides, so each
     # sliding layer sees the keys within 256 either way. Pooling, Dense and Normalize live in the ST folder.

@@ -62,23 +62,30 @@ def as_transformers_writes_it(hf: dict) -> dict:
     return json.loads(config.to_json_string(use_diff=False))
 
 
-def generates_as_transformers(folder) -> None:
+def generates_as_transformers(folder, **reference_kwargs) -> None:
     """Three prompts of 7 tokens, two left-padded, 10 new tokens: greedy search and beam search (3 beams)
     token-identical, each with an EOS that the first row writes early, so stopping is exercised (one load of
-    each model for both searches)."""
+    each model for both searches). The EOS is read off transformers' search without it: ours then compiles
+    once a search (the EOS ids are part of the compiled program), and equal tokens are what is asserted.
+    ``reference_kwargs`` go to transformers' generate alone (use_cache=False: where its cached step departs from
+    its own full forward)."""
     model, reference = jf.from_pretrained(folder), reference_model(folder)
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 97, (3, 7))
     mask = np.ones_like(ids)
     mask[1, :2], mask[2, :4] = 0, 0
     ids = ids * mask
+
+    def theirs(**kwargs):
+        with torch.no_grad():
+            return reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **reference_kwargs,
+                                      **kwargs).numpy()
+
     for num_beams in (1, 3):
         kwargs = dict(max_new_tokens=10, num_beams=num_beams, do_sample=False, length_penalty=1.0)
-        kwargs["eos_token_id"] = int(model.generate(ids, mask, **kwargs)[0, 7 + 2])
-        ours = model.generate(ids, mask, **kwargs)
-        with torch.no_grad():
-            theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), **kwargs).numpy()
-        np.testing.assert_array_equal(ours, theirs, err_msg=f"num_beams={num_beams}")
+        kwargs["eos_token_id"] = int(theirs(**kwargs)[0, 7 + 2])
+        np.testing.assert_array_equal(model.generate(ids, mask, **kwargs), theirs(**kwargs),
+                                      err_msg=f"num_beams={num_beams}")
 
 
 def qlora_loss_falls(folder, run_dir, *overrides: str) -> None:

@@ -144,8 +144,30 @@ _QWEN3_NEXT = {**_LLAMA, "initializer_range": 0.05, "num_hidden_layers": 5, "hea
                "linear_key_head_dim": 8, "linear_value_head_dim": 6, "pad_token_id": 0}
 _QWEN3_NEXT_MOE = {**_QWEN3_NEXT, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
                    "shared_expert_intermediate_size": 16}
+# Kimi Linear: Kimi Delta Attention (3 heads of 8: per-channel decays) in layers 0, 1 and 3, NoPE latent attention in
+# layers 2 and 4, a dense first layer then DeepSeek-V3's experts (top 3 of 8 in 4 groups, 2 picked, a shared one).
+# Drawn at std 0.05, as Qwen3-Next's: at 0.1 the RMSNorm of each head's small output lifts both sides' float32
+# rounding past 1e-5 over 150 tokens (the core outputs agree to 2e-8 there); its embeddings 4x (build_reference)
+_KIMI_LINEAR = dict(vocab_size=97, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=5,
+                    num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=12, qk_rope_head_dim=8,
+                    qk_nope_head_dim=8, v_head_dim=12, num_experts=8, num_experts_per_token=3, num_expert_group=4,
+                    topk_group=2, linear_head_dim=8, linear_num_heads=3, initializer_range=0.05, pad_token_id=0,
+                    bos_token_id=1, eos_token_id=2, model_max_length=64,
+                    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention",
+                                 "full_attention"])
 
 # name -> (config class, model class, config kwargs)
+_DEEPSEEK_V4 = dict(vocab_size=97, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=4, num_attention_heads=4,
+                    head_dim=16, q_lora_rank=24, partial_rotary_factor=0.5, num_experts_per_tok=2, n_routed_experts=4,
+                    layer_types=["heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention",
+                                 "compressed_sparse_attention"], mlp_layer_types=["hash_moe", "moe", "moe", "moe"],
+                    compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 4},
+                    hc_mult=3, hc_sinkhorn_iters=6, sliding_window=4, o_groups=2, o_lora_rank=8, index_n_heads=8,
+                    index_head_dim=12, index_topk=2, swiglu_limit=1.0, routed_scaling_factor=1.5,
+                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+                    max_position_embeddings=64, initializer_range=STD, bos_token_id=1, eos_token_id=2,
+                    attn_implementation="eager")
+
 CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "bert": ("BertConfig", "BertModel", _BERT),
     "bert-mlm": ("BertConfig", "BertForMaskedLM", _BERT),
@@ -346,6 +368,19 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                     {**_DEEPSEEK_V3, "index_n_heads": 8, "index_head_dim": 12, "index_topk": 4,
                      "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
                      "attn_implementation": "eager"}),
+    # Mistral Small 4: V3's layers with queries scaled by their position past every 4 positions (beta 0.5, so the
+    # 9-token inputs see three spans), yarn over those 4, a softmax router scoring 4 groups of 2 by their best two
+    "mistral4": ("Mistral4Config", "Mistral4ForCausalLM",
+                 {**_DEEPSEEK_V3, "routed_scaling_factor": 1.5, "pad_token_id": 0,
+                  "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                                      "original_max_position_embeddings": 4, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}}),
+    # DeepSeek-V4: an HCA, a CSA, a window-only and a CSA layer (blocks of 4 and 2 tokens, a window of 4, the indexer
+    # keeping 2 entries: the 9-token inputs pass 4 CSA blocks, so it selects), 3 residual copies, the first layer's
+    # experts by token id, yarn on the compressed layers only, a SwiGLU clamp low enough to clamp. 8 indexer heads
+    # keep exact ReLU ties (every head below zero) away from the top-k cut, where torch's choice depends on length
+    "deepseek-v4": ("DeepseekV4Config", "DeepseekV4ForCausalLM", _DEEPSEEK_V4),
+    "deepseek-v4-base": ("DeepseekV4Config", "DeepseekV4Model", _DEEPSEEK_V4),
     "t5": ("T5Config", "T5ForConditionalGeneration", _T5),
     "t5-v1_1": ("T5Config", "T5ForConditionalGeneration",
                 {**_T5, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False}),
@@ -387,6 +422,10 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {**_GEMMA3, "attn_logit_softcapping": None}),
     "gemma3-base": ("Gemma3TextConfig", "Gemma3TextModel", {**_GEMMA3, "attn_logit_softcapping": None}),
     "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", _GEMMA4),
+    # Gemma 4's experts beside every layer's MLP (the 26B A4B's enable_moe_block): 4 experts 8 wide, the best 2 kept,
+    # the router's own scales and each expert's perturbed (below), on the layout above
+    "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", {**_GEMMA4, "enable_moe_block": True, "num_experts": 4,
+                                                             "top_k_experts": 2, "moe_intermediate_size": 8}),
     # EmbeddingGemma's shape: a bidirectional Gemma 3 (sliding layers see |t - s| <= 6 // 2 = 3, as the file's
     # window 6 means there)
     "embeddinggemma": ("Gemma3TextConfig", "Gemma3TextModel",
@@ -438,6 +477,12 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                          "layer_types": ["linear_attention", "full_attention"] * 2}),
     "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", _QWEN3_NEXT),
     "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", _QWEN3_NEXT_MOE),
+    # Kimi Linear; the base model with a low-rank query, no groups, two shared experts and the class's own layer
+    # pattern (every fourth past the first full: layer 4)
+    "kimi_linear": ("KimiLinearConfig", "KimiLinearForCausalLM", _KIMI_LINEAR),
+    "kimi_linear-base": ("KimiLinearConfig", "KimiLinearModel",
+                         {**_KIMI_LINEAR, "layer_types": None, "q_lora_rank": 20, "num_expert_group": 1,
+                          "topk_group": 1, "num_shared_experts": 2, "moe_renormalize": False}),
     "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", _PHIMOE),
     # the base model with plain rotary positions, no attention biases or window, the published jitter eps
     "phimoe-base": ("PhimoeConfig", "PhimoeModel", {**_PHIMOE, "attention_bias": False, "sliding_window": None,
@@ -542,6 +587,22 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
         for n, buffer in model.named_buffers():
             if n.endswith(".layer_scalar"):
                 buffer.copy_(1 + torch.randn_like(buffer) * 0.1)
+    with torch.no_grad():  # Gemma 4's router scales start at 1 too
+        for n, p in model.named_parameters():
+            if n.endswith((".router.scale", ".router.per_expert_scale")):
+                p.add_(torch.randn_like(p) * 0.1)
+    if name.startswith("deepseek-v4"):  # V4's sinks, compressor biases and hyper-connection biases and scales start at
+        with torch.no_grad():  # 0 or 1, its token-to-expert table at expert 0: values so the test sees them
+            for n, p in model.named_parameters():
+                if n.endswith(("sinks", "position_bias", "_hc.base", "_hc.scale", "hc_base", "hc_scale")):
+                    p.add_(torch.randn_like(p) * 0.5)
+            for n, buffer in model.named_buffers():
+                if n.endswith("tid2eid"):
+                    rows = [torch.randperm(config.n_routed_experts)[:config.num_experts_per_tok] for _ in buffer]
+                    buffer.copy_(torch.stack(rows))
+    if name.startswith("kimi_linear"):  # a residual stream 4x its std-0.05 draw: the final norm then lifts both
+        with torch.no_grad():           # sides' rounding 4x less (last row 2e-6 over 150 tokens, not 2e-5)
+            getattr(model, "model", model).embed_tokens.weight.mul_(4.0)
     if name.startswith("falcon"):  # Falcon's ln_attn, ln_mlp and ln_f have no "norm" in their names
         with torch.no_grad():
             for n, p in model.named_parameters():

@@ -201,6 +201,19 @@ def _deepseek_yarn(mscale: float) -> dict:
             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale, "mscale_all_dim": mscale}
 
 
+def _deepseek_v4(hidden: int, layers: int, heads: int, moe: int, experts: int, q_rank: int, groups: int,
+                 scaling: float, ratios: list[int] | None) -> dict:
+    kw = {} if ratios is None else {"compress_ratios": ratios}
+    return dict(vocab_size=129280, hidden_size=hidden, moe_intermediate_size=moe, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=1, head_dim=512, q_lora_rank=q_rank, qk_rope_head_dim=64,
+                num_experts_per_tok=6, n_routed_experts=experts, n_shared_experts=1, scoring_func="sqrtsoftplus",
+                routed_scaling_factor=scaling, o_groups=groups, o_lora_rank=1024, index_n_heads=64, index_head_dim=128,
+                index_topk=512, num_hash_layers=3, sliding_window=128, hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6,
+                swiglu_limit=10.0, rope_theta=10000, compress_rope_theta=160000.0, max_position_embeddings=1048576,
+                rope_scaling={"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                              "beta_fast": 32, "beta_slow": 1}, tie_word_embeddings=False, **kw)
+
+
 def _gemma(hidden: int, layers: int, heads: int, kv: int, intermediate: int, vocab: int, **kw) -> dict:
     return dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                 num_key_value_heads=kv, head_dim=256, intermediate_size=intermediate, **kw)
@@ -232,6 +245,11 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
     "gemma-4-31b": ("Gemma4ForCausalLM", _gemma4(5376, 60, 32, 16, 21504, 1024, 6, hidden_size_per_layer_input=0,
                                                  max_position_embeddings=262144, attention_k_eq_v=True,
                                                  num_global_key_value_heads=4)),
+    # google/gemma-4-26B-A4B-it's text_config (third-party copies, not hub-verified): the experts beside each MLP
+    "gemma-4-26b-a4b": ("Gemma4ForCausalLM", _gemma4(2816, 30, 16, 8, 2112, 1024, 6, hidden_size_per_layer_input=0,
+                                                     max_position_embeddings=262144, attention_k_eq_v=True,
+                                                     num_global_key_value_heads=2, enable_moe_block=True,
+                                                     num_experts=128, top_k_experts=8, moe_intermediate_size=704)),
     "t5gemma-2b-2b": ("T5GemmaForConditionalGeneration",
                       dict(encoder=_gemma(2304, 26, 8, 4, 9216, 256000), decoder=_gemma(2304, 26, 8, 4, 9216, 256000),
                            vocab_size=256000)),
@@ -482,6 +500,14 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    # Mistral Small 3.1's text model: its published file's text_config (Mistral3Config's default one)
+    "mistral-small-3.1-24b": (
+        "MistralForCausalLM",
+        dict(vocab_size=131072, hidden_size=5120, intermediate_size=32768, num_hidden_layers=40,
+             num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_act="silu",
+             max_position_embeddings=131072, rms_norm_eps=1e-5, rope_parameters=_rope(1e9), sliding_window=None,
+             tie_word_embeddings=False),
+    ),
     "mixtral-8x7b": (
         "MixtralForCausalLM",
         dict(
@@ -645,6 +671,21 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
                                         "mscale": 1.0, "mscale_all_dim": 1.0},
                        tie_word_embeddings=False, bos_token_id=163584, eos_token_id=163585)),
     "glm-4.5-air": ("Glm4MoeForCausalLM", _glm45(4096, 46, 10944, 1408, 128, 1, 1.0, False)),
+    # moonshotai/Kimi-Linear-48B-A3B-Instruct's config.json (its layer lists in linear_attn_config, 1-based)
+    "kimi-linear-48b-a3b": ("KimiLinearForCausalLM",
+                            dict(vocab_size=163840, hidden_size=2304, intermediate_size=9216,
+                                 moe_intermediate_size=1024, num_hidden_layers=27, num_attention_heads=32,
+                                 num_key_value_heads=32, kv_lora_rank=512,
+                                 q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+                                 num_experts=256, num_experts_per_token=8, num_shared_experts=1, num_expert_group=1,
+                                 topk_group=1, moe_renormalize=True, routed_scaling_factor=2.446,
+                                 first_k_dense_replace=1, model_max_length=1048576, rms_norm_eps=1e-5,
+                                 hidden_act="silu", tie_word_embeddings=False, bos_token_id=163584,
+                                 eos_token_id=163586, pad_token_id=163839,
+                                 linear_attn_config={"head_dim": 128, "num_heads": 32, "short_conv_kernel_size": 4,
+                                                     "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+                                                     "kda_layers": [i for i in range(1, 28)
+                                                                    if i not in (4, 8, 12, 16, 20, 24, 27)]})),
     # Qwen/Qwen3-Next-80B-A3B-Instruct's config.json (its multi-token-prediction module is not part of the model)
     "qwen3-next-80b-a3b": ("Qwen3NextForCausalLM",
                            dict(vocab_size=151936, hidden_size=2048, intermediate_size=5120, num_hidden_layers=48,
@@ -771,6 +812,12 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
             tie_word_embeddings=False,
         ),
     ),
+    # DeepSeek-V4-Flash and V4-Pro: the published config.json's sizes (public copies of deepseek-ai/DeepSeek-V4-Flash
+    # and -Pro, not checked against the hub files); Flash's compress_ratios as its first five layers publish them,
+    # continued in turn; Pro's schedule the config class's default
+    "deepseek-v4-flash": ("DeepseekV4ForCausalLM", _deepseek_v4(
+        4096, 43, 64, 2048, 256, 1024, 8, 1.5, [0, 0] + [4 if i % 2 == 0 else 128 for i in range(41)])),
+    "deepseek-v4-pro": ("DeepseekV4ForCausalLM", _deepseek_v4(7168, 61, 128, 3072, 384, 1536, 16, 2.5, None)),
     # DeepSeek-V3.2: V3 plus the lightning indexer (64 heads of 128, 2048 keys per query) in every layer
     "deepseek-v3.2": (
         "DeepseekV32ForCausalLM",
@@ -792,6 +839,14 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
              first_k_dense_replace=3, max_position_embeddings=202752, rms_norm_eps=1e-5,
              rope_parameters=_rope(1000000.0), index_n_heads=32, index_head_dim=128, index_topk=2048,
              tie_word_embeddings=False, pad_token_id=154820, eos_token_id=[154820, 154827, 154829]),
+    ),
+    # Mistral Small 4: Mistral4Config's defaults (its docstring names mistralai/Mistral-Small-4-119B-2603)
+    "mistral-small-4-119b": (
+        "Mistral4ForCausalLM",
+        dict(vocab_size=131072, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=2048,
+             num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=32, n_shared_experts=1,
+             n_routed_experts=128, num_experts_per_tok=4, kv_lora_rank=256, q_lora_rank=1024, qk_rope_head_dim=64,
+             v_head_dim=128, qk_nope_head_dim=64, first_k_dense_replace=0, tie_word_embeddings=False),
     ),
 }
 

@@ -17,7 +17,10 @@ from conftest import TINY, tiny_config, tiny_model
 AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "unstaged_layers", "experts",
               "positions", "types", "buckets", "labels", "latent", "segments", "index_heads", "index_head_dim",
               "embedding", "relative", "conv_width", "conv_in", "conv_channels",
-              "scalar"}
+              "scalar",
+              # DeepSeek-V4: hyper-connections, the grouped output projection, compressors, hash routing
+              "hc_in", "hc_mix", "hc_scales", "hc_streams", "out_groups", "group_in", "out_rank", "grouped_out",
+              "compressed_width", "block_positions", "experts_per_token"}
 
 VARIANTS = {
     "untied-lm-head": ("tiny-gpt", dict(tie_embeddings=False)),
@@ -80,7 +83,9 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
         "mlp": {cfg.d_ff, cfg.expert_width, f["shared_experts"] * cfg.expert_width, f["kv_shared_d_ff"]},
         "vocab": {cfg.vocab_size, f["per_layer_vocab_size"]},
         "experts": {f["num_experts"]},
-        "latent": {f["kv_lora_rank"], f["q_lora_rank"], f["kv_lora_rank"] + f["rope_head_dim"]} if cfg.mla else set(),
+        "latent": ({f["kv_lora_rank"], f["q_lora_rank"], f["kv_lora_rank"] + f["rope_head_dim"]} if cfg.mla else set())
+        # Kimi Delta Attention's decay and gate bottlenecks, head-wide
+        | ({linear.key_head_dim, linear.value_head_dim} if linear and linear.decay == "channel" else set()),
         "positions": {cfg.max_positions + f["position_offset"]}, "types": {f["type_vocab_size"]},
         "buckets": {f["relative_buckets"]},
         "labels": {f["num_labels"], 2, 1},  # classifiers: num_labels; NSP and QA spans: 2; ELECTRA's discriminator: 1
@@ -93,7 +98,22 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
         "relative": {2 * cfg.disentangled.span(cfg.max_positions)} if cfg.disentangled else set(),
         "conv_width": {f["conv_kernel_size"]} | ({linear.conv_kernel} if linear else set()),
         "conv_in": {cfg.d_model // f["conv_groups"]}, "conv_channels": {linear.conv_width} if linear else set(),
+        **_compressed_sizes(cfg),
     }
+
+
+def _compressed_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
+    """DeepSeek-V4's axes: its hyper-connections' and compressed attention's (queries through ``latent``, the
+    indexer's heads through ``index_heads`` and ``index_head_dim``)."""
+    hyper, part, n = cfg.norms.hyper_connections, cfg.scores.compressed, cfg.to_flat()["hc_streams"]
+    sizes = {"hc_in": {n * cfg.d_model}, "hc_mix": {(2 + n) * n}, "hc_scales": {3}, "hc_streams": {n}} if hyper else {}
+    if part is None:
+        return sizes
+    H, G, Di = cfg.head_dim_, part.out_groups, part.index_head_dim
+    return {**sizes, "out_groups": {G}, "group_in": {cfg.num_heads * H // G}, "out_rank": {part.out_rank},
+            "grouped_out": {G * part.out_rank}, "compressed_width": {H, 2 * H, Di, 2 * Di},
+            "block_positions": {part.sparse_rate, part.heavy_rate}, "experts_per_token": {cfg.experts.per_token},
+            "latent": {part.q_rank}, "index_heads": {part.index_heads}, "index_head_dim": {Di}}
 
 
 def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], object]]) -> None:

@@ -29,7 +29,7 @@ CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "al
                "mixtral": "mixtral", "gpt_oss": "gpt-oss", "llama4_text": "llama4",
                "deepseek_v2": "deepseek-v2", "deepseek_v3": "deepseek-v3",
                "deepseek_v32": "deepseek-v32", "glm_moe_dsa": "glm_moe_dsa",
-               "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma4_text": "gemma4", "t5": "t5", "mt5": "mt5", "umt5": "umt5", "mpnet": "mpnet-mlm",
+               "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma4_text": "gemma4-moe", "t5": "t5", "mt5": "mt5", "umt5": "umt5", "mpnet": "mpnet-mlm",
                "bart": "bart", "m2m_100": "m2m100", "mbart": "mbart", "marian": "marian", "pegasus": "pegasus", "t5gemma": "t5gemma",
                "xlnet": "xlnet", "starcoder2": "starcoder2", "olmo2": "olmo2", "granite": "granite",
                "smollm3": "smollm3", "stablelm": "stablelm-12b", "falcon": "falcon-40b",
@@ -37,7 +37,8 @@ CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "al
                "ernie4_5": "ernie4_5", "glm4_moe": "glm4_moe", "longformer": "longformer-mlm",
                "big_bird": "big_bird-mlm", "bigbird_pegasus": "bigbird_pegasus",
                "phimoe": "phimoe", "qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_5",
-               "qwen3_5_moe_text": "qwen3_5_moe"}
+               "qwen3_5_moe_text": "qwen3_5_moe", "mistral4": "mistral4", "kimi_linear": "kimi_linear",
+               "deepseek_v4": "deepseek-v4"}
 # Changed string values: another valid choice where the key has choices, so the change means something.
 OTHER_STRING = {"gelu": "relu", "relu": "gelu", "silu": "gelu", "gelu_new": "relu", "gelu_pytorch_tanh": "silu",
                 "float32": "bfloat16", "gated-gelu": "relu", "absolute": "relative_key", "uni": "bi",
@@ -119,6 +120,8 @@ COVERED_BY["kimi_k25"] = "deepseek_v3"
 COVERED_BY["gemma4"] = "gemma4_text"
 # Qwen3.5's multimodal files: their text_config is qwen3_5_text's / qwen3_5_moe_text's (tests/test_qwen3_next.py)
 COVERED_BY.update(qwen3_5="qwen3_5_text", qwen3_5_moe="qwen3_5_moe_text")
+# Mistral 3's multimodal files: their text_config is mistral's or mistral4's (tests/test_mistral3.py loads both)
+COVERED_BY["mistral3"] = "mistral"
 
 
 @pytest.mark.parametrize("model_type", sorted(CHECKPOINTS))
@@ -165,7 +168,7 @@ MODELING = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra":
             "gemma2": "gemma2", "deepseek_v32": "deepseek_v32", "gpt_oss": "gpt_oss", "llama4_text": "llama4",
             "gemma3_text": "gemma3", "gemma4_text": "gemma4", "t5": "t5", "mt5": "mt5", "umt5": "umt5", "mpnet": "mpnet", "bart": "bart", "mbart": "mbart", "m2m_100": "m2m_100", "t5gemma": "t5gemma",
             "marian": "marian", "pegasus": "pegasus", "xlnet": "xlnet", "longformer": "longformer",
-            "big_bird": "big_bird"}
+            "big_bird": "big_bird", "mistral4": "mistral4"}
 
 
 def test_keys_said_never_read_are_not_read_by_transformers():

@@ -9,7 +9,7 @@ import json
 import pytest
 
 import jaxformer as jf
-from jaxformer.model_config import FLAT, GROUPS, OPTIONAL_GROUPS, Experts, Indexer, ModelConfig, Rotary
+from jaxformer.model_config import FLAT, GROUPS, NESTED, OPTIONAL_GROUPS, Experts, ModelConfig, Rotary
 
 
 def test_the_top_level_is_small_and_every_flat_name_has_one_home():
@@ -17,7 +17,7 @@ def test_the_top_level_is_small_and_every_flat_name_has_one_home():
     top = {f.name for f in dataclasses.fields(ModelConfig)}
     assert set(GROUPS) <= top and not set(FLAT) & top
     for name, path in FLAT.items():  # each path names a real field of its part
-        part = GROUPS[path[0]] if len(path) == 2 else Indexer
+        part = GROUPS[path[0]] if len(path) == 2 else NESTED[path[:2]]  # (the indexer, hyper-connections, ...)
         assert path[-1] in {f.name for f in dataclasses.fields(part)}, name
     assert all(getattr(ModelConfig(), group) is None for group in OPTIONAL_GROUPS)
 

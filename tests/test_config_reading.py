@@ -89,6 +89,11 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "deepseek_v2": _DEEPSEEK, "deepseek_v3": _DEEPSEEK,
          "deepseek_v32": dict(_DEEPSEEK, index_n_heads=2, index_head_dim=16, n_group=1, topk_group=1),
          "glm_moe_dsa": dict(_DEEPSEEK, index_n_heads=2, index_head_dim=16, q_lora_rank=20),
+         "mistral4": _DEEPSEEK,
+         # DeepSeek-V4: heads, ranks, experts and the indexer made tiny (its class gives 512-wide heads)
+         "deepseek_v4": dict(_SIZES, num_hidden_layers=4, head_dim=16, q_lora_rank=24, intermediate_size=16,
+                             moe_intermediate_size=16,
+                             n_routed_experts=8, o_groups=2, o_lora_rank=8, index_n_heads=2, index_head_dim=16),
          "stablelm": dict(_SIZES, num_key_value_heads=2),  # StableLmConfig's default is 32
          "glm4_moe": dict(_SIZES, num_key_value_heads=2, n_routed_experts=4, num_experts_per_tok=2),
          "qwen2_moe": dict(_SIZES, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2),
@@ -103,9 +108,14 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "gemma4_text": dict(_SIZES, num_key_value_heads=2, head_dim=8, global_head_dim=8),
          "gemma4": dict(text_config=dict(_SIZES, num_key_value_heads=2, head_dim=8, global_head_dim=8)),
          "kimi_k25": dict(text_config=dict(_DEEPSEEK, model_type="deepseek_v3")),
+         # Kimi Linear: its latent attention and its delta attention's heads made tiny, five layers (the fifth full)
+         "kimi_linear": dict(_SIZES, num_key_value_heads=4, num_hidden_layers=5, kv_lora_rank=12, qk_rope_head_dim=8,
+                             qk_nope_head_dim=8, v_head_dim=12, moe_intermediate_size=16, num_experts=4,
+                             num_experts_per_token=2, linear_head_dim=8, linear_num_heads=4),
          # Qwen3-Next and Qwen3.5: the linear layers' heads made tiny too
          **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), _QWEN3_NEXT),
          **{wrapper: dict(text_config=_QWEN3_NEXT) for wrapper in ("qwen3_5", "qwen3_5_moe")},
+         "mistral3": dict(text_config=dict(_SIZES, num_key_value_heads=2, head_dim=8)),  # Mistral Small 3.1's text
          **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "glm", "glm4", "gemma2",
                           "gemma3_text"),
                          dict(_SIZES, num_key_value_heads=2, head_dim=8))}
@@ -295,10 +305,11 @@ def test_a_published_multimodal_llama4_file_reads_as_its_transformers_form():
     assert modern.replace(name=cfg.name) == cfg
 
 
-def test_a_published_deepseek_v32_file_is_refused_for_its_fp8_weights_and_reads_without_them():
-    """DeepSeek-V3.2 as published (sizes tiny): its block-scaled fp8 weights are refused by name; the same file
-    without its quantization_config (a bfloat16 conversion) reads as its transformers form, with the remote
-    code's keys (scoring_func, topk_method, moe_layer_freq, ep_size) and the MTP layer count read or harmless."""
+def test_a_published_deepseek_v32_file_reads_with_its_fp8_weights_and_without_them():
+    """DeepSeek-V3.2 as published (sizes tiny): its block-scaled fp8 weights load decoded (interop/fp8.py), so the
+    file reads as the same file without its quantization_config (a bfloat16 conversion), and as its transformers
+    form, with the remote code's keys (scoring_func, topk_method, moe_layer_freq, ep_size) and the MTP layer count
+    read or harmless."""
     published = {"architectures": ["DeepseekV32ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
                  "bos_token_id": 0, "eos_token_id": 1, "ep_size": 1, "first_k_dense_replace": 1, "hidden_act": "silu",
                  "hidden_size": 32, "index_head_dim": 16, "index_n_heads": 2, "index_topk": 2048,
@@ -315,10 +326,9 @@ def test_a_published_deepseek_v32_file_is_refused_for_its_fp8_weights_and_reads_
                  "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid",
                  "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
                  "transformers_version": "4.44.2", "use_cache": True, "v_head_dim": 12, "vocab_size": 97}
-    with pytest.raises(ValueError, match="quantization_config"):
-        config_from_hf(copy.deepcopy(published))
     converted = {k: v for k, v in published.items() if k != "quantization_config"}
     cfg = config_from_hf(copy.deepcopy(converted))
+    assert config_from_hf(copy.deepcopy(published)) == cfg
     assert (cfg.indexer.heads, cfg.indexer.head_dim, cfg.indexer.topk, cfg.experts.dense_layers) == (2, 16, 2048, 1)
     reference = transformers.CONFIG_MAPPING["deepseek_v32"].from_dict(copy.deepcopy(converted))
     with warnings.catch_warnings():
@@ -409,3 +419,18 @@ def test_an_export_without_token_ids_does_not_take_transformers_class_defaults(t
     reference = transformers.AutoConfig.from_pretrained(tmp_path)
     assert reference.model_type == "gpt2"
     assert (reference.bos_token_id, reference.eos_token_id) == (None, None)
+
+
+def test_a_t5gemma_file_without_token_ids_takes_its_decoders_as_transformers_does():
+    """T5GemmaConfig fills each id its file leaves out from its decoder's (class defaults pad 0, eos 1, bos 2),
+    and generation starts decoding from bos: a file without ids decodes from 2, not from nothing."""
+    half = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                num_hidden_layers=2, vocab_size=97)
+    file = transformers.T5GemmaConfig(encoder=half, decoder=half).to_dict()
+    for side in (file, file["encoder"], file["decoder"]):
+        for key in ("bos_token_id", "pad_token_id", "eos_token_id", "decoder_start_token_id"):
+            side.pop(key, None)
+    reference = transformers.T5GemmaConfig.from_dict(file)
+    tokens = config_from_hf({**file, "architectures": ["T5GemmaForConditionalGeneration"]}).tokens
+    assert (tokens.pad, tokens.eos, tokens.bos, tokens.decoder_start) == (
+        reference.pad_token_id, reference.eos_token_id, reference.bos_token_id, reference.bos_token_id) == (0, 1, 2, 2)

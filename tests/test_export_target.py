@@ -141,10 +141,15 @@ OLD_PRESET_TARGETS = {
     # added with their architectures (issue 50: Phi-3.5-MoE; Kimi K2.5's text model, written as DeepSeek-V3)
     "phi-3.5-moe": ("phimoe", "PhimoeForCausalLM"),
     "kimi-k2.5": ("deepseek_v3", "DeepseekV3ForCausalLM"),
+    "kimi-linear-48b-a3b": ("kimi_linear", "KimiLinearForCausalLM"),
     "deepseek-v2-lite": ("deepseek_v2", "DeepseekV2ForCausalLM"),
     "deepseek-v3": ("deepseek_v3", "DeepseekV3ForCausalLM"),
     "deepseek-v3.2": ("deepseek_v32", "DeepseekV32ForCausalLM"),
     "glm-5": ("glm_moe_dsa", "GlmMoeDsaForCausalLM"),  # added with its architecture (issue 50 row 5)
+    "mistral-small-4-119b": ("mistral4", "Mistral4ForCausalLM"),  # added with its architecture (issue 50 row 5)
+    "mistral-small-3.1-24b": ("llama", "LlamaForCausalLM"),  # (no window: LLaMA holds it; a loaded one stays mistral)
+    "deepseek-v4-flash": ("deepseek_v4", "DeepseekV4ForCausalLM"),  # added with its architecture (issue 50 row 1)
+    "deepseek-v4-pro": ("deepseek_v4", "DeepseekV4ForCausalLM"),
     "gemma-2-2b": ("gemma2", "Gemma2ForCausalLM"),
     "gemma-2-9b": ("gemma2", "Gemma2ForCausalLM"),
     "gemma-3-1b": ("gemma3_text", "Gemma3ForCausalLM"),
@@ -153,6 +158,7 @@ OLD_PRESET_TARGETS = {
     "embeddinggemma-300m": ("gemma3_text", "Gemma3TextModel"),
     # added with their architecture (issue 50: Gemma 4's text models)
     **dict.fromkeys(("gemma-4-e2b", "gemma-4-e4b", "gemma-4-31b"), ("gemma4_text", "Gemma4ForCausalLM")),
+    "gemma-4-26b-a4b": ("gemma4_text", "Gemma4ForCausalLM"),  # (issue 50: Gemma 4's experts)
     "transformer-xl": None,
     "transformer-xl-large": None,
     "xlnet-base-cased": ("xlnet", "XLNetLMHeadModel"),
@@ -258,6 +264,9 @@ OLD_CHECKPOINT_TARGETS = {
     "deepseek-v3-base": _twice("deepseek_v3", "DeepseekV3Model"),
     "deepseek-v32": _twice("deepseek_v32", "DeepseekV32ForCausalLM"),
     "glm_moe_dsa": _twice("glm_moe_dsa", "GlmMoeDsaForCausalLM"),
+    "mistral4": _twice("mistral4", "Mistral4ForCausalLM"),
+    "deepseek-v4": _twice("deepseek_v4", "DeepseekV4ForCausalLM"),
+    "deepseek-v4-base": _twice("deepseek_v4", "DeepseekV4Model"),
     "t5": _twice("t5", "T5ForConditionalGeneration"),
     "t5-v1_1": _twice("t5", "T5ForConditionalGeneration"),
     "t5-encoder": _twice("t5", "T5EncoderModel"),
@@ -287,6 +296,7 @@ OLD_CHECKPOINT_TARGETS = {
     "gemma3": _twice("gemma3_text", "Gemma3ForCausalLM"),
     "gemma3-base": _twice("gemma3_text", "Gemma3TextModel"),
     "gemma4": _twice("gemma4_text", "Gemma4ForCausalLM"),
+    "gemma4-moe": _twice("gemma4_text", "Gemma4ForCausalLM"),
     "embeddinggemma": _twice("gemma3_text", "Gemma3TextModel"),
     "t5gemma": _twice("t5gemma", "T5GemmaForConditionalGeneration"),
     "xlnet-tied-clamped": _twice("xlnet", "XLNetLMHeadModel"),
@@ -311,6 +321,8 @@ OLD_CHECKPOINT_TARGETS = {
     "qwen3_next": _twice("qwen3_next", "Qwen3NextForCausalLM"),
     "qwen3_next-base": _twice("qwen3_next", "Qwen3NextModel"),
     "qwen3_5": _twice("qwen3_5_text", "Qwen3_5ForCausalLM"),
+    "kimi_linear": _twice("kimi_linear", "KimiLinearForCausalLM"),
+    "kimi_linear-base": _twice("kimi_linear", "KimiLinearModel"),
     # Qwen3.5-MoE's layers are Qwen3-Next's (renormalised experts): a fresh export is written as the first type
     # that holds them, a model loaded from a Qwen3.5-MoE file as it came
     "qwen3_5_moe": (("qwen3_next", "Qwen3NextForCausalLM"), ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM")),

@@ -1,13 +1,17 @@
 """Gemma 4's text model (``gemma4_text``, and the text model of a multimodal ``gemma4`` file) as transformers
 computes it: what a file says reads as the settings it means, what jaxformer cannot honour yet is refused by name,
-the multimodal file's towers are skipped with a note naming them, greedy and beam generation with left padding are
-token-identical, and a QLoRA fine-tune starts from the file and learns. Parity of every layer and the bit-exact
-round trip of both tiny checkpoints are in test_hf_parity.py, every key changed one at a time in
-test_config_keys.py, cache == no cache (per-layer inputs, value norms, layer scalars, proportional rotary) in
+the 26B A4B's multimodal file loads its text model with the experts beside each MLP (its towers skipped with a note
+naming them), greedy and beam generation with left padding are token-identical, and a QLoRA fine-tune starts from
+the file and learns (both on the tiny checkpoint with experts, which has every other setting of the dense one too).
+Parity of every layer and the bit-exact round trip of the tiny checkpoints ('gemma4', 'gemma4-moe') are in
+test_hf_parity.py, every key changed one at a time in test_config_keys.py ('gemma4-moe'), cache == no cache
+(per-layer inputs, value norms, layer scalars, proportional rotary, shared keys and values, the experts) in
 test_generate.py."""
 
 from __future__ import annotations
 
+import copy
+import json
 import warnings
 
 import pytest
@@ -17,9 +21,8 @@ transformers = pytest.importorskip("transformers")
 
 import jaxformer as jf  # noqa: E402
 
-import hf_factory  # noqa: E402
 import numpy as np  # noqa: E402
-from family_files import generates_as_transformers, qlora_loss_falls, read  # noqa: E402
+from family_files import as_transformers_writes_it, generates_as_transformers, qlora_loss_falls, read  # noqa: E402
 from jaxformer.compare import compare, format_table  # noqa: E402
 
 # The text_config of google/gemma-4-E2B's config.json as third-party code copies it (not checked against the hub),
@@ -56,6 +59,9 @@ def test_what_a_file_says():
     # the class's own layout: every sixth layer full, the last forced to full as transformers forces it
     assert read({**TEXT, "layer_types": None, "num_hidden_layers": 4, "num_kv_shared_layers": 0}).layer_types == \
         ("sliding",) * 3 + ("full",)
+    # third-party copies carry a sliding_window_pattern, which Gemma4TextConfig never reads (its period is six)
+    assert read({**TEXT, "layer_types": None, "sliding_window_pattern": 5, "num_kv_shared_layers": 0}).layer_types == \
+        ("sliding",) * 5 + ("full",) + ("sliding",) * 3 + ("full",)
     # no per-layer inputs (the 31B's hidden_size_per_layer_input 0); 'vision' bidirectionality reads text causally
     plain = read({**TEXT, "hidden_size_per_layer_input": 0, "use_bidirectional_attention": "vision"})
     assert plain.embeddings.per_layer_width == 0 and plain.attention == "alternating"
@@ -68,8 +74,7 @@ def test_what_a_file_says():
     ({"attention_k_eq_v": True, "layer_types": ["full_attention"] * 10}, "attention_k_eq_v"),
     ({"num_kv_shared_layers": 10}, "num_kv_shared_layers"),
     ({"num_kv_shared_layers": 6}, "kv_shared_layers"),  # layer 4, the only earlier full one, shares too
-    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 8},
-     "enable_moe_block"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2}, "moe_intermediate_size"),
     ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
 ])
 def test_what_jaxformer_cannot_honour_is_refused_by_name(changes, named):
@@ -78,33 +83,65 @@ def test_what_jaxformer_cannot_honour_is_refused_by_name(changes, named):
         read(hf)
 
 
-def test_a_multimodal_file_loads_its_text_model_and_names_the_towers_it_skips(tmp_path):
-    """Gemma4ForConditionalGeneration: the tiny text model beside a one-layer vision tower."""
-    text = {k: v for k, v in hf_factory.CHECKPOINTS["gemma4"][2].items() if k != "attn_implementation"}
-    vision = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "num_key_value_heads": 2, "head_dim": 8}
+# google/gemma-4-26B-A4B-it's config.json as a re-release copies it (third-party, not checked against the hub; the
+# copy's quantization_config, the re-release's own, left out; its vision_config cut there, a tiny one here), every
+# key kept, sizes made tiny: a sliding and a full layer, 4 experts 8 wide beside each 48-wide MLP, 2 a token
+MOE_TEXT = {"attention_bias": False, "attention_dropout": 0.0, "attention_k_eq_v": True, "bos_token_id": 2,
+            "dtype": "bfloat16", "enable_moe_block": True, "eos_token_id": 1, "final_logit_softcapping": 30.0,
+            "global_head_dim": 16, "head_dim": 8, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 32,
+            "hidden_size_per_layer_input": 0, "initializer_range": 0.2, "intermediate_size": 48,
+            "layer_types": ["sliding_attention", "full_attention"], "max_position_embeddings": 64,
+            "model_type": "gemma4_text", "moe_intermediate_size": 8, "num_attention_heads": 4, "num_experts": 4,
+            "num_global_key_value_heads": 2, "num_hidden_layers": 2, "num_key_value_heads": 4,
+            "num_kv_shared_layers": 0, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+            "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                                   "rope_type": "proportional"},
+                                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+            "sliding_window": 4, "tie_word_embeddings": True, "top_k_experts": 2,
+            "use_bidirectional_attention": "vision", "use_cache": True, "use_double_wide_mlp": False,
+            "vocab_size": 97, "vocab_size_per_layer_input": 97}
+MOE_FILE = {"architectures": ["Gemma4ForConditionalGeneration"], "audio_config": None, "audio_token_id": 258881,
+            "boa_token_id": 256000, "boi_token_id": 255999, "dtype": "bfloat16", "eoa_token_id": 258883,
+            "eoa_token_index": 258883, "eoi_token_id": 258882, "eos_token_id": [1, 106], "image_token_id": 258880,
+            "initializer_range": 0.02, "model_type": "gemma4", "text_config": MOE_TEXT, "tie_word_embeddings": True,
+            "transformers_version": "5.5.0", "video_token_id": 258884,
+            "vision_config": {"model_type": "gemma4_vision", "hidden_size": 16, "intermediate_size": 32,
+                              "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2,
+                              "head_dim": 8},
+            "vision_soft_tokens_per_image": 280}
+
+
+def test_the_26b_a4b_file_loads_its_text_model_with_the_experts_and_names_the_towers_it_skips(tmp_path):
+    """Gemma4ForConditionalGeneration saved by transformers under the published config.json: the experts beside
+    each MLP read as the 26B A4B's settings, the towers skipped with a note, the logits transformers'; the file
+    and its transformers-5 form read alike; written back as the text model alone."""
     torch.manual_seed(0)
-    config = transformers.Gemma4Config(text_config=text, vision_config=vision, attn_implementation="eager")
+    config = transformers.Gemma4Config.from_dict(copy.deepcopy(MOE_FILE))
     transformers.Gemma4ForConditionalGeneration(config).eval().save_pretrained(str(tmp_path / "file"))
+    (tmp_path / "file" / "config.json").write_text(json.dumps(MOE_FILE))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = jf.from_pretrained(tmp_path / "file")
     notes = [str(w.message) for w in caught if "towers" in str(w.message)]
     assert notes and "vision_tower" in notes[0] and "issues 51 and 52" in notes[0], notes
-    assert model.config.embeddings.per_layer_width == 32
-    # (every layer of the same text model is held to 1e-5 by test_hf_parity.py's 'gemma4'; this file's draw of
-    # weights leaves transformers' own float32 about 1e-5 from its float64 inside, so the logits are checked here)
+    e = model.config.experts
+    assert (e.count, e.per_token, e.d_ff, e.router_score, e.normalize_weights, e.router_norm, e.expert_scale,
+            e.beside_dense, e.shared) == (4, 2, 8, "softmax", True, True, True, True, 0)
+    assert (model.config.scores.full_kv_heads, model.config.embeddings.per_layer_width) == (2, 0)
+    assert read(as_transformers_writes_it(MOE_FILE)).replace(name=model.config.name) == model.config
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 97, size=(2, 9))
-    logits = [r for r in compare(tmp_path / "file", ids, np.ones_like(ids)) if r.name == "logits"]
-    assert logits and logits[0].max_abs <= 1e-5, format_table(logits, 1e-5)
+    mask = np.ones_like(ids)
+    mask[1, 6:] = 0
+    rows = compare(tmp_path / "file", ids, mask)
+    assert all(r.max_abs <= 1e-5 for r in rows), format_table(rows, 1e-5)
     model.save_pretrained(tmp_path / "text")  # written back as the text model alone
     assert transformers.AutoConfig.from_pretrained(tmp_path / "text").model_type == "gemma4_text"
 
 
 def test_generates_as_transformers(checkpoints):
-    generates_as_transformers(checkpoints("gemma4"))
+    generates_as_transformers(checkpoints("gemma4-moe"))
 
 
 def test_qlora_fine_tune_from_the_file_learns(checkpoints, tmp_path):
-    qlora_loss_falls(checkpoints("gemma4"), tmp_path / "run", "optim.lr=6e-2")  # (logits soft-capped at 3: slower)
+    qlora_loss_falls(checkpoints("gemma4-moe"), tmp_path / "run", "optim.lr=6e-2")  # (logits soft-capped at 3: slower)

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 
 import jaxformer as jf
 from jaxformer import generate as gen
-from jaxformer.cache import HybridCache, RingKVCache, SplitKVCache, cache_numbers_per_token, windowed_layers
+from jaxformer.cache import (CompressedCache, HybridCache, RingKVCache, SplitKVCache, cache_numbers_per_token,
+                             windowed_layers)
 
 TOL = 1e-5
 
@@ -33,6 +34,10 @@ CACHE_CASES = {
     "deepseek-v32": _decoder_case("tiny-deepseek", index_heads=2, index_head_dim=16, index_topk=3),
     # GLM-5: the same indexer rotating adjacent pairs of its rotary part (its cached keys in that order)
     "glm-5": _decoder_case("tiny-deepseek", index_heads=2, index_head_dim=16, index_topk=3, index_rope_interleave=True),
+    # Mistral Small 4: queries scaled by their position past every 2 positions (prefill and steps cross spans), a
+    # softmax router scoring its 4 groups by their best two
+    "mistral4": _decoder_case("tiny-deepseek", query_position_scale=0.5, query_position_span=2, router_score="softmax",
+                              router_bias=False, router_group_score="best_two"),
     # gpt-oss: sinks in every softmax, sliding (window 2) and full layers, biased experts, the clamped SwiGLU
     "gpt-oss": _decoder_case("tiny-mixtral", attention="alternating", window_size=2, layer_types=("sliding", "full"),
                              attention_sinks=True, qkv_bias=True, out_bias=True, expert_bias=True,
@@ -79,6 +84,12 @@ CACHE_CASES = {
                                 linear_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6, linear_chunk=2,
                                 attention_gate=True, shared_experts=1, shared_expert_gate=True, expert_d_ff=32,
                                 norm_scale_offset=1.0, qk_norm=True),
+    # Kimi Linear: Kimi Delta Attention (a decay per key channel; chunks of 2) in layers 0, 1 and 3 beside NoPE latent
+    # attention (its latent cache) in layers 2 and 4, the first layer dense (a linear one), then experts
+    "kimi-linear": _decoder_case("tiny-deepseek", init_std=0.05, position="none", rope_interleave=False,
+                                 decoder_layers=5, linear_layers=(0, 1, 3), linear_key_heads=2, linear_value_heads=2,
+                                 linear_key_head_dim=8, linear_value_head_dim=8, linear_decay="channel",
+                                 linear_chunk=2),
     # Gemma: sliding and full layers with a window of 2, soft caps (2), Gemma 3's local rotary base; T5Gemma
     "gemma2": _decoder_case("tiny-gemma", window_size=2, attention_softcap=2.0, logits_softcap=3.0),
     "gemma3": _decoder_case("tiny-gemma3", window_size=2),
@@ -91,11 +102,24 @@ CACHE_CASES = {
     "gemma4-shared": _decoder_case("tiny-gemma3", window_size=2, v_norm=True, norm_scale_offset=0.0,
                                    decoder_layers=6, layer_types=("sliding", "full") * 3, full_head_dim=32,
                                    full_kv_heads=1, full_keys_as_values=True, kv_shared_layers=3, kv_shared_d_ff=96),
+    # and its experts beside each layer's MLP (the 26B A4B): the router reading the unnormed input through its own
+    # norm and scale, each expert's weight scaled
+    "gemma4-moe": _decoder_case("tiny-gemma3", window_size=2, v_norm=True, norm_scale_offset=0.0, num_experts=4,
+                                experts_per_token=2, expert_d_ff=16, router_norm=True, router_expert_scale=True,
+                                experts_beside_dense=True),
     "t5gemma": jf.config("tiny-t5gemma").replace(init_std=0.2, window_size=2, attention_softcap=2.0),
     "t5": jf.config("tiny-t5").replace(init_std=0.1),
     "transformer-2017": jf.config("tiny-transformer").replace(init_std=0.2),
     "bart-like": jf.config("bart-base").replace(vocab_size=64, d_model=32, num_heads=4, d_ff=48, encoder_layers=2,
                                                 decoder_layers=2, max_positions=40, init_std=0.2, dropout_rate=0.0),
+    # DeepSeek-V4 (CompressedCache): HCA blocks of 4, CSA blocks of 2 (the indexer keeping 2), a window of 4, so the
+    # prefill and the steps close blocks, CSA's entries overlap across calls and the window rolls
+    "deepseek-v4": jf.config("deepseek-v4-flash").replace(
+        vocab_size=97, d_model=32, num_heads=4, head_dim=16, rotary_dim=8, d_ff=16, expert_d_ff=16, decoder_layers=4,
+        num_experts=4, experts_per_token=2, hash_layers=1, window_size=4, hc_streams=3, hc_sinkhorn_iters=6,
+        compressed_layers=("heavy", "sparse", "sliding", "sparse"), compressed_q_rank=24, compressed_sparse_rate=2,
+        compressed_heavy_rate=4, compressed_index_heads=8, compressed_index_head_dim=12, compressed_index_topk=2,
+        compressed_out_groups=2, compressed_out_rank=8, max_positions=64, init_std=0.2),
 }
 
 
@@ -126,13 +150,17 @@ def test_cache_equals_no_cache(case):
     step = jax.jit(lambda m, i, p, s: m.for_decode_loop().step(i, p, jnp.ones(i.shape, bool), s))
     # windowed layers: every other step through the stacked layers too (on CPU the loop runs them unstacked)
     stacked = jax.jit(lambda m, i, p, s: m.step(i, p, jnp.ones(i.shape, bool), s))
-    windowed = windowed_layers(cfg, cfg.decoder_layers)[1] is not None or cfg.linear_attention is not None
+    windowed = (windowed_layers(cfg, cfg.decoder_layers)[1] is not None or cfg.linear_attention is not None
+                or cfg.scores.compressed is not None)
     for t in range(prefill, T):
         logits, state = (stacked if windowed and t % 2 else step)(model, ids[:, t:t + 1], positions[:, t:t + 1], state)
         np.testing.assert_allclose(logits, full[:, t], atol=TOL, rtol=0, err_msg=f"{case} position {t}")
     assert int(state.kv.index) == T
     local, window = windowed_layers(cfg, cfg.decoder_layers)
     full = state.kv.full if isinstance(state.kv, (SplitKVCache, HybridCache)) else None if all(local) else state.kv
+    if isinstance(full, CompressedCache):  # (its positions are its window's: the last window - 1)
+        full = None
+        np.testing.assert_array_equal(state.kv.positions, positions[:, T - cfg.window_size + 1:])
     if full is not None:
         np.testing.assert_array_equal(full.positions, positions)
     if window is not None:  # the windowed layers kept their last `window` tokens only, T being several windows

@@ -6,8 +6,7 @@ the file and learns. Parity of every layer and the bit-exact round trip of the t
 test_hf_parity.py, every key changed one at a time in test_config_keys.py, the preset's count against
 transformers' in test_presets.py, the cached indexer keys in test_generate.py's CACHE_CASES.
 
-Mistral Large 4 (``mistral_large4``, ``mistral_large4_text``) and Mistral Small 4 (``mistral4``) are not read:
-loading one is refused by its model_type (see the module's report for what they need)."""
+Mistral Large 4 and Mistral Small 4 are tested in test_mistral4.py."""
 
 from __future__ import annotations
 
@@ -62,12 +61,6 @@ def test_the_published_file_reads_as_its_transformers_5_form_and_matches_transfo
 def test_a_setting_jaxformer_cannot_honour_is_refused_by_name(changes, message):
     with pytest.raises(ValueError, match=message):
         config_from_hf({**PUBLISHED, **changes})
-
-
-@pytest.mark.parametrize("model_type", ["mistral_large4", "mistral_large4_text", "mistral4"])
-def test_mistral_large_4_and_small_4_are_refused_by_model_type(model_type):
-    with pytest.raises(ValueError, match=model_type):
-        config_from_hf({"model_type": model_type, "hidden_size": 32})
 
 
 def test_generation_is_token_identical_to_transformers(checkpoints):

@@ -80,7 +80,9 @@ SHAPE = ("family", "d_model", "num_heads", "kv_heads", "head_dim_", "value_dim",
          "position_biased_input", "key_bias", "conv_kernel_size", "type_vocab_size", "linear_layers",
          "linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel",
          "attention_gate", "norm_scale_offset", "rotary_dim", "full_head_dim", "full_kv_heads", "full_keys_as_values",
-         "kv_shared_layers", "kv_shared_d_ff", "per_layer_input_size", "v_norm", "rope_proportion", "layer_output_scale")
+         "kv_shared_layers", "kv_shared_d_ff", "per_layer_input_size", "v_norm", "rope_proportion", "layer_output_scale"
+         ) + ("query_position_scale", "query_position_span", "router_group_score", "router_norm", "router_expert_scale",
+              "experts_beside_dense")
 
 
 @pytest.mark.parametrize("name", sorted(HF_REFERENCE))

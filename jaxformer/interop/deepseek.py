@@ -57,9 +57,10 @@ def indexed_dense_layers(hf: dict, model_type: str) -> int:
     return len(dense)
 
 
-def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-    v3, v32 = model_type in SIGMOID_ROUTED, model_type == "deepseek_v32"
-    theta, scaling = rope_from_hf(hf)
+def latent_decoder(hf: dict, model_type: str, arch: str, experts: int, rope: tuple) -> dict[str, Any]:
+    """The fields DeepSeek-style files (V2, V3, V3.2, GLM-5, Mistral 4) set alike: latent attention's shapes, the
+    pre-norm RMSNorm decoder, the experts' sizes; the caller adds its rotary layout, dense layers and router.
+    ``rope``: (rope_theta, rope_scaling) as the file gives them."""
     heads = hf["num_attention_heads"]
     # Latent attention expands keys and values for every head; transformers' attention still repeats them
     # num_attention_heads // num_key_value_heads times, which only a count equal to the heads leaves alone.
@@ -67,9 +68,25 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     refuse(kv_heads not in (None, heads), f"{model_type}: num_key_value_heads={kv_heads} differs from "
            f"num_attention_heads={heads}; latent attention has one key per query head")
     refuse(bool(hf["attention_bias"]), f"{model_type}: attention_bias=true is not supported")
+    refuse(not experts, f"{model_type}: n_routed_experts={experts!r}; this model needs routed experts")
+    theta, scaling = rope
+    return dict(
+        family="decoder", d_model=hf["hidden_size"], num_heads=heads, head_dim=hf["qk_nope_head_dim"],
+        rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"], kv_lora_rank=hf["kv_lora_rank"],
+        q_lora_rank=hf["q_lora_rank"], d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"],
+        norm="rmsnorm", norm_eps=hf["rms_norm_eps"], norm_bias=False,
+        activation=activation(hf["hidden_act"], True, model_type), position="rope", rope_theta=theta,
+        rope_scaling=scaling, max_positions=hf["max_position_embeddings"], attention="causal", qkv_bias=False,
+        out_bias=False, mlp_bias=False, tie_embeddings=hf["tie_word_embeddings"],
+        head="none" if arch.endswith("Model") else "lm", attention_dropout_rate=hf["attention_dropout"],
+        num_experts=experts, experts_per_token=hf["num_experts_per_tok"], expert_d_ff=hf["moe_intermediate_size"],
+        shared_experts=hf["n_shared_experts"] or 0, routed_scaling=float(hf["routed_scaling_factor"]))
+
+
+def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    v3, v32 = model_type in SIGMOID_ROUTED, model_type == "deepseek_v32"
     refuse(bool(hf.get("mlp_bias", False)), f"{model_type}: mlp_bias=true is not supported")
-    experts = hf["n_routed_experts"]
-    refuse(not experts, f"{model_type}: n_routed_experts={experts!r}; a DeepSeek model needs routed experts")
+    fields = latent_decoder(hf, model_type, arch, hf["n_routed_experts"], rope_from_hf(hf))
     groups, topk_groups = hf["n_group"] or 1, hf["topk_group"] or 1
     method = hf.get("topk_method", "greedy")  # V3's ('noaux_tc') is the remote code's; transformers' V3 ignores it
     if not v3:
@@ -88,21 +105,10 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         hf.get("rope_interleave")  # read, and left: V3.2's class never reads it (its latent attention interleaves)
     dense = indexed_dense_layers(hf, "deepseek_v32") if v32 else hf["first_k_dense_replace"] or 0
     return dict(
-        **indexer,
-        family="decoder", d_model=hf["hidden_size"], num_heads=heads, head_dim=hf["qk_nope_head_dim"],
-        rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"], kv_lora_rank=hf["kv_lora_rank"],
-        q_lora_rank=hf["q_lora_rank"], rope_interleave=bool(hf["rope_interleave"]) if v3 and not v32 else True,
-        d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"], norm="rmsnorm",
-        norm_eps=hf["rms_norm_eps"], norm_bias=False,
-        activation=activation(hf["hidden_act"], True, model_type), position="rope", rope_theta=theta,
-        rope_scaling=scaling, max_positions=hf["max_position_embeddings"], attention="causal",
-        qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=hf["tie_word_embeddings"],
-        head="none" if arch.endswith("Model") else "lm", attention_dropout_rate=hf["attention_dropout"],
-        num_experts=experts, experts_per_token=hf["num_experts_per_tok"], expert_d_ff=hf["moe_intermediate_size"],
-        shared_experts=hf["n_shared_experts"] or 0, dense_layers=dense,
-        router_score="sigmoid" if v3 else "softmax", router_groups=groups, router_topk_groups=topk_groups,
-        router_bias=v3, normalize_router_weights=bool(hf["norm_topk_prob"]) if v3 else False,
-        routed_scaling=float(hf["routed_scaling_factor"]))
+        **fields, **indexer, rope_interleave=bool(hf["rope_interleave"]) if v3 and not v32 else True,
+        dense_layers=dense, router_score="sigmoid" if v3 else "softmax", router_groups=groups,
+        router_topk_groups=topk_groups, router_bias=v3,
+        normalize_router_weights=bool(hf["norm_topk_prob"]) if v3 else False)
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
@@ -133,7 +139,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
         out.update(topk_method="group_limited_greedy" if cfg.experts.router_groups > 1 else "greedy", mlp_bias=False)
 
 
-def _latent_up(C: int, N: int, Hn: int, Hv: int) -> tuple:
+def latent_up(C: int, N: int, Hn: int, Hv: int) -> tuple:
     """kv_b_proj [N * (Hn + Hv), C] <-> k_up [C, N, Hn] and v_up [C, N, Hv]."""
     def load(ts):
         both = ts[0].T.reshape(C, N, Hn + Hv)
@@ -145,21 +151,31 @@ def _latent_up(C: int, N: int, Hn: int, Hv: int) -> tuple:
     return load, save
 
 
+def latent_rules(cfg: ModelConfig, A: tuple[str, ...], a: str) -> list[Rule]:
+    """Latent attention's tensors (the parameters under ``A``, the file's module ``a``): the shared key-value
+    down projection and its norm, the per-head up projections, the output, and the query's full or low-rank
+    projection (also Kimi Linear's full-attention layers)."""
+    N, Hq, Hv = cfg.num_heads, cfg.head_dim_ + cfg.latent.rope_head_dim, cfg.value_dim
+    out = [linear(A + ("kv_down",), f"{a}.kv_a_proj_with_mqa.weight"),
+           copy(A + ("kv_norm",), f"{a}.kv_a_layernorm.weight"),
+           Rule((A + ("k_up",), A + ("v_up",)), (f"{a}.kv_b_proj.weight",),
+                *latent_up(cfg.latent.kv_rank, N, cfg.head_dim_, Hv)),
+           heads_out(A + ("o",), f"{a}.o_proj.weight", N, Hv)]
+    if cfg.latent.q_rank is None:
+        return out + [heads_in(A + ("q",), f"{a}.q_proj.weight", N, Hq)]
+    return out + [linear(A + ("q_down",), f"{a}.q_a_proj.weight"), copy(A + ("q_norm",), f"{a}.q_a_layernorm.weight"),
+                  heads_in(A + ("q_up",), f"{a}.q_b_proj.weight", N, Hq)]
+
+
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
     p = prefix
     layer = f"{p}layers.{{i}}"
     a, m = f"{layer}.self_attn", f"{layer}.mlp"
-    N, Hq, Hv = cfg.num_heads, cfg.head_dim_ + cfg.latent.rope_head_dim, cfg.value_dim
 
     def block_rules(S: tuple[str, ...], moe: bool) -> list[Rule]:
         A = S + ("attn",)
         out = [copy(S + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
-               copy(S + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight"),
-               linear(A + ("kv_down",), f"{a}.kv_a_proj_with_mqa.weight"),
-               copy(A + ("kv_norm",), f"{a}.kv_a_layernorm.weight"),
-               Rule((A + ("k_up",), A + ("v_up",)), (f"{a}.kv_b_proj.weight",),
-                    *_latent_up(cfg.latent.kv_rank, N, cfg.head_dim_, Hv)),
-               heads_out(A + ("o",), f"{a}.o_proj.weight", N, Hv)]
+               copy(S + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight"), *latent_rules(cfg, A, a)]
         if cfg.indexer is not None:
             I = A + ("indexer",)
             out += [heads_in(I + ("wq",), f"{a}.indexer.wq_b.weight", cfg.indexer.heads, cfg.indexer.head_dim),
@@ -167,11 +183,6 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
                     copy(I + ("k_norm_scale",), f"{a}.indexer.k_norm.weight"),
                     copy(I + ("k_norm_bias",), f"{a}.indexer.k_norm.bias"),
                     linear(I + ("wproj",), f"{a}.indexer.weights_proj.weight")]
-        if cfg.latent.q_rank is None:
-            out.append(heads_in(A + ("q",), f"{a}.q_proj.weight", N, Hq))
-        else:
-            out += [linear(A + ("q_down",), f"{a}.q_a_proj.weight"), copy(A + ("q_norm",), f"{a}.q_a_layernorm.weight"),
-                    heads_in(A + ("q_up",), f"{a}.q_b_proj.weight", N, Hq)]
         mlp = S + ("mlp",)
         if not moe:
             return out + [linear(mlp + ("wi_gate",), f"{m}.gate_proj.weight"), linear(mlp + ("wi",), f"{m}.up_proj.weight"),

@@ -89,7 +89,10 @@ class _MappedSafetensors:
     """
 
     _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-               "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+               "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+               # FP8 checkpoints' weights and UE8M0 scales (interop/fp8.py decodes them)
+               "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
+               "F8_E8M0": ml_dtypes.float8_e8m0fnu}
 
     def __init__(self, path: Path):
         with open(path, "rb") as f:

@@ -18,14 +18,21 @@ had. It reuses gemma.py's layer kinds; what differs, each a ModelConfig setting 
   ``num_global_key_value_heads``; transformers 5's ``per_layer_config``): ``full_head_dim``, ``full_kv_heads``,
   the full layers a block group of their own; their values the keys as projected (``attention_k_eq_v``:
   ``full_keys_as_values``);
+- the experts beside every layer's dense MLP (``enable_moe_block``: the 26B A4B), ``num_experts`` of
+  ``moe_intermediate_size`` with the layer's GeGLU, the best ``top_k_experts`` of a softmax kept and renormalised:
+  the MLP reads the layer's normed input, the experts their own normed copy, each branch's output is normed and the
+  sum is the feed-forward's output (``experts_beside_dense``); the router reads the layer's input itself through an
+  RMSNorm times a learned scale and d_model^-0.5 (``router_norm``), and each chosen weight is multiplied by a learned
+  scale of its expert's (``router_expert_scale``);
 - the last ``num_kv_shared_layers`` layers reading the keys and values of the last earlier layer of their kind, with
   no key or value weights and no cache of their own (``kv_shared_layers``), their MLP twice as wide with
   ``use_double_wide_mlp`` (``kv_shared_d_ff``).
 
-Refused by name (the load stops with a ValueError, nothing is dropped): the experts beside the MLP
-(``enable_moe_block``: the 26B A4B), bidirectional attention (``use_bidirectional_attention='all'``), per-layer
-settings other than the full layers' head size and kv heads, keys as values with no sliding layer, and every layer
-sharing keys and values (they would come from another model).
+Refused by name (the load stops with a ValueError, nothing is dropped): the experts without their sizes
+(``enable_moe_block`` with no ``num_experts``, ``top_k_experts`` or ``moe_intermediate_size``), bidirectional
+attention (``use_bidirectional_attention='all'``), per-layer settings other than the full layers' head size and kv
+heads, keys as values with no sliding layer, and every layer sharing keys and values (they would come from another
+model).
 
 The multimodal ``gemma4`` files (Gemma4ForConditionalGeneration) keep this model under
 ``model.language_model`` with its config under ``text_config``: the text model loads, the vision and audio
@@ -40,7 +47,7 @@ import numpy as np
 
 from jaxformer.interop.gemma import layer_kinds
 from jaxformer.interop.rules import (Architecture, Rule, activation, bias_heads, copy, heads_in, heads_out, linear,
-                                     lm_head, refuse, rope_spec, sub_config, with_defaults)
+                                     lm_head, refuse, rope_spec, text_model_from_hf, with_defaults)
 from jaxformer.layer_plan import GROUPS, layer_config, layer_plan, local_layers
 from jaxformer.model_config import ModelConfig
 
@@ -66,9 +73,12 @@ GLOBAL_HEAD_DIM = 512  # what Gemma4TextConfig gives the full layers when the fi
 
 
 def _layer_kinds(hf: dict) -> list[str]:
-    """'full' or 'sliding' per layer as Gemma4TextConfig derives them (every sixth full), the last layer
-    forced to full as transformers forces it."""
-    kinds = layer_kinds(hf, "gemma3_text")
+    """'full' or 'sliding' per layer as Gemma4TextConfig derives them (every sixth full: its fixed period, whatever
+    a file's ``sliding_window_pattern``, a key it never reads, says), the last layer forced to full as transformers
+    forces it."""
+    types = hf["layer_types"] or ["sliding_attention" if (i + 1) % 6 else "full_attention"
+                                  for i in range(hf["num_hidden_layers"])]
+    kinds = layer_kinds({"layer_types": types}, "gemma4_text")
     return [*kinds[:-1], "full"]
 
 
@@ -139,23 +149,16 @@ def _rotary(hf: dict, kinds: list[str], head_dim: int) -> dict[str, Any]:
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-    if model_type == "gemma4":  # the text model of a multimodal file, with its vocabulary and token ids
-        text = with_defaults(sub_config(hf, "text_config"), DEFAULTS["gemma4_text"])
-        refuse(bool(hf["tie_word_embeddings"]) != bool(text["tie_word_embeddings"]), "gemma4: tie_word_embeddings "
-               "differs between the file and its text_config")
-        ids = {k: text[k] for k in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")}
-        return {**config_from_hf(text, "gemma4_text", "Gemma4ForCausalLM", tensor_names),
-                **{k: v for k, v in ids.items() if v is not None}}
+    if model_type == "gemma4":  # the text model of a multimodal file
+        return text_model_from_hf(hf, model_type, DEFAULTS["gemma4_text"], lambda text: config_from_hf(
+            text, "gemma4_text", "Gemma4ForCausalLM", tensor_names))
     hf = with_defaults(hf, DEFAULTS["gemma4_text"])
     heads, layers = hf["num_attention_heads"], hf["num_hidden_layers"]
     kv_heads, head_dim = hf["num_key_value_heads"] or heads, hf["head_dim"]
     both_ways = hf["use_bidirectional_attention"]
     refuse(both_ways not in (None, "vision"), f"gemma4_text: use_bidirectional_attention={both_ways!r} is not "
            "supported; jaxformer reads Gemma 4 as a causal decoder (None, or 'vision', which only image tokens read)")
-    refuse(bool(hf["enable_moe_block"]), f"gemma4_text: enable_moe_block={hf['enable_moe_block']!r} is not supported "
-           "yet (issue 50's Gemma 4 row: the experts beside the dense MLP, the 26B A4B's, are left)")
-    for key in ("num_experts", "top_k_experts", "moe_intermediate_size"):  # read by the experts alone (refused)
-        hf.get(key)
+    experts = _experts(hf)
     kinds = _layer_kinds(hf)
     full_dim, full_kv = _full_layers_shape(hf, kinds, head_dim, kv_heads)
     window = hf["sliding_window"]
@@ -190,7 +193,20 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
                 per_layer_vocab_size=per_layer_vocab if per_layer and per_layer_vocab != hf["vocab_size"] else 0,
                 logits_softcap=hf["final_logit_softcapping"], tie_embeddings=hf["tie_word_embeddings"],
                 head="none" if arch.endswith("Model") else "lm",
-                attention_dropout_rate=float(hf["attention_dropout"] or 0.0))
+                attention_dropout_rate=float(hf["attention_dropout"] or 0.0), **experts)
+
+
+def _experts(hf: dict) -> dict[str, Any]:
+    """The experts beside each layer's MLP (``enable_moe_block``), as ModelConfig fields; none without them."""
+    sizes = {key: hf[key] for key in ("num_experts", "top_k_experts", "moe_intermediate_size")}  # (read either way)
+    if not hf["enable_moe_block"]:
+        return {}
+    missing = [key for key, value in sizes.items() if not value]
+    refuse(bool(missing), f"gemma4_text: enable_moe_block=True needs {', '.join(missing)} (transformers cannot build "
+           "the experts without them)")
+    return dict(num_experts=sizes["num_experts"], experts_per_token=sizes["top_k_experts"],
+                expert_d_ff=sizes["moe_intermediate_size"], router_score="softmax", normalize_router_weights=True,
+                router_norm=True, router_expert_scale=True, experts_beside_dense=True)
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
@@ -222,7 +238,10 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                use_bidirectional_attention=None, hidden_size_per_layer_input=embeddings.per_layer_width,
                vocab_size_per_layer_input=embeddings.per_layer_vocab or cfg.vocab_size,
                attention_k_eq_v=scores.full_keys_as_values, num_kv_shared_layers=scores.kv_shared_layers,
-               enable_moe_block=False, use_double_wide_mlp=scores.kv_shared_d_ff is not None)
+               enable_moe_block=cfg.experts is not None, use_double_wide_mlp=scores.kv_shared_d_ff is not None)
+    if cfg.experts is not None:  # (a config whose experts Gemma 4 does not have reads back otherwise: not its target)
+        out.update(num_experts=cfg.experts.count, top_k_experts=cfg.experts.per_token,
+                   moe_intermediate_size=cfg.expert_width)
     for key in ("hidden_act", "rope_theta", "rope_scaling"):
         out.pop(key, None)
 
@@ -230,6 +249,12 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
 def _scalar(path, name) -> Rule:
     """A layer's ``layer_scalar`` [1] <-> the layer's stored scale [1]."""
     return Rule((path,), (name,), lambda t: [t[0].reshape(1)], lambda p: [np.asarray(p[0]).reshape(1)])
+
+
+def _gate_up(gate_path, up_path, name) -> Rule:
+    """The experts' fused gate and up projections [E, 2F, D] (the gate's F rows first) <-> two kernels [E, D, F]."""
+    return Rule((gate_path, up_path), (name,), lambda t: [w.transpose(0, 2, 1) for w in np.split(t[0], 2, axis=1)],
+                lambda p: [np.concatenate([w.transpose(0, 2, 1) for w in p], axis=1)])
 
 
 def _block_rules(cfg: ModelConfig, S: tuple[str, ...], layer: str, own_keys: bool, keys_as_values: bool
@@ -255,6 +280,17 @@ def _block_rules(cfg: ModelConfig, S: tuple[str, ...], layer: str, own_keys: boo
     norms = {"attn_norm": "input_layernorm", "attn_post_norm": "post_attention_layernorm",
              "mlp_norm": "pre_feedforward_layernorm", "mlp_post_norm": "post_feedforward_layernorm"}
     out += [copy(S + (ours, "scale"), f"{layer}.{theirs}.weight") for ours, theirs in norms.items()]
+    if cfg.experts is not None:  # the experts beside the MLP: the router, the experts, their norms
+        X = S + ("experts",)
+        out += [linear(X + ("router",), f"{layer}.router.proj.weight"),
+                copy(X + ("router_scale",), f"{layer}.router.scale"),
+                copy(X + ("expert_scale",), f"{layer}.router.per_expert_scale"),
+                _gate_up(X + ("wi_gate",), X + ("wi",), f"{layer}.experts.gate_up_proj"),
+                Rule((X + ("wo",),), (f"{layer}.experts.down_proj",), lambda t: [t[0].transpose(0, 2, 1)],
+                     lambda p: [p[0].transpose(0, 2, 1)]),
+                copy(S + ("dense_post_norm", "scale"), f"{layer}.post_feedforward_layernorm_1.weight"),
+                copy(S + ("experts_norm", "scale"), f"{layer}.pre_feedforward_layernorm_2.weight"),
+                copy(S + ("experts_post_norm", "scale"), f"{layer}.post_feedforward_layernorm_2.weight")]
     if cfg.embeddings.per_layer_width:
         out += [linear(S + ("per_layer_gate", "kernel"), f"{layer}.per_layer_input_gate.weight"),
                 linear(S + ("per_layer_projection", "kernel"), f"{layer}.per_layer_projection.weight"),
@@ -296,9 +332,8 @@ def ignored(hf: dict, names: set[str]) -> tuple[set[str], str]:
                                         for n in towers}))) if towers else ""
 
 
-_TEXT_HARMLESS = {"num_experts": "read by the experts alone (enable_moe_block, refused when set)",
-                  "top_k_experts": "read by the experts alone (enable_moe_block, refused when set)",
-                  "moe_intermediate_size": "read by the experts alone (enable_moe_block, refused when set)"}
+_TEXT_HARMLESS = dict.fromkeys(("num_experts", "top_k_experts", "moe_intermediate_size"),
+                               "read by the experts alone: nothing reads it without enable_moe_block")
 HARMLESS = {**_TEXT_HARMLESS, **{f"text_config.{key}": why for key, why in _TEXT_HARMLESS.items()},
             "vision_config": "the vision tower's, which jaxformer does not run (text only; issue 51)",
             "audio_config": "the audio tower's, which jaxformer does not run (text only; issue 52)",
@@ -308,4 +343,4 @@ HARMLESS = {**_TEXT_HARMLESS, **{f"text_config.{key}": why for key, why in _TEXT
 
 ARCHITECTURE = Architecture(CLASSES, {"gemma4_text": "model.", "gemma4": MULTIMODAL_PREFIX},
                             ("Gemma4TextModel",), config_from_hf, config_to_hf, rules, ignored=ignored,
-                            defaults=DEFAULTS, harmless=HARMLESS)
+                            defaults=DEFAULTS, harmless=HARMLESS, wrappers=("gemma4",))

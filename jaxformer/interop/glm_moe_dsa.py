@@ -20,7 +20,7 @@ from typing import Any
 
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop import deepseek
-from jaxformer.interop.rules import Architecture, Rule, activation, prediction_layers, refuse, rope_from_hf
+from jaxformer.interop.rules import Architecture, Rule, prediction_layers, refuse, rope_from_hf
 
 CLASSES = {"glm_moe_dsa": ("GlmMoeDsaModel", "GlmMoeDsaForCausalLM")}
 # GlmMoeDsaConfig's defaults, for the keys a file may leave out (checked by tests/test_config_reading.py)
@@ -53,11 +53,6 @@ def indexer_types(hf: dict) -> list[str]:
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
-    heads, kv_heads = hf["num_attention_heads"], hf["num_key_value_heads"]
-    # latent attention gives every head its own key; transformers then repeats them heads // kv_heads times
-    refuse(kv_heads not in (None, heads), f"glm_moe_dsa: num_key_value_heads={kv_heads} differs from "
-           f"num_attention_heads={heads}; latent attention has one key per query head")
-    refuse(bool(hf["attention_bias"]), "glm_moe_dsa: attention_bias=true is not supported")
     refuse(bool(hf["mlp_bias"]), "glm_moe_dsa: mlp_bias=true is not supported")
     refuse(hf["q_lora_rank"] is None, "glm_moe_dsa: q_lora_rank must be set (its indexer reads the compressed query)")
     refuse(not hf["index_n_heads"], f"glm_moe_dsa: index_n_heads={hf['index_n_heads']!r}; its sparse attention "
@@ -67,23 +62,12 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
            "top-k keys, from indexer_types or index_topk_freq / index_skip_topk_offset / index_topk_pattern); "
            "jaxformer runs the indexer in every layer")
     experts = hf.get("num_experts") or hf["n_routed_experts"]  # the config class re-routes num_experts
-    refuse(not experts, f"glm_moe_dsa: n_routed_experts={experts!r}; GLM-5 needs routed experts")
-    theta, scaling = rope_from_hf(hf)
     return dict(
-        family="decoder", d_model=hf["hidden_size"], num_heads=heads, head_dim=hf["qk_nope_head_dim"],
-        rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"], kv_lora_rank=hf["kv_lora_rank"],
-        q_lora_rank=hf["q_lora_rank"], rope_interleave=True, index_heads=hf["index_n_heads"],
-        index_head_dim=hf["index_head_dim"], index_topk=hf["index_topk"], index_rope_interleave=True,
-        d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"], norm="rmsnorm",
-        norm_eps=hf["rms_norm_eps"], norm_bias=False, activation=activation(hf["hidden_act"], True, model_type),
-        position="rope", rope_theta=theta, rope_scaling=scaling, max_positions=hf["max_position_embeddings"],
-        attention="causal", qkv_bias=False, out_bias=False, mlp_bias=False, tie_embeddings=hf["tie_word_embeddings"],
-        head="none" if arch.endswith("Model") else "lm", attention_dropout_rate=hf["attention_dropout"],
-        num_experts=experts, experts_per_token=hf["num_experts_per_tok"], expert_d_ff=hf["moe_intermediate_size"],
-        shared_experts=hf["n_shared_experts"] or 0, dense_layers=deepseek.indexed_dense_layers(hf, model_type),
+        **deepseek.latent_decoder(hf, model_type, arch, experts, rope_from_hf(hf)), rope_interleave=True,
+        index_heads=hf["index_n_heads"], index_head_dim=hf["index_head_dim"], index_topk=hf["index_topk"],
+        index_rope_interleave=True, dense_layers=deepseek.indexed_dense_layers(hf, model_type),
         router_score="sigmoid", router_groups=hf["n_group"] or 1, router_topk_groups=hf["topk_group"] or 1,
-        router_bias=True, normalize_router_weights=bool(hf["norm_topk_prob"]),
-        routed_scaling=float(hf["routed_scaling_factor"]))
+        router_bias=True, normalize_router_weights=bool(hf["norm_topk_prob"]))
 
 
 def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:

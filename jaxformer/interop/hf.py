@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxformer import edges
 from jaxformer.model_config import QUANTIZATIONS, ModelConfig, flat_type_hints
-from jaxformer.interop import mxfp4, peft
+from jaxformer.interop import fp8, mxfp4, peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
 from jaxformer.interop.reference_keys import class_default
 from jaxformer.interop.registry import BY_MODEL_TYPE, architecture_of, hf_target, rules_for
@@ -55,6 +55,8 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
     defaults = BY_MODEL_TYPE[model_type].defaults.get(model_type, {})
     filled = {key: value for key, value in defaults.items() if key not in hf}  # what the file leaves out
     hf = with_defaults(ConfigReader(hf), defaults)
+    if fp8.holds_fp8(hf):  # block-wise FP8 weights, decoded on load (interop/fp8.py); its settings checked here
+        fp8.weight_block(hf["quantization_config"])
     file_dtype = str(hf.get("dtype") or hf.get("torch_dtype") or "float32")
     dtype = dtype or (file_dtype if file_dtype in ("float32", "bfloat16", "float16") else "float32")
     try:
@@ -155,6 +157,8 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pic
     files = TensorFiles(folder, allow_pickle=allow_pickle)
     if mxfp4.holds_mxfp4(hf):  # gpt-oss's published experts: read decoded (the architecture checks the config)
         files = mxfp4.Decoded(files)
+    if fp8.holds_fp8(hf):  # DeepSeek-V3's, Qwen3-*-FP8's, ...: each float8 weight read times its block's scale
+        files = fp8.Decoded(files, hf)
     names = set(files.names)
     if BY_MODEL_TYPE[model_type].ignored is not None:
         skipped, note = BY_MODEL_TYPE[model_type].ignored(hf, names)
@@ -185,11 +189,15 @@ def to_hf_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     """The model's parameters as HF-named numpy arrays, plus the HF config dict."""
     cfg: ModelConfig = model.config
     base = json.loads(getattr(model, "hf_config", None) or "{}")
-    model_type, arch = hf_target(cfg, base.get("model_type"))
+    if fp8.holds_fp8(base):  # the weights are written as floats, so the file no longer says FP8
+        base.pop("quantization_config")
+    # a multimodal file's text model is written as its text type (a wrapper is never written back)
+    prefer = (base.get("text_config") or {}).get("model_type") or base.get("model_type")
+    model_type, arch = hf_target(cfg, prefer)
     if base and (base.get("model_type"), (base.get("architectures") or [arch])[0]) == (model_type, arch):
         hf = config_to_hf(cfg, base)
-    else:
-        hf = config_to_hf(cfg)
+    else:  # a fresh file, of the type found above (a wrapper's text type)
+        hf = config_to_hf(cfg, {"model_type": model_type})
     rules, _ = rules_for(cfg, model_type, arch)
     tensors = export_with_rules(model, rules)
     if cfg.generator_width:

@@ -77,4 +77,4 @@ HARMLESS = {**{f"text_config.{key}": why for key, why in _TEXT_HARMLESS.items()}
                             "image and video placeholder tokens, which the vision path reads (see the docstring)")}
 
 ARCHITECTURE = Architecture(CLASSES, {"kimi_k25": MULTIMODAL_PREFIX + "model."}, (), config_from_hf, config_to_hf,
-                            rules, ignored=ignored, defaults=DEFAULTS, harmless=HARMLESS)
+                            rules, ignored=ignored, defaults=DEFAULTS, harmless=HARMLESS, wrappers=("kimi_k25",))

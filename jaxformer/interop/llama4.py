@@ -189,4 +189,4 @@ HARMLESS = {**_TEXT_HARMLESS, **{f"text_config.{key}": why for key, why in _TEXT
 
 ARCHITECTURE = Architecture(CLASSES, {"llama4_text": "model.", "llama4": MULTIMODAL_PREFIX + "model."},
                             ("Llama4TextModel",), config_from_hf, config_to_hf, rules, ignored=ignored,
-                            defaults=DEFAULTS, harmless=HARMLESS)
+                            defaults=DEFAULTS, harmless=HARMLESS, wrappers=("llama4",))

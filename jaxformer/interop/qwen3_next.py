@@ -279,4 +279,4 @@ ARCHITECTURE = Architecture(
     CLASSES, {"qwen3_next": "model.", "qwen3_5_text": "model.", "qwen3_5_moe_text": "model.",
               "qwen3_5": MULTIMODAL_PREFIX, "qwen3_5_moe": MULTIMODAL_PREFIX},
     ("Qwen3NextModel", "Qwen3_5TextModel", "Qwen3_5MoeTextModel"), config_from_hf, config_to_hf, rules,
-    ignored=ignored, defaults=DEFAULTS, harmless=HARMLESS, only_as_loaded=("qwen3_5", "qwen3_5_moe"))
+    ignored=ignored, defaults=DEFAULTS, harmless=HARMLESS, wrappers=("qwen3_5", "qwen3_5_moe"))

@@ -22,7 +22,11 @@ from jaxformer.interop import big_bird, bigbird_pegasus
 from jaxformer.interop import gemma4
 from jaxformer.interop import kimi_k25, phimoe
 from jaxformer.interop import qwen3_next
+from jaxformer.interop import kimi_linear
 from jaxformer.interop import glm_moe_dsa
+from jaxformer.interop import mistral4
+from jaxformer.interop import mistral3
+from jaxformer.interop import deepseek_v4
 from jaxformer.interop.rules import Architecture, ConfigReader, Rule, with_defaults
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -55,11 +59,15 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     phimoe.ARCHITECTURE,
     qwen.ARCHITECTURE,
     qwen3_next.ARCHITECTURE,
+    kimi_linear.ARCHITECTURE,  # Kimi Delta Attention beside latent attention
     phi3.ARCHITECTURE,
     ernie4_5.ARCHITECTURE,  # before GLM, which also holds a whole-head interleaved rotary model
     glm.ARCHITECTURE,
     glm4_moe.ARCHITECTURE,
     glm_moe_dsa.ARCHITECTURE,  # DeepSeek-V3.2's layers with an interleaved indexer rotary
+    mistral4.ARCHITECTURE,  # DeepSeek-V3's layers with position-scaled queries and a softmax router
+    mistral3.ARCHITECTURE,  # Mistral Small 3.x / 4 multimodal files: their text model, written as its type
+    deepseek_v4.ARCHITECTURE,  # compressed attention, hyper-connections, hash-routed experts
     falcon.ARCHITECTURE,  # after the other LayerNorm decoders: a model one of them holds exports as theirs
     granite.ARCHITECTURE,  # after LLaMA's and Mixtral's lineage: with its multipliers at 1 it holds their models too
     t5.ARCHITECTURE,
@@ -192,10 +200,11 @@ def hf_target(cfg: ModelConfig, prefer: str | None = None) -> tuple[str, str]:
     config.json, written and read back, gives ``cfg`` again (``same_model``). ``prefer`` (the model_type a model
     was loaded from) is tried first, then every architecture's types in the order of ``ARCHITECTURES``
     (most specific first) and of its ``classes``, but for those written only for a model loaded from one
-    (``Architecture.only_as_loaded``); the classes of a type in their order (the head picks one)."""
-    model_types = [prefer] if prefer in BY_MODEL_TYPE else []
+    (``Architecture.only_as_loaded``) and multimodal files (``Architecture.wrappers``, never written); the classes of
+    a type in their order (the head picks one)."""
+    model_types = [prefer] if prefer in BY_MODEL_TYPE and prefer not in BY_MODEL_TYPE[prefer].wrappers else []
     model_types += [model_type for architecture in ARCHITECTURES for model_type in architecture.classes
-                    if model_type not in architecture.only_as_loaded and model_type != prefer]
+                    if model_type not in architecture.only_as_loaded + architecture.wrappers and model_type != prefer]
     for model_type in model_types:
         for arch in BY_MODEL_TYPE[model_type].classes[model_type]:
             if _holds(cfg, model_type, arch):
@@ -220,12 +229,13 @@ def rules_for(cfg: ModelConfig, model_type: str, arch: str, names: set[str] | No
 def model_types_table() -> str:
     """Which Hugging Face model types load, as a markdown table generated from ``ARCHITECTURES``: each type, the
     transformers classes it reads, the interop file, and whether an export may be written as it (types held only
-    by what another type holds are written only for a model loaded from one)."""
+    by what another type holds are written only for a model loaded from one; a multimodal file never is)."""
     rows = ["| model type | transformers classes | interop file | written by export |", "|---|---|---|---|"]
     for model_type in sorted(BY_MODEL_TYPE):
         arch = BY_MODEL_TYPE[model_type]
         module = arch.config_from_hf.__module__.rsplit(".", 1)[-1]
-        written = "when loaded from one" if model_type in arch.only_as_loaded else "yes"
+        written = ("no: its text model, as its own type" if model_type in arch.wrappers else
+                   "when loaded from one" if model_type in arch.only_as_loaded else "yes")
         classes = ", ".join(f"`{name}`" for name in arch.classes[model_type])
         rows.append(f"| `{model_type}` | {classes} | `interop/{module}.py` | {written} |")
     return "\n".join(rows)

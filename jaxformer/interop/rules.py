@@ -62,6 +62,9 @@ class Architecture:
     # mT5's T5's, Phi-3's LLaMA's and Mistral's in fused tensors): written only for a model loaded from one. Every
     # other type is an export target for any config it holds (registry.hf_target), in the order of ``classes``.
     only_as_loaded: tuple[str, ...] = ()
+    # Model types of multimodal files (a vision tower beside a text model under ``text_config``) whose text model
+    # loads: never written, not even for a model loaded from one; the text model is written as its own type.
+    wrappers: tuple[str, ...] = ()
     # model_type -> its config class's defaults for the keys a file may leave out (token ids included):
     # the loader fills them in before config_from_hf reads the file, as transformers' config class does.
     defaults: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
@@ -543,8 +546,12 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
         buffers = None
         for i, group in enumerate(groups):
             tensors = [get(n) for n in group]  # views into the mapped file where possible
-            # An int8, int64 or bool tensor would load silently as floats (quantized files are refused).
-            not_float += [f"{n} ({t.dtype})" for n, t in zip(group, tensors) if not jnp.issubdtype(t.dtype, jnp.floating)]
+            # An int8, int64 or bool tensor would load silently as floats (quantized files are refused); an integer
+            # table loads into an integer buffer (DeepSeek-V4's token-to-expert table)
+            integer = bool(rule.paths) and all(p in expected and jnp.issubdtype(expected[p].dtype, jnp.integer)
+                                               for p in rule.paths)  # (a rule without paths loads nothing)
+            not_float += [f"{n} ({t.dtype})" for n, t in zip(group, tensors)
+                          if not jnp.issubdtype(t.dtype, jnp.integer if integer else jnp.floating)]
             parts = rule.load(tensors)
             shapes = [((layers,) if rule.per_layer else ()) + tuple(part.shape) for part in parts]
             bad = [f"{'/'.join(p)} from {group[0]}: file gives {shape}, config needs {tuple(expected[p].shape)}"
@@ -554,7 +561,8 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
                 buffers = None
                 break
             if buffers is None:
-                buffers = [_aligned_empty(shape, param_dtype) for shape in shapes]
+                buffers = [_aligned_empty(shape, np.dtype(expected[p].dtype) if integer else param_dtype)
+                           for p, shape in zip(rule.paths, shapes)]
             copies += [(buffer, i if rule.per_layer else ..., part, group[0]) for buffer, part in zip(buffers, parts)]
         if buffers is not None:
             loaded.update(zip(rule.paths, buffers))

@@ -690,7 +690,8 @@ class LatentAttention(nnx.Module):
         D, N, Hn, R, Hv = cfg.d_model, cfg.num_heads, cfg.head_dim_, cfg.latent.rope_head_dim, cfg.value_dim
         C, Cq = cfg.latent.kv_rank, cfg.latent.q_rank
         self.dtype, self.scale, self.dropout_rate = dtype_of(cfg.dtype), cfg.scale, cfg.attention_dropout_rate
-        self.rope_interleave, self.latent_width, self.nope_head_dim = cfg.rotary.interleave, C, Hn
+        interleave = cfg.rotary is not None and cfg.rotary.interleave  # (no rotary: position='none')
+        self.rope_interleave, self.latent_width, self.nope_head_dim = interleave, C, Hn
         if Cq is None:
             projection(self, "q", cfg, rngs, (D, N, Hn + R), ("embed", "heads", "head_dim"), role="attn")
             self.q_down = self.q_norm = self.q_up = None
@@ -715,7 +716,10 @@ class LatentAttention(nnx.Module):
     def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:
         """Rotary positions on [B, T, N, R]. DeepSeek rotates adjacent pairs; taking the even then the
         odd coordinates turns that into the half-split rotation, and attention scores do not depend on
-        the order of coordinates as long as queries and keys share it."""
+        the order of coordinates as long as queries and keys share it. Without rotary positions (None: Kimi
+        Linear's MLA) the part passes as it is."""
+        if rope is None:
+            return x
         if self.rope_interleave:
             x = jnp.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
         return apply_rope(x, *rope)
@@ -751,16 +755,19 @@ class LatentAttention(nnx.Module):
 
     def __call__(self, x: Array, kv_input: Array | None = None, *, mask, bias: Array | None = None,
                  rope: tuple[Array, Array] | None = None, cache: dict | None = None, kv=None,
-                 key: Array | None = None, output_attentions: bool = False
+                 key: Array | None = None, output_attentions: bool = False, query_scale: Array | None = None
                  ) -> tuple[Array, dict | None, Array | None]:
         """As ``Attention.__call__`` (self-attention only); ``cache`` is {"latent": [B, S, C + R]} and the
-        new tokens' latents come back as {"latent": [B, T, C + R]}."""
+        new tokens' latents come back as {"latent": [B, T, C + R]}. ``query_scale`` multiplies the queries
+        (both parts, after rotation), as a factor on the scores."""
         if kv_input is not None or kv is not None or bias is not None:
             raise ValueError("multi-head latent attention is self-attention without a position bias")
         if isinstance(mask, kernels.FusedMask):  # the fused kernels take one head size for q, k and v
             mask = mask.dense
         dt = self.dtype
         q_nope, q_rope, compressed = self.queries(x, rope)
+        if query_scale is not None:
+            q_nope, q_rope = (q * query_scale.astype(q.dtype) for q in (q_nope, q_rope))
         new = self.latents(x, rope)
         if cache is None:
             segments, written = (new,), None

@@ -13,7 +13,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
 from jaxformer.model_config import ClampedSwiGLU, ModelConfig
-from jaxformer.layers.core import activate, dropout, dtype_of, linear, param
+from jaxformer.layers.core import Buffer, activate, dropout, dtype_of, linear, normalize, param
 from jaxformer.layers.weights import kernel, project, projection
 from jaxformer.sharding import BATCH_AXES, axis_size
 
@@ -23,18 +23,20 @@ Array = jax.Array
 class Unit(NamedTuple):
     """What an MLP or expert computes between its projections, from the gate projection's output g and the
     up projection's h (h alone when not gated): act(g) * h, or gpt-oss's clamped SwiGLU (``limit``):
-    min(g, limit) * sigmoid(alpha min(g, limit)) * (clip(h, -limit, limit) + 1). Hashable, so the expert
+    min(g, limit) * sigmoid(alpha min(g, limit)) * (clip(h, -limit, limit) + offset), offset 1 (DeepSeek-V4's: 0,
+    alpha 1). Hashable, so the expert
     dispatch takes it as a static argument."""
 
     activation: str
     gated: bool
     alpha: float = 1.0  # the gate's sigmoid gain, g * sigmoid(alpha g): 1 is SiLU
     limit: float | None = None
+    offset: float = 1.0
 
     @classmethod
     def of(cls, cfg: ModelConfig) -> Unit:
         clamp = cfg.swiglu_clamp or ClampedSwiGLU()
-        return cls(cfg.activation, cfg.gated, clamp.alpha, clamp.limit)
+        return cls(cfg.activation, cfg.gated, clamp.alpha, clamp.limit, clamp.offset)
 
     def __call__(self, g: Array, h: Array) -> Array:
         if not self.gated:
@@ -42,7 +44,7 @@ class Unit(NamedTuple):
         if self.limit is None and self.alpha == 1.0:
             return activate(self.activation, g) * h
         if self.limit is not None:
-            g, h = jnp.minimum(g, self.limit), jnp.clip(h, -self.limit, self.limit) + 1
+            g, h = jnp.minimum(g, self.limit), jnp.clip(h, -self.limit, self.limit) + self.offset
         return g * jax.nn.sigmoid(self.alpha * g) * h
 
 
@@ -103,25 +105,30 @@ class Routing(NamedTuple):
     scores: Array
 
 
-def route(cfg: ModelConfig, logits: Array, bias: Array | None) -> Routing:
+def route(cfg: ModelConfig, logits: Array, bias: Array | None, hashed: Array | None = None) -> Routing:
     """Choose each token's experts from router logits [B, T, E], in float32, as the reference models do.
 
     Scores are a softmax over experts (Mixtral, DeepSeek-V2) or a sigmoid per expert (DeepSeek-V3).
     Selection may add a per-expert ``bias`` (V3's balancing; the weights still come from the scores)
     and may first keep the best ``router_topk_groups`` of ``router_groups`` groups (a group's score is
-    its best expert under softmax, V2; the sum of its best two under sigmoid, V3). The k chosen
-    scores are optionally divided by their sum, then scaled by ``routed_scaling``.
+    its best expert, V2; or the sum of its best two, V3 and Mistral 4: ``Experts.group_score``). The k chosen
+    scores are optionally divided by their sum, then scaled by ``routed_scaling``. DeepSeek-V4 scores by
+    sqrt(softplus(logit)), and its hash layers take the experts ``hashed`` [B, T, k] (by token id) as given.
     """
     E, k = cfg.experts.count, cfg.experts.per_token
     logits = logits.astype(jnp.float32)
     if cfg.experts.router_score == "sparsemixer":  # (its balancing loss reads the plain softmax, as PhiMoE's does)
         experts, weights = sparsemixer(logits, cfg.experts.jitter_eps)
         return Routing(experts, weights * cfg.experts.routed_scaling, jax.nn.softmax(logits, axis=-1))
-    scores = jax.nn.softmax(logits, axis=-1) if cfg.experts.router_score == "softmax" else jax.nn.sigmoid(logits)
+    score = cfg.experts.router_score
+    scores = (jax.nn.softmax(logits, axis=-1) if score == "softmax" else
+              jnp.sqrt(jax.nn.softplus(logits)) if score == "sqrtsoftplus" else jax.nn.sigmoid(logits))
+    if hashed is not None:  # DeepSeek-V4's hash layers: the experts come from the token's row of a fixed table
+        return _weighted(cfg, scores, hashed)
     choice = scores if bias is None else scores + bias.astype(jnp.float32)
     if cfg.experts.router_groups > 1:
         grouped = choice.reshape(*choice.shape[:-1], cfg.experts.router_groups, E // cfg.experts.router_groups)
-        if cfg.experts.router_score == "softmax":
+        if cfg.experts.group_score == "best":
             group_score = jnp.max(grouped, axis=-1)
         else:
             group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)
@@ -129,6 +136,11 @@ def route(cfg: ModelConfig, logits: Array, bias: Array | None) -> Routing:
         keep = jnp.sum(jax.nn.one_hot(best_groups, cfg.experts.router_groups, dtype=bool), axis=-2, dtype=bool)
         choice = jnp.where(keep[..., None], grouped, -jnp.inf).reshape(choice.shape)
     _, experts = jax.lax.top_k(choice, k)
+    return _weighted(cfg, scores, experts)
+
+
+def _weighted(cfg: ModelConfig, scores: Array, experts: Array) -> Routing:
+    """The routing of tokens to ``experts`` [B, T, k], weighted by their scores (over their sum, when normalized)."""
     weights = jnp.take_along_axis(scores, experts, axis=-1)
     if cfg.experts.normalize_weights:
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
@@ -496,13 +508,16 @@ class MoE(nnx.Module):
     balancing losses and the per-expert load logs are computed.
     """
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, hashed: bool = False):
         E, D, F = cfg.experts.count, cfg.d_model, cfg.expert_width
         self.config, self.dtype = cfg, dtype_of(cfg.dtype)
         self.router = param(rngs, (D, E), ("embed", "experts"), cfg)
         # Moved between steps by the balancing rule (train.router_bias_rate), never by gradients.
         self.router_bias = (RouterBias(jnp.zeros((E,), dtype_of(cfg.param_dtype)), axes=("experts",))
-                            if cfg.experts.router_bias else None)
+                            if cfg.experts.router_bias and not hashed else None)
+        # DeepSeek-V4's hash layers: each token id's k experts, a fixed table of the checkpoint (never trained)
+        self.hash_table = (Buffer(jnp.zeros((cfg.vocab_size, cfg.experts.per_token), jnp.int32),
+                                  axes=("vocab", "experts_per_token")) if hashed else None)
         # Expert kernels are read whole by the dispatch (dequantized, LoRA merged per expert: ``kernel``).
         projection(self, "wi", cfg, rngs, (E, D, F), ("experts", "embed", "mlp"), batch=1, role="experts")
         if cfg.gated:
@@ -522,15 +537,36 @@ class MoE(nnx.Module):
                        if cfg.experts.shared else None)
         # Qwen2-MoE: how much of the shared experts' output each token takes, sigmoid(x . w)
         self.shared_gate = param(rngs, (D,), ("embed",), cfg) if cfg.experts.shared_gate else None
+        # Gemma 4: the router's input normed and scaled per channel (``router_norm``), the chosen weights per expert
+        # (``expert_scale``); both start at one, as transformers starts them
+        self.norm_eps = cfg.norms.eps
+        self.router_scale = param(rngs, (D,), ("embed",), cfg, init="ones") if cfg.experts.router_norm else None
+        self.expert_scale = param(rngs, (E,), ("experts",), cfg, init="ones") if cfg.experts.expert_scale else None
 
-    def __call__(self, x: Array, token_mask: Array | None = None) -> tuple[Array, dict[str, Array]]:
+    def __call__(self, x: Array, token_mask: Array | None = None, router_input: Array | None = None,
+                 token_ids: Array | None = None) -> tuple[Array, dict[str, Array]]:
+        """The experts on ``x`` [B, T, D], routed by ``router_input`` (Gemma 4's: the layer's unnormed input; None:
+        ``x``); a hash layer looks its experts up by ``token_ids`` [B, T]."""
         cfg, dt = self.config, self.dtype
         # The router runs in float32, weights and activations alike (transformers keeps it there).
-        logits = jnp.einsum("BTD,DE->BTE", x.astype(jnp.float32), self.router[...].astype(jnp.float32))
+        h = (x if router_input is None else router_input).astype(jnp.float32)
+        if self.router_scale is not None:  # RMSNorm(h) * scale / sqrt(D), in transformers' order
+            h = normalize(h, jnp.ones(h.shape[-1:], jnp.float32), None, "rmsnorm", self.norm_eps)
+            h = h * self.router_scale[...].astype(jnp.float32) * h.shape[-1] ** -0.5
+        logits = jnp.einsum("BTD,DE->BTE", h, self.router[...].astype(jnp.float32))
         if self.router_logit_bias is not None:
             logits = logits + self.router_logit_bias[...].astype(jnp.float32)
         bias = None if self.router_bias is None else jax.lax.stop_gradient(self.router_bias[...])
-        routing = route(cfg, logits, bias)
+        hashed = None
+        if self.hash_table is not None:
+            if token_ids is None:
+                raise ValueError("a hash-routed expert layer (hash_layers) picks experts by token id: it needs the "
+                                 "input ids, not embeddings alone")
+            hashed = jnp.take(self.hash_table[...], token_ids, axis=0)
+        routing = route(cfg, logits, bias, hashed)
+        if self.expert_scale is not None:
+            scale = jnp.take(self.expert_scale[...].astype(jnp.float32), routing.experts)
+            routing = routing._replace(weights=routing.weights * scale)
         value = lambda p: None if p is None else p[...].astype(dt)  # noqa: E731
         weights = ExpertWeights(kernel(self, "wi", dt, batch=1),
                                 None if self.wi_gate is None else kernel(self, "wi_gate", dt, batch=1),

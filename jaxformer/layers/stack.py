@@ -20,8 +20,9 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import EncoderKV, HybridCache, KVCache, LatentCache, LayerArrays, Memory, MemoryKV, SplitKVCache
-from jaxformer.layer_plan import LayerPlan, LayerSpec, Segment, layer_config, layer_plan
+from jaxformer.cache import (CompressedCache, EncoderKV, HybridCache, KVCache, LatentCache, LayerArrays, Memory,
+                             MemoryKV, SplitKVCache)
+from jaxformer.layer_plan import COMPRESSED_GROUPS, LayerPlan, LayerSpec, Segment, layer_config, layer_plan
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.attention import (Attention, DisentangledAttention, DisentangledInputs, LatentAttention,
                                         RelativeAttention, memory_visibility_mask, visibility_mask)
@@ -29,6 +30,8 @@ from jaxformer.layers.attention import BlockSparseAttention, BlockSparseInputs, 
 from jaxformer.layers.convolution import SequenceConvolution
 from jaxformer.layers.core import Buffer, Dense, Norm, activate, dropout, dtype_of, param, split_key
 from jaxformer.layers.feedforward import MLP, MoE, pooled_router_statistics
+from jaxformer.layers.compressed_attention import CompressedAttentionLayer
+from jaxformer.layers.hyper_connections import HyperConnection, HyperHead
 from jaxformer.layers.linear_attention import GatedDeltaNet
 from jaxformer.layers.positions import (RelativeBias, RelativeEmbeddings, disentangled_index, distance_buckets,
                                         rope_tables, xl_distances, xl_encodings)
@@ -43,7 +46,7 @@ Array = jax.Array
 
 
 @functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["positions", "valid", "prefix_lengths", "segments", "global_tokens"],
+                   data_fields=["positions", "valid", "prefix_lengths", "segments", "global_tokens", "ids"],
                    meta_fields=["indexed"])
 @dataclasses.dataclass(frozen=True)
 class Tokens:
@@ -60,6 +63,7 @@ class Tokens:
     indexed: bool = False
     segments: Array | None = None
     global_tokens: Array | None = None  # Longformer: which tokens attend globally [B, T] (None: none)
+    ids: Array | None = None  # the token ids [B, T] (DeepSeek-V4's hash-routed expert layers read them)
 
 
 def packed_validity(valid: Array | None, segments: Array | None) -> Array | None:
@@ -145,6 +149,8 @@ class LayerInputs:
     return_kv: bool = False
     global_tokens: GlobalInputs | None = None  # Longformer's global tokens (a 'global' mixer reads them)
     block_sparse: BlockSparseInputs | None = None  # BigBird's blocks (None: the 'block_sparse' mixer attends densely)
+    positions: Array | None = None  # this call's token positions [B, T] (DeepSeek-V4's compressed attention)
+    token_ids: Array | None = None  # this call's token ids [B, T] (DeepSeek-V4's hash-routed expert layers)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,7 +187,9 @@ class Block(nnx.Module):
         # ModernBERT's first layer: the attention reads x as it comes (after the embedding norm)
         unnormed = spec.special == "unnormed attention" or self.output_norm
         self.attn_norm = None if unnormed else Norm(cfg, rngs=rngs)
-        if spec.mixer in self._MIXERS:
+        if spec.mixer == "compressed":  # DeepSeek-V4: its kind's compressor and indexer, or the window alone
+            self.attn = CompressedAttentionLayer(cfg, spec.compressed, rngs=rngs)
+        elif spec.mixer in self._MIXERS:
             self.attn = self._MIXERS[spec.mixer](cfg, rngs=rngs)
         else:  # (Gemma 4: a kv-shared layer has no key or value weights, a full layer's values may be its keys)
             self.attn = Attention(cfg, rngs=rngs, own_keys=spec.kv_source is None,
@@ -199,7 +207,17 @@ class Block(nnx.Module):
         # GPT-J: attn_norm serves both
         shared_norm = cfg.parallel is not None and cfg.parallel.shared_norm
         self.mlp_norm = None if shared_norm or self.output_norm else Norm(cfg, rngs=rngs)
-        self.mlp = MLP(cfg, rngs=rngs) if spec.feed_forward == "dense" else MoE(cfg, rngs=rngs)
+        self.mlp = (MLP(cfg, rngs=rngs) if spec.feed_forward in ("dense", "dense+experts") else
+                    MoE(cfg, rngs=rngs, hashed=spec.feed_forward.startswith("hashed")))
+        # DeepSeek-V4: each sublayer reads and joins the residual's copies through its hyper-connection
+        hyper = cfg.norms.hyper_connections is not None
+        self.attn_hc, self.mlp_hc = ((HyperConnection(cfg, rngs=rngs), HyperConnection(cfg, rngs=rngs)) if hyper
+                                     else (None, None))
+        # Gemma 4: the experts beside the dense MLP, with their own input norm and a norm on each branch's output
+        beside = spec.feed_forward == "dense+experts"
+        self.experts = MoE(cfg, rngs=rngs) if beside else None
+        self.dense_post_norm, self.experts_norm, self.experts_post_norm = (
+            (Norm(cfg, rngs=rngs), Norm(cfg, rngs=rngs), Norm(cfg, rngs=rngs)) if beside else (None, None, None))
         outputs_normed = cfg.norms.sandwich or self.output_norm
         sandwich = lambda present=True: Norm(cfg, rngs=rngs) if outputs_normed and present else None  # noqa: E731
         self.attn_post_norm, self.cross_post_norm, self.mlp_post_norm = sandwich(), sandwich(cross_attention), sandwich()
@@ -222,7 +240,14 @@ class Block(nnx.Module):
         keys = BlockKeys(*split_key(key, 6))
         drop = lambda h, key: self.scaled(dropout(h, self.dropout_rate, key))  # noqa: E731
         weights = {"self": None, "cross": None}
-        if self.parallel:  # GPT-NeoX: x = x + attn(norm(x)) + mlp(norm'(x)); GPT-J: one norm for both
+        if self.attn_hc is not None:  # DeepSeek-V4: x is the residual's copies [B, T, n, D]
+            collapsed, mixing = self.attn_hc.collapse(x)
+            h, new_kv, weights["self"] = self.self_attention(self.attn_norm(collapsed), inputs, keys.attn)
+            x = HyperConnection.expand(x, drop(h, keys.attn_out), mixing)
+            collapsed, mixing = self.mlp_hc.collapse(x)
+            h, stats = self.feed_forward(self.mlp_norm(collapsed), inputs, keys.mlp)
+            x = HyperConnection.expand(x, drop(h, keys.mlp_out), mixing)
+        elif self.parallel:  # GPT-NeoX: x = x + attn(norm(x)) + mlp(norm'(x)); GPT-J: one norm for both
             normed = self.attn_norm(x)
             h, new_kv, weights["self"] = self.self_attention(normed, inputs, keys.attn)
             m, stats = self.feed_forward(normed if self.mlp_norm is None else self.mlp_norm(x), inputs, keys.mlp)
@@ -235,7 +260,10 @@ class Block(nnx.Module):
             if self.cross_attn is not None:
                 h, _, weights["cross"] = self.cross_attention(self.cross_norm(x), inputs, keys.cross)
                 x = self.in_range(x + drop(self.sandwiched(h, self.cross_post_norm), keys.cross_out))
-            h, stats = self.feed_forward(self.sandwiched(x, self.mlp_norm), inputs, keys.mlp)
+            if self.experts is not None:
+                h, stats = self.dense_and_experts(x, inputs, keys.mlp)
+            else:
+                h, stats = self.feed_forward(self.sandwiched(x, self.mlp_norm), inputs, keys.mlp)
             x = self.in_range(x + drop(self.sandwiched(h, self.mlp_post_norm), keys.mlp_out))
             if self.per_layer_gate is not None:
                 x = x + self.per_layer_mix(x, inputs.per_layer_input)
@@ -275,6 +303,16 @@ class Block(nnx.Module):
 
     def self_attention(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None, Array | None]:
         weights = inputs.output_attentions
+        if isinstance(self.attn, CompressedAttentionLayer):  # (the window's mask as an array: no fused kernel)
+            mask = inputs.mask.dense if isinstance(inputs.mask, kernels.FusedMask) else inputs.mask
+            # (a cached step: the layer's slice of the ``CompressedCache`` in, its next state out)
+            out, new_state, probs = self.attn(h, inputs.positions, mask, inputs.cache, output_attentions=weights)
+            if probs is not None and inputs.cache is None:  # (padded to the widest kind's keys, so the layers'
+                # stack; the stack trims them)
+                part, length = self.attn.part, h.shape[1]
+                widest = length + length // min(part.sparse_rate, part.heavy_rate)
+                probs = jnp.pad(probs, ((0, 0),) * 3 + ((0, widest - probs.shape[-1]),))
+            return out, new_state, probs
         if isinstance(self.attn, GatedDeltaNet):  # no attention probabilities to return
             return self.attn(h, valid=inputs.valid, cache=inputs.cache, segments=inputs.segments, key=key)
         if isinstance(self.attn, RelativeAttention):
@@ -309,9 +347,16 @@ class Block(nnx.Module):
         return self.cross_attn(h, cross.source, mask=cross.mask, kv=cross.kv, key=key,
                                output_attentions=inputs.output_attentions)
 
+    def dense_and_experts(self, x: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict]:
+        """Gemma 4's feed-forward: norm(MLP(mlp_norm(x))) + norm'(experts(experts_norm(x))), the experts routed by x
+        itself; the sum is what the sandwich's output norm then norms."""
+        dense = self.dense_post_norm(self.mlp(self.mlp_norm(x), key))
+        routed, stats = self.experts(self.experts_norm(x), inputs.token_mask, router_input=x)
+        return dense + self.experts_post_norm(routed), stats
+
     def feed_forward(self, h: Array, inputs: LayerInputs, key: Array | None) -> tuple[Array, dict | None]:
         if isinstance(self.mlp, MoE):
-            return self.mlp(h, inputs.token_mask)
+            return self.mlp(h, inputs.token_mask, token_ids=inputs.token_ids)
         return self.mlp(h, key), None
 
 
@@ -608,12 +653,20 @@ class Stack(nnx.Module):
         self.shared_full_blocks = group("shared_full_blocks")
         # ModernBERT's first layer has no attention norm, DeBERTa's has a convolution beside it: a group of its own
         self.first_block = group("first_block")
+        # DeepSeek-V4: a group per compressed-attention kind (hash-routed expert layers apart); the copies of the
+        # residual collapsed once more at the end
+        for name in COMPRESSED_GROUPS:
+            setattr(self, name, group(name))
+        self.hc_head = HyperHead(cfg, rngs=rngs) if cfg.norms.hyper_connections is not None else None
         self.conv = SequenceConvolution(cfg, rngs=rngs) if cfg.conv is not None else None
         # ALBERT's shared layers: one stacked layer, which the plan places at every layer
         # (the main group is built even when the plan places no layer in it: a one-layer stack whose first layer
         # runs apart keeps an empty 'blocks', as checkpoints hold it)
-        self.blocks = group("blocks", "layers") or stacked_blocks(
-            cfg, 0, layer_plan(cfg, pattern, 1, cross_attention=cross_attention)[0], rngs=rngs)
+        if cfg.scores.compressed is not None:  # (DeepSeek-V4: every layer is in a group of its kind; none empty)
+            self.blocks = None
+        else:
+            self.blocks = group("blocks", "layers") or stacked_blocks(
+                cfg, 0, layer_plan(cfg, pattern, 1, cross_attention=cross_attention)[0], rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.norms.final else None
         # T5's one table per stack, MPNet's beside absolute positions (UMT5's tables are in the blocks)
         shared_table = cfg.relative_bias is not None and not cfg.relative_bias.per_layer
@@ -629,7 +682,8 @@ class Stack(nnx.Module):
         """The block groups by the names the plan gives them (and the parameter paths keep)."""
         groups = {"first_block": self.first_block, "dense_blocks": self.dense_blocks,
                   "linear_blocks": self.linear_blocks, "blocks": self.blocks, "full_blocks": self.full_blocks,
-                  "shared_blocks": self.shared_blocks, "shared_full_blocks": self.shared_full_blocks}
+                  "shared_blocks": self.shared_blocks, "shared_full_blocks": self.shared_full_blocks,
+                  **{name: getattr(self, name) for name in COMPRESSED_GROUPS}}
         return {name: blocks for name, blocks in groups.items() if blocks is not None}
 
     def cross_key_values(self, encoder: EncoderOutput) -> EncoderKV:
@@ -655,12 +709,12 @@ class Stack(nnx.Module):
             return tuple(nnx.merge(graphdef, jax.tree.map(lambda a: a[i], params)) for i in range(count))
 
         copy = nnx.merge(*nnx.split(self))
-        copy.blocks = separate(self.blocks)
+        copy.blocks = None if self.blocks is None else separate(self.blocks)
         if self.dense_blocks is not None:
             copy.dense_blocks = separate(self.dense_blocks)
         if self.linear_blocks is not None:
             copy.linear_blocks = separate(self.linear_blocks)
-        for name in ("full_blocks", "shared_blocks", "shared_full_blocks"):
+        for name in ("full_blocks", "shared_blocks", "shared_full_blocks", *COMPRESSED_GROUPS):
             if getattr(self, name) is not None:
                 setattr(copy, name, separate(getattr(self, name)))
         if self.first_block is not None:
@@ -681,7 +735,7 @@ class Stack(nnx.Module):
         ``collect_attentions`` returns each layer's attention probabilities too (never through a fused kernel).
         ``per_layer_inputs`` [B, T, L, P]: Gemma 4's, each layer reading its own slice."""
         cfg = self.config
-        split = isinstance(cache, (SplitKVCache, HybridCache))
+        split = isinstance(cache, (SplitKVCache, HybridCache, CompressedCache))  # (slices by kind)
         remember, keeps_kv = self._remembers(memory), isinstance(memory, MemoryKV)
         setup = functools.partial(self._layer_function, x.shape[1], cache=cache, memory=memory,
                                   collect_hidden=collect_hidden, collect_attentions=collect_attentions,
@@ -695,6 +749,8 @@ class Stack(nnx.Module):
         # DeBERTa v2: the convolution joins the first layer's output
         after_first = None if self.conv is None else (lambda out: self.conv(x, out, tokens.valid, conv_key))
         caches = {kind: slots.layers() for kind, slots in cache.kinds().items()} if split else None
+        if self.hc_head is not None:  # DeepSeek-V4: the residual as copies [B, T, n, D] of the embeddings
+            x = jnp.broadcast_to(x[:, :, None], (*x.shape[:2], cfg.norms.hyper_connections.streams, x.shape[-1]))
         out, outputs = run_layers(self.plan, self.block_groups(), x, layer, per_layer, cfg, after_first=after_first,
                                   caches=caches, segments=main[:-1] if pipelined else main)
         if first_shared is not None:
@@ -718,12 +774,20 @@ class Stack(nnx.Module):
             if memory is None:
                 memory = Memory.empty(self.num_layers, x.shape[0], cfg.segment_memory, cfg.d_model, x.dtype)
             memory = memory.extend(new_kv if keeps_kv else {"hidden": layer_inputs}, valid)
+        if self.hc_head is not None:
+            out = self.hc_head(out)
         if self.final_norm is not None:
             out = self.final_norm(out)
         hidden_states = None
         if collect_hidden:
             hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], out)
         per_layer_weights = lambda stacked: None if stacked is None else tuple(stacked)  # noqa: E731
+        compressed = cfg.scores.compressed
+        if compressed is not None and weights["self"] is not None:  # each layer's own keys: window and entries
+            length = x.shape[1]
+            keys = [length + (0 if kind == "sliding" else length // compressed.rate(kind))
+                    for kind in compressed.layers]
+            weights = dict(weights, self=[w[..., :k] for w, k in zip(weights["self"], keys)])
         return StackOutput(out, hidden_states, cache, stats, memory if remember else None,
                            per_layer_weights(weights["self"]), per_layer_weights(weights["cross"]))
 
@@ -757,6 +821,8 @@ class Stack(nnx.Module):
     def pipeline_problem(self) -> str | None:
         """Why this stack cannot run as a pipeline over a ``stage`` mesh axis (None: it can)."""
         cfg = self.config
+        if cfg.scores.compressed is not None:
+            return "DeepSeek-V4's compressed-attention layers are groups of their kinds, interleaved"
         if any(spec.group != "blocks" for spec in self.plan.layers[self.plan.apart():]):
             return ("its linear layers interleave with its attention layers" if self.linear_blocks is not None else
                     "Llama 4 Maverick's dense layers interleave with its expert layers")
@@ -853,7 +919,7 @@ class Stack(nnx.Module):
         hands_on = any(spec.kv_source is not None for spec in self.plan.layers)
         own_full = self.full_blocks is not None
         cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
-        split = isinstance(cache, (SplitKVCache, HybridCache))
+        split = isinstance(cache, (SplitKVCache, HybridCache, CompressedCache))  # (slices by kind)
         per_layer = {
             # the plan's kind flags, for a scanned body whose layers differ in them (the runner hands a layer it
             # knows its flags as Python bools): which layers read the local mask (Gemma's sliding layers)
@@ -871,6 +937,7 @@ class Stack(nnx.Module):
             "per_layer_input": None if per_layer_inputs is None else jnp.moveaxis(per_layer_inputs, 2, 0),
         }
         temperature = self._temperature(tokens, cache)
+        position_scale = self._position_scale(tokens)
         global_tokens = None
         if tokens.global_tokens is not None:  # Longformer: what a global token sees is every real key (of its document)
             segments = None if tokens.segments is None else (tokens.segments, tokens.segments)
@@ -893,6 +960,8 @@ class Stack(nnx.Module):
             if temperature is not None and nope is not False:  # (a layer known to be rotated keeps its scale)
                 tuned = _pick(nope, temperature, 1.0)
                 query_scale = tuned if query_scale is None else query_scale * tuned
+            if position_scale is not None:  # (every layer's)
+                query_scale = position_scale if query_scale is None else query_scale * position_scale
             inputs = LayerInputs(layer_mask, bias, layer_rope, extra["cache"],
                                  cross=None if cross is None else CrossInputs(cross_mask, cross_source,
                                                                               extra["cross_kv"]),
@@ -903,7 +972,7 @@ class Stack(nnx.Module):
                                  per_layer_input=extra["per_layer_input"], shared_kv=shared_kv,
                                  return_kv=hands_on and shared_kv is None,
                                  global_tokens=global_tokens, valid=tokens.valid, segments=tokens.segments,
-                                 block_sparse=block_sparse)
+                                 block_sparse=block_sparse, positions=tokens.positions, token_ids=tokens.ids)
             h_in = h
             h, new_kv, stats, weights = block(h, inputs, extra["key"])
             if own_full and new_kv is not None and local is False:
@@ -928,6 +997,16 @@ class Stack(nnx.Module):
         nope = cfg.nope
         tuned = jnp.log1p(jnp.floor((index + 1.0) / nope.temperature_floor_scale)) * nope.temperature_scale + 1.0
         return tuned[None, :, None, None]
+
+    def _position_scale(self, tokens: Tokens) -> Array | None:
+        """The position-dependent factor on every layer's queries [B, T, 1, 1] (None without it):
+        1 + query_position_scale * ln(1 + floor(p / query_position_span)) at each token's position p, the
+        positions its rotary angles use (transformers' position_ids)."""
+        scores = self.config.scores
+        if scores.position_scale is None:
+            return None
+        spans = jnp.floor(tokens.positions.astype(jnp.float32) / scores.position_span)
+        return (1.0 + scores.position_scale * jnp.log1p(spans))[:, :, None, None]
 
     def _xl_inputs(self, tokens: Tokens, memory: Memory | MemoryKV | None, token_types: Array | None,
                    key: Array | None) -> tuple[Array, XLInputs]:
