@@ -205,7 +205,7 @@ def as_published_fp8(folder: Path, hf: dict, reference):
 
     from jaxformer.interop import fp8
 
-    block = tuple(quantization.get("weight_block_size") or ()) or None
+    block = fp8.weight_block(quantization)  # (absent: [128, 128], as FineGrainedFP8Config defaults)
     path = folder / "model.safetensors"
     tensors = load_file(path)
     for name in [n for n, t in tensors.items() if re.search(r"_proj(_with_mqa)?\.weight$", n) and t.dim() >= 2]:

@@ -194,6 +194,8 @@ def segment_problem(cfg: ModelConfig) -> str | None:
         return "attention='prefix' has one bidirectional prefix a row, not one a document"
     if cfg.conv is not None:
         return "DeBERTa v2's convolution beside the first layer mixes neighbouring tokens across documents"
+    if cfg.scores.compressed is not None:
+        return "DeepSeek-V4's compressors pool blocks of tokens across documents, numbered by index in the row"
     if cfg.nope is not None and cfg.nope.temperature_floor_scale is not None:
         return "Llama 4's attention temperature counts each token's index in the row, not in its document"
     return None

@@ -73,7 +73,8 @@ def unstacked_decoder(model: nnx.Module) -> nnx.Module:
     """``model`` for a loop of many cached steps: on CPU a copy whose decoder layers are sliced out of
     the stack once (``Stack.unstacked``), elsewhere (or when they already are: ``decoding_copy``) the model
     itself."""
-    if not kernels.unstack_decode_loops() or isinstance(model.decoder.blocks, tuple):
+    unstacked = any(isinstance(blocks, tuple) for blocks in model.decoder.block_groups().values())
+    if not kernels.unstack_decode_loops() or unstacked:
         return model
     copy = nnx.merge(*nnx.split(model))
     copy.decoder = model.decoder.unstacked()

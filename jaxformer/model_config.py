@@ -284,7 +284,7 @@ class Norms:
 @dataclasses.dataclass(frozen=True)
 class ClampedSwiGLU:
     """gpt-oss's SwiGLU: the gate clamped to <= limit, the up projection to [-limit, limit], and
-    gate * sigmoid(alpha * gate) * (up + 1); limit None: no clamp, alpha then the gate's gain."""
+    gate * sigmoid(alpha * gate) * (up + offset); limit None: no clamp (nor offset), alpha then the gate's gain."""
 
     limit: float | None = None
     alpha: float = 1.0
@@ -295,6 +295,9 @@ class ClampedSwiGLU:
             raise ValueError(f"ModelConfig.swiglu_limit={self.limit!r} must be > 0")
         if not self.alpha > 0:
             raise ValueError(f"ModelConfig.swiglu_alpha={self.alpha!r} must be > 0")
+        if self.offset not in (0.0, 1.0) or (self.limit is None and self.offset != 1.0):
+            raise ValueError(f"ModelConfig.swiglu_offset={self.offset!r} must be 1 (gpt-oss) or 0 (DeepSeek-V4), and "
+                             "0 only with a swiglu_limit (the offset shifts the clamped up projection)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1478,6 +1481,9 @@ def _check_layer_types(cfg: ModelConfig) -> None:
 
 def _check_attention(cfg: ModelConfig) -> None:
     standard = cfg.latent is None and cfg.position != "xl"
+    if cfg.indexer is not None and (cfg.linear_attention is not None or cfg.position == "none"):
+        raise ValueError("ModelConfig.index_heads (the lightning indexer) rotates its keys and is cached beside plain "
+                         "latent layers: it cannot be combined with linear_layers or position='none'")
     if cfg.scores.global_tokens and (cfg.family != "encoder" or cfg.position not in ("learned", "sinusoidal", "rope")
                               or cfg.relative_bias is not None):
         raise ValueError(f"ModelConfig.global_tokens=True (Longformer) needs family='encoder' and plain attention "
@@ -1685,8 +1691,24 @@ def _check_compressed_attention(cfg: ModelConfig) -> None:
     if hyper is not None and (cfg.family != "decoder" or cfg.norms.position != "pre" or cfg.parallel is not None):
         raise ValueError(f"ModelConfig.hc_streams={hyper.streams} (hyper-connections) is built for a decoder of "
                          "pre-norm sequential blocks")
+    if hyper is not None:
+        ignored = {"sandwich_norm": cfg.norms.sandwich, "experts_beside_dense": cfg.experts is not None and
+                   cfg.experts.beside_dense, "per_layer_input_size": bool(cfg.embeddings.per_layer_width)}
+        if any(ignored.values()):
+            raise ValueError(f"ModelConfig.hc_streams (hyper-connections) joins each sublayer's plain output: "
+                             f"{[name for name, on in ignored.items() if on]} cannot be combined with it")
+    if cfg.experts is not None and cfg.experts.hash_layers and part is None:
+        raise ValueError(f"ModelConfig.hash_layers={cfg.experts.hash_layers} (token-id routed experts) is built "
+                         "with compressed attention's layer groups (DeepSeek-V4) only")
     if part is None:
         return
+    ignored = {"qk_norm": cfg.query_key_norm is not None, "attention_softcap": cfg.scores.softcap is not None,
+               "nope_layers": cfg.nope is not None, "query_position_scale": cfg.scores.position_scale is not None,
+               "attention_dropout_rate": bool(cfg.attention_dropout_rate),
+               "dense_layers": cfg.experts is not None and bool(cfg.experts.dense_layers)}
+    if any(ignored.values()):
+        raise ValueError(f"ModelConfig.compressed_layers (DeepSeek-V4's attention) does not take "
+                         f"{[name for name, on in ignored.items() if on]}")
     if cfg.family != "decoder" or len(part.layers) != cfg.decoder_layers:
         raise ValueError(f"ModelConfig.compressed_layers gives {len(part.layers)} kinds: it needs a decoder with as "
                          f"many layers (decoder_layers={cfg.decoder_layers}, family={cfg.family!r})")

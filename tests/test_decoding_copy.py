@@ -14,6 +14,7 @@ import jaxformer as jf
 from jaxformer import generate as gen
 from jaxformer.layers.weights import LoraParam, OutputMajor, Quantized
 from test_drafting import CASES as DRAFTING_CASES, _batch
+from test_generate import CACHE_CASES
 
 # Drafting's cases (GQA with a gated MLP, learned positions and biases, latent attention whose absorbed decode
 # reads k_up/v_up whole, a sliding window's ring cache, an encoder-decoder, Llama 4's chunked MoE) and the
@@ -25,6 +26,8 @@ CASES = {name: cfg.replace(init_std=0.1) for name, cfg in dict(DRAFTING_CASES, *
     "mixtral-shared-expert": jf.config("tiny-mixtral").replace(shared_experts=1, expert_d_ff=32),
     "llama-lora": jf.config("tiny-llama").replace(lora_rank=4, lora_targets=("q", "v", "wo")),
     "llama-int8": jf.config("tiny-llama").replace(quantize="int8"),
+    # its layers live in groups of their kinds (no 'blocks'): the copy must still count as sliced out
+    "deepseek-v4-groups": CACHE_CASES["deepseek-v4"],
 }).items()}
 
 

@@ -103,6 +103,26 @@ def test_the_state_is_what_jaxformer_info_counts_and_drafting_is_refused(checkpo
     assert numbers == per_token * length + bounded
     with pytest.raises(ValueError, match="compressed-attention layers .* cannot be rewound"):
         model.generate(np.full((1, 5), 3), max_new_tokens=2, prompt_lookup_num_tokens=2)
+    # its compressors pool blocks across documents: packed rows are refused before anything runs
+    with pytest.raises(ValueError, match="cannot pack documents: DeepSeek-V4's compressors pool blocks"):
+        model(np.full((1, 8), 3), segment_ids=np.array([[1] * 4 + [2] * 4]))
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(qk_norm=True), r"compressed_layers .* does not take \['qk_norm'\]"),
+    (dict(attention_dropout_rate=0.1), r"does not take \['attention_dropout_rate'\]"),
+    (dict(sandwich_norm=True), r"hyper-connections.* \['sandwich_norm'\] cannot be combined"),
+])
+def test_a_setting_the_compressed_layers_would_ignore_is_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        jf.config("deepseek-v4-flash").replace(**changes)
+
+
+def test_hash_routing_needs_the_compressed_layer_groups_and_offset_zero_a_clamp():
+    with pytest.raises(ValueError, match="hash_layers=3 .* compressed attention's layer groups"):
+        jf.config("deepseek-v3").replace(hash_layers=3)
+    with pytest.raises(ValueError, match="swiglu_offset=0.0 .* only with a swiglu_limit"):
+        jf.config("tiny-llama").replace(swiglu_alpha=1.702, swiglu_offset=0.0)
 
 
 def test_a_qlora_fine_tune_starts_from_the_file_and_its_loss_falls(checkpoints, tmp_path):

@@ -117,3 +117,14 @@ def test_decode_reads_ue8m0_scales_and_one_scale_per_tensor():
     decoded = fp8.decode(weight, exponents, (8, 8))
     assert decoded[1, 9, 19] == weight[1, 9, 19].astype(np.float32) * 2.0 ** (120 + 3 * 2 + 1 * 3 + 2 - 127)
     assert np.array_equal(fp8.decode(weight, np.float32(0.5), None), weight.astype(np.float32) * 0.5)
+
+
+@pytest.mark.parametrize("method", ["bitsandbytes", "awq"])
+def test_another_quantization_method_is_still_refused_by_its_config(method):
+    # asking whether a file is FP8 must not count as reading its quantization_config
+    from jaxformer.interop.hf import config_from_hf
+
+    llama = dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=32, intermediate_size=48,
+                 num_attention_heads=4, num_hidden_layers=2, vocab_size=97)
+    with pytest.raises(ValueError, match=f"quantization_config=.*'{method}'"):
+        config_from_hf({**llama, "quantization_config": {"quant_method": method}})

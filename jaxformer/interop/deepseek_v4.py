@@ -93,9 +93,9 @@ def _rates(hf: dict) -> dict[str, int]:
     return {**DEFAULT_RATES, **rates}
 
 
-def _rotary(hf: dict) -> tuple[dict, dict, float]:
-    """The window layers' ('main') and compressed layers' ('compress') rotary dicts, as the config class builds them,
-    and the rotating fraction of a head."""
+def _rotary(hf: dict) -> tuple[dict, dict]:
+    """The window layers' ('main') and compressed layers' ('compress') rotary dicts, as the config class builds them
+    (a flat file's rotating fraction of a head written into both; nested dicts are taken as they are)."""
     fraction = hf["partial_rotary_factor"]
     legacy = hf.get("qk_rope_head_dim")  # (transformers writes it beside partial_rotary_factor, which wins)
     if fraction is None:
@@ -103,22 +103,23 @@ def _rotary(hf: dict) -> tuple[dict, dict, float]:
     given = hf["rope_parameters"] or hf.get("rope_scaling") or {}
     if isinstance(given.get("main"), dict) and isinstance(given.get("compress"), dict):
         hf.get("rope_theta"), hf.get("compress_rope_theta")  # read and left: the nested dicts carry their bases
-        return dict(given["main"]), dict(given["compress"]), fraction
+        return dict(given["main"]), dict(given["compress"])
     yarn = {k: v for k, v in given.items() if k not in ("main", "compress")}
     main = {"rope_type": "default", "rope_theta": hf["rope_theta"], "partial_rotary_factor": fraction}
     compress = {**yarn, "rope_theta": hf["compress_rope_theta"], "partial_rotary_factor": fraction}
     compress.setdefault("rope_type", compress.pop("type", "default"))
     if compress["rope_type"] == "yarn":
         compress.setdefault("attention_factor", 1.0)
-    return main, compress, fraction
+    return main, compress
 
 
 def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str]) -> dict[str, Any]:
     head_dim, layers = hf["head_dim"], hf["num_hidden_layers"]
-    main, compress, fraction = _rotary(hf)
+    main, compress = _rotary(hf)
     widths = {}
     for name, rope in (("main", main), ("compress", compress)):
-        share = float(rope.pop("partial_rotary_factor", fraction))
+        # (a nested dict without a factor rotates the whole head: the modeling's default, whatever the top level says)
+        share = float(rope.pop("partial_rotary_factor", 1.0))
         widths[name] = rotary_width(head_dim, share, model_type) or head_dim
     refuse(widths["main"] != widths["compress"], f"deepseek_v4: the rotary widths of rope_parameters' main "
            f"({widths['main']}) and compress ({widths['compress']}) differ; jaxformer rotates one width")

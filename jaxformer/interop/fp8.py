@@ -27,7 +27,8 @@ SCALE_DTYPES = (np.float32, np.float16, ml_dtypes.bfloat16)  # fp32 (V3) scales,
 
 
 def holds_fp8(hf: dict) -> bool:
-    quantization = hf.get("quantization_config")
+    # (dict.get: asking must not count as reading the key, so another quant_method is still refused as unread)
+    quantization = dict.get(hf, "quantization_config")
     return isinstance(quantization, dict) and quantization.get("quant_method") == "fp8"
 
 

@@ -104,8 +104,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     refuse(kv_heads not in (None, heads), f"kimi_linear: num_key_value_heads={kv_heads} differs from "
            f"num_attention_heads={heads}; latent attention has one key per query head")
     refuse(bool(hf["attention_bias"]), "kimi_linear: attention_bias=true is not supported")
-    refuse(bool(hf["tie_word_embeddings"]), "kimi_linear: tie_word_embeddings=true is not supported "
-           "(transformers' KimiLinearForCausalLM never ties its head to the embedding)")
+    hf["tie_word_embeddings"]  # read and left: KimiLinearForCausalLM never ties its head (_tied_weights_keys {})
     refuse(hf["v_head_dim"] is None, "kimi_linear: v_head_dim must be set (latent attention's value heads)")
     experts = _value(hf, "num_experts")
     refuse(not experts, f"kimi_linear: num_experts={experts!r}; a Kimi Linear model needs routed experts")

@@ -48,6 +48,8 @@ def rope_and_query_scale(hf: dict, model_type: str) -> tuple[float, Any, dict[st
     the rotary kind is read (``llama_4_scaling_beta``; ``max_position_embeddings``, which nothing reads; the
     derived ``partial_rotary_factor``, which must give the rotary part's width)."""
     params = dict(hf.get("rope_scaling") or hf["rope_parameters"] or default_rope(hf))
+    if "rope_theta" in hf:  # a file of the older form keeps its base at the top level, as transformers reads it
+        params.setdefault("rope_theta", hf["rope_theta"])
     beta, span = params.pop("llama_4_scaling_beta", None), params.get("original_max_position_embeddings")
     params.pop("max_position_embeddings", None)
     rope, head = hf["qk_rope_head_dim"], hf["qk_nope_head_dim"] + hf["qk_rope_head_dim"]

@@ -546,8 +546,8 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
         buffers = None
         for i, group in enumerate(groups):
             tensors = [get(n) for n in group]  # views into the mapped file where possible
-            # An int8, int64 or bool tensor would load silently as floats (quantized files are refused); an integer
-            # table loads into an integer buffer (DeepSeek-V4's token-to-expert table)
+            # An int8, int64 or bool tensor would load silently as floats (quantized files are refused, but for MXFP4
+            # and FP8, decoded before this); an integer table loads into an integer buffer (DeepSeek-V4's tid2eid)
             integer = bool(rule.paths) and all(p in expected and jnp.issubdtype(expected[p].dtype, jnp.integer)
                                                for p in rule.paths)  # (a rule without paths loads nothing)
             not_float += [f"{n} ({t.dtype})" for n, t in zip(group, tensors)
@@ -583,7 +583,7 @@ def build_from_tensors(cfg: ModelConfig, rules: list[Rule], aliases: dict[str, s
             parts.append(f"mis-shaped tensors ({len(mismatched)}): {mismatched[:20]}")
         if not_float:
             parts.append(f"non-float tensors where float weights belong ({len(not_float)}): {not_float[:20]} "
-                         "(quantized checkpoints are not supported)")
+                         "(quantized checkpoints other than MXFP4 and block-wise FP8 are not supported)")
         if not_covered and not missing:
             parts.append(f"parameters with no source: {not_covered[:20]}")
         raise ValueError(f"{source}; nothing was loaded.\n  " + "\n  ".join(parts))
