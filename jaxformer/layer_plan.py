@@ -68,7 +68,9 @@ class LayerSpec:
     # layer's state matrix and convolution window), 'compressed_sliding' / '_sparse' / '_heavy' (DeepSeek-V4's kinds:
     # ``cache.CompressedCache``), 'none'
     cache: str
-    feed_forward: str  # 'dense', 'experts', 'experts+shared', 'dense+experts' (Gemma 4: the experts beside the MLP)
+    # 'dense', 'experts', 'experts+shared', 'dense+experts' (Gemma 4: the experts beside the MLP), and DeepSeek-V4's
+    # 'hashed experts' / 'hashed experts+shared' (experts picked by token id)
+    feed_forward: str
     # the stack's block group holding its parameters (``GROUPS``): 'first_block', 'dense_blocks', 'linear_blocks',
     # 'blocks', and Gemma 4's 'full_blocks', 'shared_blocks', 'shared_full_blocks'
     group: str

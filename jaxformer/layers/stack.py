@@ -328,7 +328,7 @@ class Block(nnx.Module):
         if isinstance(self.attn, GlobalAttention):
             return self.attn(h, mask=inputs.mask, global_tokens=inputs.global_tokens, key=key,
                              output_attentions=weights)
-        # GPT-2's per-layer factor, Llama 4's NoPE layers; the config allows them on standard attention only
+        # GPT-2's per-layer factor, Llama 4's NoPE layers (on standard attention only), Mistral 4's position factor
         scaled = {} if inputs.query_scale is None else {"query_scale": inputs.query_scale}
         if inputs.nope is not None:
             scaled["nope"] = inputs.nope
