@@ -1826,16 +1826,27 @@ def _part(group: str, flat: dict, given: dict) -> Any:
     if group == "norms":  # hyper-connections, the block's residual wiring, are there when they have streams
         values["hyper_connections"] = (HyperConnections(flat["hc_streams"], flat["hc_sinkhorn_iters"], flat["hc_eps"])
                                        if flat["hc_streams"] != 0 else None)
+        if values["hyper_connections"] is None:
+            _refuse_without(("norms", "hyper_connections"), "hc_streams", given)
     if group == "scores":  # compressed attention is there when it gives the layers' kinds
         names = [name for name, path in FLAT.items() if path[:2] == ("scores", "compressed")]
         values["compressed"] = (CompressedAttention(**{FLAT[name][2]: flat[name] for name in names})
                                 if flat["compressed_layers"] else None)
+        if values["compressed"] is None:
+            _refuse_without(("scores", "compressed"), "compressed_layers", given)
     if group == "latent":  # the indexer, a part of latent attention, is there when it has heads
         values["indexer"] = (Indexer(flat["index_heads"], flat["index_head_dim"], flat["index_topk"],
                                      flat["index_rope_interleave"]) if flat["index_heads"] != 0 else None)
         if flat["index_heads"] == 0 and given.get("index_rope_interleave"):
             raise ValueError("ModelConfig.index_rope_interleave=True needs index_heads > 0 (the indexer it rotates)")
     return GROUPS[group](**values)
+
+
+def _refuse_without(part: tuple[str, str], key: str, given: dict) -> None:
+    """A setting of a nested part given while the part is absent (``key`` unset) would be dropped: refused."""
+    for name, path in FLAT.items():
+        if path[:2] == part and name != key and name in given and _as_tuple(given[name]) != _off_value(name):
+            raise ValueError(f"ModelConfig.{name}={given[name]!r} needs {key} (the part it sets is absent)")
 
 
 def _as_tuple(value: Any) -> Any:

@@ -118,6 +118,13 @@ def test_a_setting_the_compressed_layers_would_ignore_is_refused(changes, messag
         jf.config("deepseek-v4-flash").replace(**changes)
 
 
+def test_a_setting_of_an_absent_nested_part_is_refused_not_dropped():
+    with pytest.raises(ValueError, match="compressed_q_rank=8 needs compressed_layers"):
+        jf.config("tiny-llama").replace(compressed_q_rank=8)
+    with pytest.raises(ValueError, match="hc_eps=0.001 needs hc_streams"):
+        jf.config("tiny-llama").replace(hc_eps=1e-3)
+
+
 def test_hash_routing_needs_the_compressed_layer_groups_and_offset_zero_a_clamp():
     with pytest.raises(ValueError, match="hash_layers=3 .* compressed attention's layer groups"):
         jf.config("deepseek-v3").replace(hash_layers=3)
