@@ -1,7 +1,8 @@
 """jaxformer.vision's image processors against transformers' (their PIL backend: torchvision is not installed,
-and AutoImageProcessor falls back to the same classes): pixel_values and image_grid_thw on PIL-drawn images of
-odd sizes and modes, under the published preprocessor configs and variants of them; the file written back
-byte for byte; bad settings and images refused by name."""
+and AutoImageProcessor falls back to the same classes): pixel_values and every other output (image_grid_thw,
+image_sizes, aspect ratio ids and masks, num_tiles, num_crops, attention masks, spatial shapes) on PIL-drawn
+images of odd sizes and modes, under the published preprocessor configs and variants of them; the file written
+back byte for byte; bad settings and images refused by name."""
 
 from __future__ import annotations
 
@@ -39,15 +40,38 @@ QWEN_SAVED_BY_TRANSFORMERS_4 = {  # a Qwen2.5-VL fine-tune's file: min/max_pixel
     "patch_size": 14, "processor_class": "Qwen2_5_VLProcessor", "resample": 3,
     "rescale_factor": 0.00392156862745098, "size": {"longest_edge": 12845056, "shortest_edge": 3136},
     "temporal_patch_size": 2}
-PUBLISHED = {"clip": CLIP_B32, "siglip": SIGLIP_B16_224, "vit": VIT_B16_224, "qwen2_5_vl": QWEN25_VL_7B}
+_CLIP_NORM = {"image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711]}
+LLAVA_16_MISTRAL = {  # llava-hf/llava-v1.6-mistral-7b-hf (aspect_ratio_setting: a key transformers never reads)
+    "aspect_ratio_setting": "anyres", "crop_size": {"height": 336, "width": 336}, "do_center_crop": True,
+    "do_convert_rgb": True, "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
+    "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]], **_CLIP_NORM,
+    "image_processor_type": "LlavaNextImageProcessor", "processor_class": "LlavaNextProcessor", "resample": 3,
+    "rescale_factor": 0.00392156862745098, "size": {"shortest_edge": 336}}
+LLAMA32_11B_VISION = {  # meta-llama/Llama-3.2-11B-Vision-Instruct
+    "do_convert_rgb": True, "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
+    **_CLIP_NORM, "image_processor_type": "MllamaImageProcessor", "max_image_tiles": 4,
+    "processor_class": "MllamaProcessor", "resample": 2, "rescale_factor": 0.00392156862745098,
+    "size": {"height": 560, "width": 560}}
+GEMMA3_4B = {  # google/gemma-3-4b-it
+    "do_convert_rgb": None, "do_normalize": True, "do_pan_and_scan": None, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Gemma3ImageProcessor", "image_seq_length": 256,
+    "image_std": [0.5, 0.5, 0.5], "pan_and_scan_max_num_crops": None, "pan_and_scan_min_crop_size": None,
+    "pan_and_scan_min_ratio_to_activate": None, "processor_class": "Gemma3Processor", "resample": 2,
+    "rescale_factor": 0.00392156862745098, "size": {"height": 896, "width": 896}}
+SIGLIP2_NAFLEX = {  # google/siglip2-base-patch16-naflex
+    "do_convert_rgb": None, "do_normalize": True, "do_rescale": True, "do_resize": True,
+    "image_mean": [0.5, 0.5, 0.5], "image_processor_type": "Siglip2ImageProcessor", "image_std": [0.5, 0.5, 0.5],
+    "max_num_patches": 256, "patch_size": 16, "processor_class": "Siglip2Processor", "resample": 2,
+    "rescale_factor": 0.00392156862745098}
+PUBLISHED = {"clip": CLIP_B32, "siglip": SIGLIP_B16_224, "vit": VIT_B16_224, "qwen2_5_vl": QWEN25_VL_7B,
+             "llava_next": LLAVA_16_MISTRAL, "mllama": LLAMA32_11B_VISION, "gemma3": GEMMA3_4B,
+             "siglip2": SIGLIP2_NAFLEX}
 
 
 def _reference(config: dict):
     """transformers' processor for ``config``: the PIL-backend class its image_processor_type names."""
     ours = ImageProcessor.from_dict(config)
-    name = {"CLIPImageProcessor": "CLIPImageProcessorPil", "SiglipImageProcessor": "SiglipImageProcessorPil",
-            "ViTImageProcessor": "ViTImageProcessorPil", "Qwen2VLImageProcessor": "Qwen2VLImageProcessorPil"}
-    return getattr(transformers, name[ours.kind]).from_dict(dict(config)), ours
+    return getattr(transformers, ours.kind + "Pil").from_dict(dict(config)), ours
 
 
 def _drawing(width: int, height: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
@@ -90,20 +114,26 @@ RGB_ONLY = ("rgb 333x217", "tiny 19x33", "uint8 HWC 120x250", "float CHW 64x48")
 
 def _check(config: dict, batch: list) -> None:
     reference, ours = _reference(config)
-    expected, got = reference(batch), ours(batch)  # classic: a list of [C, H, W] (sizes may differ); ours stacks
+    expected, got = reference(batch), ours(batch)  # transformers: lists of arrays (sizes may differ); ours stacks
     assert set(got) == set(expected)
     for key in expected:
+        if key == "num_tiles":  # Llama 3.2 Vision's tiles per image, per prompt: nested lists of ints
+            assert got[key] == expected[key]
+            continue
         pairs = zip(expected[key], got[key], strict=True) if isinstance(expected[key], list) else [
             (expected[key], got[key])]
         for want, have in pairs:
+            want = np.asarray(want)
             assert have.shape == want.shape and have.dtype == want.dtype, (key, have.shape, want.shape)
-            assert np.abs(have.astype(np.float64) - want).max(initial=0) <= 1e-5, key
+            assert np.abs(have.astype(np.float64) - want).max(initial=0) == 0, key  # equal bit for bit
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
 def test_published_configs_give_transformers_pixel_values(name, images):
-    # ViT's processor does not convert to RGB: transformers fails on gray and RGBA images, and so do we.
-    names = RGB_ONLY if name == "vit" else list(images)
+    # ViT's processor does not convert to RGB, nor do the published SigLIP2 and Gemma 3 files (do_convert_rgb
+    # null; their multimodal processors pass true): transformers fails on gray and RGBA images, as we do.
+    # Llama 3.2 Vision's 560-pixel tiles: RGB only to keep it quick (its variant takes every mode).
+    names = RGB_ONLY if name in ("vit", "siglip2", "gemma3", "mllama") else list(images)
     _check(PUBLISHED[name], [images[n] for n in names])
     if name == "qwen2_5_vl":  # one image at a time too: each grid, and the patch rows it owns
         for n in ("rgb 333x217", "tiny 19x33"):
@@ -124,14 +154,37 @@ VARIANTS = {
     "qwen saved by transformers 4": QWEN_SAVED_BY_TRANSFORMERS_4,
     "qwen size dict, no normalize": {"image_processor_type": "Qwen2VLImageProcessor", "do_normalize": False,
                                      "size": {"shortest_edge": 28 * 28 * 10, "longest_edge": 28 * 28 * 20}},
+    "llava pad to square": {**CLIP_B32, "image_processor_type": "LlavaImageProcessor", "do_pad": True, "size": 64,
+                            "crop_size": 56},
+    "llava-next tiny pinpoints, ragged tiles, no batch pad": {
+        **LLAVA_16_MISTRAL, "size": {"height": 30, "width": 30}, "crop_size": {"height": 28, "width": 28},
+        "image_grid_pinpoints": [[60, 90], [90, 60], [30, 30], [56, 28]], "do_pad": False},
+    "mllama 6 tiles of 40, bicubic": {**LLAMA32_11B_VISION, "size": {"height": 40, "width": 40},
+                                      "max_image_tiles": 6, "resample": 3},
+    "gemma3 pan and scan": {**GEMMA3_4B, "size": {"height": 64, "width": 64}, "do_convert_rgb": True,
+                            "do_pan_and_scan": True, "pan_and_scan_min_crop_size": 24,
+                            "pan_and_scan_max_num_crops": 3, "pan_and_scan_min_ratio_to_activate": 1.2},
+    "siglip2 patch 8, 50 patches, rgb, bicubic": {**SIGLIP2_NAFLEX, "patch_size": 8, "max_num_patches": 50,
+                                                  "do_convert_rgb": True, "resample": 3},
 }
+# LLaVA's square padding fills with int(mean * 255): transformers cannot resize a float image so filled.
+NO_FLOAT = ("llava pad to square",)
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_config_variants_give_transformers_pixel_values(name, images):
     picks = ("rgb 333x217", "tiny 19x33", "float CHW 64x48") if "vit" in name else (
         "rgba 200x301", "gray 97x161", "tiny 19x33", "float CHW 64x48")
-    _check(VARIANTS[name], [images[n] for n in picks])
+    _check(VARIANTS[name], [images[n] for n in picks if not (name in NO_FLOAT and n.startswith("float"))])
+
+
+def test_mllama_takes_one_list_of_images_per_prompt(images):
+    reference, ours = _reference(VARIANTS["mllama 6 tiles of 40, bicubic"])
+    nested = [[images["rgb 333x217"]], [images["tiny 19x33"], images["rgba 200x301"], images["gray 97x161"]]]
+    expected, got = reference(nested), ours(nested)
+    assert got["num_tiles"] == expected["num_tiles"]
+    for key in ("pixel_values", "aspect_ratio_ids", "aspect_ratio_mask"):
+        assert np.array_equal(got[key], expected[key]) and got[key].dtype == expected[key].dtype, key
 
 
 def test_qwen_patches_keep_merge_blocks_contiguous():
@@ -149,7 +202,8 @@ def test_qwen_patches_keep_merge_blocks_contiguous():
     assert proc.image_grid(56, 84) == (1, 4, 6)
 
 
-@pytest.mark.parametrize("name", list(PUBLISHED) + ["qwen saved by transformers 4", "siglip max h/w, box, padded"])
+@pytest.mark.parametrize("name", list(PUBLISHED) + ["qwen saved by transformers 4", "siglip max h/w, box, padded",
+                                                    "llava pad to square", "gemma3 pan and scan"])
 def test_preprocessor_config_round_trip(name, tmp_path):
     config = {**PUBLISHED, **VARIANTS}[name]
     reference, ours = _reference(config)
@@ -195,6 +249,14 @@ def test_folders_are_read_as_transformers_reads_them(tmp_path):
     ({**QWEN25_VL_7B, "min_pixels": None, "max_pixels": None, "size": {"min_pixels": 1, "max_pixels": 9}},
      "size="),
     ({**CLIP_B32, "input_data_format": "HWC"}, "input_data_format="),
+    ({**LLAVA_16_MISTRAL, "image_grid_pinpoints": [[336]]}, "image_grid_pinpoints="),
+    ({**LLAVA_16_MISTRAL, "size": {"longest_edge": 336}}, "size="),
+    ({**LLAMA32_11B_VISION, "size": {"height": 560, "width": 280}}, "size="),
+    ({**LLAMA32_11B_VISION, "do_pad": False}, "do_pad=False"),
+    ({**LLAMA32_11B_VISION, "max_image_tiles": 0}, "max_image_tiles=0"),
+    ({**GEMMA3_4B, "do_pan_and_scan": True}, "do_pan_and_scan needs"),
+    ({**SIGLIP2_NAFLEX, "max_num_patches": 0}, "max_num_patches=0"),
+    ({**CLIP_B32, "image_processor_type": "LlavaImageProcessor", "do_pad": True, "image_mean": 0.5}, "do_pad"),
 ])
 def test_bad_settings_are_refused_by_name(config, message):
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
@@ -226,3 +288,53 @@ def test_a_grayscale_array_may_drop_its_channel_axis(images):
     gray = images["gray HW1 50x70"]
     proc = ImageProcessor.from_dict(SIGLIP_B16_224)
     assert np.array_equal(proc(gray[..., 0])["pixel_values"], proc(gray)["pixel_values"])
+
+
+def test_tiling_size_arithmetic_equals_transformers_on_many_sizes():
+    """The sizes behind every tiling pipeline, over 200 random image sizes (no pixels): LLaVA-NeXT's best
+    pinpoint, resized size and placeholder count, Llama 3.2 Vision's canvas and fitted size, SigLIP2's NaFlex
+    size, Gemma 3's pan-and-scan crop count."""
+    from transformers.image_processing_utils import select_best_resolution
+    from transformers.models.llava_next.processing_llava_next import LlavaNextProcessor
+    from transformers.models.mllama import image_processing_pil_mllama as mllama
+    from transformers.models.siglip2.image_processing_pil_siglip2 import get_image_size_for_max_num_patches
+
+    from jaxformer.vision import tiling
+
+    pinpoints = LLAVA_16_MISTRAL["image_grid_pinpoints"]
+    counter = LlavaNextProcessor.__new__(LlavaNextProcessor)  # _get_number_of_features reads only these two
+    counter.image_processor, counter.patch_size = transformers.LlavaNextImageProcessorPil(), 14
+    counter.num_additional_image_tokens = 0
+    gemma = transformers.Gemma3ImageProcessorPil()
+    rng = np.random.default_rng(0)
+    for height, width in rng.integers(1, 2000, size=(200, 2)).tolist():
+        best = select_best_resolution((height, width), pinpoints)
+        assert tiling.best_resolution(height, width, pinpoints) == tuple(best)
+        assert tiling.anyres_features(height, width, 336, 336, 14, pinpoints) == counter._get_number_of_features(
+            height, width, 336, 336)
+        rows, cols = tiling.tiled_canvas(height, width, 4, 56)
+        canvas = mllama.get_optimal_tiled_canvas(height, width, 4, 56)
+        assert (rows * 56, cols * 56) == tuple(int(v) for v in canvas)
+        assert tiling.fit_to_canvas(height, width, *canvas, 56) == tuple(
+            int(v) for v in mllama.get_image_size_fit_to_canvas(height, width, *canvas, 56))
+        assert tiling.naflex_size(height, width, 16, 256) == get_image_size_for_max_num_patches(height, width, 16, 256)
+        pixels = np.empty((1, height, width), dtype=np.uint8)  # crops are views: same start and shape, same crop
+        crops = [pixels[:, top:top + h, left:left + w]
+                 for top, left, h, w in tiling.pan_and_scan_boxes(height, width, 32, 4, 1.2)]
+        assert [(c.shape, c.__array_interface__["data"][0]) for c in crops] == [
+            (c.shape, c.__array_interface__["data"][0]) for c in gemma.pan_and_scan(pixels, 32, 4, 1.2)]
+
+
+def test_the_vision_package_imports_nothing_else_of_jaxformer():
+    """jaxformer.vision stands alone on numpy and PIL: a data pipeline may use it without the model code."""
+    import ast
+    from pathlib import Path
+
+    import jaxformer.vision
+
+    for file in Path(jaxformer.vision.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert all(n == "jaxformer.vision" or n.startswith("jaxformer.vision.") or not n.startswith("jaxformer")
+                       for n in names), (file.name, names)

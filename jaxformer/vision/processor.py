@@ -4,13 +4,23 @@
     batch = proc([pil_image, array])        # {"pixel_values": float32 [N, 3, 224, 224]}
     proc.save_pretrained("out_dir")         # the preprocessor_config.json transformers would write
 
-Two pipelines, chosen by ``image_processor_type``:
-  - classic (ViTImageProcessor, CLIPImageProcessor, SiglipImageProcessor): convert to RGB, resize, center crop,
-    rescale, normalize, pad; ``pixel_values`` [N, C, H, W];
+The pipeline follows ``image_processor_type``:
+  - classic (ViTImageProcessor, CLIPImageProcessor, SiglipImageProcessor, LlavaImageProcessor): convert to RGB,
+    resize, center crop, rescale, normalize, pad (LLaVA's ``do_pad`` pads to a square in the mean colour before
+    resizing instead); ``pixel_values`` [N, C, H, W];
   - dynamic resolution (Qwen2VLImageProcessor, which Qwen2-VL and Qwen2.5-VL files name): smart resize to a
     multiple of patch_size * merge_size within [min_pixels, max_pixels], rescale, normalize, then the flattened
     patches of every image concatenated, ``pixel_values`` [patches, C * temporal_patch_size * patch_size**2],
-    and ``image_grid_thw`` [N, 3] (1, grid_h, grid_w) per image.
+    and ``image_grid_thw`` [N, 3] (1, grid_h, grid_w) per image;
+  - LLaVA-NeXT ``anyres`` (LlavaNextImageProcessor): the base image plus the tiles of the image resized into the
+    best of ``image_grid_pinpoints`` and padded to it, ``pixel_values`` [N, tiles, C, H, W] and ``image_sizes``;
+  - Llama 3.2 Vision (MllamaImageProcessor): each image resized into the best canvas of up to ``max_image_tiles``
+    tiles, padded, split, ``pixel_values`` [samples, images, max_image_tiles, C, H, W], ``aspect_ratio_ids``,
+    ``aspect_ratio_mask``, ``num_tiles``;
+  - Gemma 3 (Gemma3ImageProcessor): the classic resize with optional pan-and-scan crops after each image,
+    ``num_crops``;
+  - SigLIP2 NaFlex (Siglip2ImageProcessor): resized to at most ``max_num_patches`` patches keeping the aspect
+    ratio, ``pixel_values`` [N, max_num_patches, patch_size**2 * C], ``pixel_attention_mask``, ``spatial_shapes``.
 
 Reading a file follows transformers' constructor: the class's defaults, overridden by the file's keys (legacy
 forms included: an int ``size``, ``crop_size: 224``, Qwen's top-level ``min_pixels`` / ``max_pixels``,
@@ -30,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxformer.vision import transforms
+from jaxformer.vision import tiling, transforms
 
 CONFIG_NAME = "preprocessor_config.json"
 PROCESSOR_CONFIG_NAME = "processor_config.json"  # a whole processor's settings, the image processor's nested
@@ -46,6 +56,16 @@ COMMON_KEYS = ("do_convert_rgb", "do_resize", "size", "default_to_square", "crop
                "data_format", "input_data_format", "device", "return_tensors", "disable_grouping",
                "image_seq_length")
 DYNAMIC_KEYS = ("min_pixels", "max_pixels", "patch_size", "temporal_patch_size", "merge_size")
+PAN_AND_SCAN_KEYS = ("pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops", "pan_and_scan_min_ratio_to_activate")
+# The settings each class adds to COMMON_KEYS.
+CLASS_KEYS = {"Qwen2VLImageProcessor": DYNAMIC_KEYS, "LlavaNextImageProcessor": ("image_grid_pinpoints",),
+              "MllamaImageProcessor": ("max_image_tiles",), "Gemma3ImageProcessor": ("do_pan_and_scan",
+                                                                                      *PAN_AND_SCAN_KEYS),
+              "Siglip2ImageProcessor": ("patch_size", "max_num_patches")}
+SIGLIP2 = "Siglip2ImageProcessor"
+CENTER_CROPPING = ("ViTImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor", "LlavaImageProcessor",
+                   "LlavaNextImageProcessor")  # the classes whose pipeline reads do_center_crop
+BATCH_PADDING = ("ViTImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor")  # do_pad: pad to pad_size
 # Keys transformers' constructor drops: they name the class, which `kind` already holds.
 DROPPED_KEYS = ("feature_extractor_type", "processor_class", "image_processor_type", "_valid_processor_keys")
 
@@ -63,13 +83,31 @@ CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
                                                                "longest_edge": 28 * 28 * 1280},
                               "do_convert_rgb": True, "image_mean": OPENAI_CLIP_MEAN, "image_std": OPENAI_CLIP_STD,
                               "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2},
+    "LlavaImageProcessor": {**_BASE, "resample": 3, "size": {"shortest_edge": 224},
+                            "crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_pad": False,
+                            "do_convert_rgb": True, "image_mean": OPENAI_CLIP_MEAN, "image_std": OPENAI_CLIP_STD},
+    "LlavaNextImageProcessor": {**_BASE, "resample": 3, "size": {"shortest_edge": 224},
+                                "crop_size": {"height": 224, "width": 224}, "do_center_crop": True, "do_pad": True,
+                                "do_convert_rgb": True, "image_mean": OPENAI_CLIP_MEAN, "image_std": OPENAI_CLIP_STD,
+                                "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336],
+                                                         [336, 1008]]},
+    "MllamaImageProcessor": {**_BASE, "resample": 2, "size": {"height": 224, "width": 224}, "do_convert_rgb": True,
+                             "do_pad": True, "max_image_tiles": 4, "image_mean": IMAGENET_STANDARD_MEAN,
+                             "image_std": IMAGENET_STANDARD_STD},
+    "Gemma3ImageProcessor": {**_BASE, "resample": 2, "size": {"height": 224, "width": 224}, "do_convert_rgb": True,
+                             "image_mean": IMAGENET_STANDARD_MEAN, "image_std": IMAGENET_STANDARD_STD},
+    "Siglip2ImageProcessor": {**_BASE, "resample": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                              "patch_size": 16, "max_num_patches": 256},
 }
 # How an int `size` reads when the file does not say (transformers' class attribute default_to_square).
 _SQUARE_BY_DEFAULT = {"ViTImageProcessor": True, "CLIPImageProcessor": False, "SiglipImageProcessor": False,
-                      "Qwen2VLImageProcessor": False}
+                      "Qwen2VLImageProcessor": False, "LlavaImageProcessor": False, "LlavaNextImageProcessor": False,
+                      "MllamaImageProcessor": True, "Gemma3ImageProcessor": True, "Siglip2ImageProcessor": True}
 # model_type (config.json) -> processor, for a preprocessor_config.json that names no class.
 MODEL_TYPES = {"vit": "ViTImageProcessor", "clip": "CLIPImageProcessor", "siglip": "SiglipImageProcessor",
-               "qwen2_vl": "Qwen2VLImageProcessor", "qwen2_5_vl": "Qwen2VLImageProcessor"}
+               "qwen2_vl": "Qwen2VLImageProcessor", "qwen2_5_vl": "Qwen2VLImageProcessor",
+               "llava": "LlavaImageProcessor", "llava_next": "LlavaNextImageProcessor",
+               "mllama": "MllamaImageProcessor", "gemma3": "Gemma3ImageProcessor", "siglip2": "Siglip2ImageProcessor"}
 _SIZE_KEY_SETS = ({"height", "width"}, {"shortest_edge"}, {"shortest_edge", "longest_edge"}, {"longest_edge"},
                   {"max_height", "max_width"}, {"min_pixels", "max_pixels"})
 
@@ -134,7 +172,7 @@ class ImageProcessor:
             raise ValueError(f"a preprocessor config must be a JSON object, got {type(config).__name__}")
         kind = cls._kind(config, model_type)
         dynamic = kind == "Qwen2VLImageProcessor"
-        valid = COMMON_KEYS + (DYNAMIC_KEYS if dynamic else ())
+        valid = COMMON_KEYS + CLASS_KEYS.get(kind, ())
         given = {k: v for k, v in config.items() if k not in DROPPED_KEYS}
         if kind == "CLIPImageProcessor" and given.get("use_square_size"):
             raise ValueError("use_square_size=true (Kosmos-2's legacy CLIP setting) is not supported: it replaces "
@@ -179,27 +217,19 @@ class ImageProcessor:
 
     def _validate(self) -> None:
         """Refuse, by key, every value the pipeline would misread or fail on halfway through a batch."""
-        s = self.settings
-        if s["do_resize"]:
-            resample = s["resample"]
-            if resample is not None and (isinstance(resample, bool) or resample not in transforms.RESAMPLE):
-                raise ValueError(f"resample={resample!r} is not a PIL filter number: "
-                                 f"{', '.join(f'{k} ({v})' for k, v in transforms.RESAMPLE.items())}")
-            if s["size"] is None:
-                raise ValueError("do_resize is true but size is null")
-            keys = set(s["size"])
-            if self.dynamic and keys != {"shortest_edge", "longest_edge"}:
-                raise ValueError(f"size={s['size']!r}: Qwen2-VL needs shortest_edge and longest_edge (min and max "
-                                 "pixels), or top-level min_pixels and max_pixels")
-            if self.dynamic and s["size"]["shortest_edge"] > s["size"]["longest_edge"]:
-                raise ValueError(f"size={s['size']!r}: min pixels (shortest_edge) exceed max pixels (longest_edge)")
-            if not self.dynamic and keys in ({"longest_edge"}, {"min_pixels", "max_pixels"}):
-                raise ValueError(f"size={s['size']!r} is not a size {self.kind} can resize to")
-        if not self.dynamic and s["do_center_crop"]:
+        s, kind = self.settings, self.kind
+        resample = s["resample"]
+        if (s["do_resize"] or kind == "LlavaNextImageProcessor") and resample is not None and (
+                isinstance(resample, bool) or resample not in transforms.RESAMPLE):
+            raise ValueError(f"resample={resample!r} is not a PIL filter number: "
+                             f"{', '.join(f'{k} ({v})' for k, v in transforms.RESAMPLE.items())}")
+        if kind in ("MllamaImageProcessor", "LlavaNextImageProcessor") or (s["do_resize"] and kind != SIGLIP2):
+            self._validate_size()
+        if kind in CENTER_CROPPING and s["do_center_crop"]:
             if s["crop_size"] is None or set(s["crop_size"]) != {"height", "width"}:
                 raise ValueError(f"do_center_crop needs crop_size as {{height, width}}, got {s['crop_size']!r}")
-        if not self.dynamic and s["do_pad"] and s["pad_size"] is not None and set(s["pad_size"]) != {"height",
-                                                                                                    "width"}:
+        if kind in BATCH_PADDING and s["do_pad"] and s["pad_size"] is not None and set(s["pad_size"]) != {"height",
+                                                                                                         "width"}:
             raise ValueError(f"pad_size={s['pad_size']!r} must be {{height, width}}")
         if s["do_rescale"] and (isinstance(s["rescale_factor"], bool)
                                 or not isinstance(s["rescale_factor"], (int, float))):
@@ -208,9 +238,47 @@ class ImageProcessor:
             raise ValueError("do_normalize is true but image_mean or image_std is null")
         if s["input_data_format"] not in (None, "channels_first", "channels_last"):
             raise ValueError(f"input_data_format={s['input_data_format']!r} must be channels_first or channels_last")
-        if self.dynamic:
-            for name in ("patch_size", "temporal_patch_size", "merge_size"):
-                _positive_int(name, s[name])
+        if kind == "LlavaImageProcessor" and s["do_pad"] and not isinstance(s["image_mean"], (tuple, type(None))):
+            raise ValueError(f"do_pad (LLaVA's pad to a square in the mean colour) needs image_mean as one value per "
+                             f"channel, got {s['image_mean']!r}")
+        for name in {"Qwen2VLImageProcessor": ("patch_size", "temporal_patch_size", "merge_size"),
+                     SIGLIP2: ("patch_size", "max_num_patches"), "MllamaImageProcessor": ("max_image_tiles",)
+                     }.get(kind, ()):
+            _positive_int(name, s[name])
+            if s[name] is None:
+                raise ValueError(f"{name} is null; {kind} needs a positive int")
+        if kind == "LlavaNextImageProcessor":
+            _pinpoints(s["image_grid_pinpoints"])
+        if kind == "MllamaImageProcessor":
+            for name in ("do_resize", "do_pad"):
+                if not s[name]:
+                    raise ValueError(f"{name}={s[name]!r}: Llama 3.2 Vision's processor always resizes and pads")
+        if kind == "Gemma3ImageProcessor" and s["do_pan_and_scan"]:
+            _positive_int("pan_and_scan_min_crop_size", s["pan_and_scan_min_crop_size"])
+            _positive_int("pan_and_scan_max_num_crops", s["pan_and_scan_max_num_crops"])
+            ratio = s["pan_and_scan_min_ratio_to_activate"]
+            if any(s[k] is None for k in PAN_AND_SCAN_KEYS) or isinstance(ratio, bool) or not isinstance(
+                    ratio, (int, float)):
+                raise ValueError(f"do_pan_and_scan needs {', '.join(PAN_AND_SCAN_KEYS)} set (positive ints and a "
+                                 f"number), got {[s[k] for k in PAN_AND_SCAN_KEYS]}")
+
+    def _validate_size(self) -> None:
+        size, kind = self.settings["size"], self.kind
+        if size is None:
+            raise ValueError(f"size is null; {kind} needs one")
+        keys = set(size)
+        if kind == "Qwen2VLImageProcessor":
+            if keys != {"shortest_edge", "longest_edge"}:
+                raise ValueError(f"size={size!r}: Qwen2-VL needs shortest_edge and longest_edge (min and max "
+                                 "pixels), or top-level min_pixels and max_pixels")
+            if size["shortest_edge"] > size["longest_edge"]:
+                raise ValueError(f"size={size!r}: min pixels (shortest_edge) exceed max pixels (longest_edge)")
+        elif kind == "MllamaImageProcessor" and (keys != {"height", "width"} or size["height"] != size["width"]):
+            raise ValueError(f"size={size!r}: Llama 3.2 Vision's tile size must be {{height, width}}, both equal")
+        elif kind == "LlavaNextImageProcessor" and "shortest_edge" not in keys and keys != {"height", "width"}:
+            raise ValueError(f"size={size!r}: LLaVA-NeXT's base image size needs shortest_edge or height and width")
+        elif keys in ({"longest_edge"}, {"min_pixels", "max_pixels"}):
+            raise ValueError(f"size={size!r} is not a size {kind} can resize to")
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> "ImageProcessor":
@@ -247,6 +315,11 @@ class ImageProcessor:
         out["image_processor_type"] = self.kind
         return out
 
+    def with_settings(self, **settings) -> "ImageProcessor":
+        """This processor with some settings changed (validated again), as a processor call's images_kwargs
+        change them for one call in transformers."""
+        return ImageProcessor.from_dict({**self.to_dict(), **settings})
+
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
@@ -262,25 +335,144 @@ class ImageProcessor:
     def __call__(self, images) -> dict[str, Any]:
         """Preprocess one image or a list of them (PIL images; numpy arrays (H, W), (H, W, C), (C, H, W); a 4-D
         array is a batch). Classic processors return ``{"pixel_values": [N, C, H, W]}`` (a list of arrays when
-        the sizes differ, as with do_resize false); Qwen2-VL returns ``{"pixel_values", "image_grid_thw"}``."""
-        s = self.settings
+        the sizes differ, as with do_resize false); the others add what their models read (see the module's
+        docstring). Llama 3.2 Vision takes a list of lists, one per prompt; a flat list is one prompt's images."""
+        if self.kind == "MllamaImageProcessor":
+            samples = images if isinstance(images, (list, tuple)) and images and all(
+                isinstance(i, (list, tuple)) for i in images) else [_image_list(images)]
+            return self._tiles([[self._read(image) for image in _image_list(sample)] for sample in samples])
         batch = [self._read(image) for image in _image_list(images)]
-        if self.dynamic:
-            return self._dynamic(batch)
+        pipeline = {"Qwen2VLImageProcessor": self._dynamic, "LlavaNextImageProcessor": self._anyres,
+                    "Gemma3ImageProcessor": self._pan_and_scan, SIGLIP2: self._naflex}.get(self.kind, self._classic)
+        return pipeline(batch)
+
+    def _classic(self, batch: list[np.ndarray]) -> dict[str, Any]:
+        s = self.settings
         out = []
         for image in batch:
-            if s["do_resize"]:
-                image = transforms.resize(image, *self._target_size(image), self._resample())
-            if s["do_center_crop"]:
-                image = transforms.center_crop(image, s["crop_size"]["height"], s["crop_size"]["width"])
-            image = self._rescale_and_normalize(image)
-            out.append(image)
-        if s["do_pad"]:
+            if s["do_pad"] and self.kind == "LlavaImageProcessor":
+                image = self._pad_to_square(image)
+            out.append(self._resize_crop_normalize(image, s["size"]))
+        if s["do_pad"] and self.kind in BATCH_PADDING:
             height, width = ((s["pad_size"]["height"], s["pad_size"]["width"]) if s["pad_size"] else
                              (max(i.shape[1] for i in out), max(i.shape[2] for i in out)))
             out = [transforms.pad(image, height, width) for image in out]
-        same = len({(i.shape, i.dtype) for i in out}) == 1
-        return {"pixel_values": np.stack(out) if same else out}
+        return {"pixel_values": _stacked(out)}
+
+    def _resize_crop_normalize(self, image: np.ndarray, size: dict[str, int]) -> np.ndarray:
+        s = self.settings
+        if s["do_resize"]:
+            image = transforms.resize(image, *self._target_size(image, size), self._resample())
+        if s["do_center_crop"] and self.kind in CENTER_CROPPING:
+            image = transforms.center_crop(image, s["crop_size"]["height"], s["crop_size"]["width"])
+        return self._rescale_and_normalize(image)
+
+    def _pad_to_square(self, image: np.ndarray) -> np.ndarray:
+        """LLaVA: centred on a square of its longer side, filled with the mean colour (``int(mean * 255)``)."""
+        channels, height, width = image.shape
+        mean = self.settings["image_mean"]
+        colour = [int(m * 255) for m in mean] if mean else [0]
+        if len(colour) != channels and len(colour) != 1:
+            raise ValueError(f"image_mean={mean!r} has {len(colour)} values for an image of {channels} channels "
+                             "(do_pad fills the square with it)")
+        if height == width:
+            return image
+        side = max(height, width)
+        square = np.zeros((channels, side, side), dtype=image.dtype)
+        for channel, value in enumerate(colour):
+            square[channel] = value
+        top, left = (side - height) // 2, (side - width) // 2
+        square[:, top:top + height, left:left + width] = image
+        return square
+
+    def _anyres(self, batch: list[np.ndarray]) -> dict[str, Any]:
+        """LLaVA-NeXT: per image, the image resized to the base size, then the tiles of the image resized into its
+        best pinpoint (aspect ratio kept) and centred on it; every one through resize / crop / normalize."""
+        s = self.settings
+        size, crop = s["size"], s["crop_size"]
+        base_size = (size["height"], size["width"]) if "height" in size else (size["shortest_edge"],) * 2
+        tile = crop["height"] if crop else size.get("height", size.get("shortest_edge"))
+        out, sizes = [], []
+        for image in batch:
+            height, width = image.shape[1:]
+            best_h, best_w = tiling.best_resolution(height, width, s["image_grid_pinpoints"])
+            resized = transforms.resize(image, *tiling.fit_inside(height, width, best_h, best_w), self._resample())
+            padded = np.pad(resized, ((0, 0), _centred(best_h - resized.shape[1]), _centred(best_w - resized.shape[2])))
+            tiles = [padded[:, i:i + tile, j:j + tile] for i in range(0, best_h, tile) for j in range(0, best_w, tile)]
+            crops = [transforms.resize(image, *base_size, self._resample())] + tiles
+            crops = [self._resize_crop_normalize(c, size) for c in crops]
+            if len({c.shape for c in crops}) != 1:
+                raise ValueError(f"an image of {height}x{width} gives tiles of sizes {sorted({c.shape for c in crops})}"
+                                 f"; image_grid_pinpoints must be multiples of the tile size {tile}, or crop_size set")
+            out.append(np.stack(crops))
+            sizes.append((height, width))
+        if s["do_pad"]:
+            most = max(len(tiles) for tiles in out)
+            out = [np.pad(tiles, ((0, most - len(tiles)), (0, 0), (0, 0), (0, 0))) for tiles in out]
+        return {"pixel_values": _stacked(out), "image_sizes": np.array(sizes, dtype=np.int64)}
+
+    def _tiles(self, samples: list[list[np.ndarray]]) -> dict[str, Any]:
+        """Llama 3.2 Vision: each image resized into its best canvas of tiles, padded below and right, split."""
+        s = self.settings
+        tile, max_tiles = s["size"]["height"], s["max_image_tiles"]
+        most_images = max(len(sample) for sample in samples)
+        ratio_ids = np.zeros((len(samples), most_images), dtype=np.int64)
+        ratio_mask = np.zeros((len(samples), most_images, max_tiles), dtype=np.int64)
+        ratio_mask[:, :, 0] = 1
+        tiled, num_tiles = [], []
+        for i, sample in enumerate(samples):
+            num_tiles.append([])
+            for j, image in enumerate(sample):
+                rows, cols = tiling.tiled_canvas(*image.shape[1:], max_tiles, tile)
+                image = transforms.resize(image, *tiling.fit_to_canvas(*image.shape[1:], rows * tile, cols * tile,
+                                                                      tile), self._resample())
+                image = np.pad(image, ((0, 0), (0, rows * tile - image.shape[1]), (0, cols * tile - image.shape[2])))
+                image = self._rescale_and_normalize(image)
+                channels = image.shape[0]
+                tiles = image.reshape(channels, rows, tile, cols, tile).transpose(1, 3, 0, 2, 4)
+                tiled.append((i, j, tiles.reshape(rows * cols, channels, tile, tile)))
+                num_tiles[-1].append(rows * cols)
+                ratio_ids[i, j] = tiling.tile_arrangements(max_tiles).index((rows, cols)) + 1
+                ratio_mask[i, j, :rows * cols] = 1
+        pixels = np.zeros((len(samples), most_images, max_tiles, *tiled[0][2].shape[1:]), dtype=np.float32)
+        for i, j, tiles in tiled:
+            pixels[i, j, :len(tiles)] = tiles
+        return {"pixel_values": pixels, "aspect_ratio_ids": ratio_ids, "aspect_ratio_mask": ratio_mask,
+                "num_tiles": num_tiles}
+
+    def _pan_and_scan(self, batch: list[np.ndarray]) -> dict[str, Any]:
+        """Gemma 3: each image, then (pan-and-scan on) its crops along the long side, each resized."""
+        s = self.settings
+        out, counts = [], []
+        for image in batch:
+            boxes = tiling.pan_and_scan_boxes(*image.shape[1:], *(s[k] for k in PAN_AND_SCAN_KEYS)) if s[
+                "do_pan_and_scan"] else []
+            crops = [image] + [image[:, top:top + h, left:left + w] for top, left, h, w in boxes]
+            out.extend(self._resize_crop_normalize(crop, s["size"]) for crop in crops)
+            counts.append(len(boxes))
+        return {"pixel_values": _stacked(out), "num_crops": np.array(counts, dtype=np.int64)}
+
+    def _naflex(self, batch: list[np.ndarray]) -> dict[str, Any]:
+        """SigLIP2 NaFlex: each image resized to at most max_num_patches patches, patches flattened (row, column,
+        channel) and padded to max_num_patches, with the mask of real patches and the patch grid."""
+        s = self.settings
+        patch, most = s["patch_size"], s["max_num_patches"]
+        pixels, masks, shapes = [], [], []
+        for image in batch:
+            if s["do_resize"]:
+                image = transforms.resize(image, *tiling.naflex_size(*image.shape[1:], patch, most), self._resample())
+            rows, cols = image.shape[1] // patch, image.shape[2] // patch
+            if image.shape[1] % patch or image.shape[2] % patch or rows * cols > most:
+                raise ValueError(f"an image of {image.shape[1]}x{image.shape[2]} with do_resize false must have sides "
+                                 f"that are multiples of patch_size={patch} and at most max_num_patches={most} patches")
+            image = np.asarray(self._rescale_and_normalize(image), dtype=np.float32)
+            channels = image.shape[0]
+            patches = image.reshape(channels, rows, patch, cols, patch).transpose(1, 3, 2, 4, 0)
+            pixels.append(np.pad(patches.reshape(rows * cols, -1), ((0, most - rows * cols), (0, 0))))
+            masks.append(np.arange(most) < rows * cols)
+            shapes.append((rows, cols))
+        return {"pixel_values": np.stack(pixels), "pixel_attention_mask": np.stack(masks).astype(np.int32),
+                "spatial_shapes": np.array(shapes, dtype=np.int64)}
 
     def image_grid(self, height: int, width: int) -> tuple[int, int, int]:
         """Qwen2-VL: the (t, h, w) patch grid an image of ``height x width`` becomes. Its placeholder in the
@@ -298,8 +490,8 @@ class ImageProcessor:
     def _resample(self) -> int:
         return DEFAULT_RESAMPLE if self.settings["resample"] is None else self.settings["resample"]
 
-    def _target_size(self, image: np.ndarray) -> tuple[int, int]:
-        size, (height, width) = self.settings["size"], image.shape[1:]
+    def _target_size(self, image: np.ndarray, size: dict[str, int]) -> tuple[int, int]:
+        height, width = image.shape[1:]
         if "shortest_edge" in size and "longest_edge" in size:
             return transforms.shortest_longest_size(height, width, size["shortest_edge"], size["longest_edge"])
         if "shortest_edge" in size:
@@ -347,6 +539,25 @@ def _image_list(images) -> list:
             raise ValueError("no images given")
         return flat
     return [images]
+
+
+def _pinpoints(value) -> None:
+    """LLaVA-NeXT's image_grid_pinpoints: a non-empty list of [height, width] pairs of positive ints."""
+    if not isinstance(value, list) or not value or any(
+            not isinstance(p, (list, tuple)) or len(p) != 2 or any(
+                isinstance(v, bool) or not isinstance(v, int) or v <= 0 for v in p) for p in value):
+        raise ValueError(f"image_grid_pinpoints={value!r} must be a non-empty list of [height, width] pairs of "
+                         "positive ints")
+
+
+def _centred(padding: int) -> tuple[int, int]:
+    """Padding split before and after, the odd pixel after."""
+    return padding // 2, padding - padding // 2
+
+
+def _stacked(images: list[np.ndarray]) -> np.ndarray | list[np.ndarray]:
+    """One array when every image has the same shape and dtype, else the list (as transformers returns)."""
+    return np.stack(images) if len({(i.shape, i.dtype) for i in images}) == 1 else images
 
 
 def _read_json(file: Path) -> dict:
