@@ -23,7 +23,7 @@ from flax import nnx
 from jaxformer.adapt import adapt
 from jaxformer.model_config import ModelConfig, RopeScaling
 from jaxformer.decoder import Decoder
-from jaxformer.embedder import Embedder
+from jaxformer.embedder import Embedder, ImageTextEmbedder
 from jaxformer.encoder import Encoder
 from jaxformer.encoder_decoder import EncoderDecoder
 from jaxformer.interop.hf import from_pretrained, save_pretrained
@@ -36,8 +36,8 @@ from jaxformer.presets import config, presets
 
 __all__ = ["ModelConfig", "RopeScaling", "ModelOutput", "Encoder", "Decoder", "EncoderDecoder", "build",
            "config", "presets", "split", "merge", "abstract_params", "param_count", "from_pretrained",
-           "load_tokenizer", "adapt", "with_lora", "quantized", "Embedder", "save_pretrained", "save_adapter",
-           "merge_adapter"]
+           "load_tokenizer", "adapt", "with_lora", "quantized", "Embedder", "ImageTextEmbedder", "save_pretrained",
+           "save_adapter", "merge_adapter"]
 
 split = nnx.split
 merge = nnx.merge

@@ -19,8 +19,9 @@ from jaxformer.cache import Memory
 from jaxformer.model_config import ModelConfig
 
 
-# Keyword flags that choose what a call returns: static under jit (one compilation per choice)
-OUTPUT_FLAGS = ("output_hidden_states", "output_attentions")
+# a call's Python switches, static under jit (one compilation per choice): what it returns, and an image tower's
+# resampled positions
+STATIC_FLAGS = ("output_hidden_states", "output_attentions", "interpolate_pos_encoding")
 
 
 def public_call(method):
@@ -38,9 +39,9 @@ def public_call(method):
             self.validate(*args, **kwargs)
             return method(self, *args, **kwargs)
         args = tuple(as_array(a, f"argument {i}") for i, a in enumerate(args))
-        kwargs = {k: (v if k in OUTPUT_FLAGS else as_array(v, k)) for k, v in kwargs.items()}
+        kwargs = {k: (v if k in STATIC_FLAGS else as_array(v, k)) for k, v in kwargs.items()}
         self.validate(*args, **kwargs)
-        flags = tuple((k, bool(kwargs.pop(k))) for k in OUTPUT_FLAGS if k in kwargs)
+        flags = tuple((k, bool(kwargs.pop(k))) for k in STATIC_FLAGS if k in kwargs)
         graphdef, state = nnx.split(self)
         return _run_compiled(graphdef, state, method, args, kwargs, flags)
 

@@ -28,16 +28,17 @@ def info(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(rows, indent=1))
             return 0
-        header = f"{'preset':<20} {'family':<16} {'layers':>7} {'d_model':>8} {'heads q/kv':>11} {'params':>17}"
+        width = max(20, *(len(r["name"]) for r in rows))
+        header = f"{'preset':<{width}} {'family':<16} {'layers':>7} {'d_model':>8} {'heads q/kv':>11} {'params':>17}"
         print(header)
         print("-" * len(header))
         for r in rows:
-            print(f"{r['name']:<20} {r['family']:<16} {r['layers']:>7} {r['d_model']:>8} {r['heads']:>11} "
+            print(f"{r['name']:<{width}} {r['family']:<16} {r['layers']:>7} {r['d_model']:>8} {r['heads']:>11} "
                   f"{r['params']:>17,}")
         return 0
     cfg = config(args.name)
     record = {"name": args.name, "family": cfg.family, "params": param_count(cfg), "config": cfg.to_dict()}
-    if cfg.family != "encoder":
+    if cfg.family not in ("encoder", "dual_encoder"):
         record["decode_cache"] = _decode_cache(cfg)
     plans = stack_plans(cfg)  # what each layer of each stack is
     record["layer_plan"] = {stack: [dataclasses.asdict(spec) for spec in plan.layers] for stack, plan in plans.items()}
@@ -45,7 +46,7 @@ def info(args: argparse.Namespace) -> int:
         print(json.dumps(record, indent=1))
     else:
         print(f"{args.name}: {cfg.family}, {record['params']:,} parameters")
-        if cfg.family != "encoder":
+        if "decode_cache" in record:
             print(f"  decode cache: {record['decode_cache']['summary']}")
         for stack, plan in plans.items():
             print(f"  {stack} layer plan:\n" + "\n".join("    " + line for line in plan.table().splitlines()))
@@ -99,18 +100,40 @@ def compare(args: argparse.Namespace) -> int:
     from jaxformer.compare import format_table
 
     _refuse_run_folder(args.path, "compare")
+    if args.input_ids is None and args.text is None and args.image is None:
+        raise ValueError("compare needs an input: --text, --input-ids or --image (an image model's)")
+    ids, images = None, {}
     if args.input_ids is not None:
         try:
             ids = np.array([[int(t) for t in args.input_ids.split(",")]])
         except ValueError:
             raise ValueError(f"--input-ids {args.input_ids!r} must be comma-separated integers") from None
-    else:
+    elif args.text is not None:
         from jaxformer.interop.tokenizer import load_tokenizer
 
         ids = load_tokenizer(args.path)(args.text)["input_ids"]
-    rows = run_compare(args.path, ids, dtype=args.dtype)
+    if args.image is not None:
+        images = _image_inputs(args.path, args.image)
+    rows = run_compare(args.path, ids, dtype=args.dtype, **images)
     print(format_table(rows, args.tolerance))
     return 0 if all(r.max_abs <= args.tolerance for r in rows) else 1
+
+
+def _image_inputs(folder: str, image: str) -> dict:
+    """``image`` read with PIL and prepared by the folder's own image processor (its preprocessor_config.json):
+    pixel_values, and NaFlex's (SigLIP2's) pixel_attention_mask and spatial_shapes where it gives them."""
+    from PIL import Image
+
+    from jaxformer.vision import ImageProcessor
+
+    processor = ImageProcessor.from_pretrained(folder)
+    try:
+        with Image.open(image) as picture:
+            picture.load()
+            out = processor([picture])
+    except OSError as err:  # (PIL's UnidentifiedImageError too)
+        raise ValueError(f"--image {image}: not a readable image ({err})") from None
+    return {key: out[key] for key in ("pixel_values", "pixel_attention_mask", "spatial_shapes") if key in out}
 
 
 def _refuse_run_folder(path: str, command: str) -> None:
@@ -368,9 +391,11 @@ def argument_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("compare", help="per-layer parity of a HF checkpoint: transformers vs jaxformer")
     p.add_argument("path", help="a Hugging Face checkpoint folder")
-    source = p.add_mutually_exclusive_group(required=True)
+    source = p.add_mutually_exclusive_group()
     source.add_argument("--text", help="text to tokenize with the folder's tokenizer.json")
     source.add_argument("--input-ids", help="comma-separated token ids, e.g. 1,2,3")
+    p.add_argument("--image", help="an image file, prepared by the folder's preprocessor_config.json (ViT, CLIP's "
+                   "and SigLIP's vision models need no ids)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--tolerance", type=float, default=1e-5, help="max abs difference allowed (exit 1 above)")
     p.set_defaults(run=compare)

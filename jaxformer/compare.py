@@ -54,25 +54,40 @@ def reference_model(path: str | Path, dtype: str = "float32"):
     return model.eval()
 
 
-def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray | None = None,
+def compare(path: str | Path, input_ids: np.ndarray | None, attention_mask: np.ndarray | None = None,
             decoder_input_ids: np.ndarray | None = None, token_type_ids: np.ndarray | None = None,
-            dtype: str = "float32", model=None, reference=None, global_attention_mask: np.ndarray | None = None
-            ) -> list[Row]:
+            dtype: str = "float32", model=None, reference=None, global_attention_mask: np.ndarray | None = None,
+            pixel_values: np.ndarray | None = None, pixel_attention_mask: np.ndarray | None = None,
+            spatial_shapes: np.ndarray | None = None) -> list[Row]:
     """Run both implementations and return one Row per compared tensor (``global_attention_mask``: Longformer's
-    global tokens, given to both)."""
+    global tokens, given to both; ``pixel_values`` [B, C, H, W]: an image tower's input, in place of ids; a NaFlex
+    tower's (SigLIP2) [B, N, p * p * C] with ``pixel_attention_mask`` [B, N] and ``spatial_shapes`` [B, 2])."""
+    naflex = {} if spatial_shapes is None else dict(pixel_attention_mask=pixel_attention_mask,
+                                                    spatial_shapes=spatial_shapes)
     import torch
 
     model = model if model is not None else from_pretrained(path, dtype=dtype)  # first: it names a missing config.json
     cfg = model.config
-    input_ids = np.asarray(input_ids)
-    checks.check_ids(input_ids, cfg.vocab_size)  # before torch's embedding lookup raises an IndexError on one
-    reference = reference if reference is not None else reference_model(path, dtype)
-    mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
+    if cfg.family == "dual_encoder":  # both towers, then what joins them
+        reference = reference if reference is not None else reference_model(path, dtype)
+        return _dual_encoder_rows(model, reference, input_ids, attention_mask, pixel_values, naflex)
     t = lambda x: None if x is None else torch.as_tensor(np.asarray(x))  # noqa: E731
-    # no padding, no mask: the same for every reference, and transformers' causal XLNet fails on any mask
-    kwargs = dict(input_ids=t(input_ids), attention_mask=None if mask.all() else t(mask), output_hidden_states=True,
-                  output_attentions=True)
-    ours_kwargs = dict(attention_mask=mask, output_hidden_states=True, output_attentions=True)
+    if cfg.patches is not None or pixel_values is not None:  # an image tower: pixels alone, every token real
+        pixel_values = None if pixel_values is None else np.asarray(pixel_values, np.float32)
+        model.validate(input_ids, attention_mask, token_type_ids, pixel_values=pixel_values, **naflex)
+        mask = None
+        kwargs = dict(pixel_values=t(pixel_values), output_hidden_states=True, output_attentions=True,
+                      **{key: t(value) for key, value in naflex.items()})
+        ours_kwargs = dict(pixel_values=pixel_values, output_hidden_states=True, output_attentions=True, **naflex)
+    else:
+        input_ids = np.asarray(input_ids)
+        checks.check_ids(input_ids, cfg.vocab_size)  # before torch's embedding lookup raises an IndexError on one
+        mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
+        # no padding, no mask: the same for every reference, and transformers' causal XLNet fails on any mask
+        kwargs = dict(input_ids=t(input_ids), attention_mask=None if mask.all() else t(mask),
+                      output_hidden_states=True, output_attentions=True)
+        ours_kwargs = dict(attention_mask=mask, output_hidden_states=True, output_attentions=True)
+    reference = reference if reference is not None else reference_model(path, dtype)
     if cfg.family == "encoder_decoder":
         if decoder_input_ids is None:
             start = cfg.tokens.decoder_start if cfg.tokens.decoder_start is not None else 0
@@ -126,6 +141,8 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
         rows.append(_row("last hidden state", f(ref.last_hidden_state), out.last_hidden_state, valid))
     if getattr(ref, "pooler_output", None) is not None:
         rows.append(_row("pooler", f(ref.pooler_output), out.pooler_output, None))
+    if getattr(ref, "text_embeds", None) is not None:  # CLIPTextModelWithProjection's projected pooled output
+        rows.append(_row("text embeds", f(ref.text_embeds), out.pooler_output, None))
     ref_logits = getattr(ref, "logits", None)
     if ref_logits is None:
         ref_logits = getattr(ref, "prediction_logits", None)
@@ -140,6 +157,38 @@ def compare(path: str | Path, input_ids: np.ndarray, attention_mask: np.ndarray 
         rows.append(_row("start logits", f(ref.start_logits)[..., None], np.asarray(out.start_logits)[..., None], valid))
         rows.append(_row("end logits", f(ref.end_logits)[..., None], np.asarray(out.end_logits)[..., None], valid))
     return rows
+
+
+def _dual_encoder_rows(model, reference, input_ids, attention_mask, pixel_values, naflex: dict) -> list[Row]:
+    """A dual encoder's rows: each tower's (``text ...``, ``vision ...``: the embeddings, every layer and its
+    attention, the last hidden state, the pooled output as get_text_features / get_image_features answer it), then
+    the unit-length embeddings and the logits of every image against every text (``naflex``: SigLIP2's
+    pixel_attention_mask and spatial_shapes)."""
+    import torch
+
+    input_ids, pixel_values = np.asarray(input_ids), np.asarray(pixel_values, np.float32)
+    checks.check_ids(input_ids, model.config.vocab_size)
+    mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
+    with torch.no_grad():
+        ref = reference(input_ids=torch.as_tensor(input_ids), pixel_values=torch.as_tensor(pixel_values),
+                        attention_mask=None if mask.all() else torch.as_tensor(mask), output_hidden_states=True,
+                        output_attentions=True, **{key: torch.as_tensor(value) for key, value in naflex.items()})
+    out = model(input_ids, pixel_values, mask, output_hidden_states=True, output_attentions=True, **naflex)
+    f = lambda x: x.float().numpy()  # noqa: E731
+    rows: list[Row] = []
+    for label, r, o, valid in (("text", ref.text_model_output, out.text_model_output, mask),
+                               ("vision", ref.vision_model_output, out.vision_model_output, None)):
+        if len(r.hidden_states) != len(o.hidden_states):
+            raise ValueError(f"{label}: reference has {len(r.hidden_states)} hidden states, jaxformer "
+                             f"{len(o.hidden_states)}")
+        rows += _attention_rows(f"{label} attention", r.attentions, o.attentions, valid)
+        rows += [_row(f"{label} embeddings" if i == 0 else f"{label} layer {i}", f(a), b, valid)
+                 for i, (a, b) in enumerate(zip(r.hidden_states, o.hidden_states))]
+        rows += [_row(f"{label} last hidden state", f(r.last_hidden_state), o.last_hidden_state, valid),
+                 _row(f"{label} pooler", f(r.pooler_output), o.pooler_output, None)]
+    return rows + [_row("text embeds", f(ref.text_embeds), out.text_embeds, None),
+                   _row("image embeds", f(ref.image_embeds), out.image_embeds, None),
+                   _row("logits per image", f(ref.logits_per_image), out.logits_per_image, None)]
 
 
 def _cut_block_padding(ref, length: int) -> None:

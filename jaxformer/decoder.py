@@ -20,9 +20,12 @@ from jaxformer.cache import DecodeState, KVCache, LatentCache, Memory, MemoryKV,
 from jaxformer import generate as generation  # the decode loop: model code, it calls .step
 from jaxformer.checks import check_inputs, check_memory, check_prefix_lengths, check_segments, public_call
 from jaxformer.edges import EdgeMethods
+from jaxformer.encoder import Encoder
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.weights import output_major
 from jaxformer.layers.positions import PerLayerInputs
+from jaxformer.layers.patches import check_pixel_values
+from jaxformer.layers.projector import Projector, check_image_tokens, image_states, place_images
 from jaxformer.layers import (Buffer, Dense, Embed, Embeddings, Stack, StackOutput, Tokens, dtype_of,
                               left_padded_positions, load_balancing_loss, packed_validity, split_key)
 from jaxformer.outputs import ModelOutput
@@ -110,9 +113,13 @@ class Decoder(EdgeMethods, nnx.Module):
         # Gemma 4: a second table and a projection of the embeddings, a slice of which each layer reads
         self.per_layer_inputs = (PerLayerInputs(cfg, cfg.decoder_layers, rngs=rngs)
                                  if cfg.embeddings.per_layer_width else None)
+        # LLaVA: an image tower whose projected states take the places of the image placeholders of input_ids
+        self.vision = Encoder(cfg.vision.tower, rngs=rngs) if cfg.vision is not None else None
+        self.projector = Projector(cfg, rngs=rngs) if cfg.vision is not None else None
 
     def validate(self, input_ids=None, attention_mask=None, position_ids=None, *, prefix_lengths=None,
-                 inputs_embeds=None, token_type_ids=None, memory=None, segment_ids=None, **others) -> None:
+                 inputs_embeds=None, token_type_ids=None, memory=None, segment_ids=None, pixel_values=None,
+                 **others) -> None:
         two_stream = sorted({"perm_mask", "target_mapping"} & set(others))
         if two_stream:  # what an XLNet user may pass from transformers' signature
             raise ValueError(f"{', '.join(two_stream)}: XLNet's two-stream permutation pretraining is not supported; "
@@ -122,15 +129,41 @@ class Decoder(EdgeMethods, nnx.Module):
         check_prefix_lengths(prefix_lengths, self.config, *shape)
         check_memory(memory, self.config, shape[0])
         check_segments(segment_ids, shape, self.config)
+        if pixel_values is not None:
+            self._check_images(input_ids, pixel_values)
+
+    def _check_images(self, input_ids, pixel_values) -> None:
+        """Images go with input_ids holding one placeholder per image feature, to a model that reads images."""
+        vision = self.config.vision
+        if vision is None:
+            raise ValueError(f"pixel_values given to {self.config.name!r}, which reads no images (it has no vision "
+                             "tower: ModelConfig.vision is None)")
+        if input_ids is None:
+            raise ValueError("pixel_values go with input_ids, whose image_token_id placeholders the images replace; "
+                             "inputs_embeds cannot say where they go")
+        check_pixel_values(vision.tower.patches, pixel_values)
+        check_image_tokens(input_ids, pixel_values, self.config)
+
+    def embed_images(self, input_ids: Array, pixel_values: Array) -> Array:
+        """The token embeddings of ``input_ids`` [B, T] with each image placeholder replaced by an image feature:
+        the image tower's chosen states of ``pixel_values`` [N, C, H, W], projected (LLaVA's get_image_features,
+        then masked_scatter)."""
+        tower = self.vision(pixel_values=pixel_values, output_hidden_states=True)
+        features = self.projector(image_states(tower.hidden_states, self.config))
+        return place_images(self.embed(input_ids), input_ids == self.config.vision.image_token_id, features)
 
     def forward(self, input_ids: Array | None, *, inputs_embeds: Array | None = None, valid: Array | None = None,
                 positions: Array | None = None, prefix_lengths: Array | None = None,
                 cache: KVCache | LatentCache | None = None, memory: Memory | None = None,
                 token_types: Array | None = None, collect_hidden: bool = False, collect_attentions: bool = False,
-                key: Array | None = None, segments: Array | None = None) -> StackOutput:
+                key: Array | None = None, segments: Array | None = None, pixel_values: Array | None = None
+                ) -> StackOutput:
         """The one forward pass: embeddings, then the causal stack over ``cache`` or ``memory`` (if any).
-        ``segments``: packed documents, each at its own positions unless ``positions`` are given."""
+        ``segments``: packed documents, each at its own positions unless ``positions`` are given. ``pixel_values``:
+        images whose features enter as the embeddings of the image placeholders (a prefill; decode steps are text)."""
         keys = split_key(key, 2)
+        if pixel_values is not None:
+            inputs_embeds = self.embed_images(input_ids, pixel_values)
         if positions is None and valid is not None and segments is None and self.config.embeddings.positions_from_mask:
             positions = left_padded_positions(valid)  # OPT: each row counts its real tokens from 0
         indexed = positions is None and cache is None and not self.config.embeddings.pad_aware_positions
@@ -157,17 +190,19 @@ class Decoder(EdgeMethods, nnx.Module):
                  position_ids: Array | None = None, *, prefix_lengths: Array | None = None,
                  inputs_embeds: Array | None = None, token_type_ids: Array | None = None,
                  memory: Memory | None = None, output_hidden_states: bool = False, output_attentions: bool = False,
-                 dropout_key: Array | None = None, segment_ids: Array | None = None) -> ModelOutput:
+                 dropout_key: Array | None = None, segment_ids: Array | None = None,
+                 pixel_values: Array | None = None) -> ModelOutput:
         """Logits of every position. Transformer-XL models (``position='xl'``) also take the ``memory`` of the
         previous segment (None: start fresh) and return the next one as ``out.memory``; XLNet's
         ``token_type_ids`` are its relative segments. ``segment_ids`` [B, T]: documents packed into one row
         (1, 2, ... per document, 0 on padding); a token attends only within its document, whose positions
-        start at 0."""
+        start at 0. ``pixel_values`` [N, C, H, W] (LLaVA): images whose projected features replace the
+        ``vision.image_token_id`` placeholders of input_ids, in order."""
         cfg = self.config
         out = self.forward(input_ids, inputs_embeds=inputs_embeds, valid=attention_mask, positions=position_ids,
                            prefix_lengths=prefix_lengths, memory=memory, token_types=token_type_ids,
                            collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=dropout_key,
-                           segments=segment_ids)
+                           segments=segment_ids, pixel_values=pixel_values)
         logits = lm_logits(self, out.hidden) if cfg.head == "lm" else None
         aux = load = None
         if out.router_stats is not None:
@@ -201,16 +236,17 @@ class Decoder(EdgeMethods, nnx.Module):
         cache = empty_cache(cfg, cfg.decoder_layers, batch, length, dtype_of(cfg.dtype), rewind)
         return DecodeState(cache, prefix_lengths=prefix_lengths)
 
-    def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState, every_position: bool = False
-             ) -> tuple[Array, DecodeState]:
+    def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState, every_position: bool = False,
+             pixel_values: Array | None = None) -> tuple[Array, DecodeState]:
         """Run ``ids`` [B, T] at ``positions`` (real where ``valid``) over the cache (or memory): float32
         logits of the last position [B, V] (of every position [B, T, V] with ``every_position``) and the state
-        with these tokens written."""
+        with these tokens written. ``pixel_values``: a prefill's images (LLaVA), in place of their placeholders."""
         state.kv.check_room(ids.shape[1])
         if isinstance(state.kv, MemoryKV):
             out = self.forward(ids, valid=valid, positions=positions, memory=state.kv)
             return step_logits(self, out.hidden, every_position), dataclasses.replace(state, kv=out.memory)
-        out = self.forward(ids, valid=valid, positions=positions, prefix_lengths=state.prefix_lengths, cache=state.kv)
+        out = self.forward(ids, valid=valid, positions=positions, prefix_lengths=state.prefix_lengths, cache=state.kv,
+                           pixel_values=pixel_values)
         return step_logits(self, out.hidden, every_position), dataclasses.replace(state, kv=out.cache)
 
     def for_decode_loop(self) -> Decoder:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,7 @@ from jaxformer.interop.sentence_transformers import DenseStep, Pipeline, read_fo
 from jaxformer.interop.tokenizer import load_tokenizer
 
 _SHORTEST_BUCKET = 8
+DUAL_ENCODER_TYPES = ("clip", "siglip", "siglip2")  # model types whose folders ImageTextEmbedder reads
 _DENSE_ACTIVATIONS = {"tanh": jnp.tanh, "identity": lambda x: x, "relu": jax.nn.relu, "sigmoid": jax.nn.sigmoid,
                       "gelu": lambda x: jax.nn.gelu(x, approximate=False)}
 
@@ -57,6 +59,8 @@ class Embedder:
         """Load a folder written by ``SentenceTransformer.save`` (modules.json, the Hugging Face encoder, its
         tokenizer.json, 1_Pooling/config.json, optional Dense and Normalize modules). Older folders keep
         weights in pickled pytorch_model.bin files, read only with ``allow_pickle=True`` (weights_only)."""
+        if _holds_dual_encoder(path):  # CLIP, SigLIP: their text and image embeddings
+            return ImageTextEmbedder.from_pretrained(path, dtype)
         pipeline = read_folder(path, allow_pickle)
         folder = pipeline.transformer_dir
         model = from_pretrained(folder, dtype=dtype, allow_pickle=allow_pickle)
@@ -181,6 +185,13 @@ class Embedder:
         return ids, mask
 
 
+def _holds_dual_encoder(path: str | os.PathLike) -> bool:
+    """A Hugging Face folder of a CLIP or SigLIP model (no sentence-transformers modules.json)."""
+    folder = Path(path)
+    return (not (folder / "modules.json").exists() and (folder / "config.json").exists()
+            and read_json(folder / "config.json").get("model_type") in DUAL_ENCODER_TYPES)
+
+
 def _next_power_of_two(n: int, floor: int) -> int:
     return max(floor, 1 << (n - 1).bit_length())
 
@@ -249,3 +260,65 @@ def _embed(graphdef, state, dense_params, ids, mask, pooled, *, pooling, steps, 
         x = y + (x @ p["r"].T if "r" in p else x) if use_residual else y
     x = x[..., :width]
     return _l2_normalize(x) if normalize else x
+
+
+class ImageTextEmbedder:
+    """A dual encoder's (CLIP's, SigLIP's) text and image embeddings from a Hugging Face folder (config.json,
+    weights, tokenizer.json, preprocessor_config.json), equal to transformers' ``get_text_features`` and
+    ``get_image_features`` (CLIP's projected, SigLIP's as its heads give them), and zero-shot classification:
+
+        emb = jf.ImageTextEmbedder.from_pretrained("path/to/clip-vit-base-patch32")   # or jf.Embedder's
+        texts = emb.encode(["a photo of a cat", "a photo of a dog"])                   # float32 [2, 512]
+        images = emb.encode_images([Image.open("cat.jpg")])                            # float32 [1, 512]
+        probabilities = emb.classify([Image.open("cat.jpg")], ["a photo of a cat", "a photo of a dog"])
+
+    Texts are tokenized as each model was trained: CLIP's padded to the batch's longest row under the attention
+    mask (it pools at the EOS token); SigLIP's padded to its full length and read without a mask, as its tokenizer
+    gives them (padding='max_length'; it pools at the last position)."""
+
+    def __init__(self, model, tokenizer, processor):
+        self.model, self.tokenizer, self.processor = model, tokenizer, processor
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None) -> "ImageTextEmbedder":
+        from jaxformer.vision import ImageProcessor
+
+        model = from_pretrained(path, dtype=dtype)
+        if model.config.family != "dual_encoder":
+            raise ValueError(f"{path} holds a {model.config.family} model; ImageTextEmbedder reads dual encoders "
+                             "(CLIP, SigLIP); sentence-transformers folders go to jf.Embedder")
+        return cls(model, load_tokenizer(path), ImageProcessor.from_pretrained(path))
+
+    def encode(self, texts: str | list[str], normalize_embeddings: bool = False) -> np.ndarray:
+        """Text embeddings as float32 numpy: [N, D] for a list, [D] for one string."""
+        cfg = self.model.config
+        batch = self.tokenizer(texts, max_length=cfg.max_positions)
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        if cfg.head_options.pooled_token == "last":  # SigLIP: every row its full length, the pads read too
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            ids, mask = np.pad(ids, ((0, 0), (0, cfg.max_positions - ids.shape[1])), constant_values=pad), None
+        return self._finish(self.model.get_text_features(ids, mask).pooler_output, normalize_embeddings,
+                            isinstance(texts, str))
+
+    def encode_images(self, images, normalize_embeddings: bool = False) -> np.ndarray:
+        """Image embeddings as float32 numpy [N, D] (PIL images or arrays, as ``jaxformer.vision.ImageProcessor``
+        reads them; one image gives [D])."""
+        inputs = self.processor(images)
+        naflex = {key: inputs[key] for key in ("pixel_attention_mask", "spatial_shapes") if key in inputs}  # SigLIP2
+        single = not isinstance(images, (list, tuple)) and np.ndim(images) < 4
+        features = self.model.get_image_features(inputs["pixel_values"], **naflex).pooler_output
+        return self._finish(features, normalize_embeddings, single)
+
+    def classify(self, images, labels: list[str]) -> np.ndarray:
+        """Zero-shot classification [N_images, N_labels]: each image's probability of each label text, a softmax
+        over the labels (CLIP) or each label's own sigmoid (SigLIP, whose logits carry a bias)."""
+        text = self.encode(list(labels), normalize_embeddings=True)
+        image = self.encode_images(images if isinstance(images, (list, tuple)) else [images], normalize_embeddings=True)
+        logits = self.model.similarity(jnp.asarray(text), jnp.asarray(image)).T
+        sigmoid = self.model.config.vision.logit_bias
+        return np.asarray(jax.nn.sigmoid(logits) if sigmoid else jax.nn.softmax(logits, axis=-1), np.float32)
+
+    @staticmethod
+    def _finish(vectors, normalize: bool, single: bool) -> np.ndarray:
+        vectors = np.asarray(_l2_normalize(vectors) if normalize else vectors, np.float32)
+        return vectors[0] if single else vectors

@@ -10,9 +10,12 @@ from flax import nnx
 from jaxformer import generate as generation  # the decode loop: model code, it calls .step
 from jaxformer.checks import check_inputs, check_segments, public_call
 from jaxformer.edges import EdgeMethods
+from jaxformer.layer_plan import encoder_pattern
 from jaxformer.model_config import ModelConfig, generator_config
 from jaxformer.layers import (Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, embedding_width,
                               packed_validity, param, split_key)
+from jaxformer.layers.patches import (AttentionPooler, PatchEmbedding, check_flexible_patches, check_pixel_values,
+                                      resized_grid_positions)
 from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
@@ -84,11 +87,20 @@ class Encoder(EdgeMethods, nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.config = cfg
         width, axis = embedding_width(cfg)
-        self.embed = Embed(cfg.vocab_size, cfg, rngs=rngs, axes=("vocab", axis), width=width)
+        # an image tower (ViT, CLIP's and SigLIP's vision models) reads pixels through its patches, no token table
+        self.embed = (Embed(cfg.vocab_size, cfg, rngs=rngs, axes=("vocab", axis), width=width)
+                      if cfg.patches is None else None)
+        self.patches = PatchEmbedding(cfg, rngs=rngs) if cfg.patches else None
         self.embeddings = Embeddings(cfg, rngs=rngs, token_types=True)
-        self.encoder = Stack(cfg, cfg.encoder_layers, pattern="bidirectional", rngs=rngs)
+        self.encoder = Stack(cfg, cfg.encoder_layers, pattern=encoder_pattern(cfg), rngs=rngs)
         self.pooler = (Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs)
                        if cfg.head_options.pooler else None)
+        width = cfg.head_options.pooled_projection  # SigLIP's text head, CLIPTextModelWithProjection's projection
+        self.pooled_projection = (Dense(cfg, cfg.d_model, width, ("embed", "embed_out"), rngs=rngs,
+                                        bias=cfg.head_options.pooled_projection_bias) if width else None)
+        image_pooler = cfg.head_options.image_pooler  # CLIP's norm of the first token, SigLIP's attention pooling
+        self.pooler_norm = Norm(cfg, rngs=rngs) if image_pooler == "norm" else None
+        self.attention_pooler = AttentionPooler(cfg, rngs=rngs) if image_pooler == "attention" else None
         self.mlm = MaskedLMHead(cfg, rngs=rngs) if cfg.head in ("mlm", "pretraining") else None
         self.nsp = Dense(cfg, cfg.d_model, 2, ("embed", "labels"), rngs=rngs) if cfg.head == "pretraining" else None
         self.discriminator = DiscriminatorHead(cfg, rngs=rngs) if cfg.head == "discriminator" else None
@@ -116,10 +128,50 @@ class Encoder(EdgeMethods, nnx.Module):
         return generator
 
     def validate(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, *,
-                 inputs_embeds=None, segment_ids=None, global_attention_mask=None, **_) -> None:
+                 inputs_embeds=None, segment_ids=None, global_attention_mask=None, pixel_values=None,
+                 interpolate_pos_encoding=False, pixel_attention_mask=None, spatial_shapes=None, **_) -> None:
+        patches = self.config.patches
+        naflex = (pixel_attention_mask, spatial_shapes)
+        images = pixel_values is not None or interpolate_pos_encoding or any(x is not None for x in naflex)
+        if patches is not None or images:
+            self._check_pixels(pixel_values, interpolate_pos_encoding, naflex, input_ids, inputs_embeds,
+                               attention_mask, position_ids, token_type_ids, segment_ids, global_attention_mask)
+            return
         shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
         check_segments(segment_ids, shape, self.config)
         self._check_global_tokens(global_attention_mask, input_ids, shape)
+        if self.config.head_options.pooled_token == "eos" and input_ids is None:
+            raise ValueError("this text tower pools at its EOS token, found in input_ids: pass input_ids, not "
+                             "inputs_embeds")
+
+    def _check_pixels(self, pixel_values, any_size: bool, naflex: tuple, *token_inputs) -> None:
+        """An image tower reads ``pixel_values`` alone (of any size when its positions are resampled; NaFlex's
+        patches with their mask and grids, ``naflex``); a text model none."""
+        patches = self.config.patches
+        if patches is None:
+            given = ("pixel_values" if pixel_values is not None else "interpolate_pos_encoding" if any_size else
+                     "pixel_attention_mask" if naflex[0] is not None else "spatial_shapes")
+            raise ValueError(f"{given} given to {self.config.name!r}, which reads token ids (it has no image "
+                             "front end: ModelConfig.patch_size is unset)")
+        names = ("input_ids", "inputs_embeds", "attention_mask", "position_ids", "token_type_ids", "segment_ids",
+                 "global_attention_mask")
+        given = [name for name, value in zip(names, token_inputs) if value is not None]
+        if given:
+            raise ValueError(f"{self.config.name!r} is an image tower: give pixel_values alone, not "
+                             f"{' or '.join(given)} (it has no token table)")
+        if patches.flexible:
+            if any_size:
+                raise ValueError(f"{self.config.name!r} (NaFlex) resizes its positions to every image: "
+                                 "interpolate_pos_encoding does not apply")
+            check_flexible_patches(patches, pixel_values, *naflex)
+            return
+        if any(value is not None for value in naflex):
+            raise ValueError(f"pixel_attention_mask and spatial_shapes are NaFlex inputs (SigLIP2); "
+                             f"{self.config.name!r} reads whole images [batch, {patches.channels}, height, width]")
+        if pixel_values is None:
+            raise ValueError(f"{self.config.name!r} is an image tower: pixel_values [batch, {patches.channels}, "
+                             f"{patches.image_size}, {patches.image_size}] is required")
+        check_pixel_values(patches, pixel_values, bool(any_size))
 
     def _check_global_tokens(self, global_attention_mask, input_ids, shape: tuple[int, int]) -> None:
         """Longformer's global tokens: a mask of the input's shape holding 0 and 1, on a model that has them; the
@@ -174,11 +226,27 @@ class Encoder(EdgeMethods, nnx.Module):
                  token_type_ids: Array | None = None, position_ids: Array | None = None, *,
                  inputs_embeds: Array | None = None, output_hidden_states: bool = False,
                  output_attentions: bool = False, dropout_key: Array | None = None,
-                 segment_ids: Array | None = None, global_attention_mask: Array | None = None) -> ModelOutput:
+                 segment_ids: Array | None = None, global_attention_mask: Array | None = None,
+                 pixel_values: Array | None = None, interpolate_pos_encoding: bool = False,
+                 pixel_attention_mask: Array | None = None, spatial_shapes: Array | None = None) -> ModelOutput:
         """``segment_ids`` [B, T]: documents packed into one row (1, 2, ... per document, 0 on padding); a
         token attends only within its document, whose positions start at 0. ``global_attention_mask`` [B, T]
-        (Longformer): 1 where a token attends to every token and every token to it."""
+        (Longformer): 1 where a token attends to every token and every token to it. ``pixel_values``
+        [B, C, H, W]: an image tower's input, in place of token ids; with ``interpolate_pos_encoding`` of any size,
+        the position table resampled to its grid of patches as transformers' option of that name does. NaFlex
+        (``flexible_patches``): ``pixel_values`` [B, N, p * p * C] already patched, ``pixel_attention_mask`` [B, N]
+        the real patches, ``spatial_shapes`` [B, 2] each image's grid, to which the position grid is resized."""
         cfg = self.config
+        absolute = None
+        if pixel_values is not None:
+            inputs_embeds = self.patches(pixel_values)
+            if cfg.patches.flexible:
+                absolute = resized_grid_positions(self.embeddings.positions.table[...], spatial_shapes,
+                                                  pixel_values.shape[1])
+                attention_mask = pixel_attention_mask
+            elif interpolate_pos_encoding:
+                absolute = self.patches.resampled_positions(self.embeddings.positions.table[...],
+                                                            *pixel_values.shape[2:])
         keys = split_key(dropout_key, 3)
         indexed = position_ids is None and not cfg.embeddings.pad_aware_positions
         question = None
@@ -191,7 +259,7 @@ class Encoder(EdgeMethods, nnx.Module):
         if segment_ids is not None and position_ids is None:
             position_ids = self.embeddings.document_positions(segment_ids)
         x, positions = self.embeddings(self.embed, input_ids, inputs_embeds=inputs_embeds, positions=position_ids,
-                                       token_type_ids=token_type_ids, key=keys[0])
+                                       token_type_ids=token_type_ids, key=keys[0], absolute=absolute)
         valid = packed_validity(attention_mask, segment_ids)
         tokens = Tokens(positions, valid, indexed=indexed, segments=segment_ids,
                         global_tokens=self.global_token_mask(input_ids, global_attention_mask, valid, x.shape[:2]))
@@ -199,10 +267,16 @@ class Encoder(EdgeMethods, nnx.Module):
                                collect_hidden=output_hidden_states, collect_attentions=output_attentions, key=keys[1])
         h, hidden = encoded.hidden, encoded.hidden_states
         pooled = None
+        if cfg.head_options.pooled_token is not None:  # a text tower's (CLIP, SigLIP)
+            pooled = self._pooled_token(h, input_ids)
         if self.pooler is not None:  # BERT's tanh, DistilBERT's relu (its pre_classifier), ELECTRA's gelu
             pooled = self.pooler(h[:, 0])
             act = cfg.head_options.pooler_activation
             pooled = jnp.tanh(pooled) if act == "tanh" else activate(act, pooled)
+        if self.pooler_norm is not None:  # CLIP's image tower: its first token normed, its states not
+            pooled = self.pooler_norm(h[:, 0])
+        if self.attention_pooler is not None:  # SigLIP's image tower
+            pooled = self.attention_pooler(h, valid)
         features = h  # what the token and span classifiers read
         if self.prediction is not None:  # ModernBERT
             if cfg.head == "sequence_classification":
@@ -210,7 +284,8 @@ class Encoder(EdgeMethods, nnx.Module):
             else:
                 features = self.prediction(h)
         out = dict(last_hidden_state=h, hidden_states=hidden, attentions=encoded.attentions,
-                   pooler_output=pooled if self.pooler is not None else None)
+                   pooler_output=pooled if self.pooler is not None or cfg.head_options.pooled_token
+                   or cfg.head_options.image_pooler else None)
         if self.mlm is not None:
             out["logits"] = self.mlm(h, self.embed)
         if self.nsp is not None:  # next-sentence (BERT) or sentence-order (ALBERT) prediction
@@ -221,6 +296,8 @@ class Encoder(EdgeMethods, nnx.Module):
             drop = split_key(keys[2], 2)
             summary = activate(cfg.activation, self.classifier_transform(dropout(h[:, 0], cfg.dropout_rate, drop[0])))
             out["logits"] = self.classifier(dropout(summary, cfg.dropout_rate, drop[1]))
+        elif cfg.head == "sequence_classification" and cfg.patches is not None:  # ViT's: the class token, no dropout
+            out["logits"] = self.classifier(h[:, 0])
         elif cfg.head == "sequence_classification":
             out["logits"] = self.classifier(dropout(pooled, cfg.dropout_rate, keys[2]))
         elif cfg.head == "token_classification":
@@ -234,6 +311,18 @@ class Encoder(EdgeMethods, nnx.Module):
                 span = span - outside[..., None].astype(span.dtype) * 1e6
             out["start_logits"], out["end_logits"] = span[..., 0], span[..., 1]
         return ModelOutput(**out)
+
+    def _pooled_token(self, h: Array, input_ids: Array) -> Array:
+        """A text tower's pooled output [B, D'] (``pooled_token``): the final-normed state at each row's first EOS
+        (CLIP; at its largest id where eos_token_id is 2, the rule transformers keeps for CLIP's early files) or at
+        its last token (SigLIP, padding or not), then SigLIP's head."""
+        cfg = self.config
+        if cfg.head_options.pooled_token == "last":
+            pooled = h[:, -1]
+        else:
+            at = jnp.argmax(input_ids, axis=1) if cfg.tokens.eos == 2 else jnp.argmax(input_ids == cfg.tokens.eos, 1)
+            pooled = jnp.take_along_axis(h, at[:, None, None], axis=1)[:, 0]
+        return pooled if self.pooled_projection is None else self.pooled_projection(pooled)
 
     def _summary(self, h: Array, attention_mask: Array | None) -> Array:
         """The sequence classifier's input [B, D]: the first token, or the mean over the real tokens."""

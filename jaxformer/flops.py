@@ -11,8 +11,10 @@ layer counts only the experts a token is routed to. Transformer-XL's queries als
 every distance against its projected encoding: one more query-key product over M + T + 1 (causal) or
 M + 2T (bidirectional) columns. DeBERTa's disentangled terms each add a product of every query (c2p) or key
 (p2c) with the 2 x span rows of the relative-position table, whose projections run once per call (not per
-token). Embedding lookups, the pooler and classifier
-heads (one row per sequence) are left out.
+token). An image tower's tokens are its patches (each through the patch projection, a matmul) and its class token;
+a dual encoder (CLIP, SigLIP) counts both towers, each over its own tokens; a decoder reading images (LLaVA) its
+tower over one image a row and the projector over that image's features. Embedding lookups, the pooler and
+classifier heads, a dual encoder's projections and its [B, B] similarities (one row per sequence) are left out.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from flax import nnx
 from jaxformer.cache import cache_numbers, cache_numbers_per_token, linear_state_bytes
 from jaxformer.model_config import ModelConfig, generator_config
 from jaxformer.layers import RouterBias
+from jaxformer.layers.projector import features_per_image
+from jaxformer.layer_plan import encoder_pattern
 from jaxformer.models import abstract_params
 
 # Per-chip datasheet figures, keyed by what ``device.device_kind`` reports (matched by ``chip_value``).
@@ -110,8 +114,17 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
         decoder = (6 * (_stack_params(cfg, "decoder") + _head_params(cfg))
                    + 12 * cfg.decoder_layers * width * (self_keys + length))
         return batch_size * (length * encoder + target * decoder)
+    if cfg.family == "dual_encoder":
+        vision = cfg.vision
+        return (train_flops_per_step(vision.text_tower(cfg), batch_size, length)
+                + train_flops_per_step(vision.tower, batch_size, vision.tower.patches.tokens))
+    if cfg.family == "decoder" and cfg.vision is not None:  # LLaVA: one image a row through tower and projector
+        vision = cfg.vision
+        return (train_flops_per_step(cfg.replace(vision=None), batch_size, length)
+                + train_flops_per_step(vision.tower, batch_size, vision.tower.patches.tokens)
+                + 6 * batch_size * features_per_image(cfg) * _stack_params(cfg, "projector"))
     stack = "encoder" if cfg.family == "encoder" else "decoder"
-    pattern = "bidirectional" if cfg.family == "encoder" else cfg.attention
+    pattern = encoder_pattern(cfg) if cfg.family == "encoder" else cfg.attention
     keys = _keys_seen(pattern, length, length, cfg.window_size)
     per_token = 6 * (_stack_params(cfg, stack) + _head_params(cfg)) + 12 * cfg.num_layers * width * keys
     if cfg.position == "xl":
@@ -120,11 +133,14 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
         per_token += cfg.num_layers * (12 * width * M + 6 * heads * distances
                                        + 4 * (M / length) * 2 * cfg.d_model * heads)
     per_call = 0.0
+    if cfg.patches is not None:  # the patch projection: a matmul over each patch's pixels
+        patches = cfg.patches
+        per_call = 6 * batch_size * patches.count * patches.channels * patches.patch_size ** 2 * cfg.d_model
     if cfg.position == "disentangled":  # DeBERTa: each term scores a query (c2p) or key (p2c) against every row
         rows, heads = 2 * cfg.disentangled.span(cfg.max_positions), cfg.num_heads * cfg.head_dim_
         terms = len(cfg.disentangled.terms)
         per_token += cfg.num_layers * 6 * heads * rows * terms
-        per_call = cfg.num_layers * 6 * rows * terms * cfg.d_model * heads  # the table's projections
+        per_call += cfg.num_layers * 6 * rows * terms * cfg.d_model * heads  # the table's projections
     if cfg.generator_width:  # ELECTRA: the generator trains beside the discriminator on the same rows
         return (batch_size * length * per_token + per_call
                 + train_flops_per_step(generator_config(cfg), batch_size, length))

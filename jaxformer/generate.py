@@ -32,6 +32,7 @@ from jaxformer import checks, kernels
 from jaxformer.cache import DecodeState, cache_numbers, linear_state_bytes
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers import left_padded_positions
+from jaxformer.layers.projector import features_per_image
 
 Array = jax.Array
 NEG = -1.0e9  # transformers' "very large negative" for beam bookkeeping
@@ -291,11 +292,23 @@ def _for_the_loop(model, state):
     return model.for_decode_loop(), state.per_layer() if kernels.unstack_decode_loops() else state
 
 
-def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfig, first_tokens=None):
+def _images(pixel_values: Array | None, rows: int, batch_repeat: int) -> dict[str, Array]:
+    """The prefill's images (LLaVA), in row order; each row's (under beams the same number a row: ``prepare``
+    checks) repeated ``batch_repeat`` times as its row is. Decode steps read none."""
+    if pixel_values is None:
+        return {}
+    if batch_repeat == 1:
+        return {"pixel_values": pixel_values}
+    per_row = pixel_values.reshape(rows, -1, *pixel_values.shape[1:])
+    return {"pixel_values": jnp.repeat(per_row, batch_repeat, axis=0).reshape(-1, *pixel_values.shape[1:])}
+
+
+def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfig, first_tokens=None,
+                      pixel_values=None):
     N = gc.max_new_tokens
     ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, N)
     B = ids.shape[0]
-    logits, state = model.step(ids, positions, valid, state)
+    logits, state = model.step(ids, positions, valid, state, **_images(pixel_values, B, 1))
     next_position = positions[:, -1] + 1
     looping, state = _for_the_loop(model, state)  # the one-off prefill keeps the scanned stack (faster to compile)
     choose = lambda logits, step, key: _choose(logits, step, key, gc, first_tokens)  # noqa: E731
@@ -334,12 +347,12 @@ def _gather_beams(x: Array, indices: Array) -> Array:
     return jnp.take_along_axis(x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig, first_tokens=None):
+def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig, first_tokens=None, pixel_values=None):
     """transformers' vectorised beam search (length penalty, early stopping True/False/'never')."""
     nb, N = gc.num_beams, gc.max_new_tokens
     ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, nb, N)
     B = ids.shape[0] // nb
-    logits, state = model.step(ids, positions, valid, state)
+    logits, state = model.step(ids, positions, valid, state, **_images(pixel_values, B, nb))
     next_position = positions[:, -1] + 1
     looping, state = _for_the_loop(model, state)
     keep = max(2, 1 + len(gc.eos_token_ids)) * nb
@@ -762,18 +775,20 @@ def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationCon
 
 
 def generate_tokens(graphdef, state, input_ids: Array, attention_mask: Array, key: Array,
-                    config: GenerationConfig, first_tokens: Array | None = None) -> tuple[Array, Array, Array]:
+                    config: GenerationConfig, first_tokens: Array | None = None, pixel_values: Array | None = None
+                    ) -> tuple[Array, Array, Array]:
     """Pure generation: returns new tokens [B, max_new_tokens] (padded after EOS), how many columns
     are meaningful (transformers trims its output to that many), and the first step whose logits were
     not finite (-1: none; the tokens are then meaningless). Jit with ``static_argnames=("graphdef", "config")``.
-    ``first_tokens`` [B]: each row's forced first token (``process_logits``)."""
+    ``first_tokens`` [B]: each row's forced first token (``process_logits``). ``pixel_values``: the images of a
+    decoder that reads them (LLaVA), read by the prefill alone (checked by ``prepare``)."""
     if config.draft_tokens:
         return drafted_tokens(graphdef, state, input_ids, attention_mask, key, config, first_tokens)[:3]
     TRACE_COUNT["generate"] += 1
     model = nnx.merge(graphdef, state)
     if config.num_beams > 1:
-        return _beam_search(model, input_ids, attention_mask, config, first_tokens)
-    return _greedy_or_sample(model, input_ids, attention_mask, key, config, first_tokens)
+        return _beam_search(model, input_ids, attention_mask, config, first_tokens, pixel_values)
+    return _greedy_or_sample(model, input_ids, attention_mask, key, config, first_tokens, pixel_values)
 
 
 generate_tokens_jit = jax.jit(generate_tokens, static_argnames=("graphdef", "config"))
@@ -847,8 +862,8 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
             forced_eos_token_id=FROM_MODEL, bad_words_ids=FROM_MODEL, renormalize_logits=FROM_MODEL, seed: int = 0,
             allow_beyond_max_positions: bool = False, assistant_model=None, num_assistant_tokens: int | None = None,
             num_assistant_tokens_schedule: str | None = None, prompt_lookup_num_tokens: int | None = None,
-            max_matching_ngram_size: int | None = None, draft_costs: tuple[float, float] | None = None
-            ) -> tuple[tuple, GenerationConfig]:
+            max_matching_ngram_size: int | None = None, draft_costs: tuple[float, float] | None = None,
+            pixel_values=None) -> tuple[tuple, GenerationConfig]:
     """Validate everything on the host and return the arguments of ``generate_tokens`` (after the
     static config) and the config. Nothing is traced, compiled or allocated here, but for the adaptive
     drafting schedule's one measurement of its costs on this device (``measure_draft_costs``, once per shape).
@@ -872,7 +887,11 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     'constant' always drafts the bound (prompt lookup: wherever a match is found); 'heuristic' (an assistant
     only) is transformers' schedule, +2 after a round whose drafts were all kept, else -1. Sampled output
     under 'adaptive' depends on the costs (the random draws fall differently): pass ``draft_costs`` or
-    'constant' to make it repeat across machines."""
+    'constant' to make it repeat across machines.
+
+    ``pixel_values``: images for a decoder that reads them (LLaVA), checked here against the placeholders of
+    ``input_ids``; they are not among the arguments handed back: pass them to ``generate_tokens`` as
+    ``pixel_values=`` (its prefill reads them). Drafting does not take images."""
     cfg: ModelConfig = model.config
     if assistant_model is not None and prompt_lookup_num_tokens is not None:
         raise ValueError("pass assistant_model or prompt_lookup_num_tokens, not both: each is a way of drafting")
@@ -886,6 +905,11 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
         raise ValueError("max_matching_ngram_size needs prompt_lookup_num_tokens")
     if assistant_model is not None:
         _check_assistant(model, assistant_model)
+    if pixel_values is not None and (cfg.family != "decoder" or cfg.vision is None):
+        raise ValueError(f"pixel_values given to {cfg.name!r}, which reads no images")
+    if pixel_values is not None and (assistant_model is not None or prompt_lookup_num_tokens is not None):
+        raise ValueError("drafting (assistant_model, prompt_lookup_num_tokens) does not take images: generate with "
+                         "pixel_values without it")
     integers = {name: _integer(value) for name, value in (("max_new_tokens", max_new_tokens), ("num_beams", num_beams),
                                                           ("top_k", top_k), ("seed", seed))}
     counts = {name: _integer(value) for name, value in (
@@ -916,6 +940,13 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     checks.check_ids(ids, cfg.vocab_size)
     mask = np.ones_like(ids) if attention_mask is None else checks.id_array(attention_mask, "attention_mask")
     checks.check_mask(mask, ids.shape, "attention_mask", "input_ids")
+    if pixel_values is not None:
+        model.validate(ids, mask, pixel_values=np.asarray(pixel_values))
+        per_row, per_image = set(np.sum(ids == cfg.vision.image_token_id, axis=1).tolist()), features_per_image(cfg)
+        if gc.num_beams > 1 and (len(per_row) > 1 or min(per_row) % per_image):
+            raise ValueError(f"beam search repeats each row with its images: every row must hold as many image "
+                             f"placeholders, whole images of {per_image} each, got {sorted(per_row)} (generate the "
+                             "rows apart)")
     if cfg.family == "decoder":
         if not mask[:, -1].all():
             raise ValueError("decoder-only generation needs left padding: every row's last token must be real "
@@ -1120,5 +1151,7 @@ def generate(model, input_ids, attention_mask=None, **kwargs) -> np.ndarray:
     the decoder sequence starting with the decoder start token; rows are padded after EOS and the
     output is trimmed to the last step any row needed. Keyword arguments: see ``prepare``."""
     args, gc = prepare(model, input_ids, attention_mask, **kwargs)
-    tokens, steps, bad_step = generate_tokens_jit(*args, config=gc)
+    pixel_values = kwargs.get("pixel_values")
+    images = {} if pixel_values is None else {"pixel_values": jnp.asarray(pixel_values)}
+    tokens, steps, bad_step = generate_tokens_jit(*args, config=gc, **images)
     return assemble(model, input_ids, tokens, steps, bad_step, gc)

@@ -72,7 +72,7 @@ class LayerSpec:
     # 'hashed experts' / 'hashed experts+shared' (experts picked by token id)
     feed_forward: str
     # the stack's block group holding its parameters (``GROUPS``): 'first_block', 'dense_blocks', 'linear_blocks',
-    # 'blocks', and Gemma 4's 'full_blocks', 'shared_blocks', 'shared_full_blocks'
+    # 'blocks', Gemma 4's 'full_blocks', 'shared_blocks', 'shared_full_blocks', Mistral Large 4's 'nope_blocks'
     group: str
     index: int  # its index in that group's stacked parameters (ALBERT: 0 for every layer)
     # Gemma 4's kv-shared layers: the earlier layer whose keys and values (of this call, and its cache slice) this
@@ -95,7 +95,7 @@ COMPRESSED_GROUPS = tuple(f"{hashed}{kind}_blocks" for hashed in ("hash_", "")
 
 # the block groups a stack may hold, in the order the runner meets their first layers in ``table``'s summary
 GROUPS = ("first_block", "dense_blocks", "linear_blocks", "blocks", "full_blocks", "shared_blocks",
-          "shared_full_blocks", *COMPRESSED_GROUPS)
+          "shared_full_blocks", "nope_blocks", *COMPRESSED_GROUPS)
 
 
 class Segment(NamedTuple):
@@ -239,6 +239,8 @@ def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attenti
             group = "shared_blocks" if local[i] else "shared_full_blocks"
         elif own_full and not local[i] and group == "blocks":
             group = "full_blocks"
+        elif cfg.mla and cfg.nope is not None and i in cfg.nope.layers and group == "blocks":
+            group = "nope_blocks"  # latent attention without its rotary part: shapes of its own (Mistral Large 4)
         index = 0 if group == "blocks" and cfg.shared_layers else counts[group]
         counts[group] += 1
         rotary = None if i in linear else _rotary(cfg, i, local[i])  # (a linear layer reads no positions)
@@ -308,7 +310,7 @@ def _mixer(cfg: ModelConfig, pattern: str) -> str:
 
 
 def _cache(cfg: ModelConfig, pattern: str, attention: str) -> str:
-    if pattern.startswith("bidirectional"):
+    if pattern.startswith("bidirectional") or cfg.family in ("encoder", "dual_encoder"):  # (CLIP's causal text tower)
         return "none"
     if cfg.position == "xl":
         return "memory"
@@ -325,12 +327,21 @@ def _feed_forward(cfg: ModelConfig, group: str) -> str:
     return "experts+shared" if cfg.experts.shared else "experts"
 
 
+def encoder_pattern(cfg: ModelConfig) -> str:
+    """An encoder stack's visibility: bidirectional, but causal where an encoder's own ``attention`` says so (CLIP's
+    text tower; an encoder-decoder's ``attention`` is its decoder's)."""
+    return "causal" if cfg.family in ("encoder", "dual_encoder") and cfg.attention == "causal" else "bidirectional"
+
+
 def stack_plans(cfg: ModelConfig) -> dict[str, LayerPlan]:
-    """The plan of each stack a model of ``cfg`` builds, by the stack's name: an encoder's bidirectional one,
-    a decoder's of ``cfg.attention`` (with cross-attention in an encoder-decoder)."""
+    """The plan of each stack a model of ``cfg`` builds, by the stack's name: an encoder's bidirectional one
+    (causal: CLIP's text tower), a decoder's of ``cfg.attention`` (with cross-attention in an encoder-decoder); a
+    dual encoder's text encoder, then its image tower's (``vision``)."""
     plans = {}
-    if cfg.family in ("encoder", "encoder_decoder"):
-        plans["encoder"] = layer_plan(cfg, "bidirectional", cfg.encoder_layers)
+    if cfg.family in ("encoder", "encoder_decoder", "dual_encoder"):
+        plans["encoder"] = layer_plan(cfg, encoder_pattern(cfg), cfg.encoder_layers)
+    if cfg.vision is not None:
+        plans["vision"] = stack_plans(cfg.vision.tower)["encoder"]
     if cfg.family in ("decoder", "encoder_decoder"):
         plans["decoder"] = layer_plan(cfg, cfg.attention, cfg.decoder_layers,
                                       cross_attention=cfg.family == "encoder_decoder")

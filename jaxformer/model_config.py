@@ -24,14 +24,16 @@ import math
 import typing
 from typing import Any
 
-FAMILIES = ("encoder", "decoder", "encoder_decoder")
+# dual_encoder: a text tower beside an image tower (``vision``), joined by contrastive similarity (CLIP, SigLIP)
+FAMILIES = ("encoder", "decoder", "encoder_decoder", "dual_encoder")
 NORMS = ("layernorm", "rmsnorm")
 # pre: x + f(norm(x)); post: norm(x + f(x)) (BERT, 2017); output: x + norm(f(x)) (OLMo-2)
 NORM_POSITIONS = ("pre", "post", "output")
 QK_NORM_SPANS = ("head", "projection", "each_head")
 LINEAR_DECAYS = ("head", "channel")  # what one decay rate of a linear layer covers
 # the gated ones: swiglu (silu gate), geglu (tanh-form gelu gate: T5 v1.1, Gemma), geglu_erf (exact gelu: ModernBERT)
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_erf")
+# quick_gelu: x * sigmoid(1.702 x) (CLIP)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "quick_gelu", "swiglu", "geglu", "geglu_erf")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_erf")
 CLASSIFIER_POOLINGS = ("cls", "mean")
 # (none: no positions at all, a causal stack telling order by its mask: Kimi Linear, whose latent attention is NoPE)
@@ -58,8 +60,16 @@ HEADS = (
     "token_classification",
     "question_answering",
     "discriminator",  # ELECTRA's replaced-token detection: one logit per token (replaced or original)
+    "contrastive",  # a dual encoder's image-text similarities (CLIP, SigLIP)
 )
 POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")
+# an image tower's pooler_output: its first token through a norm of its own, the stack having none (CLIP's
+# post_layernorm); or SigLIP's multihead attention pooling head (a learned probe attending over the final-normed
+# states, then a norm and an MLP)
+IMAGE_POOLERS = ("norm", "attention")
+# which token a text tower pools: the first EOS (CLIP; the largest id when eos_token_id is 2, its legacy files),
+# the last (SigLIP)
+POOLED_TOKENS = ("eos", "last")
 ENCODER_HEADS = ("none", "mlm", "pretraining", "sequence_classification", "token_classification",
                  "question_answering", "discriminator")
 # encoder-decoders: BART's and T5's classifiers read the decoder's state at the last EOS of input_ids, their span
@@ -264,6 +274,9 @@ class Norms:
     embedding: bool = False  # a norm right after the embeddings (BERT, BART)
     first_attention: bool = True  # False: the first layer's attention reads its input unnormed (ModernBERT)
     final: bool = True  # a norm after the last block (pre-norm stacks)
+    # the last hidden state a call returns is after the final norm (Hugging Face ties it, as most models do);
+    # False: the last layer's output before it (CLIP's and SigLIP's towers), last_hidden_state still normed
+    final_in_hidden_states: bool = True
     # DeepSeek-V4: each sublayer joins a residual of several copies (the wiring of the block, as position is)
     hyper_connections: HyperConnections | None = None
 
@@ -341,6 +354,46 @@ class Embeddings:
 
 
 @dataclasses.dataclass(frozen=True)
+class Patches:
+    """The image front end of an encoder tower (ViT, CLIP's and SigLIP's vision models): ``pixel_values``
+    [B, channels, image_size, image_size] cut into square patches, each projected to d_model (a strided
+    convolution, computed as a matmul over the flattened patch), an optional learned class token first, then the
+    learned positions (one per patch and class token: ``max_positions``) and ``norms.embedding`` (CLIP's
+    pre-layernorm). The model has no token table (``vocab_size`` 0)."""
+
+    image_size: int
+    patch_size: int
+    channels: int = 3
+    class_token: bool = True  # ViT's and CLIP's learned first token (SigLIP has none)
+    bias: bool = True  # the patch projection's bias (CLIP's has none)
+    # NaFlex (SigLIP2): images of any aspect ratio arrive already cut into patches [B, N, p * p * channels], padded
+    # to N with pixel_attention_mask, their grids in spatial_shapes; the image_size / patch_size square grid of
+    # positions is resized to each image's grid (bilinear, antialiased)
+    flexible: bool = False
+
+    def __post_init__(self):
+        for name, value in (("image_size", self.image_size), ("patch_size", self.patch_size),
+                            ("image_channels", self.channels)):
+            _positive(name, value)
+        if self.image_size % self.patch_size:
+            raise ValueError(f"ModelConfig.patch_size={self.patch_size} must divide image_size={self.image_size} "
+                             "(the patches tile the image)")
+        if self.flexible and self.class_token:
+            raise ValueError("ModelConfig.flexible_patches=True (NaFlex) takes no class_token: its tokens are the "
+                             "image's patches alone, padded to a common count")
+
+    @property
+    def count(self) -> int:
+        """Patches per image."""
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the tower's stack sees: the patches and the class token."""
+        return self.count + int(self.class_token)
+
+
+@dataclasses.dataclass(frozen=True)
 class Rotary:
     """Rotary positions (present exactly when position='rope')."""
 
@@ -354,6 +407,8 @@ class Rotary:
     # proportional rotary (Gemma 4's full layers): the whole head turns by rotate_half, but only the first
     # int(proportion * H / 2) frequencies (base^(-2i/H), H the head width) are non-zero, the rest stand still
     proportion: float | None = None
+    # LeRoPE (Mistral Large 4): each frequency times exp(a learned number), one per frequency, shared by the layers
+    learned_frequencies: bool = False
 
     def __post_init__(self):
         if self.proportion is not None and not 0 < self.proportion <= 1:
@@ -366,6 +421,9 @@ class Rotary:
             raise ValueError(f"ModelConfig.rope_scaling={self.scaling!r} must be a RopeScaling")
         if self.local_theta is not None and not self.local_theta > 0:
             raise ValueError(f"ModelConfig.local_rope_theta={self.local_theta!r} must be > 0")
+        if self.learned_frequencies and self.local_theta is not None:
+            raise ValueError("ModelConfig.rope_learned_frequencies=True scales the stack's one rotary table; it "
+                             "cannot be combined with local_rope_theta")
         if self.dim is not None and not (isinstance(self.dim, int) and self.dim > 0 and self.dim % 2 == 0):
             raise ValueError(f"ModelConfig.rotary_dim={self.dim!r} must be a positive even integer")
 
@@ -600,6 +658,9 @@ class Indexer:
     topk: int = 2048
     # its queries' and keys' rotary part rotates adjacent pairs (GLM-5), not the halves (DeepSeek-V3.2)
     rope_interleave: bool = False
+    # its queries from the layer's input, LayerNorm (with bias) then wq (Mistral Large 4, whose attention has no
+    # compressed query), not from the compressed query
+    query_from_input: bool = False
 
     def __post_init__(self):
         for field, value in (("index_heads", self.heads), ("index_head_dim", self.head_dim),
@@ -618,6 +679,12 @@ class Latent:
     rope_head_dim: int = 64  # the rotary part of each query and key head
     v_head_dim: int | None = None  # the value head size; None: head_dim
     indexer: Indexer | None = None
+    # each head's queries (and its indexer's) times s_h ln(p + 1) + b_h at position p, s and b learned per head
+    # (Mistral Large 4's softmax scaling)
+    query_log_position_scale: bool = False
+    # the latents' RMSNorm eps; None: 1e-6, transformers' RMSNorm default whatever the model's (DeepSeek), where
+    # Mistral Large 4 builds them with the model's
+    norm_eps: float | None = None
 
     def __post_init__(self):
         if isinstance(self.indexer, dict):
@@ -630,10 +697,12 @@ class Latent:
             raise ValueError(f"ModelConfig.rope_head_dim={self.rope_head_dim} must be even")
         if self.v_head_dim is not None:
             _positive("v_head_dim", self.v_head_dim)
+        if self.norm_eps is not None:
+            _finite_positive("latent_norm_eps", self.norm_eps)
         if self.indexer is not None:
-            if self.q_rank is None:
+            if self.q_rank is None and not self.indexer.query_from_input:
                 raise ValueError("ModelConfig.index_heads (DeepSeek-V3.2's indexer) reads the compressed query: it "
-                                 "needs q_lora_rank")
+                                 "needs q_lora_rank (or index_query_from_input=True)")
             if not self.rope_head_dim <= self.indexer.head_dim:
                 raise ValueError(f"ModelConfig.index_head_dim={self.indexer.head_dim} must hold the rotary part "
                                  f"(rope_head_dim={self.rope_head_dim})")
@@ -715,9 +784,27 @@ class HeadOptions:
     classifier_transform: bool = False
     span_feed_forward: bool = False
     question_out_of_span: bool = False
+    # a text tower's pooler_output: its final-normed state at this token (POOLED_TOKENS; None: BERT's first token
+    # through the pooler), then a Linear to ``pooled_projection`` numbers (0: none), with a bias (SigLIP's text head)
+    # or without (CLIPTextModelWithProjection's text_projection)
+    pooled_token: str | None = None
+    pooled_projection: int = 0
+    pooled_projection_bias: bool = True
+    image_pooler: str | None = None  # IMAGE_POOLERS; None: none (ViT's is BERT's ``pooler``)
 
     def __post_init__(self):
         _positive("num_labels", self.num_labels)
+        if self.pooled_token is not None:
+            _one_of("pooled_token", self.pooled_token, POOLED_TOKENS)
+        _non_negative("pooled_projection", self.pooled_projection)
+        if self.image_pooler is not None:
+            _one_of("image_pooler", self.image_pooler, IMAGE_POOLERS)
+        if self.pooled_projection and self.pooled_token is None:
+            raise ValueError(f"ModelConfig.pooled_projection={self.pooled_projection} projects a pooled token: it "
+                             "needs pooled_token set")
+        if not self.pooled_projection_bias and not self.pooled_projection:
+            raise ValueError("ModelConfig.pooled_projection_bias=False needs pooled_projection > 0 (the projection "
+                             "it takes the bias from)")
         if isinstance(self.label_names, list):  # JSON hands us a list
             object.__setattr__(self, "label_names", tuple(self.label_names))
         if self.label_names and len(self.label_names) != self.num_labels:
@@ -941,6 +1028,7 @@ FLAT: dict[str, tuple[str, ...]] = {
     "norm_bias": ("norms", "bias"), "norm_scale_offset": ("norms", "scale_offset"),
     "sandwich_norm": ("norms", "sandwich"), "embedding_norm": ("norms", "embedding"),
     "first_attn_norm": ("norms", "first_attention"), "final_norm": ("norms", "final"),
+    "final_norm_in_hidden_states": ("norms", "final_in_hidden_states"),
     "swiglu_limit": ("swiglu_clamp", "limit"), "swiglu_alpha": ("swiglu_clamp", "alpha"),
     "swiglu_offset": ("swiglu_clamp", "offset"),
     "tie_embeddings": ("embeddings", "tie"), "scale_embeddings": ("embeddings", "scale"),
@@ -954,6 +1042,7 @@ FLAT: dict[str, tuple[str, ...]] = {
     "rope_theta": ("rotary", "theta"), "rope_scaling": ("rotary", "scaling"),
     "local_rope_theta": ("rotary", "local_theta"), "rope_interleave": ("rotary", "interleave"),
     "rotary_dim": ("rotary", "dim"), "rope_proportion": ("rotary", "proportion"),
+    "rope_learned_frequencies": ("rotary", "learned_frequencies"),
     "relative_buckets": ("relative_bias", "buckets"), "relative_max_distance": ("relative_bias", "max_distance"),
     "relative_bias_per_layer": ("relative_bias", "per_layer"),
     "memory_len": ("xl", "memory_len"), "clamp_len": ("xl", "clamp_len"),
@@ -999,6 +1088,8 @@ FLAT: dict[str, tuple[str, ...]] = {
     "rope_head_dim": ("latent", "rope_head_dim"), "v_head_dim": ("latent", "v_head_dim"),
     "index_heads": ("latent", "indexer", "heads"), "index_head_dim": ("latent", "indexer", "head_dim"),
     "index_topk": ("latent", "indexer", "topk"), "index_rope_interleave": ("latent", "indexer", "rope_interleave"),
+    "index_query_from_input": ("latent", "indexer", "query_from_input"),
+    "query_log_position_scale": ("latent", "query_log_position_scale"), "latent_norm_eps": ("latent", "norm_eps"),
     "parallel_shared_norm": ("parallel", "shared_norm"),
     "qkv_bias": ("biases", "qkv"), "key_bias": ("biases", "key"), "out_bias": ("biases", "out"),
     "mlp_bias": ("biases", "mlp"),
@@ -1011,6 +1102,9 @@ FLAT: dict[str, tuple[str, ...]] = {
     "classifier_transform": ("head_options", "classifier_transform"),
     "span_feed_forward": ("head_options", "span_feed_forward"),
     "question_out_of_span": ("head_options", "question_out_of_span"),
+    "pooled_token": ("head_options", "pooled_token"), "pooled_projection": ("head_options", "pooled_projection"),
+    "pooled_projection_bias": ("head_options", "pooled_projection_bias"),
+    "image_pooler": ("head_options", "image_pooler"),
     "prediction_head": ("head_options", "prediction_head"),
     "classifier_pooling": ("head_options", "classifier_pooling"), "mlm_head_legacy": ("head_options", "mlm_legacy"),
     "head_bias": ("head_options", "dense_bias"), "mlm_bias": ("head_options", "mlm_bias"),
@@ -1040,6 +1134,9 @@ FLAT: dict[str, tuple[str, ...]] = {
     "lora_rank": ("lora", "rank"), "lora_alpha": ("lora", "alpha"), "lora_targets": ("lora", "targets"),
     "lora_dropout": ("lora", "dropout"), "lora_rslora": ("lora", "rslora"), "lora_trainable": ("lora", "trainable"),
     "quantize": ("quantization", "kind"), "quantize_embeddings": ("quantization", "embeddings"),
+    "image_size": ("patches", "image_size"), "patch_size": ("patches", "patch_size"),
+    "image_channels": ("patches", "channels"), "class_token": ("patches", "class_token"),
+    "patch_bias": ("patches", "bias"), "flexible_patches": ("patches", "flexible"),
 }
 GROUPS: dict[str, type] = {
     "norms": Norms, "swiglu_clamp": ClampedSwiGLU, "embeddings": Embeddings, "rotary": Rotary,
@@ -1047,11 +1144,11 @@ GROUPS: dict[str, type] = {
     "linear_attention": LinearAttention,
     "scores": Scores, "query_key_norm": QueryKeyNorm, "latent": Latent, "parallel": ParallelResidual,
     "biases": Biases, "logits": Logits, "conv": Convolution, "head_options": HeadOptions, "experts": Experts,
-    "tokens": Tokens, "execution": Execution, "lora": LoRA, "quantization": Quantization,
+    "tokens": Tokens, "execution": Execution, "lora": LoRA, "quantization": Quantization, "patches": Patches,
 }
 OPTIONAL_GROUPS = ("swiglu_clamp", "rotary", "relative_bias", "xl", "disentangled", "nope", "linear_attention",
                    "query_key_norm",
-                   "latent", "parallel", "conv", "experts", "lora", "quantization")
+                   "latent", "parallel", "conv", "experts", "lora", "quantization", "patches")
 # flat keys that say only whether an optional part is there
 PRESENCE_KEYS = {"qk_norm": "query_key_norm", "parallel_residual": "parallel", "index_relative_bias": "relative_bias"}
 
@@ -1069,7 +1166,7 @@ NESTED = {("latent", "indexer"): Indexer, ("norms", "hyper_connections"): HyperC
 
 # the flat value of an absent optional part's defining field (its other fields take their dataclass defaults)
 OFF = {"num_experts": 0, "kv_lora_rank": None, "index_heads": 0, "conv_kernel_size": 0, "lora_rank": 0,
-       "hc_streams": 0, "compressed_layers": (),
+       "hc_streams": 0, "compressed_layers": (), "image_size": 0, "patch_size": 0,
        "quantize": None, "qk_norm": False, "parallel_residual": False, "index_relative_bias": False}
 
 
@@ -1085,6 +1182,7 @@ def _present(group: str, flat: dict) -> bool:
         "latent": flat["kv_lora_rank"] is not None, "parallel": flat["parallel_residual"],
         "conv": flat["conv_kernel_size"] != 0, "experts": flat["num_experts"] != 0,
         "lora": flat["lora_rank"] != 0, "quantization": flat["quantize"] is not None,
+        "patches": flat["patch_size"] != 0,
     }[group]
 
 
@@ -1104,6 +1202,7 @@ _NEEDS = {
     "experts": lambda f: "num_experts > 0",
     "lora": lambda f: "lora_rank > 0",
     "quantization": lambda f: f"quantize set (one of {QUANTIZATIONS}): the table takes that kind, not None",
+    "patches": lambda f: "patch_size > 0 (an image tower)",
 }
 # settings an absent part leaves without effect that were always accepted: read and let go (they change nothing)
 _INERT_WHEN_ABSENT = {
@@ -1111,11 +1210,80 @@ _INERT_WHEN_ABSENT = {
     "routed_scaling", "router_aux_loss_coef", "router_aux_loss", "moe_dispatch", "rope_theta", "relative_buckets",
     "router_jitter_eps", "router_group_score",
     "relative_max_distance", "disentangled_terms", "temperature_scale", "rope_head_dim", "index_head_dim",
-    "index_topk", "index_rope_interleave", "conv_groups", "conv_activation", "lora_alpha", "lora_dropout",
+    "index_topk", "index_rope_interleave", "index_query_from_input", "conv_groups", "conv_activation", "lora_alpha",
+    "lora_dropout",
     "lora_rslora", "lora_trainable",
     "linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel",
     "linear_chunk", "linear_decay",
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Vision:
+    """A joined model's image tower and the piece that joins it to the text model this config's top level
+    describes. ``tower``: the image encoder's whole config (its dtypes follow the joined model's). CLIP projects
+    both pooled outputs to ``projection`` numbers (Linear layers, ``projection_bias``) and scales their cosine
+    similarities by exp(a learned log-scale, initially ``logit_scale_init``); SigLIP has no projections (0: its
+    towers' heads end at the shared width) and adds a learned ``logit_bias``.
+
+    A decoder reading images (LLaVA) takes the tower's hidden states ``feature_layers`` (indices into its
+    hidden_states, negative from the end; several are concatenated along the width), without their first token
+    where ``drop_first_token`` (transformers' 'default' strategy: the class token), through the projector
+    (Linear, ``projector_activation``, Linear; biases where ``projector_bias``) to the text model's width: they
+    replace the embeddings of the ``image_token_id`` placeholders of input_ids, in order."""
+
+    tower: ModelConfig
+    projection: int = 0
+    projection_bias: bool = False
+    logit_scale_init: float = 2.6592  # log(1 / 0.07), CLIP's initial temperature
+    logit_bias: bool = False
+    feature_layers: tuple[int, ...] = ()  # () but for a decoder reading images
+    drop_first_token: bool = False
+    projector_activation: str | None = None  # None: no projector (a dual encoder)
+    projector_bias: bool = True
+    image_token_id: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.tower, dict):  # the nested form (to_dict, JSON)
+            object.__setattr__(self, "tower", ModelConfig.from_dict(self.tower))
+        if not isinstance(self.tower, ModelConfig) or self.tower.family != "encoder":
+            raise ValueError(f"ModelConfig.vision.tower must be an encoder's ModelConfig, got {self.tower!r:.80}")
+        _non_negative("vision.projection", self.projection)
+        if self.projection_bias and not self.projection:
+            raise ValueError("ModelConfig.vision.projection_bias=True needs projection > 0 (the layers it biases)")
+        if not math.isfinite(self.logit_scale_init):
+            raise ValueError(f"ModelConfig.vision.logit_scale_init={self.logit_scale_init!r} must be finite")
+        if isinstance(self.feature_layers, list):  # JSON hands us a list
+            object.__setattr__(self, "feature_layers", tuple(self.feature_layers))
+        states = self.tower.encoder_layers + 1  # the embeddings, then each layer's output
+        if any(isinstance(i, bool) or not isinstance(i, int) or not -states <= i < states for i in self.feature_layers):
+            raise ValueError(f"ModelConfig.vision.feature_layers={self.feature_layers!r} must index the tower's "
+                             f"{states} hidden states (-{states} to {states - 1})")
+        joining = (self.feature_layers != (), self.projector_activation is not None, self.image_token_id is not None)
+        if any(joining) and not all(joining):
+            raise ValueError("ModelConfig.vision: feature_layers, projector_activation and image_token_id go together "
+                             f"(a decoder reading images), got {self.feature_layers!r}, "
+                             f"{self.projector_activation!r}, {self.image_token_id!r}")
+        projector = self.projector_activation is not None
+        # each kind's fields, which the other kind never reads: refused rather than carried unused
+        unread = (("projection", "projection_bias", "logit_scale_init", "logit_bias") if projector else
+                  ("feature_layers", "drop_first_token", "projector_activation", "projector_bias", "image_token_id"))
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        settings = ", ".join(f"{name}={getattr(self, name)!r}" for name in unread
+                             if getattr(self, name) != defaults[name])
+        if settings:
+            raise ValueError(f"ModelConfig.vision: {settings} " + ("belong to a dual encoder (CLIP, SigLIP); a "
+                             "decoder reading images (projector_activation set) does not read them" if projector else
+                             "belong to a decoder reading images (LLaVA); a dual encoder does not read them"))
+        if projector:
+            _one_of("vision.projector_activation", self.projector_activation, ACTIVATIONS)
+            if self.projector_activation in GATED_ACTIVATIONS:
+                raise ValueError(f"ModelConfig.vision.projector_activation={self.projector_activation!r}: the "
+                                 "projector's activation is not gated")
+
+    def text_tower(self, cfg: ModelConfig) -> ModelConfig:
+        """The text encoder of the joined model ``cfg``: its top level, as an encoder of its own."""
+        return cfg.replace(family="encoder", head="none", vision=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1186,9 +1354,13 @@ class ModelConfig:
     execution: Execution = Execution()
     lora: LoRA | None = None
     quantization: Quantization | None = None
+    patches: Patches | None = None  # an image tower's front end: pixel_values in place of token ids
+    # an image tower and what joins it to the text model here: a dual encoder's (CLIP), a decoder's (LLaVA)
+    vision: Vision | None = None
 
     def __post_init__(self):
         _settle_parts(self)
+        _settle_vision(self)
         _check_sizes(self)
         _check_positions(self)
         _check_attention_pattern(self)
@@ -1313,14 +1485,49 @@ def _settle_parts(cfg: ModelConfig) -> None:
             object.__setattr__(cfg, name, GROUPS[name]())
 
 
+def _settle_vision(cfg: ModelConfig) -> None:
+    """``vision`` as a Vision (JSON hands a mapping), its tower computing and storing in the joined model's dtypes;
+    a dual encoder has one, with the contrastive head; a decoder reading images (LLaVA) one with its projector."""
+    vision = cfg.vision
+    if isinstance(vision, dict):
+        vision = Vision(**vision)
+    if vision is not None:
+        if not isinstance(vision, Vision):
+            raise ValueError(f"ModelConfig.vision={vision!r:.80} must be a Vision")
+        tower = vision.tower
+        if (tower.dtype, tower.param_dtype) != (cfg.dtype, cfg.param_dtype):
+            vision = dataclasses.replace(vision, tower=tower.replace(dtype=cfg.dtype, param_dtype=cfg.param_dtype))
+        object.__setattr__(cfg, "vision", vision)
+    # a decoder reads images through its projector (LLaVA); a dual encoder joins its towers by similarity
+    reads_images = vision is not None and vision.projector_activation is not None
+    if (cfg.family == "dual_encoder") != (vision is not None and not reads_images) or (
+            cfg.family == "dual_encoder") != (cfg.head == "contrastive") or (
+            reads_images and cfg.family != "decoder"):
+        raise ValueError(f"ModelConfig.family={cfg.family!r}, head={cfg.head!r}, vision "
+                         f"{'set' if vision is not None else 'None'}: a dual encoder (family='dual_encoder') has an "
+                         "image tower (vision) and the head 'contrastive', and only a dual encoder has them; a "
+                         "decoder may read images (vision with its projector_activation, feature_layers and "
+                         "image_token_id)")
+    if reads_images and not 0 <= vision.image_token_id < cfg.vocab_size:
+        raise ValueError(f"ModelConfig.vision.image_token_id={vision.image_token_id} must be a token id of the "
+                         f"vocabulary [0, {cfg.vocab_size})")
+
+
 # The checks that join two concerns (each part checks its own fields), in the order a config is read.
 def _check_sizes(cfg: ModelConfig) -> None:
     _one_of("family", cfg.family, FAMILIES)
-    for field in ("vocab_size", "d_model", "num_heads", "d_ff", "max_positions"):
+    for field in ("d_model", "num_heads", "d_ff", "max_positions"):
         _positive(field, getattr(cfg, field))
+    if cfg.patches is None:
+        _positive("vocab_size", cfg.vocab_size)
+        if cfg.head_options.image_pooler is not None:
+            raise ValueError(f"ModelConfig.image_pooler={cfg.head_options.image_pooler!r} pools an image tower's "
+                             "states: it needs patch_size (the image front end)")
+    else:
+        _check_patches(cfg)
     _non_negative("encoder_layers", cfg.encoder_layers)
     _non_negative("decoder_layers", cfg.decoder_layers)
-    for need, field in ((cfg.family in ("encoder", "encoder_decoder"), "encoder_layers"),
+    for need, field in ((cfg.family in ("encoder", "encoder_decoder", "dual_encoder"), "encoder_layers"),
                         (cfg.family in ("decoder", "encoder_decoder"), "decoder_layers")):
         if need != (getattr(cfg, field) > 0):
             raise ValueError(f"ModelConfig.{field}={getattr(cfg, field)} does not fit family={cfg.family!r}: "
@@ -1360,6 +1567,35 @@ def _check_sizes(cfg: ModelConfig) -> None:
         raise ValueError("ModelConfig.first_attn_norm=False drops the first layer's pre-attention norm "
                          "(ModernBERT): it needs family='encoder', norm_position='pre', two or more layers and no "
                          f"shared_layers (family={cfg.family!r}, norm_position={norms.position!r})")
+
+def _check_patches(cfg: ModelConfig) -> None:
+    """An image tower: an encoder reading pixels, with a learned position per patch and class token."""
+    patches, embeddings = cfg.patches, cfg.embeddings
+    wrong = {"family": (cfg.family, "encoder"), "vocab_size": (cfg.vocab_size, 0),
+             "position": (cfg.position, "learned"),
+             "max_positions": (cfg.max_positions, patches.tokens), "type_vocab_size": (embeddings.types, 0),
+             "position_offset": (embeddings.position_offset, 0), "embedding_size": (embeddings.width, None),
+             "pad_aware_positions": (embeddings.pad_aware_positions, False)}
+    wrong = {name: pair for name, pair in wrong.items() if pair[0] != pair[1]}
+    if wrong:
+        raise ValueError(f"ModelConfig.patch_size={patches.patch_size} (an image tower) needs "
+                         + ", ".join(f"{name}={want!r} (not {got!r})" for name, (got, want) in wrong.items())
+                         + f": one learned position per patch and class token ({patches.count} patches"
+                         + (" + 1 class token)" if patches.class_token else ")"))
+    pooler = cfg.head_options.image_pooler
+    if pooler is not None and (cfg.head_options.pooler or (pooler == "norm") == cfg.norms.final):
+        raise ValueError(f"ModelConfig.image_pooler={pooler!r} is the tower's only pooler and "
+                         + ("normalizes the first token in place of the stack's final norm: it needs final_norm=False"
+                            if pooler == "norm" else "reads the final-normed states: it needs final_norm=True")
+                         + " and pooler=False")
+    if cfg.head not in ("none", "sequence_classification"):
+        raise ValueError(f"ModelConfig.head={cfg.head!r} does not fit an image tower (patch_size set); valid: "
+                         "'none', 'sequence_classification' (ViT's image classifier on the first token)")
+    if cfg.head == "sequence_classification" and (not patches.class_token or cfg.head_options.pooler or pooler):
+        # (CLIP's and SigLIP's image classifiers average the states instead: not built)
+        raise ValueError("ModelConfig.head='sequence_classification' on an image tower is ViT's classifier: it reads "
+                         "the class token, so it needs class_token=True, pooler=False and no image_pooler")
+
 
 def _check_positions(cfg: ModelConfig) -> None:
     _one_of("position", cfg.position, POSITIONS)
@@ -1430,11 +1666,14 @@ def _check_rotary(cfg: ModelConfig, rotary: Rotary) -> None:
 
 def _check_attention_pattern(cfg: ModelConfig) -> None:
     _one_of("attention", cfg.attention, ATTENTION_PATTERNS)
-    if cfg.family == "encoder" and cfg.attention not in ("bidirectional", "alternating"):
+    encoder = cfg.family in ("encoder", "dual_encoder")  # (a dual encoder's top level is its text encoder)
+    text_tower = cfg.head_options.pooled_token is not None  # CLIP's: each token sees itself and the left
+    if encoder and cfg.attention not in ("bidirectional", "alternating") + (("causal",) if text_tower else ()):
         raise ValueError(
-            f"ModelConfig.attention={cfg.attention!r} does not fit family='encoder'; encoders attend "
-            "'bidirectional', or 'alternating' (full layers and layers within window_size either side: ModernBERT)")
-    if cfg.family != "encoder" and cfg.attention == "bidirectional" and cfg.position != "xl":
+            f"ModelConfig.attention={cfg.attention!r} does not fit family={cfg.family!r}; encoders attend "
+            "'bidirectional', 'alternating' (full layers and layers within window_size either side: ModernBERT) or, "
+            "a text tower alone (pooled_token set: CLIP's), 'causal' (no cache, no generation)")
+    if not encoder and cfg.attention == "bidirectional" and cfg.position != "xl":
         raise ValueError(
             f"ModelConfig.attention='bidirectional' does not fit family={cfg.family!r}; valid: "
             "'causal', 'prefix', 'sliding', 'alternating' (or position='xl': XLNet's bidirectional form)")
@@ -1523,9 +1762,16 @@ def _check_attention(cfg: ModelConfig) -> None:
         raise ValueError("ModelConfig.attention_sinks=True joins standard attention's softmax; multi-head latent "
                          "and Transformer-XL attention do not take it")
     if cfg.nope is not None:
-        if cfg.position != "rope" or cfg.latent is not None or cfg.family != "decoder":
+        if cfg.position != "rope" or cfg.family != "decoder":
             raise ValueError("ModelConfig.nope_layers leaves some layers of a rotary decoder unrotated; it needs "
-                             "family='decoder', position='rope' and standard attention")
+                             "family='decoder' and position='rope'")
+        # a latent NoPE layer has shapes of its own (a block group of its own), built as an expert layer
+        dense = set(range(cfg.experts.dense_layers)) if cfg.latent is not None and cfg.experts is not None else set()
+        if cfg.latent is not None and (cfg.experts is None or dense & set(cfg.nope.layers)
+                                       or cfg.nope.temperature_floor_scale is not None):
+            raise ValueError(f"ModelConfig.nope_layers={cfg.nope.layers!r} with multi-head latent attention: NoPE "
+                             "latent layers are expert layers (num_experts > 0, none among the dense_layers), "
+                             "without temperature_floor_scale")
         if cfg.nope.layers[-1] >= cfg.decoder_layers:
             raise ValueError(f"ModelConfig.nope_layers={cfg.nope.layers!r} must list distinct layer indices in "
                              f"[0, {cfg.decoder_layers}) in increasing order")
@@ -1600,10 +1846,13 @@ def _check_heads(cfg: ModelConfig) -> None:
             raise ValueError(f"ModelConfig.head={cfg.head!r} does not fit family='encoder'; "
                              f"expected one of {ENCODER_HEADS}")
         if cfg.head == "pretraining" and not options.pooler or (
-                cfg.head == "sequence_classification" and not (options.pooler or options.prediction_head)):
+                cfg.head == "sequence_classification" and not (options.pooler or options.prediction_head
+                                                               or cfg.patches is not None)):
             raise ValueError(f"ModelConfig.head={cfg.head!r} reads the pooled output; set pooler=True")
     elif cfg.family == "encoder_decoder":
         _check_encoder_decoder_head(cfg)
+    elif cfg.family == "dual_encoder":
+        pass  # its head, 'contrastive', is checked with its image tower (_settle_vision)
     elif cfg.head not in ("none", "lm"):
         raise ValueError(f"ModelConfig.head={cfg.head!r} does not fit family={cfg.family!r}; "
                          "expected 'lm' or 'none'")
@@ -1611,6 +1860,13 @@ def _check_heads(cfg: ModelConfig) -> None:
             cfg.family != "encoder" or options.pooler):
         raise ValueError("ModelConfig.prediction_head and classifier_pooling='mean' are ModernBERT's heads: they "
                          f"need family='encoder' without a pooler (family={cfg.family!r}, pooler={options.pooler})")
+    if options.pooled_token is not None and (cfg.family not in ("encoder", "dual_encoder") or options.pooler):
+        raise ValueError(f"ModelConfig.pooled_token={options.pooled_token!r} is a text tower's pooling: it needs "
+                         f"family 'encoder' or 'dual_encoder' without BERT's pooler (family={cfg.family!r}, "
+                         f"pooler={options.pooler})")
+    if options.pooled_token == "eos" and not isinstance(cfg.tokens.eos, int):
+        raise ValueError(f"ModelConfig.pooled_token='eos' pools at eos_token_id, which must be one id, not "
+                         f"{cfg.tokens.eos!r}")
     if options.classifier_transform and (cfg.family != "encoder" or cfg.head != "sequence_classification"):
         raise ValueError("ModelConfig.classifier_transform=True is an encoder's sequence classifier's own dense "
                          f"layer: it needs family='encoder' and head='sequence_classification', not {cfg.family!r}, "
@@ -1836,7 +2092,8 @@ def _part(group: str, flat: dict, given: dict) -> Any:
             _refuse_without(("scores", "compressed"), "compressed_layers", given)
     if group == "latent":  # the indexer, a part of latent attention, is there when it has heads
         values["indexer"] = (Indexer(flat["index_heads"], flat["index_head_dim"], flat["index_topk"],
-                                     flat["index_rope_interleave"]) if flat["index_heads"] != 0 else None)
+                                     flat["index_rope_interleave"], flat["index_query_from_input"])
+                             if flat["index_heads"] != 0 else None)
         if flat["index_heads"] == 0 and given.get("index_rope_interleave"):
             raise ValueError("ModelConfig.index_rope_interleave=True needs index_heads > 0 (the indexer it rotates)")
     return GROUPS[group](**values)

@@ -12,13 +12,14 @@ from flax import nnx
 
 from jaxformer.model_config import ModelConfig
 from jaxformer.decoder import Decoder
+from jaxformer.dual_encoder import DualEncoder
 from jaxformer.encoder import Encoder
 from jaxformer.encoder_decoder import EncoderDecoder
 from jaxformer.layers import RouterBias
 from jaxformer.presets import config
 
-FAMILIES = {"encoder": Encoder, "decoder": Decoder, "encoder_decoder": EncoderDecoder}
-Model = Encoder | Decoder | EncoderDecoder
+FAMILIES = {"encoder": Encoder, "decoder": Decoder, "encoder_decoder": EncoderDecoder, "dual_encoder": DualEncoder}
+Model = Encoder | Decoder | EncoderDecoder | DualEncoder
 
 # What a loaded checkpoint's Hugging Face files say beyond the ModelConfig: config.json's fields the model
 # does not hold, and generation_config.json (JSON strings, so that nnx keeps them as plain attributes).

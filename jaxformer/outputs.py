@@ -29,3 +29,18 @@ class ModelOutput:
     aux_loss: jax.Array | None = None  # MoE load-balancing loss (times router_aux_loss_coef)
     router_load: jax.Array | None = None  # MoE [L_moe, E]: each expert's share of the routed tokens, per layer
     memory: Any = None  # Transformer-XL: the ``cache.Memory`` to pass with the next segment
+
+
+@struct.dataclass
+class ContrastiveOutput:
+    """A dual encoder's answer (transformers' CLIPOutput): the scaled similarities of every image to every text
+    (``logits_per_image`` [B_image, B_text], its transpose ``logits_per_text``), the unit-length embeddings both
+    were computed from, and each tower's output as ``get_text_features`` and ``get_image_features`` answer it (its
+    ``pooler_output`` projected where the model projects)."""
+
+    logits_per_image: jax.Array | None = None
+    logits_per_text: jax.Array | None = None
+    text_embeds: jax.Array | None = None
+    image_embeds: jax.Array | None = None
+    text_model_output: ModelOutput | None = None
+    vision_model_output: ModelOutput | None = None

@@ -6,7 +6,7 @@ released config.json); its parameter count matches Hugging Face's exactly (tests
 
 from __future__ import annotations
 
-from jaxformer.model_config import ModelConfig
+from jaxformer.model_config import ModelConfig, Vision
 
 
 def _transformer_2017(d_model: int, heads: int, d_ff: int, dropout: float) -> dict:
@@ -379,6 +379,79 @@ def _t5gemma(gemma: dict, **kw) -> dict:
             "decoder_start_token_id": gemma["bos_token_id"], **kw}
 
 
+def _vit(d_model: int, layers: int, heads: int) -> dict:
+    # ViT (Dosovitskiy et al. 2021) as google/vit-*-patch16-224 publish it: a pre-norm encoder over a class token and
+    # the 196 16x16 patches of a 224x224 image, exact GELU, a final LayerNorm, the ImageNet-1k classifier on the
+    # first token
+    return dict(family="encoder", vocab_size=0, d_model=d_model, num_heads=heads, d_ff=4 * d_model,
+                encoder_layers=layers, decoder_layers=0, norm_position="pre", norm_eps=1e-12,
+                final_norm_in_hidden_states=False, activation="gelu", position="learned", max_positions=197,
+                attention="bidirectional", head="sequence_classification", num_labels=1000, image_size=224,
+                patch_size=16)
+
+
+def _image_tower(d_model: int, layers: int, heads: int, patch: int, **kw) -> ModelConfig:
+    # CLIP's and SigLIP's vision models: pre-norm encoders over the 224 / patch squared patches of a 224x224 image
+    return ModelConfig.from_dict(dict(
+        family="encoder", vocab_size=0, d_model=d_model, num_heads=heads, d_ff=4 * d_model, encoder_layers=layers,
+        decoder_layers=0, norm_position="pre", final_norm_in_hidden_states=False, position="learned",
+        attention="bidirectional", head="none", image_size=224, patch_size=patch, **kw))
+
+
+def _clip_vit_base_patch32() -> dict:
+    # CLIP (Radford et al. 2021) as openai/clip-vit-base-patch32 publishes it: a causal text encoder pooled at its
+    # EOS (the file's eos_token_id 2: the legacy largest-id rule) and a ViT-B/32 with a class token, both projected
+    # to 512 numbers, quick_gelu throughout
+    tower = _image_tower(768, 12, 12, 32, max_positions=50, activation="quick_gelu", norm_eps=1e-5,
+                         patch_bias=False, embedding_norm=True, final_norm=False, image_pooler="norm")
+    return dict(family="dual_encoder", vocab_size=49408, d_model=512, num_heads=8, d_ff=2048, encoder_layers=12,
+                decoder_layers=0, norm_position="pre", norm_eps=1e-5, final_norm_in_hidden_states=False,
+                activation="quick_gelu", position="learned", max_positions=77, type_vocab_size=0, attention="causal",
+                head="contrastive", pooled_token="eos", dropout_rate=0.0, pad_token_id=1, bos_token_id=0,
+                eos_token_id=2, vision=Vision(tower, projection=512, logit_scale_init=2.6592))
+
+
+def _siglip_base_patch16_224() -> dict:
+    # SigLIP (Zhai et al. 2023) as google/siglip-base-patch16-224 publishes it: a bidirectional text encoder pooled
+    # at its last token through its head, a ViT-B/16 without class token pooled by attention, tanh-form GELU, the
+    # sigmoid loss's learned logit bias
+    tower = _image_tower(768, 12, 12, 16, max_positions=196, activation="gelu_tanh", norm_eps=1e-6, class_token=False,
+                         image_pooler="attention")
+    return dict(family="dual_encoder", vocab_size=32000, d_model=768, num_heads=12, d_ff=3072, encoder_layers=12,
+                decoder_layers=0, norm_position="pre", norm_eps=1e-6, final_norm_in_hidden_states=False,
+                activation="gelu_tanh", position="learned", max_positions=64, type_vocab_size=0,
+                attention="bidirectional", head="contrastive", pooled_token="last", pooled_projection=768,
+                dropout_rate=0.0, pad_token_id=1, vision=Vision(tower, logit_scale_init=0.0, logit_bias=True))
+
+
+def _siglip2_base_patch16(naflex: bool) -> dict:
+    # SigLIP2 (Tschannen et al. 2025) as google/siglip2-base-patch16-naflex and -224 publish it: SigLIP's towers with
+    # Gemma's 256000-token vocabulary (whose ids hold the text config's default bos and eos); NaFlex's image tower
+    # reads up to 256 patches of any aspect ratio, its 16x16 grid of positions resized to each image's (a siglip2
+    # file), the fixed-resolution one 224x224 images (a siglip file)
+    siglip = _siglip_base_patch16_224()
+    tokens = dict(vocab_size=256000, bos_token_id=49406, eos_token_id=49407)
+    if not naflex:
+        return {**siglip, **tokens}
+    tower = siglip["vision"].tower.replace(image_size=256, max_positions=256, flexible_patches=True)
+    return {**siglip, **tokens, "vision": Vision(tower, logit_scale_init=0.0, logit_bias=True)}
+
+
+def _llava_15_7b() -> dict:
+    # LLaVA-1.5 (Liu et al. 2023) as llava-hf/llava-1.5-7b-hf publishes it: CLIP ViT-L/14 at 336 pixels read at its
+    # second-to-last layer without the class token (576 image tokens), a two-layer GELU projector, Vicuna-7B v1.5
+    # (LLaMA 2's layout, its vocabulary grown to 32064 with the <image> token 32000 and the pad 32001)
+    tower = ModelConfig.from_dict(dict(
+        family="encoder", vocab_size=0, d_model=1024, num_heads=16, d_ff=4096, encoder_layers=24, decoder_layers=0,
+        norm_position="pre", norm_eps=1e-5, final_norm_in_hidden_states=False, activation="quick_gelu",
+        position="learned", max_positions=577, attention="bidirectional", head="none", image_size=336, patch_size=14,
+        patch_bias=False, embedding_norm=True, final_norm=False, image_pooler="norm"))
+    vision = Vision(tower, feature_layers=(-2,), drop_first_token=True, projector_activation="gelu",
+                    image_token_id=32000)
+    return _llama(4096, 32, 32, 32, 11008, 32064, 10000.0, 4096, vision=vision, pad_token_id=32001, bos_token_id=1,
+                  eos_token_id=2)
+
+
 _PRESETS: dict[str, dict] = {
     "transformer-base": _transformer_2017(512, 8, 2048, 0.1),
     "transformer-big": _transformer_2017(1024, 16, 4096, 0.3),
@@ -688,6 +761,21 @@ _PRESETS: dict[str, dict] = {
                                       router_group_score="best_two", normalize_router_weights=True,
                                       query_position_scale=0.1, query_position_span=8192, bos_token_id=1,
                                       eos_token_id=2, pad_token_id=11),
+    # Mistral Large 4 (mistralai/Mistral-Large-4-1T-A52B's text model, 2026): latent attention (64 + 64 rotary
+    # query/key, 128 values, a 512-wide latent, a plain query) narrowed by an indexer of 32 x 128 reading the layer's
+    # input, every fourth layer NoPE, LeRoPE's learned frequencies, learned log-position query scales, 128 experts
+    # (4 a token, one shared) after one dense layer under a softmax router, logits softcapped at 30; sizes from
+    # MistralLarge4Config's defaults, whose docstring names that checkpoint, and pad id 11 as Mistral Small 4's
+    # files give it (the class says None; not checked against the hub file)
+    "mistral-large-4": _deepseek(6144, 72, 64, 24576, 6144, 128, 4, 1, 1, 204800, v3=False, q_lora_rank=None,
+                                 head_dim=64, norm_eps=1e-5, latent_norm_eps=1e-5, max_positions=1048576,
+                                 rope_scaling=dict(kind="yarn", factor=2048.0, original_max_positions=512,
+                                                   beta_fast=32.0, beta_slow=1.0, attention_factor=1.0),
+                                 rope_learned_frequencies=True, nope_layers=tuple(range(3, 72, 4)),
+                                 router_group_score="best_two", normalize_router_weights=True, index_heads=32,
+                                 index_head_dim=128, index_topk=2048, index_rope_interleave=True,
+                                 index_query_from_input=True, query_log_position_scale=True, logits_softcap=30.0,
+                                 bos_token_id=1, eos_token_id=2, pad_token_id=11),
     "gemma-2-2b": _gemma(2304, 26, 8, 4, 9216, 256000, 4096, 2, 8192, gemma3=False),
     "gemma-2-9b": _gemma(3584, 42, 16, 8, 14336, 256000, 4096, 2, 8192, gemma3=False),
     "gemma-3-1b": _gemma(1152, 26, 4, 1, 6912, 262144, 512, 6, 32768, gemma3=True),
@@ -735,6 +823,13 @@ _PRESETS: dict[str, dict] = {
     "tiny-t5": {**_t5(64, 128, 2, 4, head_dim=16), "vocab_size": 256, "dropout_rate": 0.0},
     "tiny-transformer": {**_transformer_2017(64, 4, 128, 0.0), "vocab_size": 256, "max_positions": 128,
                          "encoder_layers": 2, "decoder_layers": 2},
+    "vit-base-patch16-224": _vit(768, 12, 12),
+    "vit-large-patch16-224": _vit(1024, 24, 16),
+    "clip-vit-base-patch32": _clip_vit_base_patch32(),
+    "siglip-base-patch16-224": _siglip_base_patch16_224(),
+    "siglip2-base-patch16-naflex": _siglip2_base_patch16(naflex=True),
+    "siglip2-base-patch16-224": _siglip2_base_patch16(naflex=False),
+    "llava-1.5-7b": _llava_15_7b(),
 }
 
 

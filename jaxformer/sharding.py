@@ -39,8 +39,14 @@ LAYER_AXES = ("layers", "unstaged_layers")
 # they are tiny, and gathering them would cost a collective per use.
 # A mesh axis splits at most one dimension of a parameter, the first that asks for it: MLA's latent
 # width takes FSDP where no `embed` axis does (its up-projections [latent, heads, head_dim]).
+# DeepSeek-V4: its grouped output projection splits by groups of heads over `tensor` (o_group [G, I, R], then the
+# rows of o [G * R, D], Megatron's row-parallel half), FSDP taking the group's input width; its compressors'
+# positional bias takes FSDP along the entry width, and the hyper-connections' maps along their input (n copies of
+# the hidden state).
 RULES = {"layers": "stage", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor",
-         "vocab": "tensor", "experts": "expert", "latent": "fsdp", "index_heads": "tensor"}
+         "vocab": "tensor", "experts": "expert", "latent": "fsdp", "index_heads": "tensor",
+         "out_groups": "tensor", "grouped_out": "tensor", "group_in": "fsdp", "compressed_width": "fsdp",
+         "hc_in": "fsdp"}
 
 # Mesh shapes of the named strategies on ``n`` devices; ``tensor`` (and ``expert``) take the largest
 # size that divides both ``n`` and what they split, the rest of the devices do data parallelism.

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 STD = 0.2
 _BERT = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
              max_position_embeddings=40, type_vocab_size=2, initializer_range=STD, pad_token_id=0)
@@ -157,6 +159,22 @@ _KIMI_LINEAR = dict(vocab_size=97, hidden_size=32, intermediate_size=48, moe_int
                                  "full_attention"])
 
 # name -> (config class, model class, config kwargs)
+# image towers: 30x30 images cut into nine 10x10 patches
+_IMAGE_TOWER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48, image_size=30,
+                    patch_size=10, initializer_range=STD)
+_VIT = {**_IMAGE_TOWER, "layer_norm_eps": 1e-6}
+_CLIP_TEXT = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=40, initializer_range=STD, pad_token_id=1, bos_token_id=0, eos_token_id=2)
+_SIGLIP_TEXT = {**_CLIP_TEXT, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}
+# SigLIP2 NaFlex: 4x4 patches of 3 channels (48 numbers each), a 4x4 grid of learned positions (naflex_images)
+_SIGLIP2_VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                       patch_size=4, num_patches=16, initializer_range=STD)
+# LLaVA: a CLIP tower of three layers read at its second-to-last without the class token (9 image tokens of a 30x30
+# image), the projector, a LLaMA decoder; its image placeholder is the vocabulary's last id (tests/test_llava.py feeds
+# images; the shared tests text alone)
+_LLAVA = dict(vision_config={**_IMAGE_TOWER, "model_type": "clip_vision_model", "num_hidden_layers": 3},
+              text_config={**_LLAMA, "model_type": "llama"}, image_token_index=96, image_seq_length=9,
+              initializer_range=STD)
 _DEEPSEEK_V4 = dict(vocab_size=97, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=4, num_attention_heads=4,
                     head_dim=16, q_lora_rank=24, partial_rotary_factor=0.5, num_experts_per_tok=2, n_routed_experts=4,
                     layer_types=["heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention",
@@ -375,6 +393,19 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                   "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
                                       "original_max_position_embeddings": 4, "beta_fast": 32.0, "beta_slow": 1.0,
                                       "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.5}}),
+    # Mistral Large 4's text model: a plain query, the indexer's from its input (8 heads of 12 keeping 4 keys, fewer
+    # than the test sequences hold), a dense layer then 4 expert layers, the fourth layer NoPE, the latent's norm at
+    # the model's eps (1e-5, not DeepSeek's 1e-6), yarn over 4 positions
+    # with no magnitude scaling, a softmax router scoring 4 groups of 2 by their best two; LeRoPE's alpha and the
+    # per-head log-position query scales drawn below
+    "mistral_large4": ("MistralLarge4TextConfig", "MistralLarge4TextModel",
+                       {**_DEEPSEEK_V3, "q_lora_rank": None, "num_hidden_layers": 5, "routed_scaling_factor": 1.5,
+                        "rms_norm_eps": 1e-5,
+                        "pad_token_id": 0, "index_n_heads": 8, "index_head_dim": 12, "index_topk": 4,
+                        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                                            "original_max_position_embeddings": 4, "beta_fast": 32.0,
+                                            "beta_slow": 1.0, "attention_factor": 1.0},
+                        "attn_implementation": "eager"}),
     # DeepSeek-V4: an HCA, a CSA, a window-only and a CSA layer (blocks of 4 and 2 tokens, a window of 4, the indexer
     # keeping 2 entries: the 9-token inputs pass 4 CSA blocks, so it selects), 3 residual copies, the first layer's
     # experts by token id, yarn on the compressed layers only, a SwiGLU clamp low enough to clamp. 8 indexer heads
@@ -527,7 +558,50 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
                                                          "num_ln_in_parallel_attn": 1}),
     "falcon-sequential-base": ("FalconConfig", "FalconModel", {**_FALCON, "multi_query": False, "parallel_attn": False,
                                                                 "bias": True}),
+    # image towers (fed pixel_values: IMAGE_SIZES): ViT with its pooler and with its classifier (named labels),
+    # CLIP's (no patch bias, pre-layernorm, the first token normed as pooler_output) and SigLIP's (no class token,
+    # the attention-pooling head)
+    "vit": ("ViTConfig", "ViTModel", _VIT),
+    "vit-imgcls": ("ViTConfig", "ViTForImageClassification",
+                   {**_VIT, "id2label": {"0": "circle", "1": "square", "2": "triangle"}}),
+    "clip_vision_model": ("CLIPVisionConfig", "CLIPVisionModel", _IMAGE_TOWER),
+    "siglip_vision_model": ("SiglipVisionConfig", "SiglipVisionModel", _IMAGE_TOWER),
+    # dual encoders and their text towers: CLIP's causal text model pooled at its largest id (eos_token_id 2, the
+    # legacy rule; tests/test_contrastive.py pools at a real EOS), SigLIP's pooled at the last token through its head
+    "clip_text_model": ("CLIPTextConfig", "CLIPTextModel", _CLIP_TEXT),
+    "clip_text_model-projection": ("CLIPTextConfig", "CLIPTextModelWithProjection",
+                                   {**_CLIP_TEXT, "projection_dim": 24}),
+    "clip": ("CLIPConfig", "CLIPModel", dict(text_config=_CLIP_TEXT, vision_config=_IMAGE_TOWER, projection_dim=24)),
+    "siglip_text_model": ("SiglipTextConfig", "SiglipTextModel", {**_SIGLIP_TEXT, "projection_size": 24}),
+    "siglip": ("SiglipConfig", "SiglipModel", dict(text_config=_SIGLIP_TEXT, vision_config=_IMAGE_TOWER)),
+    # SigLIP2 NaFlex: SigLIP's towers, the image one fed patched images of other grids than its positions'
+    "siglip2_vision_model": ("Siglip2VisionConfig", "Siglip2VisionModel", _SIGLIP2_VISION),
+    "siglip2_text_model": ("Siglip2TextConfig", "Siglip2TextModel", {**_SIGLIP_TEXT, "projection_size": 24}),
+    "siglip2": ("Siglip2Config", "Siglip2Model", dict(text_config=_SIGLIP_TEXT, vision_config=_SIGLIP2_VISION)),
+    "llava": ("LlavaConfig", "LlavaForConditionalGeneration", _LLAVA),
 }
+# the image a checkpoint of an image tower reads: (channels, height and width)
+IMAGE_SIZES = {name: (3, entry[2]["image_size"], entry[2]["image_size"])
+               for name, entry in CHECKPOINTS.items() if "image_size" in entry[2]}
+# dual encoders read ids and images: their image tower's
+DUAL_ENCODERS = {name for name, entry in CHECKPOINTS.items()
+                 if entry[1] in ("CLIPModel", "SiglipModel", "Siglip2Model")}
+# NaFlex image towers (SigLIP2) read patched images with their mask and grids: naflex_images
+NAFLEX = {name for name, entry in CHECKPOINTS.items() if "Siglip2" in entry[1] and "Text" not in entry[1]}
+IMAGE_SIZES.update({name: (3, CHECKPOINTS[name][2]["vision_config"]["image_size"],
+                           CHECKPOINTS[name][2]["vision_config"]["image_size"]) for name in DUAL_ENCODERS - NAFLEX})
+
+
+def naflex_images(name: str, rng: np.random.Generator, grids=((3, 5), (6, 2)), length: int = 24) -> dict:
+    """A NaFlex checkpoint's image inputs, as Siglip2ImageProcessor lays them out: one image per grid of patches
+    (rows, columns; the defaults shrink the 4x4 position grid on one axis and grow it on the other), each patch
+    flattened, padded to ``length`` patches, with the mask of the real ones (numpy arrays)."""
+    tower = CHECKPOINTS[name][2].get("vision_config", CHECKPOINTS[name][2])
+    width = 3 * tower["patch_size"] ** 2
+    shapes = np.array(grids, dtype=np.int64)
+    mask = (np.arange(length)[None] < shapes.prod(-1)[:, None]).astype(np.int32)
+    pixels = rng.uniform(-1, 1, (len(grids), length, width)).astype(np.float32) * mask[..., None]
+    return dict(pixel_values=pixels, pixel_attention_mask=mask, spatial_shapes=shapes)
 # Encoder-decoders' classification and span heads: apart from CHECKPOINTS (whose shared tests feed inputs without
 # the EOS tokens a classifier pools at); tests/test_seq2seq_heads.py runs them. T5 v1.1's gated layers for mT5.
 SEQ2SEQ_HEADS: dict[str, tuple[str, str, dict]] = {
@@ -583,6 +657,10 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
                     or n.endswith((".q_norm.weight", ".k_norm.weight"))  # (Cohere's [heads, head_dim])
                     or n.endswith("_proj_bias")):  # (DeBERTa v1's query and value biases start at zero)
                 p.add_(torch.randn_like(p) * 0.1)
+    with torch.no_grad():  # CLIP's logit scale starts at its config's value, SigLIP's scale and bias at zero
+        for n, p in model.named_parameters():
+            if n in ("logit_scale", "logit_bias"):
+                p.add_(torch.randn_like(p) * 0.5)
     with torch.no_grad():  # Gemma 4's layer_scalar buffers start at 1; give them values so the test sees them
         for n, buffer in model.named_buffers():
             if n.endswith(".layer_scalar"):
@@ -600,9 +678,18 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
                 if n.endswith("tid2eid"):
                     rows = [torch.randperm(config.n_routed_experts)[:config.num_experts_per_tok] for _ in buffer]
                     buffer.copy_(torch.stack(rows))
+    if name.startswith("mistral_large4"):  # LeRoPE's alpha and the query scales' slopes start at 0
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith(("rotary_emb.alpha", "softmax_scaling.scale")):
+                    p.add_(torch.randn_like(p) * 0.1)
     if name.startswith("kimi_linear"):  # a residual stream 4x its std-0.05 draw: the final norm then lifts both
         with torch.no_grad():           # sides' rounding 4x less (last row 2e-6 over 150 tokens, not 2e-5)
             getattr(model, "model", model).embed_tokens.weight.mul_(4.0)
+    with torch.no_grad():  # an image tower's patch projection reads C * p * p = 300 numbers: at std 0.2 it puts ViT's
+        for n, p in model.named_parameters():  # states near 13, where float32's rounding of the convolution against
+            if n.endswith(("patch_embedding.weight", "patch_embeddings.projection.weight")):  # a matmul nears 1e-5;
+                p.mul_(0.25)  # a quarter keeps them O(1)
     if name.startswith("falcon"):  # Falcon's ln_attn, ln_mlp and ln_f have no "norm" in their names
         with torch.no_grad():
             for n, p in model.named_parameters():

@@ -225,6 +225,13 @@ def _gemma4(hidden: int, layers: int, heads: int, kv: int, intermediate: int, wi
                        global_head_dim=512, final_logit_softcapping=30.0), **kw)
 
 
+def _vit(hidden: int, layers: int, heads: int) -> dict:
+    return dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=4 * hidden,
+                hidden_act="gelu", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, layer_norm_eps=1e-12,
+                image_size=224, patch_size=16, num_channels=3, qkv_bias=True,
+                id2label={str(i): f"LABEL_{i}" for i in range(1000)})
+
+
 HF_REFERENCE: dict[str, tuple[str, dict]] = {
     # --- Gemma (tied head) and T5Gemma (one table per side, the head tied to the decoder's) ---
     "gemma-2-2b": ("Gemma2ForCausalLM", _gemma(2304, 26, 8, 4, 9216, 256000)),
@@ -840,6 +847,9 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
              rope_parameters=_rope(1000000.0), index_n_heads=32, index_head_dim=128, index_topk=2048,
              tie_word_embeddings=False, pad_token_id=154820, eos_token_id=[154820, 154827, 154829]),
     ),
+    # Mistral Large 4: MistralLarge4Config's defaults (its docstring names mistralai/Mistral-Large-4-1T-A52B): the
+    # text model and its head (the only class with one is the wrapper; its vision tower is not counted)
+    "mistral-large-4": ("MistralLarge4ForConditionalGeneration", dict(text_config=dict(pad_token_id=11))),
     # Mistral Small 4: Mistral4Config's defaults (its docstring names mistralai/Mistral-Small-4-119B-2603)
     "mistral-small-4-119b": (
         "Mistral4ForCausalLM",
@@ -848,6 +858,37 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
              n_routed_experts=128, num_experts_per_tok=4, kv_lora_rank=256, q_lora_rank=1024, qk_rope_head_dim=64,
              v_head_dim=128, qk_nope_head_dim=64, first_k_dense_replace=0, tie_word_embeddings=False),
     ),
+    # --- ViT: google/vit-{base,large}-patch16-224's config.json (ImageNet-1k classifiers) ---
+    "vit-base-patch16-224": ("ViTForImageClassification", _vit(768, 12, 12)),
+    "vit-large-patch16-224": ("ViTForImageClassification", _vit(1024, 24, 16)),
+    # --- CLIP and SigLIP: openai/clip-vit-base-patch32's and google/siglip-base-patch16-224's config.json ---
+    "clip-vit-base-patch32": ("CLIPModel", dict(
+        text_config=dict(vocab_size=49408, hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
+                         num_attention_heads=8, max_position_embeddings=77, hidden_act="quick_gelu",
+                         layer_norm_eps=1e-5, pad_token_id=1, bos_token_id=0, eos_token_id=2),
+        vision_config=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                           image_size=224, patch_size=32, hidden_act="quick_gelu", layer_norm_eps=1e-5),
+        projection_dim=512, logit_scale_init_value=2.6592)),
+    "siglip-base-patch16-224": ("SiglipModel", dict(
+        text_config=dict(vocab_size=32000, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                         num_attention_heads=12, max_position_embeddings=64, hidden_act="gelu_pytorch_tanh",
+                         layer_norm_eps=1e-6, pad_token_id=1),
+        vision_config=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                           image_size=224, patch_size=16, hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6))),
+    # --- SigLIP2: google/siglip2-base-patch16-naflex's (a siglip2 file) and -224's (a siglip file) config.json ---
+    "siglip2-base-patch16-naflex": ("Siglip2Model", dict(
+        text_config=dict(model_type="siglip2_text_model", vocab_size=256000),
+        vision_config=dict(model_type="siglip2_vision_model", num_patches=256))),
+    "siglip2-base-patch16-224": ("SiglipModel", dict(
+        text_config=dict(model_type="siglip_text_model", vocab_size=256000),
+        vision_config=dict(model_type="siglip_vision_model"))),
+    # --- LLaVA: llava-hf/llava-1.5-7b-hf's config.json (CLIP ViT-L/14-336, Vicuna-7B v1.5) ---
+    "llava-1.5-7b": ("LlavaForConditionalGeneration", dict(
+        text_config=dict(model_type="llama", max_position_embeddings=4096, rms_norm_eps=1e-5, vocab_size=32064),
+        vision_config=dict(model_type="clip_vision_model", hidden_size=1024, image_size=336, intermediate_size=4096,
+                           num_attention_heads=16, num_hidden_layers=24, patch_size=14, projection_dim=768),
+        image_token_index=32000, pad_token_id=32001, projector_hidden_act="gelu", vision_feature_layer=-2,
+        vision_feature_select_strategy="default", tie_word_embeddings=False)),
 }
 
 
@@ -880,6 +921,10 @@ def hf_param_count(name: str) -> int:
 
     # XLNet's two-stream query embedding (mask_emb, d_model numbers) serves permutation pretraining only;
     # jaxformer runs the content stream and does not hold it. Marian's and Pegasus' sinusoid tables are frozen
-    # parameters (requires_grad False, as M2M-100's are buffers): computed here, not held, so not counted.
+    # parameters (requires_grad False, as M2M-100's are buffers): computed here, not held, so not counted. A
+    # multimodal wrapper's vision tower and projector (Mistral Large 4's): jaxformer builds its text model; LLaVA's
+    # it builds whole.
+    text_only = model_cls_name != "LlavaForConditionalGeneration"
     return sum(p.numel() for n, p in model.named_parameters()
-               if not n.endswith("mask_emb") and (p.requires_grad or not n.endswith("embed_positions.weight")))
+               if not n.endswith("mask_emb") and (p.requires_grad or not n.endswith("embed_positions.weight"))
+               and not (text_only and n.startswith(("model.vision_tower.", "model.multi_modal_projector."))))

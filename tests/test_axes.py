@@ -16,8 +16,9 @@ from conftest import TINY, tiny_config, tiny_model
 
 AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers", "unstaged_layers", "experts",
               "positions", "types", "buckets", "labels", "latent", "segments", "index_heads", "index_head_dim",
-              "embedding", "relative", "conv_width", "conv_in", "conv_channels",
+              "embedding", "relative", "conv_width", "conv_in", "conv_channels", "rotary_frequencies",
               "scalar",
+              "patch",  # an image tower's flattened patch (channels x patch x patch), the patch projection's input
               # DeepSeek-V4: hyper-connections, the grouped output projection, compressors, hash routing
               "hc_in", "hc_mix", "hc_scales", "hc_streams", "out_groups", "group_in", "out_rank", "grouped_out",
               "compressed_width", "block_positions", "experts_per_token"}
@@ -75,7 +76,7 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
     linear = cfg.linear_attention  # (Qwen3-Next's linear layers: key heads serving groups of value heads)
     own = {k for k in (f["full_kv_heads"],) if k}, {d for d in (f["full_head_dim"],) if d}  # Gemma 4's full layers
     return {
-        "embed": {cfg.d_model}, "embed_out": {cfg.d_model},
+        "embed": {cfg.d_model}, "embed_out": {cfg.d_model, f["pooled_projection"]},  # (SigLIP's text head)
         "heads": {cfg.num_heads} | ({linear.value_heads} if linear else set()),
         "kv_heads": {cfg.kv_heads} | ({linear.key_heads} if linear else set()) | own[0],
         "head_dim": {cfg.head_dim_} | ({cfg.head_dim_ + f["rope_head_dim"], cfg.value_dim} if cfg.mla else set())
@@ -94,6 +95,8 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
         # factorised embeddings (ALBERT, ELECTRA); Gemma 4's per-layer inputs, one slice or every layer's
         "embedding": {f["embedding_size"], f["per_layer_input_size"], f["per_layer_input_size"] * cfg.decoder_layers},
         "scalar": {1},  # Gemma 4's stored per-layer output scale
+        "rotary_frequencies": {cfg.rope_dim // 2} if cfg.rotary is not None else set(),  # LeRoPE's learned scales
+        "patch": {cfg.patches.channels * cfg.patches.patch_size ** 2} if cfg.patches else set(),
         # DeBERTa: the relative-position table's rows, v2's convolution
         "relative": {2 * cfg.disentangled.span(cfg.max_positions)} if cfg.disentangled else set(),
         "conv_width": {f["conv_kernel_size"]} | ({linear.conv_kernel} if linear else set()),
@@ -118,6 +121,24 @@ def _compressed_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
 
 def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], object]]) -> None:
     """``flat``: parameter path -> (shape, axes metadata)."""
+    if cfg.family == "dual_encoder":  # each tower against its own config; then what joins them, widths of either
+        towers = {"text": cfg.vision.text_tower(cfg), "vision": cfg.vision.tower}
+        for name, tower in towers.items():
+            _check_axes(tower, {path[1:]: value for path, value in flat.items() if path[0] == name})
+        widths = {cfg.d_model, cfg.head_options.pooled_projection, cfg.vision.tower.d_model, cfg.vision.projection}
+        for path, (shape, axes) in flat.items():
+            if path[0] not in towers:
+                assert len(axes) == len(shape) and set(axes) <= {"embed", "embed_out"}, f"{path}: {axes}"
+                assert set(shape) <= widths, f"{path}: shape {shape}, widths {widths}"
+        return
+    if cfg.family == "decoder" and cfg.vision is not None:  # a decoder reading images: its tower, its projector
+        _check_axes(cfg.vision.tower, {path[1:]: value for path, value in flat.items() if path[0] == "vision"})
+        widths = {cfg.d_model, cfg.vision.tower.d_model * len(cfg.vision.feature_layers)}
+        for path, (shape, axes) in flat.items():
+            if path[0] == "projector":
+                assert len(axes) == len(shape) and set(axes) <= {"embed", "embed_out"}, f"{path}: {axes}"
+                assert set(shape) <= widths, f"{path}: shape {shape}, widths {widths}"
+        flat = {path: value for path, value in flat.items() if path[0] not in ("vision", "projector")}
     sizes = _expected_sizes(cfg)
     # each block group holds as many layers as the layer plan places in it (ALBERT's shared group: one)
     stack_layers = {(stack, group): plan.count(group) for stack, plan in stack_plans(cfg).items() for group in GROUPS}

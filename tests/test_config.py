@@ -60,7 +60,8 @@ INVALID = [
     _invalid("encoder_decoder", dict(decoder_layers=0), "decoder_layers", "0", "encoder_decoder"),
     _invalid("decoder", dict(decoder_layers=-1), "decoder_layers", "-1"),
     # attention pattern vs family
-    _invalid("encoder", dict(attention="causal"), "attention", "causal", "encoder"),
+    _invalid("encoder", dict(attention="prefix"), "attention", "prefix", "encoder"),
+    _invalid("encoder", dict(attention="causal"), "attention", "causal", "pooled_token"),  # (but a text tower)
     _invalid("decoder", dict(attention="bidirectional"), "attention", "bidirectional", "decoder"),
     _invalid("encoder_decoder", dict(attention="prefix"), "attention", "prefix", "encoder_decoder"),
     # heads vs family

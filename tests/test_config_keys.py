@@ -19,6 +19,8 @@ from jaxformer.interop.hf import config_from_hf  # noqa: E402
 from jaxformer.interop.registry import BY_MODEL_TYPE  # noqa: E402
 from jaxformer.interop.rules import GENERATION_KEYS, HARMLESS  # noqa: E402
 
+from hf_factory import DUAL_ENCODERS, IMAGE_SIZES, NAFLEX, naflex_images  # noqa: E402
+
 # One tiny checkpoint per model_type, with its LM head where it has one (hf_factory's names).
 CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "albert-mlm",
                "electra": "electra-generator", "modernbert": "modernbert-mlm", "deberta": "deberta-mlm",
@@ -38,7 +40,13 @@ CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "al
                "big_bird": "big_bird-mlm", "bigbird_pegasus": "bigbird_pegasus",
                "phimoe": "phimoe", "qwen3_next": "qwen3_next", "qwen3_5_text": "qwen3_5",
                "qwen3_5_moe_text": "qwen3_5_moe", "mistral4": "mistral4", "kimi_linear": "kimi_linear",
-               "deepseek_v4": "deepseek-v4"}
+               "deepseek_v4": "deepseek-v4", "mistral_large4_text": "mistral_large4"}
+CHECKPOINTS.update(vit="vit-imgcls", clip_vision_model="clip_vision_model", siglip_vision_model="siglip_vision_model")
+CHECKPOINTS.update(clip="clip", clip_text_model="clip_text_model", siglip="siglip",
+                   siglip_text_model="siglip_text_model")
+CHECKPOINTS.update(siglip2="siglip2", siglip2_text_model="siglip2_text_model",
+                   siglip2_vision_model="siglip2_vision_model")
+CHECKPOINTS["llava"] = "llava"
 # Changed string values: another valid choice where the key has choices, so the change means something.
 OTHER_STRING = {"gelu": "relu", "relu": "gelu", "silu": "gelu", "gelu_new": "relu", "gelu_pytorch_tanh": "silu",
                 "float32": "bfloat16", "gated-gelu": "relu", "absolute": "relative_key", "uni": "bi",
@@ -105,9 +113,13 @@ def _torch_logits(arch: str, hf: dict, source, folder, ids, encoder_decoder: boo
         if info["unexpected_keys"] or (tied is not None and missing != tied):
             return None
         with torch.no_grad():
-            out = model.eval()(input_ids=ids, **({"decoder_input_ids": ids} if encoder_decoder else {}))
+            # (an image tower's: pixels; a dual encoder's: both, as a dict)
+            inputs = ids if isinstance(ids, dict) else {"pixel_values": ids} if ids.dim() == 4 else {"input_ids": ids}
+            out = model.eval()(**inputs, **({"decoder_input_ids": ids} if encoder_decoder else {}))
     except Exception:  # noqa: BLE001 - whatever transformers refuses is no file a user has
         return REFUSED
+    if hasattr(out, "logits_per_image"):
+        return out.logits_per_image.numpy(), missing
     return (out.logits if hasattr(out, "logits") else out.last_hidden_state).numpy(), missing
 
 
@@ -122,6 +134,8 @@ COVERED_BY["gemma4"] = "gemma4_text"
 COVERED_BY.update(qwen3_5="qwen3_5_text", qwen3_5_moe="qwen3_5_moe_text")
 # Mistral 3's multimodal files: their text_config is mistral's or mistral4's (tests/test_mistral3.py loads both)
 COVERED_BY["mistral3"] = "mistral"
+# Mistral Large 4's multimodal file: its text_config is mistral_large4_text's (tests/test_mistral_large4.py loads it)
+COVERED_BY["mistral_large4"] = "mistral_large4_text"
 
 
 @pytest.mark.parametrize("model_type", sorted(CHECKPOINTS))
@@ -131,6 +145,17 @@ def test_every_key_is_read_refused_or_harmless(model_type, checkpoints, tmp_path
     hf = json.loads((source / "config.json").read_text())
     arch = hf["architectures"][0]
     ids = torch.as_tensor(np.random.default_rng(0).integers(3, 90, (1, 9)))
+    if CHECKPOINTS[model_type] in IMAGE_SIZES:
+        pixels = torch.as_tensor(np.random.default_rng(0).standard_normal((1, *IMAGE_SIZES[CHECKPOINTS[model_type]])),
+                                 dtype=torch.float32)
+        ids = dict(input_ids=ids, pixel_values=pixels) if CHECKPOINTS[model_type] in DUAL_ENCODERS else pixels
+    if CHECKPOINTS[model_type] in NAFLEX:  # patched images with their mask and grids
+        images = {key: torch.as_tensor(value) for key, value in naflex_images(CHECKPOINTS[model_type],
+                                                                              np.random.default_rng(0)).items()}
+        ids = dict(input_ids=ids.expand(2, -1), **images) if CHECKPOINTS[model_type] in DUAL_ENCODERS else images
+    if model_type == "llava":  # a decoder reading images: one image's 9 placeholders (id 96) among the ids
+        pixels = torch.as_tensor(np.random.default_rng(0).standard_normal((1, 3, 30, 30)), dtype=torch.float32)
+        ids = dict(input_ids=torch.cat([ids[:, :2], torch.full((1, 9), 96), ids[:, 2:]], 1), pixel_values=pixels)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         baseline = config_from_hf(hf)

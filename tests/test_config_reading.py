@@ -90,6 +90,9 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "deepseek_v32": dict(_DEEPSEEK, index_n_heads=2, index_head_dim=16, n_group=1, topk_group=1),
          "glm_moe_dsa": dict(_DEEPSEEK, index_n_heads=2, index_head_dim=16, q_lora_rank=20),
          "mistral4": _DEEPSEEK,
+         # Mistral Large 4: its indexer made tiny too, five layers (the fourth NoPE by the class's interval of 4)
+         "mistral_large4_text": dict(_DEEPSEEK, index_n_heads=2, index_head_dim=16),
+         "mistral_large4": dict(text_config=dict(_DEEPSEEK, index_n_heads=2, index_head_dim=16)),
          # DeepSeek-V4: heads, ranks, experts and the indexer made tiny (its class gives 512-wide heads)
          "deepseek_v4": dict(_SIZES, num_hidden_layers=4, head_dim=16, q_lora_rank=24, intermediate_size=16,
                              moe_intermediate_size=16,
@@ -115,7 +118,23 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          # Qwen3-Next and Qwen3.5: the linear layers' heads made tiny too
          **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"), _QWEN3_NEXT),
          **{wrapper: dict(text_config=_QWEN3_NEXT) for wrapper in ("qwen3_5", "qwen3_5_moe")},
+         # CLIP's text model pools at its EOS id, which must lie in the vocabulary (the class's 49407 does not)
+         "clip_text_model": dict(_SIZES, eos_token_id=2),
+         **{dual: dict(text_config=dict(_SIZES, eos_token_id=2), vision_config=dict(
+             {k: v for k, v in _SIZES.items() if k != "vocab_size"}, image_size=30, patch_size=10))
+            for dual in ("clip", "siglip")},
+         # image towers: no vocabulary, a 3 x 3 patch grid
+         **dict.fromkeys(("vit", "clip_vision_model", "siglip_vision_model"), dict(
+             {k: v for k, v in _SIZES.items() if k != "vocab_size"}, image_size=30, patch_size=10)),
+         # SigLIP2's NaFlex tower: no vocabulary, a 4 x 4 grid of positions
+         "siglip2_vision_model": dict({k: v for k, v in _SIZES.items() if k != "vocab_size"}, num_patches=16,
+                                      patch_size=4),
+         "siglip2": dict(text_config=_SIZES, vision_config=dict(
+             {k: v for k, v in _SIZES.items() if k != "vocab_size"}, num_patches=16, patch_size=4)),
          "mistral3": dict(text_config=dict(_SIZES, num_key_value_heads=2, head_dim=8)),  # Mistral Small 3.1's text
+         # LLaVA: a LLaMA text model, a CLIP tower of a 3 x 3 patch grid, the image placeholder in the vocabulary
+         "llava": dict(text_config=dict(_SIZES, num_key_value_heads=2), image_token_index=96, vision_config=dict(
+             {k: v for k, v in _SIZES.items() if k != "vocab_size"}, image_size=30, patch_size=10)),
          **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "glm", "glm4", "gemma2",
                           "gemma3_text"),
                          dict(_SIZES, num_key_value_heads=2, head_dim=8))}

@@ -28,6 +28,8 @@ CASES = {name: cfg.replace(init_std=0.1) for name, cfg in dict(DRAFTING_CASES, *
     "llama-int8": jf.config("tiny-llama").replace(quantize="int8"),
     # its layers live in groups of their kinds (no 'blocks'): the copy must still count as sliced out
     "deepseek-v4-groups": CACHE_CASES["deepseek-v4"],
+    # Mistral Large 4's NoPE layers: a block group of their own shapes between rotary expert layers
+    "mistral-large4": CACHE_CASES["mistral-large4"],
 }).items()}
 
 

@@ -147,6 +147,8 @@ OLD_PRESET_TARGETS = {
     "deepseek-v3.2": ("deepseek_v32", "DeepseekV32ForCausalLM"),
     "glm-5": ("glm_moe_dsa", "GlmMoeDsaForCausalLM"),  # added with its architecture (issue 50 row 5)
     "mistral-small-4-119b": ("mistral4", "Mistral4ForCausalLM"),  # added with its architecture (issue 50 row 5)
+    # (issue 50 row 5) no type holds it: only the multimodal wrapper has a head, and a wrapper is never written
+    "mistral-large-4": None,
     "mistral-small-3.1-24b": ("llama", "LlamaForCausalLM"),  # (no window: LLaMA holds it; a loaded one stays mistral)
     "deepseek-v4-flash": ("deepseek_v4", "DeepseekV4ForCausalLM"),  # added with its architecture (issue 50 row 1)
     "deepseek-v4-pro": ("deepseek_v4", "DeepseekV4ForCausalLM"),
@@ -175,6 +177,13 @@ OLD_PRESET_TARGETS = {
     "tiny-t5gemma": ("t5gemma", "T5GemmaForConditionalGeneration"),
     "tiny-t5": ("t5", "T5ForConditionalGeneration"),
     "tiny-transformer": None,
+    "vit-base-patch16-224": ("vit", "ViTForImageClassification"),
+    "vit-large-patch16-224": ("vit", "ViTForImageClassification"),
+    "clip-vit-base-patch32": ("clip", "CLIPModel"),
+    "siglip-base-patch16-224": ("siglip", "SiglipModel"),
+    "siglip2-base-patch16-naflex": ("siglip2", "Siglip2Model"),
+    "siglip2-base-patch16-224": ("siglip", "SiglipModel"),  # (SigLIP2's fixed-resolution files are SigLIP's)
+    "llava-1.5-7b": ("llava", "LlavaForConditionalGeneration"),
 }
 # checkpoint -> (its target, its target when loaded from its own file: hf_target's prefer)
 OLD_CHECKPOINT_TARGETS = {
@@ -265,6 +274,7 @@ OLD_CHECKPOINT_TARGETS = {
     "deepseek-v32": _twice("deepseek_v32", "DeepseekV32ForCausalLM"),
     "glm_moe_dsa": _twice("glm_moe_dsa", "GlmMoeDsaForCausalLM"),
     "mistral4": _twice("mistral4", "Mistral4ForCausalLM"),
+    "mistral_large4": _twice("mistral_large4_text", "MistralLarge4TextModel"),
     "deepseek-v4": _twice("deepseek_v4", "DeepseekV4ForCausalLM"),
     "deepseek-v4-base": _twice("deepseek_v4", "DeepseekV4Model"),
     "t5": _twice("t5", "T5ForConditionalGeneration"),
@@ -334,6 +344,20 @@ OLD_CHECKPOINT_TARGETS = {
     "falcon-11b-base": _twice("falcon", "FalconModel"),
     # one norm per sublayer, one after the other, biases everywhere: StarCoder2's layers without its window
     "falcon-sequential-base": (("starcoder2", "Starcoder2Model"), ("falcon", "FalconModel")),
+    "vit": _twice("vit", "ViTModel"),
+    "vit-imgcls": _twice("vit", "ViTForImageClassification"),
+    "clip_vision_model": _twice("clip_vision_model", "CLIPVisionModel"),
+    "siglip_vision_model": _twice("siglip_vision_model", "SiglipVisionModel"),
+    "clip_text_model": _twice("clip_text_model", "CLIPTextModel"),
+    "clip_text_model-projection": _twice("clip_text_model", "CLIPTextModelWithProjection"),
+    "clip": _twice("clip", "CLIPModel"),
+    "siglip_text_model": _twice("siglip_text_model", "SiglipTextModel"),
+    "siglip": _twice("siglip", "SiglipModel"),
+    "siglip2_vision_model": _twice("siglip2_vision_model", "Siglip2VisionModel"),
+    # SigLIP2's text model is SigLIP's: a fresh export is written as SigLIP's, a model loaded from its file as it came
+    "siglip2_text_model": (("siglip_text_model", "SiglipTextModel"), ("siglip2_text_model", "Siglip2TextModel")),
+    "siglip2": _twice("siglip2", "Siglip2Model"),
+    "llava": _twice("llava", "LlavaForConditionalGeneration"),
     "cohere": _twice("cohere", "CohereForCausalLM"),
     "cohere-qk-norm": _twice("cohere", "CohereForCausalLM"),
     "cohere-base": _twice("cohere", "CohereModel"),

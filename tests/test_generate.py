@@ -8,6 +8,7 @@ import pytest
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 import jaxformer as jf
 from jaxformer import generate as gen
@@ -38,6 +39,15 @@ CACHE_CASES = {
     # softmax router scoring its 4 groups by their best two
     "mistral4": _decoder_case("tiny-deepseek", query_position_scale=0.5, query_position_span=2, router_score="softmax",
                               router_bias=False, router_group_score="best_two"),
+    # Mistral Large 4: a plain query, the indexer's from its input (3 keys per query), a NoPE expert layer (its cache
+    # slots padded to the rotary layers' width) between rotary ones, LeRoPE, the per-head log-position query scales
+    # (drawn off their identity init by _off_identity, so a step reading a wrong position shows)
+    "mistral-large4": _decoder_case("tiny-deepseek", decoder_layers=4, q_lora_rank=None, index_heads=2,
+                                    index_head_dim=16, index_topk=3, index_rope_interleave=True,
+                                    index_query_from_input=True, query_log_position_scale=True,
+                                    rope_learned_frequencies=True, rope_interleave=True, nope_layers=(2,),
+                                    latent_norm_eps=1e-5, router_score="softmax", router_bias=False,
+                                    router_group_score="best_two"),
     # gpt-oss: sinks in every softmax, sliding (window 2) and full layers, biased experts, the clamped SwiGLU
     "gpt-oss": _decoder_case("tiny-mixtral", attention="alternating", window_size=2, layer_types=("sliding", "full"),
                              attention_sinks=True, qkv_bias=True, out_bias=True, expert_bias=True,
@@ -123,12 +133,25 @@ CACHE_CASES = {
 }
 
 
+def _off_identity(model):
+    """The parameters that start where they change nothing (Mistral Large 4's log-position query scales, LeRoPE's
+    frequency scale) moved off it, so that a cached step skipping them or reading a wrong position differs."""
+    state = nnx.state(model, nnx.Param)
+    rng = np.random.default_rng(5)
+    names = ("log_position_scale", "log_position_bias", "rope_log_scale")
+    moved = jax.tree_util.tree_map_with_path(
+        lambda path, a: a + 0.2 * rng.standard_normal(a.shape).astype(a.dtype)
+        if any(getattr(k, "key", None) in names for k in path) else a, state)
+    nnx.update(model, moved)
+    return model
+
+
 @pytest.mark.parametrize("case", sorted(CACHE_CASES))
 def test_cache_equals_no_cache(case):
     """Prefill 3 tokens with the family's step, then step one token at a time: each step's logits
     equal the full forward's."""
     cfg = CACHE_CASES[case]
-    model = jf.build(cfg, seed=1)
+    model = _off_identity(jf.build(cfg, seed=1))
     rng = np.random.default_rng(0)
     B, T, prefill = 2, 9, 3
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)), jnp.int32)

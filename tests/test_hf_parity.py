@@ -13,7 +13,7 @@ import jaxformer as jf  # noqa: E402
 from jaxformer.compare import compare, format_table, reference_model  # noqa: E402
 from jaxformer.interop.files import TensorFiles  # noqa: E402
 
-from hf_factory import CHECKPOINTS, save_checkpoint  # noqa: E402
+from hf_factory import CHECKPOINTS, DUAL_ENCODERS, IMAGE_SIZES, NAFLEX, naflex_images, save_checkpoint  # noqa: E402
 
 TOLERANCE = 1e-5
 
@@ -37,6 +37,24 @@ def padded_batch(name: str, rng: np.random.Generator, length: int = 9):
     return ids, mask, (token_types if typed else None)
 
 
+def model_inputs(name: str, rng: np.random.Generator) -> dict:
+    """compare()'s inputs of a checkpoint: two images drawn from ``rng`` for an image tower, padded_batch's for a
+    text model, both for a dual encoder (a NaFlex tower's: two patched images of other grids, padded)."""
+    images = {}
+    if name in NAFLEX:
+        images = naflex_images(name, rng)
+        if name not in DUAL_ENCODERS:
+            return dict(input_ids=None, **images)
+    elif name in IMAGE_SIZES:
+        # (in [-1, 1], what a processor's normalization gives: N(0, 1) draws put ViT's states near 13, where
+        # float32's rounding of a convolution against a matmul alone reaches 1e-5)
+        images = dict(pixel_values=rng.uniform(-1, 1, (2, *IMAGE_SIZES[name])).astype(np.float32))
+        if name not in DUAL_ENCODERS:
+            return dict(input_ids=None, **images)
+    ids, mask, token_types = padded_batch(name, rng)
+    return dict(input_ids=ids, attention_mask=mask, token_type_ids=token_types, **images)
+
+
 def _read_config(folder):
     import json
     import warnings
@@ -51,12 +69,12 @@ def _read_config(folder):
 @pytest.mark.parametrize("name", sorted(CHECKPOINTS))
 def test_every_layer_matches_transformers(name, checkpoints):
     path = checkpoints(name)
-    ids, mask, token_types = padded_batch(name, np.random.default_rng(0))
-    rows = compare(path, ids, mask, token_type_ids=token_types)
+    rows = compare(path, **model_inputs(name, np.random.default_rng(0)))
     assert len(rows) >= 4, "expected embeddings, every layer and the outputs"
     # output_attentions: every layer's probabilities are compared too (self; encoder-decoders: encoder,
     # decoder and cross), so a reference that stopped returning them would fail here, not pass quietly
-    layers = [r for r in rows if r.name.startswith(("layer ", "encoder layer ", "decoder "))
+    layers = [r for r in rows if r.name.startswith(("layer ", "encoder layer ", "decoder ", "text layer ",
+                                                    "vision layer "))
               and r.name.rsplit(" ", 1)[-1].isdigit() and "attention" not in r.name]
     cross = sum(r.name.startswith("decoder ") for r in layers)
     # (a linear-attention layer, Qwen3-Next's, has no attention probabilities, in transformers either)
@@ -89,8 +107,7 @@ def test_round_trip_is_bit_exact_and_transformers_reloads_it(name, checkpoints, 
     for tensor in after.names:
         a, b = before.get(tensor), after.get(tensor)
         assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), tensor
-    ids, mask, token_types = padded_batch(name, np.random.default_rng(2))
-    rows = compare(tmp_path, ids, mask, token_type_ids=token_types, model=model)
+    rows = compare(tmp_path, **model_inputs(name, np.random.default_rng(2)), model=model)
     assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
 
 

@@ -6,8 +6,7 @@ fine-tune starts from the file and learns. Parity of every layer and the bit-exa
 are in test_hf_parity.py, every key changed one at a time in test_config_keys.py, the preset's count against
 transformers' in test_presets.py, the position scale across cached steps in test_generate.py's CACHE_CASES.
 
-Mistral Large 4 (``mistral_large4``, ``mistral_large4_text``) is not read: loading one is refused by its
-model_type."""
+Mistral Large 4 (``mistral_large4``, ``mistral_large4_text``) is tested in test_mistral_large4.py."""
 
 from __future__ import annotations
 
@@ -69,12 +68,6 @@ _ROPE = PUBLISHED["rope_parameters"]
 def test_a_setting_jaxformer_cannot_honour_is_refused_by_name(changes, message):
     with pytest.raises(ValueError, match=message):
         config_from_hf({**PUBLISHED, **changes})
-
-
-@pytest.mark.parametrize("model_type", ["mistral_large4", "mistral_large4_text"])
-def test_mistral_large_4_is_refused_by_model_type(model_type):
-    with pytest.raises(ValueError, match=model_type):
-        config_from_hf({"model_type": model_type, "hidden_size": 32})
 
 
 def test_generation_is_token_identical_to_transformers(checkpoints):

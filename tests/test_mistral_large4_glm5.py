@@ -6,7 +6,7 @@ the file and learns. Parity of every layer and the bit-exact round trip of the t
 test_hf_parity.py, every key changed one at a time in test_config_keys.py, the preset's count against
 transformers' in test_presets.py, the cached indexer keys in test_generate.py's CACHE_CASES.
 
-Mistral Large 4 and Mistral Small 4 are tested in test_mistral4.py."""
+Mistral Small 4 is tested in test_mistral4.py, Mistral Large 4 in test_mistral_large4.py."""
 
 from __future__ import annotations
 

@@ -270,7 +270,7 @@ def test_a_pipeline_refuses_what_it_cannot_split_before_anything_compiles():
     with pytest.raises(ValueError, match=r"groups of mesh.stage=4: train.microbatches=6 must be a multiple"):
         check_schedule(8, 12, 4, 2, 6)
     maverick = jf.config("tiny-mixtral").replace(decoder_layers=4, moe_layer_step=2)
-    for cfg, reason in ((maverick, "interleave with its expert layers"), (jf.config("tiny-transformer-xl"),
+    for cfg, reason in ((maverick, "block group 'dense_blocks' interleave"), (jf.config("tiny-transformer-xl"),
                                                                            "segment memory")):
         with pytest.raises(ValueError, match=f"mesh.stage=2: decoder cannot run as a pipeline: .*{reason}"):
             check_pipeline_stacks(nnx.eval_shape(lambda cfg=cfg: jf.build(cfg)), 2, 8)

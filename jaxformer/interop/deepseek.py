@@ -58,8 +58,9 @@ def indexed_dense_layers(hf: dict, model_type: str) -> int:
 
 
 def latent_decoder(hf: dict, model_type: str, arch: str, experts: int, rope: tuple) -> dict[str, Any]:
-    """The fields DeepSeek-style files (V2, V3, V3.2, GLM-5, Mistral 4) set alike: latent attention's shapes, the
-    pre-norm RMSNorm decoder, the experts' sizes; the caller adds its rotary layout, dense layers and router.
+    """The fields DeepSeek-style files (V2, V3, V3.2, GLM-5, Mistral Small 4 and Large 4) set alike: latent
+    attention's shapes, the pre-norm RMSNorm decoder, the experts' sizes; the caller adds its rotary layout, dense
+    layers and router.
     ``rope``: (rope_theta, rope_scaling) as the file gives them."""
     heads = hf["num_attention_heads"]
     # Latent attention expands keys and values for every head; transformers' attention still repeats them
@@ -73,7 +74,7 @@ def latent_decoder(hf: dict, model_type: str, arch: str, experts: int, rope: tup
     return dict(
         family="decoder", d_model=hf["hidden_size"], num_heads=heads, head_dim=hf["qk_nope_head_dim"],
         rope_head_dim=hf["qk_rope_head_dim"], v_head_dim=hf["v_head_dim"], kv_lora_rank=hf["kv_lora_rank"],
-        q_lora_rank=hf["q_lora_rank"], d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"],
+        q_lora_rank=hf.get("q_lora_rank"), d_ff=hf["intermediate_size"], decoder_layers=hf["num_hidden_layers"],
         norm="rmsnorm", norm_eps=hf["rms_norm_eps"], norm_bias=False,
         activation=activation(hf["hidden_act"], True, model_type), position="rope", rope_theta=theta,
         rope_scaling=scaling, max_positions=hf["max_position_embeddings"], attention="causal", qkv_bias=False,
@@ -167,6 +168,15 @@ def latent_rules(cfg: ModelConfig, A: tuple[str, ...], a: str) -> list[Rule]:
                   heads_in(A + ("q_up",), f"{a}.q_b_proj.weight", N, Hq)]
 
 
+def indexer_rules(cfg: ModelConfig, I: tuple[str, ...], i: str) -> list[Rule]:
+    """DeepSeek-V3.2's lightning indexer's tensors (GLM-5's, Mistral Large 4's): its query and key projections,
+    the keys' LayerNorm and the heads' weights, under ``i`` (its module's name) at ``I`` (its path)."""
+    return [heads_in(I + ("wq",), f"{i}.wq_b.weight", cfg.indexer.heads, cfg.indexer.head_dim),
+            linear(I + ("wk",), f"{i}.wk.weight"),
+            copy(I + ("k_norm_scale",), f"{i}.k_norm.weight"), copy(I + ("k_norm_bias",), f"{i}.k_norm.bias"),
+            linear(I + ("wproj",), f"{i}.weights_proj.weight")]
+
+
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
     p = prefix
     layer = f"{p}layers.{{i}}"
@@ -177,12 +187,7 @@ def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[li
         out = [copy(S + ("attn_norm", "scale"), f"{layer}.input_layernorm.weight"),
                copy(S + ("mlp_norm", "scale"), f"{layer}.post_attention_layernorm.weight"), *latent_rules(cfg, A, a)]
         if cfg.indexer is not None:
-            I = A + ("indexer",)
-            out += [heads_in(I + ("wq",), f"{a}.indexer.wq_b.weight", cfg.indexer.heads, cfg.indexer.head_dim),
-                    linear(I + ("wk",), f"{a}.indexer.wk.weight"),
-                    copy(I + ("k_norm_scale",), f"{a}.indexer.k_norm.weight"),
-                    copy(I + ("k_norm_bias",), f"{a}.indexer.k_norm.bias"),
-                    linear(I + ("wproj",), f"{a}.indexer.weights_proj.weight")]
+            out += indexer_rules(cfg, A + ("indexer",), f"{a}.indexer")
         mlp = S + ("mlp",)
         if not moe:
             return out + [linear(mlp + ("wi_gate",), f"{m}.gate_proj.weight"), linear(mlp + ("wi",), f"{m}.up_proj.weight"),

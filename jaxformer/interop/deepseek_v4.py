@@ -15,7 +15,11 @@ id (``tid2eid``, an integer tensor of the file).
 Files may spell the schedule the older way the config class folds in: ``compress_ratios`` (0 / 4 / 128 per layer),
 ``compress_rate_csa`` / ``compress_rate_hca``, ``num_hash_layers``, ``qk_rope_head_dim``, and a flat yarn
 ``rope_parameters`` (or ``rope_scaling``) that only the compressed layers apply (with attention_factor 1 unless
-given); transformers 5 writes the nested ``rope_parameters`` {"main", "compress"}.
+given); transformers 5 writes the nested ``rope_parameters`` {"main", "compress"}. DeepSeek's published files name
+the tensors as ``rules`` does with no prefix (``embed.weight``, ``layers.N.attn.wq_a.weight``, ``hc_head_fn``,
+``head.weight``), store the Linear weights in FP8 blocks with ``W.scale`` beside ``W.weight`` and the experts packed
+as FP4 (top-level ``expert_dtype`` 'fp4'): jaxformer/interop/fp8.py decodes both, as transformers' dequantizing
+loader does.
 """
 
 from __future__ import annotations
@@ -130,6 +134,10 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
         # (the config class's attribute_map: the alias sets the other key, whichever the file spells)
         refuse(hf.get(alias) not in (None, hf[name]), f"deepseek_v4: {alias}={hf.get(alias)!r} and {name}={hf[name]!r} "
                f"differ; its config class reads {alias} as {name}, so the file is ambiguous")
+    # (V4's files give the experts' FP8 / FP4 storage here, folded into quantization_config by the config class; the
+    # tensors' stored dtypes say it to the decoder, interop/fp8.py)
+    refuse(hf.get("expert_dtype") not in (None, "fp8", "fp4"), f"deepseek_v4: expert_dtype={hf.get('expert_dtype')!r} "
+           "is not supported; supported: 'fp8', 'fp4'")
     score = hf["scoring_func"]
     refuse(score not in SCORES, f"deepseek_v4: scoring_func={score!r} is not supported; supported: {sorted(SCORES)}")
     rates = _rates(hf)

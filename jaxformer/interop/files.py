@@ -144,12 +144,17 @@ def _load_pickle(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def contiguous(tensor) -> np.ndarray:
+    """``tensor`` as a C-contiguous array of its own shape (np.ascontiguousarray alone makes a 0-d tensor, CLIP's
+    logit_scale, 1-d)."""
+    return np.ascontiguousarray(tensor).reshape(np.shape(tensor))
+
+
 def write_safetensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -> None:
     """Write atomically (temp file + rename) with the metadata transformers expects."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    safetensors.numpy.save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp),
-                                metadata={"format": "pt"})
+    safetensors.numpy.save_file({k: contiguous(v) for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, path)
 
 

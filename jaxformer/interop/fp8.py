@@ -9,7 +9,10 @@ and DeepSeek's own weight_dequant read it. Modules left unquantized (``modules_t
 head, routers, norms) are stored as ordinary tensors without a scale. ``Decoded`` shows a folder's tensors with each
 pair read as that float32 product (one float32 multiply, as transformers' dequantizing loader computes it: the same
 bits), so every architecture's rules read it as they read an unquantized file; the scales never reach the check
-for unused tensors. The forward then runs on the decoded weights, as transformers' does with ``dequantize=True`` (its
+for unused tensors. DeepSeek-V4's own files name ``W.weight``'s scale ``W.scale`` (transformers renames every
+``.scale`` to ``.weight_scale_inv``), and pack its experts as FP4 (``expert_dtype`` 'fp4'): int8 bytes of two e2m1
+values each, the low nibble first, beside UE8M0 scales whose grid sets the block (1 x 32), as transformers' dequantizing
+loader reads them. The forward then runs on the decoded weights, as transformers' does with ``dequantize=True`` (its
 only path on CPU); its FP8 GPU kernels also round each activation to FP8 per 128 inputs, which this does not.
 """
 
@@ -20,7 +23,10 @@ import math
 import ml_dtypes
 import numpy as np
 
+from jaxformer.interop.mxfp4 import unpack as unpack_fp4
+
 SCALE = "_scale_inv"
+OWN_SCALE = ".scale"  # DeepSeek-V4's spelling: W.scale beside W.weight
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 FORMATS = ("e4m3", "float8_e4m3fn")  # the spellings published files give the one format decoded here
 SCALE_DTYPES = (np.float32, np.float16, ml_dtypes.bfloat16)  # fp32 (V3) scales, or the 16-bit floats
@@ -45,8 +51,8 @@ def weight_block(quantization: dict) -> tuple[int, int] | None:
         refuse("fmt", f"only float8_e4m3fn weights ({' / '.join(FORMATS)}) are decoded")
     if str(quantization.get("activation_scheme", "dynamic")).lower() != "dynamic":
         refuse("activation_scheme", "static activation scales (activation_scale tensors) round each input to FP8")
-    if quantization.get("expert_dtype", "fp8") != "fp8":
-        refuse("expert_dtype", "experts packed as FP4 are not decoded")
+    if quantization.get("expert_dtype", "fp8") not in ("fp8", "fp4"):
+        refuse("expert_dtype", "experts are stored as FP8 or packed as FP4")
     if quantization.get("scale_fmt", "float") not in ("float", "ue8m0"):
         refuse("scale_fmt", "scales are float32 ('float') or powers of two ('ue8m0')")
     if quantization.get("modules_to_convert"):
@@ -75,24 +81,48 @@ def expected_scale_shape(shape: tuple[int, ...], block: tuple[int, int] | None) 
     return (*shape[:-2], math.ceil(shape[-2] / block[0]), math.ceil(shape[-1] / block[1]))
 
 
-def check_pair(name: str, weight: np.ndarray, scales: np.ndarray, block: tuple[int, int] | None) -> None:
-    """Refuse, naming the tensors, a weight that is not float8_e4m3fn or scales that do not tile it by ``block``."""
+def fp4_block(name: str, packed: np.ndarray, scales: np.ndarray, scale_name: str) -> tuple[int, int]:
+    """The block of FP4 weights packed two a byte [..., out, in / 2]: what their scale grid divides them into, as
+    transformers derives it (refusing a grid that does not divide them)."""
+    rows, width = packed.shape[-2], 2 * packed.shape[-1]
+    if scales.ndim != packed.ndim or scales.shape[:-2] != packed.shape[:-2] or rows % scales.shape[-2] \
+            or width % scales.shape[-1]:
+        raise ValueError(f"FP8 checkpoint: {scale_name} has shape {list(scales.shape)}, which does not divide the "
+                         f"FP4 weights {name} [{', '.join(map(str, (*packed.shape[:-1], width)))}] into blocks")
+    return rows // scales.shape[-2], width // scales.shape[-1]
+
+
+def check_pair(name: str, weight: np.ndarray, scales: np.ndarray, block: tuple[int, int] | None,
+               scale_name: str | None = None) -> None:
+    """Refuse, naming the tensors, a weight that is not float8_e4m3fn (or FP4 packed in int8) or scales that do not
+    tile it by ``block``."""
+    scale_name = scale_name or name + SCALE
+    if weight.dtype == np.int8 and weight.ndim >= 2:
+        fp4_block(name, weight, scales, scale_name)
+        return
     if weight.dtype != E4M3 or weight.ndim < 2:
-        raise ValueError(f"FP8 checkpoint: {name} has {name}{SCALE} beside it but is {weight.dtype} "
-                         f"{list(weight.shape)}; a scaled weight must be float8_e4m3fn [..., out, in]")
+        raise ValueError(f"FP8 checkpoint: {name} has {scale_name} beside it but is {weight.dtype} "
+                         f"{list(weight.shape)}; a scaled weight must be float8_e4m3fn [..., out, in] (or FP4 packed "
+                         "two a byte in int8)")
     wanted = expected_scale_shape(weight.shape, block)
     per_tensor = block is None and scales.size == 1 and scales.ndim <= weight.ndim
     if tuple(scales.shape) != wanted and not per_tensor:
-        raise ValueError(f"FP8 checkpoint: {name}{SCALE} has shape {list(scales.shape)}; {name} "
+        raise ValueError(f"FP8 checkpoint: {scale_name} has shape {list(scales.shape)}; {name} "
                          f"{list(weight.shape)} in blocks of weight_block_size={list(block) if block else None} "
                          f"needs {list(wanted)}")
 
 
-def decode(weight: np.ndarray, scales: np.ndarray, block: tuple[int, int] | None, name: str = "W") -> np.ndarray:
-    """float32 ``weight`` [..., out, in] times its block's scale (edge blocks cropped), in the file's layout."""
-    check_pair(name, weight, scales, block)
+def decode(weight: np.ndarray, scales: np.ndarray, block: tuple[int, int] | None, name: str = "W",
+           scale_name: str | None = None) -> np.ndarray:
+    """float32 ``weight`` [..., out, in] times its block's scale (edge blocks cropped), in the file's layout; FP4
+    packed in int8 [..., out, in / 2] unpacked first, its block read from the scale grid."""
+    scale_name = scale_name or name + SCALE
+    check_pair(name, weight, scales, block, scale_name)
+    if weight.dtype == np.int8:
+        block = fp4_block(name, weight, scales, scale_name)
+        weight = unpack_fp4(weight)
     values = weight.astype(np.float32)
-    scales = scales_as_float32(scales, name + SCALE)
+    scales = scales_as_float32(scales, scale_name)
     if block is None:
         return values * scales.reshape(())
     # scales spread over rows only, then over columns through a view of the weight (no second weight-sized array)
@@ -105,32 +135,44 @@ def decode(weight: np.ndarray, scales: np.ndarray, block: tuple[int, int] | None
     return values
 
 
+def _quantized(files, name: str, stored: set[str]) -> bool:
+    """Whether ``name`` is a stored float8 or packed-FP4 (int8) tensor, which a ``.scale`` beside it scales."""
+    return name in stored and (files.get(name).dtype == np.int8 or files.get(name).dtype.name.startswith("float8"))
+
+
 class Decoded:
-    """A ``TensorFiles`` view in which every float8 ``W`` / ``W_scale_inv`` pair reads as the float32 tensor ``W``.
-    Every pair is checked when the view is made (dtype and scale shape), before anything is built."""
+    """A ``TensorFiles`` view in which every float8 (or packed FP4) ``W`` / ``W_scale_inv`` pair (``P.weight`` /
+    ``P.scale`` in DeepSeek-V4's files) reads as the float32 tensor ``W``. Every pair is checked when the view is made
+    (dtype and scale shape), before anything is built."""
 
     def __init__(self, files, hf: dict):
         self._files = files
         self._block = weight_block(hf["quantization_config"])
         stored = set(files.names)
-        scaled = {n[:-len(SCALE)] for n in stored if n.endswith(SCALE)}
-        lone_scales = sorted(n + SCALE for n in scaled - stored)
+        self._scale_of = {n[:-len(SCALE)]: n for n in stored if n.endswith(SCALE)}
+        # (a P.scale beside no quantized P.weight is a parameter of its own: Gemma 4's router.scale)
+        self._scale_of.update({n[:-len(OWN_SCALE)] + ".weight": n for n in stored if n.endswith(OWN_SCALE)
+                               and _quantized(files, n[:-len(OWN_SCALE)] + ".weight", stored)})
+        lone_scales = sorted(s for w, s in self._scale_of.items() if w not in stored)
         if lone_scales:
             raise ValueError(f"FP8 checkpoint: {lone_scales[:10]} scale no tensor of the file")
-        for name in sorted(scaled):
-            check_pair(name, files.get(name), files.get(name + SCALE), self._block)
+        for name, scale in sorted(self._scale_of.items()):
+            check_pair(name, files.get(name), files.get(scale), self._block, scale)
         # a float8 tensor without its scale has no defined value (transformers would leave the scale uninitialised)
-        unscaled = sorted(n for n in stored - scaled if n not in {s + SCALE for s in scaled}
-                          and files.get(n).dtype.name.startswith("float8"))
+        scales = set(self._scale_of.values())
+        # (and with expert_dtype 'fp4', an int8 tensor without its scale is packed FP4 of no defined value)
+        fp4 = hf.get("expert_dtype") == "fp4"
+        unscaled = sorted(n for n in stored - set(self._scale_of) - scales
+                          if files.get(n).dtype.name.startswith("float8") or (fp4 and files.get(n).dtype == np.int8))
         if unscaled:
-            raise ValueError(f"FP8 checkpoint: {unscaled[:10]} are float8 and no {SCALE} tensor scales them (scales "
-                             "under other names, DeepSeek-V4's '.scale' or Mistral's '.qscale_weight', are not read)")
-        self._scaled = scaled
-        self.names = sorted(stored - {n + SCALE for n in scaled})
+            raise ValueError(f"FP8 checkpoint: {unscaled[:10]} are float8 (or packed FP4) and no {SCALE} (or "
+                             f"{OWN_SCALE}) tensor scales them (Mistral's '.qscale_weight' scales are not read)")
+        self.names = sorted(stored - scales)
 
     def get(self, name: str) -> np.ndarray:
-        if name in self._scaled:
-            return decode(self._files.get(name), self._files.get(name + SCALE), self._block, name)
+        if name in self._scale_of:
+            scale = self._scale_of[name]
+            return decode(self._files.get(name), self._files.get(scale), self._block, name, scale)
         return self._files.get(name)
 
 

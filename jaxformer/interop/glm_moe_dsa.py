@@ -36,7 +36,7 @@ DEFAULTS = {"glm_moe_dsa": dict(
 INDEXER_KINDS = ("full", "shared")
 
 
-def indexer_types(hf: dict) -> list[str]:
+def indexer_types(hf: dict, model_type: str = "glm_moe_dsa") -> list[str]:
     """Each layer's indexer mode as the config class derives it: ``indexer_types``, else ``index_topk_pattern``
     ('F' full, 'S' shared), else full for the first ``index_skip_topk_offset`` layers (2) and then every
     ``index_topk_freq``-th (1: all)."""
@@ -47,7 +47,7 @@ def indexer_types(hf: dict) -> list[str]:
         kinds = [{"F": "full", "S": "shared"}.get(c, c) for c in pattern] if isinstance(pattern, str) else pattern
     if kinds is None:
         kinds = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
-    refuse(set(kinds) - set(INDEXER_KINDS), f"glm_moe_dsa: indexer_types {sorted(set(kinds) - set(INDEXER_KINDS))} "
+    refuse(set(kinds) - set(INDEXER_KINDS), f"{model_type}: indexer_types {sorted(set(kinds) - set(INDEXER_KINDS))} "
            f"are not supported; expected {list(INDEXER_KINDS)}")
     return list(kinds)
 

@@ -64,7 +64,8 @@ def config_from_hf(hf: dict, tensor_names: set[str] | None = None, extra: list[d
                       init_std=float(hf.get("initializer_range", 0.02)))
         fields = BY_MODEL_TYPE[model_type].config_from_hf(hf, model_type, arch, tensor_names or set())
         # the vocabulary: the file's, or its text model's (Llama 4's multimodal files keep it in text_config)
-        fields = {**common, "vocab_size": fields.get("vocab_size") or hf["vocab_size"], **fields}
+        vocab = fields.get("vocab_size")  # (0: an image tower's)
+        fields = {**common, "vocab_size": hf["vocab_size"] if vocab is None else vocab, **fields}
         _check_field_types(fields, arch)
         # ids the file gives win; where it has none, the architecture may derive one (T5Gemma's decoder start)
         special = {k: v for k, v in _special_ids(hf, extra or [], fields["vocab_size"]).items()

@@ -101,13 +101,17 @@ def _experts_out(path, name) -> Rule:
     return Rule((path,), (name,), lambda t: [t[0].transpose(0, 2, 1)], lambda ps: [ps[0].transpose(0, 2, 1)])
 
 
+def experts_rules(mlp: tuple[str, ...], experts: str) -> list[Rule]:
+    """The routed experts under ``mlp`` (the parameters) read from the fused tensors of the module ``experts``."""
+    return [_fused_experts(mlp + ("wi_gate",), mlp + ("wi",), f"{experts}.gate_up_proj"),
+            _experts_out(mlp + ("wo",), f"{experts}.down_proj")]
+
+
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
     """DeepSeek's rules (interop/deepseek.py) with the routed experts read from their fused tensors."""
     out, aliases = deepseek.rules(cfg, "deepseek_v3", arch, prefix)
     out = [rule for rule in out if not any(".mlp.experts." in name for name in rule.names)]
-    m, mlp = f"{prefix}layers.{{i}}.mlp", ("decoder", "blocks", "mlp")
-    experts = [_fused_experts(mlp + ("wi_gate",), mlp + ("wi",), f"{m}.experts.gate_up_proj"),
-               _experts_out(mlp + ("wo",), f"{m}.experts.down_proj")]
+    experts = experts_rules(("decoder", "blocks", "mlp"), f"{prefix}layers.{{i}}.mlp.experts")
     return out + [rule.in_layers(cfg.experts.dense_layers, cfg.decoder_layers) for rule in experts], aliases
 
 

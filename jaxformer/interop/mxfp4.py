@@ -21,14 +21,20 @@ def holds_mxfp4(hf: dict) -> bool:
     return (hf.get("quantization_config") or {}).get("quant_method") == "mxfp4"
 
 
+def unpack(packed: np.ndarray) -> np.ndarray:
+    """float32 values of e2m1 numbers packed two a byte [..., n] -> [..., 2 n], the low nibble first."""
+    nibbles = packed.view(np.uint8)
+    values = np.empty(packed.shape[:-1] + (2 * packed.shape[-1],), np.float32)
+    values[..., 0::2], values[..., 1::2] = E2M1[nibbles & 0x0F], E2M1[nibbles >> 4]
+    return values
+
+
 def decode(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """float32 [..., in, out] of ``blocks`` [..., out, groups, 16] and ``scales`` [..., out, groups]."""
     if blocks.dtype != np.uint8 or scales.dtype != np.uint8 or blocks.shape[:-1] != scales.shape:
         raise ValueError(f"MXFP4 blocks {blocks.shape} {blocks.dtype} and scales {scales.shape} {scales.dtype} do not "
                          "pair: expected uint8 [..., out, groups, 16] and uint8 [..., out, groups]")
-    values = np.empty(blocks.shape[:-1] + (32,), np.float32)
-    values[..., 0::2], values[..., 1::2] = E2M1[blocks & 0x0F], E2M1[blocks >> 4]
-    values = np.ldexp(values, scales.astype(np.int32)[..., None] - 127)
+    values = np.ldexp(unpack(blocks), scales.astype(np.int32)[..., None] - 127)
     return np.swapaxes(values.reshape(*blocks.shape[:-2], -1), -1, -2)
 
 

@@ -7,6 +7,7 @@ Hugging Face folders shares (model weights in ``hf``, PEFT adapters in ``peft``)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -26,7 +27,13 @@ from jaxformer.interop import kimi_linear
 from jaxformer.interop import glm_moe_dsa
 from jaxformer.interop import mistral4
 from jaxformer.interop import mistral3
+from jaxformer.interop import mistral_large4
 from jaxformer.interop import deepseek_v4
+from jaxformer.interop import vision_towers, vit
+from jaxformer.interop import clip
+from jaxformer.interop import siglip
+from jaxformer.interop import siglip2
+from jaxformer.interop import llava
 from jaxformer.interop.rules import Architecture, ConfigReader, Rule, with_defaults
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -67,7 +74,14 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     glm_moe_dsa.ARCHITECTURE,  # DeepSeek-V3.2's layers with an interleaved indexer rotary
     mistral4.ARCHITECTURE,  # DeepSeek-V3's layers with position-scaled queries and a softmax router
     mistral3.ARCHITECTURE,  # Mistral Small 3.x / 4 multimodal files: their text model, written as its type
+    mistral_large4.ARCHITECTURE,  # sparse latent attention with NoPE layers, LeRoPE and log-position queries
     deepseek_v4.ARCHITECTURE,  # compressed attention, hyper-connections, hash-routed experts
+    vit.ARCHITECTURE,  # image towers: ViT,
+    vision_towers.ARCHITECTURE,  # CLIP's and SigLIP's alone
+    clip.ARCHITECTURE,  # CLIP: the dual encoder and its causal text tower
+    siglip.ARCHITECTURE,  # SigLIP: the dual encoder with a logit bias, its text tower pooled at the last token
+    siglip2.ARCHITECTURE,  # SigLIP2 NaFlex: SigLIP's towers, images of any aspect ratio as padded patches
+    llava.ARCHITECTURE,  # a decoder reading images: a CLIP or SigLIP tower, the projector, a LLaMA-like decoder
     falcon.ARCHITECTURE,  # after the other LayerNorm decoders: a model one of them holds exports as theirs
     granite.ARCHITECTURE,  # after LLaMA's and Mixtral's lineage: with its multipliers at 1 it holds their models too
     t5.ARCHITECTURE,
@@ -140,6 +154,9 @@ def _computed(cfg: ModelConfig) -> dict:
     fields.update({name: _DEFAULTS[name] for name in _inert(cfg)}, head_dim=cfg.head_dim_, attention_scale=cfg.scale)
     if cfg.attention == "alternating" and cfg.layer_types is None:  # GPT-3's: odd layers sliding
         fields["layer_types"] = tuple("sliding" if local else "full" for local in local_layers(cfg))
+    if cfg.vision is not None:  # a dual encoder: what a file says of its image tower, and what joins the two
+        joins = {field.name: getattr(cfg.vision, field.name) for field in dataclasses.fields(cfg.vision)}
+        fields["vision"] = (_computed(cfg.vision.tower), {**joins, "tower": None})
     return fields
 
 
@@ -164,7 +181,7 @@ def _read_back(cfg: ModelConfig, model_type: str, arch: str) -> ModelConfig:
     hf = with_defaults(ConfigReader(out), architecture.defaults.get(model_type, {}))
     fields = architecture.config_from_hf(hf, model_type, arch, _written_names(cfg, model_type, arch))
     ids = {key: tuple(value) if isinstance(value, list) else value for key in TOKEN_IDS for value in (hf.get(key),)}
-    return ModelConfig.from_dict({"vocab_size": hf["vocab_size"], **fields,
+    return ModelConfig.from_dict({"vocab_size": hf.get("vocab_size"), **fields,
                           **{key: value for key, value in ids.items() if value is not None or key not in fields}})
 
 
@@ -218,11 +235,14 @@ def rules_for(cfg: ModelConfig, model_type: str, arch: str, names: set[str] | No
     """The tensor rules and aliases of ``arch``. Head classes nest the base model's tensors under a
     prefix; a file is read with the prefix its tensors have (``names``), and written as the class does."""
     architecture = BY_MODEL_TYPE[model_type]
-    prefix = architecture.prefix[model_type]
+    # a type whose files lay their tensors out in several ways names each layout's prefix, the written one first; a
+    # file is read with the longest its names start with
+    prefixes = architecture.prefix[model_type]
+    prefixes = (prefixes,) if isinstance(prefixes, str) else prefixes
     if names is None:
-        prefix = "" if arch in architecture.base_classes else prefix
-    elif not any(n.startswith(prefix) for n in names):
-        prefix = ""
+        prefix = "" if arch in architecture.base_classes else prefixes[0]
+    else:
+        prefix = max((p for p in prefixes if any(n.startswith(p) for n in names)), key=len, default="")
     return architecture.rules(cfg, model_type, arch, prefix)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.model_config import ModelConfig, RopeScaling
+from jaxformer.interop.files import contiguous
 from jaxformer.interop.reference_keys import harmless_reason
 from jaxformer.layers.weights import refuse_decoding_copy
 from jaxformer.models import abstract_model
@@ -39,7 +40,8 @@ class Architecture:
     defines each, and ``interop.registry`` lists them.
 
     ``classes``: model_type -> the transformers classes supported (the first is the default).
-    ``prefix``: model_type -> where head classes nest the base model's tensors ("model.", ...).
+    ``prefix``: model_type -> where head classes nest the base model's tensors ("model.", ...); or a tuple of
+    prefixes, one per layout of the type's files, the first the one written (LLaVA's).
     ``base_classes``: classes whose tensors are not nested (saved alone).
     ``config_from_hf(hf, model_type, arch, tensor_names)``: ModelConfig fields of a config.json.
     ``config_to_hf(cfg, model_type, out)``: fills a config.json dict for ``cfg``.
@@ -47,7 +49,7 @@ class Architecture:
     """
 
     classes: dict[str, tuple[str, ...]]
-    prefix: dict[str, str]
+    prefix: dict[str, str | tuple[str, ...]]
     base_classes: tuple[str, ...]
     config_from_hf: Callable[[dict, str, str, set[str]], dict[str, Any]]
     config_to_hf: Callable[[ModelConfig, str, dict], None]
@@ -229,7 +231,7 @@ def labels_to_hf(cfg: ModelConfig, out: dict) -> None:
 
 
 ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu"}
+                "gelu_fast": "gelu_tanh", "silu": "silu", "swish": "silu", "quick_gelu": "quick_gelu"}
 GATED = {"silu": "swiglu", "swish": "swiglu", "gelu_new": "geglu", "gelu_pytorch_tanh": "geglu"}
 
 
@@ -377,7 +379,8 @@ def rope_to_hf(cfg: ModelConfig) -> dict[str, Any]:
 
 
 # jaxformer activation -> the name transformers configs use
-INVERSE_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new", "silu": "silu"}
+INVERSE_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new", "silu": "silu",
+                       "quick_gelu": "quick_gelu"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -640,7 +643,7 @@ def export_with_rules(model, rules: list[Rule]) -> dict[str, np.ndarray]:
             layer_ids = rule.layer_range(cfg)
             for index, i in enumerate(layer_ids):
                 for name, t in zip(rule.names, rule.save([a[index] for a in arrays])):
-                    tensors[name.format(i=i)] = np.ascontiguousarray(t)
+                    tensors[name.format(i=i)] = contiguous(t)
         else:
-            tensors.update((name, np.ascontiguousarray(t)) for name, t in zip(rule.names, rule.save(arrays)))
+            tensors.update((name, contiguous(t)) for name, t in zip(rule.names, rule.save(arrays)))
     return tensors

@@ -607,6 +607,25 @@ class IndexerParam(nnx.Param):
     no_grad); the optimizer leaves it unchanged (no weight decay either)."""
 
 
+def index_scores(q: Array, weights: Array, keys: Array) -> Array:
+    """A lightning indexer's scores [B, T, S], sum_h w_th relu(q_th . k_s / sqrt(Dh)) with w = weights /
+    sqrt(H), in float32, of queries q [B, T, H, Dh], per-head weights [B, T, H] and keys [B, S, Dh]."""
+    H, Dh = q.shape[-2:]
+    weights = weights.astype(jnp.float32) * H ** -0.5
+    return jnp.einsum("BTH,BTHS->BTS", weights, jax.nn.relu(jnp.einsum(
+        "BTHK,BSK->BTHS", q.astype(jnp.float32), keys.astype(jnp.float32)) * Dh ** -0.5))
+
+
+def top_k_visible(scores: Array, visible: Array, k: int) -> Array:
+    """[B, T, S]: the ``visible`` keys among each query's top ``k`` ``scores`` [B, T, S] (all of them when at most
+    k are visible). A discrete choice: no gradient flows through it."""
+    scores = jax.lax.stop_gradient(jnp.where(visible, scores, -jnp.inf))
+    _, best = jax.lax.top_k(scores, min(k, scores.shape[-1]))
+    chosen = jnp.zeros(scores.shape, bool).at[
+        jnp.arange(scores.shape[0])[:, None, None], jnp.arange(scores.shape[1])[None, :, None], best].set(True)
+    return visible & chosen
+
+
 class Indexer(nnx.Module):
     """DeepSeek-V3.2's lightning indexer: a cheap scorer of every (query, key) pair whose top ``index_topk``
     keys per query are the only ones latent attention attends to (DeepSeek sparse attention).
@@ -615,7 +634,8 @@ class Indexer(nnx.Module):
     vectors from the compressed query (q_norm(x q_down) wq); both rotate their first rope_head_dim numbers
     (half-split pairs, by the model's rotary tables). The score of key s for query t is
     sum_h w_th relu(q_th . k_s / sqrt(index_head_dim)), with per-head weights w = x wproj / sqrt(index_heads),
-    all in float32.
+    all in float32. Mistral Large 4's: queries from LayerNorm(x) wq (``query_from_input``), each head's times
+    s_h ln(p + 1) + b_h (``query_log_position_scale``); in a NoPE layer (``rope`` None) nothing rotates.
     """
 
     KEY_NORM_EPS = 1e-6  # transformers' LayerNorm default, whatever the model's eps
@@ -626,15 +646,26 @@ class Indexer(nnx.Module):
         self.rope_interleave = cfg.indexer.rope_interleave
         weight = lambda shape, axes, init="normal": IndexerParam(  # noqa: E731
             param(rngs, shape, axes, cfg, init=init).get_value(), axes=axes)
-        self.wq = weight((Cq, H, Dh), ("latent", "index_heads", "index_head_dim"))
+        # queries from the compressed query, or (``query_from_input``) from the layer's input through its own
+        # LayerNorm (transformers' default eps, as the key's)
+        self.query_from_input = cfg.indexer.query_from_input
+        source = ((D, "embed") if self.query_from_input else (Cq, "latent"))
+        self.wq = weight((source[0], H, Dh), (source[1], "index_heads", "index_head_dim"))
         self.wk = weight((D, Dh), ("embed", "index_head_dim"))
         self.k_norm_scale = weight((Dh,), ("index_head_dim",), "ones")
         self.k_norm_bias = weight((Dh,), ("index_head_dim",), "zeros")
         self.wproj = weight((D, H), ("embed", "index_heads"))
+        self.q_norm_scale = weight((D,), ("embed",), "ones") if self.query_from_input else None
+        self.q_norm_bias = weight((D,), ("embed",), "zeros") if self.query_from_input else None
+        logs = cfg.latent.query_log_position_scale
+        self.log_position_scale = weight((H,), ("index_heads",), "zeros") if logs else None
+        self.log_position_bias = weight((H,), ("index_heads",), "ones") if logs else None
 
-    def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:
+    def _rotate(self, x: Array, rope: tuple[Array, Array] | None) -> Array:
         """GLM-5's adjacent pairs (``rope_interleave``) as LatentAttention turns them into halves: even
         coordinates first, then odd; queries and keys share the order, so the scores do not change."""
+        if rope is None:
+            return x
         R = self.rotated
         rotary = x[..., :R]
         if self.rope_interleave:
@@ -648,25 +679,31 @@ class Indexer(nnx.Module):
                       self.k_norm_bias[...].astype(jnp.float32), "layernorm", self.KEY_NORM_EPS).astype(self.dtype)
         return self._rotate(k[:, :, None], rope)[:, :, 0]
 
-    def select(self, x: Array, compressed_query: Array, rope: tuple[Array, Array], keys: tuple[Array, ...],
-               mask: tuple[Array, ...]) -> tuple[Array, ...]:
+    def select(self, x: Array, compressed_query: Array | None, rope: tuple[Array, Array] | None,
+               keys: tuple[Array, ...], mask: tuple[Array, ...], positions: Array | None = None) -> tuple[Array, ...]:
         """``mask`` (one [B, 1, T, S_i] per key segment) narrowed to each query's top-k keys by score; a query
         with at most k visible keys keeps them all."""
-        q = self._rotate(jnp.einsum("BTC,CHK->BTHK", compressed_query, self.wq[...].astype(self.dtype)), rope)
-        H, Dh = self.wq.shape[1:]
-        weights = jnp.einsum("BTD,DH->BTH", x, self.wproj[...].astype(self.dtype)).astype(jnp.float32) * H ** -0.5
-        scores = jnp.concatenate([
-            jnp.einsum("BTH,BTHS->BTS", weights, jax.nn.relu(jnp.einsum(
-                "BTHK,BSK->BTHS", q.astype(jnp.float32), k.astype(jnp.float32)) * Dh ** -0.5))
-            for k in keys], axis=-1)
-        visible = jnp.concatenate(mask, axis=-1)[:, 0]  # [B, T, S]
-        scores = jax.lax.stop_gradient(jnp.where(visible, scores, -jnp.inf))
-        _, best = jax.lax.top_k(scores, min(self.topk, scores.shape[-1]))
-        chosen = jnp.zeros(scores.shape, bool).at[
-            jnp.arange(scores.shape[0])[:, None, None], jnp.arange(scores.shape[1])[None, :, None], best].set(True)
-        narrowed = (visible & chosen)[:, None]
+        source = compressed_query
+        if self.query_from_input:
+            source = normalize(x.astype(jnp.float32), self.q_norm_scale[...].astype(jnp.float32),
+                               self.q_norm_bias[...].astype(jnp.float32), "layernorm",
+                               self.KEY_NORM_EPS).astype(self.dtype)
+        q = jnp.einsum("BTC,CHK->BTHK", source, self.wq[...].astype(self.dtype))
+        if self.log_position_scale is not None:
+            q = q * log_position_factor(self.log_position_scale, self.log_position_bias, positions, q.dtype)
+        q = self._rotate(q, rope)
+        weights = jnp.einsum("BTD,DH->BTH", x, self.wproj[...].astype(self.dtype))
+        scores = jnp.concatenate([index_scores(q, weights, k) for k in keys], axis=-1)
+        narrowed = top_k_visible(scores, jnp.concatenate(mask, axis=-1)[:, 0], self.topk)[:, None]
         bounds = np.cumsum([m.shape[-1] for m in mask])[:-1]
         return tuple(jnp.split(narrowed, bounds, axis=-1))
+
+
+def log_position_factor(scale: nnx.Param, bias: nnx.Param, positions: Array, dtype) -> Array:
+    """Each head's query factor s_h ln(p + 1) + b_h at positions p [B, T]: [B, T, N, 1] (Mistral Large 4)."""
+    log_positions = jnp.log(positions.astype(jnp.float32) + 1.0).astype(dtype)
+    factor = scale[...].astype(dtype) * log_positions[:, :, None] + bias[...].astype(dtype)
+    return factor[..., None]
 
 
 class LatentAttention(nnx.Module):
@@ -681,17 +718,24 @@ class LatentAttention(nnx.Module):
     latent into per-head keys and values; a decode step (one new token per row, over a cache) absorbs
     k_up into the query and v_up into the output instead, so it attends over the cached latents
     directly, as multi-query attention with one key of width C + R, and never expands the cache.
+
+    Without its ``rotary`` part (Mistral Large 4's NoPE layers): kv_down [D, C], k_up [C, N, head_dim + R], no
+    rotary key; the cache keeps such a layer's latent R zeros wider, so every layer's slot has one width.
     """
 
-    # transformers builds the two latent norms with its RMSNorm default, not the model's eps
+    # transformers builds the two latent norms with its RMSNorm default, not the model's eps (but Mistral Large 4)
     LATENT_NORM_EPS = 1e-6
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, rotary: bool = True):
         D, N, Hn, R, Hv = cfg.d_model, cfg.num_heads, cfg.head_dim_, cfg.latent.rope_head_dim, cfg.value_dim
         C, Cq = cfg.latent.kv_rank, cfg.latent.q_rank
         self.dtype, self.scale, self.dropout_rate = dtype_of(cfg.dtype), cfg.scale, cfg.attention_dropout_rate
         interleave = cfg.rotary is not None and cfg.rotary.interleave  # (no rotary: position='none')
+        # a NoPE layer: the query's and key's rotary numbers join the part without positions
+        self.rotary, self.rope_width, self.cache_pad = rotary, R if rotary else 0, 0 if rotary else R
+        Hn, R = (Hn, R) if rotary else (Hn + R, 0)
         self.rope_interleave, self.latent_width, self.nope_head_dim = interleave, C, Hn
+        self.norm_eps = cfg.latent.norm_eps or self.LATENT_NORM_EPS
         if Cq is None:
             projection(self, "q", cfg, rngs, (D, N, Hn + R), ("embed", "heads", "head_dim"), role="attn")
             self.q_down = self.q_norm = self.q_up = None
@@ -708,9 +752,12 @@ class LatentAttention(nnx.Module):
         projection(self, "o", cfg, rngs, (N, Hv, D), ("heads", "head_dim", "embed"), inputs=2, role="attn")
         self.o_bias = param(rngs, (D,), ("embed",), cfg, init="zeros") if cfg.biases.out else None
         self.indexer = Indexer(cfg, rngs=rngs) if cfg.indexer is not None else None
+        logs = cfg.latent.query_log_position_scale
+        self.log_position_scale = param(rngs, (N,), ("heads",), cfg, init="zeros") if logs else None
+        self.log_position_bias = param(rngs, (N,), ("heads",), cfg, init="ones") if logs else None
 
     def _rms(self, x: Array, scale: nnx.Param) -> Array:
-        y = normalize(x.astype(jnp.float32), scale[...].astype(jnp.float32), None, "rmsnorm", self.LATENT_NORM_EPS)
+        y = normalize(x.astype(jnp.float32), scale[...].astype(jnp.float32), None, "rmsnorm", self.norm_eps)
         return y.astype(self.dtype)
 
     def _rotate(self, x: Array, rope: tuple[Array, Array]) -> Array:
@@ -738,11 +785,13 @@ class LatentAttention(nnx.Module):
         return q[..., :nope], self._rotate(q[..., nope:], rope), c
 
     def latents(self, x: Array, rope: tuple[Array, Array]) -> Array:
-        """What the cache holds per token [B, T, C + R]: the normalized latent, then the rotated key."""
+        """What the cache holds per token [B, T, C + R]: the normalized latent, then the rotated key (a NoPE
+        layer's: R zeros)."""
         kv = checkpoint_name(project(self, "kv_down", x, "BTD,DC->BTC", self.dtype), "qkv")
         C = self.latent_width
         rope_key = self._rotate(kv[:, :, None, C:], rope)[:, :, 0]
-        return jnp.concatenate([self._rms(kv[..., :C], self.kv_norm), rope_key], axis=-1)
+        pad = jnp.zeros((*kv.shape[:2], self.cache_pad), self.dtype)
+        return jnp.concatenate([self._rms(kv[..., :C], self.kv_norm), rope_key, pad], axis=-1)
 
     def expand(self, latents: Array) -> tuple[Array, Array]:
         """Per-head keys [B, S, N, head_dim + R] and values [B, S, N, Hv] of latents [B, S, C + R]."""
@@ -750,24 +799,31 @@ class LatentAttention(nnx.Module):
         latent = latents[..., :C].astype(dt)
         k_nope = project(self, "k_up", latent, "BSC,CNH->BSNH", dt)
         v = project(self, "v_up", latent, "BSC,CNH->BSNH", dt)
-        rope_key = jnp.broadcast_to(latents[:, :, None, C:].astype(dt), (*k_nope.shape[:3], latents.shape[-1] - C))
+        R = self.rope_width
+        rope_key = jnp.broadcast_to(latents[:, :, None, C:C + R].astype(dt), (*k_nope.shape[:3], R))
         return jnp.concatenate([k_nope, rope_key], axis=-1), v
 
     def __call__(self, x: Array, kv_input: Array | None = None, *, mask, bias: Array | None = None,
                  rope: tuple[Array, Array] | None = None, cache: dict | None = None, kv=None,
-                 key: Array | None = None, output_attentions: bool = False, query_scale: Array | None = None
-                 ) -> tuple[Array, dict | None, Array | None]:
+                 key: Array | None = None, output_attentions: bool = False, query_scale: Array | None = None,
+                 positions: Array | None = None, nope=None) -> tuple[Array, dict | None, Array | None]:
         """As ``Attention.__call__`` (self-attention only); ``cache`` is {"latent": [B, S, C + R]} and the
         new tokens' latents come back as {"latent": [B, T, C + R]}. ``query_scale`` multiplies the queries
-        (both parts, after rotation), as a factor on the scores."""
+        (both parts, after rotation), as a factor on the scores; so does each head's learned factor of the
+        ``positions`` [B, T] (``log_position_scale``). (``nope``: the stack's NoPE flag; a layer without its
+        rotary part is built so, and reads no rotary angles.)"""
         if kv_input is not None or kv is not None or bias is not None:
             raise ValueError("multi-head latent attention is self-attention without a position bias")
         if isinstance(mask, kernels.FusedMask):  # the fused kernels take one head size for q, k and v
             mask = mask.dense
         dt = self.dtype
+        rope = rope if self.rotary else None
         q_nope, q_rope, compressed = self.queries(x, rope)
         if query_scale is not None:
             q_nope, q_rope = (q * query_scale.astype(q.dtype) for q in (q_nope, q_rope))
+        if self.log_position_scale is not None:
+            factor = log_position_factor(self.log_position_scale, self.log_position_bias, positions, q_nope.dtype)
+            q_nope, q_rope = q_nope * factor, q_rope * factor.astype(q_rope.dtype)
         new = self.latents(x, rope)
         if cache is None:
             segments, written = (new,), None
@@ -781,13 +837,14 @@ class LatentAttention(nnx.Module):
             masks = (mask,) if cache is None else mask
             if sum(m.shape[-1] for m in masks) > self.indexer.topk:  # else every visible key is among the top k
                 keys = (index_keys,) if cache is None else (cache["index_keys"], written["index_keys"])
-                masks = self.indexer.select(x, compressed, rope, keys, masks)
+                masks = self.indexer.select(x, compressed, rope, keys, masks, positions)
                 mask = masks[0] if cache is None else masks
         if cache is not None and x.shape[1] == 1:
             # Absorbed: q_nope k_up^T scores the latent directly, and v_up is applied after the weighted sum.
             q_latent = jnp.einsum("BTNH,CNH->BTNC", q_nope, kernel(self, "k_up", dt))
             query = jnp.concatenate([q_latent, q_rope.astype(dt)], axis=-1)
-            keys = tuple(segment[:, :, None, :].astype(dt) for segment in segments)  # one kv head: MQA
+            width = self.latent_width + self.rope_width  # (a NoPE layer's cache slots: R zeros past it)
+            keys = tuple(segment[:, :, None, :width].astype(dt) for segment in segments)  # one kv head: MQA
             mixed, weights = _attend(query, keys, keys, mask, None, self.scale, self.dropout_rate, key, None,
                                      output_attentions)
             out = jnp.einsum("BTNC,CNH->BTNH", mixed[..., :self.latent_width], kernel(self, "v_up", dt))

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxformer.layers.attention import dot_product_attention
+from jaxformer.layers.attention import dot_product_attention, index_scores, top_k_visible
 from jaxformer.layers.core import dtype_of, param
 from jaxformer.layers.positions import rope_frequencies
 from jaxformer.layers.weights import project, projection
@@ -143,10 +143,10 @@ def passed_blocks(positions: Array, numbers: Array, rate: int) -> Array:
 
 
 class CompressedIndexer(nnx.Module):
-    """CSA's lightning indexer: each query's top ``index_topk`` compressed entries by
-    sum_h w_th relu(q_th . k_s) / sqrt(index_head_dim), w = x wproj / sqrt(index_heads), in float32; keys from its
-    own compressor over the same blocks. Its choice is discrete: no gradient flows through it (as the reference
-    trains it apart)."""
+    """CSA's lightning indexer: each query's top ``index_topk`` compressed entries by V3.2's scores
+    (``attention.index_scores``: sum_h w_th relu(q_th . k_s) / sqrt(index_head_dim), w = x wproj / sqrt(index_heads),
+    in float32); keys from its own compressor over the same blocks. Its choice is discrete: no gradient flows through
+    it (as the reference trains it apart)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         part = cfg.scores.compressed
@@ -160,19 +160,10 @@ class CompressedIndexer(nnx.Module):
                  readable: Array) -> Array:
         """[B, T, S]: the entries each query reads, among the ``readable`` [B, T, S] of its compressed ``keys``
         [B, S, index_head_dim]."""
-        part = self.part
         cos, sin = rotary_angles(cfg, "sparse", positions)
         q = rotate_trailing(jnp.einsum("BTC,CHK->BTHK", q_residual, self.wq[...].astype(self.dtype)), cos, sin)
-        weights = jnp.einsum("BTD,DH->BTH", x, self.wproj[...].astype(self.dtype)).astype(jnp.float32)
-        scores = jax.nn.relu(jnp.einsum("BTHK,BSK->BTHS", q.astype(jnp.float32), keys.astype(jnp.float32)))
-        scores = jnp.einsum("BTHS,BTH->BTS", scores * part.index_head_dim ** -0.5, weights * part.index_heads ** -0.5)
-        scores = jax.lax.stop_gradient(jnp.where(readable, scores, -jnp.inf))
-        count = scores.shape[-1]
-        if count <= part.index_topk:  # every readable entry is among the top k
-            return readable
-        _, best = jax.lax.top_k(scores, part.index_topk)
-        chosen = jnp.sum(jax.nn.one_hot(best, count, dtype=jnp.int32), axis=-2) > 0
-        return chosen & readable
+        weights = jnp.einsum("BTD,DH->BTH", x, self.wproj[...].astype(self.dtype))
+        return top_k_visible(index_scores(q, weights, keys), readable, self.part.index_topk)
 
 
 class CompressedAttentionLayer(nnx.Module):

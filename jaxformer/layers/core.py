@@ -198,6 +198,7 @@ _ACTIVATIONS = {
     # T5 v1.1's gated GELU uses the tanh form ("gelu_new")
     "gelu_tanh": _with_derivative(lambda x: jax.nn.gelu(x, approximate=True), _gelu_tanh_derivative),
     "silu": _with_derivative(jax.nn.silu, _silu_derivative),
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),  # CLIP's approximation, as transformers computes it
 }
 _ACTIVATIONS.update(geglu=_ACTIVATIONS["gelu_tanh"], geglu_erf=_ACTIVATIONS["gelu"], swiglu=_ACTIVATIONS["silu"],
                     tanh=jnp.tanh)

@@ -212,13 +212,14 @@ def _dynamic_frequencies(cfg: ModelConfig, length: Array) -> Array:
     return 1.0 / base ** (jnp.arange(0, H, 2, dtype=jnp.float32) / jnp.float32(H))
 
 
-def rope_tables(cfg: ModelConfig, positions: Array) -> tuple[Array, Array]:
+def rope_tables(cfg: ModelConfig, positions: Array, log_scale: Array | None = None) -> tuple[Array, Array]:
     """cos and sin [B, T, H] of one call at positions [B, T], as transformers' rotary module gives them.
     ``dynamic`` and ``longrope`` choose their frequencies by the call's length, which transformers takes
     as the largest position in the call plus one (pads included): a traced choice, so one compiled step
     serves every length. (transformers also keeps a grown dynamic base across calls until a call falls
     back under max_positions; here each call is its own, which is what a fresh transformers model does
-    and what its generation does, whose lengths only grow.)"""
+    and what its generation does, whose lengths only grow.) ``log_scale`` [H/2]: LeRoPE's learned numbers, each
+    frequency times exp of its own (Mistral Large 4)."""
     inv_freq = jnp.asarray(rope_frequencies(cfg))
     s = cfg.rotary.scaling
     if s is not None and s.kind in ("dynamic", "longrope"):
@@ -228,6 +229,8 @@ def rope_tables(cfg: ModelConfig, positions: Array) -> tuple[Array, Array]:
             inv_freq = jnp.where(length > s.original_max_positions, long, inv_freq)
         else:
             inv_freq = jnp.where(length > cfg.max_positions, _dynamic_frequencies(cfg, length), inv_freq)
+    if log_scale is not None:
+        inv_freq = inv_freq * jnp.exp(log_scale.astype(jnp.float32))
     cos, sin = rope_angles(inv_freq, positions)
     if s is not None and s.cos_sin_factor != 1.0:  # yarn's and longrope's attention factor
         factor = jnp.float32(s.cos_sin_factor)
@@ -360,14 +363,18 @@ class Embeddings(nnx.Module):
 
     def __call__(self, table: Embed, input_ids: Array | None = None, *, inputs_embeds: Array | None = None,
                  positions: Array | None = None, token_type_ids: Array | None = None,
-                 key: Array | None = None) -> tuple[Array, Array]:
-        """x [B, T, D] and the positions [B, T] it was embedded at (``positions`` if given)."""
-        tokens = table(input_ids) if inputs_embeds is None else inputs_embeds.astype(table.dtype)
+                 key: Array | None = None, absolute: Array | None = None) -> tuple[Array, Array]:
+        """x [B, T, D] and the positions [B, T] it was embedded at (``positions`` if given). ``absolute`` [1, T, D]:
+        the position vectors added in place of the table's rows (an image tower's table resampled to another grid)."""
+        if inputs_embeds is None:
+            tokens = table(input_ids)
+        else:  # (an image tower has no table: its patches are in the compute dtype)
+            tokens = inputs_embeds if table is None else inputs_embeds.astype(table.dtype)
         if positions is None:
             positions = self.default_positions(input_ids, tokens.shape[:2])
         positions = jnp.asarray(positions, jnp.int32)
         x = tokens if self.scale is None else tokens * jnp.asarray(self.scale, tokens.dtype)
-        absolute = self.positions(positions)
+        absolute = self.positions(positions) if absolute is None else absolute
         if absolute is not None:
             x = x + absolute
         if self.token_types is not None:

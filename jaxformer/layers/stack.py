@@ -174,7 +174,7 @@ class Block(nnx.Module):
     first layers keep a dense one). With ``sandwich_norm`` (Gemma 2/3) each sublayer's output is normed too
     before it joins the residual."""
 
-    _MIXERS = {"latent": LatentAttention, "xl": RelativeAttention, "disentangled": DisentangledAttention,
+    _MIXERS = {"xl": RelativeAttention, "disentangled": DisentangledAttention,
                "global": GlobalAttention, "linear": GatedDeltaNet, "block_sparse": BlockSparseAttention}
 
     def __init__(self, cfg: ModelConfig, spec: LayerSpec, *, rngs: nnx.Rngs):
@@ -189,6 +189,8 @@ class Block(nnx.Module):
         self.attn_norm = None if unnormed else Norm(cfg, rngs=rngs)
         if spec.mixer == "compressed":  # DeepSeek-V4: its kind's compressor and indexer, or the window alone
             self.attn = CompressedAttentionLayer(cfg, spec.compressed, rngs=rngs)
+        elif spec.mixer == "latent":  # (Mistral Large 4's NoPE layers: no rotary part in their latent and keys)
+            self.attn = LatentAttention(cfg, rngs=rngs, rotary=spec.group != "nope_blocks")
         elif spec.mixer in self._MIXERS:
             self.attn = self._MIXERS[spec.mixer](cfg, rngs=rngs)
         else:  # (Gemma 4: a kv-shared layer has no key or value weights, a full layer's values may be its keys)
@@ -339,6 +341,8 @@ class Block(nnx.Module):
             scaled["shared_kv"] = inputs.shared_kv
         if inputs.return_kv:
             scaled["return_kv"] = True
+        if isinstance(self.attn, LatentAttention) and self.attn.log_position_scale is not None:
+            scaled["positions"] = inputs.positions  # (Mistral Large 4: queries scaled by ln(p + 1))
         return self.attn(h, mask=inputs.mask, bias=bias, rope=inputs.rope, cache=inputs.cache, key=key,
                          output_attentions=weights, **scaled)
 
@@ -651,6 +655,8 @@ class Stack(nnx.Module):
         self.full_blocks = group("full_blocks")
         self.shared_blocks = group("shared_blocks")
         self.shared_full_blocks = group("shared_full_blocks")
+        # Mistral Large 4: latent layers without rotary positions, whose latent and keys have widths of their own
+        self.nope_blocks = group("nope_blocks")
         # ModernBERT's first layer has no attention norm, DeBERTa's has a convolution beside it: a group of its own
         self.first_block = group("first_block")
         # DeepSeek-V4: a group per compressed-attention kind (hash-routed expert layers apart); the copies of the
@@ -677,13 +683,17 @@ class Stack(nnx.Module):
         xl_bias = lambda: param(rngs, (cfg.num_heads, cfg.head_dim_), ("heads", "head_dim"), cfg)  # noqa: E731
         self.content_bias, self.position_bias = (xl_bias(), xl_bias()) if shared else (None, None)
         self.relative_embeddings = RelativeEmbeddings(cfg, rngs=rngs) if cfg.position == "disentangled" else None
+        # LeRoPE (Mistral Large 4): the stack's rotary frequencies each times exp(a learned number), zero at init
+        learned = cfg.rotary is not None and cfg.rotary.learned_frequencies
+        self.rope_log_scale = (param(rngs, (cfg.rope_dim // 2,), ("rotary_frequencies",), cfg, init="zeros")
+                               if learned else None)
 
     def block_groups(self) -> dict[str, Block | tuple[Block, ...]]:
         """The block groups by the names the plan gives them (and the parameter paths keep)."""
         groups = {"first_block": self.first_block, "dense_blocks": self.dense_blocks,
                   "linear_blocks": self.linear_blocks, "blocks": self.blocks, "full_blocks": self.full_blocks,
                   "shared_blocks": self.shared_blocks, "shared_full_blocks": self.shared_full_blocks,
-                  **{name: getattr(self, name) for name in COMPRESSED_GROUPS}}
+                  "nope_blocks": self.nope_blocks, **{name: getattr(self, name) for name in COMPRESSED_GROUPS}}
         return {name: blocks for name, blocks in groups.items() if blocks is not None}
 
     def cross_key_values(self, encoder: EncoderOutput) -> EncoderKV:
@@ -714,7 +724,7 @@ class Stack(nnx.Module):
             copy.dense_blocks = separate(self.dense_blocks)
         if self.linear_blocks is not None:
             copy.linear_blocks = separate(self.linear_blocks)
-        for name in ("full_blocks", "shared_blocks", "shared_full_blocks", *COMPRESSED_GROUPS):
+        for name in ("full_blocks", "shared_blocks", "shared_full_blocks", "nope_blocks", *COMPRESSED_GROUPS):
             if getattr(self, name) is not None:
                 setattr(copy, name, separate(getattr(self, name)))
         if self.first_block is not None:
@@ -776,11 +786,13 @@ class Stack(nnx.Module):
             memory = memory.extend(new_kv if keeps_kv else {"hidden": layer_inputs}, valid)
         if self.hc_head is not None:
             out = self.hc_head(out)
+        last_layer = out
         if self.final_norm is not None:
             out = self.final_norm(out)
         hidden_states = None
-        if collect_hidden:
-            hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], out)
+        if collect_hidden:  # the last entry after the final norm, but where the file's model reports it before
+            last = out if cfg.norms.final_in_hidden_states else last_layer
+            hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], last)
         per_layer_weights = lambda stacked: None if stacked is None else tuple(stacked)  # noqa: E731
         compressed = cfg.scores.compressed
         if compressed is not None and weights["self"] is not None:  # each layer's own keys: window and entries
@@ -823,9 +835,10 @@ class Stack(nnx.Module):
         cfg = self.config
         if cfg.scores.compressed is not None:
             return "DeepSeek-V4's compressed-attention layers are groups of their kinds, interleaved"
-        if any(spec.group != "blocks" for spec in self.plan.layers[self.plan.apart():]):
-            return ("its linear layers interleave with its attention layers" if self.linear_blocks is not None else
-                    "Llama 4 Maverick's dense layers interleave with its expert layers")
+        others = sorted({spec.group for spec in self.plan.layers[self.plan.apart():]} - {"blocks"})
+        if others:  # (Qwen3-Next's linear_blocks, Maverick's dense_blocks, Mistral Large 4's nope_blocks, ...)
+            return (f"its layers of block group {others[0]!r} interleave with the main group's ('blocks'), so a stage "
+                    "would not hold a whole number of each")
         if cfg.shared_layers:
             return "ALBERT shares one layer's parameters across the stack: there is nothing to split into stages"
         if self._remembers(None):
@@ -905,7 +918,8 @@ class Stack(nnx.Module):
         keeps_kv = isinstance(memory, MemoryKV)  # generation's memory rolls keys and values, not layer inputs
         # (Gemma 4: the full layers' heads may have a width of their own, their table as wide)
         full_width = cfg.scores.full_head_dim
-        rope = (rope_tables(cfg.replace(head_dim=full_width) if full_width else cfg, tokens.positions)
+        log_scale = None if self.rope_log_scale is None else self.rope_log_scale[...]
+        rope = (rope_tables(cfg.replace(head_dim=full_width) if full_width else cfg, tokens.positions, log_scale)
                 if cfg.position == "rope" else None)
         local_rope = None
         if cfg.rotary is not None and cfg.rotary.local_theta is not None:

@@ -80,8 +80,9 @@ def _objective_of(run_dir: str | Path) -> str | None:
 
 def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None, merge: bool = False) -> int:
     """Write a checkpoint of a run as a Hugging Face folder (config.json + model.safetensors), with the
-    run's tokenizer.json when it used one. A LoRA run needs ``merge``: its adapters merged into the base
-    (dequantized, for an int8 one) as a plain model (``merge_adapter``)."""
+    run's tokenizer.json when it used one and its preprocessor_config.json when it read pictures. A LoRA run
+    needs ``merge``: its adapters merged into the base (dequantized, for an int8 one) as a plain model
+    (``merge_adapter``)."""
     run, step = restore_run(run_dir, step)
     model = run.model
     if model.config.lora is not None and not merge:
@@ -90,6 +91,8 @@ def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None, 
     if merge and model.config.lora is None:
         raise ValueError(f"{run_dir} has no LoRA adapters to merge; leave out --merge")
     (model.merge_adapter() if merge else model).save_pretrained(output)
+    if getattr(run.objective, "processor", None) is not None:  # the image processor its pictures were read with
+        run.objective.processor.save_pretrained(output)
     if run.tokenizer_file is not None:
         shutil.copy(run.tokenizer_file, Path(output) / TOKENIZER_FILE)
     else:  # bytes: written as a tokenizer.json that encodes and decodes them as ByteTokenizer does

@@ -55,6 +55,26 @@ def token_cross_entropy(logits: jax.Array, labels: jax.Array, smoothing: float =
     return {"loss": (jnp.where(valid, loss, 0.0).sum(), count), "accuracy": (correct.sum().astype(jnp.float32), count)}
 
 
+def contrastive_loss(logits_per_text: jax.Array, sigmoid: bool = False) -> dict:
+    """A dual encoder's symmetric image-text loss over a batch of matching pairs (text i describes image i;
+    ``logits_per_text`` [B, B]), as metric sums, as transformers computes it with ``return_loss``: CLIP's softmax
+    form, the mean of the cross-entropies that pick each text's image and each image's text (Radford et al. 2021),
+    or SigLIP's sigmoid form (``sigmoid``; Zhai et al. 2023), each pair a binary decision, positive on the
+    diagonal, summed over a text's images and averaged over the texts. ``accuracy``: the texts whose most similar
+    image is their own."""
+    logits = logits_per_text.astype(jnp.float32)
+    count = jnp.float32(logits.shape[0])
+    own = jnp.arange(logits.shape[0])
+    if sigmoid:
+        signs = 2.0 * jnp.eye(logits.shape[0], dtype=jnp.float32) - 1.0
+        total = -jax.nn.log_sigmoid(signs * logits).sum()
+    else:
+        picks = lambda x: (jax.nn.logsumexp(x, axis=-1) - x[own, own]).sum()  # noqa: E731  (cross-entropy sums)
+        total = (picks(logits) + picks(logits.T)) / 2
+    correct = (jnp.argmax(logits, axis=-1) == own).sum().astype(jnp.float32)
+    return {"loss": (total, count), "accuracy": (correct, count)}
+
+
 def ratio(sums: tuple) -> jax.Array:
     numerator, denominator = sums
     return numerator / jnp.maximum(denominator, 1.0)

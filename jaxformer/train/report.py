@@ -156,7 +156,9 @@ class Report:
         self.cfg, self.objective, self.schedule = cfg, objective, schedule
         self.here = jax.process_index() == 0
         self.metrics_file = Path(cfg.run.dir) / "metrics.jsonl"
-        self.tokens_per_step = cfg.train.batch_size * (cfg.train.seq_len + objective.target_len)
+        # a dual encoder's image tower reads each picture's patches and class token beside the text
+        pictures = model_cfg.vision.tower.patches.tokens if model_cfg.family == "dual_encoder" else 0
+        self.tokens_per_step = cfg.train.batch_size * (cfg.train.seq_len + objective.target_len + pictures)
         self.step_flops = flops.train_flops_per_step(model_cfg, cfg.train.batch_size, cfg.train.seq_len,
                                                      objective.target_len)
         self.compute_dtype = cfg.train.compute_dtype

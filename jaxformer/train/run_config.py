@@ -36,7 +36,8 @@ class ModelSection:
 class DataSection:
     # python-docs (English text shipped with Python), a .txt or .jsonl file, or (causal_lm, span_corruption,
     # prefix_lm, ul2) a folder of token shards from `jaxformer tokenize`; those objectives tokenize a file into
-    # run.dir/data-cache once and memory-map it (.jsonl.gz, .jsonl.zst and .parquet too)
+    # run.dir/data-cache once and memory-map it (.jsonl.gz, .jsonl.zst and .parquet too); contrastive: shapes:N, N
+    # pictures of drawn shapes with their captions (jaxformer/train/shapes.py)
     train: str = "python-docs"
     eval: str = ""  # held-out text (as data.train); empty: the last eval_fraction of the training documents or records
     # causal_lm, span_corruption, prefix_lm, ul2: training sources [{path, weight}] (folders or files, as data.train),
