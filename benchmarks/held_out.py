@@ -119,26 +119,32 @@ def first_line(err: BaseException) -> str:
 def float64_distances(reference, model, ids, mask) -> tuple[float, float] | None:
     """The largest distance of transformers' float32 and of jaxformer's float32 hidden states and logits to
     transformers' float64 ones (real tokens only): the float32 rounding a row's differences are judged against.
-    None where it cannot be run (encoder-decoders, a model whose kernels have no float64)."""
+    An encoder-decoder's are its decoder's (fed the source shifted right, as compare() feeds it). None where it
+    cannot be run (a model whose kernels have no float64)."""
     import torch
 
     double = copy.deepcopy(reference).double()
     for module in double.modules():  # the experts' grouped matmul has no float64 kernel; the loop does
         if hasattr(module, "config") and hasattr(module.config, "_experts_implementation"):
             module.config._experts_implementation = "eager"
-    if getattr(double.config, "is_encoder_decoder", False):
-        return None
     kwargs = dict(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), output_hidden_states=True)
+    ours_kwargs, valid, states = {}, mask[..., None], "hidden_states"
+    if getattr(double.config, "is_encoder_decoder", False):
+        start = model.config.tokens.decoder_start if model.config.tokens.decoder_start is not None else 0
+        decoder_ids = np.concatenate([np.full((ids.shape[0], 1), start), ids[:, :-1]], 1)
+        kwargs.update(decoder_input_ids=torch.as_tensor(decoder_ids),
+                      decoder_attention_mask=torch.ones(decoder_ids.shape, dtype=torch.long))
+        ours_kwargs, valid, states = dict(decoder_input_ids=decoder_ids), 1, "decoder_hidden_states"
     try:
         with torch.no_grad():
             theirs, truth = reference(**kwargs), double(**kwargs)
-        ours = model(ids, mask, output_hidden_states=True)
+        ours = model(ids, mask, output_hidden_states=True, **ours_kwargs)
     except Exception:  # noqa: BLE001 - no arbiter: the row stays as measured
         return None
-    valid = mask[..., None]
 
     def distance(out, numpy) -> float:
-        pairs = [*zip(out.hidden_states, truth.hidden_states), (out.logits, truth.logits)]
+        mine = out.hidden_states if out is ours else getattr(out, states)
+        pairs = [*zip(mine, getattr(truth, states)), (out.logits, truth.logits)]
         return max(float(np.abs((numpy(a) - b.numpy()) * valid).max()) for a, b in pairs if a is not None)
 
     return distance(theirs, lambda x: x.numpy().astype(np.float64)), distance(ours, lambda x: np.asarray(x, np.float64))

@@ -1,7 +1,8 @@
 """The parity table of docs/checkpoints-and-interop.md: every tiny checkpoint of tests/hf_factory.py (one or
 more per supported model type and head), saved by transformers and loaded by jaxformer, compared layer by
-layer with transformers' own model on a padded batch of 2 x 9 tokens in float32. Prints a markdown table of
-the worst difference of each (max abs over every hidden state, attention map and the logits) and where it is.
+layer with transformers' own model on a padded batch of 2 x 9 tokens (an image model: two drawn images) in
+float32. Prints a markdown table of the worst difference of each (max abs over every hidden state, attention map
+and the logits) and where it is.
 
     python benchmarks/parity.py [NAME ...]
 
@@ -20,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from hf_factory import CHECKPOINTS, save_checkpoint  # noqa: E402
-from test_hf_parity import padded_batch  # noqa: E402
+from test_hf_parity import model_inputs  # noqa: E402
 
 from jaxformer.compare import compare  # noqa: E402
 
@@ -32,8 +33,7 @@ def main(names: list[str]) -> None:
         with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             save_checkpoint(name, Path(folder))
-            ids, mask, token_types = padded_batch(name, np.random.default_rng(0))
-            rows = compare(folder, ids, mask, token_type_ids=token_types)
+            rows = compare(folder, **model_inputs(name, np.random.default_rng(0)))
         worst = max(rows, key=lambda r: r.max_abs)
         print(f"| {name} | {CHECKPOINTS[name][1]} | {worst.name} | {worst.max_abs:.1e} |", flush=True)
 
