@@ -78,7 +78,7 @@ def test_old_buffers_are_ignored(copy):
     ({"model_type": "mamba"}, "model_type 'mamba' is not supported; supported: "),
     ({"architectures": ["GPT2ForTokenClassification"]}, "architecture 'GPT2ForTokenClassification' is not supported"),
     ({"add_cross_attention": True}, "add_cross_attention"),
-    ({"activation_function": "quick_gelu"}, "activation 'quick_gelu'"),
+    ({"activation_function": "mish"}, "activation 'mish'"),
 ])
 def test_unsupported_configs_name_what_is_supported(copy, change, message):
     config = json.loads((copy / "config.json").read_text())

@@ -120,7 +120,7 @@ def test_positions_from_mask_belongs_to_decoders():
     ({"word_embed_proj_dim": 16}, "opt: word_embed_proj_dim=16 with hidden_size=32 .OPT-350m's layout"),
     ({"layer_norm_elementwise_affine": False}, "opt: layer_norm_elementwise_affine=False"),
     ({"layerdrop": 0.1}, "opt: layerdrop=0.1"),
-    ({"activation_function": "quick_gelu"}, "opt: activation 'quick_gelu' is not supported"),
+    ({"activation_function": "mish"}, "opt: activation 'mish' is not supported"),
     ({"architectures": ["OPTForSequenceClassification"]}, "'OPTForSequenceClassification' is not supported"),
 ])
 def test_a_setting_jaxformer_cannot_honour_is_refused_by_name(changes, message):

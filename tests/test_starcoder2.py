@@ -70,7 +70,7 @@ def test_no_window_is_causal_and_keys_left_out_take_the_class_defaults():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"hidden_act": "quick_gelu"}, "activation 'quick_gelu' is not supported"),
+    ({"hidden_act": "mish"}, "activation 'mish' is not supported"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor=0.5"),
     ({"rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "rope type 'su' is not supported"),
