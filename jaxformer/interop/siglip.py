@@ -94,13 +94,19 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
         refuse(cfg.family != "encoder" or cfg.head != "none", "siglip_text_model: a text encoder without a head")
         text_to_hf(cfg, out)
         return
+    joined_to_hf(cfg, model_type, siglip_vision_to_hf, out)
+
+
+def joined_to_hf(cfg: ModelConfig, model_type: str, tower_to_hf, out: dict) -> None:
+    """A SigLIP (or SigLIP2) dual encoder's file: its text and vision configs (the tower written by
+    ``tower_to_hf``), the text model's vocabulary and token ids in its config alone."""
     vision = cfg.vision
     refuse(vision is None or vision.projection or not vision.logit_bias or vision.logit_scale_init != 0.0,
-           "siglip: a dual encoder without projections, with a logit bias")
-    text, image = {"model_type": "siglip_text_model"}, {"model_type": "siglip_vision_model"}
+           f"{model_type}: a dual encoder without projections, with a logit bias")
+    text, image = {"model_type": f"{model_type}_text_model"}, {"model_type": f"{model_type}_vision_model"}
     text_to_hf(cfg, text)
-    siglip_vision_to_hf(vision.tower, image)
-    for key in ("vocab_size", *TOKEN_IDS):  # the text model's, in its config alone
+    tower_to_hf(vision.tower, image)
+    for key in ("vocab_size", *TOKEN_IDS):
         out.pop(key, None)
     out.update(text_config=text, vision_config=image)
 

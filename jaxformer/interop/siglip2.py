@@ -20,7 +20,8 @@ from typing import Any
 
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.rules import INVERSE_ACTIVATIONS, Architecture, Rule, activation, refuse
-from jaxformer.interop.siglip import TEXT_DEFAULTS, TOKEN_IDS, joined, over_defaults, text_fields, text_to_hf
+from jaxformer.interop.siglip import (TEXT_DEFAULTS, joined, joined_to_hf, over_defaults, text_fields,
+                                      text_to_hf)
 from jaxformer.interop.siglip import rules as siglip_rules
 from jaxformer.interop.vision_towers import (last_state_tied, legacy_harmless, siglip_vision_rules, square,
                                              write_last_state_tied)
@@ -83,16 +84,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
         refuse(cfg.family != "encoder" or cfg.head != "none", "siglip2_text_model: a text encoder without a head")
         text_to_hf(cfg, out)
         return
-    vision = cfg.vision
-    refuse(vision is None or vision.projection or not vision.logit_bias or vision.logit_scale_init != 0.0
-           or vision.projector_activation is not None,
-           "siglip2: a dual encoder without projections, with a logit bias")
-    text, image = {"model_type": "siglip2_text_model"}, {"model_type": "siglip2_vision_model"}
-    text_to_hf(cfg, text)
-    vision_to_hf(vision.tower, image)
-    for key in ("vocab_size", *TOKEN_IDS):  # the text model's, in its config alone
-        out.pop(key, None)
-    out.update(text_config=text, vision_config=image)
+    joined_to_hf(cfg, model_type, vision_to_hf, out)  # (a projector on a dual encoder: refused by Vision itself)
 
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
