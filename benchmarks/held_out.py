@@ -12,7 +12,13 @@ wrote). Sets (benchmarks/held_out_configs.py):
      not hold, that type's file of set 2, set 3 or a few more;
   2. 31 published decoder configurations of 2024-2026;
   3. the newest rows of issue 50: DeepSeek V4, Qwen3.5 dense and MoE, Gemma 4 dense and MoE, Mistral Large 4, Mistral
-     Small 4, GLM-5, Longformer, BigBird, BigBird-Pegasus.
+     Small 4, GLM-5, Longformer, BigBird, BigBird-Pegasus;
+  4. issue 51's image models: CLIP ViT-B/32, SigLIP base, LLaVA-1.5-7B, Llama 3.2 11B Vision, Qwen2.5-VL 7B, Gemma 3 4B;
+  5. issue 52's Whisper files: whisper-tiny, whisper-large-v3, whisper-large-v3-turbo, distil-large-v3.
+
+An image model is fed random pixels beside its ids (``model_inputs``): a dual encoder (CLIP, SigLIP) one image a row,
+a decoder reading images one image a row, its placeholders written into the ids as its processor expands them.
+Whisper reads random log-mel frames in place of ids (2 x max_source_positions of them), the ids its decoder's.
 
 A multimodal wrapper file (gemma4, qwen3_5, qwen3_5_moe, mistral_large4, kimi_k25, llama4) is built as transformers'
 wrapper model (its vision tower made tiny too) and jaxformer loads its text model, as a user loading it would. Kimi
@@ -111,12 +117,66 @@ def batch(hf: dict, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return ids, mask
 
 
+def model_inputs(hf: dict, ids: np.ndarray, mask: np.ndarray, rng: np.random.Generator
+                 ) -> tuple[np.ndarray | None, np.ndarray | None, dict]:
+    """(ids, mask, the other inputs named as transformers names them) of an image or audio model; the ids unchanged
+    and nothing else for a text model. A decoder reading images gets one image a row, its placeholders (as its
+    processor expands them) after the row's second token (the padded row's are real tokens too); Whisper reads
+    random log-mel frames, the ids become its decoder's."""
+    kind, vision, rows = hf["model_type"], hf.get("vision_config"), ids.shape[0]
+    if kind == "whisper":  # log-mel frames (every one real) in place of ids; the ids are the decoder's, unpadded
+        frames = 2 * hf.get("max_source_positions", 1500)
+        features = rng.standard_normal((rows, hf.get("num_mel_bins", 80), frames)).astype(np.float32)
+        return None, None, {"input_features": features, "decoder_input_ids": ids}
+    if kind not in ("clip", "siglip", "llava", "mllama", "qwen2_5_vl", "gemma3") or vision is None:
+        return ids, mask, {}
+    size, patch = vision.get("image_size", 224), vision.get("patch_size", 14)
+    channels = vision.get("num_channels", vision.get("in_chans", 3))
+
+    def with_placeholders(tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        inserted = np.tile(np.asarray(tokens), (rows, 1))
+        return (np.concatenate([ids[:, :2], inserted, ids[:, 2:]], 1),
+                np.concatenate([mask[:, :2], np.ones_like(inserted), mask[:, 2:]], 1))
+
+    pixels = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    if kind in ("clip", "siglip"):
+        return ids, mask, {"pixel_values": pixels(rows, channels, size, size)}
+    token = hf.get("image_token_index", hf.get("image_token_id"))
+    if kind == "llava":
+        per_image = (size // patch) ** 2 + (hf.get("vision_feature_select_strategy") == "full")
+        return *with_placeholders([token] * per_image), {"pixel_values": pixels(rows, channels, size, size)}
+    if kind == "gemma3":  # boi, the pooled image tokens, eoi; the image's tokens marked for bidirectional attention
+        tokens = [hf["boi_token_index"], *[token] * hf["mm_tokens_per_image"], hf["eoi_token_index"]]
+        ids, mask = with_placeholders(tokens)
+        return ids, mask, {"pixel_values": pixels(rows, channels, size, size),
+                           "token_type_ids": (ids == token).astype(np.int64)}
+    if kind == "qwen2_5_vl":  # a 4 x 6 grid of patches a picture (one frame), merged 2 x 2 into 6 image tokens
+        merge, temporal = vision.get("spatial_merge_size", 2), vision.get("temporal_patch_size", 2)
+        grid = np.tile([[1, 2 * merge, 3 * merge]], (rows, 1))
+        flat = pixels(int(grid.prod(axis=1).sum()), channels * temporal * patch * patch)
+        tokens = [hf.get("vision_start_token_id"), *[token] * 6, hf.get("vision_end_token_id")]
+        ids, mask = with_placeholders(tokens)
+        # the processor's token types: transformers' forward takes M-RoPE positions only where it is given them
+        return ids, mask, {"pixel_values": flat, "image_grid_thw": grid, "mm_token_type_ids": (ids == token) * 1}
+    # mllama: one image a row, laid out as 2 of its max_num_tiles tiles (aspect ratio 1 x 2, the second of
+    # supported_aspect_ratios); every text token after the image token sees both tiles
+    tiles = vision.get("max_num_tiles", 4)
+    ratios = vision.get("supported_aspect_ratios") or [[1, 1], [1, 2]]
+    ids, mask = with_placeholders([token])
+    cross = np.zeros((rows, ids.shape[1], 1, tiles), np.int64)
+    cross[:, 2:, 0, :2] = 1
+    return ids, mask, {"pixel_values": pixels(rows, 1, tiles, channels, size, size),
+                       "aspect_ratio_ids": np.full((rows, 1), ratios.index([1, 2]) + 1),
+                       "aspect_ratio_mask": np.tile([[[1, 1] + [0] * (tiles - 2)]], (rows, 1, 1)),
+                       "cross_attention_mask": cross}
+
+
 def first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0] if text else ''}"[:160]
 
 
-def float64_distances(reference, model, ids, mask) -> tuple[float, float] | None:
+def float64_distances(reference, model, ids, mask, extra: dict) -> tuple[float, float] | None:
     """The largest distance of transformers' float32 and of jaxformer's float32 hidden states and logits to
     transformers' float64 ones (real tokens only): the float32 rounding a row's differences are judged against.
     An encoder-decoder's are its decoder's (fed the source shifted right, as compare() feeds it). None where it
@@ -127,17 +187,24 @@ def float64_distances(reference, model, ids, mask) -> tuple[float, float] | None
     for module in double.modules():  # the experts' grouped matmul has no float64 kernel; the loop does
         if hasattr(module, "config") and hasattr(module.config, "_experts_implementation"):
             module.config._experts_implementation = "eager"
-    kwargs = dict(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask), output_hidden_states=True)
-    ours_kwargs, valid, states = {}, mask[..., None], "hidden_states"
-    if getattr(double.config, "is_encoder_decoder", False):
+    kwargs = dict(output_hidden_states=True, **{key: torch.as_tensor(value) for key, value in extra.items()})
+    if ids is not None:
+        kwargs.update(input_ids=torch.as_tensor(ids), attention_mask=torch.as_tensor(mask))
+    ours_kwargs, valid, states = dict(extra), 1 if mask is None else mask[..., None], "hidden_states"
+    if "input_features" in extra:  # (Whisper: every frame and decoder token real)
+        states = "decoder_hidden_states"
+    elif getattr(double.config, "is_encoder_decoder", False):
         start = model.config.tokens.decoder_start if model.config.tokens.decoder_start is not None else 0
         decoder_ids = np.concatenate([np.full((ids.shape[0], 1), start), ids[:, :-1]], 1)
         kwargs.update(decoder_input_ids=torch.as_tensor(decoder_ids),
                       decoder_attention_mask=torch.ones(decoder_ids.shape, dtype=torch.long))
         ours_kwargs, valid, states = dict(decoder_input_ids=decoder_ids), 1, "decoder_hidden_states"
+    if model.config.family == "dual_encoder":  # two towers, no one stack of states to judge: no arbiter
+        return None
     try:
         with torch.no_grad():
-            theirs, truth = reference(**kwargs), double(**kwargs)
+            wide = {k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for k, v in kwargs.items()}
+            theirs, truth = reference(**kwargs), double(**wide)
         ours = model(ids, mask, output_hidden_states=True, **ours_kwargs)
     except Exception:  # noqa: BLE001 - no arbiter: the row stays as measured
         return None
@@ -150,7 +217,7 @@ def float64_distances(reference, model, ids, mask) -> tuple[float, float] | None
     return distance(theirs, lambda x: x.numpy().astype(np.float64)), distance(ours, lambda x: np.asarray(x, np.float64))
 
 
-def try_format(folder: Path, reference, ids, mask, earlier=None) -> tuple[tuple, object]:
+def try_format(folder: Path, reference, ids, mask, extra: dict, earlier=None) -> tuple[tuple, object]:
     """((loads, max abs of the logits, max abs of every compared tensor, verdict), the model) of the folder as it
     stands. The verdict: 'yes' within TOLERANCE; 'rounding' past it, with jaxformer's float32 as close to
     transformers' float64 as transformers' own float32 is (at most twice as far); else 'no'. ``earlier``: the other
@@ -167,14 +234,17 @@ def try_format(folder: Path, reference, ids, mask, earlier=None) -> tuple[tuple,
             model.config.replace(name=earlier[1].config.name) == earlier[1].config:
         return earlier[0], model
     try:
-        rows = compare(folder, ids, mask, model=model, reference=reference)
+        named = ("pixel_values", "input_features", "decoder_input_ids")  # compare's own arguments; the rest an image's
+        rows = compare(folder, ids, mask, model=model, reference=reference,
+                       image_inputs={k: v for k, v in extra.items() if k not in named},
+                       **{k: v for k, v in extra.items() if k in named})
     except Exception as err:  # noqa: BLE001 - loads but the forward or the comparison fails: a wrong load
         return ("loads, compare fails: " + first_line(err), None, None, "no"), model
     logits = [r.max_abs for r in rows if r.name == "logits"]
     worst = max(r.max_abs for r in rows)
     verdict = "yes" if worst <= TOLERANCE else "no"
     if verdict == "no":
-        distances = float64_distances(reference, model, ids, mask)
+        distances = float64_distances(reference, model, ids, mask, extra)
         hidden_worst = max(r.max_abs for r in rows if not r.name.startswith(("attention", "encoder", "cross")))
         if distances is not None and distances[1] <= 2 * distances[0] and hidden_worst == worst:
             verdict = "rounding"
@@ -238,12 +308,13 @@ def measure(hf: dict) -> dict:
             return {f: ("transformers fails: " + first_line(err), None, None, None) for f in FORMATS}
         as_published_layout(folder, hf["model_type"])
         reference = as_published_fp8(folder, hf, reference)
-        ids, mask = batch(hf, np.random.default_rng(0))
+        rng = np.random.default_rng(0)
+        ids, mask, extra = model_inputs(hf, *batch(hf, rng), rng)
         written = (folder / "config.json").read_text()
         out, earlier = {}, None
         for name, text in zip(FORMATS, (json.dumps(hf), written)):
             (folder / "config.json").write_text(text)
-            out[name], model = try_format(folder, reference, ids, mask, earlier)
+            out[name], model = try_format(folder, reference, ids, mask, extra, earlier)
             earlier = out[name], model
     return out
 

@@ -655,6 +655,157 @@ THIRD = {
 }
 assert len(THIRD) == 11, len(THIRD)
 
+# ------------------------------------------------------------------------------------------------- the fourth set
+# issue 51's image models. A vision_config is shrunk like a text one; its image sizes are made small by hand (a
+# published 336 or 896 pixel image would be hundreds of patches at width 32), keeping the published patch sizes.
+# transformers 4's PretrainedConfig keys that openai's CLIP files spell out in each sub-config, at their values
+_CLIP_LEGACY = dict(add_cross_attention=False, architectures=None, attention_dropout=0.0, bad_words_ids=None,
+                    chunk_size_feed_forward=0, decoder_start_token_id=None, diversity_penalty=0.0, do_sample=False,
+                    dropout=0.0, early_stopping=False, encoder_no_repeat_ngram_size=0, finetuning_task=None,
+                    forced_bos_token_id=None, forced_eos_token_id=None, hidden_act="quick_gelu",
+                    id2label={"0": "LABEL_0", "1": "LABEL_1"}, initializer_factor=1.0, initializer_range=0.02,
+                    is_decoder=False, is_encoder_decoder=False, label2id={"LABEL_0": 0, "LABEL_1": 1},
+                    layer_norm_eps=1e-05, length_penalty=1.0, max_length=20, min_length=0, no_repeat_ngram_size=0,
+                    num_beam_groups=1, num_beams=1, num_return_sequences=1, output_attentions=False,
+                    output_hidden_states=False, output_scores=False, prefix=None, problem_type=None, pruned_heads={},
+                    remove_invalid_values=False, repetition_penalty=1.0, return_dict=True,
+                    return_dict_in_generate=False, sep_token_id=None, task_specific_params=None, temperature=1.0,
+                    tie_encoder_decoder=False, tie_word_embeddings=True, tokenizer_class=None, top_k=50, top_p=1.0,
+                    torch_dtype=None, torchscript=False, transformers_version="4.16.0.dev0", use_bfloat16=False)
+_TINY_TEXT = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+# Qwen2.5-VL-7B-Instruct's vision_config at its published sizes (tests/test_qwen2_5_vl_vision.py counts it too)
+QWEN2_5_VL_7B_VISION = {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+                        "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14,
+                        "spatial_merge_size": 2, "spatial_patch_size": 14, "window_size": 112,
+                        "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2}
+FOURTH = {
+    "clip-vit-base-patch32": tiny({
+        "_name_or_path": "openai/clip-vit-base-patch32", "architectures": ["CLIPModel"], "initializer_factor": 1.0,
+        "logit_scale_init_value": 2.6592, "model_type": "clip", "projection_dim": 512,
+        "text_config": {**_CLIP_LEGACY, "bos_token_id": 0, "eos_token_id": 2, "hidden_size": 512,
+                        "intermediate_size": 2048, "max_position_embeddings": 77, "model_type": "clip_text_model",
+                        "num_attention_heads": 8, "num_hidden_layers": 12, "pad_token_id": 1, "projection_dim": 512,
+                        "vocab_size": 49408},
+        "text_config_dict": None, "torch_dtype": "float32", "transformers_version": None,
+        "vision_config": {**_CLIP_LEGACY, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+                          "hidden_size": 768, "image_size": 224, "intermediate_size": 3072,
+                          "model_type": "clip_vision_model", "num_attention_heads": 12, "num_hidden_layers": 12,
+                          "patch_size": 32, "projection_dim": 512},
+        "vision_config_dict": None}),
+    # SigLIP base's file names the model types alone: every size is SiglipTextConfig's and SiglipVisionConfig's default
+    "siglip-base-patch16-224": tiny({
+        "architectures": ["SiglipModel"], "initializer_factor": 1.0, "model_type": "siglip",
+        "text_config": {"model_type": "siglip_text_model"}, "torch_dtype": "float32",
+        "transformers_version": "4.37.0.dev0", "vision_config": {"model_type": "siglip_vision_model"}},
+        text_config={**_TINY_TEXT, "vocab_size": VOCAB, "max_position_embeddings": 16},
+        vision_config={**_TINY_TEXT, "image_size": 64}),
+    "llava-1.5-7b-hf": tiny({
+        "architectures": ["LlavaForConditionalGeneration"], "ignore_index": -100, "image_token_index": 32000,
+        "model_type": "llava", "pad_token_id": 32001, "projector_hidden_act": "gelu",
+        "text_config": {"_name_or_path": "lmsys/vicuna-7b-v1.5", "architectures": ["LlamaForCausalLM"],
+                        "max_position_embeddings": 4096, "model_type": "llama", "rms_norm_eps": 1e-05,
+                        "torch_dtype": "float16", "vocab_size": 32064},
+        "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.36.0.dev0",
+        "vision_config": {"hidden_size": 1024, "image_size": 336, "intermediate_size": 4096,
+                          "model_type": "clip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 24,
+                          "patch_size": 14, "projection_dim": 768, "vocab_size": 32000},
+        "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "vocab_size": 32064},
+        text_config=_TINY_TEXT, vision_config={"image_size": 42}),
+    # transformers 4.45 wrote the legacy keys into both sub-configs; the text model has 8 cross-attention layers
+    "Llama-3.2-11B-Vision-Instruct": tiny({
+        "architectures": ["MllamaForConditionalGeneration"], "image_token_index": 128256, "model_type": "mllama",
+        "text_config": {
+            **_CLIP_LEGACY, "hidden_act": "silu", "bos_token_id": 128000,
+            "cross_attention_layers": [3, 8, 13, 18, 23, 28, 33, 38], "dropout": 0, "eos_token_id": [128001, 128008,
+                                                                                                     128009],
+            "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 131072,
+            "model_type": "mllama_text_model", "num_attention_heads": 32, "num_hidden_layers": 40,
+            "num_key_value_heads": 8, "pad_token_id": 128004, "rms_norm_eps": 1e-05,
+            "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+            "vocab_size": 128256},
+        "torch_dtype": "bfloat16", "transformers_version": "4.45.0.dev0",
+        "vision_config": {
+            **_CLIP_LEGACY, "hidden_act": "gelu", "attention_heads": 16, "hidden_size": 1280, "image_size": 560,
+            "intermediate_layers_indices": [3, 7, 15, 23, 30], "intermediate_size": 5120, "max_num_tiles": 4,
+            "model_type": "mllama_vision_model", "norm_eps": 1e-05, "num_channels": 3, "num_global_layers": 8,
+            "num_hidden_layers": 32, "patch_size": 14,
+            "supported_aspect_ratios": [[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2], [3, 1], [4, 1]],
+            "torch_dtype": "bfloat16", "vision_output_dim": 7680}},
+        text_config={"num_hidden_layers": 4, "cross_attention_layers": [1, 3]},
+        vision_config={"image_size": 28, "attention_heads": 4, "num_global_layers": 1,
+                       "intermediate_layers_indices": [0, 1], "vision_output_dim": 96}),
+    # Qwen's file as published: the text model's keys at the top level (transformers 5 writes a text_config)
+    "Qwen2.5-VL-7B-Instruct": tiny({
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"], "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151645, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+        "vision_token_id": 151654, "image_token_id": 151655, "video_token_id": 151656, "hidden_act": "silu",
+        "hidden_size": 3584, "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 128000,
+        "max_window_layers": 28, "model_type": "qwen2_5_vl", "num_attention_heads": 28, "num_hidden_layers": 28,
+        "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.41.2", "use_cache": True,
+        "use_sliding_window": False,
+        "vision_config": QWEN2_5_VL_7B_VISION,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vocab_size": 152064},
+        rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]},
+        vision_config={"fullatt_block_indexes": [1], "out_hidden_size": 32}),
+    # Gemma 3 4B's text_config leaves its heads, head width and vocabulary to Gemma3TextConfig's defaults
+    "gemma-3-4b-it": tiny({
+        "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999, "eoi_token_index": 256000,
+        "eos_token_id": [1, 106], "image_token_index": 262144, "initializer_range": 0.02, "mm_tokens_per_image": 256,
+        "model_type": "gemma3",
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                        "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024},
+        "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+        "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                          "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                          "patch_size": 14, "vision_use_head": False}},
+        mm_tokens_per_image=4, text_config={"num_hidden_layers": 6, "num_attention_heads": 4,
+                                            "num_key_value_heads": 2, "head_dim": 8, "vocab_size": VOCAB},
+        vision_config={"image_size": 56}),
+}
+
+# -------------------------------------------------------------------------------------------------- the fifth set
+# issue 52's Whisper files: the encoder reads 2 x max_source_positions frames of num_mel_bins (made 60 frames here)
+_WHISPER_SUPPRESS = [1, 2, 7, 8, 9, 10, 14, 25, 26, 27, 28, 29, 31, 58, 59, 60, 61, 62, 63, 90, 91, 92, 93, 359, 503,
+                     522, 542, 873, 893, 902, 918, 922, 931, 1350, 1853, 1982, 2460, 2627, 3246, 3253, 3268, 3536,
+                     3846, 3961, 4183, 4667, 6585, 6647, 7273, 9061, 9383, 10428, 10929, 11938, 12033, 12331, 12562,
+                     13793, 14157, 14635, 15265, 15618, 16553, 16604, 18362, 18956, 20075, 21675, 22520, 26130, 26161,
+                     26435, 28279, 29464, 31650, 32302, 32470, 36865, 42863, 47425, 49870, 50254, 50258, 50358, 50359,
+                     50360, 50361, 50362]
+_WHISPER = {"activation_dropout": 0.0, "activation_function": "gelu", "architectures": ["WhisperForConditionalGeneration"],
+            "attention_dropout": 0.0, "begin_suppress_tokens": [220, 50257], "bos_token_id": 50257,
+            "decoder_layerdrop": 0.0, "decoder_start_token_id": 50258, "dropout": 0.0, "encoder_layerdrop": 0.0,
+            "eos_token_id": 50257, "init_std": 0.02, "is_encoder_decoder": True, "max_length": 448,
+            "max_source_positions": 1500, "max_target_positions": 448, "model_type": "whisper",
+            "scale_embedding": False, "use_cache": True}
+# large-v3's and its descendants' keys beside those (SpecAugment's settings, off at inference)
+_WHISPER_V3 = {**_WHISPER, "apply_spec_augment": False, "classifier_proj_size": 256, "d_model": 1280,
+               "decoder_attention_heads": 20, "decoder_ffn_dim": 5120, "encoder_attention_heads": 20,
+               "encoder_ffn_dim": 5120, "encoder_layers": 32, "mask_feature_length": 10, "mask_feature_min_masks": 0,
+               "mask_feature_prob": 0.0, "mask_time_length": 10, "mask_time_min_masks": 2, "mask_time_prob": 0.05,
+               "median_filter_width": 7, "num_mel_bins": 128, "pad_token_id": 50256, "torch_dtype": "float16",
+               "use_weighted_layer_sum": False, "vocab_size": 51866}
+FIFTH = {
+    "whisper-tiny": tiny({
+        **_WHISPER, "_name_or_path": "openai/whisper-tiny", "d_model": 384, "decoder_attention_heads": 6,
+        "decoder_ffn_dim": 1536, "decoder_layers": 4, "encoder_attention_heads": 6, "encoder_ffn_dim": 1536,
+        "encoder_layers": 4, "forced_decoder_ids": [[1, 50259], [2, 50359], [3, 50363]], "num_hidden_layers": 4,
+        "num_mel_bins": 80, "pad_token_id": 50257, "suppress_tokens": _WHISPER_SUPPRESS, "torch_dtype": "float32",
+        "transformers_version": "4.27.0.dev0", "vocab_size": 51865}, max_source_positions=30),
+    "whisper-large-v3": tiny({**_WHISPER_V3, "_name_or_path": "openai/whisper-large-v3", "decoder_layers": 32,
+                              "num_hidden_layers": 32, "transformers_version": "4.36.0.dev0"}, max_source_positions=30),
+    "whisper-large-v3-turbo": tiny({**_WHISPER_V3, "_name_or_path": "openai/whisper-large-v3-turbo",
+                                    "decoder_layers": 4, "num_hidden_layers": 32,
+                                    "transformers_version": "4.46.0.dev0"}, max_source_positions=30),
+    # distil-whisper keeps large-v3's encoder whole and two of its decoder layers
+    "distil-large-v3": tiny({**_WHISPER_V3, "_name_or_path": "distil-whisper/distil-large-v3", "decoder_layers": 2,
+                             "num_hidden_layers": 32, "transformers_version": "4.40.0.dev0"},
+                            max_source_positions=30),
+}
+
 # ------------------------------------------------------------ the first set's files for the types PUBLISHED lacks
 MORE = {
     "roberta-base": tiny({
@@ -817,13 +968,13 @@ MORE |= {
 
 def _first_set() -> tuple[dict, list[str]]:
     """tests/published_configs.py's files, then for each model type the library claims that they do not hold one
-    file of that type from the other sets (set 2's first, then set 3's, then MORE's); and the claimed types no file
+    file of that type from the other sets (sets 2 to 5 in turn, then MORE's); and the claimed types no file
     here holds."""
     from jaxformer.interop.registry import SUPPORTED
 
     files = dict(PUBLISHED)
     held = {hf["model_type"] for hf in files.values()}
-    for name, hf in {**SECOND, **THIRD, **MORE}.items():
+    for name, hf in {**SECOND, **THIRD, **FOURTH, **FIFTH, **MORE}.items():
         if hf["model_type"] in SUPPORTED and hf["model_type"] not in held:
             files[name] = hf
             held.add(hf["model_type"])
@@ -831,4 +982,4 @@ def _first_set() -> tuple[dict, list[str]]:
 
 
 FIRST, UNCOVERED = _first_set()
-SETS = {1: FIRST, 2: SECOND, 3: THIRD}
+SETS = {1: FIRST, 2: SECOND, 3: THIRD, 4: FOURTH, 5: FIFTH}

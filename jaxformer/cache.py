@@ -18,6 +18,8 @@ segment memory) is a new type or field here, never a second forward pass.
 - ``MemoryKV``: the same window as generation carries it, the keys and values those hidden states
   project to, so a decode step does not project M memory tokens again per layer and token.
 - ``EncoderKV``: an encoder-decoder's cross-attention keys and values, computed once per source.
+- ``ImageCache``: Llama 3.2 Vision's, a ``KVCache`` of its self-attention layers beside its cross layers' keys and
+  values of the images (``ImageKV``), computed once by the prefill.
 - ``DecodeState``: what a decoder's step carries: its KV cache (or segment memory), the encoder side,
   the prefix sizes. Drafting rewinds it past the tokens the target rejected (``rewind``).
 """
@@ -503,6 +505,9 @@ def empty_cache(cfg, layers: int, batch: int, length: int, dtype, rewind: int = 
     states where a stack has them (``HybridCache``)."""
     if cfg.scores.compressed is not None:  # DeepSeek-V4: windows, compressor tails and entries, by layer kind
         return CompressedCache.empty(cfg, batch, length, dtype)
+    if cfg.scores.cross_attention_layers:  # Llama 3.2 Vision: the images' keys and values come with the prefill
+        self_layers = layers - len(cfg.scores.cross_attention_layers)
+        return ImageCache(KVCache.empty(self_layers, batch, length, cfg.kv_heads, cfg.head_dim_, dtype))
     if cfg.linear_attention is not None:
         linear = len(cfg.linear_attention.layers)
         full = (LatentCache.empty(layers - linear, batch, length, cfg.latent.kv_rank + cfg.latent.rope_head_dim, dtype)
@@ -539,7 +544,8 @@ def cache_numbers_per_token(cfg) -> int:
         per_layer = 2 * cfg.kv_heads * cfg.head_dim_
     linear = len(cfg.linear_attention.layers) if cfg.linear_attention is not None else 0
     full_layers, full_extra = _own_full_layers(cfg)
-    return (cfg.decoder_layers - linear - cfg.scores.kv_shared_layers) * per_layer + full_layers * full_extra
+    cached = cfg.decoder_layers - linear - cfg.scores.kv_shared_layers - len(cfg.scores.cross_attention_layers)
+    return cached * per_layer + full_layers * full_extra
 
 
 def _own_full_layers(cfg) -> tuple[int, int]:
@@ -697,18 +703,84 @@ class EncoderKV:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class ImageKV:
+    """Llama 3.2 Vision's cross layers' keys and values of the images, k, v [L_cross, B, S, K, H] (keys normed),
+    computed once by the prefill; ``visible`` [B, S]: the image keys the prompt's last token sees, which every
+    generated token sees too (transformers repeats the cross_attention_mask's last row)."""
+
+    k: Array
+    v: Array
+    visible: Array
+
+    def layers(self) -> dict[str, Array | LayerArrays]:
+        return {name: LayerArrays(value) if isinstance(value, tuple) else value
+                for name, value in (("k", self.k), ("v", self.v))}
+
+    def per_layer(self) -> ImageKV:
+        return dataclasses.replace(self, k=tuple(self.k), v=tuple(self.v))
+
+
+class _NoImages:
+    """The cross layers' slice of an ``ImageCache`` that read no images (text alone): nothing, so they pass
+    their input on, as transformers skips them."""
+
+    @staticmethod
+    def layers() -> dict:
+        return {}
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["full", "images"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class ImageCache:
+    """Llama 3.2 Vision's state: a ``KVCache`` of the self-attention layers beside the cross layers' ``ImageKV``
+    (None until a prefill reads images; for text alone it stays None). The stack hands each layer its slice of
+    its own kind's (``kinds``, keyed as the plan's ``LayerSpec.cache``)."""
+
+    full: KVCache
+    images: ImageKV | None = None
+
+    @property
+    def index(self) -> Array:
+        return self.full.index
+
+    def kinds(self) -> dict:
+        return {"full": self.full, "images": _NoImages if self.images is None else self.images}
+
+    def check_room(self, count: int) -> None:
+        self.full.check_room(count)
+
+    def write(self, new: dict[str, Array], positions: Array, valid: Array) -> ImageCache:
+        """``new``: the self-attention layers' keys and values (the images' were written by the prefill)."""
+        return dataclasses.replace(self, full=self.full.write(new, positions, valid))
+
+    def reorder(self, rows: Array) -> ImageCache:
+        """Beams of one input share its images, so their keys and values stay where they are."""
+        return dataclasses.replace(self, full=self.full.reorder(rows))
+
+    def rewind(self, index: Array, span: int | None = None) -> ImageCache:
+        return dataclasses.replace(self, full=self.full.rewind(index, span))
+
+    def per_layer(self) -> ImageCache:
+        return dataclasses.replace(self, full=self.full.per_layer(),
+                                   images=None if self.images is None else self.images.per_layer())
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
 class DecodeState:
     """What a decoder's cached step carries: its self-attention cache (Transformer-XL: its segment
     memory), the encoder side of an encoder-decoder (None for decoder-only models), and prefix-LM prefix
-    sizes [B] (None otherwise)."""
+    sizes [B] (None otherwise). M-RoPE (Qwen2.5-VL): ``rope_deltas`` [B, 3], what each position stream adds to a
+    step's position (its prompt's last stream position less its last position; zeros for a text prompt)."""
 
     kv: KVCache | SplitKVCache | LatentCache | MemoryKV
     encoder: EncoderKV | None = None
     prefix_lengths: Array | None = None
+    rope_deltas: Array | None = None
 
     def reorder(self, rows: Array) -> DecodeState:
         """Beam search: rows take their parents' caches. Beams of one input share its encoder output
-        and prefix, so those stay where they are."""
+        and prefix (and rope deltas), so those stay where they are."""
         return dataclasses.replace(self, kv=self.kv.reorder(rows))
 
     def rewind(self, index: Array, span: int | None = None) -> DecodeState:

@@ -22,6 +22,8 @@ from jaxformer.model_config import ModelConfig
 # a call's Python switches, static under jit (one compilation per choice): what it returns, and an image tower's
 # resampled positions
 STATIC_FLAGS = ("output_hidden_states", "output_attentions", "interpolate_pos_encoding")
+# inputs that lay out work on the host (Qwen2.5-VL's image grids: its tower's windows): static, as nested tuples
+STATIC_VALUES = ("image_grid_thw",)
 
 
 def public_call(method):
@@ -39,13 +41,19 @@ def public_call(method):
             self.validate(*args, **kwargs)
             return method(self, *args, **kwargs)
         args = tuple(as_array(a, f"argument {i}") for i, a in enumerate(args))
-        kwargs = {k: (v if k in STATIC_FLAGS else as_array(v, k)) for k, v in kwargs.items()}
+        kwargs = {k: (v if k in STATIC_FLAGS + STATIC_VALUES else as_array(v, k)) for k, v in kwargs.items()}
         self.validate(*args, **kwargs)
         flags = tuple((k, bool(kwargs.pop(k))) for k in STATIC_FLAGS if k in kwargs)
+        flags += tuple((k, static_value(kwargs.pop(k))) for k in STATIC_VALUES if kwargs.get(k) is not None)
         graphdef, state = nnx.split(self)
         return _run_compiled(graphdef, state, method, args, kwargs, flags)
 
     return call
+
+
+def static_value(x: Any) -> tuple:
+    """An array of ints (a grid per image) as nested tuples: hashable, a static argument of a compiled call."""
+    return tuple(tuple(row) if isinstance(row, list) else row for row in np.asarray(x).tolist())
 
 
 def as_array(x: Any, name: str) -> Any:
@@ -144,6 +152,13 @@ def check_token_types(token_type_ids: Any, shape: tuple[int, ...], cfg: ModelCon
         if _concrete(token_type_ids) and np.asarray(token_type_ids).min() < 0:
             raise ValueError("token_type_ids must be non-negative segment ids")
         return
+    if cfg.vision is not None and cfg.vision.bidirectional_images:  # Gemma 3: 1 marks an image token, 0 text
+        if _shape(token_type_ids) != tuple(shape):
+            raise ValueError(f"token_type_ids has shape {_shape(token_type_ids)} but input_ids has shape "
+                             f"{tuple(shape)}")
+        if _concrete(token_type_ids) and not np.isin(np.asarray(token_type_ids), (0, 1)).all():
+            raise ValueError("token_type_ids mark image tokens (1) among text (0); they hold other values")
+        return
     if not cfg.embeddings.types:
         raise ValueError(f"token_type_ids given but {cfg.name!r} has no token-type embeddings (type_vocab_size=0)")
     if _shape(token_type_ids) != tuple(shape):
@@ -239,7 +254,7 @@ def check_inputs(cfg: ModelConfig, input_ids, inputs_embeds, attention_mask, pos
         check_embeds(inputs_embeds, cfg, ids_name.replace("input_ids", "inputs_embeds"))
         shape = tuple(inputs_embeds.shape[:2])
     else:
-        check_ids(input_ids, cfg.vocab_size, ids_name)
+        check_ids(input_ids, cfg.token_rows, ids_name)
         shape = tuple(input_ids.shape)
     check_mask(attention_mask, shape, mask_name, ids_name)
     check_positions(position_ids, shape, cfg)
@@ -253,3 +268,30 @@ def require_text(text: str | None, flag: str) -> None:
     answer, from its special tokens alone, an answer about nothing). None means not given."""
     if text is not None and not text.strip():
         raise ValueError(f"{flag}={text!r} is empty; give some text")
+
+
+def check_position_streams(cfg: ModelConfig, position_ids: Any, input_ids: Any, inputs_embeds: Any) -> bool:
+    """Whether ``position_ids`` are M-RoPE's three streams [3, B, T] (a model with ``rope_sections``), checked;
+    any other position_ids are left to ``check_inputs``."""
+    if position_ids is None or len(_shape(position_ids)) != 3 or cfg.rotary is None or cfg.rotary.sections is None:
+        return False
+    given = input_ids if input_ids is not None else inputs_embeds
+    want = (3, *_shape(given)[:2])
+    if _shape(position_ids) != want:
+        raise ValueError(f"position_ids has shape {_shape(position_ids)}; M-RoPE's three streams (temporal, height, "
+                         f"width) are {want} (transformers' packed form [4, B, T], text positions first for its "
+                         "masks, is not taken: pass its last three)")
+    if _concrete(position_ids) and np.asarray(position_ids).min() < 0:
+        raise ValueError("position_ids must be non-negative")
+    return True
+
+
+VIDEO_INPUTS = ("pixel_values_videos", "video_grid_thw", "second_per_grid_ts")
+
+
+def refuse_videos(inputs: dict) -> None:
+    """Qwen2.5-VL's video inputs, refused by name: jaxformer reads its images only."""
+    videos = [name for name in VIDEO_INPUTS if name in inputs]
+    if videos:
+        raise ValueError(f"{', '.join(videos)}: videos are not supported; jaxformer's vision-language models read "
+                         "images (pixel_values, with image_grid_thw for Qwen2.5-VL)")

@@ -1,4 +1,5 @@
-"""The ``jaxformer`` command line: info, train, tokenize, eval, compare, convert, generate, predict, embed, viz."""
+"""The ``jaxformer`` command line: info, train, tokenize, eval, compare, convert, generate, transcribe, predict,
+embed, viz, serve."""
 
 from __future__ import annotations
 
@@ -100,9 +101,12 @@ def compare(args: argparse.Namespace) -> int:
     from jaxformer.compare import format_table
 
     _refuse_run_folder(args.path, "compare")
-    if args.input_ids is None and args.text is None and args.image is None:
-        raise ValueError("compare needs an input: --text, --input-ids or --image (an image model's)")
-    ids, images = None, {}
+    if args.input_ids is None and args.text is None and args.image is None and args.audio is None:
+        raise ValueError("compare needs an input: --text, --input-ids, --image (an image model's) or --audio "
+                         "(Whisper's: --input-ids or --text then give the decoder's ids)")
+    if args.image is not None and args.audio is not None:
+        raise ValueError("compare reads --image (an image model's input) or --audio (Whisper's), not both")
+    ids, images, model = None, {}, None
     if args.input_ids is not None:
         try:
             ids = np.array([[int(t) for t in args.input_ids.split(",")]])
@@ -113,27 +117,44 @@ def compare(args: argparse.Namespace) -> int:
 
         ids = load_tokenizer(args.path)(args.text)["input_ids"]
     if args.image is not None:
-        images = _image_inputs(args.path, args.image)
-    rows = run_compare(args.path, ids, dtype=args.dtype, **images)
+        model, ids, images = _image_inputs(args, ids)
+    if args.audio is not None:  # the features' own row first, then the model's from them
+        from jaxformer.compare import audio_features
+
+        features, features_row = audio_features(args.path, args.audio)
+        rows = [features_row, *run_compare(args.path, None, decoder_input_ids=ids, dtype=args.dtype,
+                                           input_features=features)]
+    else:
+        rows = run_compare(args.path, ids, dtype=args.dtype, model=model, **images)
     print(format_table(rows, args.tolerance))
     return 0 if all(r.max_abs <= args.tolerance for r in rows) else 1
 
 
-def _image_inputs(folder: str, image: str) -> dict:
-    """``image`` read with PIL and prepared by the folder's own image processor (its preprocessor_config.json):
-    pixel_values, and NaFlex's (SigLIP2's) pixel_attention_mask and spatial_shapes where it gives them."""
-    from PIL import Image
+def _image_inputs(args: argparse.Namespace, ids) -> tuple:
+    """(model, input ids, compare's image arguments) for ``compare --image``. An image tower reads the image alone,
+    prepared by the folder's own image processor (its preprocessor_config.json): pixel_values, and NaFlex's
+    (SigLIP2's) pixel_attention_mask and spatial_shapes where it gives them. A decoder reading images (LLaVA,
+    Qwen2.5-VL, Gemma 3, Llama 3.2 Vision) reads the prompt ``--text`` with the image's placeholder expanded, as
+    transformers' processor expands it, beside the pixels (and the other inputs its processor gives, as compare's
+    image_inputs)."""
+    from jaxformer.interop.hf import from_pretrained
+    from jaxformer.interop.tokenizer import load_tokenizer
+    from jaxformer.vision import ImageProcessor, read_image
+    from jaxformer.vision.loading import refuse_unprepared_images
 
-    from jaxformer.vision import ImageProcessor
-
-    processor = ImageProcessor.from_pretrained(folder)
-    try:
-        with Image.open(image) as picture:
-            picture.load()
-            out = processor([picture])
-    except OSError as err:  # (PIL's UnidentifiedImageError too)
-        raise ValueError(f"--image {image}: not a readable image ({err})") from None
-    return {key: out[key] for key in ("pixel_values", "pixel_attention_mask", "spatial_shapes") if key in out}
+    model = from_pretrained(args.path, dtype=args.dtype)
+    cfg = model.config
+    if cfg.family == "decoder" and cfg.vision is not None:
+        if args.text is None:
+            raise ValueError(f"compare --image on {args.path} (a decoder reading images) needs --text, the prompt "
+                             "holding the image's placeholder, e.g. --text 'USER: <image> What is this? ASSISTANT:'")
+        batch, images = _image_batch(args.path, model, load_tokenizer(args.path), [args.text], [args.image])
+        pixel_values = images.pop("pixel_values")
+        return model, batch["input_ids"], dict(pixel_values=pixel_values, image_inputs=images or None)
+    refuse_unprepared_images(cfg, args.path, "compare --image")
+    out = ImageProcessor.from_pretrained(args.path)([read_image(args.image, "--image")])
+    return model, ids, {key: out[key] for key in ("pixel_values", "pixel_attention_mask", "spatial_shapes")
+                        if key in out}
 
 
 def _refuse_run_folder(path: str, command: str) -> None:
@@ -237,23 +258,28 @@ def generate(args: argparse.Namespace) -> int:
                     max_matching_ngram_size=args.max_matching_ngram_size)
     # decoders continue the prompt's last token: pad on the left; an encoder reads its source from position 0,
     # as transformers' seq2seq tokenizers pad it (an absolute position table sees left padding as a shift)
-    batch = tokenizer(args.prompt, padding_side="left" if model.config.family == "decoder" else "right")
+    if args.image:
+        batch, images = _image_batch(args.path, model, tokenizer, args.prompt, args.image)
+    else:
+        batch, images = tokenizer(args.prompt, padding_side="left" if model.config.family == "decoder" else "right"), {}
     # the checkpoint's EOS and forced BOS/EOS apply as they do in transformers (generate.generation_defaults)
     call_args, gc = gen.prepare(model, batch["input_ids"], batch["attention_mask"], max_new_tokens=args.max_new_tokens,
                                 do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, num_beams=args.num_beams, seed=args.seed,
                                 forced_bos_token_id=(gen.FROM_MODEL if args.forced_bos_token_id is None
                                                      else args.forced_bos_token_id),
-                                allow_beyond_max_positions=args.allow_beyond_max_positions, **drafting)
+                                allow_beyond_max_positions=args.allow_beyond_max_positions, **drafting, **images)
+    images = gen.loop_images(model, batch["input_ids"], gc, images)  # (prepare checks them, the loop reads these)
     start = time.perf_counter()
     loop = gen.drafted_tokens_jit if gc.draft_tokens else gen.generate_tokens_jit  # drafting also counts its rounds
-    compiled = loop.lower(*call_args, config=gc).compile()
+    compiled = loop.lower(*call_args, config=gc, **images).compile()
     compile_s = time.perf_counter() - start
     start = time.perf_counter()
-    tokens, steps, bad_step, *rounds = jax.block_until_ready(compiled(*call_args[1:]))
+    images.pop("image_grid_thw", None)  # (static: compiled in)
+    tokens, steps, bad_step, *rounds = jax.block_until_ready(compiled(*call_args[1:], **images))
     elapsed = time.perf_counter() - start
     out = gen.assemble(model, batch["input_ids"], tokens, steps, bad_step, gc)
-    for prompt, row, mask in zip(args.prompt, out, batch["attention_mask"]):
+    for prompt, row, mask in zip(args.prompt, out, batch["attention_mask"]):  # (as written: placeholders unexpanded)
         if model.config.family == "decoder":  # the row: left padding, the prompt's ids, the new ones
             padding, length = len(mask) - int(mask.sum()), int(mask.sum())
             print(prompt + tokenizer.continuation(row[padding:padding + length], row[padding:]))
@@ -264,6 +290,60 @@ def generate(args: argparse.Namespace) -> int:
     print(f"[{new} new tokens in {elapsed:.2f} s: {new / elapsed:.1f} tokens/s{drafted}; compile {compile_s:.1f} s]",
           file=sys.stderr)
     return 0
+
+
+def _image_batch(folder: str, model, tokenizer, prompts: list[str], images: list[str]) -> tuple[dict, dict]:
+    """The batch (input_ids, attention_mask; left padded) of the prompts with each image's placeholder expanded, and
+    the image inputs, as the folder's transformers processor gives them (processor_config.json,
+    preprocessor_config.json, the tokenizer's image token), named as it names them: LLaVA's pixel_values, Qwen2-VL's
+    with image_grid_thw and mm_token_type_ids, Gemma 3's with token_type_ids, Llama 3.2 Vision's with
+    aspect_ratio_ids, aspect_ratio_mask and cross_attention_mask. The images fill the placeholders in order across
+    the prompts. As that processor, a prompt whose placeholders do not match the images in number is refused (a chat
+    template writes them; a raw prompt holds its own)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from jaxformer.train.run import CONFIG_FILE
+    from jaxformer.vision import ImagePlaceholders, read_image
+
+    cfg = model.config
+    if cfg.family != "decoder" or cfg.vision is None:
+        kind = f"{cfg.family} model" if cfg.vision is not None else f"{cfg.family} model that reads no images"
+        raise ValueError(f"generate --image needs a decoder with an image tower (LLaVA, Qwen2.5-VL, Gemma 3, Llama "
+                         f"3.2 Vision); {folder} holds a {kind} ({cfg.name!r})")
+    if (Path(folder) / CONFIG_FILE).exists():
+        raise ValueError(f"--image reads a Hugging Face folder's image processor (preprocessor_config.json); {folder} "
+                         f"is a training run: write a folder with `jaxformer convert {folder} --to-hf OUT`")
+    placeholders = ImagePlaceholders.from_pretrained(folder)
+    if placeholders.kind == "llava_next":  # its image_sizes and tiles do not reach the model yet
+        raise ValueError(f"--image with a prompt takes LLaVA's, Qwen2.5-VL's, Gemma 3's and Llama 3.2 Vision's images; "
+                         f"{folder}'s processor is {placeholders.kind}'s")
+    token = placeholders.image_token
+    found = [prompt.count(token) for prompt in prompts]
+    if sum(found) != len(images):
+        raise ValueError(f"the prompts hold {sum(found)} {token} placeholders for {len(images)} --image files; write "
+                         f"one {token} where each image goes, in order, e.g. --prompt 'USER: {token} What is this? "
+                         "ASSISTANT:' (as transformers' processor, which refuses the mismatch too)")
+    pictures = [read_image(path, "--image") for path in images]
+    if placeholders.kind == "mllama":  # one list of images per prompt
+        ends = np.cumsum(found)
+        pictures = [pictures[end - count:end] for count, end in zip(found, ends)]
+    inputs = placeholders.image_processor(pictures)
+    batch = tokenizer(placeholders.expand(prompts, inputs), padding_side="left")
+    image_token_id = cfg.vision.image_token_id
+    if placeholders.kind == "qwen2_vl":
+        extra = dict(image_grid_thw=inputs["image_grid_thw"],
+                     mm_token_type_ids=placeholders.token_type_ids(batch["input_ids"], image_token_id))
+    elif placeholders.kind == "gemma3":
+        extra = dict(token_type_ids=placeholders.token_type_ids(batch["input_ids"], image_token_id))
+    elif placeholders.kind == "mllama":
+        extra = dict(aspect_ratio_ids=inputs["aspect_ratio_ids"], aspect_ratio_mask=inputs["aspect_ratio_mask"],
+                     cross_attention_mask=placeholders.cross_attention_mask(batch["input_ids"], inputs["num_tiles"],
+                                                                            image_token_id))
+    else:
+        extra = {}
+    return batch, {"pixel_values": inputs["pixel_values"], **{k: np.asarray(v) for k, v in extra.items()}}
 
 
 def _generation_source(path: str, step: int | None, dtype: str | None, need_tokenizer: bool = True):
@@ -313,14 +393,30 @@ def predict(args: argparse.Namespace) -> int:
 
 
 def embed(args: argparse.Namespace) -> int:
-    from jaxformer.embedder import Embedder
+    from jaxformer.embedder import Embedder, ImageTextEmbedder
+    from jaxformer.vision import read_image
 
-    vectors = Embedder.from_pretrained(args.path, dtype=args.dtype).encode(args.text, batch_size=args.batch_size,
-                                                                           prompt_name=args.prompt_name)
+    if args.image:  # a dual encoder's image tower (ImageTextEmbedder refuses any other folder by name)
+        if args.prompt_name is not None or args.batch_size is not None:
+            raise ValueError("--prompt-name and --batch-size are a sentence-transformers folder's (its text prompt, "
+                             "its batches); --image takes neither: the images run as one batch")
+        pictures = [read_image(path, "--image") for path in args.image]
+        vectors = ImageTextEmbedder.from_pretrained(args.path, dtype=args.dtype).encode_images(pictures)
+    else:
+        embedder = Embedder.from_pretrained(args.path, dtype=args.dtype)
+        if isinstance(embedder, ImageTextEmbedder):  # CLIP's, SigLIP's text tower: one batch, no prompts
+            if args.prompt_name is not None or args.batch_size is not None:
+                raise ValueError(f"--prompt-name and --batch-size are a sentence-transformers folder's (its prompts, "
+                                 f"its batches); {args.path} is a {embedder.model.config.name} dual encoder, whose "
+                                 "texts run as one batch without prompts")
+            vectors = embedder.encode(args.text)
+        else:
+            batches = {} if args.batch_size is None else {"batch_size": args.batch_size}
+            vectors = embedder.encode(args.text, prompt_name=args.prompt_name, **batches)
     if args.json:
         print(json.dumps({"embeddings": vectors.tolist()}))
         return 0
-    for text, vector in zip(args.text, vectors):
+    for text, vector in zip(args.text or args.image, vectors):
         shown = " ".join(f"{v:+.4f}" for v in vector[:8])
         print(f"{text!r}: [{shown}{' ...' if len(vector) > 8 else ''}] ({len(vector)} dims)")
     return 0
@@ -395,7 +491,10 @@ def argument_parser() -> argparse.ArgumentParser:
     source.add_argument("--text", help="text to tokenize with the folder's tokenizer.json")
     source.add_argument("--input-ids", help="comma-separated token ids, e.g. 1,2,3")
     p.add_argument("--image", help="an image file, prepared by the folder's preprocessor_config.json (ViT, CLIP's "
-                   "and SigLIP's vision models need no ids)")
+                   "and SigLIP's vision models need no ids; LLaVA, Qwen2.5-VL, Gemma 3 and Llama 3.2 Vision read it "
+                   "beside --text, a prompt holding its placeholder, e.g. <image>)")
+    p.add_argument("--audio", help="an audio file (WAV, FLAC, OGG), resampled and turned into log-mel features by the "
+                   "folder's preprocessor_config.json (Whisper; --input-ids: the decoder's, default its start token)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--tolerance", type=float, default=1e-5, help="max abs difference allowed (exit 1 above)")
     p.set_defaults(run=compare)
@@ -424,6 +523,7 @@ def argument_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=convert)
 
     _generate_command(commands)
+    _transcribe_command(commands)
 
     p = commands.add_parser("predict", help="a fine-tuned run's predictions: entities (token_classification), "
                                             "answer spans (question_answering) or labels (classification)")
@@ -436,10 +536,16 @@ def argument_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=predict)
 
-    p = commands.add_parser("embed", help="sentence embeddings from a sentence-transformers folder")
-    p.add_argument("path", help="a sentence-transformers folder: modules.json, the pooling config, the encoder")
-    p.add_argument("--text", action="append", required=True, help="a sentence; repeat for several")
-    p.add_argument("--batch-size", type=int, default=32)
+    p = commands.add_parser("embed", help="sentence embeddings from a sentence-transformers folder; text or image "
+                                          "embeddings from a CLIP or SigLIP folder")
+    p.add_argument("path", help="a sentence-transformers folder (modules.json, the pooling config, the encoder), or a "
+                                "CLIP or SigLIP Hugging Face folder")
+    inputs = p.add_mutually_exclusive_group(required=True)
+    inputs.add_argument("--text", action="append", help="a sentence; repeat for several")
+    inputs.add_argument("--image", action="append", metavar="PATH",
+                        help="CLIP and SigLIP folders: an image file, prepared by the folder's "
+                             "preprocessor_config.json (its get_image_features); repeat for several")
+    p.add_argument("--batch-size", type=int, help="sentence-transformers folders: texts per batch (default 32)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--prompt-name", help="one of the folder's prompts (config_sentence_transformers.json), e.g. "
                                          "EmbeddingGemma's query or document")
@@ -448,7 +554,152 @@ def argument_parser() -> argparse.ArgumentParser:
 
     _tokenize_command(commands)
     _viz_command(commands)
+    _serve_command(commands)
     return parser
+
+
+def _serve_command(commands) -> None:
+    p = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, streaming, metrics) "
+                                          "over the serving engine: continuous batching on a paged KV cache")
+    p.add_argument("path", help="checkpoint folder (config.json, model.safetensors, tokenizer.json; the chat "
+                                "template from chat_template.jinja or tokenizer_config.json) or a train.py run folder")
+    p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
+    p.add_argument("--served-model-name", help="the name requests give as model (default: PATH as given)")
+    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoded together at most")
+    p.add_argument("--block-size", type=int, default=16, help="tokens a KV-cache block holds")
+    p.add_argument("--num-blocks", type=int,
+                   help="KV-cache blocks in the pool (default: max_num_seqs sequences at max_positions)")
+    p.add_argument("--prefill-chunk", type=int, default=32, help="prompt tokens a sequence feeds per step at most")
+    p.add_argument("--max-queue", type=int, default=1024, help="requests waiting at most; more are answered 429")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.set_defaults(run=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    from jaxformer.serving.server import serve as run_server
+
+    model, tokenizer = _generation_source(args.path, None, args.dtype)
+    run_server(model, tokenizer, args.path, args.served_model_name or args.path, args.host, args.port, args.api_key,
+               args.max_queue, num_blocks=args.num_blocks, block_size=args.block_size,
+               max_num_seqs=args.max_num_seqs, prefill_chunk=args.prefill_chunk)
+    return 0
+
+
+TRANSCRIPT_SUFFIXES = {"text": ".txt", "json": ".json", "srt": ".srt", "vtt": ".vtt"}
+
+
+def _transcribe_command(commands) -> None:
+    p = commands.add_parser("transcribe", help="speech to text with a Whisper folder: transcripts, JSON segments or "
+                                               "SRT/VTT subtitles of audio files")
+    p.add_argument("path", help="a Whisper Hugging Face folder (config.json, model.safetensors, "
+                                "generation_config.json, preprocessor_config.json, tokenizer.json)")
+    p.add_argument("audio", nargs="+", metavar="AUDIO",
+                   help="audio files (WAV, FLAC, OGG, ...), resampled to the feature extractor's rate; audio longer "
+                        "than one window (30 s) is transcribed window by window, with timestamps")
+    p.add_argument("--language", help="the spoken language: a code (en), a name (english) or a token (<|en|>); "
+                                      "default: detected per file (multilingual models)")
+    p.add_argument("--task", choices=["transcribe", "translate"],
+                   help="translate: English text from speech in any language (multilingual models)")
+    p.add_argument("--timestamps", action="store_true",
+                   help="predict timestamp tokens: segments with their times. Always on for audio longer than one "
+                        "window (as transformers' generate and pipeline) and for --format srt/vtt (cues need times); "
+                        "without it a window is one segment")
+    p.add_argument("--num-beams", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, help="new tokens per window (default: generation_config.json's "
+                                                      "max_length, as transformers reads it)")
+    p.add_argument("--format", choices=list(TRANSCRIPT_SUFFIXES), default="text",
+                   help="text: one line per file; json: one object per file and line (text, segments with start, "
+                        "end in seconds and text); srt, vtt: subtitles, one cue per segment")
+    p.add_argument("--output", metavar="DIR", help="write NAME.txt, .json, .srt or .vtt per file into DIR (default: "
+                                                   "stdout; several files' subtitles need DIR)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.set_defaults(run=transcribe)
+
+
+def transcribe(args: argparse.Namespace) -> int:
+    """Each audio file as transformers' Whisper pipeline reads it (one window padded to 30 s, or longer audio's
+    features unpadded), ``model.generate`` on it, its tokens decoded by the folder's tokenizer (timestamps left out),
+    written out as each file finishes under a progress bar over the files."""
+    import os
+    from pathlib import Path
+
+    import soundfile
+    from tqdm import tqdm
+
+    from jaxformer import speech_generation
+    from jaxformer.audio import FeatureExtractor, read_audio
+    from jaxformer.interop.hf import from_pretrained
+    from jaxformer.interop.tokenizer import load_tokenizer
+
+    _refuse_run_folder(args.path, "transcribe")
+    several = len(args.audio) > 1
+    if args.output is None and several and args.format in ("srt", "vtt"):
+        raise ValueError(f"--format {args.format} writes one subtitle file per audio file: give --output DIR for "
+                         f"{len(args.audio)} files (stdout takes one)")
+    names = [Path(file).stem for file in args.audio]
+    if args.output is not None and len(set(names)) < len(names):
+        clash = [file for file, name in zip(args.audio, names) if names.count(name) > 1]
+        raise ValueError(f"--output DIR names each transcript after its audio file; {', '.join(clash)} would write "
+                         f"the same {Path(clash[0]).stem}{TRANSCRIPT_SUFFIXES[args.format]}")
+    for file in args.audio:  # every file checked before the model loads (read_audio reads them one at a time)
+        if not os.path.isfile(file):
+            raise ValueError(f"audio file {file!r} does not exist")
+        try:
+            soundfile.info(file)
+        except (soundfile.LibsndfileError, RuntimeError) as err:
+            raise ValueError(f"{file} is not an audio file soundfile can read (WAV, FLAC, OGG, ...): {err}") from None
+    model = from_pretrained(args.path, dtype=args.dtype)
+    if model.config.audio is None:
+        raise ValueError(f"transcribe reads audio with a Whisper folder; {args.path} holds a {model.config.family} "
+                         f"model ({model.config.name!r}) that reads no audio")
+    extractor, tokenizer = FeatureExtractor.from_pretrained(args.path), load_tokenizer(args.path)
+    no_timestamps = speech_generation.settings(model).get("no_timestamps_token_id")
+    # the text leaves out the timestamps (the ids after <|notimestamps|>, which a tokenizer.json may not mark special)
+    text_of = lambda tokens: tokenizer.decode(  # noqa: E731
+        [t for t in tokens if no_timestamps is None or t <= no_timestamps]).strip()
+    timestamps = True if args.timestamps or args.format in ("srt", "vtt") else None  # None: long audio's rule
+    if args.output is not None:
+        Path(args.output).mkdir(parents=True, exist_ok=True)
+    for file, name in zip(tqdm(args.audio, desc="transcribe", unit="file", file=sys.stderr, disable=None), names):
+        waveform = read_audio(file, extractor.sampling_rate)
+        unpadded = dict(truncation=False, padding="longest") if len(waveform) > extractor.n_samples else {}
+        features = extractor(waveform, sampling_rate=extractor.sampling_rate, **unpadded)["input_features"]
+        out = model.generate(features, language=args.language, task=args.task, return_timestamps=timestamps,
+                             return_segments=True, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+        record = {"file": file, "text": text_of(out["sequences"][0]),
+                  "segments": [{"start": round(segment["start"], 3), "end": round(segment["end"], 3),
+                                "text": text_of(segment["tokens"])} for segment in out["segments"][0]]}
+        written = (record["text"].replace("\n", " ") + "\n" if args.format == "text"
+                   else json.dumps(record, ensure_ascii=False) + "\n" if args.format == "json"
+                   else subtitles(record["segments"], args.format))
+        if args.output is None:
+            sys.stdout.write(written)
+            sys.stdout.flush()
+        else:
+            (Path(args.output) / f"{name}{TRANSCRIPT_SUFFIXES[args.format]}").write_text(written, encoding="utf-8")
+    if args.output is not None:
+        print(f"wrote {len(args.audio)} {args.format} transcript{'s' * several} to {args.output}", file=sys.stderr)
+    return 0
+
+
+def subtitles(segments: list[dict], kind: str) -> str:
+    """SRT or WebVTT subtitles: one cue per segment holding text (its whitespace runs made single spaces, as a blank
+    line would end a cue), from its start to its end; SRT numbers its cues and writes HH:MM:SS,mmm, WebVTT opens
+    with its header and writes HH:MM:SS.mmm."""
+    separator = "," if kind == "srt" else "."
+
+    def clock(seconds: float) -> str:
+        hours, rest = divmod(round(seconds * 1000), 3_600_000)
+        minutes, rest = divmod(rest, 60_000)
+        return f"{hours:02d}:{minutes:02d}:{rest // 1000:02d}{separator}{rest % 1000:03d}"
+
+    cues = [f"{clock(s['start'])} --> {clock(s['end'])}\n{' '.join(s['text'].split())}\n"
+            for s in segments if s["text"].strip()]
+    if kind == "srt":
+        return "\n".join(f"{number}\n{cue}" for number, cue in enumerate(cues, start=1))
+    return "WEBVTT\n\n" + "\n".join(cues)
 
 
 def _generate_command(commands) -> None:
@@ -458,6 +709,10 @@ def _generate_command(commands) -> None:
                                 "run folder (run.dir)")
     p.add_argument("--step", type=int, help="run folders: the checkpoint's step (default: the newest)")
     p.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
+    p.add_argument("--image", action="append", metavar="PATH",
+                   help="an image file for a model that reads images (LLaVA, Qwen2.5-VL, Gemma 3, Llama 3.2 "
+                        "Vision): each fills the next image placeholder of the prompts (<image>, <|image_pad|>, "
+                        "<start_of_image>, <|image|>), prepared as the folder's processor does; repeat for several")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--allow-beyond-max-positions", action="store_true",
                    help="rotary and relative models: generate past the max_positions they were configured for")
@@ -510,9 +765,14 @@ def _viz_command(commands) -> None:
     q = pictures.add_parser("masks", help="one labelled heatmap per visibility pattern, from the models' mask code")
     q.add_argument("--out", required=True, help="the folder to write the PNGs into")
     q.add_argument("--length", type=int, default=12, help="tokens per sequence in the pictures")
-    q = pictures.add_parser("attention", help="a model's attention weights on a text, tokens on both axes")
+    q = pictures.add_parser("attention", help="a model's attention weights on a text, tokens on both axes; or an "
+                                              "image model's over an image's patches, laid over the image")
     q.add_argument("checkpoint", help="a Hugging Face folder (with tokenizer.json) or a train.py run folder")
-    q.add_argument("--text", required=True)
+    q.add_argument("--text", help="the text to read (LLaVA with --image: the prompt, holding the image placeholder)")
+    q.add_argument("--image", metavar="PATH",
+                   help="an image tower's (ViT, CLIP, SigLIP), LLaVA's or Gemma 3's image: the class token's "
+                        "attention over the patches (towers without one: the mean over every query; LLaVA, Gemma 3: "
+                        "the prompt's last text token's over the image tokens)")
     q.add_argument("--layer", type=int, help="one layer (default: the last)")
     q.add_argument("--head", type=int, help="one head (default: a grid of every head)")
     q.add_argument("--stack", choices=["encoder", "decoder", "cross"],

@@ -58,10 +58,15 @@ def compare(path: str | Path, input_ids: np.ndarray | None, attention_mask: np.n
             decoder_input_ids: np.ndarray | None = None, token_type_ids: np.ndarray | None = None,
             dtype: str = "float32", model=None, reference=None, global_attention_mask: np.ndarray | None = None,
             pixel_values: np.ndarray | None = None, pixel_attention_mask: np.ndarray | None = None,
-            spatial_shapes: np.ndarray | None = None) -> list[Row]:
+            spatial_shapes: np.ndarray | None = None, image_inputs: dict | None = None,
+            input_features: np.ndarray | None = None) -> list[Row]:
     """Run both implementations and return one Row per compared tensor (``global_attention_mask``: Longformer's
     global tokens, given to both; ``pixel_values`` [B, C, H, W]: an image tower's input, in place of ids; a NaFlex
-    tower's (SigLIP2) [B, N, p * p * C] with ``pixel_attention_mask`` [B, N] and ``spatial_shapes`` [B, 2])."""
+    tower's (SigLIP2) [B, N, p * p * C] with ``pixel_attention_mask`` [B, N] and ``spatial_shapes`` [B, 2]). A
+    decoder reading images (LLaVA) takes ``pixel_values`` beside input_ids, and ``image_inputs``: the other inputs
+    its processor gives (``image_grid_thw``, ``aspect_ratio_ids``, ...), named as transformers names them, given
+    to both sides as they are. An encoder-decoder reading audio (Whisper) takes ``input_features`` [B, mel bins,
+    frames] in place of ids, and ``decoder_input_ids`` (default: the decoder start token alone)."""
     naflex = {} if spatial_shapes is None else dict(pixel_attention_mask=pixel_attention_mask,
                                                     spatial_shapes=spatial_shapes)
     import torch
@@ -72,7 +77,19 @@ def compare(path: str | Path, input_ids: np.ndarray | None, attention_mask: np.n
         reference = reference if reference is not None else reference_model(path, dtype)
         return _dual_encoder_rows(model, reference, input_ids, attention_mask, pixel_values, naflex)
     t = lambda x: None if x is None else torch.as_tensor(np.asarray(x))  # noqa: E731
-    if cfg.patches is not None or pixel_values is not None:  # an image tower: pixels alone, every token real
+    reads_images = cfg.vision is not None and cfg.family == "decoder"  # ids with image placeholders, and pixels
+    if cfg.audio is not None:  # log-mel frames, every one real
+        if input_features is None or input_ids is not None:
+            raise ValueError(f"model {cfg.name!r} reads audio: give input_features [batch, {cfg.audio.mel_bins}, "
+                             f"{cfg.audio.frames}] in place of input_ids (jaxformer compare --audio FILE)")
+        input_features = np.asarray(input_features, np.float32)
+        if decoder_input_ids is None:
+            decoder_input_ids = np.full((input_features.shape[0], 1), cfg.tokens.decoder_start)
+        model.validate(decoder_input_ids=np.asarray(decoder_input_ids), input_features=input_features)
+        mask = None
+        kwargs = dict(input_features=t(input_features), output_hidden_states=True, output_attentions=True)
+        ours_kwargs = dict(input_features=input_features, output_hidden_states=True, output_attentions=True)
+    elif cfg.patches is not None or (pixel_values is not None and not reads_images):  # a tower: pixels, tokens real
         pixel_values = None if pixel_values is None else np.asarray(pixel_values, np.float32)
         model.validate(input_ids, attention_mask, token_type_ids, pixel_values=pixel_values, **naflex)
         mask = None
@@ -81,12 +98,16 @@ def compare(path: str | Path, input_ids: np.ndarray | None, attention_mask: np.n
         ours_kwargs = dict(pixel_values=pixel_values, output_hidden_states=True, output_attentions=True, **naflex)
     else:
         input_ids = np.asarray(input_ids)
-        checks.check_ids(input_ids, cfg.vocab_size)  # before torch's embedding lookup raises an IndexError on one
+        checks.check_ids(input_ids, cfg.token_rows)  # before torch's embedding lookup raises an IndexError on one
         mask = np.ones_like(input_ids) if attention_mask is None else np.asarray(attention_mask)
         # no padding, no mask: the same for every reference, and transformers' causal XLNet fails on any mask
         kwargs = dict(input_ids=t(input_ids), attention_mask=None if mask.all() else t(mask),
                       output_hidden_states=True, output_attentions=True)
         ours_kwargs = dict(attention_mask=mask, output_hidden_states=True, output_attentions=True)
+        if reads_images and pixel_values is not None:
+            images = dict(pixel_values=np.asarray(pixel_values, np.float32), **(image_inputs or {}))
+            kwargs.update({key: t(value) for key, value in images.items()})
+            ours_kwargs.update({key: np.asarray(value) for key, value in images.items()})
     reference = reference if reference is not None else reference_model(path, dtype)
     if cfg.family == "encoder_decoder":
         if decoder_input_ids is None:
@@ -129,6 +150,10 @@ def compare(path: str | Path, input_ids: np.ndarray | None, attention_mask: np.n
             global_probs = ref.global_attentions or (None,) * len(ref_attentions)
             ref_attentions = [global_attentions(f(local), None if probs is None else f(probs), is_global,
                                                 cfg.window_size) for local, probs in zip(ref_attentions, global_probs)]
+        # Llama 3.2 Vision's: ours are its self layers' (not over the images); transformers gives one per layer where
+        # images were read, and skips its cross layers (returning nothing of them) on text alone
+        if cfg.scores.cross_attention_layers and len(ref_attentions) == cfg.decoder_layers:
+            ref_attentions = [a for i, a in enumerate(ref_attentions) if i not in cfg.scores.cross_attention_layers]
         rows += _attention_rows("attention", ref_attentions, out.attentions, mask)
         hidden, label = ref.hidden_states, "layer"
     if len(hidden) != len(out.hidden_states):
@@ -157,6 +182,27 @@ def compare(path: str | Path, input_ids: np.ndarray | None, attention_mask: np.n
         rows.append(_row("start logits", f(ref.start_logits)[..., None], np.asarray(out.start_logits)[..., None], valid))
         rows.append(_row("end logits", f(ref.end_logits)[..., None], np.asarray(out.end_logits)[..., None], valid))
     return rows
+
+
+def audio_features(path: str | Path, audio_file: str | Path) -> tuple[np.ndarray, Row]:
+    """``audio_file`` read and resampled (``read_audio``) and turned into input_features [1, mel bins, frames] by the
+    folder's preprocessor_config.json (``jaxformer.audio.FeatureExtractor``), with their row against transformers'
+    WhisperFeatureExtractor of the same waveform: the first step of an audio model's parity. The reference runs its
+    numpy (float64) STFT, the path jaxformer.audio reproduces; with torch installed transformers takes a float32 STFT
+    of its own, up to 6e-5 from its numpy path on tones. Both models then read jaxformer's features."""
+    from unittest import mock
+
+    from transformers.models.whisper import feature_extraction_whisper
+
+    from jaxformer.audio import FeatureExtractor, read_audio
+
+    extractor = FeatureExtractor.from_pretrained(path)
+    waveform = read_audio(audio_file, extractor.sampling_rate)
+    ours = extractor(waveform, sampling_rate=extractor.sampling_rate)["input_features"]
+    reference = feature_extraction_whisper.WhisperFeatureExtractor.from_pretrained(str(path))
+    with mock.patch.object(feature_extraction_whisper, "is_torch_available", lambda: False):
+        ref = reference(waveform, sampling_rate=extractor.sampling_rate, return_tensors="np")["input_features"]
+    return ours, _row("input features (numpy path)", ref, ours, None)
 
 
 def _dual_encoder_rows(model, reference, input_ids, attention_mask, pixel_values, naflex: dict) -> list[Row]:

@@ -14,8 +14,9 @@ from jaxformer.layer_plan import encoder_pattern
 from jaxformer.model_config import ModelConfig, generator_config
 from jaxformer.layers import (Dense, Embed, Embeddings, Norm, Stack, Tokens, activate, dropout, embedding_width,
                               packed_validity, param, split_key)
-from jaxformer.layers.patches import (AttentionPooler, PatchEmbedding, check_flexible_patches, check_pixel_values,
-                                      resized_grid_positions)
+from jaxformer.layers.patches import (AttentionPooler, PatchEmbedding, PatchMerger, TileEmbeddings,
+                                      check_flexible_patches, check_merged_patches, check_pixel_values,
+                                      check_tiled_pixels, merged_layout, resized_grid_positions)
 from jaxformer.outputs import ModelOutput
 
 Array = jax.Array
@@ -91,8 +92,15 @@ class Encoder(EdgeMethods, nnx.Module):
         self.embed = (Embed(cfg.vocab_size, cfg, rngs=rngs, axes=("vocab", axis), width=width)
                       if cfg.patches is None else None)
         self.patches = PatchEmbedding(cfg, rngs=rngs) if cfg.patches else None
+        # Llama 3.2 Vision: tiled images, and gated layers over the joined tiles after the stack (no final norm there)
+        tiled = cfg.patches is not None and cfg.patches.tiles > 0
+        self.tiles = TileEmbeddings(cfg, rngs=rngs) if tiled else None
+        self.global_encoder = (Stack(cfg.replace(final_norm=False), cfg.patches.global_layers, pattern="bidirectional",
+                                     gated=True, rngs=rngs) if tiled and cfg.patches.global_layers else None)
         self.embeddings = Embeddings(cfg, rngs=rngs, token_types=True)
         self.encoder = Stack(cfg, cfg.encoder_layers, pattern=encoder_pattern(cfg), rngs=rngs)
+        # Qwen2-VL: each merge x merge block of the output merged into one vector of the text model's width
+        self.merger = PatchMerger(cfg, rngs=rngs) if cfg.patches is not None and cfg.patches.merge else None
         self.pooler = (Dense(cfg, cfg.d_model, cfg.d_model, ("embed", "embed_out"), rngs=rngs)
                        if cfg.head_options.pooler else None)
         width = cfg.head_options.pooled_projection  # SigLIP's text head, CLIPTextModelWithProjection's projection
@@ -129,13 +137,34 @@ class Encoder(EdgeMethods, nnx.Module):
 
     def validate(self, input_ids=None, attention_mask=None, token_type_ids=None, position_ids=None, *,
                  inputs_embeds=None, segment_ids=None, global_attention_mask=None, pixel_values=None,
-                 interpolate_pos_encoding=False, pixel_attention_mask=None, spatial_shapes=None, **_) -> None:
+                 interpolate_pos_encoding=False, pixel_attention_mask=None, spatial_shapes=None,
+                 aspect_ratio_ids=None, aspect_ratio_mask=None, image_grid_thw=None, **_) -> None:
         patches = self.config.patches
-        naflex = (pixel_attention_mask, spatial_shapes)
-        images = pixel_values is not None or interpolate_pos_encoding or any(x is not None for x in naflex)
+        tokens = dict(input_ids=input_ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                      position_ids=position_ids, token_type_ids=token_type_ids, segment_ids=segment_ids,
+                      global_attention_mask=global_attention_mask)
+        naflex = dict(pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes)
+        tiles = dict(aspect_ratio_ids=aspect_ratio_ids, aspect_ratio_mask=aspect_ratio_mask)
+        any_size = dict(interpolate_pos_encoding=interpolate_pos_encoding or None)
+        if patches is not None and patches.merge:  # Qwen2-VL: the processor's two arrays, nothing else
+            self._refuse_inputs("reads images of any size", "pixel_values and image_grid_thw", **tokens, **naflex,
+                                **tiles, **any_size)
+            check_merged_patches(patches, pixel_values, image_grid_thw)
+            return
+        if image_grid_thw is not None:
+            raise ValueError(f"image_grid_thw describes Qwen2-VL's images of any size; {self.config.name!r} reads "
+                             "none (ModelConfig.patch_merge_size is 0)")
+        images = pixel_values is not None or interpolate_pos_encoding or any(x is not None for x in naflex.values())
+        if patches is not None and patches.tiles:  # Llama 3.2 Vision: the processor's three arrays, nothing else
+            self._refuse_inputs("is a tiled image tower", "pixel_values, aspect_ratio_ids and aspect_ratio_mask",
+                                **tokens, **naflex, **any_size)
+            check_tiled_pixels(patches, pixel_values, *tiles.values())
+            return
+        if any(x is not None for x in tiles.values()):
+            raise ValueError(f"aspect_ratio_ids and aspect_ratio_mask describe tiled images (Llama 3.2 Vision); "
+                             f"{self.config.name!r} reads no tiles (ModelConfig.max_tiles is 0)")
         if patches is not None or images:
-            self._check_pixels(pixel_values, interpolate_pos_encoding, naflex, input_ids, inputs_embeds,
-                               attention_mask, position_ids, token_type_ids, segment_ids, global_attention_mask)
+            self._check_pixels(pixel_values, interpolate_pos_encoding, tuple(naflex.values()), tokens)
             return
         shape = check_inputs(self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids)
         check_segments(segment_ids, shape, self.config)
@@ -144,7 +173,13 @@ class Encoder(EdgeMethods, nnx.Module):
             raise ValueError("this text tower pools at its EOS token, found in input_ids: pass input_ids, not "
                              "inputs_embeds")
 
-    def _check_pixels(self, pixel_values, any_size: bool, naflex: tuple, *token_inputs) -> None:
+    def _refuse_inputs(self, kind: str, alone: str, **inputs) -> None:
+        """Every one of ``inputs`` given (not None) refused by name: the model (``kind``) reads ``alone``."""
+        given = [name for name, value in inputs.items() if value is not None]
+        if given:
+            raise ValueError(f"{self.config.name!r} {kind}: give {alone} alone, not {' or '.join(given)}")
+
+    def _check_pixels(self, pixel_values, any_size: bool, naflex: tuple, tokens: dict) -> None:
         """An image tower reads ``pixel_values`` alone (of any size when its positions are resampled; NaFlex's
         patches with their mask and grids, ``naflex``); a text model none."""
         patches = self.config.patches
@@ -153,12 +188,7 @@ class Encoder(EdgeMethods, nnx.Module):
                      "pixel_attention_mask" if naflex[0] is not None else "spatial_shapes")
             raise ValueError(f"{given} given to {self.config.name!r}, which reads token ids (it has no image "
                              "front end: ModelConfig.patch_size is unset)")
-        names = ("input_ids", "inputs_embeds", "attention_mask", "position_ids", "token_type_ids", "segment_ids",
-                 "global_attention_mask")
-        given = [name for name, value in zip(names, token_inputs) if value is not None]
-        if given:
-            raise ValueError(f"{self.config.name!r} is an image tower: give pixel_values alone, not "
-                             f"{' or '.join(given)} (it has no token table)")
+        self._refuse_inputs("is an image tower (it has no token table)", "pixel_values", **tokens)
         if patches.flexible:
             if any_size:
                 raise ValueError(f"{self.config.name!r} (NaFlex) resizes its positions to every image: "
@@ -228,15 +258,25 @@ class Encoder(EdgeMethods, nnx.Module):
                  output_attentions: bool = False, dropout_key: Array | None = None,
                  segment_ids: Array | None = None, global_attention_mask: Array | None = None,
                  pixel_values: Array | None = None, interpolate_pos_encoding: bool = False,
-                 pixel_attention_mask: Array | None = None, spatial_shapes: Array | None = None) -> ModelOutput:
+                 pixel_attention_mask: Array | None = None, spatial_shapes: Array | None = None,
+                 aspect_ratio_ids: Array | None = None, aspect_ratio_mask: Array | None = None,
+                 image_grid_thw: Array | None = None) -> ModelOutput:
         """``segment_ids`` [B, T]: documents packed into one row (1, 2, ... per document, 0 on padding); a
         token attends only within its document, whose positions start at 0. ``global_attention_mask`` [B, T]
         (Longformer): 1 where a token attends to every token and every token to it. ``pixel_values``
         [B, C, H, W]: an image tower's input, in place of token ids; with ``interpolate_pos_encoding`` of any size,
         the position table resampled to its grid of patches as transformers' option of that name does. NaFlex
         (``flexible_patches``): ``pixel_values`` [B, N, p * p * C] already patched, ``pixel_attention_mask`` [B, N]
-        the real patches, ``spatial_shapes`` [B, 2] each image's grid, to which the position grid is resized."""
+        the real patches, ``spatial_shapes`` [B, 2] each image's grid, to which the position grid is resized.
+        Qwen2-VL's towers (``patch_merge_size``): ``pixel_values`` [P, C * T * p * p] with ``image_grid_thw`` [N, 3]
+        (``_merged``). Llama 3.2 Vision's (``max_tiles``): ``pixel_values`` [B, images, tiles, C, H, W] with
+        ``aspect_ratio_ids`` [B, images] and ``aspect_ratio_mask`` [B, images, tiles] (``_tiled``)."""
         cfg = self.config
+        if self.merger is not None:
+            return self._merged(pixel_values, image_grid_thw, output_hidden_states, output_attentions, dropout_key)
+        if self.tiles is not None:
+            return self._tiled(pixel_values, aspect_ratio_ids, aspect_ratio_mask, output_hidden_states,
+                               output_attentions, dropout_key)
         absolute = None
         if pixel_values is not None:
             inputs_embeds = self.patches(pixel_values)
@@ -311,6 +351,65 @@ class Encoder(EdgeMethods, nnx.Module):
                 span = span - outside[..., None].astype(span.dtype) * 1e6
             out["start_logits"], out["end_logits"] = span[..., 0], span[..., 1]
         return ModelOutput(**out)
+
+    def _merged(self, pixel_values: Array, grid_thw: Array, collect_hidden: bool, collect_attentions: bool,
+                key: Array | None) -> ModelOutput:
+        """Qwen2-VL's and Qwen2.5-VL's tower over the patches of images of any size [P, C * T * p * p] with
+        image_grid_thw [N, 3]: the patches projected and laid out as the stack runs them (``merged_layout``) in one
+        row whose frames never see each other (nor, in the 'window' layers, its windows), with 2-D rotary
+        positions; the merger's output, back in the processor's order, is pooler_output [P / merge², merged_width]
+        (what replaces the image tokens). last_hidden_state and hidden_states [1, P, D] keep the stack's order, as
+        transformers returns them."""
+        m = self.config.patches.merge
+        order, rotary, frames, windows = merged_layout(self.config.patches, grid_thw, pixel_values.shape[0])
+        keys = split_key(key, 2)
+        x, positions = self.embeddings(None, inputs_embeds=self.patches(pixel_values)[order][None], key=keys[0])
+        tokens = Tokens(positions, segments=frames[None], rotary_positions=rotary[None], windows=windows[None])
+        out = self.encoder(x, tokens, collect_hidden=collect_hidden, collect_attentions=collect_attentions,
+                           key=keys[1])
+        restore = jnp.argsort(order[::m * m] // (m * m))  # (each block's patches stay together)
+        return ModelOutput(last_hidden_state=out.hidden, hidden_states=out.hidden_states, attentions=out.attentions,
+                           pooler_output=self.merger(out.hidden[0])[restore])
+
+    def _tiled(self, pixel_values: Array, ratio_ids: Array, ratio_mask: Array, collect_hidden: bool,
+               collect_attentions: bool, key: Array | None) -> ModelOutput:
+        """Llama 3.2 Vision's tower over [B, images, tiles, C, H, W]: each tile's patches, the tile embeddings of
+        its image's aspect ratio, the embedding norm; each image's tiles joined (every tile's tokens padded to a
+        multiple of 8), the stack (its final norm), the post-tile embeddings, the gated global layers; the last
+        state beside the intermediate layers' outputs [B, images, tiles, T, D * (1 + intermediates)]. hidden_states:
+        the stack's input, each layer's output, then each global layer's, on the joined padded tiles."""
+        cfg, patches, tiles = self.config, self.config.patches, self.tiles
+        B, images, count = pixel_values.shape[:3]
+        N, T, D = B * images, patches.tokens, cfg.d_model
+        padded = -(-T // 8) * 8  # (transformers pads each tile's tokens to a multiple of 8)
+        ids = ratio_ids.reshape(N)
+        x = self.patches(pixel_values.reshape(N * count, *pixel_values.shape[3:])).reshape(N, count, T, D)
+        # the pre-tile vectors join the patches before the class token does
+        x = jnp.concatenate([x[:, :, :1], tiles.per_tile(x[:, :, 1:], tiles.pre, tiles.pre_gate, ids)], axis=2)
+        x, per_tile = tiles.gated_positions(x, self.embeddings.positions.table[...], ids)
+        keys = split_key(key, 3)
+        x, _ = self.embeddings(None, inputs_embeds=x.reshape(N * count, T, D), absolute=per_tile.reshape(-1, T, D),
+                               key=keys[0])
+        x = jnp.pad(x.reshape(N, count, T, D), ((0, 0), (0, 0), (0, padded - T), (0, 0))).reshape(N, -1, D)
+        valid = (ratio_mask.reshape(N, count, 1).astype(bool) & (jnp.arange(padded) < T)).reshape(N, -1)
+        tokens = Tokens(jnp.broadcast_to(jnp.arange(count * padded), valid.shape), valid, indexed=True,
+                        outer_padding_mask=True)
+        local = self.encoder(x, tokens, collect_hidden=collect_hidden or bool(patches.intermediate_layers),
+                             collect_attentions=collect_attentions, key=keys[1])
+        h = tiles.per_tile(local.hidden.reshape(N, count, padded, D), tiles.post, tiles.post_gate, ids)
+        hidden, attentions = local.hidden_states, local.attentions
+        if self.global_encoder is not None:
+            out = self.global_encoder(h.reshape(N, -1, D), tokens, collect_hidden=collect_hidden,
+                                      collect_attentions=collect_attentions, key=keys[2])
+            h = out.hidden.reshape(h.shape)
+            hidden = None if not collect_hidden else (*hidden, *out.hidden_states[1:])
+            attentions = None if not collect_attentions else (*attentions, *out.attentions)
+        # each intermediate output's numbers interleaved along the width, as transformers stacks them last
+        picked = [local.hidden_states[i % cfg.encoder_layers + 1] for i in patches.intermediate_layers]  # (0: embedded)
+        states = [h] + ([jnp.stack(picked, -1).reshape(N, count, padded, -1)] if picked else [])
+        last = jnp.concatenate([s[:, :, :T] for s in states], -1).reshape(B, images, count, T, -1)
+        return ModelOutput(last_hidden_state=last, hidden_states=hidden if collect_hidden else None,
+                           attentions=attentions)
 
     def _pooled_token(self, h: Array, input_ids: Array) -> Array:
         """A text tower's pooled output [B, D'] (``pooled_token``): the final-normed state at each row's first EOS

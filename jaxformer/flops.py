@@ -13,7 +13,8 @@ M + 2T (bidirectional) columns. DeBERTa's disentangled terms each add a product 
 (p2c) with the 2 x span rows of the relative-position table, whose projections run once per call (not per
 token). An image tower's tokens are its patches (each through the patch projection, a matmul) and its class token;
 a dual encoder (CLIP, SigLIP) counts both towers, each over its own tokens; a decoder reading images (LLaVA) its
-tower over one image a row and the projector over that image's features. Embedding lookups, the pooler and
+tower over one image a row and the projector over that image's features. An encoder reading audio (Whisper) counts
+its two convolutions over the frames beside its source positions. Embedding lookups, the pooler and
 classifier heads, a dual encoder's projections and its [B, B] similarities (one row per sequence) are left out.
 """
 
@@ -113,7 +114,10 @@ def train_flops_per_step(cfg: ModelConfig, batch_size: int, length: int, target_
         self_keys = _keys_seen(cfg.attention, target, target, cfg.window_size)
         decoder = (6 * (_stack_params(cfg, "decoder") + _head_params(cfg))
                    + 12 * cfg.decoder_layers * width * (self_keys + length))
-        return batch_size * (length * encoder + target * decoder)
+        front = 0.0
+        if cfg.audio is not None:  # Whisper: two width-3 convolutions over the frames (the second of stride 2)
+            front = 6 * 3 * cfg.d_model * (cfg.audio.frames * cfg.audio.mel_bins + length * cfg.d_model)
+        return batch_size * (length * encoder + front + target * decoder)
     if cfg.family == "dual_encoder":
         vision = cfg.vision
         return (train_flops_per_step(vision.text_tower(cfg), batch_size, length)

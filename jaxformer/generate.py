@@ -31,7 +31,7 @@ from flax import nnx
 from jaxformer import checks, kernels
 from jaxformer.cache import DecodeState, cache_numbers, linear_state_bytes
 from jaxformer.model_config import ModelConfig
-from jaxformer.layers import left_padded_positions
+from jaxformer.layers import EncoderOutput, left_padded_positions
 from jaxformer.layers.projector import features_per_image
 
 Array = jax.Array
@@ -103,6 +103,14 @@ class GenerationConfig:
     forced_eos_token_id: int | None = None
     bad_token_ids: tuple[int, ...] = ()  # single-token bad_words_ids (Marian's pad), never chosen
     renormalize_logits: bool = False  # log-softmax after the processors (Marian's beams score so)
+    # Whisper's rules (transformers' SuppressTokens, SuppressTokensAtBegin and WhisperTimeStamp processors, in its
+    # order, after the ones above): tokens never chosen, tokens not chosen first, and with ``no_timestamps_token_id``
+    # set the timestamp rules over the tokens above it (None: no timestamps); ``max_initial_timestamp_index`` bounds
+    # the first timestamp (None: unbounded)
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = ()
+    no_timestamps_token_id: int | None = None
+    max_initial_timestamp_index: int | None = None
     # Drafting (``_drafted``): an assistant model proposes up to ``num_assistant_tokens`` a round ("heuristic":
     # transformers' schedule adapts how many, within that bound), or n-grams of the text so far propose up to
     # ``prompt_lookup_num_tokens``; 0: no drafting
@@ -114,6 +122,9 @@ class GenerationConfig:
     # per unit of time, from the acceptance measured so far and these costs, in plain target steps: one
     # assistant step, and each token a verifying step runs past the first (``measure_draft_costs``)
     draft_costs: tuple[float, float] = ()
+    # an encoder-decoder assistant reads the target's encoding of the source rather than its own (its encoder is the
+    # target's, checked by ``check_shared_encoder``: distil-whisper's use)
+    assistant_shares_encoder: bool = False
 
     @property
     def draft_tokens(self) -> int:
@@ -160,9 +171,23 @@ class GenerationConfig:
             value = getattr(self, name)
             if value is not None and not 0 <= value < cfg.vocab_size:
                 raise ValueError(f"{name}={value} must lie in [0, {cfg.vocab_size})")
-        for bad in self.bad_token_ids:
-            if not 0 <= bad < cfg.vocab_size:
-                raise ValueError(f"bad_words_ids holds {bad}, which must lie in [0, {cfg.vocab_size})")
+        for name in ("bad_token_ids", "suppress_tokens", "begin_suppress_tokens"):
+            for bad in getattr(self, name):
+                if not 0 <= bad < cfg.vocab_size:
+                    raise ValueError(f"{'bad_words_ids' if name == 'bad_token_ids' else name} holds {bad}, which "
+                                     f"must lie in [0, {cfg.vocab_size})")
+        if self.no_timestamps_token_id is not None:
+            if not 0 <= self.no_timestamps_token_id < cfg.vocab_size - 1:
+                raise ValueError(f"no_timestamps_token_id={self.no_timestamps_token_id} must lie in [0, "
+                                 f"{cfg.vocab_size - 1}): the timestamp tokens follow it")
+            if len(self.eos_token_ids) != 1:
+                raise ValueError(f"the timestamp rules need one eos_token_id (text tokens lie below it), got "
+                                 f"{list(self.eos_token_ids)}")
+        if self.max_initial_timestamp_index is not None and (
+                isinstance(self.max_initial_timestamp_index, bool) or not isinstance(
+                    self.max_initial_timestamp_index, int) or self.max_initial_timestamp_index < 0):
+            raise ValueError(f"max_initial_timestamp_index={self.max_initial_timestamp_index!r} must be an "
+                             "integer >= 0")
         if cfg.head != "lm":
             raise ValueError(f"generation needs an LM head; {cfg.name!r} has head={cfg.head!r}")
         for name in ("num_assistant_tokens", "prompt_lookup_num_tokens", "max_matching_ngram_size"):
@@ -181,6 +206,8 @@ class GenerationConfig:
                 raise ValueError(f"draft_costs={costs!r}: the adaptive schedule needs (assistant step, each verified "
                                  "token past the first) as two finite floats >= 0 in plain target steps "
                                  "(measure_draft_costs gives them; generate() measures them itself)")
+        if self.assistant_shares_encoder and (not self.num_assistant_tokens or cfg.family != "encoder_decoder"):
+            raise ValueError("assistant_shares_encoder is for an encoder-decoder's assistant_model")
         if self.draft_tokens and self.num_beams > 1:
             raise ValueError("drafting (assistant_model or prompt_lookup_num_tokens) verifies one sequence per row; "
                              "it does not combine with beam search (num_beams > 1)")
@@ -201,11 +228,13 @@ class GenerationConfig:
 
 
 def process_logits(scores: Array, step: Array, max_steps: int, gc: GenerationConfig,
-                   first_tokens: Array | None = None) -> Array:
-    """Bad words, then forced BOS/EOS, then renormalisation (transformers' NoBadWords, ForcedBOS,
-    ForcedEOSTokenLogitsProcessor and LogitNormalization, in its order) on [rows, V] scores. ``first_tokens``
-    [rows]: each row's own forced first token instead of one forced BOS (a batch translated into several
-    languages at once, each row's target language token first)."""
+                   first_tokens: Array | None = None, history: Array | None = None) -> Array:
+    """Bad words, then forced BOS/EOS, then Whisper's suppressed tokens and timestamp rules, then renormalisation
+    (transformers' NoBadWords, ForcedBOS, ForcedEOSTokenLogitsProcessor, SuppressTokensAtBegin, SuppressTokens,
+    WhisperTimeStamp and LogitNormalization, in its order) on [rows, V] scores. ``first_tokens`` [rows]: each row's
+    own forced first token instead of one forced BOS (a batch translated into several languages at once, each row's
+    target language token first). ``history`` [rows, >= step]: the tokens each row chose so far (the timestamp rules
+    read them)."""
     vocab = scores.shape[-1]
     if gc.bad_token_ids:
         scores = jnp.where(jnp.isin(jnp.arange(vocab), jnp.asarray(gc.bad_token_ids)), -jnp.inf, scores)
@@ -216,9 +245,46 @@ def process_logits(scores: Array, step: Array, max_steps: int, gc: GenerationCon
     if gc.forced_eos_token_id is not None:
         forced = jnp.where(jnp.arange(vocab) == gc.forced_eos_token_id, 0.0, -jnp.inf)
         scores = jnp.where(step == max_steps - 1, forced, scores)
+    if gc.begin_suppress_tokens:
+        banned = jnp.isin(jnp.arange(vocab), jnp.asarray(gc.begin_suppress_tokens))
+        scores = jnp.where(banned & (step == 0), -jnp.inf, scores)
+    if gc.suppress_tokens:
+        scores = jnp.where(jnp.isin(jnp.arange(vocab), jnp.asarray(gc.suppress_tokens)), -jnp.inf, scores)
+    if gc.no_timestamps_token_id is not None:
+        scores = timestamp_rules(scores, step, gc, history)
     if gc.renormalize_logits:  # transformers' LogitNormalization, the last processor
         scores = jax.nn.log_softmax(scores, axis=-1)
     return scores
+
+
+def timestamp_rules(scores: Array, step: Array, gc: GenerationConfig, history: Array) -> Array:
+    """transformers' WhisperTimeStampLogitsProcessor on [rows, V] scores, from each row's tokens so far ``history``
+    [rows, >= step] (those after the prompt): <|notimestamps|> never; timestamps come in pairs (after a pair, text;
+    after a lone timestamp, a timestamp or EOS) and never go back (not below the last one, nor repeat it but as the
+    pair's second); the first token is a timestamp, at most the ``max_initial_timestamp_index``-th; and where the
+    timestamps together are likelier than the likeliest text token, a timestamp is chosen."""
+    vocab, begin = scores.shape[-1], gc.no_timestamps_token_id + 1
+    ids, column = jnp.arange(vocab), jnp.arange(history.shape[1])
+    scores = jnp.where(ids == gc.no_timestamps_token_id, -jnp.inf, scores)
+    is_time = (history >= begin) & (column < step)
+    last = jnp.take_along_axis(is_time, jnp.full((history.shape[0], 1), jnp.maximum(step - 1, 0)), 1)[:, 0]
+    last = last & (step >= 1)
+    before = jnp.take_along_axis(is_time, jnp.full((history.shape[0], 1), jnp.maximum(step - 2, 0)), 1)[:, 0]
+    before = before | (step < 2)  # a first timestamp counts as the second of a pair
+    banned = (last & before)[:, None] & (ids >= begin) | (last & ~before)[:, None] & (ids < gc.eos_token_ids[0])
+    latest = jnp.max(jnp.where(is_time, column, -1), axis=1)  # the last timestamp's column (-1: none)
+    latest_id = jnp.take_along_axis(history, jnp.maximum(latest, 0)[:, None], 1)[:, 0]
+    lowest = jnp.where(latest < 0, begin, latest_id + jnp.where(last & ~before, 0, 1))
+    banned |= (ids >= begin) & (ids < lowest[:, None])
+    scores = jnp.where(banned, -jnp.inf, scores)
+    first = ids < begin
+    if gc.max_initial_timestamp_index is not None:
+        first |= ids > begin + gc.max_initial_timestamp_index
+    scores = jnp.where(first & (step == 0), -jnp.inf, scores)
+    logprobs = jax.nn.log_softmax(scores.astype(jnp.float32), axis=-1)
+    times = jax.nn.logsumexp(jnp.where(ids >= begin, logprobs, -jnp.inf), axis=-1)
+    text = jnp.max(jnp.where(ids < begin, logprobs, -jnp.inf), axis=-1)
+    return jnp.where((times > text)[:, None] & (ids < begin), -jnp.inf, scores)
 
 
 def warp_logits(logits: Array, gc: GenerationConfig) -> Array:
@@ -249,9 +315,10 @@ def sample_logits(logits: Array, key: Array, gc: GenerationConfig) -> Array:
     return jax.random.categorical(key, warp_logits(logits, gc), axis=-1)
 
 
-def _choose(logits: Array, step, key: Array, gc: GenerationConfig, first_tokens: Array | None = None) -> Array:
+def _choose(logits: Array, step, key: Array, gc: GenerationConfig, first_tokens: Array | None = None,
+            history: Array | None = None) -> Array:
     """The next token [B] from a step's logits [B, V]: processed, then sampled or the most likely."""
-    scores = process_logits(logits, step, gc.max_new_tokens, gc, first_tokens)
+    scores = process_logits(logits, step, gc.max_new_tokens, gc, first_tokens, history)
     if gc.do_sample:
         return sample_logits(scores, key, gc).astype(jnp.int32)
     return jnp.argmax(scores, axis=-1).astype(jnp.int32)
@@ -268,17 +335,28 @@ def _is_eos(tokens: Array, gc: GenerationConfig) -> Array:
 
 
 def _prefill_inputs(model, input_ids: Array, attention_mask: Array, gc: GenerationConfig, batch_repeat: int,
-                    max_new_tokens: int) -> tuple[Array, Array, Array, DecodeState]:
+                    max_new_tokens: int, decoder_input_ids: Array | None = None, input_features: Array | None = None,
+                    encoded: EncoderOutput | None = None) -> tuple[Array, Array, Array, DecodeState]:
     """The first step's inputs (decoder ids, their positions and validity) and the empty state it
-    runs over, every row repeated ``batch_repeat`` times (beams)."""
+    runs over, every row repeated ``batch_repeat`` times (beams). An encoder-decoder's prefill runs its decoder
+    prompt ``decoder_input_ids`` [B, P] (default: the decoder start token alone) over the encoding of input_ids,
+    or of ``input_features`` (an audio encoder: Whisper, whose input_ids and attention_mask are then None), or
+    reads the source ``encoded`` already (an assistant sharing the target's encoder)."""
     cfg: ModelConfig = model.config
     rep = lambda a: None if a is None else jnp.repeat(a, batch_repeat, axis=0)  # noqa: E731
-    mask = attention_mask.astype(jnp.int32)
     if cfg.family == "encoder_decoder":
-        source = jax.tree.map(rep, model.encode(input_ids, mask))
-        ids = jnp.full((input_ids.shape[0] * batch_repeat, 1), gc.decoder_start_token_id, jnp.int32)
-        state = model.init_cache(source, max_new_tokens, gc.draft_tokens)  # the last chosen token is never fed back
-        return ids, jnp.zeros_like(ids), jnp.ones_like(ids, bool), state
+        if encoded is None:
+            encoded = (model.encode(input_features=input_features) if input_features is not None
+                       else model.encode(input_ids, attention_mask.astype(jnp.int32)))
+        source = jax.tree.map(rep, encoded)
+        rows = source.hidden.shape[0]
+        ids = (jnp.full((rows, 1), gc.decoder_start_token_id, jnp.int32) if decoder_input_ids is None
+               else rep(decoder_input_ids).astype(jnp.int32))
+        # the last chosen token is never fed back
+        state = model.init_cache(source, ids.shape[1] + max_new_tokens - 1, gc.draft_tokens)
+        positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
+        return ids, positions, jnp.ones_like(ids, bool), state
+    mask = attention_mask.astype(jnp.int32)
     positions = left_padded_positions(mask)
     prefix = jnp.sum(mask, axis=1) if cfg.attention == "prefix" else None
     ids = rep(input_ids)
@@ -292,29 +370,41 @@ def _for_the_loop(model, state):
     return model.for_decode_loop(), state.per_layer() if kernels.unstack_decode_loops() else state
 
 
-def _images(pixel_values: Array | None, rows: int, batch_repeat: int) -> dict[str, Array]:
+def _images(pixel_values: Array | None, rows: int, batch_repeat: int, token_type_ids: Array | None = None,
+            image_grid_thw: tuple | None = None, cross_inputs: dict | None = None) -> dict[str, Array]:
     """The prefill's images (LLaVA), in row order; each row's (under beams the same number a row: ``prepare``
-    checks) repeated ``batch_repeat`` times as its row is. Decode steps read none."""
+    checks) repeated ``batch_repeat`` times as its row is, and so the rows' ``token_type_ids`` (Gemma 3's image
+    tokens). Decode steps read none. Qwen2.5-VL's patches with their grids ``image_grid_thw`` come repeated for
+    beams already (``beam_images``)."""
+    types = {} if token_type_ids is None else {"token_type_ids": jnp.repeat(token_type_ids, batch_repeat, axis=0)}
+    # Llama 3.2 Vision's (``CROSS_INPUTS``): a row's each, repeated as the row is
+    types.update({name: jnp.repeat(value, batch_repeat, axis=0) for name, value in (cross_inputs or {}).items()})
     if pixel_values is None:
-        return {}
+        return types
+    if image_grid_thw is not None:
+        return {"pixel_values": pixel_values, "image_grid_thw": image_grid_thw, **types}
     if batch_repeat == 1:
-        return {"pixel_values": pixel_values}
+        return {"pixel_values": pixel_values, **types}
     per_row = pixel_values.reshape(rows, -1, *pixel_values.shape[1:])
-    return {"pixel_values": jnp.repeat(per_row, batch_repeat, axis=0).reshape(-1, *pixel_values.shape[1:])}
+    return {"pixel_values": jnp.repeat(per_row, batch_repeat, axis=0).reshape(-1, *pixel_values.shape[1:]), **types}
 
 
 def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfig, first_tokens=None,
-                      pixel_values=None):
+                      pixel_values=None, token_type_ids=None, image_grid_thw=None, cross_inputs=None,
+                      decoder_input_ids=None, input_features=None):
     N = gc.max_new_tokens
-    ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, N)
+    ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, N, decoder_input_ids,
+                                                   input_features)
     B = ids.shape[0]
-    logits, state = model.step(ids, positions, valid, state, **_images(pixel_values, B, 1))
+    logits, state = model.step(ids, positions, valid, state,
+                               **_images(pixel_values, B, 1, token_type_ids, image_grid_thw, cross_inputs))
     next_position = positions[:, -1] + 1
     looping, state = _for_the_loop(model, state)  # the one-off prefill keeps the scanned stack (faster to compile)
-    choose = lambda logits, step, key: _choose(logits, step, key, gc, first_tokens)  # noqa: E731
+    choose = lambda logits, step, key, tokens: _choose(logits, step, key, gc, first_tokens, tokens)  # noqa: E731
     key, sub = jax.random.split(key)
-    first = choose(logits, 0, sub)
-    tokens = jnp.full((B, N), gc.pad_token_id, jnp.int32).at[:, 0].set(first)
+    tokens = jnp.full((B, N), gc.pad_token_id, jnp.int32)
+    first = choose(logits, 0, sub, tokens)
+    tokens = tokens.at[:, 0].set(first)
     finished = _is_eos(first, gc)
     bad = first_non_finite(jnp.int32(-1), logits, 0)
 
@@ -327,7 +417,7 @@ def _greedy_or_sample(model, input_ids, attention_mask, key, gc: GenerationConfi
         logits, state = looping.step(previous[:, None], (next_position + step - 1)[:, None], jnp.ones((B, 1), bool),
                                      state)
         key, sub = jax.random.split(key)
-        token = jnp.where(finished, gc.pad_token_id, choose(logits, step, sub))
+        token = jnp.where(finished, gc.pad_token_id, choose(logits, step, sub, tokens))
         tokens = jax.lax.dynamic_update_slice_in_dim(tokens, token[:, None], step, axis=1)
         return step + 1, state, tokens, token, finished | _is_eos(token, gc), key, first_non_finite(bad, logits, step)
 
@@ -347,12 +437,16 @@ def _gather_beams(x: Array, indices: Array) -> Array:
     return jnp.take_along_axis(x, indices.reshape(indices.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig, first_tokens=None, pixel_values=None):
+def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig, first_tokens=None, pixel_values=None,
+                 token_type_ids=None, image_grid_thw=None, cross_inputs=None, decoder_input_ids=None,
+                 input_features=None):
     """transformers' vectorised beam search (length penalty, early stopping True/False/'never')."""
     nb, N = gc.num_beams, gc.max_new_tokens
-    ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, nb, N)
+    ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, nb, N, decoder_input_ids,
+                                                   input_features)
     B = ids.shape[0] // nb
-    logits, state = model.step(ids, positions, valid, state, **_images(pixel_values, B, nb))
+    logits, state = model.step(ids, positions, valid, state,
+                               **_images(pixel_values, B, nb, token_type_ids, image_grid_thw, cross_inputs))
     next_position = positions[:, -1] + 1
     looping, state = _for_the_loop(model, state)
     keep = max(2, 1 + len(gc.eos_token_ids)) * nb
@@ -378,8 +472,8 @@ def _beam_search(model, input_ids, attention_mask, gc: GenerationConfig, first_t
         step = s["step"]
         V = s["logits"].shape[-1]
         bad = first_non_finite(s["bad"], s["logits"], step)
-        log_probs = process_logits(jax.nn.log_softmax(s["logits"], axis=-1), step, N, gc,
-                                   first_tokens).reshape(B, nb, V)
+        log_probs = process_logits(jax.nn.log_softmax(s["logits"], axis=-1), step, N, gc, first_tokens,
+                                   s["running"].reshape(B * nb, N)).reshape(B, nb, V)
         log_probs = (log_probs + s["running_scores"][:, :, None]).reshape(B, nb * V)
         top_scores, top_index = jax.lax.top_k(log_probs, keep)
         source_beam, token = top_index // V, (top_index % V).astype(jnp.int32)
@@ -498,16 +592,23 @@ class _Drafting:
     prompt_columns: int  # C: where the emitted tokens start in ``text``
     first_tokens: Array | None  # each row's forced first token (``process_logits``)
 
+    def history(self, text: Array) -> Array | None:
+        """The tokens emitted so far from ``text`` (then drafts written after them), which the timestamp rules read
+        (None without them)."""
+        return None if self.gc.no_timestamps_token_id is None else text[:, self.prompt_columns:]
+
 
 # The adaptive schedule: how fast its evidence fades (a prompt's easy and hard stretches differ), the evidence
 # it starts from (a draft kept half the time), and after how many plain rounds it drafts once to look again
 EVIDENCE_DECAY, PRIOR_KEPT, PRIOR_LOST, PROBE_AFTER = 0.9, 1.0, 1.0, 16
 
 
-def _assistant_choice(logits: Array, at, key: Array, gc: GenerationConfig, vocab: int) -> tuple[Array, Array | None]:
+def _assistant_choice(logits: Array, at, key: Array, gc: GenerationConfig, vocab: int,
+                      history: Array | None = None) -> tuple[Array, Array | None]:
     """The assistant's draft [B] from its logits over the target's vocabulary, processed as the target's
-    are, and (sampling) the distribution q [B, V] it was drawn from."""
-    scores = process_logits(_in_vocabulary(logits, vocab), at, gc.max_new_tokens, gc)
+    are (``history``: the tokens before it, for the timestamp rules), and (sampling) the distribution q [B, V] it
+    was drawn from."""
+    scores = process_logits(_in_vocabulary(logits, vocab), at, gc.max_new_tokens, gc, None, history)
     if gc.do_sample:
         warped = warp_logits(scores, gc)
         return jax.random.categorical(key, warped, axis=-1).astype(jnp.int32), jax.nn.softmax(warped, axis=-1)
@@ -522,20 +623,23 @@ def _draft_from_assistant(run: _Drafting, carry: _DraftingCarry, key: Array, cou
     keys = jax.random.split(key, count)
     pair_positions = (run.next_position + step - 2)[:, None] + jnp.arange(2)
     logits, a_state = run.assistant.step(carry.pair, pair_positions, jnp.ones((B, 2), bool), carry.assistant_state)
-    first, first_q = _assistant_choice(logits, step, keys[0], gc, run.vocab)
+    history = run.history(carry.text)
+    first, first_q = _assistant_choice(logits, step, keys[0], gc, run.vocab, history)
 
     def one_more(loop, j):
-        a_state, token, q = loop
+        a_state, token, q, history = loop
+        if history is not None:  # the draft before this one, for the timestamp rules
+            history = jax.lax.dynamic_update_slice_in_dim(history, token[:, None], step + j - 1, axis=1)
         logits, a_state = run.assistant.step(token[:, None], (run.next_position + step - 1 + j)[:, None],
                                              jnp.ones((B, 1), bool), a_state)
-        token, q = _assistant_choice(logits, step + j, keys[j], gc, run.vocab)
-        return (a_state, token, q), (token, q)
+        token, q = _assistant_choice(logits, step + j, keys[j], gc, run.vocab, history)
+        return (a_state, token, q, history), (token, q)
 
     def maybe_one_more(loop, j):  # the heuristic's count moves at run time within the compiled width
-        return jax.lax.cond(j < carry.drafts_now, one_more, lambda loop, j: (loop, loop[1:]), loop, j)
+        return jax.lax.cond(j < carry.drafts_now, one_more, lambda loop, j: (loop, loop[1:3]), loop, j)
 
     more = maybe_one_more if gc.num_assistant_tokens_schedule == "heuristic" else one_more
-    (a_state, _, _), (tokens, qs) = jax.lax.scan(more, (a_state, first, first_q), jnp.arange(1, count))
+    (a_state, *_), (tokens, qs) = jax.lax.scan(more, (a_state, first, first_q, history), jnp.arange(1, count))
     drafts = jnp.concatenate([first[:, None], tokens.T], axis=1)
     probs = None if first_q is None else jnp.concatenate([first_q[:, None], qs.transpose(1, 0, 2)], axis=1)
     return drafts, probs, a_state
@@ -567,16 +671,20 @@ def _chosen_count(run: _Drafting, carry: _DraftingCarry, matched: Array | None) 
     return jnp.where(probe, 1, best)
 
 
-def _target_scores(run: _Drafting, step: Array, state: DecodeState, last: Array, drafts: Array):
+def _target_scores(run: _Drafting, step: Array, state: DecodeState, last: Array, drafts: Array,
+                   history: Array | None = None):
     """The target's one step over ``last`` [B] and ``drafts`` [B, W - 1]: processed scores [B, W, V] (column
-    i's choose the token after the i-th token fed: ``last``, then the drafts), its state, and whether every
-    logit was finite."""
+    i's choose the token after the i-th token fed: ``last``, then the drafts; ``history``: the tokens emitted, for
+    the timestamp rules), its state, and whether every logit was finite."""
     B, width = drafts.shape[0], drafts.shape[1] + 1
     fed = jnp.concatenate([last[:, None], drafts], axis=1)
     logits, state = run.target.step(fed, (run.next_position + step - 1)[:, None] + jnp.arange(width),
                                     jnp.ones((B, width), bool), state, every_position=True)
     at = step + jnp.arange(width)
-    process = lambda sc, t: process_logits(sc, t, run.gc.max_new_tokens, run.gc, run.first_tokens)  # noqa: E731
+    if history is not None:  # the drafts follow the tokens emitted; column i's rules read those before it
+        history = jax.lax.dynamic_update_slice_in_dim(history, drafts, step, axis=1)
+    process = lambda sc, t: process_logits(sc, t, run.gc.max_new_tokens, run.gc, run.first_tokens,  # noqa: E731
+                                           history)
     scores = jax.vmap(process, in_axes=(1, 0), out_axes=1)(logits, at)
     return scores, state, jnp.all(jnp.isfinite(logits))
 
@@ -612,13 +720,13 @@ def _accept_sampled(scores: Array, drafts: Array, q: Array | None, real: Array, 
     return accept, own.at[:, :-1].set(jnp.where(drafted, corrected, own[:, :-1]))
 
 
-def _verify(width: int, run: _Drafting, step, state, last, drafts, real, q, key):
+def _verify(width: int, run: _Drafting, step, state, last, drafts, real, q, key, history=None):
     """The target's step over ``last`` and the first ``width - 1`` drafts, judged by the acceptance rule: each
     row's count of drafts kept before its first rejected one [B], the token it emits if it stops at each column
     [B, K + 1], the state, and whether every logit was finite."""
     gc = run.gc
     drafts = drafts[:, :width - 1]
-    scores, state, finite = _target_scores(run, step, state, last, drafts)
+    scores, state, finite = _target_scores(run, step, state, last, drafts, history)
     if gc.do_sample:
         accept, stop = _accept_sampled(scores, drafts, q, real, key, gc)
     else:
@@ -674,7 +782,7 @@ def _round_of(count: int, run: _Drafting, carry: _DraftingCarry, looked_up: Arra
         position = (run.next_position + carry.step - 2)[:, None]
         _, a_state = run.assistant.step(carry.pair[:, :1], position, jnp.ones((B, 1), bool), a_state)
     accepted, stop, state, finite = _verify(count + 1, run, carry.step, carry.state, carry.pair[:, 1], drafts, real,
-                                            q, verify_key)
+                                            q, verify_key, run.history(carry.text))
     drafted = jnp.min(jnp.where(carry.finished, count, real))
     return accepted, stop, jnp.pad(drafts, ((0, 0), (0, K - count))), state, a_state, finite, drafted
 
@@ -723,7 +831,8 @@ def _drafting_round(run: _Drafting, carry: _DraftingCarry) -> _DraftingCarry:
         bad=jnp.where((carry.bad < 0) & ~finite, step, carry.bad), rounds=carry.rounds + 1)
 
 
-def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationConfig, first_tokens=None):
+def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationConfig, first_tokens=None,
+             decoder_input_ids=None, input_features=None):
     """Greedy or sampled decoding that emits several tokens per target step: a round drafts K tokens (the
     ``assistant``'s own cached greedy or sampled steps, or, with ``assistant`` None, prompt lookup), the
     target's ``step`` runs its last token and the K drafts at once (the same step that decodes one token,
@@ -737,22 +846,33 @@ def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationCon
     The target's cache holds every token before the last one emitted; the assistant's every token before
     the last two, which open its next round (so a round whose drafts were all accepted needs no extra
     assistant step for the last of them). Returns tokens, steps and bad step as ``_greedy_or_sample`` does,
-    and the number of target steps taken after the prefill (rounds)."""
+    and the number of target steps taken after the prefill (rounds). An encoder-decoder's ``decoder_input_ids`` and
+    ``input_features`` are ``_prefill_inputs``'; with ``gc.assistant_shares_encoder`` the source is encoded once,
+    by the target."""
     N, K = gc.max_new_tokens, gc.draft_tokens
-    ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, N + K)
+    inputs = dict(decoder_input_ids=decoder_input_ids, input_features=input_features)
+    encoded = None
+    if gc.assistant_shares_encoder:
+        encoded = (model.encode(input_features=input_features) if input_features is not None
+                   else model.encode(input_ids, attention_mask.astype(jnp.int32)))
+    ids, positions, valid, state = _prefill_inputs(model, input_ids, attention_mask, gc, 1, N + K, **inputs,
+                                                   encoded=encoded)
     B = ids.shape[0]
     logits, state = model.step(ids, positions, valid, state)
-    key, sub = jax.random.split(key)
-    first = _choose(logits, 0, sub, gc, first_tokens)
 
-    # The text drafts look up and results are written to: the prompt (an encoder-decoder's source), then
-    # what was emitted; room for one round past max_new_tokens.
-    C = input_ids.shape[1]
-    text = jnp.concatenate([input_ids.astype(jnp.int32), jnp.full((B, N + K + 1), gc.pad_token_id, jnp.int32)], axis=1)
-    known = jnp.concatenate([attention_mask.astype(bool), jnp.zeros((B, N + K + 1), bool)], axis=1)
+    # The text drafts look up and results are written to: the prompt (an encoder-decoder's source; none for audio),
+    # then what was emitted; room for one round past max_new_tokens.
+    C = 0 if input_ids is None else input_ids.shape[1]
+    text = jnp.full((B, C + N + K + 1), gc.pad_token_id, jnp.int32)
+    known = jnp.zeros((B, C + N + K + 1), bool)
+    if input_ids is not None:
+        text, known = text.at[:, :C].set(input_ids.astype(jnp.int32)), known.at[:, :C].set(attention_mask.astype(bool))
+    key, sub = jax.random.split(key)
+    first = _choose(logits, 0, sub, gc, first_tokens, text[:, C:] if gc.no_timestamps_token_id is not None else None)
     a_state = None
     if assistant is not None:
-        a_ids, a_positions, a_valid, a_state = _prefill_inputs(assistant, input_ids, attention_mask, gc, 1, N + K)
+        a_ids, a_positions, a_valid, a_state = _prefill_inputs(assistant, input_ids, attention_mask, gc, 1, N + K,
+                                                               **inputs, encoded=encoded)
         _, a_state = assistant.step(a_ids, a_positions, a_valid, a_state)
         a_state = a_state.rewind(a_state.kv.index - 1)  # its last prompt token opens the first round
 
@@ -775,34 +895,78 @@ def _drafted(model, assistant, input_ids, attention_mask, key, gc: GenerationCon
 
 
 def generate_tokens(graphdef, state, input_ids: Array, attention_mask: Array, key: Array,
-                    config: GenerationConfig, first_tokens: Array | None = None, pixel_values: Array | None = None
-                    ) -> tuple[Array, Array, Array]:
+                    config: GenerationConfig, first_tokens: Array | None = None, pixel_values: Array | None = None,
+                    token_type_ids: Array | None = None, image_grid_thw: tuple | None = None,
+                    cross_inputs: dict | None = None, decoder_input_ids: Array | None = None,
+                    input_features: Array | None = None) -> tuple[Array, Array, Array]:
     """Pure generation: returns new tokens [B, max_new_tokens] (padded after EOS), how many columns
     are meaningful (transformers trims its output to that many), and the first step whose logits were
     not finite (-1: none; the tokens are then meaningless). Jit with ``static_argnames=("graphdef", "config")``.
     ``first_tokens`` [B]: each row's forced first token (``process_logits``). ``pixel_values``: the images of a
-    decoder that reads them (LLaVA), read by the prefill alone (checked by ``prepare``)."""
+    decoder that reads them (LLaVA), read by the prefill alone (checked by ``prepare``), as are ``token_type_ids``
+    (Gemma 3's image tokens), and Qwen2.5-VL's ``image_grid_thw`` (a tuple of (t, h, w) tuples, static: its tower
+    lays out its windows on the host; with beams, images and grids repeated per beam: ``beam_images``). An
+    encoder-decoder's ``decoder_input_ids`` [B, P]: its decoder prompt (default: the decoder start token), run by
+    the prefill; ``input_features``: an audio encoder's input in place of input_ids and attention_mask (None)."""
     if config.draft_tokens:
-        return drafted_tokens(graphdef, state, input_ids, attention_mask, key, config, first_tokens)[:3]
+        return drafted_tokens(graphdef, state, input_ids, attention_mask, key, config, first_tokens,
+                              decoder_input_ids, input_features)[:3]
     TRACE_COUNT["generate"] += 1
     model = nnx.merge(graphdef, state)
     if config.num_beams > 1:
-        return _beam_search(model, input_ids, attention_mask, config, first_tokens, pixel_values)
-    return _greedy_or_sample(model, input_ids, attention_mask, key, config, first_tokens, pixel_values)
+        return _beam_search(model, input_ids, attention_mask, config, first_tokens, pixel_values, token_type_ids,
+                            image_grid_thw, cross_inputs, decoder_input_ids, input_features)
+    return _greedy_or_sample(model, input_ids, attention_mask, key, config, first_tokens, pixel_values,
+                             token_type_ids, image_grid_thw, cross_inputs, decoder_input_ids, input_features)
 
 
-generate_tokens_jit = jax.jit(generate_tokens, static_argnames=("graphdef", "config"))
+# Llama 3.2 Vision's image inputs beside pixel_values, each [B, ...]: read by the prefill alone
+CROSS_INPUTS = ("aspect_ratio_ids", "aspect_ratio_mask", "cross_attention_mask")
+
+
+def loop_images(model, input_ids, gc: GenerationConfig, inputs: dict) -> dict:
+    """``generate_tokens``' image arguments from ``prepare``'s keyword arguments ``inputs`` (checked there): arrays,
+    Llama 3.2 Vision's as ``cross_inputs``; Qwen2.5-VL's grids static, its images repeated for beams here."""
+    images = {name: jnp.asarray(inputs[name]) for name in ("pixel_values", "token_type_ids")
+              if inputs.get(name) is not None}
+    cross = {name: jnp.asarray(inputs[name]) for name in CROSS_INPUTS if inputs.get(name) is not None}
+    if cross:
+        images["cross_inputs"] = cross
+    if inputs.get("image_grid_thw") is not None:
+        pixels, grids = beam_images(input_ids, inputs["pixel_values"], inputs["image_grid_thw"], gc.num_beams,
+                                    model.config)
+        images.update(pixel_values=jnp.asarray(pixels), image_grid_thw=grids)
+    return images
+
+generate_tokens_jit = jax.jit(generate_tokens, static_argnames=("graphdef", "config", "image_grid_thw"))
+
+
+def beam_images(input_ids, pixel_values, image_grid_thw, beams: int, cfg: ModelConfig) -> tuple[np.ndarray, tuple]:
+    """Qwen2.5-VL's patches and grids with each row's images repeated ``beams`` times, as its row is (the k-th
+    placeholder run of the batch is image k, its t * h * w / merge² tokens and its t * h * w patches)."""
+    grid = np.asarray(image_grid_thw)
+    patches = grid.prod(axis=1)
+    tokens = patches // cfg.vision.tower.patches.merge ** 2
+    row_ends = np.cumsum(np.sum(np.asarray(input_ids) == cfg.vision.image_token_id, axis=1))
+    ends = np.searchsorted(np.cumsum(tokens), row_ends, side="right")  # each row's images end before this one
+    starts, patch_ends = np.concatenate([[0], ends[:-1]]), np.concatenate([[0], np.cumsum(patches)])
+    pixels = [np.asarray(pixel_values)[patch_ends[a]:patch_ends[b]]
+              for a, b in zip(starts, ends) for _ in range(beams)]
+    grids = [tuple(map(int, g)) for a, b in zip(starts, ends) for _ in range(beams) for g in grid[a:b]]
+    return np.concatenate(pixels), tuple(grids)
 
 
 def drafted_tokens(graphdef, state, input_ids: Array, attention_mask: Array, key: Array, config: GenerationConfig,
-                   first_tokens: Array | None = None) -> tuple[Array, Array, Array, Array]:
+                   first_tokens: Array | None = None, decoder_input_ids: Array | None = None,
+                   input_features: Array | None = None) -> tuple[Array, Array, Array, Array]:
     """``generate_tokens`` with drafting (``config.draft_tokens``), also returning how many target steps ran
     after the prefill: (new tokens) / (steps + 1) is the tokens a target step emits. With an assistant,
     ``graphdef, state`` split the pair ``(model, assistant)`` (``prepare`` does it)."""
     TRACE_COUNT["generate"] += 1
     merged = nnx.merge(graphdef, state)
     model, assistant = merged if config.num_assistant_tokens else (merged, None)
-    return _drafted(model, assistant, input_ids, attention_mask, key, config, first_tokens)
+    return _drafted(model, assistant, input_ids, attention_mask, key, config, first_tokens, decoder_input_ids,
+                    input_features)
 
 
 drafted_tokens_jit = jax.jit(drafted_tokens, static_argnames=("graphdef", "config"))
@@ -836,6 +1000,14 @@ def _config_from_kwargs(model, kwargs: dict[str, Any]) -> GenerationConfig:
                             renormalize_logits=bool(ids["renormalize_logits"]), **kwargs)
 
 
+def checkpoint_config(model, **settings) -> GenerationConfig:
+    """A validated GenerationConfig of ``settings`` (its fields, and the token ids of ``CHECKPOINT_SETTINGS``),
+    the checkpoint's ids where not given, as ``prepare`` builds it (Whisper's generate builds its own so)."""
+    gc = _config_from_kwargs(model, settings)
+    gc.validate(model.config)
+    return gc
+
+
 def _bad_tokens(bad_words_ids, eos_ids: tuple[int, ...]) -> tuple[int, ...]:
     """transformers' ``bad_words_ids`` (a list of token sequences) as the tokens never to choose; as its
     NoBadWordsLogitsProcessor, a bad word that is an EOS id is dropped. Sequences of more than one token (banned
@@ -863,7 +1035,9 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
             allow_beyond_max_positions: bool = False, assistant_model=None, num_assistant_tokens: int | None = None,
             num_assistant_tokens_schedule: str | None = None, prompt_lookup_num_tokens: int | None = None,
             max_matching_ngram_size: int | None = None, draft_costs: tuple[float, float] | None = None,
-            pixel_values=None) -> tuple[tuple, GenerationConfig]:
+            pixel_values=None, token_type_ids=None, image_grid_thw=None, aspect_ratio_ids=None,
+            aspect_ratio_mask=None, cross_attention_mask=None, decoder_input_ids=None, mm_token_type_ids=None
+            ) -> tuple[tuple, GenerationConfig]:
     """Validate everything on the host and return the arguments of ``generate_tokens`` (after the
     static config) and the config. Nothing is traced, compiled or allocated here, but for the adaptive
     drafting schedule's one measurement of its costs on this device (``measure_draft_costs``, once per shape).
@@ -891,7 +1065,11 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
 
     ``pixel_values``: images for a decoder that reads them (LLaVA), checked here against the placeholders of
     ``input_ids``; they are not among the arguments handed back: pass them to ``generate_tokens`` as
-    ``pixel_values=`` (its prefill reads them). Drafting does not take images."""
+    ``pixel_values=`` (its prefill reads them). Drafting does not take images. ``token_type_ids`` (Gemma 3: 1 on
+    the image tokens, whose images then see themselves both ways in the prefill) go the same way, and so does
+    ``image_grid_thw`` (Qwen2.5-VL: each image's patch grid, static; ``generate`` repeats images for beams; its
+    processor's ``mm_token_type_ids`` are checked against the image tokens, then not read; ``loop_images``), and an
+    encoder-decoder's ``decoder_input_ids`` [B, P]: the decoder prompt its prefill runs (default: the start token)."""
     cfg: ModelConfig = model.config
     if assistant_model is not None and prompt_lookup_num_tokens is not None:
         raise ValueError("pass assistant_model or prompt_lookup_num_tokens, not both: each is a way of drafting")
@@ -904,7 +1082,7 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
     if prompt_lookup_num_tokens is None and max_matching_ngram_size is not None:
         raise ValueError("max_matching_ngram_size needs prompt_lookup_num_tokens")
     if assistant_model is not None:
-        _check_assistant(model, assistant_model)
+        check_assistant(model, assistant_model)
     if pixel_values is not None and (cfg.family != "decoder" or cfg.vision is None):
         raise ValueError(f"pixel_values given to {cfg.name!r}, which reads no images")
     if pixel_values is not None and (assistant_model is not None or prompt_lookup_num_tokens is not None):
@@ -937,10 +1115,34 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
         bad_words_ids=bad_words_ids, renormalize_logits=renormalize_logits, **drafting))
     gc.validate(cfg)
     ids = checks.id_array(input_ids, "input_ids")
-    checks.check_ids(ids, cfg.vocab_size)
+    checks.check_ids(ids, cfg.token_rows)
     mask = np.ones_like(ids) if attention_mask is None else checks.id_array(attention_mask, "attention_mask")
     checks.check_mask(mask, ids.shape, "attention_mask", "input_ids")
-    if pixel_values is not None:
+    prompt = decoder_prompt_length(cfg, decoder_input_ids, ids.shape[0], gc)
+    if token_type_ids is not None:
+        if cfg.family != "decoder" or cfg.vision is None or not cfg.vision.bidirectional_images:
+            raise ValueError(f"token_type_ids given to generate for {cfg.name!r}: generation takes them to mark "
+                             "image tokens (Gemma 3), which this model does not read")
+        if assistant_model is not None or prompt_lookup_num_tokens is not None:
+            raise ValueError("drafting (assistant_model, prompt_lookup_num_tokens) does not take token_type_ids")
+        model.validate(ids, mask, token_type_ids=np.asarray(token_type_ids))
+    if mm_token_type_ids is not None:
+        model.validate(ids, mask, mm_token_type_ids=np.asarray(mm_token_type_ids))
+    cross = dict(aspect_ratio_ids=aspect_ratio_ids, aspect_ratio_mask=aspect_ratio_mask,
+                 cross_attention_mask=cross_attention_mask)
+    if any(value is not None for value in cross.values()) or (cfg.scores.cross_attention_layers and
+                                                              pixel_values is not None):
+        model.validate(ids, mask, pixel_values=None if pixel_values is None else np.asarray(pixel_values),
+                       **{name: np.asarray(value) for name, value in cross.items() if value is not None})
+        if pixel_values is None:
+            raise ValueError(f"{', '.join(name for name, value in cross.items() if value is not None)} go with "
+                             "pixel_values: generation reads the images' states from them (Llama 3.2 Vision)")
+    elif image_grid_thw is not None:
+        if assistant_model is not None or prompt_lookup_num_tokens is not None:
+            raise ValueError("drafting (assistant_model, prompt_lookup_num_tokens) does not take images")
+        model.validate(ids, mask, pixel_values=None if pixel_values is None else np.asarray(pixel_values),
+                       image_grid_thw=image_grid_thw)
+    elif pixel_values is not None:
         model.validate(ids, mask, pixel_values=np.asarray(pixel_values))
         per_row, per_image = set(np.sum(ids == cfg.vision.image_token_id, axis=1).tolist()), features_per_image(cfg)
         if gc.num_beams > 1 and (len(per_row) > 1 or min(per_row) % per_image):
@@ -954,7 +1156,7 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
         longest = int(mask.sum(axis=1).max()) + gc.max_new_tokens
     else:
         checks.check_length(ids.shape[1], cfg, "input_ids")
-        longest = 1 + gc.max_new_tokens
+        longest = prompt + gc.max_new_tokens
     # Transformer-XL has no position table and a bounded memory: it generates past any length; dynamic rope
     # scaling exists to stretch a model past its max_positions, as it does with transformers
     table = cfg.position in ("learned", "sinusoidal")
@@ -973,7 +1175,7 @@ def prepare(model, input_ids, attention_mask=None, *, max_new_tokens: int = 32, 
         raise ValueError(f"prompt plus max_new_tokens needs {longest} positions but {cfg.name!r} {limit}; lower "
                          f"max_new_tokens to at most {cfg.max_positions - longest + gc.max_new_tokens}")
     _refuse_a_cache_rebuild(model, ids.shape[1], gc.max_new_tokens)
-    slots = ids.shape[1] + gc.max_new_tokens - 1 if cfg.family == "decoder" else gc.max_new_tokens
+    slots = ids.shape[1] + gc.max_new_tokens - 1 if cfg.family == "decoder" else prompt + gc.max_new_tokens - 1
     if cfg.position == "xl":  # the memory holds memory_len tokens (all of them when it has no memory_len)
         slots = cfg.segment_memory or slots
     slots += gc.draft_tokens  # a verifying step writes its drafts before rewinding
@@ -1062,7 +1264,7 @@ def decode_step_seconds(model, input_ids: Array, attention_mask: Array, gc: Gene
     return best / TIMED_STEPS
 
 
-def _check_assistant(model, assistant) -> None:
+def check_assistant(model, assistant) -> None:
     """An assistant drafts for the target when it is a generating model of the same family whose cache can
     be rewound; its vocabulary may differ in size only (a padded table), as the tokenizer is shared."""
     cfg, own = model.config, getattr(assistant, "config", None)
@@ -1081,11 +1283,41 @@ def _check_assistant(model, assistant) -> None:
                          "rewound past rejected drafts")
 
 
+def check_shared_encoder(model, assistant) -> None:
+    """``assistant_shares_encoder`` holds where the assistant would encode the source as the target does (the family's
+    ``encoder_difference``: distil-whisper's assistants copy the teacher's encoder); refused naming what differs."""
+    cfg, own = model.config, getattr(assistant, "config", None)
+    if cfg.family != "encoder_decoder" or getattr(own, "family", None) != "encoder_decoder":
+        raise ValueError("assistant_shares_encoder needs an encoder-decoder model and assistant_model")
+    difference = model.encoder_difference(assistant)
+    if difference:
+        raise ValueError(f"assistant_shares_encoder: the assistant's {difference} differ from the model's, so it "
+                         "cannot read the model's encoding")
+
+
 def _integer(value):
     """Python or numpy integers as int (None stays None); anything else is left to the validation."""
     if isinstance(value, np.integer):
         return int(value)
     return value
+
+
+def decoder_prompt_length(cfg: ModelConfig, decoder_input_ids, rows: int, gc: GenerationConfig) -> int:
+    """The columns of an encoder-decoder's decoder prompt (1: the start token alone), ``decoder_input_ids`` checked:
+    one row of ids per source row, in the vocabulary, and no drafting (which starts from the start token)."""
+    if decoder_input_ids is None:
+        return 1
+    if cfg.family != "encoder_decoder":
+        raise ValueError(f"decoder_input_ids are an encoder-decoder's decoder prompt; {cfg.name!r} is {cfg.family}: "
+                         "pass the prompt as input_ids")
+    if gc.draft_tokens:
+        raise ValueError("drafting starts the decoder from its start token: it takes no decoder_input_ids")
+    ids = checks.id_array(decoder_input_ids, "decoder_input_ids")
+    checks.check_ids(ids, cfg.vocab_size, "decoder_input_ids")
+    if ids.shape[0] != rows or ids.shape[1] < 1:
+        raise ValueError(f"decoder_input_ids has shape {ids.shape}; generation reads [{rows}, >= 1]: one prompt per "
+                         "row of input_ids")
+    return ids.shape[1]
 
 
 def _refuse_a_cache_rebuild(model, columns: int, max_new_tokens: int) -> None:
@@ -1132,16 +1364,18 @@ def free_memory() -> int | None:
         return None
 
 
-def assemble(model, input_ids, tokens, steps, bad_step, gc: GenerationConfig) -> np.ndarray:
-    """transformers' output layout from the loop's fixed-size result; refused when the model's logits were
-    not finite at some step (argmax would have turned NaN into token 0)."""
+def assemble(model, input_ids, tokens, steps, bad_step, gc: GenerationConfig, decoder_input_ids=None) -> np.ndarray:
+    """transformers' output layout from the loop's fixed-size result (an encoder-decoder's after its decoder prompt,
+    ``decoder_input_ids`` or the start token); refused when the model's logits were not finite at some step (argmax
+    would have turned NaN into token 0)."""
     if int(bad_step) >= 0:
         raise ValueError(f"the model produced NaN or Inf logits at generation step {int(bad_step)} "
                          f"({model.config.dtype} compute), so its tokens are meaningless; check the weights for "
                          "NaN/Inf, or run in float32 if the activations overflow")
     tokens = np.asarray(tokens)[:, : int(steps)]
     if model.config.family == "encoder_decoder":
-        start = np.full((tokens.shape[0], 1), gc.decoder_start_token_id, tokens.dtype)
+        start = (np.full((tokens.shape[0], 1), gc.decoder_start_token_id, tokens.dtype) if decoder_input_ids is None
+                 else np.asarray(decoder_input_ids).astype(tokens.dtype))
         return np.concatenate([start, tokens], axis=1)
     return np.concatenate([np.asarray(input_ids).astype(tokens.dtype), tokens], axis=1)
 
@@ -1150,8 +1384,10 @@ def generate(model, input_ids, attention_mask=None, **kwargs) -> np.ndarray:
     """Hugging Face's ``generate`` contract: decoder-only returns prompt + new tokens, encoder-decoder
     the decoder sequence starting with the decoder start token; rows are padded after EOS and the
     output is trimmed to the last step any row needed. Keyword arguments: see ``prepare``."""
+    checks.refuse_videos(kwargs)
     args, gc = prepare(model, input_ids, attention_mask, **kwargs)
-    pixel_values = kwargs.get("pixel_values")
-    images = {} if pixel_values is None else {"pixel_values": jnp.asarray(pixel_values)}
+    images = loop_images(model, input_ids, gc, kwargs)
+    if kwargs.get("decoder_input_ids") is not None:
+        images["decoder_input_ids"] = jnp.asarray(kwargs["decoder_input_ids"], jnp.int32)
     tokens, steps, bad_step = generate_tokens_jit(*args, config=gc, **images)
-    return assemble(model, input_ids, tokens, steps, bad_step, gc)
+    return assemble(model, input_ids, tokens, steps, bad_step, gc, kwargs.get("decoder_input_ids"))

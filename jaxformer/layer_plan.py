@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from jaxformer.model_config import ModelConfig
+from jaxformer.model_config import ModelConfig, QueryKeyNorm
 
 
 def local_layers(cfg: ModelConfig) -> tuple[bool, ...]:
@@ -42,11 +42,12 @@ def stack_patterns(stack_pattern: str, attention: str, layer_types: tuple[str, .
                    ) -> tuple[str, str | None]:
     """(the pattern of a stack's full layers, that of its local layers or None): an 'alternating' decoder's
     local layers use 'sliding' (or 'chunked', when ``layer_types`` say so) and the others 'causal'; the
-    encoder of an alternating encoder-decoder (T5Gemma) uses 'bidirectional_sliding' on its sliding layers."""
+    encoder of an alternating encoder-decoder (T5Gemma) uses 'bidirectional_sliding' on its sliding layers, and
+    Qwen2.5-VL's image tower 'window' on its window layers (a token sees its window's tokens: ``Tokens.windows``)."""
     if stack_pattern == "alternating":
         return "causal", "chunked" if "chunked" in (layer_types or ()) else "sliding"
     if stack_pattern == "bidirectional" and attention == "alternating":
-        return "bidirectional", "bidirectional_sliding"
+        return "bidirectional", "window" if "window" in (layer_types or ()) else "bidirectional_sliding"
     return stack_pattern, None
 
 
@@ -54,7 +55,8 @@ def stack_patterns(stack_pattern: str, attention: str, layer_types: tuple[str, .
 class LayerSpec:
     """One layer, as the plan decides it (all static)."""
 
-    attention: str  # its visibility pattern: causal, sliding, chunked, prefix, bidirectional, bidirectional_sliding
+    # its visibility pattern: causal, sliding, chunked, prefix, bidirectional, bidirectional_sliding, window
+    attention: str
     window: int | None  # sliding: keys within this many positions; chunked: the chunk size
     local: bool  # reads the stack's local mask (an alternating stack's sliding or chunked layers)
     # which rotary table it reads: 'global', 'local' (Gemma 3's own base), 'none' (a NoPE layer of a rotary stack:
@@ -62,17 +64,19 @@ class LayerSpec:
     rotary: str | None
     # 'standard', 'latent' (MLA), 'relative' (T5's bias), 'xl' (Transformer-XL), 'disentangled', 'linear' (the gated
     # delta rule: Qwen3-Next's linear layers), 'global' (Longformer's global tokens beside the layer's pattern),
-    # 'block_sparse' (BigBird's blocks: global, window and random, on inputs past the dense threshold)
+    # 'block_sparse' (BigBird's blocks: global, window and random, on inputs past the dense threshold), 'cross'
+    # (Llama 3.2 Vision's cross-attention layers: they attend to the images' states alone, through gates)
     mixer: str
     # what a cached step keeps: 'full', 'window' (a ring of window slots), 'latent', 'memory', 'state' (a linear
     # layer's state matrix and convolution window), 'compressed_sliding' / '_sparse' / '_heavy' (DeepSeek-V4's kinds:
-    # ``cache.CompressedCache``), 'none'
+    # ``cache.CompressedCache``), 'images' (a cross layer's keys and values of the images: ``cache.ImageCache``), 'none'
     cache: str
     # 'dense', 'experts', 'experts+shared', 'dense+experts' (Gemma 4: the experts beside the MLP), and DeepSeek-V4's
     # 'hashed experts' / 'hashed experts+shared' (experts picked by token id)
     feed_forward: str
     # the stack's block group holding its parameters (``GROUPS``): 'first_block', 'dense_blocks', 'linear_blocks',
-    # 'blocks', Gemma 4's 'full_blocks', 'shared_blocks', 'shared_full_blocks', Mistral Large 4's 'nope_blocks'
+    # 'blocks', Gemma 4's 'full_blocks', 'shared_blocks', 'shared_full_blocks', Mistral Large 4's 'nope_blocks',
+    # Llama 3.2 Vision's 'cross_blocks'
     group: str
     index: int  # its index in that group's stacked parameters (ALBERT: 0 for every layer)
     # Gemma 4's kv-shared layers: the earlier layer whose keys and values (of this call, and its cache slice) this
@@ -82,6 +86,9 @@ class LayerSpec:
     # DeepSeek-V4's 'compressed' mixer: the layer's kind, 'sliding' (the window alone), 'sparse' (CSA), 'heavy' (HCA)
     compressed: str | None = None
     cross_attention: bool = False  # attends to an encoder's output too (an encoder-decoder's decoder)
+    # each sublayer's output times tanh of a learned number of its own before it joins the residual (the global
+    # layers of Llama 3.2 Vision's tower)
+    gated: bool = False
 
     @property
     def nope(self) -> bool:
@@ -95,7 +102,7 @@ COMPRESSED_GROUPS = tuple(f"{hashed}{kind}_blocks" for hashed in ("hash_", "")
 
 # the block groups a stack may hold, in the order the runner meets their first layers in ``table``'s summary
 GROUPS = ("first_block", "dense_blocks", "linear_blocks", "blocks", "full_blocks", "shared_blocks",
-          "shared_full_blocks", "nope_blocks", *COMPRESSED_GROUPS)
+          "shared_full_blocks", "nope_blocks", "cross_blocks", *COMPRESSED_GROUPS)
 
 
 class Segment(NamedTuple):
@@ -187,7 +194,7 @@ class LayerPlan:
             covered = [first] if first < apart else list(range(first, count, period))
             s = self.layers[first]
             rows.append((_layer_list(covered), s.attention, "" if s.window is None else str(s.window), s.rotary or "",
-                         s.mixer, s.cache, s.feed_forward, s.group, s.special or ""))
+                         s.mixer, s.cache, s.feed_forward, s.group, s.special or ("gated" if s.gated else "")))
         shown = [c for c in range(len(head)) if any(row[c] for row in rows[1:])]  # no column that is empty throughout
         rows = [[row[c] for c in shown] for row in rows]
         widths = [max(len(row[c]) for row in rows) for c in range(len(shown))]
@@ -212,9 +219,10 @@ def _period(kinds: list) -> int:
     return next((p for p in range(1, count + 1) if all(kinds[i] == kinds[i % p] for i in range(count))), 1)
 
 
-def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attention: bool = False) -> LayerPlan:
+def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attention: bool = False,
+               gated: bool = False) -> LayerPlan:
     """The plan of a stack of ``num_layers`` layers of visibility ``pattern`` (a decoder's: ``cfg.attention``;
-    an encoder's: 'bidirectional'), with cross-attention in each layer or not."""
+    an encoder's: 'bidirectional'), with cross-attention in each layer or not, gated sublayers or not."""
     full, local_pattern = stack_patterns(pattern, cfg.attention, cfg.layer_types)
     local = local_layers(cfg)[:num_layers] if local_pattern else (False,) * num_layers
     dense = set(dense_layers(cfg)) if not cross_attention else set()
@@ -224,6 +232,7 @@ def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attenti
     scores = cfg.scores
     own_full = scores.full_head_dim is not None or scores.full_kv_heads is not None or scores.full_keys_as_values
     sources = kv_sources(local, scores.kv_shared_layers) if pattern == cfg.attention else {}
+    cross = set(scores.cross_attention_layers) if pattern == cfg.attention and not cross_attention else set()
     counts = dict.fromkeys(GROUPS, 0)
     layers = []
     for i in range(num_layers):
@@ -241,9 +250,11 @@ def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attenti
             group = "full_blocks"
         elif cfg.mla and cfg.nope is not None and i in cfg.nope.layers and group == "blocks":
             group = "nope_blocks"  # latent attention without its rotary part: shapes of its own (Mistral Large 4)
+        elif i in cross:  # Llama 3.2 Vision: attention to the images alone, its own norms and gates
+            group = "cross_blocks"
         index = 0 if group == "blocks" and cfg.shared_layers else counts[group]
         counts[group] += 1
-        rotary = None if i in linear else _rotary(cfg, i, local[i])  # (a linear layer reads no positions)
+        rotary = None if i in linear or i in cross else _rotary(cfg, i, local[i])  # (nor do linear and cross layers)
         compressed = cfg.scores.compressed.layers[i] if cfg.scores.compressed is not None else None
         feed_forward = _feed_forward(cfg, group)
         if compressed is not None:  # DeepSeek-V4: a group per kind, its hash-routed expert layers apart
@@ -254,12 +265,13 @@ def layer_plan(cfg: ModelConfig, pattern: str, num_layers: int, *, cross_attenti
             feed_forward = "hashed " + feed_forward if hashed else feed_forward
         layers.append(LayerSpec(
             attention=attention, window=window, local=local[i], rotary=rotary,
-            mixer="linear" if i in linear else "compressed" if compressed else _mixer(cfg, pattern),
-            cache=("state" if i in linear else "none" if kv_source is not None else
+            mixer="linear" if i in linear else "cross" if i in cross else "compressed" if compressed else
+            _mixer(cfg, pattern),
+            cache=("state" if i in linear else "images" if i in cross else "none" if kv_source is not None else
                    f"compressed_{compressed}" if compressed else _cache(cfg, pattern, attention)),
             feed_forward=feed_forward, group=group, index=index,
             special=special if group == "first_block" else None, cross_attention=cross_attention, kv_source=kv_source,
-            compressed=compressed))
+            compressed=compressed, gated=gated))
     return LayerPlan(tuple(layers), (full, local_pattern))
 
 
@@ -275,7 +287,7 @@ def kv_sources(local: tuple[bool, ...], shared: int) -> dict[int, int]:
 
 def layer_config(cfg: ModelConfig, spec: LayerSpec) -> ModelConfig:
     """The config a layer's block is built from: Gemma 4's full layers' own head size and kv head count, its kv-shared
-    layers' own MLP width (the model's config for every other layer)."""
+    layers' own MLP width, Llama 3.2 Vision's cross layers' q/k norms (the model's config for every other layer)."""
     scores, changes = cfg.scores, {}
     if not spec.local and spec.group in ("full_blocks", "shared_full_blocks"):
         if scores.full_head_dim is not None:
@@ -284,6 +296,8 @@ def layer_config(cfg: ModelConfig, spec: LayerSpec) -> ModelConfig:
             changes["num_kv_heads"] = scores.full_kv_heads
     if spec.kv_source is not None and scores.kv_shared_d_ff is not None:
         changes["d_ff"] = scores.kv_shared_d_ff
+    if spec.mixer == "cross":  # Llama 3.2 Vision: each query and key head normed (one scale every head shares)
+        changes["query_key_norm"] = QueryKeyNorm()
     return cfg.replace(**changes) if changes else cfg
 
 
@@ -336,12 +350,18 @@ def encoder_pattern(cfg: ModelConfig) -> str:
 def stack_plans(cfg: ModelConfig) -> dict[str, LayerPlan]:
     """The plan of each stack a model of ``cfg`` builds, by the stack's name: an encoder's bidirectional one
     (causal: CLIP's text tower), a decoder's of ``cfg.attention`` (with cross-attention in an encoder-decoder); a
-    dual encoder's text encoder, then its image tower's (``vision``)."""
+    dual encoder's text encoder, then its image tower's (``vision``); a tiled image tower's gated layers over its
+    joined tiles (``global_encoder``, the Encoder's attribute holding them: Llama 3.2 Vision's)."""
     plans = {}
     if cfg.family in ("encoder", "encoder_decoder", "dual_encoder"):
         plans["encoder"] = layer_plan(cfg, encoder_pattern(cfg), cfg.encoder_layers)
+    if cfg.patches is not None and cfg.patches.global_layers:  # Llama 3.2 Vision's gated layers over the tiles
+        plans["global_encoder"] = layer_plan(cfg, "bidirectional", cfg.patches.global_layers, gated=True)
     if cfg.vision is not None:
-        plans["vision"] = stack_plans(cfg.vision.tower)["encoder"]
+        tower = stack_plans(cfg.vision.tower)
+        plans["vision"] = tower["encoder"]
+        if "global_encoder" in tower:
+            plans["vision global"] = tower["global_encoder"]
     if cfg.family in ("decoder", "encoder_decoder"):
         plans["decoder"] = layer_plan(cfg, cfg.attention, cfg.decoder_layers,
                                       cross_attention=cfg.family == "encoder_decoder")

@@ -70,6 +70,18 @@ def _values(model: Model) -> dict[tuple, Any]:
     return {path: variable[...] for path, variable in nnx.to_flat_state(nnx.state(model))}
 
 
+def under(path: str, prefixes) -> bool:
+    """Whether the '/'-joined parameter ``path`` is one of ``prefixes`` or inside one: ``projector`` holds
+    ``projector/linear_1/kernel`` but not ``projector_norm/scale``. The one reading of a listed path, for
+    ``lora_trainable`` and ``finetune.train_only`` alike."""
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in prefixes)
+
+
+def unmatched(prefixes, paths) -> list[str]:
+    """The ``prefixes`` that hold none of the '/'-joined ``paths``."""
+    return [prefix for prefix in prefixes if not any(under(path, (prefix,)) for path in paths)]
+
+
 def with_lora(model: Model, rank: int = 8, alpha: float = 8.0, targets: tuple[str, ...] = ("q", "v"),
               dropout: float = 0.0, rslora: bool = False, trainable: tuple[str, ...] = (), seed: int = 0) -> Model:
     """``model`` with LoRA adapters of ``rank`` on the projections ``targets`` names (B zero, so its outputs
@@ -81,7 +93,7 @@ def with_lora(model: Model, rank: int = 8, alpha: float = 8.0, targets: tuple[st
     new = cfg.replace(lora_rank=rank, lora_alpha=alpha, lora_targets=tuple(targets), lora_dropout=dropout,
                       lora_rslora=rslora, lora_trainable=tuple(trainable))
     model_paths = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(model))}
-    unknown = [t for t in new.lora.trainable if not any(p == t or p.startswith(t + "/") for p in model_paths)]
+    unknown = unmatched(new.lora.trainable, model_paths)
     if unknown:
         raise ValueError(f"lora_trainable {unknown} match no parameter path of {cfg.name!r}")
     lora = _rebuilt(new, _values(model), seed, source=model)
@@ -152,8 +164,7 @@ def trainable(cfg: ModelConfig) -> nnx.filterlib.Filter:
     prefixes = tuple(cfg.lora.trainable)
 
     def listed(path, variable) -> bool:
-        joined = "/".join(map(str, path))
-        return isinstance(variable, nnx.Param) and any(joined == p or joined.startswith(p + "/") for p in prefixes)
+        return isinstance(variable, nnx.Param) and under("/".join(map(str, path)), prefixes)
 
     return nnx.Any(LoraParam, listed)
 

@@ -44,7 +44,7 @@ SINUSOID_LAYOUTS = ("transformer", "fairseq", "marian")  # interleaved; M2M-100'
 DISENTANGLED_TERMS = ("c2p", "p2c")  # DeBERTa: content-to-position, position-to-content
 CONV_ACTIVATIONS = ("tanh", "relu", "gelu", "gelu_tanh", "silu")
 ATTENTION_PATTERNS = ("bidirectional", "causal", "prefix", "sliding", "alternating")
-LAYER_TYPES = ("full", "sliding", "chunked")
+LAYER_TYPES = ("full", "sliding", "chunked", "window")  # window: Qwen2.5-VL's image tower (Patches.window)
 ROPE_SCALINGS = ("linear", "llama3", "yarn", "dynamic", "longrope")
 # sparsemixer: PhiMoE's top-2, each weight a softmax over the experts near the best (Experts.jitter_eps)
 ROUTER_SCORES = ("softmax", "sigmoid", "sparsemixer", "sqrtsoftplus")
@@ -338,9 +338,16 @@ class Embeddings:
     # into each layer's output through its own gate; 0: none
     per_layer_width: int = 0
     per_layer_vocab: int = 0
+    # rows of the token table past vocab_size, ids embedded but never predicted (Llama 3.2 Vision's 8: its image
+    # token id is vocab_size); the untied output projection stays vocab_size wide
+    extra_rows: int = 0
 
     def __post_init__(self):
         _finite_positive("embedding_multiplier", self.multiplier)
+        _non_negative("embedding_extra_rows", self.extra_rows)
+        if self.extra_rows and self.tie:
+            raise ValueError(f"ModelConfig.embedding_extra_rows={self.extra_rows}: rows no logit has need an untied "
+                             "output projection (tie_embeddings=False)")
         _non_negative("per_layer_input_size", self.per_layer_width)
         _non_negative("per_layer_vocab_size", self.per_layer_vocab)
         if self.per_layer_vocab and not self.per_layer_width:
@@ -370,17 +377,61 @@ class Patches:
     # to N with pixel_attention_mask, their grids in spatial_shapes; the image_size / patch_size square grid of
     # positions is resized to each image's grid (bilinear, antialiased)
     flexible: bool = False
+    # Llama 3.2 Vision: each image cut into up to ``tiles`` tiles (pixel_values [B, images, tiles, C, H, W], with
+    # aspect_ratio_ids and aspect_ratio_mask); ``aspect_ratios`` the (rows, columns) arrangements, id = index + 1,
+    # each with tanh-gated tile embeddings; ``global_layers`` gated layers run over the joined tiles after the stack;
+    # the output is the last state beside the outputs of the stack's ``intermediate_layers``, along the width
+    tiles: int = 0
+    aspect_ratios: tuple[tuple[int, int], ...] = ()
+    global_layers: int = 0
+    intermediate_layers: tuple[int, ...] = ()
+    # Qwen2-VL's dynamic resolution (merge > 0): images of any size arrive cut into patches of ``temporal`` frames
+    # [patches, channels * temporal * p * p], each merge x merge block contiguous, with image_grid_thw; positions are
+    # 2-D rotary (``rotary.axial``); the merger (norm, Linear, GELU, Linear) turns each block's states into one
+    # vector of ``merged_width``. ``window`` (Qwen2.5-VL): the side in pixels of the windows its 'window' layers
+    # attend within (0: none). image_size is 0 (no fixed size)
+    temporal: int = 1
+    merge: int = 0
+    merged_width: int = 0
+    window: int = 0
 
     def __post_init__(self):
+        object.__setattr__(self, "aspect_ratios", tuple(tuple(pair) for pair in self.aspect_ratios))  # (JSON lists)
+        object.__setattr__(self, "intermediate_layers", tuple(self.intermediate_layers))
+        if self.merge or (self.temporal, self.merged_width, self.window) != (1, 0, 0):
+            self._check_dynamic_resolution()
+            return
         for name, value in (("image_size", self.image_size), ("patch_size", self.patch_size),
                             ("image_channels", self.channels)):
             _positive(name, value)
+        if not self.tiles and (self.aspect_ratios or self.global_layers or self.intermediate_layers):
+            raise ValueError("ModelConfig.aspect_ratios, global_layers and intermediate_layers belong to a tiled "
+                             "tower (Llama 3.2 Vision): they need max_tiles > 0")
+        # (the tower only counts the pairs: one of more than max_tiles tiles, which no processor gives, is kept)
+        if self.tiles and (not self.class_token or self.flexible or not self.aspect_ratios or any(
+                len(pair) != 2 or min(pair) < 1 for pair in self.aspect_ratios)):
+            raise ValueError(f"ModelConfig.max_tiles={self.tiles} (tiled images) needs class_token=True, no "
+                             f"flexible_patches, and aspect_ratios of (rows, columns) pairs, got "
+                             f"{self.aspect_ratios!r}")
+        _non_negative("max_tiles", self.tiles)
+        _non_negative("global_layers", self.global_layers)
         if self.image_size % self.patch_size:
             raise ValueError(f"ModelConfig.patch_size={self.patch_size} must divide image_size={self.image_size} "
                              "(the patches tile the image)")
         if self.flexible and self.class_token:
             raise ValueError("ModelConfig.flexible_patches=True (NaFlex) takes no class_token: its tokens are the "
                              "image's patches alone, padded to a common count")
+
+    def _check_dynamic_resolution(self) -> None:
+        for name, value in (("patch_merge_size", self.merge), ("merged_width", self.merged_width),
+                            ("temporal_patch_size", self.temporal), ("patch_size", self.patch_size),
+                            ("image_channels", self.channels)):
+            _positive(name, value)
+        _non_negative("image_window", self.window)
+        if self.image_size or self.flexible or self.class_token or self.tiles:
+            raise ValueError("ModelConfig.patch_merge_size > 0 (Qwen2-VL's dynamic resolution) takes images of any "
+                             "size: it needs image_size=0, flexible_patches=False, class_token=False, max_tiles=0, "
+                             f"not {self.image_size}, {self.flexible}, {self.class_token}, {self.tiles}")
 
     @property
     def count(self) -> int:
@@ -391,6 +442,31 @@ class Patches:
     def tokens(self) -> int:
         """Tokens the tower's stack sees: the patches and the class token."""
         return self.count + int(self.class_token)
+
+    def output_width(self, d_model: int) -> int:
+        """The width of a tiled tower's output: the last state and each intermediate layer's output."""
+        return d_model * (1 + len(self.intermediate_layers))
+
+
+@dataclasses.dataclass(frozen=True)
+class Audio:
+    """An encoder-decoder's audio front end (Whisper): ``input_features`` [B, mel_bins, 2 * source_positions]
+    log-mel frames through two 1-D convolutions of width 3 (zero padding 1; the second of stride 2, halving the
+    frames), each followed by GELU, plus a stored table of ``source_positions`` position vectors (sinusoids in
+    published files, read as stored). The encoder has no token table; the decoder keeps its own learned
+    positions (``max_positions``)."""
+
+    mel_bins: int
+    source_positions: int = 1500
+
+    def __post_init__(self):
+        _positive("num_mel_bins", self.mel_bins)
+        _positive("max_source_positions", self.source_positions)
+
+    @property
+    def frames(self) -> int:
+        """Frames of input_features the encoder reads: the stride-2 convolution halves them to source_positions."""
+        return 2 * self.source_positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,6 +485,13 @@ class Rotary:
     proportion: float | None = None
     # LeRoPE (Mistral Large 4): each frequency times exp(a learned number), one per frequency, shared by the layers
     learned_frequencies: bool = False
+    # 2-D axial rotary (Qwen2-VL's vision towers): positions come as two streams (a patch's row and column); the
+    # first half of the frequency pairs turns by the row, the second by the column, each half's frequencies those
+    # of a head half as wide
+    axial: bool = False
+    # M-RoPE (Qwen2-VL, Qwen2.5-VL: mrope_section): positions come as three streams (temporal, height, width); the
+    # frequency pairs are cut into runs of these lengths, run i turning by stream i % 3. None: one stream
+    sections: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.proportion is not None and not 0 < self.proportion <= 1:
@@ -426,6 +509,11 @@ class Rotary:
                              "cannot be combined with local_rope_theta")
         if self.dim is not None and not (isinstance(self.dim, int) and self.dim > 0 and self.dim % 2 == 0):
             raise ValueError(f"ModelConfig.rotary_dim={self.dim!r} must be a positive even integer")
+        if isinstance(self.sections, list):  # JSON hands us a list
+            object.__setattr__(self, "sections", tuple(self.sections))
+        if self.sections is not None and (not self.sections or any(
+                isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.sections)):
+            raise ValueError(f"ModelConfig.rope_sections={self.sections!r} must be a non-empty tuple of positive ints")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -595,10 +683,19 @@ class Scores:
     position_span: int | None = None
     # DeepSeek-V4's compressed attention (a mixer of its own: ``layers.compressed_attention``)
     compressed: CompressedAttention | None = None
+    # Llama 3.2 Vision: these decoder layers attend to the images' states instead of the text (no self-attention;
+    # per-head q/k norms, tanh-gated attention and MLP), the rest are Llama's layers
+    cross_attention_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         if isinstance(self.compressed, dict):
             object.__setattr__(self, "compressed", CompressedAttention(**self.compressed))
+        if isinstance(self.cross_attention_layers, list):  # JSON hands us a list
+            object.__setattr__(self, "cross_attention_layers", tuple(self.cross_attention_layers))
+        layers = self.cross_attention_layers
+        if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers) or list(layers) != sorted(
+                set(layers)):
+            raise ValueError(f"ModelConfig.cross_attention_layers={layers!r} must be increasing layer indices >= 0")
         if self.scale is not None and not self.scale > 0:
             raise ValueError(f"ModelConfig.attention_scale={self.scale!r} must be > 0")
         if (self.position_scale is None) != (self.position_span is None):
@@ -1039,10 +1136,12 @@ FLAT: dict[str, tuple[str, ...]] = {
     "embedding_multiplier": ("embeddings", "multiplier"),
     "per_layer_input_size": ("embeddings", "per_layer_width"),
     "per_layer_vocab_size": ("embeddings", "per_layer_vocab"),
+    "embedding_extra_rows": ("embeddings", "extra_rows"),
     "rope_theta": ("rotary", "theta"), "rope_scaling": ("rotary", "scaling"),
     "local_rope_theta": ("rotary", "local_theta"), "rope_interleave": ("rotary", "interleave"),
     "rotary_dim": ("rotary", "dim"), "rope_proportion": ("rotary", "proportion"),
-    "rope_learned_frequencies": ("rotary", "learned_frequencies"),
+    "rope_learned_frequencies": ("rotary", "learned_frequencies"), "rope_sections": ("rotary", "sections"),
+    "rope_axial": ("rotary", "axial"),
     "relative_buckets": ("relative_bias", "buckets"), "relative_max_distance": ("relative_bias", "max_distance"),
     "relative_bias_per_layer": ("relative_bias", "per_layer"),
     "memory_len": ("xl", "memory_len"), "clamp_len": ("xl", "clamp_len"),
@@ -1068,6 +1167,7 @@ FLAT: dict[str, tuple[str, ...]] = {
     "full_head_dim": ("scores", "full_head_dim"), "full_kv_heads": ("scores", "full_kv_heads"),
     "full_keys_as_values": ("scores", "full_keys_as_values"), "kv_shared_layers": ("scores", "kv_shared_layers"),
     "kv_shared_d_ff": ("scores", "kv_shared_d_ff"),
+    "cross_attention_layers": ("scores", "cross_attention_layers"),
     "sparse_block_size": ("scores", "sparse_block_size"), "sparse_random_blocks": ("scores", "sparse_random_blocks"),
     "qk_norm_scale": ("query_key_norm", "scale"), "qk_norm_span": ("query_key_norm", "span"),
     "v_norm": ("query_key_norm", "values"),
@@ -1137,6 +1237,11 @@ FLAT: dict[str, tuple[str, ...]] = {
     "image_size": ("patches", "image_size"), "patch_size": ("patches", "patch_size"),
     "image_channels": ("patches", "channels"), "class_token": ("patches", "class_token"),
     "patch_bias": ("patches", "bias"), "flexible_patches": ("patches", "flexible"),
+    "temporal_patch_size": ("patches", "temporal"), "patch_merge_size": ("patches", "merge"),
+    "merged_width": ("patches", "merged_width"), "image_window": ("patches", "window"),
+    "max_tiles": ("patches", "tiles"), "aspect_ratios": ("patches", "aspect_ratios"),
+    "global_layers": ("patches", "global_layers"), "intermediate_layers": ("patches", "intermediate_layers"),
+    "num_mel_bins": ("audio", "mel_bins"), "max_source_positions": ("audio", "source_positions"),
 }
 GROUPS: dict[str, type] = {
     "norms": Norms, "swiglu_clamp": ClampedSwiGLU, "embeddings": Embeddings, "rotary": Rotary,
@@ -1145,10 +1250,11 @@ GROUPS: dict[str, type] = {
     "scores": Scores, "query_key_norm": QueryKeyNorm, "latent": Latent, "parallel": ParallelResidual,
     "biases": Biases, "logits": Logits, "conv": Convolution, "head_options": HeadOptions, "experts": Experts,
     "tokens": Tokens, "execution": Execution, "lora": LoRA, "quantization": Quantization, "patches": Patches,
+    "audio": Audio,
 }
 OPTIONAL_GROUPS = ("swiglu_clamp", "rotary", "relative_bias", "xl", "disentangled", "nope", "linear_attention",
                    "query_key_norm",
-                   "latent", "parallel", "conv", "experts", "lora", "quantization", "patches")
+                   "latent", "parallel", "conv", "experts", "lora", "quantization", "patches", "audio")
 # flat keys that say only whether an optional part is there
 PRESENCE_KEYS = {"qk_norm": "query_key_norm", "parallel_residual": "parallel", "index_relative_bias": "relative_bias"}
 
@@ -1166,7 +1272,7 @@ NESTED = {("latent", "indexer"): Indexer, ("norms", "hyper_connections"): HyperC
 
 # the flat value of an absent optional part's defining field (its other fields take their dataclass defaults)
 OFF = {"num_experts": 0, "kv_lora_rank": None, "index_heads": 0, "conv_kernel_size": 0, "lora_rank": 0,
-       "hc_streams": 0, "compressed_layers": (), "image_size": 0, "patch_size": 0,
+       "hc_streams": 0, "compressed_layers": (), "image_size": 0, "patch_size": 0, "num_mel_bins": 0,
        "quantize": None, "qk_norm": False, "parallel_residual": False, "index_relative_bias": False}
 
 
@@ -1182,7 +1288,7 @@ def _present(group: str, flat: dict) -> bool:
         "latent": flat["kv_lora_rank"] is not None, "parallel": flat["parallel_residual"],
         "conv": flat["conv_kernel_size"] != 0, "experts": flat["num_experts"] != 0,
         "lora": flat["lora_rank"] != 0, "quantization": flat["quantize"] is not None,
-        "patches": flat["patch_size"] != 0,
+        "patches": flat["patch_size"] != 0, "audio": flat["num_mel_bins"] != 0,
     }[group]
 
 
@@ -1203,6 +1309,7 @@ _NEEDS = {
     "lora": lambda f: "lora_rank > 0",
     "quantization": lambda f: f"quantize set (one of {QUANTIZATIONS}): the table takes that kind, not None",
     "patches": lambda f: "patch_size > 0 (an image tower)",
+    "audio": lambda f: "num_mel_bins > 0 (an audio front end: Whisper)",
 }
 # settings an absent part leaves without effect that were always accepted: read and let go (they change nothing)
 _INERT_WHEN_ABSENT = {
@@ -1242,6 +1349,14 @@ class Vision:
     projector_activation: str | None = None  # None: no projector (a dual encoder)
     projector_bias: bool = True
     image_token_id: int | None = None
+    # Gemma 3's projector: the tower's last_hidden_state average-pooled to this many tokens an image (a square; windows
+    # of grid // its side), RMS-normed (1 + w, the tower's eps), times a matrix; 0: not this projector
+    pooled_tokens: int = 0
+    # Gemma 3: the image tokens (token_type_ids 1) of each image attend to each other both ways in a full pass
+    bidirectional_images: bool = False
+    # Llama 3.2 Vision: the images reach the text model through its cross layers (scores.cross_attention_layers),
+    # not placeholders: the tower's output through one Linear (biased where projector_bias) is what they attend to
+    cross_attention: bool = False
 
     def __post_init__(self):
         if isinstance(self.tower, dict):  # the nested form (to_dict, JSON)
@@ -1259,15 +1374,17 @@ class Vision:
         if any(isinstance(i, bool) or not isinstance(i, int) or not -states <= i < states for i in self.feature_layers):
             raise ValueError(f"ModelConfig.vision.feature_layers={self.feature_layers!r} must index the tower's "
                              f"{states} hidden states (-{states} to {states - 1})")
+        pooled, merged, cross = self._check_pooled(), self._check_merged(), self._check_cross()
         joining = (self.feature_layers != (), self.projector_activation is not None, self.image_token_id is not None)
-        if any(joining) and not all(joining):
+        if not pooled and not merged and not cross and any(joining) and not all(joining):
             raise ValueError("ModelConfig.vision: feature_layers, projector_activation and image_token_id go together "
                              f"(a decoder reading images), got {self.feature_layers!r}, "
                              f"{self.projector_activation!r}, {self.image_token_id!r}")
-        projector = self.projector_activation is not None
+        projector = self.projector_activation is not None or pooled or merged or cross
         # each kind's fields, which the other kind never reads: refused rather than carried unused
         unread = (("projection", "projection_bias", "logit_scale_init", "logit_bias") if projector else
-                  ("feature_layers", "drop_first_token", "projector_activation", "projector_bias", "image_token_id"))
+                  ("feature_layers", "drop_first_token", "projector_activation", "projector_bias", "image_token_id",
+                   "bidirectional_images"))
         defaults = {field.name: field.default for field in dataclasses.fields(self)}
         settings = ", ".join(f"{name}={getattr(self, name)!r}" for name in unread
                              if getattr(self, name) != defaults[name])
@@ -1275,11 +1392,65 @@ class Vision:
             raise ValueError(f"ModelConfig.vision: {settings} " + ("belong to a dual encoder (CLIP, SigLIP); a "
                              "decoder reading images (projector_activation set) does not read them" if projector else
                              "belong to a decoder reading images (LLaVA); a dual encoder does not read them"))
-        if projector:
+        if self.projector_activation is not None:
             _one_of("vision.projector_activation", self.projector_activation, ACTIVATIONS)
             if self.projector_activation in GATED_ACTIVATIONS:
                 raise ValueError(f"ModelConfig.vision.projector_activation={self.projector_activation!r}: the "
                                  "projector's activation is not gated")
+
+    def _check_pooled(self) -> bool:
+        """Gemma 3's pooled projector (``pooled_tokens``): its settings checked; whether it is this one."""
+        _non_negative("vision.pooled_tokens", self.pooled_tokens)
+        if not self.pooled_tokens:
+            return False
+        side, patches = math.isqrt(self.pooled_tokens), self.tower.patches
+        grid = 0 if patches is None or patches.class_token else patches.image_size // patches.patch_size
+        if side * side != self.pooled_tokens or not 0 < side <= grid:  # (a wider side: a pooling window of 0)
+            raise ValueError(f"ModelConfig.vision.pooled_tokens={self.pooled_tokens} must be a square whose side is "
+                             f"at most the tower's patch grid ({grid} a side, no class token)")
+        others = dict(feature_layers=self.feature_layers, drop_first_token=self.drop_first_token,
+                      projector_activation=self.projector_activation, projector_bias=self.projector_bias)
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        if any(value != defaults[name] for name, value in others.items()) or self.image_token_id is None:
+            raise ValueError(f"ModelConfig.vision.pooled_tokens={self.pooled_tokens} (Gemma 3's projector) reads the "
+                             f"tower's last state and needs image_token_id, not {others}, "
+                             f"image_token_id={self.image_token_id!r}")
+        return True
+
+    @property
+    def merged(self) -> bool:
+        """Qwen2.5-VL: the tower ends in its own patch merger at the text width (``patches.merge``): its merged
+        features replace the image placeholders, with no projector and no feature layers."""
+        return self.tower.patches is not None and self.tower.patches.merge > 0
+
+    def _check_merged(self) -> bool:
+        """A merging tower's join: only ``image_token_id``; whether it is this one."""
+        if not self.merged:
+            return False
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        others = {name: getattr(self, name) for name in ("feature_layers", "drop_first_token", "projector_activation",
+                                                         "projector_bias", "pooled_tokens", "bidirectional_images")}
+        if any(value != defaults[name] for name, value in others.items()) or self.image_token_id is None:
+            raise ValueError(f"ModelConfig.vision: a tower with its own merger (patch_merge_size="
+                             f"{self.tower.patches.merge}) gives the image features itself; it needs image_token_id "
+                             f"and none of {others} (image_token_id={self.image_token_id!r})")
+        return True
+
+    def _check_cross(self) -> bool:
+        """Llama 3.2 Vision's join (``cross_attention``): a tiled tower, its image_token_id (the processor's
+        placeholder, which the model reads no image into) and projector_bias; whether it is this one."""
+        if not self.cross_attention:
+            return False
+        defaults = {field.name: field.default for field in dataclasses.fields(self)}
+        others = {name: getattr(self, name) for name in ("feature_layers", "drop_first_token", "projector_activation",
+                                                         "pooled_tokens", "bidirectional_images")}
+        patches = self.tower.patches
+        if any(value != defaults[name] for name, value in others.items()) or self.image_token_id is None or (
+                patches is None or not patches.tiles):
+            raise ValueError(f"ModelConfig.vision.cross_attention=True (Llama 3.2 Vision) joins a tiled tower "
+                             f"(max_num_tiles) through the text model's cross layers; it needs image_token_id and "
+                             f"none of {others} (image_token_id={self.image_token_id!r})")
+        return True
 
     def text_tower(self, cfg: ModelConfig) -> ModelConfig:
         """The text encoder of the joined model ``cfg``: its top level, as an encoder of its own."""
@@ -1357,6 +1528,7 @@ class ModelConfig:
     patches: Patches | None = None  # an image tower's front end: pixel_values in place of token ids
     # an image tower and what joins it to the text model here: a dual encoder's (CLIP), a decoder's (LLaVA)
     vision: Vision | None = None
+    audio: Audio | None = None  # an encoder-decoder's audio front end (Whisper): input_features in place of ids
 
     def __post_init__(self):
         _settle_parts(self)
@@ -1375,6 +1547,11 @@ class ModelConfig:
     @property
     def head_dim_(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.num_heads
+
+    @property
+    def token_rows(self) -> int:
+        """Rows of the token table: the vocabulary, and ids past it that are embedded but never predicted."""
+        return self.vocab_size + self.embeddings.extra_rows
 
     @property
     def kv_heads(self) -> int:
@@ -1499,7 +1676,8 @@ def _settle_vision(cfg: ModelConfig) -> None:
             vision = dataclasses.replace(vision, tower=tower.replace(dtype=cfg.dtype, param_dtype=cfg.param_dtype))
         object.__setattr__(cfg, "vision", vision)
     # a decoder reads images through its projector (LLaVA); a dual encoder joins its towers by similarity
-    reads_images = vision is not None and vision.projector_activation is not None
+    reads_images = vision is not None and (vision.projector_activation is not None or vision.pooled_tokens > 0
+                                           or vision.cross_attention or vision.merged)
     if (cfg.family == "dual_encoder") != (vision is not None and not reads_images) or (
             cfg.family == "dual_encoder") != (cfg.head == "contrastive") or (
             reads_images and cfg.family != "decoder"):
@@ -1508,9 +1686,12 @@ def _settle_vision(cfg: ModelConfig) -> None:
                          "image tower (vision) and the head 'contrastive', and only a dual encoder has them; a "
                          "decoder may read images (vision with its projector_activation, feature_layers and "
                          "image_token_id)")
-    if reads_images and not 0 <= vision.image_token_id < cfg.vocab_size:
+    if reads_images and not 0 <= vision.image_token_id < cfg.token_rows:
         raise ValueError(f"ModelConfig.vision.image_token_id={vision.image_token_id} must be a token id of the "
-                         f"vocabulary [0, {cfg.vocab_size})")
+                         f"vocabulary [0, {cfg.token_rows})")
+    if vision is not None and vision.cross_attention != bool(cfg.scores.cross_attention_layers):
+        raise ValueError("ModelConfig.vision.cross_attention (Llama 3.2 Vision) and scores.cross_attention_layers go "
+                         f"together: the layers that attend to the images, got {cfg.scores.cross_attention_layers!r}")
 
 
 # The checks that join two concerns (each part checks its own fields), in the order a config is read.
@@ -1525,6 +1706,10 @@ def _check_sizes(cfg: ModelConfig) -> None:
                              "states: it needs patch_size (the image front end)")
     else:
         _check_patches(cfg)
+    if cfg.audio is not None and (cfg.family != "encoder_decoder" or cfg.position != "learned"):
+        raise ValueError(f"ModelConfig.num_mel_bins={cfg.audio.mel_bins} (an audio front end) is built for "
+                         f"family='encoder_decoder' with learned decoder positions, not family={cfg.family!r}, "
+                         f"position={cfg.position!r}")
     _non_negative("encoder_layers", cfg.encoder_layers)
     _non_negative("decoder_layers", cfg.decoder_layers)
     for need, field in ((cfg.family in ("encoder", "encoder_decoder", "dual_encoder"), "encoder_layers"),
@@ -1571,6 +1756,9 @@ def _check_sizes(cfg: ModelConfig) -> None:
 def _check_patches(cfg: ModelConfig) -> None:
     """An image tower: an encoder reading pixels, with a learned position per patch and class token."""
     patches, embeddings = cfg.patches, cfg.embeddings
+    if patches.merge:
+        _check_merged_patches(cfg)
+        return
     wrong = {"family": (cfg.family, "encoder"), "vocab_size": (cfg.vocab_size, 0),
              "position": (cfg.position, "learned"),
              "max_positions": (cfg.max_positions, patches.tokens), "type_vocab_size": (embeddings.types, 0),
@@ -1588,6 +1776,13 @@ def _check_patches(cfg: ModelConfig) -> None:
                          + ("normalizes the first token in place of the stack's final norm: it needs final_norm=False"
                             if pooler == "norm" else "reads the final-normed states: it needs final_norm=True")
                          + " and pooler=False")
+    # (negative indices count from the last layer, as transformers indexes its tuple of layer outputs)
+    layers = cfg.encoder_layers
+    if any(not -layers <= i < layers for i in patches.intermediate_layers) or (patches.tiles and (
+            cfg.head != "none" or pooler is not None or cfg.norms.position != "pre")):
+        raise ValueError(f"ModelConfig: a tiled tower's intermediate_layers={patches.intermediate_layers!r} must "
+                         f"index its {cfg.encoder_layers} layers, and it has head='none', no image_pooler and "
+                         f"norm_position='pre' (its global layers gate the pre-norm sublayers)")
     if cfg.head not in ("none", "sequence_classification"):
         raise ValueError(f"ModelConfig.head={cfg.head!r} does not fit an image tower (patch_size set); valid: "
                          "'none', 'sequence_classification' (ViT's image classifier on the first token)")
@@ -1595,6 +1790,18 @@ def _check_patches(cfg: ModelConfig) -> None:
         # (CLIP's and SigLIP's image classifiers average the states instead: not built)
         raise ValueError("ModelConfig.head='sequence_classification' on an image tower is ViT's classifier: it reads "
                          "the class token, so it needs class_token=True, pooler=False and no image_pooler")
+
+
+def _check_merged_patches(cfg: ModelConfig) -> None:
+    """Qwen2-VL's and Qwen2.5-VL's image towers: 2-D rotary positions, the merger's output as pooler_output."""
+    wrong = {"family": (cfg.family, "encoder"), "vocab_size": (cfg.vocab_size, 0), "position": (cfg.position, "rope"),
+             "rope_axial": (cfg.rotary is not None and cfg.rotary.axial, True), "head": (cfg.head, "none"),
+             "image_pooler": (cfg.head_options.image_pooler, None), "type_vocab_size": (cfg.embeddings.types, 0),
+             "embedding_norm": (cfg.norms.embedding, False)}
+    wrong = {name: pair for name, pair in wrong.items() if pair[0] != pair[1]}
+    if wrong:
+        raise ValueError(f"ModelConfig.patch_merge_size={cfg.patches.merge} (Qwen2-VL's image tower) needs "
+                         + ", ".join(f"{name}={want!r} (not {got!r})" for name, (got, want) in wrong.items()))
 
 
 def _check_positions(cfg: ModelConfig) -> None:
@@ -1645,6 +1852,11 @@ def _check_positions(cfg: ModelConfig) -> None:
 def _check_rotary(cfg: ModelConfig, rotary: Rotary) -> None:
     if cfg.latent is None and cfg.head_dim_ % 2:
         raise ValueError(f"rotary positions need an even head_dim, got {cfg.head_dim_}")
+    plain = Rotary(theta=rotary.theta, axial=True)
+    if rotary.axial and (cfg.patches is None or not cfg.patches.merge or rotary != plain or cfg.head_dim_ % 4):
+        raise ValueError("ModelConfig.rope_axial=True (2-D rotary over a patch's row and column) is Qwen2-VL's image "
+                         "tower's: it needs patch_merge_size > 0, a head_dim divisible by 4 and no other rotary "
+                         f"setting but rope_theta, got head_dim={cfg.head_dim_}, {rotary}")
     if rotary.local_theta is not None and cfg.attention != "alternating":
         raise ValueError(f"ModelConfig.local_rope_theta={rotary.local_theta!r} is the rotary base of the "
                          "sliding layers: it needs position='rope', attention='alternating' and a value > 0")
@@ -1655,6 +1867,11 @@ def _check_rotary(cfg: ModelConfig, rotary: Rotary) -> None:
         raise ValueError(f"ModelConfig.rotary_dim={rotary.dim!r} (partial rotary) must be an even integer in "
                          f"(0, head_dim={cfg.head_dim_}] with standard attention (latent attention sets its "
                          "rotary width with rope_head_dim)")
+    if rotary.sections is not None and (sum(rotary.sections) != cfg.rope_dim // 2 or rotary.interleave
+                                        or rotary.local_theta is not None):
+        raise ValueError(f"ModelConfig.rope_sections={rotary.sections!r} (M-RoPE) must sum to the "
+                         f"{cfg.rope_dim // 2} frequency pairs of the rotated width, with rope_interleave=False and "
+                         "no local_rope_theta")
     if rotary.scaling is not None:
         kind, pairs = rotary.scaling.kind, cfg.rope_dim // 2
         if kind == "longrope" and len(rotary.scaling.short_factor) != pairs:
@@ -1691,7 +1908,11 @@ def _check_attention_pattern(cfg: ModelConfig) -> None:
     elif cfg.attention_chunk_size is not None:
         raise ValueError(f"ModelConfig.attention_chunk_size={cfg.attention_chunk_size} is set but no layer is "
                          "'chunked' (attention='alternating' with 'chunked' in layer_types)")
-    if cfg.attention in ("sliding", "alternating") and not chunked:
+    windowed = cfg.attention == "alternating" and "window" in (cfg.layer_types or ())
+    if windowed and (cfg.patches is None or not cfg.patches.window or cfg.window_size is not None):
+        raise ValueError("ModelConfig.layer_types with 'window' layers (Qwen2.5-VL's image tower) needs image_window "
+                         "> 0 (the windows' side in pixels) and window_size None")
+    if cfg.attention in ("sliding", "alternating") and not (chunked or windowed):
         if cfg.window_size is None:
             raise ValueError(f"ModelConfig.attention={cfg.attention!r} needs window_size (a positive int)")
         _positive("window_size", cfg.window_size)
@@ -1708,9 +1929,9 @@ def _check_layer_types(cfg: ModelConfig) -> None:
     wrong = sorted({t for t in cfg.layer_types if t not in LAYER_TYPES}, key=str)
     if wrong:
         raise ValueError(f"ModelConfig.layer_types holds {wrong}; each entry must be one of {LAYER_TYPES}")
-    if {"sliding", "chunked"} <= set(cfg.layer_types):
-        raise ValueError("ModelConfig.layer_types mixes 'sliding' and 'chunked' layers; a stack has one kind "
-                         "of local layer")
+    if len({"sliding", "chunked", "window"} & set(cfg.layer_types)) > 1:
+        raise ValueError("ModelConfig.layer_types mixes 'sliding', 'chunked' or 'window' layers; a stack has one "
+                         "kind of local layer")
     counts = ({cfg.encoder_layers} if cfg.family == "encoder" else
               {cfg.decoder_layers} | ({cfg.encoder_layers} if cfg.family == "encoder_decoder" else set()))
     if len(counts) > 1 or len(cfg.layer_types) not in counts:
@@ -1815,6 +2036,12 @@ def _check_layer_key_values(cfg: ModelConfig, standard: bool) -> None:
     if scores.kv_shared_d_ff is not None and not scores.kv_shared_layers:
         raise ValueError(f"ModelConfig.kv_shared_d_ff={scores.kv_shared_d_ff} sizes the MLP of the layers that "
                          "share keys and values: it needs kv_shared_layers > 0")
+    cross = scores.cross_attention_layers
+    if cross and (cfg.family != "decoder" or not standard or cfg.experts is not None or cfg.shared_layers
+                  or cfg.linear_attention is not None or scores.kv_shared_layers or cross[-1] >= cfg.decoder_layers):
+        raise ValueError(f"ModelConfig.cross_attention_layers={cross!r} (Llama 3.2 Vision) index the layers of a "
+                         f"decoder of {cfg.decoder_layers} layers of standard attention, without experts, shared, "
+                         "linear or kv-shared layers")
     if not scores.kv_shared_layers:
         return
     if cfg.family != "decoder" or not standard or cfg.position != "rope" or cfg.shared_layers \

@@ -452,6 +452,53 @@ def _llava_15_7b() -> dict:
                   eos_token_id=2)
 
 
+def _gemma_3_4b_vision() -> dict:
+    # Gemma 3 4B (Gemma Team 2025) as google/gemma-3-4b-it publishes it: the gemma-3-4b text model reading 896x896
+    # images through SigLIP So400m/14 without its pooling head (27 layers 1152 wide; 64x64 patches), whose final-normed
+    # states are average-pooled to 256 tokens an image, RMS-normed and projected; each image's tokens see each other
+    tower = ModelConfig.from_dict(dict(
+        family="encoder", vocab_size=0, d_model=1152, num_heads=16, d_ff=4304, encoder_layers=27, decoder_layers=0,
+        norm_position="pre", norm_eps=1e-6, final_norm_in_hidden_states=False, activation="gelu_tanh",
+        position="learned", max_positions=4096, attention="bidirectional", head="none", image_size=896, patch_size=14,
+        class_token=False))
+    vision = Vision(tower, pooled_tokens=256, bidirectional_images=True, image_token_id=262144)
+    return _gemma(2560, 34, 8, 4, 10240, 262208, 1024, 6, 131072, gemma3=True,
+                  rope_scaling={"kind": "linear", "factor": 8.0}, vision=vision)
+
+
+def _llama_32_11b_vision() -> dict:
+    # Llama 3.2 11B Vision (Meta 2024) as meta-llama/Llama-3.2-11B-Vision publishes it: a 32-layer ViT-H/14 over up to 4
+    # tiles of 560x560 (1601 tokens a tile) with 8 gated global layers after it, its last state beside layers 3, 7,
+    # 15, 23 and 30 projected to the 40-layer Llama 3.1 text model, whose 8 cross layers (3, 8, ..., 38) attend to it
+    tower = ModelConfig.from_dict(dict(
+        family="encoder", vocab_size=0, d_model=1280, num_heads=16, d_ff=5120, encoder_layers=32, decoder_layers=0,
+        norm_position="pre", norm_eps=1e-5, position="learned", max_positions=1601, attention="bidirectional",
+        head="none", activation="gelu", image_size=560, patch_size=14, class_token=True, patch_bias=False,
+        embedding_norm=True, final_norm=True, final_norm_in_hidden_states=False, qkv_bias=False, out_bias=False,
+        mlp_bias=True, max_tiles=4, aspect_ratios=((1, 1), (1, 2), (1, 3), (1, 4), (2, 1), (2, 2), (3, 1), (4, 1)),
+        global_layers=8, intermediate_layers=(3, 7, 15, 23, 30)))
+    vision = Vision(tower, cross_attention=True, image_token_id=128256)
+    return _llama(4096, 40, 32, 8, 14336, 128256, 500000.0, 131072, vision=vision, embedding_extra_rows=8,
+                  cross_attention_layers=tuple(range(3, 40, 5)), pad_token_id=128004, bos_token_id=128000,
+                  eos_token_id=128001, rope_scaling=dict(kind="llama3", factor=8.0, low_freq_factor=1.0,
+                                                         high_freq_factor=4.0, original_max_positions=8192))
+
+
+def _qwen25_vl_7b() -> dict:
+    # Qwen2.5-VL 7B (Qwen Team 2025) as Qwen/Qwen2.5-VL-7B-Instruct publishes it: a 32-layer 1280-wide tower over
+    # 14x14 patches of two frames (RMSNorm, SwiGLU, 2-D rotary), attending within 112-pixel windows but at layers 7,
+    # 15, 23 and 31, its 2x2 blocks merged to the text width; Qwen2-7B's text model with M-RoPE (sections 16, 24, 24)
+    tower = ModelConfig.from_dict(dict(
+        family="encoder", vocab_size=0, d_model=1280, num_heads=16, d_ff=3420, encoder_layers=32, decoder_layers=0,
+        norm="rmsnorm", norm_position="pre", norm_eps=1e-6, activation="swiglu", position="rope", rope_axial=True,
+        head="none", final_norm=False, qkv_bias=True, key_bias=True, out_bias=True, mlp_bias=True, image_size=0,
+        patch_size=14, class_token=False, patch_bias=False, temporal_patch_size=2, patch_merge_size=2,
+        merged_width=3584, image_window=112, attention="alternating",
+        layer_types=tuple("full" if i % 8 == 7 else "window" for i in range(32))))
+    return _llama(3584, 28, 28, 4, 18944, 152064, 1e6, 128000, qkv_bias=True, norm_eps=1e-6, rope_sections=(16, 24, 24),
+                  vision=Vision(tower, image_token_id=151655), bos_token_id=151643, eos_token_id=151645)
+
+
 _PRESETS: dict[str, dict] = {
     "transformer-base": _transformer_2017(512, 8, 2048, 0.1),
     "transformer-big": _transformer_2017(1024, 16, 4096, 0.3),
@@ -550,6 +597,20 @@ _PRESETS: dict[str, dict] = {
                   tie_embeddings=True, dropout_rate=0.1, attention_dropout_rate=0.1, pad_token_id=1, bos_token_id=0,
                   eos_token_id=2, decoder_start_token_id=2)
        for name, vocab in (("m2m100-418m", 128112), ("nllb-200-distilled-600m", 256206))},
+    # Whisper (Radford et al. 2022): speech recognition and translation; the encoder reads 30 s of log-mel frames
+    # (80 bins, 128 from large-v3) through two convolutions, both stacks pre-norm with final norms, keys without a
+    # bias, proj_out tied; large-v3-turbo keeps 4 decoder layers, distil-large-v3 2 (a distilled decoder)
+    **{name: dict(family="encoder_decoder", vocab_size=vocab, d_model=width, num_heads=width // 64, d_ff=4 * width,
+                  encoder_layers=encoder, decoder_layers=decoder, norm_position="pre", norm_eps=1e-5,
+                  embedding_norm=False, final_norm=True, activation="gelu", position="learned", max_positions=448,
+                  key_bias=False, num_mel_bins=mels, max_source_positions=1500, tie_embeddings=True,
+                  pad_token_id=pad, bos_token_id=50257, eos_token_id=50257, decoder_start_token_id=50258)
+       for name, (vocab, width, encoder, decoder, mels, pad) in {
+           "whisper-tiny": (51865, 384, 4, 4, 80, 50257), "whisper-base": (51865, 512, 6, 6, 80, 50257),
+           "whisper-small": (51865, 768, 12, 12, 80, 50257), "whisper-medium": (51865, 1024, 24, 24, 80, 50257),
+           "whisper-large-v3": (51866, 1280, 32, 32, 128, 50256),
+           "whisper-large-v3-turbo": (51866, 1280, 32, 4, 128, 50257),
+           "distil-large-v3": (51866, 1280, 32, 2, 128, 50256)}.items()},
     # OPUS-MT (Tiedemann & Thottingal 2020), Marian NMT models converted: post-norm, swish, embeddings scaled by
     # sqrt(d_model), Marian's [sin | cos] sinusoids from 0; generation starts from the pad id, which is never chosen
     "opus-mt-en-de": dict(family="encoder_decoder", vocab_size=58101, d_model=512, num_heads=8, d_ff=2048,
@@ -830,6 +891,9 @@ _PRESETS: dict[str, dict] = {
     "siglip2-base-patch16-naflex": _siglip2_base_patch16(naflex=True),
     "siglip2-base-patch16-224": _siglip2_base_patch16(naflex=False),
     "llava-1.5-7b": _llava_15_7b(),
+    "qwen2.5-vl-7b": _qwen25_vl_7b(),
+    "gemma-3-4b-vision": _gemma_3_4b_vision(),
+    "llama-3.2-11b-vision": _llama_32_11b_vision(),
 }
 
 

@@ -21,6 +21,7 @@ from jaxformer.cache import Memory
 from jaxformer.layers.attention import (layer_patterns, left_padded_positions, memory_visibility_mask,
                                         visibility_mask)
 from jaxformer.presets import config as preset_config
+from jaxformer.vision.loading import image_tower, refuse_unprepared_images
 
 MAX_LENGTH = 64  # tokens per picture: beyond this a cell is under a pixel wide and the tick labels collide
 VISIBLE, MASKED = "#1f4e99", "#e8e8e8"
@@ -401,10 +402,14 @@ def save_attention(weights: np.ndarray, heads: list[int], query_labels: list[str
 
 def attention_command(args: argparse.Namespace) -> int:
     """jaxformer viz attention CHECKPOINT --text T [--layer L] [--head H] --out F.png (encoder-decoders:
-    [--stack encoder|decoder|cross] [--target TEXT])."""
+    [--stack encoder|decoder|cross] [--target TEXT]); with --image PATH, ``image_attention_command``."""
     checks.require_text(args.text, "--text")
     checks.require_text(args.target, "--target")
     out = png_path(args.out)
+    if getattr(args, "image", None) is not None:  # (a Namespace built without the flag draws a text)
+        return image_attention_command(args, out)
+    if args.text is None:
+        raise ValueError("viz attention reads --text (a text model's input), or --image (an image tower's or LLaVA's)")
     model, tokenizer = load_checkpoint(args.checkpoint)
     cfg = model.config
     stack = args.stack or ("encoder" if cfg.family == "encoder_decoder" else "self")
@@ -431,3 +436,161 @@ def png_path(out: str) -> Path:
     if path.suffix.lower() not in ("", ".png"):
         raise ValueError(f"--out {out}: the picture is a PNG; name it with .png (or no suffix)")
     return path
+
+
+# --------------------------------------------------------------------------------------------------
+# A model's attention over an image's patches
+
+PANEL_PIXELS = 256  # an image panel's longer side is drawn at least this wide, in whole multiples of its pixels
+IMAGE_DPI = 100
+
+
+def load_image_model(path: str | Path, image: str, text: str | None):
+    """(model, image processor, the image's inputs, input_ids or None) of a Hugging Face folder holding an image
+    tower (ViT, CLIP's, SigLIP's, alone or in their dual encoders), LLaVA or Gemma 3, whose prompt ``text`` holds the
+    image's placeholder, expanded and tokenized as transformers' processor does. Anything else is refused before the
+    model runs."""
+    from jaxformer.interop.hf import from_pretrained
+    from jaxformer.interop.tokenizer import load_tokenizer
+    from jaxformer.vision import ImagePlaceholders, ImageProcessor, read_image
+
+    if not (Path(path) / "config.json").exists():
+        raise ValueError(f"viz attention --image reads a Hugging Face folder (config.json, weights, "
+                         f"preprocessor_config.json); {path} has no config.json")
+    model = from_pretrained(path)
+    cfg = model.config
+    tower = image_tower(cfg)
+    if tower.patches is None or cfg.family not in ("encoder", "dual_encoder", "decoder"):
+        raise ValueError(f"--image given to {path}, whose {cfg.family} model ({cfg.name!r}) reads no images; image "
+                         "towers (ViT, CLIP, SigLIP) and LLaVA do")
+    if tower.patches.flexible:
+        raise ValueError(f"{path}: SigLIP2's NaFlex patches (an image's own grid) are not drawn yet; fixed-size towers "
+                         "(ViT, CLIP, SigLIP) and LLaVA are")
+    refuse_unprepared_images(cfg, path, "viz attention --image")
+    picture = read_image(image, "--image")
+    if cfg.family != "decoder":
+        if text is not None:
+            raise ValueError(f"--text is LLaVA's prompt; {path}'s image tower ({cfg.name!r}) reads the image alone")
+        processor = ImageProcessor.from_pretrained(path)
+        return model, processor, processor([picture]), None
+    placeholders = ImagePlaceholders.from_pretrained(path)
+    if placeholders.kind not in ("llava", "gemma3"):  # where an image's tokens sit among the patches: their rules
+        raise ValueError(f"viz attention --image draws LLaVA's and Gemma 3's image tokens; {path}'s processor is "
+                         f"{placeholders.kind}'s")
+    if text is None or text.count(placeholders.image_token) != 1:
+        raise ValueError(f"{cfg.name}'s picture needs --text, a prompt holding one {placeholders.image_token} (the "
+                         f"image's place) followed by text, e.g. 'USER: {placeholders.image_token} What is this? "
+                         "ASSISTANT:'")
+    inputs = placeholders.image_processor([picture])
+    if np.any(inputs.get("num_crops", 0)):
+        raise ValueError(f"{path}: Gemma 3's pan-and-scan crops (do_pan_and_scan) are not drawn; the whole image is")
+    ids = load_tokenizer(path)(placeholders.expand([text], inputs))["input_ids"]
+    return model, placeholders.image_processor, inputs, ids
+
+
+def patch_attention(model, pixel_values, layer: int, input_ids=None) -> tuple[np.ndarray, str]:
+    """Each head's attention at ``layer`` over one image's patches, [heads, rows, columns], and what attends: an
+    image tower's class token, or for towers without one (SigLIP's) the mean over every query; for LLaVA
+    (``input_ids`` [1, T], the image's placeholders among them) the prompt's last text token over the image
+    tokens. A patch without an image token (a tower without a class token under LLaVA's 'default' strategy drops
+    its first patch) is NaN. Gemma 3's image tokens are pooled windows of patches, [heads, k, k] for k * k tokens,
+    its prompt's image tokens seeing each other (its processor's token_type_ids). The attention probabilities
+    themselves, as transformers' output_attentions gives them."""
+    cfg = model.config
+    tower = image_tower(cfg)
+    side = tower.patches.image_size // tower.patches.patch_size
+    if cfg.family != "decoder":
+        encoder = model.vision if cfg.family == "dual_encoder" else model
+        weights = np.asarray(encoder(pixel_values=pixel_values, output_attentions=True).attentions[layer][0])
+        if tower.patches.class_token:
+            return weights[:, 0, 1:].reshape(-1, side, side), "the class token"
+        return weights.mean(axis=1).reshape(-1, side, side), "the mean over every query"
+    ids = np.asarray(input_ids)
+    image = np.flatnonzero(ids[0] == cfg.vision.image_token_id)
+    text = np.flatnonzero(ids[0] != cfg.vision.image_token_id)
+    if text.size == 0 or text[-1] < image[-1]:
+        raise ValueError("the prompt must hold text after its image placeholder: its last text token is the query "
+                         "drawn, and under the causal mask it sees only the image tokens before it")
+    types = {"token_type_ids": (ids == cfg.vision.image_token_id).astype(np.int64)} if (
+        cfg.vision.bidirectional_images) else {}
+    out = model(ids, np.ones_like(ids), pixel_values=pixel_values, output_attentions=True, **types)
+    over_features = np.asarray(out.attentions[layer][0])[:, text[-1], image]
+    if cfg.vision.pooled_tokens:
+        pooled = math.isqrt(cfg.vision.pooled_tokens)
+        return over_features.reshape(-1, pooled, pooled), "the last text token"
+    # feature f is the tower's token f + drop_first, that is patch f + drop_first - class_token
+    shift = int(cfg.vision.drop_first_token) - int(tower.patches.class_token)
+    weights = np.full((len(over_features), side * side), np.nan, np.float32)
+    for feature in range(over_features.shape[1]):
+        if 0 <= feature + shift < side * side:
+            weights[:, feature + shift] = over_features[:, feature]
+    return weights.reshape(-1, side, side), "the last text token"
+
+
+def seen_image(pixels: np.ndarray, settings: dict) -> np.ndarray:
+    """``pixel_values`` [C, H, W] back to an RGB uint8 image [H, W, 3]: the picture as the model saw it (resized,
+    cropped, padded), the processor's normalisation and rescaling undone."""
+    x = np.asarray(pixels, np.float64)
+    if settings.get("do_normalize"):
+        x = x * np.reshape(settings["image_std"], (-1, 1, 1)) + np.reshape(settings["image_mean"], (-1, 1, 1))
+    if settings.get("do_rescale"):
+        x = x / settings["rescale_factor"]
+    x = np.clip(np.rint(x), 0, 255).astype(np.uint8).transpose(1, 2, 0)
+    return np.repeat(x, 3, axis=2) if x.shape[2] == 1 else x
+
+
+def image_panel_size(height: int, width: int) -> tuple[int, int]:
+    """(height, width) in pixels of one head's panel: the image scaled by a whole factor to PANEL_PIXELS or more."""
+    scale = max(1, math.ceil(PANEL_PIXELS / max(height, width)))
+    return height * scale, width * scale
+
+
+def save_image_attention(image: np.ndarray, weights: np.ndarray, heads: list[int], patch_size: int, label: str,
+                         path: str | Path) -> tuple[int, int]:
+    """One panel per head in ``heads`` of ``weights`` [N, rows, columns]: the image with the head's map laid over
+    it (each patch's cell over its ``patch_size`` pixels, one colour scale for all), labelled; a grid of panels for
+    several heads. Returns the PNG's (width, height) in pixels."""
+    plt = _pyplot()
+    height, width = image.shape[:2]
+    panel_height, panel_width = image_panel_size(height, width)
+    columns = math.ceil(math.sqrt(len(heads)))
+    rows = math.ceil(len(heads) / columns)
+    size = (columns * panel_width, rows * panel_height)
+    figure = plt.figure(figsize=(size[0] / IMAGE_DPI, size[1] / IMAGE_DPI), dpi=IMAGE_DPI)
+    top = float(np.nanmax(weights[heads])) or 1.0
+    for i, head in enumerate(heads):
+        row, column = divmod(i, columns)
+        ax = figure.add_axes((column / columns, 1 - (row + 1) / rows, 1 / columns, 1 / rows))
+        ax.imshow(image, extent=(0, width, height, 0), interpolation="nearest")
+        ax.imshow(weights[head], cmap="inferno", vmin=0.0, vmax=top, alpha=0.6, interpolation="nearest",
+                  extent=(0, weights.shape[2] * patch_size, weights.shape[1] * patch_size, 0))  # (a remainder: none)
+        ax.set_xlim(0, width)
+        ax.set_ylim(height, 0)
+        ax.axis("off")
+        ax.text(0.02, 0.98, f"{label}, head {head}", transform=ax.transAxes, va="top", fontsize=7, color="white",
+                bbox=dict(facecolor="black", alpha=0.5, linewidth=0, pad=1.5))
+    figure.savefig(path, dpi=IMAGE_DPI)
+    plt.close(figure)
+    return size
+
+
+def image_attention_command(args: argparse.Namespace, out: Path) -> int:
+    """jaxformer viz attention CHECKPOINT --image PATH [--text PROMPT (LLaVA, Gemma 3)] [--layer L] [--head H] --out
+    F.png"""
+    if args.stack is not None or args.target is not None:
+        raise ValueError("--stack and --target pick an encoder-decoder's attention; --image draws an image tower's "
+                         "or LLaVA's self-attention")
+    model, processor, inputs, ids = load_image_model(args.checkpoint, args.image, args.text)
+    cfg = model.config
+    attending = cfg.vision.tower if cfg.family == "dual_encoder" else cfg  # (LLaVA: its text decoder's layers)
+    layer, head = check_choice(attending, "self", args.layer, args.head)
+    weights, query = patch_attention(model, inputs["pixel_values"], layer, ids)
+    heads = list(range(len(weights))) if head is None else [head]
+    image = seen_image(inputs["pixel_values"][0], processor.settings)
+    patch_size = image_tower(cfg).patches.patch_size
+    if cfg.vision is not None and cfg.vision.pooled_tokens:  # (Gemma 3: a token pools a window of patches)
+        patch_size *= (image_tower(cfg).patches.image_size // patch_size) // len(weights[0])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_image_attention(image, weights, heads, patch_size, f"layer {layer}", out)
+    print(f"{out}: {query}'s attention over the image's patches, layer {layer} of 0-{attending.num_layers - 1}")
+    return 0

@@ -81,6 +81,12 @@ _BIGBIRD_PEGASUS = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_lay
                         decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=40,
                         init_std=STD, pad_token_id=0, eos_token_id=1, bos_token_id=2, decoder_start_token_id=0,
                         block_size=1, num_random_blocks=1)
+# Whisper: 8 mel bins, 12 source positions (24 frames: AUDIO_SHAPES), pre-norm layers whose keys have no bias, proj_out
+# tied; its generation suppress lists cleared (the class's default ids lie past the 97 tokens)
+_WHISPER = dict(vocab_size=97, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, num_mel_bins=8,
+                max_source_positions=12, max_target_positions=40, init_std=STD, pad_token_id=1, bos_token_id=0,
+                eos_token_id=2, decoder_start_token_id=3, begin_suppress_tokens=None)
 
 _DEEPSEEK = dict(vocab_size=97, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=3,
                  num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=12, q_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=8,
@@ -175,6 +181,9 @@ _SIGLIP2_VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=
 _LLAVA = dict(vision_config={**_IMAGE_TOWER, "model_type": "clip_vision_model", "num_hidden_layers": 3},
               text_config={**_LLAMA, "model_type": "llama"}, image_token_index=96, image_seq_length=9,
               initializer_range=STD)
+# Llama 3.2 Vision's text model: cross layers 1 and 3 of 4 (their gates zero as transformers makes them; the shared
+# tests feed text alone, which skips them; tests/test_mllama.py feeds images and sets the gates)
+_MLLAMA_TEXT = {**_LLAMA, "num_hidden_layers": 4, "cross_attention_layers": [1, 3], "pad_token_id": 0}
 _DEEPSEEK_V4 = dict(vocab_size=97, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=4, num_attention_heads=4,
                     head_dim=16, q_lora_rank=24, partial_rotary_factor=0.5, num_experts_per_tok=2, n_routed_experts=4,
                     layer_types=["heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention",
@@ -579,7 +588,28 @@ CHECKPOINTS: dict[str, tuple[str, str, dict]] = {
     "siglip2_text_model": ("Siglip2TextConfig", "Siglip2TextModel", {**_SIGLIP_TEXT, "projection_size": 24}),
     "siglip2": ("Siglip2Config", "Siglip2Model", dict(text_config=_SIGLIP_TEXT, vision_config=_SIGLIP2_VISION)),
     "llava": ("LlavaConfig", "LlavaForConditionalGeneration", _LLAVA),
+    # Gemma 3 reading images: a SigLIP tower's 3x3 patches pooled to one token an image (id 96), the Gemma 3 text model
+    # (the shared tests feed text alone; tests/test_gemma3_vision.py feeds images)
+    "gemma3-vision": ("Gemma3Config", "Gemma3ForConditionalGeneration", dict(
+        vision_config={**_IMAGE_TOWER, "model_type": "siglip_vision_model", "vision_use_head": False},
+        text_config={**_GEMMA3, "attn_logit_softcapping": None, "model_type": "gemma3_text"}, mm_tokens_per_image=1,
+        image_token_index=96, boi_token_index=94, eoi_token_index=95, initializer_range=STD)),
+    # Qwen2.5-VL: a two-layer tower (windows of 2x2 merged blocks but at its layer 1) merging to the text width, a Qwen2
+    # text model with M-RoPE over 8-wide heads, its image placeholder id 96 (the shared tests feed text alone;
+    # tests/test_qwen2_5_vl.py feeds images)
+    "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", dict(
+        text_config={**_LLAMA, "model_type": "qwen2_5_vl_text",
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}},
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=32,
+                           window_size=56, fullatt_block_indexes=[1], initializer_range=STD),
+        image_token_id=96, initializer_range=STD)),
+    # an encoder-decoder reading audio (fed input_features: AUDIO_SHAPES)
+    "whisper": ("WhisperConfig", "WhisperForConditionalGeneration", _WHISPER),
+    "whisper-model": ("WhisperConfig", "WhisperModel", _WHISPER),
 }
+# the log-mel features a checkpoint reading audio takes: (mel bins, frames = 2 * max_source_positions)
+AUDIO_SHAPES = {name: (entry[2]["num_mel_bins"], 2 * entry[2]["max_source_positions"])
+                for name, entry in CHECKPOINTS.items() if "num_mel_bins" in entry[2]}
 # the image a checkpoint of an image tower reads: (channels, height and width)
 IMAGE_SIZES = {name: (3, entry[2]["image_size"], entry[2]["image_size"])
                for name, entry in CHECKPOINTS.items() if "image_size" in entry[2]}
@@ -602,6 +632,69 @@ def naflex_images(name: str, rng: np.random.Generator, grids=((3, 5), (6, 2)), l
     mask = (np.arange(length)[None] < shapes.prod(-1)[:, None]).astype(np.int32)
     pixels = rng.uniform(-1, 1, (len(grids), length, width)).astype(np.float32) * mask[..., None]
     return dict(pixel_values=pixels, pixel_attention_mask=mask, spatial_shapes=shapes)
+# Llama 3.2 Vision's tiled tower, apart from CHECKPOINTS (the shared parity tests' compare() reads no per-layer states
+# of it: MllamaVisionModel returns none); tests/test_mllama_vision.py runs it on tiled_images and its processor's
+TILED_TOWERS: dict[str, tuple[str, str, dict]] = {
+    "mllama_vision_model": ("MllamaVisionConfig", "MllamaVisionModel", dict(
+        hidden_size=32, num_hidden_layers=2, num_global_layers=1, attention_heads=4, intermediate_size=48,
+        vision_output_dim=96, image_size=28, patch_size=14, max_num_tiles=2, intermediate_layers_indices=[0, 1],
+        supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]])),
+}
+
+
+def tiled_images(rng: np.random.Generator) -> dict:
+    """A tiled tower's inputs as MllamaImageProcessor lays them out (numpy): two prompts of two image slots of two
+    tiles (28 x 28): a wide image (1 x 2 tiles, id 2) and a square one (id 1); a tall one (2 x 1, id 3) and no image
+    (id 0, its first tile unmasked as the processor leaves it); unused tiles zero."""
+    ids = np.array([[2, 1], [3, 0]], dtype=np.int64)
+    mask = np.array([[[1, 1], [1, 0]], [[1, 1], [1, 0]]], dtype=np.int64)
+    real = mask * (ids > 0)[..., None]  # (the processor's pixels: zero on unused tiles and missing images)
+    pixels = rng.uniform(-1, 1, (2, 2, 2, 3, 28, 28)).astype(np.float32) * real[..., None, None, None]
+    return dict(pixel_values=pixels, aspect_ratio_ids=ids, aspect_ratio_mask=mask)
+
+
+# Qwen2.5-VL's and Qwen2-VL's image towers alone (fed merged_images; tests/test_qwen2_5_vl_vision.py runs its own)
+MERGED_TOWERS: dict[str, tuple[str, str, dict]] = {
+    "qwen2_5_vl_vision": ("Qwen2_5_VLVisionConfig", "Qwen2_5_VisionTransformerPretrainedModel", dict(
+        depth=2, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=24, patch_size=4,
+        window_size=16, fullatt_block_indexes=[1])),
+    "qwen2_vl_vision": ("Qwen2VLVisionConfig", "Qwen2VisionTransformerPretrainedModel", dict(
+        depth=2, embed_dim=32, mlp_ratio=2, num_heads=4, hidden_size=24, patch_size=4)),
+}
+
+
+def merged_images(rng: np.random.Generator) -> dict:
+    """A merged tower's inputs as Qwen2VLImageProcessor lays them out (numpy; named as the tower's forward names
+    them: pixel_values is its hidden_states): one image of 4 x 8 patches of 4 pixels and 2 frames (2 x 4 merged
+    blocks, two windows of 16 pixels)."""
+    return dict(hidden_states=rng.uniform(-1, 1, (32, 3 * 2 * 4 * 4)).astype(np.float32),
+                grid_thw=np.array([[1, 4, 8]], dtype=np.int64))
+
+
+# classes transformers keeps out of its top-level namespace, with the module that holds them
+UNEXPORTED = {"Qwen2VisionTransformerPretrainedModel": "transformers.models.qwen2_vl.modeling_qwen2_vl"}
+
+
+def transformers_class(name: str):
+    """transformers' class ``name``: from its top level, else from the module UNEXPORTED names."""
+    import importlib
+
+    import transformers
+
+    if name in UNEXPORTED:
+        return getattr(importlib.import_module(UNEXPORTED[name]), name)
+    return getattr(transformers, name)
+
+
+# Llama 3.2 Vision: its text model, and joined to the tiled tower (image token: the vocabulary's size, a row past it)
+CHECKPOINTS.update({
+    "mllama_text_model": ("MllamaTextConfig", "MllamaForCausalLM", _MLLAMA_TEXT),
+    "mllama": ("MllamaConfig", "MllamaForConditionalGeneration", dict(
+        text_config=_MLLAMA_TEXT, vision_config=TILED_TOWERS["mllama_vision_model"][2], image_token_index=97,
+        initializer_range=STD)),
+})
+
+
 # Encoder-decoders' classification and span heads: apart from CHECKPOINTS (whose shared tests feed inputs without
 # the EOS tokens a classifier pools at); tests/test_seq2seq_heads.py runs them. T5 v1.1's gated layers for mT5.
 SEQ2SEQ_HEADS: dict[str, tuple[str, str, dict]] = {
@@ -625,11 +718,11 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
     import torch
     import transformers
 
-    config_class, model_class, kwargs = {**CHECKPOINTS, **SEQ2SEQ_HEADS}[name]
+    config_class, model_class, kwargs = {**CHECKPOINTS, **SEQ2SEQ_HEADS, **TILED_TOWERS, **MERGED_TOWERS}[name]
     kwargs = {**kwargs, **(changes or {})}
     torch.manual_seed(seed)
     config = getattr(transformers, config_class)(**kwargs)
-    model = getattr(transformers, model_class)(config).eval()
+    model = transformers_class(model_class)(config).eval()
     # T5's own init (initializer_factor=1.0) already gives O(1) activations: embeddings have std 1.
     # Its untied v1.1 head starts at std 1 too, which puts logits near 30 where float32 rounding alone
     # reaches 1e-5; a quarter of that keeps logits O(5) and the 1e-5 standard meaningful.
@@ -642,6 +735,9 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
     if name.startswith(("bart", "mbart", "marian", "pegasus", "bigbird_pegasus")):
         if hasattr(model, "final_logits_bias"):
             model.final_logits_bias.normal_(0, STD)
+    if name == "gemma3-vision":  # transformers starts Gemma 3's projector at zero: random values let images count
+        with torch.no_grad():
+            model.model.multi_modal_projector.mm_input_projection_weight.normal_(0, STD)
     with torch.no_grad():  # V3's selection bias starts at zero; random values make it change the choice
         for n, buffer in model.named_buffers():
             if n.endswith("e_score_correction_bias"):
@@ -665,6 +761,14 @@ def build_reference(name: str, seed: int = 0, changes: dict | None = None):
         for n, buffer in model.named_buffers():
             if n.endswith(".layer_scalar"):
                 buffer.copy_(1 + torch.randn_like(buffer) * 0.1)
+    with torch.no_grad():  # Llama 3.2 Vision's tile-embedding gates start at 0 (hiding their tables), its layers' at pi / 4
+        for n, p in model.named_parameters():
+            if n.endswith((".gate", ".gate_attn", ".gate_ffn")):
+                p.copy_(torch.randn_like(p))
+    with torch.no_grad():  # Llama 3.2 Vision's cross layers' gates start at 0, which leaves the layers adding nothing
+        for n, p in model.named_parameters():
+            if n.endswith(("cross_attn_attn_gate", "cross_attn_mlp_gate")):
+                p.copy_(torch.randn_like(p))
     with torch.no_grad():  # Gemma 4's router scales start at 1 too
         for n, p in model.named_parameters():
             if n.endswith((".router.scale", ".router.per_expert_scale")):

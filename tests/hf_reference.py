@@ -432,6 +432,18 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
         activation_function="relu", scale_embedding=True, pad_token_id=1, bos_token_id=0, eos_token_id=2,
         decoder_start_token_id=2, dropout=0.1, attention_dropout=0.1))
        for name, vocab in (("m2m100-418m", 128112), ("nllb-200-distilled-600m", 256206))},
+    # --- Whisper: openai/whisper-{tiny,base,small,medium,large-v3,large-v3-turbo}, distil-whisper/distil-large-v3 ---
+    **{name: ("WhisperForConditionalGeneration", dict(
+        vocab_size=vocab, d_model=width, encoder_layers=encoder, decoder_layers=decoder,
+        encoder_attention_heads=width // 64, decoder_attention_heads=width // 64, encoder_ffn_dim=4 * width,
+        decoder_ffn_dim=4 * width, num_mel_bins=mels, max_source_positions=1500, max_target_positions=448,
+        pad_token_id=pad, bos_token_id=50257, eos_token_id=50257, decoder_start_token_id=50258))
+       for name, (vocab, width, encoder, decoder, mels, pad) in {
+           "whisper-tiny": (51865, 384, 4, 4, 80, 50257), "whisper-base": (51865, 512, 6, 6, 80, 50257),
+           "whisper-small": (51865, 768, 12, 12, 80, 50257), "whisper-medium": (51865, 1024, 24, 24, 80, 50257),
+           "whisper-large-v3": (51866, 1280, 32, 32, 128, 50256),
+           "whisper-large-v3-turbo": (51866, 1280, 32, 4, 128, 50257),
+           "distil-large-v3": (51866, 1280, 32, 2, 128, 50256)}.items()},
     # --- Marian (OPUS-MT) and Pegasus ----------------------------------------------
     "opus-mt-en-de": ("MarianMTModel", dict(
         vocab_size=58101, decoder_vocab_size=58101, d_model=512, encoder_layers=6, decoder_layers=6,
@@ -889,6 +901,27 @@ HF_REFERENCE: dict[str, tuple[str, dict]] = {
                            num_attention_heads=16, num_hidden_layers=24, patch_size=14, projection_dim=768),
         image_token_index=32000, pad_token_id=32001, projector_hidden_act="gelu", vision_feature_layer=-2,
         vision_feature_select_strategy="default", tie_word_embeddings=False)),
+    # --- Qwen2.5-VL: Qwen/Qwen2.5-VL-7B-Instruct's config.json (written from memory, not hub-verified) ---
+    "qwen2.5-vl-7b": ("Qwen2_5_VLForConditionalGeneration", dict(
+        text_config=dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                         num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000,
+                         rms_norm_eps=1e-6, rope_parameters=dict(rope_type="default", rope_theta=1e6,
+                                                                 mrope_section=[16, 24, 24])),
+        vision_config=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                           window_size=112, fullatt_block_indexes=[7, 15, 23, 31]),
+        image_token_id=151655, tie_word_embeddings=False)),
+    # --- Gemma 3 reading images: google/gemma-3-4b-it's config.json (written from memory, not hub-verified) ---
+    "gemma-3-4b-vision": ("Gemma3ForConditionalGeneration", dict(
+        text_config=dict(model_type="gemma3_text", hidden_size=2560, intermediate_size=10240, num_hidden_layers=34,
+                         rope_scaling={"factor": 8.0, "rope_type": "linear"}, sliding_window=1024),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=1152, image_size=896, intermediate_size=4304,
+                           num_attention_heads=16, num_hidden_layers=27, patch_size=14, vision_use_head=False),
+        boi_token_index=255999, eoi_token_index=256000, image_token_index=262144, mm_tokens_per_image=256)),
+    # --- Llama 3.2 Vision: meta-llama/Llama-3.2-11B-Vision's config.json (MllamaConfig's defaults but these) ---
+    "llama-3.2-11b-vision": ("MllamaForConditionalGeneration", dict(
+        text_config=dict(rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                              high_freq_factor=4.0, original_max_position_embeddings=8192)),
+        vision_config=dict(image_size=560))),
 }
 
 
@@ -923,8 +956,9 @@ def hf_param_count(name: str) -> int:
     # jaxformer runs the content stream and does not hold it. Marian's and Pegasus' sinusoid tables are frozen
     # parameters (requires_grad False, as M2M-100's are buffers): computed here, not held, so not counted. A
     # multimodal wrapper's vision tower and projector (Mistral Large 4's): jaxformer builds its text model; LLaVA's
-    # it builds whole.
-    text_only = model_cls_name != "LlavaForConditionalGeneration"
+    # and Gemma 3's it builds whole.
+    text_only = model_cls_name not in ("LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration",
+                                       "MllamaForConditionalGeneration")
     return sum(p.numel() for n, p in model.named_parameters()
                if not n.endswith("mask_emb") and (p.requires_grad or not n.endswith("embed_positions.weight"))
                and not (text_only and n.startswith(("model.vision_tower.", "model.multi_modal_projector."))))

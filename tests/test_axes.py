@@ -18,6 +18,7 @@ AXIS_NAMES = {"embed", "embed_out", "heads", "kv_heads", "head_dim", "mlp", "voc
               "positions", "types", "buckets", "labels", "latent", "segments", "index_heads", "index_head_dim",
               "embedding", "relative", "conv_width", "conv_in", "conv_channels", "rotary_frequencies",
               "scalar",
+              "aspect_ratio", "tile_embed",  # Llama 3.2 Vision's tile tables: a row per aspect-ratio id, tiles x width
               "patch",  # an image tower's flattened patch (channels x patch x patch), the patch projection's input
               # DeepSeek-V4: hyper-connections, the grouped output projection, compressors, hash routing
               "hc_in", "hc_mix", "hc_scales", "hc_streams", "out_groups", "group_in", "out_rank", "grouped_out",
@@ -74,20 +75,25 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
     """The length each logical axis name must have in a model of ``cfg``."""
     f = cfg.to_flat()  # every setting, an absent part's at its 'off' value
     linear = cfg.linear_attention  # (Qwen3-Next's linear layers: key heads serving groups of value heads)
+    # Qwen2-VL's merger: merge² states joined (the width of its MLP), then projected to the text model's width
+    joined = {cfg.d_model * f["patch_merge_size"] ** 2} if f["patch_merge_size"] else set()
     own = {k for k in (f["full_kv_heads"],) if k}, {d for d in (f["full_head_dim"],) if d}  # Gemma 4's full layers
     return {
-        "embed": {cfg.d_model}, "embed_out": {cfg.d_model, f["pooled_projection"]},  # (SigLIP's text head)
+        "embed": {cfg.d_model}, "embed_out": {cfg.d_model, f["pooled_projection"]}  # (SigLIP's text head)
+        | joined | ({f["merged_width"]} if joined else set()),
         "heads": {cfg.num_heads} | ({linear.value_heads} if linear else set()),
         "kv_heads": {cfg.kv_heads} | ({linear.key_heads} if linear else set()) | own[0],
         "head_dim": {cfg.head_dim_} | ({cfg.head_dim_ + f["rope_head_dim"], cfg.value_dim} if cfg.mla else set())
         | ({linear.key_head_dim, linear.value_head_dim} if linear else set()) | own[1],
-        "mlp": {cfg.d_ff, cfg.expert_width, f["shared_experts"] * cfg.expert_width, f["kv_shared_d_ff"]},
-        "vocab": {cfg.vocab_size, f["per_layer_vocab_size"]},
+        "mlp": {cfg.d_ff, cfg.expert_width, f["shared_experts"] * cfg.expert_width, f["kv_shared_d_ff"]} | joined,
+        "vocab": {cfg.vocab_size, cfg.token_rows, f["per_layer_vocab_size"]},
         "experts": {f["num_experts"]},
         "latent": ({f["kv_lora_rank"], f["q_lora_rank"], f["kv_lora_rank"] + f["rope_head_dim"]} if cfg.mla else set())
         # Kimi Delta Attention's decay and gate bottlenecks, head-wide
         | ({linear.key_head_dim, linear.value_head_dim} if linear and linear.decay == "channel" else set()),
-        "positions": {cfg.max_positions + f["position_offset"]}, "types": {f["type_vocab_size"]},
+        "positions": {cfg.max_positions + f["position_offset"]}
+        | ({cfg.audio.source_positions} if cfg.audio else set()),  # (Whisper's encoder table)
+        "types": {f["type_vocab_size"]},
         "buckets": {f["relative_buckets"]},
         "labels": {f["num_labels"], 2, 1},  # classifiers: num_labels; NSP and QA spans: 2; ELECTRA's discriminator: 1
         "segments": {2},  # XLNet's relative segment encodings: same segment, other segment
@@ -96,11 +102,16 @@ def _expected_sizes(cfg: jf.ModelConfig) -> dict[str, set[int]]:
         "embedding": {f["embedding_size"], f["per_layer_input_size"], f["per_layer_input_size"] * cfg.decoder_layers},
         "scalar": {1},  # Gemma 4's stored per-layer output scale
         "rotary_frequencies": {cfg.rope_dim // 2} if cfg.rotary is not None else set(),  # LeRoPE's learned scales
-        "patch": {cfg.patches.channels * cfg.patches.patch_size ** 2} if cfg.patches else set(),
+        # (Qwen2-VL's patches span ``temporal`` frames)
+        "patch": {cfg.patches.channels * cfg.patches.temporal * cfg.patches.patch_size ** 2} if cfg.patches else set(),
+        "aspect_ratio": {len(cfg.patches.aspect_ratios) + 1} if cfg.patches else set(),  # (id 0: no image)
+        "tile_embed": {n * cfg.patches.tiles * cfg.d_model for n in (1, cfg.patches.tokens)} if cfg.patches else set(),
         # DeBERTa: the relative-position table's rows, v2's convolution
         "relative": {2 * cfg.disentangled.span(cfg.max_positions)} if cfg.disentangled else set(),
-        "conv_width": {f["conv_kernel_size"]} | ({linear.conv_kernel} if linear else set()),
-        "conv_in": {cfg.d_model // f["conv_groups"]}, "conv_channels": {linear.conv_width} if linear else set(),
+        "conv_width": {f["conv_kernel_size"]} | ({linear.conv_kernel} if linear else set())
+        | ({3} if cfg.audio else set()),  # Whisper's two convolutions of width 3, from mel bins, then from d_model
+        "conv_in": {cfg.d_model // f["conv_groups"]} | ({f["num_mel_bins"]} if cfg.audio else set()),
+        "conv_channels": {linear.conv_width} if linear else set(),
         **_compressed_sizes(cfg),
     }
 
@@ -134,6 +145,10 @@ def _check_axes(cfg: jf.ModelConfig, flat: dict[tuple, tuple[tuple[int, ...], ob
     if cfg.family == "decoder" and cfg.vision is not None:  # a decoder reading images: its tower, its projector
         _check_axes(cfg.vision.tower, {path[1:]: value for path, value in flat.items() if path[0] == "vision"})
         widths = {cfg.d_model, cfg.vision.tower.d_model * len(cfg.vision.feature_layers)}
+        if cfg.vision.cross_attention:  # (Llama 3.2 Vision's projector reads the tiled tower's whole output)
+            widths.add(cfg.vision.tower.patches.output_width(cfg.vision.tower.d_model))
+        if cfg.vision.pooled_tokens:  # (Gemma 3's reads the tower's last state alone)
+            widths.add(cfg.vision.tower.d_model)
         for path, (shape, axes) in flat.items():
             if path[0] == "projector":
                 assert len(axes) == len(shape) and set(axes) <= {"embed", "embed_out"}, f"{path}: {axes}"

@@ -19,7 +19,8 @@ from jaxformer.interop.hf import config_from_hf  # noqa: E402
 from jaxformer.interop.registry import BY_MODEL_TYPE  # noqa: E402
 from jaxformer.interop.rules import GENERATION_KEYS, HARMLESS  # noqa: E402
 
-from hf_factory import DUAL_ENCODERS, IMAGE_SIZES, NAFLEX, naflex_images  # noqa: E402
+from hf_factory import (AUDIO_SHAPES, DUAL_ENCODERS, IMAGE_SIZES, NAFLEX, merged_images, naflex_images,  # noqa: E402
+                        tiled_images, transformers_class)
 
 # One tiny checkpoint per model_type, with its LM head where it has one (hf_factory's names).
 CHECKPOINTS = {"bert": "bert-mlm", "distilbert": "distilbert-mlm", "albert": "albert-mlm",
@@ -47,6 +48,13 @@ CHECKPOINTS.update(clip="clip", clip_text_model="clip_text_model", siglip="sigli
 CHECKPOINTS.update(siglip2="siglip2", siglip2_text_model="siglip2_text_model",
                    siglip2_vision_model="siglip2_vision_model")
 CHECKPOINTS["llava"] = "llava"
+CHECKPOINTS["gemma3"] = "gemma3-vision"  # (fed one image: its placeholder, id 96, and its token type)
+CHECKPOINTS["qwen2_5_vl"] = "qwen2_5_vl"
+CHECKPOINTS["mllama_vision_model"] = "mllama_vision_model"  # (hf_factory.TILED_TOWERS)
+CHECKPOINTS.update(qwen2_5_vl_vision="qwen2_5_vl_vision", qwen2_vl_vision="qwen2_vl_vision")  # (MERGED_TOWERS)
+CHECKPOINTS["whisper"] = "whisper"
+# Llama 3.2 Vision's text model and the joined file, fed text alone (tests/test_mllama.py feeds images)
+CHECKPOINTS.update(mllama_text_model="mllama_text_model", mllama="mllama")
 # Changed string values: another valid choice where the key has choices, so the change means something.
 OTHER_STRING = {"gelu": "relu", "relu": "gelu", "silu": "gelu", "gelu_new": "relu", "gelu_pytorch_tanh": "silu",
                 "float32": "bfloat16", "gated-gelu": "relu", "absolute": "relative_key", "uni": "bi",
@@ -107,15 +115,16 @@ def _torch_logits(arch: str, hf: dict, source, folder, ids, encoder_decoder: boo
     if not (folder / "model.safetensors").exists():
         (folder / "model.safetensors").symlink_to(source / "model.safetensors")
     try:
-        model, info = getattr(transformers, arch).from_pretrained(folder, attn_implementation="eager",
-                                                                  output_loading_info=True)
+        model, info = transformers_class(arch).from_pretrained(folder, attn_implementation="eager",
+                                                               output_loading_info=True)
         missing = set(info["missing_keys"])
         if info["unexpected_keys"] or (tied is not None and missing != tied):
             return None
         with torch.no_grad():
             # (an image tower's: pixels; a dual encoder's: both, as a dict)
             inputs = ids if isinstance(ids, dict) else {"pixel_values": ids} if ids.dim() == 4 else {"input_ids": ids}
-            out = model.eval()(**inputs, **({"decoder_input_ids": ids} if encoder_decoder else {}))
+            decoder = {"decoder_input_ids": ids} if encoder_decoder and not isinstance(ids, dict) else {}
+            out = model.eval()(**inputs, **decoder)
     except Exception:  # noqa: BLE001 - whatever transformers refuses is no file a user has
         return REFUSED
     if hasattr(out, "logits_per_image"):
@@ -156,6 +165,23 @@ def test_every_key_is_read_refused_or_harmless(model_type, checkpoints, tmp_path
     if model_type == "llava":  # a decoder reading images: one image's 9 placeholders (id 96) among the ids
         pixels = torch.as_tensor(np.random.default_rng(0).standard_normal((1, 3, 30, 30)), dtype=torch.float32)
         ids = dict(input_ids=torch.cat([ids[:, :2], torch.full((1, 9), 96), ids[:, 2:]], 1), pixel_values=pixels)
+    if model_type == "qwen2_5_vl":  # one image of 4x4 patches (4 placeholders, id 96) among the ids, at its positions
+        image = torch.full((1, 4), 96)
+        ids = dict(input_ids=torch.cat([ids[:, :2], image, ids[:, 2:]], 1), image_grid_thw=torch.tensor([[1, 4, 4]]),
+                   pixel_values=torch.as_tensor(np.random.default_rng(0).standard_normal((16, 1176)),
+                                                dtype=torch.float32),
+                   mm_token_type_ids=torch.cat([torch.zeros(1, 2), torch.ones(1, 4), torch.zeros(1, 7)], 1).long())
+    if model_type == "gemma3":  # one image pooled to one placeholder (id 96), the only image token
+        pixels = torch.as_tensor(np.random.default_rng(0).standard_normal((1, 3, 30, 30)), dtype=torch.float32)
+        with_image = torch.cat([ids[:, :2], torch.full((1, 1), 96), ids[:, 2:]], 1)
+        ids = dict(input_ids=with_image, pixel_values=pixels, token_type_ids=(with_image == 96).long())
+    if CHECKPOINTS[model_type] in AUDIO_SHAPES:  # log-mel frames, and the ids as the decoder's
+        frames = np.random.default_rng(0).standard_normal((1, *AUDIO_SHAPES[CHECKPOINTS[model_type]]))
+        ids = dict(input_features=torch.as_tensor(frames, dtype=torch.float32), decoder_input_ids=ids)
+    if model_type == "mllama_vision_model":  # tiled images with their aspect ratios
+        ids = {key: torch.as_tensor(value) for key, value in tiled_images(np.random.default_rng(0)).items()}
+    if model_type in ("qwen2_5_vl_vision", "qwen2_vl_vision"):  # an image's patches with its grid
+        ids = {key: torch.as_tensor(value) for key, value in merged_images(np.random.default_rng(0)).items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         baseline = config_from_hf(hf)

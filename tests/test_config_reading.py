@@ -62,6 +62,11 @@ _DEEPSEEK = dict(_SIZES, moe_intermediate_size=16, num_key_value_heads=4, num_hi
 _QWEN3_NEXT = dict(_SIZES, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
                    moe_intermediate_size=16, shared_expert_intermediate_size=16, linear_num_key_heads=2,
                    linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8)
+_MLLAMA_TEXT = dict(_SIZES, num_key_value_heads=2, num_hidden_layers=3, cross_attention_layers=[1], bos_token_id=1,
+                    eos_token_id=2, pad_token_id=0)
+_MLLAMA_VISION = dict(hidden_size=32, num_hidden_layers=2, num_global_layers=1, attention_heads=4, intermediate_size=48,
+                      vision_output_dim=96, image_size=28, patch_size=14, intermediate_layers_indices=[0, 1])
+_QWEN2_5_VL_VISION = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=32)
 SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          "distilbert": dict(dim=32, n_heads=4, n_layers=2, hidden_dim=48, vocab_size=97),
          "gpt_neo": dict(hidden_size=32, num_heads=4, num_layers=24, vocab_size=97),
@@ -83,6 +88,9 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
                          decoder_attention_heads=4, encoder_layers=2, decoder_layers=2, vocab_size=97),
          "bart": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
                       decoder_attention_heads=4, encoder_layers=2, decoder_layers=2, vocab_size=97),
+         # (WhisperConfig's default vocabulary: its default token ids lie past 97)
+         "whisper": dict(d_model=32, encoder_ffn_dim=48, decoder_ffn_dim=48, encoder_attention_heads=4,
+                         decoder_attention_heads=4, encoder_layers=2, decoder_layers=2),
          "xlnet": dict(d_model=32, n_head=4, n_layer=2, d_inner=48, vocab_size=97),
          # DeBERTa's class defaults have no relative attention (refused: no published DeBERTa lacks it)
          **dict.fromkeys(("deberta", "deberta-v2"), dict(_SIZES, relative_attention=True, pos_att_type=["c2p", "p2c"])),
@@ -135,6 +143,22 @@ SIZES = {"gpt2": dict(n_embd=32, n_head=4, n_layer=2, vocab_size=97),
          # LLaVA: a LLaMA text model, a CLIP tower of a 3 x 3 patch grid, the image placeholder in the vocabulary
          "llava": dict(text_config=dict(_SIZES, num_key_value_heads=2), image_token_index=96, vision_config=dict(
              {k: v for k, v in _SIZES.items() if k != "vocab_size"}, image_size=30, patch_size=10)),
+         # Gemma 3 reading images: a SigLIP tower of a 3 x 3 patch grid pooled to one token, the image token in the
+         # vocabulary
+         "gemma3": dict(text_config=dict(_SIZES, num_key_value_heads=2, head_dim=8), image_token_index=96,
+                        mm_tokens_per_image=1, vision_config=dict(
+                            {k: v for k, v in _SIZES.items() if k != "vocab_size"}, image_size=30, patch_size=10)),
+         # Qwen2.5-VL: M-RoPE's sections fitting an 8-wide head, a tower of two layers, the image token in the vocabulary
+         "qwen2_5_vl": dict(text_config=dict(_SIZES, num_key_value_heads=2, bos_token_id=1, eos_token_id=2,
+                                             rope_parameters=dict(rope_type="default", mrope_section=[1, 1, 2])),
+                            image_token_id=96, vision_config=_QWEN2_5_VL_VISION),
+         # the Qwen2-VL towers alone: no vocabulary (Qwen2-VL's sets its MLP by mlp_ratio, its output by hidden_size)
+         "qwen2_5_vl_vision": _QWEN2_5_VL_VISION,
+         "qwen2_vl_vision": dict(depth=2, embed_dim=32, hidden_size=32, num_heads=4),
+         # Llama 3.2 Vision: the text model's token ids in the vocabulary (the class's lie past it), one cross layer;
+         # joined to a tiled tower of two layers and one global layer, tiles of 2 x 2 patches (alone: no vocabulary)
+         "mllama_text_model": dict(_MLLAMA_TEXT), "mllama_vision_model": _MLLAMA_VISION,
+         "mllama": dict(text_config=_MLLAMA_TEXT, image_token_index=97, vision_config=_MLLAMA_VISION),
          **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen3", "phi3", "glm", "glm4", "gemma2",
                           "gemma3_text"),
                          dict(_SIZES, num_key_value_heads=2, head_dim=8))}

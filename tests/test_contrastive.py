@@ -22,6 +22,7 @@ from jaxformer.compare import compare, format_table, reference_model  # noqa: E4
 from jaxformer.interop.tokenizer import load_tokenizer  # noqa: E402
 from jaxformer.vision import ImageProcessor  # noqa: E402
 
+from family_files import shapes_picture, word_tokenizer  # noqa: E402
 from hf_factory import CHECKPOINTS, save_checkpoint  # noqa: E402
 
 TOLERANCE = 1e-5
@@ -110,33 +111,6 @@ def test_siglip_reads_its_sub_configs_without_clips_dict_rule(name, checkpoints)
     assert config_from_hf(hf).encoder_layers == want.num_hidden_layers == hf["text_config"]["num_hidden_layers"]
 
 
-def _shapes_picture(colour: tuple[int, int, int], shape: str):
-    """A 44x36 RGB picture (not square, so the processor resizes and crops) of a shape on a gradient."""
-    from PIL import Image, ImageDraw
-
-    gradient = np.linspace(0, 255, 44, dtype=np.uint8)[None, :, None].repeat(36, 0).repeat(3, 2)
-    image = Image.fromarray(gradient)
-    draw = ImageDraw.Draw(image)
-    (draw.ellipse if shape == "circle" else draw.rectangle)((8, 6, 34, 30), fill=colour)
-    return image
-
-
-def _word_tokenizer(folder, vocab_size: int = 97):
-    """A word-level tokenizer.json + tokenizer_config.json (pad 1, bos 0, eos 2: the tiny CLIP's ids) that both
-    transformers and jaxformer read; every word of the captions below has an id under ``vocab_size``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-
-    words = ["<bos>", "<pad>", "<eos>", "<unk>", "a", "photo", "of", "red", "blue", "circle", "square"]
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.post_processor = processors.TemplateProcessing(single="<bos> $A <eos>",
-                                                             special_tokens=[("<bos>", 0), ("<eos>", 2)])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
-                "pad_token": "<pad>", "unk_token": "<unk>"}
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
-
-
 def test_zero_shot_classification_of_a_drawn_image_is_transformers(checkpoints, tmp_path):
     """CLIP's image processor (resize the short side, center crop, normalise) and the tokenizer, ours against
     transformers', then each picture's label probabilities (softmax over logits_per_image)."""
@@ -146,8 +120,8 @@ def test_zero_shot_classification_of_a_drawn_image_is_transformers(checkpoints, 
     shutil.copytree(checkpoints("clip"), folder)
     transformers.CLIPImageProcessor(size={"shortest_edge": 30}, crop_size={"height": 30, "width": 30}).save_pretrained(
         folder)
-    _word_tokenizer(folder)
-    pictures = [_shapes_picture((220, 30, 30), "circle"), _shapes_picture((30, 30, 220), "square")]
+    word_tokenizer(folder)
+    pictures = [shapes_picture((220, 30, 30), "circle"), shapes_picture((30, 30, 220), "square")]
     captions = [f"a photo of a {colour} {shape}" for colour in ("red", "blue") for shape in ("circle", "square")]
 
     pixels = ImageProcessor.from_pretrained(folder)(pictures)["pixel_values"]
@@ -261,9 +235,9 @@ def test_the_embedder_gives_transformers_features_of_texts_and_images(name, chec
     processor_class = transformers.CLIPImageProcessor if name == "clip" else transformers.SiglipImageProcessor
     processor_class(**({"size": {"shortest_edge": 30}, "crop_size": {"height": 30, "width": 30}} if name == "clip"
                        else {"size": {"height": 30, "width": 30}})).save_pretrained(folder)
-    _word_tokenizer(folder)
+    word_tokenizer(folder)
     captions = ["a photo of a red circle", "a blue square"]
-    pictures = [_shapes_picture((220, 30, 30), "circle"), _shapes_picture((30, 30, 220), "square")]
+    pictures = [shapes_picture((220, 30, 30), "circle"), shapes_picture((30, 30, 220), "square")]
     embedder = jf.Embedder.from_pretrained(folder)
     assert isinstance(embedder, jf.ImageTextEmbedder)
 

@@ -82,6 +82,8 @@ OLD_PRESET_TARGETS = {
     "mbart-large-50": ("mbart", "MBartForConditionalGeneration"),
     "m2m100-418m": ("m2m_100", "M2M100ForConditionalGeneration"),
     "nllb-200-distilled-600m": ("m2m_100", "M2M100ForConditionalGeneration"),
+    **dict.fromkeys(("whisper-tiny", "whisper-base", "whisper-small", "whisper-medium", "whisper-large-v3",
+                     "whisper-large-v3-turbo", "distil-large-v3"), ("whisper", "WhisperForConditionalGeneration")),
     "opus-mt-en-de": ("marian", "MarianMTModel"),
     "pegasus-large": ("pegasus", "PegasusForConditionalGeneration"),
     "llama-3-8b": ("llama", "LlamaForCausalLM"),
@@ -184,6 +186,9 @@ OLD_PRESET_TARGETS = {
     "siglip2-base-patch16-naflex": ("siglip2", "Siglip2Model"),
     "siglip2-base-patch16-224": ("siglip", "SiglipModel"),  # (SigLIP2's fixed-resolution files are SigLIP's)
     "llava-1.5-7b": ("llava", "LlavaForConditionalGeneration"),
+    "qwen2.5-vl-7b": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "gemma-3-4b-vision": ("gemma3", "Gemma3ForConditionalGeneration"),
+    "llama-3.2-11b-vision": ("mllama", "MllamaForConditionalGeneration"),
 }
 # checkpoint -> (its target, its target when loaded from its own file: hf_target's prefer)
 OLD_CHECKPOINT_TARGETS = {
@@ -358,6 +363,12 @@ OLD_CHECKPOINT_TARGETS = {
     "siglip2_text_model": (("siglip_text_model", "SiglipTextModel"), ("siglip2_text_model", "Siglip2TextModel")),
     "siglip2": _twice("siglip2", "Siglip2Model"),
     "llava": _twice("llava", "LlavaForConditionalGeneration"),
+    "gemma3-vision": _twice("gemma3", "Gemma3ForConditionalGeneration"),
+    "mllama": _twice("mllama", "MllamaForConditionalGeneration"),
+    "mllama_text_model": _twice("mllama_text_model", "MllamaForCausalLM"),
+    "qwen2_5_vl": _twice("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
+    "whisper": _twice("whisper", "WhisperForConditionalGeneration"),
+    "whisper-model": _twice("whisper", "WhisperModel"),
     "cohere": _twice("cohere", "CohereForCausalLM"),
     "cohere-qk-norm": _twice("cohere", "CohereForCausalLM"),
     "cohere-base": _twice("cohere", "CohereModel"),

@@ -581,3 +581,22 @@ def test_each_row_may_force_its_own_first_token(num_beams, tmp_path):
         alone = run(jnp.full(len(ids), token, jnp.int32))
         np.testing.assert_array_equal(mixed[languages == token], alone[languages == token])
         assert (alone[:, 0] == token).all()
+
+
+@pytest.mark.parametrize("name, num_beams", [("t5", 1), ("bart", 3)])
+def test_a_decoder_prompt_of_several_tokens_matches_transformers(name, num_beams, tmp_path):
+    """decoder_input_ids [B, P] (the start token and forced words, as Whisper's prompt is): the prefill runs them
+    all; the output starts with them, as transformers' does."""
+    save_checkpoint(name, tmp_path)
+    model, reference = jf.from_pretrained(tmp_path), reference_model(tmp_path)
+    ids, mask = _batch("encoder_decoder", np.random.default_rng(0))
+    start = model.generate(ids[:1], mask[:1], max_new_tokens=1)[0, 0]
+    prompt = np.concatenate([np.full((3, 1), start), np.random.default_rng(1).integers(3, 97, (3, 3))], axis=1)
+    kwargs = dict(max_new_tokens=8, num_beams=num_beams, do_sample=False)
+    ours = model.generate(ids, mask, decoder_input_ids=prompt, **kwargs)
+    with torch.no_grad():
+        theirs = reference.generate(torch.as_tensor(ids), attention_mask=torch.as_tensor(mask),
+                                    decoder_input_ids=torch.as_tensor(prompt), **kwargs).numpy()
+    np.testing.assert_array_equal(ours, theirs)
+    with pytest.raises(ValueError, match="one prompt per row"):
+        model.generate(ids, mask, decoder_input_ids=prompt[:2], **kwargs)

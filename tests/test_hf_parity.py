@@ -13,7 +13,8 @@ import jaxformer as jf  # noqa: E402
 from jaxformer.compare import compare, format_table, reference_model  # noqa: E402
 from jaxformer.interop.files import TensorFiles  # noqa: E402
 
-from hf_factory import CHECKPOINTS, DUAL_ENCODERS, IMAGE_SIZES, NAFLEX, naflex_images, save_checkpoint  # noqa: E402
+from hf_factory import (AUDIO_SHAPES, CHECKPOINTS, DUAL_ENCODERS, IMAGE_SIZES, NAFLEX, naflex_images,  # noqa: E402
+                        save_checkpoint)
 
 TOLERANCE = 1e-5
 
@@ -41,6 +42,9 @@ def model_inputs(name: str, rng: np.random.Generator) -> dict:
     """compare()'s inputs of a checkpoint: two images drawn from ``rng`` for an image tower, padded_batch's for a
     text model, both for a dual encoder (a NaFlex tower's: two patched images of other grids, padded)."""
     images = {}
+    if name in AUDIO_SHAPES:  # log-mel-like frames and decoder ids (an audio model reads no input_ids)
+        return dict(input_ids=None, input_features=rng.standard_normal((2, *AUDIO_SHAPES[name])).astype(np.float32),
+                    decoder_input_ids=rng.integers(3, 97, size=(2, 9)))
     if name in NAFLEX:
         images = naflex_images(name, rng)
         if name not in DUAL_ENCODERS:

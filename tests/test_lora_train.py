@@ -57,6 +57,19 @@ def test_lora_settings_are_checked_by_name():
     assert cfg.finetune.lora.targets == ["q", "v", "wi"] and cfg.finetune.lora.dropout == 0.1
 
 
+def test_the_note_names_a_fresh_parameter_outside_every_listed_path_as_frozen():
+    """A listed path holds itself and what is under it, nothing that merely starts with its letters (the one
+    reading ``jaxformer.lora.under`` gives lora_trainable, finetune.train_only and this note)."""
+    from types import SimpleNamespace
+
+    from jaxformer.train.run import lora_notes
+
+    lora = jf.with_lora(jf.build("tiny-gpt"), targets=("q",), trainable=("embed",))
+    run = SimpleNamespace(model=lora, base={"source": "preset:tiny-gpt", "fingerprint": "0" * 64},
+                          fresh_params=["embed.table rows 250..259", "embeddings.positions"])
+    assert lora_notes(run)[1].startswith("freshly initialised but frozen under LoRA: embeddings.positions;")
+
+
 def _run_steps(run, cfg, steps: int = 3) -> dict:
     """``steps`` steps of ``run``: the losses, the adapters after, and what the steps did to the state
     (used inside the subprocess below, where the multi-device runs are)."""

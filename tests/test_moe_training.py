@@ -22,7 +22,7 @@ from jaxformer.train.objectives import ratio
 from jaxformer.train.tasks import make_objective
 from jaxformer.train.report import Report
 from jaxformer.train.run import make_mesh
-from jaxformer.train.steps import init_state, make_optimizer, make_steps
+from jaxformer.train.steps import balance_router_bias, frozen_paths, init_state, make_optimizer, make_steps
 
 BASE = ["model.preset=tiny-deepseek", "train.batch_size=8", "train.seq_len=32", "train.steps=10",
         "optim.warmup_steps=1", "train.sample_tokens=0"]
@@ -132,6 +132,16 @@ def test_rate_zero_leaves_the_bias_and_causal_lm_adds_the_sequence_wise_aux_loss
     state, metrics = train_step(state, objective.batch(1, 8))
     assert float(ratio(metrics["sums"]["aux_loss"])) > 0
     np.testing.assert_array_equal(_bias(state), before)
+
+
+def test_a_router_bias_that_finetune_train_only_freezes_stays_as_it_is(deepseek):
+    params = nnx.state(deepseek, nnx.Param)
+    frozen = frozen_paths(run_config.load(None, BASE + ["finetune.train_only=[lm_head]"]), params)
+    assert "decoder/blocks/mlp/router_bias" in frozen
+    load = jnp.asarray(np.random.default_rng(0).dirichlet(np.ones(E), MOE_LAYERS), jnp.float32)
+    before = _bias({"params": params})
+    assert np.array_equal(_bias({"params": balance_router_bias(params, load, 0.01, frozen)}), before)
+    assert not np.array_equal(_bias({"params": balance_router_bias(params, load, 0.01)}), before)
 
 
 @pytest.mark.parametrize("value", ["-0.001", "nan", "inf"])

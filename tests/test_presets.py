@@ -83,7 +83,7 @@ SHAPE = ("family", "d_model", "num_heads", "kv_heads", "head_dim_", "value_dim",
          "kv_shared_layers", "kv_shared_d_ff", "per_layer_input_size", "v_norm", "rope_proportion", "layer_output_scale"
          ) + ("query_position_scale", "query_position_span", "router_group_score", "router_norm", "router_expert_scale",
               "experts_beside_dense", "vision", "rope_learned_frequencies", "query_log_position_scale",
-              "index_query_from_input", "latent_norm_eps")
+              "index_query_from_input", "latent_norm_eps", "num_mel_bins", "max_source_positions")
 
 
 @pytest.mark.parametrize("name", sorted(HF_REFERENCE))

@@ -18,11 +18,12 @@ PACKAGE = Path(jf.__file__).resolve().parent
 ROOT = PACKAGE.parent
 # Modules at the edge of the package: formats, files, the training program, the command line, generation.
 EDGES = ("jaxformer.interop", "jaxformer.train", "jaxformer.cli", "jaxformer.checkpoint", "jaxformer.compare",
-         "jaxformer.adapt", "jaxformer.lora", "jaxformer.embedder", "jaxformer.viz")
+         "jaxformer.adapt", "jaxformer.lora", "jaxformer.embedder", "jaxformer.viz", "jaxformer.serving")
 # Model code: the families and everything they are built from.
 MODEL_CODE = ("jaxformer.model_config", "jaxformer.presets", "jaxformer.layers", "jaxformer.kernels", "jaxformer.cache",
               "jaxformer.checks", "jaxformer.outputs", "jaxformer.models", "jaxformer.encoder", "jaxformer.decoder",
-              "jaxformer.encoder_decoder", "jaxformer.sharding", "jaxformer.generate", "jaxformer.edges")
+              "jaxformer.encoder_decoder", "jaxformer.sharding", "jaxformer.generate", "jaxformer.speech_generation",
+              "jaxformer.edges")
 
 
 def _module_name(path: Path) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxformer import edges
+from jaxformer import edges, speech_generation
 from jaxformer.model_config import QUANTIZATIONS, ModelConfig, flat_type_hints
 from jaxformer.interop import fp8, mxfp4, peft
 from jaxformer.interop.files import TensorFiles, iter_json, read_json, write_safetensors
@@ -173,8 +173,9 @@ def from_pretrained(path: str | os.PathLike, dtype: str | None = None, allow_pic
     model.hf_config = json.dumps(hf, sort_keys=True)  # kept so save_pretrained writes the fields we do not model
     # transformers' generate() takes its defaults from this file when there is one (jaxformer.generate)
     model.generation_config = json.dumps(generation[0], sort_keys=True) if generation else None
-    if generation:
-        _name_generation_settings(generation[0], folder)
+    if generation:  # (Whisper's generate applies its suppression lists and max_length itself)
+        applied = speech_generation.APPLIED_SETTINGS if model.config.audio is not None else ()
+        _name_generation_settings({k: v for k, v in generation[0].items() if k not in applied}, folder)
     if adapter is not None:
         model = peft.load_adapter(model, adapter, names, adapter_config)
     if quantize is not None:

@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 from jaxformer.layer_plan import dense_layers
 from jaxformer.model_config import ModelConfig, RopeScaling
-from jaxformer.interop.rules import (Architecture, Rule, activation, attention, copy, fused_linear, linear, lm_head,
-                                     rope_from_hf, rope_to_hf)
+from jaxformer.interop.rules import (INVERSE_GATED, Architecture, Rule, activation, attention, copy, fused_linear,
+                                     linear, lm_head, rope_from_hf, rope_to_hf)
 
 # What a file that leaves a key out means: transformers' config-class defaults for the keys read below
 # (checked against the classes' own fields by tests/test_config_reading.py), and the rotary base.
@@ -71,7 +71,7 @@ def decoder_to_hf(cfg: ModelConfig, out: dict) -> None:
     its own way (or not at all)."""
     out.update(hidden_size=cfg.d_model, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.kv_heads,
                head_dim=cfg.head_dim_, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.decoder_layers,
-               rms_norm_eps=cfg.norms.eps, hidden_act="silu" if cfg.activation == "swiglu" else "gelu_pytorch_tanh",
+               rms_norm_eps=cfg.norms.eps, hidden_act=INVERSE_GATED[cfg.activation],
                max_position_embeddings=cfg.max_positions, rope_parameters=rope_to_hf(cfg),
                tie_word_embeddings=cfg.embeddings.tie, attention_dropout=cfg.attention_dropout_rate)
     out.pop("rope_theta", None)

@@ -24,8 +24,8 @@ from typing import Any
 from jaxformer.model_config import ModelConfig, Vision
 from jaxformer.interop import llama, qwen, vision_towers
 from jaxformer.interop.reference_keys import class_default
-from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, dense, refuse, sub_config,
-                                     with_defaults)
+from jaxformer.interop.rules import (INVERSE_ACTIVATIONS, Architecture, Rule, activation, dense, ids_into_text_config,
+                                     refuse, sub_config, text_token_ids, with_defaults)
 
 CLASSES = {"llava": ("LlavaForConditionalGeneration",)}
 # The layouts' prefixes (the registry reads a file with the longest its names start with, and writes the first;
@@ -49,7 +49,6 @@ LLAVA_TOWER = dict(intermediate_size=4096, hidden_size=1024, patch_size=14, imag
 # The sizes a text config may leave out, which its class's defaults fill in (LLaVA-1.5's text_config says only
 # what differs from LlamaConfig's)
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 STRATEGIES = {"default": True, "full": False}  # vision_feature_select_strategy -> whether the first token is dropped
 
 
@@ -97,7 +96,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     vocab = text["vocab_size"]
     refuse("vocab_size" in hf and hf["vocab_size"] != vocab, f"llava: vocab_size={hf.get('vocab_size')} differs from "
            f"its text_config's {vocab}")
-    ids = {key: text[key] for key in TOKEN_IDS if text.get(key) is not None}
+    ids = text_token_ids(text)
     tied = bool(hf["tie_word_embeddings"]) or bool(text["tie_word_embeddings"])
     return {**fields, "vocab_size": vocab, **ids, "tie_embeddings": tied, "vision": joined}
 
@@ -114,10 +113,7 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     kind = _text_type(cfg)
     text = {"model_type": kind, "vocab_size": cfg.vocab_size}
     TEXT_TYPES[kind][0].config_to_hf(cfg.replace(vision=None), kind, text)
-    for key in ("vocab_size", *TOKEN_IDS):  # the text model's, in its config alone
-        value = out.pop(key, None)
-        if key in TOKEN_IDS and value is not None:
-            text[key] = value
+    ids_into_text_config(out, text)
     tower = vision.tower
     vision_kind = "clip_vision_model" if tower.patches.class_token else "siglip_vision_model"
     image = {"model_type": vision_kind}

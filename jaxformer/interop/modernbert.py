@@ -19,8 +19,9 @@ from typing import Any
 
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.bert import mlm_head_rules
-from jaxformer.interop.rules import (Architecture, Rule, copy, dense, fused_heads_in, fused_linear, heads_out,
-                                     labels_from_hf, labels_to_hf, linear, norm, refuse, rope_spec, rope_to_hf)
+from jaxformer.interop.rules import (INVERSE_GATED, Architecture, Rule, copy, dense, fused_heads_in, fused_linear,
+                                     heads_out, labels_from_hf, labels_to_hf, linear, norm, refuse, rope_spec,
+                                     rope_to_hf)
 
 _HEADS = {"Model": "none", "ForMaskedLM": "mlm", "ForSequenceClassification": "sequence_classification",
           "ForTokenClassification": "token_classification", "ForQuestionAnswering": "question_answering"}
@@ -35,7 +36,6 @@ DEFAULTS = {"modernbert": dict(vocab_size=50368, hidden_size=768, intermediate_s
                                classifier_activation="gelu", tie_word_embeddings=True)}
 # hidden_activation -> the gated activation of its GeGLU-style MLP (the gate's function)
 _GATED = {"gelu": "geglu_erf", "gelu_new": "geglu", "gelu_pytorch_tanh": "geglu", "silu": "swiglu"}
-_UNIT = {"geglu_erf": "gelu", "geglu": "gelu_pytorch_tanh", "swiglu": "silu"}
 DEFAULT_THETA = {"full_attention": 160_000.0, "sliding_attention": 10_000.0}
 
 
@@ -76,7 +76,7 @@ def config_from_hf(hf: dict, model_type: str, arch: str, tensor_names: set[str])
     act = _GATED.get(hf["hidden_activation"])
     refuse(act is None, f"modernbert: hidden_activation={hf['hidden_activation']!r} is not supported; supported: "
            f"{sorted(_GATED)}")
-    refuse(hf["classifier_activation"] != _UNIT[act], f"modernbert: classifier_activation="
+    refuse(hf["classifier_activation"] != INVERSE_GATED[act], f"modernbert: classifier_activation="
            f"{hf['classifier_activation']!r} differs from hidden_activation={hf['hidden_activation']!r}; jaxformer's "
            "heads apply the MLP's activation")
     head = _HEADS[arch.removeprefix("ModernBert")]
@@ -103,8 +103,8 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
     local = cfg.rotary.local_theta if cfg.rotary.local_theta is not None else cfg.rotary.theta
     full = rope_to_hf(cfg)
     out.update(hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.encoder_layers,
-               num_attention_heads=cfg.num_heads, hidden_activation=_UNIT[cfg.activation],
-               classifier_activation=_UNIT[cfg.activation], max_position_embeddings=cfg.max_positions,
+               num_attention_heads=cfg.num_heads, hidden_activation=INVERSE_GATED[cfg.activation],
+               classifier_activation=INVERSE_GATED[cfg.activation], max_position_embeddings=cfg.max_positions,
                norm_eps=cfg.norms.eps, norm_bias=cfg.norms.bias, attention_bias=False, mlp_bias=False,
                attention_dropout=cfg.attention_dropout_rate, embedding_dropout=cfg.dropout_rate,
                mlp_dropout=cfg.dropout_rate, local_attention=2 * (cfg.window_size or 64),

@@ -41,6 +41,7 @@ from jaxformer.interop.files import read_json, write_safetensors
 from jaxformer.interop.registry import architecture_of, hf_target, rules_for
 from jaxformer.interop.rules import Rule
 from jaxformer.layers.weights import LoraParam, refuse_decoding_copy
+from jaxformer.lora import under
 from jaxformer.models import abstract_model, carry_hf_files
 
 CONFIG, WEIGHTS, PREFIX = "adapter_config.json", "adapter_model.safetensors", "base_model.model."
@@ -467,8 +468,7 @@ def adapter_tensors(model) -> tuple[dict[str, np.ndarray], dict]:
     # modules_to_save: the torch tensors of every rule whose parameters lora_trainable lists.
     saved_modules = set()
     for rule in rules:
-        listed = [any("/".join(p) == t or "/".join(p).startswith(t + "/") for t in cfg.lora.trainable)
-                  for p in rule.paths]
+        listed = [under("/".join(p), cfg.lora.trainable) for p in rule.paths]
         if not any(listed):
             continue
         if not all(listed) or rule.per_layer:

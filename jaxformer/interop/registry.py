@@ -30,10 +30,16 @@ from jaxformer.interop import mistral3
 from jaxformer.interop import mistral_large4
 from jaxformer.interop import deepseek_v4
 from jaxformer.interop import vision_towers, vit
+from jaxformer.interop import mllama_vision
+from jaxformer.interop import qwen2_5_vl_vision
+from jaxformer.interop import mllama
 from jaxformer.interop import clip
 from jaxformer.interop import siglip
 from jaxformer.interop import siglip2
 from jaxformer.interop import llava
+from jaxformer.interop import gemma3_vision
+from jaxformer.interop import qwen2_5_vl
+from jaxformer.interop import whisper
 from jaxformer.interop.rules import Architecture, ConfigReader, Rule, with_defaults
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -78,10 +84,15 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     deepseek_v4.ARCHITECTURE,  # compressed attention, hyper-connections, hash-routed experts
     vit.ARCHITECTURE,  # image towers: ViT,
     vision_towers.ARCHITECTURE,  # CLIP's and SigLIP's alone
+    mllama_vision.ARCHITECTURE,  # Llama 3.2 Vision's tiled tower alone
+    qwen2_5_vl_vision.ARCHITECTURE,  # Qwen2.5-VL's and Qwen2-VL's towers alone (images of any size, the merger)
     clip.ARCHITECTURE,  # CLIP: the dual encoder and its causal text tower
     siglip.ARCHITECTURE,  # SigLIP: the dual encoder with a logit bias, its text tower pooled at the last token
     siglip2.ARCHITECTURE,  # SigLIP2 NaFlex: SigLIP's towers, images of any aspect ratio as padded patches
     llava.ARCHITECTURE,  # a decoder reading images: a CLIP or SigLIP tower, the projector, a LLaMA-like decoder
+    mllama.ARCHITECTURE,  # Llama 3.2 Vision: a tiled tower whose states LLaMA's cross layers attend to
+    gemma3_vision.ARCHITECTURE,  # Gemma 3 reading images: a SigLIP tower, the pooled projector, bidirectional images
+    qwen2_5_vl.ARCHITECTURE,  # Qwen2.5-VL: its merging tower's features in a Qwen2 decoder with M-RoPE
     falcon.ARCHITECTURE,  # after the other LayerNorm decoders: a model one of them holds exports as theirs
     granite.ARCHITECTURE,  # after LLaMA's and Mixtral's lineage: with its multipliers at 1 it holds their models too
     t5.ARCHITECTURE,
@@ -92,6 +103,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     m2m_100.ARCHITECTURE,
     marian.ARCHITECTURE,
     bigbird_pegasus.ARCHITECTURE,
+    whisper.ARCHITECTURE,  # an encoder-decoder reading audio: log-mel frames through its convolutions
     xlnet.ARCHITECTURE,
 )
 

@@ -210,8 +210,25 @@ def text_model_from_hf(hf: dict, model_type: str, defaults: dict,
     text = with_defaults(sub_config(hf, "text_config"), defaults)
     refuse(bool(hf["tie_word_embeddings"]) != bool(text["tie_word_embeddings"]), f"{model_type}: "
            "tie_word_embeddings differs between the file and its text_config")
-    ids = {k: text[k] for k in ("vocab_size", "pad_token_id", "bos_token_id", "eos_token_id")}
-    return {**read_text(text), **{k: v for k, v in ids.items() if v is not None}}
+    return {**read_text(text), **({"vocab_size": text["vocab_size"]} if text["vocab_size"] is not None else {}),
+            **text_token_ids(text)}
+
+
+TEXT_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def text_token_ids(text: dict) -> dict[str, Any]:
+    """The token ids a multimodal file's text config sets (they live there, not at the file's top level)."""
+    return {key: text[key] for key in TEXT_TOKEN_IDS if text.get(key) is not None}
+
+
+def ids_into_text_config(out: dict, text: dict) -> None:
+    """Move the vocabulary and token ids written at ``out``'s top level into ``text``, the multimodal file's text
+    config, where alone they live (``text`` already holds its vocabulary)."""
+    for key in ("vocab_size", *TEXT_TOKEN_IDS):
+        value = out.pop(key, None)
+        if key in TEXT_TOKEN_IDS and value is not None:
+            text[key] = value
 
 
 def labels_from_hf(hf: dict) -> tuple[int, tuple[str, ...]]:
@@ -253,14 +270,14 @@ def rope_from_hf(hf: dict, default_theta: float = 10000.0) -> tuple[float, RopeS
     or one added to a transformers-5 file for long context) replaces ``rope_parameters`` whole, and the
     base comes from the chosen dict, else the file's top-level ``rope_theta``, else the config class's
     default (``default_theta``: 1e6 for Mixtral, 1e4 for most)."""
-    return rope_spec(_rope_params(hf, default_theta), hf.get("max_position_embeddings"))
+    return rope_spec(rope_params(hf, default_theta), hf.get("max_position_embeddings"))
 
 
 def partial_rope_from_hf(hf: dict, default_fraction: float, default_theta: float = 10000.0
                          ) -> tuple[float, RopeScaling | None, float]:
     """(theta, scaling, the fraction of each head that rotates) for an architecture whose config class
     reads ``partial_rotary_factor`` (GLM): from the rope dict, else the file's top level, else the class's."""
-    params = _rope_params(hf, default_theta)
+    params = rope_params(hf, default_theta)
     top = hf.get("partial_rotary_factor")
     fraction = float(params.pop("partial_rotary_factor", top if top is not None else default_fraction))
     return (*rope_spec(params, hf.get("max_position_embeddings")), fraction)
@@ -286,7 +303,9 @@ def prediction_layers(hf: dict, names: set[str], count: int) -> tuple[set[str], 
     return extra, note
 
 
-def _rope_params(hf: dict, default_theta: float) -> dict:
+def rope_params(hf: dict, default_theta: float) -> dict:
+    """The rotary dict as transformers 5 resolves a config.json's: ``rope_scaling`` (older files) replacing
+    ``rope_parameters`` whole, its rope_theta else the file's top-level one else ``default_theta``."""
     scaling, parameters = hf.get("rope_scaling"), hf.get("rope_parameters")  # both read: the first replaces the other
     params = dict(scaling or parameters or {})
     params.setdefault("rope_theta", hf.get("rope_theta", default_theta))
@@ -381,6 +400,8 @@ def rope_to_hf(cfg: ModelConfig) -> dict[str, Any]:
 # jaxformer activation -> the name transformers configs use
 INVERSE_ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_tanh": "gelu_new", "silu": "silu",
                        "quick_gelu": "quick_gelu"}
+# a gated activation -> the hidden_act of its gate, as transformers' gated MLPs spell it
+INVERSE_GATED = {"swiglu": "silu", "geglu": "gelu_pytorch_tanh", "geglu_erf": "gelu"}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
     attention    visibility masks from positions, grouped-query attention, the attention layers (standard,
                  latent with DeepSeek-V3.2's indexer, Transformer-XL's relative, DeBERTa's disentangled)
     convolution  DeBERTa v2's convolution beside the first layer
+    audio        an encoder's audio front end (Whisper): log-mel frames through two convolutions, stored positions
     stack        the block, the scanned stack, and what a stack call is told (Tokens, caches)
 
 Modules here hold parameters only. Randomness (dropout) arrives as explicit PRNG keys, and caches

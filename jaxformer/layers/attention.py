@@ -25,7 +25,7 @@ Array = jax.Array
 
 def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_valid: Array | None = None,
                    *, window: int | None = None, prefix_lengths: Array | None = None, chunk: int | None = None,
-                   segments: tuple[Array, Array] | None = None) -> Array:
+                   segments: tuple[Array, Array] | None = None, blocks: tuple[Array, Array] | None = None) -> Array:
     """Boolean [B, 1, T, S]: may query t attend to key s?
 
     Built from positions rather than indices so the same function serves full sequences, KV caches
@@ -35,16 +35,21 @@ def visibility_mask(pattern: str, q_positions: Array, k_positions: Array, k_vali
     there); chunked (causal within chunks of ``chunk`` positions, s // chunk == t // chunk: Llama 4's local
     layers). Alternating layers call this with 'causal' and 'sliding' or 'chunked' (encoders: 'bidirectional'
     or 'bidirectional_sliding'). ``segments`` (query ids [B, T], key ids [B, S]): documents packed into one
-    row, where a query sees only keys of its own document.
+    row, where a query sees only keys of its own document. ``blocks`` (query ids [B, T], key ids [B, S], -1 outside
+    any): Gemma 3's images, whose tokens see each other both ways, also in a sliding layer's window (as transformers
+    orders it: (causal or same block) and within the window).
     """
     q = q_positions[:, :, None]
     k = k_positions[:, None, :]
+    earlier = k <= q
+    if blocks is not None:
+        earlier = earlier | ((blocks[0][:, :, None] == blocks[1][:, None, :]) & (blocks[0][:, :, None] >= 0))
     if pattern == "bidirectional":
         allowed = jnp.ones(jnp.broadcast_shapes(q.shape, k.shape), bool)
     elif pattern == "causal":
-        allowed = k <= q
+        allowed = earlier
     elif pattern == "sliding":
-        allowed = (k <= q) & (k > q - window)
+        allowed = earlier & (k > q - window)
     elif pattern == "chunked":
         allowed = (k <= q) & (k // chunk == q // chunk)
     elif pattern == "bidirectional_sliding":

@@ -66,6 +66,8 @@ class MLP(nnx.Module):
         projection(self, "wo", cfg, rngs, (F, D), ("mlp", "embed"), role=role)
         self.bi = param(rngs, (F,), ("mlp",), cfg, init="zeros") if bias else None
         self.bo = param(rngs, (D,), ("embed",), cfg, init="zeros") if bias else None
+        # a gated MLP's biases are on all three matrices (Qwen2.5-VL's image tower)
+        self.bi_gate = param(rngs, (F,), ("mlp",), cfg, init="zeros") if bias and cfg.gated else None
 
     def __call__(self, x: Array, key: Array | None = None) -> Array:
         dt = self.dtype
@@ -77,6 +79,8 @@ class MLP(nnx.Module):
             h = h + self.bi[...].astype(dt)
         g = None if self.wi_gate is None else project(self, "wi_gate", x, "BTD,DF->BTF", dt, key=lora_keys[1],
                                                       dense=linear)
+        if self.bi_gate is not None:
+            g = g + self.bi_gate[...].astype(dt)
         h = self.unit(g, h)
         h = checkpoint_name(dropout(h, self.dropout_rate, key), "mlp")
         y = project(self, "wo", h, "BTF,FD->BTD", dt, key=lora_keys[2], dense=linear)

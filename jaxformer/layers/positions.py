@@ -141,8 +141,9 @@ def rope_frequencies(cfg: ModelConfig, long: bool = False) -> np.ndarray:
     rotated width of a head (all of it, or multi-head latent attention's rope part). A ``dynamic`` model's
     are the unscaled ones (a call within ``max_positions``), a ``longrope`` model's its short ones unless
     ``long``. Each step follows transformers' float32 arithmetic, in its order, so the angles agree to the bit
-    where the operations do."""
-    H = cfg.rope_dim
+    where the operations do. 2-D axial rotary (``rotary.axial``): the frequencies of a head half as wide (each of
+    the two streams turns a run of them)."""
+    H = cfg.rope_dim // 2 if cfg.rotary.axial else cfg.rope_dim
     exponents = np.arange(0, H, 2, dtype=np.float32) / np.float32(H)
     powers = (np.float32(cfg.rotary.theta) ** exponents).astype(np.float32)
     inv_freq = (1.0 / powers).astype(np.float32)
@@ -213,7 +214,8 @@ def _dynamic_frequencies(cfg: ModelConfig, length: Array) -> Array:
 
 
 def rope_tables(cfg: ModelConfig, positions: Array, log_scale: Array | None = None) -> tuple[Array, Array]:
-    """cos and sin [B, T, H] of one call at positions [B, T], as transformers' rotary module gives them.
+    """cos and sin [B, T, H] of one call at positions [B, T] (M-RoPE: [B, T, 3]), as transformers' rotary module
+    gives them.
     ``dynamic`` and ``longrope`` choose their frequencies by the call's length, which transformers takes
     as the largest position in the call plus one (pads included): a traced choice, so one compiled step
     serves every length. (transformers also keeps a grown dynamic base across calls until a call falls
@@ -231,18 +233,54 @@ def rope_tables(cfg: ModelConfig, positions: Array, log_scale: Array | None = No
             inv_freq = jnp.where(length > cfg.max_positions, _dynamic_frequencies(cfg, length), inv_freq)
     if log_scale is not None:
         inv_freq = inv_freq * jnp.exp(log_scale.astype(jnp.float32))
-    cos, sin = rope_angles(inv_freq, positions)
+    cos, sin = rope_angles(inv_freq, positions, cfg.rotary.sections, cfg.rotary.axial)
     if s is not None and s.cos_sin_factor != 1.0:  # yarn's and longrope's attention factor
         factor = jnp.float32(s.cos_sin_factor)
         cos, sin = cos * factor, sin * factor
     return cos, sin
 
 
-def rope_angles(inv_freq, positions: Array) -> tuple[Array, Array]:
-    """cos and sin [B, T, H] for positions [B, T] (the half-split layout of Hugging Face)."""
+def rope_angles(inv_freq, positions: Array, sections: tuple[int, ...] | None = None,
+                axial: bool = False) -> tuple[Array, Array]:
+    """cos and sin [B, T, H] for positions [B, T] (the half-split layout of Hugging Face). M-RoPE: positions
+    [B, T, 3] (temporal, height, width streams), the frequency pairs cut into runs of ``sections``, run i turning
+    by stream i % 3 (transformers' Qwen2.5-VL rotary embedding). ``axial``: positions [B, T, A] turn each stream's
+    run of all ``inv_freq`` in turn (2-D axial rotary: a patch's row, then its column)."""
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
+    if axial:
+        angles = angles.reshape(*positions.shape[:2], -1)
+    elif positions.ndim == 3:
+        if sections is None:
+            raise ValueError(f"rotary positions of shape {positions.shape} (several streams) need M-RoPE's sections "
+                             "or axial rotary; this model's rotary has neither")
+        starts = np.cumsum((0,) + tuple(sections))
+        angles = jnp.concatenate([angles[:, :, i % 3, starts[i]:starts[i + 1]] for i in range(len(sections))],
+                                 axis=-1)
     angles = jnp.concatenate([angles, angles], axis=-1)
     return jnp.cos(angles), jnp.sin(angles)
+
+
+def mrope_positions(ids: Array, valid: Array | None, grid_thw: Array, image_token_id: int, merge: int) -> Array:
+    """M-RoPE's three position streams [B, T, 3] of a prompt holding images (transformers' Qwen2.5-VL
+    ``get_rope_index``): a text token sits at the count of what precedes it in its row, on all three streams; an
+    image's tokens (``image_token_id`` placeholders, the k-th run of the batch being image k of ``grid_thw`` [N, 3],
+    its patch grid) at that count plus their (frame, row, column) in the merged grid, and the image then counts as
+    max(rows, columns). Pads (``valid`` False) sit at 0 and count nothing."""
+    real = jnp.ones(ids.shape, bool) if valid is None else valid.astype(bool)
+    image = (ids == image_token_id) & real
+    grid = jnp.asarray(grid_thw, jnp.int32)
+    frames, rows, columns = grid[:, 0], grid[:, 1] // merge, grid[:, 2] // merge
+    count = frames * rows * columns
+    ends = jnp.cumsum(count)
+    order = (jnp.cumsum(image.reshape(-1)) - 1).reshape(ids.shape)  # each placeholder's index in the batch
+    k = jnp.clip(jnp.searchsorted(ends, order, side="right"), 0, grid.shape[0] - 1)  # its image
+    j = order - (ends - count)[k]  # its index in the image
+    h, w = rows[k], columns[k]
+    offsets = jnp.stack([j // (h * w), (j // w) % h, j % w], axis=-1)
+    counts = jnp.where(image, jnp.where(j == count[k] - 1, jnp.maximum(h, w), 0), real.astype(jnp.int32))
+    before = jnp.cumsum(counts, axis=1) - counts
+    positions = before[..., None] + jnp.where(image[..., None], offsets, 0)
+    return jnp.where(real[..., None], positions, 0).astype(jnp.int32)
 
 
 def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
@@ -344,6 +382,10 @@ class Embeddings(nnx.Module):
         self.pad_aware_positions, self.pad_token_id = cfg.embeddings.pad_aware_positions, cfg.tokens.pad
         self.position_offset = cfg.embeddings.position_offset
 
+    def scaled(self, tokens: Array) -> Array:
+        """Token vectors times the scale (sqrt(D) and/or the multiplier), where there is one."""
+        return tokens if self.scale is None else tokens * jnp.asarray(self.scale, tokens.dtype)
+
     def default_positions(self, input_ids: Array | None, shape: tuple[int, int]) -> Array:
         """Positions [B, T] when none are given: 0..T-1 in every row, or RoBERTa's count of real tokens."""
         if self.pad_aware_positions and input_ids is not None:
@@ -363,9 +405,13 @@ class Embeddings(nnx.Module):
 
     def __call__(self, table: Embed, input_ids: Array | None = None, *, inputs_embeds: Array | None = None,
                  positions: Array | None = None, token_type_ids: Array | None = None,
-                 key: Array | None = None, absolute: Array | None = None) -> tuple[Array, Array]:
-        """x [B, T, D] and the positions [B, T] it was embedded at (``positions`` if given). ``absolute`` [1, T, D]:
-        the position vectors added in place of the table's rows (an image tower's table resampled to another grid)."""
+                 key: Array | None = None, absolute: Array | None = None, prescaled: bool = False
+                 ) -> tuple[Array, Array]:
+        """x [B, T, D] and the positions [B, T] it was embedded at (``positions`` if given). ``absolute`` [1, T, D]
+        or [B, T, D]: the position vectors added in place of the table's rows (an image tower's table resampled to
+        another grid; Llama 3.2 Vision's, each tile's own, mixed with its aspect ratio's).
+        ``prescaled``: ``inputs_embeds`` already hold the scale where it applies (``scaled``: a decoder's token
+        vectors with image features placed among them unscaled)."""
         if inputs_embeds is None:
             tokens = table(input_ids)
         else:  # (an image tower has no table: its patches are in the compute dtype)
@@ -373,7 +419,7 @@ class Embeddings(nnx.Module):
         if positions is None:
             positions = self.default_positions(input_ids, tokens.shape[:2])
         positions = jnp.asarray(positions, jnp.int32)
-        x = tokens if self.scale is None else tokens * jnp.asarray(self.scale, tokens.dtype)
+        x = tokens if prescaled else self.scaled(tokens)
         absolute = self.positions(positions) if absolute is None else absolute
         if absolute is not None:
             x = x + absolute

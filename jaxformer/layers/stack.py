@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -20,8 +21,8 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import (CompressedCache, EncoderKV, HybridCache, KVCache, LatentCache, LayerArrays, Memory,
-                             MemoryKV, SplitKVCache)
+from jaxformer.cache import (CompressedCache, EncoderKV, HybridCache, ImageCache, ImageKV, KVCache, LatentCache,
+                             LayerArrays, Memory, MemoryKV, SplitKVCache)
 from jaxformer.layer_plan import COMPRESSED_GROUPS, LayerPlan, LayerSpec, Segment, layer_config, layer_plan
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.attention import (Attention, DisentangledAttention, DisentangledInputs, LatentAttention,
@@ -46,8 +47,9 @@ Array = jax.Array
 
 
 @functools.partial(jax.tree_util.register_dataclass,
-                   data_fields=["positions", "valid", "prefix_lengths", "segments", "global_tokens", "ids"],
-                   meta_fields=["indexed"])
+                   data_fields=["positions", "valid", "prefix_lengths", "segments", "global_tokens", "ids",
+                                "rotary_positions", "image_blocks", "windows"],
+                   meta_fields=["indexed", "outer_padding_mask"])
 @dataclasses.dataclass(frozen=True)
 class Tokens:
     """This call's tokens as attention sees them: positions [B, T], which are real [B, T] (None: all),
@@ -64,6 +66,16 @@ class Tokens:
     segments: Array | None = None
     global_tokens: Array | None = None  # Longformer: which tokens attend globally [B, T] (None: none)
     ids: Array | None = None  # the token ids [B, T] (DeepSeek-V4's hash-routed expert layers read them)
+    # M-RoPE (Qwen2.5-VL): the rotary angles' three position streams [B, T, 3]; masks and caches keep ``positions``
+    rotary_positions: Array | None = None
+    # Gemma 3: each token's image [B, T] (-1: text); an image's tokens see each other both ways (None: no images)
+    image_blocks: Array | None = None
+    # Qwen2.5-VL's image tower: each token's window [B, T], all its 'window' layers let it see (rotary_positions: a
+    # patch's row and column)
+    windows: Array | None = None
+    # Llama 3.2 Vision's tiles: a padded key is hidden from padded queries only, real queries see it (transformers'
+    # mask: the outer product of the padding)
+    outer_padding_mask: bool = False
 
 
 def packed_validity(valid: Array | None, segments: Array | None) -> Array | None:
@@ -112,11 +124,13 @@ class XLInputs:
 @dataclasses.dataclass(frozen=True)
 class CrossInputs:
     """Cross-attention's mask and source: the encoder output [B, S, D], or this layer's precomputed keys and
-    values (a cached step's)."""
+    values (a cached step's). ``rows`` [B, T, 1]: Llama 3.2 Vision's tokens that see some image (its cross layers'
+    feed-forward counts only there)."""
 
     mask: Any
     source: Array | None = None
     kv: tuple[Array, Array] | None = None
+    rows: Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +207,8 @@ class Block(nnx.Module):
             self.attn = LatentAttention(cfg, rngs=rngs, rotary=spec.group != "nope_blocks")
         elif spec.mixer in self._MIXERS:
             self.attn = self._MIXERS[spec.mixer](cfg, rngs=rngs)
+        elif spec.mixer == "cross":  # Llama 3.2 Vision: attention to the images alone (q/k norms: ``layer_config``)
+            self.attn = Attention(cfg, rngs=rngs, role="cross_attn")
         else:  # (Gemma 4: a kv-shared layer has no key or value weights, a full layer's values may be its keys)
             self.attn = Attention(cfg, rngs=rngs, own_keys=spec.kv_source is None,
                                   keys_as_values=cfg.scores.full_keys_as_values and not spec.local)
@@ -234,6 +250,15 @@ class Block(nnx.Module):
         # keeps it: part of the checkpoint, never trained)
         self.output_scale = (Buffer(jnp.ones((1,), dtype_of(cfg.param_dtype)), axes=("scalar",))
                              if cfg.layer_output_scale else None)
+        # Llama 3.2 Vision's gated layers: each sublayer's output times tanh(gate). The gates start at pi / 4, the value
+        # MllamaVisionEncoderLayer is built with (transformers' _init_weights then redraws them normal(std): a fresh
+        # model's start, which no checkpoint keeps)
+        gate = lambda: nnx.Param(jnp.full((1,), math.pi / 4, dtype_of(cfg.param_dtype)), axes=("scalar",))  # noqa: E731
+        # its text model's cross layers, gated the same way (their gates zero at first, as transformers makes them)
+        self.reads_images = spec.mixer == "cross"
+        if self.reads_images:
+            gate = lambda: param(rngs, (1,), ("scalar",), cfg, init="zeros")  # noqa: E731
+        self.attn_gate, self.mlp_gate = (gate(), gate()) if spec.gated or self.reads_images else (None, None)
 
     def __call__(self, x: Array, inputs: LayerInputs, key: Array | None = None
                  ) -> tuple[Array, dict | None, dict | None, dict]:
@@ -242,6 +267,8 @@ class Block(nnx.Module):
         keys = BlockKeys(*split_key(key, 6))
         drop = lambda h, key: self.scaled(dropout(h, self.dropout_rate, key))  # noqa: E731
         weights = {"self": None, "cross": None}
+        if self.reads_images:
+            return self.image_layer(x, inputs, keys, drop)
         if self.attn_hc is not None:  # DeepSeek-V4: x is the residual's copies [B, T, n, D]
             collapsed, mixing = self.attn_hc.collapse(x)
             h, new_kv, weights["self"] = self.self_attention(self.attn_norm(collapsed), inputs, keys.attn)
@@ -258,7 +285,8 @@ class Block(nnx.Module):
             # GPT-2, LLaMA, T5: x = x + f(norm(x)); Gemma: x = x + norm_out(f(norm(x))); OLMo-2: x = x + norm_out(f(x))
             normed = x if self.attn_norm is None else self.attn_norm(x)
             h, new_kv, weights["self"] = self.self_attention(normed, inputs, keys.attn)
-            x = self.in_range(x + drop(self.sandwiched(h, self.attn_post_norm), keys.attn_out))
+            x = self.in_range(x + drop(self.gated(self.sandwiched(h, self.attn_post_norm), self.attn_gate),
+                                       keys.attn_out))
             if self.cross_attn is not None:
                 h, _, weights["cross"] = self.cross_attention(self.cross_norm(x), inputs, keys.cross)
                 x = self.in_range(x + drop(self.sandwiched(h, self.cross_post_norm), keys.cross_out))
@@ -266,7 +294,8 @@ class Block(nnx.Module):
                 h, stats = self.dense_and_experts(x, inputs, keys.mlp)
             else:
                 h, stats = self.feed_forward(self.sandwiched(x, self.mlp_norm), inputs, keys.mlp)
-            x = self.in_range(x + drop(self.sandwiched(h, self.mlp_post_norm), keys.mlp_out))
+            x = self.in_range(x + drop(self.gated(self.sandwiched(h, self.mlp_post_norm), self.mlp_gate),
+                                       keys.mlp_out))
             if self.per_layer_gate is not None:
                 x = x + self.per_layer_mix(x, inputs.per_layer_input)
         else:  # the 2017 Transformer, BERT, BART: x = norm(x + f(x))
@@ -281,6 +310,23 @@ class Block(nnx.Module):
             x = x * self.output_scale[...].astype(x.dtype)
         return x, new_kv, stats, weights
 
+    def image_layer(self, x: Array, inputs: LayerInputs, keys: BlockKeys, drop: Callable
+                    ) -> tuple[Array, None, None, dict]:
+        """Llama 3.2 Vision's cross layer: x = x + tanh(g_a) * attention(norm(x), images), then
+        x = x + tanh(g_m) * (MLP(norm'(x)) where the token sees some image). Without images (text alone) it passes
+        x on, as transformers skips it. Its keys and values: the images' states projected here in a full pass, the
+        prefill's in a cached step (its cache slice)."""
+        cross = inputs.cross
+        if cross is None:
+            return x, None, None, {"self": None, "cross": None}
+        kv = (inputs.cache["k"], inputs.cache["v"]) if inputs.cache else None
+        h, _, probs = self.attn(self.attn_norm(x), cross.source, mask=cross.mask, kv=kv, key=keys.cross,
+                                output_attentions=inputs.output_attentions)
+        x = x + drop(self.gated(h, self.attn_gate), keys.cross_out)
+        h = self.mlp(self.mlp_norm(x), keys.mlp) * cross.rows.astype(x.dtype)
+        x = x + drop(self.gated(h, self.mlp_gate), keys.mlp_out)
+        return x, None, None, {"self": None, "cross": probs}
+
     def per_layer_mix(self, x: Array, per_layer_input: Array) -> Array:
         """Gemma 4: norm(projection(act(gate(x)) * this layer's per-layer input)), what joins the stream."""
         gated = activate(self.activation, self.per_layer_gate(x)) * per_layer_input.astype(x.dtype)
@@ -293,6 +339,10 @@ class Block(nnx.Module):
     @staticmethod
     def sandwiched(h: Array, post_norm: Norm | None) -> Array:
         return h if post_norm is None else post_norm(h)
+
+    @staticmethod
+    def gated(h: Array, gate: nnx.Param | None) -> Array:
+        return h if gate is None else jnp.tanh(gate[...]).astype(h.dtype) * h
 
     def in_range(self, x: Array) -> Array:
         """T5 in float16 (``clamp_float16``), as transformers keeps it finite: each sublayer's output is
@@ -638,10 +688,10 @@ class Stack(nnx.Module):
     that acts inside attention (rotary angles, T5 relative bias), computed once per stack call."""
 
     def __init__(self, cfg: ModelConfig, num_layers: int, *, pattern: str, cross_attention: bool = False,
-                 rngs: nnx.Rngs):
+                 gated: bool = False, rngs: nnx.Rngs):
         self.config, self.pattern, self.num_layers = cfg, pattern, num_layers
         # what each layer is, decided once: its masks, rotary table, cache, feed-forward and block group
-        self.plan = layer_plan(cfg, pattern, num_layers, cross_attention=cross_attention)
+        self.plan = layer_plan(cfg, pattern, num_layers, cross_attention=cross_attention, gated=gated)
         # the block groups the plan places layers in. DeepSeek's first layers keep a dense MLP (Llama 4
         # Maverick's dense layers lie between its expert layers): a group of their own.
         group = lambda name, axis="unstaged_layers": (  # noqa: E731
@@ -657,6 +707,8 @@ class Stack(nnx.Module):
         self.shared_full_blocks = group("shared_full_blocks")
         # Mistral Large 4: latent layers without rotary positions, whose latent and keys have widths of their own
         self.nope_blocks = group("nope_blocks")
+        # Llama 3.2 Vision's cross layers (attention to the images, gated): a group of their own
+        self.cross_blocks = group("cross_blocks")
         # ModernBERT's first layer has no attention norm, DeBERTa's has a convolution beside it: a group of its own
         self.first_block = group("first_block")
         # DeepSeek-V4: a group per compressed-attention kind (hash-routed expert layers apart); the copies of the
@@ -672,7 +724,7 @@ class Stack(nnx.Module):
             self.blocks = None
         else:
             self.blocks = group("blocks", "layers") or stacked_blocks(
-                cfg, 0, layer_plan(cfg, pattern, 1, cross_attention=cross_attention)[0], rngs=rngs)
+                cfg, 0, layer_plan(cfg, pattern, 1, cross_attention=cross_attention, gated=gated)[0], rngs=rngs)
         self.final_norm = Norm(cfg, rngs=rngs) if cfg.norms.final else None
         # T5's one table per stack, MPNet's beside absolute positions (UMT5's tables are in the blocks)
         shared_table = cfg.relative_bias is not None and not cfg.relative_bias.per_layer
@@ -693,7 +745,8 @@ class Stack(nnx.Module):
         groups = {"first_block": self.first_block, "dense_blocks": self.dense_blocks,
                   "linear_blocks": self.linear_blocks, "blocks": self.blocks, "full_blocks": self.full_blocks,
                   "shared_blocks": self.shared_blocks, "shared_full_blocks": self.shared_full_blocks,
-                  "nope_blocks": self.nope_blocks, **{name: getattr(self, name) for name in COMPRESSED_GROUPS}}
+                  "nope_blocks": self.nope_blocks, "cross_blocks": self.cross_blocks,
+                  **{name: getattr(self, name) for name in COMPRESSED_GROUPS}}
         return {name: blocks for name, blocks in groups.items() if blocks is not None}
 
     def cross_key_values(self, encoder: EncoderOutput) -> EncoderKV:
@@ -724,7 +777,8 @@ class Stack(nnx.Module):
             copy.dense_blocks = separate(self.dense_blocks)
         if self.linear_blocks is not None:
             copy.linear_blocks = separate(self.linear_blocks)
-        for name in ("full_blocks", "shared_blocks", "shared_full_blocks", "nope_blocks", *COMPRESSED_GROUPS):
+        for name in ("full_blocks", "shared_blocks", "shared_full_blocks", "nope_blocks", "cross_blocks",
+                     *COMPRESSED_GROUPS):
             if getattr(self, name) is not None:
                 setattr(copy, name, separate(getattr(self, name)))
         if self.first_block is not None:
@@ -735,7 +789,8 @@ class Stack(nnx.Module):
                  cache: KVCache | SplitKVCache | HybridCache | LatentCache | None = None,
                  cross: EncoderOutput | EncoderKV | None = None, memory: Memory | MemoryKV | None = None,
                  token_types: Array | None = None, collect_hidden: bool = False, collect_attentions: bool = False,
-                 key: Array | None = None, per_layer_inputs: Array | None = None) -> StackOutput:
+                 key: Array | None = None, per_layer_inputs: Array | None = None,
+                 image_mask: Array | None = None) -> StackOutput:
         """Run the blocks over x [B, T, D] at ``tokens``. With a ``cache``, its slots are keys too,
         attended where they lie next to this call's own, and this call's keys and values are written
         into it once, after the layer loop. Transformer-XL's layers attend over their ``memory`` the same
@@ -743,13 +798,15 @@ class Stack(nnx.Module):
         the loop (a model with ``memory_len`` starts an empty ``Memory`` when given none). Hidden states
         follow Hugging Face: the input, then every layer's output, the last one after the final norm;
         ``collect_attentions`` returns each layer's attention probabilities too (never through a fused kernel).
-        ``per_layer_inputs`` [B, T, L, P]: Gemma 4's, each layer reading its own slice."""
+        ``per_layer_inputs`` [B, T, L, P]: Gemma 4's, each layer reading its own slice. ``image_mask`` [B, T, S]:
+        which image states (``cross``, or an ``ImageCache``'s) each token sees (Llama 3.2 Vision; None: all, or in
+        a decode step those the prompt's last token saw)."""
         cfg = self.config
-        split = isinstance(cache, (SplitKVCache, HybridCache, CompressedCache))  # (slices by kind)
+        split = isinstance(cache, (SplitKVCache, HybridCache, CompressedCache, ImageCache))  # (slices by kind)
         remember, keeps_kv = self._remembers(memory), isinstance(memory, MemoryKV)
         setup = functools.partial(self._layer_function, x.shape[1], cache=cache, memory=memory,
                                   collect_hidden=collect_hidden, collect_attentions=collect_attentions,
-                                  per_layer_inputs=per_layer_inputs)
+                                  per_layer_inputs=per_layer_inputs, image_mask=image_mask)
         pipelined = self._pipelined(cache, memory, collect_hidden, collect_attentions)
         layer, per_layer, conv_key = setup(tokens, cross, token_types, key=key)
         segments = self.plan.segments(split)
@@ -792,7 +849,10 @@ class Stack(nnx.Module):
         hidden_states = None
         if collect_hidden:  # the last entry after the final norm, but where the file's model reports it before
             last = out if cfg.norms.final_in_hidden_states else last_layer
-            hidden_states = (x, *[hidden[i] for i in range(self.num_layers - 1)], last)
+            # (Llama 3.2 Vision without images: its cross layers pass x on and, as transformers skips them, report none)
+            images = cross is not None or (isinstance(cache, ImageCache) and cache.images is not None)
+            kept = [i for i, spec in enumerate(self.plan.layers) if spec.mixer != "cross" or images]
+            hidden_states = (x, *[hidden[i] for i in kept[:-1]], last)
         per_layer_weights = lambda stacked: None if stacked is None else tuple(stacked)  # noqa: E731
         compressed = cfg.scores.compressed
         if compressed is not None and weights["self"] is not None:  # each layer's own keys: window and entries
@@ -892,8 +952,8 @@ class Stack(nnx.Module):
 
     def _layer_function(self, length: int, tokens: Tokens, cross: EncoderOutput | EncoderKV | None,
                         token_types: Array | None, *, cache, memory, key: Array | None, collect_hidden: bool,
-                        collect_attentions: bool, per_layer_inputs: Array | None = None
-                        ) -> tuple[Callable, dict, Array | None]:
+                        collect_attentions: bool, per_layer_inputs: Array | None = None,
+                        image_mask: Array | None = None) -> tuple[Callable, dict, Array | None]:
         """What the layer loop runs for these ``length`` tokens: ``layer(block, h, extra)`` with the masks,
         rotary angles and relative inputs of ``tokens`` built once, the per-layer inputs ``extra`` [L, ...]
         (which layers are local, dropout keys, cache and memory slices) and DeBERTa's convolution's dropout
@@ -919,7 +979,8 @@ class Stack(nnx.Module):
         # (Gemma 4: the full layers' heads may have a width of their own, their table as wide)
         full_width = cfg.scores.full_head_dim
         log_scale = None if self.rope_log_scale is None else self.rope_log_scale[...]
-        rope = (rope_tables(cfg.replace(head_dim=full_width) if full_width else cfg, tokens.positions, log_scale)
+        rotary_at = tokens.positions if tokens.rotary_positions is None else tokens.rotary_positions
+        rope = (rope_tables(cfg.replace(head_dim=full_width) if full_width else cfg, rotary_at, log_scale)
                 if cfg.position == "rope" else None)
         local_rope = None
         if cfg.rotary is not None and cfg.rotary.local_theta is not None:
@@ -932,8 +993,9 @@ class Stack(nnx.Module):
         # under fields of its own, as the split cache keeps them)
         hands_on = any(spec.kv_source is not None for spec in self.plan.layers)
         own_full = self.full_blocks is not None
-        cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, cross)
-        split = isinstance(cache, (SplitKVCache, HybridCache, CompressedCache))  # (slices by kind)
+        images = self._image_inputs(tokens, cache, cross, image_mask) if self.cross_blocks is not None else None
+        cross_mask, cross_source, cross_kv = self._cross_attention_inputs(tokens, cache, None if images else cross)
+        split = isinstance(cache, (SplitKVCache, HybridCache, CompressedCache, ImageCache))  # (slices by kind)
         per_layer = {
             # the plan's kind flags, for a scanned body whose layers differ in them (the runner hands a layer it
             # knows its flags as Python bools): which layers read the local mask (Gemma's sliding layers)
@@ -977,8 +1039,8 @@ class Stack(nnx.Module):
             if position_scale is not None:  # (every layer's)
                 query_scale = position_scale if query_scale is None else query_scale * position_scale
             inputs = LayerInputs(layer_mask, bias, layer_rope, extra["cache"],
-                                 cross=None if cross is None else CrossInputs(cross_mask, cross_source,
-                                                                              extra["cross_kv"]),
+                                 cross=images or (None if cross is None else CrossInputs(cross_mask, cross_source,
+                                                                                         extra["cross_kv"])),
                                  # MoE load statistics count real tokens only
                                  token_mask=tokens.valid if cache is None else None,
                                  relative=relative if relative is not None else disentangled, memory=extra["memory"],
@@ -1055,17 +1117,27 @@ class Stack(nnx.Module):
         if segments is not None and cache is not None:
             raise ValueError("segment_ids pack documents for a full pass; a cached step (generation) takes none")
 
+        blocks = None if tokens.image_blocks is None else (tokens.image_blocks, tokens.image_blocks)
+
+        tiled = tokens.outer_padding_mask and tokens.valid is not None
+
         def masks(pattern, slots):
             if pattern is None:
                 return None
-            own = visibility_mask(pattern, q, q, tokens.valid, segments=segments, **shape)
+            if pattern == "window":  # (an image tower's: no cache)
+                return visibility_mask("bidirectional", q, q, tokens.valid, segments=(tokens.windows, tokens.windows))
+            own = visibility_mask(pattern, q, q, None if tiled else tokens.valid, segments=segments, blocks=blocks,
+                                  **shape)
+            if tiled:
+                own = own & (tokens.valid[:, None, :, None] | tokens.valid[:, None, None, :])
             if slots is None:
                 return own
             return visibility_mask(pattern, q, slots.positions, slots.valid, **shape), own
 
         # a split cache's windowed layers attend over their ring, the others over the full slots
         full_slots, local_slots = ((cache.full, cache.window) if isinstance(cache, SplitKVCache) else
-                                   (cache.full, cache.full) if isinstance(cache, HybridCache) else (cache, cache))
+                                   (cache.full, cache.full) if isinstance(cache, (HybridCache, ImageCache))
+                                   else (cache, cache))
         mask, local_mask = masks(base_pattern, full_slots), masks(local_pattern, local_slots)
         bias = None
         if cfg.position == "relative" or (cfg.relative_bias is not None and cfg.position != "relative"):
@@ -1082,10 +1154,40 @@ class Stack(nnx.Module):
                 bias = (buckets(q, full_slots.positions), bias)
             if self.relative_bias is not None:  # one table for the stack: looked up once; UMT5's layers each look up
                 bias = jax.tree.map(self.relative_bias.lookup, bias)
-        if cache is None and local_mask is None and (tokens.indexed or self.pattern == "bidirectional"):
+        fusable = tokens.indexed and blocks is None  # (a fused kernel knows no image blocks)
+        if cache is None and local_mask is None and not tiled and (fusable or self.pattern == "bidirectional"):
             mask = kernels.fused_mask(cfg, mask, self.pattern, key_valid=tokens.valid, query_valid=tokens.valid,
                                       has_bias=bias is not None or cfg.position == "disentangled", segments=segments)
         return mask, local_mask, bias
+
+    @staticmethod
+    def _image_inputs(tokens: Tokens, cache, cross: EncoderOutput | None, image_mask: Array | None
+                      ) -> CrossInputs | None:
+        """Llama 3.2 Vision's cross layers' inputs: the images' states (a full pass; a cached step reads their keys
+        and values from its ``ImageCache``), which image states each token sees, and which tokens see any (None: no
+        images). A token that sees none attends to all and its cross layers' MLP adds nothing, as transformers'
+        additive mask, zeroed on such rows by full_text_row_masked_out_mask, does."""
+        images = cache.images if isinstance(cache, ImageCache) else None
+        if cross is None and images is None:
+            return None
+        batch, length = tokens.positions.shape
+        if image_mask is None:
+            visible = images.visible[:, None] if cross is None else jnp.ones((batch, 1, cross.hidden.shape[1]), bool)
+            image_mask = jnp.broadcast_to(visible, (batch, length, visible.shape[-1]))
+        image_mask = image_mask.astype(bool)
+        rows = jnp.any(image_mask, axis=-1, keepdims=True)
+        return CrossInputs((image_mask | ~rows)[:, None], None if cross is None else cross.hidden, rows=rows)
+
+    def image_key_values(self, states: Array, visible: Array) -> ImageKV:
+        """The cross layers' keys and values [L_cross, B, S, K, H] of the images' states [B, S, D], computed once
+        by a prefill; ``visible`` [B, S]: the states the prompt's last token sees (``ImageKV``)."""
+        blocks = self.cross_blocks
+        if isinstance(blocks, tuple):  # separate layers (``unstacked``)
+            k, v = (jnp.stack(parts) for parts in zip(*[block.attn.key_values(states) for block in blocks]))
+        else:
+            graphdef, params = nnx.split(blocks)
+            k, v = jax.vmap(lambda p: nnx.merge(graphdef, p).attn.key_values(states))(params)
+        return ImageKV(k, v, visible.astype(bool))
 
     def _cross_attention_inputs(self, tokens: Tokens, cache: KVCache | None,
                                 cross: EncoderOutput | EncoderKV | None):

@@ -6,7 +6,8 @@ every other row of the batch a negative.
 The pairs are the drawn set of ``shapes`` (``data.train: shapes:N``), preprocessed by CLIP's image processor at
 the image tower's size. Held out, besides the loss and in-batch retrieval accuracy: zero-shot classification, each
 held-out picture given the class (colour x shape) whose prompt "a photo of a red circle" is most similar to it
-(``zero_shot_accuracy``), against ``zero_shot_chance`` (one over the number of classes).
+(``zero_shot_accuracy``), against ``zero_shot_chance`` (one over the number of classes). ``DrawnScenes`` holds
+what this objective shares with ``visual_qa`` (LLaVA's questions about the same pictures).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxformer.dual_encoder import unit
+from jaxformer.model_config import ModelConfig
 from jaxformer.train import data, shapes
 from jaxformer.train.objectives import Objective, contrastive_loss, ratio
 from jaxformer.vision import ImageProcessor
@@ -26,10 +28,13 @@ def image_processor(size: int) -> ImageProcessor:
                                      "crop_size": {"height": size, "width": size}})
 
 
-class Contrastive(Objective):
-    """Matching caption-picture pairs of the drawn shapes through both towers, the symmetric contrastive loss."""
+class DrawnScenes(Objective):
+    """What the objectives over the drawn scenes of ``shapes`` share (``contrastive``, ``visual_qa``): the
+    tokenizer's pad and EOS (and <s> where it has one), ``data.train``'s scenes (stream 0), held-out scenes drawn
+    from stream 1 (so no ``data.eval``), pictures preprocessed at the image tower's size. A subclass's
+    ``_batch(indices, stream)`` lays out its rows; ``held_out_only`` names the entry only held-out batches keep."""
 
-    name, family = "contrastive", "dual_encoder"
+    held_out_only = ""
 
     def __init__(self, run, tokenizer):
         super().__init__(run, tokenizer)
@@ -37,17 +42,50 @@ class Contrastive(Objective):
         self.bos = tokenizer.special("bos")
         self.scenes = shapes.parse_source(run.data.train)
         if run.data.eval:
-            raise ValueError(f"data.eval={run.data.eval!r}: train.objective='contrastive' draws its held-out scenes "
+            raise ValueError(f"data.eval={run.data.eval!r}: train.objective={self.name!r} draws its held-out scenes "
                              "(eval.batches x train.batch_size of them); leave data.eval empty")
+        self.processor = None  # set by ``read_pictures`` (from ``adapt``): the image tower's size is the model's
+
+    def read_pictures(self, cfg: ModelConfig, tower: ModelConfig) -> None:
+        """Draw pictures for ``tower`` (model ``cfg``'s image tower), which must read RGB ones of a fixed size."""
+        if tower.patches is None or tower.patches.channels != 3 or tower.patches.flexible:
+            raise ValueError(f"train.objective={self.name!r} draws RGB pictures of one size; model {cfg.name!r}'s "
+                             "image tower must read 3-channel pixel_values of a fixed image_size")
+        self.processor = image_processor(tower.patches.image_size)
+
+    def _draw(self, indices, stream: int) -> tuple[list[shapes.Scene], np.ndarray]:
+        """Scenes ``indices`` of ``stream`` and their pixel_values."""
+        if self.processor is None:
+            raise RuntimeError(f"{type(self).__name__}.adapt(model_config) sets the picture size; call it first")
+        size = self.processor.settings["crop_size"]["height"]
+        scenes = [shapes.scene(self.seed, int(i), size, stream) for i in indices]
+        return scenes, self.processor([s.image for s in scenes])["pixel_values"]
+
+    def _batch(self, indices, stream: int) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def batch(self, step, batch_size):
+        batch = self._batch(data.epoch_indices(self.scenes, self.seed, step, batch_size), stream=0)
+        del batch[self.held_out_only]  # (a held-out metric's)
+        return batch
+
+    def eval_batches(self, count, batch_size):
+        return [self._batch(range(b * batch_size, (b + 1) * batch_size), stream=1) for b in range(count)]
+
+
+class Contrastive(DrawnScenes):
+    """Matching caption-picture pairs of the drawn shapes through both towers, the symmetric contrastive loss."""
+
+    name, family, held_out_only = "contrastive", "dual_encoder", "classes"
+
+    def __init__(self, run, tokenizer):
+        super().__init__(run, tokenizer)
         self.prompts = self._rows(shapes.class_prompts(), "class prompts")
-        self.processor = None  # set by ``adapt``: the image tower's size is the model's
 
     def adapt(self, cfg, fresh):
         cfg = super().adapt(cfg, fresh)
         tower = cfg.vision.tower
-        if tower.patches is None or tower.patches.channels != 3 or tower.patches.flexible:
-            raise ValueError(f"train.objective='contrastive' draws RGB pictures of one size; model {cfg.name!r}'s "
-                             "image tower must read 3-channel pixel_values of a fixed image_size")
+        self.read_pictures(cfg, tower)
         if cfg.dropout_rate or cfg.attention_dropout_rate or tower.dropout_rate or tower.attention_dropout_rate:
             raise ValueError(f"model {cfg.name!r} sets dropout, which the dual encoder's forward does not apply; set "
                              "model.overrides.dropout_rate=0 and attention_dropout_rate=0 (and the tower's)")
@@ -60,7 +98,6 @@ class Contrastive(Objective):
         if cfg.head_options.pooled_token == "eos" and eos == 2:
             raise ValueError(f"data.tokenizer={self.tokenizer.name!r} has EOS id 2, which CLIP's text model reads as "
                              "its legacy rule (pool at the largest id): use a tokenizer whose EOS is another id")
-        self.processor = image_processor(tower.patches.image_size)
         return cfg
 
     def _rows(self, texts: list[str], what: str) -> dict[str, np.ndarray]:
@@ -74,21 +111,9 @@ class Contrastive(Objective):
 
     def _batch(self, indices, stream: int) -> dict[str, np.ndarray]:
         """The pairs of scenes ``indices`` of ``stream``, pictures preprocessed, and their zero-shot classes."""
-        if self.processor is None:
-            raise RuntimeError("Contrastive.adapt(model_config) sets the picture size; call it first")
-        size = self.processor.settings["crop_size"]["height"]
-        scenes = [shapes.scene(self.seed, int(i), size, stream) for i in indices]
-        return {**self._rows([s.caption for s in scenes], "captions"),
-                "pixel_values": self.processor([s.image for s in scenes])["pixel_values"],
+        scenes, pixel_values = self._draw(indices, stream)
+        return {**self._rows([s.caption for s in scenes], "captions"), "pixel_values": pixel_values,
                 "classes": np.array([s.label for s in scenes], np.int32)}
-
-    def batch(self, step, batch_size):
-        batch = self._batch(data.epoch_indices(self.scenes, self.seed, step, batch_size), stream=0)
-        del batch["classes"]  # (zero-shot accuracy is a held-out metric)
-        return batch
-
-    def eval_batches(self, count, batch_size):
-        return [self._batch(range(b * batch_size, (b + 1) * batch_size), stream=1) for b in range(count)]
 
     def loss(self, model, batch, key):
         out = model(batch["input_ids"], batch["pixel_values"], batch["attention_mask"])

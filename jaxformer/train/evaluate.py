@@ -80,9 +80,9 @@ def _objective_of(run_dir: str | Path) -> str | None:
 
 def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None, merge: bool = False) -> int:
     """Write a checkpoint of a run as a Hugging Face folder (config.json + model.safetensors), with the
-    run's tokenizer.json when it used one and its preprocessor_config.json when it read pictures. A LoRA run
-    needs ``merge``: its adapters merged into the base (dequantized, for an int8 one) as a plain model
-    (``merge_adapter``)."""
+    run's tokenizer.json when it used one, its preprocessor_config.json when it read pictures or audio, and what
+    its objective adds (``Objective.export_files``). A LoRA run needs ``merge``: its adapters merged into the base
+    (dequantized, for an int8 one) as a plain model (``merge_adapter``)."""
     run, step = restore_run(run_dir, step)
     model = run.model
     if model.config.lora is not None and not merge:
@@ -97,6 +97,7 @@ def export_hf(run_dir: str | Path, output: str | Path, step: int | None = None, 
         shutil.copy(run.tokenizer_file, Path(output) / TOKENIZER_FILE)
     else:  # bytes: written as a tokenizer.json that encodes and decodes them as ByteTokenizer does
         write_byte_level_tokenizer(output, byte_special_tokens(model.config.vocab_size), BYTE_TOKEN_ROLES)
+    run.objective.export_files(output, model.config)
     return step
 
 

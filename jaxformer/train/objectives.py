@@ -173,6 +173,10 @@ class Objective:
         """Metrics from summed (numerator / denominator) values; objectives add derived ones here."""
         return values
 
+    def export_files(self, folder, model_cfg: ModelConfig) -> None:
+        """Files a Hugging Face export (``evaluate.export_hf``) writes beside the weights and the tokenizer for
+        transformers to run the model as this objective trained it (Whisper's prompt ids); most need none."""
+
     # Objectives whose held-out metrics are not sums (entity F1, answer spans) define
     # ``eval_outputs(model, batch) -> (loss, sums, per-row outputs)`` and ``finish_outputs(outputs)``:
     # the eval step then brings the rows' outputs to the host (steps.has_host_outputs).

@@ -158,9 +158,10 @@ class Report:
         self.metrics_file = Path(cfg.run.dir) / "metrics.jsonl"
         # a dual encoder's image tower reads each picture's patches and class token beside the text
         pictures = model_cfg.vision.tower.patches.tokens if model_cfg.family == "dual_encoder" else 0
-        self.tokens_per_step = cfg.train.batch_size * (cfg.train.seq_len + objective.target_len + pictures)
-        self.step_flops = flops.train_flops_per_step(model_cfg, cfg.train.batch_size, cfg.train.seq_len,
-                                                     objective.target_len)
+        # an encoder reading audio (Whisper) reads the model's source positions, whatever train.seq_len says
+        source = cfg.train.seq_len if model_cfg.audio is None else model_cfg.audio.source_positions
+        self.tokens_per_step = cfg.train.batch_size * (source + objective.target_len + pictures)
+        self.step_flops = flops.train_flops_per_step(model_cfg, cfg.train.batch_size, source, objective.target_len)
         self.compute_dtype = cfg.train.compute_dtype
         self.history: list[dict] = []
         self.bar = tqdm(total=cfg.train.steps, initial=start_step, desc="train", disable=not (progress and self.here),

@@ -29,7 +29,7 @@ from jaxformer.adapt import adapt, adapted_config
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.hf import from_pretrained
 from jaxformer.layers.stack import check_pipeline_stacks
-from jaxformer.lora import quantized, trainable, with_lora
+from jaxformer.lora import quantized, trainable, under, with_lora
 from jaxformer.models import build
 from jaxformer.presets import config as preset_config
 from jaxformer.sharding import shardings_of
@@ -41,8 +41,8 @@ from jaxformer.train.objectives import Objective, carries_memory
 from jaxformer.train.tasks import make_objective
 from jaxformer.train.report import Report, attention_note, expert_note, pipeline_note, sample
 from jaxformer.train.run_config import RunConfig, dump, load
-from jaxformer.train.steps import (batch_sharding, empty_memory, eval_weights, init_state, make_optimizer, make_steps,
-                                   run_eval, split_model)
+from jaxformer.train.steps import (batch_sharding, empty_memory, eval_weights, frozen_paths, init_state, make_optimizer,
+                                   make_steps, run_eval, split_model)
 
 # What a run folder holds besides checkpoints/, metrics.jsonl, tensorboard/ and loss.png: the run config,
 # the config of the model as trained, and the tokenizer.json the data used (if not bytes), so that eval
@@ -340,7 +340,20 @@ def run_notes(run: Run) -> list[str]:
         attention = attention_note(run.model.config, run.cfg.train.seq_len)
         experts = expert_note(run.model.config, run.cfg.train.batch_size // run.cfg.train.grad_accum)
         pipeline = pipeline_note(run.model.config, run.cfg.train.batch_size // run.cfg.train.grad_accum)
-    return run.objective.notes + fresh + lora_notes(run) + [attention] + experts + pipeline
+    return run.objective.notes + fresh + lora_notes(run) + train_only_notes(run) + [attention] + experts + pipeline
+
+
+def train_only_notes(run: Run) -> list[str]:
+    """What finetune.train_only trains (a path that matches no parameter fails here, before anything compiles)."""
+    only = run.cfg.finetune.train_only
+    if not only:
+        return []
+    params = nnx.state(run.model, nnx.Param)
+    frozen = frozen_paths(run.cfg, params)
+    sizes = {"/".join(map(str, path)): v.size for path, v in nnx.to_flat_state(params)}
+    count, total = sum(n for path, n in sizes.items() if path not in frozen), sum(sizes.values())
+    return [f"training {', '.join(only)} alone: {count:,} of {total:,} numbers ({100 * count / total:.2f}%), the rest "
+            "frozen (finetune.train_only)"]
 
 
 def lora_notes(run: Run) -> list[str]:
@@ -356,8 +369,8 @@ def lora_notes(run: Run) -> list[str]:
     notes = [f"LoRA r={model_cfg.lora.rank} on {', '.join(model_cfg.lora.targets)}{int8}: training the adapters{also}, "
              f"{count:,} of {total:,} numbers ({100 * count / total:.2f}%); base {run.base['source']} "
              f"(sha256 {run.base['fingerprint'][:12]})"]
-    frozen_fresh = [name for name in run.fresh_params
-                    if not any(name.replace(".", "/").startswith(p) for p in model_cfg.lora.trainable)]
+    frozen_fresh = [name for name in run.fresh_params  # ("embed.embedding rows 100..103": the path, then its rows)
+                    if not under(name.split()[0].replace(".", "/"), model_cfg.lora.trainable)]
     if frozen_fresh:
         notes.append(f"freshly initialised but frozen under LoRA: {', '.join(frozen_fresh)}; list them in "
                      "finetune.lora.trainable to train them")

@@ -37,7 +37,8 @@ class DataSection:
     # python-docs (English text shipped with Python), a .txt or .jsonl file, or (causal_lm, span_corruption,
     # prefix_lm, ul2) a folder of token shards from `jaxformer tokenize`; those objectives tokenize a file into
     # run.dir/data-cache once and memory-map it (.jsonl.gz, .jsonl.zst and .parquet too); contrastive: shapes:N, N
-    # pictures of drawn shapes with their captions (jaxformer/train/shapes.py)
+    # pictures of drawn shapes with their captions (jaxformer/train/shapes.py); transcription: spoken:N, N utterances
+    # spoken by espeak-ng with their transcripts (jaxformer/train/spoken.py)
     train: str = "python-docs"
     eval: str = ""  # held-out text (as data.train); empty: the last eval_fraction of the training documents or records
     # causal_lm, span_corruption, prefix_lm, ul2: training sources [{path, weight}] (folders or files, as data.train),
@@ -207,6 +208,18 @@ class LoraSection:
 @dataclasses.dataclass(frozen=True)
 class FinetuneSection:
     lora: LoraSection = LoraSection()
+    # Parameter paths ('/'-joined prefixes, e.g. [projector]) that alone train: every other parameter is frozen (no
+    # gradient, update, weight decay or optimizer state; still checkpointed whole). Empty: every parameter trains.
+    # LLaVA's first stage trains its projector alone (configs/llava_shapes.yaml).
+    train_only: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        if not all(isinstance(p, str) and p for p in self.train_only):
+            raise ValueError(f"finetune.train_only={self.train_only!r} must be a list of parameter paths")
+        if self.train_only and self.lora.rank:
+            raise ValueError(f"finetune.train_only={self.train_only!r} with finetune.lora.rank={self.lora.rank}: a "
+                             "LoRA fine-tune trains its adapters; list what trains beside them in "
+                             "finetune.lora.trainable")
 
 
 @dataclasses.dataclass(frozen=True)

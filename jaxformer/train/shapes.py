@@ -110,8 +110,8 @@ def parse_source(spec: str) -> int:
     """The number of training scenes of ``data.train``: ``shapes`` (DEFAULT_SCENES) or ``shapes:N``."""
     name, _, count = spec.partition(":")
     if name != "shapes" or (count and not (count.isdigit() and int(count) > 0)):
-        raise ValueError(f"data.train={spec!r}: train.objective='contrastive' reads the drawn image-caption set, "
-                         "'shapes' or 'shapes:N' (N training scenes, a positive integer)")
+        raise ValueError(f"data.train={spec!r}: train.objective 'contrastive' and 'visual_qa' read the drawn "
+                         "pictures, 'shapes' or 'shapes:N' (N training scenes, a positive integer)")
     return int(count) if count else DEFAULT_SCENES
 
 

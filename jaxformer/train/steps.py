@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxformer import sharding
 from jaxformer.layers import IndexerParam, RouterBias
 from jaxformer.layers.weights import Quantized
-from jaxformer.lora import trainable
+from jaxformer.lora import trainable, under, unmatched
 from jaxformer.train.objectives import MEMORY, ROUTER_LOAD, Objective, carries_memory, ratio
 from jaxformer.train.run_config import RunConfig
 
@@ -71,40 +71,72 @@ def has_router_bias(params: nnx.State) -> bool:
 NOT_OPTIMIZED = (RouterBias, IndexerParam)
 
 
+def _joined(key_path) -> str:
+    return "/".join(str(getattr(k, "key", k)) for k in key_path)
+
+
+def frozen_paths(cfg: RunConfig, params: nnx.State) -> set[str]:
+    """The '/'-joined paths of the parameters ``finetune.train_only`` leaves frozen (none when it is empty). A
+    listed path that matches no parameter fails, naming the model's top-level modules."""
+    only = cfg.finetune.train_only
+    if not only:
+        return set()
+    paths = [_joined(kp) for kp, _ in jax.tree_util.tree_leaves_with_path(params, is_leaf=_is_variable)]
+    unknown = unmatched(only, paths)
+    if unknown:
+        raise ValueError(f"finetune.train_only={only}: {unknown} match no parameter path of the model (its modules: "
+                         f"{', '.join(sorted({path.split('/')[0] for path in paths}))})")
+    return {path for path in paths if not under(path, only)}
+
+
+def without_frozen(grads: nnx.State, frozen: set[str]) -> nnx.State:
+    """``grads`` with those of the ``frozen`` paths zero: constants, so XLA never computes them."""
+    return jax.tree_util.tree_map_with_path(
+        lambda kp, g: g.replace(jnp.zeros_like(g.get_value())) if _joined(kp) in frozen else g, grads,
+        is_leaf=_is_variable)
+
+
 def make_optimizer(cfg: RunConfig, params: nnx.State) -> tuple[optax.GradientTransformation, optax.Schedule]:
-    """AdamW (after global-norm clipping) on every parameter but those ``NOT_OPTIMIZED``, which get no Adam
-    moments, no weight decay and a zero update (models without them keep the plain AdamW state, so their
-    checkpoints are unchanged)."""
+    """AdamW (after global-norm clipping) on every parameter but those ``NOT_OPTIMIZED`` and those
+    ``finetune.train_only`` freezes, which get no Adam moments, no weight decay and a zero update (models
+    without them keep the plain AdamW state, so their checkpoints are unchanged)."""
     o = cfg.optim
     schedule = make_schedule(cfg)
     chain = [optax.clip_by_global_norm(o.clip_norm)] if o.clip_norm else []
     adamw = optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay, mask=decay_mask(params))
-    if any(isinstance(v, NOT_OPTIMIZED) for v in jax.tree.leaves(params, is_leaf=_is_variable)):
+    frozen = frozen_paths(cfg, params)
+    if frozen or any(isinstance(v, NOT_OPTIMIZED) for v in jax.tree.leaves(params, is_leaf=_is_variable)):
         # ("balanced": the label DeepSeek-V3 checkpoints written before the indexer carry in their state)
-        labels = jax.tree.map(lambda v: v.replace("balanced" if isinstance(v, NOT_OPTIMIZED) else "adamw"), params,
-                              is_leaf=_is_variable)
-        adamw = optax.multi_transform({"adamw": adamw, "balanced": optax.set_to_zero()}, labels)
+        labels = jax.tree_util.tree_map_with_path(
+            lambda kp, v: v.replace("balanced" if isinstance(v, NOT_OPTIMIZED) else
+                                    "frozen" if _joined(kp) in frozen else "adamw"), params, is_leaf=_is_variable)
+        others = {"frozen": optax.set_to_zero()} if frozen else {}
+        adamw = optax.multi_transform({"adamw": adamw, "balanced": optax.set_to_zero(), **others}, labels)
     chain.append(adamw)
     return optax.chain(*chain), schedule
 
 
-def balance_router_bias(params: nnx.State, load: jax.Array, rate: float) -> nnx.State:
+def balance_router_bias(params: nnx.State, load: jax.Array, rate: float,
+                        frozen: set[str] | frozenset[str] = frozenset()) -> nnx.State:
     """DeepSeek-V3's auxiliary-loss-free balancing (Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing
     Strategy for Mixture-of-Experts"): each MoE layer's selection bias rises by ``rate`` for an expert
     that got less than the mean load and falls by ``rate`` for one that got more. ``load`` [L_moe, E] is
-    the step's share of routed tokens per expert; its rows follow the ``RouterBias`` leaves' layers in order."""
+    the step's share of routed tokens per expert; its rows follow the ``RouterBias`` leaves' layers in order.
+    A bias at one of the ``frozen`` paths (``frozen_paths``) stays as it is."""
     step = rate * jnp.sign(jnp.mean(load, axis=-1, keepdims=True) - load)
     start = 0
 
-    def move(v):
+    def move(key_path, v):
         nonlocal start
         if not isinstance(v, RouterBias):
             return v
         rows = v.shape[0]
         delta, start = step[start:start + rows], start + rows
+        if _joined(key_path) in frozen:
+            return v
         return v.replace(v.get_value() + delta.reshape(v.shape).astype(v.dtype))
 
-    moved = jax.tree.map(move, params, is_leaf=_is_variable)
+    moved = jax.tree_util.tree_map_with_path(move, params, is_leaf=_is_variable)
     if start != load.shape[0]:
         raise ValueError(f"the router load has {load.shape[0]} MoE layers but the RouterBias parameters hold {start}")
     return moved
@@ -286,11 +318,14 @@ def make_steps(graphdef, rest, optimizer, objective: Objective, cfg: RunConfig, 
                                                    state.get("memory"), state.get("frozen"))
         load = sums.pop(ROUTER_LOAD, None)
         load = None if load is None else ratio(load)  # summed over micro-batches: their mean
+        frozen = frozen_paths(cfg, params)
+        if frozen:  # no gradient, so none in the norm and the clipping either
+            grads = without_frozen(grads, frozen)
         grad_norm = optax.tree.norm(grads)
         updates, new_opt_state = optimizer.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         if load is not None and bias_rate and has_router_bias(params):
-            new_params = balance_router_bias(new_params, load, bias_rate)
+            new_params = balance_router_bias(new_params, load, bias_rate, frozen)
         # A non-finite loss or gradient never reaches the parameters or the optimizer state: the step
         # is dropped and counted, and the loop acts on the count (stop or skip) at its next sync.
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

@@ -1,0 +1,575 @@
+"""An OpenAI-compatible HTTP server over the engine (``jaxformer serve MODEL``), on FastAPI + uvicorn.
+
+One asyncio task drives the ``Engine``: between steps it admits the requests that arrived and ends those whose
+client went away (their blocks freed before the next step), then runs ``engine.step`` in a one-thread executor (the
+event loop keeps answering meanwhile) and hands each new token to its request's queue. The request handlers turn
+tokens into text (``TextStream``: incremental, UTF-8 safe, cut at stop strings) and answer as OpenAI does:
+
+- ``POST /v1/completions``, ``POST /v1/chat/completions`` (the checkpoint's chat template rendered with jinja2 as
+  transformers' ``apply_chat_template``), streamed by server-sent events with ``"stream": true``;
+- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text).
+
+A parameter the engine does not honour yet (``n`` > 1, logprobs, penalties, ...) is refused by name, never ignored;
+errors have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``. SIGTERM drains: uvicorn stops
+accepting, the running requests finish, then the process exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import secrets
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
+
+from jaxformer.serving.engine import Engine, RequestOutput, SamplingParams
+
+# what transformers' apply_chat_template gives the template besides the messages: the named special tokens
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# OpenAI parameters the engine does not honour yet, each with the values that mean "off" (accepted)
+NOT_YET = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0),
+           "echo": (None, False), "suffix": (None, ""), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+           "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
+           "response_format": (None, {"type": "text"})}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "user"}
+KEYS = {"completions": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens"}}
+DISCONNECT_POLL_S = 0.5  # how often a plain (not streamed) answer checks that its client is still there
+PROMPT_TAIL_TOKENS = 6  # prompt tokens decoded before the new ones, so a token's leading space decodes as in context
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+# ---------------------------------------------------------------------------------------------- chat template
+
+
+def load_chat_template(folder: str | Path) -> tuple[str | None, dict[str, str]]:
+    """A checkpoint folder's chat template (None: it has none) and the special tokens the template sees, where
+    transformers finds them: chat_template.jinja, else tokenizer_config.json's ``chat_template`` (a string, or
+    named templates of which "default" is used); the tokens from tokenizer_config.json then special_tokens_map.json."""
+    folder = Path(folder)
+    settings = {}
+    if (folder / "tokenizer_config.json").exists():
+        settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = settings.get("chat_template")
+    if isinstance(template, list):
+        template = {entry["name"]: entry["template"] for entry in template}.get("default")
+    if (folder / "chat_template.jinja").exists():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    tokens = {}
+    mapped = {}
+    if (folder / "special_tokens_map.json").exists():
+        mapped = json.loads((folder / "special_tokens_map.json").read_text(encoding="utf-8"))
+    for name in SPECIAL_TOKEN_NAMES:
+        token = settings.get(name, mapped.get(name))
+        token = token.get("content") if isinstance(token, dict) else token
+        if token is not None:
+            tokens[name] = str(token)
+    return template, tokens
+
+
+def compile_chat_template(template: str):
+    """The template compiled in the environment transformers' ``apply_chat_template`` renders in: a sandbox that
+    trims blocks, with loop controls, a ``tojson`` that keeps non-ASCII and HTML characters, ``raise_exception``,
+    ``strftime_now``, a ``dict`` that only builds dicts and a ``namespace`` that refuses underscored names
+    (``{% generation %}`` marks render as their content)."""
+    from datetime import datetime
+
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlocks(jinja2.ext.Extension):
+        # transformers' marks of the assistant's tokens (for training masks): here they render as their content
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_content"), [], [], body).set_lineno(lineno)
+
+        def _content(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    class TemplateDict:  # the builtin's two uses, not the type itself
+        def __call__(self, *args, **kwargs):
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args, **kwargs):
+            return dict.fromkeys(*args, **kwargs)
+
+    class Namespace(jinja2.utils.Namespace):
+        def __init__(*args, **kwargs):  # jinja's signature: namespace(self=...) stays an attribute
+            self, attrs = args[0], dict(*args[1:], **kwargs)
+            for name in attrs:
+                Namespace.check(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            Namespace.check(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+        @staticmethod
+        def check(name):
+            if isinstance(name, str) and name.startswith("_"):
+                raise jinja2.exceptions.SecurityError(f"a chat template's namespace cannot hold {name!r}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationBlocks, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: datetime.now().strftime(fmt),
+                       dict=TemplateDict(), namespace=Namespace)
+    return env.from_string(template)
+
+
+# ---------------------------------------------------------------------------------------------- text
+
+
+class TextStream:
+    """One request's text as its tokens arrive: each ``add`` returns the new text that is safe to send (none that
+    may still change: a trailing incomplete UTF-8 character, the start of a stop string) and whether a stop string
+    ended it (the text cut before it). The tokens are decoded after the prompt's last few, as the whole row's
+    decoding continues the prompt (a SentencePiece decoder strips the space of a text's first token only)."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int], stops: tuple[str, ...]):
+        self.tokenizer, self.stops = tokenizer, stops
+        self.tail = prompt_ids[-PROMPT_TAIL_TOKENS:]
+        self.start = len(tokenizer.decode(self.tail))
+        self.token_ids: list[int] = []
+        self.sent = 0  # characters of the text sent
+        self.text = ""
+
+    def add(self, token_ids, finished: bool) -> tuple[str, bool]:
+        self.token_ids += token_ids
+        text = self.tokenizer.decode(self.tail + self.token_ids)[self.start:]
+        cut = min((i for i in (text.find(stop, max(self.sent - len(stop) + 1, 0)) for stop in self.stops) if i >= 0),
+                  default=-1)
+        if cut >= 0:
+            text, finished = text[:cut], True
+        safe = len(text)
+        if not finished:
+            safe = len(text.rstrip("\ufffd"))
+            held = max((n for stop in self.stops for n in range(1, len(stop)) if text[:safe].endswith(stop[:n])),
+                       default=0)
+            safe -= held
+        delta = text[self.sent:safe] if safe > self.sent else ""
+        self.sent = max(self.sent, safe)
+        self.text = text[:self.sent]
+        return delta, cut >= 0
+
+
+# ---------------------------------------------------------------------------------------------- the engine loop
+
+
+@dataclasses.dataclass(eq=False)
+class Pending:
+    """A request between its handler and the engine: the engine's outputs for it arrive on ``outputs``."""
+
+    prompt: list[int]
+    params: SamplingParams
+    arrived: float
+    outputs: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
+    request_id: int | None = None  # the engine's, once admitted
+    first_token: float | None = None
+    aborted: bool = False
+
+
+class EngineLoop:
+    """Drives an ``Engine`` from the event loop (module docstring); ``submit`` and ``abort`` are called by handlers
+    on the loop's thread and take effect between steps. At most ``max_queue`` requests wait for the engine."""
+
+    def __init__(self, engine: Engine, max_queue: int, metrics):
+        self.engine, self.max_queue, self.metrics = engine, max_queue, metrics
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.arrivals: list[Pending] = []
+        self.aborts: list[Pending] = []
+        self.by_id: dict[int, Pending] = {}
+        self.snapshot = engine.stats()
+        self.wake = asyncio.Event()
+        self.failure: BaseException | None = None
+        self.task: asyncio.Task | None = None
+
+    def waiting(self) -> int:
+        return self.snapshot["waiting"] + len(self.arrivals)
+
+    def submit(self, prompt: list[int], params: SamplingParams, param: str) -> Pending:
+        """Queue a request, or an ApiError: the engine failed, the queue is full, the prompt is refused (the
+        request's ``param`` named)."""
+        if self.failure is not None:
+            raise ApiError(503, f"the engine failed: {self.failure!r}", kind="server_error")
+        if self.waiting() >= self.max_queue:
+            raise ApiError(429, f"the queue is full ({self.max_queue} requests waiting); retry later",
+                           code="queue_full", kind="rate_limit_error")
+        try:
+            prompt = self.engine.check_request(prompt, params)
+        except ValueError as err:
+            raise ApiError(400, str(err), param=param, code="context_length_exceeded"
+                           if "exceeds" in str(err) or "the pool has" in str(err) else None) from None
+        pending = Pending(prompt, params, time.perf_counter())
+        self.arrivals.append(pending)
+        self.wake.set()
+        return pending
+
+    def abort(self, pending: Pending) -> None:
+        """End a request whose client went away (its blocks are freed before the next step)."""
+        if not pending.aborted:
+            pending.aborted = True
+            self.aborts.append(pending)
+            self.wake.set()
+
+    def _admit(self) -> None:
+        for pending in self.aborts:
+            if pending in self.arrivals:
+                self.arrivals.remove(pending)
+            elif pending.request_id is not None and self.by_id.pop(pending.request_id, None) is not None:
+                self.engine.abort(pending.request_id)
+                self.metrics.finished.labels("abort").inc()
+        self.aborts.clear()
+        for pending in self.arrivals:
+            pending.request_id = self.engine.add_request(pending.prompt, pending.params)
+            self.by_id[pending.request_id] = pending
+            self.metrics.prompt_tokens.inc(len(pending.prompt))
+        self.arrivals.clear()
+        self.snapshot = self.engine.stats()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._admit()
+                if not self.engine.has_unfinished():
+                    self.wake.clear()
+                    await self.wake.wait()
+                    continue
+                outputs = await loop.run_in_executor(self.executor, self.engine.step)
+                self._deliver(outputs)
+        except Exception as err:  # every waiting handler answers 500 rather than hanging
+            self.failure = err
+            for pending in [*self.by_id.values(), *self.arrivals]:
+                pending.outputs.put_nowait(err)
+            raise
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        now = time.perf_counter()
+        for output in outputs:
+            pending = self.by_id.get(output.request_id)
+            if pending is None:  # aborted while the step ran
+                continue
+            if pending.first_token is None:
+                pending.first_token = now
+                self.metrics.time_to_first_token.observe(now - pending.arrived)
+            self.metrics.generated_tokens.inc(len(output.token_ids))
+            if output.finished:
+                del self.by_id[output.request_id]
+                self.metrics.finished.labels(output.finish_reason).inc()
+            pending.outputs.put_nowait(output)
+        self.snapshot = self.engine.stats()
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+        self.executor.shutdown(wait=True)
+
+
+class Metrics:
+    """The server's Prometheus series: counters and a histogram kept as requests go, and the engine's state read
+    at each scrape (queue length, running sequences, blocks used and in all, preemptions)."""
+
+    def __init__(self, loop_state):
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        self.registry = CollectorRegistry()
+        self.generated_tokens = Counter("jaxformer_generated_tokens", "tokens generated", registry=self.registry)
+        self.prompt_tokens = Counter("jaxformer_prompt_tokens", "prompt tokens admitted", registry=self.registry)
+        self.finished = Counter("jaxformer_requests_finished", "requests ended: by the engine (stop, length) or "
+                                "by the server (abort: a stop string, or the client went away)", ["finish_reason"],
+                                registry=self.registry)
+        self.time_to_first_token = Histogram(
+            "jaxformer_time_to_first_token_seconds", "from a request's arrival to its first token",
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60), registry=self.registry)
+
+        class EngineState:
+            def collect(self):
+                loop = loop_state()
+                if loop is None:
+                    return
+                stats = loop.snapshot
+                for name, help_text, value in (
+                        ("jaxformer_queue_length", "requests waiting for the engine", loop.waiting()),
+                        ("jaxformer_running_sequences", "sequences in the running batch", stats["running"]),
+                        ("jaxformer_kv_blocks_used", "KV-cache blocks held by sequences", stats["blocks_used"]),
+                        ("jaxformer_kv_blocks", "KV-cache blocks in the pool", stats["blocks"])):
+                    yield GaugeMetricFamily(name, help_text, value=value)
+                yield CounterMetricFamily("jaxformer_preemptions", "sequences preempted for blocks",
+                                          value=stats["preemptions"])
+
+        self.registry.register(EngineState())
+
+
+# ---------------------------------------------------------------------------------------------- requests
+
+
+def _sampling(body: dict, default_max_tokens: int | None) -> tuple[SamplingParams, tuple[str, ...]]:
+    """The request's SamplingParams and stop strings, or an ApiError naming the parameter."""
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    stop = body.get("stop")
+    stops = () if stop is None else (stop,) if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+        raise ApiError(400, f"stop={stop!r}: want a non-empty string or a list of at most 4", param="stop")
+    values = {"max_tokens": default_max_tokens if max_tokens is None else max_tokens,
+              "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
+              "seed": body.get("seed")}
+    if isinstance(values["temperature"], (int, float)) and values["temperature"] > 2:
+        raise ApiError(400, f"temperature={values['temperature']!r}: want a number in [0, 2]", param="temperature")
+    try:
+        return SamplingParams(**{k: v for k, v in values.items() if v is not None}), tuple(stops)
+    except (ValueError, TypeError) as err:
+        name = str(err).split("=")[0].removeprefix("SamplingParams.")
+        raise ApiError(400, str(err).replace("SamplingParams.", ""), param=name) from None
+
+
+def _check_keys(body, kind: str) -> None:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    for key, value in body.items():
+        if key in NOT_YET:
+            if value not in NOT_YET[key]:
+                raise ApiError(400, f"{key}={value!r} is not supported yet by jaxformer serve", param=key,
+                               code="unsupported_parameter")
+        elif key not in KEYS[kind]:
+            raise ApiError(400, f"unknown parameter {key!r}", param=key, code="unknown_parameter")
+    if not isinstance(body.get("stream", False), bool):
+        raise ApiError(400, f"stream={body['stream']!r}: want a boolean", param="stream")
+
+
+def _sse(payload) -> str:
+    return f"data: {json.dumps(payload) if not isinstance(payload, str) else payload}\n\n"
+
+
+def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | None = None,
+               special_tokens: dict[str, str] | None = None, api_key: str | None = None, max_queue: int = 1024):
+    """The FastAPI app serving ``engine`` as ``model_name``; the engine loop starts and stops with the app."""
+    state: dict = {}
+    metrics = Metrics(lambda: state.get("loop"))
+    template = None if chat_template is None else compile_chat_template(chat_template)
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        state["loop"] = EngineLoop(engine, max_queue, metrics)
+        state["loop"].start()
+        yield
+        await state["loop"].stop()
+
+    app = FastAPI(title="jaxformer serve", lifespan=lifespan)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, err: ApiError):
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, err: HTTPException):
+        return JSONResponse(ApiError(err.status_code, str(err.detail)).body(), status_code=err.status_code)
+
+    def authorize(request: Request) -> None:
+        given = request.headers.get("authorization", "")
+        if api_key is not None and not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise ApiError(401, "missing or incorrect API key (Authorization: Bearer KEY)", code="invalid_api_key")
+
+    @app.get("/health")
+    async def health():
+        loop = state["loop"]
+        if loop.failure is not None:
+            return JSONResponse({"status": "failed", "error": repr(loop.failure)}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        authorize(request)
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "jaxformer", "max_model_len": engine.max_model_len}]}
+
+    async def read(request: Request, kind: str) -> dict:
+        authorize(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise ApiError(400, "the request body is not valid JSON") from None
+        _check_keys(body, kind)
+        if body.get("model") != model_name:
+            raise ApiError(404, f"model={body.get('model')!r} is not served here; this server serves "
+                                f"{model_name!r}", param="model", code="model_not_found")
+        return body
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await read(request, "completions")
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str) and prompt:
+            ids = tokenizer.encode(prompt)
+        elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+            ids = prompt
+        else:
+            raise ApiError(400, "prompt: want one non-empty string or one list of token ids (one prompt a request "
+                                "for now)", param="prompt")
+        params, stops = _sampling(body, 16)
+        return await answer(request, body, "text_completion", ids, params, stops)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await read(request, "chat")
+        if template is None:
+            raise ApiError(400, f"{model_name!r} has no chat template (chat_template.jinja or tokenizer_config.json's "
+                                "chat_template); use /v1/completions", param="messages")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and "role" in m for m in messages):
+            raise ApiError(400, "messages: want a non-empty list of {role, content} objects", param="messages")
+        try:
+            messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
+            text = template.render(messages=messages, tools=None, documents=None, add_generation_prompt=True,
+                                   **(special_tokens or {}))
+        except Exception as err:  # the template's own refusals (raise_exception) and its errors
+            raise ApiError(400, f"the chat template refused the messages: {err}", param="messages") from None
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        params, stops = _sampling(body, max(engine.max_model_len - len(ids), 1))
+        return await answer(request, body, "chat.completion", ids, params, stops)
+
+    async def answer(request: Request, body: dict, kind: str, ids: list[int], params: SamplingParams,
+                     stops: tuple[str, ...]):
+        loop = state["loop"]
+        pending = loop.submit(ids, params, "prompt" if kind == "text_completion" else "messages")
+        text = TextStream(tokenizer, pending.prompt, stops)
+        streaming = body.get("stream", False)
+        answer_id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{secrets.token_hex(12)}"
+
+        async def pieces():
+            """(new text, finish reason or None) as the engine's tokens arrive; aborts the request if left early."""
+            try:
+                while True:
+                    if streaming:  # a stream's handler is cancelled when its client goes away
+                        output = await pending.outputs.get()
+                    else:  # a plain answer's is not: look now and then
+                        try:
+                            output = await asyncio.wait_for(pending.outputs.get(), DISCONNECT_POLL_S)
+                        except TimeoutError:
+                            if await request.is_disconnected():
+                                return
+                            continue
+                    if isinstance(output, BaseException):
+                        raise ApiError(500, f"the engine failed: {output!r}", kind="server_error")
+                    delta, stopped = text.add(list(output.token_ids), output.finished)
+                    finish = "stop" if stopped else output.finish_reason
+                    yield delta, finish
+                    if finish is not None:
+                        return
+            finally:
+                loop.abort(pending)  # a no-op once the engine ended it
+
+        def usage():
+            done = len(text.token_ids)
+            return {"prompt_tokens": len(ids), "completion_tokens": done, "total_tokens": len(ids) + done}
+
+        def choice(delta: str, finish, streaming: bool) -> dict:
+            if kind == "text_completion":
+                return {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
+            message = {"role": "assistant", "content": delta}
+            return {"index": 0, ("delta" if streaming else "message"): message, "logprobs": None,
+                    "finish_reason": finish}
+
+        head = {"id": answer_id, "created": int(time.time()), "model": model_name}
+        if not streaming:
+            finish = None
+            async for _, finish in pieces():
+                pass
+            return {**head, "object": kind, "choices": [choice(text.text, finish, False)], "usage": usage()}
+
+        chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else kind
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def events():
+            if kind == "chat.completion":  # OpenAI's first chunk names the role
+                yield _sse({**head, "object": chunk_kind, "choices": [choice("", None, True)]})
+            try:
+                async for delta, finish in pieces():
+                    if delta or finish is not None:
+                        chunk = choice(delta, finish, True)
+                        if finish is not None and kind == "chat.completion":
+                            chunk["delta"] = {"content": delta} if delta else {}
+                        yield _sse({**head, "object": chunk_kind, "choices": [chunk]})
+            except ApiError as err:
+                yield _sse(err.body())
+            if include_usage:
+                yield _sse({**head, "object": chunk_kind, "choices": [], "usage": usage()})
+            yield _sse("[DONE]")
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
+
+
+def serve(model, tokenizer, folder: str | Path | None, model_name: str, host: str, port: int, api_key: str | None,
+          max_queue: int, **engine_settings) -> None:
+    """Build the engine over ``model`` and serve it until SIGTERM / Ctrl-C (which drain the running requests).
+    ``folder``: where the chat template is read from (None: none). Prints the address once it listens (port 0:
+    a free port)."""
+    import socket
+
+    import uvicorn
+
+    if not isinstance(max_queue, int) or max_queue < 1:
+        raise ValueError(f"--max-queue={max_queue!r}: want an int >= 1")
+    if engine_settings.get("num_blocks") is None:  # room for every sequence at its longest
+        blocks = -(-model.config.max_positions // engine_settings["block_size"])
+        engine_settings["num_blocks"] = engine_settings["max_num_seqs"] * blocks + 1
+    engine = Engine(model, **engine_settings)
+    template, special_tokens = load_chat_template(folder) if folder is not None else (None, {})
+    app = create_app(engine, tokenizer, model_name, template, special_tokens, api_key, max_queue)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"cannot listen on --host {host} --port {port}: {err.strerror}") from None
+    sock.listen(2048)  # connections made before uvicorn starts wait in the backlog
+    print(f"jaxformer serve: {model_name!r} on http://{host}:{sock.getsockname()[1]} "
+          f"({engine.manager.usable} blocks of {engine.block_size}, max_num_seqs={engine.max_num_seqs}, "
+          f"max_model_len={engine.max_model_len})", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=None))
+    server.run(sockets=[sock])

@@ -1,0 +1,278 @@
+"""The serving engine: continuous batching over a paged KV cache gives each greedy request exactly
+``model.generate``'s tokens whatever else runs beside it (chunked prefill, prefix sharing, preemption), frees every
+block, compiles a bounded set of programs, and refuses by name the models it cannot page."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxformer as jf
+from jaxformer.generate import warp_logits
+from jaxformer.serving import BlockManager, Engine, SamplingParams
+from jaxformer.serving.engine import warp_rows
+
+BLOCK, CHUNK, MAX_LEN = 8, 16, 64
+# 16 prompts of mixed lengths (two longer than a prefill chunk) and mixed output lengths
+LENGTHS = (3, 40, 9, 21, 5, 12, 33, 7, 17, 4, 26, 11, 2, 19, 14, 6)
+NEW = (12, 5, 9, 16, 3, 8, 14, 10, 6, 11, 4, 13, 7, 15, 9, 5)
+SHARED = 2 * BLOCK  # the prefix-sharing prompts' common first blocks
+# a seeded draw (its tokens depend on its seed alone, not on its batch) and top-k 1 (a draw that must be greedy)
+SAMPLED = SamplingParams(max_tokens=10, temperature=0.8, top_k=20, top_p=0.9, seed=7)
+TOP_ONE = SamplingParams(max_tokens=10, temperature=1.3, top_k=1, seed=3)
+
+
+@pytest.fixture(scope="module")
+def model():
+    # init_std=0.2: logits far apart. Token equality with generate needs the same numerics across batch and chunk
+    # shapes: bit-identical on CPU, while on a GPU another reduction order could flip a near-tie; wide margins keep
+    # the comparison about the engine, not about rounding.
+    return jf.build(jf.config("tiny-llama").replace(init_std=0.2), seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(0)
+    mixed = [rng.integers(1, 256, n).astype(np.int32) for n in LENGTHS]
+    prefix = rng.integers(1, 256, SHARED)
+    shared = [np.concatenate([prefix, rng.integers(1, 256, n)]).astype(np.int32) for n in (3, 9, 1)]
+    return mixed, shared
+
+
+def _generated(model, prompts, new_tokens):
+    """``model.generate``'s greedy tokens of each prompt: one left-padded batch, one compiled loop."""
+    width = max(len(p) for p in prompts)
+    ids = np.zeros((len(prompts), width), np.int32)
+    mask = np.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
+    return [list(row[width:]) for row in model.generate(ids, mask, max_new_tokens=new_tokens)]
+
+
+@pytest.fixture(scope="module")
+def reference(model, prompts):
+    return _generated(model, [*prompts[0], *prompts[1]], max(NEW))
+
+
+def _engine(model, num_blocks, max_num_seqs=16):
+    return Engine(model, num_blocks=num_blocks, block_size=BLOCK, max_num_seqs=max_num_seqs, prefill_chunk=CHUNK,
+                  max_model_len=MAX_LEN)
+
+
+def _all_freed(engine):
+    manager = engine.manager
+    return manager.used() == 0 and manager.available() == manager.usable and not any(manager.refs)
+
+
+def _submit(engine, prompts):
+    ids = [engine.add_request(p, SamplingParams(max_tokens=n, temperature=0)) for p, n in zip(prompts, NEW)]
+    return ids, engine.add_request(prompts[0], SAMPLED), engine.add_request(prompts[1], TOP_ONE)
+
+
+@pytest.fixture(scope="module")
+def batched(model, prompts):
+    """The 16 greedy requests, a seeded draw and a top-k 1 draw, all at once in a pool with room for all: the
+    engine, each request's tokens, the step each got its first token at, and who got tokens at each step."""
+    engine = _engine(model, num_blocks=65)
+    ids, sampled, top_one = _submit(engine, prompts[0])
+    out, first_token_step, emitting = {}, {}, []
+    while engine.has_unfinished():
+        results = engine.step()
+        emitting.append({r.request_id for r in results})
+        for r in results:
+            out.setdefault(r.request_id, []).extend(r.token_ids)
+            first_token_step.setdefault(r.request_id, len(emitting) - 1)
+    return engine, (ids, sampled, top_one), out, first_token_step, emitting
+
+
+def test_sixteen_concurrent_greedy_requests_equal_generate_whatever_runs_beside_them(batched, reference):
+    engine, (ids, sampled, top_one), out, first_token_step, emitting = batched
+    for i, request in enumerate(ids):
+        assert out[request] == reference[i][:NEW[i]], f"request {i} (prompt of {LENGTHS[i]})"
+    assert out[top_one] == reference[1][:10]  # top-k 1 draws the greedy token
+    assert len(out[sampled]) == 10 and out[sampled] != reference[0][:10]
+    assert engine.preemptions == 0 and _all_freed(engine)
+    # chunked prefill: the 40-token prompt took three chunks, and the others decoded meanwhile
+    long = ids[1]
+    assert first_token_step[long] >= 2
+    assert all(emitting[s] - {long} for s in range(first_token_step[long]))
+    # bucketed shapes: rows, chunk width and table width each a power of two
+    assert all(n & (n - 1) == 0 for _, *shape, _ in engine.programs for n in shape)
+    print(f"{len(engine.programs)} programs, {sum(engine.programs.values()):.1f} s of first calls: "
+          f"{sorted(engine.programs.items())}")
+
+
+def test_preemption_under_a_tiny_pool_gives_the_same_tokens_and_frees_every_block(model, prompts, reference,
+                                                                                  batched):
+    engine = _engine(model, num_blocks=17)  # 16 blocks of 8: room for two or three of these sequences at once
+    ids, sampled, top_one = _submit(engine, prompts[0])
+    out = engine.run()
+    assert engine.preemptions > 0
+    for i, request in enumerate(ids):
+        assert out[request] == reference[i][:NEW[i]], f"request {i} (prompt of {LENGTHS[i]})"
+    assert out[top_one] == reference[1][:10]
+    assert _all_freed(engine)
+    # a seeded draw is the same in another batch, recomputed after preemptions
+    assert out[sampled] == batched[2][batched[1][1]]
+
+
+def test_prompts_with_a_common_prefix_share_its_blocks(model, prompts, reference):
+    engine = _engine(model, num_blocks=65)
+    first, *others = prompts[1]
+    greedy = SamplingParams(max_tokens=NEW[0], temperature=0)
+    out = {}
+
+    def collect(results):
+        for r in results:
+            out.setdefault(r.request_id, []).extend(r.token_ids)
+
+    ids = [engine.add_request(first, greedy)]
+    collect(engine.step())  # the first prompt's first chunk: its two full blocks are computed and cached
+    ids += [engine.add_request(p, greedy) for p in others]
+    collect(engine.step())
+    # the later prompts took the two prefix blocks from the cache and hold only blocks of their own tokens
+    assert engine.shared_blocks == 2 * len(others)
+    blocks = lambda n: -(-n // BLOCK)  # noqa: E731
+    assert engine.manager.used() == blocks(len(first)) + sum(blocks(len(p)) - SHARED // BLOCK for p in others)
+    while engine.has_unfinished():
+        collect(engine.step())
+    for i, request in enumerate(ids):
+        assert out[request] == reference[len(LENGTHS) + i][:NEW[0]], f"shared-prefix prompt {i}"
+    assert _all_freed(engine)
+    # ended, its blocks stay cached: the prompt again computes only its last block
+    again = engine.add_request(first, greedy)
+    engine.step()
+    assert engine.shared_blocks == 2 * len(others) + 2
+    # a request ended early (its client went away) frees its blocks at once
+    assert engine.abort(again) and not engine.abort(again) and _all_freed(engine)
+
+
+def test_the_block_manager_counts_shares_and_evicts_cached_blocks_last():
+    manager = BlockManager(num_blocks=4, block_size=2)
+    a = [manager.allocate(), manager.allocate()]
+    manager.remember(a[0], manager.chain(None, [1, 2]))
+    assert manager.cached_prefix([1, 2, 3, 4], 2) == [a[0]] and manager.refs[a[0]] == 2
+    manager.release(a)  # the cached block is still held by the second sequence
+    assert manager.refs[a[0]] == 1 and manager.available() == 2
+    manager.release([a[0]])  # cached, held by none: evictable, still found
+    assert manager.available() == 3 and manager.cached_prefix([1, 2], 1) == [a[0]]
+    manager.release([a[0]])
+    taken = [manager.allocate() for _ in range(3)]
+    assert taken[-1] == a[0] and manager.allocate() is None  # the uncached free blocks went first
+    assert manager.cached_prefix([1, 2], 1) == []
+
+
+@pytest.mark.parametrize("name, changes, reason", [
+    ("tiny-deepseek", {}, "latent"),
+    ("tiny-llama", {"attention": "prefix"}, "prefix size"),
+    ("tiny-mixtral", {"decoder_layers": 4, "linear_layers": (0, 1, 2), "linear_key_heads": 2, "linear_value_heads": 4,
+                      "linear_key_head_dim": 8, "linear_value_head_dim": 6}, "linear attention"),
+    ("tiny-t5", {}, "encoder-decoder"),
+    ("tiny-transformer-xl", {}, "segment memory"),
+])
+def test_a_model_the_engine_cannot_page_is_refused_by_name(name, changes, reason):
+    cfg = jf.config(name).replace(**changes)
+    # (the refusal reads the config alone, before anything is allocated or compiled: a stand-in for the model)
+    with pytest.raises(ValueError, match=f"cannot page {cfg.name!r}: .*{reason}"):
+        Engine(types.SimpleNamespace(config=cfg), num_blocks=8)
+
+
+def test_windowed_layers_page_in_full_and_read_what_their_ring_holds():
+    """Gemma 3: sliding layers (window 8, their own rotary base) between full ones; the sliding layers' masks come
+    from positions, so over every slot of the sequence they see what generate's ring of the window holds."""
+    model = jf.build(jf.config("tiny-gemma3").replace(init_std=0.2), seed=0)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(1, 256, n).astype(np.int32) for n in (3, 20, 9, 30)]
+    engine = _engine(model, num_blocks=33)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=10, temperature=0)) for p in prompts]
+    out = engine.run()
+    assert [out[request] for request in ids] == _generated(model, prompts, 10)
+    assert _all_freed(engine)
+
+
+def test_bad_requests_and_settings_are_refused_before_anything_runs(model):
+    engine = _engine(model, num_blocks=8)
+    with pytest.raises(ValueError, match="max_model_len=64"):
+        engine.add_request(np.ones(60, np.int32), SamplingParams(max_tokens=8))
+    with pytest.raises(ValueError, match="the pool has 7"):
+        engine.add_request(np.ones(60, np.int32), SamplingParams(max_tokens=4))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.add_request([1, 256])
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request([])
+    for bad in ({"temperature": -1.0}, {"top_p": 0.0}, {"top_k": -2}, {"max_tokens": 0}, {"seed": -1}):
+        with pytest.raises(ValueError, match=f"SamplingParams.{next(iter(bad))}="):
+            SamplingParams(**bad)
+    assert not engine.has_unfinished()
+
+
+def test_max_model_len_stops_where_positions_or_a_batch_wide_rotary_switch_do():
+    def engine(cfg, **settings):  # (the checks read the config alone: a stand-in for the model)
+        return Engine(types.SimpleNamespace(config=cfg), num_blocks=8, **settings)
+    gpt, llama = jf.config("tiny-gpt"), jf.config("tiny-llama")
+    with pytest.raises(ValueError, match="max_model_len=129 exceeds 128 .*position table"):
+        engine(gpt, max_model_len=129, allow_beyond_max_positions=True)
+    with pytest.raises(ValueError, match="max_model_len=129 exceeds 128 .*allow_beyond_max_positions=True"):
+        engine(llama, max_model_len=129)
+    half = llama.rope_dim // 2
+    longrope = llama.replace(rope_scaling=dict(kind="longrope", factor=4.0, original_max_positions=32,
+                                               short_factor=(1.0,) * half, long_factor=(2.0,) * half))
+    with pytest.raises(ValueError, match="max_model_len=33 exceeds 32 .*longrope .*original_max_positions=32"):
+        engine(longrope, max_model_len=33, allow_beyond_max_positions=True)
+    dynamic = llama.replace(rope_scaling=dict(kind="dynamic", factor=2.0))
+    with pytest.raises(ValueError, match="max_model_len=129 exceeds 128 .*dynamic"):
+        engine(dynamic, max_model_len=129, allow_beyond_max_positions=True)
+    # left to its default, max_model_len stops at the switch, and says so
+    with pytest.warns(UserWarning, match="max_model_len=32, not max_positions=128: its longrope"):
+        assert Engine(jf.build(longrope, seed=0), num_blocks=8).max_model_len == 32
+    with pytest.raises(ValueError, match="Engine seed=-1"):
+        engine(llama, seed=-1)
+
+
+def test_a_row_with_non_finite_logits_ends_in_error_and_the_others_do_not_notice(model):
+    """A token whose embedding is NaN makes its row's logits NaN: that request ends with finish_reason 'error' and
+    no token; the request beside it, and one after it on the blocks it freed, give generate's tokens."""
+    poisoned = jf.build(model.config, seed=0)
+    poisoned.embed.table[...] = model.embed.table[...].at[7].set(jnp.nan)
+    rng = np.random.default_rng(2)
+    clean, later = (rng.integers(8, 256, n).astype(np.int32) for n in (12, 20))
+    bad = np.concatenate([clean[:5], [7], clean[5:]]).astype(np.int32)
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    engine = _engine(poisoned, num_blocks=6)  # a tight pool: the third request takes the first one's blocks
+    first, second = engine.add_request(bad, greedy), engine.add_request(clean, greedy)
+    results = engine.step()  # both prompts in one call
+    assert [(o.token_ids, o.finished, o.finish_reason) for o in results if o.request_id == first] == [
+        ((), True, "error")]
+    third = engine.add_request(later, greedy)
+    out = {second: [token for o in results if o.request_id == second for token in o.token_ids]}
+    for request, tokens in engine.run().items():
+        out.setdefault(request, []).extend(tokens)
+    assert first not in out and [out[second], out[third]] == _generated(poisoned, [clean, later], 6)
+    assert _all_freed(engine)
+
+
+def test_requests_without_a_seed_draw_by_the_engines_seed():
+    """A request's own seed repeats its draws in any engine; without one, the engine's seed and its id key them:
+    the same seed repeats them, and a fresh engine (seed None) draws anew."""
+    model = jf.build(jf.config("tiny-llama"), seed=0)  # (init_std default: flat logits, so draws vary)
+    unseeded = SamplingParams(max_tokens=12, temperature=1.0)
+
+    def draws(seed):
+        engine = Engine(model, num_blocks=8, block_size=BLOCK, max_model_len=MAX_LEN, seed=seed)
+        request = engine.add_request([1, 2, 3], unseeded)
+        return engine.run()[request]
+    assert draws(5) == draws(5) and draws(5) != draws(6) and draws(None) != draws(None)
+
+
+def test_each_rows_sampling_settings_filter_as_generate_does_for_one():
+    logits = jax.random.normal(jax.random.key(0), (5, 64)) * 3
+    settings = [(1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.5, 10, 0.6), (2.0, 64, 0.95)]
+    temperature, top_k, top_p = (jnp.asarray(column) for column in zip(*settings))
+    warped = warp_rows(logits, temperature, top_k.astype(jnp.int32), top_p)
+    for row, (t, k, p) in enumerate(settings):
+        one = warp_logits(logits[row], types.SimpleNamespace(temperature=t, top_k=k or None, top_p=p))
+        np.testing.assert_allclose(warped[row], one, rtol=1e-6, atol=1e-6)
