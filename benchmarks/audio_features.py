@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 import warnings
 
 import numpy as np
+
+from side_by_side import interleaved  # (this folder)
 
 RATE = 16000
 WINDOW_SECONDS = 30
@@ -71,14 +71,8 @@ def main() -> None:
     ours = FeatureExtractor.from_dict(WHISPER_LARGE_V3)
     sides = {"jaxformer": lambda: ours(windows)["input_features"],
              "transformers": lambda: theirs(windows, sampling_rate=RATE, return_tensors="np")["input_features"]}
-    outputs = {side: run() for side, run in sides.items()}  # untimed first pass
-    times = {side: [] for side in sides}
-    for _ in range(args.repeats):
-        for side, run in sides.items():
-            start = time.perf_counter()
-            run()
-            times[side].append(time.perf_counter() - start)
-    speed = {side: len(audio) / RATE / statistics.median(t) for side, t in times.items()}
+    outputs, seconds, _ = interleaved(sides, args.repeats)
+    speed = {side: len(audio) / RATE / median for side, median in seconds.items()}
     path = "numpy" if args.numpy_reference or not feature_extraction_whisper.is_torch_available() else "torch"
     row = {"minutes": args.minutes, "windows": len(windows), "repeats": args.repeats, "reference_stft": path,
            "jaxformer_audio_s_per_s": round(speed["jaxformer"], 1),

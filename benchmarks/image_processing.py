@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from side_by_side import interleaved  # (this folder)
 
 CONFIGS = {
     "clip-vit-base-patch32": {
@@ -71,14 +71,8 @@ def main() -> None:
         theirs = AutoImageProcessor.from_pretrained(str(folder))
         ours = ImageProcessor.from_pretrained(folder)
         sides = {"jaxformer": lambda: ours(images), "transformers": lambda: theirs(images, return_tensors="np")}
-        outputs = {side: run() for side, run in sides.items()}  # untimed first pass
-        times = {side: [] for side in sides}
-        for _ in range(args.repeats):
-            for side, run in sides.items():
-                start = time.perf_counter()
-                run()
-                times[side].append(time.perf_counter() - start)
-        rate = {side: args.images / statistics.median(t) for side, t in times.items()}
+        outputs, seconds, _ = interleaved(sides, args.repeats)
+        rate = {side: args.images / median for side, median in seconds.items()}
         diff = max(float(np.abs(np.asarray(outputs["jaxformer"][k]) - np.asarray(outputs["transformers"][k])).max())
                    for k in outputs["transformers"])
         results[name] = {"reference": type(theirs).__name__, "jaxformer_images_s": round(rate["jaxformer"], 1),

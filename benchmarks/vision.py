@@ -19,24 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
-
-def interleaved(sides: dict, repeats: int) -> dict[str, float]:
-    """The median seconds of each side's call, the sides called in turn (A, B, A, B, ...) after one warm-up each."""
-    for fn in sides.values():
-        fn()
-    times = {name: [] for name in sides}
-    for _ in range(repeats):
-        for name, fn in sides.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+from side_by_side import interleaved  # (this folder)
 
 
 def main() -> None:
@@ -92,8 +79,8 @@ def main() -> None:
         with torch.inference_mode():
             return reference(input_ids=torch_ids, attention_mask=torch_mask, pixel_values=torch_pixels).logits
 
-    seconds = interleaved({"jaxformer": lambda: forward(ids, mask, pixels).block_until_ready(),
-                           "transformers": run_torch}, args.repeats)
+    _, seconds, _ = interleaved({"jaxformer": lambda: forward(ids, mask, pixels).block_until_ready(),
+                                 "transformers": run_torch}, args.repeats)
     difference = float(np.abs(np.asarray(forward(ids, mask, pixels)) - run_torch().numpy()).max())
     tokens = ids.size
     result.update(forward_tokens_s=round(tokens / seconds["jaxformer"], 1),
@@ -114,8 +101,9 @@ def main() -> None:
             return reference.generate(input_ids=torch_ids, attention_mask=torch_mask, pixel_values=torch_pixels,
                                       max_new_tokens=new, do_sample=False, pad_token_id=0).numpy()
 
-    seconds = interleaved({"jaxformer": decode_ours, "transformers": decode_theirs}, max(3, args.repeats // 3))
-    ours, theirs = decode_ours(), decode_theirs()
+    outputs, seconds, _ = interleaved({"jaxformer": decode_ours, "transformers": decode_theirs},
+                                      max(3, args.repeats // 3))
+    ours, theirs = outputs["jaxformer"], outputs["transformers"]
     result.update(decode_tokens_s=round(new / seconds["jaxformer"], 1),
                   decode_hf_tokens_s=round(new / seconds["transformers"], 1),
                   decode_ratio=round(seconds["transformers"] / seconds["jaxformer"], 3),

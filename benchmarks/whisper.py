@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import tempfile
-import time
 import warnings
 from pathlib import Path
+
+from side_by_side import interleaved  # (this folder)
 
 SECONDS = 30.0
 
@@ -82,17 +82,9 @@ def main() -> None:
             with torch.inference_mode():
                 return reference.generate(torch_features, max_new_tokens=args.new_tokens, num_beams=beams).numpy()
 
-        start = time.perf_counter()
-        first = run_ours()
-        compile_s = time.perf_counter() - start
-        theirs = run_theirs()
-        times = {"jaxformer": [], "transformers": []}
-        for _ in range(args.repeats):
-            for side, fn in (("jaxformer", run_ours), ("transformers", run_theirs)):
-                start = time.perf_counter()
-                fn()
-                times[side].append(time.perf_counter() - start)
-        rtf = {side: SECONDS / statistics.median(t) for side, t in times.items()}
+        outputs, seconds, first_call = interleaved({"jaxformer": run_ours, "transformers": run_theirs}, args.repeats)
+        first, theirs, compile_s = outputs["jaxformer"], outputs["transformers"], first_call["jaxformer"]
+        rtf = {side: SECONDS / median for side, median in seconds.items()}
         result[name] = dict(jaxformer_rtf=round(rtf["jaxformer"], 1), transformers_rtf=round(rtf["transformers"], 1),
                             ratio=round(rtf["jaxformer"] / rtf["transformers"], 2), tokens=int(first.shape[-1]),
                             tokens_identical=bool(first.shape == theirs.shape and (first == theirs).all()),
