@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxformer.model_config import ModelConfig, Vision
-from jaxformer.interop import gemma, vision_towers
+from jaxformer.interop import gemma, llava, vision_towers
 from jaxformer.interop.reference_keys import class_default
 from jaxformer.interop.rules import (Architecture, ConfigReader, Rule, copy, ids_into_text_config, refuse, sub_config,
                                      text_model_from_hf, with_defaults)
@@ -91,18 +91,12 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
 
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
     """The tower's, the projector's and the text model's rules in the layout ``prefix`` names."""
-    modules = prefix == ""
-    tower_prefix = "model.vision_tower." if modules else prefix
-    projector = "model.multi_modal_projector." if modules else "multi_modal_projector."
-    text_prefix, head = ("model.language_model.", "lm_head.weight") if modules else (
-        "language_model.model.", "language_model.lm_head.weight")
-    text, aliases = gemma.rules(cfg, "gemma3_text", TEXT_CLASS, text_prefix)
-    renamed = lambda name: head if name == "lm_head.weight" else name  # noqa: E731
-    text = [Rule(r.paths, tuple(map(renamed, r.names)), r.load, r.save, r.layers, r.optional) for r in text]
+    tower_prefix, projector, text_prefix, head = llava.joined_layout(prefix)
+    text, aliases = llava.text_rules_under(*gemma.rules(cfg, "gemma3_text", TEXT_CLASS, text_prefix), head)
     return [*vision_towers.siglip_vision_rules(cfg.vision.tower, tower_prefix, ("vision",)),
             copy(("projector", "projection", "kernel"), f"{projector}mm_input_projection_weight"),
             copy(("projector", "norm", "scale"), f"{projector}mm_soft_emb_norm.weight"),
-            *text], {renamed(alias): target for alias, target in aliases.items()}
+            *text], aliases
 
 
 # Gemma3ForConditionalGeneration's head soft-caps nothing: only Gemma3ForCausalLM reads final_logit_softcapping

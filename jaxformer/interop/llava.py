@@ -127,25 +127,34 @@ def config_to_hf(cfg: ModelConfig, model_type: str, out: dict) -> None:
                multimodal_projector_bias=vision.projector_bias, tie_word_embeddings=cfg.embeddings.tie)
 
 
+def joined_layout(prefix: str) -> tuple[str, str, str, str]:
+    """The (tower, projector, text model, LM head) names of a LLaVA-style file (LLaVA's, Gemma 3's) in the layout
+    ``prefix`` names: the tower's prefix as published or as transformers 5 writes it, or "" for its modules' names."""
+    if prefix == "":
+        return "model.vision_tower.", "model.multi_modal_projector.", "model.language_model.", "lm_head.weight"
+    return prefix, "multi_modal_projector.", "language_model.model.", "language_model.lm_head.weight"
+
+
+def text_rules_under(text: list[Rule], aliases: dict[str, str], head: str) -> tuple[list[Rule], dict[str, str]]:
+    """A text model's rules and aliases with its LM head read and written under ``head``."""
+    renamed = lambda name: head if name == "lm_head.weight" else name  # noqa: E731
+    return ([Rule(r.paths, tuple(map(renamed, r.names)), r.load, r.save, r.layers, r.optional) for r in text],
+            {renamed(alias): target for alias, target in aliases.items()})
+
+
 def rules(cfg: ModelConfig, model_type: str, arch: str, prefix: str) -> tuple[list[Rule], dict[str, str]]:
     """The tower's, the projector's and the text model's rules in the layout ``prefix`` names."""
-    modules = prefix == ""
-    tower_prefix = "model.vision_tower." if modules else prefix
-    projector = "model.multi_modal_projector." if modules else "multi_modal_projector."
-    text_prefix, head = ("model.language_model.", "lm_head.weight") if modules else (
-        "language_model.model.", "language_model.lm_head.weight")
+    tower_prefix, projector, text_prefix, head = joined_layout(prefix)
     kind = _text_type(cfg)
     module, text_class = TEXT_TYPES[kind]
-    text, aliases = module.rules(cfg, kind, text_class, text_prefix)
-    renamed = lambda name: head if name == "lm_head.weight" else name  # noqa: E731
-    text = [Rule(r.paths, tuple(map(renamed, r.names)), r.load, r.save, r.layers, r.optional) for r in text]
+    text, aliases = text_rules_under(*module.rules(cfg, kind, text_class, text_prefix), head)
     tower = cfg.vision.tower
     vision_kind = "clip_vision_model" if tower.patches.class_token else "siglip_vision_model"
     bias = cfg.vision.projector_bias
     return [*VISION_TYPES[vision_kind][3](tower, tower_prefix, ("vision",)),
             *dense(("projector", "linear_1"), f"{projector}linear_1", bias),
             *dense(("projector", "linear_2"), f"{projector}linear_2", bias),
-            *text], {renamed(alias): target for alias, target in aliases.items()}
+            *text], aliases
 
 
 _TEXT_HARMLESS = {**llama.ARCHITECTURE.harmless, **qwen.ARCHITECTURE.harmless}
