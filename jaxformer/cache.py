@@ -57,6 +57,82 @@ class LayerArrays:
         return jnp.stack(self.arrays)
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PagedRows:
+    """One layer's keys (or values) of a paged cache (``serving.paged.PagedKVCache``) as that layer reads them: the
+    whole pool [L, K, N, block_size, H], the batch rows' block tables [B, M] and the layer's index (a Python int, or
+    traced in a scanned stack). ``slots`` gathers the layer's rows by table, only when the layer attends, so a step
+    holds one layer's dense rows at a time."""
+
+    pool: Array
+    tables: Array
+    layer: Array | int
+
+    @property
+    def dtype(self):
+        return self.pool.dtype
+
+    def slots(self, new: Array) -> Array:
+        """The rows' slots [B, K, S, H] (S = M * block_size), head-major as a ``KVCache`` layer's slice: one gather
+        from the whole pool at this layer's index (a slice of the pool first would copy the layer's pool), once
+        ``new`` (4-D, what this layer computes first: its new keys or values, or its cross-attention's queries) is
+        computed. The gather reads the pool and tables alone, so XLA would otherwise run every layer's at the start
+        of the step, holding all their rows at once: a select on a condition never true (block ids are >= 0) but
+        unknown to XLA makes it wait (see ``cache_written_after`` for the other order XLA needs)."""
+        layer = jnp.where(self.tables[0, 0] < 0, new[0, 0, 0, 0].astype(jnp.int32), self.layer)
+        rows = self.pool[layer, :, self.tables]  # [B, M, K, block_size, H]
+        B, M, K, size, H = rows.shape
+        return rows.transpose(0, 2, 1, 3, 4).reshape(B, K, M * size, H)
+
+
+def cached_slots(value: Array | PagedRows, new: Array) -> Array:
+    """A layer's cache field as attention reads it [B, K, S, H]: a ``KVCache`` slice as it is, a paged one (a cache's,
+    or a paged source's cross-attention keys) gathered once this layer's ``new`` is computed (``PagedRows.slots``)."""
+    return value.slots(new) if isinstance(value, PagedRows) else value
+
+
+def cache_written_after(cache: dict, new: dict[str, Array], out: Array) -> dict[str, Array]:
+    """A layer's new keys and values ``new`` for its cache's write, ordered after its attention output ``out``
+    where the cache is paged: the write updates the pool in place after every layer, and XLA, not seeing every
+    layer's read of the pool before it, would copy the whole pool to write it (its CPU backend drops
+    ``optimization_barrier``s before that choice). A select on a condition never true ties them."""
+    if not isinstance(cache["k"], PagedRows):
+        return new
+    return written_after(cache["k"].tables, new, out)
+
+
+def written_after(tables: Array, new: dict[str, Array], out: Array) -> dict[str, Array]:
+    """``new`` (keys and values for a paged pool's write) tied after ``out`` by a select on a condition never true
+    (a block id of ``tables`` below 0); also how a step over a paged source orders the write after its last layer's
+    read of the source (``stack.Stack``)."""
+    never = tables[0, 0] < 0
+    first = out[(0,) * out.ndim]
+    return {name: jnp.where(never, first.astype(value.dtype), value) for name, value in new.items()}
+
+
+class PagedLayers:
+    """A paged cache's layer fields as the stack hands them to each layer (the "cache" entry of its per-layer
+    inputs): indexing layer i (an int, or a traced index inside a scanned body) gives layer i's {"k", "v"} as
+    ``PagedRows``. Deliberately not a pytree: the stack's runner indexes it at each layer rather than slicing the
+    pools per layer (``stack._scan_layers``)."""
+
+    def __init__(self, k: Array, v: Array, tables: Array):
+        self.k, self.v, self.tables = k, v, tables
+
+    def __getitem__(self, layer) -> dict[str, PagedRows]:
+        return {"k": PagedRows(self.k, self.tables, layer), "v": PagedRows(self.v, self.tables, layer)}
+
+
+class PagedSourceLayers(PagedLayers):
+    """A paged source's cross-attention keys and values as the stack hands them to each layer (``EncoderKV.layers``):
+    indexing layer i gives its (k, v) ``PagedRows`` pair, where a stacked ``EncoderKV`` gives its (k, v) slice."""
+
+    def __getitem__(self, layer) -> tuple[PagedRows, PagedRows]:
+        rows = super().__getitem__(layer)
+        return rows["k"], rows["v"]
+
+
 def _rows_of(value, rows):
     """Batch rows ``rows`` of a layer field: [L, B, ...] stacked, or each layer's [B, ...]."""
     return tuple(a[rows] for a in value) if isinstance(value, tuple) else value[:, rows]
@@ -690,11 +766,27 @@ class MemoryKV(_Window):
 @dataclasses.dataclass(frozen=True)
 class EncoderKV:
     """Cross-attention keys and values of a fixed encoder output, every layer: k, v [L, B, S, K, H];
-    ``valid`` [B, S] is the source's attention mask (None: no padding)."""
+    ``valid`` [B, S] is the source's attention mask (None: no padding). Paged (the serving engine's, with the rows'
+    source ``tables`` [B, M]): k, v are the pool [L, K, N, block_size, H] whose blocks hold the sources (slot s of a
+    row's table: its token s; S = M * block_size), and each layer gathers its own rows where it attends
+    (``layers``), so a step never holds every layer's keys of the sources at once."""
 
     k: Array
     v: Array
     valid: Array | None
+    tables: Array | None = None
+
+    @property
+    def length(self) -> int:
+        """S: the source slots of a row."""
+        return self.k[0].shape[1] if self.tables is None else self.tables.shape[1] * self.k.shape[3]
+
+    def layers(self) -> tuple | PagedSourceLayers:
+        """The keys and values as the stack hands them to the layers: (k, v) stacked [L, ...] (each layer's own
+        arrays: ``LayerArrays``), or a paged source's pools and tables (``PagedSourceLayers``)."""
+        if self.tables is not None:
+            return PagedSourceLayers(self.k, self.v, self.tables)
+        return tuple(LayerArrays(a) if isinstance(a, tuple) else a for a in (self.k, self.v))
 
     def per_layer(self) -> EncoderKV:
         """k and v as each layer's own array [B, S, K, H] (``_Slots.per_layer``)."""

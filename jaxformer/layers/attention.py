@@ -14,6 +14,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import kernels
+from jaxformer.cache import PagedRows, cache_written_after, cached_slots
 from jaxformer.layer_plan import stack_patterns
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.core import Norm, dropout, dtype_of, normalize, param
@@ -226,10 +227,11 @@ class Attention(nnx.Module):
     Calls return (output, this call's keys and values or None, attention probabilities [B, N, T, S] when
     ``output_attentions``, else None). Two hooks serve generation:
     - ``cache`` {"k", "v": [B, K, S, H]}: keys/values of earlier tokens (head-major, a ``KVCache``
-      layer's slice), attended in place next to this call's own (``mask`` and ``bias`` are then
-      (cache part, new part) pairs); the new keys and values [B, K, T, H] are returned so the caller
-      writes them into its cache.
-    - ``kv`` (k, v) [B, S, K, H]: precomputed keys/values (cross-attention to a fixed encoder output).
+      layer's slice, or a paged cache's ``PagedRows``, gathered here: ``cache.cached_slots``), attended
+      in place next to this call's own (``mask`` and ``bias`` are then (cache part, new part) pairs); the
+      new keys and values [B, K, T, H] are returned so the caller writes them into its cache.
+    - ``kv`` (k, v) [B, S, K, H]: precomputed keys/values (cross-attention to a fixed encoder output); a paged
+      source's ``PagedRows`` (the serving engine's), gathered here head-major [B, K, S, H] once the queries are.
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, role: str = "attn", own_keys: bool = True,
@@ -329,13 +331,17 @@ class Attention(nnx.Module):
                                    output_attentions, head_major=head_major, sinks=sinks)
             return self._output(self._gated(out, x), key), None, weights
         k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input, key, nope)
+        paged_source = isinstance(k, PagedRows)
+        if paged_source:
+            k, v = cached_slots(k, q), cached_slots(v, q)
         if rope is not None:
             q, k = self._rotate(q, rope), self._rotate(k, rope)
         new_kv = {"k": k, "v": v} if return_kv and cache is None else None
         if cache is not None:  # this call's keys and values head-major [B, K, T, H], as the cache holds them
             new_kv = {"k": k.astype(cache["k"].dtype).transpose(0, 2, 1, 3),
                       "v": v.astype(cache["v"].dtype).transpose(0, 2, 1, 3)}
-            k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])
+            k, v = ((cached_slots(cache["k"], new_kv["k"]), new_kv["k"]),
+                    (cached_slots(cache["v"], new_kv["v"]), new_kv["v"]))
         sinks = None if self.sinks is None else self.sinks[...]
         if isinstance(mask, kernels.FusedMask):  # full-sequence calls only: Stack gives none with a cache
             if (key is None or self.dropout_rate == 0.0) and not output_attentions:
@@ -343,7 +349,8 @@ class Attention(nnx.Module):
                 return self._output(self._gated(out, x), key), new_kv, None
             mask = mask.dense  # attention dropout and returned weights run on XLA
         out, weights = _attend(q, k, v, mask, bias, self.scale, self.dropout_rate, key, self.softcap, output_attentions,
-                               head_major=cache is not None, sinks=sinks)
+                               head_major=cache is not None or paged_source, sinks=sinks)
+        new_kv = new_kv if cache is None else cache_written_after(cache, new_kv, out)
         return self._output(self._gated(out, x), key), new_kv, weights
 
     def _gated(self, out: Array, x: Array) -> Array:

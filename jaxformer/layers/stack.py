@@ -22,7 +22,7 @@ from flax import nnx
 
 from jaxformer import kernels
 from jaxformer.cache import (CompressedCache, EncoderKV, HybridCache, ImageCache, ImageKV, KVCache, LatentCache,
-                             LayerArrays, Memory, MemoryKV, SplitKVCache)
+                             Memory, MemoryKV, PagedLayers, SplitKVCache, written_after)
 from jaxformer.layer_plan import COMPRESSED_GROUPS, LayerPlan, LayerSpec, Segment, layer_config, layer_plan
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.attention import (Attention, DisentangledAttention, DisentangledInputs, LatentAttention,
@@ -553,13 +553,23 @@ def _cache_ranks(plan: LayerPlan) -> list[int]:
     return [kinds[:i].count(kinds[i]) for i in range(len(kinds))]
 
 
+def _apart_by_layer(per_layer: dict) -> tuple[dict, dict]:
+    """``per_layer`` less the fields a scanned body indexes at its own layer (``PagedLayers``: a paged cache's pools,
+    or a paged source's, from which each layer gathers its rows; scanning over them would slice out every layer's
+    pool), and those."""
+    by_layer = {name: value for name, value in per_layer.items() if isinstance(value, PagedLayers)}
+    return {name: value for name, value in per_layer.items() if name not in by_layer}, by_layer
+
+
 def _scan_layers(plan, segment, groups, x, layer_fn, per_layer, cfg, caches):
     """A segment of layers of one group, one parameter slot each (or ALBERT's one shared slot): a scan over the
     stacked parameters and the per-layer inputs. Flags alike in every layer reach the body as Python values."""
     start, end, _ = segment
     specs = plan.layers[start:end]
     graphdef, params = nnx.split(groups[specs[0].group])
+    per_layer, by_layer = _apart_by_layer(per_layer)
     extra = jax.tree.map(lambda a: a[start:end], per_layer)
+    extra["layer"] = jnp.arange(start, end) if by_layer else None
     if caches is not None:
         rank = _cache_ranks(plan)[start]
         extra["cache"] = jax.tree.map(lambda a: a[rank:rank + end - start], caches[specs[0].cache])
@@ -572,6 +582,7 @@ def _scan_layers(plan, segment, groups, x, layer_fn, per_layer, cfg, caches):
 
     def body(carry, inputs):
         layer_params, layer_extra = inputs
+        layer_extra = {**layer_extra, **{name: value[layer_extra["layer"]] for name, value in by_layer.items()}}
         if known:
             layer_extra = _with_kind(layer_extra, specs[0], nope_layers)
         return layer_fn(nnx.merge(graphdef, layer_params), constrain_activations(carry), layer_extra)
@@ -592,6 +603,7 @@ def _scan_whole_periods(plan, segment, periods, groups, x, layer_fn, per_layer, 
     inside the body, not sliced out first, which would copy them on every decode step."""
     start, _, period = segment
     specs, ranks = plan.layers, _cache_ranks(plan)
+    per_layer, by_layer = _apart_by_layer(per_layer)
     window = specs[start:start + period]
     split = {name: nnx.split(groups[name]) for name in dict.fromkeys(spec.group for spec in window)}
     first = {name: min(spec.index for spec in window if spec.group == name) for name in split}
@@ -624,6 +636,7 @@ def _scan_whole_periods(plan, segment, periods, groups, x, layer_fn, per_layer, 
                 layer_params = at(stacked, spec.index + p * per_period[spec.group])
                 extra = at(per_layer, start + p * period + j)
                 extra["cache"] = at(caches[spec.cache], ranks[start + j] + p * kinds[spec.cache])
+            extra.update({name: value[start + p * period + j] for name, value in by_layer.items()})
             if alike[j]:
                 extra = _with_kind(extra, spec, nope_layers)
             h, out = layer_fn(nnx.merge(graphdef, layer_params), constrain_activations(h), extra)
@@ -836,6 +849,8 @@ class Stack(nnx.Module):
             layer_inputs, weights = outputs.layer_input, outputs.weights
         valid = jnp.ones(x.shape[:2], bool) if tokens.valid is None else tokens.valid
         if cache is not None:
+            if isinstance(cross, EncoderKV) and cross.tables is not None:  # (a paged source: the last layer's read
+                new_kv = written_after(cross.tables, new_kv, out)  # of the pool comes before its in-place write)
             cache = cache.write(new_kv, tokens.positions, valid)
         if remember:
             if memory is None:
@@ -1194,7 +1209,7 @@ class Stack(nnx.Module):
         """(mask, encoder output or None, per-layer keys and values or None) for cross-attention."""
         if cross is None:
             return None, None, None
-        source_length = (cross.hidden if isinstance(cross, EncoderOutput) else cross.k[0]).shape[1]
+        source_length = cross.hidden.shape[1] if isinstance(cross, EncoderOutput) else cross.length
         batch = tokens.positions.shape[0]
         source_positions = jnp.broadcast_to(jnp.arange(source_length), (batch, source_length))
         segments = None
@@ -1207,7 +1222,7 @@ class Stack(nnx.Module):
         if cache is None:
             mask = kernels.fused_mask(self.config, mask, "bidirectional", key_valid=cross.valid, segments=segments)
         if isinstance(cross, EncoderKV):
-            return mask, None, tuple(LayerArrays(a) if isinstance(a, tuple) else a for a in (cross.k, cross.v))
+            return mask, None, cross.layers()
         return mask, cross.hidden, None
 
 

@@ -4,12 +4,21 @@
 every sequence the engine runs, and a block table per batch row. A decoder's cached step reads and writes it
 through the same family code as a ``KVCache``: the stack asks it for each layer's keys and values of earlier tokens
 (``layers``), for each slot's position and validity (the masks) and, after the layer loop, to ``write`` the step's
-new keys and values. Reading gathers each row's blocks into a dense per-row view [L, B, K, S, H] by its block
-table (one XLA gather, then the stack's dense attention over it); writing scatters the new tokens into their blocks.
-A fused paged-attention kernel would replace the gather and the attention over the view, reading each row's blocks
-where they lie: a layer's pool [K, N, block_size, H] is the layout of JAX's Pallas paged attention for GPUs
-(``jax.experimental.pallas.ops.gpu.paged_attention``, one query a row: the decode steps) and TPUs
-(``ops.tpu.paged_attention``; ``ops.tpu.ragged_paged_attention`` also takes prompt chunks, in a layout of its own).
+new keys and values. Each layer reads its own rows only, when it attends: ``layers`` hands the stack the pools and
+tables (``cache.PagedLayers``), each layer's attention gathers its rows [B, K, S, H] by block table from the whole
+pool at its index (``cache.PagedRows``; a Python index in the CPU decode loop over separate layers, a traced one in
+the scanned stack) and attends over them as over a ``KVCache`` slice, so a step holds one layer's rows at a time
+(gpt2-124M, 32 rows of 512 slots: the compiled one-token step's scratch 1728 -> 99 MiB). Writing scatters the new
+tokens into their blocks, after every layer. An encoder-decoder's sources live in blocks of the same pool, and each
+layer gathers its cross-attention keys and values the same way (``source_view``).
+
+Fused kernels: a layer's pool [K, N, block_size, H] is the layout of JAX's Pallas paged attention for GPUs
+(``jax.experimental.pallas.ops.gpu.paged_attention``, one query a row; it runs in Pallas's interpreter on a CPU and
+matches the gather path there to 5e-7), but it is not wired: it attends over the pool alone and returns normalized
+outputs without their log-sum-exp, while a step's own new keys reach the pool only after the layer loop, so the
+kernel's output cannot be joined with them. The TPU kernels (``ops.tpu.paged_attention``,
+``ops.tpu.ragged_paged_attention``, the latter in a [N, block_size, 2K, H] layout of its own) read the pool alone
+too. Wiring either needs each layer to write its tokens into the pool before it attends.
 
 Slots are a sequence's token positions: the token at position p lives in slot p of its row's blocks (block
 ``table[p // block_size]``, offset ``p % block_size``), so a slot's position is its index and a row's first
@@ -29,6 +38,8 @@ import hashlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxformer.cache import EncoderKV, PagedLayers
 
 Array = jax.Array
 NULL_BLOCK = 0  # never allocated: table padding points here and padded tokens are written here
@@ -70,14 +81,10 @@ class PagedKVCache:
         """[B, S]: the slots each row has written."""
         return jnp.arange(self.length) < self.lengths[:, None]
 
-    def layers(self) -> dict[str, Array]:
-        """Each layer's keys and values as dense rows [L, B, K, S, H], gathered by block table."""
-        def view(pool):
-            L, K, _, size, H = pool.shape
-            B, M = self.tables.shape
-            rows = pool[:, :, self.tables]  # [L, K, B, M, size, H]
-            return rows.transpose(0, 2, 1, 3, 4, 5).reshape(L, B, K, M * size, H)
-        return {"k": view(self.k), "v": view(self.v)}
+    def layers(self) -> PagedLayers:
+        """The pools and tables, from which each layer gathers its own rows when it attends (``PagedRows``): a
+        step never holds every layer's dense view at once."""
+        return PagedLayers(self.k, self.v, self.tables)
 
     def check_room(self, count: int) -> None:
         """Checks nothing: the tables are traced, so room is the caller's to guarantee (see ``write``)."""
@@ -185,3 +192,12 @@ class BlockManager:
         already cached in another block keeps that one."""
         if key not in self.by_key and block not in self.key_of:
             self.by_key[key], self.key_of[block] = block, key
+
+
+def source_view(k: Array, v: Array, tables: Array, lengths: Array) -> EncoderKV:
+    """An encoder-decoder's cross-attention keys and values of each row's source as the paged ``EncoderKV`` a cached
+    decoder step reads: the pool's k, v [L, K, N, block_size, H] and the rows' source tables [B, M] (slot s of a
+    source holds its token s), from which each decoder layer gathers its own rows where it attends (as from a
+    ``PagedKVCache``), so a step never holds every layer's [B, M * block_size, K, H] at once; a row's first
+    ``lengths`` [B] slots are its source."""
+    return EncoderKV(k, v, jnp.arange(tables.shape[1] * k.shape[3]) < lengths[:, None], tables)

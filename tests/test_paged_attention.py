@@ -1,0 +1,147 @@
+"""The paged cache's read: a step over a ``PagedKVCache`` gives a ``KVCache`` step's logits (each layer gathering its
+own rows by block table, in the scanned stack and in the CPU decode loop over separate layers alike), and its
+compiled step never holds every layer's gathered rows at once (an encoder-decoder's source rows neither)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import jaxformer as jf
+from jaxformer.cache import DecodeState
+from jaxformer.serving.engine import encode_sources
+from jaxformer.serving.paged import PagedKVCache, source_view
+
+BLOCK, BLOCKS_PER_ROW = 4, 4
+PROMPTS = (5, 12, 9, 0)  # the last row is padding: no tokens, its table all null blocks
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt", "tiny-gemma"])
+def model(request):
+    # tiny-llama: GQA and rotary; tiny-gpt: MHA and a position table; tiny-gemma: sliding-window layers among full
+    # ones (a scanned body's local flag traced) and a score softcap
+    return jf.build(jf.config(request.param), seed=0)
+
+
+def _inputs(vocab: int):
+    """A left-padded prefill (ids, positions, valid [B, T]) of PROMPTS and the decode step's positions [B, 1]."""
+    rng = np.random.default_rng(0)
+    B, T = len(PROMPTS), max(PROMPTS)
+    ids, positions, valid = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32), np.zeros((B, T), bool)
+    for row, n in enumerate(PROMPTS):
+        ids[row, T - n:] = rng.integers(1, vocab, n)
+        positions[row, T - n:] = np.arange(n)
+        valid[row, T - n:] = True
+    return ids, positions, valid, np.asarray(PROMPTS, np.int32)[:, None]
+
+
+def _paged_state(cfg, rows: int) -> DecodeState:
+    """An empty pool with each row's blocks scattered over it (the padding row's table all null)."""
+    rng = np.random.default_rng(1)
+    pool = PagedKVCache.empty(cfg.decoder_layers, 1 + rows * BLOCKS_PER_ROW, BLOCK, cfg.kv_heads, cfg.head_dim_,
+                              jnp.float32)
+    tables = (1 + rng.permutation(rows * BLOCKS_PER_ROW)).reshape(rows, BLOCKS_PER_ROW).astype(np.int32)
+    tables[[n == 0 for n in PROMPTS]] = 0
+    return DecodeState(PagedKVCache(pool.k, pool.v, jnp.asarray(tables), jnp.zeros(rows, jnp.int32)))
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["scanned", "decode_loop"])
+def test_a_paged_step_gives_a_kv_cache_steps_logits(model, loop):
+    cfg = model.config
+    runner = model.for_decode_loop() if loop else model  # (on CPU the loop's layers are separate blocks)
+    ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
+    real = np.asarray(PROMPTS) > 0
+    dense = model.init_cache(len(PROMPTS), BLOCK * BLOCKS_PER_ROW)
+    dense = dense.per_layer() if loop else dense  # as generate's loop carries it
+    paged = _paged_state(cfg, len(PROMPTS))
+    for step in range(2):
+        want, dense = runner.step(ids, positions, valid, dense)
+        got, paged = runner.step(ids, positions, valid, paged)
+        assert float(jnp.max(jnp.abs(got[real] - want[real]))) < 1e-5, f"step {step}"
+        ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions, real[:, None]
+    assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + real)
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["scanned", "decode_loop"])
+def test_a_paged_source_gives_an_encoder_kv_steps_logits(loop):
+    """T5's cross-attention over its sources' keys and values in blocks of the pool (as the engine writes them:
+    ``encode_sources``) reads as over a dense ``EncoderKV``."""
+    model = jf.build(jf.config("tiny-t5"), seed=0)
+    cfg = model.config
+    runner = model.for_decode_loop() if loop else model
+    rng = np.random.default_rng(2)
+    sources = (7, 13, 3, 16)  # right padded into 4 blocks a row
+    B, width = len(sources), BLOCK * BLOCKS_PER_ROW
+    ids, valid = np.zeros((B, width), np.int32), np.zeros((B, width), bool)
+    for row, n in enumerate(sources):
+        ids[row, :n], valid[row, :n] = rng.integers(1, cfg.vocab_size, n), True
+    dense = model.init_cache(model.encode(ids, valid.astype(np.int32)), 2)
+    dense = dense.per_layer() if loop else dense
+    tables = jnp.asarray((1 + rng.permutation(B * (BLOCKS_PER_ROW + 1))).reshape(B, -1), jnp.int32)
+    pool = PagedKVCache.empty(cfg.decoder_layers, 1 + tables.size, BLOCK, cfg.kv_heads, cfg.head_dim_, jnp.float32)
+    k, v = encode_sources(*nnx.split(model), pool.k, pool.v, jnp.asarray(ids), jnp.asarray(valid),
+                          tables[:, :BLOCKS_PER_ROW])
+    paged = DecodeState(PagedKVCache(k, v, tables[:, BLOCKS_PER_ROW:], jnp.zeros(B, jnp.int32)),
+                        source_view(k, v, tables[:, :BLOCKS_PER_ROW], jnp.asarray(sources, jnp.int32)))
+    tokens = np.zeros((B, 1), np.int32)  # (T5 starts from its pad, 0)
+    for step in range(2):
+        positions, ones = np.full((B, 1), step, np.int32), np.ones((B, 1), bool)
+        want, dense = runner.step(tokens, positions, ones, dense)
+        got, paged = runner.step(tokens, positions, ones, paged)
+        assert float(jnp.max(jnp.abs(got - want))) < 1e-5, f"step {step}"
+        tokens = np.asarray(jnp.argmax(want, -1), np.int32)[:, None]
+
+
+def test_the_compiled_decode_step_holds_one_layers_rows_not_every_layers():
+    """The old read gathered [L, B, K, S, H] keys and values before the layer loop; XLA's memory analysis of the
+    compiled one-token step now counts less scratch than every layer's keys alone would take."""
+    cfg = jf.config("tiny-llama").replace(decoder_layers=6)
+    model = jf.build(cfg, seed=0)
+    B, M = 8, 32  # S = 256 slots a row
+    L, K, H = cfg.decoder_layers, cfg.kv_heads, cfg.head_dim_
+    every_layers_keys = L * B * K * M * BLOCK * H * 4
+
+    def step(graphdef, weights, k, v, ids, positions, valid, tables, lengths):
+        logits, state = nnx.merge(graphdef, weights).step(ids, positions, valid,
+                                                          DecodeState(PagedKVCache(k, v, tables, lengths)))
+        return logits, state.kv.k, state.kv.v
+
+    pool = jax.ShapeDtypeStruct((L, K, 1 + B * M, BLOCK, H), jnp.float32)
+    for runner in (model, model.for_decode_loop()):
+        assert _scratch(step, runner, pool, B, jax.ShapeDtypeStruct((B, M), jnp.int32),
+                        jax.ShapeDtypeStruct((B,), jnp.int32)) < every_layers_keys
+
+
+def test_the_compiled_encoder_decoder_step_gathers_each_layers_source_rows_apart():
+    """The old cross read gathered every decoder layer's source keys and values [L, B, S, K, H] from the pool before
+    the layer loop; each layer now gathers its own where it attends, and the compiled one-token step counts less
+    scratch than every layer's source keys alone would take."""
+    cfg = jf.config("tiny-t5").replace(decoder_layers=6)
+    model = jf.build(cfg, seed=0)
+    B, M, SOURCE = 8, 2, 32  # a row: 8 target slots, 128 source slots
+    L, K, H = cfg.decoder_layers, cfg.kv_heads, cfg.head_dim_
+    every_layers_source_keys = L * B * K * SOURCE * BLOCK * H * 4
+
+    def step(graphdef, weights, k, v, ids, positions, valid, tables, lengths, source_tables, source_lengths):
+        state = DecodeState(PagedKVCache(k, v, tables, lengths), source_view(k, v, source_tables, source_lengths))
+        logits, state = nnx.merge(graphdef, weights).step(ids, positions, valid, state)
+        return logits, state.kv.k, state.kv.v
+
+    pool = jax.ShapeDtypeStruct((L, K, 1 + B * (M + SOURCE), BLOCK, H), jnp.float32)
+    lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
+    for runner in (model, model.for_decode_loop()):
+        assert _scratch(step, runner, pool, B, jax.ShapeDtypeStruct((B, M), jnp.int32), lengths,
+                        jax.ShapeDtypeStruct((B, SOURCE), jnp.int32), lengths) < every_layers_source_keys
+
+
+def _scratch(step, runner, pool, rows: int, *tables_and_more) -> int:
+    """The temporary bytes XLA's memory analysis counts for ``step`` compiled over ``runner``'s weights, the pool
+    donated, one token for each of ``rows`` rows."""
+    graphdef, weights = nnx.split(runner)
+    column = jax.ShapeDtypeStruct((rows, 1), jnp.int32)
+    compiled = jax.jit(step, static_argnums=0, donate_argnums=(2, 3)).lower(
+        graphdef, weights, pool, pool, column, column, jax.ShapeDtypeStruct((rows, 1), bool), *tables_and_more)
+    return compiled.compile().memory_analysis().temp_size_in_bytes
