@@ -560,30 +560,78 @@ def argument_parser() -> argparse.ArgumentParser:
 
 def _serve_command(commands) -> None:
     p = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, streaming, metrics) "
-                                          "over the serving engine: continuous batching on a paged KV cache")
+                                          "over the serving engine: continuous batching on a paged KV cache; "
+                                          "/v1/embeddings for a sentence-transformers or encoder folder")
     p.add_argument("path", help="checkpoint folder (config.json, model.safetensors, tokenizer.json; the chat "
                                 "template from chat_template.jinja or tokenizer_config.json) or a train.py run folder")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="0: a free port (printed)")
     p.add_argument("--served-model-name", help="the name requests give as model (default: PATH as given)")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="sequences decoded together at most")
-    p.add_argument("--block-size", type=int, default=16, help="tokens a KV-cache block holds")
+    p.add_argument("--max-num-seqs", type=int, default=16,
+                   help="sequences decoded together at most (an embedding model: inputs embedded together)")
+    p.add_argument("--block-size", type=int, help="tokens a KV-cache block holds (default 16)")
     p.add_argument("--num-blocks", type=int,
-                   help="KV-cache blocks in the pool (default: max_num_seqs sequences at max_positions)")
-    p.add_argument("--prefill-chunk", type=int, default=32, help="prompt tokens a sequence feeds per step at most")
+                   help="KV-cache blocks in the pool (default: max_num_seqs sequences at max_model_len)")
+    p.add_argument("--memory", type=float, metavar="GIB",
+                   help="size the pool by memory instead: as many blocks as GIB GiB holds (not with --num-blocks)")
+    p.add_argument("--prefill-chunk", type=int,
+                   help="prompt tokens a sequence feeds per step at most (default 32)")
     p.add_argument("--max-queue", type=int, default=1024, help="requests waiting at most; more are answered 429")
+    p.add_argument("--draft-tokens", type=int, metavar="K",
+                   help="greedy requests draft up to K tokens a step by prompt lookup, verified in the same step "
+                        "(same output, fewer steps where drafts match; default 0: no drafting)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    p.add_argument("--no-warm-up", action="store_true",
+                   help="listen at once; each program compiles on first use (the first requests wait for it)")
+    p.add_argument("--compilation-cache", metavar="DIR",
+                   help="keep compiled programs in DIR (JAX's persistent cache): a restart reads them back")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--matryoshka-dimensions", type=int, nargs="+", metavar="N",
+                   help="an embedding model's widths a request may ask for as dimensions (default: config.json's "
+                        "matryoshka_dimensions, any width if is_matryoshka, else none)")
     p.set_defaults(run=serve)
 
 
+# serve's flags that set the generation engine (their argparse defaults are None, so a given one is seen)
+GENERATION_ONLY = {"--num-blocks": "num_blocks", "--memory": "memory", "--block-size": "block_size",
+                   "--prefill-chunk": "prefill_chunk", "--draft-tokens": "draft_tokens"}
+
+
 def serve(args: argparse.Namespace) -> int:
+    import inspect
+    from pathlib import Path
+
+    from jaxformer.embedder import Embedder
+    from jaxformer.serving.engine import Engine
     from jaxformer.serving.server import serve as run_server
 
-    model, tokenizer = _generation_source(args.path, None, args.dtype)
+    embedder = None
+    if (Path(args.path) / "modules.json").exists():  # a sentence-transformers folder: /v1/embeddings
+        embedder = Embedder.from_pretrained(args.path, dtype=args.dtype)
+    else:
+        model, tokenizer = _generation_source(args.path, None, args.dtype)
+        if model.config.family == "encoder" and (Path(args.path) / "config.json").exists():  # a plain encoder:
+            embedder = Embedder.from_pretrained(args.path, args.dtype, pooling="mean", model=model)  # as ST reads it
+    if embedder is not None:
+        from jaxformer.serving.embeddings import serve as serve_embeddings
+
+        given = [flag for flag, name in GENERATION_ONLY.items() if getattr(args, name) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: the generation engine's (its KV cache, prefill, drafting); "
+                             f"{args.path} is served as an embedding model, which has none")
+        serve_embeddings(embedder, args.served_model_name or args.path, args.host, args.port, args.api_key,
+                         args.max_queue, args.max_num_seqs, args.matryoshka_dimensions, not args.no_warm_up,
+                         args.compilation_cache)
+        return 0
+    if args.matryoshka_dimensions is not None:
+        raise ValueError(f"--matryoshka-dimensions is an embedding model's; {args.path} is served for generation")
+    defaults = inspect.signature(Engine).parameters  # the engine's own defaults where a flag is not given
+    settings = {name: defaults[name].default if getattr(args, name) is None else getattr(args, name)
+                for name in ("block_size", "prefill_chunk", "draft_tokens")}
     run_server(model, tokenizer, args.path, args.served_model_name or args.path, args.host, args.port, args.api_key,
-               args.max_queue, num_blocks=args.num_blocks, block_size=args.block_size,
-               max_num_seqs=args.max_num_seqs, prefill_chunk=args.prefill_chunk)
+               args.max_queue, memory=args.memory, warm_up=not args.no_warm_up,
+               compilation_cache=args.compilation_cache, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+               **settings)
     return 0
 
 

@@ -14,6 +14,7 @@ only shifts rotary positions, which attention sees as distances.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from pathlib import Path
@@ -25,7 +26,7 @@ from flax import nnx
 
 from jaxformer.interop.files import read_json
 from jaxformer.interop.hf import from_pretrained
-from jaxformer.interop.sentence_transformers import DenseStep, Pipeline, read_folder
+from jaxformer.interop.sentence_transformers import DenseStep, Pipeline, plain_pipeline, read_folder
 from jaxformer.interop.tokenizer import load_tokenizer
 
 _SHORTEST_BUCKET = 8
@@ -54,17 +55,23 @@ class Embedder:
         self._graphdef, self._state = nnx.split(model)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None,
-                        allow_pickle: bool = False) -> "Embedder":
+    def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None, allow_pickle: bool = False,
+                        pooling: str | None = None, model=None) -> "Embedder":
         """Load a folder written by ``SentenceTransformer.save`` (modules.json, the Hugging Face encoder, its
         tokenizer.json, 1_Pooling/config.json, optional Dense and Normalize modules). Older folders keep
-        weights in pickled pytorch_model.bin files, read only with ``allow_pickle=True`` (weights_only)."""
+        weights in pickled pytorch_model.bin files, read only with ``allow_pickle=True`` (weights_only).
+        ``pooling``: read a Hugging Face folder without modules.json as ``SentenceTransformer(path)`` does, its
+        last hidden states pooled so (sentence-transformers picks "mean" for an encoder), nothing after; None
+        refuses such a folder. ``model``: the folder's model, already loaded."""
         if _holds_dual_encoder(path):  # CLIP, SigLIP: their text and image embeddings
             return ImageTextEmbedder.from_pretrained(path, dtype)
-        pipeline = read_folder(path, allow_pickle)
+        plain = pooling is not None and not (Path(path) / "modules.json").exists()
+        pipeline = plain_pipeline(path, pooling) if plain else read_folder(path, allow_pickle)
         folder = pipeline.transformer_dir
-        model = from_pretrained(folder, dtype=dtype, allow_pickle=allow_pickle)
+        model = from_pretrained(folder, dtype=dtype, allow_pickle=allow_pickle) if model is None else model
         cfg = model.config
+        if plain:  # sentence-transformers' Pooling takes the encoder's width
+            pipeline = dataclasses.replace(pipeline, embedding_dimension=cfg.d_model)
         if cfg.family == "encoder_decoder" or cfg.position == "xl":
             raise ValueError(f"{folder}/config.json holds a {cfg.family} model ({cfg.name}, {cfg.position} positions); "
                              "jaxformer embeds with encoders (BERT, RoBERTa, T5EncoderModel) and decoder-only models "
@@ -99,7 +106,8 @@ class Embedder:
         """Embeddings as float32 numpy: [N, D] for a list, [D] for one string (as sentence-transformers).
         ``prompt_name`` picks one of the folder's prompts (EmbeddingGemma: "query", "document", ...), ``prompt``
         gives the text itself (it wins over a name); neither: the folder's default prompt, if any.
-        ``truncate_dim`` keeps the first dimensions (Matryoshka models), before ``normalize_embeddings``."""
+        ``truncate_dim`` keeps the first dimensions (Matryoshka models), before ``normalize_embeddings``; None: the
+        folder's own (config_sentence_transformers.json's truncate_dim), if it has one."""
         single = isinstance(texts, str)
         texts = [texts] if single else list(texts)
         if not all(isinstance(t, str) for t in texts):
@@ -111,26 +119,41 @@ class Embedder:
             raise ValueError(f"truncate_dim={truncate_dim!r}; expected a positive integer or None")
         prompt = self._resolve_prompt(prompt, prompt_name)
         rows = [e.ids for e in self.tokenizer.encode_batch([prompt + t for t in texts])]
-        skipped = self._prompt_length(prompt) if prompt and not self.pipeline.include_prompt else 0
-        vocab = self.model.config.vocab_size
+        skipped = self.prompt_length(prompt) if prompt and not self.pipeline.include_prompt else 0
+        truncate_dim = self.pipeline.truncate_dim if truncate_dim is None else truncate_dim
+        out = self.encode_ids(rows, batch_size, normalize_embeddings, truncate_dim, [skipped] * len(rows), "text")
+        return out[0] if single else out
+
+    def encode_ids(self, rows: list[list[int]], batch_size: int = 32, normalize_embeddings: bool = False,
+                   truncate_dim: int | None = None, skip: list[int] | None = None, what: str = "row") -> np.ndarray:
+        """Embeddings [N, D] of token-id rows taken as they are (no prompt added, no truncation: a row not of 1 to
+        max_seq_length ids of the vocabulary is a ValueError). ``skip[i]``: row i's first tokens that pooling leaves
+        out (a prompt, where the folder's Pooling does not include it). ``what`` names a row in errors."""
+        vocab, limit = self.model.config.vocab_size, self.max_seq_length
         for i, row in enumerate(rows):  # checked here: the jitted forward would clamp a bad id silently
-            if row and not 0 <= min(row) <= max(row) < vocab:
-                raise ValueError(f"text {i} encodes to id {max(row) if max(row) >= vocab else min(row)}, outside the "
-                                 f"model's vocabulary [0, {vocab}): the tokenizer does not belong to this model")
+            if not 1 <= len(row) <= limit:  # past the limit: positions the model has not learned, or none to pool
+                raise ValueError(f"{what} {i} holds {len(row)} token ids; want 1 to {limit} (max_seq_length)")
+            if not 0 <= min(row) <= max(row) < vocab:
+                cause = ": the tokenizer does not belong to this model" if what == "text" else ""
+                raise ValueError(f"{what} {i} holds id {max(row) if max(row) >= vocab else min(row)}, outside the "
+                                 f"model's vocabulary [0, {vocab}){cause}")
+        skip = np.zeros(len(rows), np.int64) if skip is None else np.asarray(skip, np.int64)
         order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))  # similar lengths share a batch
         width = min(truncate_dim or self.dimension, self.dimension)
         out = np.zeros((len(rows), width), np.float32)
         for start in range(0, len(order), batch_size):
             chosen = order[start:start + batch_size]
-            ids, mask = self._pad([rows[i] for i in chosen], batch_size)
+            ids, mask = self.pad_rows([rows[i] for i in chosen], batch_size)
             pooled = mask.copy()  # what pooling reads: the attention mask less the prompt's first tokens
             first = mask.argmax(axis=1)[:, None]
+            skipped = np.zeros((len(ids), 1), np.int64)
+            skipped[:len(chosen), 0] = skip[chosen]
             pooled[(np.arange(mask.shape[1]) >= first) & (np.arange(mask.shape[1]) < first + skipped)] = 0
             vectors = _embed(self._graphdef, self._state, self._dense_params, ids, mask, pooled,
                              pooling=self.pipeline.pooling, steps=self._steps, normalize=bool(normalize_embeddings),
                              width=width)
             out[chosen] = np.asarray(vectors)[:len(chosen)]
-        return out[0] if single else out
+        return out
 
     def _resolve_prompt(self, prompt: str | None, prompt_name: str | None) -> str:
         """The prompt text as sentence-transformers resolves it: ``prompt``, else the named one, else the default."""
@@ -145,7 +168,7 @@ class Embedder:
                              f"{sorted(self.pipeline.prompts)} (config_sentence_transformers.json)")
         return self.pipeline.prompts[prompt_name]
 
-    def _prompt_length(self, prompt: str | None = None) -> int:
+    def prompt_length(self, prompt: str | None = None) -> int:
         """The prompt's tokens (default: the folder's default prompt) as sentence-transformers counts them: its
         encoding less a trailing special token."""
         ids = self.tokenizer.encode(self.pipeline.prompt if prompt is None else prompt).ids
@@ -170,7 +193,7 @@ class Embedder:
         dense = [s for s in self.pipeline.steps if isinstance(s, DenseStep)]
         return dense[-1].weight.shape[0] if dense else self.pipeline.embedding_dimension * len(self.pipeline.pooling)
 
-    def _pad(self, rows: list[list[int]], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def pad_rows(self, rows: list[list[int]], batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """Pad to a power-of-two width (capped by max_seq_length) and row count (capped by batch_size), on the
         tokenizer's padding side. Filler rows hold one unmasked pad token so no attention row is empty; their
         vectors are dropped."""

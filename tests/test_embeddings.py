@@ -222,7 +222,7 @@ def test_default_prompt_is_prepended_and_left_out_of_pooling_when_asked(folders,
         _edit(folder, "1_Pooling/config.json", lambda c: {**c, "include_prompt": include_prompt})
         embedder = jf.Embedder.from_pretrained(folder)
         assert_close(embedder.encode(TEXTS), reference(folder, TEXTS))
-    assert embedder._prompt_length() == 3  # [CLS] hello world; the trailing [SEP] is not the prompt
+    assert embedder.prompt_length() == 3  # [CLS] hello world; the trailing [SEP] is not the prompt
 
 
 def test_folder_without_modules_json_is_refused(encoders):

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
@@ -20,9 +18,10 @@ from safetensors.numpy import load_file, save_file
 import jaxformer as jf
 from jaxformer.interop.tokenizer import load_tokenizer, write_byte_level_tokenizer
 from jaxformer.serving import Engine, SamplingParams
-from jaxformer.serving.server import ApiError, EngineLoop, Metrics, TextStream, compile_chat_template, \
-    load_chat_template
+from jaxformer.serving.server import ApiError, EngineLoop, Metrics, TextStream, TokenPieces, _sampling, \
+    compile_chat_template, likeliest_by_piece, load_chat_template
 from tests.hf_factory import save_checkpoint
+from tests.serving_helpers import served
 
 openai = pytest.importorskip("openai")
 
@@ -87,23 +86,10 @@ def expected(folder, chat_ids):
 
 @pytest.fixture(scope="module")
 def server(folder):
-    """The server process and its address; it prints the address (a free port) once it listens. Its log goes to a
-    file: a pipe nobody reads would fill and stop it."""
-    log = folder / "server.log"
-    with open(log, "w") as errors:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "jaxformer.cli", "serve", str(folder), "--port", "0", "--served-model-name", NAME,
-             "--max-num-seqs", "8", "--block-size", "8", "--num-blocks", "65", "--prefill-chunk", "16",
-             "--api-key", KEY], stdout=subprocess.PIPE, stderr=errors, text=True)
-    try:
-        line = process.stdout.readline()
-        assert "on http://" in line, line + log.read_text()
-        yield process, line.split(" on ")[1].split()[0]
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(30)
-        process.stdout.close()
+    """The server process and its address."""
+    with served(folder, "--served-model-name", NAME, "--max-num-seqs", "8", "--block-size", "8", "--num-blocks", "65",
+                "--prefill-chunk", "16", "--api-key", KEY, "--no-warm-up") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -181,9 +167,15 @@ def test_a_stop_string_cuts_the_text(client, expected):
 @pytest.mark.parametrize("request_, error, param, words", [
     ({"temperature": -1.0}, openai.BadRequestError, "temperature", "temperature=-1.0"),
     ({"prompt": "y" * 200}, openai.BadRequestError, "prompt", f"max_model_len={MAX_LEN}"),
-    ({"n": 2}, openai.BadRequestError, "n", "not supported"),
-    ({"logprobs": 2}, openai.BadRequestError, "logprobs", "not supported"),
+    ({"n": 0}, openai.BadRequestError, "n", "n=0: want an int in [1, 16]"),
+    ({"n": 2, "best_of": 3}, openai.BadRequestError, "best_of", "not supported"),
+    ({"logprobs": 6}, openai.BadRequestError, "logprobs", "logprobs=6: want an int in [0, 5]"),
+    ({"presence_penalty": 2.5}, openai.BadRequestError, "presence_penalty", "[-2, 2]"),
+    ({"frequency_penalty": -3}, openai.BadRequestError, "frequency_penalty", "[-2, 2]"),
+    ({"extra_body": {"min_p": 2}}, openai.BadRequestError, "min_p", "min_p=2: want a number in [0, 1]"),
+    ({"extra_body": {"repetition_penalty": 0}}, openai.BadRequestError, "repetition_penalty", "> 0"),
     ({"extra_body": {"min_q": 1}}, openai.BadRequestError, "min_q", "unknown parameter"),
+    ({"extra_body": {"ignore_eos": 1}}, openai.BadRequestError, "ignore_eos", "want a boolean"),
     ({"model": "gpt-5"}, openai.NotFoundError, "model", NAME),
 ])
 def test_bad_requests_get_openai_shaped_errors(client, request_, error, param, words):
@@ -205,6 +197,101 @@ def test_a_client_leaving_mid_stream_frees_its_blocks_and_metrics_read(server):
     assert metrics["jaxformer_running_sequences"] == metrics["jaxformer_queue_length"] == 0
     assert metrics["jaxformer_kv_blocks_used"] == 0 and metrics["jaxformer_kv_blocks"] == 64
     assert metrics["jaxformer_generated_tokens_total"] > 0 and metrics["jaxformer_time_to_first_token_seconds_count"]
+
+
+@pytest.fixture(scope="module")
+def reference(folder):
+    """The checkpoint in transformers, and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(str(folder)).eval(), AutoTokenizer.from_pretrained(str(folder))
+
+
+def test_n_choices_draw_as_requests_seeded_seed_plus_i(client):
+    ask = dict(model=NAME, prompt=PROMPTS[1], max_tokens=8, temperature=1.0)
+    alone = [client.completions.create(**ask, seed=11 + i).choices[0].text for i in range(3)]
+    answer = client.completions.create(**ask, seed=11, n=3)
+    assert [(c.index, c.text) for c in answer.choices] == list(enumerate(alone)) and len(set(alone)) > 1
+    assert answer.usage.completion_tokens == 24 and answer.usage.prompt_tokens == len(PROMPTS[1])
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(**ask, seed=11, n=3, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == alone
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=4, temperature=0, n=2)
+    assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message.content == \
+        chat.choices[1].message.content
+
+
+def test_logprobs_of_completions_and_chats_are_transformers_log_softmax(client, reference):
+    import torch
+
+    model, tokenizer = reference
+    answer = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=3)
+    text, logprobs = answer.choices[0].text, answer.choices[0].logprobs
+    prompt = tokenizer.encode(PROMPTS[0])
+    generated = tokenizer.encode(text, add_special_tokens=False)  # (every token is a character: see the folder)
+    with torch.no_grad():
+        expected = torch.log_softmax(model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1:-1], -1)
+    assert "".join(logprobs.tokens) == text and logprobs.text_offset == [0, 1, 2, 3, 4, 5]
+    np.testing.assert_allclose(logprobs.token_logprobs, expected[range(6), generated].numpy(), atol=1e-5)
+    for step, top in enumerate(logprobs.top_logprobs):  # greedy: the chosen token is the likeliest
+        assert len(top) == 3 and max(top.values()) == logprobs.token_logprobs[step]
+        np.testing.assert_allclose(sorted(top.values(), reverse=True), expected[step].topk(3).values, atol=1e-5)
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=5, temperature=0, logprobs=True,
+                                          top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert "".join(entry.token for entry in content) == chat.choices[0].message.content and len(content) == 5
+    assert all(entry.bytes == list(entry.token.encode()) and len(entry.top_logprobs) == 2
+               and entry.top_logprobs[0].logprob == entry.logprob for entry in content)
+    chunks = list(client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=5, temperature=0,
+                                                 logprobs=True, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].logprobs is None  # (OpenAI's)
+    streamed = [entry for c in chunks if c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob, e.top_logprobs) for e in streamed] == [(e.token, e.logprob, []) for e in content]
+
+
+def test_a_penalised_greedy_completion_equals_transformers_generate(client, reference):
+    import torch
+
+    model, tokenizer = reference
+    answer = client.completions.create(model=NAME, prompt=PROMPTS[6], max_tokens=10, temperature=0,
+                                       extra_body={"repetition_penalty": 1.5})
+    prompt = torch.tensor([tokenizer.encode(PROMPTS[6])])
+    with torch.no_grad():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, do_sample=False,
+                             repetition_penalty=1.5)
+    assert answer.choices[0].text == tokenizer.decode(out[0, prompt.shape[1]:])
+    sampled = client.completions.create(model=NAME, prompt=PROMPTS[6], max_tokens=10, temperature=0.8, seed=2,
+                                        presence_penalty=1.0, frequency_penalty=0.5, extra_body={"min_p": 0.1})
+    assert sampled.usage.completion_tokens == 10
+
+
+@pytest.mark.parametrize("request_, param, words", [
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs=21: want an int in [0, 20]"),
+    ({"top_logprobs": 2}, "top_logprobs", "needs logprobs=true"),
+    ({"extra_body": {"best_of": 2}}, "best_of", "unknown parameter"),
+])
+def test_bad_chat_sampling_gets_openai_shaped_errors(client, request_, param, words):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**{"model": NAME, "messages": CHAT, "max_tokens": 4, **request_})
+    assert err.value.body["param"] == param and words in err.value.body["message"]
+
+
+def test_ignore_eos_is_taken_and_draft_tokens_reach_the_engine(folder, client, expected, monkeypatch):
+    import jaxformer.serving.server as server_module
+    from jaxformer.cli import main
+
+    answer = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=NEW[0], temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert answer.choices[0].text == expected[0](NEW[0])
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=3, temperature=0,
+                                          extra_body={"ignore_eos": False})
+    assert chat.usage.completion_tokens == 3
+    settings = {}
+    monkeypatch.setattr(server_module, "serve", lambda *args, **kwargs: settings.update(kwargs))
+    assert main(["serve", str(folder), "--draft-tokens", "3", "--no-warm-up"]) == 0
+    assert settings["draft_tokens"] == 3
 
 
 def test_sigterm_lets_a_running_stream_finish_then_exits(server, client, expected):
@@ -255,3 +342,51 @@ def test_named_templates_in_tokenizer_config_render_as_transformers(tmp_path):
     assert compile_chat_template(template).render(messages=CHAT, add_generation_prompt=True, **tokens) == \
         AutoTokenizer.from_pretrained(str(tmp_path)).apply_chat_template(CHAT, add_generation_prompt=True,
                                                                          tokenize=False)
+
+
+def test_logprob_tokens_are_their_text_in_context_and_join_to_it():
+    """A SentencePiece-style tokenizer (Metaspace pieces, byte fallback), where a token decoded alone loses its
+    leading space and a character's bytes decode apart as U+FFFD: in context, each token's piece is the text it adds,
+    so the pieces join to ``TextStream``'s text, a character's last byte giving it whole; a top candidate's piece is
+    what it would add there, and of two candidates with one piece the completions' dict keeps the likelier."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models
+
+    from jaxformer.interop.tokenizer import Tokenizer
+    from jaxformer.serving.sampling import TokenLogprobs
+
+    vocab = ["<unk>", "\u2581Hello", "\u2581world", "\u2581caf", "<0xC3>", "<0xA9>", "!", "<0xE2>"]
+    sentencepiece = HFTokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<unk>"))
+    sentencepiece.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(),
+                                               decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tokenizer = Tokenizer(sentencepiece)
+    prompt, generated = [1], [2, 3, 4, 5, 6]
+    stream = TextStream(tokenizer, prompt, ())
+    stream.add(generated, True)
+    assert stream.text == " world caf\u00e9!" and tokenizer.decode([2]) == "world"  # (alone: its space lost)
+    tops = [((2, -0.1), (3, -2.0)), ((3, -0.2), (2, -1.5)), ((4, -0.3), (7, -1.2), (6, -2.0)), ((5, -0.1), (6, -3.0)),
+            ((6, -0.5),)]
+    entries = [TokenLogprobs(token, top[0][1], top) for token, top in zip(generated, tops)]
+    pieces = TokenPieces(tokenizer, prompt)
+    got = pieces.add(entries[:3]) + pieces.add(entries[3:], finished=True)  # (as a stream's chunks bring them)
+    assert got == [(" world", [(" world", -0.1), (" caf", -2.0)]), (" caf", [(" caf", -0.2), (" world", -1.5)]),
+                   ("", [("", -0.3), ("", -1.2), ("!", -2.0)]), ("\u00e9", [("\u00e9", -0.1), ("\ufffd!", -3.0)]),
+                   ("!", [("!", -0.5)])]
+    assert "".join(piece for piece, _ in got) == stream.text
+    assert likeliest_by_piece(got[2][1]) == {"": -0.3, "!": -2.0}
+    # a choice that ends inside a character keeps its U+FFFD, as its text does
+    cut = TextStream(tokenizer, prompt, ())
+    cut.add([3, 4], True)
+    ended = TokenPieces(tokenizer, prompt).add([TokenLogprobs(3, -0.1, ()), TokenLogprobs(4, -0.2, ())], True)
+    assert [piece for piece, _ in ended] == [" caf", "\ufffd"] and "".join(p for p, _ in ended) == cut.text
+
+
+def test_any_int_seed_folds_into_range_and_top_k_minus_one_is_off():
+    """OpenAI clients send any int seed: one outside [0, 2**32) is folded into it, the same way each time."""
+    seeds = (-1, 2 ** 32, 2 ** 70, -2 ** 70, 7)
+    folded = [_sampling({"seed": seed}, 4)[0].seed for seed in seeds]
+    assert all(0 <= seed < 2 ** 32 for seed in folded) and len(set(folded)) == len(seeds) and folded[-1] == 7
+    assert folded == [_sampling({"seed": seed}, 4)[0].seed for seed in seeds]
+    assert _sampling({"top_k": -1}, 4)[0].top_k == 0
+    with pytest.raises(ApiError, match="top_k=-2"):
+        _sampling({"top_k": -2}, 4)

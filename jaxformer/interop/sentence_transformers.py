@@ -56,6 +56,7 @@ class Pipeline:
     prompts: dict[str, str]       # the named prompts an encode call may choose (EmbeddingGemma's query, document, ...)
     include_prompt: bool          # False: pooling skips the prompt's tokens
     similarity_fn_name: str
+    truncate_dim: int | None = None  # the width encode keeps by default (a Matryoshka model saved truncated)
 
 
 def _refuse(file: Path, field: str, value, valid: str) -> None:
@@ -114,9 +115,17 @@ def read_folder(path: str | os.PathLike, allow_pickle: bool = False) -> Pipeline
             if step.weight.shape[1] != width:
                 raise ValueError(f"{module_dir(i)}: Dense takes {step.weight.shape[1]} features but receives {width}")
             width = step.weight.shape[0]
-    prompts, prompt, similarity = _read_model_config(folder / "config_sentence_transformers.json")
+    prompts, prompt, similarity, truncate_dim = _read_model_config(folder / "config_sentence_transformers.json")
     return Pipeline(transformer_dir, max_seq_length, do_lower_case, pooling, dim, steps, prompt, prompts,
-                    include_prompt, similarity)
+                    include_prompt, similarity, truncate_dim)
+
+
+def plain_pipeline(path: str | os.PathLike, pooling: str) -> Pipeline:
+    """What ``SentenceTransformer(path)`` builds over a Hugging Face folder without modules.json: the model's last
+    hidden states pooled (its width, 0 here, is the model's), no Dense, no Normalize, no prompt."""
+    if pooling not in POOLING_MODES:
+        raise ValueError(f"pooling={pooling!r}; valid: {list(POOLING_MODES)}")
+    return Pipeline(Path(path), None, False, (pooling,), 0, (), "", {}, True, "cosine")
 
 
 def _read_transformer(folder: Path) -> tuple[int | None, bool]:
@@ -220,8 +229,9 @@ def _read_normalize(folder: Path) -> str:
     return "normalize"
 
 
-def _read_model_config(file: Path) -> tuple[dict[str, str], str, str]:
-    """(named prompts, default prompt, similarity function name) from config_sentence_transformers.json."""
+def _read_model_config(file: Path) -> tuple[dict[str, str], str, str, int | None]:
+    """(named prompts, default prompt, similarity function name, truncate_dim) from config_sentence_transformers.json
+    (sentence-transformers saves the truncate_dim a model was built with, and its encode keeps that width)."""
     config = _json(file) if file.exists() else {}
     kind = config.get("model_type", "SentenceTransformer")
     if kind != "SentenceTransformer":
@@ -235,4 +245,8 @@ def _read_model_config(file: Path) -> tuple[dict[str, str], str, str]:
     similarity = config.get("similarity_fn_name") or "cosine"
     if similarity not in ("cosine", "dot", "euclidean", "manhattan"):
         _refuse(file, "similarity_fn_name", similarity, "valid: cosine, dot, euclidean, manhattan")
-    return dict(prompts), (prompts.get(name) or "") if name is not None else "", similarity
+    truncate_dim = config.get("truncate_dim")
+    if truncate_dim is not None and (isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int)
+                                     or truncate_dim < 1):
+        _refuse(file, "truncate_dim", truncate_dim, "expected a positive integer")
+    return dict(prompts), (prompts.get(name) or "") if name is not None else "", similarity, truncate_dim

@@ -2,9 +2,11 @@
 
 ``Engine(model, num_blocks, block_size, max_num_seqs)`` takes requests (``add_request(prompt_ids,
 SamplingParams)``) and ``step()`` advances every running one: a scheduler on the host decides, each step, which
-tokens each sequence feeds (one for a decoding sequence, a chunk of its prompt for a prefilling one), gives them
-blocks, and runs at most two compiled calls of the model's own ``step`` over a ``PagedKVCache`` (one for the rows
-feeding one token, one for the prompt chunks), each sampling every row's next token by its own parameters.
+tokens each sequence feeds (one for a decoding sequence, a chunk of its prompt for a prefilling one, its last token
+and its drafts for a drafting one), gives them blocks, and runs at most three compiled calls of the model's own
+``step`` over a ``PagedKVCache`` (the rows feeding one token, the drafting rows, the prompt chunks), each choosing
+every row's next token by its own parameters; an encoder-decoder's newly admitted sources are encoded first, in one
+more call.
 
 - Continuous batching: a sequence leaves the batch the step it ends (its blocks freed at once) and waiting ones
   join as blocks and ``max_num_seqs`` allow.
@@ -15,8 +17,10 @@ feeding one token, one for the prompt chunks), each sampling every row's next to
 - Preemption by recompute: when a sequence's next tokens find no free block, the sequence admitted last gives its
   blocks back and returns to the waiting queue in its arrival order (first come, first readmitted); readmitted, it
   computes its prompt and the tokens it had generated again (from the prefix cache where still there).
-- Bucketed shapes: batch rows, chunk width and block-table width are each rounded up to a power of two (capped), so
-  the engine compiles a few programs, not one per batch (``programs`` lists them with their compile times).
+- Bucketed shapes: batch rows, chunk width, block-table width (and the penalties' history width, an encoder-decoder's
+  source width) are each rounded up to a power of two (capped), so the engine compiles a few programs, not one per
+  batch (``programs`` lists them with their compile times); a table is at least ``MIN_TABLE_SLOTS`` tokens wide
+  (reading that few slots costs no more than fewer: fewer programs).
 
 Greedy output equals ``model.generate``'s token for token whatever else is in the batch: a row's keys are its own
 blocks and padding is masked, so rows never mix.
@@ -38,10 +42,12 @@ import numpy as np
 from flax import nnx
 
 from jaxformer.cache import DecodeState
-from jaxformer.generate import generation_defaults
+from jaxformer.generate import checkpoint_config, generation_defaults
 from jaxformer.layer_plan import layer_plan
-from jaxformer.layers import dtype_of
-from jaxformer.serving.paged import NULL_BLOCK, BlockManager, PagedKVCache
+from jaxformer.layers import EncoderOutput, dtype_of
+from jaxformer.serving.paged import NULL_BLOCK, BlockManager, PagedKVCache, source_view
+from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, SamplingRows, TokenLogprobs, choose_tokens,
+                                        prompt_lookup, sampling_rows)
 
 Array = jax.Array
 
@@ -52,11 +58,13 @@ def paging_problem(model) -> str | None:
     chunks) are paged in full: their masks come from positions, so they read the same keys as through their ring
     (a block past every layer's window is not freed early yet)."""
     cfg = model.config
-    if cfg.family != "decoder":
-        return {"encoder": "an encoder generates no tokens (embeddings are served apart)",
-                "encoder_decoder": "an encoder-decoder's decoder reads its source's cross-attention keys and values "
-                                   "(EncoderKV), which the engine does not page yet"}.get(
-                                       cfg.family, f"family {cfg.family!r} is not a decoder")
+    if cfg.family == "encoder_decoder":
+        problem = source_problem(model)
+        if problem is not None:
+            return problem
+    elif cfg.family != "decoder":
+        return {"encoder": "an encoder generates no tokens (embeddings are served apart)"}.get(
+            cfg.family, f"family {cfg.family!r} is not a decoder")
     if cfg.head != "lm":
         return f"head {cfg.head!r} gives no next-token logits"
     if cfg.position == "xl":
@@ -84,6 +92,23 @@ def paging_problem(model) -> str | None:
     return None
 
 
+def source_problem(model) -> str | None:
+    """Why the engine cannot serve encoder-decoder ``model`` (None: it can). A source's cross-attention keys and
+    values live in the same block pool as the decoder's own keys, so they must have its [kv_heads, head_dim] shape;
+    the source is token ids (an audio encoder's features are not served)."""
+    cfg = model.config
+    if cfg.audio is not None:
+        return "its encoder reads audio features (Whisper), which the engine does not take"
+    if cfg.head != "lm":
+        return f"head {cfg.head!r} gives no next-token logits"
+    source = EncoderOutput(jax.ShapeDtypeStruct((1, 1, cfg.d_model), dtype_of(cfg.dtype)))
+    cross = jax.eval_shape(model.decoder.cross_key_values, source).k.shape  # [L, B, S, K, H]
+    if tuple(cross[3:]) != (cfg.kv_heads, cfg.head_dim_):
+        return (f"its cross-attention keys are [{cross[3]} heads, {cross[4]}] but its self-attention keys "
+                f"[{cfg.kv_heads}, {cfg.head_dim_}]: the two share one block pool")
+    return None
+
+
 def position_limit(cfg, allow_beyond_max_positions: bool = False) -> tuple[int | None, str]:
     """The longest sequence the engine serves of a model configured as ``cfg`` (None: no bound) and why. Rotary
     frequencies that switch with a call's length (longrope past ``original_max_positions``, dynamic NTK past
@@ -106,19 +131,28 @@ def position_limit(cfg, allow_beyond_max_positions: bool = False) -> tuple[int |
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How one request chooses its tokens. ``temperature`` 0 is greedy; otherwise a draw at that temperature from
-    the ``top_k`` likeliest tokens (0: all) within the ``top_p`` nucleus (1: all), by a key from ``seed`` (None: the
-    engine's seed and the request's id, see ``Engine``) and the number of tokens drawn so far, so a request draws the
-    same tokens whatever else runs (and after a preemption). Stops after ``max_tokens`` or at a stop id (the model's
-    EOS ids unless ``ignore_eos``, and ``stop_token_ids``)."""
+    """How one request chooses its tokens (``sampling.py``: the order, as transformers' generate). The logits are
+    penalised first: ``repetition_penalty`` over the prompt and generated ids (1: off), ``presence_penalty`` and
+    ``frequency_penalty`` over the generated ids (0: off). ``temperature`` 0 is then greedy; otherwise a draw at that
+    temperature from the ``top_k`` likeliest tokens (0: all) within the ``top_p`` nucleus (1: all) and at least
+    ``min_p`` times the likeliest's probability (0: off), by a key from ``seed`` (None: the engine's seed and the
+    request's id, see ``Engine``) and the number of tokens drawn so far, so a request draws the same tokens whatever
+    else runs (and after a preemption). ``logprobs`` k: each new token's log-probability under the model's raw
+    distribution and the k likeliest (None: none). Stops after ``max_tokens`` or at a stop id (the model's EOS ids
+    unless ``ignore_eos``, and ``stop_token_ids``)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -127,6 +161,16 @@ class SamplingParams:
                                   _is_number(self.temperature) and 0 <= self.temperature < math.inf),
                   "top_k": (self.top_k, "an int >= 0 (0: off)", _is_int(self.top_k) and self.top_k >= 0),
                   "top_p": (self.top_p, "a number in (0, 1]", _is_number(self.top_p) and 0 < self.top_p <= 1),
+                  "min_p": (self.min_p, "a number in [0, 1]", _is_number(self.min_p) and 0 <= self.min_p <= 1),
+                  "repetition_penalty": (self.repetition_penalty, "a finite number > 0",
+                                         _is_number(self.repetition_penalty)
+                                         and 0 < self.repetition_penalty < math.inf),
+                  "presence_penalty": (self.presence_penalty, "a number in [-2, 2]",
+                                       _is_number(self.presence_penalty) and -2 <= self.presence_penalty <= 2),
+                  "frequency_penalty": (self.frequency_penalty, "a number in [-2, 2]",
+                                        _is_number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2),
+                  "logprobs": (self.logprobs, f"None or an int in [0, {MAX_LOGPROBS}]", self.logprobs is None
+                               or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS)),
                   "seed": (self.seed, "None or an int in [0, 2**32)",
                            self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2 ** 32)),
                   "stop_token_ids": (self.stop_token_ids, "ints >= 0",
@@ -147,18 +191,22 @@ def _is_number(value) -> bool:
 @dataclasses.dataclass(frozen=True)
 class RequestOutput:
     """What a step gave one request: its new tokens, and whether (and why: 'stop', 'length', or 'error': its logits
-    were not finite, so it ends with no token) it ended."""
+    were not finite, so it ends with no token) it ended; ``logprobs``: one ``TokenLogprobs`` a new token where the
+    request asked for them (``SamplingParams.logprobs``), else None."""
 
     request_id: int
     token_ids: tuple[int, ...]
     finished: bool
     finish_reason: str | None = None
+    logprobs: tuple[TokenLogprobs, ...] | None = None
 
 
 @dataclasses.dataclass(eq=False)  # (one sequence is itself alone: the queues find it by identity)
 class Sequence:
     """A request as the scheduler tracks it: its tokens (prompt, then generated), how many of them are in the
-    cache (``computed``), its blocks in order and the prefix keys of its full ones; ``seed``: its draws' seed."""
+    cache (``computed``), its blocks in order and the prefix keys of its full ones; ``seed``: its draws' seed. An
+    encoder-decoder's request has its ``source`` ids, whose cross-attention keys and values fill ``source_blocks``
+    (``encoded``: written; both go with the target's blocks when the sequence ends or is preempted)."""
 
     request_id: int
     prompt: list[int]
@@ -170,50 +218,65 @@ class Sequence:
     keys: list[bytes] = dataclasses.field(default_factory=list)
     computed: int = 0
     finish_reason: str | None = None
+    source: list[int] | None = None
+    source_blocks: list[int] = dataclasses.field(default_factory=list)
+    encoded: bool = False
+    draft: list[int] = dataclasses.field(default_factory=list)  # this step's prompt-lookup drafts, to verify
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.generated
 
 
-def warp_rows(logits: Array, temperature: Array, top_k: Array, top_p: Array) -> Array:
-    """``generate.warp_logits`` with each row's own settings [B] (traced here: one program serves every mix):
-    logits [B, V] shifted to a maximum of 0, divided by the temperature (a row at 0 is left undivided), then
-    -inf outside the ``top_k`` likeliest (0: off) and outside the ``top_p`` nucleus, one sort serving both."""
-    B, V = logits.shape
-    scaled = (logits - jnp.max(logits, axis=-1, keepdims=True)) / jnp.where(temperature > 0, temperature, 1.0)[:, None]
-    order = jnp.argsort(scaled, axis=-1)  # ascending, as transformers' TopPLogitsWarper
-    ascending = jnp.take_along_axis(scaled, order, axis=-1)
-    kth = jnp.take_along_axis(ascending, jnp.clip(V - top_k, 0, V - 1)[:, None], axis=-1)
-    ascending = jnp.where((top_k[:, None] > 0) & (ascending < kth), -jnp.inf, ascending)
-    cumulative = jnp.cumsum(jax.nn.softmax(ascending, axis=-1), axis=-1)
-    remove = (cumulative <= 1.0 - top_p[:, None]).at[:, -1].set(False)  # the likeliest token stays
-    return jnp.zeros_like(scaled).at[jnp.arange(B)[:, None], order].set(jnp.where(remove, -jnp.inf, ascending))
-
-
-def choose_tokens(logits: Array, temperature: Array, top_k: Array, top_p: Array, seeds: Array, drawn: Array
-                  ) -> Array:
-    """Each row's next token [B] from its logits [B, V] by its own parameters [B]: greedy where ``temperature``
-    is 0, else a draw from ``warp_rows`` keyed by the row's seed and ``drawn`` count (so a request draws the same
-    tokens whatever batch it is in)."""
-    keys = jax.vmap(lambda seed, n: jax.random.fold_in(jax.random.PRNGKey(seed), n))(seeds, drawn)
-    draws = jax.vmap(jax.random.categorical)(keys, warp_rows(logits, temperature, top_k, top_p))
-    return jnp.where(temperature > 0, draws, jnp.argmax(logits, axis=-1)).astype(jnp.int32)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef", "sample"), donate_argnames=("k", "v"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "sampler", "banned", "verify"), donate_argnames=("k", "v"))
 def run_step(graphdef, weights, k: Array, v: Array, ids: Array, positions: Array, valid: Array, tables: Array,
-             lengths: Array, sampling: tuple, sample: bool) -> tuple[Array, Array, Array, Array]:
+             lengths: Array, sampling: SamplingRows, sampler: SamplerFlags, source: tuple | None = None,
+             banned: tuple[int, ...] = (), verify: bool = False, forced: Array | None = None
+             ) -> tuple[Array, tuple | None, Array, Array, Array]:
     """One compiled engine call: the model's cached ``step`` over the paged pool for rows ``ids`` [B, T] (left
-    padded: the last column of every real row is real), then each row's next token (``sample``: some row samples;
-    otherwise the program holds no sampler). Returns the tokens [B], whether each row's logits are all finite [B]
-    (a row that is not ends in error: its token would be argmax of NaNs) and the pool's k, v with the rows' tokens
-    written (updated in place: the pool is donated)."""
+    padded: the last column of every real row is real), then each row's next token by its ``sampling`` (the program
+    holds only the machinery ``sampler`` names). Returns the tokens [B], their log-probabilities (``choose_tokens``;
+    None unless asked), whether each row's logits are all finite [B] (a row that is not ends in error: its token
+    would be argmax of NaNs) and the pool's k, v with the rows' tokens written (updated in place: donated). An
+    encoder-decoder's rows read their sources' keys and values from the pool by ``source``: (source tables [B, Ms],
+    source lengths [B]). ``banned``: token ids never chosen (the checkpoint's bad words, as generate bans them; the
+    log-probabilities stay the raw ones); ``forced`` [B]: generate's forced tokens, -1 where none (``_forced``).
+    ``verify``: greedy rows feeding their last token and drafts: the tokens are each position's argmax [B, T]."""
     model = nnx.merge(graphdef, weights)
-    state = DecodeState(PagedKVCache(k, v, tables, lengths))
-    logits, state = model.step(ids, positions, valid, state)
-    tokens = choose_tokens(logits, *sampling) if sample else jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return tokens, jnp.all(jnp.isfinite(logits), axis=-1), state.kv.k, state.kv.v
+    state = DecodeState(PagedKVCache(k, v, tables, lengths), None if source is None else source_view(k, v, *source))
+    logits, state = model.step(ids, positions, valid, state, every_position=verify)
+    finite = jnp.all(jnp.isfinite(logits), axis=-1)
+    if verify:  # (the padding columns' logits are no row's)
+        finite = jnp.all(finite | ~valid, axis=-1)
+    scores = logits.at[..., jnp.asarray(banned)].set(-jnp.inf) if banned else logits
+    if verify:
+        return jnp.argmax(scores, axis=-1).astype(jnp.int32), None, finite, state.kv.k, state.kv.v
+    tokens, logprobs = choose_tokens(scores, sampling, sampler, logits, forced)
+    return tokens, logprobs, finite, state.kv.k, state.kv.v
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("k", "v"))
+def encode_sources(graphdef, weights, k: Array, v: Array, ids: Array, valid: Array, tables: Array
+                   ) -> tuple[Array, Array]:
+    """An encoder-decoder's sources ``ids`` [B, S] (right padded: ``valid``) encoded, and every decoder layer's
+    cross-attention keys and values of them written into the pool's blocks by the rows' source ``tables`` [B, M]
+    (slot s: source token s; padding to the null block), as a step writes its tokens. Returns the pool's k, v."""
+    model = nnx.merge(graphdef, weights)
+    cross = model.decoder.cross_key_values(model.encode(ids, valid.astype(jnp.int32)))  # k, v [L, B, S, K, H]
+    positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
+    pool = PagedKVCache(k, v, tables, jnp.zeros(ids.shape[0], jnp.int32)).write(
+        {"k": cross.k.swapaxes(2, 3), "v": cross.v.swapaxes(2, 3)}, positions, valid)
+    return pool.k, pool.v
+
+
+# the narrowest block table, in tokens: a gpt2-124M 16-row decode step measured the same at 16 to 64 slots (block 16)
+MIN_TABLE_SLOTS = 64
+
+
+@functools.partial(jax.jit, donate_argnames=("k", "v"))
+def zero_blocks(k: Array, v: Array, blocks: Array) -> tuple[Array, Array]:
+    """The pool's k, v with ``blocks`` zeroed in every layer (in place: donated, so no second pool is held)."""
+    return k.at[:, :, blocks].set(0), v.at[:, :, blocks].set(0)
 
 
 def _bucket(n: int, cap: int) -> int:
@@ -229,11 +292,14 @@ class Engine:
     ``position_limit`` stops, with a warning: longrope rotary at ``original_max_positions``); past ``max_positions``
     only with ``allow_beyond_max_positions`` (rotary and relative positions, as generate). ``seed``: the draws of
     requests without a seed of their own are keyed by it and their request id (None: a fresh seed each Engine, so
-    two engines draw differently; give one to repeat a run's draws)."""
+    two engines draw differently; give one to repeat a run's draws). ``draft_tokens`` k: plain greedy requests
+    draft up to k tokens a step by prompt lookup (``sampling.prompt_lookup``), verified in the same step (one call
+    of every drafting row, each position's greedy token): the output is the same, in fewer steps where drafts
+    match; a rejected draft's slots are overwritten later (``stats``: drafts proposed and accepted)."""
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 16,
                  prefill_chunk: int = 32, prefill_tokens: int | None = None, max_model_len: int | None = None,
-                 allow_beyond_max_positions: bool = False, seed: int | None = None):
+                 allow_beyond_max_positions: bool = False, seed: int | None = None, draft_tokens: int = 0):
         cfg = model.config
         problem = paging_problem(model)
         if problem is not None:
@@ -241,7 +307,7 @@ class Engine:
         prefill_tokens = 2 * prefill_chunk if prefill_tokens is None else prefill_tokens
         limit, why = position_limit(cfg, allow_beyond_max_positions)
         if max_model_len is None:
-            max_model_len = cfg.max_positions if limit is None else min(cfg.max_positions, limit)
+            max_model_len = Engine.default_max_model_len(cfg, allow_beyond_max_positions)
             if max_model_len < cfg.max_positions:
                 warnings.warn(f"Engine max_model_len={max_model_len}, not max_positions={cfg.max_positions}: {why}")
         for name, value in (("num_blocks", num_blocks), ("block_size", block_size), ("max_num_seqs", max_num_seqs),
@@ -253,6 +319,10 @@ class Engine:
             raise ValueError(f"Engine max_model_len={max_model_len} exceeds {limit} for {cfg.name!r}: {why}")
         if seed is not None and not (_is_int(seed) and 0 <= seed < 2 ** 32):
             raise ValueError(f"Engine seed={seed!r}: want None or an int in [0, 2**32)")
+        if not _is_int(draft_tokens) or draft_tokens < 0:
+            raise ValueError(f"Engine draft_tokens={draft_tokens!r}: want an int >= 0 (0: no drafting)")
+        self.draft_tokens = draft_tokens
+        self.drafted = self.accepted = 0  # draft tokens proposed and accepted so far
         self.seed = int(np.random.SeedSequence().entropy % 2 ** 32) if seed is None else int(seed)
         self.model, self.config = model, cfg
         self.manager = BlockManager(num_blocks, block_size)
@@ -263,34 +333,55 @@ class Engine:
                                        dtype_of(cfg.dtype))
         eos = generation_defaults(model)["eos_token_id"]
         self.eos_ids = frozenset(() if eos is None else (eos,) if isinstance(eos, int) else eos)
+        # the other ids generate applies (checkpoint_config): bad words never chosen, a forced first and last token
+        # (``_forced``), an encoder-decoder's decoder prompt (its start token)
+        ids = checkpoint_config(model)
+        self.banned = ids.bad_token_ids
+        self.forced_bos, self.forced_eos = ids.forced_bos_token_id, ids.forced_eos_token_id
+        encoder_decoder = cfg.family == "encoder_decoder"
+        self.decoder_prompt = [ids.decoder_start_token_id] if encoder_decoder else None
+        # a source's length at most: the encoder's positions, and the pool beside its shortest target's blocks
+        self.max_source_len = None
+        if encoder_decoder:
+            self.max_source_len = min(limit or math.inf, (self.manager.usable - 1) * block_size)
+            self.source_why = why if limit is not None and self.max_source_len == limit else "the pool's size"
         # as generate: the prefill on the model, the one-token steps on its decode-loop form (CPU: layers apart)
         self.graphs = {"prefill": nnx.split(model), "decode": nnx.split(model.for_decode_loop())}
         self.waiting: list[Sequence] = []  # arrival order (a request's id is its place in it)
         self.running: list[Sequence] = []  # admission order
         self.ids = itertools.count()
-        # each program run, (kind, rows, width, table width, samples), and its first call's seconds (its compilation)
+        # each program run and its first call's seconds (its compilation): (kind, rows, width, table width, history
+        # width, SamplerFlags, source table width or None) of a step's call (``_run``), ("encode", rows, source width)
         self.programs: dict[tuple, float] = {}
         self.preemptions = self.shared_blocks = 0  # sequences preempted; blocks taken from the prefix cache
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def add_request(self, prompt_ids, params: SamplingParams | None = None) -> int:
-        """Queue a request; returns its id. Refused at once (``check_request``)."""
+    def add_request(self, prompt_ids=None, params: SamplingParams | None = None, source_ids=None) -> int:
+        """Queue a request; returns its id. Refused at once (``check_request``). An encoder-decoder's request
+        gives its ``source_ids`` (encoded once, when it is admitted) and, as ``prompt_ids``, its decoder prompt
+        (None: the decoder start token alone, as generate starts)."""
         params = SamplingParams() if params is None else params
-        prompt = self.check_request(prompt_ids, params)
+        prompt = self.check_request(prompt_ids, params, source_ids)
         request_id = next(self.ids)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
         seed = params.seed
         if seed is None:  # the engine's seed and the request's id, mixed into one
             seed = int(np.random.SeedSequence([self.seed, request_id]).generate_state(1)[0])
-        self.waiting.append(Sequence(request_id, prompt, params, frozenset(stops), seed))
+        source = None if source_ids is None else self._ids(source_ids)
+        self.waiting.append(Sequence(request_id, prompt, params, frozenset(stops), seed, source=source))
         return request_id
 
-    def check_request(self, prompt_ids, params: SamplingParams) -> list[int]:
-        """The prompt's ids as a list, or a ValueError: token ids outside the vocabulary, an empty prompt, prompt +
-        ``max_tokens`` beyond ``max_model_len`` or beyond what the pool holds. It reads the engine's settings alone,
+    def check_request(self, prompt_ids, params: SamplingParams, source_ids=None) -> list[int]:
+        """The prompt's ids as a list (an encoder-decoder's decoder prompt: None gives its start token), or a
+        ValueError: token ids outside the vocabulary, an empty prompt, prompt + ``max_tokens`` beyond
+        ``max_model_len`` or (with the source's blocks) beyond what the pool holds; an encoder-decoder's source
+        missing, empty or longer than ``max_source_len``, a decoder's given. It reads the engine's settings alone,
         so a server calls it from any thread, while a step runs."""
-        prompt = [int(i) for i in np.asarray(prompt_ids).reshape(-1)]
+        source_blocks = self._check_source(source_ids)
+        if prompt_ids is None and self.decoder_prompt is not None:
+            prompt_ids = self.decoder_prompt
+        prompt = [] if prompt_ids is None else self._ids(prompt_ids)
         if not prompt:
             raise ValueError("prompt_ids is empty: want at least one token id")
         bad = [i for i in prompt if not 0 <= i < self.config.vocab_size]
@@ -300,11 +391,37 @@ class Engine:
         if total > self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} = {total} exceeds "
                              f"max_model_len={self.max_model_len}")
-        if -(-total // self.block_size) > self.manager.usable:
+        if -(-total // self.block_size) + source_blocks > self.manager.usable:
+            source = f" and a source of {source_blocks} blocks" if source_blocks else ""
             raise ValueError(f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} needs "
-                             f"{-(-total // self.block_size)} blocks of {self.block_size}; the pool has "
+                             f"{-(-total // self.block_size)} blocks of {self.block_size}{source}; the pool has "
                              f"{self.manager.usable}")
         return prompt
+
+    @staticmethod
+    def _ids(ids) -> list[int]:
+        return [int(i) for i in np.asarray(ids).reshape(-1)]
+
+    def _check_source(self, source_ids) -> int:
+        """The blocks an encoder-decoder's source takes (0: a decoder's request, which has none), or a ValueError."""
+        if self.max_source_len is None:
+            if source_ids is not None:
+                raise ValueError(f"source_ids are an encoder-decoder's; {self.config.name!r} is a decoder: pass the "
+                                 "prompt as prompt_ids")
+            return 0
+        if source_ids is None:
+            raise ValueError(f"{self.config.name!r} is an encoder-decoder: its request needs source_ids (what the "
+                             "encoder reads)")
+        source = self._ids(source_ids)
+        if not source:
+            raise ValueError("source_ids is empty: want at least one token id")
+        bad = [i for i in source if not 0 <= i < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"source_ids hold {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
+        if len(source) > self.max_source_len:
+            raise ValueError(f"source of {len(source)} tokens exceeds max_source_len={self.max_source_len} "
+                             f"({self.source_why})")
+        return -(-len(source) // self.block_size)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -324,10 +441,12 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         """What a server reports: requests waiting and running, blocks used of the pool's, preemptions so far,
-        blocks shared from the prefix cache so far, programs compiled."""
+        blocks shared from the prefix cache so far, programs compiled, tokens in the running sequences' blocks (an
+        encoded source's too), draft tokens proposed and accepted so far."""
         return {"waiting": len(self.waiting), "running": len(self.running), "blocks_used": self.manager.used(),
+                "tokens_held": sum(seq.computed + (len(seq.source) if seq.encoded else 0) for seq in self.running),
                 "blocks": self.manager.usable, "preemptions": self.preemptions, "shared_blocks": self.shared_blocks,
-                "programs": len(self.programs)}
+                "programs": len(self.programs), "drafted": self.drafted, "accepted_drafts": self.accepted}
 
     def run(self) -> dict[int, list[int]]:
         """Step until every request ended: each request's generated tokens."""
@@ -339,6 +458,14 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ scheduling
 
+    def _draftable(self, seq: Sequence) -> bool:
+        """Whether ``seq`` drafts its next tokens by prompt lookup (``draft_tokens``): a plain greedy request (no
+        penalties, no logprobs) of a decoder without forced tokens, whose choices one verifying call reproduces."""
+        p = seq.params
+        return (self.draft_tokens > 0 and seq.source is None and self.forced_bos is None and self.forced_eos is None
+                and p.temperature == 0 and p.repetition_penalty == 1 and p.presence_penalty == 0
+                and p.frequency_penalty == 0 and p.logprobs is None)
+
     def _blocks_for(self, seq: Sequence, count: int) -> bool:
         """Give ``seq`` the blocks its next ``count`` tokens go to; False when the pool has too few free."""
         need = -(-(seq.computed + count) // self.block_size) - len(seq.blocks)
@@ -347,19 +474,28 @@ class Engine:
         seq.blocks += [self.manager.allocate() for _ in range(need)]
         return True
 
+    def _source_blocks(self, seq: Sequence) -> bool:
+        """Give an encoder-decoder's admitted ``seq`` the blocks its source's keys and values go to (written by
+        ``_encode`` this step); False when the pool has too few free."""
+        need = 0 if seq.source is None else -(-len(seq.source) // self.block_size)
+        if need > self.manager.available():
+            return False
+        seq.source_blocks = [self.manager.allocate() for _ in range(need)]
+        return True
+
     def _free(self, seq: Sequence) -> None:
-        self.manager.release(seq.blocks)
+        self.manager.release(seq.source_blocks + seq.blocks)
         seq.blocks, seq.keys, seq.computed = [], [], 0
+        seq.source_blocks, seq.encoded = [], False
 
     def _fail(self, seq: Sequence) -> None:
         """End ``seq`` in error (its logits were not finite) with no token. What it wrote may be NaN too, and a
         masked slot still multiplies its value by a weight of 0 (NaN again): the blocks it held alone leave the
         prefix cache and are zeroed, with the null block its padding wrote to, before anyone reads them again."""
-        alone = [block for block in seq.blocks if self.manager.refs[block] == 1]
+        alone = [block for block in seq.source_blocks + seq.blocks if self.manager.refs[block] == 1]
         self.manager.forget(alone)
-        blocks = jnp.asarray([NULL_BLOCK, *alone], jnp.int32)
-        self.pool = dataclasses.replace(self.pool, k=self.pool.k.at[:, :, blocks].set(0),
-                                        v=self.pool.v.at[:, :, blocks].set(0))
+        k, v = zero_blocks(self.pool.k, self.pool.v, jnp.asarray([NULL_BLOCK, *alone], jnp.int32))
+        self.pool = dataclasses.replace(self.pool, k=k, v=v)
         seq.finish_reason = "error"
         self._free(seq)
         self.running.remove(seq)
@@ -372,7 +508,8 @@ class Engine:
         self.preemptions += 1
 
     def _schedule(self) -> list[tuple[Sequence, int]]:
-        """This step's work: (sequence, tokens it feeds), every running sequence that can go, then admissions."""
+        """This step's work: (sequence, tokens it feeds), every running sequence that can go, then admissions, then
+        the decoding rows' drafts in the blocks left (``_drafts``)."""
         work, budget, preempted = [], self.prefill_tokens, False
         for seq in list(self.running):
             if seq not in self.running:  # preempted for an older sequence's blocks
@@ -393,11 +530,13 @@ class Engine:
         while self.waiting and not preempted and len(self.running) < self.max_num_seqs and budget > 0:
             seq = self.waiting[0]
             tokens = seq.tokens
-            shared = self.manager.cached_prefix(tokens, (len(tokens) - 1) // self.block_size)
+            # (an encoder-decoder's decoder keys depend on its source, which the prefix keys do not hold: not shared)
+            cacheable = (len(tokens) - 1) // self.block_size if seq.source is None else 0
+            shared = self.manager.cached_prefix(tokens, cacheable)
             seq.blocks, seq.computed = list(shared), len(shared) * self.block_size
             seq.keys = self._prefix_keys(tokens, len(shared))
             count = min(len(tokens) - seq.computed, self.prefill_chunk, budget)
-            if not self._blocks_for(seq, count):
+            if not self._source_blocks(seq) or not self._blocks_for(seq, count):
                 self._free(seq)
                 break
             self.waiting.pop(0)
@@ -405,7 +544,22 @@ class Engine:
             self.shared_blocks += len(shared)
             work.append((seq, count))
             budget -= count
-        return work
+        return self._drafts(work)
+
+    def _drafts(self, work: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
+        """``work`` with each drafting row's prompt-lookup drafts (``_draftable``, feeding its one last token) added to
+        its count: as many as fit in its blocks and those still free once every row and admission of the step has
+        its own, so a draft never takes a block another sequence needs this step (it preempts none)."""
+        drafted = []
+        for seq, count in work:
+            if count == 1 and len(seq.tokens) - seq.computed == 1 and self._draftable(seq):
+                room = (len(seq.blocks) + self.manager.available()) * self.block_size - seq.computed - 1
+                seq.draft = prompt_lookup(seq.tokens, min(self.draft_tokens, room,
+                                                          seq.params.max_tokens - len(seq.generated) - 1))
+                self._blocks_for(seq, 1 + len(seq.draft))  # (within room: it gets them)
+                count += len(seq.draft)
+            drafted.append((seq, count))
+        return drafted
 
     def _prefix_keys(self, tokens: list[int], blocks: int) -> list[bytes]:
         keys, key = [], None
@@ -417,72 +571,205 @@ class Engine:
     # ------------------------------------------------------------------------------------------ one step
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the one-token rows and the prompt chunks (one compiled call each), and hand back each
-        request's new token and whether it ended."""
+        """Schedule; encode the admitted sources (an encoder-decoder's); run the one-token rows, the drafting rows and
+        the prompt chunks (one compiled call each); hand back each request's new tokens (a drafting row's kept drafts
+        and the model's next one) and whether it ended."""
         work = self._schedule()
+        self._encode([seq for seq, _ in work if seq.source is not None and not seq.encoded])
         outputs = []
-        for kind, rows in (("decode", [w for w in work if w[1] == 1]), ("prefill", [w for w in work if w[1] > 1])):
+        for kind, rows in (("decode", [w for w in work if w[1] == 1]), ("verify", [w for w in work if w[0].draft]),
+                           ("prefill", [w for w in work if w[1] > 1 and not w[0].draft])):
             if rows:
                 outputs += self._advance(rows, *self._run(kind, rows))
         return outputs
 
-    def _run(self, kind: str, rows: list[tuple[Sequence, int]]) -> tuple[np.ndarray, np.ndarray]:
+    def _forced(self, rows: list[tuple[Sequence, int]], B: int) -> np.ndarray | None:
+        """The rows' forced tokens [B] (-1: the row chooses), as generate forces them: ``forced_bos_token_id`` as a
+        request's first token, ``forced_eos_token_id`` as its last (at ``max_tokens``; it wins where both fall on
+        one token). None where the checkpoint forces none (the programs hold no forcing)."""
+        if self.forced_bos is None and self.forced_eos is None:
+            return None
+        forced = np.full(B, -1, np.int32)
+        for r, (seq, count) in enumerate(rows):
+            if seq.computed + count < len(seq.tokens):  # a prompt chunk short of the prompt's end: no token yet
+                continue
+            drawn = len(seq.generated)
+            if self.forced_eos is not None and drawn == seq.params.max_tokens - 1:
+                forced[r] = self.forced_eos
+            elif self.forced_bos is not None and drawn == 0:
+                forced[r] = self.forced_bos
+        return forced
+
+    def _encode(self, admitted: list[Sequence]) -> None:
+        """Encode the ``admitted`` encoder-decoder sequences' sources (one compiled call, rows and source width
+        bucketed) into their source blocks, before their first decoder step reads them."""
+        if not admitted:
+            return
+        B = _bucket(len(admitted), 1 << (self.max_num_seqs - 1).bit_length())
+        S = _bucket(max(len(seq.source) for seq in admitted), self.max_source_len)
+        ids = np.full((B, S), self.config.tokens.pad or 0, np.int32)
+        valid, tables = np.zeros((B, S), bool), np.full((B, -(-S // self.block_size)), NULL_BLOCK, np.int32)
+        for r, seq in enumerate(admitted):
+            ids[r, :len(seq.source)], valid[r, :len(seq.source)] = seq.source, True
+            tables[r, :len(seq.source_blocks)] = seq.source_blocks
+            seq.encoded = True
+        started = time.perf_counter()
+        graphdef, weights = self.graphs["prefill"]
+        k, v = encode_sources(graphdef, weights, self.pool.k, self.pool.v, jnp.asarray(ids), jnp.asarray(valid),
+                              jnp.asarray(tables))
+        self.pool = dataclasses.replace(self.pool, k=k, v=v)
+        self.programs.setdefault(("encode", B, S), time.perf_counter() - started)
+
+    def _source_rows(self, rows: list[tuple[Sequence, int]], B: int) -> tuple[Array, Array] | None:
+        """An encoder-decoder's rows' source tables [B, Ms] (Ms bucketed) and source lengths [B] (None: a
+        decoder's rows)."""
+        if self.max_source_len is None:
+            return None
+        width = _bucket(max(len(seq.source_blocks) for seq, _ in rows), -(-self.max_source_len // self.block_size))
+        tables, lengths = np.full((B, width), NULL_BLOCK, np.int32), np.zeros(B, np.int32)
+        for r, (seq, _) in enumerate(rows):
+            tables[r, :len(seq.source_blocks)] = seq.source_blocks
+            lengths[r] = len(seq.source or ())
+        return jnp.asarray(tables), jnp.asarray(lengths)
+
+    def _run(self, kind: str, rows: list[tuple[Sequence, int]]) -> tuple[np.ndarray, tuple | None, np.ndarray]:
         B = _bucket(len(rows), 1 << (self.max_num_seqs - 1).bit_length())
-        T = 1 if kind == "decode" else _bucket(max(count for _, count in rows), self.prefill_chunk)
-        M = _bucket(max(len(seq.blocks) for seq, _ in rows), self.max_blocks)
+        widest = self.prefill_chunk if kind == "prefill" else 1 << self.draft_tokens.bit_length()  # (verify: 1 + k)
+        T = 1 if kind == "decode" else _bucket(max(count for _, count in rows), widest)
+        M = self._table_width(max(len(seq.blocks) for seq, _ in rows))
         ids, positions = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
         valid, tables = np.zeros((B, T), bool), np.full((B, M), NULL_BLOCK, np.int32)
-        lengths, temperature, top_p = np.zeros(B, np.int32), np.zeros(B, np.float32), np.ones(B, np.float32)
-        top_k, seeds, drawn = np.zeros(B, np.int32), np.zeros(B, np.uint32), np.zeros(B, np.int32)
+        lengths = np.zeros(B, np.int32)
         for r, (seq, count) in enumerate(rows):
-            tokens = seq.tokens
+            tokens = seq.tokens + seq.draft
             ids[r, T - count:] = tokens[seq.computed:seq.computed + count]  # left padded: the last column is real
             positions[r, T - count:] = np.arange(seq.computed, seq.computed + count)
             valid[r, T - count:] = True
             tables[r, :len(seq.blocks)] = seq.blocks
             lengths[r] = seq.computed
-            p = seq.params
-            temperature[r], top_k[r], top_p[r] = p.temperature, p.top_k, p.top_p
-            seeds[r], drawn[r] = seq.seed, len(seq.generated)
-        sample = bool(np.any(temperature > 0))
-        program, started = (kind, B, T, M, sample), time.perf_counter()
-        graphdef, weights = self.graphs[kind]
-        sampling = tuple(jnp.asarray(a) for a in (temperature, top_k, top_p, seeds, drawn))
-        chosen, finite, k, v = run_step(graphdef, weights, self.pool.k, self.pool.v, jnp.asarray(ids),
-                                        jnp.asarray(positions), jnp.asarray(valid), jnp.asarray(tables),
-                                        jnp.asarray(lengths), sampling, sample)
+        # (the penalties' histories: every id so far, at most max_model_len, in a power-of-two width)
+        sampling, sampler = sampling_rows([(seq.params, seq.seed, seq.tokens, len(seq.prompt)) for seq, _ in rows],
+                                          B, 1 << (self.max_model_len - 1).bit_length())
+        source = self._source_rows(rows, B)
+        program, started = (kind, B, T, M, sampling.history.shape[1], sampler,
+                            None if source is None else source[0].shape[1]), time.perf_counter()
+        graphdef, weights = self.graphs["decode" if kind == "decode" else "prefill"]
+        chosen, logprobs, finite, k, v = run_step(
+            graphdef, weights, self.pool.k, self.pool.v, jnp.asarray(ids), jnp.asarray(positions),
+            jnp.asarray(valid), jnp.asarray(tables), jnp.asarray(lengths), jax.tree.map(jnp.asarray, sampling),
+            sampler, source, self.banned, kind == "verify", None if kind == "verify" else self._forced(rows, B))
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
         chosen, finite = np.asarray(chosen), np.asarray(finite)
+        logprobs = None if logprobs is None else tuple(np.asarray(a) for a in logprobs)
         self.programs.setdefault(program, time.perf_counter() - started)
-        return chosen, finite
+        return chosen, logprobs, finite
 
-    def _advance(self, rows: list[tuple[Sequence, int]], chosen: np.ndarray, finite: np.ndarray
-                 ) -> list[RequestOutput]:
-        """Book the rows' written tokens (remembering newly full blocks for prefix caching) and their new tokens;
-        end the sequences that stopped, freeing their blocks, and those whose logits were not finite (``_fail``)."""
+    def _table_width(self, blocks: int) -> int:
+        """The block-table width bucket of rows holding at most ``blocks`` blocks: a power of two, at least
+        ``MIN_TABLE_SLOTS`` tokens, at most ``max_blocks``."""
+        return _bucket(max(blocks, -(-MIN_TABLE_SLOTS // self.block_size)), self.max_blocks)
+
+    def _advance(self, rows: list[tuple[Sequence, int]], chosen: np.ndarray, logprobs: tuple | None,
+                 finite: np.ndarray) -> list[RequestOutput]:
+        """Book the rows' written tokens (remembering newly full blocks for prefix caching) and their new tokens
+        (with their log-probabilities where asked); end the sequences that stopped, freeing their blocks, and those
+        whose logits were not finite (``_fail``). A row that fed drafts (``chosen`` [B, T]: each position's greedy
+        token) keeps those equal to the model's own choices, then the model's token after the last one kept."""
         outputs = []
         for r, (seq, count) in enumerate(rows):
             if not finite[r]:
                 self._fail(seq)
                 outputs.append(RequestOutput(seq.request_id, (), True, "error"))
                 continue
+            new = [int(chosen[r])] if chosen.ndim == 1 else [int(t) for t in chosen[r, -count:]]
+            if seq.draft:  # the drafts up to the first the model would not choose, and its own token there
+                kept = next((i for i, (draft, own) in enumerate(zip(seq.draft, new)) if draft != own), len(seq.draft))
+                self.drafted, self.accepted = self.drafted + len(seq.draft), self.accepted + kept
+                new, count, seq.draft = new[:kept + 1], kept + 1, []
             seq.computed += count
-            tokens = seq.tokens
-            while (len(seq.keys) + 1) * self.block_size <= seq.computed:
+            spare = seq.blocks[-(-seq.computed // self.block_size):]
+            if spare:  # blocks that held rejected drafts alone go back now, not to crowd out another's next token
+                self.manager.release(spare)
+                del seq.blocks[-len(spare):]
+            tokens = seq.tokens + new[:-1]  # (a row's kept drafts are in the cache now)
+            # (an encoder-decoder's target blocks depend on its source, which the prefix keys do not hold: its blocks
+            # are never remembered, as admission never looks them up)
+            while seq.source is None and (len(seq.keys) + 1) * self.block_size <= seq.computed:
                 b = len(seq.keys)
                 seq.keys.append(self.manager.chain(seq.keys[-1] if seq.keys else None,
                                                    tokens[b * self.block_size:(b + 1) * self.block_size]))
                 self.manager.remember(seq.blocks[b], seq.keys[-1])
             if seq.computed < len(tokens):  # a prompt chunk short of the prompt's end: no token yet
                 continue
-            token = int(chosen[r])
-            seq.generated.append(token)
-            if token in seq.stop_ids:
-                seq.finish_reason = "stop"
-            elif len(seq.generated) == seq.params.max_tokens:
-                seq.finish_reason = "length"
+            emitted = []
+            for token in new:
+                emitted.append(token)
+                seq.generated.append(token)
+                if token in seq.stop_ids:
+                    seq.finish_reason = "stop"
+                elif len(seq.generated) == seq.params.max_tokens:
+                    seq.finish_reason = "length"
+                if seq.finish_reason is not None:
+                    break
             if seq.finish_reason is not None:
                 self._free(seq)
                 self.running.remove(seq)
-            outputs.append(RequestOutput(seq.request_id, (token,), seq.finish_reason is not None, seq.finish_reason))
+            asked = None
+            if seq.params.logprobs is not None:  # (the program computed them: some row asked)
+                chosen_logprob, top, top_ids = (a[r] for a in logprobs)
+                pairs = tuple((int(i), float(x)) for i, x in zip(top_ids[:seq.params.logprobs],
+                                                                 top[:seq.params.logprobs]))
+                asked = (TokenLogprobs(token, float(chosen_logprob), pairs),)
+            outputs.append(RequestOutput(seq.request_id, tuple(emitted), seq.finish_reason is not None,
+                                         seq.finish_reason, asked))
         return outputs
+
+    # ------------------------------------------------------------------------------------------ warm-up
+
+    def program_shapes(self, every_prefill: bool = False) -> list[tuple[str, int, int, int]]:
+        """The (kind, rows, width, table width) buckets the scheduler can run (``_run``): the one-token calls, each
+        row bucket by each table-width bucket; the prompt-chunk calls, each chunk width by each table width that
+        holds a chunk that wide, of one sequence or (``every_prefill``) of as many as the prefill budget admits
+        (its narrowest chunks taking 2 tokens each)."""
+        def buckets(low: int, high: int, cap: int) -> list[int]:
+            return sorted({_bucket(n, cap) for n in range(low, high + 1)})
+        row_cap = 1 << (self.max_num_seqs - 1).bit_length()
+        tables = sorted({self._table_width(n) for n in range(1, self.max_blocks + 1)})
+        shapes = [("decode", rows, 1, width) for rows in buckets(1, self.max_num_seqs, row_cap) for width in tables]
+        for chunk in buckets(2, min(self.prefill_chunk, self.prefill_tokens), self.prefill_chunk):
+            narrowest = chunk // 2 + 1 if chunk > 2 else 2  # the fewest tokens a chunk of this bucket feeds
+            most = min(self.max_num_seqs, 1 + (self.prefill_tokens - narrowest) // 2) if every_prefill else 1
+            shapes += [("prefill", rows, chunk, width) for rows in buckets(1, most, row_cap) for width in tables
+                       if width * self.block_size >= narrowest]
+        if self.draft_tokens:  # a drafting row's last token and its 1 to k drafts
+            widest = 1 << self.draft_tokens.bit_length()
+            shapes += [("verify", rows, fed, width) for rows in buckets(1, self.max_num_seqs, row_cap)
+                       for fed in buckets(2, self.draft_tokens + 1, widest) for width in tables]
+        return shapes
+
+    def warm_up(self, every_prefill: bool = False) -> tuple[int, float]:
+        """Compile now, before any request, the programs of ``program_shapes`` (one-token calls at every batch
+        size and table width, and one sequence's prompt chunks; ``every_prefill``: several sequences' chunks too,
+        three times as many programs at the server's defaults), each for greedy rows and for plain temperature
+        draws (OpenAI's default request); a request with top-k/top-p, min-p, penalties or logprobs still compiles its
+        own program on first use.
+        The calls run on stand-in rows whose every block is the null block (written, never read), so nothing a
+        request sees changes. An encoder-decoder's programs (each source width too) are not warmed yet. Returns the
+        programs compiled and the seconds taken."""
+        before, started = len(self.programs), time.perf_counter()
+        if self.config.family == "encoder_decoder":  # its programs also take each source width: not warmed yet
+            return 0, 0.0
+        greedy, drawn = SamplingParams(max_tokens=1, temperature=0), SamplingParams(max_tokens=1)
+        for kind, rows, width, table in self.program_shapes(every_prefill):
+            for params in (greedy,) if kind == "verify" else (greedy, drawn):  # (drafts are greedy rows')
+                stand_in = [(Sequence(-1, [0] * width, params, frozenset(), 0, blocks=[NULL_BLOCK] * table), width)
+                            for _ in range(min(rows, self.max_num_seqs))]
+                self._run(kind, stand_in)
+        return len(self.programs) - before, time.perf_counter() - started
+
+    @staticmethod
+    def default_max_model_len(cfg, allow_beyond_max_positions: bool = False) -> int:
+        """``max_model_len`` when none is given: ``max_positions``, or short of it where ``position_limit`` stops (a
+        server sizes its default pool by it before it builds the engine)."""
+        limit, _ = position_limit(cfg, allow_beyond_max_positions)
+        return cfg.max_positions if limit is None else min(cfg.max_positions, limit)

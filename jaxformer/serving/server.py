@@ -6,10 +6,19 @@ event loop keeps answering meanwhile) and hands each new token to its request's 
 tokens into text (``TextStream``: incremental, UTF-8 safe, cut at stop strings) and answer as OpenAI does:
 
 - ``POST /v1/completions``, ``POST /v1/chat/completions`` (the checkpoint's chat template rendered with jinja2 as
-  transformers' ``apply_chat_template``), streamed by server-sent events with ``"stream": true``;
+  transformers' ``apply_chat_template``), streamed by server-sent events with ``"stream": true``; an
+  encoder-decoder (Marian, M2M100/NLLB, T5, BART) answers completions alone, the prompt being its source text as the
+  folder's tokenizer.json encodes it (its post-processor's special tokens: Marian's and T5's ``</s>``, NLLB's
+  source language as saved), and refuses chat;
 - ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text).
 
-A parameter the engine does not honour yet (``n`` > 1, logprobs, penalties, ...) is refused by name, never ignored;
+Sampling parameters go to the engine's ``SamplingParams`` (``min_p`` and ``repetition_penalty`` beside OpenAI's);
+``n`` choices are n engine requests (a seeded request's choice i draws by seed + i), streamed chunks carrying their
+choice's index; ``logprobs`` are the model's raw distribution's, in OpenAI's shapes (completions: tokens,
+token_logprobs, top_logprobs, text_offset; chat: content entries of token, logprob, bytes, top_logprobs), a token's
+string being the text it adds in context (``TokenPieces``: they join to the choice's text).
+
+A parameter the engine does not honour yet (``echo``, ``logit_bias``, tools, ...) is refused by name, never ignored;
 errors have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``. SIGTERM drains: uvicorn stops
 accepting, the running requests finish, then the process exits.
 """
@@ -21,26 +30,34 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import json
+import math
 import secrets
+import sys
 import time
 from pathlib import Path
 
+import jax
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from jaxformer.layers import dtype_of
 from jaxformer.serving.engine import Engine, RequestOutput, SamplingParams
 
 # what transformers' apply_chat_template gives the template besides the messages: the named special tokens
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # OpenAI parameters the engine does not honour yet, each with the values that mean "off" (accepted)
-NOT_YET = {"n": (None, 1), "best_of": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0),
-           "echo": (None, False), "suffix": (None, ""), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-           "logit_bias": (None, {}), "tools": (None, []), "tool_choice": (None, "none"),
-           "response_format": (None, {"type": "text"})}
-COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream", "stream_options", "user"}
-KEYS = {"completions": COMMON | {"prompt"}, "chat": COMMON | {"messages", "max_completion_tokens"}}
+NOT_YET = {"echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
+           "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+          "frequency_penalty", "seed", "stop", "stream", "stream_options", "user", "n", "logprobs", "ignore_eos"}
+KEYS = {"completions": COMMON | {"prompt", "best_of"}, "chat": COMMON | {"messages", "max_completion_tokens",
+                                                                        "top_logprobs"}}
+MAX_N = 16  # choices a request may ask for (n): each is an engine request of its own
+# the most top log-probabilities a request may ask for: OpenAI's legacy completions' and chat's bounds
+MAX_LOGPROBS = {"completions": 5, "chat": 20}
 DISCONNECT_POLL_S = 0.5  # how often a plain (not streamed) answer checks that its client is still there
 PROMPT_TAIL_TOKENS = 6  # prompt tokens decoded before the new ones, so a token's leading space decodes as in context
 
@@ -181,6 +198,44 @@ class TextStream:
         return delta, cut >= 0
 
 
+class TokenPieces:
+    """The text each new token of one choice adds, for its log-probabilities: decoded in context as ``TextStream``
+    decodes it (after the tokens before it, so a SentencePiece token keeps its leading space), a token that ends
+    inside a UTF-8 character adding nothing and the one that completes it the whole character, so the tokens join to
+    the choice's text. A top candidate's piece is the text it would add in the same place."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.context = list(prompt_ids[-PROMPT_TAIL_TOKENS:])  # the tokens before the next one (a few suffice)
+
+    def add(self, entries, finished: bool = False) -> list[tuple[str, list[tuple[str, float]]]]:
+        """Each ``TokenLogprobs`` entry's token's piece and its top candidates' (piece, log-probability), in order;
+        ``finished``: the entries end the choice, so its last incomplete character stays (as ``TextStream`` ends)."""
+        out = []
+        for j, entry in enumerate(entries):
+            last = finished and j == len(entries) - 1
+            before = len(self._text(self.context))
+            out.append((self._text(self.context + [entry.token_id], last)[before:],
+                        [(self._text(self.context + [i], last)[before:], x) for i, x in entry.top]))
+            self.context = (self.context + [entry.token_id])[-PROMPT_TAIL_TOKENS:]
+        return out
+
+    def _text(self, ids: list[int], last: bool = False) -> str:
+        """``ids`` decoded, less a trailing incomplete character unless they are the choice's ``last``."""
+        text = self.tokenizer.decode(ids)
+        return text if last else text.rstrip("\ufffd")
+
+
+def likeliest_by_piece(candidates) -> dict[str, float]:
+    """(piece, log-probability) candidates as OpenAI's completions' ``top_logprobs`` dict: of two ids with the same
+    piece (the bytes of one character, say), the likelier's, as vLLM's and OpenAI's dicts keep one."""
+    out: dict[str, float] = {}
+    for piece, logprob in candidates:
+        if logprob > out.get(piece, -math.inf):
+            out[piece] = logprob
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- the engine loop
 
 
@@ -195,6 +250,7 @@ class Pending:
     request_id: int | None = None  # the engine's, once admitted
     first_token: float | None = None
     aborted: bool = False
+    source: list[int] | None = None  # an encoder-decoder's source ids (``prompt``: its decoder prompt)
 
 
 class EngineLoop:
@@ -215,20 +271,22 @@ class EngineLoop:
     def waiting(self) -> int:
         return self.snapshot["waiting"] + len(self.arrivals)
 
-    def submit(self, prompt: list[int], params: SamplingParams, param: str) -> Pending:
+    def submit(self, prompt: list[int] | None, params: SamplingParams, param: str,
+               source: list[int] | None = None) -> Pending:
         """Queue a request, or an ApiError: the engine failed, the queue is full, the prompt is refused (the
-        request's ``param`` named)."""
+        request's ``param`` named). An encoder-decoder's request gives its ``source`` (``prompt`` None: the decoder
+        starts from its start token)."""
         if self.failure is not None:
             raise ApiError(503, f"the engine failed: {self.failure!r}", kind="server_error")
         if self.waiting() >= self.max_queue:
             raise ApiError(429, f"the queue is full ({self.max_queue} requests waiting); retry later",
                            code="queue_full", kind="rate_limit_error")
         try:
-            prompt = self.engine.check_request(prompt, params)
+            prompt = self.engine.check_request(prompt, params, source)
         except ValueError as err:
             raise ApiError(400, str(err), param=param, code="context_length_exceeded"
                            if "exceeds" in str(err) or "the pool has" in str(err) else None) from None
-        pending = Pending(prompt, params, time.perf_counter())
+        pending = Pending(prompt, params, time.perf_counter(), source=source)
         self.arrivals.append(pending)
         self.wake.set()
         return pending
@@ -249,9 +307,10 @@ class EngineLoop:
                 self.metrics.finished.labels("abort").inc()
         self.aborts.clear()
         for pending in self.arrivals:
-            pending.request_id = self.engine.add_request(pending.prompt, pending.params)
+            pending.request_id = self.engine.add_request(pending.prompt, pending.params, pending.source)
             self.by_id[pending.request_id] = pending
-            self.metrics.prompt_tokens.inc(len(pending.prompt))
+            # (an encoder-decoder's prompt is its source, as its usage counts it, not its decoder's start token)
+            self.metrics.prompt_tokens.inc(len(pending.prompt if pending.source is None else pending.source))
         self.arrivals.clear()
         self.snapshot = self.engine.stats()
 
@@ -327,7 +386,10 @@ class Metrics:
                         ("jaxformer_queue_length", "requests waiting for the engine", loop.waiting()),
                         ("jaxformer_running_sequences", "sequences in the running batch", stats["running"]),
                         ("jaxformer_kv_blocks_used", "KV-cache blocks held by sequences", stats["blocks_used"]),
-                        ("jaxformer_kv_blocks", "KV-cache blocks in the pool", stats["blocks"])):
+                        ("jaxformer_kv_blocks", "KV-cache blocks in the pool", stats["blocks"]),
+                        ("jaxformer_kv_tokens", "tokens in the KV cache of running sequences (a shared prefix counted "
+                         "for each): against blocks used, the paging waste", stats["tokens_held"]),
+                        ("jaxformer_kv_block_size", "tokens a KV-cache block holds", loop.engine.block_size)):
                     yield GaugeMetricFamily(name, help_text, value=value)
                 yield CounterMetricFamily("jaxformer_preemptions", "sequences preempted for blocks",
                                           value=stats["preemptions"])
@@ -338,8 +400,11 @@ class Metrics:
 # ---------------------------------------------------------------------------------------------- requests
 
 
-def _sampling(body: dict, default_max_tokens: int | None) -> tuple[SamplingParams, tuple[str, ...]]:
-    """The request's SamplingParams and stop strings, or an ApiError naming the parameter."""
+def _sampling(body: dict, default_max_tokens: int | None, kind: str = "completions"
+              ) -> tuple[SamplingParams, tuple[str, ...]]:
+    """The request's SamplingParams and stop strings, or an ApiError naming the parameter. Log-probabilities:
+    completions' ``logprobs`` k (0..5), chat's ``logprobs`` (bool) with ``top_logprobs`` k (0..20). A ``seed``
+    outside [0, 2**32) (OpenAI takes any int) is folded into it (``_seed``); ``top_k`` -1 is vLLM's "off" (0 here)."""
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     stop = body.get("stop")
     stops = () if stop is None else (stop,) if isinstance(stop, str) else stop
@@ -347,7 +412,13 @@ def _sampling(body: dict, default_max_tokens: int | None) -> tuple[SamplingParam
         raise ApiError(400, f"stop={stop!r}: want a non-empty string or a list of at most 4", param="stop")
     values = {"max_tokens": default_max_tokens if max_tokens is None else max_tokens,
               "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
-              "seed": body.get("seed")}
+              "seed": _seed(body.get("seed")), "logprobs": _logprobs(body, kind),
+              **{name: body.get(name) for name in ("min_p", "repetition_penalty", "presence_penalty",
+                                                   "frequency_penalty", "ignore_eos")}}
+    if isinstance(values["top_k"], int) and values["top_k"] == -1:
+        values["top_k"] = 0
+    if values["ignore_eos"] is not None and not isinstance(values["ignore_eos"], bool):  # (vLLM's extension)
+        raise ApiError(400, f"ignore_eos={values['ignore_eos']!r}: want a boolean", param="ignore_eos")
     if isinstance(values["temperature"], (int, float)) and values["temperature"] > 2:
         raise ApiError(400, f"temperature={values['temperature']!r}: want a number in [0, 2]", param="temperature")
     try:
@@ -355,6 +426,43 @@ def _sampling(body: dict, default_max_tokens: int | None) -> tuple[SamplingParam
     except (ValueError, TypeError) as err:
         name = str(err).split("=")[0].removeprefix("SamplingParams.")
         raise ApiError(400, str(err).replace("SamplingParams.", ""), param=name) from None
+
+
+def _seed(seed):
+    """An int seed outside [0, 2**32) folded into it, the same way every time (numpy's SeedSequence of its sign and
+    size); another value as given (None, or one ``SamplingParams`` refuses by name)."""
+    if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed < 2 ** 32:
+        return int(np.random.SeedSequence([int(seed < 0), abs(seed)]).generate_state(1)[0])
+    return seed
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many top log-probabilities a token carries (None: no logprobs), or an ApiError naming the parameter."""
+    asked, top, most = body.get("logprobs"), body.get("top_logprobs"), MAX_LOGPROBS[kind]
+    if kind == "completions":
+        if asked is not None and not (isinstance(asked, int) and not isinstance(asked, bool) and 0 <= asked <= most):
+            raise ApiError(400, f"logprobs={asked!r}: want an int in [0, {most}]", param="logprobs")
+        return asked
+    if asked is not None and not isinstance(asked, bool):
+        raise ApiError(400, f"logprobs={asked!r}: want a boolean", param="logprobs")
+    if top is not None and not (isinstance(top, int) and not isinstance(top, bool) and 0 <= top <= most):
+        raise ApiError(400, f"top_logprobs={top!r}: want an int in [0, {most}]", param="top_logprobs")
+    if top and not asked:
+        raise ApiError(400, f"top_logprobs={top!r} needs logprobs=true", param="top_logprobs")
+    return (top or 0) if asked else None
+
+
+def _choices(body: dict, kind: str) -> int:
+    """The request's ``n`` (``best_of``, completions', only equal to it), or an ApiError naming the parameter."""
+    n = body.get("n")
+    n = 1 if n is None else n
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
+        raise ApiError(400, f"n={n!r}: want an int in [1, {MAX_N}]", param="n")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise ApiError(400, f"best_of={best_of!r} other than n={n} is not supported by jaxformer serve",
+                       param="best_of", code="unsupported_parameter")
+    return n
 
 
 def _check_keys(body, kind: str) -> None:
@@ -371,8 +479,72 @@ def _check_keys(body, kind: str) -> None:
         raise ApiError(400, f"stream={body['stream']!r}: want a boolean", param="stream")
 
 
+async def _merged(generators):
+    """(i, item) from the async ``generators`` as their items arrive, each drained by a task of its own; an error
+    in one ends them all and is raised here, and leaving early cancels every task (their ``finally`` runs)."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def drain(i, generator):
+        try:
+            async for item in generator:
+                await queue.put((i, item, None))
+        except Exception as err:  # handed to the consumer, raised there
+            await queue.put((i, None, err))
+            return
+        await queue.put((i, None, None))
+
+    tasks = [asyncio.ensure_future(drain(i, generator)) for i, generator in enumerate(generators)]
+    try:
+        running = len(tasks)
+        while running:
+            i, item, err = await queue.get()
+            if err is not None:
+                raise err
+            if item is None:
+                running -= 1
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 def _sse(payload) -> str:
     return f"data: {json.dumps(payload) if not isinstance(payload, str) else payload}\n\n"
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Errors in OpenAI's shape: ours (ApiError) and the framework's (unknown route, wrong method)."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request, err: ApiError):
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request, err: HTTPException):
+        return JSONResponse(ApiError(err.status_code, str(err.detail)).body(), status_code=err.status_code)
+
+
+def check_api_key(request: Request, api_key: str | None) -> None:
+    """401 unless the request carries ``Authorization: Bearer api_key`` (None: no key asked)."""
+    given = request.headers.get("authorization", "")
+    if api_key is not None and not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+        raise ApiError(401, "missing or incorrect API key (Authorization: Bearer KEY)", code="invalid_api_key")
+
+
+def listen(host: str, port: int):
+    """A socket listening on host:port (port 0: a free one), or a ValueError naming the flags."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ValueError(f"cannot listen on --host {host} --port {port}: {err.strerror}") from None
+    sock.listen(2048)  # connections made before uvicorn starts wait in the backlog
+    return sock
 
 
 def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | None = None,
@@ -391,19 +563,10 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
         await state["loop"].stop()
 
     app = FastAPI(title="jaxformer serve", lifespan=lifespan)
-
-    @app.exception_handler(ApiError)
-    async def api_error(request, err: ApiError):
-        return JSONResponse(err.body(), status_code=err.status)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request, err: HTTPException):
-        return JSONResponse(ApiError(err.status_code, str(err.detail)).body(), status_code=err.status_code)
+    add_error_handlers(app)
 
     def authorize(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if api_key is not None and not secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise ApiError(401, "missing or incorrect API key (Authorization: Bearer KEY)", code="invalid_api_key")
+        check_api_key(request, api_key)
 
     @app.get("/health")
     async def health():
@@ -453,6 +616,9 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await read(request, "chat")
+        if engine.decoder_prompt is not None:
+            raise ApiError(400, f"{model_name!r} is an encoder-decoder (translation, summarization): it has no chat; "
+                                "send the source text as /v1/completions' prompt", param="messages")
         if template is None:
             raise ApiError(400, f"{model_name!r} has no chat template (chat_template.jinja or tokenizer_config.json's "
                                 "chat_template); use /v1/completions", param="messages")
@@ -467,19 +633,35 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
         except Exception as err:  # the template's own refusals (raise_exception) and its errors
             raise ApiError(400, f"the chat template refused the messages: {err}", param="messages") from None
         ids = tokenizer.encode(text, add_special_tokens=False)
-        params, stops = _sampling(body, max(engine.max_model_len - len(ids), 1))
+        params, stops = _sampling(body, max(engine.max_model_len - len(ids), 1), "chat")
         return await answer(request, body, "chat.completion", ids, params, stops)
 
     async def answer(request: Request, body: dict, kind: str, ids: list[int], params: SamplingParams,
                      stops: tuple[str, ...]):
         loop = state["loop"]
-        pending = loop.submit(ids, params, "prompt" if kind == "text_completion" else "messages")
-        text = TextStream(tokenizer, pending.prompt, stops)
+        n = _choices(body, kind)
+        pendings: list[Pending] = []
+        # an encoder-decoder's prompt is its source; its decoder starts from its start token
+        prompt, source = (None, ids) if engine.decoder_prompt is not None else (ids, None)
+        try:  # n engine requests, choice i of a seeded request drawing by seed + i
+            for i in range(n):
+                seed = None if params.seed is None else (params.seed + i) % 2 ** 32
+                pendings.append(loop.submit(prompt, dataclasses.replace(params, seed=seed),
+                                            "prompt" if kind == "text_completion" else "messages", source))
+        except ApiError:
+            for pending in pendings:
+                loop.abort(pending)
+            raise
+        texts = [TextStream(tokenizer, pendings[0].prompt, stops) for _ in range(n)]
+        token_pieces = [TokenPieces(tokenizer, pendings[0].prompt) for _ in range(n)]
+        offsets = [0] * n  # each choice's characters so far in its tokens' text (completions' text_offset)
         streaming = body.get("stream", False)
         answer_id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{secrets.token_hex(12)}"
 
-        async def pieces():
-            """(new text, finish reason or None) as the engine's tokens arrive; aborts the request if left early."""
+        async def pieces(index: int):
+            """(new text, finish reason or None, the new tokens' TokenLogprobs) of choice ``index`` as the engine's
+            tokens arrive; aborts the request if left early."""
+            pending, text = pendings[index], texts[index]
             try:
                 while True:
                     if streaming:  # a stream's handler is cancelled when its client goes away
@@ -493,42 +675,80 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                             continue
                     if isinstance(output, BaseException):
                         raise ApiError(500, f"the engine failed: {output!r}", kind="server_error")
+                    if output.finish_reason == "error":  # the engine ended it with no token (RequestOutput)
+                        raise ApiError(500, "the model's logits for this request's next token were not finite (NaN "
+                                            "or inf); it was ended", kind="server_error", code="non_finite_logits")
                     delta, stopped = text.add(list(output.token_ids), output.finished)
                     finish = "stop" if stopped else output.finish_reason
-                    yield delta, finish
+                    yield delta, finish, output.logprobs or ()
                     if finish is not None:
                         return
             finally:
                 loop.abort(pending)  # a no-op once the engine ended it
 
         def usage():
-            done = len(text.token_ids)
+            done = sum(len(text.token_ids) for text in texts)
             return {"prompt_tokens": len(ids), "completion_tokens": done, "total_tokens": len(ids) + done}
 
-        def choice(delta: str, finish, streaming: bool) -> dict:
+        def logprobs_of(index: int, entries, finished: bool) -> dict | None:
+            """OpenAI's logprobs of choice ``index``'s next tokens ``entries`` (TokenLogprobs; ``finished``: its
+            last), each token's text as it adds to the choice's (``TokenPieces``); None where not asked."""
+            if params.logprobs is None:
+                return None
+            pieces = token_pieces[index].add(entries, finished)
             if kind == "text_completion":
-                return {"index": 0, "text": delta, "logprobs": None, "finish_reason": finish}
+                text_offset = []
+                for piece, _ in pieces:
+                    text_offset.append(offsets[index])
+                    offsets[index] += len(piece)
+                return {"tokens": [piece for piece, _ in pieces], "token_logprobs": [e.logprob for e in entries],
+                        "top_logprobs": [likeliest_by_piece(top) for _, top in pieces], "text_offset": text_offset}
+
+            def token(piece: str, logprob: float) -> dict:
+                return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+            return {"content": [{**token(piece, entry.logprob), "top_logprobs": [token(*c) for c in top]}
+                                for entry, (piece, top) in zip(entries, pieces)]}
+
+        def choice(index: int, delta: str, finish, streaming: bool, entries=None) -> dict:
+            """Choice ``index``'s answer or chunk; ``entries`` None: one that carries no tokens (a chat stream's
+            first, naming the role: its logprobs null, as OpenAI's)."""
+            logprobs = None if entries is None else logprobs_of(index, entries, finish is not None)
+            if kind == "text_completion":
+                return {"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish}
             message = {"role": "assistant", "content": delta}
-            return {"index": 0, ("delta" if streaming else "message"): message, "logprobs": None,
+            return {"index": index, ("delta" if streaming else "message"): message, "logprobs": logprobs,
                     "finish_reason": finish}
 
         head = {"id": answer_id, "created": int(time.time()), "model": model_name}
         if not streaming:
-            finish = None
-            async for _, finish in pieces():
-                pass
-            return {**head, "object": kind, "choices": [choice(text.text, finish, False)], "usage": usage()}
+            async def collect(index: int):
+                finish, entries = None, []
+                async for _, finish, new in pieces(index):
+                    entries += new
+                return choice(index, texts[index].text, finish, False, entries)
+
+            tasks = [asyncio.ensure_future(collect(i)) for i in range(n)]
+            try:
+                choices = await asyncio.gather(*tasks)
+            finally:  # one choice failed: the others end too
+                for task in tasks:
+                    task.cancel()
+            return {**head, "object": kind, "choices": choices, "usage": usage()}
 
         chunk_kind = "chat.completion.chunk" if kind == "chat.completion" else kind
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def events():
-            if kind == "chat.completion":  # OpenAI's first chunk names the role
-                yield _sse({**head, "object": chunk_kind, "choices": [choice("", None, True)]})
+            if kind == "chat.completion":  # OpenAI's first chunk of each choice names the role
+                for i in range(n):
+                    yield _sse({**head, "object": chunk_kind, "choices": [choice(i, "", None, True)]})
+            held = [[] for _ in range(n)]  # logprobs of tokens whose text is held back, sent with the next chunk
             try:
-                async for delta, finish in pieces():
+                async for i, (delta, finish, new) in _merged([pieces(i) for i in range(n)]):
+                    held[i] += new
                     if delta or finish is not None:
-                        chunk = choice(delta, finish, True)
+                        chunk = choice(i, delta, finish, True, held[i])
+                        held[i] = []
                         if finish is not None and kind == "chat.completion":
                             chunk["delta"] = {"content": delta} if delta else {}
                         yield _sse({**head, "object": chunk_kind, "choices": [chunk]})
@@ -543,33 +763,71 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
     return app
 
 
-def serve(model, tokenizer, folder: str | Path | None, model_name: str, host: str, port: int, api_key: str | None,
-          max_queue: int, **engine_settings) -> None:
-    """Build the engine over ``model`` and serve it until SIGTERM / Ctrl-C (which drain the running requests).
-    ``folder``: where the chat template is read from (None: none). Prints the address once it listens (port 0:
-    a free port)."""
-    import socket
+def kv_block_bytes(cfg, block_size: int) -> int:
+    """The bytes one block of the engine's pool holds: every decoder layer's keys and values of ``block_size``
+    tokens at the cache's dtype (an encoder-decoder's source blocks are the same size)."""
+    return 2 * cfg.decoder_layers * cfg.kv_heads * block_size * cfg.head_dim_ * np.dtype(dtype_of(cfg.dtype)).itemsize
 
+
+def use_compilation_cache(folder: str | Path) -> None:
+    """Keep every program compiled from now on in ``folder`` (JAX's persistent cache, however short its compile:
+    a server's many small programs add up), so a later start reads them back rather than compiling them again."""
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+def pool_blocks(cfg, block_size: int, max_num_seqs: int, num_blocks: int | None = None, memory: float | None = None,
+                max_model_len: int | None = None) -> int:
+    """The blocks of a server's pool: ``num_blocks`` as given, or as many as ``memory`` GiB holds
+    (``kv_block_bytes`` each, the null block among them), or by default room for ``max_num_seqs`` sequences at
+    ``max_model_len`` (the engine's default where None) and the null block."""
+    if memory is None:
+        if num_blocks is not None:
+            return num_blocks
+        longest = max_model_len or Engine.default_max_model_len(cfg)
+        return max_num_seqs * -(-longest // block_size) + 1
+    if num_blocks is not None:
+        raise ValueError(f"--num-blocks={num_blocks} and --memory={memory} both size the pool: give one")
+    if not isinstance(memory, (int, float)) or not 0 < memory < math.inf:
+        raise ValueError(f"--memory={memory!r}: want a number of GiB > 0")
+    block = kv_block_bytes(cfg, block_size)
+    blocks = int(memory * 2 ** 30 // block)
+    if blocks < 2:
+        raise ValueError(f"--memory={memory} GiB holds {blocks} blocks of {block} bytes: want room for 2 at least "
+                         "(one is the null block)")
+    return blocks
+
+
+def serve(model, tokenizer, folder: str | Path | None, model_name: str, host: str, port: int, api_key: str | None,
+          max_queue: int, memory: float | None = None, warm_up: bool = True, compilation_cache: str | None = None,
+          **engine_settings) -> None:
+    """Build the engine over ``model`` and serve it until SIGTERM / Ctrl-C (which drain the running requests).
+    ``folder``: where the chat template is read from (None: none). The pool: ``num_blocks``, or as many blocks as
+    ``memory`` GiB holds, or by default room for ``max_num_seqs`` sequences at ``max_model_len``. ``warm_up``:
+    compile the common programs (``Engine.warm_up``) before listening; ``compilation_cache``: a folder where
+    compiled programs are kept across starts (JAX's persistent cache). Prints the address once it listens (port 0:
+    a free port)."""
     import uvicorn
 
     if not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"--max-queue={max_queue!r}: want an int >= 1")
-    if engine_settings.get("num_blocks") is None:  # room for every sequence at its longest
-        blocks = -(-model.config.max_positions // engine_settings["block_size"])
-        engine_settings["num_blocks"] = engine_settings["max_num_seqs"] * blocks + 1
+    engine_settings["num_blocks"] = pool_blocks(model.config, engine_settings["block_size"],
+                                                engine_settings["max_num_seqs"], engine_settings.get("num_blocks"),
+                                                memory, engine_settings.get("max_model_len"))
+    if compilation_cache is not None:
+        use_compilation_cache(compilation_cache)
     engine = Engine(model, **engine_settings)
+    warmed = ""
+    if warm_up:
+        print("jaxformer serve: compiling the engine's programs before listening (--no-warm-up: each on first use; "
+              "--compilation-cache DIR: kept for the next start)", file=sys.stderr, flush=True)
+        programs, seconds = engine.warm_up()
+        warmed = f", {programs} programs compiled in {seconds:.1f} s"
     template, special_tokens = load_chat_template(folder) if folder is not None else (None, {})
     app = create_app(engine, tokenizer, model_name, template, special_tokens, api_key, max_queue)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as err:
-        sock.close()
-        raise ValueError(f"cannot listen on --host {host} --port {port}: {err.strerror}") from None
-    sock.listen(2048)  # connections made before uvicorn starts wait in the backlog
+    sock = listen(host, port)
     print(f"jaxformer serve: {model_name!r} on http://{host}:{sock.getsockname()[1]} "
           f"({engine.manager.usable} blocks of {engine.block_size}, max_num_seqs={engine.max_num_seqs}, "
-          f"max_model_len={engine.max_model_len})", flush=True)
+          f"max_model_len={engine.max_model_len}{warmed})", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=None))
     server.run(sockets=[sock])

@@ -1,0 +1,175 @@
+"""Per-row sampling inside the engine's batched step: every row chooses its next token by its own parameters.
+
+The order is transformers' generate's: the repetition penalty (``RepetitionPenaltyLogitsProcessor``: a logit of a
+token anywhere in the prompt or the generated tokens is divided by the penalty where positive, multiplied where
+negative), then the presence and frequency penalties (OpenAI's and vLLM's: ``presence * (count > 0) + frequency *
+count`` subtracted, counted over the generated tokens only; transformers has none), then, for rows that draw, the
+temperature, top-k, top-p and min-p warpers. A greedy row takes the argmax of the penalised logits. Log-probabilities
+are those of the model's raw distribution (``log_softmax`` of the logits before any processing, vLLM's default).
+
+What a program compiles is fixed by ``SamplerFlags`` (static): a batch of plain greedy rows runs an argmax and nothing
+else (no sort, no penalty scatter, no ``log_softmax``). The penalties' token counts are built inside the program from
+each row's ids [B, W] (W a power of two, padded with -1), never from a host [B, V] array.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for (OpenAI's bound)
+PAD_ID = -1  # a history slot holding no token
+
+
+class SamplerFlags(NamedTuple):
+    """What some row of a batch needs (static: each combination is its own program)."""
+
+    sample: bool = False  # some row draws (temperature > 0)
+    sort: bool = False  # some drawing row filters by top-k or top-p
+    min_p: bool = False  # some drawing row filters by min-p
+    penalize: bool = False  # some row has a repetition, presence or frequency penalty
+    logprobs: bool = False  # some row asks for log-probabilities
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingRows:
+    """Each row's sampling parameters [B] (``history`` [B, W]: its prompt and generated ids, -1 padded, where the
+    generated ones start at ``prompt_lengths``), and the draw's key: ``seeds`` and the tokens ``drawn`` so far."""
+
+    temperature: Array
+    top_k: Array
+    top_p: Array
+    min_p: Array
+    repetition: Array
+    presence: Array
+    frequency: Array
+    seeds: Array
+    drawn: Array
+    history: Array
+    prompt_lengths: Array
+
+
+class TokenLogprobs(NamedTuple):
+    """A chosen token's log-probability under the model's raw distribution and the ``k`` likeliest (id, logprob)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def sampling_rows(rows, batch: int, max_width: int) -> tuple[SamplingRows, SamplerFlags]:
+    """The batch's arrays (host numpy, ``batch`` rows: the padding rows greedy and unpenalised) and flags from
+    ``rows``: (params, seed, tokens so far, prompt length) each, params a ``SamplingParams``. ``max_width``: the
+    cap of the history's power-of-two width."""
+    columns = {name: np.zeros(batch, np.float32) for name in ("temperature", "top_p", "min_p", "repetition",
+                                                                "presence", "frequency")}
+    columns["top_p"][:], columns["repetition"][:] = 1, 1
+    top_k, seeds, drawn, prompt_lengths = (np.zeros(batch, dtype) for dtype in (np.int32, np.uint32, np.int32,
+                                                                                 np.int32))
+    for r, (p, seed, tokens, prompt_length) in enumerate(rows):
+        for name, value in (("temperature", p.temperature), ("top_p", p.top_p), ("min_p", p.min_p),
+                            ("repetition", p.repetition_penalty), ("presence", p.presence_penalty),
+                            ("frequency", p.frequency_penalty)):
+            columns[name][r] = value
+        top_k[r], seeds[r], drawn[r], prompt_lengths[r] = p.top_k, seed, len(tokens) - prompt_length, prompt_length
+    drawing = columns["temperature"] > 0
+    flags = SamplerFlags(
+        sample=bool(drawing.any()), sort=bool((drawing & ((top_k > 0) | (columns["top_p"] < 1))).any()),
+        min_p=bool((drawing & (columns["min_p"] > 0)).any()),
+        penalize=bool(((columns["repetition"] != 1) | (columns["presence"] != 0) | (columns["frequency"] != 0)).any()),
+        logprobs=any(p.logprobs is not None for p, *_ in rows))
+    width = min(1 << (max(len(tokens) for _, _, tokens, _ in rows) - 1).bit_length(), max_width) \
+        if flags.penalize else 1
+    history = np.full((batch, width), PAD_ID, np.int32)
+    if flags.penalize:
+        for r, (_, _, tokens, _) in enumerate(rows):
+            history[r, :len(tokens)] = tokens
+    return SamplingRows(**columns, top_k=top_k, seeds=seeds, drawn=drawn, history=history,
+                        prompt_lengths=prompt_lengths), flags
+
+
+def penalize_rows(logits: Array, repetition: Array, presence: Array, frequency: Array, history: Array,
+                  prompt_lengths: Array) -> Array:
+    """Logits [B, V] with each row's repetition penalty over its ``history`` [B, W] (prompt and generated ids, -1:
+    none) and its presence and frequency penalties over the generated ids (from ``prompt_lengths`` [B] on).
+    A row at the neutral values (1, 0, 0) keeps its logits bit for bit."""
+    B, V = logits.shape
+    rows = jnp.arange(B)[:, None]
+    ids = jnp.where(history < 0, V, history)  # out of range: dropped by the scatters
+    seen = jnp.zeros((B, V), bool).at[rows, ids].set(True, mode="drop")
+    generated = (jnp.arange(history.shape[1])[None] >= prompt_lengths[:, None]).astype(logits.dtype)
+    counts = jnp.zeros((B, V), logits.dtype).at[rows, ids].add(generated, mode="drop")
+    r = repetition[:, None]
+    logits = jnp.where(seen, jnp.where(logits < 0, logits * r, logits / r), logits)
+    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+
+
+def warp_rows(logits: Array, temperature: Array, top_k: Array, top_p: Array, min_p: Array | None = None,
+              sort: bool = True) -> Array:
+    """``generate.warp_logits`` with each row's own settings [B] (traced here: one program serves every mix):
+    logits [B, V] shifted to a maximum of 0, divided by the temperature (a row at 0 is left undivided), then
+    -inf outside the ``top_k`` likeliest (0: off) and outside the ``top_p`` nucleus, one sort serving both
+    (``sort`` False: no row filters so, and no sort is compiled), then below ``min_p`` times the likeliest
+    token's probability (None: no row filters so)."""
+    B, V = logits.shape
+    scaled = (logits - jnp.max(logits, axis=-1, keepdims=True)) / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+    if sort:
+        order = jnp.argsort(scaled, axis=-1)  # ascending, as transformers' TopPLogitsWarper
+        ascending = jnp.take_along_axis(scaled, order, axis=-1)
+        kth = jnp.take_along_axis(ascending, jnp.clip(V - top_k, 0, V - 1)[:, None], axis=-1)
+        ascending = jnp.where((top_k[:, None] > 0) & (ascending < kth), -jnp.inf, ascending)
+        cumulative = jnp.cumsum(jax.nn.softmax(ascending, axis=-1), axis=-1)
+        remove = (cumulative <= 1.0 - top_p[:, None]).at[:, -1].set(False)  # the likeliest token stays
+        scaled = jnp.zeros_like(scaled).at[jnp.arange(B)[:, None], order].set(jnp.where(remove, -jnp.inf, ascending))
+    if min_p is not None:  # transformers' MinPLogitsWarper: the likeliest token always stays (min_p <= 1)
+        probs = jax.nn.softmax(scaled, axis=-1)
+        scaled = jnp.where(probs < min_p[:, None] * jnp.max(probs, axis=-1, keepdims=True), -jnp.inf, scaled)
+    return scaled
+
+
+def choose_tokens(logits: Array, rows: SamplingRows, flags: SamplerFlags, raw: Array | None = None,
+                  forced: Array | None = None) -> tuple[Array, tuple | None]:
+    """Each row's next token [B] from its logits [B, V] (module docstring), drawn rows keyed by their seed and
+    ``drawn`` count (so a request draws the same tokens whatever batch it is in); with ``flags.logprobs``, also
+    the raw log-probability of each chosen token [B] and the ``MAX_LOGPROBS`` likeliest (values and ids [B, k]).
+    ``raw``: the model's logits where ``logits`` already bans some tokens (the log-probabilities are of these;
+    default: ``logits``); ``forced`` [B]: a token that replaces the row's choice where >= 0 (generate's forced
+    first or last token), reported with its own log-probability."""
+    raw = (logits if raw is None else raw).astype(jnp.float32)
+    scores = logits.astype(jnp.float32)
+    if flags.penalize:
+        scores = penalize_rows(scores, rows.repetition, rows.presence, rows.frequency, rows.history,
+                               rows.prompt_lengths)
+    tokens = jnp.argmax(scores, axis=-1)
+    if flags.sample:
+        keys = jax.vmap(lambda seed, n: jax.random.fold_in(jax.random.PRNGKey(seed), n))(rows.seeds, rows.drawn)
+        warped = warp_rows(scores, rows.temperature, rows.top_k, rows.top_p, rows.min_p if flags.min_p else None,
+                           flags.sort)
+        tokens = jnp.where(rows.temperature > 0, jax.vmap(jax.random.categorical)(keys, warped), tokens)
+    tokens = tokens.astype(jnp.int32)
+    if forced is not None:
+        tokens = jnp.where(forced >= 0, forced, tokens)
+    if not flags.logprobs:
+        return tokens, None
+    logprobs = jax.nn.log_softmax(raw, axis=-1)
+    top, top_ids = jax.lax.top_k(logprobs, min(MAX_LOGPROBS, logprobs.shape[-1]))
+    return tokens, (jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0], top, top_ids.astype(jnp.int32))
+
+
+def prompt_lookup(tokens: list[int], count: int, ngram: int = 2) -> list[int]:
+    """Prompt-lookup drafts, as transformers' PromptLookupCandidateGenerator (and generate's ``lookup_drafts``)
+    choose them: the longest n-gram (at most ``ngram`` tokens) ending ``tokens`` that occurs earlier in them; the
+    ``count`` tokens after its first occurrence (fewer where the tokens end; none without a match)."""
+    n = len(tokens)
+    for size in range(min(ngram, n - 1), 0, -1):  # the longest match wins
+        tail = tokens[n - size:]
+        for start in range(n - size):  # (something follows an occurrence: it is not the tail itself)
+            if tokens[start:start + size] == tail:
+                return tokens[start + size:start + size + count]
+    return []

@@ -1,0 +1,223 @@
+"""The engine's per-row sampling: each processor equals transformers' logits processor of the same row (presence and
+frequency, which transformers lacks, equal OpenAI's formula), a penalised greedy request equals transformers'
+``generate`` with that penalty, log-probabilities equal ``log_softmax`` of transformers' logits, and a mixed batch
+gives each row what it gets alone."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
+                                                    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+import jaxformer as jf
+from jaxformer.serving import Engine, SamplingParams
+from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, choose_tokens, penalize_rows, sampling_rows,
+                                        warp_rows)
+from tests.hf_factory import save_checkpoint
+
+BLOCK, MAX_LEN = 8, 64
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A tiny Llama checkpoint (no EOS: requests run their max_tokens) as ours and as transformers'."""
+    folder = save_checkpoint("llama", tmp_path_factory.mktemp("sampling"), changes=dict(eos_token_id=None))
+    return jf.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+
+
+def _engine(model, max_num_seqs=8):
+    return Engine(model, num_blocks=64, block_size=BLOCK, max_num_seqs=max_num_seqs, prefill_chunk=16,
+                  max_model_len=MAX_LEN, seed=0)
+
+
+def _run(engine, requests):
+    """Each (prompt, params) request's tokens and logprobs, all submitted at once."""
+    ids = [engine.add_request(prompt, params) for prompt, params in requests]
+    tokens, logprobs = {i: [] for i in ids}, {i: [] for i in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.request_id] += out.token_ids
+            logprobs[out.request_id] += out.logprobs or ()
+    return [(tokens[i], logprobs[i]) for i in ids]
+
+
+def test_each_processor_row_by_row_equals_transformers():
+    """Repetition penalty over prompt + generated ids, presence and frequency over the generated ids, then
+    temperature, top-k, top-p, min-p: each row of one batch against transformers' processors on that row alone."""
+    rng = np.random.default_rng(0)
+    B, V, W = 6, 64, 16
+    logits = (rng.standard_normal((B, V)) * 3).astype(np.float32)
+    # (repetition, presence, frequency, temperature, top_k, top_p, min_p, history length, prompt length)
+    rows = [(1.0, 0.0, 0.0, 1.0, 0, 1.0, 0.0, 5, 5), (1.3, 0.0, 0.0, 0.7, 5, 1.0, 0.0, 12, 4),
+            (0.8, 0.5, 0.0, 1.3, 0, 0.8, 0.1, 9, 3), (1.0, -0.4, 1.5, 0.5, 10, 0.6, 0.0, 16, 6),
+            (2.0, 2.0, -2.0, 2.0, 64, 0.95, 0.3, 7, 7), (1.1, 0.3, 0.6, 1.0, 0, 1.0, 0.05, 11, 2)]
+    history = np.full((B, W), -1, np.int32)
+    for r, (*_, length, _) in enumerate(rows):
+        history[r, :length] = rng.integers(0, 12, length)  # a few ids, so some repeat
+    rep, pres, freq, temp, top_k, top_p, min_p, _, prompt = (np.asarray(c) for c in zip(*rows))
+    penalized = penalize_rows(jnp.asarray(logits), jnp.asarray(rep, jnp.float32), jnp.asarray(pres, jnp.float32),
+                              jnp.asarray(freq, jnp.float32), jnp.asarray(history), jnp.asarray(prompt, jnp.int32))
+    warped = np.asarray(warp_rows(penalized, jnp.asarray(temp, jnp.float32), jnp.asarray(top_k, jnp.int32),
+                                  jnp.asarray(top_p, jnp.float32), jnp.asarray(min_p, jnp.float32)))
+    for r, (rp, pr, fr, t, k, p, mp, length, prompt_length) in enumerate(rows):
+        ids, scores = torch.tensor(history[r:r + 1, :length], dtype=torch.long), torch.tensor(logits[r:r + 1])
+        scores = RepetitionPenaltyLogitsProcessor(float(rp))(ids, scores)
+        counts = np.bincount(history[r, prompt_length:length], minlength=V)  # OpenAI's penalties, generated ids
+        scores = scores - torch.tensor(fr * counts + pr * (counts > 0), dtype=torch.float32)
+        np.testing.assert_allclose(np.asarray(penalized[r]), scores[0].numpy(), rtol=1e-6, atol=1e-6)
+        warpers = [TemperatureLogitsWarper(float(t)), k > 0 and TopKLogitsWarper(int(k)),
+                   p < 1 and TopPLogitsWarper(float(p)), mp > 0 and MinPLogitsWarper(float(mp))]
+        for warper in filter(None, warpers):  # in transformers' order, those it would build
+            scores = warper(ids, scores)
+        theirs = scores[0].numpy()
+        kept = np.isfinite(theirs)
+        assert (np.isfinite(warped[r]) == kept).all(), f"row {r}: the kept tokens differ"
+        assert kept.sum() < V or (k == 0 and p == 1 and mp == 0), f"row {r} filtered nothing"
+        # ours is shifted to a maximum of 0 (the same distribution)
+        np.testing.assert_allclose(warped[r][kept], theirs[kept] - theirs.max(), rtol=1e-6, atol=1e-6)
+
+
+def _primitives(jaxpr) -> set[str]:
+    """The primitives of a jaxpr's equations by name, those of the jaxprs inside them (calls, branches) too."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)  # (a ClosedJaxpr's own)
+                if hasattr(inner, "eqns"):
+                    names |= _primitives(inner)
+    return names
+
+
+def test_a_plain_greedy_batch_compiles_no_sort_penalty_or_log_softmax():
+    def program(**params):
+        rows, flags = sampling_rows([(SamplingParams(**params), 0, [1, 2, 3], 2)], 2, 64)
+        return flags, _primitives(jax.make_jaxpr(lambda x, r: choose_tokens(x, r, flags))(jnp.zeros((2, 32)),
+                                                                                           rows).jaxpr)
+    flags, greedy = program(temperature=0)
+    assert flags == SamplerFlags() and "argmax" in greedy  # (the names are read: its argmax is there)
+    assert not {"sort", "exp", "log"} & greedy and not any(name.startswith("scatter") for name in greedy), greedy
+    flags, plain_draw = program(temperature=0.8)
+    assert flags == SamplerFlags(sample=True) and "sort" not in plain_draw
+    assert "sort" in program(temperature=0.8, top_p=0.9)[1]
+    assert program(temperature=0, repetition_penalty=1.2)[0] == SamplerFlags(penalize=True)
+    assert program(temperature=0.5, top_p=0.9, min_p=0.1, logprobs=0)[0] == SamplerFlags(True, True, True, False,
+                                                                                          True)
+    # min-p and top-k of greedy rows are not compiled: they do not change an argmax
+    assert program(temperature=0, top_k=3, min_p=0.2)[0] == SamplerFlags()
+
+
+def test_a_penalised_greedy_request_equals_transformers_generate(models):
+    ours, theirs = models
+    prompt = [5, 9, 9, 17, 5, 40, 3]
+    params = SamplingParams(max_tokens=12, temperature=0, repetition_penalty=1.8)
+    (tokens, _), = _run(_engine(ours), [(prompt, params)])
+    with torch.no_grad():
+        expected = theirs.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                   max_new_tokens=12, do_sample=False, repetition_penalty=1.8)[0, len(prompt):]
+        plain = theirs.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):]
+    assert tokens == expected.tolist() and tokens != plain.tolist()  # (the penalty changed the output)
+
+
+def test_logprobs_equal_log_softmax_of_transformers_logits(models):
+    ours, theirs = models
+    prompt = [4, 8, 15, 16, 23, 42]
+    (tokens, logprobs), = _run(_engine(ours), [(prompt, SamplingParams(max_tokens=8, temperature=0.9, seed=1,
+                                                                        logprobs=MAX_LOGPROBS))])
+    with torch.no_grad():
+        logits = theirs(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1:]
+    expected = torch.log_softmax(logits, dim=-1).numpy()
+    assert [entry.token_id for entry in logprobs] == tokens
+    chosen = [entry.logprob for entry in logprobs]
+    np.testing.assert_allclose(chosen, expected[np.arange(len(tokens)), tokens], atol=1e-5)
+    for step, entry in enumerate(logprobs):
+        top_ids, top = zip(*entry.top)
+        assert list(top_ids) == list(np.argsort(-expected[step])[:MAX_LOGPROBS]), f"step {step}"
+        np.testing.assert_allclose(top, np.sort(expected[step])[::-1][:MAX_LOGPROBS], atol=1e-5)
+    print(f"max |logprob - transformers'|: {np.abs(np.subtract(chosen, expected[np.arange(8), tokens])).max():.2e}")
+
+
+def test_a_mixed_batch_gives_each_row_what_it_gets_alone(models):
+    ours, _ = models
+    rng = np.random.default_rng(3)
+    mixed = [SamplingParams(max_tokens=9, temperature=0),
+             SamplingParams(max_tokens=7, temperature=0, repetition_penalty=1.4, presence_penalty=0.5,
+                            frequency_penalty=0.3),
+             SamplingParams(max_tokens=10, temperature=0.9, min_p=0.1, seed=3),
+             SamplingParams(max_tokens=6, temperature=0, logprobs=5),
+             SamplingParams(max_tokens=8, temperature=1.2, top_p=0.9, top_k=20, seed=4, logprobs=2,
+                            frequency_penalty=-0.5)]
+    requests = [(rng.integers(3, 97, n).tolist(), params) for n, params in zip((4, 19, 7, 11, 2), mixed)]
+    together = _run(_engine(ours), requests)
+    for i, request in enumerate(requests):
+        (tokens, logprobs), = _run(_engine(ours), [request])
+        assert together[i][0] == tokens, f"request {i}"
+        assert [e.token_id for e in together[i][1]] == [e.token_id for e in logprobs]
+        for a, b in zip(together[i][1], logprobs):
+            # (a batch of another shape sums in another order: float32 rounding, ~1e-6 here; the tokens are equal)
+            np.testing.assert_allclose([a.logprob, *(x for _, x in a.top)], [b.logprob, *(x for _, x in b.top)],
+                                       atol=1e-5)
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+    assert [len(e.top) for e in together[3][1]] == [5] * 6 and together[0][1] == []
+
+
+@pytest.mark.parametrize("field, value, want", [
+    ("min_p", 1.5, r"\[0, 1\]"), ("repetition_penalty", 0.0, "> 0"), ("presence_penalty", -2.5, r"\[-2, 2\]"),
+    ("frequency_penalty", 3, r"\[-2, 2\]"), ("logprobs", 21, r"\[0, 20\]"), ("logprobs", True, "int"),
+])
+def test_bad_sampling_values_are_refused_by_name(field, value, want):
+    with pytest.raises(ValueError, match=f"SamplingParams.{field}={value!r}: want .*{want}"):
+        SamplingParams(**{field: value})
+
+
+def test_prompt_lookup_drafts_keep_generates_greedy_tokens(models):
+    """Greedy rows draft by prompt lookup beside a seeded draw (which drafts nothing): every row's tokens are
+    unchanged, and drafts were accepted (this random model's greedy text repeats itself now and then)."""
+    ours, _ = models
+    rng = np.random.default_rng(0)
+    prompts, new = [rng.integers(3, 97, 4).tolist() for _ in range(4)], 40
+    ids = np.asarray(prompts, np.int32)
+    expected = [list(row[4:]) for row in np.asarray(ours.generate(ids, np.ones_like(ids), max_new_tokens=new))]
+    sampled = (prompts[0], SamplingParams(max_tokens=10, temperature=0.8, seed=9))
+    engine = Engine(ours, num_blocks=64, block_size=BLOCK, max_num_seqs=8, prefill_chunk=16, max_model_len=MAX_LEN,
+                    seed=0, draft_tokens=4)
+    out = _run(engine, [(p, SamplingParams(max_tokens=new, temperature=0)) for p in prompts] + [sampled])
+    assert [tokens for tokens, _ in out[:-1]] == expected
+    assert out[-1] == _run(_engine(ours), [sampled])[0]
+    stats = engine.stats()
+    assert stats["accepted_drafts"] > 0 and stats["blocks_used"] == 0
+    print(f"{stats['accepted_drafts']} of {stats['drafted']} drafts accepted")
+    with pytest.raises(ValueError, match="Engine draft_tokens=-1"):
+        Engine(ours, num_blocks=8, draft_tokens=-1)
+
+
+def test_drafts_take_only_blocks_left_so_drafting_preempts_no_more(models):
+    """An earlier greedy request that drafts and a later one, in a pool of 3 blocks of 8: after their prompts (6 and
+    8 tokens) one block is free, which the later one needs for its next token. The earlier one's drafts take only
+    what is left after it (a slot of its own block), so no one is preempted for a draft, and over the whole run
+    drafting preempts no more often than not drafting; the tokens are the same."""
+    ours, _ = models
+    rng = np.random.default_rng(0)
+    candidates = rng.integers(3, 97, (64, 6)).astype(np.int32)
+    first = np.asarray(ours.generate(candidates, np.ones_like(candidates), max_new_tokens=1))[:, -1]
+    early = next(row.tolist() for row, token in zip(candidates, first) if token in row)  # (so it drafts at once)
+    late = rng.integers(3, 97, 8).tolist()
+    runs = []
+    for draft_tokens in (0, 4):
+        engine = Engine(ours, num_blocks=4, block_size=BLOCK, max_num_seqs=2, prefill_chunk=16, max_model_len=24,
+                        seed=0, draft_tokens=draft_tokens)
+        ids = [engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0)) for prompt in (early, late)]
+        engine.step()
+        engine.step()  # the earlier drafts, the later takes the free block
+        # (drafting: one draft, in the slot left in the earlier one's own block)
+        assert engine.preemptions == 0 and len(engine.running) == 2 and engine.drafted == min(draft_tokens, 1)
+        out = engine.run()
+        runs.append((engine.preemptions, [out[i] for i in ids]))
+    (plain, tokens), (drafting, drafted_tokens) = runs
+    assert drafted_tokens == tokens and drafting <= plain

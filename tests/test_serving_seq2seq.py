@@ -1,0 +1,221 @@
+"""Encoder-decoders in the serving engine: each request's source is encoded once, when it is admitted, into blocks
+of the pool the decoder's own keys use. Greedy output equals ``model.generate`` token for token whatever else runs
+beside it (Marian with its pad and a second token banned and its forced EOS; T5 v1.1 with relative positions; BART
+with its forced EOS; M2M100 with a target language forced first), under preemption too, with every block freed at
+the end; refusals are named; and one Marian folder with its tokenizer is served to the real ``openai`` client
+(completions; chat refused)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import jaxformer as jf
+from jaxformer.generate import generation_defaults
+from jaxformer.interop.tokenizer import byte_level_tokenizer, load_tokenizer
+from jaxformer.serving import Engine, SamplingParams
+from tests.hf_factory import save_checkpoint
+from tests.serving_helpers import served
+
+BLOCK = 8
+# ten sources of mixed lengths, each asking for one of two output lengths (EOS may end one sooner)
+LENGTHS = (3, 17, 9, 25, 5, 12, 30, 7, 2, 20)
+NEW = (5, 12) * 5
+SAMPLED = SamplingParams(max_tokens=8, temperature=0.9, top_p=0.95, seed=11)
+TARGET_LANGUAGE = 7  # M2M100's (and NLLB's) target language token, forced first
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """name -> (model, sources, each source's generate tokens at its NEW), built on first use."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            folder = save_checkpoint(name, tmp_path_factory.mktemp(name))
+            model = jf.from_pretrained(folder)
+            rng = np.random.default_rng(0)
+            sources = [rng.integers(3, 97, n).astype(np.int32) for n in LENGTHS]
+            if name == "marian":  # OPUS-MT's generation_config bans its pad; a token the free run emits is banned too
+                banned = int(_generated(model, sources[:1], 4)[0][1])
+                settings = json.loads((folder / "generation_config.json").read_text())
+                settings["bad_words_ids"] = [[1], [banned]]
+                (folder / "generation_config.json").write_text(json.dumps(settings))
+                model = jf.from_pretrained(folder)
+            if name == "m2m100":
+                settings = json.loads((folder / "generation_config.json").read_text())
+                settings["forced_bos_token_id"] = TARGET_LANGUAGE
+                (folder / "generation_config.json").write_text(json.dumps(settings))
+                model = jf.from_pretrained(folder)
+            by_length = {n: _generated(model, sources, n) for n in set(NEW)}
+            built[name] = model, sources, [by_length[n][i] for i, n in enumerate(NEW)]
+        return built[name]
+    return get
+
+
+def _generated(model, sources, new_tokens):
+    """``model.generate``'s greedy tokens of each source (one right-padded batch), up to and with its first EOS."""
+    width = max(len(s) for s in sources)
+    ids, mask = np.zeros((len(sources), width), np.int32), np.zeros((len(sources), width), np.int32)
+    for row, source in enumerate(sources):
+        ids[row, :len(source)], mask[row, :len(source)] = source, 1
+    eos = generation_defaults(model)["eos_token_id"]
+    stops = {eos} if isinstance(eos, int) else set(eos or ())
+    rows = []
+    for row in model.generate(ids, mask, max_new_tokens=new_tokens)[:, 1:].tolist():
+        ends = [i for i, token in enumerate(row) if token in stops]
+        rows.append(row[:ends[0] + 1] if ends else row)
+    return rows
+
+
+def _engine(model, num_blocks=65, max_num_seqs=4):
+    return Engine(model, num_blocks=num_blocks, block_size=BLOCK, max_num_seqs=max_num_seqs, prefill_chunk=8,
+                  max_model_len=32)
+
+
+def _all_freed(engine):
+    manager = engine.manager
+    return manager.used() == 0 and manager.available() == manager.usable and not any(manager.refs)
+
+
+@pytest.mark.parametrize("name", ["marian", "t5-v1_1", "bart", "m2m100"])
+def test_concurrent_translations_equal_generate(checkpoints, name):
+    """Ten requests through four rows: they join as others end, each source encoded at its admission."""
+    model, sources, expected = checkpoints(name)
+    engine = _engine(model)
+    ids = [engine.add_request(None, SamplingParams(max_tokens=n, temperature=0), source_ids=source)
+           for source, n in zip(sources, NEW)]
+    out = engine.run()
+    assert [out[i] for i in ids] == expected
+    if name == "m2m100":
+        assert all(row[0] == TARGET_LANGUAGE for row in expected)
+    else:
+        assert len({tuple(row) for row in expected}) > 3  # the outputs depend on the sources
+    assert _all_freed(engine)
+    assert any(program[0] == "encode" for program in engine.programs)
+
+
+def test_preemption_recomputes_source_and_target(checkpoints):
+    """A pool of 10 blocks for up to 8 sequences of up to 4 source and 2 target blocks: sequences are preempted,
+    give back both kinds of block, and on readmission encode their source again; the tokens do not change, and a
+    seeded draw draws the same tokens as in a roomy pool."""
+    model, sources, expected = checkpoints("marian")
+    draws = []
+    for num_blocks in (65, 11):
+        engine = _engine(model, num_blocks, max_num_seqs=8)
+        ids = [engine.add_request(None, SamplingParams(max_tokens=n, temperature=0), source_ids=source)
+               for source, n in zip(sources, NEW)]
+        drawn = engine.add_request(None, SAMPLED, source_ids=sources[3])
+        out = engine.run()
+        assert [out[i] for i in ids] == expected
+        assert _all_freed(engine)
+        draws.append(out[drawn])
+    assert engine.preemptions > 0
+    assert draws[0] == draws[1] and len(draws[0]) >= 1
+
+
+def test_refusals_are_named(checkpoints):
+    model, sources, _ = checkpoints("marian")
+    engine = _engine(model, num_blocks=5)  # 4 usable blocks
+    greedy = SamplingParams(max_tokens=8, temperature=0)
+    with pytest.raises(ValueError, match="needs source_ids"):
+        engine.add_request([1, 5], greedy)
+    with pytest.raises(ValueError, match="source_ids is empty"):
+        engine.add_request(None, greedy, source_ids=[])
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 97\)"):
+        engine.add_request(None, greedy, source_ids=[3, 97])
+    assert engine.max_source_len == 3 * BLOCK  # the pool beside the shortest target's block
+    with pytest.raises(ValueError, match=r"exceeds max_source_len=24 \(the pool's size\)"):
+        engine.add_request(None, greedy, source_ids=np.ones(25, np.int32))
+    with pytest.raises(ValueError, match="and a source of 3 blocks; the pool has 4"):
+        engine.add_request(None, greedy, source_ids=np.ones(17, np.int32))
+    roomy = _engine(model)
+    assert roomy.max_source_len == model.config.max_positions  # the encoder's position table
+    with pytest.raises(ValueError, match=f"exceeds max_source_len={model.config.max_positions} .its position table"):
+        roomy.add_request(None, greedy, source_ids=np.ones(model.config.max_positions + 1, np.int32))
+    decoder = Engine(jf.build(jf.config("tiny-llama"), seed=0), num_blocks=9, block_size=BLOCK, max_model_len=32)
+    with pytest.raises(ValueError, match="is a decoder: pass the prompt as prompt_ids"):
+        decoder.add_request([1, 2], greedy, source_ids=[3])
+
+
+# ---------------------------------------------------------------------------------------------- the server
+
+TEXTS = ["Hello world", "Guten Tag", "abc", "A somewhat longer source text"]
+
+
+@pytest.fixture(scope="module")
+def marian_folder(tmp_path_factory):
+    """A tiny Marian over bytes: </s> and <pad> after them; the tokenizer appends </s> to a source, as Marian's."""
+    from tokenizers import processors
+
+    folder = save_checkpoint("marian", tmp_path_factory.mktemp("served"), changes=dict(
+        vocab_size=258, eos_token_id=256, pad_token_id=257, decoder_start_token_id=257, forced_eos_token_id=256))
+    tokenizer = byte_level_tokenizer({256: "</s>", 257: "<pad>"})
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 256)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>", "pad_token": "<pad>"}))
+    return folder
+
+
+def test_a_marian_folder_serves_completions_to_the_openai_client(marian_folder):
+    openai = pytest.importorskip("openai")
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    model, tokenizer = jf.from_pretrained(marian_folder), load_tokenizer(marian_folder)
+    sources = [np.asarray(tokenizer.encode(text), np.int32) for text in TEXTS]
+    assert all(source[-1] == 256 for source in sources)
+    expected = [tokenizer.decode(row) for row in _generated(model, sources, 6)]
+    with served(marian_folder, "--host", "127.0.0.1", "--served-model-name", "marian", "--max-num-seqs", "4",
+                "--block-size", "8", "--num-blocks", "33", "--no-warm-up") as (_, url):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=120, max_retries=0)
+        with ThreadPoolExecutor(len(TEXTS)) as pool:  # concurrent requests, batched by the engine
+            answers = list(pool.map(lambda text: client.completions.create(
+                model="marian", prompt=text, max_tokens=6, temperature=0), TEXTS))
+        assert [a.choices[0].text for a in answers] == expected
+        assert answers[0].usage.prompt_tokens == len(sources[0])
+        metrics = {s.name: s.value for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+                   for s in f.samples}
+        assert metrics["jaxformer_prompt_tokens_total"] == sum(map(len, sources))  # (sources, as usage counts)
+        with pytest.raises(openai.BadRequestError, match="is an encoder-decoder"):
+            client.chat.completions.create(model="marian", messages=[{"role": "user", "content": "Hi"}])
+
+
+def test_logprobs_are_raw_under_a_ban_and_a_forced_eos(tmp_path):
+    """Marian bans its pad and (here) the token its raw distribution likes best at the first step, and forces EOS
+    last: each reported log-probability, the forced token's too, and the top list are transformers' log_softmax of
+    the unprocessed logits."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM
+
+    folder = save_checkpoint("marian", tmp_path)
+    source = np.random.default_rng(1).integers(3, 97, 9).astype(np.int32)
+    reference = AutoModelForSeq2SeqLM.from_pretrained(str(folder)).eval()
+    start = reference.generation_config.decoder_start_token_id
+
+    def raw(target):
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([source.tolist()]),
+                               decoder_input_ids=torch.tensor([[start, *target]])).logits[0]
+        return torch.log_softmax(logits, -1).numpy()
+
+    banned = int(raw([])[0].argmax())
+    settings = json.loads((folder / "generation_config.json").read_text())
+    settings["bad_words_ids"] = [[1], [banned]]
+    (folder / "generation_config.json").write_text(json.dumps(settings))
+    engine = _engine(jf.from_pretrained(folder))
+    engine.add_request(None, SamplingParams(max_tokens=4, temperature=0, logprobs=3), source_ids=source)
+    outputs = [out for _ in range(20) if engine.has_unfinished() for out in engine.step()]
+    entries = [entry for out in outputs for entry in out.logprobs]
+    tokens = [entry.token_id for entry in entries]
+    assert tokens[0] != banned and tokens[-1] == settings["forced_eos_token_id"] and len(tokens) == 4
+    expected = raw(tokens[:-1])
+    np.testing.assert_allclose([entry.logprob for entry in entries], expected[range(4), tokens], atol=1e-5)
+    assert entries[0].top[0][0] == banned  # the banned token stays in the raw distribution
+    for step, entry in enumerate(entries):
+        assert [i for i, _ in entry.top] == expected[step].argsort()[::-1][:3].tolist()
+        np.testing.assert_allclose([x for _, x in entry.top], np.sort(expected[step])[::-1][:3], atol=1e-5)
