@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 import time
 
@@ -199,6 +200,9 @@ PROBE_SIZES = (512, 1024, 2048)
 _peaks: dict[str, tuple[float, str]] = {}  # per process: the probe runs once per dtype
 _reprobed: set[str] = set()  # dtypes whose probe ``utilization`` already ran a second time
 RAISED = ", raised by a faster step"  # how a peak's source says a step's own rate replaced the probe
+# A CPU's float32 peak measured before, in FLOP/s, taken instead of probing again: the test-suite probes once and
+# hands it to its workers and training subprocesses, which would each spend seconds of matmuls on the same figure.
+CPU_PEAK_VARIABLE = "JAXFORMER_CPU_FLOAT32_PEAK_FLOPS"
 
 
 def probe_matmul_flops(dtype: str = "float32", repeats: int = 5) -> float:
@@ -217,7 +221,8 @@ def peak_flops(dtype: str = "float32") -> tuple[float, str]:
 
     Accelerators: the datasheet table above times the device count (NaN for a chip it lacks). CPUs:
     measured once per process and dtype by ``probe_matmul_flops`` (simulated CPU devices share one
-    machine's cores, so they count once), and raised by ``utilization`` when a step runs faster.
+    machine's cores, so they count once) unless ``CPU_PEAK_VARIABLE`` gives the float32 figure, and raised by
+    ``utilization`` when a step runs faster.
     """
     if dtype in _peaks:
         return _peaks[dtype]
@@ -229,6 +234,8 @@ def peak_flops(dtype: str = "float32") -> tuple[float, str]:
         count = jax.local_device_count()
         _peaks[dtype] = ((bf16 if dtype != "float32" else bf16 / 2) * count,
                          f"{device.device_kind} datasheet {dtype} x {count}")
+    elif dtype == "float32" and os.environ.get(CPU_PEAK_VARIABLE):
+        _peaks[dtype] = float(os.environ[CPU_PEAK_VARIABLE]), f"given by {CPU_PEAK_VARIABLE}"
     else:
         sizes = "/".join(map(str, PROBE_SIZES))
         _peaks[dtype] = probe_matmul_flops(dtype), f"measured: best {dtype} {sizes}-square matmul on this CPU"

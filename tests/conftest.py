@@ -71,6 +71,13 @@ from flax import nnx
 import pytest
 
 import jaxformer as jf
+from jaxformer import flops
+
+# A training run's MFU divides by the CPU's float32 matmul peak, which each process would probe for itself (about
+# 2 s of matmuls on two cores, in every train.py subprocess). Probed once here, where pytest starts; the xdist
+# workers and every subprocess inherit the figure.
+if flops.CPU_PEAK_VARIABLE not in os.environ and jax.default_backend() == "cpu":
+    os.environ[flops.CPU_PEAK_VARIABLE] = repr(flops.peak_flops("float32")[0])
 
 TESTS_DIR = Path(__file__).resolve().parent
 if str(TESTS_DIR) not in sys.path:  # so tests can `import hf_reference`
@@ -239,6 +246,18 @@ def checkpoints(tmp_path_factory):
         return cache[name]
 
     return get
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """Keep a module that builds a module- or class-scoped fixture of its own on one xdist worker (the README's
+    ``--dist loadgroup``): spread over two, each worker would build it (a trained model, a server) again."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = [] if info is None else [d for ds in info.name2fixturedefs.values() for d in ds]
+        module = item.nodeid.split("::")[0]
+        if any(d.scope in ("module", "class") and d.baseid == module for d in defs):
+            item.add_marker(pytest.mark.xdist_group(module))
 
 
 MAPS_BEFORE_RELEASE = 30_000  # of the kernel's 65,530 memory maps per process (vm.max_map_count)

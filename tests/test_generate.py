@@ -156,23 +156,24 @@ def test_cache_equals_no_cache(case):
     B, T, prefill = 2, 9, 3
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, T)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+    # the full forward and the prefill jitted: one compilation each costs less than an eager call of the model
+    stacked = jax.jit(lambda m, i, p, s: m.step(i, p, jnp.ones(i.shape, bool), s))
     if cfg.family == "encoder_decoder":
         source = jnp.asarray(rng.integers(0, cfg.vocab_size, (B, 7)), jnp.int32)
         source_mask = jnp.ones((B, 7), jnp.int32).at[1, 5:].set(0)
-        full = model(source, source_mask, decoder_input_ids=ids).logits
+        full = jax.jit(lambda m: m(source, source_mask, decoder_input_ids=ids).logits)(model)
         state = model.init_cache(model.encode(source, source_mask), T)
     else:
         prefix, extra = None, {}
         if cfg.attention == "prefix":
             prefix = jnp.array([2, 3])  # decoding one token at a time needs the whole prefix prefilled
             extra = {"prefix_lengths": prefix}
-        full = model(ids, **extra).logits
+        full = jax.jit(lambda m: m(ids, **extra).logits)(model)
         state = model.init_cache(B, T, prefix)
-    logits, state = model.step(ids[:, :prefill], positions[:, :prefill], jnp.ones((B, prefill), bool), state)
+    logits, state = stacked(model, ids[:, :prefill], positions[:, :prefill], state)
     np.testing.assert_allclose(logits, full[:, prefill - 1], atol=TOL, rtol=0)
     step = jax.jit(lambda m, i, p, s: m.for_decode_loop().step(i, p, jnp.ones(i.shape, bool), s))
     # windowed layers: every other step through the stacked layers too (on CPU the loop runs them unstacked)
-    stacked = jax.jit(lambda m, i, p, s: m.step(i, p, jnp.ones(i.shape, bool), s))
     windowed = (windowed_layers(cfg, cfg.decoder_layers)[1] is not None or cfg.linear_attention is not None
                 or cfg.scores.compressed is not None)
     for t in range(prefill, T):

@@ -23,7 +23,6 @@ import jaxformer as jf  # noqa: E402
 from jaxformer.interop.hf import config_from_hf  # noqa: E402
 from jaxformer.vision import ImagePlaceholders, ImageProcessor  # noqa: E402
 
-from hf_factory import save_checkpoint  # noqa: E402
 
 TOLERANCE = 1e-5
 IMAGE_TOKEN = 97  # hf_factory's mllama: the vocabulary's size, a row of the token table past it
@@ -59,8 +58,9 @@ PUBLISHED = {
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    return {name: save_checkpoint(name, tmp_path_factory.mktemp(name)) for name in ("mllama", "mllama_text_model")}
+def folders(checkpoints):
+    """The session's tiny checkpoints (test_hf_parity.py and test_cli_images.py read the same): not written to."""
+    return {name: checkpoints(name) for name in ("mllama", "mllama_text_model")}
 
 
 @pytest.fixture(scope="module")

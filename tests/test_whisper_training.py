@@ -21,9 +21,9 @@ pytestmark = pytest.mark.skipif(shutil.which("espeak-ng") is None,
                                 reason="the speech set is spoken by espeak-ng (.ci/run installs it)")
 
 CONFIG, TOKENIZER = "configs/whisper_digits.yaml", "configs/data/spoken_tokenizer.json"
-STEPS = 30
+STEPS = 15  # the loss logged over steps 11-15 is well under steps 1-5's (measured 2.45 against 2.95)
 SHORT = [f"train.steps={STEPS}", f"eval.every={STEPS}", f"checkpoint.every={STEPS}", "train.batch_size=16",
-         "train.log_every=10", "eval.batches=1", "optim.warmup_steps=3", "data.train=spoken:96"]
+         "train.log_every=5", "eval.batches=1", "optim.warmup_steps=3", "data.train=spoken:96"]
 
 
 def _objective(overrides=()):
@@ -71,14 +71,19 @@ def test_the_objective_refuses_what_it_cannot_train_by_name(overrides, message):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """A short run (STEPS steps of 16 utterances) and its export as a Hugging Face folder."""
+    """A short run (STEPS steps of 16 utterances), the greedy transcripts of its last evaluation as the eval step
+    itself wrote them (the rows its eval_wer is computed from), and its export as a Hugging Face folder."""
     from jaxformer.train.evaluate import export_hf
     from jaxformer.train.run import train
 
     run_dir, out = tmp_path_factory.mktemp("whisper_digits"), tmp_path_factory.mktemp("whisper_digits_hf")
-    result = train(load(CONFIG, [f"run.dir={run_dir}", *SHORT]), progress=False)
+    evaluated, finish = [], transcription.Transcription.finish_outputs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transcription.Transcription, "finish_outputs",
+                      lambda self, outputs: evaluated.append(outputs["transcript"]) or finish(self, outputs))
+        result = train(load(CONFIG, [f"run.dir={run_dir}", *SHORT]), progress=False)
     export_hf(run_dir, out)
-    return result, out
+    return result, evaluated[-1], out
 
 
 def test_a_short_run_lowers_the_loss_and_reports_the_word_error_rate(trained):
@@ -91,10 +96,10 @@ def test_the_export_transcribes_in_transformers_as_our_greedy_decoding(trained):
     import torch
     from transformers import WhisperForConditionalGeneration, WhisperProcessor
 
-    result, folder = trained
-    objective, model = result["objective"], result["model"]
+    result, transcripts, folder = trained
+    objective = result["objective"]
     batch = objective.eval_batches(1, 16)[0]
-    ours = objective.transcripts(np.asarray(objective.eval_outputs(model, batch)[2]["transcript"]))
+    ours = objective.transcripts(np.asarray(transcripts))
 
     processor = WhisperProcessor.from_pretrained(folder)
     audio = [spoken.utterance(objective.seed, i, 1, objective.cache).audio for i in range(16)]
