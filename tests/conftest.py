@@ -248,18 +248,6 @@ def checkpoints(tmp_path_factory):
     return get
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    """Keep a module that builds a module- or class-scoped fixture of its own on one xdist worker (the README's
-    ``--dist loadgroup``): spread over two, each worker would build it (a trained model, a server) again."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = [] if info is None else [d for ds in info.name2fixturedefs.values() for d in ds]
-        module = item.nodeid.split("::")[0]
-        if any(d.scope in ("module", "class") and d.baseid == module for d in defs):
-            item.add_marker(pytest.mark.xdist_group(module))
-
-
 MAPS_BEFORE_RELEASE = 30_000  # of the kernel's 65,530 memory maps per process (vm.max_map_count)
 
 
