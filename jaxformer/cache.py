@@ -61,7 +61,7 @@ class LayerArrays:
 @dataclasses.dataclass(frozen=True)
 class PagedRows:
     """One layer's keys (or values) of a paged cache (``serving.paged.PagedKVCache``) as that layer reads them: the
-    whole pool [L, K, N, block_size, H], the batch rows' block tables [B, M] and the layer's index (a Python int, or
+    whole pool [L, N, K, block_size, H], the batch rows' block tables [B, M] and the layer's index (a Python int, or
     traced in a scanned stack). ``slots`` gathers the layer's rows by table, only when the layer attends, so a step
     holds one layer's dense rows at a time."""
 
@@ -81,9 +81,14 @@ class PagedRows:
         of the step, holding all their rows at once: a select on a condition never true (block ids are >= 0) but
         unknown to XLA makes it wait (see ``cache_written_after`` for the other order XLA needs)."""
         layer = jnp.where(self.tables[0, 0] < 0, new[0, 0, 0, 0].astype(jnp.int32), self.layer)
-        rows = self.pool[layer, :, self.tables]  # [B, M, K, block_size, H]
-        B, M, K, size, H = rows.shape
-        return rows.transpose(0, 2, 1, 3, 4).reshape(B, K, M * size, H)
+        return self.blocks(self.tables, layer)
+
+    def blocks(self, tables: Array, layer: Array | int | None = None) -> Array:
+        """The slots [B, K, C * block_size, H] of the blocks ``tables`` [B, C] name (a few of the rows' table
+        columns: ``layers.attention``'s chunked read), at this layer (or ``layer``)."""
+        rows = self.pool[self.layer if layer is None else layer, tables]  # [B, C, K, block_size, H]
+        B, C, K, size, H = rows.shape
+        return rows.transpose(0, 2, 1, 3, 4).reshape(B, K, C * size, H)
 
 
 def cached_slots(value: Array | PagedRows, new: Array) -> Array:
@@ -767,7 +772,7 @@ class MemoryKV(_Window):
 class EncoderKV:
     """Cross-attention keys and values of a fixed encoder output, every layer: k, v [L, B, S, K, H];
     ``valid`` [B, S] is the source's attention mask (None: no padding). Paged (the serving engine's, with the rows'
-    source ``tables`` [B, M]): k, v are the pool [L, K, N, block_size, H] whose blocks hold the sources (slot s of a
+    source ``tables`` [B, M]): k, v are the pool [L, N, K, block_size, H] whose blocks hold the sources (slot s of a
     row's table: its token s; S = M * block_size), and each layer gathers its own rows where it attends
     (``layers``), so a step never holds every layer's keys of the sources at once."""
 

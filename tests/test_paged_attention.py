@@ -1,6 +1,7 @@
-"""The paged cache's read: a step over a ``PagedKVCache`` gives a ``KVCache`` step's logits (each layer gathering its
-own rows by block table, in the scanned stack and in the CPU decode loop over separate layers alike), and its
-compiled step never holds every layer's gathered rows at once (an encoder-decoder's source rows neither)."""
+"""The paged cache's read: a step over a ``PagedKVCache`` gives a ``KVCache`` step's logits (each layer reading its
+own rows by block table, in the scanned stack and in the CPU decode loop over separate layers alike, on XLA:CPU a
+few blocks at a time), and its compiled step's scratch neither holds every layer's rows at once nor grows with the
+rows' table width (an encoder-decoder's source rows neither)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from flax import nnx
 
 import jaxformer as jf
 from jaxformer.cache import DecodeState
+from jaxformer.layers import attention
 from jaxformer.serving.engine import encode_sources
 from jaxformer.serving.paged import PagedKVCache, source_view
 
@@ -48,8 +50,12 @@ def _paged_state(cfg, rows: int) -> DecodeState:
     return DecodeState(PagedKVCache(pool.k, pool.v, jnp.asarray(tables), jnp.zeros(rows, jnp.int32)))
 
 
-@pytest.mark.parametrize("loop", [False, True], ids=["scanned", "decode_loop"])
-def test_a_paged_step_gives_a_kv_cache_steps_logits(model, loop):
+# how a layer reads its rows (``attention.PAGED_CHUNK_SLOTS``): chunks of 2 blocks; of 3 (the 4-block tables padded
+# to 6); each row's whole table gathered at once (the read off XLA:CPU)
+@pytest.mark.parametrize("loop, chunk_slots", [(False, 2 * BLOCK), (True, 3 * BLOCK), (False, None)],
+                         ids=["scanned-chunks", "decode_loop-padded_chunks", "scanned-whole_tables"])
+def test_a_paged_step_gives_a_kv_cache_steps_logits(model, loop, chunk_slots, monkeypatch):
+    monkeypatch.setattr(attention, "PAGED_CHUNK_SLOTS", {} if chunk_slots is None else {"cpu": chunk_slots})
     cfg = model.config
     runner = model.for_decode_loop() if loop else model  # (on CPU the loop's layers are separate blocks)
     ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
@@ -95,46 +101,57 @@ def test_a_paged_source_gives_an_encoder_kv_steps_logits(loop):
         tokens = np.asarray(jnp.argmax(want, -1), np.int32)[:, None]
 
 
-def test_the_compiled_decode_step_holds_one_layers_rows_not_every_layers():
-    """The old read gathered [L, B, K, S, H] keys and values before the layer loop; XLA's memory analysis of the
-    compiled one-token step now counts less scratch than every layer's keys alone would take."""
+def test_the_compiled_decode_step_reads_the_pool_in_chunks_whatever_the_table_width():
+    """The first read gathered [L, B, K, S, H] keys and values before the layer loop, the second each layer's
+    [B, K, S, H] where it attends; on XLA:CPU each layer now reads a few blocks at a time (``PAGED_CHUNK_SLOTS``),
+    so the compiled one-token step's scratch stays under every layer's keys and does not grow with the rows'
+    table width (4x the slots: less than one more layer's keys, the wider tables and masks)."""
     cfg = jf.config("tiny-llama").replace(decoder_layers=6)
     model = jf.build(cfg, seed=0)
-    B, M = 8, 32  # S = 256 slots a row
-    L, K, H = cfg.decoder_layers, cfg.kv_heads, cfg.head_dim_
-    every_layers_keys = L * B * K * M * BLOCK * H * 4
+    B, L, K, H = 8, cfg.decoder_layers, cfg.kv_heads, cfg.head_dim_
 
     def step(graphdef, weights, k, v, ids, positions, valid, tables, lengths):
         logits, state = nnx.merge(graphdef, weights).step(ids, positions, valid,
                                                           DecodeState(PagedKVCache(k, v, tables, lengths)))
         return logits, state.kv.k, state.kv.v
 
-    pool = jax.ShapeDtypeStruct((L, K, 1 + B * M, BLOCK, H), jnp.float32)
+    def scratch(runner, M: int) -> int:
+        pool = jax.ShapeDtypeStruct((L, 1 + B * M, K, BLOCK, H), jnp.float32)
+        return _scratch(step, runner, pool, B, jax.ShapeDtypeStruct((B, M), jnp.int32),
+                        jax.ShapeDtypeStruct((B,), jnp.int32))
+
+    narrow = 32  # S = 128 slots a row
+    layer_keys = B * K * narrow * BLOCK * H * 4
     for runner in (model, model.for_decode_loop()):
-        assert _scratch(step, runner, pool, B, jax.ShapeDtypeStruct((B, M), jnp.int32),
-                        jax.ShapeDtypeStruct((B,), jnp.int32)) < every_layers_keys
+        low, high = scratch(runner, narrow), scratch(runner, 4 * narrow)
+        assert high < L * layer_keys and high - low < layer_keys, (low, high)
 
 
-def test_the_compiled_encoder_decoder_step_gathers_each_layers_source_rows_apart():
-    """The old cross read gathered every decoder layer's source keys and values [L, B, S, K, H] from the pool before
-    the layer loop; each layer now gathers its own where it attends, and the compiled one-token step counts less
-    scratch than every layer's source keys alone would take."""
+def test_the_compiled_encoder_decoder_step_reads_its_source_in_chunks_whatever_its_width():
+    """The first cross read gathered every decoder layer's source keys and values [L, B, S, K, H] from the pool before
+    the layer loop; each layer now reads its own a few blocks at a time where it attends: the compiled one-token
+    step's scratch stays under every layer's source keys and does not grow with the source tables' width."""
     cfg = jf.config("tiny-t5").replace(decoder_layers=6)
     model = jf.build(cfg, seed=0)
-    B, M, SOURCE = 8, 2, 32  # a row: 8 target slots, 128 source slots
+    B, M = 8, 2  # a row: 8 target slots
     L, K, H = cfg.decoder_layers, cfg.kv_heads, cfg.head_dim_
-    every_layers_source_keys = L * B * K * SOURCE * BLOCK * H * 4
 
     def step(graphdef, weights, k, v, ids, positions, valid, tables, lengths, source_tables, source_lengths):
         state = DecodeState(PagedKVCache(k, v, tables, lengths), source_view(k, v, source_tables, source_lengths))
         logits, state = nnx.merge(graphdef, weights).step(ids, positions, valid, state)
         return logits, state.kv.k, state.kv.v
 
-    pool = jax.ShapeDtypeStruct((L, K, 1 + B * (M + SOURCE), BLOCK, H), jnp.float32)
-    lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
+    def scratch(runner, source: int) -> int:
+        pool = jax.ShapeDtypeStruct((L, 1 + B * (M + source), K, BLOCK, H), jnp.float32)
+        lengths = jax.ShapeDtypeStruct((B,), jnp.int32)
+        return _scratch(step, runner, pool, B, jax.ShapeDtypeStruct((B, M), jnp.int32), lengths,
+                        jax.ShapeDtypeStruct((B, source), jnp.int32), lengths)
+
+    narrow = 64  # 256 source slots a row
+    layer_source_keys = B * K * narrow * BLOCK * H * 4
     for runner in (model, model.for_decode_loop()):
-        assert _scratch(step, runner, pool, B, jax.ShapeDtypeStruct((B, M), jnp.int32), lengths,
-                        jax.ShapeDtypeStruct((B, SOURCE), jnp.int32), lengths) < every_layers_source_keys
+        low, high = scratch(runner, narrow), scratch(runner, 4 * narrow)
+        assert high < L * layer_source_keys and high - low < layer_source_keys, (low, high)
 
 
 def _scratch(step, runner, pool, rows: int, *tables_and_more) -> int:

@@ -130,8 +130,16 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     """
     ks, vs, masks = (k, v, mask) if isinstance(k, tuple) else ((k,), (v,), (mask,))
     biases = bias if isinstance(bias, tuple) else (bias,) * len(ks)
+    paged = None  # a paged cache's segment (the first), read chunk by chunk (``_paged_part``)
+    if isinstance(ks[0], PagedRows):
+        chunk = PAGED_CHUNK_SLOTS.get(jax.default_backend())
+        if with_weights or (dropout_rate > 0.0 and key is not None) or chunk is None:
+            ks, vs = (ks[0].slots(q), *ks[1:]), (vs[0].slots(q), *vs[1:])  # gathered whole
+        else:
+            paged, (ks, vs, masks, biases) = (ks[0], vs[0], masks[0], biases[0]), (ks[1:], vs[1:], masks[1:],
+                                                                                    biases[1:])
     B, T, N, H = q.shape
-    K = ks[0].shape[1 if head_major else 2]
+    K = paged[0].pool.shape[2] if paged is not None else ks[0].shape[1 if head_major else 2]
     G = N // K
     # Head-major operands (explicit transposes of the [.., H]-sized inputs), with a kv head's G query
     # heads stacked along the rows (M = G*T), make each attention matmul one plain batched GEMM. Left
@@ -147,21 +155,15 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     # Scores, mask and bias all stay 4-D [B, K, G*T, S] (the mask and bias repeated over the G rows of a
     # group): a [B,K,G,T,S] view made XLA CPU copy the scores, and under autodiff the softmax output and
     # the probabilities the PV product saves became two arrays, both kept for the backward pass.
-    scores = []
-    for k_seg, m_seg, b_seg in zip(ks, masks, biases):
-        s = jnp.einsum("BKMH,BKSH->BKMS", q, k_seg, preferred_element_type=jnp.float32)
-        s = s if fold_scale else s * scale
-        if b_seg is not None:
-            s = s + (b_seg if G == 1 else b_seg.reshape(b_seg.shape[0], K, G * T, b_seg.shape[-1]))
-        if softcap is not None:
-            s = jnp.tanh(s / softcap) * softcap
-        if G > 1:  # query row g*T + t of a group is query t
-            m_seg = jnp.broadcast_to(m_seg[:, :, None], (m_seg.shape[0], 1, G, T, m_seg.shape[-1]))
-            m_seg = m_seg.reshape(m_seg.shape[0], 1, G * T, -1)
-        scores.append(jnp.where(m_seg, s, jnp.finfo(jnp.float32).min))
+    scores = [_scores(q, k_seg, m_seg, b_seg, None if fold_scale else scale, softcap, G, T)
+              for k_seg, m_seg, b_seg in zip(ks, masks, biases)]
     if sinks is not None:  # query row g*T + t of kv head k belongs to head k*G + g
         sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, K, G, 1, 1), (B, K, G, T, 1))
         scores.append(sink.reshape(B, K, G * T, 1))
+    if paged is not None:
+        out = _paged_part(q, *paged, None if fold_scale else scale, softcap, G, T, scores, vs)
+        Hv = out.shape[-1]
+        return out.reshape(B, K, G, T, Hv).transpose(0, 3, 1, 2, 4).reshape(B, T, N, Hv)
     probs = softmax(jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0])
     probs = dropout(probs if sinks is None else probs[..., :-1], dropout_rate, key)
     out, start = 0.0, 0
@@ -173,6 +175,75 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
     out = out.reshape(B, K, G, T, Hv).transpose(0, 3, 1, 2, 4).reshape(B, T, N, Hv)
     # query head n is kv head n // G's (n % G)-th: the [B, K, G*T, S] probabilities read as [B, N, T, S]
     return (out, probs.reshape(B, N, T, probs.shape[-1])) if with_weights else out
+
+
+def _scores(q: Array, k: Array, mask: Array, bias: Array | None, scale: float | None, softcap: float | None,
+            G: int, T: int) -> Array:
+    """Masked float32 scores [B, K, G*T, S] of head-major queries [B, K, G*T, H] (scaled already where ``scale``
+    is None) against keys [B, K, S, H] (``dot_product_attention``)."""
+    K = k.shape[1]
+    s = jnp.einsum("BKMH,BKSH->BKMS", q, k, preferred_element_type=jnp.float32)
+    s = s if scale is None else s * scale
+    if bias is not None:
+        s = s + (bias if G == 1 else bias.reshape(bias.shape[0], K, G * T, bias.shape[-1]))
+    if softcap is not None:
+        s = jnp.tanh(s / softcap) * softcap
+    if G > 1:  # query row g*T + t of a group is query t
+        mask = jnp.broadcast_to(mask[:, :, None], (mask.shape[0], 1, G, T, mask.shape[-1]))
+        mask = mask.reshape(mask.shape[0], 1, G * T, -1)
+    return jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+
+
+# Slots of a paged cache attended at a time (``_paged_part``), by backend: on XLA:CPU a 32-row gpt2 step's chunk of
+# keys stays in cache, where gathering every row's whole table first wrote and read back 25 MB a layer. Elsewhere
+# (no entry) each layer gathers its rows' whole tables at once.
+PAGED_CHUNK_SLOTS = {"cpu": 64}
+
+
+def _paged_part(q: Array, k: PagedRows, v: PagedRows, mask: Array, bias: Array | None, scale: float | None,
+                softcap: float | None, G: int, T: int, scores: list[Array], vs: tuple[Array, ...]) -> Array:
+    """Attention [B, K, G*T, Hv] over a paged cache's rows ``k``, ``v`` (``mask`` [B|1, 1, T, S], ``bias``: their
+    segment's) and the other segments' ``scores`` (and sink) and values ``vs``, as one softmax over all of them.
+    The paged rows are read a few blocks at a time (``PAGED_CHUNK_SLOTS``), up to the last slot any row may see,
+    with a running maximum and sum (online softmax): the same probabilities in another rounding order. A query
+    that sees no key (a padded row's) gets a mixture of the slots read, never NaN."""
+    (B, M), (size, K, Hv), rows = k.tables.shape, (k.pool.shape[3], k.pool.shape[2], v.pool.shape[-1]), q.shape[2]
+    chunk = max(1, PAGED_CHUNK_SLOTS[jax.default_backend()] // size)  # blocks a step
+    width, pad = chunk * size, -M % chunk
+    tables = jnp.pad(k.tables, ((0, 0), (0, pad)))  # (block 0, the null block: its slots masked)
+    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, 0), (0, pad * size)))
+    if bias is not None:
+        bias = jnp.pad(bias, ((0, 0), (0, 0), (0, 0), (0, pad * size)))
+    seen = jnp.any(mask, axis=(0, 1, 2))
+    steps = (jnp.max(jnp.where(seen, jnp.arange(seen.shape[0]), -1)) + width) // width  # up to the last seen slot
+
+    def read(c, carry):
+        top, total, acc = carry
+        blocks = jax.lax.dynamic_slice_in_dim(tables, c * chunk, chunk, axis=1)
+        s = _scores(q, k.blocks(blocks), jax.lax.dynamic_slice_in_dim(mask, c * width, width, axis=3),
+                    None if bias is None else jax.lax.dynamic_slice_in_dim(bias, c * width, width, axis=3),
+                    scale, softcap, G, T)
+        values = v.blocks(blocks)
+        new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
+        e, kept = jnp.exp(s - new_top), jnp.exp(top - new_top)
+        acc = acc * kept + jnp.einsum("BKMS,BKSH->BKMH", e.astype(values.dtype), values,
+                                      preferred_element_type=jnp.float32)
+        return new_top, total * kept + jnp.sum(e, axis=-1, keepdims=True), acc
+
+    top, total, acc = jax.lax.fori_loop(
+        0, steps, read, (jnp.full((B, K, rows, 1), -jnp.inf), jnp.zeros((B, K, rows, 1)),
+                         jnp.zeros((B, K, rows, Hv), jnp.float32)))
+    rest = jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0] if scores else None
+    if rest is not None:
+        top_all = jnp.maximum(top, jnp.max(rest, axis=-1, keepdims=True))
+        kept, e = jnp.exp(top - top_all), jnp.exp(rest - top_all)
+        acc, total = acc * kept, total * kept + jnp.sum(e, axis=-1, keepdims=True)
+        start = 0
+        for v_seg in vs:
+            acc = acc + jnp.einsum("BKMS,BKSH->BKMH", e[..., start:start + v_seg.shape[2]].astype(v_seg.dtype), v_seg,
+                                   preferred_element_type=jnp.float32)
+            start += v_seg.shape[2]
+    return (acc / jnp.where(total > 0, total, 1.0)).astype(v.dtype)  # (0: nothing read, nothing else)
 
 
 def _attend(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights: bool,
@@ -331,8 +402,8 @@ class Attention(nnx.Module):
                                    output_attentions, head_major=head_major, sinks=sinks)
             return self._output(self._gated(out, x), key), None, weights
         k, v = kv if kv is not None else self.key_values(x if kv_input is None else kv_input, key, nope)
-        paged_source = isinstance(k, PagedRows)
-        if paged_source:
+        paged_source = isinstance(k, PagedRows)  # (read in dot_product_attention, as a paged cache is)
+        if paged_source and rope is not None:
             k, v = cached_slots(k, q), cached_slots(v, q)
         if rope is not None:
             q, k = self._rotate(q, rope), self._rotate(k, rope)
@@ -340,8 +411,7 @@ class Attention(nnx.Module):
         if cache is not None:  # this call's keys and values head-major [B, K, T, H], as the cache holds them
             new_kv = {"k": k.astype(cache["k"].dtype).transpose(0, 2, 1, 3),
                       "v": v.astype(cache["v"].dtype).transpose(0, 2, 1, 3)}
-            k, v = ((cached_slots(cache["k"], new_kv["k"]), new_kv["k"]),
-                    (cached_slots(cache["v"], new_kv["v"]), new_kv["v"]))
+            k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])  # (a paged cache read where it attends)
         sinks = None if self.sinks is None else self.sinks[...]
         if isinstance(mask, kernels.FusedMask):  # full-sequence calls only: Stack gives none with a cache
             if (key is None or self.dropout_rate == 0.0) and not output_attentions:

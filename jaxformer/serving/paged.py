@@ -5,20 +5,25 @@ every sequence the engine runs, and a block table per batch row. A decoder's cac
 through the same family code as a ``KVCache``: the stack asks it for each layer's keys and values of earlier tokens
 (``layers``), for each slot's position and validity (the masks) and, after the layer loop, to ``write`` the step's
 new keys and values. Each layer reads its own rows only, when it attends: ``layers`` hands the stack the pools and
-tables (``cache.PagedLayers``), each layer's attention gathers its rows [B, K, S, H] by block table from the whole
-pool at its index (``cache.PagedRows``; a Python index in the CPU decode loop over separate layers, a traced one in
-the scanned stack) and attends over them as over a ``KVCache`` slice, so a step holds one layer's rows at a time
-(gpt2-124M, 32 rows of 512 slots: the compiled one-token step's scratch 1728 -> 99 MiB). Writing scatters the new
-tokens into their blocks, after every layer. An encoder-decoder's sources live in blocks of the same pool, and each
-layer gathers its cross-attention keys and values the same way (``source_view``).
+tables (``cache.PagedLayers``), and each layer's attention reads its rows by block table from the whole pool at its
+index (``cache.PagedRows``; a Python index in the CPU decode loop over separate layers, a traced one in the scanned
+stack). On XLA:CPU it reads a few blocks at a time up to the last slot any row sees, with an online softmax
+(``layers.attention._paged_part``): a gpt2-124M 32-row decode step's scratch 8.7 MiB whatever the table width (the
+first read, every layer's rows gathered before the layer loop: 1,728 MiB), the step 1.5-1.7x faster than
+gathering each layer's whole tables. Elsewhere each layer gathers its rows' whole tables [B, K, S, H] and attends
+over them as over a ``KVCache`` slice. The pool is block-major, [L, N, K, block_size, H]: a block's keys are one
+contiguous run, which XLA:CPU's gather copies about twice as fast as [L, K, N, block_size, H]'s per-head pieces.
+Writing scatters the new tokens into their blocks, after every layer. An encoder-decoder's sources live in blocks of
+the same pool, and each layer reads its cross-attention keys and values the same way (``source_view``).
 
-Fused kernels: a layer's pool [K, N, block_size, H] is the layout of JAX's Pallas paged attention for GPUs
-(``jax.experimental.pallas.ops.gpu.paged_attention``, one query a row; it runs in Pallas's interpreter on a CPU and
-matches the gather path there to 5e-7), but it is not wired: it attends over the pool alone and returns normalized
-outputs without their log-sum-exp, while a step's own new keys reach the pool only after the layer loop, so the
-kernel's output cannot be joined with them. The TPU kernels (``ops.tpu.paged_attention``,
-``ops.tpu.ragged_paged_attention``, the latter in a [N, block_size, 2K, H] layout of its own) read the pool alone
-too. Wiring either needs each layer to write its tokens into the pool before it attends.
+Fused kernels: none is wired. JAX's Pallas paged attention for GPUs
+(``jax.experimental.pallas.ops.gpu.paged_attention``, one query a row, a layer's pool [K, N, block_size, H]: a
+transpose of ours) runs in Pallas's interpreter on a CPU and matched the gather path there to 5e-7, but it attends
+over the pool alone and returns normalized outputs without their log-sum-exp, while a step's own new keys reach
+the pool only after the layer loop, so the kernel's output cannot be joined with them. The TPU kernels
+(``ops.tpu.paged_attention``, ``ops.tpu.ragged_paged_attention``, the latter in a [N, block_size, 2K, H] layout of
+its own) read the pool alone too. Wiring either needs each layer to write its tokens into the pool before it
+attends.
 
 Slots are a sequence's token positions: the token at position p lives in slot p of its row's blocks (block
 ``table[p // block_size]``, offset ``p % block_size``), so a slot's position is its index and a row's first
@@ -48,9 +53,10 @@ NULL_BLOCK = 0  # never allocated: table padding points here and padded tokens a
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
-    """Keys and values of every sequence in blocks: k, v [L, K, N, block_size, H] (N blocks, head-major as ``KVCache``
-    holds them), the batch rows' block tables [B, M] and how many tokens each row has written ``lengths`` [B]. A
-    row's view is its M blocks in order: S = M * block_size slots."""
+    """Keys and values of every sequence in blocks: k, v [L, N, K, block_size, H] (N blocks, each head-major as a
+    ``KVCache`` row, so a block is one contiguous run a gather copies whole), the batch rows' block tables [B, M] and
+    how many tokens each row has written ``lengths`` [B]. A row's view is its M blocks in order: S = M * block_size
+    slots."""
 
     k: Array
     v: Array
@@ -59,7 +65,7 @@ class PagedKVCache:
 
     @classmethod
     def empty(cls, layers: int, blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype) -> PagedKVCache:
-        shape = (layers, kv_heads, blocks, block_size, head_dim)
+        shape = (layers, blocks, kv_heads, block_size, head_dim)
         return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((1, 1), jnp.int32),
                    jnp.zeros((1,), jnp.int32))
 
@@ -99,8 +105,8 @@ class PagedKVCache:
         blocks = jnp.where(valid, jnp.take_along_axis(self.tables, slots // size, axis=1), NULL_BLOCK)
         offsets = slots % size
 
-        def put(pool, part):  # pool[:, :, blocks, offsets] is [L, K, B, T, H]
-            return pool.at[:, :, blocks, offsets].set(part.transpose(0, 2, 1, 3, 4).astype(pool.dtype))
+        def put(pool, part):  # pool[:, blocks, :, offsets] is [B, T, L, K, H]
+            return pool.at[:, blocks, :, offsets].set(part.transpose(1, 3, 0, 2, 4).astype(pool.dtype))
         return dataclasses.replace(self, k=put(self.k, new["k"]), v=put(self.v, new["v"]),
                                    lengths=self.lengths + jnp.sum(valid, axis=1, dtype=jnp.int32))
 
@@ -196,7 +202,7 @@ class BlockManager:
 
 def source_view(k: Array, v: Array, tables: Array, lengths: Array) -> EncoderKV:
     """An encoder-decoder's cross-attention keys and values of each row's source as the paged ``EncoderKV`` a cached
-    decoder step reads: the pool's k, v [L, K, N, block_size, H] and the rows' source tables [B, M] (slot s of a
+    decoder step reads: the pool's k, v [L, N, K, block_size, H] and the rows' source tables [B, M] (slot s of a
     source holds its token s), from which each decoder layer gathers its own rows where it attends (as from a
     ``PagedKVCache``), so a step never holds every layer's [B, M * block_size, K, H] at once; a row's first
     ``lengths`` [B] slots are its source."""
