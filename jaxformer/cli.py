@@ -575,7 +575,7 @@ def _serve_command(commands) -> None:
     p.add_argument("--memory", type=float, metavar="GIB",
                    help="size the pool by memory instead: as many blocks as GIB GiB holds (not with --num-blocks)")
     p.add_argument("--prefill-chunk", type=int,
-                   help="prompt tokens a sequence feeds per step at most (default 32)")
+                   help="prompt tokens a sequence feeds per step at most (default 256; twice that in all)")
     p.add_argument("--max-queue", type=int, default=1024, help="requests waiting at most; more are answered 429")
     p.add_argument("--draft-tokens", type=int, metavar="K",
                    help="greedy requests draft up to K tokens a step by prompt lookup, verified in the same step "

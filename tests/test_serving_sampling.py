@@ -16,8 +16,8 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
 
 import jaxformer as jf
 from jaxformer.serving import Engine, SamplingParams
-from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, choose_tokens, penalize_rows, sampling_rows,
-                                        warp_rows)
+from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, choose_tokens, greedy, penalize_rows,
+                                        sampling_rows, warp_rows)
 from tests.hf_factory import save_checkpoint
 
 BLOCK, MAX_LEN = 8, 64
@@ -95,13 +95,21 @@ def _primitives(jaxpr) -> set[str]:
     return names
 
 
+def test_greedy_is_argmax_first_index_on_ties():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(-3, 3, (64, 50)).astype(np.float32)  # many rows with several maximal entries
+    scores[5, :] = -np.inf
+    scores[6, [3, 40]] = np.inf
+    assert np.array_equal(jax.jit(greedy)(scores), np.argmax(scores, axis=-1))
+
+
 def test_a_plain_greedy_batch_compiles_no_sort_penalty_or_log_softmax():
     def program(**params):
         rows, flags = sampling_rows([(SamplingParams(**params), 0, [1, 2, 3], 2)], 2, 64)
         return flags, _primitives(jax.make_jaxpr(lambda x, r: choose_tokens(x, r, flags))(jnp.zeros((2, 32)),
                                                                                            rows).jaxpr)
     flags, greedy = program(temperature=0)
-    assert flags == SamplerFlags() and "argmax" in greedy  # (the names are read: its argmax is there)
+    assert flags == SamplerFlags() and {"reduce_max", "reduce_min"} <= greedy  # (the names are read: its argmax)
     assert not {"sort", "exp", "log"} & greedy and not any(name.startswith("scatter") for name in greedy), greedy
     flags, plain_draw = program(temperature=0.8)
     assert flags == SamplerFlags(sample=True) and "sort" not in plain_draw

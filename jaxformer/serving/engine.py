@@ -17,10 +17,11 @@ more call.
 - Preemption by recompute: when a sequence's next tokens find no free block, the sequence admitted last gives its
   blocks back and returns to the waiting queue in its arrival order (first come, first readmitted); readmitted, it
   computes its prompt and the tokens it had generated again (from the prefix cache where still there).
-- Bucketed shapes: batch rows, chunk width, block-table width (and the penalties' history width, an encoder-decoder's
-  source width) are each rounded up to a power of two (capped), so the engine compiles a few programs, not one per
-  batch (``programs`` lists them with their compile times); a table is at least ``MIN_TABLE_SLOTS`` tokens wide
-  (reading that few slots costs no more than fewer: fewer programs).
+- Bucketed shapes: batch rows and chunk width (and an encoder-decoder's source width) are each rounded up to a
+  power of two or the midpoint between two (``_bucket``, capped), block-table width and the penalties' history width
+  to a power of two, so the engine compiles a few programs, not one per batch (``programs`` lists them with their
+  compile times); a table is at least ``min_table_slots()`` tokens wide (reading that few slots costs no more than
+  fewer: fewer programs).
 
 Greedy output equals ``model.generate``'s token for token whatever else is in the batch: a row's keys are its own
 blocks and padding is masked, so rows never mix.
@@ -45,8 +46,9 @@ from jaxformer.cache import DecodeState
 from jaxformer.generate import checkpoint_config, generation_defaults
 from jaxformer.layer_plan import layer_plan
 from jaxformer.layers import EncoderOutput, dtype_of
+from jaxformer.layers import attention
 from jaxformer.serving.paged import NULL_BLOCK, BlockManager, PagedKVCache, source_view
-from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, SamplingRows, TokenLogprobs, choose_tokens,
+from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, SamplingRows, TokenLogprobs, choose_tokens, greedy,
                                         prompt_lookup, sampling_rows)
 
 Array = jax.Array
@@ -250,7 +252,7 @@ def run_step(graphdef, weights, k: Array, v: Array, ids: Array, positions: Array
         finite = jnp.all(finite | ~valid, axis=-1)
     scores = logits.at[..., jnp.asarray(banned)].set(-jnp.inf) if banned else logits
     if verify:
-        return jnp.argmax(scores, axis=-1).astype(jnp.int32), None, finite, state.kv.k, state.kv.v
+        return greedy(scores), None, finite, state.kv.k, state.kv.v
     tokens, logprobs = choose_tokens(scores, sampling, sampler, logits, forced)
     return tokens, logprobs, finite, state.kv.k, state.kv.v
 
@@ -269,19 +271,25 @@ def encode_sources(graphdef, weights, k: Array, v: Array, ids: Array, valid: Arr
     return pool.k, pool.v
 
 
-# the narrowest block table, in tokens: a gpt2-124M 16-row decode step measured the same at 16 to 64 slots (block 16)
-MIN_TABLE_SLOTS = 64
+def min_table_slots() -> int:
+    """The narrowest block table, in tokens. Where each layer reads its rows a chunk at a time up to the last slot
+    any row sees (XLA:CPU: ``attention.PAGED_CHUNK_SLOTS``), a wider table costs only its mask: 512 (fewer programs).
+    Where each layer gathers its rows' whole tables: 64 (a gpt2-124M 16-row decode step measured the same at 16 to
+    64 slots, block 16)."""
+    return 64 if attention.PAGED_CHUNK_SLOTS.get(jax.default_backend()) is None else 512
 
 
 @functools.partial(jax.jit, donate_argnames=("k", "v"))
 def zero_blocks(k: Array, v: Array, blocks: Array) -> tuple[Array, Array]:
     """The pool's k, v with ``blocks`` zeroed in every layer (in place: donated, so no second pool is held)."""
-    return k.at[:, :, blocks].set(0), v.at[:, :, blocks].set(0)
+    return k.at[:, blocks].set(0), v.at[:, blocks].set(0)
 
 
 def _bucket(n: int, cap: int) -> int:
-    """The power of two at or above ``n``, at most ``cap``."""
-    return min(1 << max(n - 1, 0).bit_length(), cap)
+    """The least of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (the powers of two and the midpoints between them) at or above
+    ``n``, at most ``cap``: a padded batch wastes under a third of its rows, where powers alone waste up to half."""
+    power = 1 << max(n - 1, 0).bit_length()
+    return min(3 * power // 4 if power >= 4 and 3 * power // 4 >= n else power, cap)
 
 
 class Engine:
@@ -298,7 +306,7 @@ class Engine:
     match; a rejected draft's slots are overwritten later (``stats``: drafts proposed and accepted)."""
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 16,
-                 prefill_chunk: int = 32, prefill_tokens: int | None = None, max_model_len: int | None = None,
+                 prefill_chunk: int = 256, prefill_tokens: int | None = None, max_model_len: int | None = None,
                  allow_beyond_max_positions: bool = False, seed: int | None = None, draft_tokens: int = 0):
         cfg = model.config
         problem = paging_problem(model)
@@ -605,7 +613,7 @@ class Engine:
         bucketed) into their source blocks, before their first decoder step reads them."""
         if not admitted:
             return
-        B = _bucket(len(admitted), 1 << (self.max_num_seqs - 1).bit_length())
+        B = _bucket(len(admitted), self.max_num_seqs)
         S = _bucket(max(len(seq.source) for seq in admitted), self.max_source_len)
         ids = np.full((B, S), self.config.tokens.pad or 0, np.int32)
         valid, tables = np.zeros((B, S), bool), np.full((B, -(-S // self.block_size)), NULL_BLOCK, np.int32)
@@ -633,8 +641,8 @@ class Engine:
         return jnp.asarray(tables), jnp.asarray(lengths)
 
     def _run(self, kind: str, rows: list[tuple[Sequence, int]]) -> tuple[np.ndarray, tuple | None, np.ndarray]:
-        B = _bucket(len(rows), 1 << (self.max_num_seqs - 1).bit_length())
-        widest = self.prefill_chunk if kind == "prefill" else 1 << self.draft_tokens.bit_length()  # (verify: 1 + k)
+        B = _bucket(len(rows), self.max_num_seqs)
+        widest = self.prefill_chunk if kind == "prefill" else 1 + self.draft_tokens  # (verify: its token and k drafts)
         T = 1 if kind == "decode" else _bucket(max(count for _, count in rows), widest)
         M = self._table_width(max(len(seq.blocks) for seq, _ in rows))
         ids, positions = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
@@ -665,9 +673,10 @@ class Engine:
         return chosen, logprobs, finite
 
     def _table_width(self, blocks: int) -> int:
-        """The block-table width bucket of rows holding at most ``blocks`` blocks: a power of two, at least
-        ``MIN_TABLE_SLOTS`` tokens, at most ``max_blocks``."""
-        return _bucket(max(blocks, -(-MIN_TABLE_SLOTS // self.block_size)), self.max_blocks)
+        """The block-table width bucket of rows holding at most ``blocks`` blocks: a power of two (no midpoints: a
+        table's width costs little next to its rows, ``min_table_slots``), at least ``min_table_slots`` tokens, at
+        most ``max_blocks``."""
+        return min(1 << (max(blocks, -(-min_table_slots() // self.block_size)) - 1).bit_length(), self.max_blocks)
 
     def _advance(self, rows: list[tuple[Sequence, int]], chosen: np.ndarray, logprobs: tuple | None,
                  finite: np.ndarray) -> list[RequestOutput]:
@@ -733,18 +742,18 @@ class Engine:
         (its narrowest chunks taking 2 tokens each)."""
         def buckets(low: int, high: int, cap: int) -> list[int]:
             return sorted({_bucket(n, cap) for n in range(low, high + 1)})
-        row_cap = 1 << (self.max_num_seqs - 1).bit_length()
+        rows = buckets(1, self.max_num_seqs, self.max_num_seqs)
         tables = sorted({self._table_width(n) for n in range(1, self.max_blocks + 1)})
-        shapes = [("decode", rows, 1, width) for rows in buckets(1, self.max_num_seqs, row_cap) for width in tables]
-        for chunk in buckets(2, min(self.prefill_chunk, self.prefill_tokens), self.prefill_chunk):
-            narrowest = chunk // 2 + 1 if chunk > 2 else 2  # the fewest tokens a chunk of this bucket feeds
+        shapes = [("decode", count, 1, width) for count in rows for width in tables]
+        chunks = buckets(2, min(self.prefill_chunk, self.prefill_tokens), self.prefill_chunk)
+        for narrower, chunk in zip([1, *chunks], chunks):
+            narrowest = narrower + 1  # the fewest tokens a chunk of this bucket feeds
             most = min(self.max_num_seqs, 1 + (self.prefill_tokens - narrowest) // 2) if every_prefill else 1
-            shapes += [("prefill", rows, chunk, width) for rows in buckets(1, most, row_cap) for width in tables
-                       if width * self.block_size >= narrowest]
+            shapes += [("prefill", count, chunk, width) for count in buckets(1, most, self.max_num_seqs)
+                       for width in tables if width * self.block_size >= narrowest]
         if self.draft_tokens:  # a drafting row's last token and its 1 to k drafts
-            widest = 1 << self.draft_tokens.bit_length()
-            shapes += [("verify", rows, fed, width) for rows in buckets(1, self.max_num_seqs, row_cap)
-                       for fed in buckets(2, self.draft_tokens + 1, widest) for width in tables]
+            shapes += [("verify", count, fed, width) for count in rows
+                       for fed in buckets(2, self.draft_tokens + 1, self.draft_tokens + 1) for width in tables]
         return shapes
 
     def warm_up(self, every_prefill: bool = False) -> tuple[int, float]:

@@ -133,6 +133,16 @@ def warp_rows(logits: Array, temperature: Array, top_k: Array, top_p: Array, min
     return scaled
 
 
+def greedy(scores: Array) -> Array:
+    """Each row's argmax over the last axis (int32; its first maximal index, as ``jnp.argmax``), as a max and a
+    min: XLA:CPU runs ``argmax``'s two-operand reduce 2-4x slower (32 rows of gpt2's 50,257 logits: 4 ms against
+    1-2). A row without a maximum (NaN) gets its last index, as the engine fails such a row anyway."""
+    width = scores.shape[-1]
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    first = jnp.min(jnp.where(scores == top, jnp.arange(width, dtype=jnp.int32), width), axis=-1)
+    return jnp.minimum(first, width - 1)
+
+
 def choose_tokens(logits: Array, rows: SamplingRows, flags: SamplerFlags, raw: Array | None = None,
                   forced: Array | None = None) -> tuple[Array, tuple | None]:
     """Each row's next token [B] from its logits [B, V] (module docstring), drawn rows keyed by their seed and
@@ -146,7 +156,7 @@ def choose_tokens(logits: Array, rows: SamplingRows, flags: SamplerFlags, raw: A
     if flags.penalize:
         scores = penalize_rows(scores, rows.repetition, rows.presence, rows.frequency, rows.history,
                                rows.prompt_lengths)
-    tokens = jnp.argmax(scores, axis=-1)
+    tokens = greedy(scores)
     if flags.sample:
         keys = jax.vmap(lambda seed, n: jax.random.fold_in(jax.random.PRNGKey(seed), n))(rows.seeds, rows.drawn)
         warped = warp_rows(scores, rows.temperature, rows.top_k, rows.top_p, rows.min_p if flags.min_p else None,
