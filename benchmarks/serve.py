@@ -7,7 +7,7 @@ on transformers' own modeling files (its vocabulary filled up to gpt2's 50,257 w
 Both servers load that folder, on 127.0.0.1, as subprocesses:
 
 - ``jaxformer serve FOLDER --port 0 --max-num-seqs C_max`` (its defaults otherwise: blocks of 16, prefill chunks of
-  32, a pool for every sequence at the model's length);
+  256 and 512 prompt tokens a step, a pool for every sequence at the model's length);
 - ``transformers serve FOLDER --continuous-batching --device cpu --dtype float32 --cb-num-blocks N`` (CUDA hidden):
   a pool of the same tokens in its default pages of 256 (left alone, on a CPU it sizes its pool to 90% of the
   machine's memory), its scheduler and batch of 8,192 tokens a step at their defaults.
@@ -38,7 +38,7 @@ tokens/s of new tokens. Ratios: jaxformer / transformers serve at each level, an
 the whole script (both servers start and answer) in about three minutes, jaxformer serve started with
 ``--no-warm-up`` (its untimed pass compiles what a run meets, mostly): not a measurement. Time the full run only
 on a quiet machine (about half an hour; ``--warm-up top`` shortens it). ``--jaxformer-args`` and
-``--transformers-args`` pass more flags (``--jaxformer-args=--prefill-chunk=256``).
+``--transformers-args`` pass more flags (``--jaxformer-args=--prefill-chunk=32``).
 
     python benchmarks/serve.py [--quick] [--levels 1,8,32] [--per-client 3] [--rate R] [--sequential 16]
                                [--warm-up levels|top|none] [--keep] [--json]
