@@ -45,8 +45,7 @@ from flax import nnx
 from jaxformer.cache import DecodeState
 from jaxformer.generate import checkpoint_config, generation_defaults
 from jaxformer.layer_plan import layer_plan
-from jaxformer.layers import EncoderOutput, dtype_of
-from jaxformer.layers import attention
+from jaxformer.layers import EncoderOutput, attention, dtype_of
 from jaxformer.serving.paged import NULL_BLOCK, BlockManager, PagedKVCache, source_view
 from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, SamplingRows, TokenLogprobs, choose_tokens, greedy,
                                         prompt_lookup, sampling_rows)
