@@ -42,11 +42,10 @@ import time
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from jaxformer.embedder import Embedder
-from jaxformer.serving.server import ApiError, add_error_handlers, check_api_key, listen, use_compilation_cache
+from jaxformer.serving.server import (ApiError, add_error_handlers, add_service_routes, check_api_key, listen,
+                                      use_compilation_cache)
 
 MAX_INPUTS = 2048  # OpenAI's limit of inputs in one request
 KEYS = {"model", "input", "encoding_format", "dimensions", "user"}
@@ -224,19 +223,7 @@ def create_app(embedder: Embedder, model_name: str, api_key: str | None = None, 
     app = FastAPI(title="jaxformer serve (embeddings)", lifespan=lifespan)
     add_error_handlers(app)
 
-    @app.get("/health")
-    async def health():
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def prometheus():
-        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        check_api_key(request, api_key)
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "jaxformer", "max_model_len": embedder.max_seq_length}]}
+    add_service_routes(app, metrics.registry, model_name, created, embedder.max_seq_length, api_key)
 
     @app.post("/v1/completions")
     @app.post("/v1/chat/completions")

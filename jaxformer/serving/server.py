@@ -525,6 +525,29 @@ def add_error_handlers(app: FastAPI) -> None:
         return JSONResponse(ApiError(err.status_code, str(err.detail)).body(), status_code=err.status_code)
 
 
+def add_service_routes(app: FastAPI, registry, model_name: str, created: int, max_model_len: int,
+                       api_key: str | None, failure=lambda: None) -> None:
+    """The routes every server has: ``/health`` (503 with the error once ``failure()`` returns one), Prometheus
+    ``/metrics`` of ``registry`` and ``/v1/models`` (behind the API key)."""
+
+    @app.get("/health")
+    async def health():
+        failed = failure()
+        if failed is not None:
+            return JSONResponse({"status": "failed", "error": repr(failed)}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_api_key(request, api_key)
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
+                                            "owned_by": "jaxformer", "max_model_len": max_model_len}]}
+
+
 def check_api_key(request: Request, api_key: str | None) -> None:
     """401 unless the request carries ``Authorization: Bearer api_key`` (None: no key asked)."""
     given = request.headers.get("authorization", "")
@@ -564,29 +587,11 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
 
     app = FastAPI(title="jaxformer serve", lifespan=lifespan)
     add_error_handlers(app)
-
-    def authorize(request: Request) -> None:
-        check_api_key(request, api_key)
-
-    @app.get("/health")
-    async def health():
-        loop = state["loop"]
-        if loop.failure is not None:
-            return JSONResponse({"status": "failed", "error": repr(loop.failure)}, status_code=503)
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def prometheus():
-        return PlainTextResponse(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/models")
-    async def models(request: Request):
-        authorize(request)
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": created,
-                                            "owned_by": "jaxformer", "max_model_len": engine.max_model_len}]}
+    add_service_routes(app, metrics.registry, model_name, created, engine.max_model_len, api_key,
+                       failure=lambda: state["loop"].failure)
 
     async def read(request: Request, kind: str) -> dict:
-        authorize(request)
+        check_api_key(request, api_key)
         try:
             body = await request.json()
         except ValueError:
