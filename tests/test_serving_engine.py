@@ -107,6 +107,50 @@ def test_sixteen_concurrent_greedy_requests_equal_generate_whatever_runs_beside_
           f"{sorted(engine.programs.items())}")
 
 
+def test_prompt_chunks_of_different_widths_run_in_the_calls_that_pad_least(model, monkeypatch):
+    """On XLA:CPU a padded token costs a real one's compute: a 250-token chunk and a 50-token one run as [1, 256]
+    and [1, 64], chunks of one width bucket together, and no split of the rows into calls costs less (padded
+    tokens and each call's own cost) than the one chosen. Where calls cost more than padding: one call."""
+    import itertools
+
+    from jaxformer.serving import engine as serving
+
+    engine = Engine(model, num_blocks=9, block_size=BLOCK, max_num_seqs=8, prefill_chunk=256, max_model_len=MAX_LEN)
+    monkeypatch.setitem(serving.CALL_COST_TOKENS, jax.default_backend(), 24)
+
+    def rows(*counts):
+        return [(serving.Sequence(i, [1] * count, SamplingParams(), frozenset(), 0), count)
+                for i, count in enumerate(counts)]
+
+    def widths(calls):
+        return [[count for _, count in call] for call in calls]
+
+    assert widths(engine._prefill_calls(rows(50, 250))) == [[250], [50]]
+    assert widths(engine._prefill_calls(rows(60, 250, 64, 50))) == [[250], [64, 60, 50]]
+
+    def cost(calls):
+        return sum(24 + serving._bucket(len(call), 8) * serving._bucket(max(c for _, c in call), 256) for call in calls)
+
+    def partitions(items):  # every split of ``items`` into calls
+        if not items:
+            yield []
+            return
+        first, rest = items[0], items[1:]
+        for chosen in range(len(rest) + 1):
+            for together in itertools.combinations(rest, chosen):
+                others = [item for item in rest if item not in together]
+                for tail in partitions(others):
+                    yield [[first, *together], *tail]
+
+    for counts in ((2, 3, 200, 17, 96, 130), (256, 256, 40, 41, 7, 9), (5, 6, 7, 8, 100, 250)):
+        work = rows(*counts)
+        calls = engine._prefill_calls(work)
+        assert sorted(c for call in widths(calls) for c in call) == sorted(counts)
+        assert cost(calls) == min(cost(split) for split in partitions(work))
+    monkeypatch.delitem(serving.CALL_COST_TOKENS, jax.default_backend())
+    assert widths(engine._prefill_calls(rows(50, 250))) == [[50, 250]]
+
+
 def test_preemption_under_a_tiny_pool_gives_the_same_tokens_and_frees_every_block(model, prompts, reference,
                                                                                   batched):
     engine = _engine(model, num_blocks=17)  # 16 blocks of 8: room for two or three of these sequences at once
