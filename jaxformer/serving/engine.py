@@ -3,10 +3,10 @@
 ``Engine(model, num_blocks, block_size, max_num_seqs)`` takes requests (``add_request(prompt_ids,
 SamplingParams)``) and ``step()`` advances every running one: a scheduler on the host decides, each step, which
 tokens each sequence feeds (one for a decoding sequence, a chunk of its prompt for a prefilling one, its last token
-and its drafts for a drafting one), gives them blocks, and runs at most three compiled calls of the model's own
-``step`` over a ``PagedKVCache`` (the rows feeding one token, the drafting rows, the prompt chunks), each choosing
-every row's next token by its own parameters; an encoder-decoder's newly admitted sources are encoded first, in one
-more call.
+and its drafts for a drafting one), gives them blocks, and runs compiled calls of the model's own ``step`` over a
+``PagedKVCache`` (one for the rows feeding one token, one for the drafting rows, and the prompt chunks in one call,
+or on XLA:CPU in the few that pad least: ``Engine._prefill_calls``), each choosing every row's next token by its own
+parameters; an encoder-decoder's newly admitted sources are encoded first, in one more call.
 
 - Continuous batching: a sequence leaves the batch the step it ends (its blocks freed at once) and waiting ones
   join as blocks and ``max_num_seqs`` allow.
@@ -587,8 +587,8 @@ class Engine:
     # ------------------------------------------------------------------------------------------ one step
 
     def step(self) -> list[RequestOutput]:
-        """Schedule; encode the admitted sources (an encoder-decoder's); run the one-token rows, the drafting rows and
-        the prompt chunks (one compiled call each); hand back each request's new tokens (a drafting row's kept drafts
+        """Schedule; encode the admitted sources (an encoder-decoder's); run the one-token rows, the drafting rows (one
+        compiled call each) and the prompt chunks (``_prefill_calls``); hand back each request's new tokens (a drafting row's kept drafts
         and the model's next one) and whether it ended."""
         work = self._schedule()
         self._encode([seq for seq, _ in work if seq.source is not None and not seq.encoded])
