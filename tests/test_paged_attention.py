@@ -50,12 +50,16 @@ def _paged_state(cfg, rows: int) -> DecodeState:
     return DecodeState(PagedKVCache(pool.k, pool.v, jnp.asarray(tables), jnp.zeros(rows, jnp.int32)))
 
 
-# how a layer reads its rows (``attention.PAGED_CHUNK_SLOTS``): chunks of 2 blocks; of 3 (the 4-block tables padded
-# to 6); each row's whole table gathered at once (the read off XLA:CPU)
-@pytest.mark.parametrize("loop, chunk_slots", [(False, 2 * BLOCK), (True, 3 * BLOCK), (False, None)],
+# how a layer reads its rows (``attention.PAGED_CHUNK_SLOTS``, ``PAGED_ROW_GROUP``): chunks of 2 blocks, rows in
+# groups of 2 (the last one row); chunks of 3 (the 4-block tables padded to 6), groups of 3; each row's whole table
+# gathered at once (the read off XLA:CPU)
+@pytest.mark.parametrize("loop, chunk_slots, row_group", [(False, 2 * BLOCK, 2), (True, 3 * BLOCK, 3),
+                                                          (False, None, None)],
                          ids=["scanned-chunks", "decode_loop-padded_chunks", "scanned-whole_tables"])
-def test_a_paged_step_gives_a_kv_cache_steps_logits(model, loop, chunk_slots, monkeypatch):
+def test_a_paged_step_gives_a_kv_cache_steps_logits(model, loop, chunk_slots, row_group, monkeypatch):
     monkeypatch.setattr(attention, "PAGED_CHUNK_SLOTS", {} if chunk_slots is None else {"cpu": chunk_slots})
+    if row_group is not None:
+        monkeypatch.setattr(attention, "PAGED_ROW_GROUP", row_group)
     cfg = model.config
     runner = model.for_decode_loop() if loop else model  # (on CPU the loop's layers are separate blocks)
     ids, positions, valid, next_positions = _inputs(cfg.vocab_size)

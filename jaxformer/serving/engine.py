@@ -592,7 +592,9 @@ class Engine:
         and the model's next one) and whether it ended."""
         work = self._schedule()
         self._encode([seq for seq, _ in work if seq.source is not None and not seq.encoded])
-        calls = [("decode", [w for w in work if w[1] == 1]), ("verify", [w for w in work if w[0].draft])]
+        # (the one-token rows longest first: each group of rows reads up to its own longest, attention.PAGED_ROW_GROUP)
+        decode = sorted((w for w in work if w[1] == 1), key=lambda w: -w[0].computed)
+        calls = [("decode", decode), ("verify", [w for w in work if w[0].draft])]
         calls += [("prefill", rows) for rows in self._prefill_calls([w for w in work if w[1] > 1 and not w[0].draft])]
         outputs = []
         for kind, rows in calls:
