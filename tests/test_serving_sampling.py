@@ -16,7 +16,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
 
 import jaxformer as jf
 from jaxformer.serving import Engine, SamplingParams
-from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, choose_tokens, greedy, penalize_rows,
+from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, choose_tokens, draw, greedy, penalize_rows,
                                         sampling_rows, warp_rows)
 from tests.hf_factory import save_checkpoint
 
@@ -101,6 +101,19 @@ def test_greedy_is_argmax_first_index_on_ties():
     scores[5, :] = -np.inf
     scores[6, [3, 40]] = np.inf
     assert np.array_equal(jax.jit(greedy)(scores), np.argmax(scores, axis=-1))
+
+
+def test_a_draw_is_jax_random_categoricals_token():
+    """The same token as ``jax.random.categorical`` by each row's key, over filtered (-inf) and flat rows too."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 3, (256, 300)).astype(np.float32)
+    logits[rng.random(logits.shape) < 0.5] = -np.inf  # top-k / top-p filtered tokens
+    logits[0, :] = 0.0  # a flat row
+    logits[1, 1:] = -np.inf  # one token left
+    keys = jax.vmap(lambda n: jax.random.fold_in(jax.random.PRNGKey(7), n))(jnp.arange(256))
+    want = jax.jit(jax.vmap(jax.random.categorical))(keys, logits)
+    got = jax.jit(draw)(keys, logits)
+    assert np.array_equal(got, want) and len(set(np.asarray(got[2:]).tolist())) > 100 and got[1] == 0
 
 
 def test_a_plain_greedy_batch_compiles_no_sort_penalty_or_log_softmax():

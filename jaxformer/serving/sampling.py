@@ -143,6 +143,14 @@ def greedy(scores: Array) -> Array:
     return jnp.minimum(first, width - 1)
 
 
+def draw(keys: Array, logits: Array) -> Array:
+    """Each row's draw [B] from its logits [B, V] by its key [B]: ``jax.random.categorical``'s token (the argmax of
+    the logits plus the key's Gumbel noise, the same noise), its argmax taken by ``greedy`` (XLA:CPU's argmax reduce
+    took 26 ms of a 32-row gpt2 step on one core)."""
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, logits.shape[-1:], logits.dtype))(keys)
+    return greedy(noise + logits)
+
+
 def choose_tokens(logits: Array, rows: SamplingRows, flags: SamplerFlags, raw: Array | None = None,
                   forced: Array | None = None) -> tuple[Array, tuple | None]:
     """Each row's next token [B] from its logits [B, V] (module docstring), drawn rows keyed by their seed and
@@ -161,7 +169,7 @@ def choose_tokens(logits: Array, rows: SamplingRows, flags: SamplerFlags, raw: A
         keys = jax.vmap(lambda seed, n: jax.random.fold_in(jax.random.PRNGKey(seed), n))(rows.seeds, rows.drawn)
         warped = warp_rows(scores, rows.temperature, rows.top_k, rows.top_p, rows.min_p if flags.min_p else None,
                            flags.sort)
-        tokens = jnp.where(rows.temperature > 0, jax.vmap(jax.random.categorical)(keys, warped), tokens)
+        tokens = jnp.where(rows.temperature > 0, draw(keys, warped), tokens)
     tokens = tokens.astype(jnp.int32)
     if forced is not None:
         tokens = jnp.where(forced >= 0, forced, tokens)
