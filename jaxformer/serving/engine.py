@@ -229,12 +229,13 @@ class Sequence:
         return self.prompt + self.generated
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sampler", "banned", "verify"), donate_argnames=("k", "v"))
-def run_step(graphdef, weights, k: Array, v: Array, ids: Array, positions: Array, valid: Array, tables: Array,
-             lengths: Array, sampling: SamplingRows, sampler: SamplerFlags, source: tuple | None = None,
+def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Array, positions: Array, valid: Array,
+             tables: Array, lengths: Array, sampling: SamplingRows, sampler: SamplerFlags, source: tuple | None = None,
              banned: tuple[int, ...] = (), verify: bool = False, forced: Array | None = None
              ) -> tuple[Array, tuple | None, Array, Array, Array]:
-    """One compiled engine call: the model's cached ``step`` over the paged pool for rows ``ids`` [B, T] (left
+    """One engine call (``Engine`` jits it with the model's ``graphdef`` and its weights' ``treedef`` bound, so a
+    call hashes no graph and flattens a list of weights, ``leaves``, not a state's nested dicts: ~10 ms a call of
+    gpt2-124M's unrolled layers on one core): the model's cached ``step`` over the paged pool for rows ``ids`` [B, T] (left
     padded: the last column of every real row is real), then each row's next token by its ``sampling`` (the program
     holds only the machinery ``sampler`` names). Returns the tokens [B], their log-probabilities (``choose_tokens``;
     None unless asked), whether each row's logits are all finite [B] (a row that is not ends in error: its token
@@ -243,7 +244,7 @@ def run_step(graphdef, weights, k: Array, v: Array, ids: Array, positions: Array
     source lengths [B]). ``banned``: token ids never chosen (the checkpoint's bad words, as generate bans them; the
     log-probabilities stay the raw ones); ``forced`` [B]: generate's forced tokens, -1 where none (``_forced``).
     ``verify``: greedy rows feeding their last token and drafts: the tokens are each position's argmax [B, T]."""
-    model = nnx.merge(graphdef, weights)
+    model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
     state = DecodeState(PagedKVCache(k, v, tables, lengths), None if source is None else source_view(k, v, *source))
     logits, state = model.step(ids, positions, valid, state, every_position=verify)
     finite = jnp.all(jnp.isfinite(logits), axis=-1)
@@ -362,7 +363,11 @@ class Engine:
         # every call on the decode-loop form (CPU: layers apart; elsewhere the model itself): one copy of the
         # weights, and on XLA:CPU prompt chunks ran 1.1-1.2x faster than over the scanned stack (gpt2-124M, 64-256
         # tokens)
-        self.graph = nnx.split(model.for_decode_loop())
+        graphdef, weights = nnx.split(model.for_decode_loop())
+        self.weights, treedef = jax.tree.flatten(weights)
+        self.graph = graphdef, treedef
+        self.run_step = jax.jit(functools.partial(run_step, graphdef, treedef),
+                                static_argnames=("sampler", "banned", "verify"), donate_argnames=("k", "v"))
         self.waiting: list[Sequence] = []  # arrival order (a request's id is its place in it)
         self.running: list[Sequence] = []  # admission order
         self.ids = itertools.count()
@@ -655,8 +660,8 @@ class Engine:
             tables[r, :len(seq.source_blocks)] = seq.source_blocks
             seq.encoded = True
         started = time.perf_counter()
-        graphdef, weights = self.graph
-        k, v = encode_sources(graphdef, weights, self.pool.k, self.pool.v, jnp.asarray(ids), jnp.asarray(valid),
+        graphdef, treedef = self.graph
+        k, v = encode_sources(graphdef, jax.tree.unflatten(treedef, self.weights), self.pool.k, self.pool.v, jnp.asarray(ids), jnp.asarray(valid),
                               jnp.asarray(tables))
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
         self.programs.setdefault(("encode", B, S), time.perf_counter() - started)
@@ -694,9 +699,8 @@ class Engine:
         source = self._source_rows(rows, B)
         program, started = (kind, B, T, M, sampling.history.shape[1], sampler,
                             None if source is None else source[0].shape[1]), time.perf_counter()
-        graphdef, weights = self.graph
-        chosen, logprobs, finite, k, v = run_step(
-            graphdef, weights, self.pool.k, self.pool.v, jnp.asarray(ids), jnp.asarray(positions),
+        chosen, logprobs, finite, k, v = self.run_step(
+            self.weights, self.pool.k, self.pool.v, jnp.asarray(ids), jnp.asarray(positions),
             jnp.asarray(valid), jnp.asarray(tables), jnp.asarray(lengths), jax.tree.map(jnp.asarray, sampling),
             sampler, source, self.banned, kind == "verify", None if kind == "verify" else self._forced(rows, B))
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
