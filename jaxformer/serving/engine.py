@@ -233,9 +233,9 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
              tables: Array, lengths: Array, sampling: SamplingRows, sampler: SamplerFlags, source: tuple | None = None,
              banned: tuple[int, ...] = (), verify: bool = False, forced: Array | None = None
              ) -> tuple[Array, tuple | None, Array, Array, Array]:
-    """One engine call (``Engine`` jits it with the model's ``graphdef`` and its weights' ``treedef`` bound, so a
-    call hashes no graph and flattens a list of weights, ``leaves``, not a state's nested dicts: ~10 ms a call of
-    gpt2-124M's unrolled layers on one core): the model's cached ``step`` over the paged pool for rows ``ids`` [B, T] (left
+    """One engine call (``step_program`` jits it with the model's ``graphdef`` and its weights' ``treedef`` bound, so
+    a call hashes no graph and passes the weights as a flat list, ``leaves``, not a state's nested dicts: a 32-row
+    gpt2-124M step 4 ms less on one core): the model's cached ``step`` over the paged pool for rows ``ids`` [B, T] (left
     padded: the last column of every real row is real), then each row's next token by its ``sampling`` (the program
     holds only the machinery ``sampler`` names). Returns the tokens [B], their log-probabilities (``choose_tokens``;
     None unless asked), whether each row's logits are all finite [B] (a row that is not ends in error: its token
@@ -255,6 +255,14 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
         return greedy(scores), None, finite, state.kv.k, state.kv.v
     tokens, logprobs = choose_tokens(scores, sampling, sampler, logits, forced)
     return tokens, logprobs, finite, state.kv.k, state.kv.v
+
+
+@functools.cache
+def step_program(graphdef, treedef):
+    """``run_step`` jitted with a model's graph and its weights' treedef bound: one per model layout, so every engine
+    over a model of that layout runs the programs the first one compiled."""
+    return jax.jit(functools.partial(run_step, graphdef, treedef), static_argnames=("sampler", "banned", "verify"),
+                   donate_argnames=("k", "v"))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("k", "v"))
@@ -366,8 +374,7 @@ class Engine:
         graphdef, weights = nnx.split(model.for_decode_loop())
         self.weights, treedef = jax.tree.flatten(weights)
         self.graph = graphdef, treedef
-        self.run_step = jax.jit(functools.partial(run_step, graphdef, treedef),
-                                static_argnames=("sampler", "banned", "verify"), donate_argnames=("k", "v"))
+        self.run_step = step_program(graphdef, treedef)
         self.waiting: list[Sequence] = []  # arrival order (a request's id is its place in it)
         self.running: list[Sequence] = []  # admission order
         self.ids = itertools.count()
@@ -593,8 +600,8 @@ class Engine:
 
     def step(self) -> list[RequestOutput]:
         """Schedule; encode the admitted sources (an encoder-decoder's); run the one-token rows, the drafting rows (one
-        compiled call each) and the prompt chunks (``_prefill_calls``); hand back each request's new tokens (a drafting row's kept drafts
-        and the model's next one) and whether it ended."""
+        compiled call each) and the prompt chunks (``_prefill_calls``); hand back each request's new tokens (a drafting
+        row's kept drafts and the model's next one) and whether it ended."""
         work = self._schedule()
         self._encode([seq for seq, _ in work if seq.source is not None and not seq.encoded])
         # (the one-token rows longest first: each group of rows reads up to its own longest, attention.PAGED_ROW_GROUP)
@@ -661,8 +668,8 @@ class Engine:
             seq.encoded = True
         started = time.perf_counter()
         graphdef, treedef = self.graph
-        k, v = encode_sources(graphdef, jax.tree.unflatten(treedef, self.weights), self.pool.k, self.pool.v, jnp.asarray(ids), jnp.asarray(valid),
-                              jnp.asarray(tables))
+        k, v = encode_sources(graphdef, jax.tree.unflatten(treedef, self.weights), self.pool.k, self.pool.v,
+                              jnp.asarray(ids), jnp.asarray(valid), jnp.asarray(tables))
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
         self.programs.setdefault(("encode", B, S), time.perf_counter() - started)
 
