@@ -23,7 +23,9 @@ first text chunk) and time per output token (a request's first chunk to its last
 p99, and the tokens a text chunk carried (above 1: tokens arrive in bursts). Paging waste is sampled from
 jaxformer's ``/metrics`` every 0.1 s during its run at the top level: the slots of the blocks used
 (``jaxformer_kv_blocks_used`` x ``jaxformer_kv_block_size``) that hold no token (``jaxformer_kv_tokens``), over all
-samples.
+samples. The programs jaxformer serve compiled during each timed level are read from ``/metrics`` too
+(``jaxformer_programs_compiled``): a compile there stalls every running sequence, so a run that met one did not
+measure the steady state.
 
 Before the timed runs, each server runs every level's workload once untimed (``--warm-up``; other requests drawn
 from the same distribution, so no timed prompt finds its prefix cached), and jaxformer serve compiles its step
@@ -438,6 +440,7 @@ def main() -> None:
             starts[server.name + " warm-up"] = time.perf_counter() - began
         table: dict[str, dict[int, dict]] = {server.name: {} for server in servers}
         idle_cpu: dict[str, float] = {server.name: 0.0 for server in servers}
+        compiled: dict[int, int] = {}  # jaxformer's programs compiled during each timed level (0: steady state)
         waste_samples = []
         for turn, clients in enumerate(levels):
             order = servers if turn % 2 == 0 else servers[::-1]
@@ -446,9 +449,12 @@ def main() -> None:
                 sampler = waste_sampler(server) \
                     if server is servers[0] and clients == max(levels) else None
                 other_cpu = other.cpu_seconds()
+                programs = scrape(server.base_url)["jaxformer_programs_compiled_total"] if server is servers[0] else 0
                 results, wall, samples = asyncio.run(run_level(server, workload[clients], clients,
                                                                args.rate, clients, sampler))
                 idle_cpu[other.name] += other.cpu_seconds() - other_cpu
+                if server is servers[0]:
+                    compiled[clients] = int(scrape(server.base_url)["jaxformer_programs_compiled_total"] - programs)
                 table[server.name][clients] = summarize(results, wall)
                 waste_samples += samples
     except BaseException:
@@ -464,10 +470,11 @@ def main() -> None:
         import shutil
 
         shutil.rmtree(work, ignore_errors=True)
-    report(args, levels, per_level, table, seq, waste_samples, idle_cpu, starts, made_s, requests, work)
+    report(args, levels, per_level, table, seq, waste_samples, idle_cpu, starts, made_s, requests, work, compiled)
 
 
-def report(args, levels, per_level, table, seq, waste_samples, idle_cpu, starts, made_s, requests, work) -> None:
+def report(args, levels, per_level, table, seq, waste_samples, idle_cpu, starts, made_s, requests, work,
+           compiled) -> None:
     ours, theirs = "jaxformer serve", "transformers serve"
     top = max(levels)
     slots = sum(s[0] for s in waste_samples)
@@ -482,6 +489,7 @@ def report(args, levels, per_level, table, seq, waste_samples, idle_cpu, starts,
         "paging_waste": None if waste is None else round(waste, 4),
         "paging_waste_samples": len(waste_samples),
         "idle_server_cpu_s": {k: round(v, 2) for k, v in idle_cpu.items()},
+        "jaxformer_programs_compiled_in_timed_runs": {str(c): n for c, n in compiled.items()},
         "start_s": {k: round(v, 1) for k, v in starts.items()}, "checkpoint_s": round(made_s, 1),
     }
     if args.json:
@@ -510,6 +518,8 @@ def report(args, levels, per_level, table, seq, waste_samples, idle_cpu, starts,
         print(f"paging waste at {top} clients: {100 * waste:.1f}% of the used blocks' slots hold no token "
               f"({len(waste_samples)} samples of /metrics: jaxformer_kv_tokens against kv_blocks_used x block size)")
     print("idle server's CPU while the other ran: " + ", ".join(f"{k} {v:.1f} s" for k, v in idle_cpu.items()))
+    print("jaxformer serve's programs compiled during the timed runs (0: none stalled them): "
+          + ", ".join(f"{n} at {c} clients" for c, n in compiled.items()))
     print("start (ready) and warm-up seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in starts.items())
           + f"; checkpoint made in {made_s:.0f} s" + (f"; kept in {work}" if args.keep else ""))
     print("short: requests whose server-counted tokens differ from max_tokens (should be 0: no EOS); tok/chunk: "

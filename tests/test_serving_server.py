@@ -197,6 +197,7 @@ def test_a_client_leaving_mid_stream_frees_its_blocks_and_metrics_read(server):
     assert metrics["jaxformer_running_sequences"] == metrics["jaxformer_queue_length"] == 0
     assert metrics["jaxformer_kv_blocks_used"] == 0 and metrics["jaxformer_kv_blocks"] == 64
     assert metrics["jaxformer_generated_tokens_total"] > 0 and metrics["jaxformer_time_to_first_token_seconds_count"]
+    assert metrics["jaxformer_programs_compiled_total"] >= 1  # (no warm-up: the requests compiled what they ran)
 
 
 @pytest.fixture(scope="module")

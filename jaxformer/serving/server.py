@@ -360,7 +360,7 @@ class EngineLoop:
 
 class Metrics:
     """The server's Prometheus series: counters and a histogram kept as requests go, and the engine's state read
-    at each scrape (queue length, running sequences, blocks used and in all, preemptions)."""
+    at each scrape (queue length, running sequences, blocks used and in all, preemptions, programs compiled)."""
 
     def __init__(self, loop_state):
         from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -393,6 +393,8 @@ class Metrics:
                     yield GaugeMetricFamily(name, help_text, value=value)
                 yield CounterMetricFamily("jaxformer_preemptions", "sequences preempted for blocks",
                                           value=stats["preemptions"])
+                yield CounterMetricFamily("jaxformer_programs_compiled", "step programs compiled (one compiled while "
+                                          "requests run stalls them for its compile)", value=stats["programs"])
 
         self.registry.register(EngineState())
 
