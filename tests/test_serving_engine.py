@@ -107,16 +107,21 @@ def test_sixteen_concurrent_greedy_requests_equal_generate_whatever_runs_beside_
           f"{sorted(engine.programs.items())}")
 
 
-def test_prompt_chunks_of_different_widths_run_in_the_calls_that_pad_least(model, monkeypatch):
-    """On XLA:CPU a padded token costs a real one's compute: a 250-token chunk and a 50-token one run as [1, 256]
-    and [1, 64], chunks of one width bucket together, and no split of the rows into calls costs less (padded
-    tokens and each call's own cost) than the one chosen. Where calls cost more than padding: one call."""
+def test_prompt_chunks_run_in_the_calls_that_pad_least_in_programs_already_compiled(model, monkeypatch):
+    """On XLA:CPU a padded token costs a real one's compute and a compile costs seconds: after the warm-up (one-row
+    programs), a 250-token chunk and a 50-token one run as [1, 256] and [1, 64]; three chunks of about 60 tokens run
+    alone until a [3, 64] program is compiled, then together; and no split of the rows into calls costs less
+    (padded tokens, each call's own cost, the programs it would compile) than the one chosen. Where calls cost more
+    than padding: one call."""
     import itertools
 
     from jaxformer.serving import engine as serving
 
     engine = Engine(model, num_blocks=9, block_size=BLOCK, max_num_seqs=8, prefill_chunk=256, max_model_len=MAX_LEN)
-    monkeypatch.setitem(serving.CALL_COST_TOKENS, jax.default_backend(), 24)
+    monkeypatch.setitem(serving.CALL_COST_TOKENS, jax.default_backend(), (24, 4096))
+
+    def compiled(shapes):  # as ``_run`` records a program run (its sampler and widths past the shape aside)
+        engine.programs = {(*shape, 1, None, None): 0.0 for shape in shapes}
 
     def rows(*counts):
         return [(serving.Sequence(i, [1] * count, SamplingParams(), frozenset(), 0), count)
@@ -125,11 +130,20 @@ def test_prompt_chunks_of_different_widths_run_in_the_calls_that_pad_least(model
     def widths(calls):
         return [[count for _, count in call] for call in calls]
 
+    compiled(engine.program_shapes())  # the warm-up's: one sequence's chunks
     assert widths(engine._prefill_calls(rows(50, 250))) == [[250], [50]]
+    assert widths(engine._prefill_calls(rows(60, 250, 64, 50))) == [[250], [64], [60], [50]]
+    compiled([*engine.program_shapes(), ("prefill", 3, 64, engine._table_width(0))])
     assert widths(engine._prefill_calls(rows(60, 250, 64, 50))) == [[250], [64, 60, 50]]
 
     def cost(calls):
-        return sum(24 + serving._bucket(len(call), 8) * serving._bucket(max(c for _, c in call), 256) for call in calls)
+        done = {program[:4] for program in engine.programs}
+        total = 0
+        for call in calls:
+            shape = ("prefill", serving._bucket(len(call), 8), serving._bucket(max(c for _, c in call), 256),
+                     engine._table_width(0))
+            total += 24 + shape[1] * shape[2] + (0 if shape in done else 4096)
+        return total
 
     def partitions(items):  # every split of ``items`` into calls
         if not items:
@@ -142,11 +156,13 @@ def test_prompt_chunks_of_different_widths_run_in_the_calls_that_pad_least(model
                 for tail in partitions(others):
                     yield [[first, *together], *tail]
 
-    for counts in ((2, 3, 200, 17, 96, 130), (256, 256, 40, 41, 7, 9), (5, 6, 7, 8, 100, 250)):
-        work = rows(*counts)
-        calls = engine._prefill_calls(work)
-        assert sorted(c for call in widths(calls) for c in call) == sorted(counts)
-        assert cost(calls) == min(cost(split) for split in partitions(work))
+    for shapes in (engine.program_shapes(), engine.program_shapes(every_prefill=True)):
+        compiled(shapes)
+        for counts in ((2, 3, 200, 17, 96, 130), (256, 256, 40, 41, 7, 9), (5, 6, 7, 8, 100, 250)):
+            work = rows(*counts)
+            calls = engine._prefill_calls(work)
+            assert sorted(c for call in widths(calls) for c in call) == sorted(counts)
+            assert cost(calls) == min(cost(split) for split in partitions(work))
     monkeypatch.delitem(serving.CALL_COST_TOKENS, jax.default_backend())
     assert widths(engine._prefill_calls(rows(50, 250))) == [[50, 250]]
 

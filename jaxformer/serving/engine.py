@@ -279,11 +279,14 @@ def encode_sources(graphdef, weights, k: Array, v: Array, ids: Array, valid: Arr
     return pool.k, pool.v
 
 
-# A compiled call's own cost in prompt tokens, by backend (``Engine._prefill_calls``): XLA:CPU computes a padded token
-# as dearly as a real one (gpt2-124M prompt chunks: 1.0 ms a token, and 23 ms a call whatever its width, reading the
-# weights), so prompt chunks of different widths run in calls of their own where that saves more than a call costs.
-# Elsewhere (no entry) every prompt chunk of a step runs in one call.
-CALL_COST_TOKENS = {"cpu": 24}
+# A compiled call's own cost in prompt tokens, and a program's compile on a request's path, by backend
+# (``Engine._prefill_calls``): XLA:CPU computes a padded token as dearly as a real one (gpt2-124M prompt chunks: 1.0 ms
+# a token, and 23 ms a call whatever its width, reading the weights), so prompt chunks of different widths run in calls
+# of their own where that saves more than a call costs; and it compiles a program in seconds (gpt2-124M prompt-chunk
+# programs of 2 and 3 rows: 2.4-4.4 s on one core, stalling every running sequence), so a step runs its chunks in
+# programs already compiled (the warm-up's one-row ones) rather than compile another to save a call. Elsewhere (no
+# entry) every prompt chunk of a step runs in one call.
+CALL_COST_TOKENS = {"cpu": (24, 4096)}
 
 
 def min_table_slots() -> int:
@@ -617,17 +620,21 @@ class Engine:
     def _prefill_calls(self, rows: list[tuple[Sequence, int]]) -> list[list[tuple[Sequence, int]]]:
         """The prompt-chunk rows split into calls: one call where a call costs more than padding
         (``CALL_COST_TOKENS``), else the rows, widest first, cut where the padded tokens of the calls' [rows, width]
-        buckets and the calls' own cost are least (a 250-token chunk and a 50-token one: [1, 256] and [1, 64], not
-        [2, 256])."""
-        call = CALL_COST_TOKENS.get(jax.default_backend())
-        if call is None or len(rows) < 2:
+        buckets, the calls' own cost and the programs they would compile are least (a 250-token chunk and a
+        50-token one: [1, 256] and [1, 64], not [2, 256]; two of 60 tokens: [2, 64] once compiled, else two calls)."""
+        costs = CALL_COST_TOKENS.get(jax.default_backend())
+        if costs is None or len(rows) < 2:
             return [rows]
+        call, compile_cost = costs
+        compiled = {program[:4] for program in self.programs}
         rows = sorted(rows, key=lambda row: -row[1])
         # least[j]: the least cost of the first j rows, and where its last call starts
         least = [(0, 0)] + [(math.inf, 0)] * len(rows)
         for j in range(1, len(rows) + 1):
             for i in range(j):
-                cost = least[i][0] + call + _bucket(j - i, self.max_num_seqs) * _bucket(rows[i][1], self.prefill_chunk)
+                B, T = _bucket(j - i, self.max_num_seqs), _bucket(rows[i][1], self.prefill_chunk)
+                shape = ("prefill", B, T, self._table_width(max(len(seq.blocks) for seq, _ in rows[i:j])))
+                cost = least[i][0] + call + B * T + (0 if shape in compiled else compile_cost)
                 if cost < least[j][0]:
                     least[j] = (cost, i)
         calls, j = [], len(rows)
