@@ -56,17 +56,22 @@ def test_decoding_copy_computes_and_generates_what_the_model_does(case):
         assert turned, "no kernel was turned outputs first"
     assert copy.for_decode_loop() is copy  # generation on the copy does not slice its layers again
     ids, mask = _batch(cfg.family, np.random.default_rng(0), cfg.vocab_size)
-    # the same products, each output a dot product over another memory order: float32 rounding only
-    if cfg.family == "decoder":
-        np.testing.assert_allclose(np.asarray(copy(ids, mask).logits), np.asarray(model(ids, mask).logits),
-                                   rtol=0, atol=1e-5)
-    else:
-        decoder_ids = ids[:, :5]
-        np.testing.assert_allclose(np.asarray(copy(ids, mask, decoder_input_ids=decoder_ids).logits),
-                                   np.asarray(model(ids, mask, decoder_input_ids=decoder_ids).logits),
-                                   rtol=0, atol=1e-5)
     kwargs = dict(max_new_tokens=12, eos_token_id=None, decoder_start_token_id=0)
-    np.testing.assert_array_equal(copy.generate(ids, mask, **kwargs), model.generate(ids, mask, **kwargs))
+    tokens = np.asarray(copy.generate(ids, mask, **kwargs))
+    # The model's logits over the text the copy generated: the copy's equal them (the same products, each output a
+    # dot product over another memory order: float32 rounding only), and each token the copy generated is their
+    # argmax, the model's greedy choice (a check that costs one forward, where the model's own generate() would
+    # be one more compile; it matches the model's forward in test_generate.py)
+    if cfg.family == "decoder":
+        text_mask = np.concatenate([mask, np.ones((len(ids), kwargs["max_new_tokens"]), mask.dtype)], axis=1)
+        positions = np.maximum(np.cumsum(text_mask, axis=1) - 1, 0)  # left padding: counted as generation does
+        inputs, named, generated = (tokens, text_mask, positions), {}, slice(ids.shape[1], None)
+    else:  # (after the decoder start)
+        inputs, named, generated = (ids, mask), dict(decoder_input_ids=tokens), slice(1, None)
+    expected = np.asarray(model(*inputs, **named).logits)
+    np.testing.assert_allclose(np.asarray(copy(*inputs, **named).logits), expected, rtol=0, atol=1e-5)
+    choices = expected[:, generated.start - 1:-1].argmax(-1)  # each position's logits choose the next token
+    np.testing.assert_array_equal(choices, tokens[:, generated])
     if case in ("llama-gqa", "t5-encoder-decoder"):
         beams = dict(kwargs, num_beams=3)
         np.testing.assert_array_equal(copy.generate(ids, mask, **beams), model.generate(ids, mask, **beams))
@@ -105,15 +110,16 @@ def test_a_per_layer_state_steps_as_the_stacked_one(case):
     ids, mask = _batch(cfg.family, np.random.default_rng(0), cfg.vocab_size)
     gc = gen.prepare(model, ids, mask, max_new_tokens=6, decoder_start_token_id=0)[1]
     ids, positions, valid, state = gen._prefill_inputs(model, jnp.asarray(ids), jnp.asarray(mask), gc, 1, 6)
-    _, stacked = model.step(ids, positions, valid, state)
+    # jitted: eagerly, each step compiled its every operation on its own (~300 programs a case)
+    run = jax.jit(lambda m, *args, wide=False: m.step(*args, every_position=wide), static_argnames="wide")
+    _, stacked = run(model, ids, positions, valid, state)
     split = stacked.per_layer()
     assert jax.tree.structure(split) != jax.tree.structure(stacked)  # each layer field became a tuple of layers
     step = positions[:, -1:] + 1
     for width in (1, 3):
         tokens, at = jnp.full((ids.shape[0], width), 5, jnp.int32), step + jnp.arange(width)
-        wide = dict(every_position=width > 1)
-        expected, stacked = model.step(tokens, at, jnp.ones_like(tokens, bool), stacked, **wide)
-        got, split = model.step(tokens, at, jnp.ones_like(tokens, bool), split, **wide)
+        expected, stacked = run(model, tokens, at, jnp.ones_like(tokens, bool), stacked, wide=width > 1)
+        got, split = run(model, tokens, at, jnp.ones_like(tokens, bool), split, wide=width > 1)
         np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
         step = step + width
     for mine, theirs in zip(jax.tree.leaves(split), jax.tree.leaves(stacked.per_layer())):
