@@ -16,6 +16,13 @@ import os
 import sys
 from pathlib import Path
 
+# One OpenMP thread for torch in each xdist worker (set before torch is imported; the worker's subprocesses inherit
+# it): two workers share two cores with XLA's own threads, and torch's intra-op threads, spinning between its ops,
+# took the cores from them (test_config_keys.py under -n 2: 50 s and 101 CPU-seconds with torch's default threads,
+# 24 s and 47 with one).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # One persistent compilation cache for the whole run, set before jax is imported so that the xdist workers
 # and every subprocess a test starts (train.py runs, kill-and-resume, simulated meshes) inherit it: a program
 # compiled once (the same tiny model's train step, rerun after a kill) is read back, not compiled again.
