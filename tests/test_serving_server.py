@@ -249,7 +249,10 @@ def test_logprobs_of_completions_and_chats_are_transformers_log_softmax(client, 
                                                  logprobs=True, stream=True))
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].logprobs is None  # (OpenAI's)
     streamed = [entry for c in chunks if c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
-    assert [(e.token, e.logprob, e.top_logprobs) for e in streamed] == [(e.token, e.logprob, []) for e in content]
+    assert [(e.token, e.top_logprobs) for e in streamed] == [(e.token, []) for e in content]
+    # (the same numbers up to float32 rounding, not bit for bit: the second request reads the first's prompt blocks
+    # from the prefix cache, another program than the one that computed them)
+    np.testing.assert_allclose([e.logprob for e in streamed], [e.logprob for e in content], rtol=0, atol=1e-5)
 
 
 def test_a_penalised_greedy_completion_equals_transformers_generate(client, reference):
