@@ -59,19 +59,43 @@ class LayerArrays:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
+class PagedTarget:
+    """Where a step's T tokens a row go in a paged pool: their blocks and offsets in them [B, T] (padding: the null
+    block) and each row's token count once they are written [B] (what a fused paged kernel reads up to)."""
+
+    blocks: Array
+    offsets: Array
+    lengths: Array
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["pool", "tables", "layer", "target"],
+                   meta_fields=["kernel"])
+@dataclasses.dataclass(frozen=True)
 class PagedRows:
     """One layer's keys (or values) of a paged cache (``serving.paged.PagedKVCache``) as that layer reads them: the
-    whole pool [L, N, K, block_size, H], the batch rows' block tables [B, M] and the layer's index (a Python int, or
-    traced in a scanned stack). ``slots`` gathers the layer's rows by table, only when the layer attends, so a step
-    holds one layer's dense rows at a time."""
+    batch rows' block tables [B, M] and either the whole pool [L, N, K, block_size, H] with the layer's index (a
+    Python int, or traced in a scanned stack), or the layer's own pool [K, N, block_size, H] (layer None: the form
+    a fused paged kernel reads, ``kernel`` naming it, with ``target``, where this step's tokens go). ``slots``
+    gathers the layer's rows by table, only when the layer attends, so a step holds one layer's dense rows at a
+    time."""
 
     pool: Array
     tables: Array
-    layer: Array | int
+    layer: Array | int | None
+    target: PagedTarget | None = None
+    kernel: str | None = None
 
     @property
     def dtype(self):
         return self.pool.dtype
+
+    @property
+    def kv_heads(self) -> int:
+        return self.pool.shape[0 if self.layer is None else 2]
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.shape[2 if self.layer is None else 3]
 
     def slots(self, new: Array) -> Array:
         """The rows' slots [B, K, S, H] (S = M * block_size), head-major as a ``KVCache`` layer's slice: one gather
@@ -80,15 +104,38 @@ class PagedRows:
         computed. The gather reads the pool and tables alone, so XLA would otherwise run every layer's at the start
         of the step, holding all their rows at once: a select on a condition never true (block ids are >= 0) but
         unknown to XLA makes it wait (see ``cache_written_after`` for the other order XLA needs)."""
-        layer = jnp.where(self.tables[0, 0] < 0, new[0, 0, 0, 0].astype(jnp.int32), self.layer)
-        return self.blocks(self.tables, layer)
+        never, first = self.tables[0, 0] < 0, new[0, 0, 0, 0].astype(jnp.int32)
+        if self.layer is None:
+            return self.blocks(jnp.where(never, first, self.tables))
+        return self.blocks(self.tables, jnp.where(never, first, self.layer))
 
     def blocks(self, tables: Array, layer: Array | int | None = None) -> Array:
         """The slots [B, K, C * block_size, H] of the blocks ``tables`` [B, C] name (a few of the rows' table
         columns: ``layers.attention``'s chunked read), at this layer (or ``layer``)."""
-        rows = self.pool[self.layer if layer is None else layer, tables]  # [B, C, K, block_size, H]
-        B, C, K, size, H = rows.shape
-        return rows.transpose(0, 2, 1, 3, 4).reshape(B, K, C * size, H)
+        if self.layer is None:  # the layer's own pool [K, N, block_size, H]
+            rows = self.pool[:, tables].swapaxes(0, 1)  # [B, K, C, block_size, H]
+        else:
+            rows = self.pool[self.layer if layer is None else layer, tables].swapaxes(1, 2)  # [B, K, C, size, H]
+        B, K, C, size, H = rows.shape
+        return rows.reshape(B, K, C * size, H)
+
+    def written(self, new: Array) -> PagedRows:
+        """These rows with this step's tokens ``new`` [B, K, T, H] written into the layer's own pool at ``target``
+        (the form a fused kernel reads: a layer writes before it attends). In place: nothing else reads this
+        layer's pool."""
+        part = new.astype(self.pool.dtype).transpose(1, 0, 2, 3)  # [K, B, T, H], as pool[:, blocks, offsets]
+        pool = self.pool.at[:, self.target.blocks, self.target.offsets].set(part)
+        return dataclasses.replace(self, pool=pool)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class WrittenPool:
+    """A layer's own pool as the layer returns it, this step's tokens written in it (``PagedRows.written``): the
+    layer runner keeps these as a tuple of the layers' arrays (``layers.stack``), never stacking them, and the
+    paged cache takes them as its pools."""
+
+    pool: Array
 
 
 def cached_slots(value: Array | PagedRows, new: Array) -> Array:
@@ -120,12 +167,34 @@ class PagedLayers:
     """A paged cache's layer fields as the stack hands them to each layer (the "cache" entry of its per-layer
     inputs): indexing layer i (an int, or a traced index inside a scanned body) gives layer i's {"k", "v"} as
     ``PagedRows``. Deliberately not a pytree: the stack's runner indexes it at each layer rather than slicing the
-    pools per layer (``stack._scan_layers``)."""
+    pools per layer (``stack._scan_layers``). ``k``, ``v``: the stacked pools [L, ...], or each layer's own (a
+    tuple: the fused-kernel form, ``kernel``), which the layers write themselves at ``target`` (``writing``)."""
 
-    def __init__(self, k: Array, v: Array, tables: Array):
+    def __init__(self, k, v, tables: Array, *, lengths: Array | None = None, kernel: str | None = None,
+                 target: PagedTarget | None = None):
         self.k, self.v, self.tables = k, v, tables
+        self.lengths, self.kernel, self.target = lengths, kernel, target
+
+    @property
+    def apart(self) -> bool:
+        """Whether each layer has its own pool (the layer runner then unrolls the layers: a scan would slice them)."""
+        return isinstance(self.k, tuple)
+
+    def writing(self, positions: Array, valid: Array) -> PagedLayers:
+        """These layers told where this step's tokens (positions and validity [B, T]) go, for layers that write
+        their own tokens before they attend (the fused-kernel form; the others' are written after the layer loop)."""
+        if self.kernel is None:
+            return self
+        size = self.k[0].shape[2]
+        slots = jnp.where(valid, positions, 0)
+        blocks = jnp.where(valid, jnp.take_along_axis(self.tables, slots // size, axis=1), 0)  # (0: the null block)
+        target = PagedTarget(blocks, slots % size, self.lengths + jnp.sum(valid, axis=1, dtype=jnp.int32))
+        return PagedLayers(self.k, self.v, self.tables, lengths=self.lengths, kernel=self.kernel, target=target)
 
     def __getitem__(self, layer) -> dict[str, PagedRows]:
+        if self.apart:
+            return {name: PagedRows(pool[layer], self.tables, None, self.target, self.kernel)
+                    for name, pool in (("k", self.k), ("v", self.v))}
         return {"k": PagedRows(self.k, self.tables, layer), "v": PagedRows(self.v, self.tables, layer)}
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import sys
 
+from jaxformer import kernels
 from jaxformer.layer_plan import stack_plans
 from jaxformer.models import param_count
 from jaxformer.presets import config, presets
@@ -580,6 +581,11 @@ def _serve_command(commands) -> None:
     p.add_argument("--draft-tokens", type=int, metavar="K",
                    help="greedy requests draft up to K tokens a step by prompt lookup, verified in the same step "
                         "(same output, fewer steps where drafts match; default 0: no drafting)")
+    p.add_argument("--paged-attention", choices=kernels.PAGED_CHOICES,
+                   help="what one-token steps attend by: auto (default: the backend's fused paged kernel where it "
+                        "serves the model: pallas-gpu on NVIDIA GPUs, pallas-tpu on TPUs for bfloat16 models; else "
+                        "XLA), xla, or a kernel by name (JAX's Pallas paged attention; off its platform in Pallas's "
+                        "interpreter, for tests)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/ routes")
     p.add_argument("--no-warm-up", action="store_true",
                    help="listen at once; each program compiles on first use (the first requests wait for it)")
@@ -594,7 +600,8 @@ def _serve_command(commands) -> None:
 
 # serve's flags that set the generation engine (their argparse defaults are None, so a given one is seen)
 GENERATION_ONLY = {"--num-blocks": "num_blocks", "--memory": "memory", "--block-size": "block_size",
-                   "--prefill-chunk": "prefill_chunk", "--draft-tokens": "draft_tokens"}
+                   "--prefill-chunk": "prefill_chunk", "--draft-tokens": "draft_tokens",
+                   "--paged-attention": "paged_attention"}
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -627,7 +634,7 @@ def serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--matryoshka-dimensions is an embedding model's; {args.path} is served for generation")
     defaults = inspect.signature(Engine).parameters  # the engine's own defaults where a flag is not given
     settings = {name: defaults[name].default if getattr(args, name) is None else getattr(args, name)
-                for name in ("block_size", "prefill_chunk", "draft_tokens")}
+                for name in ("block_size", "prefill_chunk", "draft_tokens", "paged_attention")}
     run_server(model, tokenizer, args.path, args.served_model_name or args.path, args.host, args.port, args.api_key,
                args.max_queue, memory=args.memory, warm_up=not args.no_warm_up,
                compilation_cache=args.compilation_cache, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,

@@ -82,12 +82,12 @@ def cross_projector(cfg: ModelConfig, rngs: nnx.Rngs) -> Dense:
                  bias=cfg.vision.projector_bias)
 
 
-def unstacked_decoder(model: nnx.Module) -> nnx.Module:
-    """``model`` for a loop of many cached steps: on CPU a copy whose decoder layers are sliced out of
-    the stack once (``Stack.unstacked``), elsewhere (or when they already are: ``decoding_copy``) the model
+def unstacked_decoder(model: nnx.Module, always: bool = False) -> nnx.Module:
+    """``model`` for a loop of many cached steps: on CPU (or ``always``) a copy whose decoder layers are sliced out
+    of the stack once (``Stack.unstacked``), elsewhere (or when they already are: ``decoding_copy``) the model
     itself."""
     unstacked = any(isinstance(blocks, tuple) for blocks in model.decoder.block_groups().values())
-    if not kernels.unstack_decode_loops() or unstacked:
+    if not (always or kernels.unstack_decode_loops()) or unstacked:
         return model
     copy = nnx.merge(*nnx.split(model))
     copy.decoder = model.decoder.unstacked()

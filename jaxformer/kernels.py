@@ -25,12 +25,14 @@ carries the structure a kernel needs next to the dense mask, so any call can sti
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 
+from jaxformer.layer_plan import layer_plan
 from jaxformer.model_config import ModelConfig
 
 Array = jax.Array
@@ -456,6 +458,88 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
     rows = P(BATCH_AXES, "sequence")
     return jax.shard_map(run, mesh=mesh, in_specs=(tokens, tokens, tokens, rows, rows, rows, sink_spec),
                          out_specs=tokens, check_vma=False)(q, k, v, key_valid, key_ids, query_ids, sinks_in)
+
+
+# --------------------------------------------------------------------------------------------------
+# Paged attention (the serving engine's one-token steps)
+
+# The fused paged attention each backend has (``paged_kernel``), both JAX's Pallas kernels of one query a row over a
+# layer's pool [K, N, block, H]: on NVIDIA GPUs ``jax.experimental.pallas.ops.gpu.paged_attention`` (Triton), on TPUs
+# ``ops.tpu.paged_attention`` (Mosaic; it reads keys and values in bfloat16). XLA:CPU reads the pool its own way
+# (``attention._paged_part``). TPU's ragged paged attention (prompt chunks and one-token rows in one call) is not
+# wired: docs/serving.md says why.
+PAGED_KERNELS = {"gpu": "pallas-gpu", "tpu": "pallas-tpu"}
+PAGED_CHOICES = ("auto", "xla", *PAGED_KERNELS.values())
+
+
+def paged_kernel(choice: str, cfg: ModelConfig) -> str | None:
+    """The fused paged kernel a serving engine's one-token steps run for ``cfg`` (None: XLA's paged read).
+    'auto': this backend's kernel where it serves the model (``paged_kernel_refuses``), else XLA; 'xla': XLA;
+    a kernel's name: that kernel (off its platform in Pallas's interpreter: for tests), a ValueError where it
+    cannot serve the model."""
+    if choice not in PAGED_CHOICES:
+        raise ValueError(f"paged attention {choice!r}: want one of {', '.join(PAGED_CHOICES)}")
+    if choice == "xla":
+        return None
+    if choice == "auto":
+        kernel = PAGED_KERNELS.get(platform())
+        return None if kernel is None or paged_kernel_refuses(cfg, kernel) is not None else kernel
+    problem = paged_kernel_refuses(cfg, choice)
+    if problem is not None:
+        raise ValueError(f"paged attention {choice!r} cannot serve this model: {problem}")
+    return choice
+
+
+def paged_kernel_refuses(cfg: ModelConfig, kernel: str) -> str | None:
+    """Why ``kernel`` cannot serve ``cfg``'s one-token steps (None: it can). The kernel attends each row's query to
+    its slots up to its length: plain causal attention, no mask of its own, no additive bias, no sinks."""
+    if cfg.family != "decoder":
+        return f"it reads a decoder's own keys; a {cfg.family} attends to its source on XLA"
+    if cfg.mla:
+        return "multi-head latent attention caches latents, not per-head keys and values"
+    kinds = {spec.attention for spec in layer_plan(cfg, cfg.attention, cfg.decoder_layers).layers}
+    if kinds != {"causal"}:
+        return f"its layers attend {', '.join(sorted(kinds - {'causal'}))}, not plainly causal over every slot"
+    if cfg.position == "relative" or cfg.relative_bias is not None:
+        return "its attention adds a relative position bias, which the kernel takes none of"
+    if cfg.scores.sinks:
+        return "its attention sinks join each softmax, which the kernel has no place for"
+    if cfg.value_dim != cfg.head_dim_:
+        return f"its value heads ({cfg.value_dim}) are not as wide as its key heads ({cfg.head_dim_})"
+    if kernel == "pallas-tpu" and cfg.dtype != "bfloat16":
+        return f"the kernel reads keys and values in bfloat16, which would round a {cfg.dtype} model's"
+    tile = {"pallas-gpu": ("gpu", 16), "pallas-tpu": ("tpu", 128)}[kernel]
+    if platform() == tile[0] and cfg.head_dim_ % tile[1]:
+        return f"its head size {cfg.head_dim_} is not a multiple of {tile[1]} (the kernel's tiles)"
+    return None
+
+
+def paged_attention(q: Array, k, v, scale: float, softcap: float | None) -> Array:
+    """Attention [B, 1, N, H] of one query a row, q [B, 1, N, H], over the rows' paged keys and values ``k``, ``v``
+    (``cache.PagedRows`` of a layer's own pool, this step's token written: each row's slots up to its
+    ``target.lengths``), by the kernel they name, off its platform in Pallas's interpreter. A padding row's output
+    is never read."""
+    pages, lengths = k.tables.shape[1], k.target.lengths
+    scaled = (q[:, 0].astype(jnp.float32) * scale).astype(q.dtype)  # neither kernel takes a scale
+    if k.kernel == "pallas-gpu":
+        from jax.experimental.pallas.ops.gpu import paged_attention as gpu
+
+        # the table splits into partitions read in parallel, each a few pages at a time: both divide its width
+        splits = next(n for n in (16, 8, 4, 2, 1) if pages % n == 0)
+        per_block = next(n for n in (8, 4, 2, 1) if (pages // splits) % n == 0)
+        out = gpu.paged_attention(scaled, k.pool, v.pool, k.tables, lengths, k_splits=splits,
+                                  pages_per_compute_block=per_block, attn_logits_soft_cap=softcap,
+                                  interpret=platform() != "gpu")
+    else:
+        from jax.experimental.pallas import tpu as pltpu
+        from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention as tpu
+
+        per_block = next(n for n in (8, 4, 2, 1) if pages % n == 0)
+        interpreted = pltpu.force_tpu_interpret_mode() if platform() != "tpu" else contextlib.nullcontext()
+        with interpreted:  # (a padding row, length 0, would divide 0 by 0: it reads its null block's first slot)
+            out = tpu(scaled, k.pool, v.pool, jnp.maximum(lengths, 1), k.tables, pages_per_compute_block=per_block,
+                      attn_logits_soft_cap=softcap)
+    return out[:, None].astype(q.dtype)
 
 
 def unstack_decode_loops() -> bool:

@@ -5,6 +5,8 @@ rows' table width (an encoder-decoder's source rows neither)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,9 @@ import pytest
 from flax import nnx
 
 import jaxformer as jf
+from jaxformer import kernels
 from jaxformer.cache import DecodeState
+from jaxformer.decoder import unstacked_decoder
 from jaxformer.layers import attention
 from jaxformer.serving.engine import encode_sources
 from jaxformer.serving.paged import PagedKVCache, source_view
@@ -73,6 +77,68 @@ def test_a_paged_step_gives_a_kv_cache_steps_logits(model, loop, chunk_slots, ro
         assert float(jnp.max(jnp.abs(got[real] - want[real]))) < 1e-5, f"step {step}"
         ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions, real[:, None]
     assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + real)
+
+
+def test_a_fused_kernel_step_writes_its_token_then_reads_as_xla_does(model):
+    """The fused-kernel form (``kernels.paged_kernel``: each layer its own pool [K, N, block, H]; in a one-token step
+    each layer writes its token, then JAX's Pallas GPU paged attention attends, here in Pallas's interpreter): a
+    prefill (on XLA, written after the layer loop) and two one-token steps give a ``KVCache`` step's logits and
+    lengths; the padding row (length 0) stays finite. A model the kernel cannot serve is refused by name, 'auto'
+    off a GPU reads on XLA, and a scanned stack refuses the form (it would slice every layer's pool)."""
+    cfg = model.config
+    assert kernels.paged_kernel("auto", cfg) is None  # (this CPU has no fused paged kernel)
+    if cfg.name == "tiny-gemma":  # sliding-window layers: the kernel reads every slot up to a row's length
+        assert "sliding" in kernels.paged_kernel_refuses(cfg, "pallas-gpu")
+        with pytest.raises(ValueError, match="cannot serve this model: its layers attend sliding"):
+            kernels.paged_kernel("pallas-gpu", cfg)
+        return
+    assert kernels.paged_kernel("pallas-gpu", cfg) == "pallas-gpu"
+    runner = unstacked_decoder(model, always=True)
+    ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
+    real = np.asarray(PROMPTS) > 0
+    dense = model.init_cache(len(PROMPTS), BLOCK * BLOCKS_PER_ROW).per_layer()
+    stacked = _paged_state(cfg, len(PROMPTS)).kv
+    pool = PagedKVCache.empty(cfg.decoder_layers, stacked.k.shape[1], BLOCK, cfg.kv_heads, cfg.head_dim_,
+                              jnp.float32, kernel="pallas-gpu")
+    paged = DecodeState(dataclasses.replace(pool, tables=stacked.tables, lengths=stacked.lengths))
+    step = jax.jit(lambda runner, ids, positions, valid, state: runner.step(ids, positions, valid, state))
+    for call in range(3):
+        want, dense = step(runner, ids, positions, valid, dense)
+        got, paged = step(runner, ids, positions, valid, paged)
+        assert bool(jnp.all(jnp.isfinite(got)))
+        assert float(jnp.max(jnp.abs(got[real] - want[real]))) < 1e-5, f"call {call}"
+        ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions + call, real[:, None]
+    assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + 2 * real)
+    assert isinstance(paged.kv.k, tuple) and len(paged.kv.k) == cfg.decoder_layers
+    with pytest.raises(ValueError, match="runs on layers apart"):
+        model.step(ids, positions, valid, paged)
+
+
+def test_the_tpu_kernel_reads_a_bfloat16_pool_as_the_xla_read_does():
+    """'pallas-tpu' (JAX's Pallas paged attention for TPUs, here in Pallas's TPU interpreter) reads keys and values
+    in bfloat16, so it serves bfloat16 models alone: a float32 one is refused by name. A bfloat16 tiny-llama's
+    prefill and two one-token steps give the XLA paged read's logits within 0.01 (bfloat16 activations: the
+    kernel's float32 sums, in another order, move an output by an ulp of bfloat16 now and then; measured 0.002 on
+    logits of 0.6)."""
+    with pytest.raises(ValueError, match="reads keys and values in bfloat16, which would round a float32 model's"):
+        kernels.paged_kernel("pallas-tpu", jf.config("tiny-llama"))
+    model = jf.build(jf.config("tiny-llama").replace(dtype="bfloat16"), seed=0)
+    cfg = model.config
+    runner = unstacked_decoder(model, always=True)
+    ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
+    real = np.asarray(PROMPTS) > 0
+    xla = _paged_state(cfg, len(PROMPTS))
+    xla = DecodeState(dataclasses.replace(xla.kv, k=xla.kv.k.astype(jnp.bfloat16), v=xla.kv.v.astype(jnp.bfloat16)))
+    pool = PagedKVCache.empty(cfg.decoder_layers, xla.kv.k.shape[1], BLOCK, cfg.kv_heads, cfg.head_dim_,
+                              jnp.bfloat16, kernel="pallas-tpu")
+    fused = DecodeState(dataclasses.replace(pool, tables=xla.kv.tables, lengths=xla.kv.lengths))
+    step = jax.jit(lambda runner, ids, positions, valid, state: runner.step(ids, positions, valid, state))
+    for call in range(3):
+        want, xla = step(runner, ids, positions, valid, xla)
+        got, fused = step(runner, ids, positions, valid, fused)
+        assert bool(jnp.all(jnp.isfinite(got)))
+        assert float(jnp.max(jnp.abs(got[real] - want[real]).astype(jnp.float32))) < 0.01, f"call {call}"
+        ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions + call, real[:, None]
 
 
 @pytest.mark.parametrize("loop", [False, True], ids=["scanned", "decode_loop"])

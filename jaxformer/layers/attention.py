@@ -14,7 +14,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxformer import kernels
-from jaxformer.cache import PagedRows, cache_written_after, cached_slots
+from jaxformer.cache import PagedRows, WrittenPool, cache_written_after, cached_slots
 from jaxformer.layer_plan import stack_patterns
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.core import Norm, dropout, dtype_of, normalize, param
@@ -139,7 +139,7 @@ def dot_product_attention(q: Array, k, v, mask, bias, scale: float, dropout_rate
             paged, (ks, vs, masks, biases) = (ks[0], vs[0], masks[0], biases[0]), (ks[1:], vs[1:], masks[1:],
                                                                                     biases[1:])
     B, T, N, H = q.shape
-    K = paged[0].pool.shape[2] if paged is not None else ks[0].shape[1 if head_major else 2]
+    K = paged[0].kv_heads if paged is not None else ks[0].shape[1 if head_major else 2]
     G = N // K
     # Head-major operands (explicit transposes of the [.., H]-sized inputs), with a kv head's G query
     # heads stacked along the rows (M = G*T), make each attention matmul one plain batched GEMM. Left
@@ -212,7 +212,7 @@ def _paged_part(q: Array, k: PagedRows, v: PagedRows, mask: Array, bias: Array |
     up to the last slot any of them may see, with a running maximum and sum (online softmax): the same
     probabilities in another rounding order. A query that sees no key (a padded row's) gets a mixture of the slots
     read, never NaN."""
-    (B, M), size = k.tables.shape, k.pool.shape[3]
+    (B, M), size = k.tables.shape, k.block_size
     chunk = max(1, PAGED_CHUNK_SLOTS[jax.default_backend()] // size)  # blocks a step
     pad = -M % chunk
     tables = jnp.pad(k.tables, ((0, 0), (0, pad)))  # (block 0, the null block: its slots masked)
@@ -246,7 +246,7 @@ def _paged_rows(q: Array, k: PagedRows, v: PagedRows, tables: Array, mask: Array
     their ``tables`` (padded to whole chunks of ``chunk`` blocks, as ``mask`` and ``bias`` are), read a chunk at a
     time up to the last slot any of these rows sees (``_paged_part``)."""
     B, K, rows, Hv = q.shape[0], q.shape[1], q.shape[2], v.pool.shape[-1]
-    width = chunk * k.pool.shape[3]
+    width = chunk * k.block_size
     seen = jnp.any(mask, axis=(0, 1, 2))
     steps = (jnp.max(jnp.where(seen, jnp.arange(seen.shape[0]), -1)) + width) // width  # up to the last seen slot
 
@@ -432,6 +432,14 @@ class Attention(nnx.Module):
         if cache is not None:  # this call's keys and values head-major [B, K, T, H], as the cache holds them
             new_kv = {"k": k.astype(cache["k"].dtype).transpose(0, 2, 1, 3),
                       "v": v.astype(cache["v"].dtype).transpose(0, 2, 1, 3)}
+            rows = cache["k"]
+            if (isinstance(rows, PagedRows) and rows.kernel is not None and q.shape[1] == 1 and not output_attentions
+                    and self.sinks is None and (key is None or self.dropout_rate == 0.0)):
+                # a fused paged kernel: this layer writes its token into its own pool, then attends over the pool
+                k_rows, v_rows = rows.written(new_kv["k"]), cache["v"].written(new_kv["v"])
+                out = kernels.paged_attention(q, k_rows, v_rows, self.scale, self.softcap)
+                return (self._output(self._gated(out, x), key),
+                        {"k": WrittenPool(k_rows.pool), "v": WrittenPool(v_rows.pool)}, None)
             k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])  # (a paged cache read where it attends)
         sinks = None if self.sinks is None else self.sinks[...]
         if isinstance(mask, kernels.FusedMask):  # full-sequence calls only: Stack gives none with a cache

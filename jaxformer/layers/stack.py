@@ -22,7 +22,7 @@ from flax import nnx
 
 from jaxformer import kernels
 from jaxformer.cache import (CompressedCache, EncoderKV, HybridCache, ImageCache, ImageKV, KVCache, LatentCache,
-                             Memory, MemoryKV, PagedLayers, SplitKVCache, written_after)
+                             Memory, MemoryKV, PagedLayers, SplitKVCache, WrittenPool, written_after)
 from jaxformer.layer_plan import COMPRESSED_GROUPS, LayerPlan, LayerSpec, Segment, layer_config, layer_plan
 from jaxformer.model_config import ModelConfig
 from jaxformer.layers.attention import (Attention, DisentangledAttention, DisentangledInputs, LatentAttention,
@@ -480,6 +480,17 @@ def _by_field(parts: list[dict | None], join: Callable) -> dict | None:
     return {name: join(*values) if values else None for name, values in joined.items()} or None
 
 
+def _stack_states(*states):
+    """The layers' new states of one field stacked [L, ...]; layers' own written pools (``WrittenPool``) kept apart,
+    a tuple of the layers' arrays (stacking them would copy every layer's pool)."""
+    return states if isinstance(states[0], WrittenPool) else jnp.stack(states)
+
+
+def _join_states(*states):
+    """Consecutive runs' stacked states of one field, concatenated (layers' own pools: their tuples joined)."""
+    return sum(states, ()) if isinstance(states[0], tuple) else jnp.concatenate(states)
+
+
 def _stacked_outputs(outs: list[LayerOutput]) -> LayerOutput:
     """Per-layer outputs stacked on a new axis 0; the router statistics and new states of the layers that
     have them."""
@@ -487,7 +498,7 @@ def _stacked_outputs(outs: list[LayerOutput]) -> LayerOutput:
     stats = [out.router_stats for out in outs if out.router_stats is not None]
     fields = jax.tree.map(stack, *[out._replace(router_stats=None, new_kv=None, weights=None) for out in outs])
     return fields._replace(router_stats=jax.tree.map(stack, *stats) if stats else None,
-                           new_kv=_by_field([out.new_kv for out in outs], stack),
+                           new_kv=_by_field([out.new_kv for out in outs], _stack_states),
                            weights=_by_field([out.weights for out in outs], stack))
 
 
@@ -499,7 +510,7 @@ def _joined(parts: list[LayerOutput]) -> LayerOutput:
     stats = [part.router_stats for part in parts if part.router_stats is not None]
     fields = jax.tree.map(join, *[part._replace(router_stats=None, new_kv=None, weights=None) for part in parts])
     joined = (stats[0] if len(stats) == 1 else jax.tree.map(join, *stats)) if stats else None
-    return fields._replace(router_stats=joined, new_kv=_by_field([part.new_kv for part in parts], join),
+    return fields._replace(router_stats=joined, new_kv=_by_field([part.new_kv for part in parts], _join_states),
                            weights=_by_field([part.weights for part in parts], join))
 
 
@@ -558,6 +569,9 @@ def _apart_by_layer(per_layer: dict) -> tuple[dict, dict]:
     or a paged source's, from which each layer gathers its rows; scanning over them would slice out every layer's
     pool), and those."""
     by_layer = {name: value for name, value in per_layer.items() if isinstance(value, PagedLayers)}
+    if any(value.apart for value in by_layer.values()):
+        raise ValueError("a paged cache with each layer's own pool (a fused paged kernel's form) runs on layers apart "
+                         "(Stack.unstacked), not in a scan, which would slice every layer's pool")
     return {name: value for name, value in per_layer.items() if name not in by_layer}, by_layer
 
 
@@ -1018,7 +1032,7 @@ class Stack(nnx.Module):
             "key": None if key is None else jax.random.split(key, self.num_layers),
             "cross_kv": cross_kv,
             # a split (or hybrid) cache's layers hold slices of two shapes: handed out by ``run_layers``
-            "cache": None if cache is None or split else cache.layers(),
+            "cache": None if cache is None or split else self._cache_layers(cache, tokens),
             "memory": None if memory is None else memory.layers(),
             "query_scale": (jnp.asarray(1.0 / np.arange(1, self.num_layers + 1), jnp.float32)
                             if cfg.scores.inverse_layer_scale else None),
@@ -1074,6 +1088,18 @@ class Stack(nnx.Module):
                                   layer_input=h_in if remember and not keeps_kv else None, weights=weights)
 
         return layer, per_layer, conv_key
+
+    def _cache_layers(self, cache, tokens: Tokens):
+        """The cache's layer fields for the layers (``layers()``); a paged cache in a fused kernel's form told where
+        this step's tokens go, as its layers write them themselves (``PagedLayers.writing``)."""
+        layers = cache.layers()
+        if not isinstance(layers, PagedLayers) or layers.kernel is None:
+            return layers
+        problem = kernels.paged_kernel_refuses(self.config, layers.kernel)
+        if problem is not None:
+            raise ValueError(f"the paged kernel {layers.kernel!r} cannot serve this model: {problem}")
+        valid = jnp.ones(tokens.positions.shape, bool) if tokens.valid is None else tokens.valid
+        return layers.writing(tokens.positions, valid)
 
     def _temperature(self, tokens: Tokens, cache: KVCache | None) -> Array | None:
         """Llama 4's attention temperature of the NoPE layers' queries [1, T, 1, 1] (None without it):

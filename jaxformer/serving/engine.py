@@ -42,7 +42,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxformer import kernels
 from jaxformer.cache import DecodeState
+from jaxformer.decoder import unstacked_decoder
 from jaxformer.generate import checkpoint_config, generation_defaults
 from jaxformer.layer_plan import layer_plan
 from jaxformer.layers import EncoderOutput, attention, dtype_of
@@ -231,8 +233,8 @@ class Sequence:
 
 def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Array, positions: Array, valid: Array,
              tables: Array, lengths: Array, sampling: SamplingRows, sampler: SamplerFlags, source: tuple | None = None,
-             banned: tuple[int, ...] = (), verify: bool = False, forced: Array | None = None
-             ) -> tuple[Array, tuple | None, Array, Array, Array]:
+             banned: tuple[int, ...] = (), verify: bool = False, forced: Array | None = None,
+             kernel: str | None = None) -> tuple[Array, tuple | None, Array, Array, Array]:
     """One engine call (``step_program`` jits it with the model's ``graphdef`` and its weights' ``treedef`` bound, so
     a call hashes no graph and passes the weights as a flat list, ``leaves``, not a state's nested dicts: a 32-row
     gpt2-124M step 4 ms less on one core): the model's cached ``step`` over the paged pool for rows ``ids`` [B, T] (left
@@ -243,9 +245,11 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
     encoder-decoder's rows read their sources' keys and values from the pool by ``source``: (source tables [B, Ms],
     source lengths [B]). ``banned``: token ids never chosen (the checkpoint's bad words, as generate bans them; the
     log-probabilities stay the raw ones); ``forced`` [B]: generate's forced tokens, -1 where none (``_forced``).
-    ``verify``: greedy rows feeding their last token and drafts: the tokens are each position's argmax [B, T]."""
+    ``verify``: greedy rows feeding their last token and drafts: the tokens are each position's argmax [B, T].
+    ``kernel``: the fused paged kernel one-token rows attend by (k, v then hold each layer's own pool)."""
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-    state = DecodeState(PagedKVCache(k, v, tables, lengths), None if source is None else source_view(k, v, *source))
+    state = DecodeState(PagedKVCache(k, v, tables, lengths, kernel),
+                        None if source is None else source_view(k, v, *source))
     logits, state = model.step(ids, positions, valid, state, every_position=verify)
     finite = jnp.all(jnp.isfinite(logits), axis=-1)
     if verify:  # (the padding columns' logits are no row's)
@@ -258,11 +262,11 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
 
 
 @functools.cache
-def step_program(graphdef, treedef):
-    """``run_step`` jitted with a model's graph and its weights' treedef bound: one per model layout, so every engine
-    over a model of that layout runs the programs the first one compiled."""
-    return jax.jit(functools.partial(run_step, graphdef, treedef), static_argnames=("sampler", "banned", "verify"),
-                   donate_argnames=("k", "v"))
+def step_program(graphdef, treedef, kernel: str | None = None):
+    """``run_step`` jitted with a model's graph, its weights' treedef and the paged kernel bound: one per model layout,
+    so every engine over a model of that layout runs the programs the first one compiled."""
+    return jax.jit(functools.partial(run_step, graphdef, treedef, kernel=kernel),
+                   static_argnames=("sampler", "banned", "verify"), donate_argnames=("k", "v"))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("k", "v"))
@@ -299,8 +303,9 @@ def min_table_slots() -> int:
 
 @functools.partial(jax.jit, donate_argnames=("k", "v"))
 def zero_blocks(k: Array, v: Array, blocks: Array) -> tuple[Array, Array]:
-    """The pool's k, v with ``blocks`` zeroed in every layer (in place: donated, so no second pool is held)."""
-    return k.at[:, blocks].set(0), v.at[:, blocks].set(0)
+    """The pool's k, v with ``blocks`` zeroed in every layer (in place: donated, so no second pool is held); the
+    block axis is 1 in the stacked pool [L, N, ...] and in each layer's own [K, N, ...] alike."""
+    return jax.tree.map(lambda pool: pool.at[:, blocks].set(0), (k, v))
 
 
 def _bucket(n: int, cap: int) -> int:
@@ -321,15 +326,20 @@ class Engine:
     two engines draw differently; give one to repeat a run's draws). ``draft_tokens`` k: plain greedy requests
     draft up to k tokens a step by prompt lookup (``sampling.prompt_lookup``), verified in the same step (one call
     of every drafting row, each position's greedy token): the output is the same, in fewer steps where drafts
-    match; a rejected draft's slots are overwritten later (``stats``: drafts proposed and accepted)."""
+    match; a rejected draft's slots are overwritten later (``stats``: drafts proposed and accepted).
+    ``paged_attention``: what one-token rows attend by (``kernels.paged_kernel``): 'auto' (the backend's fused
+    paged kernel where it serves the model: 'pallas-gpu' on NVIDIA GPUs, 'pallas-tpu' on TPUs for bfloat16 models;
+    else XLA), 'xla', or a kernel by name (off its platform in Pallas's interpreter, for tests)."""
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 16,
                  prefill_chunk: int = 256, prefill_tokens: int | None = None, max_model_len: int | None = None,
-                 allow_beyond_max_positions: bool = False, seed: int | None = None, draft_tokens: int = 0):
+                 allow_beyond_max_positions: bool = False, seed: int | None = None, draft_tokens: int = 0,
+                 paged_attention: str = "auto"):
         cfg = model.config
         problem = paging_problem(model)
         if problem is not None:
             raise ValueError(f"the serving engine cannot page {cfg.name!r}: {problem}")
+        self.kernel = kernels.paged_kernel(paged_attention, cfg)
         prefill_tokens = 2 * prefill_chunk if prefill_tokens is None else prefill_tokens
         limit, why = position_limit(cfg, allow_beyond_max_positions)
         if max_model_len is None:
@@ -356,7 +366,7 @@ class Engine:
         self.prefill_tokens, self.max_model_len = prefill_tokens, max_model_len
         self.max_blocks = -(-self.max_model_len // block_size)  # a sequence's blocks at most
         self.pool = PagedKVCache.empty(cfg.decoder_layers, num_blocks, block_size, cfg.kv_heads, cfg.head_dim_,
-                                       dtype_of(cfg.dtype))
+                                       dtype_of(cfg.dtype), self.kernel)
         eos = generation_defaults(model)["eos_token_id"]
         self.eos_ids = frozenset(() if eos is None else (eos,) if isinstance(eos, int) else eos)
         # the other ids generate applies (checkpoint_config): bad words never chosen, a forced first and last token
@@ -374,10 +384,12 @@ class Engine:
         # every call on the decode-loop form (CPU: layers apart; elsewhere the model itself): one copy of the
         # weights, and on XLA:CPU prompt chunks ran 1.1-1.2x faster than over the scanned stack (gpt2-124M, 64-256
         # tokens)
-        graphdef, weights = nnx.split(model.for_decode_loop())
+        # (a fused paged kernel's form: each layer its own pool, so the layers run apart on every backend)
+        looping = model.for_decode_loop() if self.kernel is None else unstacked_decoder(model, always=True)
+        graphdef, weights = nnx.split(looping)
         self.weights, treedef = jax.tree.flatten(weights)
         self.graph = graphdef, treedef
-        self.run_step = step_program(graphdef, treedef)
+        self.run_step = step_program(graphdef, treedef, self.kernel)
         self.waiting: list[Sequence] = []  # arrival order (a request's id is its place in it)
         self.running: list[Sequence] = []  # admission order
         self.ids = itertools.count()

@@ -16,14 +16,15 @@ contiguous run, which XLA:CPU's gather copies about twice as fast as [L, K, N, b
 Writing scatters the new tokens into their blocks, after every layer. An encoder-decoder's sources live in blocks of
 the same pool, and each layer reads its cross-attention keys and values the same way (``source_view``).
 
-Fused kernels: none is wired. JAX's Pallas paged attention for GPUs
-(``jax.experimental.pallas.ops.gpu.paged_attention``, one query a row, a layer's pool [K, N, block_size, H]: a
-transpose of ours) runs in Pallas's interpreter on a CPU and matched the gather path there to 5e-7, but it attends
-over the pool alone and returns normalized outputs without their log-sum-exp, while a step's own new keys reach
-the pool only after the layer loop, so the kernel's output cannot be joined with them. The TPU kernels
-(``ops.tpu.paged_attention``, ``ops.tpu.ragged_paged_attention``, the latter in a [N, block_size, 2K, H] layout of
-its own) read the pool alone too. Wiring either needs each layer to write its tokens into the pool before it
-attends.
+Fused kernels (``kernels.paged_kernel``): JAX's Pallas paged attention, one query a row, on NVIDIA GPUs
+(``jax.experimental.pallas.ops.gpu.paged_attention``) and on TPUs for bfloat16 models (``ops.tpu.paged_attention``,
+which reads keys and values in bfloat16). Both read a layer's pool [K, N, block_size, H] alone and return
+normalized outputs, so the step's own token must be in the pool before the layer attends: in that form each layer
+has its own pool (a tuple, which the layer runner keeps apart, the layers unrolled) and in a one-token step each
+layer writes its token, then the kernel attends (``cache.PagedRows.written``); prompt chunks and drafts read on XLA
+and are written after the layer loop. TPU's ragged paged attention (chunks and one-token rows in one call, keys and
+values interleaved in one pool) is not wired: JAX's TPU interpreter cannot run it here (a reshaped buffer it does
+not index), so it could not be tested.
 
 Slots are a sequence's token positions: the token at position p lives in slot p of its row's blocks (block
 ``table[p // block_size]``, offset ``p % block_size``), so a slot's position is its index and a row's first
@@ -38,40 +39,52 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.cache import EncoderKV, PagedLayers
+from jaxformer.cache import EncoderKV, PagedLayers, WrittenPool
 
 Array = jax.Array
 NULL_BLOCK = 0  # never allocated: table padding points here and padded tokens are written here
 
 
-@jax.tree_util.register_dataclass
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["k", "v", "tables", "lengths"],
+                   meta_fields=["kernel"])
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
     """Keys and values of every sequence in blocks: k, v [L, N, K, block_size, H] (N blocks, each head-major as a
     ``KVCache`` row, so a block is one contiguous run a gather copies whole), the batch rows' block tables [B, M] and
     how many tokens each row has written ``lengths`` [B]. A row's view is its M blocks in order: S = M * block_size
-    slots."""
+    slots. With a fused paged ``kernel`` (``kernels.paged_kernel``) k and v are each layer's own pool instead, a tuple
+    of L arrays [K, N, block_size, H] (the layout the kernel reads), which each layer of a one-token step writes
+    itself before it attends (``cache.PagedRows.written``); a longer step's tokens are written after the layer
+    loop, as in the stacked form. Only a model whose layers the kernel serves gets this form
+    (``kernels.paged_kernel_refuses``): the kernel reads a row's slots up to its length, whatever the mask."""
 
-    k: Array
-    v: Array
+    k: Array | tuple[Array, ...]
+    v: Array | tuple[Array, ...]
     tables: Array
     lengths: Array
+    kernel: str | None = None
 
     @classmethod
-    def empty(cls, layers: int, blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype) -> PagedKVCache:
-        shape = (layers, blocks, kv_heads, block_size, head_dim)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((1, 1), jnp.int32),
-                   jnp.zeros((1,), jnp.int32))
+    def empty(cls, layers: int, blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype,
+              kernel: str | None = None) -> PagedKVCache:
+        if kernel is None:
+            shape = (layers, blocks, kv_heads, block_size, head_dim)
+            k, v = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
+        else:
+            shape = (kv_heads, blocks, block_size, head_dim)
+            k, v = (tuple(jnp.zeros(shape, dtype) for _ in range(layers)) for _ in range(2))
+        return cls(k, v, jnp.zeros((1, 1), jnp.int32), jnp.zeros((1,), jnp.int32), kernel)
 
     @property
     def block_size(self) -> int:
-        return self.k.shape[3]
+        return self.k[0].shape[2] if self.kernel is not None else self.k.shape[3]
 
     @property
     def length(self) -> int:
@@ -90,7 +103,7 @@ class PagedKVCache:
     def layers(self) -> PagedLayers:
         """The pools and tables, from which each layer gathers its own rows when it attends (``PagedRows``): a
         step never holds every layer's dense view at once."""
-        return PagedLayers(self.k, self.v, self.tables)
+        return PagedLayers(self.k, self.v, self.tables, lengths=self.lengths, kernel=self.kernel)
 
     def check_room(self, count: int) -> None:
         """Checks nothing: the tables are traced, so room is the caller's to guarantee (see ``write``)."""
@@ -99,7 +112,13 @@ class PagedKVCache:
         """The pool with T new tokens a row written at their positions' slots: ``new`` holds k, v [L, B, K, T, H],
         positions and validity are [B, T] (padding goes to the null block). One scatter per array. The caller
         guarantees room: every valid position's block is in its row's table (the engine's block manager gives
-        them before the step); a position past the table is dropped unwritten (its block reads out of range)."""
+        them before the step); a position past the table is dropped unwritten (its block reads out of range).
+        In the fused-kernel form ``new`` may instead hold each layer's pool as the layer wrote it (a tuple of
+        ``WrittenPool``s): they become the pools."""
+        lengths = self.lengths + jnp.sum(valid, axis=1, dtype=jnp.int32)
+        if isinstance(new["k"], tuple) and isinstance(new["k"][0], WrittenPool):
+            return dataclasses.replace(self, k=tuple(w.pool for w in new["k"]), v=tuple(w.pool for w in new["v"]),
+                                       lengths=lengths)
         size = self.block_size
         slots = jnp.where(valid, positions, 0)
         blocks = jnp.where(valid, jnp.take_along_axis(self.tables, slots // size, axis=1), NULL_BLOCK)
@@ -107,8 +126,12 @@ class PagedKVCache:
 
         def put(pool, part):  # pool[:, blocks, :, offsets] is [B, T, L, K, H]
             return pool.at[:, blocks, :, offsets].set(part.transpose(1, 3, 0, 2, 4).astype(pool.dtype))
-        return dataclasses.replace(self, k=put(self.k, new["k"]), v=put(self.v, new["v"]),
-                                   lengths=self.lengths + jnp.sum(valid, axis=1, dtype=jnp.int32))
+
+        def put_apart(pools, parts):  # each layer's pool[:, blocks, offsets] is [K, B, T, H]
+            return tuple(pool.at[:, blocks, offsets].set(part.transpose(1, 0, 2, 3).astype(pool.dtype))
+                         for pool, part in zip(pools, parts))
+        put = put if self.kernel is None else put_apart
+        return dataclasses.replace(self, k=put(self.k, new["k"]), v=put(self.v, new["v"]), lengths=lengths)
 
 
 class BlockManager:
