@@ -79,12 +79,15 @@ def test_a_paged_step_gives_a_kv_cache_steps_logits(model, loop, chunk_slots, ro
     assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + real)
 
 
-def test_a_fused_kernel_step_writes_its_token_then_reads_as_xla_does(model):
+@pytest.mark.parametrize("chunk_slots", [2 * BLOCK, None], ids=["chunks", "whole_tables"])
+def test_a_fused_kernel_step_writes_its_token_then_reads_as_xla_does(model, chunk_slots, monkeypatch):
     """The fused-kernel form (``kernels.paged_kernel``: each layer its own pool [K, N, block, H]; in a one-token step
     each layer writes its token, then JAX's Pallas GPU paged attention attends, here in Pallas's interpreter): a
-    prefill (on XLA, written after the layer loop) and two one-token steps give a ``KVCache`` step's logits and
-    lengths; the padding row (length 0) stays finite. A model the kernel cannot serve is refused by name, 'auto'
-    off a GPU reads on XLA, and a scanned stack refuses the form (it would slice every layer's pool)."""
+    prefill (on XLA, read in chunks or as whole tables, written after the layer loop) and two one-token steps give a
+    ``KVCache`` step's logits and lengths; the padding row (length 0) stays finite. A model the kernel cannot serve
+    is refused by name, 'auto' off a GPU reads on XLA, and a scanned stack refuses the form (it would slice every
+    layer's pool)."""
+    monkeypatch.setattr(attention, "PAGED_CHUNK_SLOTS", {} if chunk_slots is None else {"cpu": chunk_slots})
     cfg = model.config
     assert kernels.paged_kernel("auto", cfg) is None  # (this CPU has no fused paged kernel)
     if cfg.name == "tiny-gemma":  # sliding-window layers: the kernel reads every slot up to a row's length
