@@ -98,6 +98,22 @@ def test_concurrent_translations_equal_generate(checkpoints, name):
     assert any(program[0] == "encode" for program in engine.programs)
 
 
+def test_after_the_warm_up_the_translations_compile_nothing(checkpoints):
+    """``warm_up`` compiles every source encoding and decoder step the scheduler can run (one row here: 11 encode
+    and 5 one-token shapes, one a source-table width, each step for greedy rows and draws), on stand-in rows over
+    the null block: the ten requests then compile no program and still give generate's tokens."""
+    model, sources, expected = checkpoints("marian")
+    engine = _engine(model, max_num_seqs=1)
+    programs, seconds = engine.warm_up()
+    print(f"marian warm-up (1 row): {programs} programs in {seconds:.1f} s")
+    assert programs == 11 + 2 * 5 == len(engine.programs)
+    ids = [engine.add_request(None, SamplingParams(max_tokens=n, temperature=0), source_ids=source)
+           for source, n in zip(sources, NEW)]
+    out = engine.run()
+    assert [out[i] for i in ids] == expected
+    assert len(engine.programs) == programs and _all_freed(engine)
+
+
 def test_preemption_recomputes_source_and_target(checkpoints):
     """A pool of 10 blocks for up to 8 sequences of up to 4 source and 2 target blocks: sequences are preempted,
     give back both kinds of block, and on readmission encode their source again; the tokens do not change, and a

@@ -798,22 +798,37 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ warm-up
 
-    def program_shapes(self, every_prefill: bool = False) -> list[tuple[str, int, int, int]]:
+    def program_shapes(self, every_prefill: bool = False) -> list[tuple]:
         """The (kind, rows, width, table width) buckets the scheduler can run (``_run``): the one-token calls, each
         row bucket by each table-width bucket; the prompt-chunk calls, each chunk width by each table width that
         holds a chunk that wide, of one sequence or (``every_prefill``) of as many as the prefill budget admits
-        (its narrowest chunks taking 2 tokens each)."""
+        (its narrowest chunks taking 2 tokens each). An encoder-decoder's ("encode", rows, source width) calls
+        (``_encode``: as many sources as a step admits, each width bucket up to ``max_source_len``) and its
+        one-token calls (its prompt chunks with ``every_prefill`` only), each by each source-table width bucket (a
+        fifth element, ``_source_rows``); it drafts nothing. So its count is rows x source widths twice over: tiny
+        Marian in ``tests/test_serving_seq2seq.py`` (4 rows, 4 blocks a sequence, sources up to 40 tokens in blocks
+        of 8): 44 encode and 20 one-token shapes; at the server's defaults (16 rows, blocks of 16) a 512-position
+        source gives 8 x 18 and 8 x 10."""
         def buckets(low: int, high: int, cap: int) -> list[int]:
             return sorted({_bucket(n, cap) for n in range(low, high + 1)})
         rows = buckets(1, self.max_num_seqs, self.max_num_seqs)
         tables = sorted({self._table_width(n) for n in range(1, self.max_blocks + 1)})
         shapes = [("decode", count, 1, width) for count in rows for width in tables]
-        chunks = buckets(2, min(self.prefill_chunk, self.prefill_tokens), self.prefill_chunk)
+        # (an encoder-decoder's decoder prompt is its start token: it feeds prompt chunks only when readmitted after
+        # a preemption or given a longer decoder prompt, so those are warmed with ``every_prefill`` alone)
+        prefilled = every_prefill or self.max_source_len is None
+        chunks = buckets(2, min(self.prefill_chunk, self.prefill_tokens), self.prefill_chunk) if prefilled else []
         for narrower, chunk in zip([1, *chunks], chunks):
             narrowest = narrower + 1  # the fewest tokens a chunk of this bucket feeds
             most = min(self.max_num_seqs, 1 + (self.prefill_tokens - narrowest) // 2) if every_prefill else 1
             shapes += [("prefill", count, chunk, width) for count in buckets(1, most, self.max_num_seqs)
                        for width in tables if width * self.block_size >= narrowest]
+        if self.max_source_len is not None:  # (an admission feeds at least one token of the prefill budget)
+            admitted = buckets(1, min(self.max_num_seqs, self.prefill_tokens), self.max_num_seqs)
+            widths = buckets(1, self.max_source_len, self.max_source_len)
+            source_blocks = -(-self.max_source_len // self.block_size)
+            return ([("encode", count, width) for count in admitted for width in widths]
+                    + [(*shape, blocks) for shape in shapes for blocks in buckets(1, source_blocks, source_blocks)])
         if self.draft_tokens:  # a drafting row's last token and its 1 to k drafts
             shapes += [("verify", count, fed, width) for count in rows
                        for fed in buckets(2, self.draft_tokens + 1, self.draft_tokens + 1) for width in tables]
@@ -824,17 +839,24 @@ class Engine:
         size and table width, and one sequence's prompt chunks; ``every_prefill``: several sequences' chunks too,
         three times as many programs at the server's defaults), each for greedy rows and for plain temperature
         draws (OpenAI's default request); a request with top-k/top-p, min-p, penalties or logprobs still compiles its
-        own program on first use.
-        The calls run on stand-in rows whose every block is the null block (written, never read), so nothing a
-        request sees changes. An encoder-decoder's programs (each source width too) are not warmed yet. Returns the
-        programs compiled and the seconds taken."""
+        own program on first use. An encoder-decoder's: its sources' encodings and its one-token calls, at each
+        source width (``program_shapes``).
+        The calls run on stand-in rows whose every block, a source's too, is the null block (written, never read;
+        a stand-in's source is one token, so its cross-attention stays finite), so nothing a request sees changes.
+        Returns the programs compiled and the seconds taken."""
         before, started = len(self.programs), time.perf_counter()
-        if self.config.family == "encoder_decoder":  # its programs also take each source width: not warmed yet
-            return 0, 0.0
         greedy, drawn = SamplingParams(max_tokens=1, temperature=0), SamplingParams(max_tokens=1)
-        for kind, rows, width, table in self.program_shapes(every_prefill):
+        for kind, rows, width, *tables in self.program_shapes(every_prefill):
+            if kind == "encode":
+                self._encode([Sequence(-1, [0], greedy, frozenset(), 0, source=[0] * width,
+                                       source_blocks=[NULL_BLOCK] * -(-width // self.block_size))
+                              for _ in range(rows)])
+                continue
+            table, source_table = (*tables, None)[:2]
             for params in (greedy,) if kind == "verify" else (greedy, drawn):  # (drafts are greedy rows')
-                stand_in = [(Sequence(-1, [0] * width, params, frozenset(), 0, blocks=[NULL_BLOCK] * table), width)
+                stand_in = [(Sequence(-1, [0] * width, params, frozenset(), 0, blocks=[NULL_BLOCK] * table,
+                                      source=None if source_table is None else [0],
+                                      source_blocks=[NULL_BLOCK] * (source_table or 0)), width)
                             for _ in range(min(rows, self.max_num_seqs))]
                 self._run(kind, stand_in)
         return len(self.programs) - before, time.perf_counter() - started
