@@ -255,6 +255,24 @@ def test_logprobs_of_completions_and_chats_are_transformers_log_softmax(client, 
     np.testing.assert_allclose([e.logprob for e in streamed], [e.logprob for e in content], rtol=0, atol=1e-5)
 
 
+def test_chat_logprob_bytes_are_each_tokens_own_and_join_to_the_content(client):
+    """A draw at temperature 2 picks the zeroed non-ASCII bytes too (see the folder), so characters split across
+    tokens (seed 5: U+0337 and U+02A0, two tokens each) and bytes that are no UTF-8: each entry's ``bytes`` is its
+    token's own byte (a special token's none; before, a character's first byte had none and its second the whole
+    character), so they join to the content's bytes (an invalid byte decoding to U+FFFD, as the content's); streamed
+    too."""
+    request = dict(model=NAME, messages=CHAT, max_tokens=24, temperature=2.0, seed=5, logprobs=True, top_logprobs=2)
+    chat = client.chat.completions.create(**request)
+    content, text = chat.choices[0].logprobs.content, chat.choices[0].message.content
+    assert len(content) == 24 and all(len(entry.bytes) <= 1 for entry in content)
+    assert any(entry.bytes and entry.bytes[0] >= 0x80 for entry in content)  # (bytes of multi-byte characters)
+    assert bytes(b for entry in content for b in entry.bytes).decode(errors="replace") == text
+    chunks = list(client.chat.completions.create(**request, stream=True))
+    streamed = [entry for c in chunks if c.choices[0].logprobs for entry in c.choices[0].logprobs.content]
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+
+
 def test_a_penalised_greedy_completion_equals_transformers_generate(client, reference):
     import torch
 
@@ -373,16 +391,52 @@ def test_logprob_tokens_are_their_text_in_context_and_join_to_it():
     entries = [TokenLogprobs(token, top[0][1], top) for token, top in zip(generated, tops)]
     pieces = TokenPieces(tokenizer, prompt)
     got = pieces.add(entries[:3]) + pieces.add(entries[3:], finished=True)  # (as a stream's chunks bring them)
-    assert got == [(" world", [(" world", -0.1), (" caf", -2.0)]), (" caf", [(" caf", -0.2), (" world", -1.5)]),
-                   ("", [("", -0.3), ("", -1.2), ("!", -2.0)]), ("\u00e9", [("\u00e9", -0.1), ("\ufffd!", -3.0)]),
-                   ("!", [("!", -0.5)])]
-    assert "".join(piece for piece, _ in got) == stream.text
-    assert likeliest_by_piece(got[2][1]) == {"": -0.3, "!": -2.0}
+    # each token's own bytes beside its piece: a byte-fallback token is its byte, '\u2581' a space
+    assert got == [(" world", b" world", [(" world", b" world", -0.1), (" caf", b" caf", -2.0)]),
+                   (" caf", b" caf", [(" caf", b" caf", -0.2), (" world", b" world", -1.5)]),
+                   ("", b"\xc3", [("", b"\xc3", -0.3), ("", b"\xe2", -1.2), ("!", b"!", -2.0)]),
+                   ("\u00e9", b"\xa9", [("\u00e9", b"\xa9", -0.1), ("\ufffd!", b"!", -3.0)]),
+                   ("!", b"!", [("!", b"!", -0.5)])]
+    assert "".join(piece for piece, _, _ in got) == stream.text
+    assert b"".join(raw for _, raw, _ in got) == stream.text.encode()
+    assert likeliest_by_piece((p, x) for p, _, x in got[2][2]) == {"": -0.3, "!": -2.0}
     # a choice that ends inside a character keeps its U+FFFD, as its text does
     cut = TextStream(tokenizer, prompt, ())
     cut.add([3, 4], True)
     ended = TokenPieces(tokenizer, prompt).add([TokenLogprobs(3, -0.1, ()), TokenLogprobs(4, -0.2, ())], True)
-    assert [piece for piece, _ in ended] == [" caf", "\ufffd"] and "".join(p for p, _ in ended) == cut.text
+    assert [piece for piece, _, _ in ended] == [" caf", "\ufffd"] and "".join(p for p, _, _ in ended) == cut.text
+    assert b"".join(raw for _, raw, _ in ended).decode(errors="replace") == cut.text
+    # the text's first token (nothing decoded before it) loses its leading space to the decoder's Strip, bytes too
+    first = TokenPieces(tokenizer, []).add([TokenLogprobs(2, -0.1, ((2, -0.1), (3, -0.2)))])
+    assert first == [("world", b"world", [("world", b"world", -0.1), ("caf", b"caf", -0.2)])]
+
+
+def test_logprob_bytes_of_byte_level_bpe_split_characters_as_the_tokens_do():
+    """GPT-2's byte-level BPE, trained here so that "日本" and "ñ" split mid-character: each token's bytes are its
+    own (OpenAI's), joining to the text's; a special token, which decoding skips, has none; a WordPiece decoder has
+    no raw bytes (the caller falls back to the piece's)."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from jaxformer.interop.tokenizer import Tokenizer
+    from jaxformer.serving.sampling import TokenLogprobs
+
+    bpe = HFTokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    bpe.train_from_iterator(["h\u00e9llo w\u00f6rld", "\u65e5\u672c\u8a9e \u00f1and\u00fa", "hello world"] * 50,
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer, text = Tokenizer(bpe), "h\u00e9llo \u65e5\u672c w\u00f6rld \u00f1"
+    ids = tokenizer.encode(text) + [bpe.token_to_id("<eos>")]
+    raw = tokenizer.token_bytes(ids)
+    assert b"".join(raw) == text.encode() and raw[-1] == b""
+    assert any(len(b) and not b.decode(errors="ignore") for b in raw)  # (some token holds part of a character)
+    pieces = TokenPieces(tokenizer, ids[:1]).add([TokenLogprobs(i, -1.0, ((i, -1.0),)) for i in ids[1:]], True)
+    assert [b for _, b, _ in pieces] == raw[1:] and all(top[0][1] == b for _, b, top in pieces)
+    assert "".join(piece for piece, _, _ in pieces) == tokenizer.decode(ids)[len(tokenizer.decode(ids[:1])):]
+    wordpiece = HFTokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    wordpiece.decoder = decoders.WordPiece()
+    assert Tokenizer(wordpiece).token_bytes([1]) is None
 
 
 def test_any_int_seed_folds_into_range_and_top_k_minus_one_is_off():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -46,6 +47,43 @@ class Tokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, ids) -> list[bytes] | None:
+        """Each token's own bytes of the text ``decode`` gives, as OpenAI's logprob ``bytes`` (a token that ends
+        inside a UTF-8 character has its part of it, so a text's tokens join to its bytes): byte-level BPE's token
+        strings read back by GPT-2's byte table; SentencePiece's pieces with '▁' as a space and byte-fallback
+        tokens ('<0xE2>') as their byte (a decoder that strips a text's first space is the caller's to mind); a
+        special token, which ``decode`` skips, none. None for another decoder (WordPiece, ...): no raw bytes known."""
+        read = self._byte_reader
+        return None if read is None else [read(int(i)) for i in ids]
+
+    @functools.cached_property
+    def _byte_reader(self):
+        """id -> its bytes (``token_bytes``) for this tokenizer's decoder, or None."""
+        decoder = json.loads(self.tokenizer.to_str()).get("decoder") or {}
+        steps = decoder["decoders"] if decoder.get("type") == "Sequence" else [decoder]
+        kinds = {step.get("type") for step in steps}
+        spaces = {step["replacement"] for step in steps if step.get("type") == "Metaspace"} | {
+            step["pattern"].get("String") for step in steps
+            if step.get("type") == "Replace" and step.get("content") == " "} - {None}
+        special = {i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special}
+        if "ByteLevel" in kinds:
+            table = {char: b for b, char in enumerate(_byte_characters())}
+
+            def piece(token: str) -> bytes:  # (a character off the table stands for itself, as the decoder reads it)
+                return b"".join(bytes([table[c]]) if c in table else c.encode() for c in token)
+        elif spaces:
+            fallback = "ByteFallback" in kinds
+
+            def piece(token: str) -> bytes:
+                if fallback and len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+                    return bytes([int(token[3:5], 16)])
+                for space in spaces:
+                    token = token.replace(space, " ")
+                return token.encode()
+        else:
+            return None
+        return lambda i: b"" if i in special else piece(self.tokenizer.id_to_token(i))
 
     def vocabulary(self) -> dict[str, int]:
         """Every token (added ones included) and its id: two tokenizers with equal vocabularies agree on ids."""

@@ -202,21 +202,30 @@ class TokenPieces:
     """The text each new token of one choice adds, for its log-probabilities: decoded in context as ``TextStream``
     decodes it (after the tokens before it, so a SentencePiece token keeps its leading space), a token that ends
     inside a UTF-8 character adding nothing and the one that completes it the whole character, so the tokens join to
-    the choice's text. A top candidate's piece is the text it would add in the same place."""
+    the choice's text. A top candidate's piece is the text it would add in the same place. Beside each piece, the
+    token's own bytes (``Tokenizer.token_bytes``: a character split across tokens split as they split it, as OpenAI's
+    ``bytes``, so they join to the text's bytes), less a leading space the decoder strips from the text's first
+    token; where the tokenizer's decoder gives no raw bytes (WordPiece, ...), the piece's UTF-8 bytes."""
 
     def __init__(self, tokenizer, prompt_ids: list[int]):
         self.tokenizer = tokenizer
         self.context = list(prompt_ids[-PROMPT_TAIL_TOKENS:])  # the tokens before the next one (a few suffice)
 
-    def add(self, entries, finished: bool = False) -> list[tuple[str, list[tuple[str, float]]]]:
-        """Each ``TokenLogprobs`` entry's token's piece and its top candidates' (piece, log-probability), in order;
-        ``finished``: the entries end the choice, so its last incomplete character stays (as ``TextStream`` ends)."""
+    def add(self, entries, finished: bool = False) -> list[tuple[str, bytes, list[tuple[str, bytes, float]]]]:
+        """Each ``TokenLogprobs`` entry's token's (piece, bytes) and its top candidates' (piece, bytes,
+        log-probability), in order; ``finished``: the entries end the choice, so its last incomplete character stays
+        (as ``TextStream`` ends)."""
         out = []
         for j, entry in enumerate(entries):
             last = finished and j == len(entries) - 1
             before = len(self._text(self.context))
-            out.append((self._text(self.context + [entry.token_id], last)[before:],
-                        [(self._text(self.context + [i], last)[before:], x) for i, x in entry.top]))
+            ids = [entry.token_id, *(i for i, _ in entry.top)]
+            pieces = [self._text(self.context + [i], last)[before:] for i in ids]
+            raw = self.tokenizer.token_bytes(ids) or [piece.encode() for piece in pieces]
+            # (nothing decoded before it: the token is the text's first, whose leading space a decoder may strip)
+            raw = [b[1:] if before == 0 and b[:1] == b" " and not piece.startswith(" ") else b
+                   for piece, b in zip(pieces, raw)]
+            out.append((pieces[0], raw[0], [(piece, b, x) for piece, b, (_, x) in zip(pieces[1:], raw[1:], entry.top)]))
             self.context = (self.context + [entry.token_id])[-PROMPT_TAIL_TOKENS:]
         return out
 
@@ -705,16 +714,17 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
             pieces = token_pieces[index].add(entries, finished)
             if kind == "text_completion":
                 text_offset = []
-                for piece, _ in pieces:
+                for piece, _, _ in pieces:
                     text_offset.append(offsets[index])
                     offsets[index] += len(piece)
-                return {"tokens": [piece for piece, _ in pieces], "token_logprobs": [e.logprob for e in entries],
-                        "top_logprobs": [likeliest_by_piece(top) for _, top in pieces], "text_offset": text_offset}
+                return {"tokens": [piece for piece, _, _ in pieces], "token_logprobs": [e.logprob for e in entries],
+                        "top_logprobs": [likeliest_by_piece((p, x) for p, _, x in top) for _, _, top in pieces],
+                        "text_offset": text_offset}
 
-            def token(piece: str, logprob: float) -> dict:
-                return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
-            return {"content": [{**token(piece, entry.logprob), "top_logprobs": [token(*c) for c in top]}
-                                for entry, (piece, top) in zip(entries, pieces)]}
+            def token(piece: str, raw: bytes, logprob: float) -> dict:
+                return {"token": piece, "logprob": logprob, "bytes": list(raw)}
+            return {"content": [{**token(piece, raw, entry.logprob), "top_logprobs": [token(*c) for c in top]}
+                                for entry, (piece, raw, top) in zip(entries, pieces)]}
 
         def choice(index: int, delta: str, finish, streaming: bool, entries=None) -> dict:
             """Choice ``index``'s answer or chunk; ``entries`` None: one that carries no tokens (a chat stream's
