@@ -687,12 +687,12 @@ class Engine:
             seq.encoded = True
         started = time.perf_counter()
         graphdef, treedef = self.graph
-        k, v = encode_sources(graphdef, jax.tree.unflatten(treedef, self.weights), self.pool.k, self.pool.v,
-                              jnp.asarray(ids), jnp.asarray(valid), jnp.asarray(tables))
+        k, v = encode_sources(graphdef, jax.tree.unflatten(treedef, self.weights), self.pool.k, self.pool.v, ids, valid,
+                              tables)
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
         self.programs.setdefault(("encode", B, S), time.perf_counter() - started)
 
-    def _source_rows(self, rows: list[tuple[Sequence, int]], B: int) -> tuple[Array, Array] | None:
+    def _source_rows(self, rows: list[tuple[Sequence, int]], B: int) -> tuple[np.ndarray, np.ndarray] | None:
         """An encoder-decoder's rows' source tables [B, Ms] (Ms bucketed) and source lengths [B] (None: a
         decoder's rows)."""
         if self.max_source_len is None:
@@ -702,7 +702,7 @@ class Engine:
         for r, (seq, _) in enumerate(rows):
             tables[r, :len(seq.source_blocks)] = seq.source_blocks
             lengths[r] = len(seq.source or ())
-        return jnp.asarray(tables), jnp.asarray(lengths)
+        return tables, lengths
 
     def _run(self, kind: str, rows: list[tuple[Sequence, int]]) -> tuple[np.ndarray, tuple | None, np.ndarray]:
         B = _bucket(len(rows), self.max_num_seqs)
@@ -725,10 +725,11 @@ class Engine:
         source = self._source_rows(rows, B)
         program, started = (kind, B, T, M, sampling.history.shape[1], sampler,
                             None if source is None else source[0].shape[1]), time.perf_counter()
+        # (host arrays go to the program as they are: its call transfers them, where jnp.asarray dispatched one
+        # operation each, 20 us apiece)
         chosen, logprobs, finite, k, v = self.run_step(
-            self.weights, self.pool.k, self.pool.v, jnp.asarray(ids), jnp.asarray(positions),
-            jnp.asarray(valid), jnp.asarray(tables), jnp.asarray(lengths), jax.tree.map(jnp.asarray, sampling),
-            sampler, source, self.banned, kind == "verify", None if kind == "verify" else self._forced(rows, B))
+            self.weights, self.pool.k, self.pool.v, ids, positions, valid, tables, lengths, sampling, sampler, source,
+            self.banned, kind == "verify", None if kind == "verify" else self._forced(rows, B))
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
         chosen, finite = np.asarray(chosen), np.asarray(finite)
         logprobs = None if logprobs is None else tuple(np.asarray(a) for a in logprobs)
