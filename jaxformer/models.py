@@ -6,6 +6,7 @@ here, so none of them imports the package face.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from flax import nnx
@@ -67,5 +68,12 @@ def abstract_params(name_or_config: str | ModelConfig) -> nnx.State:
 def param_count(name_or_config: str | ModelConfig) -> int:
     """Number of trained parameters, counted from abstract shapes (works for 175B on a laptop); like
     Hugging Face, DeepSeek-V3's router selection bias (a ``RouterBias``, moved by balancing) is left out."""
-    params = nnx.state(abstract_model(name_or_config), nnx.Param)
+    return _param_count(resolve(name_or_config))
+
+
+@functools.lru_cache(maxsize=256)
+def _param_count(cfg: ModelConfig) -> int:
+    """``param_count`` of a config (frozen: a key), remembered: tracing the model costs ~0.1 s, and info, parity and
+    export code ask again for the same configs."""
+    params = nnx.state(abstract_model(cfg), nnx.Param)
     return sum(math.prod(v.shape) for _, v in nnx.to_flat_state(params) if not isinstance(v, RouterBias))
