@@ -1259,6 +1259,7 @@ OPTIONAL_GROUPS = ("swiglu_clamp", "rotary", "relative_bias", "xl", "disentangle
 PRESENCE_KEYS = {"qk_norm": "query_key_norm", "parallel_residual": "parallel", "index_relative_bias": "relative_bias"}
 
 
+@functools.cache  # (the tables are constants; to_flat asks for these thousands of times a second)
 def _flat_default(name: str) -> Any:
     path = FLAT[name]
     cls = NESTED.get(path[:2]) or GROUPS[path[0]]
@@ -1609,7 +1610,10 @@ class ModelConfig:
 
     def to_flat(self) -> dict[str, Any]:
         """Every setting under its flat name (absent parts at their 'off' values)."""
-        return _to_flat(self)
+        try:
+            return dict(_cached_flat(self))
+        except TypeError:  # (a field holding an unhashable value: no cache key, computed afresh)
+            return _to_flat(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
@@ -2251,6 +2255,10 @@ def _to_flat(cfg: ModelConfig) -> dict[str, Any]:
     out.update(qk_norm=cfg.query_key_norm is not None, parallel_residual=cfg.parallel is not None,
                index_relative_bias=cfg.relative_bias is not None and cfg.position != "relative")
     return out
+
+
+# (export's round trips compare the same configs' flat forms again and again; ``to_flat`` hands out copies)
+_cached_flat = functools.lru_cache(maxsize=1024)(_to_flat)
 
 
 def _fields_from_flat(data: dict[str, Any]) -> dict[str, Any]:
