@@ -14,6 +14,7 @@ import functools
 import gc
 import os
 import sys
+import time
 from pathlib import Path
 
 # One OpenMP thread for torch in each xdist worker (set before torch is imported; the worker's subprocesses inherit
@@ -256,6 +257,10 @@ def checkpoints(tmp_path_factory):
 
 
 MAPS_BEFORE_RELEASE = 30_000  # of the kernel's 65,530 memory maps per process (vm.max_map_count)
+# Reading /proc/self/maps costs the kernel ~30 ms at 20,000 maps: after every test of the suite that came to a minute
+# of CPU. Compiling adds ~170 maps a second, so a count every 10 s leaves 35,000 maps of room to spare.
+MAPS_EVERY_SECONDS = 10.0
+_maps_counted = [0.0]  # when the maps were last counted (time.monotonic)
 
 
 def _memory_maps() -> int | None:
@@ -273,6 +278,10 @@ def release_compiled_programs():
     compiling, 50,000 after five minutes) passes the kernel's 65,530 and its next compilation dies in a
     segfault. Where /proc is missing, the programs are dropped at each module's end instead."""
     yield
+    now = time.monotonic()
+    if now - _maps_counted[0] < MAPS_EVERY_SECONDS:
+        return
+    _maps_counted[0] = now
     maps = _memory_maps()
     if maps is not None and maps > MAPS_BEFORE_RELEASE:
         jax.clear_caches()
