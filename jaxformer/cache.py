@@ -67,6 +67,19 @@ class PagedTarget:
     offsets: Array
     lengths: Array
 
+    @classmethod
+    def of(cls, tables: Array, block_size: int, positions: Array, valid: Array, lengths: Array) -> PagedTarget:
+        """The slots of tokens at ``positions`` (validity [B, T]) in rows of block ``tables`` [B, M] that hold
+        ``lengths`` [B] tokens so far: the token at position p goes to slot p (block ``tables[p // block_size]``,
+        offset ``p % block_size``), padding to the null block (block 0, never handed out)."""
+        slots = jnp.where(valid, positions, 0)
+        blocks = jnp.where(valid, jnp.take_along_axis(tables, slots // block_size, axis=1), 0)
+        return cls(blocks, slots % block_size, lengths + jnp.sum(valid, axis=1, dtype=jnp.int32))
+
+    def put(self, pool: Array, new: Array) -> Array:
+        """A layer's own pool [K, N, block_size, H] with the tokens ``new`` [B, K, T, H] written at these slots."""
+        return pool.at[:, self.blocks, self.offsets].set(new.transpose(1, 0, 2, 3).astype(pool.dtype))
+
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["pool", "tables", "layer", "target"],
                    meta_fields=["kernel"])
@@ -123,9 +136,7 @@ class PagedRows:
         """These rows with this step's tokens ``new`` [B, K, T, H] written into the layer's own pool at ``target``
         (the form a fused kernel reads: a layer writes before it attends). In place: nothing else reads this
         layer's pool."""
-        part = new.astype(self.pool.dtype).transpose(1, 0, 2, 3)  # [K, B, T, H], as pool[:, blocks, offsets]
-        pool = self.pool.at[:, self.target.blocks, self.target.offsets].set(part)
-        return dataclasses.replace(self, pool=pool)
+        return dataclasses.replace(self, pool=self.target.put(self.pool, new))
 
 
 @jax.tree_util.register_dataclass
@@ -185,10 +196,7 @@ class PagedLayers:
         their own tokens before they attend (the fused-kernel form; the others' are written after the layer loop)."""
         if self.kernel is None:
             return self
-        size = self.k[0].shape[2]
-        slots = jnp.where(valid, positions, 0)
-        blocks = jnp.where(valid, jnp.take_along_axis(self.tables, slots // size, axis=1), 0)  # (0: the null block)
-        target = PagedTarget(blocks, slots % size, self.lengths + jnp.sum(valid, axis=1, dtype=jnp.int32))
+        target = PagedTarget.of(self.tables, self.k[0].shape[2], positions, valid, self.lengths)
         return PagedLayers(self.k, self.v, self.tables, lengths=self.lengths, kernel=self.kernel, target=target)
 
     def __getitem__(self, layer) -> dict[str, PagedRows]:

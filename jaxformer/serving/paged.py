@@ -46,10 +46,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxformer.cache import EncoderKV, PagedLayers, WrittenPool
+from jaxformer.cache import EncoderKV, PagedLayers, PagedTarget, WrittenPool
 
 Array = jax.Array
-NULL_BLOCK = 0  # never allocated: table padding points here and padded tokens are written here
+NULL_BLOCK = 0  # never allocated: table padding points here and padded tokens are written here (PagedTarget)
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["k", "v", "tables", "lengths"],
@@ -115,23 +115,18 @@ class PagedKVCache:
         them before the step); a position past the table is dropped unwritten (its block reads out of range).
         In the fused-kernel form ``new`` may instead hold each layer's pool as the layer wrote it (a tuple of
         ``WrittenPool``s): they become the pools."""
-        lengths = self.lengths + jnp.sum(valid, axis=1, dtype=jnp.int32)
+        target = PagedTarget.of(self.tables, self.block_size, positions, valid, self.lengths)
         if isinstance(new["k"], tuple) and isinstance(new["k"][0], WrittenPool):
             return dataclasses.replace(self, k=tuple(w.pool for w in new["k"]), v=tuple(w.pool for w in new["v"]),
-                                       lengths=lengths)
-        size = self.block_size
-        slots = jnp.where(valid, positions, 0)
-        blocks = jnp.where(valid, jnp.take_along_axis(self.tables, slots // size, axis=1), NULL_BLOCK)
-        offsets = slots % size
+                                       lengths=target.lengths)
 
         def put(pool, part):  # pool[:, blocks, :, offsets] is [B, T, L, K, H]
-            return pool.at[:, blocks, :, offsets].set(part.transpose(1, 3, 0, 2, 4).astype(pool.dtype))
+            return pool.at[:, target.blocks, :, target.offsets].set(part.transpose(1, 3, 0, 2, 4).astype(pool.dtype))
 
-        def put_apart(pools, parts):  # each layer's pool[:, blocks, offsets] is [K, B, T, H]
-            return tuple(pool.at[:, blocks, offsets].set(part.transpose(1, 0, 2, 3).astype(pool.dtype))
-                         for pool, part in zip(pools, parts))
+        def put_apart(pools, parts):  # each layer's own pool
+            return tuple(target.put(pool, part) for pool, part in zip(pools, parts))
         put = put if self.kernel is None else put_apart
-        return dataclasses.replace(self, k=put(self.k, new["k"]), v=put(self.v, new["v"]), lengths=lengths)
+        return dataclasses.replace(self, k=put(self.k, new["k"]), v=put(self.v, new["v"]), lengths=target.lengths)
 
 
 class BlockManager:
