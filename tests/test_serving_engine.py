@@ -111,9 +111,10 @@ def test_sixteen_concurrent_greedy_requests_equal_generate_whatever_runs_beside_
 def test_prompt_chunks_run_in_the_calls_that_pad_least_in_programs_already_compiled(model, monkeypatch):
     """On XLA:CPU a padded token costs a real one's compute and a compile costs seconds: after the warm-up (one-row
     programs), a 250-token chunk and a 50-token one run as [1, 256] and [1, 64]; three chunks of about 60 tokens run
-    alone until a [3, 64] program is compiled, then together; and no split of the rows into calls costs less
-    (padded tokens, each call's own cost, the programs it would compile) than the one chosen. Where calls cost more
-    than padding: one call."""
+    alone until a [3, 64] program is compiled, then together; a 137-token chunk runs as [1, 128] then [1, 12] (not
+    [1, 192]), but as one call while those programs would have to compile; and no split of the rows into calls, nor
+    of the rows with such chunks in two pieces, costs less (padded tokens, each call's own cost, the programs it
+    would compile) than the one chosen. Where calls cost more than padding: one call."""
     import itertools
 
     from jaxformer.serving import engine as serving
@@ -136,6 +137,11 @@ def test_prompt_chunks_run_in_the_calls_that_pad_least_in_programs_already_compi
     assert widths(engine._prefill_calls(rows(60, 250, 64, 50))) == [[250], [64], [60], [50]]
     compiled([*engine.program_shapes(), ("prefill", 3, 64, engine._table_width(0))])
     assert widths(engine._prefill_calls(rows(60, 250, 64, 50))) == [[250], [64, 60, 50]]
+    long = rows(137)
+    assert [[(seq.request_id, count) for seq, count in call] for call in engine._prefill_calls(long)] == [
+        [(0, 128)], [(0, 9)]]
+    compiled([])
+    assert widths(engine._prefill_calls(long)) == [[137]]
 
     def cost(calls):
         done = {program[:4] for program in engine.programs}
@@ -146,24 +152,42 @@ def test_prompt_chunks_run_in_the_calls_that_pad_least_in_programs_already_compi
             total += 24 + shape[1] * shape[2] + (0 if shape in done else 4096)
         return total
 
-    def partitions(items):  # every split of ``items`` into calls
+    def partitions(items):  # every split of ``items`` into calls, a sequence's two pieces in different ones
         if not items:
             yield []
             return
         first, rest = items[0], items[1:]
         for chosen in range(len(rest) + 1):
             for together in itertools.combinations(rest, chosen):
+                if len({seq.request_id for seq, _ in (first, *together)}) <= chosen:
+                    continue
                 others = [item for item in rest if item not in together]
                 for tail in partitions(others):
                     yield [[first, *together], *tail]
 
+    def one_row(count):
+        return cost([[(None, count)]])
+
+    split_any = False
     for shapes in (engine.program_shapes(), engine.program_shapes(every_prefill=True)):
         compiled(shapes)
         for counts in ((2, 3, 200, 17, 96, 130), (256, 256, 40, 41, 7, 9), (5, 6, 7, 8, 100, 250)):
             work = rows(*counts)
             calls = engine._prefill_calls(work)
-            assert sorted(c for call in widths(calls) for c in call) == sorted(counts)
-            assert cost(calls) == min(cost(split) for split in partitions(work))
+            pieces = []  # the chunks two calls of their own run for less than one, in two pieces
+            for seq, count in work:
+                head = serving._bucket_floor(count)
+                split = head < count and one_row(head) + one_row(count - head) < one_row(count)
+                pieces += [(seq, head), (seq, count - head)] if split else [(seq, count)]
+            assert sorted(c for call in widths(calls) for c in call) in (sorted(counts),
+                                                                         sorted(c for _, c in pieces))
+            order = [(seq.request_id, count) for call in calls for seq, count in call]
+            for call in calls:  # a sequence at most once a call, its head (the wider piece) first
+                assert len({seq.request_id for seq, _ in call}) == len(call)
+            assert all(a >= b for (i, a), (j, b) in itertools.combinations(order, 2) if i == j)
+            assert cost(calls) == min(cost(split) for plan in (work, pieces) for split in partitions(plan))
+            split_any = split_any or len(pieces) > len(work)
+    assert split_any  # (the exhaustive comparison met pieces)
     monkeypatch.delitem(serving.CALL_COST_TOKENS, jax.default_backend())
     assert widths(engine._prefill_calls(rows(50, 250))) == [[50, 250]]
 
@@ -334,6 +358,36 @@ def test_a_row_with_non_finite_logits_ends_in_error_and_the_others_do_not_notice
     for request, tokens in engine.run().items():
         out.setdefault(request, []).extend(tokens)
     assert first not in out and [out[second], out[third]] == _generated(poisoned, [clean, later], 6)
+    assert _all_freed(engine)
+
+
+def test_a_chunk_run_in_two_pieces_gives_generate_tokens_and_a_failed_head_ends_its_sequence(model, monkeypatch):
+    """A 100-token prompt chunk in two calls of its own ([1, 96], then [1, 4] reading the head's keys from the pool)
+    where those programs are compiled: generate's tokens. A head piece whose logits are not finite ends its request
+    in error, and its tail never runs."""
+    from jaxformer.serving import engine as serving
+
+    monkeypatch.setitem(serving.CALL_COST_TOKENS, jax.default_backend(), (24, 4096))
+    poisoned = jf.build(model.config, seed=0)
+    poisoned.embed.table[...] = model.embed.table[...].at[7].set(jnp.nan)
+    rng = np.random.default_rng(3)
+    clean = rng.integers(8, 256, 100).astype(np.int32)
+    bad = np.concatenate([clean[:10], [7], clean[11:]]).astype(np.int32)
+    engine = Engine(poisoned, num_blocks=40, block_size=BLOCK, max_num_seqs=4, prefill_chunk=128)
+    engine.programs = {(*shape, 1, None, None): 0.0 for shape in engine.program_shapes()}  # priced as warmed
+    calls = []
+    run = engine._run
+    engine._run = lambda kind, rows: calls.append((kind, [(seq.request_id, count) for seq, count in rows])) or run(
+        kind, rows)
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    first, second = engine.add_request(bad, greedy), engine.add_request(clean, greedy)
+    results = engine.step()
+    assert calls == [("prefill", [(first, 96)]), ("prefill", [(second, 96)]), ("prefill", [(second, 4)])]
+    assert [(o.request_id, o.token_ids, o.finish_reason) for o in results] == [(first, (), "error"),
+                                                                                (second, results[1].token_ids, None)]
+    out = list(results[1].token_ids)
+    out += engine.run()[second]
+    assert out == _generated(poisoned, [clean], 6)[0]
     assert _all_freed(engine)
 
 

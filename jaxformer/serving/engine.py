@@ -315,6 +315,12 @@ def _bucket(n: int, cap: int) -> int:
     return min(3 * power // 4 if power >= 4 and 3 * power // 4 >= n else power, cap)
 
 
+def _bucket_floor(n: int) -> int:
+    """The greatest of the widths ``_bucket`` gives (1, 2, 3, 4, 6, 8, 12, ...) at or below ``n`` >= 1."""
+    power = 1 << (n.bit_length() - 1)
+    return 3 * power // 2 if power >= 2 and 3 * power // 2 <= n else power
+
+
 class Engine:
     """Continuous batching of generation requests over a paged KV cache (module docstring). ``num_blocks`` blocks
     of ``block_size`` tokens in one pool per layer (block 0 is the null block); at most ``max_num_seqs`` sequences
@@ -625,6 +631,7 @@ class Engine:
         calls += [("prefill", rows) for rows in self._prefill_calls([w for w in work if w[1] > 1 and not w[0].draft])]
         outputs = []
         for kind, rows in calls:
+            rows = [row for row in rows if row[0].finish_reason is None]  # (a chunk's head piece that ended in error)
             if rows:
                 outputs += self._advance(rows, *self._run(kind, rows))
         return outputs
@@ -633,17 +640,43 @@ class Engine:
         """The prompt-chunk rows split into calls: one call where a call costs more than padding
         (``CALL_COST_TOKENS``), else the rows, widest first, cut where the padded tokens of the calls' [rows, width]
         buckets, the calls' own cost and the programs they would compile are least (a 250-token chunk and a
-        50-token one: [1, 256] and [1, 64], not [2, 256]; two of 60 tokens: [2, 64] once compiled, else two calls)."""
+        50-token one: [1, 256] and [1, 64], not [2, 256]; two of 60 tokens: [2, 64] once compiled, else two calls).
+        A chunk that two calls of its own would run for less than one (137 tokens: [1, 128] then [1, 12], not
+        [1, 192]) is offered as those two pieces, its head first (the plan with them or without, whichever costs
+        less): the tail's call reads the head's keys from the pool, as a later chunk reads an earlier one's."""
         costs = CALL_COST_TOKENS.get(jax.default_backend())
-        if costs is None or len(rows) < 2:
+        if costs is None or not rows:
             return [rows]
         call, compile_cost = costs
         compiled = {program[:4] for program in self.programs}
+
+        def price(count: int, seq: Sequence) -> int:  # a one-row call of ``count`` tokens
+            shape = ("prefill", 1, _bucket(count, self.prefill_chunk), self._table_width(len(seq.blocks)))
+            return call + shape[2] + (0 if shape in compiled else compile_cost)
+
+        pieces = []
+        for seq, count in rows:
+            head = _bucket_floor(count)
+            if head < count and price(head, seq) + price(count - head, seq) < price(count, seq):
+                pieces += [(seq, head), (seq, count - head)]
+            else:
+                pieces.append((seq, count))
+        plans = [self._plan(rows, call, compile_cost, compiled)]
+        if len(pieces) > len(rows):
+            plans.append(self._plan(pieces, call, compile_cost, compiled))
+        return min(plans, key=lambda plan: plan[0])[1]
+
+    def _plan(self, rows: list[tuple[Sequence, int]], call: int, compile_cost: int, compiled: set
+              ) -> tuple[float, list[list[tuple[Sequence, int]]]]:
+        """The least-cost cut of ``rows`` (widest first) into calls (``_prefill_calls``), and its cost; a sequence's
+        two pieces never share a call, and its head (the wider) runs first."""
         rows = sorted(rows, key=lambda row: -row[1])
         # least[j]: the least cost of the first j rows, and where its last call starts
         least = [(0, 0)] + [(math.inf, 0)] * len(rows)
         for j in range(1, len(rows) + 1):
             for i in range(j):
+                if len({id(seq) for seq, _ in rows[i:j]}) < j - i:
+                    continue
                 B, T = _bucket(j - i, self.max_num_seqs), _bucket(rows[i][1], self.prefill_chunk)
                 shape = ("prefill", B, T, self._table_width(max(len(seq.blocks) for seq, _ in rows[i:j])))
                 cost = least[i][0] + call + B * T + (0 if shape in compiled else compile_cost)
@@ -653,7 +686,7 @@ class Engine:
         while j:
             calls.append(rows[least[j][1]:j])
             j = least[j][1]
-        return calls[::-1]
+        return least[-1][0], calls[::-1]
 
     def _forced(self, rows: list[tuple[Sequence, int]], B: int) -> np.ndarray | None:
         """The rows' forced tokens [B] (-1: the row chooses), as generate forces them: ``forced_bos_token_id`` as a
@@ -755,13 +788,16 @@ class Engine:
                 outputs.append(RequestOutput(seq.request_id, (), True, "error"))
                 continue
             new = [int(chosen[r])] if chosen.ndim == 1 else [int(t) for t in chosen[r, -count:]]
-            if seq.draft:  # the drafts up to the first the model would not choose, and its own token there
+            drafted = bool(seq.draft)
+            if drafted:  # the drafts up to the first the model would not choose, and its own token there
                 kept = next((i for i, (draft, own) in enumerate(zip(seq.draft, new)) if draft != own), len(seq.draft))
                 self.drafted, self.accepted = self.drafted + len(seq.draft), self.accepted + kept
                 new, count, seq.draft = new[:kept + 1], kept + 1, []
             seq.computed += count
-            spare = seq.blocks[-(-seq.computed // self.block_size):]
-            if spare:  # blocks that held rejected drafts alone go back now, not to crowd out another's next token
+            # blocks that held rejected drafts alone go back now, not to crowd out another's next token (a chunk's
+            # head piece keeps its tail's blocks: the tail runs later in this step)
+            spare = seq.blocks[-(-seq.computed // self.block_size):] if drafted else []
+            if spare:
                 self.manager.release(spare)
                 del seq.blocks[-len(spare):]
             tokens = seq.tokens + new[:-1]  # (a row's kept drafts are in the cache now)
