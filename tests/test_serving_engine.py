@@ -44,14 +44,14 @@ def prompts():
     return mixed, shared
 
 
-def _generated(model, prompts, new_tokens):
+def _generated(model, prompts, new_tokens, **settings):
     """``model.generate``'s greedy tokens of each prompt: one left-padded batch, one compiled loop."""
     width = max(len(p) for p in prompts)
     ids = np.zeros((len(prompts), width), np.int32)
     mask = np.zeros_like(ids)
     for row, prompt in enumerate(prompts):
         ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
-    return [list(row[width:]) for row in model.generate(ids, mask, max_new_tokens=new_tokens)]
+    return [list(row[width:]) for row in model.generate(ids, mask, max_new_tokens=new_tokens, **settings)]
 
 
 @pytest.fixture(scope="module")
@@ -389,6 +389,23 @@ def test_a_chunk_run_in_two_pieces_gives_generate_tokens_and_a_failed_head_ends_
     out += engine.run()[second]
     assert out == _generated(poisoned, [clean], 6)[0]
     assert _all_freed(engine)
+
+
+def test_a_forced_first_token_is_forced_even_where_drafting_would_verify_it(model):
+    """A decoder request forcing its first token (``forced_bos_token_id``) whose prompt is cached but its last token
+    (a one-token row) is not drafted: a verifying call would take the model's own first token. It gets generate's
+    tokens with that token forced, beside a drafting request of the same prompt."""
+    pattern = [5, 9, 14, 3, 22, 7]
+    prompt = np.asarray((pattern * 4)[:2 * BLOCK + 1], np.int32)  # two full blocks to share, and a repeated run
+    engine = Engine(model, num_blocks=17, block_size=BLOCK, max_num_seqs=2, prefill_chunk=CHUNK,
+                    max_model_len=MAX_LEN, draft_tokens=3)
+    plain = engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0))
+    first = engine.run()[plain]
+    forced = engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0, forced_bos_token_id=200))
+    out = engine.run()[forced]
+    assert engine.shared_blocks == 2 and engine.stats()["drafted"] > 0
+    assert first == _generated(model, [prompt], 8)[0]
+    assert out == _generated(model, [prompt], 8, forced_bos_token_id=200)[0] and out[0] == 200
 
 
 def test_requests_without_a_seed_draw_by_the_engines_seed():

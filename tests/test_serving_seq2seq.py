@@ -56,7 +56,7 @@ def checkpoints(tmp_path_factory):
     return get
 
 
-def _generated(model, sources, new_tokens):
+def _generated(model, sources, new_tokens, **settings):
     """``model.generate``'s greedy tokens of each source (one right-padded batch), up to and with its first EOS."""
     width = max(len(s) for s in sources)
     ids, mask = np.zeros((len(sources), width), np.int32), np.zeros((len(sources), width), np.int32)
@@ -65,7 +65,7 @@ def _generated(model, sources, new_tokens):
     eos = generation_defaults(model)["eos_token_id"]
     stops = {eos} if isinstance(eos, int) else set(eos or ())
     rows = []
-    for row in model.generate(ids, mask, max_new_tokens=new_tokens)[:, 1:].tolist():
+    for row in model.generate(ids, mask, max_new_tokens=new_tokens, **settings)[:, 1:].tolist():
         ends = [i for i, token in enumerate(row) if token in stops]
         rows.append(row[:ends[0] + 1] if ends else row)
     return rows
@@ -79,6 +79,27 @@ def _engine(model, num_blocks=65, max_num_seqs=4):
 def _all_freed(engine):
     manager = engine.manager
     return manager.used() == 0 and manager.available() == manager.usable and not any(manager.refs)
+
+
+def test_a_requests_own_target_language_is_forced_first_as_generate_forces_it(checkpoints):
+    """``SamplingParams.forced_bos_token_id`` overrides the checkpoint's (M2M100 forcing 7) for its request alone:
+    requests to languages 9 and 11 and one with the checkpoint's own, run together, each equal generate's."""
+    model, sources, expected = checkpoints("m2m100")
+    engine = _engine(model)
+    languages = (9, None, 11, 9)
+    ids = [engine.add_request(None, SamplingParams(max_tokens=6, temperature=0, forced_bos_token_id=language),
+                              source_ids=source) for source, language in zip(sources, languages)]
+    out = engine.run()
+    for i, (request, language) in enumerate(zip(ids, languages)):
+        if language is None:
+            assert out[request] == _generated(model, sources[i:i + 1], 6)[0]
+        else:
+            assert out[request] == _generated(model, sources[i:i + 1], 6, forced_bos_token_id=language)[0]
+            assert out[request][0] == language
+    with pytest.raises(ValueError, match="forced_bos_token_id=97 is outside the vocabulary"):
+        engine.add_request(None, SamplingParams(forced_bos_token_id=97), source_ids=sources[0])
+    with pytest.raises(ValueError, match="forced_bos_token_id=-1: want None or an int >= 0"):
+        SamplingParams(forced_bos_token_id=-1)
 
 
 @pytest.mark.parametrize("name", ["marian", "t5-v1_1", "bart", "m2m100"])
@@ -112,6 +133,21 @@ def test_after_the_warm_up_the_translations_compile_nothing(checkpoints):
     out = engine.run()
     assert [out[i] for i in ids] == expected
     assert len(engine.programs) == programs and _all_freed(engine)
+
+
+def test_a_forced_first_token_runs_the_programs_a_plain_request_compiled(checkpoints):
+    """An encoder-decoder's calls always carry the forced-token row, so a request forcing its first token (a
+    target language) runs what a plain request of its shapes compiled, even for T5, whose checkpoint forces none
+    (the jitted step's own count, which tells a variant of a shape apart, stays)."""
+    model, sources, expected = checkpoints("t5-v1_1")
+    engine = _engine(model, max_num_seqs=1)
+    plain = engine.add_request(None, SamplingParams(max_tokens=5, temperature=0), source_ids=sources[2])
+    assert engine.run()[plain] == _generated(model, sources[2:3], 5)[0]
+    traced = engine.run_step._cache_size()
+    forced = engine.add_request(None, SamplingParams(max_tokens=5, temperature=0, forced_bos_token_id=9),
+                                source_ids=sources[2])
+    assert engine.run()[forced] == _generated(model, sources[2:3], 5, forced_bos_token_id=9)[0]
+    assert engine.run_step._cache_size() == traced
 
 
 def test_preemption_recomputes_source_and_target(checkpoints):
@@ -199,6 +235,89 @@ def test_a_marian_folder_serves_completions_to_the_openai_client(marian_folder):
         assert metrics["jaxformer_prompt_tokens_total"] == sum(map(len, sources))  # (sources, as usage counts)
         with pytest.raises(openai.BadRequestError, match="is an encoder-decoder"):
             client.chat.completions.create(model="marian", messages=[{"role": "user", "content": "Hi"}])
+        with pytest.raises(openai.BadRequestError, match="takes no language codes"):
+            client.completions.create(model="marian", prompt="Hi", max_tokens=2, extra_body={"tgt_lang": "fra_Latn"})
+
+
+def _nllb_tokenizer(folder, **settings):
+    """A tiny NllbTokenizer (transformers'; characters for a vocabulary, FLORES-200's codes added after them as it
+    adds them) saved in ``folder``."""
+    import string
+
+    from transformers import NllbTokenizer
+
+    vocab = {token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", "\u2581", *string.ascii_letters])}
+    tokenizer = NllbTokenizer(vocab=vocab, merges=[], **settings)
+    tokenizer.save_pretrained(str(folder))
+    return tokenizer
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_languages_encode_a_source_as_nllbs_tokenizer_does(tmp_path, legacy):
+    """``src_lang`` puts its code where NLLB's tokenizer puts it ([code] text </s>; legacy: text </s> [code]), as
+    transformers' NllbTokenizer with that ``src_lang`` encodes; ``tgt_lang`` is its code's id; the saved default
+    language is what the folder's tokenizer.json encodes; unknown codes get a 400 naming them; Marian's template
+    names no language."""
+    from transformers import NllbTokenizer
+
+    from jaxformer.serving.server import ApiError, Languages
+
+    reference = _nllb_tokenizer(tmp_path, src_lang="eng_Latn", legacy_behaviour=legacy)
+    tokenizer = load_tokenizer(tmp_path)
+    languages = Languages.of(tokenizer.tokenizer, tmp_path)
+    assert len(languages.codes) == 202 and languages.source == "eng_Latn"
+    text = "Hello world"
+    assert languages.encode(text, "eng_Latn") == tokenizer.encode(text) == reference(text).input_ids
+    for code in ("fra_Latn", "zho_Hans"):
+        other = NllbTokenizer.from_pretrained(str(tmp_path), src_lang=code)
+        assert languages.encode(text, code) == other(text).input_ids
+        assert languages.target(code) == other.convert_tokens_to_ids(code)
+    for bad in ("xx_Latn", "</s>", 7):
+        with pytest.raises(ApiError, match="is not one of this model's 202 language codes"):
+            languages.encode(text, bad)
+    marian = tmp_path / "marian"
+    marian.mkdir()
+    from tokenizers import processors
+    plain = byte_level_tokenizer({256: "</s>"})
+    plain.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 256)])
+    assert Languages.of(plain, marian) is None
+
+
+def test_an_nllb_folder_translates_from_and_into_the_requested_languages(tmp_path):
+    """An M2M100-architecture model with NLLB's tokenizer, served: ``src_lang`` and ``tgt_lang`` (the openai
+    client's ``extra_body``) give generate's translation of the source NllbTokenizer encodes in that language into
+    the target language forced first; without them, the folder's own source language and no forced token; a code
+    the model lacks, and ``src_lang`` beside token ids, get 400s naming them."""
+    openai = pytest.importorskip("openai")
+    from transformers import NllbTokenizer
+
+    reference = _nllb_tokenizer(tmp_path)
+    save_checkpoint("m2m100", tmp_path, changes=dict(vocab_size=len(reference), max_position_embeddings=64))
+    model, tokenizer = jf.from_pretrained(tmp_path), load_tokenizer(tmp_path)
+    text = "Guten Tag"
+
+    def expected(src_lang, tgt_lang):
+        source = NllbTokenizer.from_pretrained(str(tmp_path), src_lang=src_lang)(text).input_ids
+        forced = {} if tgt_lang is None else {"forced_bos_token_id": reference.convert_tokens_to_ids(tgt_lang)}
+        return tokenizer.decode(_generated(model, [np.asarray(source, np.int32)], 5, **forced)[0])
+
+    with served(tmp_path, "--host", "127.0.0.1", "--served-model-name", "nllb", "--max-num-seqs", "2",
+                "--block-size", "8", "--num-blocks", "33", "--no-warm-up") as (_, url):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=120, max_retries=0)
+
+        def translate(**languages):
+            return client.completions.create(model="nllb", prompt=text, max_tokens=5, temperature=0,
+                                             extra_body=languages).choices[0].text
+        asked = [("deu_Latn", "fra_Latn"), ("fra_Latn", "zho_Hans")]
+        answers = {pair: translate(src_lang=pair[0], tgt_lang=pair[1]) for pair in asked}
+        assert answers == {pair: expected(*pair) for pair in asked}
+        assert answers[asked[0]] != answers[asked[1]]
+        assert translate() == expected("eng_Latn", None)
+        with pytest.raises(openai.BadRequestError, match="tgt_lang='klingon' is not one of"):
+            translate(tgt_lang="klingon")
+        with pytest.raises(openai.BadRequestError, match="src_lang applies to a text prompt"):
+            client.completions.create(model="nllb", prompt=[5, 6, 2], max_tokens=2,
+                                      extra_body={"src_lang": "fra_Latn"})
 
 
 def test_logprobs_are_raw_under_a_ban_and_a_forced_eos(tmp_path):

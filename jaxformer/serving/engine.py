@@ -142,7 +142,9 @@ class SamplingParams:
     request's id, see ``Engine``) and the number of tokens drawn so far, so a request draws the same tokens whatever
     else runs (and after a preemption). ``logprobs`` k: each new token's log-probability under the model's raw
     distribution and the k likeliest (None: none). Stops after ``max_tokens`` or at a stop id (the model's EOS ids
-    unless ``ignore_eos``, and ``stop_token_ids``)."""
+    unless ``ignore_eos``, and ``stop_token_ids``). ``forced_bos_token_id``: the request's first token, chosen for
+    it as generate's ``forced_bos_token_id`` (a translation's target language: NLLB, M2M100; None: the
+    checkpoint's, if any)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -156,6 +158,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None
+    forced_bos_token_id: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -177,7 +180,10 @@ class SamplingParams:
                   "seed": (self.seed, "None or an int in [0, 2**32)",
                            self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2 ** 32)),
                   "stop_token_ids": (self.stop_token_ids, "ints >= 0",
-                                     all(_is_int(i) and i >= 0 for i in self.stop_token_ids))}
+                                     all(_is_int(i) and i >= 0 for i in self.stop_token_ids)),
+                  "forced_bos_token_id": (self.forced_bos_token_id, "None or an int >= 0",
+                                          self.forced_bos_token_id is None
+                                          or (_is_int(self.forced_bos_token_id) and self.forced_bos_token_id >= 0))}
         for name, (value, want, ok) in checks.items():
             if not ok:
                 raise ValueError(f"SamplingParams.{name}={value!r}: want {want}")
@@ -436,6 +442,10 @@ class Engine:
         bad = [i for i in prompt if not 0 <= i < self.config.vocab_size]
         if bad:
             raise ValueError(f"prompt_ids hold {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
+        forced = params.forced_bos_token_id
+        if forced is not None and forced >= self.config.vocab_size:
+            raise ValueError(f"SamplingParams.forced_bos_token_id={forced} is outside the vocabulary "
+                             f"[0, {self.config.vocab_size})")
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} = {total} exceeds "
@@ -509,11 +519,12 @@ class Engine:
 
     def _draftable(self, seq: Sequence) -> bool:
         """Whether ``seq`` drafts its next tokens by prompt lookup (``draft_tokens``): a plain greedy request (no
-        penalties, no logprobs) of a decoder without forced tokens, whose choices one verifying call reproduces."""
+        penalties, no logprobs, no forced first token) of a decoder without forced tokens, whose choices one
+        verifying call reproduces."""
         p = seq.params
         return (self.draft_tokens > 0 and seq.source is None and self.forced_bos is None and self.forced_eos is None
-                and p.temperature == 0 and p.repetition_penalty == 1 and p.presence_penalty == 0
-                and p.frequency_penalty == 0 and p.logprobs is None)
+                and p.forced_bos_token_id is None and p.temperature == 0 and p.repetition_penalty == 1
+                and p.presence_penalty == 0 and p.frequency_penalty == 0 and p.logprobs is None)
 
     def _blocks_for(self, seq: Sequence, count: int) -> bool:
         """Give ``seq`` the blocks its next ``count`` tokens go to; False when the pool has too few free."""
@@ -689,10 +700,14 @@ class Engine:
         return least[-1][0], calls[::-1]
 
     def _forced(self, rows: list[tuple[Sequence, int]], B: int) -> np.ndarray | None:
-        """The rows' forced tokens [B] (-1: the row chooses), as generate forces them: ``forced_bos_token_id`` as a
-        request's first token, ``forced_eos_token_id`` as its last (at ``max_tokens``; it wins where both fall on
-        one token). None where the checkpoint forces none (the programs hold no forcing)."""
-        if self.forced_bos is None and self.forced_eos is None:
+        """The rows' forced tokens [B] (-1: the row chooses), as generate forces them: the request's
+        ``forced_bos_token_id`` or else the checkpoint's as its first token, ``forced_eos_token_id`` as its last (at
+        ``max_tokens``; it wins where both fall on one token). None where nothing can be forced: a decoder whose
+        checkpoint forces nothing and whose rows ask nothing (its programs hold no forcing). An encoder-decoder's
+        calls always hold it (a request's target language compiles no other program than the warm-up's)."""
+        firsts = [self.forced_bos if seq.params.forced_bos_token_id is None else seq.params.forced_bos_token_id
+                  for seq, _ in rows]
+        if self.forced_eos is None and self.decoder_prompt is None and all(first is None for first in firsts):
             return None
         forced = np.full(B, -1, np.int32)
         for r, (seq, count) in enumerate(rows):
@@ -701,8 +716,8 @@ class Engine:
             drawn = len(seq.generated)
             if self.forced_eos is not None and drawn == seq.params.max_tokens - 1:
                 forced[r] = self.forced_eos
-            elif self.forced_bos is not None and drawn == 0:
-                forced[r] = self.forced_bos
+            elif firsts[r] is not None and drawn == 0:
+                forced[r] = firsts[r]
         return forced
 
     def _encode(self, admitted: list[Sequence]) -> None:

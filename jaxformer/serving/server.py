@@ -9,7 +9,8 @@ tokens into text (``TextStream``: incremental, UTF-8 safe, cut at stop strings) 
   transformers' ``apply_chat_template``), streamed by server-sent events with ``"stream": true``; an
   encoder-decoder (Marian, M2M100/NLLB, T5, BART) answers completions alone, the prompt being its source text as the
   folder's tokenizer.json encodes it (its post-processor's special tokens: Marian's and T5's ``</s>``, NLLB's
-  source language as saved), and refuses chat;
+  source language as saved, or the request's ``src_lang``; ``tgt_lang`` forced first: ``Languages``), and refuses
+  chat;
 - ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text).
 
 Sampling parameters go to the engine's ``SamplingParams`` (``min_p`` and ``repetition_penalty`` beside OpenAI's);
@@ -53,8 +54,9 @@ NOT_YET = {"echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {})
            "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
           "frequency_penalty", "seed", "stop", "stream", "stream_options", "user", "n", "logprobs", "ignore_eos"}
-KEYS = {"completions": COMMON | {"prompt", "best_of"}, "chat": COMMON | {"messages", "max_completion_tokens",
-                                                                        "top_logprobs"}}
+# (completions' src_lang and tgt_lang: a translation's languages, ``Languages``)
+KEYS = {"completions": COMMON | {"prompt", "best_of", "src_lang", "tgt_lang"},
+        "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 MAX_N = 16  # choices a request may ask for (n): each is an engine request of its own
 # the most top log-probabilities a request may ask for: OpenAI's legacy completions' and chat's bounds
 MAX_LOGPROBS = {"completions": 5, "chat": 20}
@@ -100,6 +102,66 @@ def load_chat_template(folder: str | Path) -> tuple[str | None, dict[str, str]]:
         if token is not None:
             tokens[name] = str(token)
     return template, tokens
+
+
+class Languages:
+    """An encoder-decoder's language tokens, for a translation request's ``src_lang`` and ``tgt_lang`` (the names
+    transformers' translation pipeline and tokenizers use): NLLB, M2M100, mBART-50. The codes are the tokenizer's
+    extra special tokens as tokenizer_config.json lists them (``extra_special_tokens``; ``additional_special_tokens``
+    in older folders), and the source language is the code the tokenizer's post-processor template puts around the
+    text (NLLB: ``[code] text </s>``; its legacy form and mBART's: ``text </s> [code]``). ``encode`` puts another
+    code there, as the tokenizer's ``src_lang`` setter rebuilds that template; ``target`` is a code's id, which the
+    engine forces as the first generated token (generate's ``forced_bos_token_id``)."""
+
+    def __init__(self, tokenizer, codes: list[str], template: list[dict], special: dict[str, list[int]], source: str):
+        self.tokenizer, self.template, self.special, self.source = tokenizer, template, special, source
+        self.codes = {code: tokenizer.token_to_id(code) for code in codes if tokenizer.token_to_id(code) is not None}
+
+    @classmethod
+    def of(cls, tokenizer, folder: str | Path | None) -> Languages | None:
+        """The languages of ``tokenizer`` (a ``tokenizers.Tokenizer``) and its folder's tokenizer_config.json, or
+        None where its template holds no language code (Marian, T5, BART: one language pair, or none named)."""
+        config = Path(folder or "") / "tokenizer_config.json"
+        settings = json.loads(config.read_text(encoding="utf-8")) if folder is not None and config.exists() else {}
+        codes = settings.get("extra_special_tokens") or settings.get("additional_special_tokens") or []
+        codes = [c.get("content") if isinstance(c, dict) else c
+                 for c in (codes.values() if isinstance(codes, dict) else codes)]
+        codes = [c for c in codes if isinstance(c, str)]
+        processor = json.loads(tokenizer.to_str()).get("post_processor") or {}
+        steps = processor.get("processors", []) if processor.get("type") == "Sequence" else [processor]
+        template = next((step for step in steps if step.get("type") == "TemplateProcessing"), None)
+        if template is None:
+            return None
+        pieces = template["single"]
+        source = [piece["SpecialToken"]["id"] for piece in pieces if piece.get("SpecialToken", {}).get("id") in codes]
+        if not source:
+            return None
+        special = {name: token["ids"] for name, token in template["special_tokens"].items()}
+        return cls(tokenizer, codes, pieces, special, source[0])
+
+    def encode(self, text: str, src_lang: str) -> list[int]:
+        """``text``'s ids with ``src_lang``'s code where the template puts the source language (a 400 naming an
+        unknown code)."""
+        code = self._code(src_lang, "src_lang")
+        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        out = []
+        for piece in self.template:
+            if "Sequence" in piece:
+                out += ids
+            else:
+                name = piece["SpecialToken"]["id"]
+                out += [code] if name == self.source else self.special[name]
+        return out
+
+    def target(self, tgt_lang: str) -> int:
+        return self._code(tgt_lang, "tgt_lang")
+
+    def _code(self, language, param: str) -> int:
+        if not isinstance(language, str) or language not in self.codes:
+            known = sorted(self.codes)
+            raise ApiError(400, f"{param}={language!r} is not one of this model's {len(known)} language codes "
+                                f"({', '.join(known[:6])}{', ...' if len(known) > 6 else ''})", param=param)
+        return self.codes[language]
 
 
 def compile_chat_template(template: str):
@@ -582,8 +644,11 @@ def listen(host: str, port: int):
 
 
 def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | None = None,
-               special_tokens: dict[str, str] | None = None, api_key: str | None = None, max_queue: int = 1024):
-    """The FastAPI app serving ``engine`` as ``model_name``; the engine loop starts and stops with the app."""
+               special_tokens: dict[str, str] | None = None, api_key: str | None = None, max_queue: int = 1024,
+               languages: Languages | None = None):
+    """The FastAPI app serving ``engine`` as ``model_name``; the engine loop starts and stops with the app.
+    ``languages``: an encoder-decoder's language codes (``Languages``), which a completion's ``src_lang`` and
+    ``tgt_lang`` name (None: the model takes neither)."""
     state: dict = {}
     metrics = Metrics(lambda: state.get("loop"))
     template = None if chat_template is None else compile_chat_template(chat_template)
@@ -619,14 +684,24 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
+        src_lang, tgt_lang = body.get("src_lang"), body.get("tgt_lang")
+        if languages is None and (src_lang, tgt_lang) != (None, None):
+            raise ApiError(400, f"{model_name!r} takes no language codes (its tokenizer's template holds none): "
+                                "src_lang and tgt_lang are for translation models that name their languages (NLLB, "
+                                "M2M100, mBART-50)", param="src_lang" if src_lang is not None else "tgt_lang")
         if isinstance(prompt, str) and prompt:
-            ids = tokenizer.encode(prompt)
+            ids = tokenizer.encode(prompt) if src_lang is None else languages.encode(prompt, src_lang)
         elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+            if src_lang is not None:
+                raise ApiError(400, "src_lang applies to a text prompt; token ids carry their own language code",
+                               param="src_lang")
             ids = prompt
         else:
             raise ApiError(400, "prompt: want one non-empty string or one list of token ids (one prompt a request "
                                 "for now)", param="prompt")
         params, stops = _sampling(body, 16)
+        if tgt_lang is not None:
+            params = dataclasses.replace(params, forced_bos_token_id=languages.target(tgt_lang))
         return await answer(request, body, "text_completion", ids, params, stops)
 
     @app.post("/v1/chat/completions")
@@ -841,7 +916,10 @@ def serve(model, tokenizer, folder: str | Path | None, model_name: str, host: st
         programs, seconds = engine.warm_up()
         warmed = f", {programs} programs compiled in {seconds:.1f} s"
     template, special_tokens = load_chat_template(folder) if folder is not None else (None, {})
-    app = create_app(engine, tokenizer, model_name, template, special_tokens, api_key, max_queue)
+    languages = None
+    if engine.decoder_prompt is not None:  # an encoder-decoder: does it name its languages?
+        languages = Languages.of(tokenizer.tokenizer, folder)
+    app = create_app(engine, tokenizer, model_name, template, special_tokens, api_key, max_queue, languages)
     sock = listen(host, port)
     print(f"jaxformer serve: {model_name!r} on http://{host}:{sock.getsockname()[1]} "
           f"({engine.manager.usable} blocks of {engine.block_size}, max_num_seqs={engine.max_num_seqs}, "
