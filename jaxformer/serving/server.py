@@ -115,7 +115,7 @@ class Languages:
 
     def __init__(self, tokenizer, codes: list[str], template: list[dict], special: dict[str, list[int]], source: str):
         self.tokenizer, self.template, self.special, self.source = tokenizer, template, special, source
-        self.codes = {code: tokenizer.token_to_id(code) for code in codes if tokenizer.token_to_id(code) is not None}
+        self.codes = {code: i for code in codes if (i := tokenizer.token_to_id(code)) is not None}
 
     @classmethod
     def of(cls, tokenizer, folder: str | Path | None) -> Languages | None:
