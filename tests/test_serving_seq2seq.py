@@ -258,6 +258,7 @@ def test_languages_encode_a_source_as_nllbs_tokenizer_does(tmp_path, legacy):
     transformers' NllbTokenizer with that ``src_lang`` encodes; ``tgt_lang`` is its code's id; the saved default
     language is what the folder's tokenizer.json encodes; unknown codes get a 400 naming them; Marian's template
     names no language."""
+    from tokenizers import processors
     from transformers import NllbTokenizer
 
     from jaxformer.serving.server import ApiError, Languages
@@ -277,7 +278,6 @@ def test_languages_encode_a_source_as_nllbs_tokenizer_does(tmp_path, legacy):
             languages.encode(text, bad)
     marian = tmp_path / "marian"
     marian.mkdir()
-    from tokenizers import processors
     plain = byte_level_tokenizer({256: "</s>"})
     plain.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 256)])
     assert Languages.of(plain, marian) is None
