@@ -661,14 +661,13 @@ class Engine:
         call, compile_cost = costs
         compiled = {program[:4] for program in self.programs}
 
-        def price(count: int, seq: Sequence) -> int:  # a one-row call of ``count`` tokens
-            shape = ("prefill", 1, _bucket(count, self.prefill_chunk), self._table_width(len(seq.blocks)))
-            return call + shape[2] + (0 if shape in compiled else compile_cost)
+        def alone(seq: Sequence, count: int) -> float:  # the cost of a call of this chunk alone
+            return self._plan([(seq, count)], call, compile_cost, compiled)[0]
 
         pieces = []
         for seq, count in rows:
             head = _bucket_floor(count)
-            if head < count and price(head, seq) + price(count - head, seq) < price(count, seq):
+            if head < count and alone(seq, head) + alone(seq, count - head) < alone(seq, count):
                 pieces += [(seq, head), (seq, count - head)]
             else:
                 pieces.append((seq, count))

@@ -79,14 +79,18 @@ class ApiError(Exception):
 # ---------------------------------------------------------------------------------------------- chat template
 
 
+def tokenizer_settings(folder: str | Path | None) -> dict:
+    """A checkpoint folder's tokenizer_config.json ({} where it has none, or no folder)."""
+    path = None if folder is None else Path(folder) / "tokenizer_config.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.exists() else {}
+
+
 def load_chat_template(folder: str | Path) -> tuple[str | None, dict[str, str]]:
     """A checkpoint folder's chat template (None: it has none) and the special tokens the template sees, where
     transformers finds them: chat_template.jinja, else tokenizer_config.json's ``chat_template`` (a string, or
     named templates of which "default" is used); the tokens from tokenizer_config.json then special_tokens_map.json."""
     folder = Path(folder)
-    settings = {}
-    if (folder / "tokenizer_config.json").exists():
-        settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    settings = tokenizer_settings(folder)
     template = settings.get("chat_template")
     if isinstance(template, list):
         template = {entry["name"]: entry["template"] for entry in template}.get("default")
@@ -121,8 +125,7 @@ class Languages:
     def of(cls, tokenizer, folder: str | Path | None) -> Languages | None:
         """The languages of ``tokenizer`` (a ``tokenizers.Tokenizer``) and its folder's tokenizer_config.json, or
         None where its template holds no language code (Marian, T5, BART: one language pair, or none named)."""
-        config = Path(folder or "") / "tokenizer_config.json"
-        settings = json.loads(config.read_text(encoding="utf-8")) if folder is not None and config.exists() else {}
+        settings = tokenizer_settings(folder)
         codes = settings.get("extra_special_tokens") or settings.get("additional_special_tokens") or []
         codes = [c.get("content") if isinstance(c, dict) else c
                  for c in (codes.values() if isinstance(codes, dict) else codes)]
