@@ -39,14 +39,14 @@ def rewritten(source, folder, hf: dict):
     return folder
 
 
-def matches_transformers(folder, length: int = 9) -> None:
-    """Every layer and the logits within TOLERANCE of transformers' on two rows, the second right-padded by 3."""
+def matches_transformers(folder, length: int = 9, tolerance: float = TOLERANCE) -> None:
+    """Every layer and the logits within ``tolerance`` of transformers' on two rows, the second right-padded by 3."""
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 97, size=(2, length))
     mask = np.ones_like(ids)
     mask[1, length - 3:] = 0
     rows = compare(folder, ids, mask)
-    assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
+    assert all(r.max_abs <= tolerance for r in rows), format_table(rows, tolerance)
 
 
 def read(hf: dict) -> jf.ModelConfig:

@@ -145,7 +145,11 @@ def test_deepseeks_own_tensor_names_and_fp8_fp4_weights_read_as_transformers_rea
         assert torch.equal(theirs, own)
     model = jf.from_pretrained(folder)
     rows = compare(folder, ids, model=model, reference=reference)
-    assert all(r.max_abs <= TOLERANCE for r in rows), format_table(rows, TOLERANCE)
+    # FP4 experts: weights on a grid of up to 6 times 2 ** e, larger than the float file's, and so the activations;
+    # float32 rounding through four layers in the two libraries' orders reaches 1.4e-5 in the logits on an AVX-512
+    # Xeon (under 1e-5 on the machine this test was written on), so 3e-5 there
+    tolerance = 3e-5 if kind == "fp4" else TOLERANCE
+    assert all(r.max_abs <= tolerance for r in rows), format_table(rows, tolerance)
     # the decoded weights are transformers' to the bit (an expert's up projection: FP8 blocks, or FP4 times 2 ** e)
     with torch.no_grad():
         theirs = reference.model.layers[1].mlp.experts.gate_up_proj[0, 16:].numpy()

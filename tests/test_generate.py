@@ -16,6 +16,9 @@ from jaxformer.cache import (CompressedCache, HybridCache, RingKVCache, SplitKVC
                              windowed_layers)
 
 TOL = 1e-5
+# Mistral Small 4's case: the prefill expanding the latents and each step absorbing them (two association orders of
+# the same float32 sums) differ by 1.01e-5 on an AVX-512 Xeon (under 1e-5 on the machine this test was written on)
+CACHE_TOL = {"mistral4": 3e-5}
 
 
 def _decoder_case(name, **changes):
@@ -150,7 +153,7 @@ def _off_identity(model):
 def test_cache_equals_no_cache(case):
     """Prefill 3 tokens with the family's step, then step one token at a time: each step's logits
     equal the full forward's."""
-    cfg = CACHE_CASES[case]
+    cfg, tol = CACHE_CASES[case], CACHE_TOL.get(case, TOL)
     model = _off_identity(jf.build(cfg, seed=1))
     rng = np.random.default_rng(0)
     B, T, prefill = 2, 9, 3
@@ -171,14 +174,14 @@ def test_cache_equals_no_cache(case):
         full = jax.jit(lambda m: m(ids, **extra).logits)(model)
         state = model.init_cache(B, T, prefix)
     logits, state = stacked(model, ids[:, :prefill], positions[:, :prefill], state)
-    np.testing.assert_allclose(logits, full[:, prefill - 1], atol=TOL, rtol=0)
+    np.testing.assert_allclose(logits, full[:, prefill - 1], atol=tol, rtol=0)
     step = jax.jit(lambda m, i, p, s: m.for_decode_loop().step(i, p, jnp.ones(i.shape, bool), s))
     # windowed layers: every other step through the stacked layers too (on CPU the loop runs them unstacked)
     windowed = (windowed_layers(cfg, cfg.decoder_layers)[1] is not None or cfg.linear_attention is not None
                 or cfg.scores.compressed is not None)
     for t in range(prefill, T):
         logits, state = (stacked if windowed and t % 2 else step)(model, ids[:, t:t + 1], positions[:, t:t + 1], state)
-        np.testing.assert_allclose(logits, full[:, t], atol=TOL, rtol=0, err_msg=f"{case} position {t}")
+        np.testing.assert_allclose(logits, full[:, t], atol=tol, rtol=0, err_msg=f"{case} position {t}")
     assert int(state.kv.index) == T
     local, window = windowed_layers(cfg, cfg.decoder_layers)
     full = state.kv.full if isinstance(state.kv, (SplitKVCache, HybridCache)) else None if all(local) else state.kv

@@ -111,7 +111,10 @@ def test_the_wrappers_text_model_loads_with_a_note_and_matches_transformers(layo
     with pytest.warns(UserWarning, match=NOTE):
         model = jf.from_pretrained(folder)
     assert model.config.head == "lm" and model.config.logits.softcap == 30.0
-    matches_transformers(folder)  # every layer and the softcapped logits
+    # every layer and the softcapped logits; 3e-5, not 1e-5: the head's weights (std 0.5) give logits of ten and more
+    # units so that the softcap bends them, where float32 keeps 1e-6, and the two libraries' reduction orders through
+    # five layers reach 1.4e-5 on an AVX-512 Xeon (under 1e-5 on the machine this test was written on)
+    matches_transformers(folder, tolerance=3e-5)
     with pytest.raises(ValueError, match="has no Hugging Face architecture"):
         jf.save_pretrained(model, tmp_path / "out")
 
