@@ -101,9 +101,10 @@ def test_sixteen_concurrent_greedy_requests_equal_generate_whatever_runs_beside_
     long = ids[1]
     assert first_token_step[long] >= 2
     assert all(emitting[s] - {long} for s in range(first_token_step[long]))
-    # bucketed shapes: rows, chunk width, table width and penalty-history width each a power of two or a midpoint
-    assert all(n & (n - 1) == 0 or (n % 3 == 0 and n // 3 & (n // 3 - 1) == 0)
-               for _, *shape in engine.programs for n in shape[:4])
+    # bucketed shapes: rows, chunk width and table width of a model call, rows and penalty-history width of a
+    # choice, each a power of two or a midpoint
+    shapes = [program[1:4] if program[0] != "choose" else program[1:3] for program in engine.programs]
+    assert all(n & (n - 1) == 0 or (n % 3 == 0 and n // 3 & (n // 3 - 1) == 0) for shape in shapes for n in shape)
     print(f"{len(engine.programs)} programs, {sum(engine.programs.values()):.1f} s of first calls: "
           f"{sorted(engine.programs.items())}")
 
@@ -122,8 +123,8 @@ def test_prompt_chunks_run_in_the_calls_that_pad_least_in_programs_already_compi
     engine = Engine(model, num_blocks=9, block_size=BLOCK, max_num_seqs=8, prefill_chunk=256, max_model_len=MAX_LEN)
     monkeypatch.setitem(serving.CALL_COST_TOKENS, jax.default_backend(), (24, 4096))
 
-    def compiled(shapes):  # as ``_run`` records a program run (its sampler and widths past the shape aside)
-        engine.programs = {(*shape, 1, None, None): 0.0 for shape in shapes}
+    def compiled(shapes):  # as ``_run`` records a model call (no source table)
+        engine.programs = {(*shape, None): 0.0 for shape in shapes}
 
     def rows(*counts):
         return [(serving.Sequence(i, [1] * count, SamplingParams(), frozenset(), 0), count)
@@ -374,7 +375,7 @@ def test_a_chunk_run_in_two_pieces_gives_generate_tokens_and_a_failed_head_ends_
     clean = rng.integers(8, 256, 100).astype(np.int32)
     bad = np.concatenate([clean[:10], [7], clean[11:]]).astype(np.int32)
     engine = Engine(poisoned, num_blocks=40, block_size=BLOCK, max_num_seqs=4, prefill_chunk=128)
-    engine.programs = {(*shape, 1, None, None): 0.0 for shape in engine.program_shapes()}  # priced as warmed
+    engine.programs = {(*shape, None): 0.0 for shape in engine.program_shapes()}  # priced as warmed
     calls = []
     run = engine._run
     engine._run = lambda kind, rows: calls.append((kind, [(seq.request_id, count) for seq, count in rows])) or run(
@@ -406,6 +407,31 @@ def test_a_forced_first_token_is_forced_even_where_drafting_would_verify_it(mode
     assert engine.shared_blocks == 2 and engine.stats()["drafted"] > 0
     assert first == _generated(model, [prompt], 8)[0]
     assert out == _generated(model, [prompt], 8, forced_bos_token_id=200)[0] and out[0] == 200
+
+
+def test_after_the_warm_up_a_requests_sampler_settings_compile_a_choice_never_a_model_step(model):
+    """Top-p, min-p, penalties, logprobs and a forced first token change which small choice program a call runs
+    (``choose_program``: compiled on first use), never the model's step: after the warm-up those requests compile no
+    model program, and their tokens equal each request's alone."""
+    engine = Engine(model, num_blocks=16, block_size=BLOCK, max_num_seqs=2, max_model_len=32, seed=0)
+    engine.warm_up()
+    models = engine.run_step._cache_size()
+    warmed = set(engine.programs)
+    settings = [SamplingParams(max_tokens=6, temperature=0.9, top_p=0.8, seed=1),
+                SamplingParams(max_tokens=6, temperature=0, repetition_penalty=1.3, logprobs=2),
+                SamplingParams(max_tokens=6, temperature=1.1, top_k=4, min_p=0.1, frequency_penalty=0.4, seed=2),
+                SamplingParams(max_tokens=6, temperature=0, forced_bos_token_id=5)]
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9], [2, 7]]
+    ids = [engine.add_request(prompt, params) for prompt, params in zip(prompts, settings)]
+    together = engine.run()
+    new = set(engine.programs) - warmed
+    assert new and {program[0] for program in new} == {"choose"}
+    assert engine.run_step._cache_size() == models
+    for request, prompt, params in zip(ids, prompts, settings):
+        alone = Engine(model, num_blocks=16, block_size=BLOCK, max_num_seqs=2, max_model_len=32, seed=0)
+        only = alone.add_request(prompt, params)
+        assert alone.run()[only] == together[request]
+    assert together[ids[3]][0] == 5
 
 
 def test_requests_without_a_seed_draw_by_the_engines_seed():

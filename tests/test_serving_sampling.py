@@ -15,6 +15,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 import jaxformer as jf
+from jaxformer.generate import _filter_candidates, filter_top_k_top_p
 from jaxformer.serving import Engine, SamplingParams
 from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, choose_tokens, draw, greedy, penalize_rows,
                                         sampling_rows, warp_rows)
@@ -80,6 +81,62 @@ def test_each_processor_row_by_row_equals_transformers():
         assert kept.sum() < V or (k == 0 and p == 1 and mp == 0), f"row {r} filtered nothing"
         # ours is shifted to a maximum of 0 (the same distribution)
         np.testing.assert_allclose(warped[r][kept], theirs[kept] - theirs.max(), rtol=1e-6, atol=1e-6)
+
+
+def _stable_top_k_top_p(logits: np.ndarray, top_k, top_p) -> np.ndarray:
+    """The definition over whole rows, in float64: transformers' top-k then top-p warpers, the nucleus by a stable
+    ascending sort (of tied tokens the lower id counts as less likely; torch's sort leaves ties in any order)."""
+    out = logits.astype(np.float64)
+    for row, k, p in zip(out, top_k, top_p):
+        if k:
+            row[row < np.sort(row)[-min(k, len(row))]] = -np.inf
+        if p < 1:
+            order = np.argsort(row, kind="stable")
+            probs = np.exp(row[order] - row.max())
+            remove = np.cumsum(probs / probs.sum()) <= 1 - p
+            remove[-1] = False
+            row[order[remove]] = -np.inf
+    return out
+
+
+def test_top_k_and_top_p_among_the_likeliest_tokens_equal_the_whole_sorted_row():
+    """``filter_top_k_top_p`` decides a row among its 256 likeliest tokens where they hold its k-th and its nucleus,
+    else among more, else over the whole sorted row: each row keeps the tokens of the definition (ties too: 300 equal
+    tokens across the 256th, of which the higher ids stay; ties with the k-th), and the same in any batch."""
+    rng = np.random.default_rng(0)
+    V = 5000
+    rows, settings = [], []
+    for scale, top_k, top_p in ((8, 0, 0.9), (8, 40, 0.95), (3, 0, 0.95), (0.5, 0, 0.9), (0.5, 300, 1.0),
+                                (3, 5000, 0.99), (3, 0, 1.0), (0.5, 2, 0.3)):
+        rows.append(rng.standard_normal(V) * scale)
+        settings.append((top_k, top_p))
+    tied = np.full(V, -30.0)
+    tied[rng.choice(V, 300, replace=False)] = 0.0  # 300 equal likeliest: the nucleus ends inside them
+    rows.append(tied)
+    settings.append((0, 0.553))
+    rows.append(np.round(rng.standard_normal(V) * 2))  # many ties, one with the 100th
+    settings.append((100, 0.9))
+    logits = np.stack(rows).astype(np.float32)
+    logits -= logits.max(axis=-1, keepdims=True)
+    top_k, top_p = (np.asarray(column) for column in zip(*settings))
+    filtered = np.asarray(jax.jit(filter_top_k_top_p)(jnp.asarray(logits), jnp.asarray(top_k, jnp.int32),
+                                                      jnp.asarray(top_p, jnp.float32)))
+    expected = _stable_top_k_top_p(logits, top_k, top_p)
+    for r in range(len(rows)):
+        kept = np.isfinite(expected[r])
+        assert (np.isfinite(filtered[r]) == kept).all(), f"row {r} {settings[r]}: {kept.sum()} kept, " \
+            f"{np.isfinite(filtered[r]).sum()} by ours"
+        np.testing.assert_array_equal(filtered[r][kept], logits[r][kept])
+        alone = filter_top_k_top_p(jnp.asarray(logits[r:r + 1]), jnp.asarray(top_k[r:r + 1], jnp.int32),
+                                   jnp.asarray(top_p[r:r + 1], jnp.float32))
+        np.testing.assert_array_equal(np.asarray(alone)[0], filtered[r])
+    kept = np.isfinite(expected).sum(axis=-1)
+    assert kept[8] == 166 and kept[9] > 100  # (of the 300 tied, 134 removed; those tied with the 100th stay)
+    # which rows the 256 likeliest decide: the peaked ones, top-k within them, no tie across their edge
+    values, ids = jax.lax.top_k(jnp.asarray(logits), 257)
+    _, decided = _filter_candidates(jnp.asarray(logits), jnp.asarray(top_k, jnp.int32),
+                                    jnp.asarray(top_p, jnp.float32), ids[:, :-1], values[:, -1])  # (the 257th: edge)
+    assert np.asarray(decided).tolist() == [True, True, False, False, False, False, True, True, False, True]
 
 
 def _primitives(jaxpr) -> set[str]:

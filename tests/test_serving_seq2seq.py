@@ -17,6 +17,7 @@ import jaxformer as jf
 from jaxformer.generate import generation_defaults
 from jaxformer.interop.tokenizer import byte_level_tokenizer, load_tokenizer
 from jaxformer.serving import Engine, SamplingParams
+from jaxformer.serving.engine import choose_program
 from tests.hf_factory import save_checkpoint
 from tests.serving_helpers import served
 
@@ -121,13 +122,13 @@ def test_concurrent_translations_equal_generate(checkpoints, name):
 
 def test_after_the_warm_up_the_translations_compile_nothing(checkpoints):
     """``warm_up`` compiles every source encoding and decoder step the scheduler can run (one row here: 11 encode
-    and 5 one-token shapes, one a source-table width, each step for greedy rows and draws), on stand-in rows over
-    the null block: the ten requests then compile no program and still give generate's tokens."""
+    and 5 one-token shapes, one a source-table width) and the choice of greedy rows and of draws, on stand-in rows
+    over the null block: the ten requests then compile no program and still give generate's tokens."""
     model, sources, expected = checkpoints("marian")
     engine = _engine(model, max_num_seqs=1)
     programs, seconds = engine.warm_up()
     print(f"marian warm-up (1 row): {programs} programs in {seconds:.1f} s")
-    assert programs == 11 + 2 * 5 == len(engine.programs)
+    assert programs == 11 + 5 + 2 == len(engine.programs)
     ids = [engine.add_request(None, SamplingParams(max_tokens=n, temperature=0), source_ids=source)
            for source, n in zip(sources, NEW)]
     out = engine.run()
@@ -138,16 +139,16 @@ def test_after_the_warm_up_the_translations_compile_nothing(checkpoints):
 def test_a_forced_first_token_runs_the_programs_a_plain_request_compiled(checkpoints):
     """An encoder-decoder's calls always carry the forced-token row, so a request forcing its first token (a
     target language) runs what a plain request of its shapes compiled, even for T5, whose checkpoint forces none
-    (the jitted step's own count, which tells a variant of a shape apart, stays)."""
+    (the jitted programs' own counts, which tell a variant of a shape apart, stay)."""
     model, sources, expected = checkpoints("t5-v1_1")
     engine = _engine(model, max_num_seqs=1)
     plain = engine.add_request(None, SamplingParams(max_tokens=5, temperature=0), source_ids=sources[2])
     assert engine.run()[plain] == _generated(model, sources[2:3], 5)[0]
-    traced = engine.run_step._cache_size()
+    traced = engine.run_step._cache_size(), choose_program._cache_size()
     forced = engine.add_request(None, SamplingParams(max_tokens=5, temperature=0, forced_bos_token_id=9),
                                 source_ids=sources[2])
     assert engine.run()[forced] == _generated(model, sources[2:3], 5, forced_bos_token_id=9)[0]
-    assert engine.run_step._cache_size() == traced
+    assert (engine.run_step._cache_size(), choose_program._cache_size()) == traced
 
 
 def test_preemption_recomputes_source_and_target(checkpoints):

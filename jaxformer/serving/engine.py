@@ -238,33 +238,28 @@ class Sequence:
 
 
 def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Array, positions: Array, valid: Array,
-             tables: Array, lengths: Array, sampling: SamplingRows, sampler: SamplerFlags, source: tuple | None = None,
-             banned: tuple[int, ...] = (), verify: bool = False, forced: Array | None = None,
-             kernel: str | None = None) -> tuple[Array, tuple | None, Array, Array, Array]:
-    """One engine call (``step_program`` jits it with the model's ``graphdef`` and its weights' ``treedef`` bound, so
-    a call hashes no graph and passes the weights as a flat list, ``leaves``, not a state's nested dicts: a 32-row
-    gpt2-124M step 4 ms less on one core): the model's cached ``step`` over the paged pool for rows ``ids`` [B, T] (left
-    padded: the last column of every real row is real), then each row's next token by its ``sampling`` (the program
-    holds only the machinery ``sampler`` names). Returns the tokens [B], their log-probabilities (``choose_tokens``;
-    None unless asked), whether each row's logits are all finite [B] (a row that is not ends in error: its token
-    would be argmax of NaNs) and the pool's k, v with the rows' tokens written (updated in place: donated). An
-    encoder-decoder's rows read their sources' keys and values from the pool by ``source``: (source tables [B, Ms],
-    source lengths [B]). ``banned``: token ids never chosen (the checkpoint's bad words, as generate bans them; the
-    log-probabilities stay the raw ones); ``forced`` [B]: generate's forced tokens, -1 where none (``_forced``).
-    ``verify``: greedy rows feeding their last token and drafts: the tokens are each position's argmax [B, T].
-    ``kernel``: the fused paged kernel one-token rows attend by (k, v then hold each layer's own pool)."""
+             tables: Array, lengths: Array, source: tuple | None = None, banned: tuple[int, ...] = (),
+             verify: bool = False, kernel: str | None = None) -> tuple[Array, Array, Array, Array]:
+    """One engine call's model work (``step_program`` jits it with the model's ``graphdef`` and its weights'
+    ``treedef`` bound, so a call hashes no graph and passes the weights as a flat list, ``leaves``, not a state's
+    nested dicts: a 32-row gpt2-124M step 4 ms less on one core): the model's cached ``step`` over the paged pool for
+    rows ``ids`` [B, T] (left padded: the last column of every real row is real). Returns the last column's logits
+    [B, V] (the rows choose their tokens in a program of their own, ``choose_program``), whether each row's logits
+    are all finite [B] (a row that is not ends in error: its token would be argmax of NaNs) and the pool's k, v with
+    the rows' tokens written (updated in place: donated). An encoder-decoder's rows read their sources' keys and
+    values from the pool by ``source``: (source tables [B, Ms], source lengths [B]). ``verify``: greedy rows feeding
+    their last token and drafts: each position's argmax [B, T] in place of the logits, ``banned`` tokens (the
+    checkpoint's bad words) never chosen. ``kernel``: the fused paged kernel one-token rows attend by (k, v then
+    hold each layer's own pool)."""
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
     state = DecodeState(PagedKVCache(k, v, tables, lengths, kernel),
                         None if source is None else source_view(k, v, *source))
     logits, state = model.step(ids, positions, valid, state, every_position=verify)
     finite = jnp.all(jnp.isfinite(logits), axis=-1)
-    if verify:  # (the padding columns' logits are no row's)
-        finite = jnp.all(finite | ~valid, axis=-1)
-    scores = logits.at[..., jnp.asarray(banned)].set(-jnp.inf) if banned else logits
-    if verify:
-        return greedy(scores), None, finite, state.kv.k, state.kv.v
-    tokens, logprobs = choose_tokens(scores, sampling, sampler, logits, forced)
-    return tokens, logprobs, finite, state.kv.k, state.kv.v
+    if not verify:
+        return logits, finite, state.kv.k, state.kv.v
+    finite = jnp.all(finite | ~valid, axis=-1)  # (the padding columns' logits are no row's)
+    return greedy(_ban(logits, banned)), finite, state.kv.k, state.kv.v
 
 
 @functools.cache
@@ -272,7 +267,23 @@ def step_program(graphdef, treedef, kernel: str | None = None):
     """``run_step`` jitted with a model's graph, its weights' treedef and the paged kernel bound: one per model layout,
     so every engine over a model of that layout runs the programs the first one compiled."""
     return jax.jit(functools.partial(run_step, graphdef, treedef, kernel=kernel),
-                   static_argnames=("sampler", "banned", "verify"), donate_argnames=("k", "v"))
+                   static_argnames=("banned", "verify"), donate_argnames=("k", "v"))
+
+
+def _ban(logits: Array, banned: tuple[int, ...]) -> Array:
+    return logits.at[..., jnp.asarray(banned)].set(-jnp.inf) if banned else logits
+
+
+@functools.partial(jax.jit, static_argnames=("sampler", "banned"))
+def choose_program(logits: Array, sampling: SamplingRows, sampler: SamplerFlags, banned: tuple[int, ...] = (),
+                   forced: Array | None = None) -> tuple[Array, tuple | None]:
+    """Each row's next token from a call's logits [B, V] by its ``sampling`` (``choose_tokens``; the program holds
+    only the machinery ``sampler`` names), and its log-probabilities where asked. A program apart from the model's
+    (``run_step``): a request's sampler settings compile this small program on first use (0.1-0.9 s for 32 rows of
+    gpt2's vocabulary on this CPU), never another model step (seconds, stalling every running sequence).
+    ``banned``: token ids never chosen (the log-probabilities stay the raw ones); ``forced`` [B]: generate's forced
+    tokens, -1 where none (``Engine._forced``)."""
+    return choose_tokens(_ban(logits, banned), sampling, sampler, logits, forced)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("k", "v"))
@@ -405,8 +416,9 @@ class Engine:
         self.waiting: list[Sequence] = []  # arrival order (a request's id is its place in it)
         self.running: list[Sequence] = []  # admission order
         self.ids = itertools.count()
-        # each program run and its first call's seconds (its compilation): (kind, rows, width, table width, history
-        # width, SamplerFlags, source table width or None) of a step's call (``_run``), ("encode", rows, source width)
+        # each program run and its first call's seconds (its compilation): a step's model call, (kind, rows, width,
+        # table width, source table width or None), and its rows' choice, ("choose", rows, history width,
+        # SamplerFlags, whether a token is forced) (``_run``); a source encoding, ("encode", rows, source width)
         self.programs: dict[tuple, float] = {}
         self.preemptions = self.shared_blocks = 0  # sequences preempted; blocks taken from the prefix cache
 
@@ -766,21 +778,27 @@ class Engine:
             valid[r, T - count:] = True
             tables[r, :len(seq.blocks)] = seq.blocks
             lengths[r] = seq.computed
-        # (the penalties' histories: every id so far, at most max_model_len, in a power-of-two width)
-        sampling, sampler = sampling_rows([(seq.params, seq.seed, seq.tokens, len(seq.prompt)) for seq, _ in rows],
-                                          B, 1 << (self.max_model_len - 1).bit_length())
         source = self._source_rows(rows, B)
-        program, started = (kind, B, T, M, sampling.history.shape[1], sampler,
-                            None if source is None else source[0].shape[1]), time.perf_counter()
         # (host arrays go to the program as they are: its call transfers them, where jnp.asarray dispatched one
         # operation each, 20 us apiece)
-        chosen, logprobs, finite, k, v = self.run_step(
-            self.weights, self.pool.k, self.pool.v, ids, positions, valid, tables, lengths, sampling, sampler, source,
-            self.banned, kind == "verify", None if kind == "verify" else self._forced(rows, B))
+        started = time.perf_counter()
+        out, finite, k, v = self.run_step(self.weights, self.pool.k, self.pool.v, ids, positions, valid, tables,
+                                          lengths, source, self.banned, kind == "verify")
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
+        self.programs.setdefault((kind, B, T, M, None if source is None else source[0].shape[1]),
+                                 time.perf_counter() - started)
+        chosen, logprobs = out, None  # (verify: each position's greedy token)
+        if kind != "verify":
+            # the rows' settings, built while the model's call runs (the penalties' histories: every id so far, at
+            # most max_model_len, in a power-of-two width)
+            sampling, sampler = sampling_rows([(seq.params, seq.seed, seq.tokens, len(seq.prompt)) for seq, _ in rows],
+                                              B, 1 << (self.max_model_len - 1).bit_length())
+            forced, started = self._forced(rows, B), time.perf_counter()
+            chosen, logprobs = choose_program(out, sampling, sampler, self.banned, forced)
+            self.programs.setdefault(("choose", B, sampling.history.shape[1], sampler, forced is not None),
+                                     time.perf_counter() - started)
         chosen, finite = np.asarray(chosen), np.asarray(finite)
         logprobs = None if logprobs is None else tuple(np.asarray(a) for a in logprobs)
-        self.programs.setdefault(program, time.perf_counter() - started)
         return chosen, logprobs, finite
 
     def _table_width(self, blocks: int) -> int:
@@ -888,15 +906,17 @@ class Engine:
     def warm_up(self, every_prefill: bool = False) -> tuple[int, float]:
         """Compile now, before any request, the programs of ``program_shapes`` (one-token calls at every batch
         size and table width, and one sequence's prompt chunks; ``every_prefill``: several sequences' chunks too,
-        three times as many programs at the server's defaults), each for greedy rows and for plain temperature
-        draws (OpenAI's default request); a request with top-k/top-p, min-p, penalties or logprobs still compiles its
-        own program on first use. An encoder-decoder's: its sources' encodings and its one-token calls, at each
-        source width (``program_shapes``).
+        three times as many programs at the server's defaults), and at each batch size the choice of greedy rows and
+        of plain temperature draws (OpenAI's default request); a request with top-k/top-p, min-p, penalties or
+        logprobs compiles its own choice program on first use (``choose_program``: under a second), never a model
+        step. An encoder-decoder's: its sources' encodings and its one-token calls, at each source width
+        (``program_shapes``).
         The calls run on stand-in rows whose every block, a source's too, is the null block (written, never read;
         a stand-in's source is one token, so its cross-attention stays finite), so nothing a request sees changes.
         Returns the programs compiled and the seconds taken."""
         before, started = len(self.programs), time.perf_counter()
         greedy, drawn = SamplingParams(max_tokens=1, temperature=0), SamplingParams(max_tokens=1)
+        drawing = set()  # the row counts whose draws' choice is compiled
         for kind, rows, width, *tables in self.program_shapes(every_prefill):
             if kind == "encode":
                 self._encode([Sequence(-1, [0], greedy, frozenset(), 0, source=[0] * width,
@@ -904,12 +924,16 @@ class Engine:
                               for _ in range(rows)])
                 continue
             table, source_table = (*tables, None)[:2]
-            for params in (greedy,) if kind == "verify" else (greedy, drawn):  # (drafts are greedy rows')
+            rows = min(rows, self.max_num_seqs)
+            # (a model call a shape, and a second one a row count to compile its draws' choice; drafts are greedy)
+            for params in (greedy,) if kind == "verify" or rows in drawing else (greedy, drawn):
                 stand_in = [(Sequence(-1, [0] * width, params, frozenset(), 0, blocks=[NULL_BLOCK] * table,
                                       source=None if source_table is None else [0],
                                       source_blocks=[NULL_BLOCK] * (source_table or 0)), width)
-                            for _ in range(min(rows, self.max_num_seqs))]
+                            for _ in range(rows)]
                 self._run(kind, stand_in)
+            if kind != "verify":
+                drawing.add(rows)
         return len(self.programs) - before, time.perf_counter() - started
 
     @staticmethod

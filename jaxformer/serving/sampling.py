@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxformer.generate import filter_top_k_top_p
+
 Array = jax.Array
 MAX_LOGPROBS = 20  # the most top log-probabilities a request may ask for (OpenAI's bound)
 PAD_ID = -1  # a history slot holding no token
@@ -30,7 +32,7 @@ class SamplerFlags(NamedTuple):
     """What some row of a batch needs (static: each combination is its own program)."""
 
     sample: bool = False  # some row draws (temperature > 0)
-    sort: bool = False  # some drawing row filters by top-k or top-p
+    narrow: bool = False  # some drawing row keeps only its top-k or top-p
     min_p: bool = False  # some drawing row filters by min-p
     penalize: bool = False  # some row has a repetition, presence or frequency penalty
     logprobs: bool = False  # some row asks for log-probabilities
@@ -80,7 +82,7 @@ def sampling_rows(rows, batch: int, max_width: int) -> tuple[SamplingRows, Sampl
         top_k[r], seeds[r], drawn[r], prompt_lengths[r] = p.top_k, seed, len(tokens) - prompt_length, prompt_length
     drawing = columns["temperature"] > 0
     flags = SamplerFlags(
-        sample=bool(drawing.any()), sort=bool((drawing & ((top_k > 0) | (columns["top_p"] < 1))).any()),
+        sample=bool(drawing.any()), narrow=bool((drawing & ((top_k > 0) | (columns["top_p"] < 1))).any()),
         min_p=bool((drawing & (columns["min_p"] > 0)).any()),
         penalize=bool(((columns["repetition"] != 1) | (columns["presence"] != 0) | (columns["frequency"] != 0)).any()),
         logprobs=any(p.logprobs is not None for p, *_ in rows))
@@ -111,22 +113,17 @@ def penalize_rows(logits: Array, repetition: Array, presence: Array, frequency: 
 
 
 def warp_rows(logits: Array, temperature: Array, top_k: Array, top_p: Array, min_p: Array | None = None,
-              sort: bool = True) -> Array:
+              narrow: bool = True) -> Array:
     """``generate.warp_logits`` with each row's own settings [B] (traced here: one program serves every mix):
     logits [B, V] shifted to a maximum of 0, divided by the temperature (a row at 0 is left undivided), then
-    -inf outside the ``top_k`` likeliest (0: off) and outside the ``top_p`` nucleus, one sort serving both
-    (``sort`` False: no row filters so, and no sort is compiled), then below ``min_p`` times the likeliest
-    token's probability (None: no row filters so)."""
-    B, V = logits.shape
-    scaled = (logits - jnp.max(logits, axis=-1, keepdims=True)) / jnp.where(temperature > 0, temperature, 1.0)[:, None]
-    if sort:
-        order = jnp.argsort(scaled, axis=-1)  # ascending, as transformers' TopPLogitsWarper
-        ascending = jnp.take_along_axis(scaled, order, axis=-1)
-        kth = jnp.take_along_axis(ascending, jnp.clip(V - top_k, 0, V - 1)[:, None], axis=-1)
-        ascending = jnp.where((top_k[:, None] > 0) & (ascending < kth), -jnp.inf, ascending)
-        cumulative = jnp.cumsum(jax.nn.softmax(ascending, axis=-1), axis=-1)
-        remove = (cumulative <= 1.0 - top_p[:, None]).at[:, -1].set(False)  # the likeliest token stays
-        scaled = jnp.zeros_like(scaled).at[jnp.arange(B)[:, None], order].set(jnp.where(remove, -jnp.inf, ascending))
+    -inf outside the ``top_k`` likeliest (0: off) and outside the ``top_p`` nucleus (``filter_top_k_top_p``;
+    ``narrow`` False: no row filters so, and none of it is compiled), then below ``min_p`` times the likeliest
+    token's probability (None: no row filters so). Rows that do not draw (temperature 0) filter nothing: their
+    settings never make the batch look further for a nucleus."""
+    drawing = temperature > 0
+    scaled = (logits - jnp.max(logits, axis=-1, keepdims=True)) / jnp.where(drawing, temperature, 1.0)[:, None]
+    if narrow:
+        scaled = filter_top_k_top_p(scaled, jnp.where(drawing, top_k, 0), jnp.where(drawing, top_p, 1.0))
     if min_p is not None:  # transformers' MinPLogitsWarper: the likeliest token always stays (min_p <= 1)
         probs = jax.nn.softmax(scaled, axis=-1)
         scaled = jnp.where(probs < min_p[:, None] * jnp.max(probs, axis=-1, keepdims=True), -jnp.inf, scaled)
@@ -168,7 +165,7 @@ def choose_tokens(logits: Array, rows: SamplingRows, flags: SamplerFlags, raw: A
     if flags.sample:
         keys = jax.vmap(lambda seed, n: jax.random.fold_in(jax.random.PRNGKey(seed), n))(rows.seeds, rows.drawn)
         warped = warp_rows(scores, rows.temperature, rows.top_k, rows.top_p, rows.min_p if flags.min_p else None,
-                           flags.sort)
+                           flags.narrow)
         tokens = jnp.where(rows.temperature > 0, draw(keys, warped), tokens)
     tokens = tokens.astype(jnp.int32)
     if forced is not None:
