@@ -50,14 +50,14 @@ def rows(shape: str, count: int, vocab: int, rng) -> np.ndarray:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=50257)
     parser.add_argument("--top-p", type=float, default=0.9)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     new, old = jax.jit(filter_top_k_top_p), jax.jit(whole_row_sort)
     top_k = jnp.zeros(args.rows, jnp.int32)
@@ -81,13 +81,14 @@ def main() -> None:
                          "nucleus_tokens": [int(nucleus.min()), int(np.median(nucleus)), int(nucleus.max())]}
     if args.json:
         print(json.dumps(report, indent=2))
-        return
+        return report
     print(f"{args.rows} rows of {args.vocab} logits, top-p {args.top_p}, {jax.default_backend()}, median of "
           f"{args.repeats} interleaved")
     for shape, r in report.items():
         low, mid, high = r["nucleus_tokens"]
         print(f"  {shape:7s} nucleus {low}-{high} tokens (median {mid}): candidates {r['candidates']:7.1f} ms, "
               f"whole-row sort {r['sort']:7.1f} ms: {r['speedup']:.1f}x")
+    return report
 
 
 if __name__ == "__main__":

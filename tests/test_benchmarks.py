@@ -144,6 +144,22 @@ def test_held_out_benchmark_one_row_loads_with_parity_in_both_formats(capsys):
         "numbers: 0" in out
 
 
+def test_sampling_benchmark_small_run_times_both_filters_on_each_shape(capsys):
+    """benchmarks/sampling.py at a toy size, in this process: each shape's nucleus as named (tens of tokens, past
+    the first candidates, most of the row), both filters timed and keeping the same tokens (it asserts that)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import sampling
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    report = sampling.main(["--rows", "3", "--vocab", "8000", "--repeats", "1", "--json"])
+    assert json.loads(capsys.readouterr().out) == report
+    sizes = {shape: row["nucleus_tokens"] for shape, row in report.items()}
+    assert sizes["peaked"][2] < 256 < sizes["wide"][0] and sizes["wide"][2] < 4096 < sizes["flat"][0], sizes
+    assert all(row["candidates"] > 0 and row["sort"] > 0 and row["most_differing_in_a_row"] <= 1
+               for row in report.values())
+
+
 def test_cpu_utilization_never_passes_one(monkeypatch):
     """A step measured faster than the CPU probe raises the peak (after a second probe) instead of
     reporting more than 100%; the raised peak is what later calls see."""
