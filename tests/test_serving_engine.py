@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from flax import nnx
+
 import jaxformer as jf
 from jaxformer.generate import warp_logits
 from jaxformer.serving import BlockManager, Engine, SamplingParams
@@ -432,6 +434,31 @@ def test_after_the_warm_up_a_requests_sampler_settings_compile_a_choice_never_a_
         only = alone.add_request(prompt, params)
         assert alone.run()[only] == together[request]
     assert together[ids[3]][0] == 5
+
+
+def test_an_engine_that_owns_its_model_holds_one_copy_of_the_weights(prompts, reference):
+    """``release_model``: the model's buffers the engine's decode-loop copy does not share (on a CPU its stacked
+    layers) are freed, so the live arrays grow by the pool alone, and the engine still gives generate's tokens."""
+    model = jf.build(jf.config("tiny-llama").replace(init_std=0.2), seed=0)  # (the module's model, built anew)
+
+    def live_bytes():
+        return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted())
+
+    leaves = [leaf for leaf in jax.tree.leaves(nnx.state(model)) if isinstance(leaf, jax.Array)]
+    kept_alone = Engine(model, num_blocks=64, block_size=BLOCK, max_model_len=MAX_LEN)
+    assert not any(leaf.is_deleted() for leaf in leaves)  # (by default the caller's model stays whole)
+    del kept_alone
+    before = live_bytes()
+    engine = Engine(model, num_blocks=64, block_size=BLOCK, max_model_len=MAX_LEN, release_model=True)
+    freed = sum(leaf.nbytes for leaf in leaves if leaf.is_deleted())
+    assert freed > 0 and sum(w.nbytes for w in engine.weights) == sum(leaf.nbytes for leaf in leaves)
+    # the live arrays grew by the pool alone (and a scalar or so): the engine's layers apart replaced the stacked
+    # ones freed
+    assert live_bytes() - before <= engine.pool.k.nbytes + engine.pool.v.nbytes + 1024
+    ids = [engine.add_request(prompt, SamplingParams(max_tokens=NEW[i], temperature=0))
+           for i, prompt in enumerate(prompts[0][:4])]
+    out = engine.run()
+    assert [out[i] for i in ids] == [reference[i][:NEW[i]] for i in range(4)]
 
 
 def test_requests_without_a_seed_draw_by_the_engines_seed():

@@ -352,12 +352,15 @@ class Engine:
     match; a rejected draft's slots are overwritten later (``stats``: drafts proposed and accepted).
     ``paged_attention``: what one-token rows attend by (``kernels.paged_kernel``): 'auto' (the backend's fused
     paged kernel where it serves the model: 'pallas-gpu' on NVIDIA GPUs, 'pallas-tpu' on TPUs for bfloat16 models;
-    else XLA), 'xla', or a kernel by name (off its platform in Pallas's interpreter, for tests)."""
+    else XLA), 'xla', or a kernel by name (off its platform in Pallas's interpreter, for tests).
+    ``release_model``: the engine owns ``model``: the buffers of it that the engine's own copy (the decode-loop form:
+    on a CPU its layers apart) does not share are freed at once, so one copy of the weights stays, whoever still
+    refers to the model (which cannot run afterwards); ``jaxformer serve`` does so."""
 
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 16,
                  prefill_chunk: int = 256, prefill_tokens: int | None = None, max_model_len: int | None = None,
                  allow_beyond_max_positions: bool = False, seed: int | None = None, draft_tokens: int = 0,
-                 paged_attention: str = "auto"):
+                 paged_attention: str = "auto", release_model: bool = False):
         cfg = model.config
         problem = paging_problem(model)
         if problem is not None:
@@ -383,7 +386,7 @@ class Engine:
         self.draft_tokens = draft_tokens
         self.drafted = self.accepted = 0  # draft tokens proposed and accepted so far
         self.seed = int(np.random.SeedSequence().entropy % 2 ** 32) if seed is None else int(seed)
-        self.model, self.config = model, cfg
+        self.config = cfg
         self.manager = BlockManager(num_blocks, block_size)
         self.block_size, self.max_num_seqs, self.prefill_chunk = block_size, max_num_seqs, prefill_chunk
         self.prefill_tokens, self.max_model_len = prefill_tokens, max_model_len
@@ -411,6 +414,11 @@ class Engine:
         looping = model.for_decode_loop() if self.kernel is None else unstacked_decoder(model, always=True)
         graphdef, weights = nnx.split(looping)
         self.weights, treedef = jax.tree.flatten(weights)
+        if release_model:
+            kept = {id(leaf) for leaf in self.weights}
+            for leaf in jax.tree.leaves(nnx.state(model)):
+                if isinstance(leaf, jax.Array) and id(leaf) not in kept:
+                    leaf.delete()
         self.graph = graphdef, treedef
         self.run_step = step_program(graphdef, treedef, self.kernel)
         self.waiting: list[Sequence] = []  # arrival order (a request's id is its place in it)

@@ -896,7 +896,8 @@ def pool_blocks(cfg, block_size: int, max_num_seqs: int, num_blocks: int | None 
 def serve(model, tokenizer, folder: str | Path | None, model_name: str, host: str, port: int, api_key: str | None,
           max_queue: int, memory: float | None = None, warm_up: bool = True, compilation_cache: str | None = None,
           **engine_settings) -> None:
-    """Build the engine over ``model`` and serve it until SIGTERM / Ctrl-C (which drain the running requests).
+    """Build the engine over ``model`` (which it then owns: ``Engine(release_model=True)`` frees what its copy does
+    not share) and serve it until SIGTERM / Ctrl-C (which drain the running requests).
     ``folder``: where the chat template is read from (None: none). The pool: ``num_blocks``, or as many blocks as
     ``memory`` GiB holds, or by default room for ``max_num_seqs`` sequences at ``max_model_len``. ``warm_up``:
     compile the common programs (``Engine.warm_up``) before listening; ``compilation_cache``: a folder where
@@ -911,7 +912,7 @@ def serve(model, tokenizer, folder: str | Path | None, model_name: str, host: st
                                                 memory, engine_settings.get("max_model_len"))
     if compilation_cache is not None:
         use_compilation_cache(compilation_cache)
-    engine = Engine(model, **engine_settings)
+    engine = Engine(model, release_model=True, **engine_settings)  # (the caller's model: not run again)
     warmed = ""
     if warm_up:
         print("jaxformer serve: compiling the engine's programs before listening (--no-warm-up: each on first use; "
