@@ -321,6 +321,7 @@ def filter_top_k_top_p(logits: Array, top_k: Array, top_p: Array) -> Array:
     them, the nucleus within them and no tie across their edge), else among more, else over the whole sorted row; a
     row's result does not depend on the others' (a batch sorts only when some row needs it)."""
     B, V = logits.shape
+    sizes = [size for size in NUCLEUS_CANDIDATES if size < V]
 
     def among(level: int) -> Array:
         if level == len(sizes):  # the whole row, by a stable ascending sort read backwards
@@ -334,7 +335,6 @@ def filter_top_k_top_p(logits: Array, top_k: Array, top_p: Array) -> Array:
         return jax.lax.cond(jnp.all(decided), lambda: filtered,
                             lambda: jnp.where(decided[:, None], filtered, among(level + 1)))
 
-    sizes = [size for size in NUCLEUS_CANDIDATES if size < V]
     return among(0)
 
 
