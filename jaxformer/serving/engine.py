@@ -279,8 +279,9 @@ def choose_program(logits: Array, sampling: SamplingRows, sampler: SamplerFlags,
                    forced: Array | None = None) -> tuple[Array, tuple | None]:
     """Each row's next token from a call's logits [B, V] by its ``sampling`` (``choose_tokens``; the program holds
     only the machinery ``sampler`` names), and its log-probabilities where asked. A program apart from the model's
-    (``run_step``): a request's sampler settings compile this small program on first use (0.1-0.9 s for 32 rows of
-    gpt2's vocabulary on this CPU), never another model step (seconds, stalling every running sequence).
+    (``run_step``): a request's sampler settings compile this program once per row count and penalty-history
+    width (32 rows of gpt2's vocabulary on this CPU: 0.1-0.5 s, top-p's search 1.3-2.1 s), never a variant of the
+    model's step for each (rows, width, table width) shape the request meets.
     ``banned``: token ids never chosen (the log-probabilities stay the raw ones); ``forced`` [B]: generate's forced
     tokens, -1 where none (``Engine._forced``)."""
     return choose_tokens(_ban(logits, banned), sampling, sampler, logits, forced)
@@ -916,8 +917,8 @@ class Engine:
         size and table width, and one sequence's prompt chunks; ``every_prefill``: several sequences' chunks too,
         three times as many programs at the server's defaults), and at each batch size the choice of greedy rows and
         of plain temperature draws (OpenAI's default request); a request with top-k/top-p, min-p, penalties or
-        logprobs compiles its own choice program on first use (``choose_program``: under a second), never a model
-        step. An encoder-decoder's: its sources' encodings and its one-token calls, at each source width
+        logprobs compiles its own choice program on first use (``choose_program``, a row count at a time), never a
+        model step. An encoder-decoder's: its sources' encodings and its one-token calls, at each source width
         (``program_shapes``).
         The calls run on stand-in rows whose every block, a source's too, is the null block (written, never read;
         a stand-in's source is one token, so its cross-attention stays finite), so nothing a request sees changes.
