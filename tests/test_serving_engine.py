@@ -413,12 +413,15 @@ def test_a_forced_first_token_is_forced_even_where_drafting_would_verify_it(mode
 
 def test_after_the_warm_up_a_requests_sampler_settings_compile_a_choice_never_a_model_step(model):
     """Top-p, min-p, penalties, logprobs and a forced first token change which small choice program a call runs
-    (``choose_program``: compiled on first use), never the model's step: after the warm-up those requests compile no
-    model program, and their tokens equal each request's alone."""
+    (``choose_program``: top-p's compiled by the warm-up, the others on first use), never the model's step: after the
+    warm-up those requests compile no model program, and their tokens equal each request's alone."""
     engine = Engine(model, num_blocks=16, block_size=BLOCK, max_num_seqs=2, max_model_len=32, seed=0)
     engine.warm_up()
     models = engine.run_step._cache_size()
     warmed = set(engine.programs)
+    engine.add_request([3, 1, 4], SamplingParams(max_tokens=4, temperature=0.9, top_p=0.8, seed=1))
+    engine.run()
+    assert set(engine.programs) == warmed  # (a top-p draw's choice: warmed)
     settings = [SamplingParams(max_tokens=6, temperature=0.9, top_p=0.8, seed=1),
                 SamplingParams(max_tokens=6, temperature=0, repetition_penalty=1.3, logprobs=2),
                 SamplingParams(max_tokens=6, temperature=1.1, top_k=4, min_p=0.1, frequency_penalty=0.4, seed=2),

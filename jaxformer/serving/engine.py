@@ -281,7 +281,8 @@ def choose_program(logits: Array, sampling: SamplingRows, sampler: SamplerFlags,
     only the machinery ``sampler`` names), and its log-probabilities where asked. A program apart from the model's
     (``run_step``): a request's sampler settings compile this program once per row count and penalty-history
     width (32 rows of gpt2's vocabulary on this CPU: 0.1-0.5 s, top-p's search 1.3-2.1 s), never a variant of the
-    model's step for each (rows, width, table width) shape the request meets.
+    model's step for each (rows, width, table width) shape the request meets (the warm-up compiles the greedy,
+    plain-draw and top-p choices).
     ``banned``: token ids never chosen (the log-probabilities stay the raw ones); ``forced`` [B]: generate's forced
     tokens, -1 where none (``Engine._forced``)."""
     return choose_tokens(_ban(logits, banned), sampling, sampler, logits, forced)
@@ -915,17 +916,18 @@ class Engine:
     def warm_up(self, every_prefill: bool = False) -> tuple[int, float]:
         """Compile now, before any request, the programs of ``program_shapes`` (one-token calls at every batch
         size and table width, and one sequence's prompt chunks; ``every_prefill``: several sequences' chunks too,
-        three times as many programs at the server's defaults), and at each batch size the choice of greedy rows and
-        of plain temperature draws (OpenAI's default request); a request with top-k/top-p, min-p, penalties or
-        logprobs compiles its own choice program on first use (``choose_program``, a row count at a time), never a
-        model step. An encoder-decoder's: its sources' encodings and its one-token calls, at each source width
-        (``program_shapes``).
+        three times as many programs at the server's defaults), and at each batch size the choice of greedy rows, of
+        plain temperature draws (OpenAI's default request) and of draws with top-p (or top-k); a request with min-p,
+        penalties or logprobs compiles its own choice program on first use (``choose_program``, a row count at a
+        time), never a model step. An encoder-decoder's: its sources' encodings and its one-token calls, at each
+        source width (``program_shapes``).
         The calls run on stand-in rows whose every block, a source's too, is the null block (written, never read;
         a stand-in's source is one token, so its cross-attention stays finite), so nothing a request sees changes.
         Returns the programs compiled and the seconds taken."""
         before, started = len(self.programs), time.perf_counter()
         greedy, drawn = SamplingParams(max_tokens=1, temperature=0), SamplingParams(max_tokens=1)
-        drawing = set()  # the row counts whose draws' choice is compiled
+        choices = (greedy, drawn, SamplingParams(max_tokens=1, top_p=0.9))
+        drawing = set()  # the row counts whose draws' choices are compiled
         for kind, rows, width, *tables in self.program_shapes(every_prefill):
             if kind == "encode":
                 self._encode([Sequence(-1, [0], greedy, frozenset(), 0, source=[0] * width,
@@ -934,8 +936,8 @@ class Engine:
                 continue
             table, source_table = (*tables, None)[:2]
             rows = min(rows, self.max_num_seqs)
-            # (a model call a shape, and a second one a row count to compile its draws' choice; drafts are greedy)
-            for params in (greedy,) if kind == "verify" or rows in drawing else (greedy, drawn):
+            # (a model call a shape, and two more a row count to compile its draws' choices; drafts are greedy)
+            for params in (greedy,) if kind == "verify" or rows in drawing else choices:
                 stand_in = [(Sequence(-1, [0] * width, params, frozenset(), 0, blocks=[NULL_BLOCK] * table,
                                       source=None if source_table is None else [0],
                                       source_blocks=[NULL_BLOCK] * (source_table or 0)), width)
