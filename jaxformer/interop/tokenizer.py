@@ -96,6 +96,12 @@ class Tokenizer:
         return self.decode(ids)[len(self.decode(prompt_ids)):]
 
 
+def tokenizer_settings(folder: str | Path | None) -> dict:
+    """A checkpoint folder's tokenizer_config.json ({} where it has none, or no folder)."""
+    path = None if folder is None else Path(folder) / "tokenizer_config.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.exists() else {}
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load ``tokenizer.json`` from a checkpoint folder (or the file itself)."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -111,8 +117,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     pad_id = None
     folder = file.parent
     if (folder / "tokenizer_config.json").exists():  # transformers' switch: special tokens' text is plain text
-        settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-        tokenizer.encode_special_tokens = bool(settings.get("split_special_tokens", False))
+        tokenizer.encode_special_tokens = bool(tokenizer_settings(folder).get("split_special_tokens", False))
     for name, key in (("tokenizer_config.json", "pad_token"), ("special_tokens_map.json", "pad_token")):
         if pad_id is None and (folder / name).exists():
             token = json.loads((folder / name).read_text(encoding="utf-8")).get(key)

@@ -44,6 +44,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from jaxformer.interop.tokenizer import tokenizer_settings
 from jaxformer.layers import dtype_of
 from jaxformer.serving.engine import Engine, RequestOutput, SamplingParams
 
@@ -77,12 +78,6 @@ class ApiError(Exception):
 
 
 # ---------------------------------------------------------------------------------------------- chat template
-
-
-def tokenizer_settings(folder: str | Path | None) -> dict:
-    """A checkpoint folder's tokenizer_config.json ({} where it has none, or no folder)."""
-    path = None if folder is None else Path(folder) / "tokenizer_config.json"
-    return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.exists() else {}
 
 
 def load_chat_template(folder: str | Path) -> tuple[str | None, dict[str, str]]:
