@@ -350,18 +350,18 @@ def _image_batch(folder: str, model, tokenizer, prompts: list[str], images: list
 def _generation_source(path: str, step: int | None, dtype: str | None, need_tokenizer: bool = True):
     """(model, tokenizer) of a Hugging Face folder, or of a train.py run folder: checkpoint ``step`` (default:
     the newest) and the tokenizer its data was read with (the bytes, as ``convert --to-hf`` writes them). The
-    tokenizer is None for a Hugging Face folder without tokenizer.json unless ``need_tokenizer``."""
+    tokenizer is None for a Hugging Face folder without one (``has_tokenizer``) unless ``need_tokenizer``."""
     from pathlib import Path
 
     from jaxformer.interop.hf import from_pretrained
-    from jaxformer.interop.tokenizer import load_tokenizer
+    from jaxformer.interop.tokenizer import has_tokenizer, load_tokenizer
     from jaxformer.train.run import CONFIG_FILE
 
     if not (Path(path) / CONFIG_FILE).exists():
         if step is not None:
             raise ValueError(f"--step picks a training run's checkpoint; {path} is not a run folder (no {CONFIG_FILE})")
         model = from_pretrained(path, dtype=dtype)
-        return model, load_tokenizer(path) if need_tokenizer or (Path(path) / "tokenizer.json").exists() else None
+        return model, load_tokenizer(path) if need_tokenizer or has_tokenizer(path) else None
     from jaxformer.train.evaluate import run_tokenizer
     from jaxformer.train.run import load_run_model
 

@@ -15,10 +15,11 @@ import pytest
 
 import jaxformer as jf
 from jaxformer.generate import generation_defaults
-from jaxformer.interop.tokenizer import byte_level_tokenizer, load_tokenizer
+from jaxformer.interop.tokenizer import Tokenizer, byte_level_tokenizer, load_tokenizer
 from jaxformer.serving import Engine, SamplingParams
 from jaxformer.serving.engine import choose_program
 from tests.hf_factory import save_checkpoint
+from tests.sentencepiece_factory import marian_tokenizer
 from tests.serving_helpers import served
 
 BLOCK = 8
@@ -197,33 +198,36 @@ def test_refusals_are_named(checkpoints):
 
 # ---------------------------------------------------------------------------------------------- the server
 
-TEXTS = ["Hello world", "Guten Tag", "abc", "A somewhat longer source text"]
+TEXTS = ["hello world", "guten tag, straße!", "über café", "the quick brown fox jumps over the lazy dog"]
 
 
 @pytest.fixture(scope="module")
 def marian_folder(tmp_path_factory):
-    """A tiny Marian over bytes: </s> and <pad> after them; the tokenizer appends </s> to a source, as Marian's."""
-    from tokenizers import processors
-
-    folder = save_checkpoint("marian", tmp_path_factory.mktemp("served"), changes=dict(
-        vocab_size=258, eos_token_id=256, pad_token_id=257, decoder_start_token_id=257, forced_eos_token_id=256))
-    tokenizer = byte_level_tokenizer({256: "</s>", 257: "<pad>"})
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 256)])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>", "pad_token": "<pad>"}))
+    """A tiny Marian with its tokenizer as OPUS-MT publishes it: SentencePiece models and a vocab.json numbering
+    their pieces, </s> first and <pad> last (``tests/sentencepiece_factory.py``), no tokenizer.json."""
+    folder = marian_tokenizer(tmp_path_factory.mktemp("served"), legacy=True)
+    size = len(json.loads((folder / "vocab.json").read_text(encoding="utf-8")))
+    # (weights wider than the factory's, so each source gets a translation of its own)
+    save_checkpoint("marian", folder, changes=dict(vocab_size=size, eos_token_id=0, pad_token_id=size - 1,
+                                                   decoder_start_token_id=size - 1, forced_eos_token_id=0,
+                                                   init_std=0.5))
     return folder
 
 
+@pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 def test_a_marian_folder_serves_completions_to_the_openai_client(marian_folder):
+    """Completions translate each prompt as transformers' MarianTokenizer encodes it, to generate's tokens as it
+    decodes them."""
     openai = pytest.importorskip("openai")
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
+    from transformers import MarianTokenizer
 
-    model, tokenizer = jf.from_pretrained(marian_folder), load_tokenizer(marian_folder)
-    sources = [np.asarray(tokenizer.encode(text), np.int32) for text in TEXTS]
-    assert all(source[-1] == 256 for source in sources)
-    expected = [tokenizer.decode(row) for row in _generated(model, sources, 6)]
+    model, reference = jf.from_pretrained(marian_folder), MarianTokenizer.from_pretrained(str(marian_folder))
+    sources = [np.asarray(reference(text).input_ids, np.int32) for text in TEXTS]
+    assert all(source[-1] == 0 for source in sources)
+    expected = [reference.decode(row, skip_special_tokens=True) for row in _generated(model, sources, 6)]
+    assert len(set(expected)) == len(TEXTS)
     with served(marian_folder, "--host", "127.0.0.1", "--served-model-name", "marian", "--max-num-seqs", "4",
                 "--block-size", "8", "--num-blocks", "33", "--no-warm-up") as (_, url):
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=120, max_retries=0)
@@ -267,7 +271,7 @@ def test_languages_encode_a_source_as_nllbs_tokenizer_does(tmp_path, legacy):
 
     reference = _nllb_tokenizer(tmp_path, src_lang="eng_Latn", legacy_behaviour=legacy)
     tokenizer = load_tokenizer(tmp_path)
-    languages = Languages.of(tokenizer.tokenizer, tmp_path)
+    languages = Languages.of(tokenizer, tmp_path)
     assert len(languages.codes) == 202 and languages.source == "eng_Latn"
     text = "Hello world"
     assert languages.encode(text, "eng_Latn") == tokenizer.encode(text) == reference(text).input_ids
@@ -282,7 +286,7 @@ def test_languages_encode_a_source_as_nllbs_tokenizer_does(tmp_path, legacy):
     marian.mkdir()
     plain = byte_level_tokenizer({256: "</s>"})
     plain.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 256)])
-    assert Languages.of(plain, marian) is None
+    assert Languages.of(Tokenizer(plain), marian) is None
 
 
 def test_an_nllb_folder_translates_from_and_into_the_requested_languages(tmp_path):

@@ -1,9 +1,11 @@
-"""Tokenizers: Hugging Face ``tokenizers`` (tokenizer.json) behind a small batch-encoding interface."""
+"""Tokenizers: Hugging Face ``tokenizers`` (tokenizer.json) behind a small batch-encoding interface, and the
+SentencePiece files some published folders hold instead (``SentencePieceTokenizer``)."""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +91,9 @@ class Tokenizer:
         """Every token (added ones included) and its id: two tokenizers with equal vocabularies agree on ids."""
         return self.tokenizer.get_vocab(with_added_tokens=True)
 
+    def token_to_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
     def continuation(self, prompt_ids, ids) -> str:
         """The text ``ids`` adds after ``prompt_ids`` (``ids`` starts with them), as transformers' text-generation
         pipeline cuts it: the whole row decoded, less the decoded prompt's length. Decoding the new ids alone
@@ -102,14 +107,23 @@ def tokenizer_settings(folder: str | Path | None) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path is not None and path.exists() else {}
 
 
+def has_tokenizer(folder: str | Path) -> bool:
+    """Whether ``folder`` holds a tokenizer ``load_tokenizer`` reads."""
+    return (Path(folder) / "tokenizer.json").exists() or sentencepiece_layout(folder) is not None
+
+
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load ``tokenizer.json`` from a checkpoint folder (or the file itself)."""
+    """Load ``tokenizer.json`` from a checkpoint folder (or the file itself), or, in a folder without one, the
+    SentencePiece files Marian and M2M100 publish (``SentencePieceTokenizer``)."""
     from tokenizers import Tokenizer as HFTokenizer
 
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.exists() and sentencepiece_layout(path) is not None:
+        return SentencePieceTokenizer(path)
     if not file.exists():
-        raise ValueError(f"{file} does not exist; jaxformer reads the fast-tokenizer format tokenizer.json")
+        raise ValueError(f"{file} does not exist; jaxformer reads the fast-tokenizer format tokenizer.json, or "
+                         f"Marian's {', '.join(MARIAN_FILES)} or M2M100's {', '.join(M2M100_FILES)} (SentencePiece)")
     try:
         tokenizer = HFTokenizer.from_file(str(file))
     except Exception as err:
@@ -166,3 +180,226 @@ def write_byte_level_tokenizer(folder: str | Path, special_tokens: dict[int, str
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "split_special_tokens": True,
                 **{role: token for role, token in roles.items() if token in present}}
     (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------ SentencePiece files
+
+# Tokenizers published as SentencePiece models beside a vocab.json, with no tokenizer.json: Marian's (OPUS-MT:
+# source.spm, target.spm, vocab.json) and M2M100's (sentencepiece.bpe.model, vocab.json), read as transformers'
+# ``MarianTokenizer`` and ``M2M100Tokenizer`` read them. The ``sentencepiece`` library cuts each stretch of text
+# between added tokens into pieces; the folder's vocab.json numbers them, not the SentencePiece model (a piece it
+# lacks is ``<unk>``); the model's template puts its tokens around the text (Marian: ``text </s>``; M2M100:
+# ``__en__ text </s>``, the source language's token first).
+MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
+M2M100_FILES = ("sentencepiece.bpe.model", "vocab.json")
+# M2M100Tokenizer's language codes by its ``language_codes`` setting (fairseq's order): code i is the token
+# __code__, numbered len(vocab.json) + i
+M2M100_LANGUAGES = {
+    "m2m100": ("af am ar ast az ba be bg bn br bs ca ceb cs cy da de el en es et fa ff fi fr fy ga gd gl gu ha he hi "
+               "hr ht hu hy id ig ilo is it ja jv ka kk km kn ko lb lg ln lo lt lv mg mk ml mn mr ms my ne nl no ns "
+               "oc or pa pl ps pt ro ru sd si sk sl so sq sr ss su sv sw ta th tl tn tr uk ur uz vi wo xh yi yo zh "
+               "zu").split(),
+    "wmt21": "en ha is ja cs ru zh de".split(),
+}
+# each class's special tokens where the folder names none (its __init__ defaults)
+DEFAULT_SPECIALS = {"marian": {"unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>"},
+                    "m2m100": {"bos_token": "<s>", "eos_token": "</s>", "sep_token": "</s>", "unk_token": "<unk>",
+                               "pad_token": "<pad>"}}
+SPECIAL_ROLES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def sentencepiece_layout(folder: str | Path) -> str | None:
+    """'marian' or 'm2m100' where ``folder`` holds that tokenizer's files, else None."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    for layout, files in (("marian", MARIAN_FILES), ("m2m100", M2M100_FILES)):
+        if all((folder / name).exists() for name in files):
+            return layout
+    return None
+
+
+def _content(token) -> str | None:
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable {what}: {err}") from None
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A Marian or M2M100 tokenizer folder (``sentencepiece_layout``), with ``Tokenizer``'s interface. It holds no
+    ``tokenizers`` object (``tokenizer`` is None). ``languages``: M2M100's language codes and their tokens' ids
+    ({} for Marian, whose language pair is the checkpoint's); ``source_language``: the code a text is encoded in
+    unless another is asked (the folder's ``src_lang``, else English, as M2M100Tokenizer); ``template``: the ids
+    around a text, "text" where it goes and "language" where the source language's token goes."""
+
+    def __init__(self, folder: str | Path):
+        import sentencepiece
+
+        folder = Path(folder)
+        self.layout = sentencepiece_layout(folder)
+        if self.layout is None:
+            raise ValueError(f"{folder} holds neither Marian's {', '.join(MARIAN_FILES)} nor M2M100's "
+                             f"{', '.join(M2M100_FILES)}")
+        settings = tokenizer_settings(folder)
+        self.vocab = _read_json(folder / "vocab.json", "vocab.json")
+        if not isinstance(self.vocab, dict) or not all(isinstance(i, int) for i in self.vocab.values()):
+            raise ValueError(f"{folder / 'vocab.json'} is not a mapping of pieces to ids")
+
+        def processor(name: str):
+            model = sentencepiece.SentencePieceProcessor()
+            try:
+                model.Load(str(folder / name))
+            except (OSError, RuntimeError) as err:
+                raise ValueError(f"{folder / name} is not a SentencePiece model: {err}") from None
+            return model
+
+        specials, extra, added = self._special_tokens(folder, settings)
+        self.unk = specials["unk_token"]
+        if self.unk not in self.vocab:
+            raise ValueError(f"{folder / 'vocab.json'} lacks the unknown token {self.unk!r}")
+        self.languages, self.lang_tokens = {}, {}
+        if self.layout == "marian":
+            self.separate_vocabs = bool(settings.get("separate_vocabs", False))
+            self.encoder_model, target_model = processor("source.spm"), processor("target.spm")
+            self.decoder_model = target_model if self.separate_vocabs else self.encoder_model
+            decoder_vocab = self.vocab
+            if self.separate_vocabs:
+                decoder_vocab = _read_json(folder / "target_vocab.json", "target vocabulary")
+            self.pieces = {i: piece for piece, i in decoder_vocab.items()}
+        else:
+            codes = settings.get("language_codes", "m2m100")
+            if codes not in M2M100_LANGUAGES:
+                raise ValueError(f"tokenizer_config.json's language_codes={codes!r}; M2M100's tokenizer knows "
+                                 f"{sorted(M2M100_LANGUAGES)}")
+            self.encoder_model = self.decoder_model = processor("sentencepiece.bpe.model")
+            self.languages = {code: len(self.vocab) + i for i, code in enumerate(M2M100_LANGUAGES[codes])}
+            self.lang_tokens = {f"__{code}__": i for code, i in self.languages.items()}
+            self.pieces = {i: piece for piece, i in self.vocab.items()}
+            self.pieces.update({i: token for token, i in self.lang_tokens.items()})
+        # added tokens: what the folder numbers, then every special token at its own id (one the vocabulary lacks
+        # after every other token, as transformers adds it); text is split at them
+        self.added = {token: i for i, token in added.items()}
+        for token in [*specials.values(), *extra]:
+            if token not in self.added:
+                known = token in self.vocab or token in self.lang_tokens
+                self.added[token] = self._piece_id(token) if known else len(self.vocab.keys() | self.added.keys())
+        self.added_ids = {i: token for token, i in self.added.items()}
+        # (an alternation tried longest first finds the longest token that starts first, as transformers' trie)
+        self._added_pattern = re.compile("|".join(map(re.escape, sorted(filter(None, self.added), key=len,
+                                                                         reverse=True))) or "(?!)")
+        # (skipped in decoding: the named and extra special tokens; an added token marked special is not, as in
+        # transformers)
+        self.special_ids = {self.added[token] for token in [*specials.values(), *extra]}
+        self.eos_id = self.added[specials["eos_token"]]
+        self.source_language = None
+        if self.languages:
+            self.source_language = settings.get("src_lang") or "en"
+            if self.source_language not in self.languages:
+                raise ValueError(f"tokenizer_config.json's src_lang={self.source_language!r} is not one of the "
+                                 f"tokenizer's {len(self.languages)} language codes")
+            self.template = ["language", "text", self.eos_id]
+        else:
+            self.template = ["text", self.eos_id]
+        pad = specials.get("pad_token")
+        super().__init__(None, self.added.get(pad) if pad is not None else None)
+
+    def _special_tokens(self, folder: Path, settings: dict) -> tuple[dict[str, str], list[str], dict]:
+        """The named special tokens (role -> text), the extra special tokens, and the added tokens (id -> text), as
+        transformers reads them: tokenizer_config.json, whose ``added_tokens_decoder`` makes it the whole record;
+        else special_tokens_map.json beside it (older folders)."""
+        added = {int(i): _content(token) for i, token in (settings.get("added_tokens_decoder") or {}).items()}
+        merged = dict(settings)
+        if "added_tokens_decoder" not in settings and (folder / "special_tokens_map.json").exists():
+            merged.update(_read_json(folder / "special_tokens_map.json", "special_tokens_map.json"))
+        specials = dict(DEFAULT_SPECIALS[self.layout])
+        specials.update({role: _content(merged[role]) for role in SPECIAL_ROLES if merged.get(role) is not None})
+        extra = merged.get("extra_special_tokens") or merged.get("additional_special_tokens") or []
+        extra = [_content(token) for token in (extra.values() if isinstance(extra, dict) else extra)]
+        return specials, [token for token in extra if isinstance(token, str)], added
+
+    def _piece_id(self, piece: str) -> int:
+        """A piece's id: M2M100's language tokens, then vocab.json, else ``<unk>`` (vocab.json does not follow the
+        SentencePiece model's own numbering)."""
+        if piece in self.lang_tokens:
+            return self.lang_tokens[piece]
+        return self.vocab.get(piece, self.vocab[self.unk])
+
+    @property
+    def vocab_size(self) -> int:
+        return max([*self.vocab.values(), *self.added.values(), *self.lang_tokens.values()]) + 1
+
+    def _segments(self, text: str) -> list[str | int]:
+        """``text`` cut at its added tokens (the longest that starts first; their ids), the rest as text."""
+        out, start = [], 0
+        for match in self._added_pattern.finditer(text):
+            if start < match.start():
+                out.append(text[start:match.start()])
+            out.append(self.added[match.group()])
+            start = match.end()
+        return out + ([text[start:]] if start < len(text) else [])
+
+    def encode(self, text: str, add_special_tokens: bool = True, source_language: str | None = None) -> list[int]:
+        """``text``'s ids, in the template (``source_language``: M2M100's code to put first; the folder's default
+        unless given) where ``add_special_tokens``."""
+        ids = []
+        for segment in self._segments(text):
+            if isinstance(segment, int):
+                ids.append(segment)
+                continue
+            if self.layout == "marian" and segment.startswith(">>") and (end := segment.find("<<")) != -1:
+                ids.append(self._piece_id(segment[:end + 2]))  # a target-language code (>>fra<<), as Marian reads it
+                segment = segment[end + 2:]
+            ids += [self._piece_id(piece) for piece in self.encoder_model.encode(segment, out_type=str)]
+        if not add_special_tokens:
+            return ids
+        language, out = self.languages.get(source_language or self.source_language), []
+        for part in self.template:
+            out += ids if part == "text" else [language] if part == "language" else [part]
+        return out
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """The text of ``ids`` as the reference's ``decode``: runs of pieces through the SentencePiece model (Marian:
+        the source model unless its vocabularies are separate, as its ``decode`` defaults), each special token kept
+        as its text unless skipped (Marian: a space after it)."""
+        text, run = "", []
+        for i in (int(i) for i in ids):
+            if skip_special_tokens and i in self.special_ids:
+                continue
+            token = self.added_ids.get(i) or self._piece(i)
+            if token in self.added and self.added[token] in self.special_ids:
+                text += self.decoder_model.decode_pieces(run) + token + (" " if self.layout == "marian" else "")
+                run = []
+            else:
+                run.append(token)
+        text += self.decoder_model.decode_pieces(run)
+        return (text.replace("\u2581", " ") if self.layout == "marian" else text).strip()
+
+    def _piece(self, i: int) -> str:
+        if i in self.pieces:
+            return self.pieces[i]
+        if self.layout == "marian" and 0 <= i < self.decoder_model.get_piece_size():
+            return self.decoder_model.id_to_piece(i) or self.unk  # (MarianTokenizer falls back to the model's)
+        return self.unk
+
+    def token_bytes(self, ids) -> list[bytes]:
+        """Each token's bytes (``Tokenizer.token_bytes``): its piece with '▁' as a space, a byte-fallback piece
+        ('<0xE2>') as its byte, a special token none."""
+        out = []
+        for i in (int(i) for i in ids):
+            piece = "" if i in self.special_ids else self.added_ids.get(i) or self._piece(i)
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                out.append(bytes([int(piece[3:5], 16)]))
+            else:
+                out.append(piece.replace("\u2581", " ").encode())
+        return out
+
+    def vocabulary(self) -> dict[str, int]:
+        return {**self.vocab, **self.lang_tokens, **self.added}
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.added.get(token, self.lang_tokens.get(token, self.vocab.get(token)))

@@ -8,9 +8,9 @@ tokens into text (``TextStream``: incremental, UTF-8 safe, cut at stop strings) 
 - ``POST /v1/completions``, ``POST /v1/chat/completions`` (the checkpoint's chat template rendered with jinja2 as
   transformers' ``apply_chat_template``), streamed by server-sent events with ``"stream": true``; an
   encoder-decoder (Marian, M2M100/NLLB, T5, BART) answers completions alone, the prompt being its source text as the
-  folder's tokenizer.json encodes it (its post-processor's special tokens: Marian's and T5's ``</s>``, NLLB's
-  source language as saved, or the request's ``src_lang``; ``tgt_lang`` forced first: ``Languages``), and refuses
-  chat;
+  folder's tokenizer encodes it (tokenizer.json's post-processor, or Marian's and M2M100's SentencePiece files: their
+  special tokens, Marian's and T5's ``</s>``, NLLB's and M2M100's source language as saved, or the request's
+  ``src_lang``; ``tgt_lang`` forced first: ``Languages``), and refuses chat;
 - ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text).
 
 Sampling parameters go to the engine's ``SamplingParams`` (``min_p`` and ``repetition_penalty`` beside OpenAI's);
@@ -44,7 +44,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from jaxformer.interop.tokenizer import tokenizer_settings
+from jaxformer.interop.tokenizer import SentencePieceTokenizer, tokenizer_settings
 from jaxformer.layers import dtype_of
 from jaxformer.serving.engine import Engine, RequestOutput, SamplingParams
 
@@ -105,50 +105,54 @@ def load_chat_template(folder: str | Path) -> tuple[str | None, dict[str, str]]:
 
 class Languages:
     """An encoder-decoder's language tokens, for a translation request's ``src_lang`` and ``tgt_lang`` (the names
-    transformers' translation pipeline and tokenizers use): NLLB, M2M100, mBART-50. The codes are the tokenizer's
-    extra special tokens as tokenizer_config.json lists them (``extra_special_tokens``; ``additional_special_tokens``
-    in older folders), and the source language is the code the tokenizer's post-processor template puts around the
-    text (NLLB: ``[code] text </s>``; its legacy form and mBART's: ``text </s> [code]``). ``encode`` puts another
-    code there, as the tokenizer's ``src_lang`` setter rebuilds that template; ``target`` is a code's id, which the
-    engine forces as the first generated token (generate's ``forced_bos_token_id``)."""
+    transformers' translation pipeline and tokenizers use): NLLB, M2M100, mBART-50. ``codes``: each code's token id;
+    ``template``: a source's ids around its text ("text") and its language's token ("language"), as the tokenizer
+    puts them; ``source``: the code a text is in unless the request names another. ``encode`` puts the request's
+    code where the template has it; ``target`` is a code's id, which the engine forces as the first generated token
+    (generate's ``forced_bos_token_id``)."""
 
-    def __init__(self, tokenizer, codes: list[str], template: list[dict], special: dict[str, list[int]], source: str):
-        self.tokenizer, self.template, self.special, self.source = tokenizer, template, special, source
-        self.codes = {code: i for code in codes if (i := tokenizer.token_to_id(code)) is not None}
+    def __init__(self, tokenizer, codes: dict[str, int], template: list[int | str], source: str):
+        self.tokenizer, self.codes, self.template, self.source = tokenizer, codes, template, source
 
     @classmethod
     def of(cls, tokenizer, folder: str | Path | None) -> Languages | None:
-        """The languages of ``tokenizer`` (a ``tokenizers.Tokenizer``) and its folder's tokenizer_config.json, or
-        None where its template holds no language code (Marian, T5, BART: one language pair, or none named)."""
+        """The languages of ``tokenizer`` (``load_tokenizer``'s) and its folder, or None where it names none
+        (Marian, T5, BART: one language pair, or none named). M2M100's SentencePiece files: its tokenizer's own
+        codes (``de``: the token ``__de__``), the code first. A tokenizer.json: its codes are its extra special
+        tokens as tokenizer_config.json lists them (``extra_special_tokens``; ``additional_special_tokens`` in
+        older folders), and the source language is the code its post-processor's template puts around the text
+        (NLLB: ``[code] text </s>``; its legacy form and mBART's: ``text </s> [code]``), as the tokenizer's
+        ``src_lang`` setter rebuilds that template."""
+        if isinstance(tokenizer, SentencePieceTokenizer):
+            return cls(tokenizer, tokenizer.languages, tokenizer.template, tokenizer.source_language) \
+                if tokenizer.languages else None
         settings = tokenizer_settings(folder)
-        codes = settings.get("extra_special_tokens") or settings.get("additional_special_tokens") or []
-        codes = [c.get("content") if isinstance(c, dict) else c
-                 for c in (codes.values() if isinstance(codes, dict) else codes)]
-        codes = [c for c in codes if isinstance(c, str)]
-        processor = json.loads(tokenizer.to_str()).get("post_processor") or {}
+        names = settings.get("extra_special_tokens") or settings.get("additional_special_tokens") or []
+        names = [c.get("content") if isinstance(c, dict) else c
+                 for c in (names.values() if isinstance(names, dict) else names)]
+        codes = {name: i for name in names if isinstance(name, str) and (i := tokenizer.token_to_id(name)) is not None}
+        processor = json.loads(tokenizer.tokenizer.to_str()).get("post_processor") or {}
         steps = processor.get("processors", []) if processor.get("type") == "Sequence" else [processor]
-        template = next((step for step in steps if step.get("type") == "TemplateProcessing"), None)
-        if template is None:
+        step = next((step for step in steps if step.get("type") == "TemplateProcessing"), None)
+        if step is None:
             return None
-        pieces = template["single"]
-        source = [piece["SpecialToken"]["id"] for piece in pieces if piece.get("SpecialToken", {}).get("id") in codes]
+        names = [piece["SpecialToken"]["id"] if "SpecialToken" in piece else None for piece in step["single"]]
+        source = [name for name in names if name in codes]
         if not source:
             return None
-        special = {name: token["ids"] for name, token in template["special_tokens"].items()}
-        return cls(tokenizer, codes, pieces, special, source[0])
+        special = {name: token["ids"] for name, token in step["special_tokens"].items()}
+        template = []
+        for name in names:
+            template += ["text"] if name is None else ["language"] if name == source[0] else special[name]
+        return cls(tokenizer, codes, template, source[0])
 
     def encode(self, text: str, src_lang: str) -> list[int]:
         """``text``'s ids with ``src_lang``'s code where the template puts the source language (a 400 naming an
         unknown code)."""
         code = self._code(src_lang, "src_lang")
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
-        out = []
-        for piece in self.template:
-            if "Sequence" in piece:
-                out += ids
-            else:
-                name = piece["SpecialToken"]["id"]
-                out += [code] if name == self.source else self.special[name]
+        ids, out = self.tokenizer.encode(text, add_special_tokens=False), []
+        for part in self.template:
+            out += ids if part == "text" else [code] if part == "language" else [part]
         return out
 
     def target(self, tgt_lang: str) -> int:
@@ -917,7 +921,7 @@ def serve(model, tokenizer, folder: str | Path | None, model_name: str, host: st
     template, special_tokens = load_chat_template(folder) if folder is not None else (None, {})
     languages = None
     if engine.decoder_prompt is not None:  # an encoder-decoder: does it name its languages?
-        languages = Languages.of(tokenizer.tokenizer, folder)
+        languages = Languages.of(tokenizer, folder)
     app = create_app(engine, tokenizer, model_name, template, special_tokens, api_key, max_queue, languages)
     sock = listen(host, port)
     print(f"jaxformer serve: {model_name!r} on http://{host}:{sock.getsockname()[1]} "

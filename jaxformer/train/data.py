@@ -73,6 +73,9 @@ class HFTokenizer:
 
         self.name = path
         self.tokenizer = load_tokenizer(path).tokenizer
+        if self.tokenizer is None:
+            raise ValueError(f"data.tokenizer={path!r} holds SentencePiece files (Marian's, M2M100's), which jaxformer "
+                             "reads to translate and serve; training reads a tokenizer.json")
         self.vocab_size = self.regular_vocab = self.tokenizer.get_vocab_size(with_added_tokens=True)
         eos = self.special("eos")
         self.document_separator = None if eos is None else np.array([eos], np.int32)
