@@ -105,6 +105,10 @@ def test_a_request_s_languages_encode_as_m2m100_tokenizer_with_that_src_lang(fol
     for bad in ("xx", "__fr__", 7):
         with pytest.raises(ApiError, match="is not one of this model's 100 language codes"):
             languages.encode(text, bad)
+        with pytest.raises(ValueError, match="is not one of this tokenizer's 100 language codes"):
+            load_tokenizer(folder).encode(text, source_language=bad)
+    with pytest.raises(ValueError, match="is not one of this tokenizer's 0 language codes .Marian names none"):
+        load_tokenizer(folders("marian")).encode(text, source_language="de")
     assert Languages.of(load_tokenizer(folders("marian")), folders("marian")) is None
 
 

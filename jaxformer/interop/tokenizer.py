@@ -346,6 +346,9 @@ class SentencePieceTokenizer(Tokenizer):
     def encode(self, text: str, add_special_tokens: bool = True, source_language: str | None = None) -> list[int]:
         """``text``'s ids, in the template (``source_language``: M2M100's code to put first; the folder's default
         unless given) where ``add_special_tokens``."""
+        if source_language is not None and source_language not in self.languages:
+            raise ValueError(f"source_language={source_language!r} is not one of this tokenizer's "
+                             f"{len(self.languages)} language codes{' (Marian names none)' * (not self.languages)}")
         ids = []
         for segment in self._segments(text):
             if isinstance(segment, int):
