@@ -123,14 +123,14 @@ def test_concurrent_translations_equal_generate(checkpoints, name):
 
 def test_after_the_warm_up_the_translations_compile_nothing(checkpoints):
     """``warm_up`` compiles every source encoding and decoder step the scheduler can run (one row here: 11 encode
-    and 5 one-token shapes, one a source-table width) and the choice of greedy rows and of draws, plain and top-p,
-    on stand-in rows over the null block: the ten requests then compile no program and still give generate's
-    tokens."""
+    shapes, one a source width bucket, and one one-token shape, its source table as wide as the longest source's)
+    and the choice of greedy rows and of draws, plain and top-p, on stand-in rows over the null block: the ten
+    requests then compile no program and still give generate's tokens."""
     model, sources, expected = checkpoints("marian")
     engine = _engine(model, max_num_seqs=1)
     programs, seconds = engine.warm_up()
     print(f"marian warm-up (1 row): {programs} programs in {seconds:.1f} s")
-    assert programs == 11 + 5 + 3 == len(engine.programs)
+    assert programs == 11 + 1 + 3 == len(engine.programs)
     ids = [engine.add_request(None, SamplingParams(max_tokens=n, temperature=0), source_ids=source)
            for source, n in zip(sources, NEW)]
     out = engine.run()

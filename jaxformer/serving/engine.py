@@ -340,6 +340,30 @@ def _bucket_floor(n: int) -> int:
     return 3 * power // 2 if power >= 2 and 3 * power // 2 <= n else power
 
 
+def _plan(rows: list[tuple[Sequence, int]], shape, call: int, compile_cost: int, compiled: set
+          ) -> tuple[float, list[list[tuple[Sequence, int]]]]:
+    """The least-cost cut of ``rows`` (sequence, tokens), widest first, into calls, and its cost: a call costs
+    ``call`` tokens, its padded [rows, width] program (``shape`` of its rows: (kind, rows, width, ...), the first
+    row the widest) and ``compile_cost`` where that program is not ``compiled`` (``Engine._prefill_calls``); a
+    sequence's two pieces never share a call, and its head (the wider) runs first."""
+    rows = sorted(rows, key=lambda row: -row[1])
+    # least[j]: the least cost of the first j rows, and where its last call starts
+    least = [(0, 0)] + [(math.inf, 0)] * len(rows)
+    for j in range(1, len(rows) + 1):
+        for i in range(j):
+            if len({id(seq) for seq, _ in rows[i:j]}) < j - i:
+                continue
+            program = shape(rows[i:j])
+            cost = least[i][0] + call + program[1] * program[2] + (0 if program in compiled else compile_cost)
+            if cost < least[j][0]:
+                least[j] = (cost, i)
+    calls, j = [], len(rows)
+    while j:
+        calls.append(rows[least[j][1]:j])
+        j = least[j][1]
+    return least[-1][0], calls[::-1]
+
+
 class Engine:
     """Continuous batching of generation requests over a paged KV cache (module docstring). ``num_blocks`` blocks
     of ``block_size`` tokens in one pool per layer (block 0 is the null block); at most ``max_num_seqs`` sequences
@@ -657,7 +681,8 @@ class Engine:
         compiled call each) and the prompt chunks (``_prefill_calls``); hand back each request's new tokens (a drafting
         row's kept drafts and the model's next one) and whether it ended."""
         work = self._schedule()
-        self._encode([seq for seq, _ in work if seq.source is not None and not seq.encoded])
+        for sources in self._encode_calls([seq for seq, _ in work if seq.source is not None and not seq.encoded]):
+            self._encode(sources)
         # (the one-token rows longest first: each group of rows reads up to its own longest, attention.PAGED_ROW_GROUP)
         decode = sorted((w for w in work if w[1] == 1), key=lambda w: -w[0].computed)
         calls = [("decode", decode), ("verify", [w for w in work if w[0].draft])]
@@ -683,8 +708,12 @@ class Engine:
         call, compile_cost = costs
         compiled = {program[:4] for program in self.programs}
 
+        def shape(rows: list[tuple[Sequence, int]]) -> tuple:
+            return ("prefill", _bucket(len(rows), self.max_num_seqs), _bucket(rows[0][1], self.prefill_chunk),
+                    self._table_width(max(len(seq.blocks) for seq, _ in rows)))
+
         def alone(seq: Sequence, count: int) -> float:  # the cost of a call of this chunk alone
-            return self._plan([(seq, count)], call, compile_cost, compiled)[0]
+            return _plan([(seq, count)], shape, call, compile_cost, compiled)[0]
 
         pieces = []
         for seq, count in rows:
@@ -693,32 +722,23 @@ class Engine:
                 pieces += [(seq, head), (seq, count - head)]
             else:
                 pieces.append((seq, count))
-        plans = [self._plan(rows, call, compile_cost, compiled)]
+        plans = [_plan(rows, shape, call, compile_cost, compiled)]
         if len(pieces) > len(rows):
-            plans.append(self._plan(pieces, call, compile_cost, compiled))
+            plans.append(_plan(pieces, shape, call, compile_cost, compiled))
         return min(plans, key=lambda plan: plan[0])[1]
 
-    def _plan(self, rows: list[tuple[Sequence, int]], call: int, compile_cost: int, compiled: set
-              ) -> tuple[float, list[list[tuple[Sequence, int]]]]:
-        """The least-cost cut of ``rows`` (widest first) into calls (``_prefill_calls``), and its cost; a sequence's
-        two pieces never share a call, and its head (the wider) runs first."""
-        rows = sorted(rows, key=lambda row: -row[1])
-        # least[j]: the least cost of the first j rows, and where its last call starts
-        least = [(0, 0)] + [(math.inf, 0)] * len(rows)
-        for j in range(1, len(rows) + 1):
-            for i in range(j):
-                if len({id(seq) for seq, _ in rows[i:j]}) < j - i:
-                    continue
-                B, T = _bucket(j - i, self.max_num_seqs), _bucket(rows[i][1], self.prefill_chunk)
-                shape = ("prefill", B, T, self._table_width(max(len(seq.blocks) for seq, _ in rows[i:j])))
-                cost = least[i][0] + call + B * T + (0 if shape in compiled else compile_cost)
-                if cost < least[j][0]:
-                    least[j] = (cost, i)
-        calls, j = [], len(rows)
-        while j:
-            calls.append(rows[least[j][1]:j])
-            j = least[j][1]
-        return least[-1][0], calls[::-1]
+    def _encode_calls(self, admitted: list[Sequence]) -> list[list[Sequence]]:
+        """The admitted sources split into encoding calls as prompt chunks are (``_prefill_calls``): where a call
+        costs more than padding, all at once; else the least-cost cut, which after the warm-up runs each source in
+        a one-row program at its width (sources of 20 and 250 tokens: [1, 24] and [1, 256], not [2, 256])."""
+        costs = CALL_COST_TOKENS.get(jax.default_backend())
+        if costs is None or not admitted:
+            return [admitted] if admitted else []
+
+        def shape(rows: list[tuple[Sequence, int]]) -> tuple:
+            return "encode", _bucket(len(rows), self.max_num_seqs), _bucket(rows[0][1], self.max_source_len)
+        calls = _plan([(seq, len(seq.source)) for seq in admitted], shape, *costs, set(self.programs))[1]
+        return [[seq for seq, _ in rows] for rows in calls]
 
     def _forced(self, rows: list[tuple[Sequence, int]], B: int) -> np.ndarray | None:
         """The rows' forced tokens [B] (-1: the row chooses), as generate forces them: the request's
@@ -743,7 +763,7 @@ class Engine:
 
     def _encode(self, admitted: list[Sequence]) -> None:
         """Encode the ``admitted`` encoder-decoder sequences' sources (one compiled call, rows and source width
-        bucketed) into their source blocks, before their first decoder step reads them."""
+        bucketed: ``_encode_calls``) into their source blocks, before their first decoder step reads them."""
         if not admitted:
             return
         B = _bucket(len(admitted), self.max_num_seqs)
@@ -762,11 +782,11 @@ class Engine:
         self.programs.setdefault(("encode", B, S), time.perf_counter() - started)
 
     def _source_rows(self, rows: list[tuple[Sequence, int]], B: int) -> tuple[np.ndarray, np.ndarray] | None:
-        """An encoder-decoder's rows' source tables [B, Ms] (Ms bucketed) and source lengths [B] (None: a
-        decoder's rows)."""
+        """An encoder-decoder's rows' source tables [B, Ms] (``_source_table_width``) and source lengths [B] (None:
+        a decoder's rows)."""
         if self.max_source_len is None:
             return None
-        width = _bucket(max(len(seq.source_blocks) for seq, _ in rows), -(-self.max_source_len // self.block_size))
+        width = self._source_table_width(max(len(seq.source_blocks) for seq, _ in rows))
         tables, lengths = np.full((B, width), NULL_BLOCK, np.int32), np.zeros(B, np.int32)
         for r, (seq, _) in enumerate(rows):
             tables[r, :len(seq.source_blocks)] = seq.source_blocks
@@ -810,6 +830,14 @@ class Engine:
         chosen, finite = np.asarray(chosen), np.asarray(finite)
         logprobs = None if logprobs is None else tuple(np.asarray(a) for a in logprobs)
         return chosen, logprobs, finite
+
+    def _source_table_width(self, blocks: int) -> int:
+        """The source-table width of rows whose sources hold at most ``blocks`` blocks: where each layer reads its
+        rows a chunk at a time up to the last slot any row sees (XLA:CPU, ``min_table_slots``), the widest source's,
+        whose unread slots cost only their mask (a step program for every source width, not one per bucket: 8, not
+        80, at the server's defaults over a 512-position Marian); elsewhere a bucket of ``blocks``."""
+        widest = -(-self.max_source_len // self.block_size)
+        return widest if attention.PAGED_CHUNK_SLOTS.get(jax.default_backend()) else _bucket(blocks, widest)
 
     def _table_width(self, blocks: int) -> int:
         """The block-table width bucket of rows holding at most ``blocks`` blocks: a power of two (no midpoints: a
@@ -882,12 +910,13 @@ class Engine:
         row bucket by each table-width bucket; the prompt-chunk calls, each chunk width by each table width that
         holds a chunk that wide, of one sequence or (``every_prefill``) of as many as the prefill budget admits
         (its narrowest chunks taking 2 tokens each). An encoder-decoder's ("encode", rows, source width) calls
-        (``_encode``: as many sources as a step admits, each width bucket up to ``max_source_len``) and its
-        one-token calls (its prompt chunks with ``every_prefill`` only), each by each source-table width bucket (a
-        fifth element, ``_source_rows``); it drafts nothing. So its count is rows x source widths twice over: tiny
-        Marian in ``tests/test_serving_seq2seq.py`` (4 rows, 4 blocks a sequence, sources up to 40 tokens in blocks
-        of 8): 44 encode and 20 one-token shapes; at the server's defaults (16 rows, blocks of 16) a 512-position
-        source gives 8 x 18 and 8 x 10."""
+        (``_encode_calls``: one source a call where calls are priced, XLA:CPU, else as many as a step admits; each
+        width bucket up to ``max_source_len``) and its one-token calls (its prompt chunks with ``every_prefill``
+        only), each by each source-table width (a fifth element, ``_source_table_width``: one on XLA:CPU); it drafts
+        nothing. Tiny Marian in ``tests/test_serving_seq2seq.py`` (4 rows, 4 blocks a sequence, sources up to 40
+        tokens in blocks of 8) on XLA:CPU: 11 encode and 4 one-token shapes (44 and 20 when each rows bucket encoded
+        and each source-table bucket stepped); at the server's defaults (16 rows, blocks of 16) a 512-position
+        source gives 18 and 8 (144 and 80)."""
         def buckets(low: int, high: int, cap: int) -> list[int]:
             return sorted({_bucket(n, cap) for n in range(low, high + 1)})
         rows = buckets(1, self.max_num_seqs, self.max_num_seqs)
@@ -904,10 +933,13 @@ class Engine:
                        for width in tables if width * self.block_size >= narrowest]
         if self.max_source_len is not None:  # (an admission feeds at least one token of the prefill budget)
             admitted = buckets(1, min(self.max_num_seqs, self.prefill_tokens), self.max_num_seqs)
+            if CALL_COST_TOKENS.get(jax.default_backend()) and not every_prefill:
+                admitted = [1]  # (``_encode_calls``: one source a call, unless a wider program is compiled)
             widths = buckets(1, self.max_source_len, self.max_source_len)
-            source_blocks = -(-self.max_source_len // self.block_size)
+            source_tables = sorted({self._source_table_width(n)
+                                    for n in range(1, -(-self.max_source_len // self.block_size) + 1)})
             return ([("encode", count, width) for count in admitted for width in widths]
-                    + [(*shape, blocks) for shape in shapes for blocks in buckets(1, source_blocks, source_blocks)])
+                    + [(*shape, blocks) for shape in shapes for blocks in source_tables])
         if self.draft_tokens:  # a drafting row's last token and its 1 to k drafts
             shapes += [("verify", count, fed, width) for count in rows
                        for fed in buckets(2, self.draft_tokens + 1, self.draft_tokens + 1) for width in tables]
