@@ -122,15 +122,16 @@ def test_concurrent_translations_equal_generate(checkpoints, name):
 
 
 def test_after_the_warm_up_the_translations_compile_nothing(checkpoints):
-    """``warm_up`` compiles every source encoding and decoder step the scheduler can run (one row here: 11 encode
-    shapes, one a source width bucket, and one one-token shape, its source table as wide as the longest source's)
-    and the choice of greedy rows and of draws, plain and top-p, on stand-in rows over the null block: the ten
-    requests then compile no program and still give generate's tokens."""
+    """``warm_up`` compiles every source encoding and decoder step the scheduler can run (on XLA:CPU: 11 one-source
+    encodings, one a source width bucket, and 4 one-token shapes, one a row bucket, their source tables as wide as
+    the longest source's) and at each row count the choice of greedy rows and of draws, plain and top-p, on stand-in
+    rows over the null block: the ten requests through four rows then compile no program (sources admitted together
+    are encoded one a call) and still give generate's tokens."""
     model, sources, expected = checkpoints("marian")
-    engine = _engine(model, max_num_seqs=1)
+    engine = _engine(model)
     programs, seconds = engine.warm_up()
-    print(f"marian warm-up (1 row): {programs} programs in {seconds:.1f} s")
-    assert programs == 11 + 1 + 3 == len(engine.programs)
+    print(f"marian warm-up (4 rows): {programs} programs in {seconds:.1f} s")
+    assert programs == 11 + 4 + 4 * 3 == len(engine.programs)
     ids = [engine.add_request(None, SamplingParams(max_tokens=n, temperature=0), source_ids=source)
            for source, n in zip(sources, NEW)]
     out = engine.run()

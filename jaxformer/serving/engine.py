@@ -344,8 +344,8 @@ def _plan(rows: list[tuple[Sequence, int]], shape, call: int, compile_cost: int,
           ) -> tuple[float, list[list[tuple[Sequence, int]]]]:
     """The least-cost cut of ``rows`` (sequence, tokens), widest first, into calls, and its cost: a call costs
     ``call`` tokens, its padded [rows, width] program (``shape`` of its rows: (kind, rows, width, ...), the first
-    row the widest) and ``compile_cost`` where that program is not ``compiled`` (``Engine._prefill_calls``); a
-    sequence's two pieces never share a call, and its head (the wider) runs first."""
+    row the widest) and ``compile_cost`` where that program is not ``compiled`` (``Engine._prefill_calls``,
+    ``Engine._encode_calls``); a sequence's two pieces never share a call, and its head (the wider) runs first."""
     rows = sorted(rows, key=lambda row: -row[1])
     # least[j]: the least cost of the first j rows, and where its last call starts
     least = [(0, 0)] + [(math.inf, 0)] * len(rows)
