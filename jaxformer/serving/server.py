@@ -124,8 +124,9 @@ class Languages:
         (NLLB: ``[code] text </s>``; its legacy form and mBART's: ``text </s> [code]``), as the tokenizer's
         ``src_lang`` setter rebuilds that template."""
         if isinstance(tokenizer, SentencePieceTokenizer):
-            return cls(tokenizer, tokenizer.languages, tokenizer.template, tokenizer.source_language) \
-                if tokenizer.languages else None
+            if not tokenizer.languages:
+                return None
+            return cls(tokenizer, tokenizer.languages, tokenizer.template, tokenizer.source_language)
         settings = tokenizer_settings(folder)
         names = settings.get("extra_special_tokens") or settings.get("additional_special_tokens") or []
         names = [c.get("content") if isinstance(c, dict) else c
