@@ -259,16 +259,21 @@ def generate(args: argparse.Namespace) -> int:
                     max_matching_ngram_size=args.max_matching_ngram_size)
     # decoders continue the prompt's last token: pad on the left; an encoder reads its source from position 0,
     # as transformers' seq2seq tokenizers pad it (an absolute position table sees left padding as a shift)
+    forced_bos = gen.FROM_MODEL if args.forced_bos_token_id is None else args.forced_bos_token_id
+    languages = _languages(args, tokenizer)
     if args.image:
         batch, images = _image_batch(args.path, model, tokenizer, args.prompt, args.image)
+    elif args.src_lang is not None:
+        batch, images = tokenizer.pad([languages.encode(text, args.src_lang) for text in args.prompt]), {}
     else:
         batch, images = tokenizer(args.prompt, padding_side="left" if model.config.family == "decoder" else "right"), {}
+    if args.tgt_lang is not None:
+        forced_bos = languages.target(args.tgt_lang)
     # the checkpoint's EOS and forced BOS/EOS apply as they do in transformers (generate.generation_defaults)
     call_args, gc = gen.prepare(model, batch["input_ids"], batch["attention_mask"], max_new_tokens=args.max_new_tokens,
                                 do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k,
                                 top_p=args.top_p, num_beams=args.num_beams, seed=args.seed,
-                                forced_bos_token_id=(gen.FROM_MODEL if args.forced_bos_token_id is None
-                                                     else args.forced_bos_token_id),
+                                forced_bos_token_id=forced_bos,
                                 allow_beyond_max_positions=args.allow_beyond_max_positions, **drafting, **images)
     images = gen.loop_images(model, batch["input_ids"], gc, images)  # (prepare checks them, the loop reads these)
     start = time.perf_counter()
@@ -291,6 +296,22 @@ def generate(args: argparse.Namespace) -> int:
     print(f"[{new} new tokens in {elapsed:.2f} s: {new / elapsed:.1f} tokens/s{drafted}; compile {compile_s:.1f} s]",
           file=sys.stderr)
     return 0
+
+
+def _languages(args: argparse.Namespace, tokenizer):
+    """The folder's ``Languages`` where --src-lang or --tgt-lang asks for them (None where neither does), or a
+    ValueError naming what cannot be: a model without language codes, --tgt-lang beside --forced-bos-token-id."""
+    from jaxformer.interop.tokenizer import Languages
+
+    if args.src_lang is None and args.tgt_lang is None:
+        return None
+    if args.tgt_lang is not None and args.forced_bos_token_id is not None:
+        raise ValueError("--tgt-lang and --forced-bos-token-id both choose the first token: give one")
+    languages = Languages.of(tokenizer, args.path)
+    if languages is None:
+        raise ValueError(f"{args.path} names no languages (its tokenizer's template holds no language code): "
+                         "--src-lang and --tgt-lang are for NLLB, M2M-100 and mBART-50")
+    return languages
 
 
 def _image_batch(folder: str, model, tokenizer, prompts: list[str], images: list[str]) -> tuple[dict, dict]:
@@ -779,6 +800,12 @@ def _generate_command(commands) -> None:
     p.add_argument("--forced-bos-token-id", type=int,
                    help="the token every output starts with (translation: the target language's, as M2M-100, NLLB "
                         "and mBART-50 take it; default: the checkpoint's)")
+    p.add_argument("--src-lang", metavar="CODE",
+                   help="translation models that name their languages (NLLB: deu_Latn, M2M-100: de, mBART-50): "
+                        "the prompts' language, its code put where the tokenizer puts it (default: the folder's)")
+    p.add_argument("--tgt-lang", metavar="CODE",
+                   help="the language to translate into: its code's token forced first (--forced-bos-token-id "
+                        "by name)")
     p.add_argument("--assistant-model", metavar="PATH",
                    help="speculative decoding: a smaller checkpoint (or run) folder with the same tokenizer drafts "
                         "tokens that the model verifies several at a time (greedy output unchanged)")

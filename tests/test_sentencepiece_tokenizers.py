@@ -87,10 +87,10 @@ def test_the_language_codes_are_m2m100_tokenizers():
 @pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
 @pytest.mark.parametrize("name", ["m2m100", "m2m100-published"])
 def test_a_request_s_languages_encode_as_m2m100_tokenizer_with_that_src_lang(folders, name):
-    """The server's ``Languages`` over M2M100's files: ``src_lang`` ('fr') puts its token (__fr__) first, as
-    ``M2M100Tokenizer(src_lang='fr')`` encodes; ``tgt_lang`` is its token's id (``get_lang_id``); the folder's own
-    source language without one; an unknown code a 400 naming it; Marian names no language."""
-    from jaxformer.serving.server import ApiError, Languages
+    """``Languages`` (the server's and the CLI's) over M2M100's files: ``src_lang`` ('fr') puts its token (__fr__)
+    first, as ``M2M100Tokenizer(src_lang='fr')`` encodes; ``tgt_lang`` is its token's id (``get_lang_id``); the
+    folder's own source language without one; an unknown code refused naming it; Marian names no language."""
+    from jaxformer.interop.tokenizer import Languages
 
     folder = folders(name)
     languages = Languages.of(load_tokenizer(folder), folder)
@@ -103,7 +103,7 @@ def test_a_request_s_languages_encode_as_m2m100_tokenizer_with_that_src_lang(fol
             text, source_language=code)
         assert languages.target(code) == other.get_lang_id(code)
     for bad in ("xx", "__fr__", 7):
-        with pytest.raises(ApiError, match="is not one of this model's 100 language codes"):
+        with pytest.raises(ValueError, match="is not one of this model's 100 language codes"):
             languages.encode(text, bad)
         with pytest.raises(ValueError, match="is not one of this tokenizer's 100 language codes"):
             load_tokenizer(folder).encode(text, source_language=bad)
@@ -160,3 +160,41 @@ def test_training_from_a_folder_whose_tokenizer_is_sentencepiece_asks_for_one_it
         main([f"run.dir={tmp_path / 'run'}", f"model.init_from=hf:{folder}", "train.objective=seq2seq",
               "train.steps=2", "train.batch_size=2", "train.seq_len=16", "optim.warmup_steps=0"])
     assert not any((tmp_path / "run").iterdir())
+
+
+@pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
+def test_generate_translates_between_the_languages_named_on_the_command_line(folders, tmp_path, capsys):
+    """``jaxformer generate --src-lang fr --tgt-lang de`` over an M2M100 folder with SentencePiece files: the
+    prompts encoded as ``M2M100Tokenizer(src_lang='fr')`` encodes them, German's token forced first, the rows
+    generate gives decoded; a model without language codes, an unknown code and --tgt-lang beside
+    --forced-bos-token-id exit 2 naming the problem."""
+    import shutil
+
+    import jaxformer as jf
+    from jaxformer.cli import main
+    from tests.hf_factory import save_checkpoint
+
+    folder = tmp_path / "m2m100"
+    shutil.copytree(folders("m2m100-published"), folder)
+    reference = _reference("m2m100", folder, src_lang="fr")
+    # (weights wider than the factory's, so the two prompts translate apart; 8 made-up words after the codes)
+    save_checkpoint("m2m100", folder, changes=dict(vocab_size=len(reference) + 8, max_position_embeddings=64,
+                                                   init_std=0.5))
+    model, texts = jf.from_pretrained(folder), ["hello world", "über café, straße"]
+    batch = reference(texts, padding=True, return_tensors="np")
+    rows = np.asarray(model.generate(batch["input_ids"].astype(np.int32), batch["attention_mask"].astype(np.int32),
+                                     max_new_tokens=5, forced_bos_token_id=reference.get_lang_id("de")))
+    assert set(rows[:, 1].tolist()) == {reference.get_lang_id("de")}
+    expected = "".join(reference.decode(row, skip_special_tokens=True) + "\n" for row in rows)
+    argv = ["generate", str(folder), *(a for text in texts for a in ("--prompt", text)), "--max-new-tokens", "5"]
+    assert main(argv + ["--src-lang", "fr", "--tgt-lang", "de"]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out == expected
+    for extra, message in ((["--tgt-lang", "tlh"], "tgt_lang='tlh' is not one of this model's 100 language codes"),
+                           (["--tgt-lang", "de", "--forced-bos-token-id", "5"], "give one")):
+        assert main(argv + extra) == 2
+        assert message in capsys.readouterr().err
+    marian = tmp_path / "marian"
+    shutil.copytree(folders("marian-published"), marian)
+    save_checkpoint("marian", marian, changes=dict(vocab_size=len(load_tokenizer(marian).vocab)))
+    assert main(["generate", str(marian), "--prompt", "hello", "--src-lang", "en"]) == 2
+    assert "names no languages" in capsys.readouterr().err

@@ -31,9 +31,14 @@ class Tokenizer:
 
         Rows longer than ``max_length`` raise (silent truncation would change what the model sees).
         """
+        rows = [self.encode(t, add_special_tokens) for t in ([texts] if isinstance(texts, str) else texts)]
+        return self.pad(rows, max_length=max_length, padding_side=padding_side)
+
+    def pad(self, rows: list[list[int]], *, max_length: int | None = None, padding_side: str = "right"
+            ) -> dict[str, np.ndarray]:
+        """Encoded ``rows`` as ``__call__``'s batch."""
         if padding_side not in ("left", "right"):
             raise ValueError(f"padding_side={padding_side!r}; valid: 'left', 'right'")
-        rows = [self.encode(t, add_special_tokens) for t in ([texts] if isinstance(texts, str) else texts)]
         if not rows or min(len(r) for r in rows) == 0:
             raise ValueError("every text must encode to at least one token")
         longest = max(len(r) for r in rows)
@@ -181,6 +186,70 @@ def write_byte_level_tokenizer(folder: str | Path, special_tokens: dict[int, str
                 **{role: token for role, token in roles.items() if token in present}}
     (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
+
+
+class Languages:
+    """An encoder-decoder's language tokens, for a translation request's ``src_lang`` and ``tgt_lang`` (the names
+    transformers' translation pipeline and tokenizers use): NLLB, M2M100, mBART-50. ``codes``: each code's token id;
+    ``template``: a source's ids around its text ("text") and its language's token ("language"), as the tokenizer
+    puts them; ``source``: the code a text is in unless the request names another. ``encode`` puts the request's
+    code where the template has it; ``target`` is a code's id, which the engine forces as the first generated token
+    (generate's ``forced_bos_token_id``)."""
+
+    def __init__(self, tokenizer, codes: dict[str, int], template: list[int | str], source: str):
+        self.tokenizer, self.codes, self.template, self.source = tokenizer, codes, template, source
+
+    @classmethod
+    def of(cls, tokenizer, folder: str | Path | None) -> Languages | None:
+        """The languages of ``tokenizer`` (``load_tokenizer``'s) and its folder, or None where it names none
+        (Marian, T5, BART: one language pair, or none named). M2M100's SentencePiece files: its tokenizer's own
+        codes (``de``: the token ``__de__``), the code first. A tokenizer.json: its codes are its extra special
+        tokens as tokenizer_config.json lists them (``extra_special_tokens``; ``additional_special_tokens`` in
+        older folders), and the source language is the code its post-processor's template puts around the text
+        (NLLB: ``[code] text </s>``; its legacy form and mBART's: ``text </s> [code]``), as the tokenizer's
+        ``src_lang`` setter rebuilds that template."""
+        if isinstance(tokenizer, SentencePieceTokenizer):
+            if not tokenizer.languages:
+                return None
+            return cls(tokenizer, tokenizer.languages, tokenizer.template, tokenizer.source_language)
+        settings = tokenizer_settings(folder)
+        names = settings.get("extra_special_tokens") or settings.get("additional_special_tokens") or []
+        names = [c.get("content") if isinstance(c, dict) else c
+                 for c in (names.values() if isinstance(names, dict) else names)]
+        codes = {name: i for name in names if isinstance(name, str) and (i := tokenizer.token_to_id(name)) is not None}
+        processor = json.loads(tokenizer.tokenizer.to_str()).get("post_processor") or {}
+        steps = processor.get("processors", []) if processor.get("type") == "Sequence" else [processor]
+        step = next((step for step in steps if step.get("type") == "TemplateProcessing"), None)
+        if step is None:
+            return None
+        names = [piece["SpecialToken"]["id"] if "SpecialToken" in piece else None for piece in step["single"]]
+        source = [name for name in names if name in codes]
+        if not source:
+            return None
+        special = {name: token["ids"] for name, token in step["special_tokens"].items()}
+        template = []
+        for name in names:
+            template += ["text"] if name is None else ["language"] if name == source[0] else special[name]
+        return cls(tokenizer, codes, template, source[0])
+
+    def encode(self, text: str, src_lang: str) -> list[int]:
+        """``text``'s ids with ``src_lang``'s code where the template puts the source language (a ValueError naming
+        an unknown code)."""
+        code = self._code(src_lang, "src_lang")
+        ids, out = self.tokenizer.encode(text, add_special_tokens=False), []
+        for part in self.template:
+            out += ids if part == "text" else [code] if part == "language" else [part]
+        return out
+
+    def target(self, tgt_lang: str) -> int:
+        return self._code(tgt_lang, "tgt_lang")
+
+    def _code(self, language, param: str) -> int:
+        if not isinstance(language, str) or language not in self.codes:
+            known = sorted(self.codes)
+            raise ValueError(f"{param}={language!r} is not one of this model's {len(known)} language codes "
+                             f"({', '.join(known[:6])}{', ...' if len(known) > 6 else ''})")
+        return self.codes[language]
 
 # ------------------------------------------------------------------------------------------ SentencePiece files
 

@@ -44,7 +44,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from jaxformer.interop.tokenizer import SentencePieceTokenizer, tokenizer_settings
+from jaxformer.interop.tokenizer import Languages, tokenizer_settings
 from jaxformer.layers import dtype_of
 from jaxformer.serving.engine import Engine, RequestOutput, SamplingParams
 
@@ -103,68 +103,12 @@ def load_chat_template(folder: str | Path) -> tuple[str | None, dict[str, str]]:
     return template, tokens
 
 
-class Languages:
-    """An encoder-decoder's language tokens, for a translation request's ``src_lang`` and ``tgt_lang`` (the names
-    transformers' translation pipeline and tokenizers use): NLLB, M2M100, mBART-50. ``codes``: each code's token id;
-    ``template``: a source's ids around its text ("text") and its language's token ("language"), as the tokenizer
-    puts them; ``source``: the code a text is in unless the request names another. ``encode`` puts the request's
-    code where the template has it; ``target`` is a code's id, which the engine forces as the first generated token
-    (generate's ``forced_bos_token_id``)."""
-
-    def __init__(self, tokenizer, codes: dict[str, int], template: list[int | str], source: str):
-        self.tokenizer, self.codes, self.template, self.source = tokenizer, codes, template, source
-
-    @classmethod
-    def of(cls, tokenizer, folder: str | Path | None) -> Languages | None:
-        """The languages of ``tokenizer`` (``load_tokenizer``'s) and its folder, or None where it names none
-        (Marian, T5, BART: one language pair, or none named). M2M100's SentencePiece files: its tokenizer's own
-        codes (``de``: the token ``__de__``), the code first. A tokenizer.json: its codes are its extra special
-        tokens as tokenizer_config.json lists them (``extra_special_tokens``; ``additional_special_tokens`` in
-        older folders), and the source language is the code its post-processor's template puts around the text
-        (NLLB: ``[code] text </s>``; its legacy form and mBART's: ``text </s> [code]``), as the tokenizer's
-        ``src_lang`` setter rebuilds that template."""
-        if isinstance(tokenizer, SentencePieceTokenizer):
-            if not tokenizer.languages:
-                return None
-            return cls(tokenizer, tokenizer.languages, tokenizer.template, tokenizer.source_language)
-        settings = tokenizer_settings(folder)
-        names = settings.get("extra_special_tokens") or settings.get("additional_special_tokens") or []
-        names = [c.get("content") if isinstance(c, dict) else c
-                 for c in (names.values() if isinstance(names, dict) else names)]
-        codes = {name: i for name in names if isinstance(name, str) and (i := tokenizer.token_to_id(name)) is not None}
-        processor = json.loads(tokenizer.tokenizer.to_str()).get("post_processor") or {}
-        steps = processor.get("processors", []) if processor.get("type") == "Sequence" else [processor]
-        step = next((step for step in steps if step.get("type") == "TemplateProcessing"), None)
-        if step is None:
-            return None
-        names = [piece["SpecialToken"]["id"] if "SpecialToken" in piece else None for piece in step["single"]]
-        source = [name for name in names if name in codes]
-        if not source:
-            return None
-        special = {name: token["ids"] for name, token in step["special_tokens"].items()}
-        template = []
-        for name in names:
-            template += ["text"] if name is None else ["language"] if name == source[0] else special[name]
-        return cls(tokenizer, codes, template, source[0])
-
-    def encode(self, text: str, src_lang: str) -> list[int]:
-        """``text``'s ids with ``src_lang``'s code where the template puts the source language (a 400 naming an
-        unknown code)."""
-        code = self._code(src_lang, "src_lang")
-        ids, out = self.tokenizer.encode(text, add_special_tokens=False), []
-        for part in self.template:
-            out += ids if part == "text" else [code] if part == "language" else [part]
-        return out
-
-    def target(self, tgt_lang: str) -> int:
-        return self._code(tgt_lang, "tgt_lang")
-
-    def _code(self, language, param: str) -> int:
-        if not isinstance(language, str) or language not in self.codes:
-            known = sorted(self.codes)
-            raise ApiError(400, f"{param}={language!r} is not one of this model's {len(known)} language codes "
-                                f"({', '.join(known[:6])}{', ...' if len(known) > 6 else ''})", param=param)
-        return self.codes[language]
+def _language(use, *args):
+    """A ``Languages`` call (``encode(text, src_lang)``, ``target(tgt_lang)``), its unknown code a 400 naming it."""
+    try:
+        return use(*args)
+    except ValueError as err:
+        raise ApiError(400, str(err), param=str(err).split("=", 1)[0]) from None
 
 
 def compile_chat_template(template: str):
@@ -693,7 +637,7 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                                 "src_lang and tgt_lang are for translation models that name their languages (NLLB, "
                                 "M2M100, mBART-50)", param="src_lang" if src_lang is not None else "tgt_lang")
         if isinstance(prompt, str) and prompt:
-            ids = tokenizer.encode(prompt) if src_lang is None else languages.encode(prompt, src_lang)
+            ids = tokenizer.encode(prompt) if src_lang is None else _language(languages.encode, prompt, src_lang)
         elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
             if src_lang is not None:
                 raise ApiError(400, "src_lang applies to a text prompt; token ids carry their own language code",
@@ -704,7 +648,7 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                                 "for now)", param="prompt")
         params, stops = _sampling(body, 16)
         if tgt_lang is not None:
-            params = dataclasses.replace(params, forced_bos_token_id=languages.target(tgt_lang))
+            params = dataclasses.replace(params, forced_bos_token_id=_language(languages.target, tgt_lang))
         return await answer(request, body, "text_completion", ids, params, stops)
 
     @app.post("/v1/chat/completions")
