@@ -106,7 +106,7 @@ def m2m100_tokenizer(folder: Path, legacy: bool = False, language_codes: str = "
             {**specials, "src_lang": src_lang, "tgt_lang": None, "language_codes": language_codes,
              "num_madeup_words": 8, "model_max_length": 1024, "tokenizer_class": "M2M100Tokenizer"}))
         (folder / "special_tokens_map.json").write_text(json.dumps(
-            {**specials, "additional_special_tokens": [f"__{code}__" for code in FAIRSEQ_LANGUAGE_CODES[language_codes]]}))
+            {**specials, "additional_special_tokens": [f"__{c}__" for c in FAIRSEQ_LANGUAGE_CODES[language_codes]]}))
     else:
         from transformers import M2M100Tokenizer
 
