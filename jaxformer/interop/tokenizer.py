@@ -139,8 +139,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         tokenizer.encode_special_tokens = bool(tokenizer_settings(folder).get("split_special_tokens", False))
     for name, key in (("tokenizer_config.json", "pad_token"), ("special_tokens_map.json", "pad_token")):
         if pad_id is None and (folder / name).exists():
-            token = json.loads((folder / name).read_text(encoding="utf-8")).get(key)
-            token = token.get("content") if isinstance(token, dict) else token
+            token = _content(json.loads((folder / name).read_text(encoding="utf-8")).get(key))
             pad_id = tokenizer.token_to_id(token) if token else None
     if pad_id is None and tokenizer.padding is not None:
         pad_id = tokenizer.padding.get("pad_id")
@@ -187,6 +186,26 @@ def write_byte_level_tokenizer(folder: str | Path, special_tokens: dict[int, str
     (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
 
 
+def _content(token) -> str | None:
+    """A special token as a folder writes it: its text, or an AddedToken dict's ``content``."""
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def extra_special_tokens(settings: dict) -> list[str]:
+    """The extra special tokens a tokenizer_config.json (or special_tokens_map.json) lists: ``extra_special_tokens``,
+    or ``additional_special_tokens`` in older folders (strings, or AddedToken dicts' contents)."""
+    tokens = settings.get("extra_special_tokens") or settings.get("additional_special_tokens") or []
+    tokens = [_content(token) for token in (tokens.values() if isinstance(tokens, dict) else tokens)]
+    return [token for token in tokens if isinstance(token, str)]
+
+
+def _fill(template: list[int | str], ids: list[int], language: int | None) -> list[int]:
+    """A template of token ids, "text" and "language" (``Languages``) with ``ids`` and ``language`` in place."""
+    out = []
+    for part in template:
+        out += ids if part == "text" else [language] if part == "language" else [part]
+    return out
+
 
 class Languages:
     """An encoder-decoder's language tokens, for a translation request's ``src_lang`` and ``tgt_lang`` (the names
@@ -212,11 +231,8 @@ class Languages:
             if not tokenizer.languages:
                 return None
             return cls(tokenizer, tokenizer.languages, tokenizer.template, tokenizer.source_language)
-        settings = tokenizer_settings(folder)
-        names = settings.get("extra_special_tokens") or settings.get("additional_special_tokens") or []
-        names = [c.get("content") if isinstance(c, dict) else c
-                 for c in (names.values() if isinstance(names, dict) else names)]
-        codes = {name: i for name in names if isinstance(name, str) and (i := tokenizer.token_to_id(name)) is not None}
+        codes = {name: i for name in extra_special_tokens(tokenizer_settings(folder))
+                 if (i := tokenizer.token_to_id(name)) is not None}
         processor = json.loads(tokenizer.tokenizer.to_str()).get("post_processor") or {}
         steps = processor.get("processors", []) if processor.get("type") == "Sequence" else [processor]
         step = next((step for step in steps if step.get("type") == "TemplateProcessing"), None)
@@ -236,10 +252,7 @@ class Languages:
         """``text``'s ids with ``src_lang``'s code where the template puts the source language (a ValueError naming
         an unknown code)."""
         code = self._code(src_lang, "src_lang")
-        ids, out = self.tokenizer.encode(text, add_special_tokens=False), []
-        for part in self.template:
-            out += ids if part == "text" else [code] if part == "language" else [part]
-        return out
+        return _fill(self.template, self.tokenizer.encode(text, add_special_tokens=False), code)
 
     def target(self, tgt_lang: str) -> int:
         return self._code(tgt_lang, "tgt_lang")
@@ -250,6 +263,7 @@ class Languages:
             raise ValueError(f"{param}={language!r} is not one of this model's {len(known)} language codes "
                              f"({', '.join(known[:6])}{', ...' if len(known) > 6 else ''})")
         return self.codes[language]
+
 
 # ------------------------------------------------------------------------------------------ SentencePiece files
 
@@ -286,10 +300,6 @@ def sentencepiece_layout(folder: str | Path) -> str | None:
         if all((folder / name).exists() for name in files):
             return layout
     return None
-
-
-def _content(token) -> str | None:
-    return token.get("content") if isinstance(token, dict) else token
 
 
 def _read_json(path: Path, what: str):
@@ -387,9 +397,7 @@ class SentencePieceTokenizer(Tokenizer):
             merged.update(_read_json(folder / "special_tokens_map.json", "special_tokens_map.json"))
         specials = dict(DEFAULT_SPECIALS[self.layout])
         specials.update({role: _content(merged[role]) for role in SPECIAL_ROLES if merged.get(role) is not None})
-        extra = merged.get("extra_special_tokens") or merged.get("additional_special_tokens") or []
-        extra = [_content(token) for token in (extra.values() if isinstance(extra, dict) else extra)]
-        return specials, [token for token in extra if isinstance(token, str)], added
+        return specials, extra_special_tokens(merged), added
 
     def _piece_id(self, piece: str) -> int:
         """A piece's id: M2M100's language tokens, then vocab.json, else ``<unk>`` (vocab.json does not follow the
@@ -429,10 +437,7 @@ class SentencePieceTokenizer(Tokenizer):
             ids += [self._piece_id(piece) for piece in self.encoder_model.encode(segment, out_type=str)]
         if not add_special_tokens:
             return ids
-        language, out = self.languages.get(source_language or self.source_language), []
-        for part in self.template:
-            out += ids if part == "text" else [language] if part == "language" else [part]
-        return out
+        return _fill(self.template, ids, self.languages.get(source_language or self.source_language))
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """The text of ``ids`` as the reference's ``decode``: runs of pieces through the SentencePiece model (Marian:

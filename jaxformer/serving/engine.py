@@ -732,13 +732,18 @@ class Engine:
         costs more than padding, all at once; else the least-cost cut, which after the warm-up runs each source in
         a one-row program at its width (sources of 20 and 250 tokens: [1, 24] and [1, 256], not [2, 256])."""
         costs = CALL_COST_TOKENS.get(jax.default_backend())
-        if costs is None or not admitted:
+        if not admitted or costs is None:
             return [admitted] if admitted else []
 
         def shape(rows: list[tuple[Sequence, int]]) -> tuple:
-            return "encode", _bucket(len(rows), self.max_num_seqs), _bucket(rows[0][1], self.max_source_len)
+            return self._encode_shape([seq for seq, _ in rows])
         calls = _plan([(seq, len(seq.source)) for seq in admitted], shape, *costs, set(self.programs))[1]
         return [[seq for seq, _ in rows] for rows in calls]
+
+    def _encode_shape(self, sources: list[Sequence]) -> tuple[str, int, int]:
+        """The ("encode", rows, source width) program of ``sources``, both bucketed."""
+        return ("encode", _bucket(len(sources), self.max_num_seqs),
+                _bucket(max(len(seq.source) for seq in sources), self.max_source_len))
 
     def _forced(self, rows: list[tuple[Sequence, int]], B: int) -> np.ndarray | None:
         """The rows' forced tokens [B] (-1: the row chooses), as generate forces them: the request's
@@ -766,8 +771,8 @@ class Engine:
         bucketed: ``_encode_calls``) into their source blocks, before their first decoder step reads them."""
         if not admitted:
             return
-        B = _bucket(len(admitted), self.max_num_seqs)
-        S = _bucket(max(len(seq.source) for seq in admitted), self.max_source_len)
+        program = self._encode_shape(admitted)
+        _, B, S = program
         ids = np.full((B, S), self.config.tokens.pad or 0, np.int32)
         valid, tables = np.zeros((B, S), bool), np.full((B, -(-S // self.block_size)), NULL_BLOCK, np.int32)
         for r, seq in enumerate(admitted):
@@ -779,7 +784,7 @@ class Engine:
         k, v = encode_sources(graphdef, jax.tree.unflatten(treedef, self.weights), self.pool.k, self.pool.v, ids, valid,
                               tables)
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
-        self.programs.setdefault(("encode", B, S), time.perf_counter() - started)
+        self.programs.setdefault(program, time.perf_counter() - started)
 
     def _source_rows(self, rows: list[tuple[Sequence, int]], B: int) -> tuple[np.ndarray, np.ndarray] | None:
         """An encoder-decoder's rows' source tables [B, Ms] (``_source_table_width``) and source lengths [B] (None:

@@ -103,12 +103,12 @@ def load_chat_template(folder: str | Path) -> tuple[str | None, dict[str, str]]:
     return template, tokens
 
 
-def _language(use, *args):
-    """A ``Languages`` call (``encode(text, src_lang)``, ``target(tgt_lang)``), its unknown code a 400 naming it."""
+def _language(param: str, use, *args):
+    """A ``Languages`` call (``encode(text, src_lang)``, ``target(tgt_lang)``), an unknown code a 400 on ``param``."""
     try:
         return use(*args)
     except ValueError as err:
-        raise ApiError(400, str(err), param=str(err).split("=", 1)[0]) from None
+        raise ApiError(400, str(err), param=param) from None
 
 
 def compile_chat_template(template: str):
@@ -637,7 +637,8 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                                 "src_lang and tgt_lang are for translation models that name their languages (NLLB, "
                                 "M2M100, mBART-50)", param="src_lang" if src_lang is not None else "tgt_lang")
         if isinstance(prompt, str) and prompt:
-            ids = tokenizer.encode(prompt) if src_lang is None else _language(languages.encode, prompt, src_lang)
+            ids = (tokenizer.encode(prompt) if src_lang is None
+                   else _language("src_lang", languages.encode, prompt, src_lang))
         elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
             if src_lang is not None:
                 raise ApiError(400, "src_lang applies to a text prompt; token ids carry their own language code",
@@ -648,7 +649,8 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                                 "for now)", param="prompt")
         params, stops = _sampling(body, 16)
         if tgt_lang is not None:
-            params = dataclasses.replace(params, forced_bos_token_id=_language(languages.target, tgt_lang))
+            forced = _language("tgt_lang", languages.target, tgt_lang)
+            params = dataclasses.replace(params, forced_bos_token_id=forced)
         return await answer(request, body, "text_completion", ids, params, stops)
 
     @app.post("/v1/chat/completions")
