@@ -122,13 +122,15 @@ class PagedRows:
             return self.blocks(jnp.where(never, first, self.tables))
         return self.blocks(self.tables, jnp.where(never, first, self.layer))
 
-    def blocks(self, tables: Array, layer: Array | int | None = None) -> Array:
+    def blocks(self, tables: Array, layer: Array | int | None = None, heads_first: bool = False) -> Array:
         """The slots [B, K, C * block_size, H] of the blocks ``tables`` [B, C] name (a few of the rows' table
-        columns: ``layers.attention``'s chunked read), at this layer (or ``layer``)."""
+        columns: ``layers.attention``'s chunked read), at this layer (or ``layer``); ``heads_first``: [K, B, ...]."""
         if self.layer is None:  # the layer's own pool [K, N, block_size, H]
-            rows = self.pool[:, tables].swapaxes(0, 1)  # [B, K, C, block_size, H]
+            rows = self.pool[:, tables]  # [K, B, C, block_size, H]
+            rows = rows if heads_first else rows.swapaxes(0, 1)
         else:
-            rows = self.pool[self.layer if layer is None else layer, tables].swapaxes(1, 2)  # [B, K, C, size, H]
+            rows = self.pool[self.layer if layer is None else layer, tables]  # [B, C, K, size, H]
+            rows = rows.transpose(2, 0, 1, 3, 4) if heads_first else rows.swapaxes(1, 2)
         B, K, C, size, H = rows.shape
         return rows.reshape(B, K, C * size, H)
 

@@ -249,22 +249,32 @@ def _paged_rows(q: Array, k: PagedRows, v: PagedRows, tables: Array, mask: Array
     width = chunk * k.block_size
     seen = jnp.any(mask, axis=(0, 1, 2))
     steps = (jnp.max(jnp.where(seen, jnp.arange(seen.shape[0]), -1)) + width) // width  # up to the last seen slot
+    # Heads first [K, B, ...] inside the loop: the chunk's gathered keys and values are then the plain batched
+    # operands of their matmuls (a 32-row gpt2-124M one-token step on XLA:CPU: its attention 58 -> 53 ms). The mask
+    # and bias come in with the G query heads of a group already stacked (``_scores`` then has G = 1).
+    q = q.swapaxes(0, 1)
+    if G > 1:
+        mask = jnp.broadcast_to(mask[:, :, None], (mask.shape[0], 1, G, T, mask.shape[-1]))
+    mask = mask.reshape(mask.shape[0], 1, G * T, -1).swapaxes(0, 1)
+    if bias is not None:
+        bias = bias.reshape(bias.shape[0], K, G * T, -1).swapaxes(0, 1)
 
     def read(c, carry):
         top, total, acc = carry
         blocks = jax.lax.dynamic_slice_in_dim(tables, c * chunk, chunk, axis=1)
-        s = _scores(q, k.blocks(blocks), jax.lax.dynamic_slice_in_dim(mask, c * width, width, axis=3),
+        s = _scores(q, k.blocks(blocks, heads_first=True), jax.lax.dynamic_slice_in_dim(mask, c * width, width, axis=3),
                     None if bias is None else jax.lax.dynamic_slice_in_dim(bias, c * width, width, axis=3),
-                    scale, softcap, G, T)
-        values = v.blocks(blocks)
+                    scale, softcap, 1, G * T)
+        values = v.blocks(blocks, heads_first=True)
         new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
         e, kept = jnp.exp(s - new_top), jnp.exp(top - new_top)
-        acc = acc * kept + jnp.einsum("BKMS,BKSH->BKMH", e.astype(values.dtype), values,
+        acc = acc * kept + jnp.einsum("KBMS,KBSH->KBMH", e.astype(values.dtype), values,
                                       preferred_element_type=jnp.float32)
         return new_top, total * kept + jnp.sum(e, axis=-1, keepdims=True), acc
 
-    return jax.lax.fori_loop(0, steps, read, (jnp.full((B, K, rows, 1), -jnp.inf), jnp.zeros((B, K, rows, 1)),
-                                              jnp.zeros((B, K, rows, Hv), jnp.float32)))
+    carry = jax.lax.fori_loop(0, steps, read, (jnp.full((K, B, rows, 1), -jnp.inf), jnp.zeros((K, B, rows, 1)),
+                                               jnp.zeros((K, B, rows, Hv), jnp.float32)))
+    return tuple(part.swapaxes(0, 1) for part in carry)
 
 
 def _attend(q, k, v, mask, bias, scale, dropout_rate, key, softcap, with_weights: bool,
