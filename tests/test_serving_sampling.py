@@ -12,13 +12,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
-                                                    TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+                                                    SequenceBiasLogitsProcessor, TemperatureLogitsWarper,
+                                                    TopKLogitsWarper, TopPLogitsWarper)
 
 import jaxformer as jf
 from jaxformer.generate import _filter_candidates, filter_top_k_top_p
 from jaxformer.serving import Engine, SamplingParams
-from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, choose_tokens, draw, greedy, penalize_rows,
-                                        sampling_rows, warp_rows)
+from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, bias_rows, choose_tokens, draw, greedy,
+                                        penalize_rows, sampling_rows, warp_rows)
 from tests.hf_factory import save_checkpoint
 
 BLOCK, MAX_LEN = 8, 64
@@ -193,6 +194,36 @@ def test_a_plain_greedy_batch_compiles_no_sort_penalty_or_log_softmax():
                                                                                           True)
     # min-p and top-k of greedy rows are not compiled: they do not change an argmax
     assert program(temperature=0, top_k=3, min_p=0.2)[0] == SamplerFlags()
+    flags, biased = program(temperature=0, logit_bias={3: 2.5})
+    assert flags == SamplerFlags(bias=True) and any(name.startswith("scatter") for name in biased)
+
+
+def test_a_logit_bias_row_by_row_equals_transformers_sequence_bias():
+    """Each row's biases added at its ids (OpenAI's logit_bias: transformers' SequenceBiasLogitsProcessor with
+    one-token sequences), rows of other widths and none beside it; then the penalties see the biased logits."""
+    rng = np.random.default_rng(1)
+    B, V = 5, 48
+    logits = (rng.standard_normal((B, V)) * 3).astype(np.float32)
+    # the last row tells the order apart: biased then penalised, token 17 reads (2 + 2) / 2 < 2.2, token 40's; the
+    # other way round 2 / 2 + 2 > 2.2
+    logits[4] = rng.uniform(-1, 1, V)
+    logits[4, 17], logits[4, 40] = 2.0, 2.2
+    settings = [({3: -100.0, 17: 2.5, 40: 0.25}, 1.3), ({}, 1.3), ({0: 100.0}, 1.0), ({47: -1.5, 5: 7.0}, 1.3),
+                ({17: 2.0}, 2.0)]
+    rows, flags = sampling_rows([(SamplingParams(temperature=0, logit_bias=bias, repetition_penalty=penalty), 0,
+                                  [5, 17, 9], 2) for bias, penalty in settings], B, 64)
+    assert flags.bias and rows.bias_ids.shape == (B, 4)  # (the widest row's 3 entries in a power of two)
+    biased = np.asarray(bias_rows(jnp.asarray(logits), rows.bias_ids, rows.bias_values))
+    chosen = np.asarray(choose_tokens(jnp.asarray(logits), rows, flags)[0])
+    for r, (bias, penalty) in enumerate(settings):
+        ids = torch.tensor([[5, 17, 9]])
+        expected = torch.tensor(logits[r:r + 1])
+        if bias:  # (transformers refuses an empty bias)
+            expected = SequenceBiasLogitsProcessor({(token,): value for token, value in bias.items()})(ids, expected)
+        np.testing.assert_array_equal(biased[r], expected[0].numpy(), err_msg=f"row {r}")
+        expected = RepetitionPenaltyLogitsProcessor(penalty)(ids, expected)
+        assert chosen[r] == int(expected.argmax()), f"row {r}"
+    assert not np.array_equal(biased[0], logits[0]) and np.array_equal(biased[1], logits[1]) and chosen[4] == 40
 
 
 def test_a_penalised_greedy_request_equals_transformers_generate(models):
@@ -205,6 +236,23 @@ def test_a_penalised_greedy_request_equals_transformers_generate(models):
                                    max_new_tokens=12, do_sample=False, repetition_penalty=1.8)[0, len(prompt):]
         plain = theirs.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):]
     assert tokens == expected.tolist() and tokens != plain.tolist()  # (the penalty changed the output)
+
+
+def test_a_biased_greedy_request_equals_transformers_generate_with_sequence_bias(models):
+    ours, theirs = models
+    prompt = [5, 9, 9, 17, 5, 40, 3]
+    with torch.no_grad():
+        plain = theirs.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False)[0, len(prompt):].tolist()
+    bias = {plain[0]: -100.0, plain[3]: -4.0, 11: 3.0}  # (the plain first token barred: the output must change)
+    (tokens, _), = _run(_engine(ours), [(prompt, SamplingParams(max_tokens=12, temperature=0, logit_bias=bias))])
+    with torch.no_grad():
+        expected = theirs.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                   max_new_tokens=12, do_sample=False,
+                                   sequence_bias={(token,): value for token, value in bias.items()})
+    assert tokens == expected[0, len(prompt):].tolist() and tokens != plain
+    vocab = ours.config.vocab_size
+    with pytest.raises(ValueError, match=rf"logit_bias holds \[{vocab}\] outside the vocabulary \[0, {vocab}\)"):
+        _engine(ours).add_request(prompt, SamplingParams(logit_bias={vocab: 1.0, 2: 1.0}))
 
 
 def test_logprobs_equal_log_softmax_of_transformers_logits(models):
@@ -234,8 +282,9 @@ def test_a_mixed_batch_gives_each_row_what_it_gets_alone(models):
              SamplingParams(max_tokens=10, temperature=0.9, min_p=0.1, seed=3),
              SamplingParams(max_tokens=6, temperature=0, logprobs=5),
              SamplingParams(max_tokens=8, temperature=1.2, top_p=0.9, top_k=20, seed=4, logprobs=2,
-                            frequency_penalty=-0.5)]
-    requests = [(rng.integers(3, 97, n).tolist(), params) for n, params in zip((4, 19, 7, 11, 2), mixed)]
+                            frequency_penalty=-0.5),
+             SamplingParams(max_tokens=5, temperature=0, logit_bias={7: 4.0, 30: -2.0, 31: 1.0}, logprobs=1)]
+    requests = [(rng.integers(3, 97, n).tolist(), params) for n, params in zip((4, 19, 7, 11, 2, 9), mixed)]
     together = _run(_engine(ours), requests)
     for i, request in enumerate(requests):
         (tokens, logprobs), = _run(_engine(ours), [request])
@@ -252,6 +301,8 @@ def test_a_mixed_batch_gives_each_row_what_it_gets_alone(models):
 @pytest.mark.parametrize("field, value, want", [
     ("min_p", 1.5, r"\[0, 1\]"), ("repetition_penalty", 0.0, "> 0"), ("presence_penalty", -2.5, r"\[-2, 2\]"),
     ("frequency_penalty", 3, r"\[-2, 2\]"), ("logprobs", 21, r"\[0, 20\]"), ("logprobs", True, "int"),
+    ("logit_bias", {3: 100.5}, r"\[-100, 100\]"), ("logit_bias", {-1: 1.0}, "ints >= 0"),
+    ("logit_bias", {2: float("nan")}, r"\[-100, 100\]"), ("logit_bias", 5, "mapping"),
 ])
 def test_bad_sampling_values_are_refused_by_name(field, value, want):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}={value!r}: want .*{want}"):

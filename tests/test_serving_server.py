@@ -176,6 +176,10 @@ def test_a_stop_string_cuts_the_text(client, expected):
     ({"extra_body": {"repetition_penalty": 0}}, openai.BadRequestError, "repetition_penalty", "> 0"),
     ({"extra_body": {"min_q": 1}}, openai.BadRequestError, "min_q", "unknown parameter"),
     ({"extra_body": {"ignore_eos": 1}}, openai.BadRequestError, "ignore_eos", "want a boolean"),
+    ({"logit_bias": {"x": 1}}, openai.BadRequestError, "logit_bias", "want an object mapping token ids"),
+    ({"logit_bias": {"5": 101}}, openai.BadRequestError, "logit_bias", "numbers in [-100, 100]"),
+    ({"logit_bias": {"5": 1, "99999": 1}}, openai.BadRequestError, "logit_bias", "[99999] outside the vocabulary"),
+    ({"echo": True}, openai.BadRequestError, "echo", "not supported yet"),
     ({"model": "gpt-5"}, openai.NotFoundError, "model", NAME),
 ])
 def test_bad_requests_get_openai_shaped_errors(client, request_, error, param, words):
@@ -287,6 +291,27 @@ def test_a_penalised_greedy_completion_equals_transformers_generate(client, refe
     sampled = client.completions.create(model=NAME, prompt=PROMPTS[6], max_tokens=10, temperature=0.8, seed=2,
                                         presence_penalty=1.0, frequency_penalty=0.5, extra_body={"min_p": 0.1})
     assert sampled.usage.completion_tokens == 10
+
+
+def test_a_logit_bias_completion_and_chat_equal_transformers_sequence_bias(client, reference):
+    import torch
+
+    model, tokenizer = reference
+    prompt = torch.tensor([tokenizer.encode(PROMPTS[6])])
+    with torch.no_grad():
+        plain = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, do_sample=False)
+    first = int(plain[0, prompt.shape[1]])
+    bias = {first: -100, 7: 2.5}  # (the plain first token barred: the text must change)
+    answer = client.completions.create(model=NAME, prompt=PROMPTS[6], max_tokens=10, temperature=0,
+                                       logit_bias={str(token): value for token, value in bias.items()})
+    with torch.no_grad():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=10, do_sample=False,
+                             sequence_bias={(token,): float(value) for token, value in bias.items()})
+    assert answer.choices[0].text == tokenizer.decode(out[0, prompt.shape[1]:])
+    assert answer.choices[0].text != tokenizer.decode(plain[0, prompt.shape[1]:])
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=6, temperature=0,
+                                          logit_bias={"33": 100})  # (this tiny model's logits are far smaller)
+    assert chat.choices[0].message.content == tokenizer.decode([33] * 6)
 
 
 @pytest.mark.parametrize("request_, param, words", [

@@ -36,6 +36,7 @@ import itertools
 import math
 import time
 import warnings
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -134,8 +135,9 @@ def position_limit(cfg, allow_beyond_max_positions: bool = False) -> tuple[int |
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """How one request chooses its tokens (``sampling.py``: the order, as transformers' generate). The logits are
-    penalised first: ``repetition_penalty`` over the prompt and generated ids (1: off), ``presence_penalty`` and
+    """How one request chooses its tokens (``sampling.py``: the order, as transformers' generate). ``logit_bias``
+    (token id -> a number in [-100, 100], OpenAI's) is added to the logits first, then they are penalised:
+    ``repetition_penalty`` over the prompt and generated ids (1: off), ``presence_penalty`` and
     ``frequency_penalty`` over the generated ids (0: off). ``temperature`` 0 is then greedy; otherwise a draw at that
     temperature from the ``top_k`` likeliest tokens (0: all) within the ``top_p`` nucleus (1: all) and at least
     ``min_p`` times the likeliest's probability (0: off), by a key from ``seed`` (None: the engine's seed and the
@@ -159,9 +161,17 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     forced_bos_token_id: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (a mapping given is kept as its (id, bias) pairs, by id)
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = self.logit_bias
+        pairs = bias.items() if isinstance(bias, Mapping) else bias
+        try:
+            object.__setattr__(self, "logit_bias", tuple(sorted((token, value) for token, value in pairs)))
+        except (TypeError, ValueError):
+            raise ValueError(f"SamplingParams.logit_bias={bias!r}: want a mapping of token ids to numbers in "
+                             f"[-100, 100]") from None
         checks = {"max_tokens": (self.max_tokens, "an int >= 1", _is_int(self.max_tokens) and self.max_tokens >= 1),
                   "temperature": (self.temperature, "a finite number >= 0",
                                   _is_number(self.temperature) and 0 <= self.temperature < math.inf),
@@ -183,7 +193,10 @@ class SamplingParams:
                                      all(_is_int(i) and i >= 0 for i in self.stop_token_ids)),
                   "forced_bos_token_id": (self.forced_bos_token_id, "None or an int >= 0",
                                           self.forced_bos_token_id is None
-                                          or (_is_int(self.forced_bos_token_id) and self.forced_bos_token_id >= 0))}
+                                          or (_is_int(self.forced_bos_token_id) and self.forced_bos_token_id >= 0)),
+                  "logit_bias": (dict(self.logit_bias), "a mapping of token ids (ints >= 0) to numbers in [-100, 100]",
+                                 all(_is_int(token) and token >= 0 and _is_number(value) and -100 <= value <= 100
+                                     for token, value in self.logit_bias))}
         for name, (value, want, ok) in checks.items():
             if not ok:
                 raise ValueError(f"SamplingParams.{name}={value!r}: want {want}")
@@ -452,7 +465,8 @@ class Engine:
         self.ids = itertools.count()
         # each program run and its first call's seconds (its compilation): a step's model call, (kind, rows, width,
         # table width, source table width or None), and its rows' choice, ("choose", rows, history width,
-        # SamplerFlags, whether a token is forced) (``_run``); a source encoding, ("encode", rows, source width)
+        # logit-bias width, SamplerFlags, whether a token is forced) (``_run``); a source encoding, ("encode", rows,
+        # source width)
         self.programs: dict[tuple, float] = {}
         self.preemptions = self.shared_blocks = 0  # sequences preempted; blocks taken from the prefix cache
 
@@ -488,6 +502,10 @@ class Engine:
         bad = [i for i in prompt if not 0 <= i < self.config.vocab_size]
         if bad:
             raise ValueError(f"prompt_ids hold {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
+        biased = [token for token, _ in params.logit_bias if token >= self.config.vocab_size]
+        if biased:
+            raise ValueError(f"SamplingParams.logit_bias holds {biased[:5]} outside the vocabulary "
+                             f"[0, {self.config.vocab_size})")
         forced = params.forced_bos_token_id
         if forced is not None and forced >= self.config.vocab_size:
             raise ValueError(f"SamplingParams.forced_bos_token_id={forced} is outside the vocabulary "
@@ -830,7 +848,8 @@ class Engine:
                                               B, 1 << (self.max_model_len - 1).bit_length())
             forced, started = self._forced(rows, B), time.perf_counter()
             chosen, logprobs = choose_program(out, sampling, sampler, self.banned, forced)
-            self.programs.setdefault(("choose", B, sampling.history.shape[1], sampler, forced is not None),
+            self.programs.setdefault(("choose", B, sampling.history.shape[1], sampling.bias_ids.shape[1], sampler,
+                                      forced is not None),
                                      time.perf_counter() - started)
         chosen, finite = np.asarray(chosen), np.asarray(finite)
         logprobs = None if logprobs is None else tuple(np.asarray(a) for a in logprobs)
@@ -955,9 +974,9 @@ class Engine:
         size and table width, and one sequence's prompt chunks; ``every_prefill``: several sequences' chunks too,
         three times as many programs at the server's defaults), and at each batch size the choice of greedy rows, of
         plain temperature draws (OpenAI's default request) and of draws with top-p (or top-k); a request with min-p,
-        penalties or logprobs compiles its own choice program on first use (``choose_program``, a row count at a
-        time), never a model step. An encoder-decoder's: its sources' encodings and its one-token calls, at each
-        source width (``program_shapes``).
+        penalties, a logit bias or logprobs compiles its own choice program on first use (``choose_program``, a row
+        count at a time), never a model step. An encoder-decoder's: its sources' encodings and its one-token calls, at
+        each source width (``program_shapes``).
         The calls run on stand-in rows whose every block, a source's too, is the null block (written, never read;
         a stand-in's source is one token, so its cross-attention stays finite), so nothing a request sees changes.
         Returns the programs compiled and the seconds taken."""

@@ -1,15 +1,18 @@
 """Per-row sampling inside the engine's batched step: every row chooses its next token by its own parameters.
 
-The order is transformers' generate's: the repetition penalty (``RepetitionPenaltyLogitsProcessor``: a logit of a
-token anywhere in the prompt or the generated tokens is divided by the penalty where positive, multiplied where
-negative), then the presence and frequency penalties (OpenAI's and vLLM's: ``presence * (count > 0) + frequency *
-count`` subtracted, counted over the generated tokens only; transformers has none), then, for rows that draw, the
-temperature, top-k, top-p and min-p warpers. A greedy row takes the argmax of the penalised logits. Log-probabilities
-are those of the model's raw distribution (``log_softmax`` of the logits before any processing, vLLM's default).
+The order is transformers' generate's: each row's ``logit_bias`` added to its tokens' logits (OpenAI's; transformers'
+``SequenceBiasLogitsProcessor`` with one-token sequences), then the repetition penalty
+(``RepetitionPenaltyLogitsProcessor``: a logit of a token anywhere in the prompt or the generated tokens is divided by
+the penalty where positive, multiplied where negative), then the presence and frequency penalties (OpenAI's and
+vLLM's: ``presence * (count > 0) + frequency * count`` subtracted, counted over the generated tokens only;
+transformers has none), then, for rows that draw, the temperature, top-k, top-p and min-p warpers. A greedy row
+takes the argmax of the biased and penalised logits. Log-probabilities are those of the model's raw distribution
+(``log_softmax`` of the logits before any processing, vLLM's default).
 
 What a program compiles is fixed by ``SamplerFlags`` (static): a batch of plain greedy rows runs an argmax and nothing
 else (no sort, no penalty scatter, no ``log_softmax``). The penalties' token counts are built inside the program from
-each row's ids [B, W] (W a power of two, padded with -1), never from a host [B, V] array.
+each row's ids [B, W] (W a power of two, padded with -1), never from a host [B, V] array; so are the biases
+(ids and values [B, W]).
 """
 
 from __future__ import annotations
@@ -36,13 +39,15 @@ class SamplerFlags(NamedTuple):
     min_p: bool = False  # some drawing row filters by min-p
     penalize: bool = False  # some row has a repetition, presence or frequency penalty
     logprobs: bool = False  # some row asks for log-probabilities
+    bias: bool = False  # some row has a logit bias
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class SamplingRows:
     """Each row's sampling parameters [B] (``history`` [B, W]: its prompt and generated ids, -1 padded, where the
-    generated ones start at ``prompt_lengths``), and the draw's key: ``seeds`` and the tokens ``drawn`` so far."""
+    generated ones start at ``prompt_lengths``; ``bias_ids`` and ``bias_values`` [B, W']: its logit bias, -1 and 0
+    padded), and the draw's key: ``seeds`` and the tokens ``drawn`` so far."""
 
     temperature: Array
     top_k: Array
@@ -55,6 +60,8 @@ class SamplingRows:
     drawn: Array
     history: Array
     prompt_lengths: Array
+    bias_ids: Array
+    bias_values: Array
 
 
 class TokenLogprobs(NamedTuple):
@@ -85,15 +92,27 @@ def sampling_rows(rows, batch: int, max_width: int) -> tuple[SamplingRows, Sampl
         sample=bool(drawing.any()), narrow=bool((drawing & ((top_k > 0) | (columns["top_p"] < 1))).any()),
         min_p=bool((drawing & (columns["min_p"] > 0)).any()),
         penalize=bool(((columns["repetition"] != 1) | (columns["presence"] != 0) | (columns["frequency"] != 0)).any()),
-        logprobs=any(p.logprobs is not None for p, *_ in rows))
+        logprobs=any(p.logprobs is not None for p, *_ in rows), bias=any(p.logit_bias for p, *_ in rows))
     width = min(1 << (max(len(tokens) for _, _, tokens, _ in rows) - 1).bit_length(), max_width) \
         if flags.penalize else 1
     history = np.full((batch, width), PAD_ID, np.int32)
     if flags.penalize:
         for r, (_, _, tokens, _) in enumerate(rows):
             history[r, :len(tokens)] = tokens
+    width = 1 << (max(len(p.logit_bias) for p, *_ in rows) - 1).bit_length() if flags.bias else 1
+    bias_ids, bias_values = np.full((batch, width), PAD_ID, np.int32), np.zeros((batch, width), np.float32)
+    for r, (p, *_) in enumerate(rows):
+        for c, (token, value) in enumerate(p.logit_bias):
+            bias_ids[r, c], bias_values[r, c] = token, value
     return SamplingRows(**columns, top_k=top_k, seeds=seeds, drawn=drawn, history=history,
-                        prompt_lengths=prompt_lengths), flags
+                        prompt_lengths=prompt_lengths, bias_ids=bias_ids, bias_values=bias_values), flags
+
+
+def bias_rows(logits: Array, ids: Array, values: Array) -> Array:
+    """Logits [B, V] with each row's ``values`` [B, W] added at its token ``ids`` [B, W] (-1: none): a row without a
+    bias keeps its logits bit for bit."""
+    B, V = logits.shape
+    return logits.at[jnp.arange(B)[:, None], jnp.where(ids < 0, V, ids)].add(values, mode="drop")
 
 
 def penalize_rows(logits: Array, repetition: Array, presence: Array, frequency: Array, history: Array,
@@ -158,6 +177,8 @@ def choose_tokens(logits: Array, rows: SamplingRows, flags: SamplerFlags, raw: A
     first or last token), reported with its own log-probability."""
     raw = (logits if raw is None else raw).astype(jnp.float32)
     scores = logits.astype(jnp.float32)
+    if flags.bias:
+        scores = bias_rows(scores, rows.bias_ids, rows.bias_values)
     if flags.penalize:
         scores = penalize_rows(scores, rows.repetition, rows.presence, rows.frequency, rows.history,
                                rows.prompt_lengths)

@@ -13,13 +13,14 @@ tokens into text (``TextStream``: incremental, UTF-8 safe, cut at stop strings) 
   ``src_lang``; ``tgt_lang`` forced first: ``Languages``), and refuses chat;
 - ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text).
 
-Sampling parameters go to the engine's ``SamplingParams`` (``min_p`` and ``repetition_penalty`` beside OpenAI's);
+Sampling parameters go to the engine's ``SamplingParams`` (``min_p`` and ``repetition_penalty`` beside OpenAI's;
+``logit_bias``'s token ids, JSON's string keys, as ints);
 ``n`` choices are n engine requests (a seeded request's choice i draws by seed + i), streamed chunks carrying their
 choice's index; ``logprobs`` are the model's raw distribution's, in OpenAI's shapes (completions: tokens,
 token_logprobs, top_logprobs, text_offset; chat: content entries of token, logprob, bytes, top_logprobs), a token's
 string being the text it adds in context (``TokenPieces``: they join to the choice's text).
 
-A parameter the engine does not honour yet (``echo``, ``logit_bias``, tools, ...) is refused by name, never ignored;
+A parameter the engine does not honour yet (``echo``, ``suffix``, tools, ...) is refused by name, never ignored;
 errors have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``. SIGTERM drains: uvicorn stops
 accepting, the running requests finish, then the process exits.
 """
@@ -51,10 +52,11 @@ from jaxformer.serving.engine import Engine, RequestOutput, SamplingParams
 # what transformers' apply_chat_template gives the template besides the messages: the named special tokens
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # OpenAI parameters the engine does not honour yet, each with the values that mean "off" (accepted)
-NOT_YET = {"echo": (None, False), "suffix": (None, ""), "logit_bias": (None, {}), "tools": (None, []),
+NOT_YET = {"echo": (None, False), "suffix": (None, ""), "tools": (None, []),
            "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-          "frequency_penalty", "seed", "stop", "stream", "stream_options", "user", "n", "logprobs", "ignore_eos"}
+          "frequency_penalty", "seed", "stop", "stream", "stream_options", "user", "n", "logprobs", "ignore_eos",
+          "logit_bias"}
 # (completions' src_lang and tgt_lang: a translation's languages, ``Languages``)
 KEYS = {"completions": COMMON | {"prompt", "best_of", "src_lang", "tgt_lang"},
         "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
@@ -302,7 +304,9 @@ class EngineLoop:
         try:
             prompt = self.engine.check_request(prompt, params, source)
         except ValueError as err:
-            raise ApiError(400, str(err), param=param, code="context_length_exceeded"
+            if str(err).startswith("SamplingParams."):  # (a setting the model refuses: a logit bias beyond its ids)
+                param = str(err).removeprefix("SamplingParams.").split(" ")[0]
+            raise ApiError(400, str(err).removeprefix("SamplingParams."), param=param, code="context_length_exceeded"
                            if "exceeds" in str(err) or "the pool has" in str(err) else None) from None
         pending = Pending(prompt, params, time.perf_counter(), source=source)
         self.arrivals.append(pending)
@@ -432,7 +436,7 @@ def _sampling(body: dict, default_max_tokens: int | None, kind: str = "completio
         raise ApiError(400, f"stop={stop!r}: want a non-empty string or a list of at most 4", param="stop")
     values = {"max_tokens": default_max_tokens if max_tokens is None else max_tokens,
               "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
-              "seed": _seed(body.get("seed")), "logprobs": _logprobs(body, kind),
+              "seed": _seed(body.get("seed")), "logprobs": _logprobs(body, kind), "logit_bias": _logit_bias(body),
               **{name: body.get(name) for name in ("min_p", "repetition_penalty", "presence_penalty",
                                                    "frequency_penalty", "ignore_eos")}}
     if isinstance(values["top_k"], int) and values["top_k"] == -1:
@@ -446,6 +450,18 @@ def _sampling(body: dict, default_max_tokens: int | None, kind: str = "completio
     except (ValueError, TypeError) as err:
         name = str(err).split("=")[0].removeprefix("SamplingParams.")
         raise ApiError(400, str(err).replace("SamplingParams.", ""), param=name) from None
+
+
+def _logit_bias(body: dict) -> dict[int, object] | None:
+    """OpenAI's ``logit_bias`` (token ids as JSON's string keys -> biases) with int keys, or an ApiError naming it
+    (the biases' range is ``SamplingParams``'s to check)."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return None
+    if not isinstance(bias, dict) or not all(isinstance(key, str) and key.isascii() and key.isdigit() for key in bias):
+        raise ApiError(400, f"logit_bias={bias!r}: want an object mapping token ids to numbers in [-100, 100]",
+                       param="logit_bias")
+    return {int(key): value for key, value in bias.items()}
 
 
 def _seed(seed):
