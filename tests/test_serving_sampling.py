@@ -255,6 +255,49 @@ def test_a_biased_greedy_request_equals_transformers_generate_with_sequence_bias
         _engine(ours).add_request(prompt, SamplingParams(logit_bias={vocab: 1.0, 2: 1.0}))
 
 
+def test_prompt_logprobs_equal_log_softmax_of_transformers_logits_however_the_prompt_is_cut(models):
+    """Each prompt token's log-probability given those before it (and its k likeliest), as transformers' logits give
+    them: prompts cut in chunks of 16, one whose first call feeds a single token (the step's prompt budget spent),
+    one whose prefix another request left in the prefix cache (computed anew: its positions are scored), beside an
+    unscored request; the tokens are greedy generate's all the same."""
+    ours, theirs = models
+    rng = np.random.default_rng(5)
+    first, second = rng.integers(3, 97, 23).tolist(), rng.integers(3, 97, 20).tolist()
+    shared = first[:16] + rng.integers(3, 97, 5).tolist()  # (two blocks of 8 in common with the first)
+    engine = Engine(ours, num_blocks=64, block_size=BLOCK, max_num_seqs=8, prefill_chunk=16, prefill_tokens=17,
+                    max_model_len=MAX_LEN, seed=0)
+    asked = SamplingParams(max_tokens=4, temperature=0, prompt_logprobs=5)
+    ids = [engine.add_request(first, asked), engine.add_request(second, asked),
+           engine.add_request(first[:10], SamplingParams(max_tokens=3, temperature=0))]
+    outputs = {i: [] for i in ids}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    taken, later = engine.shared_blocks, engine.add_request(shared, asked)
+    outputs[later] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    assert taken == 1 and engine.shared_blocks == taken  # (the unscored prompt took the cached block, the scored none)
+    for prompt, i in ((first, ids[0]), (second, ids[1]), (shared, later)):
+        scores = outputs[i][0].prompt_logprobs
+        assert scores[0] is None and len(scores) == len(prompt) and all(o.prompt_logprobs is None
+                                                                         for o in outputs[i][1:])
+        with torch.no_grad():
+            expected = torch.log_softmax(theirs(torch.tensor([prompt])).logits[0], dim=-1).numpy()
+        for p in range(1, len(prompt)):
+            entry = scores[p]
+            assert entry.token_id == prompt[p]
+            np.testing.assert_allclose(entry.logprob, expected[p - 1, prompt[p]], atol=1e-5, err_msg=f"position {p}")
+            top_ids, top = zip(*entry.top)
+            assert list(top_ids) == list(np.argsort(-expected[p - 1])[:5]), f"position {p}"
+            np.testing.assert_allclose(top, np.sort(expected[p - 1])[::-1][:5], atol=1e-5)
+        (tokens, _), = _run(_engine(ours), [(prompt, SamplingParams(max_tokens=4, temperature=0))])
+        assert [t for o in outputs[i] for t in o.token_ids] == tokens
+    with pytest.raises(ValueError, match=r"SamplingParams.prompt_logprobs=21: want None or an int in \[0, 20\]"):
+        SamplingParams(prompt_logprobs=21)
+
+
 def test_logprobs_equal_log_softmax_of_transformers_logits(models):
     ours, theirs = models
     prompt = [4, 8, 15, 16, 23, 42]

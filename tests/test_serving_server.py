@@ -179,7 +179,7 @@ def test_a_stop_string_cuts_the_text(client, expected):
     ({"logit_bias": {"x": 1}}, openai.BadRequestError, "logit_bias", "want an object mapping token ids"),
     ({"logit_bias": {"5": 101}}, openai.BadRequestError, "logit_bias", "numbers in [-100, 100]"),
     ({"logit_bias": {"5": 1, "99999": 1}}, openai.BadRequestError, "logit_bias", "[99999] outside the vocabulary"),
-    ({"echo": True}, openai.BadRequestError, "echo", "not supported yet"),
+    ({"suffix": "x"}, openai.BadRequestError, "suffix", "not supported yet"),
     ({"model": "gpt-5"}, openai.NotFoundError, "model", NAME),
 ])
 def test_bad_requests_get_openai_shaped_errors(client, request_, error, param, words):
@@ -257,6 +257,45 @@ def test_logprobs_of_completions_and_chats_are_transformers_log_softmax(client, 
     # (the same numbers up to float32 rounding, not bit for bit: the second request reads the first's prompt blocks
     # from the prefix cache, another program than the one that computed them)
     np.testing.assert_allclose([e.logprob for e in streamed], [e.logprob for e in content], rtol=0, atol=1e-5)
+
+
+def test_echo_puts_the_prompt_first_and_scores_its_tokens_as_transformers(client, reference, expected):
+    """OpenAI's legacy echo: the prompt before the text, and with logprobs its tokens' (the first null) before the
+    new ones'; max_tokens 0 scores the prompt alone, as lm-evaluation-harness asks for a log-likelihood."""
+    import torch
+
+    model, tokenizer = reference
+    prompt, ids = PROMPTS[3], tokenizer.encode(PROMPTS[3])  # (longer than the server's prefill chunk of 16)
+    with torch.no_grad():
+        scores = torch.log_softmax(model(torch.tensor([ids])).logits[0], -1)
+    plain = client.completions.create(model=NAME, prompt=prompt, max_tokens=NEW[3], temperature=0, echo=True)
+    assert plain.choices[0].text == prompt + expected[3](NEW[3]) and plain.choices[0].logprobs is None
+    scored = client.completions.create(model=NAME, prompt=prompt, max_tokens=0, temperature=0, echo=True, logprobs=2)
+    logprobs = scored.choices[0].logprobs
+    assert scored.choices[0].text == prompt and scored.choices[0].finish_reason == "length"
+    assert scored.usage.completion_tokens == 0 and scored.usage.prompt_tokens == len(ids)
+    assert "".join(logprobs.tokens) == prompt and logprobs.text_offset == list(range(len(ids)))  # (a byte a token)
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    np.testing.assert_allclose(logprobs.token_logprobs[1:], scores[range(len(ids) - 1), ids[1:]].numpy(), atol=1e-5)
+    for p, top in enumerate(logprobs.top_logprobs[1:]):
+        np.testing.assert_allclose(sorted(top.values(), reverse=True), scores[p].topk(2).values, atol=1e-5)
+    chunks = list(client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                            logprobs=1, stream=True))
+    assert chunks[0].choices[0].text == prompt and "".join(c.choices[0].text for c in chunks) == prompt + expected[3](4)
+    streamed = [x for c in chunks if c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+    offsets = [x for c in chunks if c.choices[0].logprobs for x in c.choices[0].logprobs.text_offset]
+    assert len(streamed) == len(ids) + 4 and offsets == list(range(len(ids) + 4)) and streamed[0] is None
+    np.testing.assert_allclose(streamed[1:len(ids)], logprobs.token_logprobs[1:], atol=1e-5)
+
+
+@pytest.mark.parametrize("request_, param, words", [
+    ({"echo": "yes"}, "echo", "echo='yes': want a boolean"),
+    ({"max_tokens": 0}, "max_tokens", "max_tokens=0: want an int >= 1"),
+])
+def test_bad_echo_requests_get_openai_shaped_errors(client, request_, param, words):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(**{"model": NAME, "prompt": "hi", "max_tokens": 4, **request_})
+    assert err.value.body["param"] == param and words in err.value.body["message"]
 
 
 def test_chat_logprob_bytes_are_each_tokens_own_and_join_to_the_content(client):

@@ -143,7 +143,9 @@ class SamplingParams:
     ``min_p`` times the likeliest's probability (0: off), by a key from ``seed`` (None: the engine's seed and the
     request's id, see ``Engine``) and the number of tokens drawn so far, so a request draws the same tokens whatever
     else runs (and after a preemption). ``logprobs`` k: each new token's log-probability under the model's raw
-    distribution and the k likeliest (None: none). Stops after ``max_tokens`` or at a stop id (the model's EOS ids
+    distribution and the k likeliest (None: none); ``prompt_logprobs`` k: the same of each prompt token after the
+    first, given the ones before it (OpenAI's ``echo`` with ``logprobs``; such a prompt is computed whole, never read
+    from the prefix cache). Stops after ``max_tokens`` or at a stop id (the model's EOS ids
     unless ``ignore_eos``, and ``stop_token_ids``). ``forced_bos_token_id``: the request's first token, chosen for
     it as generate's ``forced_bos_token_id`` (a translation's target language: NLLB, M2M100; None: the
     checkpoint's, if any)."""
@@ -162,6 +164,7 @@ class SamplingParams:
     logprobs: int | None = None
     forced_bos_token_id: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (a mapping given is kept as its (id, bias) pairs, by id)
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -187,6 +190,9 @@ class SamplingParams:
                                         _is_number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2),
                   "logprobs": (self.logprobs, f"None or an int in [0, {MAX_LOGPROBS}]", self.logprobs is None
                                or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS)),
+                  "prompt_logprobs": (self.prompt_logprobs, f"None or an int in [0, {MAX_LOGPROBS}]",
+                                      self.prompt_logprobs is None or (_is_int(self.prompt_logprobs)
+                                                                       and 0 <= self.prompt_logprobs <= MAX_LOGPROBS)),
                   "seed": (self.seed, "None or an int in [0, 2**32)",
                            self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2 ** 32)),
                   "stop_token_ids": (self.stop_token_ids, "ints >= 0",
@@ -214,13 +220,16 @@ def _is_number(value) -> bool:
 class RequestOutput:
     """What a step gave one request: its new tokens, and whether (and why: 'stop', 'length', or 'error': its logits
     were not finite, so it ends with no token) it ended; ``logprobs``: one ``TokenLogprobs`` a new token where the
-    request asked for them (``SamplingParams.logprobs``), else None."""
+    request asked for them (``SamplingParams.logprobs``), else None; ``prompt_logprobs``: with a request's first
+    token, where it asked for them (``SamplingParams.prompt_logprobs``), one a prompt token, None for the first (it
+    has no tokens before it)."""
 
     request_id: int
     token_ids: tuple[int, ...]
     finished: bool
     finish_reason: str | None = None
     logprobs: tuple[TokenLogprobs, ...] | None = None
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 @dataclasses.dataclass(eq=False)  # (one sequence is itself alone: the queues find it by identity)
@@ -244,15 +253,24 @@ class Sequence:
     source_blocks: list[int] = dataclasses.field(default_factory=list)
     encoded: bool = False
     draft: list[int] = dataclasses.field(default_factory=list)  # this step's prompt-lookup drafts, to verify
+    # (prompt_logprobs asked) each scored prompt position's TokenLogprobs, and whether they went out with a token
+    prompt_scores: dict[int, TokenLogprobs] = dataclasses.field(default_factory=dict)
+    prompt_scores_sent: bool = False
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.generated
 
+    def scoring(self) -> bool:
+        """Whether this sequence's next call predicts a prompt token whose log-probabilities it asked for."""
+        return (self.params.prompt_logprobs is not None and not self.prompt_scores_sent
+                and self.computed <= len(self.prompt) - 2)
+
 
 def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Array, positions: Array, valid: Array,
              tables: Array, lengths: Array, source: tuple | None = None, banned: tuple[int, ...] = (),
-             verify: bool = False, kernel: str | None = None) -> tuple[Array, Array, Array, Array]:
+             verify: bool = False, kernel: str | None = None, targets: Array | None = None
+             ) -> tuple[Array, Array, Array, Array, tuple | None]:
     """One engine call's model work (``step_program`` jits it with the model's ``graphdef`` and its weights'
     ``treedef`` bound, so a call hashes no graph and passes the weights as a flat list, ``leaves``, not a state's
     nested dicts: a 32-row gpt2-124M step 4 ms less on one core): the model's cached ``step`` over the paged pool for
@@ -263,16 +281,25 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
     values from the pool by ``source``: (source tables [B, Ms], source lengths [B]). ``verify``: greedy rows feeding
     their last token and drafts: each position's argmax [B, T] in place of the logits, ``banned`` tokens (the
     checkpoint's bad words) never chosen. ``kernel``: the fused paged kernel one-token rows attend by (k, v then
-    hold each layer's own pool)."""
+    hold each layer's own pool). ``targets`` [B, T]: the token each position predicts, where a request asked for its
+    prompt's log-probabilities (-1: none); the fifth result is then each position's log-probability of its target
+    [B, T] and its ``MAX_LOGPROBS`` likeliest (values and ids [B, T, k]), of the raw distribution (else None)."""
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
     state = DecodeState(PagedKVCache(k, v, tables, lengths, kernel),
                         None if source is None else source_view(k, v, *source))
-    logits, state = model.step(ids, positions, valid, state, every_position=verify)
+    logits, state = model.step(ids, positions, valid, state, every_position=verify or targets is not None)
+    scores = None
+    if targets is not None:
+        logprobs = jax.nn.log_softmax(logits, axis=-1)
+        top, top_ids = jax.lax.top_k(logprobs, min(MAX_LOGPROBS, logprobs.shape[-1]))
+        scores = (jnp.take_along_axis(logprobs, jnp.maximum(targets, 0)[..., None], axis=-1)[..., 0], top,
+                  top_ids.astype(jnp.int32))
+        logits = logits[:, -1]
     finite = jnp.all(jnp.isfinite(logits), axis=-1)
     if not verify:
-        return logits, finite, state.kv.k, state.kv.v
+        return logits, finite, state.kv.k, state.kv.v, scores
     finite = jnp.all(finite | ~valid, axis=-1)  # (the padding columns' logits are no row's)
-    return greedy(_ban(logits, banned)), finite, state.kv.k, state.kv.v
+    return greedy(_ban(logits, banned)), finite, state.kv.k, state.kv.v, None
 
 
 @functools.cache
@@ -502,6 +529,9 @@ class Engine:
         bad = [i for i in prompt if not 0 <= i < self.config.vocab_size]
         if bad:
             raise ValueError(f"prompt_ids hold {bad[:5]} outside the vocabulary [0, {self.config.vocab_size})")
+        if params.prompt_logprobs is not None and self.decoder_prompt is not None:
+            raise ValueError("SamplingParams.prompt_logprobs: an encoder-decoder's prompt is its source, which the "
+                             "decoder does not predict")
         biased = [token for token, _ in params.logit_bias if token >= self.config.vocab_size]
         if biased:
             raise ValueError(f"SamplingParams.logit_bias holds {biased[:5]} outside the vocabulary "
@@ -655,7 +685,9 @@ class Engine:
             seq = self.waiting[0]
             tokens = seq.tokens
             # (an encoder-decoder's decoder keys depend on its source, which the prefix keys do not hold: not shared)
-            cacheable = (len(tokens) - 1) // self.block_size if seq.source is None else 0
+            # (nor a prompt whose log-probabilities are asked: each of its positions is computed)
+            cacheable = (len(tokens) - 1) // self.block_size \
+                if seq.source is None and seq.params.prompt_logprobs is None else 0
             shared = self.manager.cached_prefix(tokens, cacheable)
             seq.blocks, seq.computed = list(shared), len(shared) * self.block_size
             seq.keys = self._prefix_keys(tokens, len(shared))
@@ -701,16 +733,37 @@ class Engine:
         work = self._schedule()
         for sources in self._encode_calls([seq for seq, _ in work if seq.source is not None and not seq.encoded]):
             self._encode(sources)
+        # (a prompt whose log-probabilities are asked runs its chunks in calls of its own, which score every position)
+        scored = [w for w in work if w[0].scoring()]
+        work = [w for w in work if not w[0].scoring()]
         # (the one-token rows longest first: each group of rows reads up to its own longest, attention.PAGED_ROW_GROUP)
         decode = sorted((w for w in work if w[1] == 1), key=lambda w: -w[0].computed)
         calls = [("decode", decode), ("verify", [w for w in work if w[0].draft])]
         calls += [("prefill", rows) for rows in self._prefill_calls([w for w in work if w[1] > 1 and not w[0].draft])]
+        calls += [("score", [w]) for w in scored]
         outputs = []
         for kind, rows in calls:
             rows = [row for row in rows if row[0].finish_reason is None]  # (a chunk's head piece that ended in error)
             if rows:
-                outputs += self._advance(rows, *self._run(kind, rows))
+                *result, scores = self._run(kind, rows)
+                if scores is not None:
+                    self._keep_scores(rows, *scores)
+                outputs += self._advance(rows, *result)
         return outputs
+
+    def _keep_scores(self, rows: list[tuple[Sequence, int]], target: np.ndarray, top: np.ndarray,
+                     top_ids: np.ndarray) -> None:
+        """A scoring call's log-probabilities ([B, T] and [B, T, k], left padded as the call's ids) kept by the prompt
+        position each column predicts."""
+        T = target.shape[1]
+        for r, (seq, count) in enumerate(rows):
+            k = seq.params.prompt_logprobs
+            for column in range(T - count, T):
+                predicted = seq.computed + column - (T - count) + 1
+                if predicted < len(seq.prompt):
+                    pairs = tuple((int(i), float(x)) for i, x in zip(top_ids[r, column, :k], top[r, column, :k]))
+                    seq.prompt_scores[predicted] = TokenLogprobs(seq.prompt[predicted], float(target[r, column]),
+                                                                 pairs)
 
     def _prefill_calls(self, rows: list[tuple[Sequence, int]]) -> list[list[tuple[Sequence, int]]]:
         """The prompt-chunk rows split into calls: one call where a call costs more than padding
@@ -816,9 +869,11 @@ class Engine:
             lengths[r] = len(seq.source or ())
         return tables, lengths
 
-    def _run(self, kind: str, rows: list[tuple[Sequence, int]]) -> tuple[np.ndarray, tuple | None, np.ndarray]:
+    def _run(self, kind: str, rows: list[tuple[Sequence, int]]
+             ) -> tuple[np.ndarray, tuple | None, np.ndarray, tuple | None]:
         B = _bucket(len(rows), self.max_num_seqs)
-        widest = self.prefill_chunk if kind == "prefill" else 1 + self.draft_tokens  # (verify: its token and k drafts)
+        # (verify: its token and k drafts)
+        widest = self.prefill_chunk if kind in ("prefill", "score") else 1 + self.draft_tokens
         T = 1 if kind == "decode" else _bucket(max(count for _, count in rows), widest)
         M = self._table_width(max(len(seq.blocks) for seq, _ in rows))
         ids, positions = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
@@ -832,11 +887,18 @@ class Engine:
             tables[r, :len(seq.blocks)] = seq.blocks
             lengths[r] = seq.computed
         source = self._source_rows(rows, B)
+        targets = None
+        if kind == "score":  # each column's next prompt token (-1: the first new token, or padding)
+            targets = np.full((B, T), -1, np.int32)
+            for r, (seq, count) in enumerate(rows):
+                predicted = seq.prompt[seq.computed + 1:seq.computed + count + 1]
+                targets[r, T - count:T - count + len(predicted)] = predicted
         # (host arrays go to the program as they are: its call transfers them, where jnp.asarray dispatched one
         # operation each, 20 us apiece)
         started = time.perf_counter()
-        out, finite, k, v = self.run_step(self.weights, self.pool.k, self.pool.v, ids, positions, valid, tables,
-                                          lengths, source, self.banned, kind == "verify")
+        out, finite, k, v, scores = self.run_step(self.weights, self.pool.k, self.pool.v, ids, positions, valid,
+                                                  tables, lengths, source, self.banned, kind == "verify",
+                                                  targets=targets)
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
         self.programs.setdefault((kind, B, T, M, None if source is None else source[0].shape[1]),
                                  time.perf_counter() - started)
@@ -853,7 +915,7 @@ class Engine:
                                      time.perf_counter() - started)
         chosen, finite = np.asarray(chosen), np.asarray(finite)
         logprobs = None if logprobs is None else tuple(np.asarray(a) for a in logprobs)
-        return chosen, logprobs, finite
+        return chosen, logprobs, finite, None if scores is None else tuple(np.asarray(a) for a in scores)
 
     def _source_table_width(self, blocks: int) -> int:
         """The source-table width of rows whose sources hold at most ``blocks`` blocks: where each layer reads its
@@ -923,8 +985,12 @@ class Engine:
                 pairs = tuple((int(i), float(x)) for i, x in zip(top_ids[:seq.params.logprobs],
                                                                  top[:seq.params.logprobs]))
                 asked = (TokenLogprobs(token, float(chosen_logprob), pairs),)
+            prompt_scores = None
+            if seq.params.prompt_logprobs is not None and not seq.prompt_scores_sent:  # (with the first token)
+                prompt_scores = (None, *(seq.prompt_scores[p] for p in range(1, len(seq.prompt))))
+                seq.prompt_scores_sent = True
             outputs.append(RequestOutput(seq.request_id, tuple(emitted), seq.finish_reason is not None,
-                                         seq.finish_reason, asked))
+                                         seq.finish_reason, asked, prompt_scores))
         return outputs
 
     # ------------------------------------------------------------------------------------------ warm-up

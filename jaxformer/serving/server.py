@@ -20,7 +20,10 @@ choice's index; ``logprobs`` are the model's raw distribution's, in OpenAI's sha
 token_logprobs, top_logprobs, text_offset; chat: content entries of token, logprob, bytes, top_logprobs), a token's
 string being the text it adds in context (``TokenPieces``: they join to the choice's text).
 
-A parameter the engine does not honour yet (``echo``, ``suffix``, tools, ...) is refused by name, never ignored;
+Completions' ``echo`` puts the prompt before each choice's text, and with ``logprobs`` its tokens' log-probabilities
+before the new ones' (the first token's null: nothing precedes it), as OpenAI's legacy API; ``max_tokens`` 0 then
+scores the prompt alone (what lm-evaluation-harness asks for a log-likelihood). A parameter the engine does not honour
+yet (``suffix``, tools, ...) is refused by name, never ignored;
 errors have OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``. SIGTERM drains: uvicorn stops
 accepting, the running requests finish, then the process exits.
 """
@@ -48,17 +51,18 @@ from starlette.exceptions import HTTPException
 from jaxformer.interop.tokenizer import Languages, tokenizer_settings
 from jaxformer.layers import dtype_of
 from jaxformer.serving.engine import Engine, RequestOutput, SamplingParams
+from jaxformer.serving.sampling import TokenLogprobs
 
 # what transformers' apply_chat_template gives the template besides the messages: the named special tokens
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # OpenAI parameters the engine does not honour yet, each with the values that mean "off" (accepted)
-NOT_YET = {"echo": (None, False), "suffix": (None, ""), "tools": (None, []),
+NOT_YET = {"suffix": (None, ""), "tools": (None, []),
            "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
           "frequency_penalty", "seed", "stop", "stream", "stream_options", "user", "n", "logprobs", "ignore_eos",
           "logit_bias"}
 # (completions' src_lang and tgt_lang: a translation's languages, ``Languages``)
-KEYS = {"completions": COMMON | {"prompt", "best_of", "src_lang", "tgt_lang"},
+KEYS = {"completions": COMMON | {"prompt", "best_of", "src_lang", "tgt_lang", "echo"},
         "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 MAX_N = 16  # choices a request may ask for (n): each is an engine request of its own
 # the most top log-probabilities a request may ask for: OpenAI's legacy completions' and chat's bounds
@@ -663,11 +667,21 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
         else:
             raise ApiError(400, "prompt: want one non-empty string or one list of token ids (one prompt a request "
                                 "for now)", param="prompt")
-        params, stops = _sampling(body, 16)
+        echo = body.get("echo", False)
+        if not isinstance(echo, bool):
+            raise ApiError(400, f"echo={echo!r}: want a boolean", param="echo")
+        if echo and engine.decoder_prompt is not None:
+            raise ApiError(400, f"{model_name!r} is an encoder-decoder: its prompt is the source, which it does not "
+                                "continue, so there is nothing to echo", param="echo")
+        score_only = echo and body.get("max_tokens") == 0  # (the prompt scored, no token kept: one is drawn)
+        params, stops = _sampling({**body, "max_tokens": 1} if score_only else body, 16)
+        if echo and params.logprobs is not None:
+            params = dataclasses.replace(params, prompt_logprobs=params.logprobs)
         if tgt_lang is not None:
             forced = _language("tgt_lang", languages.target, tgt_lang)
             params = dataclasses.replace(params, forced_bos_token_id=forced)
-        return await answer(request, body, "text_completion", ids, params, stops)
+        echoed = (prompt if isinstance(prompt, str) else tokenizer.decode(ids)) if echo else None
+        return await answer(request, body, "text_completion", ids, params, stops, echoed, score_only)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
@@ -693,7 +707,9 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
         return await answer(request, body, "chat.completion", ids, params, stops)
 
     async def answer(request: Request, body: dict, kind: str, ids: list[int], params: SamplingParams,
-                     stops: tuple[str, ...]):
+                     stops: tuple[str, ...], echoed: str | None = None, score_only: bool = False):
+        """The answer to a request (each of its ``n`` choices an engine request), whole or streamed. ``echoed``: the
+        prompt's text, put before each choice's (completions' ``echo``); ``score_only``: keep no new token."""
         loop = state["loop"]
         n = _choices(body, kind)
         pendings: list[Pending] = []
@@ -715,8 +731,8 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
         answer_id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{secrets.token_hex(12)}"
 
         async def pieces(index: int):
-            """(new text, finish reason or None, the new tokens' TokenLogprobs) of choice ``index`` as the engine's
-            tokens arrive; aborts the request if left early."""
+            """(new text, finish reason or None, the new tokens' TokenLogprobs, the prompt's where they came with
+            this output) of choice ``index`` as the engine's tokens arrive; aborts the request if left early."""
             pending, text = pendings[index], texts[index]
             try:
                 while True:
@@ -734,9 +750,12 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                     if output.finish_reason == "error":  # the engine ended it with no token (RequestOutput)
                         raise ApiError(500, "the model's logits for this request's next token were not finite (NaN "
                                             "or inf); it was ended", kind="server_error", code="non_finite_logits")
+                    if score_only:  # (the prompt's log-probabilities came with the token, which is not kept)
+                        yield "", "length", (), output.prompt_logprobs
+                        return
                     delta, stopped = text.add(list(output.token_ids), output.finished)
                     finish = "stop" if stopped else output.finish_reason
-                    yield delta, finish, output.logprobs or ()
+                    yield delta, finish, output.logprobs or (), output.prompt_logprobs
                     if finish is not None:
                         return
             finally:
@@ -766,10 +785,33 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
             return {"content": [{**token(piece, raw, entry.logprob), "top_logprobs": [token(*c) for c in top]}
                                 for entry, (piece, raw, top) in zip(entries, pieces)]}
 
-        def choice(index: int, delta: str, finish, streaming: bool, entries=None) -> dict:
+        def prompt_logprobs_of(index: int, scores) -> dict | None:
+            """Completions' logprobs of the echoed prompt (``scores``: the engine's, None first), its tokens' text as
+            they add to the prompt's; choice ``index``'s offsets then go on after the echoed text."""
+            if params.logprobs is None:
+                return None
+            first = TokenLogprobs(ids[0], 0.0, ())  # (its text only: it has no log-probability)
+            pieces = TokenPieces(tokenizer, []).add([first, *scores[1:]])
+            text_offset, offset = [], 0
+            for piece, _, _ in pieces:
+                text_offset.append(offset)
+                offset += len(piece)
+            offsets[index] = len(echoed)
+            return {"tokens": [piece for piece, _, _ in pieces],
+                    "token_logprobs": [None, *(entry.logprob for entry in scores[1:])],
+                    "top_logprobs": [None, *(likeliest_by_piece((p, x) for p, _, x in top)
+                                             for _, _, top in pieces[1:])],
+                    "text_offset": text_offset}
+
+        def choice(index: int, delta: str, finish, streaming: bool, entries=None, scores=None) -> dict:
             """Choice ``index``'s answer or chunk; ``entries`` None: one that carries no tokens (a chat stream's
-            first, naming the role: its logprobs null, as OpenAI's)."""
+            first, naming the role: its logprobs null, as OpenAI's). ``scores``: the echoed prompt's log-probabilities,
+            before the entries'."""
+            echoed_logprobs = None if scores is None else prompt_logprobs_of(index, scores)  # (offsets: first)
             logprobs = None if entries is None else logprobs_of(index, entries, finish is not None)
+            if echoed_logprobs is not None:
+                logprobs = echoed_logprobs if logprobs is None else {
+                    key: value + logprobs[key] for key, value in echoed_logprobs.items()}
             if kind == "text_completion":
                 return {"index": index, "text": delta, "logprobs": logprobs, "finish_reason": finish}
             message = {"role": "assistant", "content": delta}
@@ -779,10 +821,11 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
         head = {"id": answer_id, "created": int(time.time()), "model": model_name}
         if not streaming:
             async def collect(index: int):
-                finish, entries = None, []
-                async for _, finish, new in pieces(index):
+                finish, entries, scores = None, [], None
+                async for _, finish, new, prompt_scores in pieces(index):
                     entries += new
-                return choice(index, texts[index].text, finish, False, entries)
+                    scores = scores or prompt_scores
+                return choice(index, (echoed or "") + texts[index].text, finish, False, entries, scores)
 
             tasks = [asyncio.ensure_future(collect(i)) for i in range(n)]
             try:
@@ -800,8 +843,15 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                 for i in range(n):
                     yield _sse({**head, "object": chunk_kind, "choices": [choice(i, "", None, True)]})
             held = [[] for _ in range(n)]  # logprobs of tokens whose text is held back, sent with the next chunk
+            # the echoed prompt goes first, a chunk of its own, with the first token's output (which carries the
+            # prompt's log-probabilities)
+            echoing = [echoed is not None] * n
             try:
-                async for i, (delta, finish, new) in _merged([pieces(i) for i in range(n)]):
+                async for i, (delta, finish, new, scores) in _merged([pieces(i) for i in range(n)]):
+                    if echoing[i]:
+                        echoing[i] = False
+                        yield _sse({**head, "object": chunk_kind, "choices": [choice(i, echoed, None, True, None,
+                                                                                     scores)]})
                     held[i] += new
                     if delta or finish is not None:
                         chunk = choice(i, delta, finish, True, held[i])
