@@ -733,7 +733,8 @@ class Engine:
         work = self._schedule()
         for sources in self._encode_calls([seq for seq, _ in work if seq.source is not None and not seq.encoded]):
             self._encode(sources)
-        # (a prompt whose log-probabilities are asked runs its chunks in calls of its own, which score every position)
+        # (a prompt whose log-probabilities are asked runs its chunks in calls of its own, which score every position:
+        # one row a call, as such a call holds its rows' logits at every position, [B, T, V])
         scored = [w for w in work if w[0].scoring()]
         work = [w for w in work if not w[0].scoring()]
         # (the one-token rows longest first: each group of rows reads up to its own longest, attention.PAGED_ROW_GROUP)
