@@ -296,6 +296,21 @@ def test_prompt_logprobs_equal_log_softmax_of_transformers_logits_however_the_pr
         assert [t for o in outputs[i] for t in o.token_ids] == tokens
     with pytest.raises(ValueError, match=r"SamplingParams.prompt_logprobs=21: want None or an int in \[0, 20\]"):
         SamplingParams(prompt_logprobs=21)
+    # preempted mid-prompt (5 blocks of 8: its third chunk finds none free), it is scored again from the start, once
+    engine = Engine(ours, num_blocks=6, block_size=BLOCK, max_num_seqs=8, prefill_chunk=16, prefill_tokens=17,
+                    max_model_len=MAX_LEN, seed=0)
+    long = rng.integers(3, 97, 30).tolist()
+    older = engine.add_request(second[:10], SamplingParams(max_tokens=30, temperature=0))
+    scored = engine.add_request(long, asked)
+    preempted = {older: [], scored: []}
+    while engine.has_unfinished():
+        for out in engine.step():
+            preempted[out.request_id].append(out)
+    assert engine.preemptions > 0 and [o.prompt_logprobs is not None for o in preempted[scored]] == [True] + [False] * 3
+    with torch.no_grad():
+        expected = torch.log_softmax(theirs(torch.tensor([long])).logits[0], dim=-1).numpy()
+    np.testing.assert_allclose([e.logprob for e in preempted[scored][0].prompt_logprobs[1:]],
+                               expected[range(29), long[1:]], atol=1e-5)
 
 
 def test_logprobs_equal_log_softmax_of_transformers_logits(models):
