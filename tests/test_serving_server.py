@@ -288,7 +288,29 @@ def test_echo_puts_the_prompt_first_and_scores_its_tokens_as_transformers(client
     np.testing.assert_allclose(streamed[1:len(ids)], logprobs.token_logprobs[1:], atol=1e-5)
 
 
+def test_a_list_of_prompts_gives_each_its_own_choices_in_openais_order(client, expected):
+    """Completions' prompt as a list (strings, or token-id lists): n choices a prompt, choice p * n + i being prompt
+    p's i-th, each what the prompt alone gets (greedy: generate's; seeded: the same draws), echoed and streamed too."""
+    answer = client.completions.create(model=NAME, prompt=[PROMPTS[0], PROMPTS[2]], max_tokens=5, temperature=0)
+    assert [(c.index, c.text) for c in answer.choices] == [(0, expected[0](5)), (1, expected[2](5))]
+    assert answer.usage.prompt_tokens == len(PROMPTS[0]) + len(PROMPTS[2]) and answer.usage.completion_tokens == 10
+    ask = dict(model=NAME, max_tokens=6, temperature=1.0, seed=5, n=2)
+    alone = [[c.text for c in client.completions.create(prompt=p, **ask).choices] for p in PROMPTS[1:3]]
+    both = client.completions.create(prompt=[list(PROMPTS[1].encode()), list(PROMPTS[2].encode())], **ask)
+    assert [c.text for c in both.choices] == alone[0] + alone[1] and [c.index for c in both.choices] == [0, 1, 2, 3]
+    chunks = list(client.completions.create(model=NAME, prompt=[PROMPTS[0], PROMPTS[2]], max_tokens=5, temperature=0,
+                                            echo=True, logprobs=1, stream=True))
+    for index, p in ((0, 0), (1, 2)):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == index]
+        assert "".join(c.text for c in mine) == PROMPTS[p] + expected[p](5)
+        assert [x for c in mine if c.logprobs for x in c.logprobs.tokens] == list(PROMPTS[p] + expected[p](5))
+
+
 @pytest.mark.parametrize("request_, param, words", [
+    ({"prompt": []}, "prompt", "want a non-empty string"),
+    ({"prompt": ["a", [5]]}, "prompt", "of one of those kinds"),
+    ({"prompt": ["a", ""]}, "prompt", "want a non-empty string"),
+    ({"prompt": ["a"] * 257}, "prompt", "a list of 1 to 256"),
     ({"echo": "yes"}, "echo", "echo='yes': want a boolean"),
     ({"max_tokens": 0}, "max_tokens", "max_tokens=0: want an int >= 1"),
 ])

@@ -5,7 +5,8 @@ client went away (their blocks freed before the next step), then runs ``engine.s
 event loop keeps answering meanwhile) and hands each new token to its request's queue. The request handlers turn
 tokens into text (``TextStream``: incremental, UTF-8 safe, cut at stop strings) and answer as OpenAI does:
 
-- ``POST /v1/completions``, ``POST /v1/chat/completions`` (the checkpoint's chat template rendered with jinja2 as
+- ``POST /v1/completions`` (a prompt, or a list of them: ``n`` choices each, in OpenAI's order),
+  ``POST /v1/chat/completions`` (the checkpoint's chat template rendered with jinja2 as
   transformers' ``apply_chat_template``), streamed by server-sent events with ``"stream": true``; an
   encoder-decoder (Marian, M2M100/NLLB, T5, BART) answers completions alone, the prompt being its source text as the
   folder's tokenizer encodes it (tokenizer.json's post-processor, or Marian's and M2M100's SentencePiece files: their
@@ -65,6 +66,7 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repe
 KEYS = {"completions": COMMON | {"prompt", "best_of", "src_lang", "tgt_lang", "echo"},
         "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
 MAX_N = 16  # choices a request may ask for (n): each is an engine request of its own
+MAX_PROMPTS = 256  # prompts one completions request may hold (a list: n choices each)
 # the most top log-probabilities a request may ask for: OpenAI's legacy completions' and chat's bounds
 MAX_LOGPROBS = {"completions": 5, "chat": 20}
 DISCONNECT_POLL_S = 0.5  # how often a plain (not streamed) answer checks that its client is still there
@@ -492,6 +494,23 @@ def _logprobs(body: dict, kind: str) -> int | None:
     return (top or 0) if asked else None
 
 
+def _prompts(prompt) -> list[str | list[int]]:
+    """Completions' ``prompt`` as a list of prompts (OpenAI's forms: a string, a list of token ids, or a list of
+    either, at most ``MAX_PROMPTS``), or an ApiError naming it."""
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_id(i) for i in prompt)):
+        prompt = [prompt]
+    ok = isinstance(prompt, list) and 0 < len(prompt) <= MAX_PROMPTS and all(
+        (isinstance(p, str) and p) or (isinstance(p, list) and p and all(_is_id(i) for i in p)) for p in prompt)
+    if not ok or len({isinstance(p, str) for p in prompt}) > 1:
+        raise ApiError(400, f"prompt: want a non-empty string, a non-empty list of token ids, or a list of 1 to "
+                            f"{MAX_PROMPTS} of one of those kinds", param="prompt")
+    return prompt
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _choices(body: dict, kind: str) -> int:
     """The request's ``n`` (``best_of``, completions', only equal to it), or an ApiError naming the parameter."""
     n = body.get("n")
@@ -648,25 +667,17 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await read(request, "completions")
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
+        prompts = _prompts(body.get("prompt"))
         src_lang, tgt_lang = body.get("src_lang"), body.get("tgt_lang")
         if languages is None and (src_lang, tgt_lang) != (None, None):
             raise ApiError(400, f"{model_name!r} takes no language codes (its tokenizer's template holds none): "
                                 "src_lang and tgt_lang are for translation models that name their languages (NLLB, "
                                 "M2M100, mBART-50)", param="src_lang" if src_lang is not None else "tgt_lang")
-        if isinstance(prompt, str) and prompt:
-            ids = (tokenizer.encode(prompt) if src_lang is None
-                   else _language("src_lang", languages.encode, prompt, src_lang))
-        elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
-            if src_lang is not None:
-                raise ApiError(400, "src_lang applies to a text prompt; token ids carry their own language code",
-                               param="src_lang")
-            ids = prompt
-        else:
-            raise ApiError(400, "prompt: want one non-empty string or one list of token ids (one prompt a request "
-                                "for now)", param="prompt")
+        if src_lang is not None and not isinstance(prompts[0], str):
+            raise ApiError(400, "src_lang applies to a text prompt; token ids carry their own language code",
+                           param="src_lang")
+        ids = [prompt if not isinstance(prompt, str) else tokenizer.encode(prompt) if src_lang is None
+               else _language("src_lang", languages.encode, prompt, src_lang) for prompt in prompts]
         echo = body.get("echo", False)
         if not isinstance(echo, bool):
             raise ApiError(400, f"echo={echo!r}: want a boolean", param="echo")
@@ -680,7 +691,8 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
         if tgt_lang is not None:
             forced = _language("tgt_lang", languages.target, tgt_lang)
             params = dataclasses.replace(params, forced_bos_token_id=forced)
-        echoed = (prompt if isinstance(prompt, str) else tokenizer.decode(ids)) if echo else None
+        echoed = [prompt if isinstance(prompt, str) else tokenizer.decode(prompt) for prompt in prompts] \
+            if echo else None
         return await answer(request, body, "text_completion", ids, params, stops, echoed, score_only)
 
     @app.post("/v1/chat/completions")
@@ -704,28 +716,31 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
             raise ApiError(400, f"the chat template refused the messages: {err}", param="messages") from None
         ids = tokenizer.encode(text, add_special_tokens=False)
         params, stops = _sampling(body, max(engine.max_model_len - len(ids), 1), "chat")
-        return await answer(request, body, "chat.completion", ids, params, stops)
+        return await answer(request, body, "chat.completion", [ids], params, stops)
 
-    async def answer(request: Request, body: dict, kind: str, ids: list[int], params: SamplingParams,
-                     stops: tuple[str, ...], echoed: str | None = None, score_only: bool = False):
-        """The answer to a request (each of its ``n`` choices an engine request), whole or streamed. ``echoed``: the
-        prompt's text, put before each choice's (completions' ``echo``); ``score_only``: keep no new token."""
+    async def answer(request: Request, body: dict, kind: str, prompts: list[list[int]], params: SamplingParams,
+                     stops: tuple[str, ...], echoed: list[str] | None = None, score_only: bool = False):
+        """The answer to a request, whole or streamed: ``n`` choices for each of its ``prompts`` (ids), each an
+        engine request, choice ``p * n + i`` being prompt p's i-th (OpenAI's order). ``echoed``: each prompt's text,
+        put before its choices' (completions' ``echo``); ``score_only``: keep no new token."""
         loop = state["loop"]
-        n = _choices(body, kind)
+        per_prompt = _choices(body, kind)
+        n = per_prompt * len(prompts)  # (every choice of the answer)
         pendings: list[Pending] = []
-        # an encoder-decoder's prompt is its source; its decoder starts from its start token
-        prompt, source = (None, ids) if engine.decoder_prompt is not None else (ids, None)
-        try:  # n engine requests, choice i of a seeded request drawing by seed + i
-            for i in range(n):
-                seed = None if params.seed is None else (params.seed + i) % 2 ** 32
-                pendings.append(loop.submit(prompt, dataclasses.replace(params, seed=seed),
-                                            "prompt" if kind == "text_completion" else "messages", source))
+        try:  # n engine requests a prompt, its choice i of a seeded request drawing by seed + i
+            for ids in prompts:
+                # an encoder-decoder's prompt is its source; its decoder starts from its start token
+                prompt, source = (None, ids) if engine.decoder_prompt is not None else (ids, None)
+                for i in range(per_prompt):
+                    seed = None if params.seed is None else (params.seed + i) % 2 ** 32
+                    pendings.append(loop.submit(prompt, dataclasses.replace(params, seed=seed),
+                                                "prompt" if kind == "text_completion" else "messages", source))
         except ApiError:
             for pending in pendings:
                 loop.abort(pending)
             raise
-        texts = [TextStream(tokenizer, pendings[0].prompt, stops) for _ in range(n)]
-        token_pieces = [TokenPieces(tokenizer, pendings[0].prompt) for _ in range(n)]
+        texts = [TextStream(tokenizer, pending.prompt, stops) for pending in pendings]
+        token_pieces = [TokenPieces(tokenizer, pending.prompt) for pending in pendings]
         offsets = [0] * n  # each choice's characters so far in its tokens' text (completions' text_offset)
         streaming = body.get("stream", False)
         answer_id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{secrets.token_hex(12)}"
@@ -763,7 +778,8 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
 
         def usage():
             done = sum(len(text.token_ids) for text in texts)
-            return {"prompt_tokens": len(ids), "completion_tokens": done, "total_tokens": len(ids) + done}
+            prompt_tokens = sum(map(len, prompts))
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": done, "total_tokens": prompt_tokens + done}
 
         def logprobs_of(index: int, entries, finished: bool) -> dict | None:
             """OpenAI's logprobs of choice ``index``'s next tokens ``entries`` (TokenLogprobs; ``finished``: its
@@ -790,13 +806,13 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
             they add to the prompt's; choice ``index``'s offsets then go on after the echoed text."""
             if params.logprobs is None:
                 return None
-            first = TokenLogprobs(ids[0], 0.0, ())  # (its text only: it has no log-probability)
+            first = TokenLogprobs(prompts[index // per_prompt][0], 0.0, ())  # (its text only: no log-probability)
             pieces = TokenPieces(tokenizer, []).add([first, *scores[1:]])
             text_offset, offset = [], 0
             for piece, _, _ in pieces:
                 text_offset.append(offset)
                 offset += len(piece)
-            offsets[index] = len(echoed)
+            offsets[index] = len(echoed[index // per_prompt])
             return {"tokens": [piece for piece, _, _ in pieces],
                     "token_logprobs": [None, *(entry.logprob for entry in scores[1:])],
                     "top_logprobs": [None, *(likeliest_by_piece((p, x) for p, _, x in top)
@@ -825,7 +841,8 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                 async for _, finish, new, prompt_scores in pieces(index):
                     entries += new
                     scores = scores or prompt_scores
-                return choice(index, (echoed or "") + texts[index].text, finish, False, entries, scores)
+                echo = "" if echoed is None else echoed[index // per_prompt]
+                return choice(index, echo + texts[index].text, finish, False, entries, scores)
 
             tasks = [asyncio.ensure_future(collect(i)) for i in range(n)]
             try:
@@ -850,8 +867,8 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                 async for i, (delta, finish, new, scores) in _merged([pieces(i) for i in range(n)]):
                     if echoing[i]:
                         echoing[i] = False
-                        yield _sse({**head, "object": chunk_kind, "choices": [choice(i, echoed, None, True, None,
-                                                                                     scores)]})
+                        yield _sse({**head, "object": chunk_kind,
+                                    "choices": [choice(i, echoed[i // per_prompt], None, True, None, scores)]})
                     held[i] += new
                     if delta or finish is not None:
                         chunk = choice(i, delta, finish, True, held[i])
