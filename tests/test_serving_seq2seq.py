@@ -179,6 +179,8 @@ def test_refusals_are_named(checkpoints):
     greedy = SamplingParams(max_tokens=8, temperature=0)
     with pytest.raises(ValueError, match="needs source_ids"):
         engine.add_request([1, 5], greedy)
+    with pytest.raises(ValueError, match="prompt_logprobs: an encoder-decoder's prompt is its source"):
+        engine.add_request(None, SamplingParams(max_tokens=2, prompt_logprobs=1), source_ids=[3, 4])
     with pytest.raises(ValueError, match="source_ids is empty"):
         engine.add_request(None, greedy, source_ids=[])
     with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 97\)"):
@@ -242,6 +244,10 @@ def test_a_marian_folder_serves_completions_to_the_openai_client(marian_folder):
         assert metrics["jaxformer_prompt_tokens_total"] == sum(map(len, sources))  # (sources, as usage counts)
         with pytest.raises(openai.BadRequestError, match="is an encoder-decoder"):
             client.chat.completions.create(model="marian", messages=[{"role": "user", "content": "Hi"}])
+        with pytest.raises(openai.BadRequestError, match="nothing to echo"):
+            client.completions.create(model="marian", prompt="Hi", max_tokens=2, echo=True)
+        both = client.completions.create(model="marian", prompt=TEXTS[:2], max_tokens=6, temperature=0)
+        assert [c.text for c in both.choices] == expected[:2]  # (a list of sources: one translation each)
         with pytest.raises(openai.BadRequestError, match="takes no language codes"):
             client.completions.create(model="marian", prompt="Hi", max_tokens=2, extra_body={"tgt_lang": "fra_Latn"})
 
