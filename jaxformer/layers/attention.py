@@ -181,17 +181,24 @@ def _scores(q: Array, k: Array, mask: Array, bias: Array | None, scale: float | 
             G: int, T: int) -> Array:
     """Masked float32 scores [B, K, G*T, S] of head-major queries [B, K, G*T, H] (scaled already where ``scale``
     is None) against keys [B, K, S, H] (``dot_product_attention``)."""
-    K = k.shape[1]
+    mask, bias = _group_rows(mask, bias, k.shape[1], G, T)
     s = jnp.einsum("BKMH,BKSH->BKMS", q, k, preferred_element_type=jnp.float32)
     s = s if scale is None else s * scale
     if bias is not None:
-        s = s + (bias if G == 1 else bias.reshape(bias.shape[0], K, G * T, bias.shape[-1]))
+        s = s + bias
     if softcap is not None:
         s = jnp.tanh(s / softcap) * softcap
-    if G > 1:  # query row g*T + t of a group is query t
-        mask = jnp.broadcast_to(mask[:, :, None], (mask.shape[0], 1, G, T, mask.shape[-1]))
-        mask = mask.reshape(mask.shape[0], 1, G * T, -1)
     return jnp.where(mask, s, jnp.finfo(jnp.float32).min)
+
+
+def _group_rows(mask: Array, bias: Array | None, K: int, G: int, T: int) -> tuple[Array, Array | None]:
+    """A mask [B|1, 1, T, S] and bias [B|1, N, T, S] laid out as the head-major scores' rows: [.., G*T, S], query row
+    g*T + t of kv head k being query t of head k*G + g (as they are where G is 1)."""
+    if G == 1:
+        return mask, bias
+    mask = jnp.broadcast_to(mask[:, :, None], (mask.shape[0], 1, G, T, mask.shape[-1]))
+    mask = mask.reshape(mask.shape[0], 1, G * T, -1)
+    return mask, None if bias is None else bias.reshape(bias.shape[0], K, G * T, bias.shape[-1])
 
 
 # Slots of a paged cache attended at a time (``_paged_part``), by backend: on XLA:CPU a 32-row gpt2 step's chunk of
@@ -253,11 +260,8 @@ def _paged_rows(q: Array, k: PagedRows, v: PagedRows, tables: Array, mask: Array
     # operands of their matmuls (a 32-row gpt2-124M one-token step on XLA:CPU: its attention 58 -> 53 ms). The mask
     # and bias come in with the G query heads of a group already stacked (``_scores`` then has G = 1).
     q = q.swapaxes(0, 1)
-    if G > 1:
-        mask = jnp.broadcast_to(mask[:, :, None], (mask.shape[0], 1, G, T, mask.shape[-1]))
-    mask = mask.reshape(mask.shape[0], 1, G * T, -1).swapaxes(0, 1)
-    if bias is not None:
-        bias = bias.reshape(bias.shape[0], K, G * T, -1).swapaxes(0, 1)
+    mask, bias = _group_rows(mask, bias, K, G, T)
+    mask, bias = mask.swapaxes(0, 1), None if bias is None else bias.swapaxes(0, 1)
 
     def read(c, carry):
         top, total, acc = carry

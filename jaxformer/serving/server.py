@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 import secrets
 import sys
 import time
@@ -309,10 +310,9 @@ class EngineLoop:
                            code="queue_full", kind="rate_limit_error")
         try:
             prompt = self.engine.check_request(prompt, params, source)
-        except ValueError as err:
-            if str(err).startswith("SamplingParams."):  # (a setting the model refuses: a logit bias beyond its ids)
-                param = str(err).removeprefix("SamplingParams.").split(" ")[0]
-            raise ApiError(400, str(err).removeprefix("SamplingParams."), param=param, code="context_length_exceeded"
+        except ValueError as err:  # (a setting the model refuses, a logit bias beyond its ids, names itself)
+            raise ApiError(400, str(err).replace("SamplingParams.", ""), param=_setting(err) or param,
+                           code="context_length_exceeded"
                            if "exceeds" in str(err) or "the pool has" in str(err) else None) from None
         pending = Pending(prompt, params, time.perf_counter(), source=source)
         self.arrivals.append(pending)
@@ -454,8 +454,13 @@ def _sampling(body: dict, default_max_tokens: int | None, kind: str = "completio
     try:
         return SamplingParams(**{k: v for k, v in values.items() if v is not None}), tuple(stops)
     except (ValueError, TypeError) as err:
-        name = str(err).split("=")[0].removeprefix("SamplingParams.")
-        raise ApiError(400, str(err).replace("SamplingParams.", ""), param=name) from None
+        raise ApiError(400, str(err).replace("SamplingParams.", ""), param=_setting(err)) from None
+
+
+def _setting(err: Exception) -> str | None:
+    """The ``SamplingParams`` field a refusal names (its message starts "SamplingParams.NAME"), or None."""
+    named = re.match(r"SamplingParams\.(\w+)", str(err))
+    return named.group(1) if named else None
 
 
 def _logit_bias(body: dict) -> dict[int, object] | None:
