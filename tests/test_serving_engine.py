@@ -484,3 +484,74 @@ def test_each_rows_sampling_settings_filter_as_generate_does_for_one():
     for row, (t, k, p) in enumerate(settings):
         one = warp_logits(logits[row], types.SimpleNamespace(temperature=t, top_k=k or None, top_p=p))
         np.testing.assert_allclose(warped[row], one, rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- beam search
+
+# (width, length penalty, early stopping) of each beam request: every stopping rule, and penalties both ways
+BEAMS = ((4, 1.0, False), (3, 0.6, True), (2, 2.0, "never"), (3, 1.0, False), (2, 0.6, "never"), (4, 2.0, True))
+BEAM_STOPS = (176, 152)  # tokens the tiny model emits often (greedy rows above): some beams end early
+
+
+@pytest.fixture(scope="module")
+def beam_reference(model, prompts):
+    """Each beam request's tokens by ``model.generate(num_beams=...)`` (token for token transformers', tested in
+    tests/test_generate.py), one prompt a call, and its prompt and max_tokens."""
+    requests = []
+    for i, (width, penalty, early) in enumerate(BEAMS):
+        prompt, new = prompts[0][i], NEW[i] + 4
+        row = model.generate(prompt[None], np.ones((1, len(prompt)), np.int32), max_new_tokens=new, num_beams=width,
+                             length_penalty=penalty, early_stopping=early, eos_token_id=list(BEAM_STOPS))
+        tokens = [int(t) for t in row[0, len(prompt):]]
+        ends = [j for j, t in enumerate(tokens) if t in BEAM_STOPS]
+        requests.append((prompt, SamplingParams(max_tokens=new, temperature=0, stop_token_ids=BEAM_STOPS,
+                                                beam_width=width, length_penalty=penalty, early_stopping=early),
+                         tokens[:ends[0] + 1] if ends else tokens))
+    return requests
+
+
+@pytest.mark.parametrize("num_blocks", [65, 21])
+def test_beam_search_requests_equal_generates_beams_beside_greedy_ones(model, prompts, reference, beam_reference,
+                                                                       num_blocks):
+    """Six beam searches (widths 2-4, every early-stopping rule, length penalties 0.6-2) and the 16 greedy
+    requests in one engine: each search's best hypothesis is generate's beam search's, each greedy request still
+    generate's greedy tokens. Beams share their parents' blocks and copy a partly written one when they write it
+    (copy programs run); in a pool of 20 blocks searches are preempted whole and begin again, with the same result;
+    every block is free at the end."""
+    engine = _engine(model, num_blocks=num_blocks)
+    beams = [engine.add_request(prompt, params) for prompt, params, _ in beam_reference]
+    greedy, _, _ = _submit(engine, prompts[0])
+    outputs = {}
+    while engine.has_unfinished():
+        for result in engine.step():
+            outputs.setdefault(result.request_id, []).append(result)
+    for i, request in enumerate(greedy):
+        assert [t for r in outputs[request] for t in r.token_ids] == reference[i][:NEW[i]]
+    for request, (_, params, expected) in zip(beams, beam_reference):
+        [result] = outputs[request]  # (one output, at the end)
+        assert list(result.token_ids) == expected and result.finished
+        assert len(result.beams) == params.beam_width and result.beams[0].token_ids == result.token_ids
+        assert [h.score for h in result.beams] == sorted((h.score for h in result.beams), reverse=True)
+    reasons = {h.finish_reason for request in beams for h in outputs[request][0].beams}
+    assert reasons == {"stop", "length"}  # (hypotheses ended by a stop id, and by max_tokens)
+    assert any(program[0] == "copy" for program in engine.programs)
+    assert (engine.preemptions > 0) == (num_blocks == 21)
+    assert _all_freed(engine)
+
+
+def test_beam_search_settings_are_refused_by_name(model):
+    engine = _engine(model, num_blocks=9, max_num_seqs=4)
+    with pytest.raises(ValueError, match="beam_width=5: each beam is a row of the batch.*max_num_seqs=4"):
+        engine.add_request([1, 2], SamplingParams(temperature=0, beam_width=5))
+    with pytest.raises(ValueError, match=r"needs 9 blocks of 8 \(3 for each of 3 beams\); the pool has 8"):
+        engine.add_request([1, 2], SamplingParams(max_tokens=20, temperature=0, beam_width=3))
+    for bad in ({"temperature": 1.0}, {"repetition_penalty": 1.2}, {"logit_bias": {3: 1.0}}, {"logprobs": 2}):
+        with pytest.raises(ValueError, match=f"SamplingParams.{next(iter(bad))}=.*beam search .beam_width=2. is "
+                                             "deterministic"):
+            SamplingParams(**{"temperature": 0, "beam_width": 2, **bad})
+    for bad in ({"length_penalty": 0.5}, {"early_stopping": True}):
+        with pytest.raises(ValueError, match=f"SamplingParams.{next(iter(bad))}=.* applies to beam search only"):
+            SamplingParams(**bad)
+    for bad in ({"beam_width": 0}, {"beam_width": 17}, {"early_stopping": "always"}, {"length_penalty": np.inf}):
+        with pytest.raises(ValueError, match=f"SamplingParams.{next(iter(bad))}=.*want"):
+            SamplingParams(**{"temperature": 0, **bad})

@@ -199,6 +199,53 @@ def test_refusals_are_named(checkpoints):
         decoder.add_request([1, 2], greedy, source_ids=[3])
 
 
+@pytest.mark.parametrize("name", ["marian", "t5-v1_1"])
+def test_beam_search_gives_transformers_hypotheses_and_scores(tmp_path, name):
+    """Six translations by beam search (widths 2-4, each early-stopping rule, length penalties 0.6-2), run together
+    through 8 rows, with two more stop ids so hypotheses end at different lengths: each request's every hypothesis
+    is transformers' ``generate(num_beams=k, num_return_sequences=k)``'s, token for token, its score its
+    ``sequences_scores`` within 1e-5 (float32 sums over one platform's logits and another's). Marian with OPUS-MT's
+    processors: its pad and another token banned, EOS forced at ``max_tokens``, the log-probabilities normalised
+    again (``renormalize_logits``); T5 v1.1 with relative positions, nothing forced."""
+    import torch
+    import transformers
+
+    folder = save_checkpoint(name, tmp_path)
+    if name == "marian":
+        settings = json.loads((folder / "generation_config.json").read_text())
+        settings.update(bad_words_ids=[[1], [5]], renormalize_logits=True)
+        (folder / "generation_config.json").write_text(json.dumps(settings))
+    model, reference = jf.from_pretrained(folder), transformers.AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    stops = (70, 14) if name == "marian" else (36, 27)
+    searches = ((4, 1.0, False), (3, 0.6, True), (2, 2.0, "never"))
+    rng = np.random.default_rng(0)
+    sources = [rng.integers(3, 97, n).astype(np.int32) for n in (3, 17, 9, 25, 5, 12)]
+    engine = _engine(model, num_blocks=80, max_num_seqs=8)
+    ids = [engine.add_request(None, SamplingParams(max_tokens=12, temperature=0, stop_token_ids=stops, beam_width=width,
+                                                   length_penalty=penalty, early_stopping=early), source_ids=source)
+           for source, (width, penalty, early) in zip(sources, searches * 2)]
+    results = {}
+    while engine.has_unfinished():
+        results.update({result.request_id: result for result in engine.step()})
+    eos = reference.generation_config.eos_token_id
+    lengths = set()
+    for request, source, (width, penalty, early) in zip(ids, sources, searches * 2):
+        with torch.no_grad():
+            expected = reference.generate(torch.tensor(source[None].astype(np.int64)), max_new_tokens=12, do_sample=False,
+                                          num_beams=width, num_return_sequences=width, length_penalty=penalty,
+                                          early_stopping=early, eos_token_id=[eos, *stops], output_scores=True,
+                                          return_dict_in_generate=True)
+        fill = {reference.generation_config.pad_token_id, eos}  # (what transformers puts after a hypothesis ended)
+        for hypothesis, row, score in zip(results[request].beams, expected.sequences[:, 1:].tolist(),
+                                          expected.sequences_scores.tolist()):
+            n = len(hypothesis.token_ids)
+            assert list(hypothesis.token_ids) == row[:n] and set(row[n:]) <= fill
+            assert abs(hypothesis.score - score) < 1e-5
+            lengths.add(n)
+        assert len(results[request].beams) == width
+    assert len(lengths) > 1 and _all_freed(engine)
+
+
 # ---------------------------------------------------------------------------------------------- the server
 
 TEXTS = ["hello world", "guten tag, straße!", "über café", "the quick brown fox jumps over the lazy dog"]

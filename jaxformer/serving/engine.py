@@ -30,6 +30,7 @@ blocks and padding is masked, so rows never mix.
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import functools
 import itertools
@@ -37,6 +38,7 @@ import math
 import time
 import warnings
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -46,14 +48,15 @@ from flax import nnx
 from jaxformer import kernels
 from jaxformer.cache import DecodeState
 from jaxformer.decoder import unstacked_decoder
-from jaxformer.generate import checkpoint_config, generation_defaults
+from jaxformer.generate import NEG, checkpoint_config, generation_defaults
 from jaxformer.layer_plan import layer_plan
 from jaxformer.layers import EncoderOutput, attention, dtype_of
 from jaxformer.serving.paged import NULL_BLOCK, BlockManager, PagedKVCache, source_view
-from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, SamplingRows, TokenLogprobs, choose_tokens, greedy,
-                                        prompt_lookup, sampling_rows)
+from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, SamplingRows, TokenLogprobs, beam_candidates,
+                                        choose_tokens, greedy, prompt_lookup, sampling_rows)
 
 Array = jax.Array
+MAX_BEAMS = 16  # the widest beam search a request may ask for (its beams are rows of the running batch)
 
 
 def paging_problem(model) -> str | None:
@@ -148,7 +151,10 @@ class SamplingParams:
     from the prefix cache). Stops after ``max_tokens`` or at a stop id (the model's EOS ids
     unless ``ignore_eos``, and ``stop_token_ids``). ``forced_bos_token_id``: the request's first token, chosen for
     it as generate's ``forced_bos_token_id`` (a translation's target language: NLLB, M2M100; None: the
-    checkpoint's, if any)."""
+    checkpoint's, if any). ``beam_width`` k > 1: transformers' beam search (``generate(num_beams=k)``: its
+    ``length_penalty`` and ``early_stopping``), k running sequences that share their blocks where their tokens agree,
+    the request's one output at its end carrying the k best hypotheses (``RequestOutput.beams``); deterministic, so
+    ``temperature`` 0, and no setting that changes the scores its beams rank by (penalties, logit bias, logprobs)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -165,6 +171,9 @@ class SamplingParams:
     forced_bos_token_id: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (a mapping given is kept as its (id, bias) pairs, by id)
     prompt_logprobs: int | None = None
+    beam_width: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
@@ -203,9 +212,31 @@ class SamplingParams:
                   "logit_bias": (dict(self.logit_bias), "a mapping of token ids (ints >= 0) to numbers in [-100, 100]",
                                  all(_is_int(token) and token >= 0 and _is_number(value) and -100 <= value <= 100
                                      for token, value in self.logit_bias))}
+        checks.update({
+            "beam_width": (self.beam_width, f"an int in [1, {MAX_BEAMS}]",
+                           _is_int(self.beam_width) and 1 <= self.beam_width <= MAX_BEAMS),
+            "length_penalty": (self.length_penalty, "a finite number",
+                               _is_number(self.length_penalty) and math.isfinite(self.length_penalty)),
+            "early_stopping": (self.early_stopping, "True, False or 'never'",
+                               self.early_stopping is True or self.early_stopping is False
+                               or self.early_stopping == "never")})
         for name, (value, want, ok) in checks.items():
             if not ok:
                 raise ValueError(f"SamplingParams.{name}={value!r}: want {want}")
+        if self.beam_width == 1:
+            for name, off in (("length_penalty", 1.0), ("early_stopping", False)):
+                if getattr(self, name) != off:
+                    raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r} applies to beam search only "
+                                     "(beam_width > 1)")
+            return
+        # beam search keeps the likeliest sequences by their log-probabilities as generate's processors leave them:
+        # settings that draw, or change those scores in ways its beams do not, are refused, never ignored
+        for name, off in (("temperature", 0), ("repetition_penalty", 1), ("presence_penalty", 0),
+                          ("frequency_penalty", 0), ("logit_bias", ()), ("logprobs", None), ("prompt_logprobs", None)):
+            if getattr(self, name) != off:
+                raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r}: beam search (beam_width="
+                                 f"{self.beam_width}) is deterministic and scores by the model's log-probabilities; "
+                                 f"want {name}={off!r}")
 
 
 def _is_int(value) -> bool:
@@ -230,6 +261,17 @@ class RequestOutput:
     finish_reason: str | None = None
     logprobs: tuple[TokenLogprobs, ...] | None = None
     prompt_logprobs: tuple[TokenLogprobs | None, ...] | None = None
+    beams: tuple[Hypothesis, ...] | None = None
+
+
+class Hypothesis(NamedTuple):
+    """One of a beam search's best sequences: its tokens, its score (the sum of its tokens' log-probabilities over
+    its length to the ``length_penalty``, transformers' ``sequences_scores``) and why it ended ('stop': a stop id;
+    'length': ``max_tokens``)."""
+
+    token_ids: tuple[int, ...]
+    score: float
+    finish_reason: str
 
 
 @dataclasses.dataclass(eq=False)  # (one sequence is itself alone: the queues find it by identity)
@@ -256,6 +298,7 @@ class Sequence:
     # (prompt_logprobs asked) each scored prompt position's TokenLogprobs, and whether they went out with a token
     prompt_scores: dict[int, TokenLogprobs] = dataclasses.field(default_factory=dict)
     prompt_scores_sent: bool = False
+    group: BeamGroup | None = None  # a beam search's (``SamplingParams.beam_width`` > 1): its beams' shared state
 
     @property
     def tokens(self) -> list[int]:
@@ -265,6 +308,42 @@ class Sequence:
         """Whether this sequence's next call predicts a prompt token whose log-probabilities it asked for."""
         return (self.params.prompt_logprobs is not None and not self.prompt_scores_sent
                 and self.computed <= len(self.prompt) - 2)
+
+
+@dataclasses.dataclass(eq=False)
+class BeamGroup:
+    """A beam search's state between steps, as generate's ``_beam_search`` carries it for one batch row (the same
+    steps, on the host): ``members``, the running beams' sequences in beam order (before the first token: the
+    request's one sequence, which every beam copies), their running ``scores``, and the ``width`` best finished
+    hypotheses so far (``done_*``, best first; a slot not yet filled scores ``NEG``). ``keep``: the candidates a
+    step ranks (two a beam, more where a stop id could take some). ``candidates``: this step's top ``keep``
+    log-probabilities of each member (id(member) -> (values, ids)), once its call has run."""
+
+    root: Sequence
+    width: int
+    keep: int
+    members: list[Sequence] = dataclasses.field(default_factory=list)
+    scores: np.ndarray | None = None
+    done_tokens: list[list[int]] = dataclasses.field(default_factory=list)
+    done_scores: np.ndarray | None = None
+    done_lengths: np.ndarray | None = None
+    done: np.ndarray | None = None
+    improvable: bool = True
+    step: int = 0
+    candidates: dict[int, tuple[np.ndarray, np.ndarray]] = dataclasses.field(default_factory=dict)
+
+    def restart(self) -> Sequence:
+        """The state of a search not begun: the root sequence alone, as it waits to be admitted (first, or again
+        after a preemption: the search is deterministic, so run again it finds the same beams)."""
+        root, w = self.root, self.width
+        root.generated, root.blocks, root.keys, root.computed = [], [], [], 0
+        root.source_blocks, root.encoded, root.finish_reason = [], False, None
+        self.members, self.step, self.improvable, self.candidates = [root], 0, True, {}
+        self.scores = np.zeros(w, np.float32)
+        self.scores[1:] = NEG  # (beams 1.. copy beam 0 before the first token: their candidates rank last)
+        self.done_tokens, self.done_lengths = [[] for _ in range(w)], np.zeros(w, np.int64)
+        self.done_scores, self.done = np.full(w, NEG, np.float32), np.zeros(w, bool)
+        return root
 
 
 def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Array, positions: Array, valid: Array,
@@ -314,9 +393,10 @@ def _ban(logits: Array, banned: tuple[int, ...]) -> Array:
     return logits.at[..., jnp.asarray(banned)].set(-jnp.inf) if banned else logits
 
 
-@functools.partial(jax.jit, static_argnames=("sampler", "banned"))
+@functools.partial(jax.jit, static_argnames=("sampler", "banned", "renormalize"))
 def choose_program(logits: Array, sampling: SamplingRows, sampler: SamplerFlags, banned: tuple[int, ...] = (),
-                   forced: Array | None = None) -> tuple[Array, tuple | None]:
+                   forced: Array | None = None, renormalize: bool = False
+                   ) -> tuple[Array, tuple | None, tuple | None]:
     """Each row's next token from a call's logits [B, V] by its ``sampling`` (``choose_tokens``; the program holds
     only the machinery ``sampler`` names), and its log-probabilities where asked. A program apart from the model's
     (``run_step``): a request's sampler settings compile this program once per row count and penalty-history
@@ -324,8 +404,11 @@ def choose_program(logits: Array, sampling: SamplingRows, sampler: SamplerFlags,
     model's step for each (rows, width, table width) shape the request meets (the warm-up compiles the greedy,
     plain-draw and top-p choices).
     ``banned``: token ids never chosen (the log-probabilities stay the raw ones); ``forced`` [B]: generate's forced
-    tokens, -1 where none (``Engine._forced``)."""
-    return choose_tokens(_ban(logits, banned), sampling, sampler, logits, forced)
+    tokens, -1 where none (``Engine._forced``). With ``sampler.beam``, also every row's beam candidates
+    (``beam_candidates``; ``renormalize``: the checkpoint's ``renormalize_logits``), else None."""
+    tokens, logprobs = choose_tokens(_ban(logits, banned), sampling, sampler, logits, forced)
+    beams = beam_candidates(logits, sampler.beam, banned, forced, renormalize) if sampler.beam else None
+    return tokens, logprobs, beams
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("k", "v"))
@@ -365,6 +448,14 @@ def zero_blocks(k: Array, v: Array, blocks: Array) -> tuple[Array, Array]:
     """The pool's k, v with ``blocks`` zeroed in every layer (in place: donated, so no second pool is held); the
     block axis is 1 in the stacked pool [L, N, ...] and in each layer's own [K, N, ...] alike."""
     return jax.tree.map(lambda pool: pool.at[:, blocks].set(0), (k, v))
+
+
+@functools.partial(jax.jit, donate_argnames=("k", "v"))
+def copy_blocks(k: Array, v: Array, sources: Array, targets: Array) -> tuple[Array, Array]:
+    """The pool's k, v with each of the blocks ``targets`` holding what the block at the same place of ``sources``
+    holds, in every layer (in place: donated): copy on write, for a beam about to write its next token into a
+    partly written block another beam shares. Padding pairs copy the null block onto itself."""
+    return jax.tree.map(lambda pool: pool.at[:, targets].set(pool[:, sources]), (k, v))
 
 
 def _bucket(n: int, cap: int) -> int:
@@ -465,6 +556,7 @@ class Engine:
         # (``_forced``), an encoder-decoder's decoder prompt (its start token)
         ids = checkpoint_config(model)
         self.banned = ids.bad_token_ids
+        self.renormalize = ids.renormalize_logits  # (beam scores only: it moves no argmax)
         self.forced_bos, self.forced_eos = ids.forced_bos_token_id, ids.forced_eos_token_id
         encoder_decoder = cfg.family == "encoder_decoder"
         self.decoder_prompt = [ids.decoder_start_token_id] if encoder_decoder else None
@@ -496,6 +588,7 @@ class Engine:
         # source width)
         self.programs: dict[tuple, float] = {}
         self.preemptions = self.shared_blocks = 0  # sequences preempted; blocks taken from the prefix cache
+        self.copies: list[tuple[int, int]] = []  # (source, target) blocks to copy before the step's calls
 
     # ------------------------------------------------------------------------------------------ requests
 
@@ -511,8 +604,17 @@ class Engine:
         if seed is None:  # the engine's seed and the request's id, mixed into one
             seed = int(np.random.SeedSequence([self.seed, request_id]).generate_state(1)[0])
         source = None if source_ids is None else self._ids(source_ids)
-        self.waiting.append(Sequence(request_id, prompt, params, frozenset(stops), seed, source=source))
+        seq = Sequence(request_id, prompt, params, frozenset(stops), seed, source=source)
+        if params.beam_width > 1:
+            seq.group = BeamGroup(seq, params.beam_width, self._beam_keep(params, stops))
+            seq.group.restart()
+        self.waiting.append(seq)
         return request_id
+
+    def _beam_keep(self, params: SamplingParams, stops) -> int:
+        """The candidates a beam search ranks each step, as generate's: two a beam, one more a beam for each stop
+        id past the first (so enough go on running however many stop)."""
+        return max(2, 1 + len(stops)) * params.beam_width
 
     def check_request(self, prompt_ids, params: SamplingParams, source_ids=None) -> list[int]:
         """The prompt's ids as a list (an encoder-decoder's decoder prompt: None gives its start token), or a
@@ -544,11 +646,23 @@ class Engine:
         if total > self.max_model_len:
             raise ValueError(f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} = {total} exceeds "
                              f"max_model_len={self.max_model_len}")
-        if -(-total // self.block_size) + source_blocks > self.manager.usable:
+        width = params.beam_width
+        if width > self.max_num_seqs:
+            raise ValueError(f"SamplingParams.beam_width={width}: each beam is a row of the batch, and the engine runs "
+                             f"at most max_num_seqs={self.max_num_seqs}")
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_ids))
+        if width > 1 and self._beam_keep(params, stops) > self.config.vocab_size:
+            raise ValueError(f"SamplingParams.beam_width={width} ranks {self._beam_keep(params, stops)} candidates a "
+                             f"step, more than the vocabulary's {self.config.vocab_size} tokens")
+        # (beams share the prompt's full blocks, and at worst nothing after them: a search the pool cannot hold so
+        # would preempt itself for ever)
+        blocks, shared = -(-total // self.block_size), len(prompt) // self.block_size
+        needed = shared + width * (blocks - shared)
+        if needed + source_blocks > self.manager.usable:
             source = f" and a source of {source_blocks} blocks" if source_blocks else ""
-            raise ValueError(f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} needs "
-                             f"{-(-total // self.block_size)} blocks of {self.block_size}{source}; the pool has "
-                             f"{self.manager.usable}")
+            beams = f" ({blocks - shared} for each of {width} beams)" if width > 1 else ""
+            raise ValueError(f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} needs {needed} blocks "
+                             f"of {self.block_size}{beams}{source}; the pool has {self.manager.usable}")
         return prompt
 
     @staticmethod
@@ -580,11 +694,13 @@ class Engine:
         return bool(self.waiting or self.running)
 
     def abort(self, request_id: int) -> bool:
-        """End a request now (its client went away), freeing its blocks; False if it had already ended."""
+        """End a request now (its client went away), freeing its blocks (every beam's); False if it had already
+        ended."""
         for seq in self.running:
             if seq.request_id == request_id:
-                self._free(seq)
-                self.running.remove(seq)
+                for member in self._members(seq):
+                    self._free(member)
+                    self.running.remove(member)
                 return True
         for seq in self.waiting:
             if seq.request_id == request_id:
@@ -616,15 +732,25 @@ class Engine:
         penalties, no logprobs, no forced first token) of a decoder without forced tokens, whose choices one
         verifying call reproduces."""
         p = seq.params
-        return (self.draft_tokens > 0 and seq.source is None and self.forced_bos is None and self.forced_eos is None
+        return (self.draft_tokens > 0 and seq.source is None and seq.group is None and self.forced_bos is None and self.forced_eos is None
                 and p.forced_bos_token_id is None and p.temperature == 0 and p.repetition_penalty == 1
                 and p.presence_penalty == 0 and p.frequency_penalty == 0 and p.logprobs is None)
 
     def _blocks_for(self, seq: Sequence, count: int) -> bool:
-        """Give ``seq`` the blocks its next ``count`` tokens go to; False when the pool has too few free."""
+        """Give ``seq`` the blocks its next ``count`` tokens go to; False when the pool has too few free. A partly
+        written block it shares (a beam's, forked from another beam's) becomes its own first: a fresh block, which
+        the step fills with the shared one's contents before its calls (``copies``), the shared one left to the
+        others."""
         need = -(-(seq.computed + count) // self.block_size) - len(seq.blocks)
-        if need > self.manager.available():
+        at = seq.computed // self.block_size
+        shared = at < len(seq.blocks) and self.manager.refs[seq.blocks[at]] > 1
+        if need + shared > self.manager.available():
             return False
+        if shared:
+            block = self.manager.allocate()
+            self.copies.append((seq.blocks[at], block))
+            self.manager.release([seq.blocks[at]])
+            seq.blocks[at] = block
         seq.blocks += [self.manager.allocate() for _ in range(need)]
         return True
 
@@ -643,21 +769,41 @@ class Engine:
         seq.source_blocks, seq.encoded = [], False
 
     def _fail(self, seq: Sequence) -> None:
-        """End ``seq`` in error (its logits were not finite) with no token. What it wrote may be NaN too, and a
-        masked slot still multiplies its value by a weight of 0 (NaN again): the blocks it held alone leave the
-        prefix cache and are zeroed, with the null block its padding wrote to, before anyone reads them again."""
-        alone = [block for block in seq.source_blocks + seq.blocks if self.manager.refs[block] == 1]
+        """End ``seq`` in error (its logits were not finite) with no token, and every beam of its search. What it
+        wrote may be NaN too, and a masked slot still multiplies its value by a weight of 0 (NaN again): the blocks
+        held by it alone (by its beams alone) leave the prefix cache and are zeroed, with the null block its padding
+        wrote to, before anyone reads them again."""
+        members = self._members(seq)
+        held = collections.Counter(block for member in members for block in member.source_blocks + member.blocks)
+        alone = [block for block, count in held.items() if self.manager.refs[block] == count]
         self.manager.forget(alone)
         k, v = zero_blocks(self.pool.k, self.pool.v, jnp.asarray([NULL_BLOCK, *alone], jnp.int32))
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
-        seq.finish_reason = "error"
-        self._free(seq)
-        self.running.remove(seq)
+        for member in members:
+            member.finish_reason = "error"
+            self._free(member)
+            self.running.remove(member)
+
+    @staticmethod
+    def _members(seq: Sequence) -> list[Sequence]:
+        """The sequences that go together with ``seq``: its beam search's running beams, or itself."""
+        return [seq] if seq.group is None else list(seq.group.members)
+
+    def _rows(self, seq: Sequence) -> int:
+        """The batch rows ``seq``'s request takes: its beam width (a search not yet begun holds them for its beams)."""
+        return seq.params.beam_width
 
     def _preempt(self, seq: Sequence) -> None:
-        """``seq`` gives its blocks back and waits again in its arrival order, to compute its tokens anew."""
-        self._free(seq)
-        self.running.remove(seq)
+        """``seq`` gives its blocks back and waits again in its arrival order, to compute its tokens anew; a beam
+        search's beams all go, and it begins again (``BeamGroup.restart``)."""
+        freed = set()
+        for member in self._members(seq):
+            freed.update(member.blocks)
+            self._free(member)
+            self.running.remove(member)
+        if seq.group is not None:
+            self.copies = [(source, target) for source, target in self.copies if target not in freed]
+            seq = seq.group.restart()
         bisect.insort(self.waiting, seq, key=lambda waiting: waiting.request_id)
         self.preemptions += 1
 
@@ -676,12 +822,17 @@ class Engine:
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted = True
-                if victim is seq:
+                if victim is seq or (victim.group is not None and victim.group is seq.group):
                     break
             else:
                 work.append((seq, count))
                 budget -= count if left > 1 else 0
-        while self.waiting and not preempted and len(self.running) < self.max_num_seqs and budget > 0:
+        if preempted:  # (a beam search's beams scheduled before one of them was preempted with all the others)
+            running = set(map(id, self.running))
+            work = [(seq, count) for seq, count in work if id(seq) in running]
+        rows = sum(map(self._rows, {id(seq.group or seq): seq for seq in self.running}.values()))
+        while (self.waiting and not preempted and rows + self._rows(self.waiting[0]) <= self.max_num_seqs
+               and budget > 0):
             seq = self.waiting[0]
             tokens = seq.tokens
             # (an encoder-decoder's decoder keys depend on its source, which the prefix keys do not hold: not shared)
@@ -697,6 +848,7 @@ class Engine:
                 break
             self.waiting.pop(0)
             self.running.append(seq)
+            rows += self._rows(seq)
             self.shared_blocks += len(shared)
             work.append((seq, count))
             budget -= count
@@ -731,6 +883,7 @@ class Engine:
         compiled call each) and the prompt chunks (``_prefill_calls``); hand back each request's new tokens (a drafting
         row's kept drafts and the model's next one) and whether it ended."""
         work = self._schedule()
+        self._copy_blocks()
         for sources in self._encode_calls([seq for seq, _ in work if seq.source is not None and not seq.encoded]):
             self._encode(sources)
         # (a prompt whose log-probabilities are asked runs its chunks in calls of its own, which score every position:
@@ -744,13 +897,28 @@ class Engine:
         calls += [("score", [w]) for w in scored]
         outputs = []
         for kind, rows in calls:
-            rows = [row for row in rows if row[0].finish_reason is None]  # (a chunk's head piece that ended in error)
+            # (a chunk's head piece that ended in error; a beam whose search another beam's error ended)
+            rows = [row for row in rows if row[0].finish_reason is None]
             if rows:
                 *result, scores = self._run(kind, rows)
                 if scores is not None:
                     self._keep_scores(rows, *scores)
                 outputs += self._advance(rows, *result)
         return outputs
+
+    def _copy_blocks(self) -> None:
+        """Copy the blocks the schedule asked for (copy on write, ``_blocks_for``) in one call, the pairs padded to a
+        bucket (the null block onto itself)."""
+        if not self.copies:
+            return
+        count = _bucket(len(self.copies), self.manager.usable)
+        sources, targets = (np.full(count, NULL_BLOCK, np.int32) for _ in range(2))
+        sources[:len(self.copies)], targets[:len(self.copies)] = zip(*self.copies)
+        started = time.perf_counter()
+        k, v = copy_blocks(self.pool.k, self.pool.v, sources, targets)
+        self.pool = dataclasses.replace(self.pool, k=k, v=v)
+        self.programs.setdefault(("copy", count), time.perf_counter() - started)
+        self.copies = []
 
     def _keep_scores(self, rows: list[tuple[Sequence, int]], target: np.ndarray, top: np.ndarray,
                      top_ids: np.ndarray) -> None:
@@ -871,7 +1039,7 @@ class Engine:
         return tables, lengths
 
     def _run(self, kind: str, rows: list[tuple[Sequence, int]]
-             ) -> tuple[np.ndarray, tuple | None, np.ndarray, tuple | None]:
+             ) -> tuple[np.ndarray, tuple | None, tuple | None, np.ndarray, tuple | None]:
         B = _bucket(len(rows), self.max_num_seqs)
         # (verify: its token and k drafts)
         widest = self.prefill_chunk if kind in ("prefill", "score") else 1 + self.draft_tokens
@@ -903,20 +1071,25 @@ class Engine:
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
         self.programs.setdefault((kind, B, T, M, None if source is None else source[0].shape[1]),
                                  time.perf_counter() - started)
-        chosen, logprobs = out, None  # (verify: each position's greedy token)
+        chosen, logprobs, beams = out, None, None  # (verify: each position's greedy token)
         if kind != "verify":
             # the rows' settings, built while the model's call runs (the penalties' histories: every id so far, at
             # most max_model_len, in a power-of-two width)
             sampling, sampler = sampling_rows([(seq.params, seq.seed, seq.tokens, len(seq.prompt)) for seq, _ in rows],
                                               B, 1 << (self.max_model_len - 1).bit_length())
+            keep = max((seq.group.keep for seq, _ in rows if seq.group is not None), default=0)
+            if keep:  # (a power of two: few programs)
+                sampler = sampler._replace(beam=min(1 << (keep - 1).bit_length(), self.config.vocab_size))
             forced, started = self._forced(rows, B), time.perf_counter()
-            chosen, logprobs = choose_program(out, sampling, sampler, self.banned, forced)
+            chosen, logprobs, beams = choose_program(out, sampling, sampler, self.banned, forced,
+                                                     self.renormalize and bool(keep))
             self.programs.setdefault(("choose", B, sampling.history.shape[1], sampling.bias_ids.shape[1], sampler,
                                       forced is not None),
                                      time.perf_counter() - started)
         chosen, finite = np.asarray(chosen), np.asarray(finite)
         logprobs = None if logprobs is None else tuple(np.asarray(a) for a in logprobs)
-        return chosen, logprobs, finite, None if scores is None else tuple(np.asarray(a) for a in scores)
+        beams = None if kind == "verify" or beams is None else tuple(np.asarray(a) for a in beams)
+        return chosen, logprobs, beams, finite, None if scores is None else tuple(np.asarray(a) for a in scores)
 
     def _source_table_width(self, blocks: int) -> int:
         """The source-table width of rows whose sources hold at most ``blocks`` blocks: where each layer reads its
@@ -933,13 +1106,17 @@ class Engine:
         return min(1 << (max(blocks, -(-min_table_slots() // self.block_size)) - 1).bit_length(), self.max_blocks)
 
     def _advance(self, rows: list[tuple[Sequence, int]], chosen: np.ndarray, logprobs: tuple | None,
-                 finite: np.ndarray) -> list[RequestOutput]:
+                 beams: tuple | None, finite: np.ndarray) -> list[RequestOutput]:
         """Book the rows' written tokens (remembering newly full blocks for prefix caching) and their new tokens
         (with their log-probabilities where asked); end the sequences that stopped, freeing their blocks, and those
         whose logits were not finite (``_fail``). A row that fed drafts (``chosen`` [B, T]: each position's greedy
-        token) keeps those equal to the model's own choices, then the model's token after the last one kept."""
+        token) keeps those equal to the model's own choices, then the model's token after the last one kept. A
+        beam's row hands its candidates (``beams``: values and ids [B, K]) to its search, which steps once every
+        beam's are in (``_beam_step``)."""
         outputs = []
         for r, (seq, count) in enumerate(rows):
+            if seq.finish_reason is not None:  # (a beam whose search another beam's error ended)
+                continue
             if not finite[r]:
                 self._fail(seq)
                 outputs.append(RequestOutput(seq.request_id, (), True, "error"))
@@ -967,6 +1144,11 @@ class Engine:
                 self.manager.remember(seq.blocks[b], seq.keys[-1])
             if seq.computed < len(tokens):  # a prompt chunk short of the prompt's end: no token yet
                 continue
+            if seq.group is not None:
+                seq.group.candidates[id(seq)] = (beams[0][r], beams[1][r])
+                if len(seq.group.candidates) == len(seq.group.members):
+                    outputs += self._beam_step(seq.group)
+                continue
             emitted = []
             for token in new:
                 emitted.append(token)
@@ -993,6 +1175,74 @@ class Engine:
             outputs.append(RequestOutput(seq.request_id, tuple(emitted), seq.finish_reason is not None,
                                          seq.finish_reason, asked, prompt_scores))
         return outputs
+
+    def _beam_step(self, group: BeamGroup) -> list[RequestOutput]:
+        """One step of generate's beam search (``generate._beam_search``'s loop body for one batch row, here on the
+        host in float32, ranking as ``jax.lax.top_k`` does: ties to the lower beam, then the lower id) from every
+        beam's candidates: the best ``keep`` continuations; the best ``width`` of them that did not stop go on, each
+        a new sequence holding its parent's blocks (shared: a partly written one is copied when written,
+        ``_blocks_for``) and its new token, to feed next step; those among the best ``width`` that stopped join
+        the finished hypotheses if they rank there. Where the search ends, its one output: the best hypothesis's
+        tokens, and every hypothesis (``RequestOutput.beams``)."""
+        params, w, keep, step = group.root.params, group.width, group.keep, group.step
+        N, lp, neg = params.max_tokens, np.float32(params.length_penalty), np.float32(NEG)
+        beams = group.members if step else group.members * w  # (before the first token every beam is the root)
+        values = np.stack([group.candidates[id(seq)][0][:keep] for seq in beams])
+        ids = np.stack([group.candidates[id(seq)][1][:keep] for seq in beams]).reshape(-1)
+        totals = (values + group.scores[:, None]).reshape(-1)
+        beam_of = np.repeat(np.arange(w), keep)
+        top = np.lexsort((ids, beam_of, -totals))[:keep]
+        top_scores, source, token = totals[top], beam_of[top], ids[top]
+        hits = np.isin(token, list(group.root.stop_ids)) | (step + 1 >= N)
+
+        # the best `width` candidates that did not stop keep running
+        running = top_scores + hits.astype(np.float32) * neg
+        going_on = np.argsort(-running, kind="stable")[:w]
+
+        # candidates among the best `width` that stopped join the finished hypotheses if they rank there
+        just_finished = hits & (np.arange(keep) < w)
+        finish = top_scores / (np.float32(step + 1) ** lp)
+        full = bool(group.done.all()) and params.early_stopping is True
+        finish = finish + (np.float32(full) * neg + np.float32(not group.improvable) * neg)
+        finish = finish + (~just_finished).astype(np.float32) * neg
+        merged = np.concatenate([group.done_scores, finish])
+        best = np.argsort(-merged, kind="stable")[:w]
+        tokens = group.done_tokens + [beams[b].generated + [int(t)] for b, t in zip(source, token)]
+        group.done_tokens = [tokens[i] for i in best]
+        group.done_scores = merged[best]
+        group.done_lengths = np.concatenate([group.done_lengths, np.full(keep, step + 1)])[best]
+        group.done = np.concatenate([group.done, just_finished])[best]
+
+        step += 1
+        best_length = N if (params.early_stopping == "never" and lp > 0) else step
+        best_possible = running[going_on[0]] / (np.float32(best_length) ** lp)
+        worst_finished = np.where(group.done, group.done_scores.min(), neg)
+        group.improvable = group.improvable and bool(np.any(best_possible > worst_finished))
+        going = (group.improvable and not (group.done.all() and params.early_stopping is True) and not hits.all()
+                 and step < N)
+        old, at = group.members, min(self.running.index(seq) for seq in group.members)
+        group.candidates, group.step = {}, step
+        if going:
+            children = []
+            for b in going_on:
+                parent = beams[source[b]]
+                child = dataclasses.replace(parent, generated=parent.generated + [int(token[b])],
+                                            blocks=list(parent.blocks), keys=list(parent.keys),
+                                            source_blocks=list(parent.source_blocks), draft=[], prompt_scores={})
+                self.manager.share(child.source_blocks + child.blocks)
+                children.append(child)
+            group.members, group.scores = children, running[going_on]
+        for seq in old:
+            self._free(seq)
+            self.running.remove(seq)
+        if going:
+            self.running[at:at] = group.members
+            return []
+        hypotheses = tuple(Hypothesis(tuple(tokens[:length]), float(score),
+                                      "stop" if length and tokens[length - 1] in group.root.stop_ids else "length")
+                           for tokens, score, length in zip(group.done_tokens, group.done_scores, group.done_lengths))
+        best = hypotheses[0]
+        return [RequestOutput(group.root.request_id, best.token_ids, True, best.finish_reason, beams=hypotheses)]
 
     # ------------------------------------------------------------------------------------------ warm-up
 

@@ -194,6 +194,11 @@ class BlockManager:
         self.refs[block] = 1
         return block
 
+    def share(self, blocks: list[int]) -> None:
+        """Held blocks held once more (a beam forked from another shares its blocks)."""
+        for block in blocks:
+            self.refs[block] += 1
+
     def release(self, blocks: list[int]) -> None:
         """A sequence lets go of its blocks (last block first, so its prefix's blocks stay cached longest)."""
         for block in reversed(blocks):

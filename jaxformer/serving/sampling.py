@@ -40,6 +40,7 @@ class SamplerFlags(NamedTuple):
     penalize: bool = False  # some row has a repetition, presence or frequency penalty
     logprobs: bool = False  # some row asks for log-probabilities
     bias: bool = False  # some row has a logit bias
+    beam: int = 0  # some row is a beam's: each row's candidates by beam scores (``beam_candidates``), this many
 
 
 @jax.tree_util.register_dataclass
@@ -196,6 +197,24 @@ def choose_tokens(logits: Array, rows: SamplingRows, flags: SamplerFlags, raw: A
     logprobs = jax.nn.log_softmax(raw, axis=-1)
     top, top_ids = jax.lax.top_k(logprobs, min(MAX_LOGPROBS, logprobs.shape[-1]))
     return tokens, (jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0], top, top_ids.astype(jnp.int32))
+
+
+def beam_candidates(logits: Array, count: int, banned: tuple[int, ...] = (), forced: Array | None = None,
+                    renormalize: bool = False) -> tuple[Array, Array]:
+    """Each row's ``count`` likeliest next tokens as generate's beam search scores them (``generate.process_logits``
+    over ``log_softmax``, transformers' order): the log-probabilities of its logits [B, V], the ``banned`` tokens
+    (bad words) at -inf, a ``forced`` token [B] (-1: none) alone at 0, then normalised again where the checkpoint
+    asks (``renormalize_logits``). Values [B, count] and ids, ``jax.lax.top_k``'s (ties: the lower id first)."""
+    scores = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    if banned:
+        scores = scores.at[..., jnp.asarray(banned)].set(-jnp.inf)
+    if forced is not None:
+        alone = jnp.where(jnp.arange(scores.shape[-1]) == forced[:, None], 0.0, -jnp.inf)
+        scores = jnp.where(forced[:, None] >= 0, alone, scores)
+    if renormalize:
+        scores = jax.nn.log_softmax(scores, axis=-1)
+    top, ids = jax.lax.top_k(scores, count)
+    return top, ids.astype(jnp.int32)
 
 
 def prompt_lookup(tokens: list[int], count: int, ngram: int = 2) -> list[int]:
