@@ -233,8 +233,8 @@ def test_beam_search_gives_transformers_hypotheses_and_scores(tmp_path, name):
         with torch.no_grad():
             expected = reference.generate(torch.tensor(source[None].astype(np.int64)), max_new_tokens=12,
                                           do_sample=False, num_beams=width, num_return_sequences=width,
-                                          length_penalty=penalty, early_stopping=early, eos_token_id=[eos, *stops], output_scores=True,
-                                          return_dict_in_generate=True)
+                                          length_penalty=penalty, early_stopping=early, eos_token_id=[eos, *stops],
+                                          output_scores=True, return_dict_in_generate=True)
         fill = {reference.generation_config.pad_token_id, eos}  # (what transformers puts after a hypothesis ended)
         for hypothesis, row, score in zip(results[request].beams, expected.sequences[:, 1:].tolist(),
                                           expected.sequences_scores.tolist()):
