@@ -354,6 +354,48 @@ def test_a_penalised_greedy_completion_equals_transformers_generate(client, refe
     assert sampled.usage.completion_tokens == 10
 
 
+def test_beam_search_choices_are_transformers_hypotheses(client, reference, chat_ids):
+    """``use_beam_search`` (vLLM's) with ``n`` 3: the choices are transformers' ``generate(num_beams=3,
+    num_return_sequences=3)`` hypotheses, best first, for each of two prompts, streamed too (one chunk a choice, at
+    the end), and a chat's; beam-search settings the search cannot honour are refused by name."""
+    import torch
+
+    model, tokenizer = reference
+
+    def beams(ids, new, **settings):
+        prompt = torch.tensor([ids])
+        with torch.no_grad():
+            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, do_sample=False,
+                                 num_beams=3, num_return_sequences=3, **settings)
+        return [tokenizer.decode(row[prompt.shape[1]:]) for row in out]
+    ask = dict(model=NAME, prompt=PROMPTS[4:6], max_tokens=8, n=3,
+               extra_body={"use_beam_search": True, "length_penalty": 0.5})
+    expected = [text for prompt in PROMPTS[4:6] for text in beams(tokenizer.encode(prompt), 8, length_penalty=0.5)]
+    answer = client.completions.create(**ask)
+    assert [c.text for c in answer.choices] == expected and len(set(expected)) > 3
+    assert answer.usage.completion_tokens == 48
+    streamed = [""] * 6
+    for chunk in client.completions.create(**ask, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == expected
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=5, n=3,
+                                          extra_body={"use_beam_search": True, "early_stopping": True})
+    assert [c.message.content for c in chat.choices] == beams(list(chat_ids), 5, early_stopping=True)
+    for extra, param, words in (({"temperature": 0.5}, "temperature", "beam search is deterministic"),
+                                ({"stop": ["x"]}, "stop", "stop strings do not apply to beam search"),
+                                ({"logprobs": 2}, "logprobs", "beam search (beam_width=3) is deterministic"),
+                                ({"extra_body": {"use_beam_search": "yes"}}, "use_beam_search", "want a boolean"),
+                                ({"n": 9}, "n", "max_num_seqs=8")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(**{**ask, **extra, "extra_body": {**ask["extra_body"],
+                                                                        **extra.get("extra_body", {})}})
+        assert err.value.body["param"] == param and words in err.value.body["message"], err.value.body
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=NAME, prompt="hi", max_tokens=4, extra_body={"length_penalty": 2.0})
+    assert err.value.body["param"] == "length_penalty" and "applies to beam search only" in err.value.body["message"]
+
+
 def test_a_logit_bias_completion_and_chat_equal_transformers_sequence_bias(client, reference):
     import torch
 

@@ -62,7 +62,7 @@ NOT_YET = {"suffix": (None, ""), "tools": (None, []),
            "tool_choice": (None, "none"), "response_format": (None, {"type": "text"})}
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
           "frequency_penalty", "seed", "stop", "stream", "stream_options", "user", "n", "logprobs", "ignore_eos",
-          "logit_bias"}
+          "logit_bias", "use_beam_search", "length_penalty", "early_stopping"}
 # (completions' src_lang and tgt_lang: a translation's languages, ``Languages``)
 KEYS = {"completions": COMMON | {"prompt", "best_of", "src_lang", "tgt_lang", "echo"},
         "chat": COMMON | {"messages", "max_completion_tokens", "top_logprobs"}}
@@ -434,17 +434,31 @@ def _sampling(body: dict, default_max_tokens: int | None, kind: str = "completio
               ) -> tuple[SamplingParams, tuple[str, ...]]:
     """The request's SamplingParams and stop strings, or an ApiError naming the parameter. Log-probabilities:
     completions' ``logprobs`` k (0..5), chat's ``logprobs`` (bool) with ``top_logprobs`` k (0..20). A ``seed``
-    outside [0, 2**32) (OpenAI takes any int) is folded into it (``_seed``); ``top_k`` -1 is vLLM's "off" (0 here)."""
+    outside [0, 2**32) (OpenAI takes any int) is folded into it (``_seed``); ``top_k`` -1 is vLLM's "off" (0 here).
+    ``use_beam_search`` (vLLM's): a beam search ``n`` wide (``SamplingParams.beam_width``; its ``length_penalty`` and
+    ``early_stopping``), whose n best hypotheses are the choices; its temperature is 0."""
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     stop = body.get("stop")
     stops = () if stop is None else (stop,) if isinstance(stop, str) else stop
     if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
         raise ApiError(400, f"stop={stop!r}: want a non-empty string or a list of at most 4", param="stop")
+    beams = body.get("use_beam_search", False)
+    if not isinstance(beams, bool):
+        raise ApiError(400, f"use_beam_search={beams!r}: want a boolean", param="use_beam_search")
+    if beams and stops:  # (a stop string cuts a hypothesis's text after the search ranked it whole)
+        raise ApiError(400, "stop strings do not apply to beam search, which ranks each hypothesis whole (they end "
+                            "at the model's EOS or at max_tokens)", param="stop")
+    if beams and body.get("temperature") not in (None, 0):
+        raise ApiError(400, f"temperature={body['temperature']!r}: beam search is deterministic (temperature 0)",
+                       param="temperature")
     values = {"max_tokens": default_max_tokens if max_tokens is None else max_tokens,
               "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_k": body.get("top_k"),
               "seed": _seed(body.get("seed")), "logprobs": _logprobs(body, kind), "logit_bias": _logit_bias(body),
               **{name: body.get(name) for name in ("min_p", "repetition_penalty", "presence_penalty",
-                                                   "frequency_penalty", "ignore_eos")}}
+                                                   "frequency_penalty", "ignore_eos", "length_penalty",
+                                                   "early_stopping")}}
+    if beams:
+        values.update(temperature=0, beam_width=_choices(body, kind))
     if isinstance(values["top_k"], int) and values["top_k"] == -1:
         values["top_k"] = 0
     if values["ignore_eos"] is not None and not isinstance(values["ignore_eos"], bool):  # (vLLM's extension)
@@ -458,9 +472,10 @@ def _sampling(body: dict, default_max_tokens: int | None, kind: str = "completio
 
 
 def _setting(err: Exception) -> str | None:
-    """The ``SamplingParams`` field a refusal names (its message starts "SamplingParams.NAME"), or None."""
+    """The request parameter behind the ``SamplingParams`` field a refusal names (its message starts
+    "SamplingParams.NAME"; a beam search's width is its ``n``), or None."""
     named = re.match(r"SamplingParams\.(\w+)", str(err))
-    return named.group(1) if named else None
+    return None if named is None else {"beam_width": "n"}.get(named.group(1), named.group(1))
 
 
 def _logit_bias(body: dict) -> dict[int, object] | None:
@@ -727,19 +742,24 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                      stops: tuple[str, ...], echoed: list[str] | None = None, score_only: bool = False):
         """The answer to a request, whole or streamed: ``n`` choices for each of its ``prompts`` (ids), each an
         engine request, choice ``p * n + i`` being prompt p's i-th (OpenAI's order). ``echoed``: each prompt's text,
-        put before its choices' (completions' ``echo``); ``score_only``: keep no new token."""
+        put before its choices' (completions' ``echo``); ``score_only``: keep no new token. A beam search is one
+        engine request a prompt, whose hypotheses are its choices, best first."""
         loop = state["loop"]
         per_prompt = _choices(body, kind)
         n = per_prompt * len(prompts)  # (every choice of the answer)
+        beams = params.beam_width > 1
         pendings: list[Pending] = []
         try:  # n engine requests a prompt, its choice i of a seeded request drawing by seed + i
             for ids in prompts:
                 # an encoder-decoder's prompt is its source; its decoder starts from its start token
                 prompt, source = (None, ids) if engine.decoder_prompt is not None else (ids, None)
+                param = "prompt" if kind == "text_completion" else "messages"
+                if beams:
+                    pendings += [loop.submit(prompt, params, param, source)] * per_prompt
+                    continue
                 for i in range(per_prompt):
                     seed = None if params.seed is None else (params.seed + i) % 2 ** 32
-                    pendings.append(loop.submit(prompt, dataclasses.replace(params, seed=seed),
-                                                "prompt" if kind == "text_completion" else "messages", source))
+                    pendings.append(loop.submit(prompt, dataclasses.replace(params, seed=seed), param, source))
         except ApiError:
             for pending in pendings:
                 loop.abort(pending)
@@ -750,6 +770,16 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
         streaming = body.get("stream", False)
         answer_id = f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{secrets.token_hex(12)}"
 
+        searches: dict[int, asyncio.Future] = {}  # a beam search's one output, read once for all its choices
+
+        def next_output(index: int):
+            if not beams:
+                return pendings[index].outputs.get()
+            prompt = index // per_prompt
+            if prompt not in searches:
+                searches[prompt] = asyncio.ensure_future(pendings[index].outputs.get())
+            return asyncio.shield(searches[prompt])  # (a choice's timeout cancels its wait, not the read)
+
         async def pieces(index: int):
             """(new text, finish reason or None, the new tokens' TokenLogprobs, the prompt's where they came with
             this output) of choice ``index`` as the engine's tokens arrive; aborts the request if left early."""
@@ -757,10 +787,10 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
             try:
                 while True:
                     if streaming:  # a stream's handler is cancelled when its client goes away
-                        output = await pending.outputs.get()
+                        output = await next_output(index)
                     else:  # a plain answer's is not: look now and then
                         try:
-                            output = await asyncio.wait_for(pending.outputs.get(), DISCONNECT_POLL_S)
+                            output = await asyncio.wait_for(next_output(index), DISCONNECT_POLL_S)
                         except TimeoutError:
                             if await request.is_disconnected():
                                 return
@@ -770,6 +800,9 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                     if output.finish_reason == "error":  # the engine ended it with no token (RequestOutput)
                         raise ApiError(500, "the model's logits for this request's next token were not finite (NaN "
                                             "or inf); it was ended", kind="server_error", code="non_finite_logits")
+                    if beams:  # (choice i: the search's i-th best hypothesis)
+                        hypothesis = output.beams[index % per_prompt]
+                        output = RequestOutput(output.request_id, hypothesis.token_ids, True, hypothesis.finish_reason)
                     if score_only:  # (the prompt's log-probabilities came with the token, which is not kept)
                         yield "", "length", (), output.prompt_logprobs
                         return
