@@ -297,6 +297,13 @@ def test_a_marian_folder_serves_completions_to_the_openai_client(marian_folder):
         assert [c.text for c in both.choices] == expected[:2]  # (a list of sources: one translation each)
         with pytest.raises(openai.BadRequestError, match="takes no language codes"):
             client.completions.create(model="marian", prompt="Hi", max_tokens=2, extra_body={"tgt_lang": "fra_Latn"})
+        # a translation by beam search: its two hypotheses, as transformers' beam search over the same source
+        beams = client.completions.create(model="marian", prompt=TEXTS[3], max_tokens=6, n=2,
+                                          extra_body={"use_beam_search": True})
+        searched = model.generate(sources[3][None], np.ones((1, len(sources[3])), np.int32), max_new_tokens=6,
+                                  num_beams=2)
+        assert beams.choices[0].text == reference.decode(searched[0, 1:], skip_special_tokens=True)
+        assert len(beams.choices) == 2 and beams.choices[0].text != beams.choices[1].text
 
 
 def _nllb_tokenizer(folder, **settings):
