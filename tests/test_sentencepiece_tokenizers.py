@@ -161,6 +161,17 @@ def test_training_from_a_folder_whose_tokenizer_is_sentencepiece_asks_for_one_it
         main([f"run.dir={tmp_path / 'run'}", f"model.init_from=hf:{folder}", "train.objective=seq2seq",
               "train.steps=2", "train.batch_size=2", "train.seq_len=16", "optim.warmup_steps=0"])
     assert not any((tmp_path / "run").iterdir())
+    # T5 v1.1 as published: spiece.model, no tokenizer.json (load_tokenizer reads it through transformers)
+    from tests.sentencepiece_factory import WORDS, train
+
+    t5 = save_checkpoint("t5-v1_1", tmp_path / "t5")
+    train(t5 / "spiece.model", WORDS, "unigram", 60)
+    (t5 / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "T5Tokenizer"}))
+    with pytest.raises(ValueError, match=r"holds its tokenizer as a SentencePiece model \(spiece.model\) and no "
+                                         "tokenizer.json, which training reads: write one with transformers"):
+        main([f"run.dir={tmp_path / 'run'}", f"model.init_from=hf:{t5}", "train.objective=seq2seq",
+              "train.steps=2", "train.batch_size=2", "train.seq_len=16", "optim.warmup_steps=0"])
+    assert not any((tmp_path / "run").iterdir())
 
 
 @pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
@@ -199,3 +210,59 @@ def test_generate_translates_between_the_languages_named_on_the_command_line(fol
     save_checkpoint("marian", marian, changes=dict(vocab_size=len(load_tokenizer(marian).vocab)))
     assert main(["generate", str(marian), "--prompt", "hello", "--src-lang", "en"]) == 2
     assert "names no languages" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- other families
+# (a folder published with its SentencePiece model alone: transformers builds its fast tokenizer by the family's
+# class, which load_tokenizer takes)
+
+SENTENCEPIECE_FAMILIES = {  # tokenizer class -> (its file, the model's kind, what it puts around a text)
+    "T5Tokenizer": ("spiece.model", "unigram", "T5 v1.1, mT5"),
+    "DebertaV2Tokenizer": ("spm.model", "unigram", "DeBERTa-v3"),
+    "LlamaTokenizer": ("tokenizer.model", "bpe", "LLaMA"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(SENTENCEPIECE_FAMILIES))
+def test_a_folder_with_a_sentencepiece_model_alone_reads_as_transformers_builds_it(tmp_path, family):
+    """A folder with its SentencePiece model and a tokenizer_config.json naming its class (T5's spiece.model,
+    DeBERTa-v3's spm.model, LLaMA's tokenizer.model), no tokenizer.json: every text encodes to
+    ``AutoTokenizer``'s ids (its template's special tokens included) and decodes to its text, the pad id its."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from jaxformer.interop.tokenizer import has_tokenizer, sentencepiece_model
+    from tests.sentencepiece_factory import WORDS, train
+
+    file, kind, _ = SENTENCEPIECE_FAMILIES[family]
+    train(tmp_path / file, WORDS, kind, 60)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": family}))
+    reference, tokenizer = AutoTokenizer.from_pretrained(str(tmp_path)), load_tokenizer(tmp_path)
+    assert has_tokenizer(tmp_path) and sentencepiece_model(tmp_path) == tmp_path / file
+    for text in TEXTS:
+        ids = reference(text).input_ids
+        assert tokenizer.encode(text) == ids, text
+        assert tokenizer.decode(ids) == reference.decode(ids, skip_special_tokens=True), text
+    assert tokenizer.pad_token_id == reference.pad_token_id
+    assert tokenizer.vocab_size == len(reference)
+
+
+def test_a_sentencepiece_model_transformers_cannot_read_is_refused_by_name(tmp_path, monkeypatch):
+    import builtins
+
+    from tests.sentencepiece_factory import WORDS, train
+
+    train(tmp_path / "spiece.model", WORDS, "unigram", 60)  # (no tokenizer_config.json nor config.json: no class)
+    with pytest.raises(ValueError, match="transformers could not build .* tokenizer from spiece.model"):
+        load_tokenizer(tmp_path)
+    real_import = builtins.__import__
+
+    def without_transformers(name, *args, **kwargs):
+        if name == "transformers":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", without_transformers)
+    with pytest.raises(ValueError, match=r"SentencePiece model \(spiece.model\) and no tokenizer.json; jaxformer "
+                                         r"reads it through transformers' conversion"):
+        load_tokenizer(tmp_path)

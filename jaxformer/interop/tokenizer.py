@@ -114,26 +114,70 @@ def tokenizer_settings(folder: str | Path | None) -> dict:
 
 def has_tokenizer(folder: str | Path) -> bool:
     """Whether ``folder`` holds a tokenizer ``load_tokenizer`` reads."""
-    return (Path(folder) / "tokenizer.json").exists() or sentencepiece_layout(folder) is not None
+    return ((Path(folder) / "tokenizer.json").exists() or sentencepiece_layout(folder) is not None
+            or sentencepiece_model(folder) is not None)
+
+
+# The SentencePiece model a folder published without tokenizer.json holds instead (T5 v1.1's and mT5's spiece.model,
+# DeBERTa-v3's spm.model, LLaMA's tokenizer.model, XLM-R's sentencepiece.bpe.model): transformers builds each
+# family's fast tokenizer from it in its own way (its class's normalizer, pre-tokenizer, template and added tokens),
+# which ``load_tokenizer`` takes as it is (``_from_sentencepiece``), rather than a second copy of every family's.
+SENTENCEPIECE_MODELS = ("spiece.model", "spm.model", "tokenizer.model", "sentencepiece.bpe.model")
+
+
+def sentencepiece_model(folder: str | Path) -> Path | None:
+    """The SentencePiece model file of a folder that holds no tokenizer.json (None: it has one, or no such file;
+    Marian's and M2M100's files are ``sentencepiece_layout``'s)."""
+    folder = Path(folder)
+    if not folder.is_dir() or (folder / "tokenizer.json").exists() or sentencepiece_layout(folder) is not None:
+        return None
+    return next((folder / name for name in SENTENCEPIECE_MODELS if (folder / name).exists()), None)
+
+
+def _from_sentencepiece(folder: Path, model: Path):
+    """The fast tokenizer (a ``tokenizers`` Tokenizer) and pad id transformers' ``AutoTokenizer`` builds from a
+    folder's SentencePiece ``model`` and its tokenizer_config.json (or config.json's model type), or a ValueError."""
+    how = ("or write tokenizer.json once with transformers: "
+           "AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise ValueError(f"{folder} holds its tokenizer as a SentencePiece model ({model.name}) and no tokenizer.json; "
+                         f"jaxformer reads it through transformers' conversion (pip install 'jaxformer[compare]'), "
+                         f"{how}") from None
+    try:
+        fast = AutoTokenizer.from_pretrained(str(folder))
+    except Exception as err:  # (its own refusals: no class named, a file it cannot read)
+        raise ValueError(f"transformers could not build {folder}'s tokenizer from {model.name}: {err}") from None
+    backend = getattr(fast, "backend_tokenizer", None)
+    if backend is None:
+        raise ValueError(f"transformers reads {folder}'s {model.name} as {type(fast).__name__}, a tokenizer with no "
+                         f"fast (tokenizers) form, which jaxformer needs; {how}")
+    return backend, fast.pad_token_id
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     """Load ``tokenizer.json`` from a checkpoint folder (or the file itself), or, in a folder without one, the
-    SentencePiece files Marian and M2M100 publish (``SentencePieceTokenizer``)."""
+    SentencePiece files Marian and M2M100 publish (``SentencePieceTokenizer``), or another SentencePiece model as
+    transformers builds its fast tokenizer (``sentencepiece_model``: needs transformers)."""
     from tokenizers import Tokenizer as HFTokenizer
 
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.exists() and sentencepiece_layout(path) is not None:
         return SentencePieceTokenizer(path)
-    if not file.exists():
+    pad_id, model = None, sentencepiece_model(path)
+    if model is not None:
+        tokenizer, pad_id = _from_sentencepiece(path, model)
+    elif not file.exists():
         raise ValueError(f"{file} does not exist; jaxformer reads the fast-tokenizer format tokenizer.json, or "
-                         f"Marian's {', '.join(MARIAN_FILES)} or M2M100's {', '.join(M2M100_FILES)} (SentencePiece)")
-    try:
-        tokenizer = HFTokenizer.from_file(str(file))
-    except Exception as err:
-        raise ValueError(f"{file} is not a valid tokenizer.json: {err}") from None
-    pad_id = None
+                         f"Marian's {', '.join(MARIAN_FILES)} or M2M100's {', '.join(M2M100_FILES)} (SentencePiece), "
+                         f"or a folder's SentencePiece model ({', '.join(SENTENCEPIECE_MODELS)}) through transformers")
+    else:
+        try:
+            tokenizer = HFTokenizer.from_file(str(file))
+        except Exception as err:
+            raise ValueError(f"{file} is not a valid tokenizer.json: {err}") from None
     folder = file.parent
     if (folder / "tokenizer_config.json").exists():  # transformers' switch: special tokens' text is plain text
         tokenizer.encode_special_tokens = bool(tokenizer_settings(folder).get("split_special_tokens", False))

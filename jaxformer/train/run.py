@@ -28,7 +28,7 @@ from jaxformer import sharding
 from jaxformer.adapt import adapt, adapted_config
 from jaxformer.model_config import ModelConfig
 from jaxformer.interop.hf import from_pretrained
-from jaxformer.interop.tokenizer import sentencepiece_layout
+from jaxformer.interop.tokenizer import sentencepiece_layout, sentencepiece_model
 from jaxformer.layers.stack import check_pipeline_stacks
 from jaxformer.lora import quantized, trainable, under, with_lora
 from jaxformer.models import build
@@ -326,6 +326,11 @@ def _tokenizer_file(cfg: RunConfig) -> Path | None:
             raise ValueError(f"data.tokenizer=auto: {folder} holds its tokenizer as SentencePiece files (Marian's, "
                              "M2M100's), which training does not read: give data.tokenizer a tokenizer.json of the "
                              "same vocabulary, or data.tokenizer=bytes to train on bytes knowingly")
+        if cfg.model.init_from and not own and (model := sentencepiece_model(folder)) is not None:
+            raise ValueError(f"data.tokenizer=auto: {folder} holds its tokenizer as a SentencePiece model "
+                             f"({model.name}) and no tokenizer.json, which training reads: write one with transformers "
+                             "(AutoTokenizer.from_pretrained(folder).save_pretrained(folder)), or give "
+                             "data.tokenizer=bytes to train on bytes knowingly")
         return folder / TOKENIZER_FILE if own else None
     if spec == "bytes":
         return None
