@@ -18,6 +18,7 @@ from transformers.generation.logits_process import (MinPLogitsWarper, Repetition
 import jaxformer as jf
 from jaxformer.generate import _filter_candidates, filter_top_k_top_p
 from jaxformer.serving import Engine, SamplingParams
+from jaxformer.serving import engine as serving_engine
 from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, bias_rows, choose_tokens, draw, greedy,
                                         penalize_rows, sampling_rows, warp_rows)
 from tests.hf_factory import save_checkpoint
@@ -255,11 +256,12 @@ def test_a_biased_greedy_request_equals_transformers_generate_with_sequence_bias
         _engine(ours).add_request(prompt, SamplingParams(logit_bias={vocab: 1.0, 2: 1.0}))
 
 
-def test_prompt_logprobs_equal_log_softmax_of_transformers_logits_however_the_prompt_is_cut(models):
+def test_prompt_logprobs_equal_log_softmax_of_transformers_logits_however_the_prompt_is_cut(models, monkeypatch):
     """Each prompt token's log-probability given those before it (and its k likeliest), as transformers' logits give
-    them: prompts cut in chunks of 16, one whose first call feeds a single token (the step's prompt budget spent),
-    one whose prefix another request left in the prefix cache (computed anew: its positions are scored), beside an
-    unscored request; the tokens are greedy generate's all the same."""
+    them: prompts cut in chunks of 16, two scored in one call, one whose first call feeds a single token (the step's
+    prompt budget spent), one whose prefix another request left in the prefix cache (computed anew: its positions
+    are scored), beside an unscored request; the tokens are greedy generate's all the same. Where a call may hold
+    one scored row only (``SCORE_CALL_BYTES``), the scores are the same."""
     ours, theirs = models
     rng = np.random.default_rng(5)
     first, second = rng.integers(3, 97, 23).tolist(), rng.integers(3, 97, 20).tolist()
@@ -279,6 +281,20 @@ def test_prompt_logprobs_equal_log_softmax_of_transformers_logits_however_the_pr
         for out in engine.step():
             outputs[out.request_id].append(out)
     assert taken == 1 and engine.shared_blocks == taken  # (the unscored prompt took the cached block, the scored none)
+    assert any(program[:2] == ("score", 2) for program in engine.programs)  # (two prompts' chunks in one call)
+    monkeypatch.setattr(serving_engine, "SCORE_CALL_BYTES", 4 * 16 * ours.config.vocab_size)  # (one row's)
+    alone = Engine(ours, num_blocks=64, block_size=BLOCK, max_num_seqs=8, prefill_chunk=16, prefill_tokens=17,
+                   max_model_len=MAX_LEN, seed=0)
+    apart = [alone.add_request(prompt, asked) for prompt in (first, second)]
+    results = {i: [] for i in apart}
+    while alone.has_unfinished():
+        for out in alone.step():
+            results[out.request_id].append(out)
+    assert all(program[:2] != ("score", 2) for program in alone.programs)
+    for i, j in zip(apart, ids):  # (another batch shape: its matmuls round otherwise, a few ulps of values near -8)
+        mine, batched = results[i][0].prompt_logprobs[1:], outputs[j][0].prompt_logprobs[1:]
+        assert [e.token_id for e in mine] == [e.token_id for e in batched]
+        np.testing.assert_allclose([e.logprob for e in mine], [e.logprob for e in batched], atol=1e-5)
     for prompt, i in ((first, ids[0]), (second, ids[1]), (shared, later)):
         scores = outputs[i][0].prompt_logprobs
         assert scores[0] is None and len(scores) == len(prompt) and all(o.prompt_logprobs is None

@@ -433,6 +433,9 @@ def encode_sources(graphdef, weights, k: Array, v: Array, ids: Array, valid: Arr
 # programs already compiled (the warm-up's one-row ones) rather than compile another to save a call. Elsewhere (no
 # entry) every prompt chunk of a step runs in one call.
 CALL_COST_TOKENS = {"cpu": (24, 4096)}
+# The most bytes of log-probabilities a scoring call holds (its [rows, width, vocabulary] float32): its rows are
+# capped so (at prompt chunks of 256: gpt2's 50,257 tokens 4 rows, Llama 3's 128,256 two, Gemma's 262,144 one)
+SCORE_CALL_BYTES = 256 << 20
 
 
 def min_table_slots() -> int:
@@ -471,18 +474,19 @@ def _bucket_floor(n: int) -> int:
     return 3 * power // 2 if power >= 2 and 3 * power // 2 <= n else power
 
 
-def _plan(rows: list[tuple[Sequence, int]], shape, call: int, compile_cost: int, compiled: set
-          ) -> tuple[float, list[list[tuple[Sequence, int]]]]:
-    """The least-cost cut of ``rows`` (sequence, tokens), widest first, into calls, and its cost: a call costs
-    ``call`` tokens, its padded [rows, width] program (``shape`` of its rows: (kind, rows, width, ...), the first
-    row the widest) and ``compile_cost`` where that program is not ``compiled`` (``Engine._prefill_calls``,
-    ``Engine._encode_calls``); a sequence's two pieces never share a call, and its head (the wider) runs first."""
+def _plan(rows: list[tuple[Sequence, int]], shape, call: int, compile_cost: int, compiled: set,
+          most: int | None = None) -> tuple[float, list[list[tuple[Sequence, int]]]]:
+    """The least-cost cut of ``rows`` (sequence, tokens), widest first, into calls of at most ``most`` rows (None:
+    any), and its cost: a call costs ``call`` tokens, its padded [rows, width] program (``shape`` of its rows: (kind,
+    rows, width, ...), the first row the widest) and ``compile_cost`` where that program is not ``compiled``
+    (``Engine._prefill_calls``, ``Engine._encode_calls``); a sequence's two pieces never share a call, and its head
+    (the wider) runs first."""
     rows = sorted(rows, key=lambda row: -row[1])
     # least[j]: the least cost of the first j rows, and where its last call starts
     least = [(0, 0)] + [(math.inf, 0)] * len(rows)
     for j in range(1, len(rows) + 1):
         for i in range(j):
-            if len({id(seq) for seq, _ in rows[i:j]}) < j - i:
+            if len({id(seq) for seq, _ in rows[i:j]}) < j - i or (most is not None and j - i > most):
                 continue
             program = shape(rows[i:j])
             cost = least[i][0] + call + program[1] * program[2] + (0 if program in compiled else compile_cost)
@@ -887,15 +891,15 @@ class Engine:
         self._copy_blocks()
         for sources in self._encode_calls([seq for seq, _ in work if seq.source is not None and not seq.encoded]):
             self._encode(sources)
-        # (a prompt whose log-probabilities are asked runs its chunks in calls of its own, which score every position:
-        # one row a call, as such a call holds its rows' logits at every position, [B, T, V])
+        # (a prompt whose log-probabilities are asked runs its chunks in calls of their own, which score every
+        # position: such a call holds its rows' log-probabilities at every position, [B, T, V], so its rows are few)
         scored = [w for w in work if w[0].scoring()]
         work = [w for w in work if not w[0].scoring()]
         # (the one-token rows longest first: each group of rows reads up to its own longest, attention.PAGED_ROW_GROUP)
         decode = sorted((w for w in work if w[1] == 1), key=lambda w: -w[0].computed)
         calls = [("decode", decode), ("verify", [w for w in work if w[0].draft])]
         calls += [("prefill", rows) for rows in self._prefill_calls([w for w in work if w[1] > 1 and not w[0].draft])]
-        calls += [("score", [w]) for w in scored]
+        calls += [("score", rows) for rows in self._prefill_calls(scored, "score")]
         outputs = []
         for kind, rows in calls:
             # (a chunk's head piece that ended in error; a beam whose search another beam's error ended)
@@ -935,22 +939,28 @@ class Engine:
                     seq.prompt_scores[predicted] = TokenLogprobs(seq.prompt[predicted], float(target[r, column]),
                                                                  pairs)
 
-    def _prefill_calls(self, rows: list[tuple[Sequence, int]]) -> list[list[tuple[Sequence, int]]]:
+    def _prefill_calls(self, rows: list[tuple[Sequence, int]], kind: str = "prefill"
+                       ) -> list[list[tuple[Sequence, int]]]:
         """The prompt-chunk rows split into calls: one call where a call costs more than padding
         (``CALL_COST_TOKENS``), else the rows, widest first, cut where the padded tokens of the calls' [rows, width]
         buckets, the calls' own cost and the programs they would compile are least (a 250-token chunk and a
         50-token one: [1, 256] and [1, 64], not [2, 256]; two of 60 tokens: [2, 64] once compiled, else two calls).
         A chunk that two calls of its own would run for less than one (137 tokens: [1, 128] then [1, 12], not
         [1, 192]) is offered as those two pieces, its head first (the plan with them or without, whichever costs
-        less): the tail's call reads the head's keys from the pool, as a later chunk reads an earlier one's."""
-        costs = CALL_COST_TOKENS.get(jax.default_backend())
-        if costs is None or not rows:
+        less): the tail's call reads the head's keys from the pool, as a later chunk reads an earlier one's.
+        ``kind`` "score": chunks of prompts whose log-probabilities are asked, whose calls hold every position's
+        log-probabilities [rows, width, vocabulary]: at most ``_score_rows()`` rows a call."""
+        if not rows:
             return [rows]
+        most = self._score_rows() if kind == "score" else None
+        costs = CALL_COST_TOKENS.get(jax.default_backend())
+        if costs is None:
+            return [rows] if most is None else [rows[i:i + most] for i in range(0, len(rows), most)]
         call, compile_cost = costs
         compiled = {program[:4] for program in self.programs}
 
         def shape(rows: list[tuple[Sequence, int]]) -> tuple:
-            return ("prefill", _bucket(len(rows), self.max_num_seqs), _bucket(rows[0][1], self.prefill_chunk),
+            return (kind, _bucket(len(rows), self.max_num_seqs), _bucket(rows[0][1], self.prefill_chunk),
                     self._table_width(max(len(seq.blocks) for seq, _ in rows)))
 
         def alone(seq: Sequence, count: int) -> float:  # the cost of a call of this chunk alone
@@ -963,10 +973,16 @@ class Engine:
                 pieces += [(seq, head), (seq, count - head)]
             else:
                 pieces.append((seq, count))
-        plans = [_plan(rows, shape, call, compile_cost, compiled)]
+        plans = [_plan(rows, shape, call, compile_cost, compiled, most)]
         if len(pieces) > len(rows):
-            plans.append(_plan(pieces, shape, call, compile_cost, compiled))
+            plans.append(_plan(pieces, shape, call, compile_cost, compiled, most))
         return min(plans, key=lambda plan: plan[0])[1]
+
+    def _score_rows(self) -> int:
+        """The most rows a scoring call holds: a bucket whose widest call's log-probabilities [rows, prefill_chunk,
+        vocabulary] (float32) fit ``SCORE_CALL_BYTES``; at least one."""
+        fit = SCORE_CALL_BYTES // (4 * self.prefill_chunk * self.config.vocab_size)
+        return _bucket_floor(min(max(fit, 1), self.max_num_seqs))
 
     def _encode_calls(self, admitted: list[Sequence]) -> list[list[Sequence]]:
         """The admitted sources split into encoding calls as prompt chunks are (``_prefill_calls``): where a call
