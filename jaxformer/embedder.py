@@ -285,6 +285,16 @@ def _embed(graphdef, state, dense_params, ids, mask, pooled, *, pooling, steps, 
     return _l2_normalize(x) if normalize else x
 
 
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _text_features(graphdef, state, ids, mask):
+    return nnx.merge(graphdef, state).get_text_features(ids, mask).pooler_output.astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _image_features(graphdef, state, pixel_values):
+    return nnx.merge(graphdef, state).get_image_features(pixel_values).pooler_output.astype(jnp.float32)
+
+
 class ImageTextEmbedder:
     """A dual encoder's (CLIP's, SigLIP's) text and image embeddings from a Hugging Face folder (config.json,
     weights, tokenizer.json, preprocessor_config.json), equal to transformers' ``get_text_features`` and
@@ -301,6 +311,7 @@ class ImageTextEmbedder:
 
     def __init__(self, model, tokenizer, processor):
         self.model, self.tokenizer, self.processor = model, tokenizer, processor
+        self._graphdef, self._state = nnx.split(model)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, dtype: str | None = None) -> "ImageTextEmbedder":
@@ -312,16 +323,50 @@ class ImageTextEmbedder:
                              "(CLIP, SigLIP); sentence-transformers folders go to jf.Embedder")
         return cls(model, load_tokenizer(path), ImageProcessor.from_pretrained(path))
 
+    @property
+    def max_seq_length(self) -> int:
+        return self.model.config.max_positions
+
+    @functools.cached_property
+    def dimension(self) -> int:
+        """The embeddings' width (CLIP's projection; SigLIP's pooled text states, as wide as its image ones)."""
+        features = functools.partial(_text_features, self._graphdef)
+        return int(jax.eval_shape(features, self._state, np.zeros((1, 1), np.int32), None).shape[-1])
+
     def encode(self, texts: str | list[str], normalize_embeddings: bool = False) -> np.ndarray:
         """Text embeddings as float32 numpy: [N, D] for a list, [D] for one string."""
-        cfg = self.model.config
-        batch = self.tokenizer(texts, max_length=cfg.max_positions)
-        ids, mask = batch["input_ids"], batch["attention_mask"]
-        if cfg.head_options.pooled_token == "last":  # SigLIP: every row its full length, the pads read too
-            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-            ids, mask = np.pad(ids, ((0, 0), (0, cfg.max_positions - ids.shape[1])), constant_values=pad), None
-        return self._finish(self.model.get_text_features(ids, mask).pooler_output, normalize_embeddings,
-                            isinstance(texts, str))
+        batch = self.tokenizer(texts, max_length=self.max_seq_length)
+        rows = [list(row[mask.astype(bool)]) for row, mask in zip(batch["input_ids"], batch["attention_mask"])]
+        return self._finish(self.encode_ids(rows, len(rows)), normalize_embeddings, isinstance(texts, str))
+
+    def encode_ids(self, rows: list[list[int]], batch_size: int = 32, skip: list[int] | None = None) -> np.ndarray:
+        """Text embeddings [N, D] of token-id rows as given (their special tokens included), in batches of at most
+        ``batch_size`` rows, padded to power-of-two row counts and (CLIP, under the attention mask) widths, so a
+        server compiles a few shapes: SigLIP's rows are read at their full length, the pads too, as its tokenizer
+        gives them. A row not of 1 to max_seq_length ids of the vocabulary is a ValueError. (``skip``: the
+        sentence-transformers embedder's prompt tokens; a dual encoder has none.)"""
+        cfg, limit, vocab = self.model.config, self.max_seq_length, self.model.config.vocab_size
+        if skip is not None and any(skip):
+            raise ValueError("a dual encoder's text embeddings pool no prompt: skip must be 0 for every row")
+        for i, row in enumerate(rows):
+            if not 1 <= len(row) <= limit or not 0 <= min(row) <= max(row) < vocab:
+                raise ValueError(f"row {i}: want 1 to {limit} ids (max_positions) in the vocabulary [0, {vocab})")
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        whole = cfg.head_options.pooled_token == "last"  # SigLIP: every row its full length, no mask
+        order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+        out = None
+        for start in range(0, len(order), batch_size):
+            chosen = order[start:start + batch_size]
+            width = limit if whole else min(limit, _next_power_of_two(len(rows[chosen[0]]), _SHORTEST_BUCKET))
+            count = min(batch_size, _next_power_of_two(len(chosen), 1))
+            ids, mask = np.full((count, width), pad, np.int32), np.zeros((count, width), np.int32)
+            mask[len(chosen):, 0] = 1  # (filler rows: one token seen, their vectors dropped)
+            for r, i in enumerate(chosen):
+                ids[r, :len(rows[i])], mask[r, :len(rows[i])] = rows[i], 1
+            vectors = np.asarray(_text_features(self._graphdef, self._state, ids, None if whole else mask))
+            out = np.zeros((len(rows), vectors.shape[-1]), np.float32) if out is None else out
+            out[chosen] = vectors[:len(chosen)]
+        return out
 
     def encode_images(self, images, normalize_embeddings: bool = False) -> np.ndarray:
         """Image embeddings as float32 numpy [N, D] (PIL images or arrays, as ``jaxformer.vision.ImageProcessor``
@@ -329,7 +374,10 @@ class ImageTextEmbedder:
         inputs = self.processor(images)
         naflex = {key: inputs[key] for key in ("pixel_attention_mask", "spatial_shapes") if key in inputs}  # SigLIP2
         single = not isinstance(images, (list, tuple)) and np.ndim(images) < 4
-        features = self.model.get_image_features(inputs["pixel_values"], **naflex).pooler_output
+        if naflex:  # (each image's patch grid shapes the program: read on the host, so run as it comes)
+            features = self.model.get_image_features(inputs["pixel_values"], **naflex).pooler_output
+        else:
+            features = _image_features(self._graphdef, self._state, inputs["pixel_values"])
         return self._finish(features, normalize_embeddings, single)
 
     def classify(self, images, labels: list[str]) -> np.ndarray:
