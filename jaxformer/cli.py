@@ -583,7 +583,7 @@ def argument_parser() -> argparse.ArgumentParser:
 def _serve_command(commands) -> None:
     p = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (completions, chat, streaming, metrics) "
                                           "over the serving engine: continuous batching on a paged KV cache; "
-                                          "/v1/embeddings for a sentence-transformers or encoder folder")
+                                          "/v1/embeddings for a sentence-transformers, encoder or CLIP/SigLIP folder")
     p.add_argument("path", help="checkpoint folder (config.json, model.safetensors, tokenizer.json; the chat "
                                 "template from chat_template.jinja or tokenizer_config.json) or a train.py run folder")
     p.add_argument("--host", default="127.0.0.1", help="the address to listen on (default: loopback only)")
@@ -640,6 +640,13 @@ def serve(args: argparse.Namespace) -> int:
         model, tokenizer = _generation_source(args.path, None, args.dtype)
         if model.config.family == "encoder" and (Path(args.path) / "config.json").exists():  # a plain encoder:
             embedder = Embedder.from_pretrained(args.path, args.dtype, pooling="mean", model=model)  # as ST reads it
+        if model.config.family == "dual_encoder":  # CLIP, SigLIP: texts and images
+            from jaxformer.embedder import ImageTextEmbedder
+            from jaxformer.vision import ImageProcessor
+
+            if tokenizer is None:
+                raise ValueError(f"{args.path} holds no tokenizer (tokenizer.json) for its text tower")
+            embedder = ImageTextEmbedder(model, tokenizer, ImageProcessor.from_pretrained(args.path))
     if embedder is not None:
         from jaxformer.serving.embeddings import serve as serve_embeddings
 

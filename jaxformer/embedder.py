@@ -357,7 +357,7 @@ class ImageTextEmbedder:
         out = None
         for start in range(0, len(order), batch_size):
             chosen = order[start:start + batch_size]
-            width = limit if whole else min(limit, _next_power_of_two(len(rows[chosen[0]]), _SHORTEST_BUCKET))
+            width = self.padded_width(len(rows[chosen[0]]))
             count = min(batch_size, _next_power_of_two(len(chosen), 1))
             ids, mask = np.full((count, width), pad, np.int32), np.zeros((count, width), np.int32)
             mask[len(chosen):, 0] = 1  # (filler rows: one token seen, their vectors dropped)
@@ -367,6 +367,13 @@ class ImageTextEmbedder:
             out = np.zeros((len(rows), vectors.shape[-1]), np.float32) if out is None else out
             out[chosen] = vectors[:len(chosen)]
         return out
+
+    def padded_width(self, length: int) -> int:
+        """The width ``encode_ids`` pads a batch whose longest row holds ``length`` ids to: a power of two (at least
+        8, at most max_positions), SigLIP's every row max_positions."""
+        if self.model.config.head_options.pooled_token == "last":
+            return self.max_seq_length
+        return min(self.max_seq_length, _next_power_of_two(length, _SHORTEST_BUCKET))
 
     def encode_images(self, images, normalize_embeddings: bool = False) -> np.ndarray:
         """Image embeddings as float32 numpy [N, D] (PIL images or arrays, as ``jaxformer.vision.ImageProcessor``

@@ -254,3 +254,110 @@ def test_the_warm_up_compiles_every_program_requests_meet(embedder):
         for length in range(1, MAX_SEQ + 1):
             embedder.encode_ids([[5] * length] * count, 4)
     assert _embed._cache_size() == compiled
+
+
+# ---------------------------------------------------------------------------------------------- CLIP and SigLIP
+
+CAPTIONS = ["a photo of a red circle", "a blue square", "photo"]
+
+
+def _dual_encoder_folder(name, folder):
+    """A tiny CLIP or SigLIP folder as published: weights, its image processor's config, a tokenizer.json."""
+    from tests.family_files import word_tokenizer
+
+    save_checkpoint(name, folder)
+    if name == "clip":
+        transformers.CLIPImageProcessor(size={"shortest_edge": 30},
+                                        crop_size={"height": 30, "width": 30}).save_pretrained(folder)
+    else:
+        transformers.SiglipImageProcessor(size={"height": 30, "width": 30}).save_pretrained(folder)
+    word_tokenizer(folder)
+    return folder
+
+
+def _dual_reference(folder, siglip: bool):
+    """transformers' text features of CAPTIONS (tokenized as the model's processor does) and a function giving an
+    image's features."""
+    from jaxformer.compare import reference_model
+
+    tokenizer, model = transformers.AutoTokenizer.from_pretrained(folder), reference_model(folder)
+    texts = tokenizer(CAPTIONS, return_tensors="pt", padding=True) if not siglip else tokenizer(
+        CAPTIONS, return_tensors="pt", padding="max_length",
+        max_length=model.config.text_config.max_position_embeddings)
+    if siglip:  # SigLIP's tokenizer gives no attention mask: its pads are read
+        texts.pop("attention_mask")
+    processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    with torch.no_grad():
+        text = model.get_text_features(**texts).pooler_output.numpy()
+
+    def image(picture):
+        with torch.no_grad():
+            return model.get_image_features(**processor([picture], return_tensors="pt")).pooler_output.numpy()[0]
+    return text, image
+
+
+def _data_url(picture) -> str:
+    import io
+
+    png = io.BytesIO()
+    picture.save(png, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(png.getvalue()).decode("ascii")
+
+
+def _image_message(url: str) -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+
+
+def test_a_clip_folder_serves_text_and_image_embeddings_equal_to_transformers(tmp_path):
+    """``jaxformer serve`` on a CLIP folder (its warm-up run): the ``openai`` client's texts embed as transformers'
+    ``get_text_features``, a drawn image sent as vLLM's chat-style ``messages`` (a data URL) as its
+    ``get_image_features``, a text sent so as its ``input``; what the server cannot embed gets 400 by name."""
+    from tests.family_files import shapes_picture
+
+    folder = _dual_encoder_folder("clip", tmp_path / "clip")
+    text, image_of = _dual_reference(folder, siglip=False)
+    picture = shapes_picture((220, 30, 30), "circle")
+    with served(folder, "--served-model-name", "clip", "--max-num-seqs", "4") as (_, url):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=120, max_retries=0)
+        answer = client.embeddings.create(model="clip", input=CAPTIONS, encoding_format="float")
+        assert_close([d.embedding for d in answer.data], text)
+        body = {"model": "clip", "messages": _image_message(_data_url(picture)), "encoding_format": "float"}
+        image = httpx.post(url + "/v1/embeddings", json=body, timeout=120).json()
+        assert_close([image["data"][0]["embedding"]], [image_of(picture)])
+        as_message = httpx.post(url + "/v1/embeddings", json={**body, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": CAPTIONS[1]}]}]}, timeout=120).json()
+        assert_close([as_message["data"][0]["embedding"]], text[1:2])
+        for change, words in (({"input": "x"}, "give input (texts) or messages"),
+                              ({"messages": _image_message("https://example.invalid/cat.png")}, "a data: URL"),
+                              ({"messages": _image_message("data:image/png;base64,bm90IGFuIGltYWdl")},
+                               "not an image PIL reads"),
+                              ({"messages": [{"role": "user", "content": [
+                                  {"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]}]},
+                               "not both in one vector"),
+                              ({"dimensions": 8}, "was not trained to be truncated")):
+            answer = httpx.post(url + "/v1/embeddings", json={**body, **change}, timeout=120)
+            assert answer.status_code == 400 and words in answer.json()["error"]["message"], answer.text
+        with pytest.raises(openai.BadRequestError, match="longer than the model's 40 tokens"):
+            client.embeddings.create(model="clip", input=" ".join(["photo"] * 50))
+
+
+def test_a_siglip_folder_embeds_texts_and_images_in_process(tmp_path):
+    """SigLIP through ``create_app``: texts read at their full length (no mask), as its tokenizer gives them, and an
+    image, each as transformers' features; the warm-up compiles its text shapes (one width) and its image call."""
+    from fastapi.testclient import TestClient
+
+    from tests.family_files import shapes_picture
+
+    folder = _dual_encoder_folder("siglip", tmp_path / "siglip")
+    text, image_of = _dual_reference(folder, siglip=True)
+    embedder = jf.Embedder.from_pretrained(folder)
+    assert isinstance(embedder, jf.ImageTextEmbedder)
+    programs, _ = compile_programs(embedder, 4)
+    assert programs == 3 * 1 + 1  # (rows 1, 2, 4) x (the one full width) + the image call
+    picture = shapes_picture((30, 30, 220), "square")
+    with TestClient(create_app(embedder, "siglip")) as http:
+        answer = http.post("/v1/embeddings", json={"model": "siglip", "input": CAPTIONS}).json()
+        assert_close([d["embedding"] for d in answer["data"]], text)
+        image = http.post("/v1/embeddings", json={"model": "siglip",
+                                                  "messages": _image_message(_data_url(picture))}).json()
+        assert_close([image["data"][0]["embedding"]], [image_of(picture)])

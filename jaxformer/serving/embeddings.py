@@ -10,6 +10,10 @@ over ``jaxformer.Embedder``.
   sentence-transformers' ``encode(texts, truncate_dim=dimensions)``: the first values, not normalized again (OpenAI's
   and vLLM's are; a client that wants unit vectors at a reduced width normalizes them); without ``dimensions``, the
   folder's truncate_dim applies, as in ``encode``. ``user`` accepted; ``usage`` counts the tokens embedded.
+- A dual encoder's folder (CLIP, SigLIP: ``jaxformer.ImageTextEmbedder``): ``input`` texts embed by its text tower
+  (transformers' ``get_text_features``), and an image by its image tower (``get_image_features``) given as vLLM
+  takes one: ``messages`` in place of ``input``, one user message whose content is one ``image_url`` part with a
+  ``data:`` URL (base64; the server fetches nothing) or one ``text`` part. No ``dimensions``: not Matryoshka.
 - ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus: requests, inputs, tokens, batches, queue).
 - ``/v1/completions`` and ``/v1/chat/completions`` answer 400 by name: an embedding model generates nothing.
 
@@ -32,23 +36,26 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import collections
 import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import io
 import json
 import time
 
 import numpy as np
 from fastapi import FastAPI, Request
 
-from jaxformer.embedder import Embedder
+from jaxformer.embedder import Embedder, ImageTextEmbedder
 from jaxformer.serving.server import (ApiError, add_error_handlers, add_service_routes, check_api_key, listen,
                                       use_compilation_cache)
 
 MAX_INPUTS = 2048  # OpenAI's limit of inputs in one request
 KEYS = {"model", "input", "encoding_format", "dimensions", "user"}
+IMAGE_KEYS = KEYS | {"messages"}  # (a dual encoder's: an image as vLLM's chat-style embedding request gives it)
 ENCODINGS = ("float", "base64")
 
 
@@ -130,6 +137,10 @@ class EmbeddingLoop:
                     pending.future.set_result(vectors[start:start + len(pending.rows)])
                 start += len(pending.rows)
 
+    async def alone(self, call):
+        """``call()`` in the model's worker thread, between batches (an image's embedding)."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
 
@@ -178,9 +189,12 @@ def _inputs(value, embedder: Embedder, prompt: str, prompt_skip: int) -> tuple[l
     if texts:
         if not all(value):
             raise ApiError(400, f"input[{value.index('')}] is an empty string", param="input")
-        encoded = embedder.tokenizer.encode_batch([prompt + text for text in value])
+        # (a dual encoder's tokenizer is load_tokenizer's, which truncates nothing)
+        tokenizer = embedder.tokenizer.tokenizer if isinstance(embedder, ImageTextEmbedder) else embedder.tokenizer
+        encoded = tokenizer.encode_batch([prompt + text for text in value])
         for i, encoding in enumerate(encoded):
-            if encoding.overflowing:  # the tokenizer truncates at max_seq_length: its overflow says it did
+            # (the sentence-transformers tokenizer truncates at max_seq_length: its overflow says it did)
+            if encoding.overflowing or len(encoding.ids) > limit:
                 raise ApiError(400, f"input[{i}] is longer than the model's {limit} tokens (max_seq_length"
                                     f"{', the default prompt included' if prompt else ''}); shorten it",
                                param="input", code="context_length_exceeded")
@@ -197,20 +211,63 @@ def _inputs(value, embedder: Embedder, prompt: str, prompt_skip: int) -> tuple[l
     return value, [0] * len(value)
 
 
+def _image(messages):
+    """The one image (PIL, RGB) or text of a chat-style embedding request's ``messages`` (vLLM's form for a
+    multimodal embedding model), or an ApiError naming them."""
+    from PIL import Image, UnidentifiedImageError
+
+    shape = ("messages: want one user message whose content is one part, {'type': 'image_url', 'image_url': {'url': "
+             "'data:image/...;base64,...'}} or {'type': 'text', 'text': ...}")
+    if not (isinstance(messages, list) and len(messages) == 1 and isinstance(messages[0], dict)
+            and messages[0].get("role") == "user"):
+        raise ApiError(400, shape, param="messages")
+    content = messages[0].get("content")
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if not (isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict)):
+        raise ApiError(400, shape + " (a dual encoder embeds an image or a text, not both in one vector)",
+                       param="messages")
+    part = content[0]
+    if part.get("type") == "text" and isinstance(part.get("text"), str) and part["text"]:
+        return part["text"]
+    url = (part.get("image_url") or {}).get("url") if part.get("type") == "image_url" else None
+    if not isinstance(url, str):
+        raise ApiError(400, shape, param="messages")
+    header, comma, data = url.partition(",")
+    if not (url.startswith("data:") and header.endswith(";base64") and comma):
+        raise ApiError(400, "messages: an image_url must be a data: URL of base64 bytes (data:image/png;base64,...); "
+                            "the server fetches nothing", param="messages")
+    try:
+        image = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
+        image.load()
+    except (binascii.Error, ValueError, UnidentifiedImageError, OSError) as err:
+        raise ApiError(400, f"messages: the image_url's data is not an image PIL reads: {err}",
+                       param="messages") from None
+    return image.convert("RGB")
+
+
+def _saved_width(embedder) -> int | None:
+    """The width a sentence-transformers folder was saved to truncate its vectors to (None: none, or a dual
+    encoder)."""
+    return None if isinstance(embedder, ImageTextEmbedder) else embedder.pipeline.truncate_dim
+
+
 def create_app(embedder: Embedder, model_name: str, api_key: str | None = None, max_queue: int = 1024,
                max_batch: int = 32, widths: tuple[int, ...] | None = None) -> FastAPI:
     """The FastAPI app serving ``embedder`` as ``model_name``; ``widths``: the ``dimensions`` a request may ask
     for (None: the folder's: any if it was saved with a truncate_dim, else config.json's, else none). The batcher
-    starts and stops with the app."""
-    if widths is None and embedder.pipeline.truncate_dim is not None:  # saved truncated: a Matryoshka model
+    starts and stops with the app. ``embedder``: a sentence-transformers ``Embedder`` or a dual encoder's
+    ``ImageTextEmbedder`` (texts and images; no prompt, no Matryoshka widths)."""
+    dual = isinstance(embedder, ImageTextEmbedder)
+    if widths is None and _saved_width(embedder) is not None:  # saved truncated: a Matryoshka model
         widths = tuple(range(1, embedder.dimension + 1))
-    if widths is None:
+    if widths is None and not dual:
         config = json.loads((embedder.pipeline.transformer_dir / "config.json").read_text(encoding="utf-8"))
         widths = matryoshka_widths(config, embedder.dimension)
     state: dict = {}
     metrics = Metrics(lambda: len(state["loop"].waiting) if "loop" in state else 0)
     created = int(time.time())
-    prompt = embedder.pipeline.prompt
+    prompt = "" if dual else embedder.pipeline.prompt
     prompt_skip = embedder.prompt_length() if prompt and not embedder.pipeline.include_prompt else 0
 
     @contextlib.asynccontextmanager
@@ -251,7 +308,7 @@ def create_app(embedder: Embedder, model_name: str, api_key: str | None = None, 
         if not isinstance(body, dict):
             raise ApiError(400, "the request body must be a JSON object")
         for key in body:
-            if key not in KEYS:
+            if key not in (IMAGE_KEYS if dual else KEYS):
                 raise ApiError(400, f"unknown parameter {key!r}", param=key, code="unknown_parameter")
         if body.get("model") != model_name:
             raise ApiError(404, f"model={body.get('model')!r} is not served here; this server serves "
@@ -272,15 +329,24 @@ def create_app(embedder: Embedder, model_name: str, api_key: str | None = None, 
                 raise ApiError(400, f"dimensions={dimensions!r}: want one of {shown}", param="dimensions")
         if body.get("user") is not None and not isinstance(body["user"], str):
             raise ApiError(400, f"user={body['user']!r}: want a string", param="user")
-        # Up to 2048 texts to tokenize, or id rows to check: in a worker thread, the event loop answering meanwhile
-        # (an ApiError raised there reaches the client as raised here).
-        rows, skip = await asyncio.to_thread(_inputs, body.get("input"), embedder, prompt, prompt_skip)
-        answer = state["loop"].submit(rows, skip)  # (429 when the queue is full)
+        if dual and ("messages" in body) == ("input" in body):
+            raise ApiError(400, "give input (texts) or messages (one image, or one text), one of them", param="input")
+        message = await asyncio.to_thread(_image, body["messages"]) if "messages" in body else None
+        rows, text = [], body.get("input") if message is None or isinstance(message, str) else None
+        if isinstance(message, str):
+            text = message
+        if text is not None:
+            # Up to 2048 texts to tokenize, or id rows to check: in a worker thread, the event loop answering
+            # meanwhile (an ApiError raised there reaches the client as raised here).
+            rows, skip = await asyncio.to_thread(_inputs, text, embedder, prompt, prompt_skip)
+            answer = state["loop"].submit(rows, skip)  # (429 when the queue is full)
+        else:  # an image: in the model's thread, between batches
+            answer = state["loop"].alone(functools.partial(embedder.encode_images, [message]))
         try:
             vectors = await answer
         except Exception as err:  # the model call failed: OpenAI's shape of a server error
             raise ApiError(500, f"the embedder failed: {err!r}", kind="server_error") from None
-        vectors = vectors[:, :dimensions or embedder.pipeline.truncate_dim or embedder.dimension]
+        vectors = vectors[:, :dimensions or _saved_width(embedder) or embedder.dimension]
         tokens = sum(map(len, rows))
         metrics.inputs.inc(len(rows))
         metrics.prompt_tokens.inc(tokens)
@@ -293,10 +359,21 @@ def create_app(embedder: Embedder, model_name: str, api_key: str | None = None, 
     return app
 
 
-def compile_programs(embedder: Embedder, max_batch: int) -> tuple[int, float]:
+def compile_programs(embedder: Embedder | ImageTextEmbedder, max_batch: int) -> tuple[int, float]:
     """Compile every program the batcher can meet: each padded row count up to ``max_batch`` times each padded
-    width up to max_seq_length, as ``Embedder.pad_rows`` buckets them. Returns (programs, seconds)."""
+    width up to max_seq_length, as ``Embedder.pad_rows`` (a dual encoder's ``padded_width``) buckets them, and a dual
+    encoder's image call (one image). Returns (programs, seconds)."""
     start = time.perf_counter()
+    if isinstance(embedder, ImageTextEmbedder):
+        from PIL import Image
+
+        widths = {embedder.padded_width(n) for n in range(1, embedder.max_seq_length + 1)}
+        counts = {min(max_batch, 1 << (n - 1).bit_length()) for n in range(1, max_batch + 1)}
+        for width in widths:
+            for count in counts:
+                embedder.encode_ids([[0] * width] * count, max_batch)
+        embedder.encode_images([Image.new("RGB", (32, 32))])
+        return len(widths) * len(counts) + 1, time.perf_counter() - start
     pad = embedder.pad_token_id
     widths = {embedder.pad_rows([[pad] * n], 1)[0].shape[1] for n in range(1, embedder.max_seq_length + 1)}
     counts = {embedder.pad_rows([[pad]] * n, max_batch)[0].shape[0] for n in range(1, max_batch + 1)}
@@ -329,7 +406,7 @@ def serve(embedder: Embedder, model_name: str, host: str, port: int, api_key: st
         warmed = f", {programs} programs compiled in {seconds:.1f} s"
     sock = listen(host, port)
     print(f"jaxformer serve: {model_name!r} on http://{host}:{sock.getsockname()[1]} (embeddings of "
-          f"{embedder.pipeline.truncate_dim or embedder.dimension} dimensions, max_seq_length="
+          f"{_saved_width(embedder) or embedder.dimension} dimensions, max_seq_length="
           f"{embedder.max_seq_length}, batches of {max_batch}{warmed})", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=None))
     server.run(sockets=[sock])
