@@ -162,9 +162,10 @@ def cache_written_after(cache: dict, new: dict[str, Array], out: Array) -> dict[
     where the cache is paged: the write updates the pool in place after every layer, and XLA, not seeing every
     layer's read of the pool before it, would copy the whole pool to write it (its CPU backend drops
     ``optimization_barrier``s before that choice). A select on a condition never true ties them."""
-    if not isinstance(cache["k"], PagedRows):
+    rows = next(iter(cache.values()))  # (keys, or MLA's latents)
+    if not isinstance(rows, PagedRows):
         return new
-    return written_after(cache["k"].tables, new, out)
+    return written_after(rows.tables, new, out)
 
 
 def written_after(tables: Array, new: dict[str, Array], out: Array) -> dict[str, Array]:
@@ -181,12 +182,14 @@ class PagedLayers:
     inputs): indexing layer i (an int, or a traced index inside a scanned body) gives layer i's {"k", "v"} as
     ``PagedRows``. Deliberately not a pytree: the stack's runner indexes it at each layer rather than slicing the
     pools per layer (``stack._scan_layers``). ``k``, ``v``: the stacked pools [L, ...], or each layer's own (a
-    tuple: the fused-kernel form, ``kernel``), which the layers write themselves at ``target`` (``writing``)."""
+    tuple: the fused-kernel form, ``kernel``), which the layers write themselves at ``target`` (``writing``).
+    ``latent``: the pools hold multi-head latent attention's latents, one "head" as wide as a latent and its rotary
+    key (``LatentCache``'s slot), in ``k``: layer i's fields are then {"latent"}."""
 
     def __init__(self, k, v, tables: Array, *, lengths: Array | None = None, kernel: str | None = None,
-                 target: PagedTarget | None = None):
+                 target: PagedTarget | None = None, latent: bool = False):
         self.k, self.v, self.tables = k, v, tables
-        self.lengths, self.kernel, self.target = lengths, kernel, target
+        self.lengths, self.kernel, self.target, self.latent = lengths, kernel, target, latent
 
     @property
     def apart(self) -> bool:
@@ -202,6 +205,8 @@ class PagedLayers:
         return PagedLayers(self.k, self.v, self.tables, lengths=self.lengths, kernel=self.kernel, target=target)
 
     def __getitem__(self, layer) -> dict[str, PagedRows]:
+        if self.latent:
+            return {"latent": PagedRows(self.k, self.tables, layer)}
         if self.apart:
             return {name: PagedRows(pool[layer], self.tables, None, self.target, self.kernel)
                     for name, pool in (("k", self.k), ("v", self.v))}

@@ -235,3 +235,33 @@ def _scratch(step, runner, pool, rows: int, *tables_and_more) -> int:
     compiled = jax.jit(step, static_argnums=0, donate_argnums=(2, 3)).lower(
         graphdef, weights, pool, pool, column, column, jax.ShapeDtypeStruct((rows, 1), bool), *tables_and_more)
     return compiled.compile().memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["scanned", "decode_loop"])
+@pytest.mark.parametrize("nope", [False, True], ids=["rotary", "nope_layer"])
+def test_a_paged_latent_step_gives_a_latent_cache_steps_logits(loop, nope, monkeypatch):
+    """Multi-head latent attention (tiny DeepSeek-V3) over a paged pool of latents (``PagedKVCache.latent``: one head
+    C + R wide, read in its absorbed form at every width): a prefill and two one-token steps give a ``LatentCache``
+    step's logits within 1e-5 (its prefill attends the expanded per-head keys: the same sums, another order), with
+    a NoPE layer too (its slots' R zeros scored by a zero-padded query); chunks of 2 blocks."""
+    monkeypatch.setattr(attention, "PAGED_CHUNK_SLOTS", {"cpu": 2 * BLOCK})
+    cfg = jf.config("tiny-deepseek")
+    cfg = cfg.replace(nope=jf.model_config.NoPE((1,))) if nope else cfg
+    model = jf.build(cfg, seed=0)
+    runner = model.for_decode_loop() if loop else model
+    ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
+    real = np.asarray(PROMPTS) > 0
+    dense = model.init_cache(len(PROMPTS), BLOCK * BLOCKS_PER_ROW)
+    dense = dense.per_layer() if loop else dense
+    rows, width = len(PROMPTS), cfg.latent.kv_rank + cfg.latent.rope_head_dim
+    pool = PagedKVCache.empty(cfg.decoder_layers, 1 + rows * BLOCKS_PER_ROW, BLOCK, 1, width, jnp.float32,
+                              latent=True)
+    assert pool.v.size == 0  # (no values: the latents are both)
+    tables = _paged_state(cfg, rows).kv.tables
+    paged = DecodeState(PagedKVCache(pool.k, pool.v, tables, jnp.zeros(rows, jnp.int32), latent=True))
+    for step in range(3):
+        want, dense = runner.step(ids, positions, valid, dense)
+        got, paged = runner.step(ids, positions, valid, paged)
+        assert float(jnp.max(jnp.abs(got[real] - want[real]))) < 1e-5, f"step {step}"
+        ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions + step, real[:, None]
+    assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + 2 * real)

@@ -273,7 +273,7 @@ def test_the_block_manager_counts_shares_and_evicts_cached_blocks_last():
 
 
 @pytest.mark.parametrize("name, changes, reason", [
-    ("tiny-deepseek", {}, "latent"),
+    ("tiny-deepseek", {"index_heads": 2, "index_head_dim": 8, "index_topk": 4}, "indexer keeps its own keys"),
     ("tiny-llama", {"attention": "prefix"}, "prefix size"),
     ("tiny-mixtral", {"decoder_layers": 4, "linear_layers": (0, 1, 2), "linear_key_heads": 2, "linear_value_heads": 4,
                       "linear_key_head_dim": 8, "linear_value_head_dim": 6}, "linear attention"),
@@ -285,6 +285,27 @@ def test_a_model_the_engine_cannot_page_is_refused_by_name(name, changes, reason
     # (the refusal reads the config alone, before anything is allocated or compiled: a stand-in for the model)
     with pytest.raises(ValueError, match=f"cannot page {cfg.name!r}: .*{reason}"):
         Engine(types.SimpleNamespace(config=cfg), num_blocks=8)
+
+
+def test_latent_attention_pages_its_latents_and_gives_generates_tokens():
+    """DeepSeek-V3's multi-head latent attention (a NoPE layer among rotated ones): the pool holds each token's
+    latent and rotary key (C + R a layer, no values: a block ``kv_block_bytes``), read in the absorbed form; mixed
+    greedy requests (two sharing a prompt's first blocks) in a pool that preempts give generate's tokens, and every
+    block comes back."""
+    from jaxformer.serving.server import kv_block_bytes
+
+    cfg = jf.config("tiny-deepseek").replace(init_std=0.2, nope=jf.model_config.NoPE((1,)))
+    model = jf.build(cfg, seed=0)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(1, 256, n).astype(np.int32) for n in (3, 40, 9, 21, 5, 12)]
+    prompts += [np.concatenate([prompts[1][:SHARED], rng.integers(1, 256, 4)]).astype(np.int32)]
+    for num_blocks, preempts in ((65, False), (13, True)):
+        engine = _engine(model, num_blocks=num_blocks)
+        assert engine.pool.k.nbytes + engine.pool.v.nbytes == num_blocks * kv_block_bytes(cfg, BLOCK)
+        ids = [engine.add_request(p, SamplingParams(max_tokens=10, temperature=0)) for p in prompts]
+        out = engine.run()
+        assert [out[request] for request in ids] == _generated(model, prompts, 10)
+        assert (engine.preemptions > 0) == preempts and engine.shared_blocks > 0 and _all_freed(engine)
 
 
 def test_windowed_layers_page_in_full_and_read_what_their_ring_holds():

@@ -964,12 +964,19 @@ class LatentAttention(nnx.Module):
                 keys = (index_keys,) if cache is None else (cache["index_keys"], written["index_keys"])
                 masks = self.indexer.select(x, compressed, rope, keys, masks, positions)
                 mask = masks[0] if cache is None else masks
-        if cache is not None and x.shape[1] == 1:
+        # (a paged cache, the serving engine's, holds every row's latents in blocks: read as they lie, in the
+        # absorbed form whatever the step's width)
+        paged = cache is not None and isinstance(cache["latent"], PagedRows)
+        if cache is not None and (x.shape[1] == 1 or paged):
             # Absorbed: q_nope k_up^T scores the latent directly, and v_up is applied after the weighted sum.
             q_latent = jnp.einsum("BTNH,CNH->BTNC", q_nope, kernel(self, "k_up", dt))
             query = jnp.concatenate([q_latent, q_rope.astype(dt)], axis=-1)
             width = self.latent_width + self.rope_width  # (a NoPE layer's cache slots: R zeros past it)
-            keys = tuple(segment[:, :, None, :width].astype(dt) for segment in segments)  # one kv head: MQA
+            if paged:  # the pool's slots whole (one kv head, C + R wide): a NoPE layer's query scores its zeros by 0
+                query = jnp.pad(query, ((0, 0),) * 3 + ((0, self.cache_pad),))
+                keys = (cache["latent"], written["latent"][:, :, None, :].astype(dt))
+            else:
+                keys = tuple(segment[:, :, None, :width].astype(dt) for segment in segments)  # one kv head: MQA
             mixed, weights = _attend(query, keys, keys, mask, None, self.scale, self.dropout_rate, key, None,
                                      output_attentions)
             out = jnp.einsum("BTNC,CNH->BTNH", mixed[..., :self.latent_width], kernel(self, "v_up", dt))
@@ -984,4 +991,4 @@ class LatentAttention(nnx.Module):
         y = project(self, "o", out, "BTNH,NHD->BTD", dt)
         if self.o_bias is not None:
             y = y + self.o_bias[...].astype(dt)
-        return y, written, weights
+        return y, written if cache is None else cache_written_after(cache, written, y), weights

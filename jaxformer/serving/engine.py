@@ -76,8 +76,9 @@ def paging_problem(model) -> str | None:
         return f"head {cfg.head!r} gives no next-token logits"
     if cfg.position == "xl":
         return "Transformer-XL carries a segment memory (MemoryKV), not per-token keys and values"
-    if cfg.mla:
-        return "multi-head latent attention caches latents (LatentCache), which the engine does not page yet"
+    if cfg.mla and cfg.indexer is not None:
+        return ("DeepSeek sparse attention's indexer keeps its own keys beside the latents (IndexedLatentCache), "
+                "which the engine does not page yet")
     if cfg.linear_attention is not None:
         return "linear attention layers carry a fixed-size state per sequence (LinearState), not per-token blocks"
     if cfg.scores.compressed is not None:
@@ -93,7 +94,8 @@ def paging_problem(model) -> str | None:
         return "M-RoPE carries each row's position-stream offsets (rope_deltas), which the engine does not carry"
     if cfg.nope is not None and cfg.nope.temperature_floor_scale is not None:
         return "Llama 4's attention temperature counts a row's cache index, which a paged batch does not share"
-    kept = {spec.cache for spec in layer_plan(cfg, cfg.attention, cfg.decoder_layers).layers} - {"full", "window"}
+    kept = {spec.cache for spec in layer_plan(cfg, cfg.attention, cfg.decoder_layers).layers}
+    kept -= {"full", "window", "latent"}
     if kept:
         return f"its layers keep {', '.join(sorted(kept))} caches, not per-token keys and values"
     return None
@@ -348,7 +350,7 @@ class BeamGroup:
 
 def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Array, positions: Array, valid: Array,
              tables: Array, lengths: Array, source: tuple | None = None, banned: tuple[int, ...] = (),
-             verify: bool = False, kernel: str | None = None, targets: Array | None = None
+             verify: bool = False, kernel: str | None = None, targets: Array | None = None, latent: bool = False
              ) -> tuple[Array, Array, Array, Array, tuple | None]:
     """One engine call's model work (``step_program`` jits it with the model's ``graphdef`` and its weights'
     ``treedef`` bound, so a call hashes no graph and passes the weights as a flat list, ``leaves``, not a state's
@@ -362,9 +364,10 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
     checkpoint's bad words) never chosen. ``kernel``: the fused paged kernel one-token rows attend by (k, v then
     hold each layer's own pool). ``targets`` [B, T]: the token each position predicts, where a request asked for its
     prompt's log-probabilities (-1: none); the fifth result is then each position's log-probability of its target
-    [B, T] and its ``MAX_LOGPROBS`` likeliest (values and ids [B, T, k]), of the raw distribution (else None)."""
+    [B, T] and its ``MAX_LOGPROBS`` likeliest (values and ids [B, T, k]), of the raw distribution (else None).
+    ``latent``: the pool holds multi-head latent attention's latents (``PagedKVCache.latent``)."""
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-    state = DecodeState(PagedKVCache(k, v, tables, lengths, kernel),
+    state = DecodeState(PagedKVCache(k, v, tables, lengths, kernel, latent),
                         None if source is None else source_view(k, v, *source))
     logits, state = model.step(ids, positions, valid, state, every_position=verify or targets is not None)
     scores = None
@@ -382,10 +385,11 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
 
 
 @functools.cache
-def step_program(graphdef, treedef, kernel: str | None = None):
-    """``run_step`` jitted with a model's graph, its weights' treedef and the paged kernel bound: one per model layout,
-    so every engine over a model of that layout runs the programs the first one compiled."""
-    return jax.jit(functools.partial(run_step, graphdef, treedef, kernel=kernel),
+def step_program(graphdef, treedef, kernel: str | None = None, latent: bool = False):
+    """``run_step`` jitted with a model's graph, its weights' treedef, the paged kernel and the pool's kind (latents
+    or keys and values) bound: one per model layout, so every engine over a model of that layout runs the programs
+    the first one compiled."""
+    return jax.jit(functools.partial(run_step, graphdef, treedef, kernel=kernel, latent=latent),
                    static_argnames=("banned", "verify"), donate_argnames=("k", "v"))
 
 
@@ -552,8 +556,10 @@ class Engine:
         self.block_size, self.max_num_seqs, self.prefill_chunk = block_size, max_num_seqs, prefill_chunk
         self.prefill_tokens, self.max_model_len = prefill_tokens, max_model_len
         self.max_blocks = -(-self.max_model_len // block_size)  # a sequence's blocks at most
-        self.pool = PagedKVCache.empty(cfg.decoder_layers, num_blocks, block_size, cfg.kv_heads, cfg.head_dim_,
-                                       dtype_of(cfg.dtype), self.kernel)
+        # (multi-head latent attention pages its latents: one head as wide as a latent and its rotary key)
+        heads, width = (1, cfg.latent.kv_rank + cfg.latent.rope_head_dim) if cfg.mla else (cfg.kv_heads, cfg.head_dim_)
+        self.pool = PagedKVCache.empty(cfg.decoder_layers, num_blocks, block_size, heads, width, dtype_of(cfg.dtype),
+                                       self.kernel, latent=cfg.mla)
         eos = generation_defaults(model)["eos_token_id"]
         self.eos_ids = frozenset(() if eos is None else (eos,) if isinstance(eos, int) else eos)
         # the other ids generate applies (checkpoint_config): bad words never chosen, a forced first and last token
@@ -582,7 +588,7 @@ class Engine:
                 if isinstance(leaf, jax.Array) and id(leaf) not in kept:
                     leaf.delete()
         self.graph = graphdef, treedef
-        self.run_step = step_program(graphdef, treedef, self.kernel)
+        self.run_step = step_program(graphdef, treedef, self.kernel, cfg.mla)
         self.waiting: list[Sequence] = []  # arrival order (a request's id is its place in it)
         self.running: list[Sequence] = []  # admission order
         self.ids = itertools.count()

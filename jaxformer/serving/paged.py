@@ -53,7 +53,7 @@ NULL_BLOCK = 0  # never allocated: table padding points here and padded tokens a
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["k", "v", "tables", "lengths"],
-                   meta_fields=["kernel"])
+                   meta_fields=["kernel", "latent"])
 @dataclasses.dataclass(frozen=True)
 class PagedKVCache:
     """Keys and values of every sequence in blocks: k, v [L, N, K, block_size, H] (N blocks, each head-major as a
@@ -63,17 +63,25 @@ class PagedKVCache:
     of L arrays [K, N, block_size, H] (the layout the kernel reads), which each layer of a one-token step writes
     itself before it attends (``cache.PagedRows.written``); a longer step's tokens are written after the layer
     loop, as in the stacked form. Only a model whose layers the kernel serves gets this form
-    (``kernels.paged_kernel_refuses``): the kernel reads a row's slots up to its length, whatever the mask."""
+    (``kernels.paged_kernel_refuses``): the kernel reads a row's slots up to its length, whatever the mask.
+    ``latent``: multi-head latent attention's pool (``LatentCache``'s per-token latent and rotary key, C + R wide):
+    k [L, N, 1, block_size, C + R], read as one key head that is also the value (the layers' absorbed form), and v
+    empty (no kv heads: no bytes)."""
 
     k: Array | tuple[Array, ...]
     v: Array | tuple[Array, ...]
     tables: Array
     lengths: Array
     kernel: str | None = None
+    latent: bool = False
 
     @classmethod
     def empty(cls, layers: int, blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype,
-              kernel: str | None = None) -> PagedKVCache:
+              kernel: str | None = None, latent: bool = False) -> PagedKVCache:
+        if latent:  # (kv_heads 1, head_dim C + R)
+            k = jnp.zeros((layers, blocks, 1, block_size, head_dim), dtype)
+            v = jnp.zeros((layers, blocks, 0, block_size, head_dim), dtype)
+            return cls(k, v, jnp.zeros((1, 1), jnp.int32), jnp.zeros((1,), jnp.int32), latent=True)
         if kernel is None:
             shape = (layers, blocks, kv_heads, block_size, head_dim)
             k, v = jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)
@@ -103,7 +111,7 @@ class PagedKVCache:
     def layers(self) -> PagedLayers:
         """The pools and tables, from which each layer gathers its own rows when it attends (``PagedRows``): a
         step never holds every layer's dense view at once."""
-        return PagedLayers(self.k, self.v, self.tables, lengths=self.lengths, kernel=self.kernel)
+        return PagedLayers(self.k, self.v, self.tables, lengths=self.lengths, kernel=self.kernel, latent=self.latent)
 
     def check_room(self, count: int) -> None:
         """Checks nothing: the tables are traced, so room is the caller's to guarantee (see ``write``)."""
@@ -116,6 +124,9 @@ class PagedKVCache:
         In the fused-kernel form ``new`` may instead hold each layer's pool as the layer wrote it (a tuple of
         ``WrittenPool``s): they become the pools."""
         target = PagedTarget.of(self.tables, self.block_size, positions, valid, self.lengths)
+        if self.latent:  # the latents [L, B, T, C + R] as one head's keys; no values
+            latents = new["latent"][:, :, None]
+            new = {"k": latents, "v": jnp.zeros(latents.shape[:2] + (0,) + latents.shape[3:], self.v.dtype)}
         if isinstance(new["k"], tuple) and isinstance(new["k"][0], WrittenPool):
             return dataclasses.replace(self, k=tuple(w.pool for w in new["k"]), v=tuple(w.pool for w in new["v"]),
                                        lengths=target.lengths)
