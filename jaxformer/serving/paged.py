@@ -14,7 +14,9 @@ gathering each layer's whole tables. Elsewhere each layer gathers its rows' whol
 over them as over a ``KVCache`` slice. The pool is block-major, [L, N, K, block_size, H]: a block's keys are one
 contiguous run, which XLA:CPU's gather copies about twice as fast as [L, K, N, block_size, H]'s per-head pieces.
 Writing scatters the new tokens into their blocks, after every layer. An encoder-decoder's sources live in blocks of
-the same pool, and each layer reads its cross-attention keys and values the same way (``source_view``).
+the same pool, and each layer reads its cross-attention keys and values the same way (``source_view``). Multi-head
+latent attention's pool holds its latents as one key head (``PagedKVCache.latent``), its layers reading them in
+their absorbed form.
 
 Fused kernels (``kernels.paged_kernel``): JAX's Pallas paged attention, one query a row, on NVIDIA GPUs
 (``jax.experimental.pallas.ops.gpu.paged_attention``) and on TPUs for bfloat16 models (``ops.tpu.paged_attention``,
