@@ -184,7 +184,8 @@ class PagedLayers:
     pools per layer (``stack._scan_layers``). ``k``, ``v``: the stacked pools [L, ...], or each layer's own (a
     tuple: the fused-kernel form, ``kernel``), which the layers write themselves at ``target`` (``writing``).
     ``latent``: the pools hold multi-head latent attention's latents, one "head" as wide as a latent and its rotary
-    key (``LatentCache``'s slot), in ``k``: layer i's fields are then {"latent"}."""
+    key (``LatentCache``'s slot), in ``k``: layer i's fields are then {"latent"}, and {"index_keys"} from ``v``
+    where it has a head (DeepSeek sparse attention's indexer keys, ``IndexedLatentCache``'s)."""
 
     def __init__(self, k, v, tables: Array, *, lengths: Array | None = None, kernel: str | None = None,
                  target: PagedTarget | None = None, latent: bool = False):
@@ -205,8 +206,9 @@ class PagedLayers:
         return PagedLayers(self.k, self.v, self.tables, lengths=self.lengths, kernel=self.kernel, target=target)
 
     def __getitem__(self, layer) -> dict[str, PagedRows]:
-        if self.latent:
-            return {"latent": PagedRows(self.k, self.tables, layer)}
+        if self.latent:  # (and DeepSeek sparse attention's indexer keys, one head of v's, where it has them)
+            fields = {"latent": PagedRows(self.k, self.tables, layer)}
+            return fields if self.v.shape[2] == 0 else {**fields, "index_keys": PagedRows(self.v, self.tables, layer)}
         if self.apart:
             return {name: PagedRows(pool[layer], self.tables, None, self.target, self.kernel)
                     for name, pool in (("k", self.k), ("v", self.v))}

@@ -237,16 +237,25 @@ def _scratch(step, runner, pool, rows: int, *tables_and_more) -> int:
     return compiled.compile().memory_analysis().temp_size_in_bytes
 
 
+# DeepSeek-V3.2's sparse attention at tiny sizes: the indexer keeps 4 keys a query (fewer than the prompts hold)
+INDEXER = {"index_heads": 2, "index_head_dim": 8, "index_topk": 4}
+
+
 @pytest.mark.parametrize("loop", [False, True], ids=["scanned", "decode_loop"])
-@pytest.mark.parametrize("nope", [False, True], ids=["rotary", "nope_layer"])
-def test_a_paged_latent_step_gives_a_latent_cache_steps_logits(loop, nope, monkeypatch):
+@pytest.mark.parametrize("changes", [{}, {"nope": (1,)}, INDEXER], ids=["rotary", "nope_layer", "indexer"])
+def test_a_paged_latent_step_gives_a_latent_cache_steps_logits(loop, changes, monkeypatch):
     """Multi-head latent attention (tiny DeepSeek-V3) over a paged pool of latents (``PagedKVCache.latent``: one head
     C + R wide, read in its absorbed form at every width): a prefill and two one-token steps give a ``LatentCache``
     step's logits within 1e-5 (its prefill attends the expanded per-head keys: the same sums, another order), with
-    a NoPE layer too (its slots' R zeros scored by a zero-padded query); chunks of 2 blocks."""
+    a NoPE layer too (its slots' R zeros scored by a zero-padded query), and with DeepSeek sparse attention (the
+    indexer's keys paged beside the latents, every slot scored, each query attending its top 4); chunks of 2
+    blocks."""
     monkeypatch.setattr(attention, "PAGED_CHUNK_SLOTS", {"cpu": 2 * BLOCK})
     cfg = jf.config("tiny-deepseek")
-    cfg = cfg.replace(nope=jf.model_config.NoPE((1,))) if nope else cfg
+    if "nope" in changes:
+        cfg = cfg.replace(nope=jf.model_config.NoPE(changes["nope"]))
+    elif changes:
+        cfg = cfg.replace(**changes)
     model = jf.build(cfg, seed=0)
     runner = model.for_decode_loop() if loop else model
     ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
@@ -254,9 +263,10 @@ def test_a_paged_latent_step_gives_a_latent_cache_steps_logits(loop, nope, monke
     dense = model.init_cache(len(PROMPTS), BLOCK * BLOCKS_PER_ROW)
     dense = dense.per_layer() if loop else dense
     rows, width = len(PROMPTS), cfg.latent.kv_rank + cfg.latent.rope_head_dim
+    index_width = cfg.indexer.head_dim if cfg.indexer is not None else 0
     pool = PagedKVCache.empty(cfg.decoder_layers, 1 + rows * BLOCKS_PER_ROW, BLOCK, 1, width, jnp.float32,
-                              latent=True)
-    assert pool.v.size == 0  # (no values: the latents are both)
+                              latent=True, index_width=index_width)
+    assert pool.v.shape[2:] == ((1, BLOCK, index_width) if index_width else (0, BLOCK, width))  # (no values)
     tables = _paged_state(cfg, rows).kv.tables
     paged = DecodeState(PagedKVCache(pool.k, pool.v, tables, jnp.zeros(rows, jnp.int32), latent=True))
     for step in range(3):

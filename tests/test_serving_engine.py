@@ -273,7 +273,6 @@ def test_the_block_manager_counts_shares_and_evicts_cached_blocks_last():
 
 
 @pytest.mark.parametrize("name, changes, reason", [
-    ("tiny-deepseek", {"index_heads": 2, "index_head_dim": 8, "index_topk": 4}, "indexer keeps its own keys"),
     ("tiny-llama", {"attention": "prefix"}, "prefix size"),
     ("tiny-mixtral", {"decoder_layers": 4, "linear_layers": (0, 1, 2), "linear_key_heads": 2, "linear_value_heads": 4,
                       "linear_key_head_dim": 8, "linear_value_head_dim": 6}, "linear attention"),
@@ -287,14 +286,18 @@ def test_a_model_the_engine_cannot_page_is_refused_by_name(name, changes, reason
         Engine(types.SimpleNamespace(config=cfg), num_blocks=8)
 
 
-def test_latent_attention_pages_its_latents_and_gives_generates_tokens():
-    """DeepSeek-V3's multi-head latent attention (a NoPE layer among rotated ones): the pool holds each token's
-    latent and rotary key (C + R a layer, no values: a block ``kv_block_bytes``), read in the absorbed form; mixed
-    greedy requests (two sharing a prompt's first blocks) in a pool that preempts give generate's tokens, and every
-    block comes back."""
+@pytest.mark.parametrize("changes", [{"nope": jf.model_config.NoPE((1,))},
+                                     {"index_heads": 2, "index_head_dim": 8, "index_topk": 4}],
+                         ids=["nope_layer", "indexer"])
+def test_latent_attention_pages_its_latents_and_gives_generates_tokens(changes):
+    """DeepSeek-V3's multi-head latent attention (a NoPE layer among rotated ones; DeepSeek-V3.2's sparse attention,
+    each query attending its indexer's top 4 keys): the pool holds each token's latent and rotary key (C + R a
+    layer, no values; the indexer's key beside: a block ``kv_block_bytes``), read in the absorbed form; mixed greedy
+    requests (two sharing a prompt's first blocks) in a pool that preempts give generate's tokens, and every block
+    comes back."""
     from jaxformer.serving.server import kv_block_bytes
 
-    cfg = jf.config("tiny-deepseek").replace(init_std=0.2, nope=jf.model_config.NoPE((1,)))
+    cfg = jf.config("tiny-deepseek").replace(init_std=0.2, **changes)
     model = jf.build(cfg, seed=0)
     rng = np.random.default_rng(2)
     prompts = [rng.integers(1, 256, n).astype(np.int32) for n in (3, 40, 9, 21, 5, 12)]

@@ -962,6 +962,8 @@ class LatentAttention(nnx.Module):
             masks = (mask,) if cache is None else mask
             if sum(m.shape[-1] for m in masks) > self.indexer.topk:  # else every visible key is among the top k
                 keys = (index_keys,) if cache is None else (cache["index_keys"], written["index_keys"])
+                if isinstance(keys[0], PagedRows):  # (a paged pool's: every slot's key scored, gathered whole)
+                    keys = (keys[0].slots(keys[1][:, :, None])[:, 0], keys[1])
                 masks = self.indexer.select(x, compressed, rope, keys, masks, positions)
                 mask = masks[0] if cache is None else masks
         # (a paged cache, the serving engine's, holds every row's latents in blocks: read as they lie, in the

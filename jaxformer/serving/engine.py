@@ -76,9 +76,6 @@ def paging_problem(model) -> str | None:
         return f"head {cfg.head!r} gives no next-token logits"
     if cfg.position == "xl":
         return "Transformer-XL carries a segment memory (MemoryKV), not per-token keys and values"
-    if cfg.mla and cfg.indexer is not None:
-        return ("DeepSeek sparse attention's indexer keeps its own keys beside the latents (IndexedLatentCache), "
-                "which the engine does not page yet")
     if cfg.linear_attention is not None:
         return "linear attention layers carry a fixed-size state per sequence (LinearState), not per-token blocks"
     if cfg.scores.compressed is not None:
@@ -556,10 +553,12 @@ class Engine:
         self.block_size, self.max_num_seqs, self.prefill_chunk = block_size, max_num_seqs, prefill_chunk
         self.prefill_tokens, self.max_model_len = prefill_tokens, max_model_len
         self.max_blocks = -(-self.max_model_len // block_size)  # a sequence's blocks at most
-        # (multi-head latent attention pages its latents: one head as wide as a latent and its rotary key)
+        # (multi-head latent attention pages its latents: one head as wide as a latent and its rotary key; and
+        # DeepSeek sparse attention its indexer's keys)
         heads, width = (1, cfg.latent.kv_rank + cfg.latent.rope_head_dim) if cfg.mla else (cfg.kv_heads, cfg.head_dim_)
+        index_width = cfg.indexer.head_dim if cfg.mla and cfg.indexer is not None else 0
         self.pool = PagedKVCache.empty(cfg.decoder_layers, num_blocks, block_size, heads, width, dtype_of(cfg.dtype),
-                                       self.kernel, latent=cfg.mla)
+                                       self.kernel, latent=cfg.mla, index_width=index_width)
         eos = generation_defaults(model)["eos_token_id"]
         self.eos_ids = frozenset(() if eos is None else (eos,) if isinstance(eos, int) else eos)
         # the other ids generate applies (checkpoint_config): bad words never chosen, a forced first and last token

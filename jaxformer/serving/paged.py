@@ -68,7 +68,8 @@ class PagedKVCache:
     (``kernels.paged_kernel_refuses``): the kernel reads a row's slots up to its length, whatever the mask.
     ``latent``: multi-head latent attention's pool (``LatentCache``'s per-token latent and rotary key, C + R wide):
     k [L, N, 1, block_size, C + R], read as one key head that is also the value (the layers' absorbed form), and v
-    empty (no kv heads: no bytes)."""
+    empty (no kv heads: no bytes), or with DeepSeek sparse attention the indexer's keys [L, N, 1, block_size,
+    index_head_dim] (``IndexedLatentCache``'s ``index_keys``)."""
 
     k: Array | tuple[Array, ...]
     v: Array | tuple[Array, ...]
@@ -79,10 +80,12 @@ class PagedKVCache:
 
     @classmethod
     def empty(cls, layers: int, blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype,
-              kernel: str | None = None, latent: bool = False) -> PagedKVCache:
-        if latent:  # (kv_heads 1, head_dim C + R)
+              kernel: str | None = None, latent: bool = False, index_width: int = 0) -> PagedKVCache:
+        """An empty pool; ``latent`` (kv_heads 1, head_dim C + R) with ``index_width``: the indexer keys' width (0:
+        none)."""
+        if latent:
             k = jnp.zeros((layers, blocks, 1, block_size, head_dim), dtype)
-            v = jnp.zeros((layers, blocks, 0, block_size, head_dim), dtype)
+            v = jnp.zeros((layers, blocks, int(index_width > 0), block_size, index_width or head_dim), dtype)
             return cls(k, v, jnp.zeros((1, 1), jnp.int32), jnp.zeros((1,), jnp.int32), latent=True)
         if kernel is None:
             shape = (layers, blocks, kv_heads, block_size, head_dim)
@@ -126,9 +129,11 @@ class PagedKVCache:
         In the fused-kernel form ``new`` may instead hold each layer's pool as the layer wrote it (a tuple of
         ``WrittenPool``s): they become the pools."""
         target = PagedTarget.of(self.tables, self.block_size, positions, valid, self.lengths)
-        if self.latent:  # the latents [L, B, T, C + R] as one head's keys; no values
+        if self.latent:  # the latents [L, B, T, C + R] as one head's keys; the indexer's keys as v's, or none
             latents = new["latent"][:, :, None]
-            new = {"k": latents, "v": jnp.zeros(latents.shape[:2] + (0,) + latents.shape[3:], self.v.dtype)}
+            index_keys = new["index_keys"][:, :, None] if "index_keys" in new else jnp.zeros(
+                latents.shape[:2] + (0,) + latents.shape[3:], self.v.dtype)
+            new = {"k": latents, "v": index_keys}
         if isinstance(new["k"], tuple) and isinstance(new["k"][0], WrittenPool):
             return dataclasses.replace(self, k=tuple(w.pool for w in new["k"]), v=tuple(w.pool for w in new["v"]),
                                        lengths=target.lengths)
