@@ -266,10 +266,11 @@ def _paged_rows(q: Array, k: PagedRows, v: PagedRows, tables: Array, mask: Array
     def read(c, carry):
         top, total, acc = carry
         blocks = jax.lax.dynamic_slice_in_dim(tables, c * chunk, chunk, axis=1)
-        s = _scores(q, k.blocks(blocks, heads_first=True), jax.lax.dynamic_slice_in_dim(mask, c * width, width, axis=3),
+        keys = k.blocks(blocks, heads_first=True)
+        s = _scores(q, keys, jax.lax.dynamic_slice_in_dim(mask, c * width, width, axis=3),
                     None if bias is None else jax.lax.dynamic_slice_in_dim(bias, c * width, width, axis=3),
                     scale, softcap, 1, G * T)
-        values = v.blocks(blocks, heads_first=True)
+        values = keys if v is k else v.blocks(blocks, heads_first=True)  # (latent attention's keys are its values)
         new_top = jnp.maximum(top, jnp.max(s, axis=-1, keepdims=True))
         e, kept = jnp.exp(s - new_top), jnp.exp(top - new_top)
         acc = acc * kept + jnp.einsum("KBMS,KBSH->KBMH", e.astype(values.dtype), values,
