@@ -813,6 +813,9 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
                         return
             finally:
                 loop.abort(pending)  # a no-op once the engine ended it
+                search = searches.get(index // per_prompt)
+                if search is not None and not search.done():  # (left early: its output will never come)
+                    search.cancel()
 
         def usage():
             done = sum(len(text.token_ids) for text in texts)
