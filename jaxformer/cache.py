@@ -534,13 +534,15 @@ class HybridCache:
 
     full: KVCache | LatentCache  # (Kimi Linear's attention layers are latent attention's: a LatentCache)
     linear: LinearState
+    # (the serving engine's: ``full`` a paged pool, latents where ``latent`` says so, and the batch rows' states)
 
     @property
     def index(self) -> Array:
         return self.full.index
 
     def kinds(self) -> dict[str, KVCache | LatentCache | LinearState]:
-        return {"latent" if isinstance(self.full, LatentCache) else "full": self.full, "state": self.linear}
+        latent = isinstance(self.full, LatentCache) or getattr(self.full, "latent", False)
+        return {"latent" if latent else "full": self.full, "state": self.linear}
 
     def check_room(self, count: int) -> None:
         self.full.check_room(count)

@@ -275,3 +275,42 @@ def test_a_paged_latent_step_gives_a_latent_cache_steps_logits(loop, changes, mo
         assert float(jnp.max(jnp.abs(got[real] - want[real]))) < 1e-5, f"step {step}"
         ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions + step, real[:, None]
     assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + 2 * real)
+
+
+# gated-delta-rule linear layers at tiny sizes, among 8 layers: Qwen3-Next's period (three linear layers, then a
+# full attention layer), scanned period by period; or a run of linear layers, then a run of attention layers, each
+# run scanned layer by layer
+LINEAR = {"linear_key_heads": 2, "linear_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 6,
+          "decoder_layers": 8}
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["scanned", "decode_loop"])
+@pytest.mark.parametrize("linear_layers", [(0, 1, 2, 4, 5, 6), (0, 1, 2, 3)], ids=["periods", "runs"])
+def test_linear_layers_states_beside_a_paged_pool_give_a_hybrid_caches_logits(loop, linear_layers, monkeypatch):
+    """A stack of linear-attention layers and attention layers (``HybridCache``): the attention layers' keys paged
+    (the pool holds those layers alone) beside the linear layers' states of the batch rows, in the scanned stack
+    (each attention layer indexing the pool at its rank inside the scan's body) and the decode loop: a prefill and
+    two one-token steps give a ``HybridCache`` step's logits within 1e-5."""
+    from jaxformer.cache import HybridCache, LinearState
+
+    monkeypatch.setattr(attention, "PAGED_CHUNK_SLOTS", {"cpu": 2 * BLOCK})
+    cfg = jf.config("tiny-mixtral").replace(**LINEAR, linear_layers=linear_layers)
+    model = jf.build(cfg, seed=0)
+    runner = model.for_decode_loop() if loop else model
+    ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
+    real = np.asarray(PROMPTS) > 0
+    dense = model.init_cache(len(PROMPTS), BLOCK * BLOCKS_PER_ROW)
+    dense = dense.per_layer() if loop else dense
+    assert isinstance(dense.kv, HybridCache)
+    rows, attention_layers = len(PROMPTS), cfg.decoder_layers - len(linear_layers)
+    pool = PagedKVCache.empty(attention_layers, 1 + rows * BLOCKS_PER_ROW, BLOCK, cfg.kv_heads, cfg.head_dim_,
+                              jnp.float32)
+    tables = _paged_state(cfg, rows).kv.tables
+    states = LinearState.empty(cfg, len(linear_layers), rows, jnp.float32)
+    paged = DecodeState(HybridCache(PagedKVCache(pool.k, pool.v, tables, jnp.zeros(rows, jnp.int32)), states))
+    for step in range(3):
+        want, dense = runner.step(ids, positions, valid, dense)
+        got, paged = runner.step(ids, positions, valid, paged)
+        assert float(jnp.max(jnp.abs(got[real] - want[real]))) < 1e-5, f"step {step}"
+        ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions + step, real[:, None]
+    assert np.array_equal(paged.kv.full.lengths, np.asarray(PROMPTS) + 2 * real)

@@ -274,8 +274,6 @@ def test_the_block_manager_counts_shares_and_evicts_cached_blocks_last():
 
 @pytest.mark.parametrize("name, changes, reason", [
     ("tiny-llama", {"attention": "prefix"}, "prefix size"),
-    ("tiny-mixtral", {"decoder_layers": 4, "linear_layers": (0, 1, 2), "linear_key_heads": 2, "linear_value_heads": 4,
-                      "linear_key_head_dim": 8, "linear_value_head_dim": 6}, "linear attention"),
     ("whisper-tiny", {}, "audio"),  # (text encoder-decoders are served: tests/test_serving_seq2seq.py)
     ("tiny-transformer-xl", {}, "segment memory"),
 ])
@@ -309,6 +307,50 @@ def test_latent_attention_pages_its_latents_and_gives_generates_tokens(changes):
         out = engine.run()
         assert [out[request] for request in ids] == _generated(model, prompts, 10)
         assert (engine.preemptions > 0) == preempts and engine.shared_blocks > 0 and _all_freed(engine)
+
+
+def test_linear_attention_layers_keep_their_states_in_slots_and_give_generates_tokens():
+    """Qwen3-Next's layout (three gated-delta-rule linear layers to one attention layer): the attention layers' keys
+    paged, each running sequence's linear states in a slot of their own; prompts longer than a chunk run in calls
+    of exact widths (a padded token would move a convolution window), nothing is shared from the prefix cache
+    (a state holds the whole prefix), and mixed greedy requests, in a pool that preempts too, give generate's
+    tokens with every block and slot given back; beam search is refused by name (a state cannot fork)."""
+    from jaxformer.serving.server import kv_block_bytes
+
+    cfg = jf.config("tiny-mixtral").replace(init_std=0.2, decoder_layers=8, linear_layers=(0, 1, 2, 4, 5, 6),
+                                            linear_key_heads=2, linear_value_heads=4, linear_key_head_dim=8,
+                                            linear_value_head_dim=6)
+    model = jf.build(cfg, seed=0)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(1, 256, n).astype(np.int32) for n in (3, 40, 9, 21, 5, 12)]
+    prompts += [np.concatenate([prompts[1][:SHARED], rng.integers(1, 256, 4)]).astype(np.int32)]
+    for num_blocks, preempts in ((65, False), (15, True)):
+        engine = _engine(model, num_blocks=num_blocks)
+        assert engine.pool.k.shape[0] == 2 and engine.states[0].shape[:2] == (6, 17)  # (attention layers; slots)
+        assert engine.pool.k.nbytes + engine.pool.v.nbytes == num_blocks * kv_block_bytes(cfg, BLOCK)
+        ids = [engine.add_request(p, SamplingParams(max_tokens=10, temperature=0)) for p in prompts]
+        out = engine.run()
+        assert [out[request] for request in ids] == _generated(model, prompts, 10)
+        assert (engine.preemptions > 0) == preempts and engine.shared_blocks == 0 and _all_freed(engine)
+        assert sorted(engine.free_slots) == list(range(1, 17))
+    with pytest.raises(ValueError, match="beam_width=2: .*linear-attention layers keep one state a sequence"):
+        engine.add_request(prompts[0], SamplingParams(temperature=0, beam_width=2))
+
+
+def test_kimi_linears_latent_and_linear_layers_serve_generates_tokens(tmp_path):
+    """Kimi Linear as published (tiny): Kimi Delta Attention layers, their states in slots, beside multi-head latent
+    attention layers, their latents paged; greedy requests (one longer than a prompt chunk) give generate's tokens."""
+    from tests.hf_factory import save_checkpoint
+
+    model = jf.from_pretrained(save_checkpoint("kimi_linear", tmp_path))
+    assert model.config.mla and model.config.linear_attention is not None
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(1, model.config.vocab_size, n).astype(np.int32) for n in (3, 40, 9, 21)]
+    engine = _engine(model, num_blocks=40, max_num_seqs=8)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in prompts]
+    out = engine.run()
+    assert [out[request] for request in ids] == _generated(model, prompts, 8, eos_token_id=None)
+    assert engine.pool.latent and _all_freed(engine)
 
 
 def test_windowed_layers_page_in_full_and_read_what_their_ring_holds():

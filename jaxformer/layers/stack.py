@@ -564,6 +564,14 @@ def _cache_ranks(plan: LayerPlan) -> list[int]:
     return [kinds[:i].count(kinds[i]) for i in range(len(kinds))]
 
 
+def _cache_at(cache, index):
+    """One layer's slice of its kind's cache: a paged cache's pools indexed at the layer (``PagedLayers``: each layer
+    reads its rows from the whole pool), a cache's arrays indexed (``index`` a Python int or traced)."""
+    if isinstance(cache, PagedLayers):
+        return cache[index]
+    return jax.tree.map(lambda a: a[index], cache)  # (a decode loop's ``LayerArrays`` give their layer's own array)
+
+
 def _apart_by_layer(per_layer: dict) -> tuple[dict, dict]:
     """``per_layer`` less the fields a scanned body indexes at its own layer (``PagedLayers``: a paged cache's pools,
     or a paged source's, from which each layer gathers its rows; scanning over them would slice out every layer's
@@ -583,10 +591,14 @@ def _scan_layers(plan, segment, groups, x, layer_fn, per_layer, cfg, caches):
     graphdef, params = nnx.split(groups[specs[0].group])
     per_layer, by_layer = _apart_by_layer(per_layer)
     extra = jax.tree.map(lambda a: a[start:end], per_layer)
-    extra["layer"] = jnp.arange(start, end) if by_layer else None
+    paged = None  # (a split cache's paged kind: each layer indexes its pools in the body, at its rank)
     if caches is not None:
         rank = _cache_ranks(plan)[start]
-        extra["cache"] = jax.tree.map(lambda a: a[rank:rank + end - start], caches[specs[0].cache])
+        if isinstance(caches[specs[0].cache], PagedLayers):
+            paged = caches[specs[0].cache]
+        else:
+            extra["cache"] = jax.tree.map(lambda a: a[rank:rank + end - start], caches[specs[0].cache])
+    extra["layer"] = jnp.arange(start, end) if by_layer or paged is not None else None
     known = plan.known and len({(spec.local, spec.nope) for spec in specs}) == 1
     nope_layers = per_layer.get("nope") is not None
     if known:
@@ -597,6 +609,8 @@ def _scan_layers(plan, segment, groups, x, layer_fn, per_layer, cfg, caches):
     def body(carry, inputs):
         layer_params, layer_extra = inputs
         layer_extra = {**layer_extra, **{name: value[layer_extra["layer"]] for name, value in by_layer.items()}}
+        if paged is not None:
+            layer_extra["cache"] = paged[rank + layer_extra["layer"] - start]
         if known:
             layer_extra = _with_kind(layer_extra, specs[0], nope_layers)
         return layer_fn(nnx.merge(graphdef, layer_params), constrain_activations(carry), layer_extra)
@@ -649,7 +663,7 @@ def _scan_whole_periods(plan, segment, periods, groups, x, layer_fn, per_layer, 
             else:
                 layer_params = at(stacked, spec.index + p * per_period[spec.group])
                 extra = at(per_layer, start + p * period + j)
-                extra["cache"] = at(caches[spec.cache], ranks[start + j] + p * kinds[spec.cache])
+                extra["cache"] = _cache_at(caches[spec.cache], ranks[start + j] + p * kinds[spec.cache])
             extra.update({name: value[start + p * period + j] for name, value in by_layer.items()})
             if alike[j]:
                 extra = _with_kind(extra, spec, nope_layers)
@@ -690,7 +704,7 @@ def _scan_periods(plan, segment, groups, x, layer_fn, per_layer, cfg, caches, *,
         if plan.known:
             extra = _with_kind(extra, spec, nope_layers)
         if caches is not None:
-            extra["cache"] = jax.tree.map(lambda a: a[ranks[i]], caches[spec.cache])
+            extra["cache"] = _cache_at(caches[spec.cache], ranks[i])
         x, out = one_layer(*_layer_of(groups[spec.group], spec.index), x, extra)
         outs.append(out)
     if outs:

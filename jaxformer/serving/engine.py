@@ -46,7 +46,7 @@ import numpy as np
 from flax import nnx
 
 from jaxformer import kernels
-from jaxformer.cache import DecodeState
+from jaxformer.cache import DecodeState, HybridCache, LinearState
 from jaxformer.decoder import unstacked_decoder
 from jaxformer.generate import NEG, checkpoint_config, generation_defaults
 from jaxformer.layer_plan import layer_plan
@@ -60,8 +60,9 @@ MAX_BEAMS = 16  # the widest beam search a request may ask for (its beams are ro
 
 
 def paging_problem(model) -> str | None:
-    """Why the engine cannot page ``model``'s cache (None: it can). The engine pages per-token keys and values of
-    every layer; the other carried states are named here until they page too. Windowed layers (sliding windows,
+    """Why the engine cannot page ``model``'s cache (None: it can). The engine pages per-token keys and values (or
+    latent attention's latents, and sparse attention's indexer keys) and keeps linear-attention layers' states in
+    slots; the other carried states are named here until they page too. Windowed layers (sliding windows,
     chunks) are paged in full: their masks come from positions, so they read the same keys as through their ring
     (a block past every layer's window is not freed early yet)."""
     cfg = model.config
@@ -76,8 +77,6 @@ def paging_problem(model) -> str | None:
         return f"head {cfg.head!r} gives no next-token logits"
     if cfg.position == "xl":
         return "Transformer-XL carries a segment memory (MemoryKV), not per-token keys and values"
-    if cfg.linear_attention is not None:
-        return "linear attention layers carry a fixed-size state per sequence (LinearState), not per-token blocks"
     if cfg.scores.compressed is not None:
         return "DeepSeek-V4's compressed attention carries windows and compressed entries (CompressedCache)"
     if cfg.scores.cross_attention_layers:
@@ -92,7 +91,7 @@ def paging_problem(model) -> str | None:
     if cfg.nope is not None and cfg.nope.temperature_floor_scale is not None:
         return "Llama 4's attention temperature counts a row's cache index, which a paged batch does not share"
     kept = {spec.cache for spec in layer_plan(cfg, cfg.attention, cfg.decoder_layers).layers}
-    kept -= {"full", "window", "latent"}
+    kept -= {"full", "window", "latent", "state"}
     if kept:
         return f"its layers keep {', '.join(sorted(kept))} caches, not per-token keys and values"
     return None
@@ -294,6 +293,7 @@ class Sequence:
     source_blocks: list[int] = dataclasses.field(default_factory=list)
     encoded: bool = False
     draft: list[int] = dataclasses.field(default_factory=list)  # this step's prompt-lookup drafts, to verify
+    slot: int = 0  # (a model with linear-attention layers) its state's slot in the engine's pools (0: none yet)
     # (prompt_logprobs asked) each scored prompt position's TokenLogprobs, and whether they went out with a token
     prompt_scores: dict[int, TokenLogprobs] = dataclasses.field(default_factory=dict)
     prompt_scores_sent: bool = False
@@ -347,8 +347,9 @@ class BeamGroup:
 
 def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Array, positions: Array, valid: Array,
              tables: Array, lengths: Array, source: tuple | None = None, banned: tuple[int, ...] = (),
-             verify: bool = False, kernel: str | None = None, targets: Array | None = None, latent: bool = False
-             ) -> tuple[Array, Array, Array, Array, tuple | None]:
+             verify: bool = False, kernel: str | None = None, targets: Array | None = None, latent: bool = False,
+             states: tuple[Array, Array] | None = None, slots: Array | None = None
+             ) -> tuple[Array, Array, Array, Array, tuple | None, tuple | None]:
     """One engine call's model work (``step_program`` jits it with the model's ``graphdef`` and its weights'
     ``treedef`` bound, so a call hashes no graph and passes the weights as a flat list, ``leaves``, not a state's
     nested dicts: a 32-row gpt2-124M step 4 ms less on one core): the model's cached ``step`` over the paged pool for
@@ -362,11 +363,23 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
     hold each layer's own pool). ``targets`` [B, T]: the token each position predicts, where a request asked for its
     prompt's log-probabilities (-1: none); the fifth result is then each position's log-probability of its target
     [B, T] and its ``MAX_LOGPROBS`` likeliest (values and ids [B, T, k]), of the raw distribution (else None).
-    ``latent``: the pool holds multi-head latent attention's latents (``PagedKVCache.latent``)."""
+    ``latent``: the pool holds multi-head latent attention's latents (``PagedKVCache.latent``). ``states``: a stack
+    with linear-attention layers' (conv, state) pools [L', slots, ...] (``LinearState``'s fields, one slot a running
+    sequence), of which the rows read theirs at ``slots`` [B] (a row with nothing computed yet: zeros) and the sixth
+    result is the pools with each row's state after the call written back (donated; else None)."""
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
-    state = DecodeState(PagedKVCache(k, v, tables, lengths, kernel, latent),
-                        None if source is None else source_view(k, v, *source))
+    kv = PagedKVCache(k, v, tables, lengths, kernel, latent)
+    if states is not None:  # (padding rows read and write slot 0, which no sequence holds)
+        fresh = lengths == 0
+        rows = [jnp.where(fresh.reshape(1, -1, *(1,) * (pool.ndim - 2)), 0, pool[:, slots]) for pool in states]
+        kv = HybridCache(kv, LinearState(*rows))
+    state = DecodeState(kv, None if source is None else source_view(k, v, *source))
     logits, state = model.step(ids, positions, valid, state, every_position=verify or targets is not None)
+    if states is not None:
+        after = state.kv.linear
+        states = tuple(pool.at[:, slots].set(part.astype(pool.dtype))
+                       for pool, part in zip(states, (after.conv, after.state)))
+        state = dataclasses.replace(state, kv=state.kv.full)
     scores = None
     if targets is not None:
         logprobs = jax.nn.log_softmax(logits, axis=-1)
@@ -376,9 +389,9 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
         logits = logits[:, -1]
     finite = jnp.all(jnp.isfinite(logits), axis=-1)
     if not verify:
-        return logits, finite, state.kv.k, state.kv.v, scores
+        return logits, finite, state.kv.k, state.kv.v, scores, states
     finite = jnp.all(finite | ~valid, axis=-1)  # (the padding columns' logits are no row's)
-    return greedy(_ban(logits, banned)), finite, state.kv.k, state.kv.v, None
+    return greedy(_ban(logits, banned)), finite, state.kv.k, state.kv.v, None, states
 
 
 @functools.cache
@@ -387,7 +400,7 @@ def step_program(graphdef, treedef, kernel: str | None = None, latent: bool = Fa
     or keys and values) bound: one per model layout, so every engine over a model of that layout runs the programs
     the first one compiled."""
     return jax.jit(functools.partial(run_step, graphdef, treedef, kernel=kernel, latent=latent),
-                   static_argnames=("banned", "verify"), donate_argnames=("k", "v"))
+                   static_argnames=("banned", "verify"), donate_argnames=("k", "v", "states"))
 
 
 def _ban(logits: Array, banned: tuple[int, ...]) -> Array:
@@ -475,6 +488,16 @@ def _bucket_floor(n: int) -> int:
     return 3 * power // 2 if power >= 2 and 3 * power // 2 <= n else power
 
 
+def _exact_pieces(count: int) -> list[int]:
+    """``count`` tokens as widths ``_bucket`` leaves as they are (128 + 8 + 1 for 137), widest first: a model whose
+    linear-attention layers carry a state runs a row's prompt chunk in calls of these widths, padding nothing."""
+    pieces = []
+    while count:
+        pieces.append(_bucket_floor(count))
+        count -= pieces[-1]
+    return pieces
+
+
 def _plan(rows: list[tuple[Sequence, int]], shape, call: int, compile_cost: int, compiled: set,
           most: int | None = None) -> tuple[float, list[list[tuple[Sequence, int]]]]:
     """The least-cost cut of ``rows`` (sequence, tokens), widest first, into calls of at most ``most`` rows (None:
@@ -557,8 +580,15 @@ class Engine:
         # DeepSeek sparse attention its indexer's keys)
         heads, width = (1, cfg.latent.kv_rank + cfg.latent.rope_head_dim) if cfg.mla else (cfg.kv_heads, cfg.head_dim_)
         index_width = cfg.indexer.head_dim if cfg.mla and cfg.indexer is not None else 0
-        self.pool = PagedKVCache.empty(cfg.decoder_layers, num_blocks, block_size, heads, width, dtype_of(cfg.dtype),
-                                       self.kernel, latent=cfg.mla, index_width=index_width)
+        # (linear-attention layers (Qwen3-Next, Kimi Linear) keep no keys: their fixed-size states live in pools of
+        # one slot a running sequence, slot 0 the padding rows')
+        linear = 0 if cfg.linear_attention is None else len(cfg.linear_attention.layers)
+        self.pool = PagedKVCache.empty(cfg.decoder_layers - linear, num_blocks, block_size, heads, width,
+                                       dtype_of(cfg.dtype), self.kernel, latent=cfg.mla, index_width=index_width)
+        self.states, self.free_slots = None, []
+        if linear:
+            empty = LinearState.empty(cfg, linear, max_num_seqs + 1, dtype_of(cfg.dtype))
+            self.states, self.free_slots = (empty.conv, empty.state), list(range(max_num_seqs, 0, -1))
         eos = generation_defaults(model)["eos_token_id"]
         self.eos_ids = frozenset(() if eos is None else (eos,) if isinstance(eos, int) else eos)
         # the other ids generate applies (checkpoint_config): bad words never chosen, a forced first and last token
@@ -656,6 +686,10 @@ class Engine:
             raise ValueError(f"prompt of {len(prompt)} tokens + max_tokens={params.max_tokens} = {total} exceeds "
                              f"max_model_len={self.max_model_len}")
         width = params.beam_width
+        if width > 1 and self.states is not None:
+            raise ValueError(f"SamplingParams.beam_width={width}: {self.config.name!r}'s linear-attention layers keep "
+                             "one state a sequence, which beams cannot share or fork (beam search is generate's "
+                             "for it)")
         if width > self.max_num_seqs:
             raise ValueError(f"SamplingParams.beam_width={width}: each beam is a row of the batch, and the engine runs "
                              f"at most max_num_seqs={self.max_num_seqs}")
@@ -741,7 +775,8 @@ class Engine:
         penalties, no logprobs, no forced first token) of a decoder without forced tokens, whose choices one
         verifying call reproduces."""
         p = seq.params
-        return (self.draft_tokens > 0 and seq.source is None and seq.group is None and self.forced_bos is None
+        return (self.draft_tokens > 0 and seq.source is None and seq.group is None and self.states is None
+                and self.forced_bos is None
                 and self.forced_eos is None and p.forced_bos_token_id is None and p.temperature == 0
                 and p.repetition_penalty == 1 and p.presence_penalty == 0 and p.frequency_penalty == 0
                 and p.logprobs is None)
@@ -777,6 +812,9 @@ class Engine:
         self.manager.release(seq.source_blocks + seq.blocks)
         seq.blocks, seq.keys, seq.computed = [], [], 0
         seq.source_blocks, seq.encoded = [], False
+        if seq.slot:  # (its state is read again only as zeros: a sequence given the slot starts from nothing)
+            self.free_slots.append(seq.slot)
+            seq.slot = 0
 
     def _fail(self, seq: Sequence) -> None:
         """End ``seq`` in error (its logits were not finite) with no token, and every beam of its search. What it
@@ -847,8 +885,9 @@ class Engine:
             tokens = seq.tokens
             # (an encoder-decoder's decoder keys depend on its source, which the prefix keys do not hold: not shared)
             # (nor a prompt whose log-probabilities are asked: each of its positions is computed)
+            # (nor a model with linear-attention layers: its states hold the whole prefix, which no block does)
             cacheable = (len(tokens) - 1) // self.block_size \
-                if seq.source is None and seq.params.prompt_logprobs is None else 0
+                if seq.source is None and seq.params.prompt_logprobs is None and self.states is None else 0
             shared = self.manager.cached_prefix(tokens, cacheable)
             seq.blocks, seq.computed = list(shared), len(shared) * self.block_size
             seq.keys = self._prefix_keys(tokens, len(shared))
@@ -858,6 +897,8 @@ class Engine:
                 break
             self.waiting.pop(0)
             self.running.append(seq)
+            if self.states is not None:
+                seq.slot = self.free_slots.pop()
             rows += self._rows(seq)
             self.shared_blocks += len(shared)
             work.append((seq, count))
@@ -957,6 +998,8 @@ class Engine:
         log-probabilities [rows, width, vocabulary]: at most ``_score_rows()`` rows a call."""
         if not rows:
             return [rows]
+        if self.states is not None:  # (a padded token would move a linear layer's convolution window)
+            return [[(seq, piece)] for seq, count in rows for piece in _exact_pieces(count)]
         most = self._score_rows() if kind == "score" else None
         costs = CALL_COST_TOKENS.get(jax.default_backend())
         if costs is None:
@@ -1087,10 +1130,13 @@ class Engine:
         # (host arrays go to the program as they are: its call transfers them, where jnp.asarray dispatched one
         # operation each, 20 us apiece)
         started = time.perf_counter()
-        out, finite, k, v, scores = self.run_step(self.weights, self.pool.k, self.pool.v, ids, positions, valid,
-                                                  tables, lengths, source, self.banned, kind == "verify",
-                                                  targets=targets)
-        self.pool = dataclasses.replace(self.pool, k=k, v=v)
+        slots = None if self.states is None else np.asarray([seq.slot for seq, _ in rows] + [0] * (B - len(rows)),
+                                                            np.int32)
+        out, finite, k, v, scores, states = self.run_step(self.weights, self.pool.k, self.pool.v, ids, positions,
+                                                          valid, tables, lengths, source, self.banned,
+                                                          kind == "verify", targets=targets, states=self.states,
+                                                          slots=slots)
+        self.pool, self.states = dataclasses.replace(self.pool, k=k, v=v), states
         self.programs.setdefault((kind, B, T, M, None if source is None else source[0].shape[1]),
                                  time.perf_counter() - started)
         chosen, logprobs, beams = out, None, None  # (verify: each position's greedy token)

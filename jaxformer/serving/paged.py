@@ -96,6 +96,13 @@ class PagedKVCache:
         return cls(k, v, jnp.zeros((1, 1), jnp.int32), jnp.zeros((1,), jnp.int32), kernel)
 
     @property
+    def LAYER_FIELDS(self) -> tuple[str, ...]:  # noqa: N802 (the name every cache's layer fields go by)
+        """What a step's layers hand back to ``write``: keys and values, or latents (and indexer keys)."""
+        if not self.latent:
+            return ("k", "v")
+        return ("latent",) if self.v.shape[2] == 0 else ("latent", "index_keys")
+
+    @property
     def block_size(self) -> int:
         return self.k[0].shape[2] if self.kernel is not None else self.k.shape[3]
 

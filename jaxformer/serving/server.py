@@ -931,11 +931,13 @@ def create_app(engine: Engine, tokenizer, model_name: str, chat_template: str | 
 def kv_block_bytes(cfg, block_size: int) -> int:
     """The bytes one block of the engine's pool holds: every decoder layer's keys and values of ``block_size``
     tokens at the cache's dtype (an encoder-decoder's source blocks are the same size; multi-head latent attention's
-    latents and rotary keys, C + R a token and layer, and the indexer's keys of DeepSeek sparse attention)."""
+    latents and rotary keys, C + R a token and layer, and the indexer's keys of DeepSeek sparse attention; the
+    attention layers' alone beside linear-attention layers, whose states are the engine's, a slot a sequence)."""
     per_token = 2 * cfg.kv_heads * cfg.head_dim_
     if cfg.mla:  # (and DeepSeek sparse attention's indexer key)
         per_token = cfg.latent.kv_rank + cfg.latent.rope_head_dim + (cfg.indexer.head_dim if cfg.indexer else 0)
-    return cfg.decoder_layers * per_token * block_size * np.dtype(dtype_of(cfg.dtype)).itemsize
+    layers = cfg.decoder_layers - (len(cfg.linear_attention.layers) if cfg.linear_attention is not None else 0)
+    return layers * per_token * block_size * np.dtype(dtype_of(cfg.dtype)).itemsize
 
 
 def use_compilation_cache(folder: str | Path) -> None:
