@@ -54,6 +54,22 @@ def _paged_state(cfg, rows: int) -> DecodeState:
     return DecodeState(PagedKVCache(pool.k, pool.v, jnp.asarray(tables), jnp.zeros(rows, jnp.int32)))
 
 
+def _steps_agree(model, loop: bool, paged: DecodeState, steps: int) -> DecodeState:
+    """``steps`` calls over ``paged`` (a prefill of PROMPTS, then one-token steps; ``loop``: on the decode-loop form)
+    give a dense cache's logits within 1e-5 at every real row; the paged state after them."""
+    runner = model.for_decode_loop() if loop else model  # (on CPU the loop's layers are separate blocks)
+    ids, positions, valid, next_positions = _inputs(model.config.vocab_size)
+    real = np.asarray(PROMPTS) > 0
+    dense = model.init_cache(len(PROMPTS), BLOCK * BLOCKS_PER_ROW)
+    dense = dense.per_layer() if loop else dense  # as generate's loop carries it
+    for step in range(steps):
+        want, dense = runner.step(ids, positions, valid, dense)
+        got, paged = runner.step(ids, positions, valid, paged)
+        assert float(jnp.max(jnp.abs(got[real] - want[real]))) < 1e-5, f"step {step}"
+        ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions + step, real[:, None]
+    return paged
+
+
 # how a layer reads its rows (``attention.PAGED_CHUNK_SLOTS``, ``PAGED_ROW_GROUP``): chunks of 2 blocks, rows in
 # groups of 2 (the last one row); chunks of 3 (the 4-block tables padded to 6), groups of 3; each row's whole table
 # gathered at once (the read off XLA:CPU)
@@ -64,19 +80,8 @@ def test_a_paged_step_gives_a_kv_cache_steps_logits(model, loop, chunk_slots, ro
     monkeypatch.setattr(attention, "PAGED_CHUNK_SLOTS", {} if chunk_slots is None else {"cpu": chunk_slots})
     if row_group is not None:
         monkeypatch.setattr(attention, "PAGED_ROW_GROUP", row_group)
-    cfg = model.config
-    runner = model.for_decode_loop() if loop else model  # (on CPU the loop's layers are separate blocks)
-    ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
-    real = np.asarray(PROMPTS) > 0
-    dense = model.init_cache(len(PROMPTS), BLOCK * BLOCKS_PER_ROW)
-    dense = dense.per_layer() if loop else dense  # as generate's loop carries it
-    paged = _paged_state(cfg, len(PROMPTS))
-    for step in range(2):
-        want, dense = runner.step(ids, positions, valid, dense)
-        got, paged = runner.step(ids, positions, valid, paged)
-        assert float(jnp.max(jnp.abs(got[real] - want[real]))) < 1e-5, f"step {step}"
-        ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions, real[:, None]
-    assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + real)
+    paged = _steps_agree(model, loop, _paged_state(model.config, len(PROMPTS)), steps=2)
+    assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + (np.asarray(PROMPTS) > 0))
 
 
 @pytest.mark.parametrize("chunk_slots", [2 * BLOCK, None], ids=["chunks", "whole_tables"])
@@ -257,11 +262,6 @@ def test_a_paged_latent_step_gives_a_latent_cache_steps_logits(loop, changes, mo
     elif changes:
         cfg = cfg.replace(**changes)
     model = jf.build(cfg, seed=0)
-    runner = model.for_decode_loop() if loop else model
-    ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
-    real = np.asarray(PROMPTS) > 0
-    dense = model.init_cache(len(PROMPTS), BLOCK * BLOCKS_PER_ROW)
-    dense = dense.per_layer() if loop else dense
     rows, width = len(PROMPTS), cfg.latent.kv_rank + cfg.latent.rope_head_dim
     index_width = cfg.indexer.head_dim if cfg.indexer is not None else 0
     pool = PagedKVCache.empty(cfg.decoder_layers, 1 + rows * BLOCKS_PER_ROW, BLOCK, 1, width, jnp.float32,
@@ -269,12 +269,8 @@ def test_a_paged_latent_step_gives_a_latent_cache_steps_logits(loop, changes, mo
     assert pool.v.shape[2:] == ((1, BLOCK, index_width) if index_width else (0, BLOCK, width))  # (no values)
     tables = _paged_state(cfg, rows).kv.tables
     paged = DecodeState(PagedKVCache(pool.k, pool.v, tables, jnp.zeros(rows, jnp.int32), latent=True))
-    for step in range(3):
-        want, dense = runner.step(ids, positions, valid, dense)
-        got, paged = runner.step(ids, positions, valid, paged)
-        assert float(jnp.max(jnp.abs(got[real] - want[real]))) < 1e-5, f"step {step}"
-        ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions + step, real[:, None]
-    assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + 2 * real)
+    paged = _steps_agree(model, loop, paged, steps=3)
+    assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + 2 * (np.asarray(PROMPTS) > 0))
 
 
 # gated-delta-rule linear layers at tiny sizes, among 8 layers: Qwen3-Next's period (three linear layers, then a
@@ -296,21 +292,12 @@ def test_linear_layers_states_beside_a_paged_pool_give_a_hybrid_caches_logits(lo
     monkeypatch.setattr(attention, "PAGED_CHUNK_SLOTS", {"cpu": 2 * BLOCK})
     cfg = jf.config("tiny-mixtral").replace(**LINEAR, linear_layers=linear_layers)
     model = jf.build(cfg, seed=0)
-    runner = model.for_decode_loop() if loop else model
-    ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
-    real = np.asarray(PROMPTS) > 0
-    dense = model.init_cache(len(PROMPTS), BLOCK * BLOCKS_PER_ROW)
-    dense = dense.per_layer() if loop else dense
-    assert isinstance(dense.kv, HybridCache)
+    assert isinstance(model.init_cache(1, BLOCK).kv, HybridCache)
     rows, attention_layers = len(PROMPTS), cfg.decoder_layers - len(linear_layers)
     pool = PagedKVCache.empty(attention_layers, 1 + rows * BLOCKS_PER_ROW, BLOCK, cfg.kv_heads, cfg.head_dim_,
                               jnp.float32)
     tables = _paged_state(cfg, rows).kv.tables
     states = LinearState.empty(cfg, len(linear_layers), rows, jnp.float32)
     paged = DecodeState(HybridCache(PagedKVCache(pool.k, pool.v, tables, jnp.zeros(rows, jnp.int32)), states))
-    for step in range(3):
-        want, dense = runner.step(ids, positions, valid, dense)
-        got, paged = runner.step(ids, positions, valid, paged)
-        assert float(jnp.max(jnp.abs(got[real] - want[real]))) < 1e-5, f"step {step}"
-        ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions + step, real[:, None]
-    assert np.array_equal(paged.kv.full.lengths, np.asarray(PROMPTS) + 2 * real)
+    paged = _steps_agree(model, loop, paged, steps=3)
+    assert np.array_equal(paged.kv.full.lengths, np.asarray(PROMPTS) + 2 * (np.asarray(PROMPTS) > 0))

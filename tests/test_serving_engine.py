@@ -284,57 +284,48 @@ def test_a_model_the_engine_cannot_page_is_refused_by_name(name, changes, reason
         Engine(types.SimpleNamespace(config=cfg), num_blocks=8)
 
 
-@pytest.mark.parametrize("changes", [{"nope": jf.model_config.NoPE((1,))},
-                                     {"index_heads": 2, "index_head_dim": 8, "index_topk": 4}],
-                         ids=["nope_layer", "indexer"])
-def test_latent_attention_pages_its_latents_and_gives_generates_tokens(changes):
-    """DeepSeek-V3's multi-head latent attention (a NoPE layer among rotated ones; DeepSeek-V3.2's sparse attention,
-    each query attending its indexer's top 4 keys): the pool holds each token's latent and rotary key (C + R a
-    layer, no values; the indexer's key beside: a block ``kv_block_bytes``), read in the absorbed form; mixed greedy
-    requests (two sharing a prompt's first blocks) in a pool that preempts give generate's tokens, and every block
-    comes back."""
+# stacks whose layers carry more than keys and values, and the pool that makes them preempt: DeepSeek-V3's latent
+# attention with a NoPE layer, DeepSeek-V3.2's sparse attention (its indexer keeps 4 keys a query), Qwen3-Next's
+# layout (three gated-delta-rule linear layers to one attention layer, twice)
+STACKS = {
+    "latent": ("tiny-deepseek", {"nope": jf.model_config.NoPE((1,))}, 13),
+    "sparse": ("tiny-deepseek", {"index_heads": 2, "index_head_dim": 8, "index_topk": 4}, 13),
+    "linear": ("tiny-mixtral", {"decoder_layers": 8, "linear_layers": (0, 1, 2, 4, 5, 6), "linear_key_heads": 2,
+                                "linear_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 6}, 15),
+}
+
+
+@pytest.mark.parametrize("stack", sorted(STACKS))
+def test_latent_and_linear_stacks_are_served_with_generates_tokens(stack):
+    """Latent attention's pool holds each token's latent and rotary key (C + R a layer, no values; the indexer's key
+    beside), read in the absorbed form; a linear-attention stack's pool holds its attention layers' keys alone,
+    each running sequence's linear states in a slot of their own, its prompt chunks in calls of exact widths (a
+    padded token would move a convolution window) and nothing shared from the prefix cache (a state holds the whole
+    prefix). Mixed greedy requests (two sharing a prompt's first blocks; one longer than a chunk), in a roomy pool
+    and in one that preempts, give generate's tokens and give back every block (and slot); a block is
+    ``kv_block_bytes``. A linear stack's beam search is refused by name (a state cannot fork)."""
     from jaxformer.serving.server import kv_block_bytes
 
-    cfg = jf.config("tiny-deepseek").replace(init_std=0.2, **changes)
+    name, changes, tight = STACKS[stack]
+    cfg = jf.config(name).replace(init_std=0.2, **changes)
     model = jf.build(cfg, seed=0)
+    linear = cfg.linear_attention is not None
     rng = np.random.default_rng(2)
     prompts = [rng.integers(1, 256, n).astype(np.int32) for n in (3, 40, 9, 21, 5, 12)]
     prompts += [np.concatenate([prompts[1][:SHARED], rng.integers(1, 256, 4)]).astype(np.int32)]
-    for num_blocks, preempts in ((65, False), (13, True)):
+    for num_blocks, preempts in ((65, False), (tight, True)):
         engine = _engine(model, num_blocks=num_blocks)
         assert engine.pool.k.nbytes + engine.pool.v.nbytes == num_blocks * kv_block_bytes(cfg, BLOCK)
         ids = [engine.add_request(p, SamplingParams(max_tokens=10, temperature=0)) for p in prompts]
         out = engine.run()
         assert [out[request] for request in ids] == _generated(model, prompts, 10)
-        assert (engine.preemptions > 0) == preempts and engine.shared_blocks > 0 and _all_freed(engine)
-
-
-def test_linear_attention_layers_keep_their_states_in_slots_and_give_generates_tokens():
-    """Qwen3-Next's layout (three gated-delta-rule linear layers to one attention layer): the attention layers' keys
-    paged, each running sequence's linear states in a slot of their own; prompts longer than a chunk run in calls
-    of exact widths (a padded token would move a convolution window), nothing is shared from the prefix cache
-    (a state holds the whole prefix), and mixed greedy requests, in a pool that preempts too, give generate's
-    tokens with every block and slot given back; beam search is refused by name (a state cannot fork)."""
-    from jaxformer.serving.server import kv_block_bytes
-
-    cfg = jf.config("tiny-mixtral").replace(init_std=0.2, decoder_layers=8, linear_layers=(0, 1, 2, 4, 5, 6),
-                                            linear_key_heads=2, linear_value_heads=4, linear_key_head_dim=8,
-                                            linear_value_head_dim=6)
-    model = jf.build(cfg, seed=0)
-    rng = np.random.default_rng(3)
-    prompts = [rng.integers(1, 256, n).astype(np.int32) for n in (3, 40, 9, 21, 5, 12)]
-    prompts += [np.concatenate([prompts[1][:SHARED], rng.integers(1, 256, 4)]).astype(np.int32)]
-    for num_blocks, preempts in ((65, False), (15, True)):
-        engine = _engine(model, num_blocks=num_blocks)
-        assert engine.pool.k.shape[0] == 2 and engine.states[0].shape[:2] == (6, 17)  # (attention layers; slots)
-        assert engine.pool.k.nbytes + engine.pool.v.nbytes == num_blocks * kv_block_bytes(cfg, BLOCK)
-        ids = [engine.add_request(p, SamplingParams(max_tokens=10, temperature=0)) for p in prompts]
-        out = engine.run()
-        assert [out[request] for request in ids] == _generated(model, prompts, 10)
-        assert (engine.preemptions > 0) == preempts and engine.shared_blocks == 0 and _all_freed(engine)
-        assert sorted(engine.free_slots) == list(range(1, 17))
-    with pytest.raises(ValueError, match="beam_width=2: .*linear-attention layers keep one state a sequence"):
-        engine.add_request(prompts[0], SamplingParams(temperature=0, beam_width=2))
+        assert (engine.preemptions > 0) == preempts and (engine.shared_blocks > 0) != linear and _all_freed(engine)
+        if linear:  # (2 attention layers in the pool; 16 slots and the null one)
+            assert engine.pool.k.shape[0] == 2 and engine.states[0].shape[:2] == (6, 17)
+            assert sorted(engine.free_slots) == list(range(1, 17))
+    if linear:
+        with pytest.raises(ValueError, match="beam_width=2: .*linear-attention layers keep one state a sequence"):
+            engine.add_request(prompts[0], SamplingParams(temperature=0, beam_width=2))
 
 
 def test_kimi_linears_latent_and_linear_layers_serve_generates_tokens(tmp_path):
