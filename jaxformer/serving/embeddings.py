@@ -211,7 +211,7 @@ def _inputs(value, embedder: Embedder, prompt: str, prompt_skip: int) -> tuple[l
     return value, [0] * len(value)
 
 
-def _image(messages):
+def _message_input(messages):
     """The one image (PIL, RGB) or text of a chat-style embedding request's ``messages`` (vLLM's form for a
     multimodal embedding model), or an ApiError naming them."""
     from PIL import Image, UnidentifiedImageError
@@ -331,7 +331,7 @@ def create_app(embedder: Embedder, model_name: str, api_key: str | None = None, 
             raise ApiError(400, f"user={body['user']!r}: want a string", param="user")
         if dual and ("messages" in body) == ("input" in body):
             raise ApiError(400, "give input (texts) or messages (one image, or one text), one of them", param="input")
-        message = await asyncio.to_thread(_image, body["messages"]) if "messages" in body else None
+        message = await asyncio.to_thread(_message_input, body["messages"]) if "messages" in body else None
         rows, text = [], body.get("input") if message is None or isinstance(message, str) else None
         if isinstance(message, str):
             text = message

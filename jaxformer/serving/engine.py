@@ -323,9 +323,8 @@ class BeamGroup:
     keep: int
     members: list[Sequence] = dataclasses.field(default_factory=list)
     scores: np.ndarray | None = None
-    done_tokens: list[list[int]] = dataclasses.field(default_factory=list)
+    done_tokens: list[list[int]] = dataclasses.field(default_factory=list)  # (a hypothesis's length is its list's)
     done_scores: np.ndarray | None = None
-    done_lengths: np.ndarray | None = None
     done: np.ndarray | None = None
     improvable: bool = True
     step: int = 0
@@ -340,7 +339,7 @@ class BeamGroup:
         self.members, self.step, self.improvable, self.candidates = [root], 0, True, {}
         self.scores = np.zeros(w, np.float32)
         self.scores[1:] = NEG  # (beams 1.. copy beam 0 before the first token: their candidates rank last)
-        self.done_tokens, self.done_lengths = [[] for _ in range(w)], np.zeros(w, np.int64)
+        self.done_tokens = [[] for _ in range(w)]
         self.done_scores, self.done = np.full(w, NEG, np.float32), np.zeros(w, bool)
         return root
 
@@ -1278,7 +1277,6 @@ class Engine:
         tokens = group.done_tokens + [beams[b].generated + [int(t)] for b, t in zip(source, token)]
         group.done_tokens = [tokens[i] for i in best]
         group.done_scores = merged[best]
-        group.done_lengths = np.concatenate([group.done_lengths, np.full(keep, step + 1)])[best]
         group.done = np.concatenate([group.done, just_finished])[best]
 
         step += 1
@@ -1306,9 +1304,9 @@ class Engine:
         if going:
             self.running[at:at] = group.members
             return []
-        hypotheses = tuple(Hypothesis(tuple(tokens[:length]), float(score),
-                                      "stop" if length and tokens[length - 1] in group.root.stop_ids else "length")
-                           for tokens, score, length in zip(group.done_tokens, group.done_scores, group.done_lengths))
+        hypotheses = tuple(Hypothesis(tuple(tokens), float(score),
+                                      "stop" if tokens and tokens[-1] in group.root.stop_ids else "length")
+                           for tokens, score in zip(group.done_tokens, group.done_scores))
         best = hypotheses[0]
         return [RequestOutput(group.root.request_id, best.token_ids, True, best.finish_reason, beams=hypotheses)]
 
