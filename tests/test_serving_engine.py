@@ -303,8 +303,9 @@ def test_latent_and_linear_stacks_are_served_with_generates_tokens(stack):
     padded token would move a convolution window) and nothing shared from the prefix cache (a state holds the whole
     prefix). Mixed greedy requests (two sharing a prompt's first blocks; one longer than a chunk), in a roomy pool
     and in one that preempts, give generate's tokens and give back every block (and slot); a block is
-    ``kv_block_bytes``. A linear stack's beam search is refused by name (a state cannot fork)."""
-    from jaxformer.serving.server import kv_block_bytes
+    ``kv_block_bytes`` (a linear stack's state slots ``linear_state_bytes``, which ``--memory`` counts). A linear
+    stack's beam search is refused by name (a state cannot fork)."""
+    from jaxformer.serving.server import kv_block_bytes, linear_state_bytes, pool_blocks
 
     name, changes, tight = STACKS[stack]
     cfg = jf.config(name).replace(init_std=0.2, **changes)
@@ -323,6 +324,13 @@ def test_latent_and_linear_stacks_are_served_with_generates_tokens(stack):
         if linear:  # (1 attention layer in the pool; 16 slots and the null one)
             assert engine.pool.k.shape[0] == 1 and engine.states[0].shape[:2] == (3, 17)
             assert sorted(engine.free_slots) == list(range(1, 17))
+            assert sum(pool.nbytes for pool in engine.states) == linear_state_bytes(cfg, 16)
+    if linear:  # --memory: the state slots come out of the budget, the blocks fill the rest
+        states, block, memory = linear_state_bytes(cfg, 16), kv_block_bytes(cfg, BLOCK), 0.0003
+        blocks = pool_blocks(cfg, BLOCK, 16, memory=memory)
+        assert states + blocks * block <= memory * 2 ** 30 < states + (blocks + 1) * block
+        with pytest.raises(ValueError, match=f"holds 0 blocks .* beside {states} bytes of linear-attention states"):
+            pool_blocks(cfg, BLOCK, 16, memory=states / 2 ** 30)
     if linear:
         with pytest.raises(ValueError, match="beam_width=2: .*linear-attention layers keep one state a sequence"):
             engine.add_request(prompts[0], SamplingParams(temperature=0, beam_width=2))
@@ -336,6 +344,28 @@ def test_kimi_linears_latent_and_linear_layers_serve_generates_tokens(tmp_path):
     model = jf.from_pretrained(save_checkpoint("kimi_linear", tmp_path))
     assert model.config.mla and model.config.linear_attention is not None
     rng = np.random.default_rng(4)
+    prompts = [rng.integers(1, model.config.vocab_size, n).astype(np.int32) for n in (3, 40, 9, 21)]
+    engine = _engine(model, num_blocks=40, max_num_seqs=8)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in prompts]
+    out = engine.run()
+    assert [out[request] for request in ids] == _generated(model, prompts, 8, eos_token_id=None)
+    assert engine.pool.latent and _all_freed(engine)
+
+
+def test_mistral_large_4s_position_scaled_sparse_latent_layers_serve_generates_tokens(tmp_path):
+    """Mistral Large 4's text model as published (tiny), with an LM head of its own (transformers publishes none for
+    the text model): sparse latent attention with a NoPE layer, LeRoPE, and each head's queries (its indexer's too)
+    scaled by ln(p + 1) with learned slopes drawn away from 0, so a paged row fed a wrong position gives other
+    tokens. Greedy requests (one longer than a prompt chunk), beside each other in the calls, give generate's."""
+    from flax import nnx
+
+    from tests.hf_factory import save_checkpoint
+
+    text = jf.from_pretrained(save_checkpoint("mistral_large4", tmp_path))
+    assert text.config.latent.query_log_position_scale and text.config.latent.indexer is not None
+    model = jf.build(text.config.replace(head="lm"), seed=0)
+    nnx.update(model, nnx.state(text))  # every weight but the new head's
+    rng = np.random.default_rng(5)
     prompts = [rng.integers(1, model.config.vocab_size, n).astype(np.int32) for n in (3, 40, 9, 21)]
     engine = _engine(model, num_blocks=40, max_num_seqs=8)
     ids = [engine.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in prompts]

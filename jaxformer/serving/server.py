@@ -940,6 +940,18 @@ def kv_block_bytes(cfg, block_size: int) -> int:
     return layers * per_token * block_size * np.dtype(dtype_of(cfg.dtype)).itemsize
 
 
+def linear_state_bytes(cfg, max_num_seqs: int) -> int:
+    """The bytes of the engine's linear-attention state slots (0 without linear-attention layers): one slot a running
+    sequence and the padding rows' (``LinearState``: each layer's convolution inputs at the model's dtype and its
+    float32 state matrices), allocated whatever the pool."""
+    linear = cfg.linear_attention
+    if linear is None:
+        return 0
+    conv = (linear.conv_kernel - 1) * linear.conv_width * np.dtype(dtype_of(cfg.dtype)).itemsize
+    state = linear.value_heads * linear.key_head_dim * linear.value_head_dim * 4
+    return (max_num_seqs + 1) * len(linear.layers) * (conv + state)
+
+
 def use_compilation_cache(folder: str | Path) -> None:
     """Keep every program compiled from now on in ``folder`` (JAX's persistent cache, however short its compile:
     a server's many small programs add up), so a later start reads them back rather than compiling them again."""
@@ -950,8 +962,9 @@ def use_compilation_cache(folder: str | Path) -> None:
 def pool_blocks(cfg, block_size: int, max_num_seqs: int, num_blocks: int | None = None, memory: float | None = None,
                 max_model_len: int | None = None) -> int:
     """The blocks of a server's pool: ``num_blocks`` as given, or as many as ``memory`` GiB holds
-    (``kv_block_bytes`` each, the null block among them), or by default room for ``max_num_seqs`` sequences at
-    ``max_model_len`` (the engine's default where None) and the null block."""
+    (``kv_block_bytes`` each, the null block among them; linear-attention layers' state slots come out of it first,
+    ``linear_state_bytes``), or by default room for ``max_num_seqs`` sequences at ``max_model_len`` (the engine's
+    default where None) and the null block."""
     if memory is None:
         if num_blocks is not None:
             return num_blocks
@@ -961,11 +974,12 @@ def pool_blocks(cfg, block_size: int, max_num_seqs: int, num_blocks: int | None 
         raise ValueError(f"--num-blocks={num_blocks} and --memory={memory} both size the pool: give one")
     if not isinstance(memory, (int, float)) or not 0 < memory < math.inf:
         raise ValueError(f"--memory={memory!r}: want a number of GiB > 0")
-    block = kv_block_bytes(cfg, block_size)
-    blocks = int(memory * 2 ** 30 // block)
+    block, states = kv_block_bytes(cfg, block_size), linear_state_bytes(cfg, max_num_seqs)
+    blocks = int(max(memory * 2 ** 30 - states, 0) // block)
     if blocks < 2:
-        raise ValueError(f"--memory={memory} GiB holds {blocks} blocks of {block} bytes: want room for 2 at least "
-                         "(one is the null block)")
+        beside = f" beside {states} bytes of linear-attention states ({max_num_seqs + 1} slots)" if states else ""
+        raise ValueError(f"--memory={memory} GiB holds {blocks} blocks of {block} bytes{beside}: want room for 2 at "
+                         "least (one is the null block)")
     return blocks
 
 
