@@ -17,6 +17,7 @@ import jaxformer as jf
 from jaxformer.generate import generation_defaults
 from jaxformer.interop.tokenizer import Tokenizer, byte_level_tokenizer, load_tokenizer
 from jaxformer.serving import Engine, SamplingParams
+from jaxformer.serving import engine as serving_engine
 from jaxformer.serving.engine import choose_program
 from tests.hf_factory import save_checkpoint
 from tests.sentencepiece_factory import marian_tokenizer
@@ -121,21 +122,38 @@ def test_concurrent_translations_equal_generate(checkpoints, name):
     assert any(program[0] == "encode" for program in engine.programs)
 
 
-def test_after_the_warm_up_the_translations_compile_nothing(checkpoints):
+def test_after_the_warm_up_the_translations_compile_nothing(checkpoints, monkeypatch):
     """``warm_up`` compiles every source encoding and decoder step the scheduler can run (on XLA:CPU: 11 one-source
     encodings, one a source width bucket, and 4 one-token shapes, one a row bucket, their source tables as wide as
-    the longest source's) and at each row count the choice of greedy rows and of draws, plain and top-p, on stand-in
-    rows over the null block: the ten requests through four rows then compile no program (sources admitted together
-    are encoded one a call) and still give generate's tokens."""
+    the longest source's) and at each row count the choice of greedy rows, of draws, plain and top-p, and of the
+    beams of the checkpoint's ``num_beams`` (OPUS-MT's 4), and the copies of shared blocks a step can make (1-4), on
+    stand-in rows over the null block: the ten requests through four rows, then two searches of 4 beams, compile no
+    program (sources admitted together are encoded one a call) and still give generate's tokens."""
     model, sources, expected = checkpoints("marian")
-    engine = _engine(model)
+    saved = model.generation_config
+    model.generation_config = json.dumps({**json.loads(saved), "num_beams": 4})  # (read once, by the engine)
+    try:
+        engine = _engine(model)
+    finally:
+        model.generation_config = saved
+    assert engine.checkpoint_beams == 4
     programs, seconds = engine.warm_up()
     print(f"marian warm-up (4 rows): {programs} programs in {seconds:.1f} s")
-    assert programs == 11 + 4 + 4 * 3 == len(engine.programs)
+    assert programs == 11 + 4 + 4 * 4 + 4 == len(engine.programs)
     ids = [engine.add_request(None, SamplingParams(max_tokens=n, temperature=0), source_ids=source)
            for source, n in zip(sources, NEW)]
     out = engine.run()
     assert [out[i] for i in ids] == expected
+    copies = []  # (the copy calls' bucketed counts: beams wrote into blocks they shared)
+    copy_blocks = serving_engine.copy_blocks
+    monkeypatch.setattr(serving_engine, "copy_blocks", lambda k, v, sources, targets: copies.append(len(sources))
+                        or copy_blocks(k, v, sources, targets))
+    searches = [engine.add_request(None, SamplingParams(max_tokens=12, temperature=0, beam_width=4),
+                                   source_ids=source) for source in sources[:2]]
+    results = {}
+    while engine.has_unfinished():
+        results.update({result.request_id: result for result in engine.step()})
+    assert all(len(results[i].beams) == 4 for i in searches) and copies
     assert len(engine.programs) == programs and _all_freed(engine)
 
 

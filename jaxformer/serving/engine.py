@@ -34,6 +34,7 @@ import collections
 import dataclasses
 import functools
 import itertools
+import json
 import math
 import time
 import warnings
@@ -402,6 +403,16 @@ def step_program(graphdef, treedef, kernel: str | None = None, latent: bool = Fa
                    static_argnames=("banned", "verify"), donate_argnames=("k", "v", "states"))
 
 
+def checkpoint_beams(model) -> int:
+    """The beam width a checkpoint's generation settings name (``num_beams`` of its generation_config.json, else of
+    its config.json, as transformers reads its defaults; 1: none): the width its users most likely ask for."""
+    for saved in (getattr(model, "generation_config", None), getattr(model, "hf_config", None)):
+        if saved:
+            width = json.loads(saved).get("num_beams")
+            return width if isinstance(width, int) and not isinstance(width, bool) and width > 1 else 1
+    return 1
+
+
 def _ban(logits: Array, banned: tuple[int, ...]) -> Array:
     return logits.at[..., jnp.asarray(banned)].set(-jnp.inf) if banned else logits
 
@@ -596,6 +607,7 @@ class Engine:
         self.banned = ids.bad_token_ids
         self.renormalize = ids.renormalize_logits  # (beam scores only: it moves no argmax)
         self.forced_bos, self.forced_eos = ids.forced_bos_token_id, ids.forced_eos_token_id
+        self.checkpoint_beams = checkpoint_beams(model)  # (the beam width the warm-up compiles the choice of)
         encoder_decoder = cfg.family == "encoder_decoder"
         self.decoder_prompt = [ids.decoder_start_token_id] if encoder_decoder else None
         # a source's length at most: the encoder's positions, and the pool beside its shortest target's blocks
@@ -1362,10 +1374,18 @@ class Engine:
         each source width (``program_shapes``).
         The calls run on stand-in rows whose every block, a source's too, is the null block (written, never read;
         a stand-in's source is one token, so its cross-attention stays finite), so nothing a request sees changes.
+        Where the checkpoint names a beam width (``checkpoint_beams``: OPUS-MT's and BART summarisers' 4), the choice
+        of such a search's rows too, at each batch size, and the copies of its shared blocks at each count a step can
+        make (a search of another width, or mixed with draws in one call, compiles its own choice on first use).
         Returns the programs compiled and the seconds taken."""
         before, started = len(self.programs), time.perf_counter()
         greedy, drawn = SamplingParams(max_tokens=1, temperature=0), SamplingParams(max_tokens=1)
         choices = (greedy, drawn, SamplingParams(max_tokens=1, top_p=0.9))
+        beams = self.checkpoint_beams
+        if 1 < beams <= self.max_num_seqs and self.states is None:
+            beam = SamplingParams(max_tokens=1, temperature=0, beam_width=beams)
+            if self._beam_keep(beam, self.eos_ids) <= self.config.vocab_size:
+                choices += (beam,)
         drawing = set()  # the row counts whose draws' choices are compiled
         for kind, rows, width, *tables in self.program_shapes(every_prefill):
             if kind == "encode":
@@ -1381,9 +1401,16 @@ class Engine:
                                       source=None if source_table is None else [0],
                                       source_blocks=[NULL_BLOCK] * (source_table or 0)), width)
                             for _ in range(rows)]
+                if params.beam_width > 1:  # (a stand-in group: its rows rank the search's candidates)
+                    for seq, _ in stand_in:
+                        seq.group = BeamGroup(seq, beams, self._beam_keep(params, self.eos_ids))
                 self._run(kind, stand_in)
             if kind != "verify":
                 drawing.add(rows)
+        if any(params.beam_width > 1 for params in choices):  # (a step copies at most a block a row)
+            for count in sorted({_bucket(n, self.manager.usable) for n in range(1, self.max_num_seqs + 1)}):
+                self.copies = [(NULL_BLOCK, NULL_BLOCK)] * count
+                self._copy_blocks()
         return len(self.programs) - before, time.perf_counter() - started
 
     @staticmethod
