@@ -375,17 +375,27 @@ class ImageTextEmbedder:
             return self.max_seq_length
         return min(self.max_seq_length, _next_power_of_two(length, _SHORTEST_BUCKET))
 
-    def encode_images(self, images, normalize_embeddings: bool = False) -> np.ndarray:
+    def encode_images(self, images, normalize_embeddings: bool = False, batch_size: int = 32) -> np.ndarray:
         """Image embeddings as float32 numpy [N, D] (PIL images or arrays, as ``jaxformer.vision.ImageProcessor``
-        reads them; one image gives [D])."""
+        reads them; one image gives [D]), in batches of at most ``batch_size`` images padded to power-of-two counts
+        (blank filler images, their vectors dropped), so a server compiles a few shapes."""
         inputs = self.processor(images)
         naflex = {key: inputs[key] for key in ("pixel_attention_mask", "spatial_shapes") if key in inputs}  # SigLIP2
         single = not isinstance(images, (list, tuple)) and np.ndim(images) < 4
         if naflex:  # (each image's patch grid shapes the program: read on the host, so run as it comes)
             features = self.model.get_image_features(inputs["pixel_values"], **naflex).pooler_output
-        else:
-            features = _image_features(self._graphdef, self._state, inputs["pixel_values"])
-        return self._finish(features, normalize_embeddings, single)
+            return self._finish(features, normalize_embeddings, single)
+        pixels = inputs["pixel_values"]  # (a list where the sizes differ, not resized: each image its own call)
+        groups = [np.asarray(image)[None] for image in pixels] if isinstance(pixels, list) else [np.asarray(pixels)]
+        batches = []
+        for group in groups:
+            for start in range(0, len(group), batch_size):
+                chosen = group[start:start + batch_size]
+                count = min(batch_size, _next_power_of_two(len(chosen), 1))
+                filler = np.zeros((count - len(chosen), *chosen.shape[1:]), chosen.dtype)
+                vectors = _image_features(self._graphdef, self._state, np.concatenate([chosen, filler]))
+                batches.append(np.asarray(vectors)[:len(chosen)])
+        return self._finish(np.concatenate(batches), normalize_embeddings, single)
 
     def classify(self, images, labels: list[str]) -> np.ndarray:
         """Zero-shot classification [N_images, N_labels]: each image's probability of each label text, a softmax

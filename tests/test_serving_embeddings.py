@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai")
 
 import jaxformer as jf  # noqa: E402
 from jaxformer.embedder import _embed  # noqa: E402
-from jaxformer.serving.embeddings import EmbeddingLoop, Metrics, compile_programs, create_app, \
+from jaxformer.serving.embeddings import EmbeddingLoop, Metrics, _inputs, compile_programs, create_app, \
     matryoshka_widths  # noqa: E402
 from tests.hf_factory import save_checkpoint  # noqa: E402
 from tests.serving_helpers import served  # noqa: E402
@@ -343,7 +343,7 @@ def test_a_clip_folder_serves_text_and_image_embeddings_equal_to_transformers(tm
 
 def test_a_siglip_folder_embeds_texts_and_images_in_process(tmp_path):
     """SigLIP through ``create_app``: texts read at their full length (no mask), as its tokenizer gives them, and an
-    image, each as transformers' features; the warm-up compiles its text shapes (one width) and its image call."""
+    image, each as transformers' features; the warm-up compiles its text shapes (one width) and its image calls."""
     from fastapi.testclient import TestClient
 
     from tests.family_files import shapes_picture
@@ -353,7 +353,7 @@ def test_a_siglip_folder_embeds_texts_and_images_in_process(tmp_path):
     embedder = jf.Embedder.from_pretrained(folder)
     assert isinstance(embedder, jf.ImageTextEmbedder)
     programs, _ = compile_programs(embedder, 4)
-    assert programs == 3 * 1 + 1  # (rows 1, 2, 4) x (the one full width) + the image call
+    assert programs == 3 * 1 + 3  # (rows 1, 2, 4) x (the one full width) + the image calls of 1, 2 and 4
     picture = shapes_picture((30, 30, 220), "square")
     with TestClient(create_app(embedder, "siglip")) as http:
         answer = http.post("/v1/embeddings", json={"model": "siglip", "input": CAPTIONS}).json()
@@ -361,3 +361,34 @@ def test_a_siglip_folder_embeds_texts_and_images_in_process(tmp_path):
         image = http.post("/v1/embeddings", json={"model": "siglip",
                                                   "messages": _image_message(_data_url(picture))}).json()
         assert_close([image["data"][0]["embedding"]], [image_of(picture)])
+
+
+def test_waiting_images_run_as_one_batch_apart_from_texts(tmp_path):
+    """(In process: four requests arrive before the batcher runs: an image, the captions, two images, an image.) The
+    images embed in one call (four, as many as a batch holds), the captions in the next; each vector transformers';
+    a request past the queue's bound is refused, an image as a text."""
+    from tests.family_files import shapes_picture
+
+    folder = _dual_encoder_folder("clip", tmp_path / "clip")
+    text, image_of = _dual_reference(folder, siglip=False)
+    embedder = jf.Embedder.from_pretrained(folder)
+    drawn = (((220, 30, 30), "circle"), ((30, 30, 220), "square"), ((30, 200, 30), "circle"), ((200, 200, 30), ""))
+    pictures = [shapes_picture(colour, shape) for colour, shape in drawn]
+
+    async def four():
+        metrics = Metrics(lambda: 0)
+        loop = EmbeddingLoop(embedder, max_batch=4, max_queue=4, metrics=metrics)
+        rows, skip = _inputs(CAPTIONS, embedder, "", 0)
+        futures = [loop.submit([], [], images=pictures[:1]), loop.submit(rows, skip),
+                   loop.submit([], [], images=pictures[1:3]), loop.submit([], [], images=pictures[3:])]
+        with pytest.raises(Exception, match="queue is full"):
+            loop.submit([], [], images=pictures[:1])
+        loop.start()
+        vectors = await asyncio.gather(*futures)
+        await loop.stop()
+        return vectors, metrics.batches._value.get()
+
+    (first, captions, second, third), batches = asyncio.run(four())
+    assert batches == 2
+    assert_close(np.concatenate([first, second, third]), [image_of(picture) for picture in pictures])
+    assert_close(captions, text)

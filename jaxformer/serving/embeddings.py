@@ -27,8 +27,10 @@ A request's inputs are tokenized (or its token ids checked) in a worker thread, 
 request waiting. Concurrent requests are batched: one asyncio task takes what has arrived (whole requests, up to
 ``max_batch`` inputs; a request holding more runs alone), and ``Embedder.encode_ids`` runs them in a worker thread,
 sorted by length and padded to power-of-two widths and row counts, so the compiled shapes stay few (each compiles on
-first use). At most ``max_queue`` requests wait; more are answered 429; a batch whose call fails answers its
-requests 500 and the server goes on. Errors have OpenAI's shape, and ``--api-key`` guards the ``/v1/`` routes, as
+first use). A dual encoder's images are batched so too, apart from texts (a batch takes the first waiting request's
+kind, the other's wait in order; ``ImageTextEmbedder.encode_images`` pads the images' count). At most
+``max_queue`` requests wait; more are answered 429; a batch whose call fails answers its requests 500 and the
+server goes on. Errors have OpenAI's shape, and ``--api-key`` guards the ``/v1/`` routes, as
 in ``serving.server``.
 """
 
@@ -73,11 +75,17 @@ def matryoshka_widths(config: dict, dimension: int) -> tuple[int, ...] | None:
 
 @dataclasses.dataclass
 class Pending:
-    """One request's inputs, waiting for the batcher: token rows, each row's unpooled prompt tokens, the answer."""
+    """One request's inputs, waiting for the batcher: token rows and each row's unpooled prompt tokens, or (a dual
+    encoder's) ``images``; the answer."""
 
     rows: list[list[int]]
     skip: list[int]
     future: asyncio.Future
+    images: list | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self.rows) if self.images is None else len(self.images)
 
 
 class EmbeddingLoop:
@@ -91,23 +99,35 @@ class EmbeddingLoop:
         self.executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="embed")
         self.task: asyncio.Task | None = None
 
-    def submit(self, rows: list[list[int]], skip: list[int]) -> asyncio.Future:
+    def submit(self, rows: list[list[int]], skip: list[int], images: list | None = None) -> asyncio.Future:
+        """A request's token rows (and their unpooled prompt tokens), or its ``images``: the future of its vectors;
+        429 when ``max_queue`` requests wait."""
         if len(self.waiting) >= self.max_queue:
             raise ApiError(429, f"the queue is full ({self.max_queue} requests waiting); retry later",
                            kind="rate_limit_error", code="queue_full")
-        pending = Pending(rows, skip, asyncio.get_running_loop().create_future())
+        pending = Pending(rows, skip, asyncio.get_running_loop().create_future(), images)
         self.waiting.append(pending)
         self.wake.set()
         return pending.future
 
     def _take(self) -> list[Pending]:
-        """Whole requests in arrival order, up to max_batch inputs (at least the first request)."""
-        batch, count = [], 0
-        while self.waiting and (not batch or count + len(self.waiting[0].rows) <= self.max_batch):
+        """Whole requests of the first waiting one's kind (texts or images), in arrival order, up to max_batch
+        inputs (at least the first request); the other kind's wait, in their order, for a later batch."""
+        batch, count, others = [], 0, collections.deque()
+        while self.waiting:
             pending = self.waiting.popleft()
-            if not pending.future.done():  # a client that went away is skipped
+            if pending.future.done():  # a client that went away is skipped
+                continue
+            if batch and (pending.images is None) != (batch[0].images is None):
+                others.append(pending)
+            elif not batch or count + pending.size <= self.max_batch:
                 batch.append(pending)
-                count += len(pending.rows)
+                count += pending.size
+            else:  # (full: this request and every one after it wait)
+                others.append(pending)
+                others.extend(self.waiting)
+                self.waiting.clear()
+        self.waiting = others
         return batch
 
     async def run(self) -> None:
@@ -120,9 +140,13 @@ class EmbeddingLoop:
             batch = self._take()
             if not batch:
                 continue
-            rows = [row for pending in batch for row in pending.rows]
-            skip = [n for pending in batch for n in pending.skip]
-            embed = functools.partial(self.embedder.encode_ids, rows, self.max_batch, skip=skip)
+            if batch[0].images is not None:  # (a dual encoder's images, in batches of the text rows' size)
+                images = [image for pending in batch for image in pending.images]
+                embed = functools.partial(self.embedder.encode_images, images, batch_size=self.max_batch)
+            else:
+                rows = [row for pending in batch for row in pending.rows]
+                skip = [n for pending in batch for n in pending.skip]
+                embed = functools.partial(self.embedder.encode_ids, rows, self.max_batch, skip=skip)
             try:
                 vectors = await loop.run_in_executor(self.executor, embed)
             except Exception as err:  # this batch's requests answer 500; the server goes on
@@ -134,12 +158,8 @@ class EmbeddingLoop:
             start = 0
             for pending in batch:
                 if not pending.future.done():
-                    pending.future.set_result(vectors[start:start + len(pending.rows)])
-                start += len(pending.rows)
-
-    async def alone(self, call):
-        """``call()`` in the model's worker thread, between batches (an image's embedding)."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, call)
+                    pending.future.set_result(vectors[start:start + pending.size])
+                start += pending.size
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -340,15 +360,15 @@ def create_app(embedder: Embedder, model_name: str, api_key: str | None = None, 
             # meanwhile (an ApiError raised there reaches the client as raised here).
             rows, skip = await asyncio.to_thread(_inputs, text, embedder, prompt, prompt_skip)
             answer = state["loop"].submit(rows, skip)  # (429 when the queue is full)
-        else:  # an image: in the model's thread, between batches
-            answer = state["loop"].alone(functools.partial(embedder.encode_images, [message]))
+        else:  # an image: batched with the images of other requests
+            answer = state["loop"].submit([], [], images=[message])
         try:
             vectors = await answer
         except Exception as err:  # the model call failed: OpenAI's shape of a server error
             raise ApiError(500, f"the embedder failed: {err!r}", kind="server_error") from None
         vectors = vectors[:, :dimensions or _saved_width(embedder) or embedder.dimension]
         tokens = sum(map(len, rows))
-        metrics.inputs.inc(len(rows))
+        metrics.inputs.inc(len(vectors))
         metrics.prompt_tokens.inc(tokens)
         data = [{"object": "embedding", "index": i,
                  "embedding": (base64.b64encode(np.asarray(v, "<f4").tobytes()).decode("ascii")
@@ -362,7 +382,8 @@ def create_app(embedder: Embedder, model_name: str, api_key: str | None = None, 
 def compile_programs(embedder: Embedder | ImageTextEmbedder, max_batch: int) -> tuple[int, float]:
     """Compile every program the batcher can meet: each padded row count up to ``max_batch`` times each padded
     width up to max_seq_length, as ``Embedder.pad_rows`` (a dual encoder's ``padded_width``) buckets them, and a dual
-    encoder's image call (one image). Returns (programs, seconds)."""
+    encoder's image calls, one a padded image count (SigLIP 2's at one patch grid: another compiles on first use).
+    Returns (programs, seconds)."""
     start = time.perf_counter()
     if isinstance(embedder, ImageTextEmbedder):
         from PIL import Image
@@ -372,8 +393,9 @@ def compile_programs(embedder: Embedder | ImageTextEmbedder, max_batch: int) -> 
         for width in widths:
             for count in counts:
                 embedder.encode_ids([[0] * width] * count, max_batch)
-        embedder.encode_images([Image.new("RGB", (32, 32))])
-        return len(widths) * len(counts) + 1, time.perf_counter() - start
+        for count in counts:
+            embedder.encode_images([Image.new("RGB", (32, 32))] * count, batch_size=max_batch)
+        return (len(widths) + 1) * len(counts), time.perf_counter() - start
     pad = embedder.pad_token_id
     widths = {embedder.pad_rows([[pad] * n], 1)[0].shape[1] for n in range(1, embedder.max_seq_length + 1)}
     counts = {embedder.pad_rows([[pad]] * n, max_batch)[0].shape[0] for n in range(1, max_batch + 1)}
