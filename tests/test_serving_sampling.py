@@ -404,6 +404,106 @@ def test_prompt_lookup_drafts_keep_generates_greedy_tokens(models):
         Engine(ours, num_blocks=8, draft_tokens=-1)
 
 
+def _generated(model, prompts, new_tokens):
+    """``model.generate``'s greedy tokens of each prompt: one left-padded batch, one compiled loop."""
+    width = max(map(len, prompts))
+    ids = np.zeros((len(prompts), width), np.int32)
+    mask = np.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
+    return [[int(t) for t in row[width:]] for row in np.asarray(model.generate(ids, mask, max_new_tokens=new_tokens))]
+
+
+def _perturbed(model, noise: float):
+    """A copy of ``model`` with every weight moved by ``noise`` standard normal draws: an assistant whose greedy tokens
+    are often, not always, the model's."""
+    from flax import nnx
+
+    copy = jf.build(model.config, seed=0)
+    leaves, tree = jax.tree.flatten(nnx.state(model))
+    keys = jax.random.split(jax.random.key(3), len(leaves))
+    nnx.update(copy, jax.tree.unflatten(tree, [leaf + noise * jax.random.normal(key, leaf.shape, leaf.dtype)
+                                               for leaf, key in zip(leaves, keys)]))
+    return copy
+
+
+def _drafts_seen(engine, monkeypatch) -> list[tuple[list[int], int, list[int]]]:
+    """Every drafting row's (tokens, how many of them its assistant's pool had not read, draft), as the engine
+    drafts them."""
+    seen, own = [], engine._assistant_drafts
+
+    def drafting(rows):
+        before = [(list(seq.tokens), len(seq.tokens) - seq.drafter_read) for seq, _ in rows]
+        own(rows)
+        seen.extend((tokens, behind, list(seq.draft)) for (tokens, behind), (seq, _) in zip(before, rows))
+    monkeypatch.setattr(engine, "_assistant_drafts", drafting)
+    return seen
+
+
+def test_an_assistant_models_drafts_are_its_own_greedy_tokens_and_keep_generates(models, monkeypatch):
+    """Greedy rows drafted by an assistant model (the target's weights perturbed) beside a seeded draw (which drafts
+    nothing): every row's tokens are generate's, and every draft is the assistant's own greedy continuation of the
+    row's tokens as they stood (``generate`` on the assistant), so its pool held the right keys at every step: after
+    prompt chunks (prompts longer than a chunk, which its pool reads too: it is never more than two tokens behind),
+    after a draft cut short (its tail rewritten) and after a wholly accepted one (two tokens caught up). Some drafts
+    are accepted, not all."""
+    ours, _ = models
+    assistant = _perturbed(ours, 0.01)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 97, n).tolist() for n in (3, 40, 9, 21, 5, 12)]
+    new = 20
+    engine = Engine(ours, num_blocks=64, block_size=BLOCK, max_num_seqs=8, prefill_chunk=16, max_model_len=MAX_LEN,
+                    seed=0, draft_tokens=3, draft_model=assistant)
+    drafts = _drafts_seen(engine, monkeypatch)
+    sampled = (prompts[0], SamplingParams(max_tokens=10, temperature=0.8, seed=9))
+    out = _run(engine, [(p, SamplingParams(max_tokens=new, temperature=0)) for p in prompts] + [sampled])
+    assert [tokens for tokens, _ in out[:-1]] == _generated(ours, prompts, new)
+    assert out[-1] == _run(_engine(ours), [sampled])[0]
+    assert drafts and max(behind for _, behind, _ in drafts) == 2  # (after a wholly accepted draft)
+    for count in {len(draft) for *_, draft in drafts}:  # (a row's last drafts are fewer: max_tokens)
+        rows = [(tokens, draft) for tokens, _, draft in drafts if len(draft) == count]
+        assert [draft for _, draft in rows] == _generated(assistant, [tokens for tokens, _ in rows], count)
+    stats = engine.stats()
+    assert 0 < stats["accepted_drafts"] < stats["drafted"] and stats["blocks_used"] == 0
+    print(f"{stats['accepted_drafts']} of {stats['drafted']} drafts accepted")
+
+
+def test_an_assistant_that_is_the_model_has_every_draft_accepted_through_preemption_and_the_warm_up(models,
+                                                                                                  monkeypatch):
+    """The model as its own assistant: every draft is accepted (its pool never falls out of step with the target's:
+    prompt chunks, caught-up tokens, preemptions that recompute both, blocks shared from the prefix cache), the
+    tokens are generate's, and after the warm-up (the assistant's calls of one and two tokens at every row count,
+    its prompt chunks beside the target's) the requests compile nothing."""
+    ours, _ = models
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 97, n).tolist() for n in (3, 18, 9, 12, 5, 17)]
+    prompts.append(prompts[1][:2 * BLOCK] + [5, 6])  # (its first two blocks from the prefix cache)
+    engine = Engine(ours, num_blocks=10, block_size=BLOCK, max_num_seqs=4, prefill_chunk=16, max_model_len=32,
+                    seed=0, draft_tokens=3, draft_model=ours)
+    programs, _ = engine.warm_up()
+    drafts = _drafts_seen(engine, monkeypatch)
+    out = _run(engine, [(p, SamplingParams(max_tokens=12, temperature=0)) for p in prompts])
+    assert [tokens for tokens, _ in out] == _generated(ours, prompts, 12)
+    stats = engine.stats()
+    assert stats["drafted"] > 0 and stats["accepted_drafts"] == stats["drafted"]
+    assert max(behind for _, behind, _ in drafts) == 2  # (its pool at most two tokens behind the target's)
+    assert engine.preemptions > 0 and engine.shared_blocks > 0 and stats["blocks_used"] == 0
+    assert len(engine.programs) == programs
+
+
+def test_an_assistant_that_cannot_draft_is_refused_by_name(models):
+    ours, _ = models
+    cfg = ours.config
+    cases = [(ours, 0, "give draft_tokens >= 1"),
+             (jf.build(cfg.replace(vocab_size=cfg.vocab_size + 1), seed=0), 3, "its vocabulary .* is larger"),
+             (jf.build(cfg.replace(max_positions=32), seed=0), 3, "it reads 32 positions at most, fewer than "
+                                                                  "max_model_len=64"),
+             (jf.build(cfg.replace(head="none"), seed=0), 3, "head 'none' gives no next-token logits")]
+    for assistant, k, words in cases:
+        with pytest.raises(ValueError, match=f"Engine draft_model .*: {words}"):
+            Engine(ours, num_blocks=8, block_size=BLOCK, max_model_len=MAX_LEN, draft_tokens=k, draft_model=assistant)
+
+
 def test_drafts_take_only_blocks_left_so_drafting_preempts_no_more(models):
     """An earlier greedy request that drafts and a later one, in a pool of 3 blocks of 8: after their prompts (6 and
     8 tokens) one block is free, which the later one needs for its next token. The earlier one's drafts take only

@@ -38,7 +38,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import jax
@@ -293,7 +293,8 @@ class Sequence:
     source: list[int] | None = None
     source_blocks: list[int] = dataclasses.field(default_factory=list)
     encoded: bool = False
-    draft: list[int] = dataclasses.field(default_factory=list)  # this step's prompt-lookup drafts, to verify
+    draft: list[int] = dataclasses.field(default_factory=list)  # this step's drafts, to verify
+    drafter_read: int = 0  # (an assistant model drafts) how many of its tokens are in the drafter's pool
     slot: int = 0  # (a model with linear-attention layers) its state's slot in the engine's pools (0: none yet)
     # (prompt_logprobs asked) each scored prompt position's TokenLogprobs, and whether they went out with a token
     prompt_scores: dict[int, TokenLogprobs] = dataclasses.field(default_factory=dict)
@@ -533,6 +534,45 @@ def _plan(rows: list[tuple[Sequence, int]], shape, call: int, compile_cost: int,
     return least[-1][0], calls[::-1]
 
 
+def paged_pool(cfg, num_blocks: int, block_size: int, kernel: str | None) -> PagedKVCache:
+    """An empty pool of ``num_blocks`` blocks for ``cfg``'s layers that keep per-token keys (multi-head latent
+    attention: one head as wide as a latent and its rotary key, and DeepSeek sparse attention's indexer key beside;
+    linear-attention layers keep none: their states live in slots, ``Engine.states``)."""
+    heads, width = (1, cfg.latent.kv_rank + cfg.latent.rope_head_dim) if cfg.mla else (cfg.kv_heads, cfg.head_dim_)
+    index_width = cfg.indexer.head_dim if cfg.mla and cfg.indexer is not None else 0
+    linear = 0 if cfg.linear_attention is None else len(cfg.linear_attention.layers)
+    return PagedKVCache.empty(cfg.decoder_layers - linear, num_blocks, block_size, heads, width, dtype_of(cfg.dtype),
+                              kernel, latent=cfg.mla, index_width=index_width)
+
+
+def decode_form(model, kernel: str | None, release: bool) -> tuple[tuple, list[Array], Callable]:
+    """``model`` as the engine runs every call: its decode-loop form (on a CPU its layers apart; elsewhere the model
+    itself), on XLA:CPU 1.1-1.2x faster for prompt chunks than the scanned stack (gpt2-124M, 64-256 tokens); a fused
+    paged kernel's form has each layer its own pool, so its layers run apart on every backend. Returns its
+    (graphdef, treedef), its weights as a flat list and its jitted step (``step_program``). ``release``: free the
+    model's buffers this form does not share (one copy of the weights stays; the model cannot run afterwards)."""
+    looping = model.for_decode_loop() if kernel is None else unstacked_decoder(model, always=True)
+    graphdef, weights = nnx.split(looping)
+    leaves, treedef = jax.tree.flatten(weights)
+    if release:
+        kept = {id(leaf) for leaf in leaves}
+        for leaf in jax.tree.leaves(nnx.state(model)):
+            if isinstance(leaf, jax.Array) and id(leaf) not in kept:
+                leaf.delete()
+    return (graphdef, treedef), leaves, step_program(graphdef, treedef, kernel, model.config.mla)
+
+
+@dataclasses.dataclass
+class Drafter:
+    """An assistant model that drafts for greedy rows (``Engine(draft_model=)``): its weights and step program
+    (``decode_form``) and its own pool, read and written through the target's block tables, so a block id holds
+    the same positions in both pools."""
+
+    weights: list[Array]
+    run_step: Callable
+    pool: PagedKVCache
+
+
 class Engine:
     """Continuous batching of generation requests over a paged KV cache (module docstring). ``num_blocks`` blocks
     of ``block_size`` tokens in one pool per layer (block 0 is the null block); at most ``max_num_seqs`` sequences
@@ -545,6 +585,11 @@ class Engine:
     draft up to k tokens a step by prompt lookup (``sampling.prompt_lookup``), verified in the same step (one call
     of every drafting row, each position's greedy token): the output is the same, in fewer steps where drafts
     match; a rejected draft's slots are overwritten later (``stats``: drafts proposed and accepted).
+    ``draft_model``: an assistant model drafts instead (vLLM's draft-model speculative decoding, transformers'
+    ``assistant_model``): a decoder whose tokens are the target's (its vocabulary no larger), k of its greedy
+    tokens a step, one call of all drafting rows each, verified as above. It keeps its own pool of the same blocks
+    (``Drafter``), which every prompt chunk writes too; a row catches up on the tokens it has not read (the
+    target's own token after a draft, two after a wholly accepted one) in its first call of a step.
     ``paged_attention``: what one-token rows attend by (``kernels.paged_kernel``): 'auto' (the backend's fused
     paged kernel where it serves the model: 'pallas-gpu' on NVIDIA GPUs, 'pallas-tpu' on TPUs for bfloat16 models;
     else XLA), 'xla', or a kernel by name (off its platform in Pallas's interpreter, for tests).
@@ -555,7 +600,7 @@ class Engine:
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 16,
                  prefill_chunk: int = 256, prefill_tokens: int | None = None, max_model_len: int | None = None,
                  allow_beyond_max_positions: bool = False, seed: int | None = None, draft_tokens: int = 0,
-                 paged_attention: str = "auto", release_model: bool = False):
+                 draft_model=None, paged_attention: str = "auto", release_model: bool = False):
         cfg = model.config
         problem = paging_problem(model)
         if problem is not None:
@@ -586,15 +631,10 @@ class Engine:
         self.block_size, self.max_num_seqs, self.prefill_chunk = block_size, max_num_seqs, prefill_chunk
         self.prefill_tokens, self.max_model_len = prefill_tokens, max_model_len
         self.max_blocks = -(-self.max_model_len // block_size)  # a sequence's blocks at most
-        # (multi-head latent attention pages its latents: one head as wide as a latent and its rotary key; and
-        # DeepSeek sparse attention its indexer's keys)
-        heads, width = (1, cfg.latent.kv_rank + cfg.latent.rope_head_dim) if cfg.mla else (cfg.kv_heads, cfg.head_dim_)
-        index_width = cfg.indexer.head_dim if cfg.mla and cfg.indexer is not None else 0
+        self.pool = paged_pool(cfg, num_blocks, block_size, self.kernel)
         # (linear-attention layers (Qwen3-Next, Kimi Linear) keep no keys: their fixed-size states live in pools of
         # one slot a running sequence, slot 0 the padding rows')
         linear = 0 if cfg.linear_attention is None else len(cfg.linear_attention.layers)
-        self.pool = PagedKVCache.empty(cfg.decoder_layers - linear, num_blocks, block_size, heads, width,
-                                       dtype_of(cfg.dtype), self.kernel, latent=cfg.mla, index_width=index_width)
         self.states, self.free_slots = None, []
         if linear:
             empty = LinearState.empty(cfg, linear, max_num_seqs + 1, dtype_of(cfg.dtype))
@@ -615,20 +655,17 @@ class Engine:
         if encoder_decoder:
             self.max_source_len = min(limit or math.inf, (self.manager.usable - 1) * block_size)
             self.source_why = why if limit is not None and self.max_source_len == limit else "the pool's size"
-        # every call on the decode-loop form (CPU: layers apart; elsewhere the model itself): one copy of the
-        # weights, and on XLA:CPU prompt chunks ran 1.1-1.2x faster than over the scanned stack (gpt2-124M, 64-256
-        # tokens)
-        # (a fused paged kernel's form: each layer its own pool, so the layers run apart on every backend)
-        looping = model.for_decode_loop() if self.kernel is None else unstacked_decoder(model, always=True)
-        graphdef, weights = nnx.split(looping)
-        self.weights, treedef = jax.tree.flatten(weights)
-        if release_model:
-            kept = {id(leaf) for leaf in self.weights}
-            for leaf in jax.tree.leaves(nnx.state(model)):
-                if isinstance(leaf, jax.Array) and id(leaf) not in kept:
-                    leaf.delete()
-        self.graph = graphdef, treedef
-        self.run_step = step_program(graphdef, treedef, self.kernel, cfg.mla)
+        self.graph, self.weights, self.run_step = decode_form(model, self.kernel, release_model)
+        self.drafter = None
+        if draft_model is not None:
+            problem = self._draft_problem(draft_model)
+            if problem is not None:
+                raise ValueError(f"Engine draft_model {draft_model.config.name!r}: {problem}")
+            kernel = kernels.paged_kernel(paged_attention, draft_model.config)
+            # (the model as its own assistant, a test's: the same weights and programs, a pool of its own)
+            _, weights, run = ((None, self.weights, self.run_step) if draft_model is model
+                               else decode_form(draft_model, kernel, release_model))
+            self.drafter = Drafter(weights, run, paged_pool(draft_model.config, num_blocks, block_size, kernel))
         self.waiting: list[Sequence] = []  # arrival order (a request's id is its place in it)
         self.running: list[Sequence] = []  # admission order
         self.ids = itertools.count()
@@ -641,6 +678,31 @@ class Engine:
         self.copies: list[tuple[int, int]] = []  # (source, target) blocks to copy before the step's calls
 
     # ------------------------------------------------------------------------------------------ requests
+
+    def _draft_problem(self, draft_model) -> str | None:
+        """Why ``draft_model`` cannot draft for this engine's model (None: it can)."""
+        cfg, target = draft_model.config, self.config
+        if self.draft_tokens < 1:
+            return "give draft_tokens >= 1, the tokens it drafts a step"
+        if target.family != "decoder":
+            return f"{target.name!r} is an encoder-decoder, whose rows draft nothing"
+        if self.states is not None:
+            return f"{target.name!r}'s linear-attention states cannot be rewound past a rejected draft"
+        problem = paging_problem(draft_model)
+        if problem is None and cfg.family != "decoder":
+            problem = "an encoder-decoder drafts nothing"
+        if problem is None and cfg.linear_attention is not None:
+            problem = "its linear-attention states cannot be rewound past a rejected draft"
+        if problem is not None:
+            return problem
+        if cfg.vocab_size > target.vocab_size:
+            return (f"its vocabulary ({cfg.vocab_size}) is larger than {target.name!r}'s ({target.vocab_size}): its "
+                    "tokens must be the target's")
+        draft_limit, _ = position_limit(cfg)
+        longest = min(cfg.max_positions, draft_limit or math.inf)
+        if longest < self.max_model_len:
+            return f"it reads {longest} positions at most, fewer than max_model_len={self.max_model_len}"
+        return None
 
     def add_request(self, prompt_ids=None, params: SamplingParams | None = None, source_ids=None) -> int:
         """Queue a request; returns its id. Refused at once (``check_request``). An encoder-decoder's request
@@ -821,7 +883,7 @@ class Engine:
 
     def _free(self, seq: Sequence) -> None:
         self.manager.release(seq.source_blocks + seq.blocks)
-        seq.blocks, seq.keys, seq.computed = [], [], 0
+        seq.blocks, seq.keys, seq.computed, seq.drafter_read = [], [], 0, 0
         seq.source_blocks, seq.encoded = [], False
         if seq.slot:  # (its state is read again only as zeros: a sequence given the slot starts from nothing)
             self.free_slots.append(seq.slot)
@@ -838,6 +900,10 @@ class Engine:
         self.manager.forget(alone)
         k, v = zero_blocks(self.pool.k, self.pool.v, jnp.asarray([NULL_BLOCK, *alone], jnp.int32))
         self.pool = dataclasses.replace(self.pool, k=k, v=v)
+        if self.drafter is not None:  # (its pool: the same blocks)
+            pool = self.drafter.pool
+            k, v = zero_blocks(pool.k, pool.v, jnp.asarray([NULL_BLOCK, *alone], jnp.int32))
+            self.drafter.pool = dataclasses.replace(pool, k=k, v=v)
         for member in members:
             member.finish_reason = "error"
             self._free(member)
@@ -901,6 +967,7 @@ class Engine:
                 if seq.source is None and seq.params.prompt_logprobs is None and self.states is None else 0
             shared = self.manager.cached_prefix(tokens, cacheable)
             seq.blocks, seq.computed = list(shared), len(shared) * self.block_size
+            seq.drafter_read = seq.computed  # (an assistant's pool holds every prompt chunk's keys too)
             seq.keys = self._prefix_keys(tokens, len(shared))
             count = min(len(tokens) - seq.computed, self.prefill_chunk, budget)
             if not self._source_blocks(seq) or not self._blocks_for(seq, count):
@@ -917,19 +984,39 @@ class Engine:
         return self._drafts(work)
 
     def _drafts(self, work: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
-        """``work`` with each drafting row's prompt-lookup drafts (``_draftable``, feeding its one last token) added to
-        its count: as many as fit in its blocks and those still free once every row and admission of the step has
-        its own, so a draft never takes a block another sequence needs this step (it preempts none)."""
-        drafted = []
+        """``work`` with each drafting row's drafts (``_draftable``, feeding its one last token: by prompt lookup or
+        the assistant model, ``_assistant_drafts``) added to its count: as many as fit in its blocks and those still
+        free once every row and admission of the step has its own, so a draft never takes a block another sequence
+        needs this step (it preempts none)."""
+        asked = []
         for seq, count in work:
             if count == 1 and len(seq.tokens) - seq.computed == 1 and self._draftable(seq):
                 room = (len(seq.blocks) + self.manager.available()) * self.block_size - seq.computed - 1
-                seq.draft = prompt_lookup(seq.tokens, min(self.draft_tokens, room,
-                                                          seq.params.max_tokens - len(seq.generated) - 1))
-                self._blocks_for(seq, 1 + len(seq.draft))  # (within room: it gets them)
-                count += len(seq.draft)
-            drafted.append((seq, count))
-        return drafted
+                most = min(self.draft_tokens, room, seq.params.max_tokens - len(seq.generated) - 1)
+                if self.drafter is None:
+                    seq.draft = prompt_lookup(seq.tokens, most)
+                elif most > 0:
+                    asked.append((seq, most))
+                self._blocks_for(seq, 1 + (len(seq.draft) if self.drafter is None else most))  # (within room)
+        if asked:
+            self._assistant_drafts(asked)
+        return [(seq, count + len(seq.draft)) for seq, count in work]
+
+    def _assistant_drafts(self, rows: list[tuple[Sequence, int]]) -> None:
+        """Each row's ``count`` greedy tokens of the assistant model as its ``draft``: one call of every row still
+        drafting a token, each feeding what its pool has not read (at most two tokens a call: the target's last
+        token, and after a wholly accepted draft the draft's last one; a row further behind catches up over calls),
+        so its calls compile two widths."""
+        drafting = rows
+        while drafting:
+            feeds = [(seq, seq.tokens + seq.draft) for seq, _ in drafting]
+            fed = [min(2, len(tokens) - seq.drafter_read) for seq, tokens in feeds]
+            chosen = self._draft_call([(seq, tokens, seq.drafter_read, n) for (seq, tokens), n in zip(feeds, fed)])
+            for (seq, tokens), n, token in zip(feeds, fed, chosen):
+                seq.drafter_read += n
+                if seq.drafter_read == len(tokens):  # (read up to its last token: what follows is a draft)
+                    seq.draft.append(int(token))
+            drafting = [(seq, count) for seq, count in drafting if len(seq.draft) < count]
 
     def _prefix_keys(self, tokens: list[int], blocks: int) -> list[bytes]:
         keys, key = [], None
@@ -1121,16 +1208,8 @@ class Engine:
         widest = self.prefill_chunk if kind in ("prefill", "score") else 1 + self.draft_tokens
         T = 1 if kind == "decode" else _bucket(max(count for _, count in rows), widest)
         M = self._table_width(max(len(seq.blocks) for seq, _ in rows))
-        ids, positions = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
-        valid, tables = np.zeros((B, T), bool), np.full((B, M), NULL_BLOCK, np.int32)
-        lengths = np.zeros(B, np.int32)
-        for r, (seq, count) in enumerate(rows):
-            tokens = seq.tokens + seq.draft
-            ids[r, T - count:] = tokens[seq.computed:seq.computed + count]  # left padded: the last column is real
-            positions[r, T - count:] = np.arange(seq.computed, seq.computed + count)
-            valid[r, T - count:] = True
-            tables[r, :len(seq.blocks)] = seq.blocks
-            lengths[r] = seq.computed
+        inputs = self._inputs([(seq, seq.tokens + seq.draft, seq.computed, count) for seq, count in rows], B, T, M)
+        ids, positions, valid, tables, lengths = inputs
         source = self._source_rows(rows, B)
         targets = None
         if kind == "score":  # each column's next prompt token (-1: the first new token, or padding)
@@ -1150,6 +1229,8 @@ class Engine:
         self.pool, self.states = dataclasses.replace(self.pool, k=k, v=v), states
         self.programs.setdefault((kind, B, T, M, None if source is None else source[0].shape[1]),
                                  time.perf_counter() - started)
+        if self.drafter is not None and kind in ("prefill", "score"):  # its pool reads every prompt chunk too
+            self._draft_call([(seq, seq.tokens, seq.computed, count) for seq, count in rows], inputs)
         chosen, logprobs, beams = out, None, None  # (verify: each position's greedy token)
         if kind != "verify":
             # the rows' settings, built while the model's call runs (the penalties' histories: every id so far, at
@@ -1169,6 +1250,42 @@ class Engine:
         logprobs = None if logprobs is None else tuple(np.asarray(a) for a in logprobs)
         beams = None if kind == "verify" or beams is None else tuple(np.asarray(a) for a in beams)
         return chosen, logprobs, beams, finite, None if scores is None else tuple(np.asarray(a) for a in scores)
+
+    def _inputs(self, feeds: list[tuple[Sequence, list[int], int, int]], B: int, T: int, M: int
+                ) -> tuple[np.ndarray, ...]:
+        """A call's host arrays [B, T] (ids, positions, valid) and [B, M] (block tables), and the tokens each row's
+        pool holds [B], of ``feeds``: (sequence, its tokens, how many of them the pool holds, how many it feeds), left
+        padded (the last column of every real row is real)."""
+        ids, positions = np.zeros((B, T), np.int32), np.zeros((B, T), np.int32)
+        valid, tables = np.zeros((B, T), bool), np.full((B, M), NULL_BLOCK, np.int32)
+        lengths = np.zeros(B, np.int32)
+        for r, (seq, tokens, start, count) in enumerate(feeds):
+            ids[r, T - count:] = tokens[start:start + count]
+            positions[r, T - count:] = np.arange(start, start + count)
+            valid[r, T - count:] = True
+            tables[r, :len(seq.blocks)] = seq.blocks
+            lengths[r] = start
+        return ids, positions, valid, tables, lengths
+
+    def _draft_call(self, feeds: list[tuple[Sequence, list[int], int, int]], inputs: tuple | None = None
+                    ) -> np.ndarray:
+        """The assistant model's call over ``feeds`` (as ``_inputs`` takes them; ``inputs``: a prompt-chunk call's
+        arrays, which it reads too) into its own pool: each row's greedy next token (the checkpoint's bad words
+        banned), or nothing for a prompt chunk's (its pool is all it keeps)."""
+        drafter, chunk = self.drafter, inputs is not None
+        B = _bucket(len(feeds), self.max_num_seqs)
+        T = inputs[0].shape[1] if chunk else max(count for *_, count in feeds)
+        M = inputs[3].shape[1] if chunk else self._table_width(max(len(seq.blocks) for seq, *_ in feeds))
+        ids, positions, valid, tables, lengths = inputs if chunk else self._inputs(feeds, B, T, M)
+        started = time.perf_counter()
+        out, _, k, v, _, _ = drafter.run_step(drafter.weights, drafter.pool.k, drafter.pool.v, ids, positions, valid,
+                                              tables, lengths, None, self.banned, not chunk)
+        drafter.pool = dataclasses.replace(drafter.pool, k=k, v=v)
+        self.programs.setdefault(("draft" if not chunk else "draft prefill", B, T, M), time.perf_counter() - started)
+        for seq, _, start, count in feeds if chunk else ():
+            if seq.drafter_read == start:
+                seq.drafter_read += count
+        return None if chunk else np.asarray(out)[:len(feeds), -1]
 
     def _source_table_width(self, blocks: int) -> int:
         """The source-table width of rows whose sources hold at most ``blocks`` blocks: where each layer reads its
@@ -1207,6 +1324,8 @@ class Engine:
                 self.drafted, self.accepted = self.drafted + len(seq.draft), self.accepted + kept
                 new, count, seq.draft = new[:kept + 1], kept + 1, []
             seq.computed += count
+            # (an assistant's pool read the kept drafts; past them, what it read is overwritten when read again)
+            seq.drafter_read = min(seq.drafter_read, seq.computed)
             # blocks that held rejected drafts alone go back now, not to crowd out another's next token (a chunk's
             # head piece keeps its tail's blocks: the tail runs later in this step)
             spare = seq.blocks[-(-seq.computed // self.block_size):] if drafted else []
@@ -1362,6 +1481,9 @@ class Engine:
         if self.draft_tokens:  # a drafting row's last token and its 1 to k drafts
             shapes += [("verify", count, fed, width) for count in rows
                        for fed in buckets(2, self.draft_tokens + 1, self.draft_tokens + 1) for width in tables]
+        if self.drafter is not None:  # the assistant's calls, each row feeding one token or two (its prompt chunks
+            shapes += [("draft", count, fed, width)  # run beside the target's, at their shapes)
+                       for count in rows for fed in (1, 2) for width in tables]
         return shapes
 
     def warm_up(self, every_prefill: bool = False) -> tuple[int, float]:
@@ -1388,6 +1510,11 @@ class Engine:
                 choices += (beam,)
         drawing = set()  # the row counts whose draws' choices are compiled
         for kind, rows, width, *tables in self.program_shapes(every_prefill):
+            if kind == "draft":
+                stand_ins = [Sequence(-1, [0] * width, greedy, frozenset(), 0, blocks=[NULL_BLOCK] * tables[0])
+                             for _ in range(rows)]
+                self._draft_call([(seq, seq.prompt, 0, width) for seq in stand_ins])
+                continue
             if kind == "encode":
                 self._encode([Sequence(-1, [0], greedy, frozenset(), 0, source=[0] * width,
                                        source_blocks=[NULL_BLOCK] * -(-width // self.block_size))
