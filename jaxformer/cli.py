@@ -600,8 +600,12 @@ def _serve_command(commands) -> None:
                    help="prompt tokens a sequence feeds per step at most (default 256; twice that in all)")
     p.add_argument("--max-queue", type=int, default=1024, help="requests waiting at most; more are answered 429")
     p.add_argument("--draft-tokens", type=int, metavar="K",
-                   help="greedy requests draft up to K tokens a step by prompt lookup, verified in the same step "
-                        "(same output, fewer steps where drafts match; default 0: no drafting)")
+                   help="greedy requests draft up to K tokens a step by prompt lookup (or --assistant-model), "
+                        "verified in the same step (same output, fewer steps where drafts match; default 0: no "
+                        "drafting)")
+    p.add_argument("--assistant-model", metavar="PATH",
+                   help="a smaller decoder sharing the model's tokenizer drafts the --draft-tokens K (its own KV "
+                        "pool of the same blocks, counted by --memory)")
     p.add_argument("--paged-attention", choices=kernels.PAGED_CHOICES,
                    help="what one-token steps attend by: auto (default: the backend's fused paged kernel where it "
                         "serves the model: pallas-gpu on NVIDIA GPUs, pallas-tpu on TPUs for bfloat16 models; else "
@@ -622,7 +626,7 @@ def _serve_command(commands) -> None:
 # serve's flags that set the generation engine (their argparse defaults are None, so a given one is seen)
 GENERATION_ONLY = {"--num-blocks": "num_blocks", "--memory": "memory", "--block-size": "block_size",
                    "--prefill-chunk": "prefill_chunk", "--draft-tokens": "draft_tokens",
-                   "--paged-attention": "paged_attention"}
+                   "--assistant-model": "assistant_model", "--paged-attention": "paged_attention"}
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -663,6 +667,14 @@ def serve(args: argparse.Namespace) -> int:
     defaults = inspect.signature(Engine).parameters  # the engine's own defaults where a flag is not given
     settings = {name: defaults[name].default if getattr(args, name) is None else getattr(args, name)
                 for name in ("block_size", "prefill_chunk", "draft_tokens", "paged_attention")}
+    if args.assistant_model:  # (without tokenizer.json: taken to share the model's, as transformers does)
+        if args.draft_tokens is None:
+            raise ValueError(f"--assistant-model {args.assistant_model}: give --draft-tokens K, the tokens it drafts "
+                             "a step")
+        settings["draft_model"], own_tokenizer = _generation_source(args.assistant_model, None, args.dtype,
+                                                                    need_tokenizer=False)
+        if own_tokenizer is not None and tokenizer is not None:
+            _require_same_vocabulary(args.path, tokenizer, args.assistant_model, own_tokenizer)
     run_server(model, tokenizer, args.path, args.served_model_name or args.path, args.host, args.port, args.api_key,
                args.max_queue, memory=args.memory, warm_up=not args.no_warm_up,
                compilation_cache=args.compilation_cache, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,

@@ -94,6 +94,9 @@ def test_memory_sizes_the_pool_to_the_byte_and_excludes_num_blocks(model):
     engine = Engine(model, num_blocks=blocks, block_size=BLOCK, max_num_seqs=SEQS, max_model_len=MAX_LEN)
     held = engine.pool.k.nbytes + engine.pool.v.nbytes
     assert held == blocks * kv_block_bytes(cfg, BLOCK) <= memory * 2 ** 30 < held + kv_block_bytes(cfg, BLOCK)
+    # (an assistant model's pool holds the same blocks: here as wide as the model's, so half as many fit)
+    assert pool_blocks(cfg, BLOCK, SEQS, memory=memory, draft_cfg=cfg) == int(memory * 2 ** 30
+                                                                              // (2 * kv_block_bytes(cfg, BLOCK)))
     with pytest.raises(ValueError, match="--num-blocks=8 and --memory=0.0003 both size the pool"):
         pool_blocks(cfg, BLOCK, SEQS, num_blocks=8, memory=memory)
     with pytest.raises(ValueError, match="holds 0 blocks"):

@@ -428,7 +428,7 @@ def test_bad_chat_sampling_gets_openai_shaped_errors(client, request_, param, wo
     assert err.value.body["param"] == param and words in err.value.body["message"]
 
 
-def test_ignore_eos_is_taken_and_draft_tokens_reach_the_engine(folder, client, expected, monkeypatch):
+def test_ignore_eos_is_taken_and_draft_tokens_reach_the_engine(folder, client, expected, monkeypatch, capsys):
     import jaxformer.serving.server as server_module
     from jaxformer.cli import main
 
@@ -441,7 +441,29 @@ def test_ignore_eos_is_taken_and_draft_tokens_reach_the_engine(folder, client, e
     settings = {}
     monkeypatch.setattr(server_module, "serve", lambda *args, **kwargs: settings.update(kwargs))
     assert main(["serve", str(folder), "--draft-tokens", "3", "--no-warm-up"]) == 0
-    assert settings["draft_tokens"] == 3
+    assert settings["draft_tokens"] == 3 and "draft_model" not in settings
+    assert main(["serve", str(folder), "--draft-tokens", "2", "--assistant-model", str(folder)]) == 0
+    assert settings["draft_tokens"] == 2 and settings["draft_model"].config.family == "decoder"
+    assert main(["serve", str(folder), "--assistant-model", str(folder)]) == 2
+    assert "--assistant-model" in (error := capsys.readouterr().err) and "give --draft-tokens K" in error
+
+
+def test_an_assistant_model_drafts_for_the_greedy_requests(folder, expected):
+    """``--assistant-model`` (the checkpoint itself, so every draft is kept): greedy completions, one streamed (a
+    step's kept drafts arrive in one chunk, so fewer chunks than tokens), equal generate's; /metrics counts the
+    drafts proposed and kept."""
+    with served(folder, "--served-model-name", NAME, "--max-num-seqs", "4", "--block-size", "8", "--num-blocks", "33",
+                "--prefill-chunk", "16", "--no-warm-up", "--draft-tokens", "2", "--assistant-model",
+                str(folder)) as (_, url):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=120, max_retries=0)
+        for i, prompt in enumerate(PROMPTS[:3]):
+            answer = client.completions.create(model=NAME, prompt=prompt, max_tokens=NEW[i], temperature=0)
+            assert answer.choices[0].text == expected[i](NEW[i])
+        chunks = list(client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=NEW[0], temperature=0,
+                                                stream=True))
+        assert "".join(c.choices[0].text for c in chunks) == expected[0](NEW[0]) and len(chunks) < NEW[0]
+        metrics = _metrics(url)
+    assert metrics["jaxformer_accepted_draft_tokens_total"] == metrics["jaxformer_draft_tokens_total"] > 0
 
 
 def test_sigterm_lets_a_running_stream_finish_then_exits(server, client, expected):

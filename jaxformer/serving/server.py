@@ -423,6 +423,10 @@ class Metrics:
                                           value=stats["preemptions"])
                 yield CounterMetricFamily("jaxformer_programs_compiled", "step programs compiled (one compiled while "
                                           "requests run stalls them for its compile)", value=stats["programs"])
+                yield CounterMetricFamily("jaxformer_draft_tokens", "draft tokens proposed (prompt lookup or the "
+                                          "assistant model)", value=stats["drafted"])
+                yield CounterMetricFamily("jaxformer_accepted_draft_tokens", "draft tokens the model kept",
+                                          value=stats["accepted_drafts"])
 
         self.registry.register(EngineState())
 
@@ -960,11 +964,12 @@ def use_compilation_cache(folder: str | Path) -> None:
 
 
 def pool_blocks(cfg, block_size: int, max_num_seqs: int, num_blocks: int | None = None, memory: float | None = None,
-                max_model_len: int | None = None) -> int:
+                max_model_len: int | None = None, draft_cfg=None) -> int:
     """The blocks of a server's pool: ``num_blocks`` as given, or as many as ``memory`` GiB holds
-    (``kv_block_bytes`` each, the null block among them; linear-attention layers' state slots come out of it first,
-    ``linear_state_bytes``), or by default room for ``max_num_seqs`` sequences at ``max_model_len`` (the engine's
-    default where None) and the null block."""
+    (``kv_block_bytes`` each, and an assistant model's (``draft_cfg``) as many again in its own pool; the null block
+    among them; linear-attention layers' state slots come out of it first, ``linear_state_bytes``), or by default
+    room for ``max_num_seqs`` sequences at ``max_model_len`` (the engine's default where None) and the null
+    block."""
     if memory is None:
         if num_blocks is not None:
             return num_blocks
@@ -975,6 +980,7 @@ def pool_blocks(cfg, block_size: int, max_num_seqs: int, num_blocks: int | None 
     if not isinstance(memory, (int, float)) or not 0 < memory < math.inf:
         raise ValueError(f"--memory={memory!r}: want a number of GiB > 0")
     block, states = kv_block_bytes(cfg, block_size), linear_state_bytes(cfg, max_num_seqs)
+    block += 0 if draft_cfg is None else kv_block_bytes(draft_cfg, block_size)
     blocks = int(max(memory * 2 ** 30 - states, 0) // block)
     if blocks < 2:
         beside = f" beside {states} bytes of linear-attention states ({max_num_seqs + 1} slots)" if states else ""
@@ -997,9 +1003,11 @@ def serve(model, tokenizer, folder: str | Path | None, model_name: str, host: st
 
     if not isinstance(max_queue, int) or max_queue < 1:
         raise ValueError(f"--max-queue={max_queue!r}: want an int >= 1")
+    draft = engine_settings.get("draft_model")
     engine_settings["num_blocks"] = pool_blocks(model.config, engine_settings["block_size"],
                                                 engine_settings["max_num_seqs"], engine_settings.get("num_blocks"),
-                                                memory, engine_settings.get("max_model_len"))
+                                                memory, engine_settings.get("max_model_len"),
+                                                None if draft is None else draft.config)
     if compilation_cache is not None:
         use_compilation_cache(compilation_cache)
     engine = Engine(model, release_model=True, **engine_settings)  # (the caller's model: not run again)
