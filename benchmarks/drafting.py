@@ -37,6 +37,12 @@ With ``--decoding-copy`` jaxformer's sides run on ``model.decoding_copy()`` of b
 
     python benchmarks/drafting.py [--repeats 3] [--new-tokens 128] [--prompts 4] [--k 1 2 3 4 5 6 7 8]
                                   [--retrain] [--decoding-copy] [--json]
+
+``--engine`` measures the serving engine instead (``engine_rows``): greedy requests of held-out prompts through a
+closed loop of each ``--clients`` count, plain against the assistant drafting K = ``max(--k)`` tokens a step
+(``Engine(draft_model=)``) and prompt lookup drafting as many.
+
+    python benchmarks/drafting.py --engine [--k 4] [--clients 1 4 8] [--new-tokens 128] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -339,6 +345,71 @@ def timed(runners: dict[str, list], batch: int, new_tokens: int, repeats: int, l
     return rows
 
 
+def engine_rows(target, assistant, args, log=print) -> dict[str, dict]:
+    """The serving engine's greedy requests (``--engine``): a closed loop of C clients at each ``--clients`` level,
+    each request a held-out prompt and ``--new-tokens`` tokens, plain against drafting K = ``max(--k)`` tokens by
+    the assistant (``Engine(draft_model=)``) and by prompt lookup; each engine warmed up first, the sides timed
+    round-robin (plain, assistant, lookup, plain, ...), each side's median of ``--repeats``."""
+    from jaxformer.serving import Engine, SamplingParams
+
+    k, levels, N = max(args.k), args.clients, args.new_tokens
+    longest = PROMPT + N
+    settings = {"plain": {}, f"assistant K={k}": dict(draft_tokens=k, draft_model=assistant),
+                f"prompt lookup K={k}": dict(draft_tokens=k)}
+    engines = {}
+    for name, extra in settings.items():
+        engines[name] = Engine(target, num_blocks=max(levels) * -(-longest // 16) + 1, block_size=16,
+                               max_num_seqs=max(levels), max_model_len=longest, seed=0, **extra)
+        programs, seconds = engines[name].warm_up()
+        log(f"engine, {name}: {programs} programs warmed in {seconds:.0f} s")
+    rows = {}
+    for clients in levels:
+        prompts = random_prompts(2 * clients, PROMPT, target.config.vocab_size, MEASURE_SEED * 1000 + 500 + clients)
+
+        def run(engine):
+            """Every prompt through ``clients`` concurrent requests: (seconds, tokens by request, drafted, kept)."""
+            pending, live, out = list(prompts), 0, {}
+            drafted, kept = engine.drafted, engine.accepted
+            start = time.perf_counter()
+            while pending or engine.has_unfinished():
+                while pending and live < clients:
+                    engine.add_request(pending.pop(0).tolist(), SamplingParams(max_tokens=N, temperature=0,
+                                                                               ignore_eos=True))
+                    live += 1
+                for result in engine.step():
+                    out.setdefault(result.request_id, []).extend(result.token_ids)
+                    live -= result.finished
+            seconds = time.perf_counter() - start
+            return seconds, sorted(out.values()), engine.drafted - drafted, engine.accepted - kept
+
+        results = {name: [run(engine)] for name, engine in engines.items()}  # (untimed: each one's first pass)
+        for repeat in range(args.repeats):
+            log(f"engine, {clients} clients: repeat {repeat + 1}/{args.repeats}")
+            for name, engine in engines.items():
+                results[name].append(run(engine))
+        plain = results["plain"][0][1]
+        for name, runs in results.items():
+            seconds = statistics.median(r[0] for r in runs[1:])
+            drafted = sum(r[2] for r in runs)
+            rows[f"engine c{clients} {name}"] = dict(
+                clients=clients, tok_s=round(len(prompts) * N / seconds, 1),
+                acceptance=round(sum(r[3] for r in runs) / drafted, 3) if drafted else None,
+                identical=all(r[1] == plain for r in runs))
+        for name in settings:
+            row = rows[f"engine c{clients} {name}"]
+            row["vs_plain"] = round(row["tok_s"] / rows[f"engine c{clients} plain"]["tok_s"], 2)
+        log(engine_table({name: row for name, row in rows.items() if row["clients"] == clients}))
+    return rows
+
+
+def engine_table(rows: dict[str, dict]) -> str:
+    lines = [f"{'clients, decoding':<34} {'tok/s':>8} {'vs plain':>9} {'accepted':>9}  same tokens as plain"]
+    for name, row in rows.items():
+        accepted = "" if row["acceptance"] is None else f"{row['acceptance']:.0%}"
+        lines.append(f"{name:<34} {row['tok_s']:>8.1f} {row['vs_plain']:>8.2f}x {accepted:>9}  {row['identical']}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -348,6 +419,10 @@ def main() -> None:
     parser.add_argument("--retrain", action="store_true", help="distil the assistant again")
     parser.add_argument("--decoding-copy", action="store_true",
                         help="jaxformer's sides on model.decoding_copy() of the target and the assistant")
+    parser.add_argument("--engine", action="store_true",
+                        help="the serving engine instead: plain against drafting by the assistant and by prompt "
+                             "lookup (K = the largest --k), greedy requests in a closed loop of each --clients")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8], help="--engine: concurrent requests")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
@@ -357,6 +432,16 @@ def main() -> None:
     log = (lambda message: None) if args.json else (lambda message: print(message, flush=True))  # noqa: E731
     folders, distillation = distilled_pair(args.retrain, log)
     models = {role: jf.from_pretrained(folder) for role, folder in folders.items()}
+    if args.engine:
+        rows = engine_rows(models["target"], models["assistant"], args, log)
+        if args.json:
+            print(json.dumps(dict(rows=rows, distillation=distillation)))
+            return
+        print(f"\nthe serving engine: target gpt2 (124M, random weights, float32), the distilled assistant (held-out "
+              f"agreement {distillation['agreement']:.1%}); {PROMPT}-token prompts, {args.new_tokens} new tokens, "
+              f"twice as many requests as clients, median of {args.repeats}, round-robin")
+        print(engine_table(rows))
+        return
     if args.decoding_copy:
         models = {role: model.decoding_copy() for role, model in models.items()}
     rows = measure(models["target"], models["assistant"], folders, args, log)
