@@ -336,6 +336,18 @@ def test_latent_and_linear_stacks_are_served_with_generates_tokens(stack):
             engine.add_request(prompts[0], SamplingParams(temperature=0, beam_width=2))
 
 
+def _latent_requests_give_generates_tokens(model, seed: int) -> None:
+    """Four greedy requests (one longer than a prompt chunk) through 8 rows of a latent-attention model give
+    generate's tokens and free every block."""
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(1, model.config.vocab_size, n).astype(np.int32) for n in (3, 40, 9, 21)]
+    engine = _engine(model, num_blocks=40, max_num_seqs=8)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in prompts]
+    out = engine.run()
+    assert [out[request] for request in ids] == _generated(model, prompts, 8, eos_token_id=None)
+    assert engine.pool.latent and _all_freed(engine)
+
+
 def test_kimi_linears_latent_and_linear_layers_serve_generates_tokens(tmp_path):
     """Kimi Linear as published (tiny): Kimi Delta Attention layers, their states in slots, beside multi-head latent
     attention layers, their latents paged; greedy requests (one longer than a prompt chunk) give generate's tokens."""
@@ -343,13 +355,7 @@ def test_kimi_linears_latent_and_linear_layers_serve_generates_tokens(tmp_path):
 
     model = jf.from_pretrained(save_checkpoint("kimi_linear", tmp_path))
     assert model.config.mla and model.config.linear_attention is not None
-    rng = np.random.default_rng(4)
-    prompts = [rng.integers(1, model.config.vocab_size, n).astype(np.int32) for n in (3, 40, 9, 21)]
-    engine = _engine(model, num_blocks=40, max_num_seqs=8)
-    ids = [engine.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in prompts]
-    out = engine.run()
-    assert [out[request] for request in ids] == _generated(model, prompts, 8, eos_token_id=None)
-    assert engine.pool.latent and _all_freed(engine)
+    _latent_requests_give_generates_tokens(model, seed=4)
 
 
 def test_mistral_large_4s_position_scaled_sparse_latent_layers_serve_generates_tokens(tmp_path):
@@ -365,13 +371,7 @@ def test_mistral_large_4s_position_scaled_sparse_latent_layers_serve_generates_t
     assert text.config.latent.query_log_position_scale and text.config.latent.indexer is not None
     model = jf.build(text.config.replace(head="lm"), seed=0)
     nnx.update(model, nnx.state(text))  # every weight but the new head's
-    rng = np.random.default_rng(5)
-    prompts = [rng.integers(1, model.config.vocab_size, n).astype(np.int32) for n in (3, 40, 9, 21)]
-    engine = _engine(model, num_blocks=40, max_num_seqs=8)
-    ids = [engine.add_request(p, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)) for p in prompts]
-    out = engine.run()
-    assert [out[request] for request in ids] == _generated(model, prompts, 8, eos_token_id=None)
-    assert engine.pool.latent and _all_freed(engine)
+    _latent_requests_give_generates_tokens(model, seed=5)
 
 
 def test_windowed_layers_page_in_full_and_read_what_their_ring_holds():
