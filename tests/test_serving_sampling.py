@@ -491,6 +491,36 @@ def test_an_assistant_that_is_the_model_has_every_draft_accepted_through_preempt
     assert len(engine.programs) == programs
 
 
+@pytest.mark.parametrize("first", ["greedy", "sampled"])
+def test_an_assistants_pool_follows_one_token_prompt_chunks_and_blocks_shared_from_another_answer(models, monkeypatch,
+                                                                                                   first):
+    """The model as its own assistant (so a draft is rejected only where its pool holds a wrong key). A prompt budget
+    of 17 tokens a step cuts a prompt into chunks of one token now and then (run as one-token calls, which the
+    assistant reads too); then a second turn's prompt, the first request's prompt and answer and one more token, takes
+    the first answer's blocks from the prefix cache, whose tokens the assistant did not read (a sampled answer's;
+    a greedy one's last drafted step): it reads them with the prompt's chunk, so no row's assistant is more than two
+    tokens behind when it drafts. Every draft is kept; the tokens are generate's."""
+    ours, _ = models
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(3, 97, n).tolist() for n in (16, 40)]
+    engine = Engine(ours, num_blocks=40, block_size=BLOCK, max_num_seqs=4, prefill_chunk=16, prefill_tokens=17,
+                    max_model_len=MAX_LEN, seed=0, draft_tokens=3, draft_model=ours)
+    drafts = _drafts_seen(engine, monkeypatch)
+    params = SamplingParams(max_tokens=10, temperature=0) if first == "greedy" else \
+        SamplingParams(max_tokens=10, temperature=0.8, seed=1)
+    out = _run(engine, [(p, params if i == 0 else SamplingParams(max_tokens=10, temperature=0))
+                        for i, p in enumerate(prompts)])
+    second = prompts[0] + out[0][0] + [5]
+    before = engine.shared_blocks
+    [(tokens, _)] = _run(engine, [(second, SamplingParams(max_tokens=12, temperature=0))])
+    assert engine.shared_blocks - before == 3  # (the prompt's two blocks and the answer's first)
+    expected = _generated(ours, [prompts[1], second], 12)
+    assert out[1][0] == expected[0][:10] and tokens == expected[1]
+    stats = engine.stats()
+    assert stats["drafted"] > 0 and stats["accepted_drafts"] == stats["drafted"]
+    assert max(behind for _, behind, _ in drafts) <= 2  # (caught up before the row drafts: with the prompt's chunk)
+
+
 def test_an_assistant_that_cannot_draft_is_refused_by_name(models):
     ours, _ = models
     cfg = ours.config

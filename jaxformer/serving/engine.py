@@ -666,6 +666,10 @@ class Engine:
             _, weights, run = ((None, self.weights, self.run_step) if draft_model is model
                                else decode_form(draft_model, kernel, release_model))
             self.drafter = Drafter(weights, run, paged_pool(draft_model.config, num_blocks, block_size, kernel))
+        # the prefix-cached blocks whose every slot the assistant's pool holds for their tokens (``_advance``): a
+        # sequence sharing them starts its assistant there, not at a block a non-drafting row (or one ended
+        # before its assistant caught up) left without them
+        self.drafter_blocks: set[int] = set()
         self.waiting: list[Sequence] = []  # arrival order (a request's id is its place in it)
         self.running: list[Sequence] = []  # admission order
         self.ids = itertools.count()
@@ -865,12 +869,18 @@ class Engine:
         if need + shared > self.manager.available():
             return False
         if shared:
-            block = self.manager.allocate()
+            block = self._allocate()
             self.copies.append((seq.blocks[at], block))
             self.manager.release([seq.blocks[at]])
             seq.blocks[at] = block
-        seq.blocks += [self.manager.allocate() for _ in range(need)]
+        seq.blocks += [self._allocate() for _ in range(need)]
         return True
+
+    def _allocate(self) -> int:
+        """A free block (``BlockManager.allocate``), whose assistant keys, if any, are a former owner's."""
+        block = self.manager.allocate()
+        self.drafter_blocks.discard(block)
+        return block
 
     def _source_blocks(self, seq: Sequence) -> bool:
         """Give an encoder-decoder's admitted ``seq`` the blocks its source's keys and values go to (written by
@@ -878,7 +888,7 @@ class Engine:
         need = 0 if seq.source is None else -(-len(seq.source) // self.block_size)
         if need > self.manager.available():
             return False
-        seq.source_blocks = [self.manager.allocate() for _ in range(need)]
+        seq.source_blocks = [self._allocate() for _ in range(need)]
         return True
 
     def _free(self, seq: Sequence) -> None:
@@ -904,6 +914,7 @@ class Engine:
             pool = self.drafter.pool
             k, v = zero_blocks(pool.k, pool.v, jnp.asarray([NULL_BLOCK, *alone], jnp.int32))
             self.drafter.pool = dataclasses.replace(pool, k=k, v=v)
+            self.drafter_blocks.difference_update(alone)
         for member in members:
             member.finish_reason = "error"
             self._free(member)
@@ -967,7 +978,8 @@ class Engine:
                 if seq.source is None and seq.params.prompt_logprobs is None and self.states is None else 0
             shared = self.manager.cached_prefix(tokens, cacheable)
             seq.blocks, seq.computed = list(shared), len(shared) * self.block_size
-            seq.drafter_read = seq.computed  # (an assistant's pool holds every prompt chunk's keys too)
+            seq.drafter_read = self.block_size * next(  # (up to the first shared block its pool lacks)
+                (i for i, block in enumerate(shared) if block not in self.drafter_blocks), len(shared))
             seq.keys = self._prefix_keys(tokens, len(shared))
             count = min(len(tokens) - seq.computed, self.prefill_chunk, budget)
             if not self._source_blocks(seq) or not self._blocks_for(seq, count):
@@ -1007,13 +1019,14 @@ class Engine:
         drafting a token, each feeding what its pool has not read (at most two tokens a call: the target's last
         token, and after a wholly accepted draft the draft's last one; a row further behind catches up over calls),
         so its calls compile two widths."""
+        for seq, _ in rows:
+            self._catch_up(seq, len(seq.tokens) - 1)
         drafting = rows
         while drafting:
             feeds = [(seq, seq.tokens + seq.draft) for seq, _ in drafting]
             fed = [min(2, len(tokens) - seq.drafter_read) for seq, tokens in feeds]
             chosen = self._draft_call([(seq, tokens, seq.drafter_read, n) for (seq, tokens), n in zip(feeds, fed)])
-            for (seq, tokens), n, token in zip(feeds, fed, chosen):
-                seq.drafter_read += n
+            for (seq, tokens), token in zip(feeds, chosen):
                 if seq.drafter_read == len(tokens):  # (read up to its last token: what follows is a draft)
                     seq.draft.append(int(token))
             drafting = [(seq, count) for seq, count in drafting if len(seq.draft) < count]
@@ -1230,6 +1243,8 @@ class Engine:
         self.programs.setdefault((kind, B, T, M, None if source is None else source[0].shape[1]),
                                  time.perf_counter() - started)
         if self.drafter is not None and kind in ("prefill", "score"):  # its pool reads every prompt chunk too
+            for seq, _ in rows:  # (first what it lacks before the chunk: a shared block it holds no keys of)
+                self._catch_up(seq, seq.computed)
             self._draft_call([(seq, seq.tokens, seq.computed, count) for seq, count in rows], inputs)
         chosen, logprobs, beams = out, None, None  # (verify: each position's greedy token)
         if kind != "verify":
@@ -1267,11 +1282,25 @@ class Engine:
             lengths[r] = start
         return ids, positions, valid, tables, lengths
 
+    def _catch_up(self, seq: Sequence, upto: int) -> None:
+        """Let the assistant's pool read ``seq``'s tokens up to ``upto`` where it lags further (blocks shared from the
+        prefix cache that it holds no keys of: a sampled row's generated tokens), in one-row calls of the widths
+        its prompt chunks and drafting calls compiled."""
+        while seq.drafter_read < upto:
+            count = min(upto - seq.drafter_read, self.prefill_chunk)
+            feed = [(seq, seq.tokens, seq.drafter_read, count)]
+            if count <= 2:
+                self._draft_call(feed)
+            else:
+                self._draft_call(feed, self._inputs(feed, 1, _bucket(count, self.prefill_chunk),
+                                                    self._table_width(len(seq.blocks))))
+
     def _draft_call(self, feeds: list[tuple[Sequence, list[int], int, int]], inputs: tuple | None = None
                     ) -> np.ndarray:
         """The assistant model's call over ``feeds`` (as ``_inputs`` takes them; ``inputs``: a prompt-chunk call's
-        arrays, which it reads too) into its own pool: each row's greedy next token (the checkpoint's bad words
-        banned), or nothing for a prompt chunk's (its pool is all it keeps)."""
+        arrays, which it reads too) into its own pool, each row's ``drafter_read`` past what it fed where that
+        continued it: each row's greedy next token (the checkpoint's bad words banned), or nothing for a prompt
+        chunk's (its pool is all it keeps)."""
         drafter, chunk = self.drafter, inputs is not None
         B = _bucket(len(feeds), self.max_num_seqs)
         T = inputs[0].shape[1] if chunk else max(count for *_, count in feeds)
@@ -1282,7 +1311,7 @@ class Engine:
                                               tables, lengths, None, self.banned, not chunk)
         drafter.pool = dataclasses.replace(drafter.pool, k=k, v=v)
         self.programs.setdefault(("draft" if not chunk else "draft prefill", B, T, M), time.perf_counter() - started)
-        for seq, _, start, count in feeds if chunk else ():
+        for seq, _, start, count in feeds:
             if seq.drafter_read == start:
                 seq.drafter_read += count
         return None if chunk else np.asarray(out)[:len(feeds), -1]
@@ -1340,6 +1369,8 @@ class Engine:
                 seq.keys.append(self.manager.chain(seq.keys[-1] if seq.keys else None,
                                                    tokens[b * self.block_size:(b + 1) * self.block_size]))
                 self.manager.remember(seq.blocks[b], seq.keys[-1])
+            if self.drafter is not None:  # (its pool's keys up to drafter_read are the verified tokens')
+                self.drafter_blocks.update(seq.blocks[:min(len(seq.keys), seq.drafter_read // self.block_size)])
             if seq.computed < len(tokens):  # a prompt chunk short of the prompt's end: no token yet
                 continue
             if seq.group is not None:
