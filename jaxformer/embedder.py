@@ -378,13 +378,18 @@ class ImageTextEmbedder:
     def encode_images(self, images, normalize_embeddings: bool = False, batch_size: int = 32) -> np.ndarray:
         """Image embeddings as float32 numpy [N, D] (PIL images or arrays, as ``jaxformer.vision.ImageProcessor``
         reads them; one image gives [D]), in batches of at most ``batch_size`` images padded to power-of-two counts
-        (blank filler images, their vectors dropped), so a server compiles a few shapes."""
+        (blank filler images, their vectors dropped), so a server compiles a few shapes (SigLIP 2's NaFlex images:
+        unpadded, each batch's patch grids its own program)."""
         inputs = self.processor(images)
         naflex = {key: inputs[key] for key in ("pixel_attention_mask", "spatial_shapes") if key in inputs}  # SigLIP2
         single = not isinstance(images, (list, tuple)) and np.ndim(images) < 4
-        if naflex:  # (each image's patch grid shapes the program: read on the host, so run as it comes)
-            features = self.model.get_image_features(inputs["pixel_values"], **naflex).pooler_output
-            return self._finish(features, normalize_embeddings, single)
+        if naflex:  # (each image's patch grid shapes the program: read on the host, so run as it comes, unpadded)
+            pixels = inputs["pixel_values"]
+            features = [self.model.get_image_features(pixels[start:start + batch_size],
+                                                      **{key: value[start:start + batch_size]
+                                                         for key, value in naflex.items()}).pooler_output
+                        for start in range(0, len(pixels), batch_size)]
+            return self._finish(np.concatenate([np.asarray(f) for f in features]), normalize_embeddings, single)
         pixels = inputs["pixel_values"]  # (a list where the sizes differ, not resized: each image its own call)
         groups = [np.asarray(image)[None] for image in pixels] if isinstance(pixels, list) else [np.asarray(pixels)]
         batches = []

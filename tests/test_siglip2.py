@@ -185,7 +185,8 @@ def test_compare_cli_prepares_a_naflex_image(checkpoints, tmp_path, capsys):
 
 
 def test_the_image_text_embedder_reads_naflex_images(pair):
-    """jf.ImageTextEmbedder's image features (its processor's mask and grids passed on) equal transformers'."""
+    """jf.ImageTextEmbedder's image features (its processor's mask and grids passed on) equal transformers', in one
+    call or one an image."""
     model, reference = pair
     images = [_drawing(47, 91), _drawing(130, 40)]
     embedder = jf.ImageTextEmbedder(model, None, ImageProcessor.from_dict(PROCESSOR))
@@ -193,3 +194,4 @@ def test_the_image_text_embedder_reads_naflex_images(pair):
     with torch.no_grad():
         expected = reference.get_image_features(**inputs).pooler_output.numpy()
     assert np.abs(embedder.encode_images(images) - expected).max() <= TOLERANCE
+    assert np.abs(embedder.encode_images(images, batch_size=1) - expected).max() <= TOLERANCE  # (a call an image)
