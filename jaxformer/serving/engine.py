@@ -1017,8 +1017,8 @@ class Engine:
     def _assistant_drafts(self, rows: list[tuple[Sequence, int]]) -> None:
         """Each row's ``count`` greedy tokens of the assistant model as its ``draft``: one call of every row still
         drafting a token, each feeding what its pool has not read (at most two tokens a call: the target's last
-        token, and after a wholly accepted draft the draft's last one; a row further behind catches up over calls),
-        so its calls compile two widths."""
+        token, and after a wholly accepted draft the draft's last one; a row further behind reads the rest first,
+        ``_catch_up``), so its calls compile two widths."""
         for seq, _ in rows:
             self._catch_up(seq, len(seq.tokens) - 1)
         drafting = rows
@@ -1296,7 +1296,7 @@ class Engine:
                                                     self._table_width(len(seq.blocks))))
 
     def _draft_call(self, feeds: list[tuple[Sequence, list[int], int, int]], inputs: tuple | None = None
-                    ) -> np.ndarray:
+                    ) -> np.ndarray | None:
         """The assistant model's call over ``feeds`` (as ``_inputs`` takes them; ``inputs``: a prompt-chunk call's
         arrays, which it reads too) into its own pool, each row's ``drafter_read`` past what it fed where that
         continued it: each row's greedy next token (the checkpoint's bad words banned), or nothing for a prompt
