@@ -383,14 +383,14 @@ class ImageTextEmbedder:
         inputs = self.processor(images)
         naflex = {key: inputs[key] for key in ("pixel_attention_mask", "spatial_shapes") if key in inputs}  # SigLIP2
         single = not isinstance(images, (list, tuple)) and np.ndim(images) < 4
+        pixels = inputs["pixel_values"]
         if naflex:  # (each image's patch grid shapes the program: read on the host, so run as it comes, unpadded)
-            pixels = inputs["pixel_values"]
             features = [self.model.get_image_features(pixels[start:start + batch_size],
                                                       **{key: value[start:start + batch_size]
                                                          for key, value in naflex.items()}).pooler_output
                         for start in range(0, len(pixels), batch_size)]
             return self._finish(np.concatenate([np.asarray(f) for f in features]), normalize_embeddings, single)
-        pixels = inputs["pixel_values"]  # (a list where the sizes differ, not resized: each image its own call)
+        # (a list where the sizes differ, not resized: each image its own call)
         groups = [np.asarray(image)[None] for image in pixels] if isinstance(pixels, list) else [np.asarray(pixels)]
         batches = []
         for group in groups:

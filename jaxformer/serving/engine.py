@@ -1007,9 +1007,10 @@ class Engine:
                 most = min(self.draft_tokens, room, seq.params.max_tokens - len(seq.generated) - 1)
                 if self.drafter is None:
                     seq.draft = prompt_lookup(seq.tokens, most)
+                    most = len(seq.draft)
                 elif most > 0:
                     asked.append((seq, most))
-                self._blocks_for(seq, 1 + (len(seq.draft) if self.drafter is None else most))  # (within room)
+                self._blocks_for(seq, 1 + most)  # (within room: it gets them)
         if asked:
             self._assistant_drafts(asked)
         return [(seq, count + len(seq.draft)) for seq, count in work]

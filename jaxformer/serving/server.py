@@ -50,6 +50,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
+from jaxformer.cache import LinearState
 from jaxformer.interop.tokenizer import Languages, tokenizer_settings
 from jaxformer.layers import dtype_of
 from jaxformer.serving.engine import Engine, RequestOutput, SamplingParams
@@ -948,12 +949,11 @@ def linear_state_bytes(cfg, max_num_seqs: int) -> int:
     """The bytes of the engine's linear-attention state slots (0 without linear-attention layers): one slot a running
     sequence and the padding rows' (``LinearState``: each layer's convolution inputs at the model's dtype and its
     float32 state matrices), allocated whatever the pool."""
-    linear = cfg.linear_attention
-    if linear is None:
+    if cfg.linear_attention is None:
         return 0
-    conv = (linear.conv_kernel - 1) * linear.conv_width * np.dtype(dtype_of(cfg.dtype)).itemsize
-    state = linear.value_heads * linear.key_head_dim * linear.value_head_dim * 4
-    return (max_num_seqs + 1) * len(linear.layers) * (conv + state)
+    slots = jax.eval_shape(lambda: LinearState.empty(cfg, len(cfg.linear_attention.layers), max_num_seqs + 1,
+                                                     dtype_of(cfg.dtype)))  # (the engine's, not allocated)
+    return sum(math.prod(part.shape) * part.dtype.itemsize for part in jax.tree.leaves(slots))
 
 
 def use_compilation_cache(folder: str | Path) -> None:
