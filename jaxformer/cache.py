@@ -61,11 +61,14 @@ class LayerArrays:
 @dataclasses.dataclass(frozen=True)
 class PagedTarget:
     """Where a step's T tokens a row go in a paged pool: their blocks and offsets in them [B, T] (padding: the null
-    block) and each row's token count once they are written [B] (what a fused paged kernel reads up to)."""
+    block), each row's token count once they are written [B] (what a fused paged kernel of one query a row reads up
+    to) and each token's position [B, T] (-1: padding; a kernel of several queries a row reads each one's slots up
+    to its own)."""
 
     blocks: Array
     offsets: Array
     lengths: Array
+    positions: Array
 
     @classmethod
     def of(cls, tables: Array, block_size: int, positions: Array, valid: Array, lengths: Array) -> PagedTarget:
@@ -74,7 +77,8 @@ class PagedTarget:
         offset ``p % block_size``), padding to the null block (block 0, never handed out)."""
         slots = jnp.where(valid, positions, 0)
         blocks = jnp.where(valid, jnp.take_along_axis(tables, slots // block_size, axis=1), 0)
-        return cls(blocks, slots % block_size, lengths + jnp.sum(valid, axis=1, dtype=jnp.int32))
+        return cls(blocks, slots % block_size, lengths + jnp.sum(valid, axis=1, dtype=jnp.int32),
+                   jnp.where(valid, positions, -1).astype(jnp.int32))
 
     def put(self, pool: Array, new: Array) -> Array:
         """A layer's own pool [K, N, block_size, H] with the tokens ``new`` [B, K, T, H] written at these slots."""

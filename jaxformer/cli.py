@@ -607,10 +607,11 @@ def _serve_command(commands) -> None:
                    help="a smaller decoder sharing the model's tokenizer drafts the --draft-tokens K (its own KV "
                         "pool of the same blocks, counted by --memory)")
     p.add_argument("--paged-attention", choices=kernels.PAGED_CHOICES,
-                   help="what one-token steps attend by: auto (default: the backend's fused paged kernel where it "
-                        "serves the model: pallas-gpu on NVIDIA GPUs, pallas-tpu on TPUs for bfloat16 models; else "
-                        "XLA), xla, or a kernel by name (JAX's Pallas paged attention; off its platform in Pallas's "
-                        "interpreter, for tests)")
+                   help="what the steps read the paged cache by: auto (default: the backend's fused paged kernel "
+                        "where it serves the model: pallas-gpu on NVIDIA GPUs and pallas-tpu on TPUs for one-token "
+                        "steps of bfloat16 models, ffi-cpu on CPUs for every step of float32 ones, C++ built on "
+                        "first use with $CXX; else XLA), xla, or a kernel by name (a Pallas one off its platform in "
+                        "Pallas's interpreter, for tests)")
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1/ routes")
     p.add_argument("--no-warm-up", action="store_true",
                    help="listen at once; each program compiles on first use (the first requests wait for it)")

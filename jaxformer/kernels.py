@@ -31,6 +31,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxformer.layer_plan import layer_plan
 from jaxformer.model_config import ModelConfig
@@ -463,20 +464,22 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
 # --------------------------------------------------------------------------------------------------
 # Paged attention (the serving engine's one-token steps)
 
-# The fused paged attention each backend has (``paged_kernel``), both JAX's Pallas kernels of one query a row over a
-# layer's pool [K, N, block, H]: on NVIDIA GPUs ``jax.experimental.pallas.ops.gpu.paged_attention`` (Triton), on TPUs
-# ``ops.tpu.paged_attention`` (Mosaic; it reads keys and values in bfloat16). XLA:CPU reads the pool its own way
-# (``attention._paged_part``). TPU's ragged paged attention (prompt chunks and one-token rows in one call) is not
-# wired: docs/serving.md says why.
-PAGED_KERNELS = {"gpu": "pallas-gpu", "tpu": "pallas-tpu"}
+# The fused paged attention each backend has (``paged_kernel``), each over a layer's pool [K, N, block, H]: on NVIDIA
+# GPUs ``jax.experimental.pallas.ops.gpu.paged_attention`` (Triton), on TPUs ``ops.tpu.paged_attention`` (Mosaic; it
+# reads keys and values in bfloat16), both one query a row; on CPUs ours in C++ through XLA's FFI
+# (``jaxformer.native``, float32), any number of queries a row, so prompt chunks and drafts read by it too. XLA's
+# own paged read (``attention._paged_part``) serves the rest. TPU's ragged paged attention (prompt chunks and
+# one-token rows in one call) is not wired: docs/serving.md says why.
+PAGED_KERNELS = {"gpu": "pallas-gpu", "tpu": "pallas-tpu", "cpu": "ffi-cpu"}
 PAGED_CHOICES = ("auto", "xla", *PAGED_KERNELS.values())
+MANY_QUERY_KERNELS = frozenset({"ffi-cpu"})  # kernels that read several queries a row (prompt chunks, drafts)
 
 
 def paged_kernel(choice: str, cfg: ModelConfig) -> str | None:
     """The fused paged kernel a serving engine's one-token steps run for ``cfg`` (None: XLA's paged read).
     'auto': this backend's kernel where it serves the model (``paged_kernel_refuses``), else XLA; 'xla': XLA;
-    a kernel's name: that kernel (off its platform in Pallas's interpreter: for tests), a ValueError where it
-    cannot serve the model."""
+    a kernel's name: that kernel (a Pallas one off its platform in Pallas's interpreter: for tests), a ValueError
+    where it cannot serve the model."""
     if choice not in PAGED_CHOICES:
         raise ValueError(f"paged attention {choice!r}: want one of {', '.join(PAGED_CHOICES)}")
     if choice == "xla":
@@ -497,6 +500,8 @@ def paged_kernel_refuses(cfg: ModelConfig, kernel: str) -> str | None:
         return f"it reads a decoder's own keys; a {cfg.family} attends to its source on XLA"
     if cfg.mla:
         return "multi-head latent attention caches latents, not per-head keys and values"
+    if cfg.linear_attention is not None:
+        return "its linear-attention layers' states ride beside the stacked pool, which the kernel form splits"
     kinds = {spec.attention for spec in layer_plan(cfg, cfg.attention, cfg.decoder_layers).layers}
     if kinds != {"causal"}:
         return f"its layers attend {', '.join(sorted(kinds - {'causal'}))}, not plainly causal over every slot"
@@ -508,6 +513,14 @@ def paged_kernel_refuses(cfg: ModelConfig, kernel: str) -> str | None:
         return f"its value heads ({cfg.value_dim}) are not as wide as its key heads ({cfg.head_dim_})"
     if kernel == "pallas-tpu" and cfg.dtype != "bfloat16":
         return f"the kernel reads keys and values in bfloat16, which would round a {cfg.dtype} model's"
+    if kernel == "ffi-cpu":
+        if platform() != "cpu":
+            return f"it is a CPU kernel (XLA's FFI on the host), and this backend is {platform()}"
+        if cfg.dtype != "float32":
+            return f"it reads float32 keys and values, not a {cfg.dtype} model's"
+        from jaxformer import native
+
+        return native.paged_attention()  # (None once built and registered, else why not)
     tile = {"pallas-gpu": ("gpu", 16), "pallas-tpu": ("tpu", 128)}[kernel]
     if platform() == tile[0] and cfg.head_dim_ % tile[1]:
         return f"its head size {cfg.head_dim_} is not a multiple of {tile[1]} (the kernel's tiles)"
@@ -515,10 +528,20 @@ def paged_kernel_refuses(cfg: ModelConfig, kernel: str) -> str | None:
 
 
 def paged_attention(q: Array, k, v, scale: float, softcap: float | None) -> Array:
-    """Attention [B, 1, N, H] of one query a row, q [B, 1, N, H], over the rows' paged keys and values ``k``, ``v``
-    (``cache.PagedRows`` of a layer's own pool, this step's token written: each row's slots up to its
-    ``target.lengths``), by the kernel they name, off its platform in Pallas's interpreter. A padding row's output
-    is never read."""
+    """Attention [B, T, N, H] of queries q [B, T, N, H] (T = 1 but for ``MANY_QUERY_KERNELS``) over the rows' paged
+    keys and values ``k``, ``v`` (``cache.PagedRows`` of a layer's own pool, this step's tokens written: each
+    query's slots up to its position, each row's up to its ``target.lengths``), by the kernel they name, a Pallas
+    one off its platform in Pallas's interpreter. A padding row's (or query's) output is never read."""
+    if k.kernel == "ffi-cpu":
+        from jaxformer import native
+
+        problem = native.paged_attention()  # (registers it: paged_kernel normally has)
+        if problem is not None:
+            raise ValueError(f"paged attention 'ffi-cpu': {problem}")
+        out = jax.ffi.ffi_call(native.TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))(
+            q.astype(jnp.float32), k.pool, v.pool, k.tables, k.target.positions, scale=np.float32(scale),
+            softcap=np.float32(softcap or 0.0))
+        return out.astype(q.dtype)
     pages, lengths = k.tables.shape[1], k.target.lengths
     scaled = (q[:, 0].astype(jnp.float32) * scale).astype(q.dtype)  # neither kernel takes a scale
     if k.kernel == "pallas-gpu":

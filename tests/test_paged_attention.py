@@ -84,30 +84,33 @@ def test_a_paged_step_gives_a_kv_cache_steps_logits(model, loop, chunk_slots, ro
     assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + (np.asarray(PROMPTS) > 0))
 
 
-@pytest.mark.parametrize("chunk_slots", [2 * BLOCK, None], ids=["chunks", "whole_tables"])
-def test_a_fused_kernel_step_writes_its_token_then_reads_as_xla_does(model, chunk_slots, monkeypatch):
-    """The fused-kernel form (``kernels.paged_kernel``: each layer its own pool [K, N, block, H]; in a one-token step
-    each layer writes its token, then JAX's Pallas GPU paged attention attends, here in Pallas's interpreter): a
-    prefill (on XLA, read in chunks or as whole tables, written after the layer loop) and two one-token steps give a
-    ``KVCache`` step's logits and lengths; the padding row (length 0) stays finite. A model the kernel cannot serve
-    is refused by name, 'auto' off a GPU reads on XLA, and a scanned stack refuses the form (it would slice every
-    layer's pool)."""
+@pytest.mark.parametrize("kernel, chunk_slots", [("pallas-gpu", 2 * BLOCK), ("pallas-gpu", None), ("ffi-cpu", None)],
+                         ids=["pallas_gpu-chunks", "pallas_gpu-whole_tables", "ffi_cpu"])
+def test_a_fused_kernel_step_writes_its_token_then_reads_as_xla_does(model, kernel, chunk_slots, monkeypatch):
+    """The fused-kernel form (``kernels.paged_kernel``: each layer its own pool [K, N, block, H]; each layer writes
+    its tokens, then the kernel attends): JAX's Pallas GPU paged attention (here in Pallas's interpreter) reads
+    one-token steps alone, the prefill reading on XLA (in chunks or as whole tables) and written after the layer
+    loop; the CPU kernel in C++ (``jaxformer.native``) reads the prefill too. A prefill and two one-token steps give
+    a ``KVCache`` step's logits and lengths; the padding row (length 0) stays finite. A model a kernel cannot serve
+    is refused by name, 'auto' on this CPU picks the C++ kernel where it serves the model, and a scanned stack
+    refuses the form (it would slice every layer's pool)."""
     monkeypatch.setattr(attention, "PAGED_CHUNK_SLOTS", {} if chunk_slots is None else {"cpu": chunk_slots})
     cfg = model.config
-    assert kernels.paged_kernel("auto", cfg) is None  # (this CPU has no fused paged kernel)
-    if cfg.name == "tiny-gemma":  # sliding-window layers: the kernel reads every slot up to a row's length
-        assert "sliding" in kernels.paged_kernel_refuses(cfg, "pallas-gpu")
+    if cfg.name == "tiny-gemma":  # sliding-window layers: a kernel reads every slot up to a row's length
+        assert kernels.paged_kernel("auto", cfg) is None
+        assert "sliding" in kernels.paged_kernel_refuses(cfg, kernel)
         with pytest.raises(ValueError, match="cannot serve this model: its layers attend sliding"):
-            kernels.paged_kernel("pallas-gpu", cfg)
+            kernels.paged_kernel(kernel, cfg)
         return
-    assert kernels.paged_kernel("pallas-gpu", cfg) == "pallas-gpu"
+    assert kernels.paged_kernel("auto", cfg) == "ffi-cpu"
+    assert kernels.paged_kernel(kernel, cfg) == kernel
     runner = unstacked_decoder(model, always=True)
     ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
     real = np.asarray(PROMPTS) > 0
     dense = model.init_cache(len(PROMPTS), BLOCK * BLOCKS_PER_ROW).per_layer()
     stacked = _paged_state(cfg, len(PROMPTS)).kv
     pool = PagedKVCache.empty(cfg.decoder_layers, stacked.k.shape[1], BLOCK, cfg.kv_heads, cfg.head_dim_,
-                              jnp.float32, kernel="pallas-gpu")
+                              jnp.float32, kernel=kernel)
     paged = DecodeState(dataclasses.replace(pool, tables=stacked.tables, lengths=stacked.lengths))
     step = jax.jit(lambda runner, ids, positions, valid, state: runner.step(ids, positions, valid, state))
     for call in range(3):
@@ -120,6 +123,66 @@ def test_a_fused_kernel_step_writes_its_token_then_reads_as_xla_does(model, chun
     assert isinstance(paged.kv.k, tuple) and len(paged.kv.k) == cfg.decoder_layers
     with pytest.raises(ValueError, match="runs on layers apart"):
         model.step(ids, positions, valid, paged)
+
+
+@pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "softcap"])
+def test_the_cpu_kernel_attends_each_query_to_its_slots_up_to_its_position(softcap):
+    """The C++ kernel (``jaxformer.native``) against a dense softmax in numpy: grouped queries (3 per kv head), rows
+    of several queries (a prompt chunk's: each reads its row's slots up to its own position), a row of one query and
+    padding after it, a padding row; blocks of 4 scattered over the pool, a query ending mid-block. Within 1e-5, a
+    padding query's output 0. A table naming a block outside the pool, or a position past a row's blocks, is an
+    error, not a read outside the pool."""
+    from jaxformer.cache import PagedRows, PagedTarget
+
+    rng = np.random.default_rng(0)
+    K, G, H, S, N, M = 2, 3, 16, 4, 12, 3
+    positions = np.asarray([[3, 4, 5, 6, 7], [10, -1, -1, -1, -1], [-1] * 5], np.int32)
+    B, T = positions.shape
+    tables = rng.permutation(np.arange(1, N))[:B * M].reshape(B, M).astype(np.int32)
+    q = rng.standard_normal((B, T, K * G, H)).astype(np.float32)
+    keys, values = (rng.standard_normal((K, N, S, H)).astype(np.float32) for _ in range(2))
+    scale = H ** -0.5
+
+    def attend(tables, positions):
+        target = PagedTarget(jnp.zeros((B, T), jnp.int32), jnp.zeros((B, T), jnp.int32), jnp.zeros(B, jnp.int32),
+                             jnp.asarray(positions))
+        k, v = (PagedRows(jnp.asarray(pool), jnp.asarray(tables), None, target, "ffi-cpu") for pool in (keys, values))
+        return np.asarray(jax.jit(kernels.paged_attention, static_argnums=(3, 4))(jnp.asarray(q), k, v, scale,
+                                                                                  softcap))
+
+    got = attend(tables, positions)
+    for b, t in np.ndindex(B, T):
+        p = positions[b, t]
+        if p < 0:
+            assert not np.any(got[b, t])
+            continue
+        slots = np.arange(p + 1)
+        k, v = (pool[:, tables[b, slots // S], slots % S] for pool in (keys, values))  # [K, p + 1, H]
+        scores = np.einsum("kgh,ksh->kgs", q[b, t].reshape(K, G, H).astype(np.float64), k) * scale
+        scores = scores if softcap is None else softcap * np.tanh(scores / softcap)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        want = np.einsum("kgs,ksh->kgh", weights / weights.sum(-1, keepdims=True), v).reshape(K * G, H)
+        assert float(np.max(np.abs(got[b, t] - want))) < 1e-5, (b, t)
+    outside = tables.copy()
+    outside[1, 2] = N
+    with pytest.raises(ValueError, match="names a block outside the pool"):
+        attend(outside, positions)
+    with pytest.raises(ValueError, match="past its row's blocks"):
+        attend(tables, np.where(positions == 10, M * S, positions))
+
+
+def test_without_a_compiler_the_engine_reads_on_xla_and_an_asked_cpu_kernel_says_why(monkeypatch):
+    """The C++ kernel is built on first use with ``$CXX``: without one, or when the build fails, 'auto' reads on
+    XLA and asking for 'ffi-cpu' by name is a ValueError that says why."""
+    cfg = jf.config("tiny-llama")
+    for compiler, why in (("no-such-compiler", r"no C\+\+ compiler 'no-such-compiler' on PATH"),
+                          ("false", "building it failed: false failed on paged_attention.cc")):
+        monkeypatch.setenv("CXX", compiler)
+        assert kernels.paged_kernel("auto", cfg) is None
+        with pytest.raises(ValueError, match=f"'ffi-cpu' cannot serve this model: {why}"):
+            kernels.paged_kernel("ffi-cpu", cfg)
+    monkeypatch.delenv("CXX")
+    assert kernels.paged_kernel("auto", cfg) == "ffi-cpu"
 
 
 def test_the_tpu_kernel_reads_a_bfloat16_pool_as_the_xla_read_does():

@@ -92,7 +92,7 @@ def test_memory_sizes_the_pool_to_the_byte_and_excludes_num_blocks(model):
     memory = 0.0003  # GiB
     blocks = pool_blocks(cfg, BLOCK, SEQS, memory=memory)
     engine = Engine(model, num_blocks=blocks, block_size=BLOCK, max_num_seqs=SEQS, max_model_len=MAX_LEN)
-    held = engine.pool.k.nbytes + engine.pool.v.nbytes
+    held = engine.pool.nbytes
     assert held == blocks * kv_block_bytes(cfg, BLOCK) <= memory * 2 ** 30 < held + kv_block_bytes(cfg, BLOCK)
     # (an assistant model's pool holds the same blocks: here as wide as the model's, so half as many fit)
     assert pool_blocks(cfg, BLOCK, SEQS, memory=memory, draft_cfg=cfg) == int(memory * 2 ** 30

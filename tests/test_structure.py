@@ -20,10 +20,10 @@ ROOT = PACKAGE.parent
 EDGES = ("jaxformer.interop", "jaxformer.train", "jaxformer.cli", "jaxformer.checkpoint", "jaxformer.compare",
          "jaxformer.adapt", "jaxformer.lora", "jaxformer.embedder", "jaxformer.viz", "jaxformer.serving")
 # Model code: the families and everything they are built from.
-MODEL_CODE = ("jaxformer.model_config", "jaxformer.presets", "jaxformer.layers", "jaxformer.kernels", "jaxformer.cache",
-              "jaxformer.checks", "jaxformer.outputs", "jaxformer.models", "jaxformer.encoder", "jaxformer.decoder",
-              "jaxformer.encoder_decoder", "jaxformer.sharding", "jaxformer.generate", "jaxformer.speech_generation",
-              "jaxformer.edges")
+MODEL_CODE = ("jaxformer.model_config", "jaxformer.presets", "jaxformer.layers", "jaxformer.kernels",
+              "jaxformer.native", "jaxformer.cache", "jaxformer.checks", "jaxformer.outputs", "jaxformer.models",
+              "jaxformer.encoder", "jaxformer.decoder", "jaxformer.encoder_decoder", "jaxformer.sharding",
+              "jaxformer.generate", "jaxformer.speech_generation", "jaxformer.edges")
 
 
 def _module_name(path: Path) -> str:

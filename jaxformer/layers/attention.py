@@ -448,9 +448,10 @@ class Attention(nnx.Module):
             new_kv = {"k": k.astype(cache["k"].dtype).transpose(0, 2, 1, 3),
                       "v": v.astype(cache["v"].dtype).transpose(0, 2, 1, 3)}
             rows = cache["k"]
-            if (isinstance(rows, PagedRows) and rows.kernel is not None and q.shape[1] == 1 and not output_attentions
+            if (isinstance(rows, PagedRows) and rows.kernel is not None and not output_attentions
+                    and (q.shape[1] == 1 or rows.kernel in kernels.MANY_QUERY_KERNELS)
                     and self.sinks is None and (key is None or self.dropout_rate == 0.0)):
-                # a fused paged kernel: this layer writes its token into its own pool, then attends over the pool
+                # a fused paged kernel: this layer writes its tokens into its own pool, then attends over the pool
                 k_rows, v_rows = rows.written(new_kv["k"]), cache["v"].written(new_kv["v"])
                 out = kernels.paged_attention(q, k_rows, v_rows, self.scale, self.softcap)
                 return (self._output(self._gated(out, x), key),

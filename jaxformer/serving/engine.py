@@ -590,9 +590,10 @@ class Engine:
     tokens a step, one call of all drafting rows each, verified as above. It keeps its own pool of the same blocks
     (``Drafter``), which every prompt chunk writes too; a row catches up on the tokens it has not read (the
     target's own token after a draft, two after a wholly accepted one) in its first call of a step.
-    ``paged_attention``: what one-token rows attend by (``kernels.paged_kernel``): 'auto' (the backend's fused
-    paged kernel where it serves the model: 'pallas-gpu' on NVIDIA GPUs, 'pallas-tpu' on TPUs for bfloat16 models;
-    else XLA), 'xla', or a kernel by name (off its platform in Pallas's interpreter, for tests).
+    ``paged_attention``: what the steps read the paged cache by (``kernels.paged_kernel``): 'auto' (the backend's
+    fused paged kernel where it serves the model: 'pallas-gpu' on NVIDIA GPUs and 'pallas-tpu' on TPUs for one-token
+    rows of bfloat16 models, 'ffi-cpu' on CPUs for every call of float32 ones (``jaxformer.native``); else XLA),
+    'xla', or a kernel by name (a Pallas one off its platform in Pallas's interpreter, for tests).
     ``release_model``: the engine owns ``model``: the buffers of it that the engine's own copy (the decode-loop form:
     on a CPU its layers apart) does not share are freed at once, so one copy of the weights stays, whoever still
     refers to the model (which cannot run afterwards); ``jaxformer serve`` does so."""

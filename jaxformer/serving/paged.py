@@ -111,6 +111,11 @@ class PagedKVCache:
         return self.tables.shape[1] * self.block_size
 
     @property
+    def nbytes(self) -> int:
+        """The pools' bytes (stacked, or each layer's own)."""
+        return sum(pool.nbytes for pool in jax.tree.leaves((self.k, self.v)))
+
+    @property
     def positions(self) -> Array:
         """Each slot's position [B, S]: its index."""
         return jnp.broadcast_to(jnp.arange(self.length, dtype=jnp.int32), (self.tables.shape[0], self.length))

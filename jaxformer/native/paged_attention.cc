@@ -1,0 +1,153 @@
+// Paged attention for XLA:CPU, called through XLA's FFI (jaxformer.native builds and registers it).
+//
+// Each query of a row attends over its row's slots 0..its position, read block by block straight from a layer's
+// pool [K, N, block_size, H]: no gathered copy of the rows (XLA:CPU materialises every gather before a matmul
+// reads it, so its paged read moves each byte about three times). One work item is a row's kv head: its G query
+// heads' scores for one query at a time, a softmax, then the weighted values. Items are shared out over XLA's
+// intra-op thread pool. float32 throughout; NaN in a key or value reaches the output, as on XLA.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+struct Shapes {
+  int64_t B, T, NQ, H, K, N, S, M, G;
+};
+
+// One query (row b, token t) of kv head g over its row's slots 0..position: out[G, H].
+void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t position, const float* q,
+                 const float* keys, const float* values, const int32_t* table, float scale, float softcap,
+                 float* out, std::vector<float>& scores) {
+  const int64_t G = d.G, H = d.H, S = d.S;
+  const float* qg = q + ((b * d.T + t) * d.NQ + g * G) * H;
+  float* og = out + ((b * d.T + t) * d.NQ + g * G) * H;
+  std::fill(og, og + G * H, 0.f);
+  const int64_t length = int64_t{position} + 1;  // (a padding query, position -1: zeros)
+  if (length <= 0) return;
+  scores.resize(G * length);
+  for (int64_t start = 0; start < length; start += S) {
+    const float* block = keys + ((g * d.N + table[start / S]) * S) * H;
+    const int64_t n = std::min(S, length - start);
+    for (int64_t s = 0; s < n; ++s) {
+      const float* key = block + s * H;
+      for (int64_t j = 0; j < G; ++j) {
+        const float* query = qg + j * H;
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t h = 0; h < H; ++h) dot += query[h] * key[h];
+        dot *= scale;
+        if (softcap > 0.f) dot = softcap * std::tanh(dot / softcap);
+        scores[j * length + start + s] = dot;
+      }
+    }
+  }
+  for (int64_t j = 0; j < G; ++j) {
+    float* row = scores.data() + j * length;
+    float top = -INFINITY;
+    for (int64_t s = 0; s < length; ++s) top = std::max(top, row[s]);
+    float total = 0.f;
+    for (int64_t s = 0; s < length; ++s) {
+      row[s] = std::exp(row[s] - top);
+      total += row[s];
+    }
+    const float inverse = 1.f / total;
+    for (int64_t s = 0; s < length; ++s) row[s] *= inverse;
+  }
+  for (int64_t start = 0; start < length; start += S) {
+    const float* block = values + ((g * d.N + table[start / S]) * S) * H;
+    const int64_t n = std::min(S, length - start);
+    for (int64_t s = 0; s < n; ++s) {
+      const float* value = block + s * H;
+      for (int64_t j = 0; j < G; ++j) {
+        const float p = scores[j * length + start + s];
+        float* o = og + j * H;
+#pragma omp simd
+        for (int64_t h = 0; h < H; ++h) o[h] += p * value[h];
+      }
+    }
+  }
+}
+
+ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> keys,
+                              ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> tables,
+                              ffi::Buffer<ffi::S32> positions, float scale, float softcap,
+                              ffi::ResultBuffer<ffi::F32> out) {
+  auto qd = q.dimensions(), kd = keys.dimensions(), vd = values.dimensions(), td = tables.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || td.size() != 2 || positions.dimensions().size() != 2 ||
+      !std::equal(kd.begin(), kd.end(), vd.begin(), vd.end())) {
+    return ffi::Error::InvalidArgument("paged attention: want q [B, T, NQ, H], pools [K, N, S, H], tables [B, M], "
+                                       "positions [B, T]");
+  }
+  Shapes d{qd[0], qd[1], qd[2], qd[3], kd[0], kd[1], kd[2], td[1], 0};
+  if (kd[3] != d.H || d.NQ % d.K != 0 || td[0] != d.B) {
+    return ffi::Error::InvalidArgument("paged attention: query heads, kv heads or rows do not match");
+  }
+  d.G = d.NQ / d.K;
+  // Out-of-range blocks or positions would read outside the pool: an error, not a crash.
+  for (int64_t i = 0; i < d.B * d.M; ++i) {
+    if (tables.typed_data()[i] < 0 || tables.typed_data()[i] >= d.N) {
+      return ffi::Error::InvalidArgument("paged attention: a block table names a block outside the pool");
+    }
+  }
+  for (int64_t i = 0; i < d.B * d.T; ++i) {
+    if (positions.typed_data()[i] >= d.M * d.S) {
+      return ffi::Error::InvalidArgument("paged attention: a query's position is past its row's blocks");
+    }
+  }
+  const float* qp = q.typed_data();
+  const float* kp = keys.typed_data();
+  const float* vp = values.typed_data();
+  const int32_t* tp = tables.typed_data();
+  const int32_t* pp = positions.typed_data();
+  float* op = out->typed_data();
+  const int64_t items = d.B * d.K;  // (row, kv head) pairs, each a row's T queries in turn
+  std::atomic<int64_t> next{0};
+  auto work = [&]() {
+    std::vector<float> scores;
+    for (int64_t item; (item = next.fetch_add(1)) < items;) {
+      const int64_t b = item / d.K, g = item % d.K;
+      for (int64_t t = 0; t < d.T; ++t) {
+        AttendQuery(d, b, t, g, pp[b * d.T + t], qp, kp, vp, tp + b * d.M, scale, softcap, op, scores);
+      }
+    }
+  };
+  // The caller works too, and waits for the helpers it scheduled (each drains the shared counter).
+  const int64_t helpers = std::max<int64_t>(0, std::min<int64_t>(pool.num_threads(), items - 1));
+  std::mutex mutex;
+  std::condition_variable done;
+  int64_t running = helpers;
+  for (int64_t i = 0; i < helpers; ++i) {
+    pool.Schedule([&]() {
+      work();
+      std::lock_guard<std::mutex> lock(mutex);
+      if (--running == 0) done.notify_one();
+    });
+  }
+  work();
+  std::unique_lock<std::mutex> lock(mutex);
+  done.wait(lock, [&] { return running == 0; });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxformerPagedAttention, PagedAttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q [B, T, NQ, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // keys [K, N, block_size, H]
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // values [K, N, block_size, H]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // tables [B, M]
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // positions [B, T] (-1: padding)
+                                  .Attr<float>("scale")
+                                  .Attr<float>("softcap")        // 0: none
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // [B, T, NQ, H]
