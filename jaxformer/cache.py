@@ -86,13 +86,14 @@ class PagedTarget:
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["pool", "tables", "layer", "target"],
-                   meta_fields=["kernel"])
+                   meta_fields=["kernel", "window"])
 @dataclasses.dataclass(frozen=True)
 class PagedRows:
     """One layer's keys (or values) of a paged cache (``serving.paged.PagedKVCache``) as that layer reads them: the
     batch rows' block tables [B, M] and either the whole pool [L, N, K, block_size, H] with the layer's index (a
     Python int, or traced in a scanned stack), or the layer's own pool [K, N, block_size, H] (layer None: the form
-    a fused paged kernel reads, ``kernel`` naming it, with ``target``, where this step's tokens go). ``slots``
+    a fused paged kernel reads, ``kernel`` naming it, with ``target``, where this step's tokens go, and the layer's
+    sliding ``window``, None: none, for a kernel that reads windows: the mask it does not read says as much). ``slots``
     gathers the layer's rows by table, only when the layer attends, so a step holds one layer's dense rows at a
     time."""
 
@@ -101,6 +102,7 @@ class PagedRows:
     layer: Array | int | None
     target: PagedTarget | None = None
     kernel: str | None = None
+    window: int | None = None
 
     @property
     def dtype(self):
@@ -192,29 +194,32 @@ class PagedLayers:
     where it has a head (DeepSeek sparse attention's indexer keys, ``IndexedLatentCache``'s)."""
 
     def __init__(self, k, v, tables: Array, *, lengths: Array | None = None, kernel: str | None = None,
-                 target: PagedTarget | None = None, latent: bool = False):
+                 target: PagedTarget | None = None, latent: bool = False, windows: tuple[int | None, ...] = ()):
         self.k, self.v, self.tables = k, v, tables
-        self.lengths, self.kernel, self.target, self.latent = lengths, kernel, target, latent
+        self.lengths, self.kernel, self.target, self.latent, self.windows = lengths, kernel, target, latent, windows
 
     @property
     def apart(self) -> bool:
         """Whether each layer has its own pool (the layer runner then unrolls the layers: a scan would slice them)."""
         return isinstance(self.k, tuple)
 
-    def writing(self, positions: Array, valid: Array) -> PagedLayers:
+    def writing(self, positions: Array, valid: Array, windows: tuple[int | None, ...]) -> PagedLayers:
         """These layers told where this step's tokens (positions and validity [B, T]) go, for layers that write
-        their own tokens before they attend (the fused-kernel form; the others' are written after the layer loop)."""
+        their own tokens before they attend (the fused-kernel form; the others' are written after the layer loop),
+        and each layer's sliding window (None: none), which the kernel reads in place of the mask."""
         if self.kernel is None:
             return self
         target = PagedTarget.of(self.tables, self.k[0].shape[2], positions, valid, self.lengths)
-        return PagedLayers(self.k, self.v, self.tables, lengths=self.lengths, kernel=self.kernel, target=target)
+        return PagedLayers(self.k, self.v, self.tables, lengths=self.lengths, kernel=self.kernel, target=target,
+                           windows=windows)
 
     def __getitem__(self, layer) -> dict[str, PagedRows]:
         if self.latent:  # (and DeepSeek sparse attention's indexer keys, one head of v's, where it has them)
             fields = {"latent": PagedRows(self.k, self.tables, layer)}
             return fields if self.v.shape[2] == 0 else {**fields, "index_keys": PagedRows(self.v, self.tables, layer)}
         if self.apart:
-            return {name: PagedRows(pool[layer], self.tables, None, self.target, self.kernel)
+            window = self.windows[layer] if self.windows else None
+            return {name: PagedRows(pool[layer], self.tables, None, self.target, self.kernel, window)
                     for name, pool in (("k", self.k), ("v", self.v))}
         return {"k": PagedRows(self.k, self.tables, layer), "v": PagedRows(self.v, self.tables, layer)}
 

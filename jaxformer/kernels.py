@@ -494,8 +494,9 @@ def paged_kernel(choice: str, cfg: ModelConfig) -> str | None:
 
 
 def paged_kernel_refuses(cfg: ModelConfig, kernel: str) -> str | None:
-    """Why ``kernel`` cannot serve ``cfg``'s one-token steps (None: it can). The kernel attends each row's query to
-    its slots up to its length: plain causal attention, no mask of its own, no additive bias, no sinks."""
+    """Why ``kernel`` cannot serve ``cfg``'s steps (None: it can). The kernel attends each row's queries to its slots
+    up to their positions (the CPU kernel: or a sliding window's last slots): causal attention, no mask of its own,
+    no additive bias, no sinks."""
     if cfg.family != "decoder":
         return f"it reads a decoder's own keys; a {cfg.family} attends to its source on XLA"
     if cfg.mla:
@@ -503,8 +504,9 @@ def paged_kernel_refuses(cfg: ModelConfig, kernel: str) -> str | None:
     if cfg.linear_attention is not None:
         return "its linear-attention layers' states ride beside the stacked pool, which the kernel form splits"
     kinds = {spec.attention for spec in layer_plan(cfg, cfg.attention, cfg.decoder_layers).layers}
-    if kinds != {"causal"}:
-        return f"its layers attend {', '.join(sorted(kinds - {'causal'}))}, not plainly causal over every slot"
+    served = {"causal", "sliding"} if kernel == "ffi-cpu" else {"causal"}
+    if not kinds <= served:
+        return f"its layers attend {', '.join(sorted(kinds - served))}, not plainly causal over every slot"
     if cfg.position == "relative" or cfg.relative_bias is not None:
         return "its attention adds a relative position bias, which the kernel takes none of"
     if cfg.scores.sinks:
@@ -540,7 +542,7 @@ def paged_attention(q: Array, k, v, scale: float, softcap: float | None) -> Arra
             raise ValueError(f"paged attention 'ffi-cpu': {problem}")
         out = jax.ffi.ffi_call(native.TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))(
             q.astype(jnp.float32), k.pool, v.pool, k.tables, k.target.positions, scale=np.float32(scale),
-            softcap=np.float32(softcap or 0.0))
+            softcap=np.float32(softcap or 0.0), window=np.int32(k.window or 0))
         return out.astype(q.dtype)
     pages, lengths = k.tables.shape[1], k.target.lengths
     scaled = (q[:, 0].astype(jnp.float32) * scale).astype(q.dtype)  # neither kernel takes a scale

@@ -90,19 +90,19 @@ def test_a_fused_kernel_step_writes_its_token_then_reads_as_xla_does(model, kern
     """The fused-kernel form (``kernels.paged_kernel``: each layer its own pool [K, N, block, H]; each layer writes
     its tokens, then the kernel attends): JAX's Pallas GPU paged attention (here in Pallas's interpreter) reads
     one-token steps alone, the prefill reading on XLA (in chunks or as whole tables) and written after the layer
-    loop; the CPU kernel in C++ (``jaxformer.native``) reads the prefill too. A prefill and two one-token steps give
-    a ``KVCache`` step's logits and lengths; the padding row (length 0) stays finite. A model a kernel cannot serve
-    is refused by name, 'auto' on this CPU picks the C++ kernel where it serves the model, and a scanned stack
-    refuses the form (it would slice every layer's pool)."""
+    loop; the CPU kernel in C++ (``jaxformer.native``) reads the prefill too, and Gemma's sliding windows (8 slots:
+    the 12-token prompt and the steps after it see fewer than they hold) with its softcap. A prefill and two
+    one-token steps give a ``KVCache`` step's logits and lengths; the padding row (length 0) stays finite. A model
+    a kernel cannot serve is refused by name, 'auto' on this CPU picks the C++ kernel, and a scanned stack refuses
+    the form (it would slice every layer's pool)."""
     monkeypatch.setattr(attention, "PAGED_CHUNK_SLOTS", {} if chunk_slots is None else {"cpu": chunk_slots})
     cfg = model.config
-    if cfg.name == "tiny-gemma":  # sliding-window layers: a kernel reads every slot up to a row's length
-        assert kernels.paged_kernel("auto", cfg) is None
+    assert kernels.paged_kernel("auto", cfg) == "ffi-cpu"
+    if cfg.name == "tiny-gemma" and kernel == "pallas-gpu":  # it reads every slot up to a row's length
         assert "sliding" in kernels.paged_kernel_refuses(cfg, kernel)
         with pytest.raises(ValueError, match="cannot serve this model: its layers attend sliding"):
             kernels.paged_kernel(kernel, cfg)
         return
-    assert kernels.paged_kernel("auto", cfg) == "ffi-cpu"
     assert kernels.paged_kernel(kernel, cfg) == kernel
     runner = unstacked_decoder(model, always=True)
     ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
@@ -125,13 +125,13 @@ def test_a_fused_kernel_step_writes_its_token_then_reads_as_xla_does(model, kern
         model.step(ids, positions, valid, paged)
 
 
-@pytest.mark.parametrize("softcap", [None, 2.0], ids=["plain", "softcap"])
-def test_the_cpu_kernel_attends_each_query_to_its_slots_up_to_its_position(softcap):
+@pytest.mark.parametrize("softcap, window", [(None, None), (2.0, None), (None, 3)], ids=["plain", "softcap", "window"])
+def test_the_cpu_kernel_attends_each_query_to_its_slots_up_to_its_position(softcap, window):
     """The C++ kernel (``jaxformer.native``) against a dense softmax in numpy: grouped queries (3 per kv head), rows
-    of several queries (a prompt chunk's: each reads its row's slots up to its own position), a row of one query and
-    padding after it, a padding row; blocks of 4 scattered over the pool, a query ending mid-block. Within 1e-5, a
-    padding query's output 0. A table naming a block outside the pool, or a position past a row's blocks, is an
-    error, not a read outside the pool."""
+    of several queries (a prompt chunk's: each reads its row's slots up to its own position, or a sliding window's
+    last 3 of them, starting mid-block), a row of one query and padding after it, a padding row; blocks of 4
+    scattered over the pool, a query ending mid-block. Within 1e-5, a padding query's output 0. A table naming a
+    block outside the pool, or a position past a row's blocks, is an error, not a read outside the pool."""
     from jaxformer.cache import PagedRows, PagedTarget
 
     rng = np.random.default_rng(0)
@@ -146,7 +146,8 @@ def test_the_cpu_kernel_attends_each_query_to_its_slots_up_to_its_position(softc
     def attend(tables, positions):
         target = PagedTarget(jnp.zeros((B, T), jnp.int32), jnp.zeros((B, T), jnp.int32), jnp.zeros(B, jnp.int32),
                              jnp.asarray(positions))
-        k, v = (PagedRows(jnp.asarray(pool), jnp.asarray(tables), None, target, "ffi-cpu") for pool in (keys, values))
+        k, v = (PagedRows(jnp.asarray(pool), jnp.asarray(tables), None, target, "ffi-cpu", window)
+                for pool in (keys, values))
         return np.asarray(jax.jit(kernels.paged_attention, static_argnums=(3, 4))(jnp.asarray(q), k, v, scale,
                                                                                   softcap))
 
@@ -156,7 +157,7 @@ def test_the_cpu_kernel_attends_each_query_to_its_slots_up_to_its_position(softc
         if p < 0:
             assert not np.any(got[b, t])
             continue
-        slots = np.arange(p + 1)
+        slots = np.arange(0 if window is None else max(0, p + 1 - window), p + 1)
         k, v = (pool[:, tables[b, slots // S], slots % S] for pool in (keys, values))  # [K, p + 1, H]
         scores = np.einsum("kgh,ksh->kgs", q[b, t].reshape(K, G, H).astype(np.float64), k) * scale
         scores = scores if softcap is None else softcap * np.tanh(scores / softcap)

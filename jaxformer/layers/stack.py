@@ -1113,7 +1113,8 @@ class Stack(nnx.Module):
         if problem is not None:
             raise ValueError(f"the paged kernel {layers.kernel!r} cannot serve this model: {problem}")
         valid = jnp.ones(tokens.positions.shape, bool) if tokens.valid is None else tokens.valid
-        return layers.writing(tokens.positions, valid)
+        windows = tuple(spec.window if spec.attention == "sliding" else None for spec in self.plan.layers)
+        return layers.writing(tokens.positions, valid, windows)
 
     def _temperature(self, tokens: Tokens, cache: KVCache | None) -> Array | None:
         """Llama 4's attention temperature of the NoPE layers' queries [1, T, 1, 1] (None without it):

@@ -1,10 +1,11 @@
 // Paged attention for XLA:CPU, called through XLA's FFI (jaxformer.native builds and registers it).
 //
-// Each query of a row attends over its row's slots 0..its position, read block by block straight from a layer's
-// pool [K, N, block_size, H]: no gathered copy of the rows (XLA:CPU materialises every gather before a matmul
-// reads it, so its paged read moves each byte about three times). One work item is a row's kv head: its G query
-// heads' scores for one query at a time, a softmax, then the weighted values. Items are shared out over XLA's
-// intra-op thread pool. float32 throughout; NaN in a key or value reaches the output, as on XLA.
+// Each query of a row attends over its row's slots up to its position (a sliding window's last `window` of them),
+// read block by block straight from a layer's pool [K, N, block_size, H]: no gathered copy of the rows (XLA:CPU
+// materialises every gather before a matmul reads it, so its paged read moves each byte about three times). One
+// work item is a row's kv head: its G query heads' scores for one query at a time, a softmax, then the weighted
+// values. Items are shared out over XLA's intra-op thread pool. float32 throughout; NaN in a key or value reaches
+// the output, as on XLA.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -23,22 +24,26 @@ struct Shapes {
   int64_t B, T, NQ, H, K, N, S, M, G;
 };
 
-// One query (row b, token t) of kv head g over its row's slots 0..position: out[G, H].
+// One query (row b, token t) of kv head g over its row's slots up to its position (the last `window` of them;
+// window 0: all): out[G, H].
 void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t position, const float* q,
                  const float* keys, const float* values, const int32_t* table, float scale, float softcap,
-                 float* out, std::vector<float>& scores) {
+                 int32_t window, float* out, std::vector<float>& scores) {
   const int64_t G = d.G, H = d.H, S = d.S;
   const float* qg = q + ((b * d.T + t) * d.NQ + g * G) * H;
   float* og = out + ((b * d.T + t) * d.NQ + g * G) * H;
   std::fill(og, og + G * H, 0.f);
-  const int64_t length = int64_t{position} + 1;  // (a padding query, position -1: zeros)
-  if (length <= 0) return;
+  const int64_t end = int64_t{position} + 1;  // (a padding query, position -1: zeros)
+  if (end <= 0) return;
+  const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
+  const int64_t length = end - first;
   scores.resize(G * length);
-  for (int64_t start = 0; start < length; start += S) {
+  // a block at a time: slots [start, stop) of the block holding slot `start`
+  for (int64_t start = first, stop; start < end; start = stop) {
+    stop = std::min(end, (start / S + 1) * S);
     const float* block = keys + ((g * d.N + table[start / S]) * S) * H;
-    const int64_t n = std::min(S, length - start);
-    for (int64_t s = 0; s < n; ++s) {
-      const float* key = block + s * H;
+    for (int64_t slot = start; slot < stop; ++slot) {
+      const float* key = block + (slot % S) * H;
       for (int64_t j = 0; j < G; ++j) {
         const float* query = qg + j * H;
         float dot = 0.f;
@@ -46,7 +51,7 @@ void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t posit
         for (int64_t h = 0; h < H; ++h) dot += query[h] * key[h];
         dot *= scale;
         if (softcap > 0.f) dot = softcap * std::tanh(dot / softcap);
-        scores[j * length + start + s] = dot;
+        scores[j * length + slot - first] = dot;
       }
     }
   }
@@ -62,13 +67,13 @@ void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t posit
     const float inverse = 1.f / total;
     for (int64_t s = 0; s < length; ++s) row[s] *= inverse;
   }
-  for (int64_t start = 0; start < length; start += S) {
+  for (int64_t start = first, stop; start < end; start = stop) {
+    stop = std::min(end, (start / S + 1) * S);
     const float* block = values + ((g * d.N + table[start / S]) * S) * H;
-    const int64_t n = std::min(S, length - start);
-    for (int64_t s = 0; s < n; ++s) {
-      const float* value = block + s * H;
+    for (int64_t slot = start; slot < stop; ++slot) {
+      const float* value = block + (slot % S) * H;
       for (int64_t j = 0; j < G; ++j) {
-        const float p = scores[j * length + start + s];
+        const float p = scores[j * length + slot - first];
         float* o = og + j * H;
 #pragma omp simd
         for (int64_t h = 0; h < H; ++h) o[h] += p * value[h];
@@ -79,7 +84,7 @@ void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t posit
 
 ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> keys,
                               ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> tables,
-                              ffi::Buffer<ffi::S32> positions, float scale, float softcap,
+                              ffi::Buffer<ffi::S32> positions, float scale, float softcap, int32_t window,
                               ffi::ResultBuffer<ffi::F32> out) {
   auto qd = q.dimensions(), kd = keys.dimensions(), vd = values.dimensions(), td = tables.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || td.size() != 2 || positions.dimensions().size() != 2 ||
@@ -116,7 +121,7 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
     for (int64_t item; (item = next.fetch_add(1)) < items;) {
       const int64_t b = item / d.K, g = item % d.K;
       for (int64_t t = 0; t < d.T; ++t) {
-        AttendQuery(d, b, t, g, pp[b * d.T + t], qp, kp, vp, tp + b * d.M, scale, softcap, op, scores);
+        AttendQuery(d, b, t, g, pp[b * d.T + t], qp, kp, vp, tp + b * d.M, scale, softcap, window, op, scores);
       }
     }
   };
@@ -150,4 +155,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxformerPagedAttention, PagedAttentionImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // positions [B, T] (-1: padding)
                                   .Attr<float>("scale")
                                   .Attr<float>("softcap")        // 0: none
+                                  .Attr<int32_t>("window")       // a sliding window's slots; 0: none
                                   .Ret<ffi::Buffer<ffi::F32>>());  // [B, T, NQ, H]
