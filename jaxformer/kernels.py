@@ -509,7 +509,7 @@ def paged_kernel_refuses(cfg: ModelConfig, kernel: str) -> str | None:
         return f"its layers attend {', '.join(sorted(kinds - served))}, not plainly causal over every slot"
     if cfg.position == "relative" or cfg.relative_bias is not None:
         return "its attention adds a relative position bias, which the kernel takes none of"
-    if cfg.scores.sinks:
+    if cfg.scores.sinks and kernel != "ffi-cpu":
         return "its attention sinks join each softmax, which the kernel has no place for"
     if cfg.value_dim != cfg.head_dim_:
         return f"its value heads ({cfg.value_dim}) are not as wide as its key heads ({cfg.head_dim_})"
@@ -529,11 +529,12 @@ def paged_kernel_refuses(cfg: ModelConfig, kernel: str) -> str | None:
     return None
 
 
-def paged_attention(q: Array, k, v, scale: float, softcap: float | None) -> Array:
+def paged_attention(q: Array, k, v, scale: float, softcap: float | None, sinks: Array | None = None) -> Array:
     """Attention [B, T, N, H] of queries q [B, T, N, H] (T = 1 but for ``MANY_QUERY_KERNELS``) over the rows' paged
     keys and values ``k``, ``v`` (``cache.PagedRows`` of a layer's own pool, this step's tokens written: each
-    query's slots up to its position, each row's up to its ``target.lengths``), by the kernel they name, a Pallas
-    one off its platform in Pallas's interpreter. A padding row's (or query's) output is never read."""
+    query's slots up to its position, each row's up to its ``target.lengths``; a sliding layer's window of them, and
+    each head's ``sinks`` [N] in its softmax, for the CPU kernel), by the kernel they name, a Pallas one off its
+    platform in Pallas's interpreter. A padding row's (or query's) output is never read."""
     if k.kernel == "ffi-cpu":
         from jaxformer import native
 
@@ -541,9 +542,12 @@ def paged_attention(q: Array, k, v, scale: float, softcap: float | None) -> Arra
         if problem is not None:
             raise ValueError(f"paged attention 'ffi-cpu': {problem}")
         out = jax.ffi.ffi_call(native.TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))(
-            q.astype(jnp.float32), k.pool, v.pool, k.tables, k.target.positions, scale=np.float32(scale),
+            q.astype(jnp.float32), k.pool, v.pool, k.tables, k.target.positions,
+            jnp.zeros((0,), jnp.float32) if sinks is None else sinks.astype(jnp.float32), scale=np.float32(scale),
             softcap=np.float32(softcap or 0.0), window=np.int32(k.window or 0))
         return out.astype(q.dtype)
+    if sinks is not None or k.window is not None:  # (paged_kernel_refuses such models for these kernels)
+        raise ValueError(f"paged attention {k.kernel!r} reads no attention sinks and no sliding window")
     pages, lengths = k.tables.shape[1], k.target.lengths
     scaled = (q[:, 0].astype(jnp.float32) * scale).astype(q.dtype)  # neither kernel takes a scale
     if k.kernel == "pallas-gpu":

@@ -104,6 +104,15 @@ def test_a_fused_kernel_step_writes_its_token_then_reads_as_xla_does(model, kern
             kernels.paged_kernel(kernel, cfg)
         return
     assert kernels.paged_kernel(kernel, cfg) == kernel
+    ids, positions, valid, paged = _kernel_steps_agree(model, kernel)
+    with pytest.raises(ValueError, match="runs on layers apart"):
+        model.step(ids, positions, valid, paged)
+
+
+def _kernel_steps_agree(model, kernel: str):
+    """A prefill and two one-token steps over the fused-kernel form (each layer its own pool) give a ``KVCache``
+    step's logits within 1e-5 at every real row (the padding row finite); the last inputs and the paged state."""
+    cfg = model.config
     runner = unstacked_decoder(model, always=True)
     ids, positions, valid, next_positions = _inputs(cfg.vocab_size)
     real = np.asarray(PROMPTS) > 0
@@ -121,17 +130,27 @@ def test_a_fused_kernel_step_writes_its_token_then_reads_as_xla_does(model, kern
         ids, positions, valid = np.asarray(jnp.argmax(want, -1))[:, None], next_positions + call, real[:, None]
     assert np.array_equal(paged.kv.lengths, np.asarray(PROMPTS) + 2 * real)
     assert isinstance(paged.kv.k, tuple) and len(paged.kv.k) == cfg.decoder_layers
-    with pytest.raises(ValueError, match="runs on layers apart"):
-        model.step(ids, positions, valid, paged)
+    return ids, positions, valid, paged
 
 
-@pytest.mark.parametrize("softcap, window", [(None, None), (2.0, None), (None, 3)], ids=["plain", "softcap", "window"])
-def test_the_cpu_kernel_attends_each_query_to_its_slots_up_to_its_position(softcap, window):
+def test_the_cpu_kernel_reads_sinks_beside_sliding_windows_and_a_softcap():
+    """gpt-oss's attention sinks (each head's learned logit in every softmax) on Gemma's alternating 8-slot windows
+    and softcap: through the CPU kernel, a ``KVCache`` step's logits within 1e-5; the Pallas kernels refuse them."""
+    model = jf.build(jf.config("tiny-gemma").replace(attention_sinks=True), seed=0)
+    assert model.config.scores.sinks and kernels.paged_kernel("auto", model.config) == "ffi-cpu"
+    assert "sinks" in kernels.paged_kernel_refuses(jf.config("tiny-llama").replace(attention_sinks=True), "pallas-gpu")
+    _kernel_steps_agree(model, "ffi-cpu")
+
+
+@pytest.mark.parametrize("softcap, window, sinks", [(None, None, False), (2.0, None, False), (None, 3, False),
+                                                    (None, None, True)], ids=["plain", "softcap", "window", "sinks"])
+def test_the_cpu_kernel_attends_each_query_to_its_slots_up_to_its_position(softcap, window, sinks):
     """The C++ kernel (``jaxformer.native``) against a dense softmax in numpy: grouped queries (3 per kv head), rows
     of several queries (a prompt chunk's: each reads its row's slots up to its own position, or a sliding window's
     last 3 of them, starting mid-block), a row of one query and padding after it, a padding row; blocks of 4
-    scattered over the pool, a query ending mid-block. Within 1e-5, a padding query's output 0. A table naming a
-    block outside the pool, or a position past a row's blocks, is an error, not a read outside the pool."""
+    scattered over the pool, a query ending mid-block; each head's sink logit joining its softmax. Within 1e-5, a
+    padding query's output 0. A table naming a block outside the pool, or a position past a row's blocks, is an
+    error, not a read outside the pool."""
     from jaxformer.cache import PagedRows, PagedTarget
 
     rng = np.random.default_rng(0)
@@ -141,6 +160,7 @@ def test_the_cpu_kernel_attends_each_query_to_its_slots_up_to_its_position(softc
     tables = rng.permutation(np.arange(1, N))[:B * M].reshape(B, M).astype(np.int32)
     q = rng.standard_normal((B, T, K * G, H)).astype(np.float32)
     keys, values = (rng.standard_normal((K, N, S, H)).astype(np.float32) for _ in range(2))
+    sink = rng.standard_normal(K * G).astype(np.float32) if sinks else None
     scale = H ** -0.5
 
     def attend(tables, positions):
@@ -148,8 +168,8 @@ def test_the_cpu_kernel_attends_each_query_to_its_slots_up_to_its_position(softc
                              jnp.asarray(positions))
         k, v = (PagedRows(jnp.asarray(pool), jnp.asarray(tables), None, target, "ffi-cpu", window)
                 for pool in (keys, values))
-        return np.asarray(jax.jit(kernels.paged_attention, static_argnums=(3, 4))(jnp.asarray(q), k, v, scale,
-                                                                                  softcap))
+        return np.asarray(jax.jit(kernels.paged_attention, static_argnums=(3, 4))(
+            jnp.asarray(q), k, v, scale, softcap, None if sink is None else jnp.asarray(sink)))
 
     got = attend(tables, positions)
     for b, t in np.ndindex(B, T):
@@ -161,8 +181,11 @@ def test_the_cpu_kernel_attends_each_query_to_its_slots_up_to_its_position(softc
         k, v = (pool[:, tables[b, slots // S], slots % S] for pool in (keys, values))  # [K, p + 1, H]
         scores = np.einsum("kgh,ksh->kgs", q[b, t].reshape(K, G, H).astype(np.float64), k) * scale
         scores = scores if softcap is None else softcap * np.tanh(scores / softcap)
+        if sink is not None:  # one more logit, of a key without a value
+            scores = np.concatenate([scores, sink.reshape(K, G, 1)], axis=-1)
         weights = np.exp(scores - scores.max(-1, keepdims=True))
-        want = np.einsum("kgs,ksh->kgh", weights / weights.sum(-1, keepdims=True), v).reshape(K * G, H)
+        weights = weights / weights.sum(-1, keepdims=True)
+        want = np.einsum("kgs,ksh->kgh", weights[..., :p + 1 - slots[0]], v).reshape(K * G, H)
         assert float(np.max(np.abs(got[b, t] - want))) < 1e-5, (b, t)
     outside = tables.copy()
     outside[1, 2] = N

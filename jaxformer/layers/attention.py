@@ -450,10 +450,11 @@ class Attention(nnx.Module):
             rows = cache["k"]
             if (isinstance(rows, PagedRows) and rows.kernel is not None and not output_attentions
                     and (q.shape[1] == 1 or rows.kernel in kernels.MANY_QUERY_KERNELS)
-                    and self.sinks is None and (key is None or self.dropout_rate == 0.0)):
+                    and (key is None or self.dropout_rate == 0.0)):
                 # a fused paged kernel: this layer writes its tokens into its own pool, then attends over the pool
                 k_rows, v_rows = rows.written(new_kv["k"]), cache["v"].written(new_kv["v"])
-                out = kernels.paged_attention(q, k_rows, v_rows, self.scale, self.softcap)
+                out = kernels.paged_attention(q, k_rows, v_rows, self.scale, self.softcap,
+                                              None if self.sinks is None else self.sinks[...])
                 return (self._output(self._gated(out, x), key),
                         {"k": WrittenPool(k_rows.pool), "v": WrittenPool(v_rows.pool)}, None)
             k, v = (cache["k"], new_kv["k"]), (cache["v"], new_kv["v"])  # (a paged cache read where it attends)

@@ -27,8 +27,8 @@ struct Shapes {
 // One query (row b, token t) of kv head g over its row's slots up to its position (the last `window` of them;
 // window 0: all): out[G, H].
 void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t position, const float* q,
-                 const float* keys, const float* values, const int32_t* table, float scale, float softcap,
-                 int32_t window, float* out, std::vector<float>& scores) {
+                 const float* keys, const float* values, const int32_t* table, const float* sinks, float scale,
+                 float softcap, int32_t window, float* out, std::vector<float>& scores) {
   const int64_t G = d.G, H = d.H, S = d.S;
   const float* qg = q + ((b * d.T + t) * d.NQ + g * G) * H;
   float* og = out + ((b * d.T + t) * d.NQ + g * G) * H;
@@ -57,9 +57,11 @@ void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t posit
   }
   for (int64_t j = 0; j < G; ++j) {
     float* row = scores.data() + j * length;
-    float top = -INFINITY;
+    // a sink (gpt-oss): one more logit in the softmax, of a key without a value
+    const float sink = sinks != nullptr ? sinks[g * G + j] : -INFINITY;
+    float top = sink;
     for (int64_t s = 0; s < length; ++s) top = std::max(top, row[s]);
-    float total = 0.f;
+    float total = sinks != nullptr ? std::exp(sink - top) : 0.f;
     for (int64_t s = 0; s < length; ++s) {
       row[s] = std::exp(row[s] - top);
       total += row[s];
@@ -84,8 +86,8 @@ void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t posit
 
 ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> keys,
                               ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> tables,
-                              ffi::Buffer<ffi::S32> positions, float scale, float softcap, int32_t window,
-                              ffi::ResultBuffer<ffi::F32> out) {
+                              ffi::Buffer<ffi::S32> positions, ffi::Buffer<ffi::F32> sinks, float scale,
+                              float softcap, int32_t window, ffi::ResultBuffer<ffi::F32> out) {
   auto qd = q.dimensions(), kd = keys.dimensions(), vd = values.dimensions(), td = tables.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || td.size() != 2 || positions.dimensions().size() != 2 ||
       !std::equal(kd.begin(), kd.end(), vd.begin(), vd.end())) {
@@ -97,6 +99,10 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
     return ffi::Error::InvalidArgument("paged attention: query heads, kv heads or rows do not match");
   }
   d.G = d.NQ / d.K;
+  if (sinks.element_count() != 0 && sinks.element_count() != static_cast<size_t>(d.NQ)) {
+    return ffi::Error::InvalidArgument("paged attention: want one sink a query head, or none");
+  }
+  const float* sp = sinks.element_count() != 0 ? sinks.typed_data() : nullptr;
   // Out-of-range blocks or positions would read outside the pool: an error, not a crash.
   for (int64_t i = 0; i < d.B * d.M; ++i) {
     if (tables.typed_data()[i] < 0 || tables.typed_data()[i] >= d.N) {
@@ -121,7 +127,8 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
     for (int64_t item; (item = next.fetch_add(1)) < items;) {
       const int64_t b = item / d.K, g = item % d.K;
       for (int64_t t = 0; t < d.T; ++t) {
-        AttendQuery(d, b, t, g, pp[b * d.T + t], qp, kp, vp, tp + b * d.M, scale, softcap, window, op, scores);
+        AttendQuery(d, b, t, g, pp[b * d.T + t], qp, kp, vp, tp + b * d.M, sp, scale, softcap, window, op,
+                    scores);
       }
     }
   };
@@ -153,6 +160,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxformerPagedAttention, PagedAttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // values [K, N, block_size, H]
                                   .Arg<ffi::Buffer<ffi::S32>>()  // tables [B, M]
                                   .Arg<ffi::Buffer<ffi::S32>>()  // positions [B, T] (-1: padding)
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // sinks [NQ], or [0]: none
                                   .Attr<float>("scale")
                                   .Attr<float>("softcap")        // 0: none
                                   .Attr<int32_t>("window")       // a sliding window's slots; 0: none
