@@ -465,7 +465,8 @@ SCORE_CALL_BYTES = 256 << 20
 
 def min_table_slots() -> int:
     """The narrowest block table, in tokens. Where each layer reads its rows a chunk at a time up to the last slot
-    any row sees (XLA:CPU: ``attention.PAGED_CHUNK_SLOTS``), a wider table costs only its mask: 512 (fewer programs).
+    any row sees (XLA:CPU: ``attention.PAGED_CHUNK_SLOTS``; its C++ kernel reads up to each query's position), a
+    wider table costs only its mask: 512 (fewer programs).
     Where each layer gathers its rows' whole tables: 64 (a gpt2-124M 16-row decode step measured the same at 16 to
     64 slots, block 16)."""
     return 64 if attention.PAGED_CHUNK_SLOTS.get(jax.default_backend()) is None else 512
