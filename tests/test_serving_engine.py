@@ -210,7 +210,8 @@ def test_preemption_under_a_tiny_pool_gives_the_same_tokens_and_frees_every_bloc
 
 @pytest.mark.parametrize("paged_attention", ["pallas-gpu", "xla"])
 def test_every_paged_read_gives_generates_tokens(model, prompts, reference, paged_attention):
-    """The engine's other paged reads (this CPU's default, the C++ kernel, serves every other test here):
+    """The engine's other paged reads (on this CPU 'auto' is the C++ kernel wherever it serves the model:
+    tests/test_paged_attention.py asserts it is built here):
     'pallas-gpu' (JAX's Pallas paged attention for GPUs, there the default; here in Pallas's interpreter), where a
     one-token row's layers each write the token into their own pool, then the kernel attends over it, prompt chunks
     reading on XLA; and 'xla', XLA's own read of the stacked pool. The 16 mixed greedy requests in a pool small

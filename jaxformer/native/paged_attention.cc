@@ -3,14 +3,15 @@
 // Each query of a row attends over its row's slots up to its position (a sliding window's last `window` of them),
 // read block by block straight from a layer's pool [K, N, block_size, H]: no gathered copy of the rows (XLA:CPU
 // materialises every gather before a matmul reads it, so its paged read moves each byte about three times). One
-// work item is a row's kv head: its G query heads' scores for one query at a time, a softmax, then the weighted
-// values. Items are shared out over XLA's intra-op thread pool. float32 throughout; NaN in a key or value reaches
-// the output, as on XLA.
+// work item is a query of a row's kv head: its G query heads' scores, a softmax, then the weighted values. Items
+// are shared out over XLA's intra-op thread pool. float32 throughout; NaN in a key or value reaches the output, as
+// on XLA.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -84,25 +85,53 @@ void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t posit
   }
 }
 
+// One call's work, shared by the caller and the helpers it schedules. On the heap, held by each task: a helper
+// that starts after every item is done (its pool busy elsewhere) finds none left and touches nothing else.
+struct Work {
+  Shapes d;
+  const float *q, *keys, *values, *sinks;
+  const int32_t *tables, *positions;
+  float scale, softcap;
+  int32_t window;
+  float* out;
+  int64_t items;  // (row, kv head, query) triples
+  std::atomic<int64_t> next{0}, done{0};
+  std::mutex mutex;
+  std::condition_variable finished;
+
+  void Run() {
+    std::vector<float> scores;
+    for (int64_t item; (item = next.fetch_add(1)) < items;) {
+      const int64_t t = item % d.T, g = item / d.T % d.K, b = item / (d.T * d.K);
+      AttendQuery(d, b, t, g, positions[b * d.T + t], q, keys, values, tables + b * d.M, sinks, scale, softcap,
+                  window, out, scores);
+      if (done.fetch_add(1) + 1 == items) {
+        std::lock_guard<std::mutex> lock(mutex);
+        finished.notify_all();
+      }
+    }
+  }
+};
+
 ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> keys,
                               ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::S32> tables,
                               ffi::Buffer<ffi::S32> positions, ffi::Buffer<ffi::F32> sinks, float scale,
                               float softcap, int32_t window, ffi::ResultBuffer<ffi::F32> out) {
   auto qd = q.dimensions(), kd = keys.dimensions(), vd = values.dimensions(), td = tables.dimensions();
-  if (qd.size() != 4 || kd.size() != 4 || td.size() != 2 || positions.dimensions().size() != 2 ||
+  auto pd = positions.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || td.size() != 2 || pd.size() != 2 ||
       !std::equal(kd.begin(), kd.end(), vd.begin(), vd.end())) {
     return ffi::Error::InvalidArgument("paged attention: want q [B, T, NQ, H], pools [K, N, S, H], tables [B, M], "
                                        "positions [B, T]");
   }
   Shapes d{qd[0], qd[1], qd[2], qd[3], kd[0], kd[1], kd[2], td[1], 0};
-  if (kd[3] != d.H || d.NQ % d.K != 0 || td[0] != d.B) {
-    return ffi::Error::InvalidArgument("paged attention: query heads, kv heads or rows do not match");
+  if (kd[3] != d.H || d.K == 0 || d.NQ % d.K != 0 || td[0] != d.B || pd[0] != d.B || pd[1] != d.T) {
+    return ffi::Error::InvalidArgument("paged attention: query heads, kv heads, rows or queries do not match");
   }
   d.G = d.NQ / d.K;
   if (sinks.element_count() != 0 && sinks.element_count() != static_cast<size_t>(d.NQ)) {
     return ffi::Error::InvalidArgument("paged attention: want one sink a query head, or none");
   }
-  const float* sp = sinks.element_count() != 0 ? sinks.typed_data() : nullptr;
   // Out-of-range blocks or positions would read outside the pool: an error, not a crash.
   for (int64_t i = 0; i < d.B * d.M; ++i) {
     if (tables.typed_data()[i] < 0 || tables.typed_data()[i] >= d.N) {
@@ -114,39 +143,28 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
       return ffi::Error::InvalidArgument("paged attention: a query's position is past its row's blocks");
     }
   }
-  const float* qp = q.typed_data();
-  const float* kp = keys.typed_data();
-  const float* vp = values.typed_data();
-  const int32_t* tp = tables.typed_data();
-  const int32_t* pp = positions.typed_data();
-  float* op = out->typed_data();
-  const int64_t items = d.B * d.K;  // (row, kv head) pairs, each a row's T queries in turn
-  std::atomic<int64_t> next{0};
-  auto work = [&]() {
-    std::vector<float> scores;
-    for (int64_t item; (item = next.fetch_add(1)) < items;) {
-      const int64_t b = item / d.K, g = item % d.K;
-      for (int64_t t = 0; t < d.T; ++t) {
-        AttendQuery(d, b, t, g, pp[b * d.T + t], qp, kp, vp, tp + b * d.M, sp, scale, softcap, window, op,
-                    scores);
-      }
-    }
-  };
-  // The caller works too, and waits for the helpers it scheduled (each drains the shared counter).
-  const int64_t helpers = std::max<int64_t>(0, std::min<int64_t>(pool.num_threads(), items - 1));
-  std::mutex mutex;
-  std::condition_variable done;
-  int64_t running = helpers;
-  for (int64_t i = 0; i < helpers; ++i) {
-    pool.Schedule([&]() {
-      work();
-      std::lock_guard<std::mutex> lock(mutex);
-      if (--running == 0) done.notify_one();
-    });
-  }
-  work();
-  std::unique_lock<std::mutex> lock(mutex);
-  done.wait(lock, [&] { return running == 0; });
+  const int64_t items = d.B * d.K * d.T;
+  if (items == 0) return ffi::Error::Success();
+  auto work = std::make_shared<Work>();
+  work->d = d;
+  work->q = q.typed_data();
+  work->keys = keys.typed_data();
+  work->values = values.typed_data();
+  work->sinks = sinks.element_count() != 0 ? sinks.typed_data() : nullptr;
+  work->tables = tables.typed_data();
+  work->positions = positions.typed_data();
+  work->scale = scale;
+  work->softcap = softcap;
+  work->window = window;
+  work->out = out->typed_data();
+  work->items = items;
+  // The caller works too and waits until every item is done, not until every helper has run: a helper queued
+  // behind other work never holds the call up (nor, were the caller one of the pool's threads, deadlocks it).
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), items - 1);
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work]() { work->Run(); });
+  work->Run();
+  std::unique_lock<std::mutex> lock(work->mutex);
+  work->finished.wait(lock, [&] { return work->done.load() == work->items; });
   return ffi::Error::Success();
 }
 

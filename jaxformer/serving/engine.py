@@ -360,8 +360,8 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
     the rows' tokens written (updated in place: donated). An encoder-decoder's rows read their sources' keys and
     values from the pool by ``source``: (source tables [B, Ms], source lengths [B]). ``verify``: greedy rows feeding
     their last token and drafts: each position's argmax [B, T] in place of the logits, ``banned`` tokens (the
-    checkpoint's bad words) never chosen. ``kernel``: the fused paged kernel one-token rows attend by (k, v then
-    hold each layer's own pool). ``targets`` [B, T]: the token each position predicts, where a request asked for its
+    checkpoint's bad words) never chosen. ``kernel``: the fused paged kernel the layers attend by (k, v then hold
+    each layer's own pool). ``targets`` [B, T]: the token each position predicts, where a request asked for its
     prompt's log-probabilities (-1: none); the fifth result is then each position's log-probability of its target
     [B, T] and its ``MAX_LOGPROBS`` likeliest (values and ids [B, T, k]), of the raw distribution (else None).
     ``latent``: the pool holds multi-head latent attention's latents (``PagedKVCache.latent``). ``states``: a stack

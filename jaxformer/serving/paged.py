@@ -20,13 +20,14 @@ their absorbed form.
 
 Fused kernels (``kernels.paged_kernel``): JAX's Pallas paged attention, one query a row, on NVIDIA GPUs
 (``jax.experimental.pallas.ops.gpu.paged_attention``) and on TPUs for bfloat16 models (``ops.tpu.paged_attention``,
-which reads keys and values in bfloat16). Both read a layer's pool [K, N, block_size, H] alone and return
-normalized outputs, so the step's own token must be in the pool before the layer attends: in that form each layer
-has its own pool (a tuple, which the layer runner keeps apart, the layers unrolled) and in a one-token step each
-layer writes its token, then the kernel attends (``cache.PagedRows.written``); prompt chunks and drafts read on XLA
-and are written after the layer loop. TPU's ragged paged attention (chunks and one-token rows in one call, keys and
-values interleaved in one pool) is not wired: JAX's TPU interpreter cannot run it here (a reshaped buffer it does
-not index), so it could not be tested.
+which reads keys and values in bfloat16); on CPUs for float32 models ours in C++ (``jaxformer.native``, through
+XLA's FFI), any number of queries a row, sliding windows and sinks included. All read a layer's pool
+[K, N, block_size, H] alone and return normalized outputs, so a step's own tokens must be in the pool before the
+layer attends: in that form each layer has its own pool (a tuple, which the layer runner keeps apart, the layers
+unrolled) and each layer writes its tokens, then the kernel attends (``cache.PagedRows.written``). Under a Pallas
+kernel prompt chunks and drafts read on XLA and are written after the layer loop. TPU's ragged paged attention
+(chunks and one-token rows in one call, keys and values interleaved in one pool) is not wired: JAX's TPU
+interpreter cannot run it here (a reshaped buffer it does not index), so it could not be tested.
 
 Slots are a sequence's token positions: the token at position p lives in slot p of its row's blocks (block
 ``table[p // block_size]``, offset ``p % block_size``), so a slot's position is its index and a row's first
@@ -62,10 +63,11 @@ class PagedKVCache:
     ``KVCache`` row, so a block is one contiguous run a gather copies whole), the batch rows' block tables [B, M] and
     how many tokens each row has written ``lengths`` [B]. A row's view is its M blocks in order: S = M * block_size
     slots. With a fused paged ``kernel`` (``kernels.paged_kernel``) k and v are each layer's own pool instead, a tuple
-    of L arrays [K, N, block_size, H] (the layout the kernel reads), which each layer of a one-token step writes
-    itself before it attends (``cache.PagedRows.written``); a longer step's tokens are written after the layer
-    loop, as in the stacked form. Only a model whose layers the kernel serves gets this form
-    (``kernels.paged_kernel_refuses``): the kernel reads a row's slots up to its length, whatever the mask.
+    of L arrays [K, N, block_size, H] (the layout the kernel reads), which each layer of a step the kernel reads
+    writes itself before it attends (``cache.PagedRows.written``); a Pallas kernel's longer steps write after the
+    layer loop, as in the stacked form. Only a model whose layers the kernel serves gets this form
+    (``kernels.paged_kernel_refuses``): the kernel reads each query's slots up to its position (or its layer's
+    window), whatever the mask.
     ``latent``: multi-head latent attention's pool (``LatentCache``'s per-token latent and rotary key, C + R wide):
     k [L, N, 1, block_size, C + R], read as one key head that is also the value (the layers' absorbed form), and v
     empty (no kv heads: no bytes), or with DeepSeek sparse attention the indexer's keys [L, N, 1, block_size,
