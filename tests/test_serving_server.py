@@ -105,7 +105,8 @@ def _metrics(url) -> dict[str, float]:
 
 
 def test_models_health_and_the_api_key(server, client):
-    _, url = server
+    process, url = server
+    assert "paged attention ffi-cpu" in process.ready_line  # (the C++ kernel: this CPU's default, built here)
     assert [m.id for m in client.models.list().data] == [NAME]
     assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
     stranger = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)

@@ -1025,6 +1025,6 @@ def serve(model, tokenizer, folder: str | Path | None, model_name: str, host: st
     sock = listen(host, port)
     print(f"jaxformer serve: {model_name!r} on http://{host}:{sock.getsockname()[1]} "
           f"({engine.manager.usable} blocks of {engine.block_size}, max_num_seqs={engine.max_num_seqs}, "
-          f"max_model_len={engine.max_model_len}{warmed})", flush=True)
+          f"max_model_len={engine.max_model_len}, paged attention {engine.kernel or 'xla'}{warmed})", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=None))
     server.run(sockets=[sock])
