@@ -93,7 +93,7 @@ class PagedRows:
     batch rows' block tables [B, M] and either the whole pool [L, N, K, block_size, H] with the layer's index (a
     Python int, or traced in a scanned stack), or the layer's own pool [K, N, block_size, H] (layer None: the form
     a fused paged kernel reads, ``kernel`` naming it, with ``target``, where this step's tokens go, and the layer's
-    sliding ``window``, None: none, for a kernel that reads windows: the mask it does not read says as much). ``slots``
+    sliding ``window``, None: none, which a kernel reads in place of the mask). ``slots``
     gathers the layer's rows by table, only when the layer attends, so a step holds one layer's dense rows at a
     time."""
 

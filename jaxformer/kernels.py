@@ -462,7 +462,7 @@ def ring_attention(q: Array, k: Array, v: Array, mask: FusedMask, scale: float, 
 
 
 # --------------------------------------------------------------------------------------------------
-# Paged attention (the serving engine's one-token steps)
+# Paged attention (the serving engine's steps)
 
 # The fused paged attention each backend has (``paged_kernel``), each over a layer's pool [K, N, block, H]: on NVIDIA
 # GPUs ``jax.experimental.pallas.ops.gpu.paged_attention`` (Triton), on TPUs ``ops.tpu.paged_attention`` (Mosaic; it
@@ -476,7 +476,7 @@ MANY_QUERY_KERNELS = frozenset({"ffi-cpu"})  # kernels that read several queries
 
 
 def paged_kernel(choice: str, cfg: ModelConfig) -> str | None:
-    """The fused paged kernel a serving engine's one-token steps run for ``cfg`` (None: XLA's paged read).
+    """The fused paged kernel a serving engine's steps read by for ``cfg`` (None: XLA's paged read).
     'auto': this backend's kernel where it serves the model (``paged_kernel_refuses``), else XLA; 'xla': XLA;
     a kernel's name: that kernel (a Pallas one off its platform in Pallas's interpreter: for tests), a ValueError
     where it cannot serve the model."""
@@ -495,8 +495,8 @@ def paged_kernel(choice: str, cfg: ModelConfig) -> str | None:
 
 def paged_kernel_refuses(cfg: ModelConfig, kernel: str) -> str | None:
     """Why ``kernel`` cannot serve ``cfg``'s steps (None: it can). The kernel attends each row's queries to its slots
-    up to their positions (the CPU kernel: or a sliding window's last slots): causal attention, no mask of its own,
-    no additive bias, no sinks."""
+    up to their positions: causal attention (the CPU kernel: sliding windows and sinks too), no mask of its own, no
+    additive bias."""
     if cfg.family != "decoder":
         return f"it reads a decoder's own keys; a {cfg.family} attends to its source on XLA"
     if cfg.mla:

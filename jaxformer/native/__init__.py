@@ -7,8 +7,8 @@ the kernel 'ffi-cpu'). The source ships with the package and is compiled against
 (``jax.ffi.include_dir``) with ``$CXX`` (default ``g++``) for this machine's CPU (``-march=native``), into
 ``$JAXFORMER_CACHE`` (default ``~/.cache/jaxformer``)/native, keyed by the source, compiler, flags, jaxlib and CPU,
 so a later process loads it in milliseconds (where that cannot be written, into a temporary folder, once a
-process). Where no compiler is found or the build fails, ``paged_attention``
-says why and the engine reads on XLA (docs/serving.md)."""
+process). Where no compiler is found or the build fails, ``paged_attention`` says why and the engine reads on XLA
+(docs/serving.md)."""
 
 from __future__ import annotations
 
