@@ -39,21 +39,18 @@ void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t posit
   const int64_t first = window > 0 ? std::max<int64_t>(0, end - window) : 0;
   const int64_t length = end - first;
   scores.resize(G * length);
-  // a block at a time: slots [start, stop) of the block holding slot `start`
-  for (int64_t start = first, stop; start < end; start = stop) {
-    stop = std::min(end, (start / S + 1) * S);
-    const float* block = keys + ((g * d.N + table[start / S]) * S) * H;
-    for (int64_t slot = start; slot < stop; ++slot) {
-      const float* key = block + (slot % S) * H;
-      for (int64_t j = 0; j < G; ++j) {
-        const float* query = qg + j * H;
-        float dot = 0.f;
+  // slot `slot` of this row's kv head g in a pool: block table[slot / S], offset slot % S
+  auto at = [&](const float* pool, int64_t slot) { return pool + ((g * d.N + table[slot / S]) * S + slot % S) * H; };
+  for (int64_t slot = first; slot < end; ++slot) {
+    const float* key = at(keys, slot);
+    for (int64_t j = 0; j < G; ++j) {
+      const float* query = qg + j * H;
+      float dot = 0.f;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t h = 0; h < H; ++h) dot += query[h] * key[h];
-        dot *= scale;
-        if (softcap > 0.f) dot = softcap * std::tanh(dot / softcap);
-        scores[j * length + slot - first] = dot;
-      }
+      for (int64_t h = 0; h < H; ++h) dot += query[h] * key[h];
+      dot *= scale;
+      if (softcap > 0.f) dot = softcap * std::tanh(dot / softcap);
+      scores[j * length + slot - first] = dot;
     }
   }
   for (int64_t j = 0; j < G; ++j) {
@@ -70,17 +67,13 @@ void AttendQuery(const Shapes& d, int64_t b, int64_t t, int64_t g, int32_t posit
     const float inverse = 1.f / total;
     for (int64_t s = 0; s < length; ++s) row[s] *= inverse;
   }
-  for (int64_t start = first, stop; start < end; start = stop) {
-    stop = std::min(end, (start / S + 1) * S);
-    const float* block = values + ((g * d.N + table[start / S]) * S) * H;
-    for (int64_t slot = start; slot < stop; ++slot) {
-      const float* value = block + (slot % S) * H;
-      for (int64_t j = 0; j < G; ++j) {
-        const float p = scores[j * length + slot - first];
-        float* o = og + j * H;
+  for (int64_t slot = first; slot < end; ++slot) {
+    const float* value = at(values, slot);
+    for (int64_t j = 0; j < G; ++j) {
+      const float p = scores[j * length + slot - first];
+      float* o = og + j * H;
 #pragma omp simd
-        for (int64_t h = 0; h < H; ++h) o[h] += p * value[h];
-      }
+      for (int64_t h = 0; h < H; ++h) o[h] += p * value[h];
     }
   }
 }
