@@ -1,15 +1,19 @@
-"""The serving engine's paged read on CPU: XLA's (gather, then matmuls) against the C++ kernel (``ffi-cpu``).
+"""The serving engine's paged read on CPU: XLA's (gather, then matmuls) against the C++ kernel (``ffi-cpu``), or
+the kernel's engine with its packed calls against the same engine without them.
 
-The same engine twice over ``jf.build("gpt2", seed=0)`` (GPT-2's 124M shape, random weights, float32), once with
-``paged_attention="xla"`` and once with ``"ffi-cpu"`` (``jaxformer.native``: each slot read once, straight from the
-pool, for one-token rows, prompt chunks and drafts alike). Each level is a closed loop of C clients: greedy requests
-of random ids, prompts of 17-252 tokens and 16-128 new tokens drawn as ``benchmarks/serve.py`` draws them
-(``--per-client`` requests a client, each level its own), every token asked for (no EOS). Both engines are warmed
-up and run each level once untimed; then the sides take turns (xla, ffi-cpu, xla, ...) ``--repeats`` times and each
-side's median is reported, with the ratio and whether the two sides gave the same tokens (greedy over random
-weights: a near-tie the two reduction orders round apart would show here, not as a failure).
+The same engine twice over ``jf.build("gpt2", seed=0)`` (GPT-2's 124M shape, random weights, float32), on two
+``--sides``: 'xla' (``paged_attention="xla"``), 'ffi-cpu' (``jaxformer.native``: each slot read once, straight from
+the pool; a step's one-token rows and prompt chunks in one packed call, ``Engine._pack``) or 'ffi-cpu-unpacked' (the
+kernel, with the prompt chunks in calls of their own as on XLA: ``Engine.packs`` off). Each level is a closed loop
+of C clients: greedy requests of random ids, prompts of 17-252 tokens and 16-128 new tokens drawn as
+``benchmarks/serve.py`` draws them (``--per-client`` requests a client, each level its own), every token asked for
+(no EOS). Both engines are warmed up and run each level once untimed; then the sides take turns (A, B, A, ...)
+``--repeats`` times and each side's median is reported, with the ratio B / A and whether the two sides gave the
+same tokens (greedy over random weights: a near-tie the two reduction orders round apart would show here, not as a
+failure).
 
-    python benchmarks/paged_attention.py [--levels 1 8 32] [--per-client 3] [--repeats 3] [--json]
+    python benchmarks/paged_attention.py [--sides xla ffi-cpu] [--levels 1 8 32] [--per-client 3] [--repeats 3]
+        [--json]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 import numpy as np
 
 PROMPTS, NEW = (17, 252), (16, 128)
+SIDES = {"xla": "xla", "ffi-cpu": "ffi-cpu", "ffi-cpu-unpacked": "ffi-cpu"}  # a side's paged_attention
 
 
 def requests(clients: int, per_client: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
@@ -50,6 +55,7 @@ def run(engine, work: list[tuple[list[int], int]], clients: int) -> tuple[float,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sides", nargs=2, default=["xla", "ffi-cpu"], choices=SIDES)
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--per-client", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
@@ -63,11 +69,14 @@ def main() -> None:
     longest = PROMPTS[1] + NEW[1]
     top = max(args.levels)
     engines = {}
-    for side in ("xla", "ffi-cpu"):
+    for side in args.sides:
         engines[side] = Engine(model, num_blocks=top * -(-longest // 16) + 1, block_size=16, max_num_seqs=top,
-                               max_model_len=longest, seed=0, paged_attention=side)
+                               max_model_len=longest, seed=0, paged_attention=SIDES[side])
+        if side == "ffi-cpu-unpacked":
+            engines[side].packs = False
         programs, seconds = engines[side].warm_up()
         print(f"{side}: {programs} programs warmed in {seconds:.0f} s", flush=True)
+    first, second = args.sides
     rows = []
     for clients in args.levels:
         work = requests(clients, args.per_client, model.config.vocab_size, seed=clients)
@@ -77,12 +86,13 @@ def main() -> None:
             for side, engine in engines.items():
                 seconds, count, _ = run(engine, work, clients)
                 timed[side].append(count / seconds)
-        xla, ffi = (statistics.median(timed[side]) for side in engines)
-        same = sum(a == b for a, b in zip(tokens["xla"], tokens["ffi-cpu"]))
-        rows.append(dict(clients=clients, xla_tok_s=round(xla, 1), ffi_cpu_tok_s=round(ffi, 1),
-                         ratio=round(ffi / xla, 2), same_tokens=f"{same}/{len(work)}",
+        a, b = (statistics.median(timed[side]) for side in args.sides)
+        same = sum(x == y for x, y in zip(tokens[first], tokens[second]))
+        rows.append(dict(clients=clients, **{f"{side}_tok_s": round(statistics.median(timed[side]), 1)
+                                             for side in args.sides},
+                         ratio=round(b / a, 2), same_tokens=f"{same}/{len(work)}",
                          runs={side: [round(v, 1) for v in values] for side, values in timed.items()}))
-        print(f"{clients:>3} clients: xla {xla:6.1f} tok/s, ffi-cpu {ffi:6.1f} tok/s, {ffi / xla:.2f}x "
+        print(f"{clients:>3} clients: {first} {a:6.1f} tok/s, {second} {b:6.1f} tok/s, {b / a:.2f}x "
               f"(requests with the same tokens: {same}/{len(work)})", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))

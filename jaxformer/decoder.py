@@ -67,9 +67,12 @@ def lm_logits(model: nnx.Module, x: Array) -> Array:
     return logits
 
 
-def step_logits(model: nnx.Module, h: Array, every_position: bool = False) -> Array:
+def step_logits(model: nnx.Module, h: Array, every_position: bool = False, head: bool = True) -> Array:
     """A cached step's output: float32 logits [B, V] of the last position only, or [B, T, V] of each of the
-    step's T positions (verifying T - 1 drafted tokens at once)."""
+    step's T positions (verifying T - 1 drafted tokens at once). ``head`` False: the last position's hidden state
+    [B, D] instead (a packed serving call, whose logits only some rows need: ``serving.engine.head_program``)."""
+    if not head:
+        return h[:, -1]
     if every_position:
         return lm_logits(model, h).astype(jnp.float32)
     return lm_logits(model, h[:, -1:])[:, 0].astype(jnp.float32)
@@ -381,16 +384,17 @@ class Decoder(EdgeMethods, nnx.Module):
                            rope_deltas=jnp.zeros((batch, 3), jnp.int32) if sections else None)
 
     def step(self, ids: Array, positions: Array, valid: Array, state: DecodeState, every_position: bool = False,
-             pixel_values: Array | None = None, token_type_ids: Array | None = None, image_grid_thw=None,
-             aspect_ratio_ids: Array | None = None, aspect_ratio_mask: Array | None = None,
+             head: bool = True, pixel_values: Array | None = None, token_type_ids: Array | None = None,
+             image_grid_thw=None, aspect_ratio_ids: Array | None = None, aspect_ratio_mask: Array | None = None,
              cross_attention_mask: Array | None = None) -> tuple[Array, DecodeState]:
         """Run ``ids`` [B, T] at ``positions`` (real where ``valid``) over the cache (or memory): float32
-        logits of the last position [B, V] (of every position [B, T, V] with ``every_position``) and the state
-        with these tokens written. ``pixel_values``: a prefill's images (LLaVA), in place of their placeholders;
-        ``token_type_ids``: a prefill's image tokens (Gemma 3: each image's see each other; later steps are causal,
-        as transformers' decode steps pass none). M-RoPE: a prefill with images (``image_grid_thw``) turns by their
-        position streams and keeps what each stream adds to the positions after it (``state.rope_deltas``), which
-        every other step adds to its positions, as transformers' generation continues each stream by one a token.
+        logits of the last position [B, V] (of every position [B, T, V] with ``every_position``; without the
+        ``head``, its hidden state [B, D]: ``step_logits``) and the state with these tokens written.
+        ``pixel_values``: a prefill's images (LLaVA), in place of their placeholders; ``token_type_ids``: a
+        prefill's image tokens (Gemma 3: each image's see each other; later steps are causal, as transformers'
+        decode steps pass none). M-RoPE: a prefill with images (``image_grid_thw``) turns by their position streams
+        and keeps what each stream adds to the positions after it (``state.rope_deltas``), which every other step
+        adds to its positions, as transformers' generation continues each stream by one a token.
         Llama 3.2 Vision: a prefill's images (``pixel_values``, ``aspect_ratio_ids``, ``aspect_ratio_mask``) give its
         cross layers' keys and values once, kept in the ``ImageCache`` with what the prompt's last token sees of them
         (``cross_attention_mask``), which every later token sees."""
@@ -410,11 +414,11 @@ class Decoder(EdgeMethods, nnx.Module):
             rotary = positions[..., None] + deltas[:, None, :]
         if isinstance(state.kv, MemoryKV):
             out = self.forward(ids, valid=valid, positions=positions, memory=state.kv)
-            return step_logits(self, out.hidden, every_position), dataclasses.replace(state, kv=out.memory)
+            return step_logits(self, out.hidden, every_position, head), dataclasses.replace(state, kv=out.memory)
         out = self.forward(ids, valid=valid, positions=positions, prefix_lengths=state.prefix_lengths, cache=state.kv,
                            pixel_values=pixel_values, token_types=token_type_ids, image_grid_thw=image_grid_thw,
                            rotary_positions=rotary, image_mask=image_mask)
-        return (step_logits(self, out.hidden, every_position),
+        return (step_logits(self, out.hidden, every_position, head),
                 dataclasses.replace(state, kv=out.cache, rope_deltas=deltas))
 
     def for_decode_loop(self) -> Decoder:

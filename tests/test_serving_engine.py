@@ -97,6 +97,8 @@ def test_sixteen_concurrent_greedy_requests_equal_generate_whatever_runs_beside_
         assert out[request] == reference[i][:NEW[i]], f"request {i} (prompt of {LENGTHS[i]})"
     assert out[top_one] == reference[1][:10]  # top-k 1 draws the greedy token
     assert len(out[sampled]) == 10 and out[sampled] != reference[0][:10]
+    # on the C++ kernel (this CPU's default: tests/test_paged_attention.py) one-token rows and chunks share calls
+    assert engine.packs and {program[0] for program in engine.programs} >= {"packed", "head"}
     assert engine.preemptions == 0 and _all_freed(engine)
     # chunked prefill: the 40-token prompt took three chunks, and the others decoded meanwhile
     long = ids[1]
@@ -121,7 +123,9 @@ def test_prompt_chunks_run_in_the_calls_that_pad_least_in_programs_already_compi
 
     from jaxformer.serving import engine as serving
 
-    engine = Engine(model, num_blocks=9, block_size=BLOCK, max_num_seqs=8, prefill_chunk=256, max_model_len=MAX_LEN)
+    # (the calls of XLA's read: the C++ kernel's engine packs its chunks into one call, _pack)
+    engine = Engine(model, num_blocks=9, block_size=BLOCK, max_num_seqs=8, prefill_chunk=256, max_model_len=MAX_LEN,
+                    paged_attention="xla")
     monkeypatch.setitem(serving.CALL_COST_TOKENS, jax.default_backend(), (24, 4096))
 
     def compiled(shapes):  # as ``_run`` records a model call (no source table)
@@ -466,7 +470,9 @@ def test_a_chunk_run_in_two_pieces_gives_generate_tokens_and_a_failed_head_ends_
     rng = np.random.default_rng(3)
     clean = rng.integers(8, 256, 100).astype(np.int32)
     bad = np.concatenate([clean[:10], [7], clean[11:]]).astype(np.int32)
-    engine = Engine(poisoned, num_blocks=40, block_size=BLOCK, max_num_seqs=4, prefill_chunk=128)
+    # (calls of their own: XLA's read, or the kernel's beside an assistant; a packed call takes any count, _pack)
+    engine = Engine(poisoned, num_blocks=40, block_size=BLOCK, max_num_seqs=4, prefill_chunk=128,
+                    paged_attention="xla")
     engine.programs = {(*shape, None): 0.0 for shape in engine.program_shapes()}  # priced as warmed
     calls = []
     run = engine._run
@@ -482,6 +488,61 @@ def test_a_chunk_run_in_two_pieces_gives_generate_tokens_and_a_failed_head_ends_
     out += engine.run()[second]
     assert out == _generated(poisoned, [clean], 6)[0]
     assert _all_freed(engine)
+
+
+def test_a_packed_call_is_cut_to_a_bucket_where_its_leftover_rides_a_call_that_runs_anyway(model, monkeypatch):
+    """``_pack``: one-token rows, then prompt chunks, the last chunks cut so the call's tokens fill a bucket (a
+    chunk cut to nothing sits the step out) where one-token rows run the next step anyway or the padding costs more
+    than a call; never a one-token row, and never the last prompt token a call would hold."""
+    from jaxformer.serving import engine as serving
+
+    monkeypatch.setitem(serving.CALL_COST_TOKENS, jax.default_backend(), (24, 4096))
+    engine = Engine(model, num_blocks=9, block_size=BLOCK, max_num_seqs=32, prefill_chunk=256, max_model_len=MAX_LEN)
+    sequences = iter(range(100))
+
+    def pack(decoding, *chunks):
+        rows = [(serving.Sequence(next(sequences), [1], SamplingParams(), frozenset(), 0), count)
+                for count in [1] * decoding + list(chunks)]
+        packed = engine._pack(rows[:decoding], rows[decoding:])
+        assert packed[:decoding] == rows[:decoding]
+        return [count for _, count in packed[decoding:]]
+
+    assert pack(3, 10) == [9]  # 13 -> 12, the token left with the next step's rows
+    assert pack(0, 137) == [128]  # alone: padding to 192 costs more than a call of 9
+    assert pack(0, 13) == [13]  # 3 tokens of padding cost less than a call
+    assert pack(4, 2, 2) == [2, 2]  # a bucket already
+    assert pack(8, 2, 3, 2) == [2, 2]  # 15 -> 12: the last chunk cut to nothing, one token of the one before
+    assert pack(25, 2) == [2]  # 27's bucket below (24) would cut a one-token row: padded to 32 instead
+    assert pack(23, 137) == [105]  # 160 -> 128
+    monkeypatch.delitem(serving.CALL_COST_TOKENS, jax.default_backend())  # (calls cost nothing next to padding)
+    assert pack(0, 137) == [137] and pack(3, 10) == [9]
+
+
+def test_a_packed_call_gives_generates_tokens_compiles_only_warmed_programs_and_contains_a_failure(model):
+    """A packed call holds one-token rows and prompt chunks (each token a row: its sequence's table, its position),
+    read by the C++ kernel; the warm-up compiles every packed program and head a run meets; a chunk whose logits are
+    not finite ends its request in error and no other row notices."""
+    poisoned = jf.build(model.config, seed=0)
+    poisoned.embed.table[...] = model.embed.table[...].at[7].set(jnp.nan)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(8, 256, n).astype(np.int32) for n in (3, 40, 9, 21, 5, 30)]
+    bad = np.concatenate([prompts[3][:10], [7], prompts[3][11:]]).astype(np.int32)
+    engine = Engine(poisoned, num_blocks=40, block_size=BLOCK, max_num_seqs=4, prefill_chunk=CHUNK,
+                    max_model_len=MAX_LEN)
+    engine.warm_up()
+    warmed = set(engine.programs)
+    calls = []
+    run = engine._run
+    engine._run = lambda kind, rows: calls.append((kind, [count for _, count in rows])) or run(kind, rows)
+    greedy = SamplingParams(max_tokens=12, temperature=0)
+    ids = [engine.add_request(prompt, greedy) for prompt in prompts[:3]]
+    failed = engine.add_request(bad, greedy)
+    ids += [engine.add_request(prompt, greedy) for prompt in prompts[4:]]
+    out = engine.run()
+    assert out[failed] == [] and _all_freed(engine) and set(engine.programs) == warmed
+    assert [out[request] for request in ids] == _generated(poisoned, prompts[:3] + prompts[4:], 12)
+    mixed = [counts for kind, counts in calls if kind == "packed" and 1 in counts and max(counts) > 1]
+    assert mixed and {kind for kind, _ in calls} == {"packed", "decode"}
 
 
 def test_a_forced_first_token_is_forced_even_where_drafting_would_verify_it(model):

@@ -5,8 +5,9 @@ SamplingParams)``) and ``step()`` advances every running one: a scheduler on the
 tokens each sequence feeds (one for a decoding sequence, a chunk of its prompt for a prefilling one, its last token
 and its drafts for a drafting one), gives them blocks, and runs compiled calls of the model's own ``step`` over a
 ``PagedKVCache`` (one for the rows feeding one token, one for the drafting rows, and the prompt chunks in one call,
-or on XLA:CPU in the few that pad least: ``Engine._prefill_calls``), each choosing every row's next token by its own
-parameters; an encoder-decoder's newly admitted sources are encoded first, in one more call.
+or on XLA:CPU in the few that pad least: ``Engine._prefill_calls``; where the C++ kernel reads the pool, the one-token
+rows and the prompt chunks in one packed call, each token a row: ``Engine._pack``), each choosing every row's next
+token by its own parameters; an encoder-decoder's newly admitted sources are encoded first, in one more call.
 
 - Continuous batching: a sequence leaves the batch the step it ends (its blocks freed at once) and waiting ones
   join as blocks and ``max_num_seqs`` allow.
@@ -48,7 +49,7 @@ from flax import nnx
 
 from jaxformer import kernels
 from jaxformer.cache import DecodeState, HybridCache, LinearState
-from jaxformer.decoder import unstacked_decoder
+from jaxformer.decoder import step_logits, unstacked_decoder
 from jaxformer.generate import NEG, checkpoint_config, generation_defaults
 from jaxformer.layer_plan import layer_plan
 from jaxformer.layers import EncoderOutput, attention, dtype_of
@@ -349,8 +350,8 @@ class BeamGroup:
 def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Array, positions: Array, valid: Array,
              tables: Array, lengths: Array, source: tuple | None = None, banned: tuple[int, ...] = (),
              verify: bool = False, kernel: str | None = None, targets: Array | None = None, latent: bool = False,
-             states: tuple[Array, Array] | None = None, slots: Array | None = None
-             ) -> tuple[Array, Array, Array, Array, tuple | None, tuple | None]:
+             states: tuple[Array, Array] | None = None, slots: Array | None = None, picks: Array | None = None
+             ) -> tuple[Array, Array | None, Array, Array, tuple | None, tuple | None]:
     """One engine call's model work (``step_program`` jits it with the model's ``graphdef`` and its weights'
     ``treedef`` bound, so a call hashes no graph and passes the weights as a flat list, ``leaves``, not a state's
     nested dicts: a 32-row gpt2-124M step 4 ms less on one core): the model's cached ``step`` over the paged pool for
@@ -367,7 +368,10 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
     ``latent``: the pool holds multi-head latent attention's latents (``PagedKVCache.latent``). ``states``: a stack
     with linear-attention layers' (conv, state) pools [L', slots, ...] (``LinearState``'s fields, one slot a running
     sequence), of which the rows read theirs at ``slots`` [B] (a row with nothing computed yet: zeros) and the sixth
-    result is the pools with each row's state after the call written back (donated; else None)."""
+    result is the pools with each row's state after the call written back (donated; else None). ``picks`` [P]: a
+    packed call (``Engine._pack``: one token a row, a prompt chunk's tokens each a row of its own, which a fused
+    kernel's layers write before they attend): the first result is then the hidden states of those rows' tokens
+    [P, D] (the tokens whose rows choose; ``head_program`` computes their logits) and the second None."""
     model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
     kv = PagedKVCache(k, v, tables, lengths, kernel, latent)
     if states is not None:  # (padding rows read and write slot 0, which no sequence holds)
@@ -375,7 +379,11 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
         rows = [jnp.where(fresh.reshape(1, -1, *(1,) * (pool.ndim - 2)), 0, pool[:, slots]) for pool in states]
         kv = HybridCache(kv, LinearState(*rows))
     state = DecodeState(kv, None if source is None else source_view(k, v, *source))
-    logits, state = model.step(ids, positions, valid, state, every_position=verify or targets is not None)
+    if picks is None:
+        logits, state = model.step(ids, positions, valid, state, every_position=verify or targets is not None)
+    else:
+        hidden, state = model.step(ids, positions, valid, state, head=False)
+        return hidden[picks], None, state.kv.k, state.kv.v, None, states
     if states is not None:
         after = state.kv.linear
         states = tuple(pool.at[:, slots].set(part.astype(pool.dtype))
@@ -402,6 +410,16 @@ def step_program(graphdef, treedef, kernel: str | None = None, latent: bool = Fa
     the first one compiled."""
     return jax.jit(functools.partial(run_step, graphdef, treedef, kernel=kernel, latent=latent),
                    static_argnames=("banned", "verify"), donate_argnames=("k", "v", "states"))
+
+
+@functools.cache
+def head_program(graphdef, treedef):
+    """A packed call's logits: the model's head over the first ``rows`` of its picked hidden states [P, D] (a
+    program a rows bucket, whatever the call's tokens) and whether each row's are all finite."""
+    def head(leaves: list[Array], hidden: Array, rows: int) -> tuple[Array, Array]:
+        logits = step_logits(nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)), hidden[:rows, None])
+        return logits, jnp.all(jnp.isfinite(logits), axis=-1)
+    return jax.jit(head, static_argnames="rows")
 
 
 def checkpoint_beams(model) -> int:
@@ -672,6 +690,13 @@ class Engine:
         # sequence sharing them starts its assistant there, not at a block a non-drafting row (or one ended
         # before its assistant caught up) left without them
         self.drafter_blocks: set[int] = set()
+        # one call a step for the one-token rows and the prompt chunks together (``_pack``): where the kernel reads
+        # every call's rows itself, each token a row of its own reads straight from the pool, so a step reads the
+        # weights once, not once a call. (An assistant's pool reads the chunks at their own shapes; an
+        # encoder-decoder's and a linear stack's calls never take the kernel.)
+        self.packs = self.kernel in kernels.MANY_QUERY_KERNELS and self.drafter is None
+        # the bucket of a packed call's most tokens (every packed program's is one at or below it)
+        self.max_packed = _bucket(self._packable(self.max_blocks), math.inf)
         self.waiting: list[Sequence] = []  # arrival order (a request's id is its place in it)
         self.running: list[Sequence] = []  # admission order
         self.ids = itertools.count()
@@ -1057,8 +1082,12 @@ class Engine:
         work = [w for w in work if not w[0].scoring()]
         # (the one-token rows longest first: each group of rows reads up to its own longest, attention.PAGED_ROW_GROUP)
         decode = sorted((w for w in work if w[1] == 1), key=lambda w: -w[0].computed)
-        calls = [("decode", decode), ("verify", [w for w in work if w[0].draft])]
-        calls += [("prefill", rows) for rows in self._prefill_calls([w for w in work if w[1] > 1 and not w[0].draft])]
+        chunks = [w for w in work if w[1] > 1 and not w[0].draft]
+        if self.packs and chunks:
+            calls = [("packed", self._pack(decode, chunks))]
+        else:
+            calls = [("decode", decode)] + [("prefill", rows) for rows in self._prefill_calls(chunks)]
+        calls.append(("verify", [w for w in work if w[0].draft]))
         calls += [("score", rows) for rows in self._prefill_calls(scored, "score")]
         outputs = []
         for kind, rows in calls:
@@ -1070,6 +1099,29 @@ class Engine:
                     self._keep_scores(rows, *scores)
                 outputs += self._advance(rows, *result)
         return outputs
+
+    def _pack(self, decode: list[tuple[Sequence, int]], chunks: list[tuple[Sequence, int]]
+              ) -> list[tuple[Sequence, int]]:
+        """A packed call's rows: the one-token rows, then the prompt chunks, the last chunks cut short so the
+        call's tokens fill a bucket (``_bucket_floor``) rather than pad to the next one, where the tokens left
+        ride in a call that runs anyway (one-token rows run the next step too) or padding costs more than a call
+        (``CALL_COST_TOKENS``): a 137-token prompt alone runs 128 tokens, then 9, not 137 padded to 192; beside
+        23 one-token rows, 105 of its tokens now (128 in all) and the rest with the next step's rows. A chunk cut
+        to nothing sits this step out (its blocks stay its own)."""
+        rows = decode + chunks
+        total = sum(count for _, count in rows)
+        fits = _bucket_floor(total)
+        padding = _bucket(total, self.max_packed) - total
+        call = CALL_COST_TOKENS.get(jax.default_backend(), (math.inf,))[0]
+        if not padding or fits <= len(decode) or not (decode or padding > call):
+            return rows
+        excess, kept = total - fits, list(decode)
+        for seq, count in reversed(chunks):
+            cut = min(excess, count)
+            excess -= cut
+            if count > cut:
+                kept.insert(len(decode), (seq, count - cut))
+        return kept
 
     def _copy_blocks(self) -> None:
         """Copy the blocks the schedule asked for (copy on write, ``_blocks_for``) in one call, the pairs padded to a
@@ -1222,9 +1274,14 @@ class Engine:
         B = _bucket(len(rows), self.max_num_seqs)
         # (verify: its token and k drafts)
         widest = self.prefill_chunk if kind in ("prefill", "score") else 1 + self.draft_tokens
-        T = 1 if kind == "decode" else _bucket(max(count for _, count in rows), widest)
+        T = 1 if kind in ("decode", "packed") else _bucket(max(count for _, count in rows), widest)
         M = self._table_width(max(len(seq.blocks) for seq, _ in rows))
-        inputs = self._inputs([(seq, seq.tokens + seq.draft, seq.computed, count) for seq, count in rows], B, T, M)
+        picks = None
+        if kind == "packed":
+            inputs, picks = self._packed_inputs(rows, M)
+        else:
+            inputs = self._inputs([(seq, seq.tokens + seq.draft, seq.computed, count) for seq, count in rows], B, T,
+                                  M)
         ids, positions, valid, tables, lengths = inputs
         source = self._source_rows(rows, B)
         targets = None
@@ -1241,10 +1298,14 @@ class Engine:
         out, finite, k, v, scores, states = self.run_step(self.weights, self.pool.k, self.pool.v, ids, positions,
                                                           valid, tables, lengths, source, self.banned,
                                                           kind == "verify", targets=targets, states=self.states,
-                                                          slots=slots)
+                                                          slots=slots, picks=picks)
         self.pool, self.states = dataclasses.replace(self.pool, k=k, v=v), states
-        self.programs.setdefault((kind, B, T, M, None if source is None else source[0].shape[1]),
+        self.programs.setdefault((kind, ids.shape[0], T, M, None if source is None else source[0].shape[1]),
                                  time.perf_counter() - started)
+        if picks is not None:  # the choosing rows' logits, in a program of a rows bucket (its own call)
+            started = time.perf_counter()
+            out, finite = head_program(*self.graph)(self.weights, out, B)
+            self.programs.setdefault(("head", B), time.perf_counter() - started)
         if self.drafter is not None and kind in ("prefill", "score"):  # its pool reads every prompt chunk too
             for seq, _ in rows:  # (first what it lacks before the chunk: a shared block it holds no keys of)
                 self._catch_up(seq, seq.computed)
@@ -1284,6 +1345,31 @@ class Engine:
             tables[r, :len(seq.blocks)] = seq.blocks
             lengths[r] = start
         return ids, positions, valid, tables, lengths
+
+    def _packable(self, table: int) -> int:
+        """The most tokens a packed call of rows holding at most ``table`` blocks feeds: its one-token rows and
+        ``prefill_tokens`` prompt tokens, a row's chunk at most ``prefill_chunk`` and its table's slots."""
+        return min(self.max_num_seqs - 1 + self.prefill_tokens,
+                   self.max_num_seqs * min(self.prefill_chunk, table * self.block_size))
+
+    def _packed_inputs(self, rows: list[tuple[Sequence, int]], M: int) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+        """A packed call's host arrays (``_inputs``'s, each token a row of its own: its sequence's table, its
+        position, the tokens before it as its length; rows up to a bucket of the tokens, ``max_packed`` at most)
+        and the row of each sequence's last token [max_num_seqs] (whose logits its row chooses by)."""
+        total = sum(count for _, count in rows)
+        N = _bucket(total, self.max_packed)
+        ids, positions = np.zeros((N, 1), np.int32), np.zeros((N, 1), np.int32)
+        valid, tables = np.zeros((N, 1), bool), np.full((N, M), NULL_BLOCK, np.int32)
+        picks, at = np.zeros(self.max_num_seqs, np.int32), 0
+        for r, (seq, count) in enumerate(rows):
+            start = seq.computed
+            ids[at:at + count, 0] = seq.tokens[start:start + count]
+            positions[at:at + count, 0] = np.arange(start, start + count)
+            tables[at:at + count, :len(seq.blocks)] = seq.blocks
+            at += count
+            picks[r] = at - 1
+        valid[:total] = True
+        return (ids, positions, valid, tables, positions[:, 0].copy()), picks
 
     def _catch_up(self, seq: Sequence, upto: int) -> None:
         """Let the assistant's pool read ``seq``'s tokens up to ``upto`` where it lags further (blocks shared from the
@@ -1496,8 +1582,12 @@ class Engine:
         shapes = [("decode", count, 1, width) for count in rows for width in tables]
         # (an encoder-decoder's decoder prompt is its start token: it feeds prompt chunks only when readmitted after
         # a preemption or given a longer decoder prompt, so those are warmed with ``every_prefill`` alone)
-        prefilled = every_prefill or self.max_source_len is None
+        prefilled = (every_prefill or self.max_source_len is None) and not self.packs
         chunks = buckets(2, min(self.prefill_chunk, self.prefill_tokens), self.prefill_chunk) if prefilled else []
+        if self.packs:  # (every packed call's tokens bucket, each table width; the head at each rows bucket)
+            shapes += [("packed", count, 1, width) for width in tables
+                       for count in buckets(2, self._packable(width), self.max_packed)]
+            shapes += [("head", count, 1) for count in rows]
         for narrower, chunk in zip([1, *chunks], chunks):
             narrowest = narrower + 1  # the fewest tokens a chunk of this bucket feeds
             most = min(self.max_num_seqs, 1 + (self.prefill_tokens - narrowest) // 2) if every_prefill else 1
@@ -1548,6 +1638,18 @@ class Engine:
                 stand_ins = [Sequence(-1, [0] * width, greedy, frozenset(), 0, blocks=[NULL_BLOCK] * tables[0])
                              for _ in range(rows)]
                 self._draft_call([(seq, seq.prompt, 0, width) for seq in stand_ins])
+                continue
+            if kind == "head":
+                hidden = jnp.zeros((self.max_num_seqs, self.config.d_model), dtype_of(self.config.dtype))
+                began = time.perf_counter()
+                head_program(*self.graph)(self.weights, hidden, rows)
+                self.programs.setdefault(("head", rows), time.perf_counter() - began)
+                continue
+            if kind == "packed":  # stand-in chunks, as few rows as hold the bucket's fewest tokens
+                fewest = next(n for n in range(2, rows + 1) if _bucket(n, self.max_packed) == rows)
+                most = min(self.prefill_chunk, tables[0] * self.block_size)
+                self._run(kind, [(Sequence(-1, [0] * most, greedy, frozenset(), 0, blocks=[NULL_BLOCK] * tables[0]),
+                                  min(most, fewest - at)) for at in range(0, fewest, most)])
                 continue
             if kind == "encode":
                 self._encode([Sequence(-1, [0], greedy, frozenset(), 0, source=[0] * width,
