@@ -61,6 +61,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.sides[0] == args.sides[1]:
+        parser.error(f"--sides {args.sides[0]} {args.sides[1]}: want two different sides")
 
     import jaxformer as jf
     from jaxformer.serving import Engine
