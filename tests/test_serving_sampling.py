@@ -384,19 +384,22 @@ def test_bad_sampling_values_are_refused_by_name(field, value, want):
 
 
 def test_prompt_lookup_drafts_keep_generates_greedy_tokens(models):
-    """Greedy rows draft by prompt lookup beside a seeded draw (which drafts nothing): every row's tokens are
-    unchanged, and drafts were accepted (this random model's greedy text repeats itself now and then)."""
+    """Greedy rows draft by prompt lookup beside a seeded draw and a logit-biased greedy row (which draft nothing:
+    the verifying call takes the raw logits' argmax): every row's tokens are unchanged, and drafts were accepted
+    (this random model's greedy text repeats itself now and then)."""
     ours, _ = models
     rng = np.random.default_rng(0)
     prompts, new = [rng.integers(3, 97, 4).tolist() for _ in range(4)], 40
     ids = np.asarray(prompts, np.int32)
     expected = [list(row[4:]) for row in np.asarray(ours.generate(ids, np.ones_like(ids), max_new_tokens=new))]
     sampled = (prompts[0], SamplingParams(max_tokens=10, temperature=0.8, seed=9))
+    # (its bias makes it write 7 and 8 in turn, which its prompt holds: a lookup would find drafts at every step)
+    biased = (prompts[1] + [7, 8, 9, 7, 8], SamplingParams(max_tokens=12, temperature=0, logit_bias={7: 8, 8: 8}))
     engine = Engine(ours, num_blocks=64, block_size=BLOCK, max_num_seqs=8, prefill_chunk=16, max_model_len=MAX_LEN,
                     seed=0, draft_tokens=4)
-    out = _run(engine, [(p, SamplingParams(max_tokens=new, temperature=0)) for p in prompts] + [sampled])
-    assert [tokens for tokens, _ in out[:-1]] == expected
-    assert out[-1] == _run(_engine(ours), [sampled])[0]
+    out = _run(engine, [(p, SamplingParams(max_tokens=new, temperature=0)) for p in prompts] + [sampled, biased])
+    assert [tokens for tokens, _ in out[:-2]] == expected
+    assert out[-2:] == _run(_engine(ours), [sampled, biased])
     stats = engine.stats()
     assert stats["accepted_drafts"] > 0 and stats["blocks_used"] == 0
     print(f"{stats['accepted_drafts']} of {stats['drafted']} drafts accepted")

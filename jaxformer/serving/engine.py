@@ -876,14 +876,14 @@ class Engine:
 
     def _draftable(self, seq: Sequence) -> bool:
         """Whether ``seq`` drafts its next tokens by prompt lookup (``draft_tokens``): a plain greedy request (no
-        penalties, no logprobs, no forced first token) of a decoder without forced tokens, whose choices one
-        verifying call reproduces."""
+        penalties, no logit bias, no logprobs, no forced first token) of a decoder without forced tokens, whose
+        choices one verifying call reproduces (its argmax of the raw logits, the bad words banned)."""
         p = seq.params
         return (self.draft_tokens > 0 and seq.source is None and seq.group is None and self.states is None
                 and self.forced_bos is None
                 and self.forced_eos is None and p.forced_bos_token_id is None and p.temperature == 0
                 and p.repetition_penalty == 1 and p.presence_penalty == 0 and p.frequency_penalty == 0
-                and p.logprobs is None)
+                and not p.logit_bias and p.logprobs is None)
 
     def _blocks_for(self, seq: Sequence, count: int) -> bool:
         """Give ``seq`` the blocks its next ``count`` tokens go to; False when the pool has too few free. A partly
