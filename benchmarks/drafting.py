@@ -38,11 +38,12 @@ With ``--decoding-copy`` jaxformer's sides run on ``model.decoding_copy()`` of b
     python benchmarks/drafting.py [--repeats 3] [--new-tokens 128] [--prompts 4] [--k 1 2 3 4 5 6 7 8]
                                   [--retrain] [--decoding-copy] [--json]
 
-``--engine`` measures the serving engine instead (``engine_rows``): greedy requests of held-out prompts through a
-closed loop of each ``--clients`` count, plain against the assistant drafting K = ``max(--k)`` tokens a step
-(``Engine(draft_model=)``) and prompt lookup drafting as many.
+``--engine`` measures the serving engine instead (``engine_rows``): greedy requests (``--temperature`` T: seeded
+draws at T) of held-out prompts through a closed loop of each ``--clients`` count, plain against the assistant
+drafting K = ``max(--k)`` tokens a step (``Engine(draft_model=)``) and prompt lookup drafting as many.
 
     python benchmarks/drafting.py --engine [--k 4] [--clients 1 4 8] [--new-tokens 128] [--repeats 3]
+                                           [--temperature 0]
 """
 
 from __future__ import annotations
@@ -346,10 +347,12 @@ def timed(runners: dict[str, list], batch: int, new_tokens: int, repeats: int, l
 
 
 def engine_rows(target, assistant, args, log=print) -> dict[str, dict]:
-    """The serving engine's greedy requests (``--engine``): a closed loop of C clients at each ``--clients`` level,
-    each request a held-out prompt and ``--new-tokens`` tokens, plain against drafting K = ``max(--k)`` tokens by
-    the assistant (``Engine(draft_model=)``) and by prompt lookup; each engine warmed up first, the sides timed
-    round-robin (plain, assistant, lookup, plain, ...), each side's median of ``--repeats``."""
+    """The serving engine's greedy requests (``--engine``; ``--temperature`` T > 0: draws at T, each request seeded
+    by its prompt's index, so every side draws the same tokens: speculative sampling's drafts are kept where the
+    draw equals them): a closed loop of C clients at each ``--clients`` level, each request a held-out prompt and
+    ``--new-tokens`` tokens, plain against drafting K = ``max(--k)`` tokens by the assistant
+    (``Engine(draft_model=)``) and by prompt lookup; each engine warmed up first, the sides timed round-robin
+    (plain, assistant, lookup, plain, ...), each side's median of ``--repeats``."""
     from jaxformer.serving import Engine, SamplingParams
 
     k, levels, N = max(args.k), args.clients, args.new_tokens
@@ -368,13 +371,14 @@ def engine_rows(target, assistant, args, log=print) -> dict[str, dict]:
 
         def run(engine):
             """Every prompt through ``clients`` concurrent requests: (seconds, tokens by request, drafted, kept)."""
-            pending, live, out = list(prompts), 0, {}
+            pending, live, out = list(enumerate(prompts)), 0, {}
             drafted, kept = engine.drafted, engine.accepted
             start = time.perf_counter()
             while pending or engine.has_unfinished():
                 while pending and live < clients:
-                    engine.add_request(pending.pop(0).tolist(), SamplingParams(max_tokens=N, temperature=0,
-                                                                               ignore_eos=True))
+                    index, prompt = pending.pop(0)
+                    engine.add_request(prompt.tolist(), SamplingParams(max_tokens=N, temperature=args.temperature,
+                                                                       seed=index, ignore_eos=True))
                     live += 1
                 for result in engine.step():
                     out.setdefault(result.request_id, []).extend(result.token_ids)
@@ -423,6 +427,7 @@ def main() -> None:
                         help="the serving engine instead: plain against drafting by the assistant and by prompt "
                              "lookup (K = the largest --k), greedy requests in a closed loop of each --clients")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8], help="--engine: concurrent requests")
+    parser.add_argument("--temperature", type=float, default=0.0, help="--engine: requests draw at this temperature")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")

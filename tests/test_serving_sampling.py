@@ -384,9 +384,9 @@ def test_bad_sampling_values_are_refused_by_name(field, value, want):
 
 
 def test_prompt_lookup_drafts_keep_generates_greedy_tokens(models):
-    """Greedy rows draft by prompt lookup beside a seeded draw and a logit-biased greedy row (which draft nothing:
-    the verifying call takes the raw logits' argmax): every row's tokens are unchanged, and drafts were accepted
-    (this random model's greedy text repeats itself now and then)."""
+    """Greedy rows draft by prompt lookup beside a seeded draw (which drafts too) and a logit-biased greedy row
+    (which drafts nothing: the verifying call takes the argmax of the unbiased logits): every row's tokens are
+    unchanged, and drafts were accepted (this random model's greedy text repeats itself now and then)."""
     ours, _ = models
     rng = np.random.default_rng(0)
     prompts, new = [rng.integers(3, 97, 4).tolist() for _ in range(4)], 40
@@ -405,6 +405,38 @@ def test_prompt_lookup_drafts_keep_generates_greedy_tokens(models):
     print(f"{stats['accepted_drafts']} of {stats['drafted']} drafts accepted")
     with pytest.raises(ValueError, match="Engine draft_tokens=-1"):
         Engine(ours, num_blocks=8, draft_tokens=-1)
+
+
+def test_drawing_rows_draft_and_draw_the_tokens_they_draw_undrafted(models):
+    """Speculative sampling with drafts that are a point mass (prompt lookup): a drawing row's verifying call draws
+    each position by the key it would draw that token by undrafted, so a draft is kept exactly when the row draws it.
+    Rows drawing plainly, with top-k, top-p and min-p, beside a greedy one, give the tokens an engine that drafts
+    nothing gives, some of the draws' drafts kept and some not; after the warm-up a plain draw's verifying calls
+    compile nothing (top-k, top-p and min-p compile their draws' program on first use, never a model step)."""
+    ours, _ = models
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 97, 6).tolist() for _ in range(5)]
+    # (a draw at a temperature of 0.05 follows the greedy text, whose repeats a lookup finds)
+    drawing = [SamplingParams(max_tokens=30, temperature=0.05, seed=1),
+               SamplingParams(max_tokens=30, temperature=0.5, top_k=5, seed=2),
+               SamplingParams(max_tokens=30, temperature=0.4, top_p=0.8, seed=3),
+               SamplingParams(max_tokens=30, temperature=0.3, min_p=0.1, seed=4)]
+    requests = list(zip(prompts, [*drawing, SamplingParams(max_tokens=30, temperature=0)]))
+    engine = Engine(ours, num_blocks=64, block_size=BLOCK, max_num_seqs=8, prefill_chunk=16, max_model_len=MAX_LEN,
+                    seed=0, draft_tokens=4)
+    engine.warm_up()
+    warmed = set(engine.programs)
+    out = _run(engine, requests)
+    assert out == _run(_engine(ours), requests)
+    compiled = set(engine.programs) - warmed
+    assert {program[0] for program in compiled} == {"draw", "choose"}  # (no model step: min-p's choice, draws)
+    assert all(flags.narrow or flags.min_p for kind, *_, flags in compiled if kind == "draw")
+    only_draws = Engine(ours, num_blocks=64, block_size=BLOCK, max_num_seqs=8, prefill_chunk=16,
+                        max_model_len=MAX_LEN, seed=0, draft_tokens=4)
+    _run(only_draws, requests[:4])
+    stats = only_draws.stats()
+    assert 0 < stats["accepted_drafts"] < stats["drafted"]
+    print(f"{stats['accepted_drafts']} of {stats['drafted']} drafts of drawing rows accepted")
 
 
 def _generated(model, prompts, new_tokens):
@@ -444,12 +476,12 @@ def _drafts_seen(engine, monkeypatch) -> list[tuple[list[int], int, list[int]]]:
 
 
 def test_an_assistant_models_drafts_are_its_own_greedy_tokens_and_keep_generates(models, monkeypatch):
-    """Greedy rows drafted by an assistant model (the target's weights perturbed) beside a seeded draw (which drafts
-    nothing): every row's tokens are generate's, and every draft is the assistant's own greedy continuation of the
-    row's tokens as they stood (``generate`` on the assistant), so its pool held the right keys at every step: after
-    prompt chunks (prompts longer than a chunk, which its pool reads too: it is never more than two tokens behind),
-    after a draft cut short (its tail rewritten) and after a wholly accepted one (two tokens caught up). Some drafts
-    are accepted, not all."""
+    """Greedy rows drafted by an assistant model (the target's weights perturbed) beside a seeded draw (drafted too,
+    its tokens those it draws undrafted): every row's tokens are generate's, and every draft is the assistant's own
+    greedy continuation of the row's tokens as they stood (``generate`` on the assistant), so its pool held the right
+    keys at every step: after prompt chunks (prompts longer than a chunk, which its pool reads too: it is never more
+    than two tokens behind), after a draft cut short (its tail rewritten) and after a wholly accepted one (two tokens
+    caught up). Some drafts are accepted, not all."""
     ours, _ = models
     assistant = _perturbed(ours, 0.01)
     rng = np.random.default_rng(0)
@@ -494,15 +526,15 @@ def test_an_assistant_that_is_the_model_has_every_draft_accepted_through_preempt
     assert len(engine.programs) == programs
 
 
-@pytest.mark.parametrize("first", ["greedy", "sampled"])
+@pytest.mark.parametrize("first", ["greedy", "penalised"])
 def test_an_assistants_pool_follows_one_token_prompt_chunks_and_blocks_shared_from_another_answer(models, monkeypatch,
                                                                                                    first):
     """The model as its own assistant (so a draft is rejected only where its pool holds a wrong key). A prompt budget
     of 17 tokens a step cuts a prompt into chunks of one token now and then (run as one-token calls, which the
     assistant reads too); then a second turn's prompt, the first request's prompt and answer and one more token, takes
-    the first answer's blocks from the prefix cache, whose tokens the assistant did not read (a sampled answer's;
-    a greedy one's last drafted step): it reads them with the prompt's chunk, so no row's assistant is more than two
-    tokens behind when it drafts. Every draft is kept; the tokens are generate's."""
+    the first answer's blocks from the prefix cache, whose tokens the assistant did not read (a penalised draw's,
+    which drafts nothing; a greedy one's last drafted step): it reads them with the prompt's chunk, so no row's
+    assistant is more than two tokens behind when it drafts. Every draft is kept; the tokens are generate's."""
     ours, _ = models
     rng = np.random.default_rng(2)
     prompts = [rng.integers(3, 97, n).tolist() for n in (16, 40)]
@@ -510,7 +542,7 @@ def test_an_assistants_pool_follows_one_token_prompt_chunks_and_blocks_shared_fr
                     max_model_len=MAX_LEN, seed=0, draft_tokens=3, draft_model=ours)
     drafts = _drafts_seen(engine, monkeypatch)
     params = SamplingParams(max_tokens=10, temperature=0) if first == "greedy" else \
-        SamplingParams(max_tokens=10, temperature=0.8, seed=1)
+        SamplingParams(max_tokens=10, temperature=0.8, seed=1, presence_penalty=0.5)
     out = _run(engine, [(p, params if i == 0 else SamplingParams(max_tokens=10, temperature=0))
                         for i, p in enumerate(prompts)])
     second = prompts[0] + out[0][0] + [5]

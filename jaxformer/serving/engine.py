@@ -55,7 +55,7 @@ from jaxformer.layer_plan import layer_plan
 from jaxformer.layers import EncoderOutput, attention, dtype_of
 from jaxformer.serving.paged import NULL_BLOCK, BlockManager, PagedKVCache, source_view
 from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, SamplingRows, TokenLogprobs, beam_candidates,
-                                        choose_tokens, greedy, prompt_lookup, sampling_rows)
+                                        choose_tokens, draw, greedy, prompt_lookup, sampling_rows, warp_rows)
 
 Array = jax.Array
 MAX_BEAMS = 16  # the widest beam search a request may ask for (its beams are rows of the running batch)
@@ -359,12 +359,14 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
     [B, V] (the rows choose their tokens in a program of their own, ``choose_program``), whether each row's logits
     are all finite [B] (a row that is not ends in error: its token would be argmax of NaNs) and the pool's k, v with
     the rows' tokens written (updated in place: donated). An encoder-decoder's rows read their sources' keys and
-    values from the pool by ``source``: (source tables [B, Ms], source lengths [B]). ``verify``: greedy rows feeding
+    values from the pool by ``source``: (source tables [B, Ms], source lengths [B]). ``verify``: rows feeding
     their last token and drafts: each position's argmax [B, T] in place of the logits, ``banned`` tokens (the
-    checkpoint's bad words) never chosen. ``kernel``: the fused paged kernel the layers attend by (k, v then hold
-    each layer's own pool). ``targets`` [B, T]: the token each position predicts, where a request asked for its
-    prompt's log-probabilities (-1: none); the fifth result is then each position's log-probability of its target
-    [B, T] and its ``MAX_LOGPROBS`` likeliest (values and ids [B, T, k]), of the raw distribution (else None).
+    checkpoint's bad words) never chosen, and as the fifth result those logits [B, T, V] with the bad words banned
+    (a drawing row's tokens are drawn from them by ``draw_program``, a program of its own). ``kernel``: the fused
+    paged kernel the layers attend by (k, v then hold each layer's own pool). ``targets`` [B, T]: the token each
+    position predicts, where a request asked for its prompt's log-probabilities (-1: none); the fifth result is then
+    each position's log-probability of its target [B, T] and its ``MAX_LOGPROBS`` likeliest (values and ids
+    [B, T, k]), of the raw distribution (else None).
     ``latent``: the pool holds multi-head latent attention's latents (``PagedKVCache.latent``). ``states``: a stack
     with linear-attention layers' (conv, state) pools [L', slots, ...] (``LinearState``'s fields, one slot a running
     sequence), of which the rows read theirs at ``slots`` [B] (a row with nothing computed yet: zeros) and the sixth
@@ -400,7 +402,8 @@ def run_step(graphdef, treedef, leaves: list[Array], k: Array, v: Array, ids: Ar
     if not verify:
         return logits, finite, state.kv.k, state.kv.v, scores, states
     finite = jnp.all(finite | ~valid, axis=-1)  # (the padding columns' logits are no row's)
-    return greedy(_ban(logits, banned)), finite, state.kv.k, state.kv.v, None, states
+    logits = _ban(logits, banned)
+    return greedy(logits), finite, state.kv.k, state.kv.v, logits, states
 
 
 @functools.cache
@@ -452,6 +455,26 @@ def choose_program(logits: Array, sampling: SamplingRows, sampler: SamplerFlags,
     tokens, logprobs = choose_tokens(_ban(logits, banned), sampling, sampler, logits, forced)
     beams = beam_candidates(logits, sampler.beam, banned, forced, renormalize) if sampler.beam else None
     return tokens, logprobs, beams
+
+
+@functools.partial(jax.jit, static_argnames="sampler")
+def draw_program(logits: Array, tokens: Array, sampling: SamplingRows, sampler: SamplerFlags, first: Array) -> Array:
+    """A verifying call's tokens [B, T] where some row draws: at each position of its ``logits`` [B, T, V] (the bad
+    words banned), the token ``choose_tokens`` would draw there undrafted, by the same warpers and the key of the
+    row's seed and its count of tokens drawn by then (``first`` [B]: the column of each row's first real position).
+    A draft is therefore kept exactly when the row draws it anyway: speculative sampling's rule for a draft that is
+    a point mass (prompt lookup, an assistant's greedy token), kept with the probability the model gives it and
+    otherwise replaced by a draw from the model's distribution without it; and a request draws the same tokens
+    drafted or not. Greedy rows keep ``tokens``, their argmax. (Drafting rows have no penalty, bias or logprobs.)"""
+    B, T, V = logits.shape
+    per_position = functools.partial(jnp.repeat, repeats=T)
+    drawn = jnp.maximum(sampling.drawn[:, None] + jnp.arange(T, dtype=jnp.int32) - first[:, None], 0)
+    keys = jax.vmap(lambda seed, n: jax.random.fold_in(jax.random.PRNGKey(seed), n))(per_position(sampling.seeds),
+                                                                                      drawn.reshape(-1))
+    warped = warp_rows(logits.reshape(B * T, V).astype(jnp.float32), per_position(sampling.temperature),
+                       per_position(sampling.top_k), per_position(sampling.top_p),
+                       per_position(sampling.min_p) if sampler.min_p else None, sampler.narrow)
+    return jnp.where(sampling.temperature[:, None] > 0, draw(keys, warped).reshape(B, T), tokens).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("k", "v"))
@@ -583,9 +606,9 @@ def decode_form(model, kernel: str | None, release: bool) -> tuple[tuple, list[A
 
 @dataclasses.dataclass
 class Drafter:
-    """An assistant model that drafts for greedy rows (``Engine(draft_model=)``): its weights and step program
-    (``decode_form``) and its own pool, read and written through the target's block tables, so a block id holds
-    the same positions in both pools."""
+    """An assistant model that drafts for greedy and drawing rows (``Engine(draft_model=)``): its weights and step
+    program (``decode_form``) and its own pool, read and written through the target's block tables, so a block id
+    holds the same positions in both pools."""
 
     weights: list[Array]
     run_step: Callable
@@ -600,10 +623,11 @@ class Engine:
     ``position_limit`` stops, with a warning: longrope rotary at ``original_max_positions``); past ``max_positions``
     only with ``allow_beyond_max_positions`` (rotary and relative positions, as generate). ``seed``: the draws of
     requests without a seed of their own are keyed by it and their request id (None: a fresh seed each Engine, so
-    two engines draw differently; give one to repeat a run's draws). ``draft_tokens`` k: plain greedy requests
-    draft up to k tokens a step by prompt lookup (``sampling.prompt_lookup``), verified in the same step (one call
-    of every drafting row, each position's greedy token): the output is the same, in fewer steps where drafts
-    match; a rejected draft's slots are overwritten later (``stats``: drafts proposed and accepted).
+    two engines draw differently; give one to repeat a run's draws). ``draft_tokens`` k: plain greedy and drawing
+    requests draft up to k tokens a step by prompt lookup (``sampling.prompt_lookup``), verified in the same step
+    (one call of every drafting row, each position's greedy token or its draw: ``draw_program``): the output is the
+    same, in fewer steps where drafts match; a rejected draft's slots are overwritten later (``stats``: drafts
+    proposed and accepted).
     ``draft_model``: an assistant model drafts instead (vLLM's draft-model speculative decoding, transformers'
     ``assistant_model``): a decoder whose tokens are the target's (its vocabulary no larger), k of its greedy
     tokens a step, one call of all drafting rows each, verified as above. It keeps its own pool of the same blocks
@@ -875,13 +899,14 @@ class Engine:
     # ------------------------------------------------------------------------------------------ scheduling
 
     def _draftable(self, seq: Sequence) -> bool:
-        """Whether ``seq`` drafts its next tokens by prompt lookup (``draft_tokens``): a plain greedy request (no
-        penalties, no logit bias, no logprobs, no forced first token) of a decoder without forced tokens, whose
-        choices one verifying call reproduces (its argmax of the raw logits, the bad words banned)."""
+        """Whether ``seq`` drafts its next tokens (``draft_tokens``): a plain greedy or drawing request (no penalties,
+        no logit bias, no logprobs, no forced first token) of a decoder without forced tokens, whose choices one
+        verifying call reproduces (the argmax of the logits with the bad words banned, or ``draw_program``'s draws
+        from them)."""
         p = seq.params
         return (self.draft_tokens > 0 and seq.source is None and seq.group is None and self.states is None
                 and self.forced_bos is None
-                and self.forced_eos is None and p.forced_bos_token_id is None and p.temperature == 0
+                and self.forced_eos is None and p.forced_bos_token_id is None
                 and p.repetition_penalty == 1 and p.presence_penalty == 0 and p.frequency_penalty == 0
                 and not p.logit_bias and p.logprobs is None)
 
@@ -1310,8 +1335,17 @@ class Engine:
             for seq, _ in rows:  # (first what it lacks before the chunk: a shared block it holds no keys of)
                 self._catch_up(seq, seq.computed)
             self._draft_call([(seq, seq.tokens, seq.computed, count) for seq, count in rows], inputs)
-        chosen, logprobs, beams = out, None, None  # (verify: each position's greedy token)
-        if kind != "verify":
+        chosen, logprobs, beams = out, None, None  # (verify: each position's greedy token; draws below)
+        if kind == "verify":
+            if any(seq.params.temperature > 0 for seq, _ in rows):  # (each position's draw in place of the argmax)
+                sampling, sampler = sampling_rows([(seq.params, seq.seed, seq.tokens, len(seq.prompt))
+                                                   for seq, _ in rows], B, 1)
+                first = np.asarray([T - count for _, count in rows] + [0] * (B - len(rows)), np.int32)
+                started = time.perf_counter()
+                chosen = draw_program(scores, out, sampling, sampler, first)
+                self.programs.setdefault(("draw", B, T, sampler), time.perf_counter() - started)
+            scores = None  # (a verifying call's logits: for the draws only)
+        else:
             # the rows' settings, built while the model's call runs (the penalties' histories: every id so far, at
             # most max_model_len, in a power-of-two width)
             sampling, sampler = sampling_rows([(seq.params, seq.seed, seq.tokens, len(seq.prompt)) for seq, _ in rows],
@@ -1373,7 +1407,7 @@ class Engine:
 
     def _catch_up(self, seq: Sequence, upto: int) -> None:
         """Let the assistant's pool read ``seq``'s tokens up to ``upto`` where it lags further (blocks shared from the
-        prefix cache that it holds no keys of: a sampled row's generated tokens), in one-row calls of the widths
+        prefix cache that it holds no keys of: an undrafted row's generated tokens), in one-row calls of the widths
         its prompt chunks and drafting calls compiled."""
         while seq.drafter_read < upto:
             count = min(upto - seq.drafter_read, self.prefill_chunk)
@@ -1614,10 +1648,11 @@ class Engine:
         """Compile now, before any request, the programs of ``program_shapes`` (one-token calls at every batch
         size and table width, and one sequence's prompt chunks; ``every_prefill``: several sequences' chunks too,
         three times as many programs at the server's defaults), and at each batch size the choice of greedy rows, of
-        plain temperature draws (OpenAI's default request) and of draws with top-p (or top-k); a request with min-p,
-        penalties, a logit bias or logprobs compiles its own choice program on first use (``choose_program``, a row
-        count at a time), never a model step. An encoder-decoder's: its sources' encodings and its one-token calls, at
-        each source width (``program_shapes``).
+        plain temperature draws (OpenAI's default request) and of draws with top-p (or top-k), and a drafting
+        engine's verifying calls' plain draws at each rows and tokens fed (``draw_program``; with top-p, top-k or
+        min-p they compile on first use); a request with min-p, penalties, a logit bias or logprobs compiles its own
+        choice program on first use (``choose_program``, a row count at a time), never a model step. An
+        encoder-decoder's: its sources' encodings and its one-token calls, at each source width (``program_shapes``).
         The calls run on stand-in rows whose every block, a source's too, is the null block (written, never read;
         a stand-in's source is one token, so its cross-attention stays finite), so nothing a request sees changes.
         Where the checkpoint names a beam width (``checkpoint_beams``: OPUS-MT's and BART summarisers' 4), the choice
@@ -1633,6 +1668,7 @@ class Engine:
             if self._beam_keep(beam, self.eos_ids) <= self.config.vocab_size:
                 choices += (beam,)
         drawing = set()  # the row counts whose draws' choices are compiled
+        drew = set()  # the (rows, tokens fed) of verifying calls whose draws are compiled (``draw_program``)
         for kind, rows, width, *tables in self.program_shapes(every_prefill):
             if kind == "draft":
                 stand_ins = [Sequence(-1, [0] * width, greedy, frozenset(), 0, blocks=[NULL_BLOCK] * tables[0])
@@ -1658,8 +1694,14 @@ class Engine:
                 continue
             table, source_table = (*tables, None)[:2]
             rows = min(rows, self.max_num_seqs)
-            # (a model call a shape, and two more a row count to compile its draws' choices; drafts are greedy)
-            for params in (greedy,) if kind == "verify" or rows in drawing else choices:
+            # (a model call a shape, and two more a row count to compile its draws' choices; a verifying call's
+            # stand-ins draw at the first table width of each rows and tokens fed, compiling their draws too)
+            if kind == "verify":
+                settings = (greedy,) if (rows, width) in drew else (drawn,)
+                drew.add((rows, width))
+            else:
+                settings = (greedy,) if rows in drawing else choices
+            for params in settings:
                 stand_in = [(Sequence(-1, [0] * width, params, frozenset(), 0, blocks=[NULL_BLOCK] * table,
                                       source=None if source_table is None else [0],
                                       source_blocks=[NULL_BLOCK] * (source_table or 0)), width)
