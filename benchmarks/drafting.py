@@ -43,7 +43,7 @@ draws at T) of held-out prompts through a closed loop of each ``--clients`` coun
 drafting K = ``max(--k)`` tokens a step (``Engine(draft_model=)``) and prompt lookup drafting as many.
 
     python benchmarks/drafting.py --engine [--k 4] [--clients 1 4 8] [--new-tokens 128] [--repeats 3]
-                                           [--temperature 0]
+                                           [--temperature 0] [--schedule constant|heuristic]
 """
 
 from __future__ import annotations
@@ -351,14 +351,16 @@ def engine_rows(target, assistant, args, log=print) -> dict[str, dict]:
     by its prompt's index, so every side draws the same tokens: speculative sampling's drafts are kept where the
     draw equals them): a closed loop of C clients at each ``--clients`` level, each request a held-out prompt and
     ``--new-tokens`` tokens, plain against drafting K = ``max(--k)`` tokens by the assistant
-    (``Engine(draft_model=)``) and by prompt lookup; each engine warmed up first, the sides timed round-robin
-    (plain, assistant, lookup, plain, ...), each side's median of ``--repeats``."""
+    (``Engine(draft_model=)``) and by prompt lookup (``--schedule``: the engine's ``draft_schedule``); each engine
+    warmed up first, the sides timed round-robin (plain, assistant, lookup, plain, ...), each side's median of
+    ``--repeats``."""
     from jaxformer.serving import Engine, SamplingParams
 
     k, levels, N = max(args.k), args.clients, args.new_tokens
     longest = PROMPT + N
-    settings = {"plain": {}, f"assistant K={k}": dict(draft_tokens=k, draft_model=assistant),
-                f"prompt lookup K={k}": dict(draft_tokens=k)}
+    drafting = dict(draft_tokens=k, draft_schedule=args.schedule)
+    settings = {"plain": {}, f"assistant K={k}": dict(drafting, draft_model=assistant),
+                f"prompt lookup K={k}": drafting}
     engines = {}
     for name, extra in settings.items():
         engines[name] = Engine(target, num_blocks=max(levels) * -(-longest // 16) + 1, block_size=16,
@@ -428,6 +430,8 @@ def main() -> None:
                              "lookup (K = the largest --k), greedy requests in a closed loop of each --clients")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8], help="--engine: concurrent requests")
     parser.add_argument("--temperature", type=float, default=0.0, help="--engine: requests draw at this temperature")
+    parser.add_argument("--schedule", choices=("constant", "heuristic"), default="constant",
+                        help="--engine: the drafting engines' draft_schedule")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")

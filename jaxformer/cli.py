@@ -600,9 +600,13 @@ def _serve_command(commands) -> None:
                    help="prompt tokens a sequence feeds per step at most (default 256; twice that in all)")
     p.add_argument("--max-queue", type=int, default=1024, help="requests waiting at most; more are answered 429")
     p.add_argument("--draft-tokens", type=int, metavar="K",
-                   help="greedy requests draft up to K tokens a step by prompt lookup (or --assistant-model), "
-                        "verified in the same step (same output, fewer steps where drafts match; default 0: no "
-                        "drafting)")
+                   help="greedy and drawing requests draft up to K tokens a step by prompt lookup (or "
+                        "--assistant-model), verified in the same step (same output, fewer steps where drafts match; "
+                        "default 0: no drafting)")
+    p.add_argument("--draft-schedule", choices=("constant", "heuristic"),
+                   help="how many of the K each request drafts: constant (default: K), or heuristic (transformers' "
+                        "schedule, a request at a time: two more after a step that kept every draft, one fewer, "
+                        "down to 1, after one that did not)")
     p.add_argument("--assistant-model", metavar="PATH",
                    help="a smaller decoder sharing the model's tokenizer drafts the --draft-tokens K (its own KV "
                         "pool of the same blocks, counted by --memory)")
@@ -627,7 +631,8 @@ def _serve_command(commands) -> None:
 # serve's flags that set the generation engine (their argparse defaults are None, so a given one is seen)
 GENERATION_ONLY = {"--num-blocks": "num_blocks", "--memory": "memory", "--block-size": "block_size",
                    "--prefill-chunk": "prefill_chunk", "--draft-tokens": "draft_tokens",
-                   "--assistant-model": "assistant_model", "--paged-attention": "paged_attention"}
+                   "--draft-schedule": "draft_schedule", "--assistant-model": "assistant_model",
+                   "--paged-attention": "paged_attention"}
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -667,7 +672,7 @@ def serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--matryoshka-dimensions is an embedding model's; {args.path} is served for generation")
     defaults = inspect.signature(Engine).parameters  # the engine's own defaults where a flag is not given
     settings = {name: defaults[name].default if getattr(args, name) is None else getattr(args, name)
-                for name in ("block_size", "prefill_chunk", "draft_tokens", "paged_attention")}
+                for name in ("block_size", "prefill_chunk", "draft_tokens", "draft_schedule", "paged_attention")}
     if args.assistant_model:  # (without tokenizer.json: taken to share the model's, as transformers does)
         if args.draft_tokens is None:
             raise ValueError(f"--assistant-model {args.assistant_model}: give --draft-tokens K, the tokens it drafts "

@@ -422,7 +422,8 @@ def test_drawing_rows_draft_and_draw_the_tokens_they_draw_undrafted(models):
                SamplingParams(max_tokens=30, temperature=0.4, top_p=0.8, seed=3),
                SamplingParams(max_tokens=30, temperature=0.3, min_p=0.1, seed=4)]
     requests = list(zip(prompts, [*drawing, SamplingParams(max_tokens=30, temperature=0)]))
-    engine = Engine(ours, num_blocks=64, block_size=BLOCK, max_num_seqs=8, prefill_chunk=16, max_model_len=MAX_LEN,
+    # (four rows at most: fewer programs to warm; the fifth request waits for a row)
+    engine = Engine(ours, num_blocks=64, block_size=BLOCK, max_num_seqs=4, prefill_chunk=16, max_model_len=MAX_LEN,
                     seed=0, draft_tokens=4)
     engine.warm_up()
     warmed = set(engine.programs)
@@ -437,6 +438,45 @@ def test_drawing_rows_draft_and_draw_the_tokens_they_draw_undrafted(models):
     stats = only_draws.stats()
     assert 0 < stats["accepted_drafts"] < stats["drafted"]
     print(f"{stats['accepted_drafts']} of {stats['drafted']} drafts of drawing rows accepted")
+
+
+def test_the_heuristic_schedule_drafts_fewer_where_drafts_are_rejected_and_keeps_the_tokens(models, monkeypatch):
+    """``draft_schedule='heuristic'``, a row at a time: after a step that kept every draft two more (up to k), after
+    one that did not one fewer (down to 1). Greedy and drawing rows drafting by prompt lookup give the tokens an
+    engine drafting k every step gives, in fewer drafts, each row's limit moving by the rule (both ways); the model
+    as its own assistant has every draft kept; a schedule by another name is refused."""
+    ours, _ = models
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 97, 6).tolist() for _ in range(4)]
+    params = [SamplingParams(max_tokens=30, temperature=0), SamplingParams(max_tokens=30, temperature=0.05, seed=1),
+              SamplingParams(max_tokens=30, temperature=0.5, seed=2), SamplingParams(max_tokens=30, temperature=0)]
+    requests, k = list(zip(prompts, params)), 4
+    settings = dict(num_blocks=64, block_size=BLOCK, max_num_seqs=8, prefill_chunk=16, max_model_len=MAX_LEN, seed=0,
+                    draft_tokens=k)
+    constant = Engine(ours, **settings)
+    expected = _run(constant, requests)
+    engine = Engine(ours, draft_schedule="heuristic", **settings)
+    moves, advance = [], engine._advance  # (a drafting row's limit as it drafted, its drafts, its limit after)
+
+    def advancing(rows, *rest):
+        drafting = [(seq, k if seq.draft_limit is None else seq.draft_limit, len(seq.draft)) for seq, _ in rows
+                    if seq.draft]
+        out = advance(rows, *rest)
+        moves.extend((limit, proposed, seq.draft_limit) for seq, limit, proposed in drafting)
+        return out
+
+    monkeypatch.setattr(engine, "_advance", advancing)
+    assert _run(engine, requests) == expected
+    assert engine.stats()["drafted"] < constant.stats()["drafted"]
+    assert all(proposed <= limit and after in (min(limit + 2, k), max(limit - 1, 1))
+               for limit, proposed, after in moves)
+    assert any(after < limit for limit, _, after in moves) and any(after > limit for limit, _, after in moves)
+    own = Engine(ours, draft_schedule="heuristic", draft_model=ours, **{**settings, "draft_tokens": 3})
+    greedy = [(p, SamplingParams(max_tokens=12, temperature=0)) for p in prompts]
+    assert _run(own, greedy) == _run(_engine(ours), greedy)
+    assert own.stats()["accepted_drafts"] == own.stats()["drafted"] > 0
+    with pytest.raises(ValueError, match="Engine draft_schedule='adaptive': want 'constant' or 'heuristic'"):
+        Engine(ours, num_blocks=8, draft_tokens=2, draft_schedule="adaptive")
 
 
 def _generated(model, prompts, new_tokens):

@@ -442,7 +442,9 @@ def test_ignore_eos_is_taken_and_draft_tokens_reach_the_engine(folder, client, e
     settings = {}
     monkeypatch.setattr(server_module, "serve", lambda *args, **kwargs: settings.update(kwargs))
     assert main(["serve", str(folder), "--draft-tokens", "3", "--no-warm-up"]) == 0
-    assert settings["draft_tokens"] == 3 and "draft_model" not in settings
+    assert settings["draft_tokens"] == 3 and "draft_model" not in settings and settings["draft_schedule"] == "constant"
+    assert main(["serve", str(folder), "--draft-tokens", "3", "--draft-schedule", "heuristic"]) == 0
+    assert settings["draft_schedule"] == "heuristic"
     assert main(["serve", str(folder), "--draft-tokens", "2", "--assistant-model", str(folder)]) == 0
     assert settings["draft_tokens"] == 2 and settings["draft_model"].config.family == "decoder"
     assert main(["serve", str(folder), "--assistant-model", str(folder)]) == 2

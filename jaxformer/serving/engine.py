@@ -296,6 +296,7 @@ class Sequence:
     encoded: bool = False
     draft: list[int] = dataclasses.field(default_factory=list)  # this step's drafts, to verify
     drafter_read: int = 0  # (an assistant model drafts) how many of its tokens are in the drafter's pool
+    draft_limit: int | None = None  # (draft_schedule 'heuristic') the most it drafts a step (None: draft_tokens)
     slot: int = 0  # (a model with linear-attention layers) its state's slot in the engine's pools (0: none yet)
     # (prompt_logprobs asked) each scored prompt position's TokenLogprobs, and whether they went out with a token
     prompt_scores: dict[int, TokenLogprobs] = dataclasses.field(default_factory=dict)
@@ -627,7 +628,10 @@ class Engine:
     requests draft up to k tokens a step by prompt lookup (``sampling.prompt_lookup``), verified in the same step
     (one call of every drafting row, each position's greedy token or its draw: ``draw_program``): the output is the
     same, in fewer steps where drafts match; a rejected draft's slots are overwritten later (``stats``: drafts
-    proposed and accepted).
+    proposed and accepted). ``draft_schedule``: how many of the k a row drafts, 'constant' (k) or 'heuristic'
+    (transformers' ``num_assistant_tokens_schedule``, each row by its own drafts: two more after a step that kept
+    all it drafted, at most k; one fewer after one that did not, at least 1), which spends less on rows whose drafts
+    are rarely kept (a draw at a high temperature) within the verifying calls' compiled widths.
     ``draft_model``: an assistant model drafts instead (vLLM's draft-model speculative decoding, transformers'
     ``assistant_model``): a decoder whose tokens are the target's (its vocabulary no larger), k of its greedy
     tokens a step, one call of all drafting rows each, verified as above. It keeps its own pool of the same blocks
@@ -644,7 +648,8 @@ class Engine:
     def __init__(self, model, num_blocks: int, block_size: int = 16, max_num_seqs: int = 16,
                  prefill_chunk: int = 256, prefill_tokens: int | None = None, max_model_len: int | None = None,
                  allow_beyond_max_positions: bool = False, seed: int | None = None, draft_tokens: int = 0,
-                 draft_model=None, paged_attention: str = "auto", release_model: bool = False):
+                 draft_model=None, paged_attention: str = "auto", release_model: bool = False,
+                 draft_schedule: str = "constant"):
         cfg = model.config
         problem = paging_problem(model)
         if problem is not None:
@@ -668,6 +673,9 @@ class Engine:
         if not _is_int(draft_tokens) or draft_tokens < 0:
             raise ValueError(f"Engine draft_tokens={draft_tokens!r}: want an int >= 0 (0: no drafting)")
         self.draft_tokens = draft_tokens
+        if draft_schedule not in ("constant", "heuristic"):
+            raise ValueError(f"Engine draft_schedule={draft_schedule!r}: want 'constant' or 'heuristic'")
+        self.draft_schedule = draft_schedule
         self.drafted = self.accepted = 0  # draft tokens proposed and accepted so far
         self.seed = int(np.random.SeedSequence().entropy % 2 ** 32) if seed is None else int(seed)
         self.config = cfg
@@ -1056,7 +1064,8 @@ class Engine:
         for seq, count in work:
             if count == 1 and len(seq.tokens) - seq.computed == 1 and self._draftable(seq):
                 room = (len(seq.blocks) + self.manager.available()) * self.block_size - seq.computed - 1
-                most = min(self.draft_tokens, room, seq.params.max_tokens - len(seq.generated) - 1)
+                limit = self.draft_tokens if seq.draft_limit is None else seq.draft_limit
+                most = min(limit, room, seq.params.max_tokens - len(seq.generated) - 1)
                 if self.drafter is None:
                     seq.draft = prompt_lookup(seq.tokens, most)
                     most = len(seq.draft)
@@ -1473,6 +1482,9 @@ class Engine:
             drafted = bool(seq.draft)
             if drafted:  # the drafts up to the first the model would not choose, and its own token there
                 kept = next((i for i, (draft, own) in enumerate(zip(seq.draft, new)) if draft != own), len(seq.draft))
+                if self.draft_schedule == "heuristic":  # (transformers' schedule, this row's alone)
+                    limit = self.draft_tokens if seq.draft_limit is None else seq.draft_limit
+                    seq.draft_limit = min(limit + 2, self.draft_tokens) if kept == len(seq.draft) else max(limit - 1, 1)
                 self.drafted, self.accepted = self.drafted + len(seq.draft), self.accepted + kept
                 new, count, seq.draft = new[:kept + 1], kept + 1, []
             seq.computed += count
