@@ -55,7 +55,7 @@ from jaxformer.layer_plan import layer_plan
 from jaxformer.layers import EncoderOutput, attention, dtype_of
 from jaxformer.serving.paged import NULL_BLOCK, BlockManager, PagedKVCache, source_view
 from jaxformer.serving.sampling import (MAX_LOGPROBS, SamplerFlags, SamplingRows, TokenLogprobs, beam_candidates,
-                                        choose_tokens, draw, greedy, prompt_lookup, sampling_rows, warp_rows)
+                                        choose_tokens, draw_rows, greedy, prompt_lookup, sampling_rows)
 
 Array = jax.Array
 MAX_BEAMS = 16  # the widest beam search a request may ask for (its beams are rows of the running batch)
@@ -468,14 +468,11 @@ def draw_program(logits: Array, tokens: Array, sampling: SamplingRows, sampler: 
     otherwise replaced by a draw from the model's distribution without it; and a request draws the same tokens
     drafted or not. Greedy rows keep ``tokens``, their argmax. (Drafting rows have no penalty, bias or logprobs.)"""
     B, T, V = logits.shape
-    per_position = functools.partial(jnp.repeat, repeats=T)
     drawn = jnp.maximum(sampling.drawn[:, None] + jnp.arange(T, dtype=jnp.int32) - first[:, None], 0)
-    keys = jax.vmap(lambda seed, n: jax.random.fold_in(jax.random.PRNGKey(seed), n))(per_position(sampling.seeds),
-                                                                                      drawn.reshape(-1))
-    warped = warp_rows(logits.reshape(B * T, V).astype(jnp.float32), per_position(sampling.temperature),
-                       per_position(sampling.top_k), per_position(sampling.top_p),
-                       per_position(sampling.min_p) if sampler.min_p else None, sampler.narrow)
-    return jnp.where(sampling.temperature[:, None] > 0, draw(keys, warped).reshape(B, T), tokens).astype(jnp.int32)
+    positions = dataclasses.replace(jax.tree.map(lambda a: jnp.repeat(a, T, axis=0), sampling),  # a row a position
+                                    drawn=drawn.reshape(-1))
+    tokens = draw_rows(logits.reshape(B * T, V).astype(jnp.float32), positions, sampler, tokens.reshape(-1))
+    return tokens.reshape(B, T).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("k", "v"))
@@ -918,6 +915,10 @@ class Engine:
                 and p.repetition_penalty == 1 and p.presence_penalty == 0 and p.frequency_penalty == 0
                 and not p.logit_bias and p.logprobs is None)
 
+    def _draft_limit(self, seq: Sequence) -> int:
+        """The most drafts ``seq`` proposes a step: ``draft_tokens``, or its own under the heuristic schedule."""
+        return self.draft_tokens if seq.draft_limit is None else seq.draft_limit
+
     def _blocks_for(self, seq: Sequence, count: int) -> bool:
         """Give ``seq`` the blocks its next ``count`` tokens go to; False when the pool has too few free. A partly
         written block it shares (a beam's, forked from another beam's) becomes its own first: a fresh block, which
@@ -1064,8 +1065,7 @@ class Engine:
         for seq, count in work:
             if count == 1 and len(seq.tokens) - seq.computed == 1 and self._draftable(seq):
                 room = (len(seq.blocks) + self.manager.available()) * self.block_size - seq.computed - 1
-                limit = self.draft_tokens if seq.draft_limit is None else seq.draft_limit
-                most = min(limit, room, seq.params.max_tokens - len(seq.generated) - 1)
+                most = min(self._draft_limit(seq), room, seq.params.max_tokens - len(seq.generated) - 1)
                 if self.drafter is None:
                     seq.draft = prompt_lookup(seq.tokens, most)
                     most = len(seq.draft)
@@ -1483,7 +1483,7 @@ class Engine:
             if drafted:  # the drafts up to the first the model would not choose, and its own token there
                 kept = next((i for i, (draft, own) in enumerate(zip(seq.draft, new)) if draft != own), len(seq.draft))
                 if self.draft_schedule == "heuristic":  # (transformers' schedule, this row's alone)
-                    limit = self.draft_tokens if seq.draft_limit is None else seq.draft_limit
+                    limit = self._draft_limit(seq)
                     seq.draft_limit = min(limit + 2, self.draft_tokens) if kept == len(seq.draft) else max(limit - 1, 1)
                 self.drafted, self.accepted = self.drafted + len(seq.draft), self.accepted + kept
                 new, count, seq.draft = new[:kept + 1], kept + 1, []

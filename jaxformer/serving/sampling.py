@@ -185,10 +185,7 @@ def choose_tokens(logits: Array, rows: SamplingRows, flags: SamplerFlags, raw: A
                                rows.prompt_lengths)
     tokens = greedy(scores)
     if flags.sample:
-        keys = jax.vmap(lambda seed, n: jax.random.fold_in(jax.random.PRNGKey(seed), n))(rows.seeds, rows.drawn)
-        warped = warp_rows(scores, rows.temperature, rows.top_k, rows.top_p, rows.min_p if flags.min_p else None,
-                           flags.narrow)
-        tokens = jnp.where(rows.temperature > 0, draw(keys, warped), tokens)
+        tokens = draw_rows(scores, rows, flags, tokens)
     tokens = tokens.astype(jnp.int32)
     if forced is not None:
         tokens = jnp.where(forced >= 0, forced, tokens)
@@ -197,6 +194,16 @@ def choose_tokens(logits: Array, rows: SamplingRows, flags: SamplerFlags, raw: A
     logprobs = jax.nn.log_softmax(raw, axis=-1)
     top, top_ids = jax.lax.top_k(logprobs, min(MAX_LOGPROBS, logprobs.shape[-1]))
     return tokens, (jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0], top, top_ids.astype(jnp.int32))
+
+
+def draw_rows(scores: Array, rows: SamplingRows, flags: SamplerFlags, tokens: Array) -> Array:
+    """``tokens`` [B] with each drawing row's (temperature > 0) replaced by its draw from its ``scores`` [B, V]
+    (biased and penalised already), warped by its settings and keyed by its seed and its count of tokens ``drawn``
+    (so a request draws the same tokens whatever batch it is in, or whether it drafts: ``engine.draw_program``)."""
+    keys = jax.vmap(lambda seed, n: jax.random.fold_in(jax.random.PRNGKey(seed), n))(rows.seeds, rows.drawn)
+    warped = warp_rows(scores, rows.temperature, rows.top_k, rows.top_p, rows.min_p if flags.min_p else None,
+                       flags.narrow)
+    return jnp.where(rows.temperature > 0, draw(keys, warped), tokens)
 
 
 def beam_candidates(logits: Array, count: int, banned: tuple[int, ...] = (), forced: Array | None = None,
